@@ -1,0 +1,78 @@
+//! Deterministic idempotency keys (main spec section 65).
+//!
+//! A key is derived only from what caused the operation, so re-running a
+//! handler on the same input produces the same key, which JetStream
+//! (`Nats-Msg-Id`, inside its duplicate window) and the services' projections
+//! (beyond it) use to store the effect once.
+
+use crate::ids::{AgentId, DispatchId, EventId, FlowRunId, ProjectId};
+
+/// Workspace (the seed's VM) creation: `project:<id>:vm:v1`.
+pub fn workspace(project: &ProjectId) -> String {
+    format!("project:{project}:vm:v1")
+}
+
+/// Repository clone: `project:<id>:clone:<commit-or-branch>:v1`.
+pub fn clone(project: &ProjectId, commit_or_branch: &str) -> String {
+    format!("project:{project}:clone:{commit_or_branch}:v1")
+}
+
+/// Project ready, once per setup revision: `project:<id>:ready:<revision>`.
+pub fn project_ready(project: &ProjectId, setup_revision: u32) -> String {
+    format!("project:{project}:ready:{setup_revision}")
+}
+
+/// Any other setup step of one revision: `project:<id>:setup:<revision>:<step>`.
+pub fn setup_step(project: &ProjectId, setup_revision: u32, step: &str) -> String {
+    format!("project:{project}:setup:{setup_revision}:{step}")
+}
+
+/// A setup request: `project:<id>:setup-request:<revision>`.
+pub fn setup_request(project: &ProjectId, setup_revision: u32) -> String {
+    format!("project:{project}:setup-request:{setup_revision}")
+}
+
+/// Agent dispatch: `event:<eventId>:agent:<agentId>:handler:<version>`.
+pub fn dispatch(source_event: &EventId, agent: &AgentId, handler_version: u32) -> String {
+    format!("event:{source_event}:agent:{agent}:handler:{handler_version}")
+}
+
+/// A state change of a dispatch: `dispatch:<dispatchId>:state:<state>`.
+pub fn dispatch_state(dispatch: &DispatchId, state: &str) -> String {
+    format!("dispatch:{dispatch}:state:{state}")
+}
+
+/// An agent post: `dispatch:<dispatchId>:message:<logicalStep>`.
+pub fn agent_post(dispatch: &DispatchId, logical_step: &str) -> String {
+    format!("dispatch:{dispatch}:message:{logical_step}")
+}
+
+/// Flow run: `event:<eventId>:flow:<flowType>:version:<version>`.
+pub fn flow_run(source_event: &EventId, flow_type: &str, version: u32) -> String {
+    format!("event:{source_event}:flow:{flow_type}:version:{version}")
+}
+
+/// A step of a flow run: `flow:<flowRunId>:step:<step>`.
+pub fn flow_step(flow_run: &FlowRunId, step: &str) -> String {
+    format!("flow:{flow_run}:step:{step}")
+}
+
+/// Artifact build: `flow:<flowRunId>:artifact:<kind>:revision:<revision>`.
+pub fn artifact_build(flow_run: &FlowRunId, kind: &str, revision: u32) -> String {
+    format!("flow:{flow_run}:artifact:{kind}:revision:{revision}")
+}
+
+/// A step of an artifact build: `build:<buildId>:<step>`.
+pub fn artifact_step(build: &crate::ids::BuildId, step: &str) -> String {
+    format!("build:{build}:{step}")
+}
+
+/// A dead letter for one stream message and consumer: `deadletter:<consumer>:<sequence>`.
+pub fn dead_letter(consumer: &str, stream_sequence: u64) -> String {
+    format!("deadletter:{consumer}:{stream_sequence}")
+}
+
+/// An event caused by a user or operator request with its own id: `request:<requestId>`.
+pub fn request(request_id: &str) -> String {
+    format!("request:{request_id}")
+}

@@ -1,0 +1,35 @@
+//! Zopu's wire contract, shared by every service and by integrators' tools.
+//!
+//! This crate holds the prost types generated from `proto/` ([`pb`]), the
+//! event catalogue ([`catalogue`]: one event type, one message), the
+//! CloudEvents envelope and its NATS binary-mode header codec ([`envelope`],
+//! [`codec`]), typed ids ([`ids`]), subject and durable-name builders
+//! ([`subjects`]) and deterministic idempotency keys ([`keys`]).
+//!
+//! Invariants: this crate does no I/O. It is the only place where a NATS
+//! subject, stream name or durable name is spelled. Every envelope that
+//! [`codec::decode`] accepts satisfies [`envelope::Envelope::check`], and
+//! [`codec::encode`] followed by [`codec::decode`] returns the same envelope.
+
+pub mod catalogue;
+pub mod codec;
+pub mod envelope;
+pub mod ids;
+pub mod keys;
+pub mod subjects;
+
+/// Types generated from `proto/zopu/v1/*.proto`.
+#[allow(missing_debug_implementations, clippy::all)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/zopu.v1.rs"));
+}
+
+/// The compiled descriptor set of `proto/`, for dynamic decoding (JSON views).
+pub const DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/zopu_descriptor.bin"));
+
+pub use catalogue::Event;
+pub use envelope::{Envelope, EventContext, EventHash};
+pub use ids::{
+    AgentId, ArtifactId, BuildId, CorrelationId, DispatchId, EventId, FlowRunId, OrgId, ProjectId,
+    ThreadId, WorkId,
+};
