@@ -1,0 +1,35 @@
+# Zopu — developer entry points. `make help` lists them.
+
+NATS_SERVER_VERSION ?= 2.12.8
+TOOLS := $(CURDIR)/tools
+export PATH := $(TOOLS)/bin:$(PATH)
+CARGO ?= cargo
+
+.PHONY: help setup nats-server build test run bench lint clean-state
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+setup: nats-server build ## install nats-server (>= 2.12) into ./tools and build everything
+
+nats-server: ## install nats-server into ./tools/bin unless a suitable one is there
+	@./deploy/scripts/install-nats-server.sh "$(TOOLS)" "$(NATS_SERVER_VERSION)"
+
+build: ## build all crates (debug) and the zopu binary
+	$(CARGO) build --workspace --all-targets
+
+test: nats-server ## run every test against a real nats-server
+	$(CARGO) test --workspace --no-fail-fast
+
+run: nats-server ## everything in one process: nats-server, all services, web timeline, a demo project
+	$(CARGO) run -p zopu-cli --bin zopu -- dev
+
+bench: nats-server ## benchmarks with ratios against raw JetStream measured in the same run
+	$(CARGO) run --release -p zopu-cli --bin zopu -- bench
+
+lint: ## rustfmt check and clippy with warnings denied
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+clean-state: ## delete local dev state (.zopu-local): nats data, projections, workspaces
+	rm -rf .zopu-local

@@ -1,0 +1,36 @@
+//! Runtime plumbing shared by every Zopu service.
+//!
+//! `config` loads layered settings; `telemetry` sets up tracing; `nats`
+//! connects (with the server-version floor) and `streams` applies the
+//! definitions in `streams/`; `publish` appends events with causation,
+//! idempotency keys and the per-project version/hash chain; `store` is a
+//! service's SQLite projection file; `projection` and `reaction` are THE two
+//! consumer loops every service uses; `shutdown` is the process-wide
+//! cancellation token and task tracker; `runtime` bundles them for a service.
+//!
+//! Invariants: no other crate reads a JetStream consumer directly; every
+//! append goes through [`publish::Publisher`], so every event carries
+//! correlation and causation ids and extends its project's hash chain; a
+//! projection's rows and its checkpoint are written in one transaction; a
+//! reaction acks a message only after its appends were acknowledged.
+
+pub mod audit;
+pub mod config;
+pub mod nats;
+pub mod projection;
+pub mod publish;
+pub mod reaction;
+pub mod runtime;
+pub mod shutdown;
+pub mod store;
+pub mod streams;
+pub mod telemetry;
+
+mod error;
+
+pub use error::Error;
+pub use publish::{Appended, NewEvent, Publisher};
+pub use reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};
+pub use runtime::Runtime;
+pub use shutdown::Shutdown;
+pub use store::{Projection, Store};

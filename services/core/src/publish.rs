@@ -1,0 +1,504 @@
+//! THE publisher: every append in the runtime goes through here.
+//!
+//! An append takes the causing event's context (so correlation and
+//! causation ids are never copied by hand), derives a stable event id from
+//! the idempotency key, extends the project's version/hash chain, sets
+//! `Nats-Msg-Id`, and guards the append with the per-project
+//! optimistic-concurrency expectation
+//! (`Nats-Expected-Last-Subject-Sequence` on `zopu.evt.<org>.<project>.>`).
+//! A lost race re-reads the project's head and retries; a timeout or
+//! missing responder is retried with the same id; a duplicate reports the
+//! original sequence.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::context::PublishErrorKind;
+use bytes::Bytes;
+use time::OffsetDateTime;
+use zopu_schema::codec::{self, DecodeError};
+use zopu_schema::envelope::EventContext;
+use zopu_schema::{CorrelationId, DispatchId, Envelope, Event, EventHash, EventId, FlowRunId, OrgId, ProjectId, ThreadId, WorkId};
+
+use crate::Error;
+use crate::nats::Bus;
+use crate::store::Store;
+
+const MSG_ID: &str = "Nats-Msg-Id";
+const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
+const EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT: &str = "Nats-Expected-Last-Subject-Sequence-Subject";
+
+/// An event to append, with its causal context.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub event_type: &'static str,
+    pub schema: &'static str,
+    pub data: Bytes,
+    pub context: EventContext,
+    pub idempotency_key: String,
+    /// Root events have no cause: their causation (and, unless the context
+    /// names one, correlation) is their own id.
+    root: bool,
+}
+
+impl NewEvent {
+    /// An event caused by another (the usual case).
+    pub fn caused_by<E: Event>(cause: &EventContext, payload: &E, idempotency_key: impl Into<String>) -> Self {
+        Self {
+            event_type: E::TYPE,
+            schema: E::SCHEMA,
+            data: Bytes::from(payload.encode_to_vec()),
+            context: cause.clone(),
+            idempotency_key: idempotency_key.into(),
+            root: false,
+        }
+    }
+
+    /// An event nothing in the log caused: a user request, an operator
+    /// command. `correlation` is the request id when there is one.
+    pub fn root<E: Event>(
+        org: OrgId,
+        project: ProjectId,
+        payload: &E,
+        idempotency_key: impl Into<String>,
+        correlation: Option<CorrelationId>,
+    ) -> Self {
+        let placeholder = EventId::new();
+        Self {
+            event_type: E::TYPE,
+            schema: E::SCHEMA,
+            data: Bytes::from(payload.encode_to_vec()),
+            context: EventContext {
+                org_id: org,
+                project_id: project,
+                correlation_id: correlation.unwrap_or_else(|| placeholder.into()),
+                causation_id: placeholder,
+                work_id: None,
+                thread_id: None,
+                flow_run_id: None,
+                dispatch_id: None,
+                traceparent: None,
+                cause_unix_ms: zopu_schema::envelope::unix_ms(OffsetDateTime::now_utc()),
+            },
+            idempotency_key: idempotency_key.into(),
+            root: true,
+        }
+    }
+
+    pub fn with_work(mut self, work: WorkId) -> Self {
+        self.context.work_id = Some(work);
+        self
+    }
+
+    pub fn with_thread(mut self, thread: ThreadId) -> Self {
+        self.context.thread_id = Some(thread);
+        self
+    }
+
+    pub fn with_flow_run(mut self, flow_run: FlowRunId) -> Self {
+        self.context.flow_run_id = Some(flow_run);
+        self
+    }
+
+    pub fn with_dispatch(mut self, dispatch: DispatchId) -> Self {
+        self.context.dispatch_id = Some(dispatch);
+        self
+    }
+
+    pub fn with_traceparent(mut self, traceparent: Option<String>) -> Self {
+        self.context.traceparent = traceparent;
+        self
+    }
+
+    /// The id this event gets: stable for the same cause and key.
+    pub fn event_id(&self) -> EventId {
+        // Same cause (or, for a root, same request time) and key: same id.
+        EventId::derived(self.context.cause_unix_ms, &self.idempotency_key)
+    }
+}
+
+/// The result of an append.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    pub event_id: EventId,
+    pub sequence: u64,
+    /// The event was already stored under this idempotency key.
+    pub duplicate: bool,
+    /// The project version, when this call stored it.
+    pub project_version: Option<u64>,
+}
+
+/// The last stored event of a project.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    pub sequence: u64,
+    pub version: u64,
+    pub hash: EventHash,
+}
+
+type ProjectKey = (OrgId, ProjectId);
+
+/// Appends events. Cheap to clone; share one per service.
+#[derive(Clone, Debug)]
+pub struct Publisher {
+    bus: Bus,
+    source: String,
+    store: Option<Store>,
+    heads: Arc<Mutex<HashMap<ProjectKey, Arc<tokio::sync::Mutex<Option<Head>>>>>>,
+    retry: RetryPolicy,
+}
+
+/// How hard an append tries before it gives up.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Attempts after a timeout or missing responder (same id each time).
+    pub unavailable_attempts: u32,
+    /// Re-reads of the project head after a lost race.
+    pub conflict_attempts: u32,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            unavailable_attempts: 20,
+            conflict_attempts: 100,
+            backoff_base: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Keep at most this many project heads cached.
+const MAX_CACHED_HEADS: usize = 50_000;
+
+impl Publisher {
+    /// `service` names the source (`zopu/<service>`). With a store, keys are
+    /// checked before and recorded after each append, which extends
+    /// deduplication beyond the server's window.
+    pub fn new(bus: Bus, service: &str, store: Option<Store>) -> Self {
+        Self {
+            bus,
+            source: format!("zopu/{service}"),
+            store,
+            heads: Arc::new(Mutex::new(HashMap::new())),
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    pub fn bus(&self) -> &Bus {
+        &self.bus
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Appends one event and waits for JetStream's acknowledgement.
+    pub async fn append(&self, event: NewEvent) -> Result<Appended, Error> {
+        let event_id = event.event_id();
+        if let Some(store) = &self.store
+            && let Some(sequence) = store.key_sequence(&event.idempotency_key)?
+        {
+            return Ok(Appended { event_id, sequence, duplicate: true, project_version: None });
+        }
+        let project = (event.context.org_id.clone(), event.context.project_id);
+        let lane = self.lane(&project);
+        let mut head = lane.lock().await;
+        let time = OffsetDateTime::now_utc();
+        let mut conflicts = 0;
+        loop {
+            let current = match *head {
+                Some(cached) => Some(cached),
+                None => self.fetch_head(&project.0, &project.1).await?,
+            };
+            let envelope = self.envelope(&event, event_id, time, current);
+            match self.publish_envelope(&envelope, current.map_or(0, |h| h.sequence)).await {
+                Ok(ack) if ack.duplicate => {
+                    // Stored before (possibly by an earlier attempt of ours):
+                    // the cached head can no longer be trusted.
+                    *head = None;
+                    self.remember(&event.idempotency_key, ack.sequence, event_id)?;
+                    return Ok(Appended { event_id, sequence: ack.sequence, duplicate: true, project_version: None });
+                }
+                Ok(ack) => {
+                    *head = Some(Head { sequence: ack.sequence, version: envelope.project_version, hash: envelope.hash() });
+                    self.remember(&event.idempotency_key, ack.sequence, event_id)?;
+                    return Ok(Appended {
+                        event_id,
+                        sequence: ack.sequence,
+                        duplicate: false,
+                        project_version: Some(envelope.project_version),
+                    });
+                }
+                Err(PublishFailure::Conflict) => {
+                    conflicts += 1;
+                    *head = None;
+                    if conflicts > self.retry.conflict_attempts {
+                        return Err(Error::Publish {
+                            event_type: event.event_type.to_owned(),
+                            reason: format!("lost the race for the project head {conflicts} times"),
+                        });
+                    }
+                    tracing::debug!(event_type = event.event_type, conflicts, "project head moved; re-reading");
+                }
+                Err(PublishFailure::Fatal(reason)) => {
+                    return Err(Error::Publish { event_type: event.event_type.to_owned(), reason });
+                }
+            }
+        }
+    }
+
+    /// Appends a decision taken on the project state at `expected_version`
+    /// (0: no event yet). If the project moved on, nothing is written and
+    /// `Conflict` says where it is now: re-read state and decide again.
+    pub async fn append_at(&self, event: NewEvent, expected_version: u64) -> Result<Appended, AppendAtError> {
+        let event_id = event.event_id();
+        if let Some(store) = &self.store
+            && let Some(sequence) = store.key_sequence(&event.idempotency_key)?
+        {
+            return Ok(Appended { event_id, sequence, duplicate: true, project_version: None });
+        }
+        let project = (event.context.org_id.clone(), event.context.project_id);
+        let lane = self.lane(&project);
+        let mut head = lane.lock().await;
+        let current = self.fetch_head(&project.0, &project.1).await?;
+        let current_version = current.map_or(0, |h| h.version);
+        if current_version != expected_version {
+            *head = current;
+            return Err(AppendAtError::Conflict { current_version });
+        }
+        let envelope = self.envelope(&event, event_id, OffsetDateTime::now_utc(), current);
+        match self.publish_envelope(&envelope, current.map_or(0, |h| h.sequence)).await {
+            Ok(ack) if ack.duplicate => {
+                *head = None;
+                self.remember(&event.idempotency_key, ack.sequence, event_id)?;
+                Ok(Appended { event_id, sequence: ack.sequence, duplicate: true, project_version: None })
+            }
+            Ok(ack) => {
+                *head = Some(Head { sequence: ack.sequence, version: envelope.project_version, hash: envelope.hash() });
+                self.remember(&event.idempotency_key, ack.sequence, event_id)?;
+                Ok(Appended { event_id, sequence: ack.sequence, duplicate: false, project_version: Some(envelope.project_version) })
+            }
+            Err(PublishFailure::Conflict) => {
+                *head = None;
+                let current_version = self.fetch_head(&project.0, &project.1).await?.map_or(0, |h| h.version);
+                Err(AppendAtError::Conflict { current_version })
+            }
+            Err(PublishFailure::Fatal(reason)) => {
+                Err(AppendAtError::Failed(Error::Publish { event_type: event.event_type.to_owned(), reason }))
+            }
+        }
+    }
+
+    fn remember(&self, key: &str, sequence: u64, event_id: EventId) -> Result<(), Error> {
+        match &self.store {
+            Some(store) => store.record_key(key, sequence, &event_id.to_string()),
+            None => Ok(()),
+        }
+    }
+
+    fn lane(&self, project: &ProjectKey) -> Arc<tokio::sync::Mutex<Option<Head>>> {
+        let mut heads = self.heads.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if heads.len() >= MAX_CACHED_HEADS {
+            heads.retain(|_, lane| Arc::strong_count(lane) > 1);
+        }
+        heads.entry(project.clone()).or_default().clone()
+    }
+
+    fn envelope(&self, event: &NewEvent, id: EventId, time: OffsetDateTime, head: Option<Head>) -> Envelope {
+        let context = &event.context;
+        let (causation_id, correlation_id) = if event.root {
+            let correlation = if context.correlation_id.as_str() == context.causation_id.to_string() {
+                id.into()
+            } else {
+                context.correlation_id.clone()
+            };
+            (id, correlation)
+        } else {
+            (context.causation_id, context.correlation_id.clone())
+        };
+        Envelope {
+            id,
+            source: self.source.clone(),
+            event_type: event.event_type.to_owned(),
+            time,
+            data_schema: event.schema.to_owned(),
+            org_id: context.org_id.clone(),
+            project_id: context.project_id,
+            correlation_id,
+            causation_id,
+            work_id: context.work_id,
+            thread_id: context.thread_id,
+            flow_run_id: context.flow_run_id,
+            dispatch_id: context.dispatch_id,
+            traceparent: context.traceparent.clone(),
+            idempotency_key: event.idempotency_key.clone(),
+            project_version: head.map_or(1, |head| head.version + 1),
+            previous_hash: head.map(|head| head.hash),
+            data: event.data.clone(),
+        }
+    }
+
+    async fn publish_envelope(&self, envelope: &Envelope, expected_sequence: u64) -> Result<async_nats::jetstream::publish::PublishAck, PublishFailure> {
+        let (pairs, body) = codec::encode(envelope);
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(name, value.as_str());
+        }
+        headers.insert(MSG_ID, envelope.idempotency_key.as_str());
+        headers.insert(EXPECTED_LAST_SUBJECT_SEQUENCE, expected_sequence.to_string().as_str());
+        headers.insert(
+            EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
+            zopu_schema::subjects::project_events(&envelope.org_id, &envelope.project_id).as_str(),
+        );
+        let subject = envelope.subject();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let outcome = match self.bus.jetstream.publish_with_headers(subject.clone(), headers.clone(), body.clone()).await {
+                Ok(future) => future.await,
+                Err(error) => Err(error),
+            };
+            match outcome {
+                Ok(ack) => return Ok(ack),
+                Err(error) if error.kind() == PublishErrorKind::WrongLastSequence => return Err(PublishFailure::Conflict),
+                Err(error) if is_unavailable(&error) && attempt < self.retry.unavailable_attempts => {
+                    let delay = backoff(&self.retry, attempt);
+                    tracing::warn!(%subject, attempt, %error, retry_in_ms = delay.as_millis() as u64, "append not acknowledged; retrying with the same id");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(error) => return Err(PublishFailure::Fatal(format!("{error} (after {attempt} attempts)"))),
+            }
+        }
+    }
+
+    /// Reads the last stored event of a project (from the stream leader).
+    pub async fn fetch_head(&self, org: &OrgId, project: &ProjectId) -> Result<Option<Head>, Error> {
+        fetch_head(&self.bus, org, project).await
+    }
+}
+
+/// Why a decision was not appended.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendAtError {
+    #[error("the project moved on to version {current_version}")]
+    Conflict { current_version: u64 },
+    #[error(transparent)]
+    Failed(#[from] Error),
+}
+
+enum PublishFailure {
+    Conflict,
+    Fatal(String),
+}
+
+fn is_unavailable(error: &async_nats::jetstream::context::PublishError) -> bool {
+    match error.kind() {
+        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe | PublishErrorKind::StreamNotFound => true,
+        PublishErrorKind::Other => {
+            let text = error.to_string();
+            text.contains("no responders") || text.contains("timed out") || text.contains("disconnected")
+        }
+        _ => false,
+    }
+}
+
+fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
+    let exponential = policy.backoff_base.saturating_mul(1 << attempt.min(16));
+    exponential.min(policy.backoff_max)
+}
+
+/// Reads the last stored event of a project (from the stream leader).
+pub async fn fetch_head(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<Option<Head>, Error> {
+    let stream = bus
+        .jetstream
+        .get_stream_no_info(zopu_schema::subjects::EVENTS_STREAM)
+        .await
+        .map_err(|e| Error::jetstream("get stream", e))?;
+    let filter = zopu_schema::subjects::project_events(org, project);
+    match stream.get_last_raw_message_by_subject(filter.as_str()).await {
+        Ok(message) => {
+            let headers: Vec<(String, String)> = header_pairs(&message.headers);
+            match codec::decode(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())), message.payload.clone()) {
+                Ok(envelope) => {
+                    Ok(Some(Head { sequence: message.sequence, version: envelope.project_version, hash: envelope.hash() }))
+                }
+                Err(error) => {
+                    // Something not written by Zopu sits on the project's
+                    // subjects. The chain continues from the last valid
+                    // event; the expectation still names the real last
+                    // message. `zopu audit verify` reports the intruder.
+                    tracing::warn!(%project, sequence = message.sequence, %error, "last message of the project is not a valid event; skipping it");
+                    recover_head(bus, &filter, message.sequence).await
+                }
+            }
+        }
+        Err(error) if error.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(error) => Err(Error::jetstream("read project head", error)),
+    }
+}
+
+/// Replays a project to find its last valid event (rare: only when the last
+/// message on its subjects is not one).
+async fn recover_head(bus: &Bus, filter: &str, last_sequence: u64) -> Result<Option<Head>, Error> {
+    use futures::StreamExt;
+    let stream = bus
+        .jetstream
+        .get_stream_no_info(zopu_schema::subjects::EVENTS_STREAM)
+        .await
+        .map_err(|e| Error::jetstream("get stream", e))?;
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+            filter_subjects: vec![filter.to_owned()],
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| Error::jetstream("create ordered consumer", e))?;
+    let mut messages = consumer.messages().await.map_err(|e| Error::jetstream("ordered consumer", e))?;
+    let mut valid: Option<(u64, EventHash)> = None;
+    while let Some(message) = messages.next().await {
+        let message = message.map_err(|e| Error::jetstream("ordered consumer", e))?;
+        let sequence = message.info().map(|info| info.stream_sequence).unwrap_or(u64::MAX);
+        if let Ok(envelope) = decode_message(&message.message) {
+            valid = Some((envelope.project_version, envelope.hash()));
+        }
+        if sequence >= last_sequence {
+            break;
+        }
+    }
+    Ok(valid.map(|(version, hash)| Head { sequence: last_sequence, version, hash }))
+}
+
+/// The stream's last sequence.
+pub async fn last_sequence(bus: &Bus) -> Result<u64, Error> {
+    let mut stream = bus
+        .jetstream
+        .get_stream(zopu_schema::subjects::EVENTS_STREAM)
+        .await
+        .map_err(|e| Error::jetstream("get stream", e))?;
+    let info = stream.info().await.map_err(|e| Error::jetstream("stream info", e))?;
+    Ok(info.state.last_sequence)
+}
+
+fn header_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .flat_map(|(name, values)| values.iter().map(move |value| (name.to_string(), value.to_string())))
+        .collect()
+}
+
+/// Decodes a NATS message as a Zopu event.
+pub fn decode_message(message: &async_nats::Message) -> Result<Envelope, DecodeError> {
+    let empty = HeaderMap::new();
+    let pairs = header_pairs(message.headers.as_ref().unwrap_or(&empty));
+    codec::decode(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())), message.payload.clone())
+}

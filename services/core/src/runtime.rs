@@ -1,0 +1,65 @@
+//! What a service needs to run: a connection with streams applied, its
+//! store with the key index, a publisher, and helpers to start the two
+//! consumer loops as tracked tasks.
+
+use std::time::Duration;
+
+use crate::config::CoreConfig;
+use crate::nats::{self, Bus};
+use crate::publish::Publisher;
+use crate::reaction::{self, Reaction, ReactionConfig};
+use crate::shutdown::Shutdown;
+use crate::store::{KeyIndex, Projection, Store};
+use crate::{Error, projection, streams};
+
+/// One service's runtime.
+#[derive(Clone, Debug)]
+pub struct Runtime {
+    pub service: String,
+    pub bus: Bus,
+    pub store: Store,
+    pub publisher: Publisher,
+    pub shutdown: Shutdown,
+}
+
+impl Runtime {
+    /// Connects, applies `streams/`, opens `<data_dir>/<service>.sqlite` and
+    /// starts its key index.
+    pub async fn start(service: &str, config: &CoreConfig, shutdown: Shutdown) -> Result<Self, Error> {
+        config.validate()?;
+        let bus = nats::connect(&config.nats_url, &format!("zopu-{service}"), Duration::from_secs(30)).await?;
+        streams::ensure(&bus, &streams::StreamSettings::from(config)).await?;
+        let store = Store::open_for_service(&config.data_dir, service)?;
+        let publisher = Publisher::new(bus.clone(), service, Some(store.clone()));
+        let runtime = Self { service: service.to_owned(), bus, store, publisher, shutdown };
+        runtime.spawn_projection(KeyIndex);
+        Ok(runtime)
+    }
+
+    /// Runs a projection into this service's store as a tracked task.
+    pub fn spawn_projection<P: Projection>(&self, projection: P) {
+        let (bus, store, shutdown) = (self.bus.clone(), self.store.clone(), self.shutdown.clone());
+        let name = projection.name();
+        let on_error = self.shutdown.clone();
+        self.shutdown.spawn(async move {
+            if let Err(error) = projection::run(bus, store, projection, shutdown).await {
+                tracing::error!(projection = name, %error, "projection stopped; stopping the service");
+                on_error.cancel();
+            }
+        });
+    }
+
+    /// Runs a reaction as a tracked task.
+    pub fn spawn_reaction<R: Reaction>(&self, config: ReactionConfig, reaction: R) {
+        let service = self.service.clone();
+        let (bus, publisher, store, shutdown) =
+            (self.bus.clone(), self.publisher.clone(), self.store.clone(), self.shutdown.clone());
+        let on_error = self.shutdown.clone();
+        self.shutdown.spawn(async move {
+            if let Err(error) = reaction::run(&service, bus, publisher, store, config, reaction, shutdown).await {
+                tracing::error!(%service, %error, "reaction stopped; stopping the service");
+                on_error.cancel();
+            }
+        });
+    }
+}

@@ -1,0 +1,260 @@
+//! A service's SQLite projection file.
+//!
+//! One file per service under the data directory. Besides the service's own
+//! tables it holds the runtime's: each projection's checkpoint and schema
+//! version, and the index of every idempotency key seen on the stream (which
+//! lets a reaction recognise, beyond JetStream's duplicate window, an effect
+//! it already stored). Everything in the file is derived from the stream:
+//! deleting it rebuilds it by replay.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use zopu_schema::Envelope;
+
+use crate::Error;
+
+/// What a projection does with events. Implementations are plain, synchronous
+/// and deterministic: the same events in the same order give the same rows.
+pub trait Projection: Send + 'static {
+    /// Checkpoint name, unique inside the file.
+    fn name(&self) -> &'static str;
+    /// Bump to rebuild: tables are dropped and the stream replayed.
+    fn schema_version(&self) -> u32;
+    /// Tables this projection owns (dropped on rebuild).
+    fn tables(&self) -> &'static [&'static str];
+    /// Creates the tables (called on an empty or rebuilt projection).
+    fn migrate(&self, tx: &Transaction<'_>) -> rusqlite::Result<()>;
+    /// Applies one event. An error aborts the batch; the runner logs it and
+    /// retries from the checkpoint.
+    fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Result<()>;
+    /// Subjects to follow; every event by default.
+    fn filter_subjects(&self) -> Vec<String> {
+        vec![zopu_schema::subjects::all_events()]
+    }
+}
+
+const RUNTIME_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS zopu_projection (
+    name TEXT PRIMARY KEY,
+    schema_version INTEGER NOT NULL,
+    checkpoint INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS zopu_keys (
+    key TEXT PRIMARY KEY,
+    sequence INTEGER NOT NULL,
+    event_id TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS zopu_undecodable (
+    projection TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    PRIMARY KEY (projection, sequence)
+);
+";
+
+/// The name of the built-in projection that indexes idempotency keys.
+pub const KEYS_PROJECTION: &str = "zopu_keys";
+
+/// A service's projection file. Cloning shares the connection.
+#[derive(Clone, Debug)]
+pub struct Store {
+    path: PathBuf,
+    connection: Arc<Mutex<Connection>>,
+    checkpoints: Arc<watch::Sender<u64>>,
+}
+
+impl Store {
+    /// Opens (or creates) `<data_dir>/<service>.sqlite`.
+    pub fn open_for_service(data_dir: &Path, service: &str) -> Result<Self, Error> {
+        std::fs::create_dir_all(data_dir).map_err(|source| Error::Io { path: data_dir.to_owned(), source })?;
+        Self::open(&data_dir.join(format!("{service}.sqlite")))
+    }
+
+    pub fn open(path: &Path) -> Result<Self, Error> {
+        let store_error = |source| Error::Store { path: path.to_owned(), source };
+        let connection = Connection::open(path).map_err(store_error)?;
+        connection
+            .execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
+            .map_err(store_error)?;
+        connection.execute_batch(RUNTIME_SCHEMA).map_err(store_error)?;
+        let (checkpoints, _) = watch::channel(0);
+        let store = Self { path: path.to_owned(), connection: Arc::new(Mutex::new(connection)), checkpoints: Arc::new(checkpoints) };
+        let low_water = store.read(|conn| {
+            conn.query_row("SELECT COALESCE(MIN(checkpoint), 0) FROM zopu_projection", [], |row| row.get::<_, i64>(0))
+        })?;
+        store.checkpoints.send_replace(u64::try_from(low_water).unwrap_or(0));
+        Ok(store)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs a read (or small write) on the connection. Blocking: call it from
+    /// `spawn_blocking` or keep it short.
+    pub fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, Error> {
+        let connection = self.connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&connection).map_err(|source| Error::Store { path: self.path.clone(), source })
+    }
+
+    /// Runs `f` in one transaction.
+    pub fn write<T>(&self, f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<T>) -> Result<T, Error> {
+        let mut connection = self.connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let result = (|| {
+            let tx = connection.transaction()?;
+            let value = f(&tx)?;
+            tx.commit()?;
+            Ok(value)
+        })();
+        result.map_err(|source| Error::Store { path: self.path.clone(), source })
+    }
+
+    /// The stream sequence of the event stored under `key`, if any.
+    pub fn key_sequence(&self, key: &str) -> Result<Option<u64>, Error> {
+        self.read(|conn| {
+            conn.query_row("SELECT sequence FROM zopu_keys WHERE key = ?1", [key], |row| row.get::<_, i64>(0))
+                .optional()
+        })
+        .map(|sequence| sequence.and_then(|s| u64::try_from(s).ok()))
+    }
+
+    /// Records a key right after its append was acknowledged.
+    pub fn record_key(&self, key: &str, sequence: u64, event_id: &str) -> Result<(), Error> {
+        self.read(|conn| {
+            conn.execute(
+                "INSERT OR IGNORE INTO zopu_keys (key, sequence, event_id) VALUES (?1, ?2, ?3)",
+                params![key, sequence as i64, event_id],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// The lowest checkpoint of the projections in this file.
+    pub fn checkpoint(&self) -> u64 {
+        *self.checkpoints.borrow()
+    }
+
+    /// Waits until every projection in the file has applied `sequence`.
+    pub async fn wait_for(&self, sequence: u64) {
+        let mut receiver = self.checkpoints.subscribe();
+        let _ = receiver.wait_for(|checkpoint| *checkpoint >= sequence).await;
+    }
+
+    pub(crate) fn publish_checkpoint(&self) -> Result<(), Error> {
+        let low_water = self.read(|conn| {
+            conn.query_row("SELECT COALESCE(MIN(checkpoint), 0) FROM zopu_projection", [], |row| row.get::<_, i64>(0))
+        })?;
+        self.checkpoints.send_replace(u64::try_from(low_water).unwrap_or(0));
+        Ok(())
+    }
+
+    /// Prepares a projection: creates its tables, or drops and recreates them
+    /// when its schema version changed. Returns the sequence to resume after.
+    pub(crate) fn prepare(&self, projection: &dyn ProjectionMeta) -> Result<u64, Error> {
+        self.write(|tx| {
+            let row: Option<(i64, i64)> = tx
+                .query_row(
+                    "SELECT schema_version, checkpoint FROM zopu_projection WHERE name = ?1",
+                    [projection.name()],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()?;
+            match row {
+                Some((version, checkpoint)) if version == i64::from(projection.schema_version()) => {
+                    Ok(u64::try_from(checkpoint).unwrap_or(0))
+                }
+                stale => {
+                    if stale.is_some() {
+                        tracing::info!(projection = projection.name(), "schema version changed; rebuilding from the start");
+                    }
+                    for table in projection.tables() {
+                        tx.execute_batch(&format!("DROP TABLE IF EXISTS \"{table}\";"))?;
+                    }
+                    tx.execute("DELETE FROM zopu_undecodable WHERE projection = ?1", [projection.name()])?;
+                    projection.create(tx)?;
+                    tx.execute(
+                        "INSERT INTO zopu_projection (name, schema_version, checkpoint) VALUES (?1, ?2, 0)
+                         ON CONFLICT(name) DO UPDATE SET schema_version = excluded.schema_version, checkpoint = 0",
+                        params![projection.name(), projection.schema_version()],
+                    )?;
+                    Ok(0)
+                }
+            }
+        })
+    }
+
+    /// A digest of the logical content of the named tables: every row, in
+    /// primary-key order. Two files with the same digest hold the same rows.
+    pub fn content_digest(&self, tables: &[&str]) -> Result<String, Error> {
+        self.read(|conn| {
+            let mut hasher = Sha256::new();
+            for table in tables {
+                hasher.update(table.as_bytes());
+                let mut statement = conn.prepare(&format!("SELECT * FROM \"{table}\" ORDER BY 1, 2"))?;
+                let columns = statement.column_count();
+                let mut rows = statement.query([])?;
+                while let Some(row) = rows.next()? {
+                    for column in 0..columns {
+                        let value: rusqlite::types::Value = row.get(column)?;
+                        hasher.update(format!("{value:?}\u{1f}").as_bytes());
+                    }
+                    hasher.update(b"\x1e");
+                }
+            }
+            Ok(hex::encode(hasher.finalize()))
+        })
+    }
+}
+
+/// The parts of a projection `prepare` needs, object-safe.
+pub(crate) trait ProjectionMeta {
+    fn name(&self) -> &'static str;
+    fn schema_version(&self) -> u32;
+    fn tables(&self) -> &'static [&'static str];
+    fn create(&self, tx: &Transaction<'_>) -> rusqlite::Result<()>;
+}
+
+impl<P: Projection> ProjectionMeta for P {
+    fn name(&self) -> &'static str {
+        Projection::name(self)
+    }
+    fn schema_version(&self) -> u32 {
+        Projection::schema_version(self)
+    }
+    fn tables(&self) -> &'static [&'static str] {
+        Projection::tables(self)
+    }
+    fn create(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
+        self.migrate(tx)
+    }
+}
+
+/// The built-in projection every service runs: idempotency key → sequence.
+#[derive(Debug, Default)]
+pub struct KeyIndex;
+
+impl Projection for KeyIndex {
+    fn name(&self) -> &'static str {
+        KEYS_PROJECTION
+    }
+    fn schema_version(&self) -> u32 {
+        1
+    }
+    fn tables(&self) -> &'static [&'static str] {
+        &[]
+    }
+    fn migrate(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
+        tx.execute("DELETE FROM zopu_keys", []).map(|_| ())
+    }
+    fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Result<()> {
+        tx.execute(
+            "INSERT OR IGNORE INTO zopu_keys (key, sequence, event_id) VALUES (?1, ?2, ?3)",
+            params![event.idempotency_key, sequence as i64, event.id.to_string()],
+        )
+        .map(|_| ())
+    }
+}

@@ -1,0 +1,312 @@
+//! Provider-neutral chat types. `ChatRequest` and `ChatReply` are wire contracts: replies are
+//! recorded as events so that a replay reads the recorded reply instead of calling the model.
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// Default completion budget used by [`ChatRequest::new`].
+pub const DEFAULT_MAX_TOKENS: u32 = 1024;
+
+/// Longest tool name accepted (the OpenAI limit).
+const TOOL_NAME_MAX_CHARS: usize = 64;
+
+/// Who wrote a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+/// One message of a conversation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: Role,
+    /// Text of the message; `None` for an assistant message that only calls tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// For `Role::Tool`: the id of the tool call this message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// For `Role::Assistant`: tool calls the model made earlier in the conversation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+impl ChatMessage {
+    fn text(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: Some(content.into()),
+            tool_call_id: None,
+            tool_calls: Vec::new(),
+        }
+    }
+
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::text(Role::System, content)
+    }
+
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::text(Role::User, content)
+    }
+
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::text(Role::Assistant, content)
+    }
+
+    /// An assistant turn that called tools (echoed back so the model sees its own calls).
+    pub fn assistant_tool_calls(tool_calls: Vec<ToolCall>) -> Self {
+        Self {
+            role: Role::Assistant,
+            content: None,
+            tool_call_id: None,
+            tool_calls,
+        }
+    }
+
+    /// The result of the tool call `tool_call_id`.
+    pub fn tool_result(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: Role::Tool,
+            content: Some(content.into()),
+            tool_call_id: Some(tool_call_id.into()),
+            tool_calls: Vec::new(),
+        }
+    }
+}
+
+/// A function the model may call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// `[A-Za-z0-9_-]{1,64}`.
+    pub name: String,
+    pub description: String,
+    /// JSON schema of the arguments object.
+    pub parameters: serde_json::Value,
+}
+
+/// A validated tool call: `name` was offered and `arguments` is a complete JSON object.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: serde_json::Value,
+}
+
+/// What the caller asks of the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolSpec>,
+    /// Completion budget; a reply that hits it is an error ([`Error::Truncated`]).
+    pub max_tokens: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Ask for a JSON object as content; content that does not parse is an error.
+    #[serde(default)]
+    pub response_format_json: bool,
+}
+
+impl ChatRequest {
+    /// A request with no tools, [`DEFAULT_MAX_TOKENS`], provider-default temperature, text output.
+    pub fn new(messages: Vec<ChatMessage>) -> Self {
+        Self {
+            messages,
+            tools: Vec::new(),
+            max_tokens: DEFAULT_MAX_TOKENS,
+            temperature: None,
+            response_format_json: false,
+        }
+    }
+
+    pub fn with_tools(mut self, tools: Vec<ToolSpec>) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// The text of the last user message, if any.
+    pub fn last_user_text(&self) -> Option<&str> {
+        self.messages
+            .iter()
+            .rev()
+            .find(|message| message.role == Role::User)
+            .and_then(|message| message.content.as_deref())
+    }
+
+    /// Checks the request before anything is sent; every provider calls this first.
+    pub fn validate(&self) -> Result<(), Error> {
+        let invalid = |reason: String| Err(Error::InvalidRequest { reason });
+        if self.messages.is_empty() {
+            return invalid("no messages".to_owned());
+        }
+        if self.max_tokens == 0 {
+            return invalid("max_tokens must be at least 1".to_owned());
+        }
+        if let Some(temperature) = self.temperature
+            && !(0.0..=2.0).contains(&temperature)
+        {
+            return invalid(format!("temperature {temperature} is outside 0..=2"));
+        }
+        for (index, message) in self.messages.iter().enumerate() {
+            if message.role == Role::Tool && message.tool_call_id.is_none() {
+                return invalid(format!(
+                    "messages[{index}] has role tool but no tool_call_id"
+                ));
+            }
+            if message.content.is_none() && message.tool_calls.is_empty() {
+                return invalid(format!(
+                    "messages[{index}] has neither content nor tool calls"
+                ));
+            }
+        }
+        let mut names = HashSet::new();
+        for tool in &self.tools {
+            if !is_valid_tool_name(&tool.name) {
+                return invalid(format!(
+                    "tool name {:?} must match [A-Za-z0-9_-]{{1,64}}",
+                    tool.name
+                ));
+            }
+            if !names.insert(tool.name.as_str()) {
+                return invalid(format!("tool `{}` is offered twice", tool.name));
+            }
+            if !tool.parameters.is_object() {
+                return invalid(format!(
+                    "tool `{}` parameters must be a JSON schema object",
+                    tool.name
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_valid_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.chars().count() <= TOOL_NAME_MAX_CHARS
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// Why the model stopped. Replies only ever carry a successful reason: `length` and
+/// `content_filter` are turned into errors before a reply is built.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    Stop,
+    ToolCalls,
+    /// Absent or provider-specific (kept verbatim; `"unspecified"` when absent).
+    Other(String),
+}
+
+/// Token accounting as reported by the provider (zero when it reports none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+/// A validated reply. Never contains a partial tool call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatReply {
+    pub content: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCall>,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    /// HTTP attempts it took (1 when the first call succeeded).
+    pub attempts: u32,
+    /// Model that answered, as reported by the provider.
+    pub model: String,
+    /// Which provider produced the reply (`offline`, `openai`, ...); artifacts cite it.
+    pub provider_label: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str) -> ToolSpec {
+        ToolSpec {
+            name: name.to_owned(),
+            description: String::new(),
+            parameters: serde_json::json!({"type": "object"}),
+        }
+    }
+
+    #[test]
+    fn validate_rejects_bad_requests() {
+        let ok = ChatRequest::new(vec![ChatMessage::user("hi")]);
+        assert!(ok.validate().is_ok());
+        let cases = [
+            ChatRequest::new(Vec::new()),
+            ChatRequest {
+                max_tokens: 0,
+                ..ok.clone()
+            },
+            ChatRequest {
+                temperature: Some(3.0),
+                ..ok.clone()
+            },
+            ok.clone().with_tools(vec![tool("a b")]),
+            ok.clone().with_tools(vec![tool("dup"), tool("dup")]),
+            ChatRequest::new(vec![ChatMessage {
+                role: Role::Tool,
+                content: Some("x".into()),
+                tool_call_id: None,
+                tool_calls: Vec::new(),
+            }]),
+        ];
+        for case in cases {
+            assert!(
+                matches!(case.validate(), Err(Error::InvalidRequest { .. })),
+                "{case:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn request_and_reply_round_trip_through_json() {
+        let request = ChatRequest::new(vec![
+            ChatMessage::system("be brief"),
+            ChatMessage::assistant_tool_calls(vec![ToolCall {
+                id: "c1".into(),
+                name: "search".into(),
+                arguments: serde_json::json!({"q": "x"}),
+            }]),
+            ChatMessage::tool_result("c1", "found"),
+        ])
+        .with_tools(vec![tool("search")]);
+        let json = serde_json::to_string(&request).expect("serializes");
+        assert_eq!(
+            serde_json::from_str::<ChatRequest>(&json).expect("parses"),
+            request
+        );
+
+        let reply = ChatReply {
+            content: Some("hi".into()),
+            tool_calls: Vec::new(),
+            finish_reason: FinishReason::Other("eos".into()),
+            usage: Usage {
+                prompt_tokens: 3,
+                completion_tokens: 1,
+            },
+            attempts: 2,
+            model: "m".into(),
+            provider_label: "openai".into(),
+        };
+        let json = serde_json::to_string(&reply).expect("serializes");
+        assert_eq!(
+            serde_json::from_str::<ChatReply>(&json).expect("parses"),
+            reply
+        );
+    }
+}

@@ -1,0 +1,48 @@
+//! Model access for Zopu: one object-safe [`Provider`] trait with two implementations, the
+//! OpenAI-compatible chat-completions client ([`openai::OpenAiProvider`]) and the rule-based
+//! [`offline::OfflineProvider`], which needs no model so the whole product runs without one.
+//!
+//! Invariants:
+//! - A [`ChatReply`] is only ever built from a fully validated response: a cut-off or garbled tool
+//!   call, a call to a tool that was not offered, `finish_reason: "length"`, a content-filter stop
+//!   or an oversized body is a typed [`Error`], never a reply. Replies are `Serialize` so they can
+//!   be recorded as events; a replay reads the recorded reply and never calls the model again.
+//! - Every call is bounded: a timeout per attempt, a bounded number of retries (exponential
+//!   backoff with jitter, `Retry-After` honoured up to `backoff_max`), and a body size cap.
+//! - The API key is read from its [`openai::KeySource`] before every attempt (rotation needs no
+//!   restart), is sent only as a sensitive `Authorization` header, and never appears in `Debug`,
+//!   `Display`, logs or errors.
+//! - The offline rules are pure and deterministic, and never claim code was changed, tested or
+//!   shipped.
+
+mod chat;
+mod error;
+pub mod offline;
+pub mod openai;
+#[cfg(feature = "test-support")]
+pub mod test_support;
+
+use std::future::Future;
+use std::pin::Pin;
+
+pub use chat::{
+    ChatMessage, ChatReply, ChatRequest, DEFAULT_MAX_TOKENS, FinishReason, Role, ToolCall,
+    ToolSpec, Usage,
+};
+pub use error::Error;
+pub use offline::OfflineProvider;
+pub use openai::{ApiKey, KeySource, OpenAiConfig, OpenAiProvider, RotatingKey};
+
+/// A boxed, sendable future, so that [`Provider`] stays object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Something that answers chat requests. Object-safe: hold it as `Arc<dyn Provider>` and inject
+/// [`OfflineProvider`] (or a test double) where no model is configured.
+pub trait Provider: Send + Sync + std::fmt::Debug {
+    /// Recorded as `provider_label` in replies and cited by artifacts (`openai`, `offline`, ...).
+    fn label(&self) -> &str;
+
+    /// Answers `request`. Implementations validate the request first and never return a partial
+    /// tool call.
+    fn complete(&self, request: ChatRequest) -> BoxFuture<'_, Result<ChatReply, Error>>;
+}

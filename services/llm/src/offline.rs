@@ -1,0 +1,1098 @@
+//! The offline provider: deterministic rules so the whole product runs with no model.
+//!
+//! The pure helpers ([`decide`], [`acknowledgement`], [`clarifying_question`],
+//! [`direct_response`], [`keywords`]) are what the conversation agent calls directly. Same input,
+//! same output, on every machine and every run: variation comes from an FNV-1a hash of the
+//! input, never from randomness or the clock. Nothing here ever claims that code was changed,
+//! tested or shipped: change requests become issues.
+
+use serde_json::json;
+
+use crate::chat::{ChatReply, ChatRequest, FinishReason, Role, Usage};
+use crate::{BoxFuture, Error, Provider};
+
+/// `provider_label` of offline replies.
+pub const OFFLINE_LABEL: &str = "offline";
+/// `model` of offline replies; bump when the rules change so recorded replies say which rules.
+pub const OFFLINE_MODEL: &str = "offline-rules-v1";
+
+/// Most keywords [`keywords`] returns.
+const KEYWORDS_MAX: usize = 16;
+/// Most words of the topic quoted back in an acknowledgement.
+const TOPIC_WORDS: usize = 3;
+/// Longest topic word / project name quoted back (characters).
+const TOPIC_WORD_MAX_CHARS: usize = 24;
+const PROJECT_NAME_MAX_CHARS: usize = 40;
+/// A message is quoted back in a clarifying question only up to this many words.
+const QUOTE_MAX_WORDS: usize = 6;
+/// Words of the summary's first sentence used in a direct response.
+const SUMMARY_MAX_WORDS: usize = 30;
+
+/// What the conversation agent knows when it decides.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecisionContext {
+    /// A project summary is mounted (so overview questions can be answered directly).
+    pub has_summary: bool,
+    /// The previous assistant turn was a clarifying question; never ask twice in a row.
+    pub recent_clarification_asked: bool,
+}
+
+/// The four first-slice actions (handoff section 21).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecisionKind {
+    Respond,
+    Clarify,
+    Explore,
+    CreateIssue,
+}
+
+impl DecisionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionKind::Respond => "respond",
+            DecisionKind::Clarify => "clarify",
+            DecisionKind::Explore => "explore",
+            DecisionKind::CreateIssue => "create_issue",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub kind: DecisionKind,
+    /// Which rule fired, for the run log.
+    pub rationale: String,
+}
+
+impl Decision {
+    fn new(kind: DecisionKind, rationale: &str) -> Self {
+        Self {
+            kind,
+            rationale: rationale.to_owned(),
+        }
+    }
+}
+
+#[rustfmt::skip]
+const STOPWORDS: &[&str] = &[
+    "a", "about", "above", "after", "again", "all", "also", "am", "an", "and", "any", "anything",
+    "are", "as", "at", "be", "because", "been", "before", "being", "below", "between", "both",
+    "but", "by", "can", "could", "did", "do", "does", "doing", "don", "done", "down", "during",
+    "each", "else", "etc", "even", "ever", "every", "few", "for", "from", "further", "get", "gets",
+    "getting", "go", "goes", "going", "got", "had", "has", "have", "having", "he", "her", "here",
+    "hers", "him", "his", "how", "however", "i", "if", "im", "in", "into", "is", "isn", "it", "its",
+    "itself", "just", "know", "let", "lets", "like", "ll", "look", "looking", "make", "me", "might",
+    "more", "most", "much", "must", "my", "need", "needs", "no", "nor", "not", "now", "of", "off",
+    "ok", "okay", "on", "once", "one", "only", "or", "other", "our", "ours", "out", "over", "own",
+    "please", "pls", "quite", "re", "really", "same", "see", "she", "should", "show", "so", "some",
+    "something", "still", "such", "sure", "tell", "than", "that", "the", "their", "them", "then",
+    "there", "these", "they", "thing", "things", "this", "those", "through", "to", "too", "under",
+    "until", "up", "us", "ve", "very", "want", "was", "we", "were", "what", "whats", "when",
+    "where", "whether", "which", "while", "who", "whom", "why", "will", "with", "within", "would",
+    "yet", "you", "your", "yours", "explain", "understand", "help", "hey", "hi", "hello", "thanks",
+    "thank", "stuff", "way", "ways", "kind", "bit", "maybe", "actually", "basically",
+];
+
+/// Words that do not name a subject: a message made only of these (and stopwords) is vague.
+#[rustfmt::skip]
+const GENERIC_WORDS: &[&str] = &[
+    "fix", "fixe", "change", "update", "work", "works", "working", "broken", "break", "wrong",
+    "problem", "issue", "bug", "error", "code", "part", "better", "again", "asap", "quick",
+    "quickly", "please", "check", "take", "try", "do", "handle", "sort", "deal", "improve", "clean",
+    "create", "draft", "write", "open", "raise", "ticket", "report", "repo", "repository",
+    "project", "codebase",
+];
+
+#[rustfmt::skip]
+const GREETING_OR_THANKS: &[&str] = &[
+    "hi", "hello", "hey", "heya", "hiya", "howdy", "yo", "morning", "afternoon", "evening", "good",
+    "thanks", "thank", "thx", "ty", "cheers", "appreciated", "appreciate", "great", "perfect",
+    "nice", "awesome", "cool", "ok", "okay", "got", "it", "you", "so", "much", "very", "all",
+    "there", "team", "again", "a", "lot", "lots", "man", "mate", "folks", "everyone", "zopu", "bye",
+    "later", "see", "ya", "excellent", "sounds", "wonderful", "amazing", "yes", "yep", "sure",
+    "alright", "that", "that's", "thats", "it's", "is", "was", "super", "helpful", "works",
+    "worked", "really",
+];
+/// Words that open a pleasantry ("thanks for the help", "hello again").
+#[rustfmt::skip]
+const PLEASANTRY_OPENERS: &[&str] = &[
+    "hi", "hello", "hey", "heya", "hiya", "howdy", "thanks", "thank", "thx", "ty", "cheers",
+    "great", "perfect", "nice", "awesome", "cool", "good", "excellent",
+];
+
+#[rustfmt::skip]
+const STATUS_PHRASES: &[&str] = &[
+    "any update", "any updates", "any progress", "any news", "are you there", "you there",
+    "how is it going", "hows it going", "how's it going", "how are you", "how are things",
+    "what are you doing", "what are you working on", "are you done", "is it done", "still working",
+    "where are we", "whats the eta", "what's the eta", "how long will", "status update",
+    "what's the status", "whats the status", "what is the status", "any status",
+];
+/// Words that may accompany "status"/"update" and still make a pure status question.
+#[rustfmt::skip]
+const STATUS_NEUTRAL: &[&str] = &[
+    "status", "update", "updates", "progress", "news", "eta", "exploration", "issue", "work",
+    "task", "run", "job", "draft", "result", "results",
+];
+
+#[rustfmt::skip]
+const ISSUE_PHRASES: &[&str] = &[
+    "file a bug", "file an issue", "file a ticket", "report a bug", "bug report", "open an issue",
+    "open a ticket", "raise an issue", "log a bug", "log an issue", "into an issue",
+    "into a ticket", "as an issue", "as a ticket", "write up an issue", "write an issue",
+    "create an issue", "create a ticket", "draft an issue", "draft a ticket",
+];
+#[rustfmt::skip]
+const ISSUE_VERBS: &[&str] = &[
+    "create", "draft", "write", "open", "file", "make", "raise", "log", "prepare", "turn", "add",
+];
+const ISSUE_NOUNS: &[&str] = &["issue", "issues", "ticket", "tickets", "story", "epic"];
+
+/// Verbs asking for a code change; they need a subject, or the request is vague.
+#[rustfmt::skip]
+const CHANGE_VERBS: &[&str] = &[
+    "fix", "change", "modify", "refactor", "implement", "add", "update", "rename", "delete",
+    "remove", "upgrade", "migrate", "rewrite", "patch", "bump", "replace", "write", "build",
+    "create", "edit", "move", "optimize", "optimise", "improve", "clean", "convert", "port",
+    "introduce", "support", "make", "set",
+];
+/// Delivery verbs: specific enough on their own ("deploy it", "push").
+#[rustfmt::skip]
+const DELIVERY_VERBS: &[&str] = &[
+    "commit", "deploy", "push", "merge", "ship", "release", "publish", "rollback",
+];
+#[rustfmt::skip]
+const DELIVERY_PHRASES: &[&str] = &[
+    "open a pr", "open a pull request", "send a pr", "make a pr", "create a pr", "raise a pr",
+    "ship it", "push it", "merge it", "deploy it", "commit it", "push to", "deploy to",
+    "merge into", "commit the", "commit this", "commit these", "roll back", "rollback",
+];
+#[rustfmt::skip]
+const POLITE_PREFIXES: &[&str] = &[
+    "please", "pls", "can you", "could you", "would you", "will you", "can we", "could we", "lets",
+    "let's", "let us", "i need you to", "i want you to", "i'd like you to", "id like you to",
+    "go ahead and", "kindly", "just", "now", "ok", "okay", "so", "hey", "also", "and",
+];
+#[rustfmt::skip]
+const INTERROGATIVES: &[&str] = &[
+    "how", "where", "why", "what", "whats", "what's", "which", "who", "when", "does", "do", "is",
+    "are", "was", "were", "did", "should", "has", "have", "explain", "describe", "walk", "trace",
+    "find", "investigate", "show", "tell", "look", "dig", "understand", "map", "summarize",
+    "summarise", "review", "analyze", "analyse", "audit", "compare", "list",
+];
+#[rustfmt::skip]
+const OVERVIEW_PHRASES: &[&str] = &[
+    "what does this project do", "what is this project", "what's this project",
+    "whats this project", "what does this repo do", "what is this repo", "what's this repo",
+    "whats this repo", "what does the project do", "what is the project",
+    "what does this codebase do", "what is this codebase", "summarize the project",
+    "summarise the project", "project overview", "give me an overview", "overview of the project",
+    "overview of this repo", "what is zopu",
+];
+
+/// Picks one of the four actions for a user message. Rules, in order: greetings and thanks,
+/// status questions, explicit issue requests, project-overview questions, vague requests,
+/// change/delivery requests, questions, then any other statement with a subject (explore).
+pub fn decide(message_text: &str, context: &DecisionContext) -> Decision {
+    use DecisionKind::{Clarify, CreateIssue, Explore, Respond};
+    let text = Normalized::new(message_text);
+    let vague_kind = if context.recent_clarification_asked {
+        Explore
+    } else {
+        Clarify
+    };
+    let vague_rationale = if context.recent_clarification_asked {
+        "still vague, but a clarification was just asked: explore with what we have"
+    } else {
+        "no subject named: ask one clarifying question"
+    };
+
+    if text.words.is_empty() {
+        return Decision::new(vague_kind, vague_rationale);
+    }
+    if text.is_pleasantry() {
+        return Decision::new(Respond, "greeting or thanks");
+    }
+    if text.is_status_question() {
+        return Decision::new(Respond, "status question");
+    }
+    if text.is_issue_request() {
+        return Decision::new(CreateIssue, "explicit request for an issue or bug report");
+    }
+    if text.contains_any(OVERVIEW_PHRASES) {
+        return if context.has_summary {
+            Decision::new(
+                Respond,
+                "project overview question answered from the summary",
+            )
+        } else {
+            Decision::new(Explore, "project overview question and no summary yet")
+        };
+    }
+    let delivery = text.is_delivery_request();
+    if !text.has_subject() && !delivery {
+        return Decision::new(vague_kind, vague_rationale);
+    }
+    if delivery || text.is_change_request() {
+        return Decision::new(
+            CreateIssue,
+            "change or delivery request: scope it as an issue, never claim the change",
+        );
+    }
+    if text.is_question() {
+        return Decision::new(Explore, "question about the code: explore the repository");
+    }
+    Decision::new(Explore, "statement about the code: investigate it")
+}
+
+/// A short reply for the timeline (one to three sentences, under 50 words) saying what happens
+/// next. Deterministic; varied by a hash of the input. For `Respond` it is
+/// `direct_response(message_text, None)`: call [`direct_response`] with the summary instead when
+/// one is mounted.
+pub fn acknowledgement(decision: &Decision, message_text: &str, project_name: &str) -> String {
+    let project = project_label(project_name);
+    let normalized = Normalized::new(message_text);
+    let topic = if normalized.contains_any(OVERVIEW_PHRASES) {
+        "the overall structure".to_owned()
+    } else if normalized.is_delivery_request()
+        && let Some(quote) = quote(message_text)
+    {
+        format!("“{quote}”")
+    } else {
+        topic(message_text)
+    };
+    let seed = fnv1a(&[decision.kind.as_str(), message_text, project.as_str()]);
+    let fill = |template: &str| {
+        template
+            .replace("{topic}", &topic)
+            .replace("{project}", &project)
+    };
+    match decision.kind {
+        DecisionKind::Respond => direct_response(message_text, None),
+        DecisionKind::Clarify => clarifying_question(message_text),
+        DecisionKind::Explore => fill(pick(
+            seed,
+            &[
+                "Got it — I'm tracing {topic} in {project} now. I'll bring back the relevant code path and the risky edges.",
+                "On it. I'm reading through {project} for {topic} and will link what I find.",
+                "Looking into {topic} now. I'll come back with the key files and how they connect.",
+                "Sure — exploring {topic} in {project}. Expect a short summary with the evidence attached.",
+            ],
+        )),
+        DecisionKind::CreateIssue if normalized.is_issue_request() => fill(pick(
+            seed,
+            &[
+                "Yep. I'm turning this into a concrete issue for {project} and checking the repository evidence before I lock the scope.",
+                "Got it — drafting an issue about {topic}. I'll check the code first so the scope and acceptance criteria hold up.",
+                "On it. I'll scope {topic} into an issue with the files most likely involved.",
+            ],
+        )),
+        DecisionKind::CreateIssue => fill(pick(
+            seed,
+            &[
+                "I can't make code changes from here yet, so I'm scoping {topic} into an issue for {project}. It will list the likely files and the next delivery step.",
+                "I won't touch the code directly yet. I'm turning {topic} into a scoped issue so the work is ready to pick up.",
+                "Code changes aren't made from chat yet — I'm drafting an issue for {topic} with scope and acceptance criteria instead.",
+            ],
+        )),
+    }
+}
+
+/// One question asking for the missing subject; quotes short messages back.
+pub fn clarifying_question(message_text: &str) -> String {
+    let quote = quote(message_text);
+    let seed = fnv1a(&["clarify", message_text]);
+    match quote {
+        Some(quote) => pick(
+            seed,
+            &[
+                "When you say “{quote}”, which file, feature or error do you mean?",
+                "Just to be sure I look in the right place: what does “{quote}” refer to — a file, a feature or an error?",
+            ],
+        )
+        .replace("{quote}", &quote),
+        None => pick(
+            seed,
+            &[
+                "Happy to help — what should I focus on: a file, a feature, or an error you're seeing?",
+                "A file name, feature or error message is enough — which part of the project is this about?",
+                "Which part of the code should I start from?",
+                "Where are you seeing this — which file, page or error message?",
+            ],
+        )
+        .to_owned(),
+    }
+}
+
+/// A direct answer for greetings, thanks, status and overview questions. With a summary, an
+/// overview question is answered from its first sentence.
+pub fn direct_response(message_text: &str, summary: Option<&str>) -> String {
+    let text = Normalized::new(message_text);
+    let seed = fnv1a(&["respond", message_text]);
+    if let Some(first) = summary.and_then(first_sentence)
+        && (text.contains_any(OVERVIEW_PHRASES) || text.is_question())
+    {
+        return format!("From the project summary: {first} Ask me to dig into any part of it.");
+    }
+    if text.contains_any(OVERVIEW_PHRASES) {
+        return "I don't have a project summary yet. Ask me to explore the repository and I'll map out its main parts."
+            .to_owned();
+    }
+    if text.is_status_question() {
+        return pick(
+            seed,
+            &[
+                "Nothing new to report yet. I'll post here when there's something meaningful, and results land as artifact cards.",
+                "I'm here. Progress shows up in the timeline, and finished results arrive as artifact cards.",
+            ],
+        )
+        .to_owned();
+    }
+    let thanks = text.words.iter().any(|word| {
+        matches!(
+            word.as_str(),
+            "thanks" | "thank" | "thx" | "ty" | "cheers" | "appreciated" | "appreciate"
+        )
+    });
+    if thanks {
+        return pick(
+            seed,
+            &[
+                "You're welcome. I'm here if anything else comes up.",
+                "Anytime — tell me what to look at next.",
+                "Glad it helped. Ping me when you want to dig into something else.",
+                "Happy to help — I'll be here for the next question.",
+            ],
+        )
+        .to_owned();
+    }
+    let salutation = salutation(&text);
+    pick(
+        seed,
+        &[
+            "{salutation}! Ask me about any part of the repository, or ask me to draft an issue.",
+            "{salutation} — I'm here. Point me at a feature, file or bug and I'll dig in.",
+            "{salutation}! What would you like to look at in the code today?",
+        ],
+    )
+    .replace("{salutation}", &salutation)
+}
+
+/// Greets back in kind: "Good morning", "Hey", ... ("Hi" by default).
+fn salutation(text: &Normalized) -> String {
+    if let Some(part) = text
+        .words
+        .iter()
+        .find(|word| matches!(word.as_str(), "morning" | "afternoon" | "evening"))
+    {
+        return format!("Good {part}");
+    }
+    let word = text
+        .words
+        .iter()
+        .find(|word| {
+            matches!(
+                word.as_str(),
+                "hi" | "hello" | "hey" | "heya" | "hiya" | "howdy"
+            )
+        })
+        .map_or("hi", String::as_str);
+    let mut chars = word.chars();
+    chars.next().map_or_else(String::new, |first| {
+        first.to_uppercase().chain(chars).collect()
+    })
+}
+
+/// Subject words of `text`: lower-cased, stopwords and generic request words removed, lightly
+/// stemmed, ranked by frequency (identifier-looking words count double), then first appearance.
+pub fn keywords(text: &str) -> Vec<String> {
+    ranked_terms(text)
+        .into_iter()
+        .map(|term| term.stem)
+        .collect()
+}
+
+#[derive(Debug)]
+struct Term {
+    stem: String,
+    weight: u32,
+    first: usize,
+}
+
+/// The tokens of `text` in order, each with its stem when it names a subject.
+fn tokens(text: &str) -> Vec<(&str, Option<String>)> {
+    text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|token| !token.is_empty())
+        .map(|token| (token, subject_stem(token)))
+        .collect()
+}
+
+fn subject_stem(token: &str) -> Option<String> {
+    let lower = token.to_lowercase();
+    if lower.chars().count() < 2
+        || lower.chars().all(|c| c.is_ascii_digit())
+        || STOPWORDS.contains(&lower.as_str())
+        || GENERIC_WORDS.contains(&lower.as_str())
+    {
+        return None;
+    }
+    let stem = stem(&lower);
+    (!GENERIC_WORDS.contains(&stem.as_str())).then_some(stem)
+}
+
+/// `snake_case` or `camelCase` (not a capitalised or all-caps word).
+fn is_identifier(token: &str) -> bool {
+    token.contains('_')
+        || (token.chars().any(char::is_lowercase) && token.chars().skip(1).any(char::is_uppercase))
+}
+
+fn ranked_terms(text: &str) -> Vec<Term> {
+    let mut terms: Vec<Term> = Vec::new();
+    for (position, (token, stem)) in tokens(text).into_iter().enumerate() {
+        let Some(stem) = stem else { continue };
+        let weight = if is_identifier(token) { 2 } else { 1 };
+        match terms.iter_mut().find(|term| term.stem == stem) {
+            Some(term) => term.weight += weight,
+            None => terms.push(Term {
+                stem,
+                weight,
+                first: position,
+            }),
+        }
+    }
+    terms.sort_by(|a, b| b.weight.cmp(&a.weight).then(a.first.cmp(&b.first)));
+    terms.truncate(KEYWORDS_MAX);
+    terms
+}
+
+/// Light suffix stripping: plurals, `-ing`, `-ed`, with doubled consonants undone.
+fn stem(word: &str) -> String {
+    let len = word.chars().count();
+    let stripped = if len > 4 && word.ends_with("ies") {
+        format!("{}y", &word[..word.len() - 3])
+    } else if len > 5 && word.ends_with("ing") {
+        undouble(&word[..word.len() - 3])
+    } else if len > 4 && word.ends_with("ed") && !word.ends_with("eed") {
+        undouble(&word[..word.len() - 2])
+    } else if len > 3
+        && word.ends_with('s')
+        && !(word.ends_with("ss") || word.ends_with("us") || word.ends_with("is"))
+    {
+        word[..word.len() - 1].to_owned()
+    } else {
+        word.to_owned()
+    };
+    if stripped.chars().count() < 2 {
+        word.to_owned()
+    } else {
+        stripped
+    }
+}
+
+fn undouble(word: &str) -> String {
+    let bytes = word.as_bytes();
+    match bytes {
+        [.., a, b]
+            if a == b
+                && a.is_ascii_alphabetic()
+                && !matches!(a, b'l' | b's' | b'z' | b'e' | b'o') =>
+        {
+            word[..word.len() - 1].to_owned()
+        }
+        _ => word.to_owned(),
+    }
+}
+
+/// A message lower-cased into words, with the polite prefix separated from the first verb.
+struct Normalized {
+    /// Words joined by single spaces, padded with a space on both sides.
+    padded: String,
+    words: Vec<String>,
+    /// Words after polite prefixes ("can you", "please", ...).
+    rest: Vec<String>,
+    polite: bool,
+    question_mark: bool,
+}
+
+impl Normalized {
+    fn new(text: &str) -> Self {
+        let words: Vec<String> = text
+            .split(|c: char| !(c.is_alphanumeric() || c == '\'' || c == '_'))
+            .map(|word| word.trim_matches('\'').to_lowercase())
+            .filter(|word| !word.is_empty())
+            .collect();
+        let mut rest: &[String] = &words;
+        let mut polite = false;
+        'strip: loop {
+            for prefix in POLITE_PREFIXES {
+                let parts: Vec<&str> = prefix.split(' ').collect();
+                if rest.len() > parts.len()
+                    && rest.iter().zip(&parts).all(|(word, part)| word == part)
+                {
+                    rest = &rest[parts.len()..];
+                    polite = true;
+                    continue 'strip;
+                }
+            }
+            break;
+        }
+        let rest = rest.to_vec();
+        Self {
+            padded: format!(" {} ", words.join(" ")),
+            words,
+            rest,
+            polite,
+            question_mark: text.trim_end().ends_with('?'),
+        }
+    }
+
+    fn contains_any(&self, phrases: &[&str]) -> bool {
+        phrases
+            .iter()
+            .any(|phrase| self.padded.contains(&format!(" {phrase} ")))
+    }
+
+    fn first_rest(&self) -> Option<&str> {
+        self.rest.first().map(String::as_str)
+    }
+
+    fn has_subject(&self) -> bool {
+        !ranked_terms(&self.words.join(" ")).is_empty()
+    }
+
+    /// Greetings, thanks and acknowledgements: only such words, or opened by one with no subject
+    /// and no question.
+    fn is_pleasantry(&self) -> bool {
+        self.words
+            .iter()
+            .all(|word| GREETING_OR_THANKS.contains(&word.as_str()))
+            || (self
+                .words
+                .first()
+                .is_some_and(|word| PLEASANTRY_OPENERS.contains(&word.as_str()))
+                && !self.question_mark
+                && !self.has_subject())
+    }
+
+    fn is_question(&self) -> bool {
+        self.question_mark
+            || self
+                .first_rest()
+                .is_some_and(|word| INTERROGATIVES.contains(&word))
+            || self
+                .words
+                .first()
+                .is_some_and(|word| INTERROGATIVES.contains(&word.as_str()))
+    }
+
+    /// A question that does not start as a polite request ("how does X work?").
+    fn is_plain_question(&self) -> bool {
+        !self.polite
+            && self
+                .words
+                .first()
+                .is_some_and(|word| INTERROGATIVES.contains(&word.as_str()))
+    }
+
+    fn is_status_question(&self) -> bool {
+        if self.contains_any(STATUS_PHRASES) {
+            return true;
+        }
+        let mentions_status = self
+            .words
+            .iter()
+            .any(|word| matches!(word.as_str(), "status" | "eta"));
+        mentions_status
+            && tokens(&self.words.join(" "))
+                .iter()
+                .all(|(token, stem)| stem.is_none() || STATUS_NEUTRAL.contains(token))
+    }
+
+    fn is_issue_request(&self) -> bool {
+        if self.contains_any(ISSUE_PHRASES) {
+            return true;
+        }
+        if self.is_plain_question() {
+            return false;
+        }
+        // An issue verb followed within four words by an issue noun: "draft a short ticket".
+        self.rest.iter().enumerate().any(|(index, word)| {
+            ISSUE_VERBS.contains(&word.as_str())
+                && self.rest[index + 1..]
+                    .iter()
+                    .take(4)
+                    .any(|next| ISSUE_NOUNS.contains(&next.as_str()))
+        })
+    }
+
+    fn is_delivery_request(&self) -> bool {
+        if self.is_plain_question() {
+            return false;
+        }
+        self.first_rest()
+            .is_some_and(|word| DELIVERY_VERBS.contains(&word))
+            || self.contains_any(DELIVERY_PHRASES)
+    }
+
+    fn is_change_request(&self) -> bool {
+        !self.is_plain_question()
+            && self
+                .first_rest()
+                .is_some_and(|word| CHANGE_VERBS.contains(&word))
+    }
+}
+
+/// The run of subject words around the top keyword, as written ("flaky payment tests"), else
+/// the quoted message, else "that".
+fn topic(message_text: &str) -> String {
+    let fallback =
+        || quote(message_text).map_or_else(|| "that".to_owned(), |quote| format!("“{quote}”"));
+    let tokens = tokens(message_text);
+    let Some(top) = ranked_terms(message_text).into_iter().next() else {
+        return fallback();
+    };
+    let Some(center) = tokens
+        .iter()
+        .position(|(_, stem)| stem.as_deref() == Some(top.stem.as_str()))
+    else {
+        return fallback();
+    };
+    let (mut start, mut end) = (center, center + 1);
+    while end - start < TOPIC_WORDS {
+        if start > 0 && tokens[start - 1].1.is_some() {
+            start -= 1;
+        } else if end < tokens.len() && tokens[end].1.is_some() {
+            end += 1;
+        } else {
+            break;
+        }
+    }
+    let words: Vec<String> = tokens[start..end]
+        .iter()
+        .map(|(token, _)| {
+            let shown = if is_identifier(token) || token.chars().all(|c| !c.is_lowercase()) {
+                (*token).to_owned()
+            } else {
+                token.to_lowercase()
+            };
+            clip_chars(&shown, TOPIC_WORD_MAX_CHARS)
+        })
+        .collect();
+    words.join(" ")
+}
+
+fn project_label(project_name: &str) -> String {
+    let name: String = project_name
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    if name.is_empty() {
+        "the project".to_owned()
+    } else {
+        clip_chars(&name, PROJECT_NAME_MAX_CHARS)
+    }
+}
+
+fn quote(message_text: &str) -> Option<String> {
+    let words: Vec<&str> = message_text
+        .split_whitespace()
+        .map(|word| word.trim_matches(|c: char| !c.is_alphanumeric() && c != '\''))
+        .filter(|word| !word.is_empty())
+        .collect();
+    if words.is_empty() || words.len() > QUOTE_MAX_WORDS {
+        return None;
+    }
+    Some(
+        words
+            .iter()
+            .map(|word| clip_chars(word, TOPIC_WORD_MAX_CHARS))
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
+
+fn first_sentence(summary: &str) -> Option<String> {
+    let text = summary
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.starts_with('#'))
+        .map(|line| line.trim_start_matches(['-', '*', '>', ' ']).trim())
+        .find(|line| !line.is_empty())?;
+    let end = text
+        .char_indices()
+        .find(|&(index, c)| {
+            matches!(c, '.' | '!' | '?') && text[index + c.len_utf8()..].starts_with(' ')
+        })
+        .map_or(text.len(), |(index, c)| index + c.len_utf8());
+    let words: Vec<&str> = text[..end]
+        .split_whitespace()
+        .take(SUMMARY_MAX_WORDS)
+        .collect();
+    let mut sentence = words.join(" ");
+    if !sentence.ends_with(['.', '!', '?']) {
+        sentence.push('.');
+    }
+    Some(sentence)
+}
+
+fn clip_chars(text: &str, max_chars: usize) -> String {
+    text.chars().take(max_chars).collect()
+}
+
+fn pick<'a>(seed: u64, choices: &[&'a str]) -> &'a str {
+    let len = u64::try_from(choices.len()).unwrap_or(1).max(1);
+    let index = usize::try_from(seed % len).unwrap_or(0);
+    choices.get(index).copied().unwrap_or_default()
+}
+
+/// FNV-1a over the parts (separated), stable across runs, platforms and Rust versions.
+fn fnv1a(parts: &[&str]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for byte in part.bytes().chain(std::iter::once(0xff)) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    hash
+}
+
+/// The chat-trait face of the offline rules: answers the last user message with the
+/// acknowledgement [`decide`] leads to. Never calls tools. With `response_format_json` the content
+/// is `{"decision", "rationale", "message"}`.
+#[derive(Clone, Debug)]
+pub struct OfflineProvider {
+    project_name: String,
+}
+
+impl Default for OfflineProvider {
+    fn default() -> Self {
+        Self::new("the project")
+    }
+}
+
+impl OfflineProvider {
+    pub fn new(project_name: impl Into<String>) -> Self {
+        Self {
+            project_name: project_name.into(),
+        }
+    }
+
+    /// Deterministic reply to `request`; fails only on an invalid request.
+    pub fn reply(&self, request: &ChatRequest) -> Result<ChatReply, Error> {
+        request.validate()?;
+        let text = request.last_user_text().unwrap_or_default();
+        let context = DecisionContext {
+            has_summary: false,
+            recent_clarification_asked: asked_just_before(request),
+        };
+        let decision = decide(text, &context);
+        let message = acknowledgement(&decision, text, &self.project_name);
+        let content = if request.response_format_json {
+            json!({
+                "decision": decision.kind.as_str(),
+                "rationale": decision.rationale,
+                "message": message,
+            })
+            .to_string()
+        } else {
+            message
+        };
+        Ok(ChatReply {
+            content: Some(content),
+            tool_calls: Vec::new(),
+            finish_reason: FinishReason::Stop,
+            usage: Usage::default(),
+            attempts: 1,
+            model: OFFLINE_MODEL.to_owned(),
+            provider_label: OFFLINE_LABEL.to_owned(),
+        })
+    }
+}
+
+/// Whether the assistant turn right before the last user message was a question.
+fn asked_just_before(request: &ChatRequest) -> bool {
+    let mut before_last_user = request
+        .messages
+        .iter()
+        .rev()
+        .skip_while(|message| message.role != Role::User)
+        .skip(1);
+    before_last_user
+        .find(|message| message.role != Role::System)
+        .is_some_and(|message| {
+            message.role == Role::Assistant
+                && message
+                    .content
+                    .as_deref()
+                    .is_some_and(|content| content.trim_end().ends_with('?'))
+        })
+}
+
+impl Provider for OfflineProvider {
+    fn label(&self) -> &str {
+        OFFLINE_LABEL
+    }
+
+    fn complete(&self, request: ChatRequest) -> BoxFuture<'_, Result<ChatReply, Error>> {
+        let reply = self.reply(&request);
+        Box::pin(std::future::ready(reply))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::ChatMessage;
+    use DecisionKind::{Clarify, CreateIssue, Explore, Respond};
+
+    const FRESH: DecisionContext = DecisionContext {
+        has_summary: false,
+        recent_clarification_asked: false,
+    };
+
+    /// Realistic messages and the action expected with no summary and no recent clarification.
+    const TABLE: &[(&str, DecisionKind)] = &[
+        ("hi", Respond),
+        ("Good morning team!", Respond),
+        ("thanks, that's great", Respond),
+        ("ok cool thanks a lot", Respond),
+        ("thanks for the help", Respond),
+        ("hi, can you help?", Clarify),
+        ("what's the status?", Respond),
+        ("any update on the exploration?", Respond),
+        ("are you there?", Respond),
+        ("How does authentication work in this repo?", Explore),
+        ("Where is the retry logic for webhooks?", Explore),
+        ("why is the build failing on CI?", Explore),
+        ("What does the `SessionStore` do?", Explore),
+        (
+            "walk me through the request lifecycle in packages/server",
+            Explore,
+        ),
+        ("The login page is slow when many users sign in", Explore),
+        ("what does this project do?", Explore),
+        ("can you look into the flaky payment tests", Explore),
+        ("Create an issue for the flaky payment tests", CreateIssue),
+        (
+            "please draft a ticket about rate limiting the public API",
+            CreateIssue,
+        ),
+        (
+            "file a bug: uploads over 10MB crash the worker",
+            CreateIssue,
+        ),
+        ("write a bug report for the broken CSV export", CreateIssue),
+        ("can you turn this into an issue?", CreateIssue),
+        ("fix the null pointer in parse_config", CreateIssue),
+        (
+            "Please refactor the billing module to use the new client",
+            CreateIssue,
+        ),
+        ("add dark mode to the settings page", CreateIssue),
+        ("commit and push", CreateIssue),
+        ("deploy it to staging", CreateIssue),
+        ("can you open a PR that bumps tokio", CreateIssue),
+        ("fix it", Clarify),
+        ("help", Clarify),
+        ("it's broken", Clarify),
+        ("can you look at this?", Clarify),
+        ("how does it work?", Clarify),
+        ("why?", Clarify),
+        ("", Clarify),
+    ];
+
+    #[test]
+    fn decide_on_realistic_messages() {
+        for (message, expected) in TABLE {
+            let decision = decide(message, &FRESH);
+            assert_eq!(
+                decision.kind, *expected,
+                "{message:?}: {}",
+                decision.rationale
+            );
+            assert!(!decision.rationale.is_empty());
+        }
+    }
+
+    #[test]
+    fn never_clarifies_twice_in_a_row() {
+        let context = DecisionContext {
+            recent_clarification_asked: true,
+            ..FRESH
+        };
+        for (message, expected) in TABLE {
+            let kind = decide(message, &context).kind;
+            let expected = if *expected == Clarify {
+                Explore
+            } else {
+                *expected
+            };
+            assert_eq!(kind, expected, "{message:?}");
+        }
+    }
+
+    #[test]
+    fn overview_is_answered_from_the_summary_when_there_is_one() {
+        let context = DecisionContext {
+            has_summary: true,
+            ..FRESH
+        };
+        assert_eq!(decide("what does this project do?", &context).kind, Respond);
+        let response = direct_response(
+            "what does this project do?",
+            Some("# Acme\n\nAcme is a billing service written in Go. It talks to Stripe."),
+        );
+        assert!(
+            response.contains("Acme is a billing service written in Go."),
+            "{response}"
+        );
+        assert!(!response.contains("Stripe"), "{response}");
+    }
+
+    fn sentences(text: &str) -> usize {
+        text.split_inclusive(['.', '!', '?'])
+            .filter(|part| part.chars().any(char::is_alphanumeric))
+            .count()
+    }
+
+    #[test]
+    fn acknowledgements_are_short_deterministic_and_honest() {
+        let forbidden = [
+            "i changed",
+            "i've changed",
+            "i fixed",
+            "i've fixed",
+            "fixed it",
+            "deployed",
+            "pushed",
+            "committed",
+            "merged",
+            "shipped",
+            "tested",
+            "i've updated",
+            "i updated",
+            "done.",
+        ];
+        for context in [
+            FRESH,
+            DecisionContext {
+                recent_clarification_asked: true,
+                has_summary: true,
+            },
+        ] {
+            let mut previous = String::new();
+            for (message, _) in TABLE {
+                let decision = decide(message, &context);
+                let ack = acknowledgement(&decision, message, "acme-payments");
+                assert_eq!(
+                    ack,
+                    acknowledgement(&decision, message, "acme-payments"),
+                    "deterministic"
+                );
+                let words = ack.split_whitespace().count();
+                assert!(words > 0 && words < 50, "{words} words: {ack}");
+                assert!((1..=3).contains(&sentences(&ack)), "{ack}");
+                let lower = ack.to_lowercase();
+                for phrase in forbidden {
+                    assert!(!lower.contains(phrase), "{message:?} -> {ack}");
+                }
+                assert_ne!(ack, previous, "consecutive acknowledgements repeat: {ack}");
+                previous = ack;
+            }
+        }
+    }
+
+    #[test]
+    fn acknowledgement_mentions_the_topic_and_survives_long_names() {
+        let message = "How does the webhook retry queue work?";
+        let decision = decide(message, &FRESH);
+        let ack = acknowledgement(&decision, message, "acme");
+        assert!(ack.contains("webhook"), "{ack}");
+        let long_name = "a ".repeat(200);
+        let ack = acknowledgement(&decision, message, &long_name);
+        assert!(ack.split_whitespace().count() < 50, "{ack}");
+    }
+
+    #[test]
+    fn clarifying_question_is_one_short_question() {
+        for message in [
+            "fix it",
+            "help",
+            "it's broken",
+            "can you look at this?",
+            "why?",
+            "",
+        ] {
+            let question = clarifying_question(message);
+            assert!(question.ends_with('?'), "{question}");
+            assert!(question.split_whitespace().count() < 30, "{question}");
+        }
+    }
+
+    #[test]
+    fn keywords_are_filtered_stemmed_and_ranked() {
+        assert_eq!(
+            keywords("Why are the payment tests failing? The payments retry is failing too"),
+            vec!["payment", "fail", "test", "retry"]
+        );
+        assert_eq!(
+            keywords("How does session_store handle sessions?")[0],
+            "session_store"
+        );
+        assert!(keywords("can you please help me with this thing?").is_empty());
+        assert_eq!(
+            keywords("stopped running queries"),
+            vec!["stop", "run", "query"]
+        );
+    }
+
+    #[test]
+    fn provider_answers_through_the_trait_deterministically() {
+        let provider = OfflineProvider::new("acme");
+        let request = ChatRequest::new(vec![
+            ChatMessage::system("You are Zopu."),
+            ChatMessage::user("How does auth work?"),
+        ]);
+        let reply = provider.reply(&request).expect("valid request");
+        assert_eq!(reply.provider_label, "offline");
+        assert_eq!(reply.model, OFFLINE_MODEL);
+        assert!(reply.tool_calls.is_empty());
+        assert_eq!(reply, provider.reply(&request).expect("valid request"));
+
+        let mut json_request = request.clone();
+        json_request.response_format_json = true;
+        let content = provider
+            .reply(&json_request)
+            .expect("valid")
+            .content
+            .unwrap_or_default();
+        let value: serde_json::Value = serde_json::from_str(&content).expect("JSON content");
+        assert_eq!(value["decision"], "explore");
+    }
+
+    #[test]
+    fn provider_does_not_clarify_twice() {
+        let provider = OfflineProvider::default();
+        let first = provider
+            .reply(&ChatRequest::new(vec![ChatMessage::user("fix it")]))
+            .expect("valid");
+        let question = first.content.unwrap_or_default();
+        assert!(question.ends_with('?'));
+        let second = ChatRequest {
+            response_format_json: true,
+            ..ChatRequest::new(vec![
+                ChatMessage::user("fix it"),
+                ChatMessage::assistant(question),
+                ChatMessage::user("the thing"),
+            ])
+        };
+        let content = provider
+            .reply(&second)
+            .expect("valid")
+            .content
+            .unwrap_or_default();
+        let value: serde_json::Value = serde_json::from_str(&content).expect("JSON content");
+        assert_eq!(value["decision"], "explore");
+    }
+}

@@ -1,0 +1,304 @@
+//! A scripted OpenAI-compatible server for tests (feature `test-support`).
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
+//! let server = FakeOpenAiServer::start([
+//!     Scripted::Status(429, vec![("Retry-After".into(), "1".into())], String::new()),
+//!     Scripted::text("hello"),
+//! ])
+//! .await?;
+//! // point an OpenAiConfig at server.base_url(), make the call, then:
+//! assert_eq!(server.request_count(), 2);
+//! # Ok(()) }
+//! ```
+//!
+//! Every request to any path is recorded, then answered with the next scripted entry. When the
+//! script runs out the server answers `400` with a body saying so, which fails the call loudly
+//! (400 is not retried). Dropping the server releases hanging handlers and stops accepting.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Body of the `400` sent when the script is exhausted.
+pub const SCRIPT_EXHAUSTED: &str = "fake OpenAI server: script exhausted";
+
+/// One scripted answer, consumed in order.
+#[derive(Clone, Debug)]
+pub enum Scripted {
+    /// `200` with this JSON body (see [`completion`] and [`tool_call_completion`]).
+    Reply(Value),
+    /// Any status with extra headers and a raw body, e.g. `429` with `Retry-After`.
+    Status(u16, Vec<(String, String)>, String),
+    /// Wait, then answer with the inner entry (use it to trip the client's timeout).
+    Delay(Duration, Box<Scripted>),
+    /// `200`, `content-type: application/json`, and this raw (usually broken) body.
+    Malformed(String),
+    /// Never answer; the client must time out. Released when the server is dropped.
+    Hang,
+}
+
+impl Scripted {
+    /// A plain text completion.
+    pub fn text(content: &str) -> Self {
+        Scripted::Reply(completion(content))
+    }
+
+    /// A completion calling one tool; `arguments` is the raw string the model produced, so it can
+    /// be cut off or garbled on purpose.
+    pub fn tool_call(id: &str, name: &str, arguments: &str) -> Self {
+        Scripted::Reply(tool_call_completion(id, name, arguments))
+    }
+
+    /// A completion with this `finish_reason` and content (e.g. `"length"`, `"content_filter"`).
+    pub fn finish(finish_reason: &str, content: &str) -> Self {
+        Scripted::Reply(json!({
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "model": FAKE_MODEL,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": finish_reason,
+            }],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        }))
+    }
+}
+
+/// `model` reported by the canned completions.
+pub const FAKE_MODEL: &str = "fake-model";
+
+/// A well-formed chat completion answering `content`.
+pub fn completion(content: &str) -> Value {
+    match Scripted::finish("stop", content) {
+        Scripted::Reply(value) => value,
+        _ => Value::Null,
+    }
+}
+
+/// A well-formed chat completion with one tool call whose raw `arguments` string is given.
+pub fn tool_call_completion(id: &str, name: &str, arguments: &str) -> Value {
+    json!({
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "model": FAKE_MODEL,
+        "choices": [{
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": null,
+                "tool_calls": [{
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments},
+                }],
+            },
+            "finish_reason": "tool_calls",
+        }],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
+    })
+}
+
+/// A request as the server received it.
+#[derive(Clone, Debug)]
+pub struct RecordedRequest {
+    pub method: String,
+    pub path: String,
+    /// The `Authorization` header, verbatim (tests check the bearer key).
+    pub authorization: Option<String>,
+    /// The raw body.
+    pub body: String,
+}
+
+impl RecordedRequest {
+    /// The body parsed as JSON (`Value::Null` if it is not JSON).
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    script: VecDeque<Scripted>,
+    requests: Vec<RecordedRequest>,
+}
+
+#[derive(Clone)]
+struct AppState {
+    shared: Arc<Mutex<Shared>>,
+    stopped: watch::Receiver<bool>,
+}
+
+/// A real HTTP server on `127.0.0.1` and a free port, answering from a script.
+#[derive(Debug)]
+pub struct FakeOpenAiServer {
+    address: SocketAddr,
+    shared: Arc<Mutex<Shared>>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl FakeOpenAiServer {
+    /// Binds `127.0.0.1:0` and starts serving `script`. Needs a Tokio runtime.
+    pub async fn start(script: impl IntoIterator<Item = Scripted>) -> std::io::Result<Self> {
+        let shared = Arc::new(Mutex::new(Shared {
+            script: script.into_iter().collect(),
+            requests: Vec::new(),
+        }));
+        let (stop, stopped) = watch::channel(false);
+        let app = Router::new().fallback(handle).with_state(AppState {
+            shared: Arc::clone(&shared),
+            stopped,
+        });
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let address = listener.local_addr()?;
+        let mut shutdown = stop.subscribe();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _closed = shutdown.wait_for(|stopped| *stopped).await;
+            });
+            if let Err(error) = serve.await {
+                tracing::warn!(%error, "fake OpenAI server stopped with an error");
+            }
+        });
+        Ok(Self {
+            address,
+            shared,
+            stop,
+            task,
+        })
+    }
+
+    /// `http://127.0.0.1:<port>/v1`, to use as `OpenAiConfig::base_url`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.address)
+    }
+
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Appends to the script.
+    pub fn push(&self, entry: Scripted) {
+        lock(&self.shared).script.push_back(entry);
+    }
+
+    /// How many requests arrived (including ones still hanging or delayed).
+    pub fn request_count(&self) -> usize {
+        lock(&self.shared).requests.len()
+    }
+
+    /// Every request received so far, in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        lock(&self.shared).requests.clone()
+    }
+
+    /// Scripted entries not yet consumed.
+    pub fn remaining(&self) -> usize {
+        lock(&self.shared).script.len()
+    }
+}
+
+impl Drop for FakeOpenAiServer {
+    fn drop(&mut self) {
+        let _ignored = self.stop.send(true);
+        self.task.abort();
+    }
+}
+
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    // A panicking test thread must not hide the recording from the others.
+    shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+async fn handle(
+    State(state): State<AppState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let next = {
+        let mut shared = lock(&state.shared);
+        shared.requests.push(RecordedRequest {
+            method: method.to_string(),
+            path: uri.path().to_owned(),
+            authorization: headers
+                .get(header::AUTHORIZATION)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned),
+            body: String::from_utf8_lossy(&body).into_owned(),
+        });
+        shared.script.pop_front()
+    };
+    match next {
+        Some(entry) => respond(entry, state.stopped).await,
+        None => (StatusCode::BAD_REQUEST, SCRIPT_EXHAUSTED).into_response(),
+    }
+}
+
+fn respond(
+    entry: Scripted,
+    stopped: watch::Receiver<bool>,
+) -> Pin<Box<dyn Future<Output = Response> + Send>> {
+    Box::pin(async move {
+        match entry {
+            Scripted::Reply(value) => json_response(StatusCode::OK, value.to_string()),
+            Scripted::Malformed(body) => json_response(StatusCode::OK, body),
+            Scripted::Status(code, headers, body) => {
+                let status =
+                    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                let mut response = (status, body).into_response();
+                for (name, value) in headers {
+                    if let (Ok(name), Ok(value)) = (
+                        HeaderName::try_from(name.as_str()),
+                        HeaderValue::try_from(value.as_str()),
+                    ) {
+                        response.headers_mut().insert(name, value);
+                    }
+                }
+                response
+            }
+            Scripted::Delay(delay, then) => {
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => respond(*then, stopped).await,
+                    () = until_stopped(stopped.clone()) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+                }
+            }
+            Scripted::Hang => {
+                until_stopped(stopped).await;
+                StatusCode::SERVICE_UNAVAILABLE.into_response()
+            }
+        }
+    })
+}
+
+/// Resolves when the server is dropped (or the sender is gone).
+async fn until_stopped(mut stopped: watch::Receiver<bool>) {
+    let _stopped_or_closed = stopped.wait_for(|stopped| *stopped).await.is_ok();
+}
+
+fn json_response(status: StatusCode, body: String) -> Response {
+    let mut response = (status, Body::from(body)).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}

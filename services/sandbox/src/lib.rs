@@ -1,0 +1,20 @@
+//! Project workspaces and the agent's repository tools.
+//!
+//! Two halves share this crate. The workspace runtime (`workspace`, `git`,
+//! `env_scan`) creates one sandboxed directory per project, shallow-clones the
+//! repository with a hardened git, verifies it and scans its root
+//! `.env.example`. The tools (`policy`, `confine`, `tools`) let an agent read
+//! that repository without ever reading outside it or writing anywhere but
+//! `<workspace>/.zopu/`.
+//!
+//! Invariants: repository content is untrusted; no path leaves the workspace
+//! root; no secret value (credential, `.env` value) is returned by any
+//! function of this crate in a form that could reach an event, a log, a
+//! prompt or an artifact.
+
+pub mod confine;
+pub mod env_scan;
+pub mod git;
+pub mod policy;
+pub mod tools;
+pub mod workspace;

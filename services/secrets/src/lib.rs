@@ -1,0 +1,784 @@
+//! Secret detection, redaction and placeholder classification.
+//!
+//! A pure library (no I/O) shared by `.env.example` scanning, the specialists
+//! and artifact validation. [`scan`] runs a fixed, named rule set over free text
+//! and returns byte ranges; [`redact`] replaces every range with
+//! `[redacted:<rule>]`; [`is_placeholder`] decides whether an example value is
+//! so obviously fake that it may be shown to users and models.
+//!
+//! Invariants:
+//! - a [`Finding`] holds a rule name and a byte range, never the matched text,
+//!   so logging or printing findings cannot leak a secret;
+//! - findings returned by [`scan`] are sorted, non-overlapping and lie on
+//!   UTF-8 character boundaries;
+//! - the output of [`redact`] contains no finding;
+//! - a value [`scan`] flags, or a high-entropy value, is never a placeholder.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+/// One detected secret: which rule matched and where (byte range into the
+/// scanned text). Deliberately carries no text, so `Debug` is safe to log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Finding {
+    /// Stable rule name, e.g. `github_token`.
+    pub rule: &'static str,
+    /// Start byte offset (inclusive).
+    pub start: usize,
+    /// End byte offset (exclusive).
+    pub end: usize,
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at bytes {}..{}", self.rule, self.start, self.end)
+    }
+}
+
+/// A named detection rule. `group` selects the capture group holding the
+/// secret (0 = whole match); `accept` filters candidates the regex cannot.
+struct Rule {
+    name: &'static str,
+    regex: Regex,
+    group: usize,
+    accept: fn(&str) -> bool,
+}
+
+/// Names of all rules, in priority order (earlier wins on ties).
+pub const RULE_NAMES: &[&str] = &[
+    "private_key",
+    "aws_access_key_id",
+    "aws_secret_access_key",
+    "github_token",
+    "gitlab_token",
+    "slack_token",
+    "stripe_key",
+    "anthropic_key",
+    "openai_key",
+    "google_api_key",
+    "jwt",
+    "url_credentials",
+    "secret_assignment",
+    "high_entropy",
+];
+
+fn always(_: &str) -> bool {
+    true
+}
+
+/// Character-class counts used by the heuristic rules.
+#[derive(Default)]
+struct Classes {
+    upper: usize,
+    lower: usize,
+    digit: usize,
+}
+
+fn classes(s: &str) -> Classes {
+    let mut c = Classes::default();
+    for ch in s.chars() {
+        if ch.is_ascii_uppercase() {
+            c.upper += 1;
+        } else if ch.is_ascii_lowercase() {
+            c.lower += 1;
+        } else if ch.is_ascii_digit() {
+            c.digit += 1;
+        }
+    }
+    c
+}
+
+/// Vendor keys with a short fixed prefix still need to look random.
+fn looks_random(s: &str) -> bool {
+    let c = classes(s);
+    c.digit >= 1 && (c.upper >= 1 || c.lower >= 1) && shannon_entropy(s) >= 3.0
+}
+
+/// Passwords inside URLs: anything but an obvious template or a redaction.
+fn url_password(s: &str) -> bool {
+    !(s.starts_with('$') || s.starts_with('<') || s.starts_with('{') || s.starts_with('%'))
+}
+
+/// `password=` style assignments: a value that looks generated, not code.
+fn assigned_secret(s: &str) -> bool {
+    let c = classes(s);
+    s.len() >= 8
+        && c.digit >= 1
+        && (c.upper + c.lower) >= 1
+        && shannon_entropy(s) >= 3.0
+        && !is_known_placeholder(s)
+}
+
+/// Free-standing tokens: long, mixed-class and close to random.
+/// Subresource-integrity digests (`sha512-...` in lockfiles) are public.
+fn high_entropy_token(s: &str) -> bool {
+    if ["sha1-", "sha256-", "sha384-", "sha512-"]
+        .iter()
+        .any(|p| s.starts_with(p))
+    {
+        return false;
+    }
+    let c = classes(s);
+    c.upper >= 2 && c.lower >= 2 && c.digit >= 2 && shannon_entropy(s) >= 4.2
+}
+
+fn rule(name: &'static str, pattern: &str, group: usize, accept: fn(&str) -> bool) -> Rule {
+    // The patterns are compile-time constants covered by the unit tests; a
+    // failure here is a programmer error.
+    #[allow(clippy::expect_used)]
+    let regex = Regex::new(pattern).expect("secret rule patterns are valid");
+    Rule {
+        name,
+        regex,
+        group,
+        accept,
+    }
+}
+
+static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
+    vec![
+        rule(
+            "private_key",
+            r"(?s)-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\z)",
+            0,
+            always,
+        ),
+        rule(
+            "aws_access_key_id",
+            r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA)[A-Z0-9]{16}\b",
+            0,
+            always,
+        ),
+        rule(
+            "aws_secret_access_key",
+            r#"(?i)aws_?secret(?:_?access)?_?key["']?\s*[:=]\s*["']?([A-Za-z0-9/+=]{40})\b"#,
+            1,
+            always,
+        ),
+        rule(
+            "github_token",
+            r"\b(?:(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b",
+            0,
+            always,
+        ),
+        rule("gitlab_token", r"\bglpat-[A-Za-z0-9_\-]{20,}", 0, always),
+        rule("slack_token", r"\bxox[baprs]-[A-Za-z0-9\-]{10,}", 0, always),
+        rule(
+            "stripe_key",
+            r"\b(?:sk|rk)_live_[A-Za-z0-9]{16,}",
+            0,
+            always,
+        ),
+        rule("anthropic_key", r"\bsk-ant-[A-Za-z0-9_\-]{20,}", 0, always),
+        rule(
+            "openai_key",
+            r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}",
+            0,
+            looks_random,
+        ),
+        rule("google_api_key", r"\bAIza[0-9A-Za-z_\-]{35}", 0, always),
+        rule(
+            "jwt",
+            r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
+            0,
+            always,
+        ),
+        rule(
+            "url_credentials",
+            r#"\b[A-Za-z][A-Za-z0-9+.\-]{1,30}://[^\s:/@'"<>\[\]]+:([^\s/@'"<>\[\]]+)@[^\s/'"<>]+"#,
+            1,
+            url_password,
+        ),
+        rule(
+            "secret_assignment",
+            r#"(?i)[A-Za-z0-9_.\-]*(?:password|passwd|pwd|secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credentials?)[A-Za-z0-9_.\-]*["']?\s*(?::=|=|:)\s*["']?([A-Za-z0-9_\-+/=.~!@#$%^&*]{8,})"#,
+            1,
+            assigned_secret,
+        ),
+        rule(
+            "high_entropy",
+            r"[A-Za-z0-9+/_\-]{32,}={0,2}",
+            0,
+            high_entropy_token,
+        ),
+    ]
+});
+
+/// Finds secrets in free text. Findings are sorted by start, non-overlapping
+/// (overlaps are merged into the span that starts first, keeping the more
+/// specific rule's name on ties) and never carry the secret itself.
+pub fn scan(text: &str) -> Vec<Finding> {
+    let mut candidates: Vec<(usize, usize, usize)> = Vec::new();
+    for (index, rule) in RULES.iter().enumerate() {
+        for captures in rule.regex.captures_iter(text) {
+            let Some(m) = captures.get(rule.group) else {
+                continue;
+            };
+            if m.start() == m.end() || !(rule.accept)(m.as_str()) {
+                continue;
+            }
+            candidates.push((m.start(), index, m.end()));
+        }
+    }
+    candidates.sort_unstable();
+    let mut findings: Vec<Finding> = Vec::with_capacity(candidates.len());
+    for (start, index, end) in candidates {
+        match findings.last_mut() {
+            Some(last) if start < last.end => last.end = last.end.max(end),
+            _ => findings.push(Finding {
+                rule: RULES[index].name,
+                start,
+                end,
+            }),
+        }
+    }
+    findings
+}
+
+/// Replaces every finding with `[redacted:<rule>]`. Re-scans until nothing
+/// is found (bounded), so the output never contains a finding.
+pub fn redact(text: &str) -> String {
+    const PASSES_MAX: usize = 8;
+    let mut current = redact_once(text, &scan(text));
+    for _ in 0..PASSES_MAX {
+        let findings = scan(&current);
+        if findings.is_empty() {
+            return current;
+        }
+        current = redact_once(&current, &findings);
+    }
+    // Pathological input that keeps producing findings: fail closed.
+    if scan(&current).is_empty() {
+        current
+    } else {
+        "[redacted:unstable]".to_owned()
+    }
+}
+
+fn redact_once(text: &str, findings: &[Finding]) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut cursor = 0;
+    for finding in findings {
+        out.push_str(&text[cursor..finding.start]);
+        out.push_str("[redacted:");
+        out.push_str(finding.rule);
+        out.push(']');
+        cursor = finding.end;
+    }
+    out.push_str(&text[cursor..]);
+    out
+}
+
+/// Shannon entropy of `s` in bits per character (0.0 for an empty string).
+pub fn shannon_entropy(s: &str) -> f64 {
+    let mut counts: std::collections::HashMap<char, usize> = std::collections::HashMap::new();
+    let mut total = 0usize;
+    for ch in s.chars() {
+        *counts.entry(ch).or_insert(0) += 1;
+        total += 1;
+    }
+    if total == 0 {
+        return 0.0;
+    }
+    let total = total as f64;
+    counts
+        .values()
+        .map(|&n| {
+            let p = n as f64 / total;
+            -p * p.log2()
+        })
+        .sum()
+}
+
+/// True only for values that are clearly example placeholders (empty,
+/// `changeme`, `<your-key>`, `xxx`, small numbers, booleans, environment
+/// names, localhost URLs without a password...). Anything [`scan`] flags, and
+/// any high-entropy value, is not a placeholder.
+pub fn is_placeholder(value: &str) -> bool {
+    let value = value.trim();
+    if value.is_empty() {
+        return true;
+    }
+    if value.len() > 512 || value.chars().any(char::is_control) {
+        return false;
+    }
+    if !scan(value).is_empty() {
+        return false;
+    }
+    if value.len() >= 16 && shannon_entropy(value) >= 3.5 && !is_templated(value) {
+        // Long and varied: could be a real value even if it names no vendor.
+        return is_localhost_url(value) || is_known_placeholder(value);
+    }
+    is_known_placeholder(value)
+        || is_templated(value)
+        || is_small_number(value)
+        || is_localhost_url(value)
+        || is_region(value)
+}
+
+/// Words and shapes that only ever appear as example values.
+fn is_known_placeholder(value: &str) -> bool {
+    const EXACT: &[&str] = &[
+        "changeme",
+        "change-me",
+        "change_me",
+        "replaceme",
+        "replace-me",
+        "replace_me",
+        "example",
+        "sample",
+        "dummy",
+        "placeholder",
+        "todo",
+        "tbd",
+        "fixme",
+        "none",
+        "null",
+        "nil",
+        "undefined",
+        "true",
+        "false",
+        "yes",
+        "no",
+        "on",
+        "off",
+        "enabled",
+        "disabled",
+        "development",
+        "dev",
+        "production",
+        "prod",
+        "staging",
+        "test",
+        "testing",
+        "local",
+        "debug",
+        "info",
+        "warn",
+        "warning",
+        "error",
+        "trace",
+        "localhost",
+        "secret",
+        "password",
+        "token",
+        "key",
+        "foo",
+        "bar",
+        "baz",
+        "en",
+        "en-us",
+        "en_us",
+        "utc",
+    ];
+    const MARKERS: &[&str] = &[
+        "changeme",
+        "change-me",
+        "change_me",
+        "replace",
+        "placeholder",
+        "example",
+        "your-",
+        "your_",
+        "yourkey",
+        "-here",
+        "_here",
+        "dummy",
+        "fake",
+        "sample",
+    ];
+    let lower = value.to_ascii_lowercase();
+    if EXACT.contains(&lower.as_str()) {
+        return true;
+    }
+    let first = lower.chars().next();
+    if lower.len() >= 2
+        && lower.chars().all(|c| Some(c) == first)
+        && !lower.starts_with(char::is_numeric)
+    {
+        // xxx, ****, ...
+        return true;
+    }
+    if lower.starts_with("xxx") && lower.chars().all(|c| c == 'x' || c == '-' || c == '_') {
+        return true;
+    }
+    MARKERS.iter().any(|m| lower.contains(m))
+        && shannon_entropy(value) < 4.0
+        && classes(value).digit <= 4
+}
+
+/// `<your key>`, `${VAR}`, `{{ var }}`, `$VAR`.
+fn is_templated(value: &str) -> bool {
+    (value.starts_with('<') && value.ends_with('>'))
+        || (value.starts_with("${") && value.ends_with('}'))
+        || (value.starts_with("{{") && value.ends_with("}}"))
+        || (value.starts_with('$')
+            && value.len() > 1
+            && value[1..]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_'))
+}
+
+/// Ports, counts, timeouts: at most six digits, optionally one decimal point.
+fn is_small_number(value: &str) -> bool {
+    let digits = value.strip_prefix('-').unwrap_or(value);
+    let mut parts = digits.splitn(2, '.');
+    let whole = parts.next().unwrap_or_default();
+    let fraction = parts.next().unwrap_or("0");
+    !whole.is_empty()
+        && whole.len() <= 6
+        && fraction.len() <= 3
+        && whole.chars().all(|c| c.is_ascii_digit())
+        && fraction.chars().all(|c| c.is_ascii_digit())
+}
+
+/// `us-east-1`, `eu-west-2` and similar cloud region names.
+fn is_region(value: &str) -> bool {
+    static REGION: LazyLock<Option<Regex>> =
+        LazyLock::new(|| Regex::new(r"^[a-z]{2}(?:-gov)?-[a-z]+-[0-9]$").ok());
+    REGION.as_ref().is_some_and(|r| r.is_match(value))
+}
+
+/// A URL to a local or documentation host, with no password in it.
+fn is_localhost_url(value: &str) -> bool {
+    let Some((scheme, rest)) = value.split_once("://") else {
+        return false;
+    };
+    if scheme.is_empty()
+        || !scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c))
+    {
+        return false;
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            if userinfo.contains(':') {
+                return false;
+            }
+            host
+        }
+        None => authority,
+    };
+    let host = if let Some(stripped) = host_port.strip_prefix('[') {
+        stripped.split(']').next().unwrap_or_default()
+    } else {
+        host_port.split(':').next().unwrap_or_default()
+    };
+    let host = host.to_ascii_lowercase();
+    const LOCAL: &[&str] = &[
+        "localhost",
+        "127.0.0.1",
+        "0.0.0.0",
+        "::1",
+        "host.docker.internal",
+        "example.com",
+        "example.org",
+        "example.net",
+    ];
+    LOCAL.contains(&host.as_str())
+        || host.ends_with(".localhost")
+        || host.ends_with(".local")
+        || host.ends_with(".example.com")
+        || host.ends_with(".example")
+        || host.ends_with(".test")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rules(text: &str) -> Vec<&'static str> {
+        scan(text).into_iter().map(|f| f.rule).collect()
+    }
+
+    fn assert_single(text: &str, secret: &str, rule: &str) {
+        let findings = scan(text);
+        assert_eq!(findings.len(), 1, "{rule}: {findings:?}");
+        assert_eq!(findings[0].rule, rule);
+        assert_eq!(&text[findings[0].start..findings[0].end], secret);
+        let redacted = redact(text);
+        assert!(!redacted.contains(secret));
+        assert!(redacted.contains(&format!("[redacted:{rule}]")));
+    }
+
+    // Fake secrets are assembled at run time so this file holds none verbatim.
+    fn fake(prefix: &str, body: &str) -> String {
+        format!("{prefix}{body}")
+    }
+
+    const RANDOM40: &str = "wJalrXUtnFEMIK7MDENGbPxRfiCYzEXAMPLEKEY9";
+
+    #[test]
+    fn aws_access_key_id() {
+        let key = fake("AKIA", "IOSFODNN7EXAMPL3");
+        assert_single(&format!("aws key {key} in text"), &key, "aws_access_key_id");
+        let session = fake("ASIA", "Y34FZKBOKMUTVV7A");
+        assert_single(&format!("id={session}"), &session, "aws_access_key_id");
+    }
+
+    #[test]
+    fn aws_secret_access_key() {
+        let text = format!("aws_secret_access_key = {RANDOM40}\n");
+        assert_single(&text, RANDOM40, "aws_secret_access_key");
+        let text = format!("AWS_SECRET_KEY: \"{RANDOM40}\"");
+        assert_eq!(rules(&text), vec!["aws_secret_access_key"]);
+    }
+
+    #[test]
+    fn github_tokens() {
+        for prefix in ["ghp_", "gho_", "ghu_", "ghs_", "ghr_"] {
+            let token = fake(prefix, "16C7e42F292c6912E7710c838347Ae178B4a0Zx1");
+            assert_single(&format!("token is {token}."), &token, "github_token");
+        }
+        let pat = fake(
+            "github_",
+            "pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCD",
+        );
+        assert_single(&format!("use {pat}"), &pat, "github_token");
+    }
+
+    #[test]
+    fn gitlab_token() {
+        let token = fake("glpat-", "xY9z-AbCdEfGh1234567");
+        assert_single(&format!("GITLAB {token} "), &token, "gitlab_token");
+    }
+
+    #[test]
+    fn slack_token() {
+        let token = fake("xoxb-", "1234567890-0987654321-AbCdEfGhIjKlMnOp");
+        assert_single(&format!("slack: {token}"), &token, "slack_token");
+    }
+
+    #[test]
+    fn stripe_key() {
+        let key = fake("sk_live_", "4eC39HqLyjWDarjtT1zdp7dc");
+        assert_single(&format!("stripe {key}"), &key, "stripe_key");
+        let restricted = fake("rk_live_", "51H8aBcDeFgHiJkLmNoPq");
+        assert_single(&format!("{restricted} "), &restricted, "stripe_key");
+    }
+
+    #[test]
+    fn anthropic_key() {
+        let key = fake("sk-ant-", "api03-Ab3dEf6hIj9kLmN0pQrStUvWxYz12345");
+        assert_single(&format!("ANTHROPIC {key}"), &key, "anthropic_key");
+    }
+
+    #[test]
+    fn openai_key() {
+        let key = fake("sk-", "proj-T3BlbkFJa1b2C3d4E5f6G7h8I9j0KlMn");
+        assert_single(&format!("key {key} end"), &key, "openai_key");
+        let legacy = fake("sk-", "4bQz8Yh2Lp0Xw7Vn3Tm9Rk5Jd1Gf6Sc");
+        assert_single(&legacy, &legacy, "openai_key");
+    }
+
+    #[test]
+    fn google_api_key() {
+        let key = fake("AIza", "SyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY");
+        assert_single(&format!("maps key {key} ok"), &key, "google_api_key");
+    }
+
+    #[test]
+    fn jwt() {
+        let token = fake(
+            "eyJhbGciOiJIUzI1NiJ9.",
+            "eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        );
+        assert_single(&format!("Bearer {token}"), &token, "jwt");
+    }
+
+    #[test]
+    fn private_key_block() {
+        let block = fake(
+            "-----BEGIN RSA PRIVATE",
+            " KEY-----\nMIIEowIBAAKCAQEA0Z3VS5JJcds3xfn\nabc+def/ghi==\n-----END RSA PRIVATE KEY-----",
+        );
+        assert_single(&format!("key:\n{block}\nafter"), &block, "private_key");
+        let open = fake(
+            "-----BEGIN OPENSSH PRIVATE",
+            " KEY-----\nb3BlbnNzaC1rZXktdjE",
+        );
+        let findings = scan(&format!("x {open}"));
+        assert_eq!(findings.len(), 1);
+        assert_eq!(
+            findings[0].end,
+            open.len() + 2,
+            "an unterminated block runs to the end"
+        );
+    }
+
+    #[test]
+    fn url_credentials() {
+        for scheme in [
+            "postgres",
+            "postgresql",
+            "mysql",
+            "mongodb+srv",
+            "redis",
+            "amqp",
+            "https",
+        ] {
+            let url = format!(
+                "{scheme}://app_user:{}@db.internal:5432/app",
+                fake("S3cr", "etPw0rd")
+            );
+            let findings = scan(&url);
+            assert_eq!(rules(&url), vec!["url_credentials"], "{scheme}");
+            assert_eq!(&url[findings[0].start..findings[0].end], "S3cretPw0rd");
+            let redacted = redact(&url);
+            assert_eq!(
+                redacted,
+                format!("{scheme}://app_user:[redacted:url_credentials]@db.internal:5432/app")
+            );
+        }
+        assert!(scan("postgres://user:${DB_PASSWORD}@localhost/db").is_empty());
+    }
+
+    #[test]
+    fn secret_assignment() {
+        let value = fake("hK9", "#mZ2qLw8xV");
+        assert_single(&format!("DB_PASSWORD={value}"), &value, "secret_assignment");
+        assert_single(
+            &format!("client_secret: \"{value}\""),
+            &value,
+            "secret_assignment",
+        );
+        assert!(scan("password = changeme").is_empty());
+        assert!(scan("let token = self.next_token();").is_empty());
+    }
+
+    #[test]
+    fn high_entropy() {
+        let value = fake("Zx8Qp2Lm9Rt4", "Vb7Nc1Kd6Hs3Jf5Gw0YtUe");
+        assert_single(&format!("value {value} here"), &value, "high_entropy");
+    }
+
+    #[test]
+    fn ordinary_prose_and_code_are_not_flagged() {
+        let samples = [
+            "The quick brown fox jumps over the lazy dog.",
+            "fn main() { let password = read_password(); println!(\"{}\", token.len()); }",
+            "See commit 3f5e2a9c1b7d4e8f0a6b2c9d1e3f5a7b9c0d2e4f for details.",
+            "id: 123e4567-e89b-12d3-a456-426614174000",
+            "src/components/UserProfile/AvatarImage.tsx",
+            "const skLearnModel = require('sk-learn');",
+            "Visit https://docs.example.com/getting-started#install for setup.",
+            "DATABASE_URL=postgres://localhost:5432/app",
+            "sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=",
+            "ImplementationDetailsForTheConversationAgentRuntime",
+            "password: String, secret_name: &str, token_count: usize",
+            "PORT=3000\nNODE_ENV=development\nLOG_LEVEL=info",
+        ];
+        for sample in samples {
+            assert!(scan(sample).is_empty(), "{sample}: {:?}", scan(sample));
+        }
+    }
+
+    #[test]
+    fn finding_display_and_debug_hold_no_text() {
+        let key = fake("AKIA", "IOSFODNN7EXAMPL3");
+        let finding = scan(&key)[0];
+        assert!(!format!("{finding:?}{finding}").contains(&key[4..]));
+    }
+
+    #[test]
+    fn placeholders() {
+        for value in [
+            "",
+            "changeme",
+            "your-api-key-here",
+            "<your-token>",
+            "xxx",
+            "xxxxxxxx",
+            "example",
+            "http://localhost:3000",
+            "redis://localhost:6379/0",
+            "postgres://postgres@localhost:5432/app",
+            "3000",
+            "0.5",
+            "true",
+            "false",
+            "development",
+            "${API_KEY}",
+            "us-east-1",
+            "sk-your-key-here",
+            "https://api.example.com",
+        ] {
+            assert!(is_placeholder(value), "{value:?} should be a placeholder");
+        }
+    }
+
+    #[test]
+    fn secrets_are_not_placeholders() {
+        for value in [
+            fake("AKIA", "IOSFODNN7EXAMPL3"),
+            fake("ghp_", "16C7e42F292c6912E7710c838347Ae178B4a0Zx1"),
+            "postgres://app:S3cretPw0rd@localhost:5432/app".to_owned(),
+            "Zx8Qp2Lm9Rt4Vb7Nc1Kd6Hs3".to_owned(),
+            "hunter2hunter2".to_owned(),
+            "my-real-db-host.internal".to_owned(),
+            "1234567890123".to_owned(),
+            "a\u{7}b".to_owned(),
+        ] {
+            assert!(
+                !is_placeholder(&value),
+                "{value:?} must not be a placeholder"
+            );
+        }
+    }
+
+    #[test]
+    fn entropy() {
+        assert_eq!(shannon_entropy(""), 0.0);
+        assert_eq!(shannon_entropy("aaaa"), 0.0);
+        assert!((shannon_entropy("ab") - 1.0).abs() < 1e-9);
+        assert!(shannon_entropy(RANDOM40) > 4.0);
+    }
+
+    #[test]
+    fn overlapping_findings_are_merged() {
+        let token = fake("ghp_", "16C7e42F292c6912E7710c838347Ae178B4a0Zx1");
+        let text = format!("GITHUB_TOKEN={token}");
+        assert_eq!(rules(&text), vec!["github_token"]);
+    }
+
+    fn secretish() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(fake("AKIA", "IOSFODNN7EXAMPL3")),
+            Just(fake("ghp_", "16C7e42F292c6912E7710c838347Ae178B4a0Zx1")),
+            Just("postgres://u:p4ssW0rd@h/db".to_owned()),
+            Just(fake("-----BEGIN PRIVATE", " KEY-----\nabc")),
+            Just(fake("sk-", "4bQz8Yh2Lp0Xw7Vn3Tm9Rk5Jd1Gf6Sc")),
+            Just("password=".to_owned()),
+            Just("://".to_owned()),
+            "[ -~]{0,40}",
+            ".{0,20}",
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn scan_and_redact_never_panic_and_redact_is_clean(parts in proptest::collection::vec(secretish(), 0..6)) {
+            let text = parts.concat();
+            let findings = scan(&text);
+            let mut previous_end = 0;
+            for finding in &findings {
+                prop_assert!(finding.start >= previous_end && finding.start < finding.end);
+                prop_assert!(text.is_char_boundary(finding.start) && text.is_char_boundary(finding.end));
+                previous_end = finding.end;
+            }
+            let redacted = redact(&text);
+            prop_assert!(scan(&redacted).is_empty(), "{redacted:?}");
+        }
+
+        #[test]
+        fn is_placeholder_never_accepts_a_finding(text in "[ -~]{0,60}") {
+            if !scan(&text).is_empty() {
+                prop_assert!(!is_placeholder(&text));
+            }
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! The workspace's one integration-test binary. Every test starts its own
+//! nats-server (see `zopu_tests::NatsServer`).
+
+mod foundation;
