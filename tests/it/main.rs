@@ -2,3 +2,4 @@
 //! nats-server (see `zopu_tests::NatsServer`).
 
 mod foundation;
+mod artifacts;

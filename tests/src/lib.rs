@@ -9,11 +9,8 @@
 //! Docker engine, `NatsServer::start_in_docker` offers the same server in a
 //! container.
 
-use std::io::Write;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
@@ -21,23 +18,13 @@ use futures::StreamExt;
 use zopu_core::nats::Bus;
 use zopu_schema::Envelope;
 
-/// How the server persists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sync {
-    /// `sync_interval: always`: every acknowledged write is on disk.
-    Always,
-    /// The server's default (fsync every 2 minutes).
-    Default,
-}
+pub use zopu_core::local_server::SyncPolicy as Sync;
 
-/// A nats-server child process with JetStream.
+/// A nats-server child process on a temp store (see `zopu_core::local_server`).
 #[derive(Debug)]
 pub struct NatsServer {
-    child: Option<Child>,
-    port: u16,
-    store: tempfile::TempDir,
-    config: PathBuf,
-    binary: PathBuf,
+    server: zopu_core::local_server::LocalServer,
+    _store: tempfile::TempDir,
 }
 
 impl NatsServer {
@@ -47,122 +34,28 @@ impl NatsServer {
     }
 
     pub fn start_with(sync: Sync) -> Result<Self> {
-        let binary = find_binary()?;
         let store = tempfile::tempdir().context("temp store dir")?;
-        let port = free_port()?;
-        let config = store.path().join("nats.conf");
-        let mut file = std::fs::File::create(&config)?;
-        let sync_line = match sync {
-            Sync::Always => "  sync_interval: always\n",
-            Sync::Default => "",
-        };
-        write!(
-            file,
-            "listen: 127.0.0.1:{port}\nmax_payload: 1MB\njetstream {{\n  store_dir: \"{}\"\n{sync_line}}}\n",
-            store.path().join("js").display()
-        )?;
-        let mut server = Self { child: None, port, store, config, binary };
-        server.spawn()?;
-        Ok(server)
-    }
-
-    fn spawn(&mut self) -> Result<()> {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.store.path().join("server.log"))?;
-        let child = Command::new(&self.binary)
-            .arg("-c")
-            .arg(&self.config)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", self.binary.display()))?;
-        self.child = Some(child);
-        self.wait_ready()
-    }
-
-    fn wait_ready(&mut self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(());
-            }
-            if let Some(child) = &mut self.child
-                && let Some(status) = child.try_wait()?
-            {
-                let log = std::fs::read_to_string(self.store.path().join("server.log")).unwrap_or_default();
-                bail!("nats-server exited with {status}:\n{log}");
-            }
-            if Instant::now() > deadline {
-                bail!("nats-server did not listen on port {} within 20s", self.port);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let server = zopu_core::local_server::LocalServer::start(store.path(), None, sync)?;
+        Ok(Self { server, _store: store })
     }
 
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        self.server.url()
     }
 
     pub fn store_dir(&self) -> &Path {
-        self.store.path()
+        self.server.store_dir()
     }
 
     /// SIGKILL, no chance to flush anything that was not synced.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.server.kill();
     }
 
     /// Starts again on the same port and store.
     pub fn restart(&mut self) -> Result<()> {
-        self.kill();
-        self.spawn()
+        Ok(self.server.restart()?)
     }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Where nats-server is, checked to be 2.12 or newer.
-pub fn find_binary() -> Result<PathBuf> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let candidates = std::env::var_os("ZOPU_NATS_SERVER")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([workspace.join("tools/bin/nats-server")])
-        .chain(std::env::split_paths(&path).map(|dir| dir.join("nats-server")));
-    for candidate in candidates {
-        if !candidate.is_file() {
-            continue;
-        }
-        let output = Command::new(&candidate).arg("--version").output()?;
-        let version = String::from_utf8_lossy(&output.stdout).to_string();
-        if version_ok(&version) {
-            return Ok(candidate);
-        }
-        bail!(
-            "{} is {} but Zopu needs nats-server 2.12 or newer: run `make setup` (installs it into ./tools/bin) or set ZOPU_NATS_SERVER",
-            candidate.display(),
-            version.trim()
-        );
-    }
-    bail!("nats-server not found: run `make setup` (installs nats-server >= 2.12 into ./tools/bin) or set ZOPU_NATS_SERVER")
-}
-
-fn version_ok(text: &str) -> bool {
-    let Some(start) = text.find(" v") else { return false };
-    let mut parts = text[start + 2..].split(['.', ' ', '-', '\n']).map(|p| p.parse::<u64>().ok());
-    matches!((parts.next().flatten(), parts.next().flatten()), (Some(major), Some(minor)) if (major, minor) >= (2, 12))
-}
-
-fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
 }
 
 /// A core config pointing at `server`, with a fresh data dir.

@@ -44,6 +44,11 @@ pub struct Built {
     pub repaired: bool,
     /// The timeline card, taken from the (possibly repaired) manifest.
     pub card: ArtifactCard,
+    /// Title, summary and provider of the (possibly repaired) manifest: what
+    /// the page shows, safe to put in the published event.
+    pub title: String,
+    pub summary: String,
+    pub provider: String,
     /// What the first render violated, when `repaired`.
     pub repaired_violations: Vec<Violation>,
 }
@@ -123,6 +128,9 @@ fn built(html: String, manifest: &ArtifactManifest, repaired: bool, violations: 
         html,
         repaired,
         card: manifest.card.clone().unwrap_or_default(),
+        title: manifest.title.clone(),
+        summary: manifest.summary.clone(),
+        provider: manifest.provider.clone(),
         repaired_violations: violations,
     }
 }

@@ -5,8 +5,15 @@
 //! kits ([`render`]: project-setup, repository-exploration,
 //! issue-definition), and the page is validated before anything is stored
 //! ([`validate`]). [`build`] runs that pipeline with exactly one bounded
-//! repair. This crate does no I/O and reads no clock; the service that wires
-//! it to NATS and the object store passes the time in.
+//! repair. Those modules do no I/O and read no clock.
+//!
+//! The service ([`service`]) wires them to the event log: a reaction on
+//! `artifact.build.requested` checks the request's boundary, appends
+//! `artifact.build.started`, builds, stores the page in the
+//! `zopu-artifacts` object store ([`storage`]) and appends
+//! `artifact.published` (or `artifact.failed`) and `artifact.superseded`;
+//! a projection ([`catalog`]) keeps builds and revisions. [`fetch`] is the
+//! read API for the gateway and the CLI.
 //!
 //! Invariants:
 //! - every page is self-contained and inert: one inline `<style>`, a CSP
@@ -16,13 +23,26 @@
 //!   diagram labels are escaped where the SVG is built);
 //! - a page [`build::build`] returns passed [`validate::validate`], which
 //!   includes the `zopu-secrets` scan and the size cap;
-//! - the same manifest and options render the same bytes.
+//! - the same manifest and options render the same bytes;
+//! - events carry a page's reference and digest, never the page; a build id
+//!   publishes at most one revision, and a revision number is published at
+//!   most once per artifact (a newer one supersedes, never overwrites);
+//! - a page is served only when its bytes match the published SHA-256.
 
 pub mod build;
+pub mod catalog;
+pub mod fetch;
 pub mod manifest;
 pub mod render;
+pub mod service;
+pub mod storage;
 pub mod validate;
 
+mod error;
+
 pub use build::{Built, BuildFailure, Options, build};
+pub use error::Error;
+pub use fetch::{ArtifactMetadata, artifact_metadata, fetch_artifact};
+pub use service::{Config, run};
 pub use render::Kit;
 pub use validate::{Code, Location, Violation};

@@ -78,8 +78,15 @@ pub fn load<T: DeserializeOwned>(sources: &Sources) -> Result<T, ConfigError> {
         insert(&mut root, key, literal(value), &format!("flag for {key}"))?;
     }
     let origin = describe_origin(sources);
-    T::deserialize(toml::Value::Table(root))
-        .map_err(|error| ConfigError::Invalid { origin, reason: error.message().to_owned() })
+    serde_path_to_error::deserialize(toml::Value::Table(root)).map_err(|error| {
+        let path = error.path().to_string();
+        let reason = error.into_inner().message().to_owned();
+        if path.is_empty() || path == "." {
+            ConfigError::Invalid { origin, reason }
+        } else {
+            ConfigError::Invalid { origin, reason: format!("setting {path}: {reason}") }
+        }
+    })
 }
 
 fn describe_origin(sources: &Sources) -> String {

@@ -16,6 +16,7 @@
 
 pub mod audit;
 pub mod config;
+pub mod local_server;
 pub mod nats;
 pub mod projection;
 pub mod publish;

@@ -502,3 +502,29 @@ pub fn decode_message(message: &async_nats::Message) -> Result<Envelope, DecodeE
     let pairs = header_pairs(message.headers.as_ref().unwrap_or(&empty));
     codec::decode(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())), message.payload.clone())
 }
+
+/// Reads one stored event by stream sequence (e.g. a recorded LLM reply
+/// found through the key index).
+pub async fn get_event(bus: &Bus, sequence: u64) -> Result<Envelope, Error> {
+    let stream = bus
+        .jetstream
+        .get_stream_no_info(zopu_schema::subjects::EVENTS_STREAM)
+        .await
+        .map_err(|e| Error::jetstream("get stream", e))?;
+    let message = stream.direct_get(sequence).await.map_err(|e| Error::jetstream("get event", e))?;
+    let headers = header_pairs(&message.headers);
+    codec::decode(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())), message.payload.clone()).map_err(|error| {
+        Error::Publish { event_type: "(stored)".into(), reason: format!("event at sequence {sequence} does not decode: {error}") }
+    })
+}
+
+impl Publisher {
+    /// The event previously stored under `key`, if this service has seen it.
+    pub async fn recorded(&self, key: &str) -> Result<Option<Envelope>, Error> {
+        let Some(store) = &self.store else { return Ok(None) };
+        match store.key_sequence(key)? {
+            Some(sequence) => get_event(&self.bus, sequence).await.map(Some),
+            None => Ok(None),
+        }
+    }
+}

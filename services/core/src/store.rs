@@ -251,10 +251,8 @@ impl Projection for KeyIndex {
         tx.execute("DELETE FROM zopu_keys", []).map(|_| ())
     }
     fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Result<()> {
-        tx.execute(
-            "INSERT OR IGNORE INTO zopu_keys (key, sequence, event_id) VALUES (?1, ?2, ?3)",
-            params![event.idempotency_key, sequence as i64, event.id.to_string()],
-        )
-        .map(|_| ())
+        tx.prepare_cached("INSERT OR IGNORE INTO zopu_keys (key, sequence, event_id) VALUES (?1, ?2, ?3)")?
+            .execute(params![event.idempotency_key, sequence as i64, event.id.to_string()])
+            .map(|_| ())
     }
 }

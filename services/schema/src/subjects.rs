@@ -30,6 +30,11 @@ pub fn project_events(org: &OrgId, project: &ProjectId) -> String {
     format!("{EVENT_PREFIX}.{org}.{project}.>")
 }
 
+/// Every event of one project when its organization is not known.
+pub fn project_events_any_org(project: &ProjectId) -> String {
+    format!("{EVENT_PREFIX}.*.{project}.>")
+}
+
 /// Every event of one organization.
 pub fn org_events(org: &OrgId) -> String {
     format!("{EVENT_PREFIX}.{org}.>")

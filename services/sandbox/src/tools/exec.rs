@@ -430,7 +430,7 @@ mod tests {
             &["git", "log", "--", "../x"],
             &["git", "log", "--", "/etc/passwd"],
             &["git", "log", "--", ":(top)x"],
-            &["git", "log", "-nw"],
+            &["git", "log", "-pw"],
             &["git", "log", "--upload-pack=x"],
             &["git", "push"],
             &["sh", "-c", "id"],

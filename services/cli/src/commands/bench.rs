@@ -1,0 +1,171 @@
+//! `zopu bench`: the runtime's append and projection paths measured against
+//! raw JetStream on the same, freshly started nats-server, in one run —
+//! once with the server's default sync interval, once with
+//! `sync_interval: always`. Prints events/s and ratios; asserts nothing.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer::pull};
+use bytes::Bytes;
+use clap::Args;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use zopu_core::local_server::{LocalServer, SyncPolicy};
+use zopu_core::publish::{NewEvent, Publisher};
+use zopu_core::store::{KeyIndex, Store};
+use zopu_schema::{OrgId, ProjectId, pb};
+
+use crate::Context;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Events per measurement
+    #[arg(long, default_value_t = 20_000)]
+    events: usize,
+    /// Projects the runtime's appends are spread over (appends of one project are sequential)
+    #[arg(long, default_value_t = 200)]
+    projects: usize,
+    /// Raw publishes kept in flight
+    #[arg(long, default_value_t = 256)]
+    in_flight: usize,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Figures {
+    sync: &'static str,
+    events: usize,
+    raw_publish_per_s: f64,
+    append_per_s: f64,
+    append_ratio: f64,
+    raw_replay_per_s: f64,
+    rebuild_per_s: f64,
+    rebuild_ratio: f64,
+}
+
+pub async fn run_bench(context: &Context, args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let mut all = Vec::new();
+    for (sync, label) in [(SyncPolicy::ServerDefault, "default"), (SyncPolicy::Always, "always")] {
+        let dir = tempfile::tempdir()?;
+        let server = LocalServer::start(&dir.path().join("nats"), None, sync)?;
+        let figures = measure(&server, &args, dir.path(), label).await?;
+        if context.json {
+            println!("{}", serde_json::to_string(&figures)?);
+        } else {
+            println!("sync_interval {label}: {} events", figures.events);
+            println!("  raw JetStream publish (pipelined)  {:>10.0} events/s", figures.raw_publish_per_s);
+            println!(
+                "  zopu append (envelope, chain, OCC) {:>10.0} events/s  = {:.2}x raw (target >= 0.70)",
+                figures.append_per_s, figures.append_ratio
+            );
+            println!("  raw ordered replay                 {:>10.0} events/s", figures.raw_replay_per_s);
+            println!(
+                "  zopu projection rebuild (SQLite)   {:>10.0} events/s  = {:.2}x raw (target >= 0.30)",
+                figures.rebuild_per_s, figures.rebuild_ratio
+            );
+        }
+        all.push(figures);
+        drop(server);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn measure(server: &LocalServer, args: &BenchArgs, dir: &std::path::Path, label: &'static str) -> anyhow::Result<Figures> {
+    let bus = zopu_core::nats::connect(&server.url(), "zopu-bench", Duration::from_secs(10)).await?;
+    zopu_core::streams::ensure(
+        &bus,
+        &zopu_core::streams::StreamSettings { replicas: 1, duplicate_window: Duration::from_secs(120) },
+    )
+    .await?;
+    let body = Bytes::from(prost::Message::encode_to_vec(&pb::TimelineMessageSent {
+        timeline_id: "global".into(),
+        text: "How does the event envelope work?".into(),
+        ..Default::default()
+    }));
+
+    // Raw baseline: same server, a stream with the same storage, Nats-Msg-Id set.
+    let raw_stream = bus
+        .jetstream
+        .create_stream(jetstream::stream::Config {
+            name: "BENCH_RAW".into(),
+            subjects: vec!["bench.raw.>".into()],
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+        .await?;
+    let started = Instant::now();
+    let mut pending = FuturesUnordered::new();
+    for i in 0..args.events {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("raw-{i}").as_str());
+        let ack = bus.jetstream.publish_with_headers(format!("bench.raw.p{}", i % args.projects), headers, body.clone()).await?;
+        pending.push(std::future::IntoFuture::into_future(ack));
+        if pending.len() >= args.in_flight
+            && let Some(ack) = pending.next().await
+        {
+            ack?;
+        }
+    }
+    while let Some(ack) = pending.next().await {
+        ack?;
+    }
+    let raw_publish = args.events as f64 / started.elapsed().as_secs_f64();
+
+    // Runtime append path: envelope, headers, hash chain, per-project OCC.
+    let publisher = Publisher::new(bus.clone(), "bench", None);
+    let org: OrgId = "bench".parse()?;
+    let projects: Arc<Vec<ProjectId>> = Arc::new((0..args.projects).map(|_| ProjectId::new()).collect());
+    let per_project = args.events / args.projects;
+    let started = Instant::now();
+    let mut writers = FuturesUnordered::new();
+    for project in projects.iter().copied() {
+        let (publisher, org) = (publisher.clone(), org.clone());
+        let payload = pb::TimelineMessageSent { timeline_id: "global".into(), text: "How does the event envelope work?".into(), ..Default::default() };
+        writers.push(async move {
+            for i in 0..per_project {
+                let event = NewEvent::root(org.clone(), project, &payload, format!("request:{project}:{i}"), None);
+                publisher.append(event).await?;
+            }
+            Ok::<_, zopu_core::Error>(())
+        });
+    }
+    while let Some(result) = writers.next().await {
+        result?;
+    }
+    let appended = per_project * args.projects;
+    let append = appended as f64 / started.elapsed().as_secs_f64();
+
+    // Raw ordered replay of the same number of messages.
+    let started = Instant::now();
+    let consumer = raw_stream.create_consumer(pull::OrderedConfig::default()).await?;
+    let mut messages = consumer.messages().await?;
+    let mut seen = 0;
+    while seen < args.events {
+        match messages.next().await {
+            Some(message) => {
+                message?;
+                seen += 1;
+            }
+            None => break,
+        }
+    }
+    let raw_replay = seen as f64 / started.elapsed().as_secs_f64();
+
+    // Projection rebuild from the stream into a fresh SQLite file.
+    let store = Store::open(&dir.join(format!("rebuild-{label}.sqlite")))?;
+    let started = Instant::now();
+    zopu_core::projection::catch_up(&bus, &store, KeyIndex).await?;
+    let rebuild = appended as f64 / started.elapsed().as_secs_f64();
+
+    Ok(Figures {
+        sync: label,
+        events: appended,
+        raw_publish_per_s: raw_publish,
+        append_per_s: append,
+        append_ratio: append / raw_publish,
+        raw_replay_per_s: raw_replay,
+        rebuild_per_s: rebuild,
+        rebuild_ratio: rebuild / raw_replay,
+    })
+}

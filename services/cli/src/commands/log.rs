@@ -1,0 +1,186 @@
+//! Reading the log: `zopu tail`, `zopu replay`, `zopu audit verify`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use clap::{Args, Subcommand};
+use futures::StreamExt;
+use zopu_schema::{Envelope, OrgId, ProjectId, subjects};
+
+use crate::Context;
+
+#[derive(Debug, Args)]
+pub struct TailArgs {
+    /// An event type pattern (`project.ready`, `artifact.>`) or a full subject filter (`zopu.evt.acme.>`)
+    filter: Option<String>,
+    /// Only this project's events
+    #[arg(long)]
+    project: Option<ProjectId>,
+    /// With --project: its organization (default: any)
+    #[arg(long)]
+    org: Option<OrgId>,
+    /// Start from the beginning of the log instead of new events only
+    #[arg(long)]
+    from_start: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The project whose history to print
+    #[arg(long)]
+    project: ProjectId,
+    /// Its organization (default: any)
+    #[arg(long)]
+    org: Option<OrgId>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Check every project's version sequence and hash chain over the whole stream
+    #[command(after_help = "Exit code 0: clean. 1: findings (gaps, forks, tampering, undecodable messages).")]
+    Verify {
+        /// Only this project
+        #[arg(long)]
+        project: Option<ProjectId>,
+        #[arg(long)]
+        org: Option<OrgId>,
+    },
+}
+
+fn scope_filter(project: Option<ProjectId>, org: Option<&OrgId>) -> Option<String> {
+    project.map(|project| match org {
+        Some(org) => subjects::project_events(org, &project),
+        None => subjects::project_events_any_org(&project),
+    })
+}
+
+/// The JSON view of an event: envelope attributes and the decoded payload.
+pub fn event_json(sequence: u64, envelope: &Envelope) -> serde_json::Value {
+    let data = zopu_schema::catalogue::to_json(&envelope.data_schema, &envelope.data)
+        .unwrap_or_else(|error| serde_json::json!({ "undecodable": error.to_string() }));
+    serde_json::json!({
+        "sequence": sequence,
+        "id": envelope.id.to_string(),
+        "type": envelope.event_type,
+        "source": envelope.source,
+        "time": zopu_schema::envelope::format_time(envelope.time),
+        "org": envelope.org_id.to_string(),
+        "project": envelope.project_id.to_string(),
+        "version": envelope.project_version,
+        "correlation": envelope.correlation_id.to_string(),
+        "causation": envelope.causation_id.to_string(),
+        "work": envelope.work_id.map(|id| id.to_string()),
+        "thread": envelope.thread_id.map(|id| id.to_string()),
+        "flow_run": envelope.flow_run_id.map(|id| id.to_string()),
+        "dispatch": envelope.dispatch_id.map(|id| id.to_string()),
+        "data": data,
+    })
+}
+
+fn print_event(context: &Context, sequence: u64, envelope: &Envelope) {
+    let json = event_json(sequence, envelope);
+    if context.json {
+        println!("{json}");
+    } else {
+        println!(
+            "#{sequence} v{} {} {} {}",
+            envelope.project_version,
+            zopu_schema::envelope::format_time(envelope.time),
+            envelope.event_type,
+            json["data"]
+        );
+    }
+}
+
+async fn ordered(bus: &zopu_core::nats::Bus, filter: String, deliver_policy: DeliverPolicy) -> anyhow::Result<pull::Ordered> {
+    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+    let consumer = stream
+        .create_consumer(pull::OrderedConfig { filter_subjects: vec![filter], deliver_policy, ..Default::default() })
+        .await?;
+    Ok(consumer.messages().await?)
+}
+
+pub async fn run_tail(context: &Context, args: TailArgs) -> anyhow::Result<ExitCode> {
+    let bus = context.connect().await?;
+    let filter = match (args.filter, scope_filter(args.project, args.org.as_ref())) {
+        (Some(filter), _) if filter.starts_with("zopu.") => filter,
+        (Some(pattern), _) => subjects::events_of_type(&pattern),
+        (None, Some(project)) => project,
+        (None, None) => subjects::all_events(),
+    };
+    let policy = if args.from_start { DeliverPolicy::All } else { DeliverPolicy::New };
+    let mut messages = ordered(&bus, filter, policy).await?;
+    while let Some(message) = messages.next().await {
+        let message = message?;
+        let sequence = message.info().map(|info| info.stream_sequence).unwrap_or(0);
+        match zopu_core::publish::decode_message(&message.message) {
+            Ok(envelope) => print_event(context, sequence, &envelope),
+            Err(error) => eprintln!("#{sequence} {}: not a valid event: {error}", message.subject),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn run_replay(context: &Context, args: ReplayArgs) -> anyhow::Result<ExitCode> {
+    let bus = context.connect().await?;
+    let filter = scope_filter(Some(args.project), args.org.as_ref()).unwrap_or_else(subjects::all_events);
+    let last = zopu_core::publish::last_sequence(&bus).await?;
+    if last == 0 {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut messages = ordered(&bus, filter, DeliverPolicy::All).await?;
+    let mut count = 0u64;
+    loop {
+        let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(2), messages.next()).await else { break };
+        let message = message?;
+        let info = message.info().map_err(|error| anyhow::anyhow!("{error}"))?;
+        let (sequence, pending) = (info.stream_sequence, info.pending);
+        match zopu_core::publish::decode_message(&message.message) {
+            Ok(envelope) => print_event(context, sequence, &envelope),
+            Err(error) => eprintln!("#{sequence} {}: not a valid event: {error}", message.subject),
+        }
+        count += 1;
+        if pending == 0 {
+            break;
+        }
+    }
+    if count == 0 {
+        anyhow::bail!("project {} has no events (check the id, and --org if given)", args.project);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn run_audit(context: &Context, command: AuditCommand) -> anyhow::Result<ExitCode> {
+    let AuditCommand::Verify { project, org } = command;
+    let bus = context.connect().await?;
+    let report = zopu_core::audit::verify(&bus, scope_filter(project, org.as_ref())).await?;
+    if context.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "checked {} events of {} projects up to sequence {}: {}",
+            report.events,
+            report.projects,
+            report.last_sequence,
+            if report.is_clean() { "clean".to_owned() } else { format!("{} finding(s)", report.findings.len()) }
+        );
+        for finding in &report.findings {
+            match finding {
+                zopu_core::audit::Finding::Gap { project, sequence, expected, found } => {
+                    println!("  gap       #{sequence} {project}: expected version {expected}, found {found}")
+                }
+                zopu_core::audit::Finding::Fork { project, sequence, version, first_sequence } => {
+                    println!("  fork      #{sequence} {project}: version {version} already used at #{first_sequence}")
+                }
+                zopu_core::audit::Finding::Tampered { project, sequence, version, previous_sequence } => println!(
+                    "  tampered  #{sequence} {project}: version {version} does not chain to #{previous_sequence}"
+                ),
+                zopu_core::audit::Finding::Undecodable { sequence, subject, reason } => {
+                    println!("  invalid   #{sequence} {subject}: {reason}")
+                }
+            }
+        }
+    }
+    Ok(if report.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}

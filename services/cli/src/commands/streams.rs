@@ -1,0 +1,52 @@
+//! `zopu streams apply|show`.
+
+use std::process::ExitCode;
+
+use clap::Subcommand;
+
+use crate::Context;
+
+#[derive(Debug, Subcommand)]
+pub enum StreamsCommand {
+    /// Create or update ZOPU_EVENTS and the zopu-artifacts bucket from streams/ (idempotent)
+    Apply,
+    /// Print the event stream's state (messages, bytes, sequences)
+    Show,
+}
+
+pub async fn run(context: &Context, command: StreamsCommand) -> anyhow::Result<ExitCode> {
+    let bus = context.connect().await?;
+    let core = context.config.core();
+    match command {
+        StreamsCommand::Apply => {
+            zopu_core::streams::ensure(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
+            if context.json {
+                println!("{}", serde_json::json!({"applied": [zopu_schema::subjects::EVENTS_STREAM, zopu_schema::subjects::ARTIFACTS_BUCKET]}));
+            } else {
+                println!("applied {} and the {} bucket", zopu_schema::subjects::EVENTS_STREAM, zopu_schema::subjects::ARTIFACTS_BUCKET);
+            }
+        }
+        StreamsCommand::Show => {
+            let mut stream = bus.jetstream.get_stream(zopu_schema::subjects::EVENTS_STREAM).await.map_err(|error| {
+                anyhow::anyhow!("{error}\nhint: `zopu streams apply` creates it")
+            })?;
+            let info = stream.info().await?;
+            let state = &info.state;
+            if context.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"stream": info.config.name, "messages": state.messages, "bytes": state.bytes,
+                        "first_sequence": state.first_sequence, "last_sequence": state.last_sequence,
+                        "consumers": state.consumer_count, "replicas": info.config.num_replicas})
+                );
+            } else {
+                println!(
+                    "{}: {} events, {} bytes, sequences {}..{}, {} consumers, {} replica(s)",
+                    info.config.name, state.messages, state.bytes, state.first_sequence, state.last_sequence,
+                    state.consumer_count, info.config.num_replicas
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

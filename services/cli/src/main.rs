@@ -1,0 +1,114 @@
+//! `zopu`: the one binary of the runtime. It runs one service
+//! (`zopu run dispatch`), all of them in one process with a nats-server it
+//! manages (`zopu dev`), and the user and operator commands (streams, tail,
+//! replay, audit, projects, messages, artifacts, tokens, benchmarks).
+//!
+//! Invariant: this is the only crate that prints for humans; every command
+//! that prints results accepts `--json` (one JSON object per line).
+
+mod commands;
+mod config;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub use config::ZopuConfig;
+
+#[derive(Debug, Parser)]
+#[command(name = "zopu", version, about = "Event-sourced runtime for LLM project agents", long_about = None)]
+struct Cli {
+    /// NATS server URL [env: ZOPU_NATS_URL] [default: nats://127.0.0.1:4222]
+    #[arg(long, global = true, value_name = "URL")]
+    nats: Option<String>,
+    /// Directory for projections, workspaces and local state [env: ZOPU_DATA_DIR]
+    #[arg(long, global = true, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// TOML configuration file [env: ZOPU_CONFIG]
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Print results as JSON lines
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply or inspect the JetStream definitions in streams/
+    Streams {
+        #[command(subcommand)]
+        command: commands::streams::StreamsCommand,
+    },
+    /// Follow live events as JSON lines, decoded from protobuf
+    #[command(after_help = "Examples:\n  zopu tail\n  zopu tail 'artifact.>'\n  zopu tail --project 0190... --from-start")]
+    Tail(commands::log::TailArgs),
+    /// Print one project's history in order
+    #[command(after_help = "Example:\n  zopu replay --project 0190...")]
+    Replay(commands::log::ReplayArgs),
+    /// Verify the event log's integrity
+    Audit {
+        #[command(subcommand)]
+        command: commands::log::AuditCommand,
+    },
+    /// Measure the append path and projection rebuild against raw JetStream (starts its own nats-server)
+    Bench(commands::bench::BenchArgs),
+}
+
+/// What every command gets.
+#[derive(Debug)]
+pub struct Context {
+    pub config: ZopuConfig,
+    pub json: bool,
+}
+
+impl Context {
+    /// Connects to the configured NATS server (streams are applied by services; commands only read and append).
+    pub async fn connect(&self) -> anyhow::Result<zopu_core::nats::Bus> {
+        let url = &self.config.nats_url;
+        zopu_core::nats::connect(url, "zopu-cli", std::time::Duration::from_secs(5))
+            .await
+            .map_err(|error| anyhow::anyhow!("{error}\nhint: start everything with `make run`, or point --nats / ZOPU_NATS_URL at a running server"))
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let mut sources = zopu_core::config::Sources::from_process(cli.config.clone());
+    if let Some(url) = &cli.nats {
+        sources = sources.set("nats_url", format!("{url:?}"));
+    }
+    if let Some(dir) = &cli.data_dir {
+        sources = sources.set("data_dir", format!("{:?}", dir.display().to_string()));
+    }
+    let config: ZopuConfig = zopu_core::config::load(&sources)?;
+    config.validate()?;
+    zopu_core::telemetry::init(cli.json);
+    let context = Context { config, json: cli.json };
+    match cli.command {
+        Command::Streams { command } => commands::streams::run(&context, command).await,
+        Command::Tail(args) => commands::log::run_tail(&context, args).await,
+        Command::Replay(args) => commands::log::run_replay(&context, args).await,
+        Command::Audit { command } => commands::log::run_audit(&context, command).await,
+        Command::Bench(args) => commands::bench::run_bench(&context, args).await,
+    }
+}

@@ -1,0 +1,590 @@
+//! The agent's state, rebuilt from events: one SQLite projection with the
+//! project binding and ready info, the summary, the kill switch history, the
+//! recent timeline, Work, Threads, flow runs and artifacts.
+//!
+//! Reads take the dispatch's stream sequence (`before`) and look only at what
+//! was true before it, so a redelivered dispatch decides exactly as the first
+//! delivery did, whatever happened on the stream since.
+
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
+use zopu_schema::{Envelope, Event, FlowRunId, OrgId, ProjectId, WorkId, pb};
+
+use crate::SERVICE;
+
+/// Timeline entries kept per project.
+const TIMELINE_KEPT: i64 = 64;
+/// Longest text kept per timeline entry / summary.
+const ENTRY_MAX_BYTES: usize = 2000;
+const SUMMARY_MAX_BYTES: usize = 8000;
+
+/// What kind of timeline entry a row is.
+pub mod entry {
+    pub const USER: &str = "user";
+    pub const ACK: &str = "ack";
+    pub const MESSAGE: &str = "message";
+    pub const QUESTION: &str = "question";
+    pub const FINAL: &str = "final";
+    pub const PAUSED: &str = "paused";
+    /// Entries written by the agent (compared by the near-duplicate guardrail).
+    pub const AGENT_OUTPUTS: &[&str] = &[ACK, MESSAGE, QUESTION, FINAL, PAUSED];
+}
+
+/// The conversation projection.
+#[derive(Debug, Default)]
+pub struct ConversationState;
+
+impl zopu_core::Projection for ConversationState {
+    fn name(&self) -> &'static str {
+        "conversation_state"
+    }
+
+    fn schema_version(&self) -> u32 {
+        1
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        &["cv_projects", "cv_switch", "cv_timeline", "cv_works", "cv_threads", "cv_flows", "cv_artifacts", "cv_outcomes"]
+    }
+
+    fn migrate(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
+        tx.execute_batch(
+            "CREATE TABLE cv_projects (
+                org TEXT NOT NULL, project TEXT NOT NULL,
+                agent_id TEXT NOT NULL DEFAULT '', timeline_id TEXT NOT NULL DEFAULT '',
+                repository_url TEXT NOT NULL DEFAULT '', branch TEXT NOT NULL DEFAULT '',
+                repository_commit TEXT NOT NULL DEFAULT '', env_names TEXT NOT NULL DEFAULT '',
+                summary TEXT, ready_sequence INTEGER NOT NULL DEFAULT 0,
+                PRIMARY KEY (org, project));
+            CREATE TABLE cv_switch (
+                org TEXT NOT NULL, project TEXT NOT NULL, sequence INTEGER NOT NULL,
+                enabled INTEGER NOT NULL, reason TEXT NOT NULL, notice_posted INTEGER NOT NULL DEFAULT 0,
+                PRIMARY KEY (org, project, sequence));
+            CREATE TABLE cv_timeline (
+                org TEXT NOT NULL, project TEXT NOT NULL, sequence INTEGER NOT NULL,
+                kind TEXT NOT NULL, text TEXT NOT NULL, dispatch_id TEXT NOT NULL,
+                PRIMARY KEY (org, project, sequence));
+            CREATE TABLE cv_works (
+                work_id TEXT PRIMARY KEY, org TEXT NOT NULL, project TEXT NOT NULL,
+                kind TEXT NOT NULL, title TEXT NOT NULL, status TEXT NOT NULL, sequence INTEGER NOT NULL);
+            CREATE TABLE cv_threads (
+                thread_id TEXT PRIMARY KEY, work_id TEXT NOT NULL, org TEXT NOT NULL, project TEXT NOT NULL,
+                flow_type TEXT NOT NULL, status TEXT NOT NULL);
+            CREATE TABLE cv_flows (
+                flow_run_id TEXT PRIMARY KEY, org TEXT NOT NULL, project TEXT NOT NULL,
+                work_id TEXT NOT NULL, thread_id TEXT NOT NULL, flow_type INTEGER NOT NULL,
+                source_event_id TEXT NOT NULL, status TEXT NOT NULL, summary TEXT NOT NULL DEFAULT '',
+                artifact_build_id TEXT NOT NULL DEFAULT '', failure_code TEXT NOT NULL DEFAULT '',
+                failure_message TEXT NOT NULL DEFAULT '', final_posted INTEGER NOT NULL DEFAULT 0);
+            CREATE TABLE cv_artifacts (
+                artifact_id TEXT NOT NULL, revision INTEGER NOT NULL, org TEXT NOT NULL, project TEXT NOT NULL,
+                flow_run_id TEXT NOT NULL, work_id TEXT NOT NULL, title TEXT NOT NULL, status TEXT NOT NULL,
+                failure TEXT NOT NULL DEFAULT '', sequence INTEGER NOT NULL,
+                PRIMARY KEY (artifact_id, revision));
+            CREATE INDEX cv_artifacts_flow ON cv_artifacts (flow_run_id);
+            CREATE TABLE cv_outcomes (
+                org TEXT NOT NULL, project TEXT NOT NULL, sequence INTEGER NOT NULL, outcome TEXT NOT NULL,
+                PRIMARY KEY (org, project, sequence));",
+        )
+    }
+
+    fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Result<()> {
+        apply(tx, event, sequence as i64)
+    }
+}
+
+fn ids(event: &Envelope) -> (&str, String) {
+    (event.org_id.as_str(), event.project_id.to_string())
+}
+
+fn ensure_project(tx: &Transaction<'_>, event: &Envelope) -> rusqlite::Result<()> {
+    let (org, project) = ids(event);
+    tx.execute("INSERT OR IGNORE INTO cv_projects (org, project) VALUES (?1, ?2)", params![org, project]).map(|_| ())
+}
+
+fn timeline(tx: &Transaction<'_>, event: &Envelope, sequence: i64, kind: &str, text: &str) -> rusqlite::Result<()> {
+    let (org, project) = ids(event);
+    let dispatch = event.dispatch_id.map(|id| id.to_string()).unwrap_or_default();
+    tx.execute(
+        "INSERT OR REPLACE INTO cv_timeline (org, project, sequence, kind, text, dispatch_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![org, project, sequence, kind, clip(text, ENTRY_MAX_BYTES), dispatch],
+    )?;
+    tx.execute(
+        "DELETE FROM cv_timeline WHERE org = ?1 AND project = ?2 AND sequence <= COALESCE(
+            (SELECT sequence FROM cv_timeline WHERE org = ?1 AND project = ?2 ORDER BY sequence DESC LIMIT 1 OFFSET ?3), -1)",
+        params![org, project, TIMELINE_KEPT],
+    )
+    .map(|_| ())
+}
+
+fn outcome(tx: &Transaction<'_>, event: &Envelope, sequence: i64, outcome: &str) -> rusqlite::Result<()> {
+    let (org, project) = ids(event);
+    tx.execute(
+        "INSERT OR REPLACE INTO cv_outcomes (org, project, sequence, outcome) VALUES (?1, ?2, ?3, ?4)",
+        params![org, project, sequence, outcome],
+    )?;
+    tx.execute(
+        "DELETE FROM cv_outcomes WHERE org = ?1 AND project = ?2 AND sequence <= COALESCE(
+            (SELECT sequence FROM cv_outcomes WHERE org = ?1 AND project = ?2 ORDER BY sequence DESC LIMIT 1 OFFSET 32), -1)",
+        params![org, project],
+    )
+    .map(|_| ())
+}
+
+fn is_ours(event: &Envelope) -> bool {
+    event.source == format!("zopu/{SERVICE}")
+}
+
+fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Result<()> {
+    let (org, project) = ids(event);
+    macro_rules! decode {
+        ($ty:ty) => {
+            match event.decode::<$ty>() {
+                Ok(payload) => payload,
+                Err(_) => return Ok(()),
+            }
+        };
+    }
+    match event.event_type.as_str() {
+        pb::AgentRegistered::TYPE => {
+            let registered = decode!(pb::AgentRegistered);
+            ensure_project(tx, event)?;
+            tx.execute(
+                "UPDATE cv_projects SET agent_id = ?3, timeline_id = ?4 WHERE org = ?1 AND project = ?2",
+                params![org, project, registered.agent_id, registered.global_timeline_id],
+            )?;
+        }
+        pb::ProjectReady::TYPE => {
+            let ready = decode!(pb::ProjectReady);
+            ensure_project(tx, event)?;
+            tx.execute(
+                "UPDATE cv_projects SET repository_url = ?3, branch = ?4, repository_commit = ?5, env_names = ?6, ready_sequence = ?7
+                 WHERE org = ?1 AND project = ?2",
+                params![org, project, ready.repository_url, ready.branch, ready.repository_commit, ready.environment_variable_names.join("\n"), sequence],
+            )?;
+        }
+        pb::ContextPublished::TYPE => {
+            let context = decode!(pb::ContextPublished);
+            if context.kind == "repository_summary" && !context.body.is_empty() {
+                ensure_project(tx, event)?;
+                tx.execute(
+                    "UPDATE cv_projects SET summary = ?3 WHERE org = ?1 AND project = ?2",
+                    params![org, project, clip(&context.body, SUMMARY_MAX_BYTES)],
+                )?;
+            }
+        }
+        pb::AgentDisabled::TYPE => {
+            let disabled = decode!(pb::AgentDisabled);
+            tx.execute(
+                "INSERT OR REPLACE INTO cv_switch (org, project, sequence, enabled, reason) VALUES (?1, ?2, ?3, 0, ?4)",
+                params![org, project, sequence, clip(&disabled.reason, 300)],
+            )?;
+        }
+        pb::AgentEnabled::TYPE => {
+            tx.execute(
+                "INSERT OR REPLACE INTO cv_switch (org, project, sequence, enabled, reason) VALUES (?1, ?2, ?3, 1, '')",
+                params![org, project, sequence],
+            )?;
+            outcome(tx, event, sequence, "enabled")?;
+        }
+        pb::TimelineMessageSent::TYPE => {
+            let message = decode!(pb::TimelineMessageSent);
+            timeline(tx, event, sequence, entry::USER, &message.text)?;
+        }
+        pb::AgentAcknowledged::TYPE => {
+            let ack = decode!(pb::AgentAcknowledged);
+            timeline(tx, event, sequence, entry::ACK, &ack.text)?;
+        }
+        pb::AgentMessage::TYPE => {
+            let message = decode!(pb::AgentMessage);
+            if message.status == "paused" {
+                timeline(tx, event, sequence, entry::PAUSED, &message.text)?;
+                tx.execute(
+                    "UPDATE cv_switch SET notice_posted = 1 WHERE org = ?1 AND project = ?2 AND sequence =
+                        (SELECT MAX(sequence) FROM cv_switch WHERE org = ?1 AND project = ?2)",
+                    params![org, project],
+                )?;
+            } else {
+                timeline(tx, event, sequence, entry::MESSAGE, &message.text)?;
+            }
+        }
+        pb::AgentBlocked::TYPE => {
+            let blocked = decode!(pb::AgentBlocked);
+            timeline(tx, event, sequence, entry::QUESTION, &blocked.question)?;
+        }
+        pb::AgentFinal::TYPE => {
+            let last = decode!(pb::AgentFinal);
+            timeline(tx, event, sequence, entry::FINAL, &last.text)?;
+            if let Some(flow_run) = event.flow_run_id {
+                tx.execute("UPDATE cv_flows SET final_posted = 1 WHERE flow_run_id = ?1", params![flow_run.to_string()])?;
+            }
+        }
+        pb::AgentRejected::TYPE => outcome(tx, event, sequence, "rejected")?,
+        pb::DispatchCompleted::TYPE if is_ours(event) => outcome(tx, event, sequence, "completed")?,
+        pb::WorkCreated::TYPE => {
+            let work = decode!(pb::WorkCreated);
+            if let Some(work_id) = event.work_id {
+                tx.execute(
+                    "INSERT OR IGNORE INTO cv_works (work_id, org, project, kind, title, status, sequence) VALUES (?1, ?2, ?3, ?4, ?5, 'open', ?6)",
+                    params![work_id.to_string(), org, project, work.kind, clip(&work.title, 300), sequence],
+                )?;
+            }
+        }
+        pb::WorkUpdated::TYPE => {
+            let work = decode!(pb::WorkUpdated);
+            if let Some(work_id) = event.work_id {
+                tx.execute("UPDATE cv_works SET status = ?2 WHERE work_id = ?1", params![work_id.to_string(), work.status])?;
+            }
+        }
+        pb::ThreadCreated::TYPE => {
+            let thread = decode!(pb::ThreadCreated);
+            if let (Some(work_id), Some(thread_id)) = (event.work_id, event.thread_id) {
+                tx.execute(
+                    "INSERT OR IGNORE INTO cv_threads (thread_id, work_id, org, project, flow_type, status) VALUES (?1, ?2, ?3, ?4, ?5, 'open')",
+                    params![thread_id.to_string(), work_id.to_string(), org, project, thread.flow_type],
+                )?;
+            }
+        }
+        pb::ThreadUpdated::TYPE => {
+            let thread = decode!(pb::ThreadUpdated);
+            if let Some(thread_id) = event.thread_id {
+                tx.execute("UPDATE cv_threads SET status = ?2 WHERE thread_id = ?1", params![thread_id.to_string(), thread.status])?;
+            }
+        }
+        pb::FlowRequested::TYPE => {
+            let requested = decode!(pb::FlowRequested);
+            if let Some(flow_run) = event.flow_run_id {
+                tx.execute(
+                    "INSERT OR IGNORE INTO cv_flows (flow_run_id, org, project, work_id, thread_id, flow_type, source_event_id, status)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'requested')",
+                    params![
+                        flow_run.to_string(),
+                        org,
+                        project,
+                        event.work_id.map(|id| id.to_string()).unwrap_or_default(),
+                        event.thread_id.map(|id| id.to_string()).unwrap_or_default(),
+                        requested.flow_type,
+                        requested.source_event_id
+                    ],
+                )?;
+            }
+        }
+        pb::FlowCompleted::TYPE => {
+            let completed = decode!(pb::FlowCompleted);
+            flow_status(tx, event, "completed", &completed.summary, &completed.artifact_build_id, None)?;
+        }
+        pb::FlowFailed::TYPE => {
+            let failed = decode!(pb::FlowFailed);
+            flow_status(tx, event, "failed", "", "", failed.reason.as_ref())?;
+        }
+        pb::FlowCancelled::TYPE => {
+            let cancelled = decode!(pb::FlowCancelled);
+            let reason = pb::FailureReason { code: "flow.cancelled".into(), message: cancelled.reason, retryable: true };
+            flow_status(tx, event, "cancelled", "", "", Some(&reason))?;
+        }
+        pb::ArtifactPublished::TYPE => {
+            let published = decode!(pb::ArtifactPublished);
+            artifact(tx, event, sequence, &published.artifact_id, published.revision, &published.title, "published", "")?;
+        }
+        pb::ArtifactFailed::TYPE => {
+            let failed = decode!(pb::ArtifactFailed);
+            let reason = failed.reason.map(|reason| reason.message).unwrap_or_default();
+            artifact(tx, event, sequence, &failed.artifact_id, failed.revision, "", "failed", &reason)?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn flow_status(
+    tx: &Transaction<'_>,
+    event: &Envelope,
+    status: &str,
+    summary: &str,
+    build: &str,
+    failure: Option<&pb::FailureReason>,
+) -> rusqlite::Result<()> {
+    let Some(flow_run) = event.flow_run_id else { return Ok(()) };
+    let (code, message) = failure.map(|f| (f.code.as_str(), f.message.as_str())).unwrap_or_default();
+    tx.execute(
+        "UPDATE cv_flows SET status = ?2, summary = ?3, artifact_build_id = ?4, failure_code = ?5, failure_message = ?6 WHERE flow_run_id = ?1",
+        params![flow_run.to_string(), status, clip(summary, ENTRY_MAX_BYTES), build, code, clip(message, 500)],
+    )
+    .map(|_| ())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn artifact(
+    tx: &Transaction<'_>,
+    event: &Envelope,
+    sequence: i64,
+    artifact_id: &str,
+    revision: u32,
+    title: &str,
+    status: &str,
+    failure: &str,
+) -> rusqlite::Result<()> {
+    let (org, project) = ids(event);
+    tx.execute(
+        "INSERT OR REPLACE INTO cv_artifacts (artifact_id, revision, org, project, flow_run_id, work_id, title, status, failure, sequence)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        params![
+            artifact_id,
+            revision,
+            org,
+            project,
+            event.flow_run_id.map(|id| id.to_string()).unwrap_or_default(),
+            event.work_id.map(|id| id.to_string()).unwrap_or_default(),
+            clip(title, 300),
+            status,
+            clip(failure, 500),
+            sequence
+        ],
+    )
+    .map(|_| ())
+}
+
+pub(crate) fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+/// One entry of the recent timeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimelineEntry {
+    pub sequence: u64,
+    pub kind: String,
+    pub text: String,
+    pub dispatch_id: String,
+}
+
+/// A Work the agent owns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkSummary {
+    pub work_id: String,
+    pub kind: String,
+    pub title: String,
+    pub status: String,
+}
+
+/// Everything a turn needs about its project, as of one stream sequence.
+#[derive(Debug, Clone, Default)]
+pub struct ProjectView {
+    pub agent_id: String,
+    pub timeline_id: String,
+    pub repository_url: String,
+    pub branch: String,
+    pub repository_commit: String,
+    pub env_names: Vec<String>,
+    pub summary: Option<String>,
+    pub ready: bool,
+    /// The kill switch as of the dispatch.
+    pub enabled: bool,
+    pub disabled_reason: String,
+    /// The "agent is paused" notice was already posted since the last disable.
+    pub paused_notice_posted: bool,
+    /// Newest last.
+    pub recent: Vec<TimelineEntry>,
+    pub active_works: Vec<WorkSummary>,
+    /// `(artifact id, title)`, newest first.
+    pub recent_artifacts: Vec<(String, String)>,
+    /// `agent.rejected` since the last completed dispatch or re-enable.
+    pub rejection_streak: u32,
+}
+
+impl ProjectView {
+    /// The project's state before stream sequence `before`; `None` when no
+    /// event of the project bound an agent or made it ready.
+    pub fn load(conn: &Connection, org: &OrgId, project: &ProjectId, before: u64) -> rusqlite::Result<Option<Self>> {
+        let (org, project) = (org.as_str(), project.to_string());
+        let before = i64::try_from(before).unwrap_or(i64::MAX);
+        let row = conn
+            .query_row(
+                "SELECT agent_id, timeline_id, repository_url, branch, repository_commit, env_names, summary, ready_sequence
+                 FROM cv_projects WHERE org = ?1 AND project = ?2",
+                params![org, project],
+                |row| {
+                    Ok(ProjectView {
+                        agent_id: row.get(0)?,
+                        timeline_id: row.get(1)?,
+                        repository_url: row.get(2)?,
+                        branch: row.get(3)?,
+                        repository_commit: row.get(4)?,
+                        env_names: row
+                            .get::<_, String>(5)?
+                            .split('\n')
+                            .filter(|name| !name.is_empty())
+                            .map(str::to_owned)
+                            .collect(),
+                        summary: row.get(6)?,
+                        ready: row.get::<_, i64>(7)? > 0,
+                        enabled: true,
+                        ..Default::default()
+                    })
+                },
+            )
+            .optional()?;
+        let Some(mut view) = row else { return Ok(None) };
+        if let Some((enabled, reason, notice)) = conn
+            .query_row(
+                "SELECT enabled, reason, notice_posted FROM cv_switch WHERE org = ?1 AND project = ?2 AND sequence < ?3
+                 ORDER BY sequence DESC LIMIT 1",
+                params![org, project, before],
+                |row| Ok((row.get::<_, i64>(0)? != 0, row.get::<_, String>(1)?, row.get::<_, i64>(2)? != 0)),
+            )
+            .optional()?
+        {
+            view.enabled = enabled;
+            view.disabled_reason = reason;
+            view.paused_notice_posted = notice;
+        }
+        let mut statement = conn.prepare_cached(
+            "SELECT sequence, kind, text, dispatch_id FROM cv_timeline WHERE org = ?1 AND project = ?2 AND sequence < ?3
+             ORDER BY sequence DESC LIMIT 20",
+        )?;
+        view.recent = statement
+            .query_map(params![org, project, before], |row| {
+                Ok(TimelineEntry {
+                    sequence: row.get::<_, i64>(0)? as u64,
+                    kind: row.get(1)?,
+                    text: row.get(2)?,
+                    dispatch_id: row.get(3)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        view.recent.reverse();
+        let mut statement = conn.prepare_cached(
+            "SELECT work_id, kind, title, status FROM cv_works WHERE org = ?1 AND project = ?2 AND sequence < ?3
+             AND status NOT IN ('done', 'cancelled') ORDER BY sequence DESC LIMIT 10",
+        )?;
+        view.active_works = statement
+            .query_map(params![org, project, before], |row| {
+                Ok(WorkSummary { work_id: row.get(0)?, kind: row.get(1)?, title: row.get(2)?, status: row.get(3)? })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut statement = conn.prepare_cached(
+            "SELECT artifact_id, title FROM cv_artifacts WHERE org = ?1 AND project = ?2 AND sequence < ?3 AND status = 'published'
+             ORDER BY sequence DESC LIMIT 10",
+        )?;
+        view.recent_artifacts = statement
+            .query_map(params![org, project, before], |row| Ok((row.get(0)?, row.get(1)?)))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut statement = conn.prepare_cached(
+            "SELECT outcome FROM cv_outcomes WHERE org = ?1 AND project = ?2 AND sequence < ?3 ORDER BY sequence DESC LIMIT 32",
+        )?;
+        let outcomes = statement
+            .query_map(params![org, project, before], |row| row.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        view.rejection_streak = outcomes.iter().take_while(|outcome| outcome.as_str() == "rejected").count() as u32;
+        Ok(Some(view))
+    }
+
+    /// The agent's outputs of other dispatches, newest last (for guardrails).
+    pub fn recent_outputs(&self, limit: usize, exclude_dispatch: &str) -> Vec<String> {
+        let outputs: Vec<String> = self
+            .recent
+            .iter()
+            .filter(|entry| entry::AGENT_OUTPUTS.contains(&entry.kind.as_str()) && entry.dispatch_id != exclude_dispatch)
+            .map(|entry| entry.text.clone())
+            .collect();
+        outputs[outputs.len().saturating_sub(limit)..].to_vec()
+    }
+
+    /// True when the agent's last output (of another dispatch) was a clarifying question.
+    pub fn just_asked(&self, exclude_dispatch: &str) -> bool {
+        self.recent
+            .iter()
+            .rev()
+            .find(|entry| entry.kind != entry::USER && entry.dispatch_id != exclude_dispatch)
+            .is_some_and(|entry| entry.kind == entry::QUESTION)
+    }
+
+    /// A short name for the project: the repository's last path segment.
+    pub fn project_name(&self) -> String {
+        crate::decide::project_name(&self.repository_url)
+    }
+
+    /// Whether `work` is a Work of this project the agent created.
+    pub fn owns_work(conn: &Connection, org: &OrgId, project: &ProjectId, work: &WorkId) -> rusqlite::Result<bool> {
+        conn.query_row(
+            "SELECT COUNT(*) FROM cv_works WHERE work_id = ?1 AND org = ?2 AND project = ?3",
+            params![work.to_string(), org.as_str(), project.to_string()],
+            |row| row.get::<_, i64>(0),
+        )
+        .map(|count| count > 0)
+    }
+}
+
+/// A flow run the agent requested.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowView {
+    pub flow_run_id: FlowRunId,
+    pub work_id: Option<WorkId>,
+    pub thread_id: Option<zopu_schema::ThreadId>,
+    pub flow_type: pb::FlowType,
+    pub source_event_id: String,
+    pub status: String,
+    pub summary: String,
+    pub artifact_build_id: String,
+    pub failure_code: String,
+    pub failure_message: String,
+    pub final_posted: bool,
+    /// Published artifact ids of the run (latest revision first).
+    pub artifacts: Vec<String>,
+    /// Failed artifact builds of the run: `(artifact id, reason)`.
+    pub failed_artifacts: Vec<(String, String)>,
+}
+
+impl FlowView {
+    pub fn load(conn: &Connection, org: &OrgId, project: &ProjectId, flow_run: &FlowRunId) -> rusqlite::Result<Option<Self>> {
+        let row = conn
+            .query_row(
+                "SELECT work_id, thread_id, flow_type, source_event_id, status, summary, artifact_build_id, failure_code,
+                        failure_message, final_posted
+                 FROM cv_flows WHERE flow_run_id = ?1 AND org = ?2 AND project = ?3",
+                params![flow_run.to_string(), org.as_str(), project.to_string()],
+                |row| {
+                    Ok(FlowView {
+                        flow_run_id: *flow_run,
+                        work_id: row.get::<_, String>(0)?.parse().ok(),
+                        thread_id: row.get::<_, String>(1)?.parse().ok(),
+                        flow_type: pb::FlowType::try_from(row.get::<_, i32>(2)?).unwrap_or(pb::FlowType::Unspecified),
+                        source_event_id: row.get(3)?,
+                        status: row.get(4)?,
+                        summary: row.get(5)?,
+                        artifact_build_id: row.get(6)?,
+                        failure_code: row.get(7)?,
+                        failure_message: row.get(8)?,
+                        final_posted: row.get::<_, i64>(9)? != 0,
+                        artifacts: Vec::new(),
+                        failed_artifacts: Vec::new(),
+                    })
+                },
+            )
+            .optional()?;
+        let Some(mut flow) = row else { return Ok(None) };
+        let mut statement = conn.prepare_cached(
+            "SELECT artifact_id, status, failure FROM cv_artifacts WHERE flow_run_id = ?1 ORDER BY sequence DESC",
+        )?;
+        let rows = statement
+            .query_map(params![flow_run.to_string()], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        for (artifact, status, failure) in rows {
+            if status == "published" {
+                if !flow.artifacts.contains(&artifact) {
+                    flow.artifacts.push(artifact);
+                }
+            } else {
+                flow.failed_artifacts.push((artifact, failure));
+            }
+        }
+        Ok(Some(flow))
+    }
+}

@@ -1,0 +1,205 @@
+//! The gateway: the only crate that speaks HTTP to users.
+//!
+//! It serves the versioned public API under `/v1/` (create a project from a
+//! repository, setup status and retry, timeline messages and card actions,
+//! the global and Work timelines, Works and Threads, artifacts, the project
+//! summary, the agent kill switch), a live timeline over Server-Sent Events,
+//! `/openapi.json` generated from the handlers themselves, and a small web
+//! timeline (server-rendered shell + one hand-written script).
+//!
+//! Invariants: the gateway appends only root events a user asked for
+//! (`project.setup.requested`, `timeline.message.sent`, `timeline.action.sent`,
+//! `agent.disabled` / `agent.enabled`), each with the request id as its
+//! correlation id and an idempotency key derived from project and request id.
+//! Everything it reads comes from its own projection (rebuilt from the
+//! stream) or the artifact object store (digest verified before serving).
+//! Every request is authenticated by an operator-issued bearer token and
+//! scoped to the token's organization: another organization's project, Work,
+//! Thread or artifact is a 404, indistinguishable from one that does not
+//! exist. Tokens are stored hashed, outside the event log, and never logged.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use zopu_core::config::{ConfigError, CoreConfig, duration};
+use zopu_core::{Runtime, Shutdown};
+
+pub mod api;
+pub mod http;
+pub mod read_model;
+pub mod sse;
+pub mod tokens;
+pub mod web;
+
+pub use api::router;
+pub use tokens::{TokenStore, issue_token, tokens_path};
+
+/// Gateway settings (`[gateway]`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address the HTTP server listens on.
+    pub listen: SocketAddr,
+    /// Largest accepted request body; larger bodies get 413.
+    pub body_max_bytes: usize,
+    /// Interval of SSE keep-alive comments.
+    #[serde(with = "duration")]
+    pub sse_keepalive: Duration,
+    /// Most concurrent SSE connections; more get 503.
+    pub sse_clients_max: usize,
+    /// Most items one timeline page (or SSE batch) returns.
+    pub timeline_page_max: usize,
+    /// Origins allowed by CORS; empty (the default) turns CORS off.
+    pub cors_allowed_origins: Vec<String>,
+    /// Accept absolute local repository paths in `POST /v1/projects` (dev only).
+    pub allow_local_repositories: bool,
+    /// Largest artifact or summary blob served.
+    pub artifact_max_bytes: u64,
+    /// Lifetime of a signed artifact link (`GET /v1/artifacts/{id}/link`).
+    #[serde(with = "duration")]
+    pub artifact_link_ttl: Duration,
+    /// Limit on waiting for NATS (appends, object reads) within one request.
+    #[serde(with = "duration")]
+    pub request_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            body_max_bytes: 64 * 1024,
+            sse_keepalive: Duration::from_secs(15),
+            sse_clients_max: 1000,
+            timeline_page_max: 500,
+            cors_allowed_origins: Vec::new(),
+            allow_local_repositories: false,
+            artifact_max_bytes: 8 * 1024 * 1024,
+            artifact_link_ttl: Duration::from_secs(300),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Config {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(1024..=16 * 1024 * 1024).contains(&self.body_max_bytes) {
+            return Err(ConfigError::setting("gateway.body_max_bytes", "must be between 1024 and 16777216"));
+        }
+        if self.sse_keepalive < Duration::from_secs(1) || self.sse_keepalive > Duration::from_secs(300) {
+            return Err(ConfigError::setting("gateway.sse_keepalive", "must be between 1s and 300s"));
+        }
+        if self.sse_clients_max == 0 {
+            return Err(ConfigError::setting("gateway.sse_clients_max", "must be at least 1"));
+        }
+        if !(1..=10_000).contains(&self.timeline_page_max) {
+            return Err(ConfigError::setting("gateway.timeline_page_max", "must be between 1 and 10000"));
+        }
+        if self.artifact_max_bytes == 0 || self.artifact_max_bytes > 64 * 1024 * 1024 {
+            return Err(ConfigError::setting("gateway.artifact_max_bytes", "must be between 1 and 67108864"));
+        }
+        if self.artifact_link_ttl < Duration::from_secs(10) || self.artifact_link_ttl > Duration::from_secs(3600) {
+            return Err(ConfigError::setting("gateway.artifact_link_ttl", "must be between 10s and 1h"));
+        }
+        if self.request_timeout < Duration::from_millis(100) {
+            return Err(ConfigError::setting("gateway.request_timeout", "must be at least 100ms"));
+        }
+        for origin in &self.cors_allowed_origins {
+            if axum::http::HeaderValue::from_str(origin).is_err() || !(origin.starts_with("http://") || origin.starts_with("https://")) {
+                return Err(ConfigError::setting("gateway.cors_allowed_origins", format!("{origin:?} is not an http(s) origin")));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Core(#[from] zopu_core::Error),
+    #[error(transparent)]
+    Tokens(#[from] tokens::TokenError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("HTTP server: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Everything a request handler needs. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub runtime: Runtime,
+    pub reads: read_model::ReadPool,
+    pub tokens: TokenStore,
+    pub config: Arc<Config>,
+    /// Per-process key of signed artifact links (links die with the process).
+    link_key: Arc<[u8; 32]>,
+    sse_clients: Arc<AtomicUsize>,
+}
+
+impl AppState {
+    pub fn new(runtime: Runtime, tokens: TokenStore, config: Config) -> Self {
+        use rand::RngCore;
+        let mut key = [0u8; 32];
+        rand::rng().fill_bytes(&mut key);
+        let reads = read_model::ReadPool::new(runtime.store.path(), 16);
+        Self {
+            runtime,
+            reads,
+            tokens,
+            config: Arc::new(config),
+            link_key: Arc::new(key),
+            sse_clients: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+}
+
+/// Starts the gateway's runtime and projection and opens its token file;
+/// does not listen yet (see [`serve`]).
+pub async fn start(core: &CoreConfig, config: Config, shutdown: Shutdown) -> Result<AppState, Error> {
+    config.validate()?;
+    let runtime = Runtime::start("gateway", core, shutdown).await?;
+    runtime.spawn_projection(read_model::GatewayProjection);
+    let tokens = TokenStore::open(&tokens_path(&core.data_dir))?;
+    Ok(AppState::new(runtime, tokens, config))
+}
+
+/// Serves the router on `listener` until shutdown (open SSE streams end on shutdown).
+pub async fn serve(state: AppState, listener: tokio::net::TcpListener) -> Result<(), Error> {
+    let shutdown = state.runtime.shutdown.clone();
+    let address = listener.local_addr().ok();
+    tracing::info!(address = ?address, "gateway listening");
+    let app = router(state);
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .map_err(Error::Serve)
+}
+
+/// Runs the gateway until `shutdown`.
+pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
+    let listen = config.listen;
+    let state = start(&core, config, shutdown.clone()).await?;
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.map_err(|source| Error::Bind { addr: listen, source })?;
+    serve(state, listener).await?;
+    shutdown.cancelled().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_is_valid_and_bad_values_are_named() {
+        Config::default().validate().unwrap();
+        let bad = Config { body_max_bytes: 10, ..Config::default() };
+        assert!(bad.validate().unwrap_err().to_string().contains("gateway.body_max_bytes"));
+        let bad = Config { cors_allowed_origins: vec!["nope".into()], ..Config::default() };
+        assert!(bad.validate().unwrap_err().to_string().contains("gateway.cors_allowed_origins"));
+    }
+}

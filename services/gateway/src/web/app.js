@@ -1,0 +1,379 @@
+// Zopu web timeline. Hand-written, no dependencies. Every piece of data is
+// inserted with textContent (never as HTML).
+"use strict";
+
+(function () {
+  const TOKEN_KEY = "zopu.token";
+  const body = document.body;
+  const app = document.getElementById("app");
+  const STEPS = [
+    ["creating_workspace", "Creating workspace"],
+    ["cloning", "Cloning repository"],
+    ["checking", "Checking repository"],
+    ["ready", "Ready"],
+  ];
+
+  const token = () => sessionStorage.getItem(TOKEN_KEY);
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (key === "class") node.className = value;
+      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else node.setAttribute(key, value === true ? "" : value);
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  async function api(method, path, payload) {
+    const headers = { Authorization: "Bearer " + token() };
+    if (payload !== undefined) headers["Content-Type"] = "application/json";
+    const response = await fetch(path, { method, headers, body: payload === undefined ? undefined : JSON.stringify(payload) });
+    if (response.status === 401) {
+      signOut("Your token was not accepted. Paste a valid one.");
+      throw new Error("unauthorized");
+    }
+    const data = await response.json().catch(() => ({}));
+    if (!response.ok) {
+      const error = new Error((data.error && data.error.message) || response.statusText);
+      error.field = data.error && data.error.field;
+      throw error;
+    }
+    return data;
+  }
+
+  function signOut(message) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    showSignin(message);
+  }
+
+  function showSignin(message) {
+    app.replaceChildren();
+    document.getElementById("signout").hidden = true;
+    document.getElementById("signin").hidden = false;
+    document.getElementById("token-error").textContent = message || "";
+    document.getElementById("token").focus();
+  }
+
+  function start() {
+    document.getElementById("signin-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const value = document.getElementById("token").value.trim();
+      sessionStorage.setItem(TOKEN_KEY, value);
+      document.getElementById("signin").hidden = true;
+      route();
+    });
+    document.getElementById("signout").addEventListener("click", () => signOut(""));
+    route();
+  }
+
+  function route() {
+    if (!token()) return showSignin("");
+    document.getElementById("signout").hidden = false;
+    if (body.dataset.view === "project" && body.dataset.project) projectView(body.dataset.project);
+    else projectsView();
+  }
+
+  // ------------------------------------------------------------ projects
+
+  function stateLabel(state) {
+    const step = STEPS.find(([key]) => key === state);
+    return step ? step[1] : state === "failed" ? "Setup failed" : state;
+  }
+
+  async function projectsView() {
+    const list = el("ul", { class: "projects", "aria-label": "Projects" });
+    const error = el("p", { class: "error", role: "alert" });
+    const form = el("form", { class: "panel", "aria-labelledby": "create-title" },
+      el("h2", { id: "create-title" }, "Connect a repository"),
+      el("label", { for: "repository" }, "Repository URL or local path"),
+      el("input", { id: "repository", name: "repository", required: true, placeholder: "https://github.com/org/repo.git", autocomplete: "off" }),
+      el("div", { class: "row" },
+        el("div", {}, el("label", { for: "branch" }, "Branch"), el("input", { id: "branch", name: "branch", value: "main", autocomplete: "off" })),
+        el("div", {}, el("label", { for: "name" }, "Name (optional)"), el("input", { id: "name", name: "name", autocomplete: "off" }))),
+      error,
+      el("button", { type: "submit" }, "Create project"));
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      error.textContent = "";
+      const data = new FormData(form);
+      const payload = { repository: data.get("repository").trim(), branch: data.get("branch").trim() || "main" };
+      if (data.get("name").trim()) payload.name = data.get("name").trim();
+      try {
+        const created = await api("POST", "/v1/projects", payload);
+        location.assign("/p/" + created.project_id);
+      } catch (failure) {
+        error.textContent = failure.message;
+        const field = failure.field && form.querySelector("#" + CSS.escape(failure.field));
+        if (field) field.focus();
+      }
+    });
+    app.replaceChildren(el("h1", {}, "Projects"), list, form);
+    try {
+      const { projects } = await api("GET", "/v1/projects");
+      if (!projects.length) list.append(el("li", { class: "muted" }, "No projects yet."));
+      for (const project of projects) {
+        list.append(el("li", {},
+          el("a", { href: "/p/" + project.project_id }, project.name),
+          el("span", { class: "badge state-" + project.setup.state }, stateLabel(project.setup.state)),
+          el("span", { class: "muted small" }, project.repository + " · " + project.branch)));
+      }
+    } catch (failure) {
+      if (failure.message !== "unauthorized") error.textContent = failure.message;
+    }
+  }
+
+  // ------------------------------------------------------------ one project
+
+  async function projectView(id) {
+    let project;
+    try {
+      project = await api("GET", "/v1/projects/" + id);
+    } catch (failure) {
+      if (failure.message !== "unauthorized") app.replaceChildren(el("h1", {}, "Project not found"), el("p", {}, el("a", { href: "/" }, "Back to projects")));
+      return;
+    }
+    document.title = project.name + " · Zopu";
+    const view = new ProjectScreen(project);
+    await view.load();
+    view.listen();
+  }
+
+  class ProjectScreen {
+    constructor(project) {
+      this.project = project;
+      this.seen = new Set();
+      this.after = 0;
+      this.pending = new Map();
+      this.flows = new Map();
+      this.works = new Map();
+      this.heading = el("h1", { tabindex: "-1" }, project.name);
+      this.setup = el("section", { class: "panel setup", "aria-labelledby": "setup-title" });
+      this.timeline = el("ol", { class: "timeline", role: "log", "aria-label": "Timeline", "aria-live": "polite" });
+      this.running = el("p", { class: "running", role: "status", hidden: true }, el("span", { class: "dots", "aria-hidden": "true" }), "The agent is working");
+      this.agentButton = el("button", { type: "button", class: "secondary", onclick: () => this.toggleAgent() });
+      this.composer = this.buildComposer();
+      this.main = el("section", { class: "timeline-view", hidden: true, "aria-label": "Global timeline" }, this.timeline, this.running, this.composer);
+      app.replaceChildren(
+        el("div", { class: "title-row" }, this.heading, this.agentButton),
+        el("p", { class: "muted small" }, project.repository + " · " + project.branch),
+        this.setup, this.main);
+      this.renderAgent();
+      this.renderSetup(project.setup);
+      this.setRunning(project.running);
+    }
+
+    async load() {
+      for (;;) {
+        const page = await api("GET", `/v1/projects/${this.project.project_id}/timeline?after=${this.after}`);
+        page.items.forEach((item) => this.add(item));
+        this.after = page.next_after;
+        this.setRunning(page.running);
+        if (!page.more) break;
+      }
+    }
+
+    listen() {
+      const url = `/v1/projects/${this.project.project_id}/events?after=${this.after}&token=${encodeURIComponent(token())}`;
+      const source = new EventSource(url);
+      source.onmessage = (message) => {
+        try { this.add(JSON.parse(message.data)); } catch (_) { /* ignore a malformed frame */ }
+      };
+    }
+
+    renderAgent() {
+      this.agentButton.textContent = this.project.agent_enabled ? "Pause agent" : "Resume agent";
+      this.agentButton.setAttribute("aria-pressed", this.project.agent_enabled ? "false" : "true");
+    }
+
+    async toggleAgent() {
+      const action = this.project.agent_enabled ? "disable" : "enable";
+      this.agentButton.disabled = true;
+      try {
+        await api("POST", `/v1/projects/${this.project.project_id}/agent/${action}`, {});
+        this.project.agent_enabled = action === "enable";
+        this.renderAgent();
+      } finally {
+        this.agentButton.disabled = false;
+      }
+    }
+
+    renderSetup(setup) {
+      this.project.setup = setup;
+      const ready = setup.state === "ready";
+      this.setup.hidden = ready;
+      this.main.hidden = !ready;
+      if (ready) return;
+      const current = STEPS.findIndex(([key]) => key === setup.state);
+      const failedAt = setup.state === "failed" ? Math.max(0, STEPS.findIndex(([key]) => key === stepState(setup.failed_step))) : -1;
+      const steps = el("ol", { class: "steps" }, STEPS.map(([key, label], index) => {
+        let status = "pending";
+        if (failedAt >= 0) status = index < failedAt ? "done" : index === failedAt ? "failed" : "pending";
+        else if (index < current) status = "done";
+        else if (index === current) status = "current";
+        return el("li", { class: "step " + status, "aria-current": status === "current" ? "step" : null },
+          el("span", { class: "marker", "aria-hidden": "true" }), label,
+          el("span", { class: "visually-hidden" }, " (" + status + ")"));
+      }));
+      const parts = [el("h2", { id: "setup-title" }, "Setting up"), steps];
+      if (setup.failure) {
+        const retry = el("button", { type: "button" }, "Retry setup");
+        retry.addEventListener("click", async () => {
+          retry.disabled = true;
+          try { await api("POST", `/v1/projects/${this.project.project_id}/setup/retry`); }
+          catch (failure) { retry.disabled = false; retry.after(el("p", { class: "error", role: "alert" }, failure.message)); }
+        });
+        parts.push(el("div", { class: "failure", role: "alert" }, el("p", {}, setup.failure.message), retry));
+      }
+      if (setup.environment_names && setup.environment_names.length) {
+        parts.push(el("h3", {}, "Optional configuration"),
+          el("p", { class: "muted small" }, "Detected in .env.example. Nothing is required to continue."),
+          el("ul", { class: "env" }, setup.environment_names.map((name) => el("li", {}, el("code", {}, name)))));
+      }
+      this.setup.replaceChildren(...parts);
+    }
+
+    buildComposer() {
+      const input = el("textarea", { id: "message", name: "message", rows: "2", required: true, maxlength: "8000", "aria-describedby": "message-hint" });
+      const error = el("p", { class: "error", role: "alert" });
+      const form = el("form", { class: "composer" },
+        el("label", { for: "message" }, "Message"),
+        input,
+        el("p", { id: "message-hint", class: "muted small" }, "Enter to send, Shift+Enter for a new line."),
+        error,
+        el("button", { type: "submit" }, "Send"));
+      input.addEventListener("keydown", (event) => {
+        if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); form.requestSubmit(); }
+      });
+      form.addEventListener("submit", async (event) => {
+        event.preventDefault();
+        const text = input.value.trim();
+        if (!text) return;
+        error.textContent = "";
+        input.value = "";
+        const optimistic = this.bubble("user_message", "You", text);
+        optimistic.classList.add("pending");
+        this.timeline.append(optimistic);
+        optimistic.scrollIntoView({ block: "end" });
+        try {
+          const accepted = await api("POST", `/v1/projects/${this.project.project_id}/messages`, { text });
+          if (this.seen.has(accepted.sequence)) optimistic.remove();
+          else { optimistic.dataset.sequence = accepted.sequence; this.pending.set(accepted.sequence, optimistic); }
+        } catch (failure) {
+          optimistic.classList.add("failed");
+          error.textContent = "Not sent: " + failure.message;
+          input.value = text;
+        }
+      });
+      return form;
+    }
+
+    setRunning(running) {
+      this.running.hidden = !running;
+    }
+
+    bubble(kind, who, text) {
+      return el("li", { class: "item " + kind }, el("p", { class: "who" }, who), el("p", { class: "text" }, text));
+    }
+
+    add(item) {
+      if (this.seen.has(item.sequence)) return;
+      this.seen.add(item.sequence);
+      this.after = Math.max(this.after, item.sequence);
+      if (item.kind === "setup") {
+        if (item.setup) this.renderSetup(item.setup);
+        return;
+      }
+      if (item.kind === "flow") {
+        this.flows.set(item.flow.flow_run_id, item.flow.state);
+        this.setRunning([...this.flows.values()].some((state) => state === "requested" || state === "running" || state === "progress"));
+        if (item.flow.state !== "progress" && item.flow.state !== "failed") return;
+      }
+      if (item.kind === "work_updated") {
+        const card = this.works.get(item.work.work_id);
+        if (card) card.querySelector(".status").textContent = item.work.status;
+        return;
+      }
+      const node = this.render(item);
+      if (!node) return;
+      node.dataset.sequence = item.sequence;
+      const optimistic = this.pending.get(item.sequence);
+      if (optimistic) { optimistic.replaceWith(node); this.pending.delete(item.sequence); return; }
+      this.timeline.append(node);
+      if (item.kind === "agent_final" || item.kind === "artifact") node.scrollIntoView({ block: "nearest" });
+    }
+
+    render(item) {
+      switch (item.kind) {
+        case "user_message": return this.bubble("user_message", item.author || "You", item.text);
+        case "user_action": return el("li", { class: "item note" }, "Action ", el("code", {}, item.action.action_id), " sent");
+        case "acknowledgement": return this.bubble("ack", "Agent", item.text);
+        case "agent_message": return this.bubble("agent", "Agent", item.text);
+        case "agent_blocked": return this.bubble("agent blocked", "Agent needs an answer", item.text);
+        case "agent_final": {
+          const node = this.bubble("agent final", "Agent", item.text);
+          if (item.failure) node.append(el("p", { class: "error" }, item.failure.message));
+          return node;
+        }
+        case "agent_state": return el("li", { class: "item note" }, item.status === "disabled" ? "Agent paused" : "Agent resumed", item.text ? " — " + item.text : "");
+        case "work": {
+          const card = el("li", { class: "item card work" },
+            el("p", { class: "kicker" }, "Work · " + item.work.kind),
+            el("h3", {}, item.work.title),
+            item.work.summary ? el("p", {}, item.work.summary) : null,
+            el("p", { class: "small" }, "Status: ", el("span", { class: "status" }, item.work.status)));
+          this.works.set(item.work.work_id, card);
+          return card;
+        }
+        case "flow": return el("li", { class: "item note" + (item.flow.state === "failed" ? " error" : "") },
+          item.flow.state === "failed" ? "A step failed: " + ((item.failure && item.failure.message) || "") : item.flow.note);
+        case "artifact": return this.artifactCard(item.artifact);
+        default: return null;
+      }
+    }
+
+    artifactCard(artifact) {
+      const open = el("button", { type: "button" }, "Open " + (artifact.label || artifact.title));
+      open.addEventListener("click", async () => {
+        const tab = window.open("", "_blank");
+        try {
+          const link = await api("GET", `/v1/artifacts/${artifact.artifact_id}/link?revision=${artifact.revision}`);
+          if (tab) { tab.opener = null; tab.location = link.url; } else location.assign(link.url);
+        } catch (failure) { if (tab) tab.close(); }
+      });
+      const facts = el("dl", { class: "facts" }, artifact.facts.map((fact) => [el("dt", {}, fact.label), el("dd", {}, fact.value)]));
+      const actions = artifact.actions.map((action) => {
+        const button = el("button", { type: "button", class: action.style === "primary" ? "" : "secondary" }, action.label);
+        button.addEventListener("click", async () => {
+          button.disabled = true;
+          try { await api("POST", `/v1/projects/${this.project.project_id}/actions`, { artifact_id: artifact.artifact_id, action_id: action.id }); }
+          catch (failure) { button.disabled = false; }
+        });
+        return button;
+      });
+      return el("li", { class: "item card artifact" },
+        el("p", { class: "kicker" }, "Artifact · revision " + artifact.revision),
+        el("h3", {}, artifact.title),
+        artifact.summary ? el("p", {}, artifact.summary) : null,
+        facts,
+        el("div", { class: "actions" }, open, actions));
+    }
+  }
+
+  function stepState(step) {
+    switch (step) {
+      case "workspace": return "creating_workspace";
+      case "clone": return "cloning";
+      case "verify": case "register": case "scan": return "checking";
+      default: return "creating_workspace";
+    }
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

@@ -1,0 +1,243 @@
+//! The client side of setup, for the CLI and the gateway (no printing):
+//! [`request_setup`] validates a request and appends
+//! `project.setup.requested`; [`project_setup_events`] and [`StatusWatch`]
+//! read a project's setup events so a client can show the thin progression
+//! of [`SetupStatus`].
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use futures::StreamExt;
+use zopu_core::Publisher;
+use zopu_core::nats::Bus;
+use zopu_sandbox::git::{self, BranchName, BranchProblem, LocationProblem, RepositoryLocation};
+use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, pb, subjects};
+
+use crate::state::{SetupStatus, is_setup_event, status_from_events};
+
+/// The branch a client asks for when the user names none.
+pub const DEFAULT_BRANCH: &str = "main";
+
+/// A request to set a project up (first setup: revision 1; a retry: the
+/// latest revision + 1).
+#[derive(Debug, Clone)]
+pub struct SetupRequest {
+    pub org: OrgId,
+    pub project: ProjectId,
+    /// `https://` URL without credentials, or (when allowed) an absolute local path.
+    pub repository: String,
+    pub branch: String,
+    pub revision: u32,
+    /// The caller's request id: the correlation id of the whole setup.
+    pub request_id: String,
+    /// Accept local repository paths (`sandbox.allow_local_repositories`).
+    pub allow_local_repositories: bool,
+    pub project_name: String,
+    pub requested_by: Option<pb::Actor>,
+    /// Opaque id of a credential in the setup service's credential store.
+    pub repository_connection_id: String,
+}
+
+impl SetupRequest {
+    pub fn new(org: OrgId, project: ProjectId, repository: &str, branch: &str, revision: u32, request_id: &str) -> Self {
+        Self {
+            org,
+            project,
+            repository: repository.to_owned(),
+            branch: branch.to_owned(),
+            revision,
+            request_id: request_id.to_owned(),
+            allow_local_repositories: false,
+            project_name: String::new(),
+            requested_by: None,
+            repository_connection_id: String::new(),
+        }
+    }
+
+    pub fn allow_local_repositories(mut self, allow: bool) -> Self {
+        self.allow_local_repositories = allow;
+        self
+    }
+}
+
+/// Why a setup request was not appended. Never echoes the rejected input.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("repository: {0}")]
+    InvalidRepository(LocationProblem),
+    #[error("branch: {0}")]
+    InvalidBranch(BranchProblem),
+    #[error("setup revision must be 1 or more")]
+    InvalidRevision,
+    #[error("request id must be 1-128 printable ASCII characters without spaces")]
+    InvalidRequestId,
+    #[error("repository connection id must be at most 128 printable ASCII characters without spaces")]
+    InvalidConnectionId,
+    #[error("setup revision {revision} of this project was already requested (event {event_id}); retry with the next revision")]
+    RevisionTaken { revision: u32, event_id: EventId },
+    #[error(transparent)]
+    Append(#[from] zopu_core::Error),
+}
+
+fn is_token(text: &str, max: usize) -> bool {
+    !text.is_empty() && text.len() <= max && text.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Checks a request without appending anything.
+pub fn validate(request: &SetupRequest) -> Result<(), RequestError> {
+    match RepositoryLocation::parse(&request.repository, request.allow_local_repositories) {
+        Ok(_) => {}
+        Err(git::Error::InvalidLocation(problem)) => return Err(RequestError::InvalidRepository(problem)),
+        Err(_) => return Err(RequestError::InvalidRepository(LocationProblem::InvalidPath)),
+    }
+    match BranchName::parse(&request.branch) {
+        Ok(_) => {}
+        Err(git::Error::InvalidBranch(problem)) => return Err(RequestError::InvalidBranch(problem)),
+        Err(_) => return Err(RequestError::InvalidBranch(BranchProblem::ForbiddenShape)),
+    }
+    if request.revision == 0 {
+        return Err(RequestError::InvalidRevision);
+    }
+    if request.request_id.parse::<CorrelationId>().is_err() || !is_token(&request.request_id, 128) {
+        return Err(RequestError::InvalidRequestId);
+    }
+    if !request.repository_connection_id.is_empty() && !is_token(&request.repository_connection_id, 128) {
+        return Err(RequestError::InvalidConnectionId);
+    }
+    Ok(())
+}
+
+/// Validates the request (repository location and branch with the sandbox's
+/// parsers) and only then appends `project.setup.requested` under the key
+/// of the project's revision. Repeating the same request returns the stored
+/// event's id; a different request for a revision already taken is
+/// [`RequestError::RevisionTaken`].
+pub async fn request_setup(publisher: &Publisher, request: &SetupRequest) -> Result<EventId, RequestError> {
+    validate(request)?;
+    let payload = pb::ProjectSetupRequested {
+        repository_url: request.repository.clone(),
+        branch: request.branch.clone(),
+        setup_revision: request.revision,
+        project_name: request.project_name.clone(),
+        requested_by: request.requested_by.clone(),
+        repository_connection_id: request.repository_connection_id.clone(),
+    };
+    let correlation: CorrelationId = request.request_id.parse().map_err(|_| RequestError::InvalidRequestId)?;
+    let event = zopu_core::NewEvent::root(
+        request.org.clone(),
+        request.project,
+        &payload,
+        zopu_schema::keys::setup_request(&request.project, request.revision),
+        Some(correlation.clone()),
+    );
+    let appended = publisher.append(event).await?;
+    if !appended.duplicate {
+        return Ok(appended.event_id);
+    }
+    let stored = zopu_core::publish::get_event(publisher.bus(), appended.sequence).await?;
+    if stored.correlation_id == correlation {
+        Ok(stored.id)
+    } else {
+        Err(RequestError::RevisionTaken { revision: request.revision, event_id: stored.id })
+    }
+}
+
+/// Longest wait for one message while reading a project's history.
+const READ_IDLE_MAX: Duration = Duration::from_secs(5);
+/// Most setup events kept while reading or watching one project.
+const SETUP_EVENTS_MAX: usize = 10_000;
+
+fn jetstream(operation: &'static str, error: impl std::fmt::Display) -> zopu_core::Error {
+    zopu_core::Error::JetStream { operation, reason: error.to_string() }
+}
+
+async fn open(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<pull::Ordered, zopu_core::Error> {
+    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await.map_err(|e| jetstream("get stream", e))?;
+    let consumer = stream
+        .create_consumer(pull::OrderedConfig {
+            filter_subjects: vec![subjects::project_events(org, project)],
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| jetstream("create ordered consumer", e))?;
+    consumer.messages().await.map_err(|e| jetstream("ordered consumer messages", e))
+}
+
+/// The setup events of one project currently in the stream, in order.
+pub async fn project_setup_events(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<Vec<Envelope>, zopu_core::Error> {
+    let mut events = Vec::new();
+    if zopu_core::publish::fetch_head(bus, org, project).await?.is_none() {
+        return Ok(events);
+    }
+    let mut messages = open(bus, org, project).await?;
+    loop {
+        let next = tokio::time::timeout(READ_IDLE_MAX, messages.next()).await;
+        let Ok(Some(message)) = next else { break };
+        let message = message.map_err(|e| jetstream("ordered consumer", e))?;
+        let pending = message.info().map(|info| info.pending).unwrap_or(0);
+        if let Ok(envelope) = zopu_core::publish::decode_message(&message.message)
+            && is_setup_event(&envelope.event_type)
+            && events.len() < SETUP_EVENTS_MAX
+        {
+            events.push(envelope);
+        }
+        if pending == 0 {
+            break;
+        }
+    }
+    Ok(events)
+}
+
+/// The status of a project's latest setup revision, read from the stream.
+pub async fn read_setup_status(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<Option<SetupStatus>, zopu_core::Error> {
+    Ok(status_from_events(&project_setup_events(bus, org, project).await?))
+}
+
+/// Follows one project's events and reports each change of its setup status.
+pub struct StatusWatch {
+    messages: pull::Ordered,
+    events: Vec<Envelope>,
+    last: Option<SetupStatus>,
+}
+
+impl std::fmt::Debug for StatusWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusWatch").field("events", &self.events.len()).field("last", &self.last).finish_non_exhaustive()
+    }
+}
+
+impl StatusWatch {
+    /// Starts at the project's first event.
+    pub async fn start(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<Self, zopu_core::Error> {
+        Ok(Self { messages: open(bus, org, project).await?, events: Vec::new(), last: None })
+    }
+
+    /// The next status that differs from the last one reported; `None` when
+    /// `timeout` passes without a change.
+    pub async fn next(&mut self, timeout: Duration) -> Result<Option<SetupStatus>, zopu_core::Error> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let next = tokio::time::timeout_at(deadline, self.messages.next()).await;
+            let message = match next {
+                Err(_) => return Ok(None),
+                Ok(None) => {
+                    return Err(jetstream("ordered consumer", "message stream ended"));
+                }
+                Ok(Some(message)) => {
+                    message.map_err(|e| jetstream("ordered consumer", e))?
+                }
+            };
+            let Ok(envelope) = zopu_core::publish::decode_message(&message.message) else { continue };
+            if !is_setup_event(&envelope.event_type) || self.events.len() >= SETUP_EVENTS_MAX {
+                continue;
+            }
+            self.events.push(envelope);
+            let status = status_from_events(&self.events);
+            if status.is_some() && status != self.last {
+                self.last = status.clone();
+                return Ok(status);
+            }
+        }
+    }
+}

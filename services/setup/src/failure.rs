@@ -1,0 +1,173 @@
+//! How workspace and git errors become setup outcomes (pure).
+//!
+//! A transient failure (network, timeout, local I/O) is retried in place by
+//! the reaction runner with bounded backoff; when the retries run out the
+//! same [`Failure`] is recorded. Anything else ends the revision at once.
+//! Messages are written here, never copied from git: they name what to do
+//! and carry no path, URL or credential.
+
+use zopu_sandbox::git;
+use zopu_sandbox::workspace;
+
+use crate::state::{Failure, step};
+
+/// A failed step, classified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Retry in place; record `Failure` if the retries run out.
+    Transient(Failure),
+    /// Record `Failure` now.
+    Terminal(Failure),
+}
+
+impl Outcome {
+    pub fn failure(&self) -> &Failure {
+        match self {
+            Self::Transient(failure) | Self::Terminal(failure) => failure,
+        }
+    }
+}
+
+/// A request whose repository location or branch does not validate.
+pub fn invalid_request(error: &git::Error) -> Failure {
+    let (code, what) = match error {
+        git::Error::InvalidBranch(problem) => ("request.invalid_branch", format!("The branch name was rejected: {problem}.")),
+        git::Error::InvalidLocation(problem) => {
+            ("request.invalid_location", format!("The repository location was rejected: {problem}."))
+        }
+        other => ("request.invalid", format!("The request was rejected: {other}.")),
+    };
+    Failure::new(step::CLONE, code, format!("{what} Create the project again with a valid repository and branch."), false)
+}
+
+/// A request with setup revision 0.
+pub fn invalid_revision() -> Failure {
+    Failure::new(step::WORKSPACE, "request.invalid_revision", "The setup request has no revision (it must be 1 or more).", false)
+}
+
+/// A workspace that could not be created or reused.
+pub fn workspace(error: &workspace::Error) -> Outcome {
+    match error {
+        workspace::Error::InvalidProjectId => Outcome::Terminal(Failure::new(
+            step::WORKSPACE,
+            "workspace.invalid_project",
+            "The project id cannot name a workspace.",
+            false,
+        )),
+        workspace::Error::NotADirectory { .. } => Outcome::Terminal(Failure::new(
+            step::WORKSPACE,
+            "workspace.corrupt",
+            "The project's workspace is damaged (a file or link sits where a directory belongs). Ask the operator to remove it, then retry.",
+            true,
+        )),
+        workspace::Error::Io { .. } => Outcome::Transient(Failure::new(
+            step::WORKSPACE,
+            "workspace.unavailable",
+            "The workspace could not be created on the setup host (storage error). Retry; if it persists, ask the operator to check the data directory.",
+            true,
+        )),
+        workspace::Error::Git(error) => clone(error, ""),
+    }
+}
+
+/// A clone (or its verification) that failed. `branch` was validated.
+pub fn clone(error: &git::Error, branch: &str) -> Outcome {
+    use git::Error as E;
+    let terminal = |step: &str, code: &str, message: String| Outcome::Terminal(Failure::new(step, code, message, true));
+    let transient = |code: &str, message: &str| Outcome::Transient(Failure::new(step::CLONE, code, message, true));
+    match error {
+        E::InvalidLocation(_) | E::InvalidBranch(_) => Outcome::Terminal(invalid_request(error)),
+        E::Unreachable { .. } => transient(
+            "clone.unreachable",
+            "The repository host could not be reached. Check the repository URL and the network, then retry.",
+        ),
+        E::TimedOut { after, .. } => Outcome::Transient(Failure::new(
+            step::CLONE,
+            "clone.timed_out",
+            format!(
+                "Cloning did not finish within {}s. Retry; for a very large repository ask the operator to raise the clone timeout.",
+                after.as_secs()
+            ),
+            true,
+        )),
+        E::Spawn(_) => transient("clone.git_unavailable", "git could not be started on the setup host. Ask the operator to install git, then retry."),
+        E::Io { .. } => transient(
+            "clone.storage",
+            "The clone could not be written on the setup host (storage error). Retry; if it persists, ask the operator to check the data directory.",
+        ),
+        E::BranchNotFound { .. } => terminal(
+            step::CLONE,
+            "clone.branch_not_found",
+            format!("Branch '{branch}' does not exist in the repository. Push it (or retry with an existing branch)."),
+        ),
+        E::AuthenticationRequired => terminal(
+            step::CLONE,
+            "clone.authentication_required",
+            "The repository requires authentication or refused access. Check the repository connection, then retry.".to_owned(),
+        ),
+        E::RepositoryNotFound => terminal(
+            step::CLONE,
+            "clone.repository_not_found",
+            "The repository was not found, or the connection has no access to it. Check the URL and the connection, then retry."
+                .to_owned(),
+        ),
+        E::Mismatched { .. } => terminal(
+            step::CLONE,
+            "workspace.mismatched",
+            "The project's workspace holds a different repository or branch. Retry to replace it with a fresh clone.".to_owned(),
+        ),
+        E::Corrupt { .. } => terminal(
+            step::CLONE,
+            "workspace.corrupt",
+            "The project's workspace holds a damaged clone. Retry to replace it with a fresh clone.".to_owned(),
+        ),
+        E::Unreadable { reason, .. } => terminal(
+            step::VERIFY,
+            "verify.unreadable",
+            format!("The cloned repository could not be read ({reason}). Check that the branch has files, then retry."),
+        ),
+        E::GitFailed { operation, .. } => terminal(
+            step::CLONE,
+            "clone.failed",
+            format!("git {operation} failed. Retry; if it keeps failing, check the repository."),
+        ),
+    }
+}
+
+/// True for errors an explicit retry repairs by cloning afresh.
+pub fn needs_repair(error: &git::Error) -> bool {
+    matches!(error, git::Error::Mismatched { .. } | git::Error::Corrupt { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn network_failures_are_transient_and_the_rest_terminal() {
+        let unreachable = git::Error::Unreachable { detail: "connection refused".into() };
+        assert!(matches!(clone(&unreachable, "main"), Outcome::Transient(f) if f.code == "clone.unreachable" && f.retryable));
+        let timeout = git::Error::TimedOut { operation: "clone", after: Duration::from_secs(300) };
+        assert!(matches!(clone(&timeout, "main"), Outcome::Transient(f) if f.message.contains("300s")));
+        let missing = git::Error::BranchNotFound { branch: "dev".into() };
+        assert!(matches!(clone(&missing, "dev"), Outcome::Terminal(f) if f.code == "clone.branch_not_found" && f.message.contains("'dev'") && f.retryable));
+        let corrupt = git::Error::Corrupt { path: PathBuf::from("/secret/place"), reason: "x".into() };
+        let outcome = clone(&corrupt, "main");
+        assert!(matches!(&outcome, Outcome::Terminal(f) if f.retryable && !f.message.contains("/secret")));
+        assert!(needs_repair(&corrupt));
+        let unreadable = git::Error::Unreadable { path: PathBuf::from("/w"), reason: "the branch has no tracked files".into() };
+        assert_eq!(clone(&unreadable, "main").failure().step, step::VERIFY);
+    }
+
+    #[test]
+    fn invalid_requests_are_not_retryable() {
+        let bad = git::Error::InvalidLocation(git::LocationProblem::Userinfo);
+        let failure = invalid_request(&bad);
+        assert!(!failure.retryable);
+        assert_eq!(failure.code, "request.invalid_location");
+        assert!(matches!(workspace(&workspace::Error::InvalidProjectId), Outcome::Terminal(f) if !f.retryable));
+    }
+}

@@ -1,0 +1,260 @@
+//! The setup service: turns `project.setup.requested` into a ready project
+//! (main spec Part IV). For each setup revision it appends, in order,
+//! `project.setup.started` → `project.runtime.created` (the workspace) →
+//! `project.repository.cloned` (a hardened depth-1 clone of one branch,
+//! verified readable) → `project.environment.scanned` (root `.env.example`
+//! names) → `agent.registered` (once per project) → `project.ready`, or
+//! `project.setup.failed` with a concise, actionable reason.
+//!
+//! `state` is the pure state machine (fold, `decide`, client status);
+//! `failure` classifies errors; `reaction` does the I/O; `projection` keeps
+//! revisions, runtimes and agent bindings; `client` is what the CLI and the
+//! gateway call.
+//!
+//! Invariants: every step's event is appended under a deterministic key
+//! before the next step runs, and a redelivered request resumes from the
+//! recorded steps, so a crash or a repeated request never repeats a step's
+//! event; `project.ready` is appended at most once per (project, revision),
+//! at the project version the handler last read; no event carries a
+//! credential, a URL with userinfo or an environment value that is not a
+//! clear placeholder; repository input is validated before git runs and
+//! before a request is appended.
+
+pub mod client;
+pub mod failure;
+pub mod keys;
+pub mod projection;
+pub mod reaction;
+pub mod state;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use zopu_core::config::{ConfigError, CoreConfig};
+use zopu_core::{ReactionConfig, Runtime, Shutdown};
+use zopu_sandbox::git::{CredentialStore, Git, GitOptions, InMemoryCredentialStore};
+use zopu_sandbox::workspace::LocalWorkspaces;
+use zopu_schema::{Event, pb, subjects};
+
+pub use client::{RequestError, SetupRequest, StatusWatch, read_setup_status, request_setup};
+pub use projection::{AgentBinding, SetupProjection, agent_binding, read_status};
+pub use reaction::SetupReaction;
+pub use state::{Failure, RevisionState, SetupPhase, SetupStatus, decide, status_from_events};
+
+/// The service name (`zopu run setup`, source `zopu/setup`, store `setup.sqlite`).
+pub const SERVICE: &str = "setup";
+
+/// Settings of the setup service (`[setup]`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Directory under which `workspaces/<project>` live; a relative path
+    /// is under `data_dir`; empty means `data_dir` itself.
+    pub workspace_root: PathBuf,
+    /// Accept absolute local repository paths (`sandbox.allow_local_repositories`; dev and tests only).
+    pub allow_local_repositories: bool,
+    /// Wall-clock limit of one clone.
+    #[serde(with = "zopu_core::config::duration")]
+    pub clone_timeout: Duration,
+    /// Wall-clock limit of every other git command.
+    #[serde(with = "zopu_core::config::duration")]
+    pub git_command_timeout: Duration,
+    /// How the setup requests are consumed and retried.
+    pub reaction: ReactionSettings,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            workspace_root: PathBuf::new(),
+            allow_local_repositories: false,
+            clone_timeout: Duration::from_secs(300),
+            git_command_timeout: Duration::from_secs(30),
+            reaction: ReactionSettings::default(),
+        }
+    }
+}
+
+/// The consumer settings (`[setup.reaction]`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReactionSettings {
+    /// Waits between in-place retries of a transient failure (network,
+    /// timeout); when they run out the revision fails as retryable.
+    #[serde(with = "durations")]
+    pub retry_delays: Vec<Duration>,
+    /// Deliveries (crashes included) before a request is given up.
+    pub max_deliver: i64,
+    /// Setups in flight across projects (one at a time per project).
+    pub max_ack_pending: i64,
+    #[serde(with = "zopu_core::config::duration")]
+    pub ack_wait: Duration,
+    /// Upper bound of one attempt of a whole setup (clone included).
+    #[serde(with = "zopu_core::config::duration")]
+    pub handler_timeout: Duration,
+}
+
+impl Default for ReactionSettings {
+    fn default() -> Self {
+        Self {
+            retry_delays: vec![Duration::from_secs(1), Duration::from_secs(5), Duration::from_secs(15)],
+            max_deliver: 5,
+            max_ack_pending: 32,
+            ack_wait: Duration::from_secs(30),
+            handler_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+mod durations {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Duration>, D::Error> {
+        Vec::<String>::deserialize(deserializer)?
+            .iter()
+            .map(|text| zopu_core::config::duration::parse(text).map_err(serde::de::Error::custom))
+            .collect()
+    }
+}
+
+/// Most in-place retries of one transient failure.
+const RETRIES_MAX: usize = 10;
+/// Longest wait between two retries.
+const RETRY_DELAY_MAX: Duration = Duration::from_secs(300);
+
+impl Config {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.clone_timeout < Duration::from_secs(1) || self.clone_timeout > Duration::from_secs(3600) {
+            return Err(ConfigError::setting("setup.clone_timeout", "must be between 1s and 1h"));
+        }
+        if self.git_command_timeout < Duration::from_secs(1) || self.git_command_timeout > Duration::from_secs(600) {
+            return Err(ConfigError::setting("setup.git_command_timeout", "must be between 1s and 10m"));
+        }
+        let reaction = &self.reaction;
+        if reaction.retry_delays.len() > RETRIES_MAX || reaction.retry_delays.iter().any(|delay| *delay > RETRY_DELAY_MAX) {
+            return Err(ConfigError::setting(
+                "setup.reaction.retry_delays",
+                format!("at most {RETRIES_MAX} delays of at most {}s each", RETRY_DELAY_MAX.as_secs()),
+            ));
+        }
+        // A setup attempt runs a clone and a handful of short git commands.
+        let needed = self.clone_timeout + self.git_command_timeout * 5;
+        if reaction.handler_timeout < needed {
+            return Err(ConfigError::setting(
+                "setup.reaction.handler_timeout",
+                format!("must be at least clone_timeout + 5 × git_command_timeout ({}s)", needed.as_secs()),
+            ));
+        }
+        self.reaction_config().validate("setup.reaction")
+    }
+
+    /// The directory handed to the workspace provider.
+    pub fn workspace_root(&self, core: &CoreConfig) -> PathBuf {
+        if self.workspace_root.as_os_str().is_empty() {
+            core.data_dir.clone()
+        } else if self.workspace_root.is_absolute() {
+            self.workspace_root.clone()
+        } else {
+            core.data_dir.join(&self.workspace_root)
+        }
+    }
+
+    pub fn git_options(&self) -> GitOptions {
+        GitOptions {
+            allow_local_repositories: self.allow_local_repositories,
+            clone_timeout: self.clone_timeout,
+            command_timeout: self.git_command_timeout,
+            ..GitOptions::default()
+        }
+    }
+
+    /// The consumer of `project.setup.requested`.
+    pub fn reaction_config(&self) -> ReactionConfig {
+        let settings = &self.reaction;
+        ReactionConfig {
+            retry_delays: settings.retry_delays.clone(),
+            max_deliver: settings.max_deliver,
+            max_ack_pending: settings.max_ack_pending,
+            ack_wait: settings.ack_wait,
+            handler_timeout: settings.handler_timeout,
+            ..ReactionConfig::new(
+                subjects::durable(SERVICE, "requests"),
+                vec![subjects::events_of_type(pb::ProjectSetupRequested::TYPE)],
+            )
+        }
+    }
+}
+
+/// Errors that stop the service.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Runtime(#[from] zopu_core::Error),
+}
+
+/// The reaction `run` uses, for callers that embed setup differently.
+pub fn local_reaction(
+    config: &Config,
+    workspace_root: &Path,
+    credentials: Arc<dyn CredentialStore>,
+) -> SetupReaction<LocalWorkspaces> {
+    let options = config.git_options();
+    let workspaces = LocalWorkspaces::new(workspace_root).with_git_options(options.clone());
+    SetupReaction::new(workspaces, "local", Git::new(options), credentials)
+}
+
+/// Runs the setup service until `shutdown`.
+pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
+    config.validate()?;
+    let runtime = Runtime::start(SERVICE, &core, shutdown.clone()).await?;
+    runtime.spawn_projection(SetupProjection);
+    // Repository connections are not configured yet: https repositories are
+    // cloned anonymously (credentials never come from the URL).
+    let credentials: Arc<dyn CredentialStore> = Arc::new(InMemoryCredentialStore::new());
+    let root = config.workspace_root(&core);
+    tracing::info!(service = SERVICE, workspace_root = %root.display(), allow_local_repositories = config.allow_local_repositories, "setup service started");
+    runtime.spawn_reaction(config.reaction_config(), local_reaction(&config, &root, credentials));
+    shutdown.cancelled().await;
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_bad_settings_are_named() {
+        Config::default().validate().unwrap();
+        let config = Config { clone_timeout: Duration::from_secs(3000), ..Config::default() };
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("setup.reaction.handler_timeout"), "{error}");
+        let mut config = Config::default();
+        config.reaction.max_deliver = 0;
+        assert!(config.validate().unwrap_err().to_string().contains("setup.reaction.max_deliver"));
+        let mut config = Config::default();
+        config.reaction.retry_delays = vec![Duration::from_secs(3600)];
+        assert!(config.validate().unwrap_err().to_string().contains("retry_delays"));
+    }
+
+    #[test]
+    fn settings_load_from_toml_and_workspaces_default_to_the_data_dir() {
+        let config: Config = toml::from_str(
+            "allow_local_repositories = true\nclone_timeout = \"2m\"\n[reaction]\nretry_delays = [\"100ms\", \"1s\"]\n",
+        )
+        .unwrap();
+        assert!(config.allow_local_repositories);
+        assert_eq!(config.clone_timeout, Duration::from_secs(120));
+        assert_eq!(config.reaction_config().retry_delays, [Duration::from_millis(100), Duration::from_secs(1)]);
+        assert!(toml::from_str::<Config>("allow_local = true").is_err());
+        let core = CoreConfig { data_dir: PathBuf::from("/data"), ..CoreConfig::default() };
+        assert_eq!(Config::default().workspace_root(&core), PathBuf::from("/data"));
+        let relative = Config { workspace_root: PathBuf::from("ws"), ..Config::default() };
+        assert_eq!(relative.workspace_root(&core), PathBuf::from("/data/ws"));
+    }
+}

@@ -1,0 +1,418 @@
+//! Exploration (main spec section 30) with the offline provider: frame the
+//! question as keywords, search, rank files by match density and path
+//! relevance, read the top hits, verify the evidence, and say honestly what
+//! is heuristic and what is unknown. [`gather`] is shared with the issue flow.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::LazyLock;
+
+use regex::Regex;
+use zopu_sandbox::tools::{ListFilesInput, ReadFileInput, SearchInput};
+use zopu_schema::pb::FlowPhase;
+
+use crate::grounding;
+use crate::port::{self, FlowError, Port};
+use crate::results::{EvidenceItem, ExplorationResult, Finding, MapEdge, MapNode, Provenance, SystemMap, clip};
+
+/// Most keywords searched.
+const KEYWORDS_MAX: usize = 6;
+/// Matches asked for per keyword.
+const MATCHES_PER_KEYWORD: usize = 300;
+/// Files read and reported.
+const TOP_FILES: usize = 5;
+/// Lines read around the first match.
+const WINDOW_LINES: u64 = 60;
+
+/// Words that carry no subject in a repository question.
+const GENERIC: &[&str] = &["code", "file", "files", "repo", "repository", "work", "works", "does", "explore", "explain", "find", "where", "how", "what", "why", "issue", "create", "make", "should", "would", "could", "please"];
+
+/// The search terms of a question: identifiers and paths quoted in it
+/// verbatim, then the offline provider's ranked keywords.
+pub fn keywords(question: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for quoted in question.split('`').skip(1).step_by(2) {
+        let quoted = quoted.trim();
+        if (3..=60).contains(&quoted.len()) {
+            out.push(quoted.to_owned());
+        }
+    }
+    for keyword in zopu_llm::offline::keywords(question) {
+        if keyword.chars().count() >= 3 && !GENERIC.contains(&keyword.as_str()) && !out.iter().any(|k| k.eq_ignore_ascii_case(&keyword)) {
+            out.push(keyword);
+        }
+    }
+    if out.is_empty() {
+        out = question
+            .split(|c: char| !c.is_alphanumeric() && c != '_')
+            .filter(|word| word.len() >= 4 && !GENERIC.contains(&word.to_lowercase().as_str()))
+            .map(str::to_lowercase)
+            .collect();
+    }
+    let mut seen = BTreeSet::new();
+    out.retain(|k| seen.insert(k.to_lowercase()));
+    out.truncate(KEYWORDS_MAX);
+    out
+}
+
+/// One file and why it ranked.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankedFile {
+    pub path: String,
+    pub score: f64,
+    /// (line, text, keyword)
+    pub matches: Vec<(u64, String, String)>,
+    pub keywords: BTreeSet<String>,
+    pub path_hits: u32,
+    pub size_bytes: u64,
+}
+
+/// What a search round found.
+#[derive(Debug, Clone, Default)]
+pub struct Gathered {
+    pub keywords: Vec<String>,
+    pub ranked: Vec<RankedFile>,
+    /// Keywords nothing matched.
+    pub unmatched: Vec<String>,
+    /// Keywords whose search hit the match cap.
+    pub capped: Vec<String>,
+    /// The read windows of the top files: path → (first line, content).
+    pub windows: BTreeMap<String, (u64, String)>,
+}
+
+fn weight_of(path: &str) -> f64 {
+    let lower = path.to_lowercase();
+    if lower.ends_with(".lock") || lower.ends_with("-lock.json") || lower.ends_with("lock.yaml") || lower.contains(".min.") {
+        0.2
+    } else if lower.ends_with(".md") || lower.ends_with(".txt") || lower.starts_with("docs/") {
+        0.6
+    } else if lower.split('/').any(|c| matches!(c, "test" | "tests" | "spec" | "__tests__" | "fixtures")) {
+        0.8
+    } else {
+        1.0
+    }
+}
+
+/// Ranks files by keyword coverage, match density and path relevance.
+pub fn rank(keywords: &[String], hits: &[(String, u64, String)], sizes: &BTreeMap<String, u64>, paths: &[String]) -> Vec<RankedFile> {
+    let mut files: BTreeMap<String, RankedFile> = BTreeMap::new();
+    for (keyword, line, text) in hits {
+        // `hits` holds (keyword, line, "path\u{0}text") to keep one tuple type.
+        let Some((path, text)) = text.split_once('\u{0}') else { continue };
+        let file = files.entry(path.to_owned()).or_insert_with(|| RankedFile { path: path.to_owned(), ..Default::default() });
+        file.keywords.insert(keyword.clone());
+        if !file.matches.iter().any(|(l, _, _)| l == line) {
+            file.matches.push((*line, text.to_owned(), keyword.clone()));
+        }
+    }
+    for path in paths {
+        let lower = path.to_lowercase();
+        let hits = keywords.iter().filter(|k| lower.contains(&k.to_lowercase())).count() as u32;
+        if hits > 0 {
+            files.entry(path.clone()).or_insert_with(|| RankedFile { path: path.clone(), ..Default::default() }).path_hits = hits;
+        }
+    }
+    let mut ranked: Vec<RankedFile> = files
+        .into_values()
+        .map(|mut file| {
+            file.size_bytes = sizes.get(&file.path).copied().unwrap_or(0);
+            let lines = (file.size_bytes / 40).max(10) as f64;
+            let count = file.matches.len() as f64;
+            let density = (count / lines).min(1.0);
+            let coverage = file.keywords.len() as f64;
+            file.score = (3.0 * coverage + 1.5 * (1.0 + count).ln() + 4.0 * density + 2.0 * f64::from(file.path_hits)) * weight_of(&file.path);
+            file.matches.sort_by_key(|(line, _, _)| *line);
+            file
+        })
+        .collect();
+    ranked.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.path.cmp(&b.path)));
+    ranked
+}
+
+/// Searches `keywords`, ranks the files and reads the top `top` of them.
+pub async fn gather<P: Port>(port: &mut P, step: &str, keywords: &[String], top: usize) -> Result<Gathered, FlowError> {
+    let mut gathered = Gathered { keywords: keywords.to_vec(), ..Default::default() };
+    let mut hits: Vec<(String, u64, String)> = Vec::new();
+    for (index, keyword) in keywords.iter().enumerate() {
+        let input = SearchInput {
+            pattern: keyword.clone(),
+            literal: true,
+            case_insensitive: true,
+            path: String::new(),
+            max_matches: Some(MATCHES_PER_KEYWORD),
+        };
+        let output = match port::search(port, &format!("{step}:search:{index}"), input).await? {
+            Ok(output) => output,
+            Err(_) => {
+                gathered.unmatched.push(keyword.clone());
+                continue;
+            }
+        };
+        if output.truncated {
+            gathered.capped.push(keyword.clone());
+        }
+        let mut matched = false;
+        for found in output.matches {
+            if found.path.split('/').any(|c| matches!(c, "node_modules" | "target" | "dist" | "vendor" | ".zopu")) {
+                continue;
+            }
+            matched = true;
+            hits.push((keyword.clone(), found.line_number, format!("{}\u{0}{}", found.path, found.line)));
+        }
+        if !matched {
+            gathered.unmatched.push(keyword.clone());
+        }
+    }
+    let listing = port::list_files(port, &format!("{step}:list"), ListFilesInput { path: String::new(), max_depth: Some(12), max_entries: Some(5_000) }).await?;
+    let (paths, sizes): (Vec<String>, BTreeMap<String, u64>) = match listing {
+        Ok(listing) => {
+            let files: Vec<_> = listing.entries.into_iter().filter(|e| e.kind == zopu_sandbox::tools::EntryKind::File).collect();
+            (files.iter().map(|e| e.path.clone()).collect(), files.iter().map(|e| (e.path.clone(), e.size_bytes)).collect())
+        }
+        Err(_) => (Vec::new(), BTreeMap::new()),
+    };
+    let paths: Vec<String> = paths.into_iter().filter(|p| !p.split('/').any(|c| matches!(c, "node_modules" | "target" | "dist" | "vendor"))).collect();
+    gathered.ranked = rank(keywords, &hits, &sizes, &paths);
+    gathered.unmatched.retain(|k| !gathered.ranked.iter().any(|f| f.path.to_lowercase().contains(&k.to_lowercase())));
+    for (index, file) in gathered.ranked.iter().take(top).enumerate() {
+        let first = file.matches.first().map_or(1, |(line, _, _)| *line);
+        let start = first.saturating_sub(5).max(1);
+        let input = ReadFileInput { path: file.path.clone(), start_line: Some(start), end_line: Some(start + WINDOW_LINES), ..Default::default() };
+        if let Ok(read) = port::read_file(port, &format!("{step}:read:{index}"), input).await?
+            && !read.binary
+        {
+            gathered.windows.insert(file.path.clone(), (read.start_line, read.content));
+        }
+    }
+    Ok(gathered)
+}
+
+static DEFINITION: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"\b(fn|def|class|struct|func|function|interface|type|enum|trait|const|let|var|async function)\s+([A-Za-z_][A-Za-z0-9_]*)").ok()
+});
+
+/// Definitions in a window whose names contain a keyword: (line, name, line text).
+pub fn definitions(window: &(u64, String), keywords: &[String]) -> Vec<(u64, String, String)> {
+    let Some(re) = DEFINITION.as_ref() else { return Vec::new() };
+    let (first, content) = window;
+    let mut out = Vec::new();
+    for (offset, line) in content.lines().enumerate() {
+        for captures in re.captures_iter(line) {
+            let name = captures[2].to_owned();
+            let lower = name.to_lowercase();
+            if keywords.iter().any(|k| lower.contains(&k.to_lowercase())) {
+                out.push((first + offset as u64, name, clip(line.trim(), 200)));
+            }
+        }
+    }
+    out.truncate(4);
+    out
+}
+
+/// Findings with evidence for the top files of a search round.
+pub fn findings(gathered: &Gathered, top: usize) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for file in gathered.ranked.iter().take(top) {
+        let keywords: Vec<String> = file.keywords.iter().cloned().collect();
+        let defs = gathered.windows.get(&file.path).map(|w| definitions(w, &gathered.keywords)).unwrap_or_default();
+        let mut evidence: Vec<EvidenceItem> = defs
+            .iter()
+            .map(|(line, name, text)| EvidenceItem {
+                path: file.path.clone(),
+                start_line: *line as u32,
+                end_line: *line as u32,
+                snippet: text.clone(),
+                note: format!("defines `{name}`"),
+                verified: false,
+            })
+            .collect();
+        for (line, text, keyword) in &file.matches {
+            if evidence.len() >= 3 {
+                break;
+            }
+            if evidence.iter().any(|e| u64::from(e.start_line) == *line) {
+                continue;
+            }
+            evidence.push(EvidenceItem {
+                path: file.path.clone(),
+                start_line: *line as u32,
+                end_line: *line as u32,
+                snippet: clip(text.trim(), 200),
+                note: format!("mentions `{keyword}`"),
+                verified: false,
+            });
+        }
+        let subject = if keywords.is_empty() { "the question's terms (in its path)".to_owned() } else { keywords.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ") };
+        let claim = if defs.is_empty() {
+            format!("`{}` refers to {subject} on {} line(s)", file.path, file.matches.len())
+        } else {
+            let names: Vec<String> = defs.iter().map(|(_, name, _)| format!("`{name}`")).collect();
+            format!("`{}` defines {} related to {subject}", file.path, names.join(", "))
+        };
+        let detail = format!(
+            "Ranked by keyword search (score {:.1}: {} keyword(s), {} matching line(s){}).",
+            file.score,
+            file.keywords.len(),
+            file.matches.len(),
+            if file.path_hits > 0 { ", path matches the question" } else { "" }
+        );
+        out.push(Finding { claim, detail, evidence, assumption: false });
+    }
+    out
+}
+
+fn stem_of(path: &str) -> Option<String> {
+    let name = path.rsplit('/').next()?;
+    let stem = name.split('.').next()?.to_lowercase();
+    (stem.len() >= 3 && !matches!(stem.as_str(), "index" | "main" | "mod" | "lib" | "__init__" | "init" | "app" | "utils")).then_some(stem)
+}
+
+/// A small map: the question, the top files, and which file names another.
+pub fn system_map(question: &str, gathered: &Gathered, top: usize) -> SystemMap {
+    let mut map = SystemMap::default();
+    map.nodes.push(MapNode { id: "question".into(), label: clip(question, 100), detail: "the question explored".into() });
+    let files: Vec<&RankedFile> = gathered.ranked.iter().take(top).collect();
+    for (index, file) in files.iter().enumerate() {
+        map.nodes.push(MapNode { id: format!("f{index}"), label: clip(&file.path, 110), detail: format!("{} matching line(s)", file.matches.len()) });
+    }
+    for (a, from) in files.iter().enumerate() {
+        let Some((_, content)) = gathered.windows.get(&from.path) else { continue };
+        let content = content.to_lowercase();
+        for (b, to) in files.iter().enumerate() {
+            if a != b
+                && let Some(stem) = stem_of(&to.path)
+                && content.contains(&stem)
+            {
+                map.edges.push(MapEdge { from: format!("f{a}"), to: format!("f{b}"), label: "names".into() });
+            }
+        }
+    }
+    for (index, file) in files.iter().enumerate() {
+        let label = file.keywords.iter().next().map_or_else(|| "path".to_owned(), |k| format!("matches {k}"));
+        map.edges.push(MapEdge { from: "question".into(), to: format!("f{index}"), label: clip(&label, 100) });
+    }
+    map
+}
+
+/// What exploration starts from.
+#[derive(Debug, Clone, Default)]
+pub struct ExploreInput {
+    pub question: String,
+    pub provider: String,
+    pub repository_commit: String,
+}
+
+/// Offline exploration through `port`.
+pub async fn explore<P: Port>(port: &mut P, input: &ExploreInput) -> Result<ExplorationResult, FlowError> {
+    port.phase(FlowPhase::Plan, 1, "Framing the question").await?;
+    let mut terms = keywords(&input.question);
+    let mut iteration = 1;
+    let mut gathered;
+    loop {
+        port.phase(FlowPhase::Act, iteration, "Searching the repository").await?;
+        gathered = gather(port, &format!("explore:{iteration}"), &terms, TOP_FILES).await?;
+        port.phase(FlowPhase::Reflect, iteration, "Checking the matches").await?;
+        if !gathered.ranked.is_empty() || iteration >= 2 {
+            break;
+        }
+        // Nothing matched: one broader round with shorter stems.
+        let broader: Vec<String> = terms
+            .iter()
+            .flat_map(|t| t.split(|c: char| c == '_' || c == '-' || c == '.' || c == '/').map(str::to_owned).collect::<Vec<_>>())
+            .filter(|t| t.len() >= 4)
+            .map(|t| t.chars().take(5).collect::<String>())
+            .collect();
+        if broader.is_empty() || broader == terms {
+            break;
+        }
+        terms = broader;
+        iteration += 1;
+    }
+    let mut found = findings(&gathered, TOP_FILES);
+    // Verify every evidence item against the workspace.
+    let mut all = Vec::new();
+    for (index, finding) in found.iter_mut().enumerate() {
+        for mut item in std::mem::take(&mut finding.evidence) {
+            item.note = format!("{index}\u{0}{}", item.note);
+            all.push(item);
+        }
+    }
+    let grounded = grounding::verify(port, "verify", all).await?;
+    for mut item in grounded.kept {
+        let (index, note) = item.note.split_once('\u{0}').map(|(i, n)| (i.parse::<usize>().unwrap_or(0), n.to_owned())).unwrap_or((0, item.note.clone()));
+        item.note = note;
+        if let Some(finding) = found.get_mut(index) {
+            finding.evidence.push(item);
+        }
+    }
+    for finding in &mut found {
+        finding.assumption = !finding.evidence.iter().any(|e| e.verified);
+    }
+    let mut risks = vec!["Heuristic result: files were located by keyword search and ranking, not by running or fully reading the code; confirm before acting on it.".to_owned()];
+    for keyword in &gathered.capped {
+        risks.push(format!("The search for `{keyword}` hit its match cap; less obvious places may be missing."));
+    }
+    for (path, (first, content)) in &gathered.windows {
+        for (offset, line) in content.lines().enumerate() {
+            if (line.contains("TODO") || line.contains("FIXME") || line.contains("HACK")) && risks.len() < 6 {
+                risks.push(format!("`{path}` line {} has an open note near the matches: {}", first + offset as u64, clip(line.trim(), 160)));
+            }
+        }
+    }
+    let mut unknowns: Vec<String> = gathered.unmatched.iter().map(|k| format!("Nothing in the repository mentions `{k}`.")).collect();
+    unknowns.push("Runtime behaviour was not observed: no code was run.".to_owned());
+    let mut next_actions: Vec<String> = found
+        .iter()
+        .filter_map(|f| f.evidence.iter().find(|e| e.verified))
+        .take(3)
+        .map(|e| format!("Read `{}` around line {}.", e.path, e.start_line))
+        .collect();
+    next_actions.push("Ask for an issue to turn a finding into a scoped change.".to_owned());
+    let strongest: Vec<String> = gathered.ranked.iter().take(3).map(|f| format!("`{}`", f.path)).collect();
+    let summary = if gathered.ranked.is_empty() {
+        format!("No file in the repository matches {}; the question may use different words than the code.", terms.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "))
+    } else {
+        format!(
+            "Searched for {}: {} file(s) match; the strongest are {}. {}",
+            terms.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "),
+            gathered.ranked.len(),
+            strongest.join(", "),
+            found.first().map(|f| f.claim.clone()).unwrap_or_default()
+        )
+    };
+    Ok(ExplorationResult {
+        question: input.question.clone(),
+        summary,
+        system_map: system_map(&input.question, &gathered, TOP_FILES),
+        findings: found,
+        risks,
+        unknowns,
+        next_actions,
+        keywords: terms,
+        provenance: Provenance { provider: input.provider.clone(), heuristic: true, repository_commit: input.repository_commit.clone(), ..Default::default() },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keywords_keep_quoted_identifiers_and_drop_generic_words() {
+        let words = keywords("Explore how `parse_config` handles the auth session tokens");
+        assert_eq!(words[0], "parse_config");
+        assert!(!words.iter().any(|w| w == "explore" || w == "how"), "{words:?}");
+        assert!(words.len() >= 3, "{words:?}");
+    }
+
+    #[test]
+    fn ranking_prefers_coverage_density_and_paths() {
+        let keywords = vec!["auth".to_owned(), "session".to_owned()];
+        let hit = |k: &str, path: &str, line: u64| (k.to_owned(), line, format!("{path}\u{0}text"));
+        let hits = vec![hit("auth", "src/auth.rs", 1), hit("session", "src/auth.rs", 2), hit("auth", "README.md", 1), hit("auth", "Cargo.lock", 3)];
+        let sizes = BTreeMap::from([("src/auth.rs".to_owned(), 400), ("README.md".to_owned(), 400), ("Cargo.lock".to_owned(), 40_000)]);
+        let ranked = rank(&keywords, &hits, &sizes, &["src/session/store.rs".to_owned()]);
+        assert_eq!(ranked[0].path, "src/auth.rs");
+        assert_eq!(ranked.last().map(|f| f.path.as_str()), Some("Cargo.lock"));
+        assert!(ranked.iter().any(|f| f.path == "src/session/store.rs" && f.path_hits == 1));
+    }
+}

@@ -1,0 +1,100 @@
+//! The specialists service: the flows a project agent hands work to —
+//! onboarding exploration (after `project.ready`), repository exploration and
+//! issue definition (main spec Part VIII, sections 29–31).
+//!
+//! It consumes `flow.requested` and emits `flow.started`, `flow.progress`
+//! (phases, tool calls, heartbeats, halts), `flow.completed` / `flow.failed`
+//! / `flow.cancelled`, `context.published` (summary.md) and
+//! `artifact.build.requested` (a manifest for the artifact pipeline).
+//!
+//! Invariants:
+//! - One source event starts at most one run per flow type and handler
+//!   version; every event of a run has a deterministic key
+//!   (`flow:<flowRunId>:step:<step>`), so a run interrupted by a restart
+//!   resumes from its record and never repeats a completed tool or model call.
+//! - Every run goes through init → plan → act → reflect → terminate within
+//!   per-phase timeouts, an iteration bound and a total timeout; the kill
+//!   switch (`agent.disabled`) is checked before every step.
+//! - Repository content is untrusted data: tools are read-only and
+//!   allowlisted, paths stay inside the workspace, refused attempts are
+//!   recorded as `agent.guardrail.triggered`, and everything emitted is
+//!   passed through secret redaction.
+//! - Evidence is checked against the workspace before it is presented as
+//!   fact; results say which provider produced them.
+
+pub mod config;
+pub mod explore;
+pub mod grounding;
+pub mod guard;
+pub mod issue;
+pub mod manifest;
+pub mod model;
+pub mod onboarding;
+pub mod port;
+pub mod results;
+pub mod runner;
+pub mod stack;
+pub mod state;
+
+use std::sync::Arc;
+
+pub use config::Config;
+use zopu_core::config::{ConfigError, CoreConfig};
+use zopu_core::{ReactionConfig, Runtime, Shutdown};
+use zopu_schema::{Event, pb, subjects};
+
+/// Why the service could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("model provider: {0}")]
+    Provider(#[from] zopu_llm::Error),
+    #[error(transparent)]
+    Runtime(#[from] zopu_core::Error),
+}
+
+/// The service's name (store file, durable consumer, event source).
+pub const SERVICE: &str = "specialists";
+
+/// Builds the configured model provider (`None` for offline).
+pub fn provider(config: &Config) -> Result<Option<Arc<dyn zopu_llm::Provider>>, Error> {
+    match config.provider.kind {
+        config::ProviderKind::Offline => Ok(None),
+        config::ProviderKind::Openai => {
+            let settings = &config.provider;
+            let key_source = if settings.api_key_env.is_empty() {
+                zopu_llm::KeySource::Unauthenticated
+            } else {
+                zopu_llm::KeySource::Env(settings.api_key_env.clone())
+            };
+            let openai = zopu_llm::OpenAiProvider::new(zopu_llm::OpenAiConfig {
+                base_url: settings.base_url.clone(),
+                model: settings.model.clone(),
+                key_source,
+                label: "openai".to_owned(),
+                request_timeout: settings.request_timeout,
+                max_retries: settings.max_retries,
+                ..Default::default()
+            })?;
+            Ok(Some(Arc::new(openai)))
+        }
+    }
+}
+
+/// Runs the service until `shutdown`.
+pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
+    config.validate()?;
+    let provider = provider(&config)?;
+    let runtime = Runtime::start(SERVICE, &core, shutdown.clone()).await?;
+    runtime.spawn_projection(state::State);
+    let mut reaction = ReactionConfig::new(subjects::durable(SERVICE, "flows"), vec![subjects::events_of_type(pb::FlowRequested::TYPE)]);
+    reaction.max_deliver = config.max_deliver;
+    // The flow enforces its own total timeout; the runner's is a backstop.
+    reaction.handler_timeout = config.flow.total_timeout + std::time::Duration::from_secs(60);
+    reaction.max_ack_pending = 64;
+    tracing::info!(provider = %config.provider_label(), "specialists starting");
+    runtime.spawn_reaction(reaction, runner::FlowRunner::new(config, core.data_dir.clone(), provider));
+    shutdown.cancelled().await;
+    Ok(())
+}

@@ -1,0 +1,353 @@
+//! The typed results of the three flows (main spec sections 29–31), as they
+//! travel in `flow.completed.result_json`, and their validation.
+//!
+//! Evidence is only ever `verified: true` after [`crate::grounding`] checked
+//! it against the workspace; everything a flow emits passes through
+//! [`redact_value`] first.
+
+use serde::{Deserialize, Serialize};
+
+/// Most findings kept in one result.
+pub const FINDINGS_MAX: usize = 12;
+/// Most evidence items per finding (and in an issue).
+pub const EVIDENCE_PER_FINDING_MAX: usize = 6;
+/// Most entries in a list field (risks, unknowns, scope...).
+pub const LIST_MAX: usize = 20;
+/// Characters kept in one text field.
+pub const TEXT_CHARS_MAX: usize = 1_500;
+/// Characters kept in one snippet.
+pub const SNIPPET_CHARS_MAX: usize = 300;
+
+/// A repository location cited for a claim.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EvidenceItem {
+    pub path: String,
+    pub start_line: u32,
+    pub end_line: u32,
+    /// Text quoted from the file (verified to be there when `verified`).
+    pub snippet: String,
+    pub note: String,
+    /// Checked against the workspace at the inspected commit.
+    pub verified: bool,
+}
+
+/// One claim with its evidence.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Finding {
+    pub claim: String,
+    pub detail: String,
+    pub evidence: Vec<EvidenceItem>,
+    /// No evidence could be verified: an assumption, not a fact.
+    pub assumption: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MapNode {
+    pub id: String,
+    pub label: String,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MapEdge {
+    pub from: String,
+    pub to: String,
+    pub label: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SystemMap {
+    pub nodes: Vec<MapNode>,
+    pub edges: Vec<MapEdge>,
+}
+
+/// What produced a result and from which state of the repository.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Provenance {
+    /// `offline` or `openai:<model>`.
+    pub provider: String,
+    /// True for the offline provider's keyword/manifest heuristics.
+    pub heuristic: bool,
+    pub repository_commit: String,
+    /// Guardrails triggered during the run.
+    pub guardrails_triggered: u32,
+    pub generated_files: Vec<String>,
+}
+
+/// Section 30.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ExplorationResult {
+    pub question: String,
+    pub summary: String,
+    pub findings: Vec<Finding>,
+    pub system_map: SystemMap,
+    pub risks: Vec<String>,
+    pub unknowns: Vec<String>,
+    pub next_actions: Vec<String>,
+    /// Search terms used (offline) or named by the model.
+    pub keywords: Vec<String>,
+    pub provenance: Provenance,
+}
+
+/// Section 31.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IssueResult {
+    pub title: String,
+    pub summary: String,
+    pub current_world: String,
+    pub desired_world: String,
+    pub scope: Vec<String>,
+    pub non_goals: Vec<String>,
+    pub acceptance_criteria: Vec<String>,
+    pub evidence: Vec<EvidenceItem>,
+    pub risks: Vec<String>,
+    pub open_questions: Vec<String>,
+    pub suggested_implementation_shape: Vec<String>,
+    /// The exploration run whose result was reused, if any.
+    pub based_on_flow_run: String,
+    pub provenance: Provenance,
+}
+
+/// How sure a command is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommandStatus {
+    /// Declared in a repository file (script, make target, console script) that was read.
+    Verified,
+    /// Derived from an ecosystem convention; not declared and not run.
+    Inferred,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandHint {
+    /// `install`, `build`, `test`, `run`, `lint`, `other`.
+    pub purpose: String,
+    pub command: String,
+    pub status: CommandStatus,
+    /// Where it was declared, or the convention it was inferred from.
+    pub source: String,
+}
+
+/// A detected ecosystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StackItem {
+    /// e.g. `Rust`, `JavaScript/TypeScript`, `Python`.
+    pub language: String,
+    /// e.g. `Cargo`, `npm`, `pnpm`, `Poetry`.
+    pub tool: String,
+    /// The manifest it was detected from.
+    pub manifest: String,
+    /// Frameworks and notable libraries named in the manifest.
+    pub frameworks: Vec<String>,
+}
+
+/// Section 29: what onboarding learned, from which `summary.md` is written.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OnboardingResult {
+    pub name: String,
+    /// From the README or a manifest description; `None` when nothing says.
+    pub purpose: Option<String>,
+    pub purpose_source: String,
+    pub stack: Vec<StackItem>,
+    pub files: u64,
+    pub directories: u64,
+    pub languages: Vec<(String, u64)>,
+    pub top_level: Vec<String>,
+    /// Entry points found in the tree, with the line that makes them one.
+    pub entry_points: Vec<EvidenceItem>,
+    pub important_directories: Vec<(String, String)>,
+    pub commands: Vec<CommandHint>,
+    pub environment_variables: Vec<String>,
+    pub constraints: Vec<String>,
+    pub starting_areas: Vec<String>,
+    /// Manifests and docs read.
+    pub evidence: Vec<EvidenceItem>,
+    pub summary_markdown: String,
+    pub provenance: Provenance,
+}
+
+/// Keeps at most `max` characters (on a char boundary), marking the cut.
+pub fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut out: String = text.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// Redacts secrets in every string of a JSON value.
+pub fn redact_value(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::String(text) => {
+            let redacted = zopu_secrets::redact(text);
+            if redacted != *text {
+                *text = redacted;
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(redact_value),
+        serde_json::Value::Object(map) => map.values_mut().for_each(redact_value),
+        _ => {}
+    }
+}
+
+/// Serializes a result with every string redacted.
+pub fn to_redacted_json<T: Serialize>(result: &T) -> String {
+    let mut value = serde_json::to_value(result).unwrap_or(serde_json::Value::Null);
+    redact_value(&mut value);
+    value.to_string()
+}
+
+fn clip_list(list: &mut Vec<String>) {
+    list.retain(|item| !item.trim().is_empty());
+    list.truncate(LIST_MAX);
+    for item in list.iter_mut() {
+        *item = clip(item.trim(), TEXT_CHARS_MAX);
+    }
+}
+
+fn clip_evidence(evidence: &mut Vec<EvidenceItem>) {
+    evidence.truncate(EVIDENCE_PER_FINDING_MAX);
+    for item in evidence.iter_mut() {
+        item.snippet = clip(&item.snippet, SNIPPET_CHARS_MAX);
+        item.note = clip(&item.note, TEXT_CHARS_MAX);
+        if item.end_line < item.start_line {
+            item.end_line = item.start_line;
+        }
+    }
+}
+
+/// Checks a model's exploration answer against the schema; returns every
+/// problem. Over-long fields are clipped, not rejected.
+pub fn validate_exploration(result: &mut ExplorationResult) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    if result.summary.trim().is_empty() {
+        problems.push("summary: required".to_owned());
+    }
+    if result.findings.len() > FINDINGS_MAX {
+        result.findings.truncate(FINDINGS_MAX);
+    }
+    for (index, finding) in result.findings.iter_mut().enumerate() {
+        if finding.claim.trim().is_empty() {
+            problems.push(format!("findings[{index}].claim: required"));
+        }
+        finding.claim = clip(finding.claim.trim(), TEXT_CHARS_MAX);
+        finding.detail = clip(finding.detail.trim(), TEXT_CHARS_MAX);
+        clip_evidence(&mut finding.evidence);
+        for (e, item) in finding.evidence.iter().enumerate() {
+            if item.path.trim().is_empty() {
+                problems.push(format!("findings[{index}].evidence[{e}].path: required"));
+            }
+        }
+    }
+    result.summary = clip(result.summary.trim(), TEXT_CHARS_MAX);
+    result.question = clip(result.question.trim(), TEXT_CHARS_MAX);
+    result.system_map.nodes.truncate(40);
+    result.system_map.edges.truncate(80);
+    let ids: std::collections::HashSet<String> = result.system_map.nodes.iter().map(|n| n.id.clone()).collect();
+    result.system_map.edges.retain(|edge| ids.contains(&edge.from) && ids.contains(&edge.to));
+    clip_list(&mut result.risks);
+    clip_list(&mut result.unknowns);
+    clip_list(&mut result.next_actions);
+    if problems.is_empty() { Ok(()) } else { Err(problems) }
+}
+
+/// Checks a model's issue answer against the schema.
+pub fn validate_issue(result: &mut IssueResult) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    for (name, value) in [
+        ("title", &result.title),
+        ("summary", &result.summary),
+        ("current_world", &result.current_world),
+        ("desired_world", &result.desired_world),
+    ] {
+        if value.trim().is_empty() {
+            problems.push(format!("{name}: required"));
+        }
+    }
+    if result.acceptance_criteria.iter().all(|item| item.trim().is_empty()) {
+        problems.push("acceptance_criteria: at least one required".to_owned());
+    }
+    result.title = clip(result.title.trim(), 150);
+    result.summary = clip(result.summary.trim(), TEXT_CHARS_MAX);
+    result.current_world = clip(result.current_world.trim(), TEXT_CHARS_MAX);
+    result.desired_world = clip(result.desired_world.trim(), TEXT_CHARS_MAX);
+    for list in [
+        &mut result.scope,
+        &mut result.non_goals,
+        &mut result.acceptance_criteria,
+        &mut result.risks,
+        &mut result.open_questions,
+        &mut result.suggested_implementation_shape,
+    ] {
+        clip_list(list);
+    }
+    result.evidence.truncate(EVIDENCE_PER_FINDING_MAX * 3);
+    for (e, item) in result.evidence.iter_mut().enumerate() {
+        item.snippet = clip(&item.snippet, SNIPPET_CHARS_MAX);
+        item.note = clip(&item.note, TEXT_CHARS_MAX);
+        if item.path.trim().is_empty() && item.note.trim().is_empty() {
+            problems.push(format!("evidence[{e}]: needs a path or a note"));
+        }
+    }
+    if problems.is_empty() { Ok(()) } else { Err(problems) }
+}
+
+/// Extracts the JSON object from a model's content (tolerating a code fence).
+pub fn json_object(content: &str) -> Option<&str> {
+    let start = content.find('{')?;
+    let end = content.rfind('}')?;
+    (end > start).then(|| &content[start..=end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exploration_validation_names_missing_fields_and_clips() {
+        let mut result = ExplorationResult {
+            summary: String::new(),
+            findings: vec![Finding { claim: " ".into(), evidence: vec![EvidenceItem::default()], ..Default::default() }],
+            risks: vec!["x".repeat(5000), String::new()],
+            ..Default::default()
+        };
+        let problems = validate_exploration(&mut result).unwrap_err();
+        assert!(problems.iter().any(|p| p.starts_with("summary")));
+        assert!(problems.iter().any(|p| p.starts_with("findings[0].claim")));
+        assert!(problems.iter().any(|p| p.starts_with("findings[0].evidence[0].path")));
+        assert_eq!(result.risks.len(), 1);
+        assert!(result.risks[0].chars().count() <= TEXT_CHARS_MAX);
+    }
+
+    #[test]
+    fn issue_validation_requires_the_worlds_and_criteria() {
+        let mut result = IssueResult { title: "t".into(), summary: "s".into(), ..Default::default() };
+        let problems = validate_issue(&mut result).unwrap_err();
+        assert!(problems.iter().any(|p| p.starts_with("current_world")));
+        assert!(problems.iter().any(|p| p.starts_with("acceptance_criteria")));
+    }
+
+    #[test]
+    fn redaction_reaches_nested_strings() {
+        let secret = "AKIAIOSFODNN7EXAMPLE";
+        let mut value = serde_json::json!({"a": [format!("key {secret}")], "b": {"c": secret}});
+        redact_value(&mut value);
+        assert!(!value.to_string().contains(secret), "{value}");
+    }
+
+    #[test]
+    fn json_object_tolerates_fences() {
+        assert_eq!(json_object("```json\n{\"a\":1}\n```"), Some("{\"a\":1}"));
+        assert_eq!(json_object("no json"), None);
+    }
+}

@@ -1,0 +1,173 @@
+//! The service's projection: what flows need to know about the rest of the
+//! project. Agents' kill-switch state, the environment names from setup, the
+//! current context document per project and kind, the latest exploration
+//! result per project and artifact revisions. Deterministic; deleting the
+//! file rebuilds it from the stream.
+
+use rusqlite::{OptionalExtension, Transaction, params};
+use zopu_core::{Projection, Store};
+use zopu_schema::{Envelope, Event, pb, subjects};
+
+/// The projection.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct State;
+
+const TABLES: &[&str] = &["specialist_agents", "specialist_env", "specialist_context", "specialist_results", "specialist_artifacts"];
+
+impl Projection for State {
+    fn name(&self) -> &'static str {
+        "specialists"
+    }
+
+    fn schema_version(&self) -> u32 {
+        1
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        TABLES
+    }
+
+    fn migrate(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
+        tx.execute_batch(
+            "CREATE TABLE specialist_agents (agent_id TEXT PRIMARY KEY, disabled INTEGER NOT NULL, reason TEXT NOT NULL, sequence INTEGER NOT NULL);
+             CREATE TABLE specialist_env (project_id TEXT PRIMARY KEY, names_json TEXT NOT NULL, sequence INTEGER NOT NULL);
+             CREATE TABLE specialist_context (project_id TEXT NOT NULL, kind TEXT NOT NULL, document_id TEXT NOT NULL, revision INTEGER NOT NULL,
+                 body TEXT NOT NULL, sequence INTEGER NOT NULL, PRIMARY KEY (project_id, kind));
+             CREATE TABLE specialist_results (flow_run_id TEXT PRIMARY KEY, project_id TEXT NOT NULL, flow_type INTEGER NOT NULL,
+                 result_json TEXT NOT NULL, sequence INTEGER NOT NULL);
+             CREATE INDEX specialist_results_project ON specialist_results (project_id, flow_type, sequence);
+             CREATE TABLE specialist_artifacts (artifact_id TEXT PRIMARY KEY, revision INTEGER NOT NULL, flow_run_id TEXT NOT NULL, sequence INTEGER NOT NULL);",
+        )
+    }
+
+    fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Result<()> {
+        let sequence = sequence as i64;
+        let project = event.project_id.to_string();
+        let decode_error = |e: zopu_schema::envelope::PayloadError| rusqlite::Error::ToSqlConversionFailure(Box::new(e));
+        match event.event_type.as_str() {
+            t if t == pb::AgentDisabled::TYPE => {
+                let payload: pb::AgentDisabled = event.decode().map_err(decode_error)?;
+                tx.execute(
+                    "INSERT INTO specialist_agents (agent_id, disabled, reason, sequence) VALUES (?1, 1, ?2, ?3)
+                     ON CONFLICT (agent_id) DO UPDATE SET disabled = 1, reason = ?2, sequence = ?3",
+                    params![payload.agent_id, payload.reason, sequence],
+                )?;
+            }
+            t if t == pb::AgentEnabled::TYPE => {
+                let payload: pb::AgentEnabled = event.decode().map_err(decode_error)?;
+                tx.execute(
+                    "INSERT INTO specialist_agents (agent_id, disabled, reason, sequence) VALUES (?1, 0, '', ?2)
+                     ON CONFLICT (agent_id) DO UPDATE SET disabled = 0, reason = '', sequence = ?2",
+                    params![payload.agent_id, sequence],
+                )?;
+            }
+            t if t == pb::ProjectReady::TYPE => {
+                let payload: pb::ProjectReady = event.decode().map_err(decode_error)?;
+                let names = serde_json::to_string(&payload.environment_variable_names).unwrap_or_else(|_| "[]".into());
+                tx.execute(
+                    "INSERT INTO specialist_env (project_id, names_json, sequence) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (project_id) DO UPDATE SET names_json = ?2, sequence = ?3",
+                    params![project, names, sequence],
+                )?;
+            }
+            t if t == pb::ContextPublished::TYPE => {
+                let payload: pb::ContextPublished = event.decode().map_err(decode_error)?;
+                tx.execute(
+                    "INSERT INTO specialist_context (project_id, kind, document_id, revision, body, sequence) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                     ON CONFLICT (project_id, kind) DO UPDATE SET document_id = ?3, revision = ?4, body = ?5, sequence = ?6
+                     WHERE excluded.revision >= specialist_context.revision",
+                    params![project, payload.kind, payload.document_id, payload.revision, payload.body, sequence],
+                )?;
+            }
+            t if t == pb::FlowCompleted::TYPE => {
+                let payload: pb::FlowCompleted = event.decode().map_err(decode_error)?;
+                if let Some(run) = event.flow_run_id {
+                    tx.execute(
+                        "INSERT OR IGNORE INTO specialist_results (flow_run_id, project_id, flow_type, result_json, sequence) VALUES (?1, ?2, ?3, ?4, ?5)",
+                        params![run.to_string(), project, payload.flow_type, payload.result_json, sequence],
+                    )?;
+                }
+            }
+            t if t == pb::ArtifactBuildRequested::TYPE => {
+                let payload: pb::ArtifactBuildRequested = event.decode().map_err(decode_error)?;
+                let run = event.flow_run_id.map(|id| id.to_string()).unwrap_or_default();
+                tx.execute(
+                    "INSERT INTO specialist_artifacts (artifact_id, revision, flow_run_id, sequence) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (artifact_id) DO UPDATE SET revision = ?2, flow_run_id = ?3, sequence = ?4
+                     WHERE excluded.revision > specialist_artifacts.revision",
+                    params![payload.artifact_id, payload.revision, run, sequence],
+                )?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn filter_subjects(&self) -> Vec<String> {
+        [
+            pb::AgentDisabled::TYPE,
+            pb::AgentEnabled::TYPE,
+            pb::ProjectReady::TYPE,
+            pb::ContextPublished::TYPE,
+            pb::FlowCompleted::TYPE,
+            pb::ArtifactBuildRequested::TYPE,
+        ]
+        .into_iter()
+        .map(subjects::events_of_type)
+        .collect()
+    }
+}
+
+/// The current context document of a project and kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CurrentDocument {
+    pub document_id: String,
+    pub revision: u32,
+    pub body: String,
+}
+
+/// Why the agent is disabled, when it is.
+pub fn disabled(store: &Store, agent_id: &str) -> Result<Option<String>, zopu_core::Error> {
+    store.read(|conn| {
+        conn.query_row("SELECT reason FROM specialist_agents WHERE agent_id = ?1 AND disabled = 1", [agent_id], |row| row.get::<_, String>(0))
+            .optional()
+    })
+}
+
+pub fn environment_names(store: &Store, project_id: &str) -> Result<Vec<String>, zopu_core::Error> {
+    let json = store.read(|conn| {
+        conn.query_row("SELECT names_json FROM specialist_env WHERE project_id = ?1", [project_id], |row| row.get::<_, String>(0)).optional()
+    })?;
+    Ok(json.and_then(|json| serde_json::from_str(&json).ok()).unwrap_or_default())
+}
+
+pub fn current_document(store: &Store, project_id: &str, kind: &str) -> Result<Option<CurrentDocument>, zopu_core::Error> {
+    store.read(|conn| {
+        conn.query_row(
+            "SELECT document_id, revision, body FROM specialist_context WHERE project_id = ?1 AND kind = ?2",
+            params![project_id, kind],
+            |row| Ok(CurrentDocument { document_id: row.get(0)?, revision: row.get(1)?, body: row.get(2)? }),
+        )
+        .optional()
+    })
+}
+
+/// The latest completed result of a flow type in a project: (flow run id, JSON).
+pub fn latest_result(store: &Store, project_id: &str, flow_type: pb::FlowType) -> Result<Option<(String, String)>, zopu_core::Error> {
+    store.read(|conn| {
+        conn.query_row(
+            "SELECT flow_run_id, result_json FROM specialist_results WHERE project_id = ?1 AND flow_type = ?2 ORDER BY sequence DESC LIMIT 1",
+            params![project_id, flow_type as i32],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()
+    })
+}
+
+/// The last requested revision of an artifact and the flow run that requested it.
+pub fn artifact_revision(store: &Store, artifact_id: &str) -> Result<Option<(u32, String)>, zopu_core::Error> {
+    store.read(|conn| {
+        conn.query_row("SELECT revision, flow_run_id FROM specialist_artifacts WHERE artifact_id = ?1", [artifact_id], |row| Ok((row.get(0)?, row.get(1)?)))
+            .optional()
+    })
+}
