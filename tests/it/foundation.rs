@@ -441,6 +441,7 @@ async fn poison_messages_become_dead_letters_and_others_keep_flowing() -> Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_server_loses_no_acknowledged_event() -> Result<()> {
+    zopu_core::telemetry::init(false);
     let mut server = NatsServer::start()?;
     let dir = tempfile::tempdir()?;
     let config = zopu_tests::core_config(&server, dir.path());

@@ -53,15 +53,8 @@ pub async fn catch_up<P: Projection>(bus: &Bus, store: &Store, projection: P) ->
         store.publish_checkpoint()?;
         return Ok(checkpoint);
     }
-    let mut messages = open(bus, &projection, checkpoint).await?;
-    let mut batch = Vec::new();
-    while checkpoint < last {
-        batch.clear();
-        let Some(first) = messages.next().await else { break };
-        batch.push(first.map_err(|e| Error::jetstream("ordered consumer", e))?);
-        drain_ready(&mut messages, &mut batch).await?;
-        checkpoint = apply_batch(store, &mut projection, &mut batch).await?;
-    }
+    let messages = open(bus, &projection, checkpoint).await?;
+    pump(messages, store, &mut projection, &mut checkpoint, Some(last), &Shutdown::new()).await?;
     store.publish_checkpoint()?;
     Ok(checkpoint)
 }
@@ -104,20 +97,77 @@ async fn follow<P: Projection>(
         let name = projection.lock().name();
         advance_to(store, name, *checkpoint)?;
     }
-    let mut messages = open(bus, projection, *checkpoint).await?;
-    let mut batch = Vec::with_capacity(64);
+    let messages = open(bus, projection, *checkpoint).await?;
+    pump(messages, store, projection, checkpoint, None, shutdown).await
+}
+
+type Decoded = Vec<(u64, Result<Envelope, String>)>;
+
+/// Receives and decodes batches while the previous batch is being written:
+/// decoding runs on the async side, SQLite on a blocking thread. Stops at
+/// `stop_at` (when given), on shutdown, or on an error.
+async fn pump<P: Projection>(
+    mut messages: Messages,
+    store: &Store,
+    projection: &mut Shared<P>,
+    checkpoint: &mut u64,
+    stop_at: Option<u64>,
+    shutdown: &Shutdown,
+) -> Result<(), Error> {
+    let (batches, mut received) = tokio::sync::mpsc::channel::<Decoded>(2);
+    let start = *checkpoint;
+    let reader = async move {
+        let mut batch = Vec::with_capacity(256);
+        let mut last_read = start;
+        loop {
+            if stop_at.is_some_and(|stop| last_read >= stop) {
+                return Ok(());
+            }
+            batch.clear();
+            let Some(first) = messages.next().await else {
+                return Err(Error::jetstream("ordered consumer", "message stream ended"));
+            };
+            batch.push(first.map_err(|e| Error::jetstream("ordered consumer", e))?);
+            drain_ready(&mut messages, &mut batch).await?;
+            let nothing_pending = batch.last().and_then(|m| m.info().ok()).is_some_and(|info| info.pending == 0);
+            let decoded: Decoded = batch
+                .drain(..)
+                .map(|message| {
+                    let sequence = message.info().map(|info| info.stream_sequence).unwrap_or(0);
+                    (sequence, publish::decode_message(&message.message).map_err(|error| error.to_string()))
+                })
+                .collect();
+            last_read = decoded.last().map_or(last_read, |(sequence, _)| *sequence);
+            if batches.send(decoded).await.is_err() {
+                return Ok(());
+            }
+            // A filtered catch-up may never see `stop_at` itself.
+            if stop_at.is_some() && nothing_pending {
+                return Ok(());
+            }
+        }
+    };
+    let applier = async {
+        // Ends when the reader is done and every batch it sent is written.
+        while let Some(decoded) = received.recv().await {
+            *checkpoint = apply_batch(store, projection, decoded).await?;
+            if stop_at.is_some_and(|stop| *checkpoint >= stop) {
+                return Ok(());
+            }
+        }
+        Ok(())
+    };
+    tokio::pin!(reader, applier);
+    let mut reader_done = false;
     loop {
-        batch.clear();
-        let first = tokio::select! {
-            next = messages.next() => next,
+        tokio::select! {
+            outcome = &mut reader, if !reader_done => {
+                outcome?;
+                reader_done = true;
+            }
+            outcome = &mut applier => return outcome,
             () = shutdown.cancelled() => return Ok(()),
-        };
-        let Some(first) = first else {
-            return Err(Error::jetstream("ordered consumer", "message stream ended"));
-        };
-        batch.push(first.map_err(|e| Error::jetstream("ordered consumer", e))?);
-        drain_ready(&mut messages, &mut batch).await?;
-        *checkpoint = apply_batch(store, projection, &mut batch).await?;
+        }
     }
 }
 
@@ -139,18 +189,7 @@ fn advance_to(store: &Store, name: &str, sequence: u64) -> Result<(), Error> {
     store.publish_checkpoint()
 }
 
-async fn apply_batch<P: Projection>(
-    store: &Store,
-    projection: &mut Shared<P>,
-    batch: &mut Vec<async_nats::jetstream::Message>,
-) -> Result<u64, Error> {
-    let decoded: Vec<(u64, Result<Envelope, String>)> = batch
-        .drain(..)
-        .map(|message| {
-            let sequence = message.info().map(|info| info.stream_sequence).unwrap_or(0);
-            (sequence, publish::decode_message(&message.message).map_err(|error| error.to_string()))
-        })
-        .collect();
+async fn apply_batch<P: Projection>(store: &Store, projection: &mut Shared<P>, decoded: Decoded) -> Result<u64, Error> {
     let last = decoded.last().map(|(sequence, _)| *sequence).unwrap_or(0);
     let store_for_batch = store.clone();
     let shared = projection.clone();
@@ -162,10 +201,10 @@ async fn apply_batch<P: Projection>(
                 match event {
                     Ok(event) => projection.apply(tx, event, *sequence)?,
                     Err(reason) => {
-                        tx.execute(
+                        tx.prepare_cached(
                             "INSERT OR IGNORE INTO zopu_undecodable (projection, sequence, reason) VALUES (?1, ?2, ?3)",
-                            params![name, *sequence as i64, reason],
-                        )?;
+                        )?
+                        .execute(params![name, *sequence as i64, reason])?;
                     }
                 }
             }

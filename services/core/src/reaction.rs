@@ -334,12 +334,8 @@ impl<R: Reaction> Runner<R> {
                 self.give_up(&message, Some(&envelope), stream_sequence, delivered, "handler", &reason).await;
                 return;
             }
-            if delivered > 1 {
-                // A redelivery: make sure the store has seen what an earlier
-                // attempt may have appended.
-                if let Ok(last) = publish::last_sequence(&self.bus).await {
-                    self.store.wait_for(last).await;
-                }
+            if delivered > 1 && !self.caught_up_for_redelivery(&message).await {
+                return;
             }
             let context = ReactionContext {
                 publisher: self.publisher.clone(),
@@ -381,6 +377,28 @@ impl<R: Reaction> Runner<R> {
         }
         .instrument(span)
         .await;
+    }
+
+    /// A redelivery: make sure the store has seen what an earlier attempt may
+    /// have appended. Returns false (message handed back) on shutdown or if
+    /// the store does not catch up within the handler timeout.
+    async fn caught_up_for_redelivery(&self, message: &async_nats::jetstream::Message) -> bool {
+        let Ok(last) = publish::last_sequence(&self.bus).await else {
+            let _ = message.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+            return false;
+        };
+        tokio::select! {
+            () = self.store.wait_for(last) => true,
+            () = self.shutdown.cancelled() => {
+                let _ = message.ack_with(AckKind::Nak(None)).await;
+                false
+            }
+            () = tokio::time::sleep(self.config.handler_timeout) => {
+                tracing::warn!(last, checkpoint = self.store.checkpoint(), "store did not catch up; handing the message back");
+                let _ = message.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                false
+            }
+        }
     }
 
     /// Runs the handler under its timeout, extending the ack deadline while it works.
