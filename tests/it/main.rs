@@ -3,3 +3,7 @@
 
 mod foundation;
 mod artifacts;
+mod conversation;
+mod setup;
+mod gateway;
+mod specialists;

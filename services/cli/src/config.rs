@@ -17,6 +17,21 @@ pub struct ZopuConfig {
     pub duplicate_window: Duration,
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
+    pub sandbox: SandboxSection,
+    pub setup: zopu_setup::Config,
+    pub dispatch: zopu_dispatch::Config,
+    pub conversation: zopu_conversation::Config,
+    pub specialists: zopu_specialists::Config,
+    pub artifacts: zopu_artifacts::service::Config,
+    pub gateway: zopu_gateway::Config,
+}
+
+/// Settings of the workspace runtime that several services share.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxSection {
+    /// Accept local repository paths (not only https URLs). `zopu dev` turns it on.
+    pub allow_local_repositories: bool,
 }
 
 impl Default for ZopuConfig {
@@ -28,6 +43,13 @@ impl Default for ZopuConfig {
             stream_replicas: core.stream_replicas,
             duplicate_window: core.duplicate_window,
             shutdown_grace: core.shutdown_grace,
+            sandbox: SandboxSection::default(),
+            setup: Default::default(),
+            dispatch: Default::default(),
+            conversation: Default::default(),
+            specialists: Default::default(),
+            artifacts: Default::default(),
+            gateway: Default::default(),
         }
     }
 }
@@ -43,7 +65,27 @@ impl ZopuConfig {
         }
     }
 
+    /// Applies the shared `[sandbox]` settings to the sections that use them.
+    pub fn resolved(mut self) -> Self {
+        // Services hand paths to child processes (git) that run elsewhere.
+        if let Ok(absolute) = std::path::absolute(&self.data_dir) {
+            self.data_dir = absolute;
+        }
+        if self.sandbox.allow_local_repositories {
+            self.setup.allow_local_repositories = true;
+            self.gateway.allow_local_repositories = true;
+        }
+        self
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.core().validate()
+        self.core().validate()?;
+        self.setup.validate()?;
+        self.dispatch.validate()?;
+        self.conversation.validate()?;
+        self.specialists.validate()?;
+        self.artifacts.validate()?;
+        self.gateway.validate()?;
+        Ok(())
     }
 }

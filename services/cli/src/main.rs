@@ -37,6 +37,27 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Everything in one process: a managed nats-server, every service, the web timeline and a demo project
+    Dev(commands::services::DevArgs),
+    /// Run one service against a NATS server (distributed deployments)
+    Run(commands::services::RunArgs),
+    /// Create projects from repositories and follow their setup
+    Project {
+        #[command(subcommand)]
+        command: commands::project::ProjectCommand,
+    },
+    /// Send a message to a project's agent and print its acknowledgement and final answer
+    #[command(after_help = "Example:\n  zopu send 0190... \"How does the event envelope work?\"")]
+    Send(commands::conversation::SendArgs),
+    /// Pause or resume a project's agent (the kill switch)
+    Agent(commands::conversation::AgentArgs),
+    /// Print a project's timeline (optionally following it live)
+    Timeline(commands::conversation::TimelineArgs),
+    /// Read published artifacts (verified against their digest)
+    Artifact {
+        #[command(subcommand)]
+        command: commands::artifact::ArtifactCommand,
+    },
     /// Apply or inspect the JetStream definitions in streams/
     Streams {
         #[command(subcommand)]
@@ -100,11 +121,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &cli.data_dir {
         sources = sources.set("data_dir", format!("{:?}", dir.display().to_string()));
     }
-    let config: ZopuConfig = zopu_core::config::load(&sources)?;
+    let config: ZopuConfig = zopu_core::config::load::<ZopuConfig>(&sources)?.resolved();
     config.validate()?;
     zopu_core::telemetry::init(cli.json);
     let context = Context { config, json: cli.json };
     match cli.command {
+        Command::Dev(args) => commands::services::dev(&context, args).await,
+        Command::Run(args) => commands::services::run(&context, args).await,
+        Command::Project { command } => commands::project::run(&context, command).await,
+        Command::Send(args) => commands::conversation::run_send(&context, args).await,
+        Command::Agent(args) => commands::conversation::run_agent(&context, args).await,
+        Command::Timeline(args) => commands::conversation::run_timeline(&context, args).await,
+        Command::Artifact { command } => commands::artifact::run(&context, command).await,
         Command::Streams { command } => commands::streams::run(&context, command).await,
         Command::Tail(args) => commands::log::run_tail(&context, args).await,
         Command::Replay(args) => commands::log::run_replay(&context, args).await,

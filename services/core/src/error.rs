@@ -33,7 +33,7 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn jetstream(operation: &'static str, reason: impl std::fmt::Display) -> Self {
+    pub fn jetstream(operation: &'static str, reason: impl std::fmt::Display) -> Self {
         Self::JetStream { operation, reason: reason.to_string() }
     }
 }

@@ -355,7 +355,11 @@ impl<R: Reaction> Runner<R> {
                         let delay = self.config.retry_delays[attempt];
                         attempt += 1;
                         tracing::warn!(%reason, attempt, retry_in_ms = delay.as_millis() as u64, "transient failure; retrying");
-                        self.wait_extending(&message, delay).await;
+                        if !self.wait_extending(&message, delay).await {
+                            // Shutting down: hand it back instead of giving up.
+                            let _ = message.ack_with(AckKind::Nak(None)).await;
+                            return;
+                        }
                     }
                     Err(HandlerError::Transient(reason)) => {
                         let reason = format!("gave up after {} attempts: {reason}", attempt + 1);
@@ -425,13 +429,15 @@ impl<R: Reaction> Runner<R> {
         }
     }
 
-    async fn wait_extending(&self, message: &async_nats::jetstream::Message, delay: Duration) {
+    /// Waits `delay` while keeping the message; false if shutdown came first.
+    async fn wait_extending(&self, message: &async_nats::jetstream::Message, delay: Duration) -> bool {
         let sleep = tokio::time::sleep(delay);
         tokio::pin!(sleep);
         let mut heartbeat = tokio::time::interval(self.config.ack_wait / 3);
         loop {
             tokio::select! {
-                () = &mut sleep => return,
+                () = &mut sleep => return true,
+                () = self.shutdown.cancelled() => return false,
                 _ = heartbeat.tick() => { let _ = message.ack_with(AckKind::Progress).await; }
             }
         }

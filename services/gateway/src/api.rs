@@ -710,12 +710,17 @@ pub(crate) async fn read_blob(state: &AppState, bucket: &str, name: &str, sha256
     let bytes = tokio::time::timeout(state.config.request_timeout, fetch)
         .await
         .map_err(|_| ApiError::unavailable("artifact store", "read timed out"))??;
-    let digest = hex::encode(Sha256::digest(&bytes));
+    let digest = sha256_hex(&bytes);
     if bytes.len() as u64 != size || digest != sha256 {
         tracing::error!(bucket, name, expected = sha256, found = %digest, "artifact digest mismatch; refusing to serve it");
         return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "integrity_error", "the stored artifact failed its integrity check"));
     }
     Ok(bytes)
+}
+
+/// Lowercase hex SHA-256, the digest format of `BlobRef.sha256`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -875,6 +880,7 @@ async fn enable_agent(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -153,8 +153,10 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                     ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "missing_field", format!("{} is required", join(&name)))
                         .field(join(&name))
                 } else if let Some(name) = backticked(&message, "unknown field `") {
-                    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_field", format!("{} is not a known field", join(&name)))
-                        .field(join(&name))
+                    // The path already ends at the unknown key.
+                    let field = if parent == name || parent.ends_with(&format!(".{name}")) { parent.clone() } else { join(&name) };
+                    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_field", format!("{field} is not a known field"))
+                        .field(field)
                 } else {
                     let field = if parent.is_empty() { "body".to_owned() } else { parent };
                     ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", format!("{field}: {}", strip_position(&message)))

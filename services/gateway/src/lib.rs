@@ -191,6 +191,7 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

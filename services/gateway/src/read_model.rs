@@ -430,7 +430,7 @@ pub fn artifact_view(published: &pb::ArtifactPublished) -> ArtifactView {
 pub fn timeline_item(event: &Envelope, sequence: u64, work_title: Option<&WorkRef>) -> Option<TimelineItem> {
     use ItemKind as K;
     let item = |kind| TimelineItem::new(kind, event, sequence);
-    let decoded = match event.event_type.as_str() {
+    match event.event_type.as_str() {
         t if t == pb::TimelineMessageSent::TYPE => event.decode::<pb::TimelineMessageSent>().ok().map(|m| TimelineItem {
             text: Some(m.text),
             author: m.author.map(|a| a.id),
@@ -547,8 +547,7 @@ pub fn timeline_item(event: &Envelope, sequence: u64, work_title: Option<&WorkRe
             .ok()
             .map(|m| TimelineItem { artifact: Some(artifact_view(&m)), ..item(K::Artifact) }),
         _ => None,
-    };
-    decoded
+    }
 }
 
 fn flow_item(base: TimelineItem, event: &Envelope, flow_type: String, state: &str, note: Option<String>) -> TimelineItem {
@@ -1125,6 +1124,7 @@ impl ReadPool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use bytes::Bytes;

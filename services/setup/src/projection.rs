@@ -340,3 +340,84 @@ pub fn read_state(store: &zopu_core::Store, org: &OrgId, project: &ProjectId) ->
 pub fn agent_binding(store: &zopu_core::Store, org: &OrgId, project: &ProjectId) -> Result<Option<AgentBinding>, zopu_core::Error> {
     store.read(|conn| binding_of(conn, org.as_str(), &project.to_string()))
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::state::tests::{chain, envelope};
+    use crate::state::{Failure, SetupPhase, status_from_events, step};
+
+    fn project(events: &[Envelope], path: &std::path::Path) -> zopu_core::Store {
+        let store = zopu_core::Store::open(path).unwrap();
+        store
+            .write(|tx| {
+                let mut projection = SetupProjection;
+                projection.migrate(tx)?;
+                for (index, event) in events.iter().enumerate() {
+                    projection.apply(tx, event, index as u64 + 1)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        store
+    }
+
+    #[test]
+    fn the_projection_agrees_with_the_fold_and_rebuilds_identically() {
+        let mut events = chain(1);
+        let ready = {
+            let mut state = RevisionState::new(1);
+            events.iter().for_each(|event| {
+                state.apply(event);
+            });
+            state.ready_event().unwrap()
+        };
+        events.push(envelope(&ready, 7));
+        let org: OrgId = "acme".parse().unwrap();
+        let project_id = events[0].project_id;
+        let dir = tempfile::tempdir().unwrap();
+        let first = project(&events, &dir.path().join("a.sqlite"));
+        let status = read_status(&first, &org, &project_id).unwrap().unwrap();
+        assert_eq!(Some(status.clone()), status_from_events(&events));
+        assert_eq!(status.phase, SetupPhase::Ready);
+        assert_eq!(status.environment_variable_names, ["PORT"]);
+
+        // A retry that fails: the latest revision is reported, the agent binding stays.
+        events.push(envelope(&pb::ProjectSetupRequested { setup_revision: 2, branch: "dev".into(), ..Default::default() }, 8));
+        events.push(envelope(&Failure::new(step::CLONE, "clone.branch_not_found", "x", true).to_event(2), 9));
+        let second = project(&events, &dir.path().join("b.sqlite"));
+        let status = read_status(&second, &org, &project_id).unwrap().unwrap();
+        assert_eq!(Some(status.clone()), status_from_events(&events));
+        assert_eq!((status.revision, status.phase), (2, SetupPhase::Failed));
+        assert_eq!(status.agent_id.as_deref(), Some("conversation:acme:p"));
+        let binding = agent_binding(&second, &org, &project_id).unwrap().unwrap();
+        assert_eq!(binding.setup_revision, 1);
+
+        // Replaying the same events (twice over) gives the same rows.
+        let doubled: Vec<Envelope> = events.iter().chain(&events).cloned().collect();
+        let third = project(&doubled, &dir.path().join("c.sqlite"));
+        let digest = |store: &zopu_core::Store| {
+            let conn_tables = ["setup_revisions", "setup_project_runtimes", "setup_agent_bindings"];
+            store.read(|conn| {
+                let mut rows = Vec::new();
+                for table in conn_tables {
+                    let mut statement = conn.prepare(&format!("SELECT * FROM {table} ORDER BY 1, 2, 3"))?;
+                    let names: Vec<String> = statement.column_names().into_iter().map(str::to_owned).collect();
+                    let mut query = statement.query([])?;
+                    while let Some(row) = query.next()? {
+                        // last_sequence differs between the two replays by design.
+                        let values: Vec<String> = (0..names.len())
+                            .filter(|&column| names[column] != "last_sequence")
+                            .map(|column| format!("{:?}", row.get::<_, rusqlite::types::Value>(column).unwrap()))
+                            .collect();
+                        rows.push(values.join("|"));
+                    }
+                }
+                Ok(rows)
+            })
+            .unwrap()
+        };
+        assert_eq!(digest(&second), digest(&third));
+    }
+}

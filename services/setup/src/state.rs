@@ -435,12 +435,12 @@ pub fn status_from_events(events: &[Envelope]) -> Option<SetupStatus> {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
+pub(crate) mod tests {
     use zopu_schema::{EventId, OrgId, ProjectId};
 
     use super::*;
 
-    fn envelope<E: Event>(payload: &E, version: u64) -> Envelope {
+    pub(crate) fn envelope<E: Event>(payload: &E, version: u64) -> Envelope {
         let org: OrgId = "acme".parse().unwrap();
         let id = EventId::new();
         Envelope {
@@ -465,7 +465,7 @@ mod tests {
         }
     }
 
-    fn chain(revision: u32) -> Vec<Envelope> {
+    pub(crate) fn chain(revision: u32) -> Vec<Envelope> {
         vec![
             envelope(
                 &pb::ProjectSetupRequested {

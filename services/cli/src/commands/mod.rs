@@ -1,6 +1,10 @@
 //! One module per command group. Each exposes clap argument types and a
 //! `run_*` function returning the process exit code.
 
+pub mod artifact;
 pub mod bench;
+pub mod conversation;
 pub mod log;
+pub mod project;
+pub mod services;
 pub mod streams;

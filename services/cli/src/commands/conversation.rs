@@ -1,0 +1,181 @@
+//! `zopu send`, `zopu agent disable|enable`, `zopu timeline`: talk to a
+//! project's conversation agent (client API in `zopu_conversation::client`).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use futures::StreamExt;
+use zopu_conversation::Reply;
+use zopu_core::publish::Publisher;
+use zopu_schema::{EventId, OrgId, ProjectId, pb, subjects};
+
+/// `zopu send PROJECT "message"`
+#[derive(Debug, clap::Args)]
+pub struct SendArgs {
+    /// Project id.
+    pub project: ProjectId,
+    /// The message (at most 8000 characters).
+    pub message: String,
+    #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
+    pub org: OrgId,
+    /// Seconds to wait for the acknowledgement and the final message.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+}
+
+/// `zopu agent disable|enable PROJECT`
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    #[command(subcommand)]
+    pub action: AgentAction,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum AgentAction {
+    /// Kill switch: the agent takes no new work; running flows halt.
+    Disable(SwitchArgs),
+    /// Lets the agent work again.
+    Enable(SwitchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SwitchArgs {
+    pub project: ProjectId,
+    #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
+    pub org: OrgId,
+    /// Shown to users while the agent is paused (disable only).
+    #[arg(long, default_value = "")]
+    pub reason: String,
+}
+
+/// `zopu timeline PROJECT [--follow]`
+#[derive(Debug, clap::Args)]
+pub struct TimelineArgs {
+    pub project: ProjectId,
+    #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
+    pub org: OrgId,
+    /// Keep printing new events.
+    #[arg(long)]
+    pub follow: bool,
+}
+
+fn operator() -> pb::Actor {
+    let id = std::env::var("USER").unwrap_or_else(|_| "cli".into());
+    pb::Actor { kind: pb::actor::Kind::User as i32, id }
+}
+
+fn print_line(ctx: &crate::Context, kind: &str, text: &str, extra: serde_json::Value) {
+    if ctx.json {
+        let mut object = serde_json::json!({"kind": kind, "text": text});
+        if let (Some(map), serde_json::Value::Object(more)) = (object.as_object_mut(), extra) {
+            map.extend(more);
+        }
+        println!("{object}");
+    } else {
+        println!("{text}");
+    }
+}
+
+/// An ordered reader of one project's events from `start` (inclusive).
+async fn project_events(bus: &zopu_core::nats::Bus, org: &OrgId, project: &ProjectId, start: u64) -> Result<pull::Ordered> {
+    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+    let deliver_policy = if start <= 1 { DeliverPolicy::All } else { DeliverPolicy::ByStartSequence { start_sequence: start } };
+    let consumer = stream
+        .create_consumer(pull::OrderedConfig {
+            filter_subjects: vec![subjects::project_events(org, project)],
+            deliver_policy,
+            ..Default::default()
+        })
+        .await?;
+    Ok(consumer.messages().await?)
+}
+
+pub async fn run_send(ctx: &crate::Context, args: SendArgs) -> Result<ExitCode> {
+    let bus = ctx.connect().await?;
+    let publisher = Publisher::new(bus.clone(), "cli", None);
+    let request = EventId::new().to_string();
+    let sent = zopu_conversation::send_message(&publisher, &args.org, &args.project, &args.message, operator(), &request).await?;
+    print_line(ctx, "sent", &format!("sent {}", sent.event_id), serde_json::json!({"event_id": sent.event_id.to_string()}));
+    let mut events = project_events(&bus, &args.org, &args.project, sent.sequence).await?;
+    let waiting = async {
+        while let Some(message) = events.next().await {
+            let message = message?;
+            let Ok(event) = zopu_core::publish::decode_message(&message.message) else { continue };
+            match zopu_conversation::reply_to(&event, &sent.event_id) {
+                Some(Reply::Line(text)) => print_line(ctx, "agent", &format!("agent: {text}"), serde_json::json!({"event_id": event.id.to_string()})),
+                Some(Reply::Final { text, artifact_ids }) => {
+                    let suffix = if artifact_ids.is_empty() { String::new() } else { format!(" [artifacts: {}]", artifact_ids.join(", ")) };
+                    print_line(ctx, "final", &format!("agent: {text}{suffix}"), serde_json::json!({"artifact_ids": artifact_ids}));
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Some(Reply::Done(outcome)) => {
+                    let outcome = outcome.unwrap_or_default();
+                    if !ctx.json {
+                        // The reply itself was already printed.
+                    } else {
+                        print_line(ctx, "done", &outcome, serde_json::json!({}));
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Some(Reply::Failed { code, message }) => {
+                    print_line(ctx, "failed", &format!("failed ({code}): {message}"), serde_json::json!({"code": code}));
+                    return Ok(ExitCode::FAILURE);
+                }
+                None => {}
+            }
+        }
+        anyhow::Ok(ExitCode::FAILURE)
+    };
+    match tokio::time::timeout(Duration::from_secs(args.timeout), waiting).await {
+        Ok(outcome) => outcome,
+        Err(_) => {
+            print_line(ctx, "timeout", &format!("no final message within {}s (the message is stored; see `zopu timeline`)", args.timeout), serde_json::json!({}));
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+pub async fn run_agent(ctx: &crate::Context, args: AgentArgs) -> Result<ExitCode> {
+    let bus = ctx.connect().await?;
+    let publisher = Publisher::new(bus, "cli", None);
+    let (kind, appended) = match args.action {
+        AgentAction::Disable(switch) => {
+            ("disabled", zopu_conversation::disable_agent(&publisher, &switch.org, &switch.project, &switch.reason, operator()).await?)
+        }
+        AgentAction::Enable(switch) => ("enabled", zopu_conversation::enable_agent(&publisher, &switch.org, &switch.project, operator()).await?),
+    };
+    print_line(ctx, kind, &format!("agent {kind} ({})", appended.event_id), serde_json::json!({"event_id": appended.event_id.to_string()}));
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn run_timeline(ctx: &crate::Context, args: TimelineArgs) -> Result<ExitCode> {
+    let bus = ctx.connect().await?;
+    let last = zopu_core::publish::last_sequence(&bus).await?;
+    let mut events = project_events(&bus, &args.org, &args.project, 1).await?;
+    loop {
+        let next = if args.follow {
+            events.next().await
+        } else {
+            match tokio::time::timeout(Duration::from_secs(2), events.next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            }
+        };
+        let Some(message) = next else { break };
+        let message = message.context("reading the timeline")?;
+        let sequence = message.info().map(|info| info.stream_sequence).unwrap_or(0);
+        let pending = message.info().map(|info| info.pending).unwrap_or(0);
+        if let Ok(event) = zopu_core::publish::decode_message(&message.message)
+            && let Some(line) = zopu_conversation::timeline_line(&event)
+        {
+            let time = zopu_schema::envelope::format_time(event.time);
+            print_line(ctx, &event.event_type, &format!("{} {line}", &time[..19]), serde_json::json!({"event_id": event.id.to_string(), "type": event.event_type}));
+        }
+        if !args.follow && (pending == 0 || sequence >= last) {
+            break;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,250 @@
+//! Projects: `zopu project create`, `zopu project status`, `zopu project retry`.
+//!
+//! `create` and `retry` append a setup request (validated before anything is
+//! appended) and then follow the project's setup as it happens, printing the
+//! thin progression (creating workspace → cloning → checking → ready); they
+//! exit non-zero with the reason when setup fails.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use zopu_core::Publisher;
+use zopu_schema::{EventId, OrgId, ProjectId};
+use zopu_setup::client::{DEFAULT_BRANCH, SetupRequest, StatusWatch, read_setup_status, request_setup};
+use zopu_setup::{SetupPhase, SetupStatus};
+
+use crate::Context;
+
+/// Exit code when setup failed.
+const EXIT_FAILED: u8 = 1;
+/// Exit code when setup did not finish within `--timeout`.
+const EXIT_TIMEOUT: u8 = 2;
+
+#[derive(Debug, Subcommand)]
+pub enum ProjectCommand {
+    /// Create a project from a repository and follow its setup
+    #[command(after_help = "Examples:\n  zopu project create --repo https://github.com/acme/shop.git --branch main\n  zopu project create --repo /path/to/repo   (local paths need sandbox.allow_local_repositories)")]
+    Create(CreateArgs),
+    /// Show a project's setup status
+    Status(StatusArgs),
+    /// Retry a project's setup as a new revision (repairs a broken workspace)
+    Retry(RetryArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct Follow {
+    /// Follow setup until it is ready or failed (default)
+    #[arg(long, overrides_with = "no_wait")]
+    wait: bool,
+    /// Print the project id and return at once
+    #[arg(long)]
+    no_wait: bool,
+    /// Give up following after this many seconds
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    timeout: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Repository: an https:// URL without credentials, or a local path (when allowed)
+    #[arg(long, value_name = "URL|PATH")]
+    repo: String,
+    /// Branch to clone
+    #[arg(long, default_value = DEFAULT_BRANCH)]
+    branch: String,
+    /// Organization
+    #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
+    org: OrgId,
+    /// Display name of the project (default: the repository name)
+    #[arg(long)]
+    name: Option<String>,
+    #[command(flatten)]
+    follow: Follow,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The project id
+    project: ProjectId,
+    #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
+    org: OrgId,
+}
+
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// The project id
+    project: ProjectId,
+    #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
+    org: OrgId,
+    /// Clone this branch instead of the last requested one
+    #[arg(long)]
+    branch: Option<String>,
+    #[command(flatten)]
+    follow: Follow,
+}
+
+pub async fn run(ctx: &Context, command: ProjectCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        ProjectCommand::Create(args) => run_create(ctx, args).await,
+        ProjectCommand::Status(args) => run_status(ctx, args).await,
+        ProjectCommand::Retry(args) => run_retry(ctx, args).await,
+    }
+}
+
+/// Local paths may be given relative to the current directory; URLs pass unchanged.
+fn repository_location(input: &str) -> String {
+    let path = std::path::Path::new(input);
+    if !input.contains("://")
+        && !input.starts_with('-')
+        && !path.is_absolute()
+        && path.is_dir()
+        && let Ok(absolute) = std::path::absolute(path)
+    {
+        return absolute.display().to_string();
+    }
+    input.to_owned()
+}
+
+fn project_name(repository: &str) -> String {
+    let last = repository.trim_end_matches('/').rsplit(['/', '\\']).next().unwrap_or_default();
+    last.strip_suffix(".git").unwrap_or(last).chars().take(100).collect()
+}
+
+fn allow_local_repositories(ctx: &Context) -> bool {
+    ctx.config.setup.allow_local_repositories
+}
+
+pub async fn run_create(ctx: &Context, args: CreateArgs) -> anyhow::Result<ExitCode> {
+    let repository = repository_location(&args.repo);
+    let project = ProjectId::new();
+    let mut request = SetupRequest::new(args.org.clone(), project, &repository, &args.branch, 1, &EventId::new().to_string())
+        .allow_local_repositories(allow_local_repositories(ctx));
+    request.project_name = args.name.unwrap_or_else(|| project_name(&repository));
+    // Validate before connecting, so bad input fails fast and offline.
+    zopu_setup::client::validate(&request)?;
+    let bus = ctx.connect().await?;
+    let publisher = Publisher::new(bus.clone(), "cli", None);
+    let watch = StatusWatch::start(&bus, &args.org, &project).await?;
+    let event_id = request_setup(&publisher, &request).await?;
+    if ctx.json {
+        println!("{}", serde_json::json!({ "project": project.to_string(), "org": args.org.to_string(), "revision": 1, "event_id": event_id.to_string() }));
+    } else {
+        println!("{project}");
+    }
+    follow(ctx, watch, project, 1, &args.follow).await
+}
+
+pub async fn run_status(ctx: &Context, args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let bus = ctx.connect().await?;
+    let Some(status) = read_setup_status(&bus, &args.org, &args.project).await? else {
+        anyhow::bail!("project {} has no setup in organization {}", args.project, args.org);
+    };
+    if ctx.json {
+        println!("{}", status_json(&args.project, &status));
+    } else {
+        print_status(&args.project, &status);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn run_retry(ctx: &Context, args: RetryArgs) -> anyhow::Result<ExitCode> {
+    let bus = ctx.connect().await?;
+    let Some(last) = read_setup_status(&bus, &args.org, &args.project).await? else {
+        anyhow::bail!("project {} has no setup to retry in organization {}", args.project, args.org);
+    };
+    let revision = last.revision + 1;
+    let branch = args.branch.unwrap_or(last.branch);
+    let request = SetupRequest::new(args.org.clone(), args.project, &last.repository_url, &branch, revision, &EventId::new().to_string())
+        .allow_local_repositories(allow_local_repositories(ctx));
+    let publisher = Publisher::new(bus.clone(), "cli", None);
+    let watch = StatusWatch::start(&bus, &args.org, &args.project).await?;
+    let event_id = request_setup(&publisher, &request).await?;
+    if ctx.json {
+        println!("{}", serde_json::json!({ "project": args.project.to_string(), "revision": revision, "event_id": event_id.to_string() }));
+    } else {
+        println!("{} (setup revision {revision})", args.project);
+    }
+    follow(ctx, watch, args.project, revision, &args.follow).await
+}
+
+/// Prints each phase of `revision` as it is reached, until ready or failed.
+async fn follow(ctx: &Context, mut watch: StatusWatch, project: ProjectId, revision: u32, options: &Follow) -> anyhow::Result<ExitCode> {
+    if options.no_wait {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(options.timeout);
+    let mut shown: Option<SetupPhase> = None;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let Some(status) = watch.next(left).await? else {
+            eprintln!("setup is still running after {}s; follow it with `zopu project status {project}`", options.timeout);
+            return Ok(ExitCode::from(EXIT_TIMEOUT));
+        };
+        if status.revision != revision || shown == Some(status.phase) {
+            continue;
+        }
+        shown = Some(status.phase);
+        if ctx.json {
+            println!("{}", status_json(&project, &status));
+        } else if !status.phase.is_terminal() {
+            println!("{}…", status.phase.label());
+        }
+        match status.phase {
+            SetupPhase::Ready => {
+                if !ctx.json {
+                    print_status(&project, &status);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            SetupPhase::Failed => {
+                if !ctx.json {
+                    print_status(&project, &status);
+                }
+                return Ok(ExitCode::from(EXIT_FAILED));
+            }
+            _ => {}
+        }
+    }
+}
+
+fn print_status(project: &ProjectId, status: &SetupStatus) {
+    println!("project     {project}");
+    println!("setup       {} (revision {})", status.phase.label(), status.revision);
+    println!("repository  {} (branch {})", status.repository_url, status.branch);
+    if let Some(commit) = &status.repository_commit {
+        println!("commit      {commit}");
+    }
+    if let Some(agent) = &status.agent_id {
+        println!("agent       {agent}");
+    }
+    if !status.environment_variable_names.is_empty() {
+        println!("optional configuration (.env.example): {}", status.environment_variable_names.join(", "));
+    }
+    if let Some(reason) = &status.reason {
+        eprintln!("setup failed at {}: {} [{}]", reason.step, reason.message, reason.code);
+        if reason.retryable {
+            eprintln!("retry with: zopu project retry {project}");
+        }
+    }
+}
+
+fn status_json(project: &ProjectId, status: &SetupStatus) -> serde_json::Value {
+    serde_json::json!({
+        "project": project.to_string(),
+        "phase": status.phase.as_str(),
+        "revision": status.revision,
+        "repository_url": status.repository_url,
+        "branch": status.branch,
+        "repository_commit": status.repository_commit,
+        "runtime_id": status.runtime_id,
+        "agent_id": status.agent_id,
+        "environment_variable_names": status.environment_variable_names,
+        "reason": status.reason.as_ref().map(|reason| serde_json::json!({
+            "step": reason.step,
+            "code": reason.code,
+            "message": reason.message,
+            "retryable": reason.retryable,
+        })),
+    })
+}

@@ -1,0 +1,196 @@
+//! `zopu run <service>` (one service against a NATS URL) and `zopu dev`
+//! (a managed nats-server, every service in one process, the gateway and a
+//! demo project).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, ValueEnum};
+use zopu_core::Shutdown;
+use zopu_core::config::CoreConfig;
+use zopu_core::local_server::{LocalServer, SyncPolicy};
+use zopu_schema::{OrgId, ProjectId};
+
+use crate::{Context, ZopuConfig};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Service {
+    Setup,
+    Dispatch,
+    Conversation,
+    Specialists,
+    Artifacts,
+    Gateway,
+}
+
+impl Service {
+    pub const ALL: [Service; 6] =
+        [Service::Setup, Service::Dispatch, Service::Conversation, Service::Specialists, Service::Artifacts, Service::Gateway];
+
+    fn name(self) -> &'static str {
+        match self {
+            Service::Setup => "setup",
+            Service::Dispatch => "dispatch",
+            Service::Conversation => "conversation",
+            Service::Specialists => "specialists",
+            Service::Artifacts => "artifacts",
+            Service::Gateway => "gateway",
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  zopu run dispatch --nats nats://nats-1:4222\n  ZOPU_DATA_DIR=/var/lib/zopu zopu run setup")]
+pub struct RunArgs {
+    /// The service to run
+    service: Service,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "Example:\n  zopu dev --port 8080\n\nState lives in .zopu-local/ (nats data, projections, workspaces); `make clean-state` deletes it.")]
+pub struct DevArgs {
+    /// Port of the web timeline and HTTP API
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Port of the managed nats-server
+    #[arg(long, default_value_t = 4222)]
+    nats_port: u16,
+    /// Repository for the demo project (default: the git repository this command runs in)
+    #[arg(long)]
+    demo_repo: Option<PathBuf>,
+    /// Do not create a demo project
+    #[arg(long)]
+    no_demo: bool,
+}
+
+async fn run_service(service: Service, config: &ZopuConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+    let core = config.core();
+    match service {
+        Service::Setup => zopu_setup::run(core, config.setup.clone(), shutdown).await?,
+        Service::Dispatch => zopu_dispatch::run(core, config.dispatch.clone(), shutdown).await?,
+        Service::Conversation => zopu_conversation::run(core, config.conversation.clone(), shutdown).await?,
+        Service::Specialists => zopu_specialists::run(core, config.specialists.clone(), shutdown).await?,
+        Service::Artifacts => zopu_artifacts::service::run(core, config.artifacts.clone(), shutdown).await?,
+        Service::Gateway => zopu_gateway::run(core, config.gateway.clone(), shutdown).await?,
+    }
+    Ok(())
+}
+
+pub async fn run(context: &Context, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let shutdown = Shutdown::new();
+    shutdown.cancel_on_signals();
+    tracing::info!(service = args.service.name(), nats = %context.config.nats_url, "starting");
+    let outcome = run_service(args.service, &context.config, shutdown.clone()).await;
+    shutdown.cancel();
+    if !shutdown.wait(context.config.shutdown_grace).await {
+        tracing::warn!("in-flight work did not finish within the grace period");
+    }
+    outcome?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Where `zopu dev` keeps its state.
+fn local_state() -> PathBuf {
+    PathBuf::from(".zopu-local")
+}
+
+pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
+    let state = local_state();
+    let started = std::time::Instant::now();
+    let nats_port = if port_free(args.nats_port) { Some(args.nats_port) } else { None };
+    let mut server = LocalServer::start(&state.join("nats"), nats_port, SyncPolicy::Always)?;
+    let mut config = context.config.clone();
+    config.nats_url = server.url();
+    config.sandbox.allow_local_repositories = true;
+    config.gateway.listen = SocketAddr::from(([127, 0, 0, 1], args.port));
+    let config = config.resolved();
+    config.validate()?;
+    if !port_free(args.port) {
+        anyhow::bail!("port {} is in use: pass --port with a free one", args.port);
+    }
+
+    let shutdown = Shutdown::new();
+    shutdown.cancel_on_signals();
+    for service in Service::ALL {
+        let (config, child, stopper) = (config.clone(), shutdown.child(), shutdown.clone());
+        shutdown.spawn(async move {
+            if let Err(error) = run_service(service, &config, child).await {
+                tracing::error!(service = service.name(), error = %format!("{error:#}"), "service stopped; stopping everything");
+                stopper.cancel();
+            }
+        });
+    }
+
+    let org: OrgId = "demo".parse()?;
+    let token = zopu_gateway::issue_token(&config.data_dir.join("gateway-tokens.sqlite"), &org, "dev")?;
+    let url = format!("http://127.0.0.1:{}/", args.port);
+    let project = if args.no_demo { None } else { Some(ensure_demo_project(&config, &org, args.demo_repo.as_deref(), &state).await?) };
+    if context.json {
+        println!(
+            "{}",
+            serde_json::json!({"url": url, "token": token, "project": project.map(|p| p.to_string()), "nats_url": config.nats_url, "data_dir": config.data_dir})
+        );
+    } else {
+        println!("Zopu is running ({:.1}s).", started.elapsed().as_secs_f64());
+        println!("  web timeline  {url}");
+        println!("  token         {token}");
+        if let Some(project) = project {
+            println!("  demo project  {project}   (setup and onboarding run now; watch them in the web timeline)");
+        }
+        println!("  nats          {}   (try: zopu --nats {} tail)", config.nats_url, config.nats_url);
+        println!("Press Ctrl-C to stop.");
+    }
+    shutdown.cancelled().await;
+    let finished = shutdown.wait(config.shutdown_grace).await;
+    if !finished {
+        tracing::warn!("some work did not finish within the grace period");
+    }
+    server.stop();
+    Ok(ExitCode::SUCCESS)
+}
+
+fn port_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// Creates the demo project once; later runs reuse it.
+async fn ensure_demo_project(config: &ZopuConfig, org: &OrgId, repo: Option<&Path>, state: &Path) -> anyhow::Result<ProjectId> {
+    let marker = state.join("demo-project");
+    if let Ok(text) = std::fs::read_to_string(&marker)
+        && let Ok(project) = text.trim().parse::<ProjectId>()
+    {
+        return Ok(project);
+    }
+    let repo = match repo {
+        Some(path) => path.to_owned(),
+        None => git_toplevel()?,
+    };
+    let repo = std::fs::canonicalize(&repo)?;
+    let branch = git_branch(&repo)?;
+    let core: CoreConfig = config.core();
+    let bus = zopu_core::nats::connect(&core.nats_url, "zopu-dev", std::time::Duration::from_secs(10)).await?;
+    zopu_core::streams::ensure(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
+    let publisher = zopu_core::Publisher::new(bus, "gateway", None);
+    let project = ProjectId::new();
+    let request_id = zopu_schema::EventId::new().to_string();
+    let mut request =
+        zopu_setup::client::SetupRequest::new(org.clone(), project, &repo.display().to_string(), &branch, 1, &request_id)
+            .allow_local_repositories(true);
+    request.project_name = "demo".to_owned();
+    zopu_setup::client::request_setup(&publisher, &request).await?;
+    std::fs::write(&marker, project.to_string())?;
+    Ok(project)
+}
+
+fn git_toplevel() -> anyhow::Result<PathBuf> {
+    let output = std::process::Command::new("git").args(["rev-parse", "--show-toplevel"]).output()?;
+    anyhow::ensure!(output.status.success(), "not inside a git repository: pass --demo-repo PATH or --no-demo");
+    Ok(PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()))
+}
+
+fn git_branch(repo: &Path) -> anyhow::Result<String> {
+    let output = std::process::Command::new("git").arg("-C").arg(repo).args(["rev-parse", "--abbrev-ref", "HEAD"]).output()?;
+    anyhow::ensure!(output.status.success(), "cannot read the current branch of {}", repo.display());
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
