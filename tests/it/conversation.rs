@@ -14,7 +14,10 @@ use zopu_core::nats::Bus;
 use zopu_core::publish::{NewEvent, Publisher};
 use zopu_core::{Appended, Shutdown};
 use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
-use zopu_schema::{AgentId, CorrelationId, DispatchId, Envelope, Event, EventId, OrgId, ProjectId, keys, pb, subjects};
+use zopu_schema::{
+    AgentId, CorrelationId, DispatchId, Envelope, Event, EventId, OrgId, ProjectId, keys, pb,
+    subjects,
+};
 use zopu_tests::{NatsServer, bus, history, wait_for};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -24,7 +27,10 @@ fn org(name: &str) -> OrgId {
 }
 
 fn user() -> pb::Actor {
-    pb::Actor { kind: pb::actor::Kind::User as i32, id: "ada".into() }
+    pb::Actor {
+        kind: pb::actor::Kind::User as i32,
+        id: "ada".into(),
+    }
 }
 
 /// A service started in-process with its own shutdown.
@@ -37,27 +43,35 @@ impl Running {
     fn dispatch(core: &CoreConfig) -> Self {
         let shutdown = Shutdown::new();
         let (core, stop) = (core.clone(), shutdown.clone());
-        let handle = tokio::spawn(async move { Ok(zopu_dispatch::run(core, zopu_dispatch::Config::default(), stop).await?) });
+        let handle = tokio::spawn(async move {
+            Ok(zopu_dispatch::run(core, zopu_dispatch::Config::default(), stop).await?)
+        });
         Self { shutdown, handle }
     }
 
     fn conversation(core: &CoreConfig, config: zopu_conversation::Config) -> Self {
         let shutdown = Shutdown::new();
         let (core, stop) = (core.clone(), shutdown.clone());
-        let handle = tokio::spawn(async move { Ok(zopu_conversation::run(core, config, stop).await?) });
+        let handle =
+            tokio::spawn(async move { Ok(zopu_conversation::run(core, config, stop).await?) });
         Self { shutdown, handle }
     }
 
     async fn stop(self) -> Result<()> {
         self.shutdown.cancel();
         self.handle.await??;
-        ensure!(self.shutdown.wait(LONG).await, "service tasks did not finish");
+        ensure!(
+            self.shutdown.wait(LONG).await,
+            "service tasks did not finish"
+        );
         Ok(())
     }
 
     /// Waits until the service stopped by itself (a fail point fired).
     async fn stopped(self) -> Result<()> {
-        tokio::time::timeout(LONG, self.shutdown.cancelled()).await.context("service did not stop")?;
+        tokio::time::timeout(LONG, self.shutdown.cancelled())
+            .await
+            .context("service did not stop")?;
         self.stop().await
     }
 }
@@ -101,7 +115,15 @@ async fn setup_project_with(bus: &Bus, org: &OrgId, project: ProjectId, ready: b
         global_timeline_id: format!("timeline-{project}"),
         setup_revision: 1,
     };
-    publisher.append(NewEvent::root(org.clone(), project, &registered, keys::setup_step(&project, 1, "register"), None)).await?;
+    publisher
+        .append(NewEvent::root(
+            org.clone(),
+            project,
+            &registered,
+            keys::setup_step(&project, 1, "register"),
+            None,
+        ))
+        .await?;
     if !ready {
         return Ok(());
     }
@@ -114,13 +136,29 @@ async fn setup_project_with(bus: &Bus, org: &OrgId, project: ProjectId, ready: b
         branch: "main".into(),
         repository_url: "https://github.com/acme/shop.git".into(),
     };
-    publisher.append(NewEvent::root(org.clone(), project, &ready, keys::project_ready(&project, 1), None)).await?;
+    publisher
+        .append(NewEvent::root(
+            org.clone(),
+            project,
+            &ready,
+            keys::project_ready(&project, 1),
+            None,
+        ))
+        .await?;
     Ok(())
 }
 
 async fn send(bus: &Bus, org: &OrgId, project: ProjectId, text: &str) -> Result<Appended> {
     let publisher = Publisher::new(bus.clone(), "gateway", None);
-    Ok(zopu_conversation::send_message(&publisher, org, &project, text, user(), &EventId::new().to_string()).await?)
+    Ok(zopu_conversation::send_message(
+        &publisher,
+        org,
+        &project,
+        text,
+        user(),
+        &EventId::new().to_string(),
+    )
+    .await?)
 }
 
 fn of_message(event: &Envelope, message: EventId) -> bool {
@@ -128,16 +166,31 @@ fn of_message(event: &Envelope, message: EventId) -> bool {
 }
 
 /// Waits for the conversation's terminal dispatch event for a message.
-async fn turn_end(bus: &Bus, org: &OrgId, project: ProjectId, message: EventId) -> Result<Envelope> {
-    wait_for(bus, &subjects::project_events(org, &project), LONG, |event| {
-        of_message(event, message)
-            && event.source == "zopu/conversation"
-            && (event.is::<pb::DispatchCompleted>() || event.is::<pb::DispatchFailed>())
-    })
+async fn turn_end(
+    bus: &Bus,
+    org: &OrgId,
+    project: ProjectId,
+    message: EventId,
+) -> Result<Envelope> {
+    wait_for(
+        bus,
+        &subjects::project_events(org, &project),
+        LONG,
+        |event| {
+            of_message(event, message)
+                && event.source == "zopu/conversation"
+                && (event.is::<pb::DispatchCompleted>() || event.is::<pb::DispatchFailed>())
+        },
+    )
     .await
 }
 
-async fn events_of<E: Event>(bus: &Bus, org: &OrgId, project: ProjectId, message: Option<EventId>) -> Result<Vec<Envelope>> {
+async fn events_of<E: Event>(
+    bus: &Bus,
+    org: &OrgId,
+    project: ProjectId,
+    message: Option<EventId>,
+) -> Result<Vec<Envelope>> {
     Ok(history(bus, &subjects::event(org, &project, E::TYPE))
         .await?
         .into_iter()
@@ -158,35 +211,62 @@ async fn scenario_81_offline_exploration_request_up_to_the_flow_and_its_final() 
     setup_project(&bus, &org, project).await?;
 
     // project.ready → onboarding: ack, Work, Thread, flow.requested(onboarding_explore).
-    let onboarding = wait_for(&bus, &subjects::event(&org, &project, pb::FlowRequested::TYPE), LONG, |_| true).await?;
+    let onboarding = wait_for(
+        &bus,
+        &subjects::event(&org, &project, pb::FlowRequested::TYPE),
+        LONG,
+        |_| true,
+    )
+    .await?;
     let requested = onboarding.decode::<pb::FlowRequested>()?;
     assert_eq!(requested.flow_type(), pb::FlowType::OnboardingExplore);
     assert_eq!(requested.repository_commit, "0123abc");
 
-    let message = send(&bus, &org, project, "How does the checkout flow handle payments?").await?;
+    let message = send(
+        &bus,
+        &org,
+        project,
+        "How does the checkout flow handle payments?",
+    )
+    .await?;
     let end = turn_end(&bus, &org, project, message.event_id).await?;
-    assert_eq!(end.decode::<pb::DispatchCompleted>()?.outcome, "flow_requested");
-    let acks = events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id)).await?;
+    assert_eq!(
+        end.decode::<pb::DispatchCompleted>()?.outcome,
+        "flow_requested"
+    );
+    let acks =
+        events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id)).await?;
     assert_eq!(acks.len(), 1);
     let ack = acks[0].decode::<pb::AgentAcknowledged>()?;
     assert!(ack.text.split_whitespace().count() < 50, "{}", ack.text);
     assert_eq!(ack.provider, "offline");
     assert_eq!(ack.reply_to_event_id, message.event_id.to_string());
-    let decided = events_of::<pb::AgentDecided>(&bus, &org, project, Some(message.event_id)).await?;
-    assert_eq!(decided[0].decode::<pb::AgentDecided>()?.decision(), pb::agent_decided::Decision::Explore);
+    let decided =
+        events_of::<pb::AgentDecided>(&bus, &org, project, Some(message.event_id)).await?;
+    assert_eq!(
+        decided[0].decode::<pb::AgentDecided>()?.decision(),
+        pb::agent_decided::Decision::Explore
+    );
     let work = &events_of::<pb::WorkCreated>(&bus, &org, project, Some(message.event_id)).await?[0];
-    let thread = &events_of::<pb::ThreadCreated>(&bus, &org, project, Some(message.event_id)).await?[0];
+    let thread =
+        &events_of::<pb::ThreadCreated>(&bus, &org, project, Some(message.event_id)).await?[0];
     let flows = events_of::<pb::FlowRequested>(&bus, &org, project, Some(message.event_id)).await?;
     assert_eq!(flows.len(), 1);
     let flow = &flows[0];
     let request = flow.decode::<pb::FlowRequested>()?;
     assert_eq!(request.flow_type(), pb::FlowType::Explore);
     assert_eq!(request.source_event_id, message.event_id.to_string());
-    assert_eq!(request.request_text, "How does the checkout flow handle payments?");
+    assert_eq!(
+        request.request_text,
+        "How does the checkout flow handle payments?"
+    );
     // Causally linked: the thread under the work, the flow under both, all
     // under the dispatch of the message.
     assert_eq!(thread.work_id, work.work_id);
-    assert_eq!((flow.work_id, flow.thread_id), (work.work_id, thread.thread_id));
+    assert_eq!(
+        (flow.work_id, flow.thread_id),
+        (work.work_id, thread.thread_id)
+    );
     assert!(flow.flow_run_id.is_some() && flow.dispatch_id.is_some());
     assert_eq!(flow.dispatch_id, end.dispatch_id);
 
@@ -199,7 +279,13 @@ async fn scenario_81_offline_exploration_request_up_to_the_flow_and_its_final() 
         artifact_build_id: "build-1".into(),
         ..Default::default()
     };
-    specialist.append(NewEvent::caused_by(&flow.context(), &completed, keys::flow_step(&run, "completed"))).await?;
+    specialist
+        .append(NewEvent::caused_by(
+            &flow.context(),
+            &completed,
+            keys::flow_step(&run, "completed"),
+        ))
+        .await?;
     let artifacts = Publisher::new(bus.clone(), "artifacts", None);
     let artifact_id = zopu_schema::ArtifactId::new().to_string();
     let published = pb::ArtifactPublished {
@@ -210,16 +296,38 @@ async fn scenario_81_offline_exploration_request_up_to_the_flow_and_its_final() 
         title: "Checkout payments".into(),
         ..Default::default()
     };
-    artifacts.append(NewEvent::caused_by(&flow.context(), &published, format!("artifact:{artifact_id}:1"))).await?;
-    let last = wait_for(&bus, &subjects::event(&org, &project, pb::AgentFinal::TYPE), LONG, |event| of_message(event, message.event_id)).await?;
+    artifacts
+        .append(NewEvent::caused_by(
+            &flow.context(),
+            &published,
+            format!("artifact:{artifact_id}:1"),
+        ))
+        .await?;
+    let last = wait_for(
+        &bus,
+        &subjects::event(&org, &project, pb::AgentFinal::TYPE),
+        LONG,
+        |event| of_message(event, message.event_id),
+    )
+    .await?;
     let last_payload = last.decode::<pb::AgentFinal>()?;
     assert_eq!(last_payload.artifact_ids, vec![artifact_id]);
     assert!(last_payload.failure.is_none());
-    assert!(last_payload.text.starts_with("The exploration is ready."), "{}", last_payload.text);
+    assert!(
+        last_payload.text.starts_with("The exploration is ready."),
+        "{}",
+        last_payload.text
+    );
     assert_eq!(last.flow_run_id, Some(run));
-    let updates = events_of::<pb::ThreadUpdated>(&bus, &org, project, Some(message.event_id)).await?;
+    let updates =
+        events_of::<pb::ThreadUpdated>(&bus, &org, project, Some(message.event_id)).await?;
     assert_eq!(updates.len(), 1);
-    assert_eq!(events_of::<pb::AgentFinal>(&bus, &org, project, Some(message.event_id)).await?.len(), 1);
+    assert_eq!(
+        events_of::<pb::AgentFinal>(&bus, &org, project, Some(message.event_id))
+            .await?
+            .len(),
+        1
+    );
 
     conversation.stop().await?;
     dispatch.stop().await?;
@@ -233,28 +341,43 @@ async fn scenario_81_with_an_openai_compatible_tool_call() -> Result<()> {
     let core = zopu_tests::core_config(&server, dir.path());
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let (org, project) = (org("acme"), ProjectId::new());
-    let llm = FakeOpenAiServer::start([explore_call("On it — tracing checkout payments now.")]).await?;
+    let llm =
+        FakeOpenAiServer::start([explore_call("On it — tracing checkout payments now.")]).await?;
     let dispatch = Running::dispatch(&core);
     let conversation = Running::conversation(&core, openai(&llm));
     setup_project(&bus, &org, project).await?;
     let message = send(&bus, &org, project, "How does checkout handle payments?").await?;
     let end = turn_end(&bus, &org, project, message.event_id).await?;
-    assert_eq!(end.decode::<pb::DispatchCompleted>()?.outcome, "flow_requested");
-    let ack = events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id)).await?;
+    assert_eq!(
+        end.decode::<pb::DispatchCompleted>()?.outcome,
+        "flow_requested"
+    );
+    let ack =
+        events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id)).await?;
     assert_eq!(ack.len(), 1);
     let ack = ack[0].decode::<pb::AgentAcknowledged>()?;
     assert_eq!(ack.text, "On it — tracing checkout payments now.");
     assert_eq!(ack.provider, "openai:fake-model");
-    let recorded = events_of::<pb::AgentLlmCompleted>(&bus, &org, project, Some(message.event_id)).await?;
+    let recorded =
+        events_of::<pb::AgentLlmCompleted>(&bus, &org, project, Some(message.event_id)).await?;
     assert_eq!(recorded.len(), 1);
     let flows = events_of::<pb::FlowRequested>(&bus, &org, project, Some(message.event_id)).await?;
     assert_eq!(flows.len(), 1);
-    assert!(flows[0].decode::<pb::FlowRequested>()?.request_text.contains("How does checkout handle payments?"));
+    assert!(
+        flows[0]
+            .decode::<pb::FlowRequested>()?
+            .request_text
+            .contains("How does checkout handle payments?")
+    );
     // One call, offering the four decision tools, with the message as data.
     assert_eq!(llm.request_count(), 1);
     let body = llm.requests()[0].json();
-    let tools: Vec<String> =
-        body["tools"].as_array().context("tools")?.iter().filter_map(|t| t["function"]["name"].as_str().map(str::to_owned)).collect();
+    let tools: Vec<String> = body["tools"]
+        .as_array()
+        .context("tools")?
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+        .collect();
     assert_eq!(tools, ["respond", "clarify", "explore", "create_issue"]);
     assert!(body.to_string().contains("<user_message>"));
     conversation.stop().await?;
@@ -273,7 +396,10 @@ async fn wait_consumer_settled(bus: &Bus, sequence: u64) -> Result<()> {
         if info.ack_floor.stream_sequence >= sequence && info.num_ack_pending == 0 {
             return Ok(());
         }
-        ensure!(tokio::time::Instant::now() < deadline, "consumer never settled sequence {sequence}");
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "consumer never settled sequence {sequence}"
+        );
         tokio::task::yield_now().await;
     }
 }
@@ -287,7 +413,10 @@ async fn wait_window_passed(bus: &Bus, probe_key: &str, event: &NewEvent) -> Res
         if !appended.duplicate {
             return Ok(appended);
         }
-        ensure!(tokio::time::Instant::now() < deadline, "duplicate window for {probe_key} never passed");
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "duplicate window for {probe_key} never passed"
+        );
         tokio::task::yield_now().await;
     }
 }
@@ -317,7 +446,10 @@ async fn scenario_83_one_dispatch_delivered_many_times_acts_once() -> Result<()>
     };
     let key = keys::dispatch(&source.id, &agent, zopu_dispatch::HANDLER_VERSION);
     let event = NewEvent::caused_by(&source.context(), &created, key.clone()).with_dispatch(id);
-    let publisher = Publisher::new(bus.clone(), "dispatch", None);
+    // The dispatch service's publisher keeps a key index, which is what
+    // deduplicates beyond the (1 s) JetStream window.
+    let dispatch_store = zopu_core::Store::open(&dir.path().join("dispatch-writer.sqlite"))?;
+    let publisher = Publisher::new(bus.clone(), "dispatch", Some(dispatch_store));
     let first = publisher.append(event.clone()).await?;
     for _ in 0..499 {
         assert!(publisher.append(event.clone()).await?.duplicate);
@@ -333,8 +465,15 @@ async fn scenario_83_one_dispatch_delivered_many_times_acts_once() -> Result<()>
 
     // First run: does the whole turn, then "crashes" before its ack, so the
     // dispatch is redelivered to the restarted service.
-    let llm = FakeOpenAiServer::start([explore_call("On it — tracing checkout payments now.")]).await?;
-    let crashing = Running::conversation(&core, zopu_conversation::Config { fail_point: Some(FailPoint::BeforeAck), ..openai(&llm) });
+    let llm =
+        FakeOpenAiServer::start([explore_call("On it — tracing checkout payments now.")]).await?;
+    let crashing = Running::conversation(
+        &core,
+        zopu_conversation::Config {
+            fail_point: Some(FailPoint::BeforeAck),
+            ..openai(&llm)
+        },
+    );
     crashing.stopped().await?;
     let again = Running::conversation(&core, openai(&llm));
     wait_consumer_settled(&bus, first.sequence).await?;
@@ -344,41 +483,88 @@ async fn scenario_83_one_dispatch_delivered_many_times_acts_once() -> Result<()>
     again.stop().await?;
 
     let dispatches = events_of::<pb::DispatchCreated>(&bus, &org, project, None).await?;
-    assert_eq!(dispatches.len(), 2, "stored once, and once more after the window");
+    assert_eq!(
+        dispatches.len(),
+        2,
+        "stored once, and once more after the window"
+    );
     let count = |events: Vec<Envelope>| events.len();
     let m = Some(message.event_id);
-    assert_eq!(count(events_of::<pb::AgentAcknowledged>(&bus, &org, project, m).await?), 1);
-    assert_eq!(count(events_of::<pb::AgentDecided>(&bus, &org, project, m).await?), 1);
-    assert_eq!(count(events_of::<pb::WorkCreated>(&bus, &org, project, m).await?), 1);
-    assert_eq!(count(events_of::<pb::ThreadCreated>(&bus, &org, project, m).await?), 1);
-    assert_eq!(count(events_of::<pb::FlowRequested>(&bus, &org, project, m).await?), 1);
-    assert_eq!(count(events_of::<pb::AgentLlmCompleted>(&bus, &org, project, m).await?), 1);
-    assert_eq!(count(events_of::<pb::DispatchCompleted>(&bus, &org, project, m).await?), 1);
-    assert_eq!(llm.request_count(), 1, "the model was called more than once");
+    assert_eq!(
+        count(events_of::<pb::AgentAcknowledged>(&bus, &org, project, m).await?),
+        1
+    );
+    assert_eq!(
+        count(events_of::<pb::AgentDecided>(&bus, &org, project, m).await?),
+        1
+    );
+    assert_eq!(
+        count(events_of::<pb::WorkCreated>(&bus, &org, project, m).await?),
+        1
+    );
+    assert_eq!(
+        count(events_of::<pb::ThreadCreated>(&bus, &org, project, m).await?),
+        1
+    );
+    assert_eq!(
+        count(events_of::<pb::FlowRequested>(&bus, &org, project, m).await?),
+        1
+    );
+    assert_eq!(
+        count(events_of::<pb::AgentLlmCompleted>(&bus, &org, project, m).await?),
+        1
+    );
+    assert_eq!(
+        count(events_of::<pb::DispatchCompleted>(&bus, &org, project, m).await?),
+        1
+    );
+    assert_eq!(
+        llm.request_count(),
+        1,
+        "the model was called more than once"
+    );
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_at_any_point_leaves_exactly_one_acknowledgement() -> Result<()> {
-    for point in [FailPoint::BeforeLlmCall, FailPoint::AfterLlmRecorded, FailPoint::BeforeAck] {
+    for point in [
+        FailPoint::BeforeLlmCall,
+        FailPoint::AfterLlmRecorded,
+        FailPoint::BeforeAck,
+    ] {
         let server = NatsServer::start()?;
         let dir = tempfile::tempdir()?;
         let core = zopu_tests::core_config(&server, dir.path());
         let bus = bus(&server, Duration::from_secs(120)).await?;
         let (org, project) = (org("crash"), ProjectId::new());
-        let llm = FakeOpenAiServer::start([explore_call("On it — tracing checkout payments now.")]).await?;
+        let llm = FakeOpenAiServer::start([explore_call("On it — tracing checkout payments now.")])
+            .await?;
         let dispatch = Running::dispatch(&core);
         setup_project_with(&bus, &org, project, false).await?;
-        let crashing = Running::conversation(&core, zopu_conversation::Config { fail_point: Some(point), ..openai(&llm) });
+        let crashing = Running::conversation(
+            &core,
+            zopu_conversation::Config {
+                fail_point: Some(point),
+                ..openai(&llm)
+            },
+        );
         let message = send(&bus, &org, project, "How does checkout handle payments?").await?;
         crashing.stopped().await?;
         let restarted = Running::conversation(&core, openai(&llm));
         turn_end(&bus, &org, project, message.event_id).await?;
         restarted.stop().await?;
         dispatch.stop().await?;
-        let acks = events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id)).await?;
+        let acks =
+            events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id)).await?;
         assert_eq!(acks.len(), 1, "{point:?}");
-        assert_eq!(events_of::<pb::FlowRequested>(&bus, &org, project, Some(message.event_id)).await?.len(), 1, "{point:?}");
+        assert_eq!(
+            events_of::<pb::FlowRequested>(&bus, &org, project, Some(message.event_id))
+                .await?
+                .len(),
+            1,
+            "{point:?}"
+        );
         assert_eq!(llm.request_count(), 1, "{point:?}: model calls");
     }
     Ok(())
@@ -409,49 +595,127 @@ async fn model_faults_end_in_exactly_one_outcome_per_dispatch() -> Result<()> {
     let unknown = Scripted::tool_call("c1", "delete_repository", "{}");
     // (script, expected requests, expected failure code or None for success)
     let cases: Vec<(Vec<Scripted>, usize, Option<&str>)> = vec![
-        (vec![Scripted::Status(429, vec![("Retry-After".into(), "1".into())], "slow down".into()), explore_call("Tracing retries now.")], 2, None),
-        (vec![Scripted::Status(500, vec![], "oops".into()), explore_call("Tracing the cart now.")], 2, None),
-        (vec![Scripted::Delay(Duration::from_secs(3), Box::new(explore_call("late"))), explore_call("Tracing the login now.")], 2, None),
-        (vec![Scripted::Malformed("{\"choices\": [".into()), explore_call("Tracing the search now.")], 2, None),
-        (vec![cut_off.clone(), cut_off], 2, Some("llm.truncated_tool_call")),
+        (
+            vec![
+                Scripted::Status(
+                    429,
+                    vec![("Retry-After".into(), "1".into())],
+                    "slow down".into(),
+                ),
+                explore_call("Tracing retries now."),
+            ],
+            2,
+            None,
+        ),
+        (
+            vec![
+                Scripted::Status(500, vec![], "oops".into()),
+                explore_call("Tracing the cart now."),
+            ],
+            2,
+            None,
+        ),
+        (
+            vec![
+                Scripted::Delay(Duration::from_secs(3), Box::new(explore_call("late"))),
+                explore_call("Tracing the login now."),
+            ],
+            2,
+            None,
+        ),
+        (
+            vec![
+                Scripted::Malformed("{\"choices\": [".into()),
+                explore_call("Tracing the search now."),
+            ],
+            2,
+            None,
+        ),
+        (
+            vec![cut_off.clone(), cut_off],
+            2,
+            Some("llm.truncated_tool_call"),
+        ),
         (vec![unknown.clone(), unknown], 2, Some("llm.unknown_tool")),
-        (vec![tool_calls(6), tool_calls(6)], 2, Some("llm.tool_call_cap")),
-        (vec![Scripted::Status(503, vec![], "down".into()); 6], 6, Some("llm.server_error")),
+        (
+            vec![tool_calls(6), tool_calls(6)],
+            2,
+            Some("llm.tool_call_cap"),
+        ),
+        (
+            vec![Scripted::Status(503, vec![], "down".into()); 6],
+            6,
+            Some("llm.server_error"),
+        ),
     ];
-    let topics = ["retries", "cart", "login", "search", "orders", "refunds", "invoices", "emails"];
+    let topics = [
+        "retries", "cart", "login", "search", "orders", "refunds", "invoices", "emails",
+    ];
     for ((script, requests, failure), topic) in cases.into_iter().zip(topics) {
         let before = llm.request_count();
         for entry in script {
             llm.push(entry);
         }
-        let message = send(&bus, &org, project, &format!("How does the {topic} module work?")).await?;
+        let message = send(
+            &bus,
+            &org,
+            project,
+            &format!("How does the {topic} module work?"),
+        )
+        .await?;
         let end = turn_end(&bus, &org, project, message.event_id).await?;
-        assert_eq!(llm.request_count() - before, requests, "{topic}: model requests");
+        assert_eq!(
+            llm.request_count() - before,
+            requests,
+            "{topic}: model requests"
+        );
         match failure {
             None => {
                 assert!(end.is::<pb::DispatchCompleted>(), "{topic}");
-                assert_eq!(events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id)).await?.len(), 1);
+                assert_eq!(
+                    events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id))
+                        .await?
+                        .len(),
+                    1
+                );
             }
             Some(code) => {
                 let failed = end.decode::<pb::DispatchFailed>()?;
                 assert_eq!(failed.reason.context("reason")?.code, code, "{topic}");
-                let finals = events_of::<pb::AgentFinal>(&bus, &org, project, Some(message.event_id)).await?;
+                let finals =
+                    events_of::<pb::AgentFinal>(&bus, &org, project, Some(message.event_id))
+                        .await?;
                 assert_eq!(finals.len(), 1, "{topic}: one visible failure");
-                assert_eq!(finals[0].decode::<pb::AgentFinal>()?.failure.context("failure")?.code, code);
+                assert_eq!(
+                    finals[0]
+                        .decode::<pb::AgentFinal>()?
+                        .failure
+                        .context("failure")?
+                        .code,
+                    code
+                );
             }
         }
     }
     // Exactly one terminal outcome per dispatch.
     let completed = events_of::<pb::DispatchCompleted>(&bus, &org, project, None).await?;
     let failed = events_of::<pb::DispatchFailed>(&bus, &org, project, None).await?;
-    let mut ended: Vec<DispatchId> = completed.iter().chain(&failed).filter_map(|event| event.dispatch_id).collect();
+    let mut ended: Vec<DispatchId> = completed
+        .iter()
+        .chain(&failed)
+        .filter_map(|event| event.dispatch_id)
+        .collect();
     let total = ended.len();
     ended.sort();
     ended.dedup();
     assert_eq!(ended.len(), total, "a dispatch ended twice");
     assert_eq!(total, 9, "onboarding plus eight messages");
     let guardrails = events_of::<pb::AgentGuardrailTriggered>(&bus, &org, project, None).await?;
-    assert!(guardrails.iter().any(|event| event.decode::<pb::AgentGuardrailTriggered>().is_ok_and(|g| g.rule == "tool_call_cap")));
+    assert!(guardrails.iter().any(|event| {
+        event
+            .decode::<pb::AgentGuardrailTriggered>()
+            .is_ok_and(|g| g.rule == "tool_call_cap")
+    }));
     conversation.stop().await?;
     dispatch.stop().await?;
     Ok(())
@@ -466,7 +730,10 @@ async fn messages_sent_while_busy_are_handled_in_order_one_turn_at_a_time() -> R
     let (org, project) = (org("busy"), ProjectId::new());
     // The model is slow on the first message: the second waits for it.
     let llm = FakeOpenAiServer::start([
-        Scripted::Delay(Duration::from_millis(700), Box::new(explore_call("Tracing the cart now."))),
+        Scripted::Delay(
+            Duration::from_millis(700),
+            Box::new(explore_call("Tracing the cart now.")),
+        ),
         explore_call("Tracing the login now."),
     ])
     .await?;
@@ -487,13 +754,24 @@ async fn messages_sent_while_busy_are_handled_in_order_one_turn_at_a_time() -> R
     };
     let (a, b) = (turn(first.event_id), turn(second.event_id));
     ensure!(!a.is_empty() && !b.is_empty(), "both turns ran");
-    assert!(a.iter().max() < b.iter().min(), "turns interleaved: {a:?} / {b:?}");
+    assert!(
+        a.iter().max() < b.iter().min(),
+        "turns interleaved: {a:?} / {b:?}"
+    );
     let acks: Vec<String> = events_of::<pb::AgentAcknowledged>(&bus, &org, project, None)
         .await?
         .iter()
-        .filter_map(|event| event.decode::<pb::AgentAcknowledged>().ok().map(|ack| ack.text))
+        .filter_map(|event| {
+            event
+                .decode::<pb::AgentAcknowledged>()
+                .ok()
+                .map(|ack| ack.text)
+        })
         .collect();
-    assert_eq!(acks[1..], ["Tracing the cart now.", "Tracing the login now."]);
+    assert_eq!(
+        acks[1..],
+        ["Tracing the cart now.", "Tracing the login now."]
+    );
     Ok(())
 }
 
@@ -507,22 +785,44 @@ async fn the_kill_switch_silences_the_agent_until_it_is_enabled() -> Result<()> 
     let dispatch = Running::dispatch(&core);
     let conversation = Running::conversation(&core, zopu_conversation::Config::default());
     setup_project(&bus, &org, project).await?;
-    let onboarding = wait_for(&bus, &subjects::event(&org, &project, pb::FlowRequested::TYPE), LONG, |_| true).await?;
+    let onboarding = wait_for(
+        &bus,
+        &subjects::event(&org, &project, pb::FlowRequested::TYPE),
+        LONG,
+        |_| true,
+    )
+    .await?;
     let operator = Publisher::new(bus.clone(), "gateway", None);
-    let actor = pb::Actor { kind: pb::actor::Kind::Operator as i32, id: "ops".into() };
-    let disabled = zopu_conversation::disable_agent(&operator, &org, &project, "maintenance", actor.clone()).await?;
+    let actor = pb::Actor {
+        kind: pb::actor::Kind::Operator as i32,
+        id: "ops".into(),
+    };
+    let disabled =
+        zopu_conversation::disable_agent(&operator, &org, &project, "maintenance", actor.clone())
+            .await?;
 
     // The running flow is halted by the specialists; the agent says nothing about it.
     let run = onboarding.flow_run_id.context("flow run")?;
-    let cancelled = pb::FlowCancelled { flow_type: pb::FlowType::OnboardingExplore as i32, reason: "agent disabled".into(), ..Default::default() };
+    let cancelled = pb::FlowCancelled {
+        flow_type: pb::FlowType::OnboardingExplore as i32,
+        reason: "agent disabled".into(),
+        ..Default::default()
+    };
     let halted = Publisher::new(bus.clone(), "specialists", None)
-        .append(NewEvent::caused_by(&onboarding.context(), &cancelled, keys::flow_step(&run, "cancelled")))
+        .append(NewEvent::caused_by(
+            &onboarding.context(),
+            &cancelled,
+            keys::flow_step(&run, "cancelled"),
+        ))
         .await?;
     let first = send(&bus, &org, project, "How does the cart work?").await?;
     let second = send(&bus, &org, project, "How does the login work?").await?;
     for message in [first.event_id, second.event_id] {
         let end = turn_end(&bus, &org, project, message).await?;
-        assert_eq!(end.decode::<pb::DispatchCompleted>()?.outcome, "skipped_disabled");
+        assert_eq!(
+            end.decode::<pb::DispatchCompleted>()?.outcome,
+            "skipped_disabled"
+        );
     }
     let enabled = zopu_conversation::enable_agent(&operator, &org, &project, actor).await?;
     let third = send(&bus, &org, project, "How does the search work?").await?;
@@ -536,16 +836,36 @@ async fn the_kill_switch_silences_the_agent_until_it_is_enabled() -> Result<()> 
         .filter(|(sequence, event)| {
             *sequence > disabled.sequence
                 && *sequence < enabled.sequence
-                && [pb::AgentAcknowledged::TYPE, pb::AgentMessage::TYPE, pb::AgentBlocked::TYPE, pb::AgentFinal::TYPE]
-                    .contains(&event.event_type.as_str())
+                && [
+                    pb::AgentAcknowledged::TYPE,
+                    pb::AgentMessage::TYPE,
+                    pb::AgentBlocked::TYPE,
+                    pb::AgentFinal::TYPE,
+                ]
+                .contains(&event.event_type.as_str())
         })
         .map(|(sequence, event)| (*sequence, event.event_type.clone()))
         .collect();
-    assert_eq!(visible.len(), 1, "only the one 'paused' notice while disabled: {visible:?}");
-    let notice = all.iter().find(|(sequence, _)| *sequence == visible[0].0).context("notice")?;
+    assert_eq!(
+        visible.len(),
+        1,
+        "only the one 'paused' notice while disabled: {visible:?}"
+    );
+    let notice = all
+        .iter()
+        .find(|(sequence, _)| *sequence == visible[0].0)
+        .context("notice")?;
     assert_eq!(notice.1.decode::<pb::AgentMessage>()?.status, "paused");
-    assert!(all.iter().all(|(sequence, event)| *sequence <= halted.sequence || !event.is::<pb::AgentFinal>()));
-    assert_eq!(events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(third.event_id)).await?.len(), 1);
+    assert!(
+        all.iter()
+            .all(|(sequence, event)| *sequence <= halted.sequence || !event.is::<pb::AgentFinal>())
+    );
+    assert_eq!(
+        events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(third.event_id))
+            .await?
+            .len(),
+        1
+    );
     Ok(())
 }
 
@@ -570,14 +890,32 @@ async fn a_dispatch_for_another_projects_agent_is_rejected_not_acted_on() -> Res
     };
     let id = zopu_dispatch::dispatch_id(&source, &stranger);
     Publisher::new(bus.clone(), "dispatch", None)
-        .append(NewEvent::caused_by(&source.context(), &created, keys::dispatch(&source.id, &stranger, 1)).with_dispatch(id))
+        .append(
+            NewEvent::caused_by(
+                &source.context(),
+                &created,
+                keys::dispatch(&source.id, &stranger, 1),
+            )
+            .with_dispatch(id),
+        )
         .await?;
     let conversation = Running::conversation(&core, zopu_conversation::Config::default());
     let end = turn_end(&bus, &org, project, message.event_id).await?;
     conversation.stop().await?;
-    assert_eq!(end.decode::<pb::DispatchFailed>()?.reason.context("reason")?.code, "agent.wrong_project");
-    let rejected = events_of::<pb::AgentRejected>(&bus, &org, project, Some(message.event_id)).await?;
+    assert_eq!(
+        end.decode::<pb::DispatchFailed>()?
+            .reason
+            .context("reason")?
+            .code,
+        "agent.wrong_project"
+    );
+    let rejected =
+        events_of::<pb::AgentRejected>(&bus, &org, project, Some(message.event_id)).await?;
     assert_eq!(rejected.len(), 1);
-    assert!(events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id)).await?.is_empty());
+    assert!(
+        events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id))
+            .await?
+            .is_empty()
+    );
     Ok(())
 }

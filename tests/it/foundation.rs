@@ -23,7 +23,11 @@ fn org(name: &str) -> OrgId {
 }
 
 fn message(text: &str) -> pb::TimelineMessageSent {
-    pb::TimelineMessageSent { timeline_id: "global".into(), text: text.into(), ..Default::default() }
+    pb::TimelineMessageSent {
+        timeline_id: "global".into(),
+        text: text.into(),
+        ..Default::default()
+    }
 }
 
 fn user_message(org: &OrgId, project: ProjectId, text: &str, key: &str) -> NewEvent {
@@ -41,7 +45,11 @@ async fn the_same_event_appended_1000_times_is_stored_once() -> Result<()> {
     let original = first_publisher.append(event.clone()).await?;
     assert!(!original.duplicate);
     let concurrent = (0..500).map(|i| {
-        let publisher = if i % 2 == 0 { first_publisher.clone() } else { second_publisher.clone() };
+        let publisher = if i % 2 == 0 {
+            first_publisher.clone()
+        } else {
+            second_publisher.clone()
+        };
         let event = event.clone();
         async move { publisher.append(event).await }
     });
@@ -65,25 +73,45 @@ async fn racing_writers_never_fork_a_project() -> Result<()> {
     let server = NatsServer::start()?;
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let (org, project) = (org("race"), ProjectId::new());
-    let writers: Vec<Publisher> = (0..2).map(|_| Publisher::new(bus.clone(), "test", None)).collect();
+    let writers: Vec<Publisher> = (0..2)
+        .map(|_| Publisher::new(bus.clone(), "test", None))
+        .collect();
     let rounds = 40;
     let mut wins = [0usize; 2];
     for round in 0..rounds {
         // Both writers decided on the same state; exactly one may append.
-        let expected = writers[0].fetch_head(&org, &project).await?.map_or(0, |head| head.version);
+        let expected = writers[0]
+            .fetch_head(&org, &project)
+            .await?
+            .map_or(0, |head| head.version);
         let attempts = writers.iter().enumerate().map(|(writer, publisher)| {
-            let event = user_message(&org, project, "decision", &format!("request:race-{round}-{writer}"));
+            let event = user_message(
+                &org,
+                project,
+                "decision",
+                &format!("request:race-{round}-{writer}"),
+            );
             async move { publisher.append_at(event, expected).await }
         });
         let outcomes = join_all(attempts).await;
-        let winners: Vec<usize> = outcomes.iter().enumerate().filter(|(_, o)| o.is_ok()).map(|(i, _)| i).collect();
+        let winners: Vec<usize> = outcomes
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.is_ok())
+            .map(|(i, _)| i)
+            .collect();
         assert_eq!(winners.len(), 1, "round {round}: {outcomes:?}");
         wins[winners[0]] += 1;
         for (writer, outcome) in outcomes.into_iter().enumerate() {
             if let Err(AppendAtError::Conflict { current_version }) = outcome {
                 assert_eq!(current_version, expected + 1);
                 // The loser re-reads and retries on the new state.
-                let event = user_message(&org, project, "retry", &format!("request:race-{round}-{writer}-retry"));
+                let event = user_message(
+                    &org,
+                    project,
+                    "retry",
+                    &format!("request:race-{round}-{writer}-retry"),
+                );
                 writers[writer].append_at(event, current_version).await?;
             }
         }
@@ -103,7 +131,11 @@ async fn racing_writers_never_fork_a_project() -> Result<()> {
     let events = history(&bus, &subjects::project_events(&org, &project)).await?;
     assert_eq!(events.len(), rounds * 2 + 200);
     for (index, (_, event)) in events.iter().enumerate() {
-        assert_eq!(event.project_version, index as u64 + 1, "versions have a gap");
+        assert_eq!(
+            event.project_version,
+            index as u64 + 1,
+            "versions have a gap"
+        );
     }
     let report = audit::verify(&bus, None).await?;
     assert!(report.is_clean(), "{:?}", report.findings);
@@ -130,11 +162,23 @@ impl Projection for Messages {
              CREATE TABLE test_counts (project TEXT PRIMARY KEY, count INTEGER NOT NULL);",
         )
     }
-    fn apply(&mut self, tx: &rusqlite::Transaction<'_>, event: &Envelope, _sequence: u64) -> rusqlite::Result<()> {
-        let Ok(body) = event.decode::<pb::TimelineMessageSent>() else { return Ok(()) };
+    fn apply(
+        &mut self,
+        tx: &rusqlite::Transaction<'_>,
+        event: &Envelope,
+        _sequence: u64,
+    ) -> rusqlite::Result<()> {
+        let Ok(body) = event.decode::<pb::TimelineMessageSent>() else {
+            return Ok(());
+        };
         tx.execute(
             "INSERT INTO test_messages (event_id, project, version, text) VALUES (?1, ?2, ?3, ?4)",
-            params![event.id.to_string(), event.project_id.to_string(), event.project_version as i64, body.text],
+            params![
+                event.id.to_string(),
+                event.project_id.to_string(),
+                event.project_version as i64,
+                body.text
+            ],
         )?;
         tx.execute(
             "INSERT INTO test_counts (project, count) VALUES (?1, 1) ON CONFLICT(project) DO UPDATE SET count = count + 1",
@@ -146,25 +190,38 @@ impl Projection for Messages {
 
 const DIGEST_TABLES: &[&str] = &["test_messages", "test_counts", "zopu_keys"];
 
-async fn rebuilt_digest(bus: &zopu_core::nats::Bus, dir: &std::path::Path, name: &str) -> Result<(String, Vec<u8>)> {
+async fn rebuilt_digest(
+    bus: &zopu_core::nats::Bus,
+    dir: &std::path::Path,
+    name: &str,
+) -> Result<(String, Vec<u8>)> {
     let store = Store::open(&dir.join(format!("{name}.sqlite")))?;
     projection::catch_up(bus, &store, Messages).await?;
     projection::catch_up(bus, &store, KeyIndex).await?;
     let digest = store.content_digest(DIGEST_TABLES)?;
     let snapshot = dir.join(format!("{name}.snapshot"));
-    store.read(|conn| conn.execute("VACUUM INTO ?1", [snapshot.to_string_lossy()]).map(|_| ()))?;
+    store.read(|conn| {
+        conn.execute("VACUUM INTO ?1", [snapshot.to_string_lossy()])
+            .map(|_| ())
+    })?;
     Ok((digest, std::fs::read(snapshot)?))
 }
 
 #[test]
 fn projections_rebuilt_from_the_stream_are_identical_to_live_ones() -> Result<()> {
     use proptest::prelude::*;
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let server = NatsServer::start()?;
     let bus = runtime.block_on(bus(&server, Duration::from_secs(120)))?;
     let case = AtomicUsize::new(0);
     let strategy = proptest::collection::vec((0usize..3, "[a-z ]{0,40}"), 1..60);
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 6, ..ProptestConfig::default() });
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 6,
+        ..ProptestConfig::default()
+    });
     runner
         .run(&strategy, |events| {
             let case = case.fetch_add(1, Ordering::SeqCst);
@@ -176,12 +233,27 @@ fn projections_rebuilt_from_the_stream_are_identical_to_live_ones() -> Result<()
                     // Live: the projection follows while events are appended.
                     let live = Store::open(&dir.path().join("live.sqlite"))?;
                     let shutdown = Shutdown::new();
-                    let follower = tokio::spawn(projection::run(bus.clone(), live.clone(), Messages, shutdown.clone()));
-                    let keys = tokio::spawn(projection::run(bus.clone(), live.clone(), KeyIndex, shutdown.clone()));
+                    let follower = tokio::spawn(projection::run(
+                        bus.clone(),
+                        live.clone(),
+                        Messages,
+                        shutdown.clone(),
+                    ));
+                    let keys = tokio::spawn(projection::run(
+                        bus.clone(),
+                        live.clone(),
+                        KeyIndex,
+                        shutdown.clone(),
+                    ));
                     let publisher = Publisher::new(bus.clone(), "test", None);
                     let mut last = 0;
                     for (index, (project, text)) in events.iter().enumerate() {
-                        let event = user_message(&org, projects[*project], text, &format!("request:{case}-{index}"));
+                        let event = user_message(
+                            &org,
+                            projects[*project],
+                            text,
+                            &format!("request:{case}-{index}"),
+                        );
                         last = publisher.append(event).await?.sequence;
                     }
                     tokio::time::timeout(LONG, live.wait_for(last)).await?;
@@ -194,8 +266,14 @@ fn projections_rebuilt_from_the_stream_are_identical_to_live_ones() -> Result<()
                     for name in ["a", "b", "c"] {
                         rebuilt.push(rebuilt_digest(&bus, dir.path(), name).await?);
                     }
-                    anyhow::ensure!(rebuilt.iter().all(|(digest, _)| *digest == live_digest), "a rebuild differs from the live projection");
-                    anyhow::ensure!(rebuilt.windows(2).all(|pair| pair[0].1 == pair[1].1), "rebuilt files differ byte for byte");
+                    anyhow::ensure!(
+                        rebuilt.iter().all(|(digest, _)| *digest == live_digest),
+                        "a rebuild differs from the live projection"
+                    );
+                    anyhow::ensure!(
+                        rebuilt.windows(2).all(|pair| pair[0].1 == pair[1].1),
+                        "rebuilt files differ byte for byte"
+                    );
                     Ok::<_, anyhow::Error>(())
                 })
                 .map_err(|error| TestCaseError::fail(error.to_string()))
@@ -219,10 +297,21 @@ async fn a_changed_schema_version_rebuilds_the_projection() -> Result<()> {
             &["versioned_rows"]
         }
         fn migrate(&self, tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
-            tx.execute_batch("CREATE TABLE versioned_rows (event_id TEXT PRIMARY KEY, schema INTEGER)")
+            tx.execute_batch(
+                "CREATE TABLE versioned_rows (event_id TEXT PRIMARY KEY, schema INTEGER)",
+            )
         }
-        fn apply(&mut self, tx: &rusqlite::Transaction<'_>, event: &Envelope, _: u64) -> rusqlite::Result<()> {
-            tx.execute("INSERT INTO versioned_rows VALUES (?1, ?2)", params![event.id.to_string(), self.0]).map(|_| ())
+        fn apply(
+            &mut self,
+            tx: &rusqlite::Transaction<'_>,
+            event: &Envelope,
+            _: u64,
+        ) -> rusqlite::Result<()> {
+            tx.execute(
+                "INSERT INTO versioned_rows VALUES (?1, ?2)",
+                params![event.id.to_string(), self.0],
+            )
+            .map(|_| ())
         }
     }
     let server = NatsServer::start()?;
@@ -230,7 +319,9 @@ async fn a_changed_schema_version_rebuilds_the_projection() -> Result<()> {
     let publisher = Publisher::new(bus.clone(), "test", None);
     let (org, project) = (org("versions"), ProjectId::new());
     for i in 0..5 {
-        publisher.append(user_message(&org, project, "x", &format!("request:v-{i}"))).await?;
+        publisher
+            .append(user_message(&org, project, "x", &format!("request:v-{i}")))
+            .await?;
     }
     let dir = tempfile::tempdir()?;
     let store = Store::open(&dir.path().join("p.sqlite"))?;
@@ -253,14 +344,26 @@ struct Acknowledger {
 }
 
 impl Reaction for Acknowledger {
-    async fn handle(&self, event: &Envelope, context: &ReactionContext) -> Result<(), HandlerError> {
+    async fn handle(
+        &self,
+        event: &Envelope,
+        context: &ReactionContext,
+    ) -> Result<(), HandlerError> {
         let message: pb::TimelineMessageSent = event.decode()?;
         self.handled.fetch_add(1, Ordering::SeqCst);
-        let ack = pb::AgentAcknowledged { text: format!("got: {}", message.text), ..Default::default() };
+        let ack = pb::AgentAcknowledged {
+            text: format!("got: {}", message.text),
+            ..Default::default()
+        };
         let key = format!("ack:{}", event.id);
-        context.publisher.append(NewEvent::caused_by(&event.context(), &ack, key)).await?;
+        context
+            .publisher
+            .append(NewEvent::caused_by(&event.context(), &ack, key))
+            .await?;
         if self.crash_first_delivery && context.delivered == 1 {
-            return Err(HandlerError::Fatal("simulated crash after the append, before the ack".into()));
+            return Err(HandlerError::Fatal(
+                "simulated crash after the append, before the ack".into(),
+            ));
         }
         Ok(())
     }
@@ -268,10 +371,18 @@ impl Reaction for Acknowledger {
     fn failure_event(&self, event: &Envelope, reason: &str) -> Option<NewEvent> {
         let failed = pb::AgentFinal {
             text: "could not handle this message".into(),
-            failure: Some(pb::FailureReason { code: "test.failed".into(), message: reason.into(), retryable: false }),
+            failure: Some(pb::FailureReason {
+                code: "test.failed".into(),
+                message: reason.into(),
+                retryable: false,
+            }),
             ..Default::default()
         };
-        Some(NewEvent::caused_by(&event.context(), &failed, format!("failed:{}", event.id)))
+        Some(NewEvent::caused_by(
+            &event.context(),
+            &failed,
+            format!("failed:{}", event.id),
+        ))
     }
 }
 
@@ -280,7 +391,10 @@ fn reaction_config(durable: &str) -> ReactionConfig {
         ack_wait: Duration::from_secs(2),
         retry_delays: vec![Duration::from_millis(50)],
         max_deliver: 3,
-        ..ReactionConfig::new(durable.into(), vec![subjects::events_of_type(pb::TimelineMessageSent::TYPE)])
+        ..ReactionConfig::new(
+            durable.into(),
+            vec![subjects::events_of_type(pb::TimelineMessageSent::TYPE)],
+        )
     }
 }
 
@@ -298,14 +412,22 @@ async fn wait_until_window_passed(bus: &zopu_core::nats::Bus, window: Duration) 
     .await?;
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Nats-Msg-Id", "probe");
-    js.publish_with_headers("probe.window", headers.clone(), Bytes::new()).await?.await?;
+    js.publish_with_headers("probe.window", headers.clone(), Bytes::new())
+        .await?
+        .await?;
     let deadline = tokio::time::Instant::now() + LONG;
     loop {
-        let ack = js.publish_with_headers("probe.window", headers.clone(), Bytes::new()).await?.await?;
+        let ack = js
+            .publish_with_headers("probe.window", headers.clone(), Bytes::new())
+            .await?
+            .await?;
         if !ack.duplicate {
             return Ok(());
         }
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "duplicate window never passed");
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "duplicate window never passed"
+        );
         tokio::task::yield_now().await;
     }
 }
@@ -324,7 +446,10 @@ async fn redelivery_after_the_duplicate_window_emits_no_second_reaction() -> Res
         .await?;
 
     // First run: appends the acknowledgement, then "crashes" before the ack.
-    let crashing = Acknowledger { crash_first_delivery: true, ..Default::default() };
+    let crashing = Acknowledger {
+        crash_first_delivery: true,
+        ..Default::default()
+    };
     let shutdown = Shutdown::new();
     let runtime = Runtime::start("reactor", &config, shutdown.clone()).await?;
     runtime.spawn_reaction(reaction_config("reactor-acks"), crashing.clone());
@@ -340,14 +465,25 @@ async fn redelivery_after_the_duplicate_window_emits_no_second_reaction() -> Res
     // Wait until the redelivery was handled (the runner settles it).
     let deadline = tokio::time::Instant::now() + LONG;
     while second.handled.load(Ordering::SeqCst) == 0 {
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "message was not redelivered");
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "message was not redelivered"
+        );
         tokio::task::yield_now().await;
     }
     // A marker event after the source proves the consumer moved past it.
-    Publisher::new(bus.clone(), "gateway", None).append(user_message(&org, project, "marker", "request:r2")).await?;
-    wait_for(&bus, &subjects::events_of_type(pb::AgentAcknowledged::TYPE), LONG, |e| {
-        e.decode::<pb::AgentAcknowledged>().is_ok_and(|a| a.text == "got: marker")
-    })
+    Publisher::new(bus.clone(), "gateway", None)
+        .append(user_message(&org, project, "marker", "request:r2"))
+        .await?;
+    wait_for(
+        &bus,
+        &subjects::events_of_type(pb::AgentAcknowledged::TYPE),
+        LONG,
+        |e| {
+            e.decode::<pb::AgentAcknowledged>()
+                .is_ok_and(|a| a.text == "got: marker")
+        },
+    )
     .await?;
     shutdown.cancel();
     shutdown.wait(LONG).await;
@@ -364,12 +500,22 @@ async fn redelivery_after_the_duplicate_window_emits_no_second_reaction() -> Res
     Ok(())
 }
 
-async fn publish_raw(bus: &zopu_core::nats::Bus, subject: &str, headers: &[(&str, &str)], body: &'static [u8]) -> Result<u64> {
+async fn publish_raw(
+    bus: &zopu_core::nats::Bus,
+    subject: &str,
+    headers: &[(&str, &str)],
+    body: &'static [u8],
+) -> Result<u64> {
     let mut map = async_nats::HeaderMap::new();
     for (name, value) in headers {
         map.insert(*name, *value);
     }
-    Ok(bus.jetstream.publish_with_headers(subject.to_owned(), map, Bytes::from_static(body)).await?.await?.sequence)
+    Ok(bus
+        .jetstream
+        .publish_with_headers(subject.to_owned(), map, Bytes::from_static(body))
+        .await?
+        .await?
+        .sequence)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -382,7 +528,9 @@ async fn poison_messages_become_dead_letters_and_others_keep_flowing() -> Result
     let subject = subjects::event(&org, &project, pb::TimelineMessageSent::TYPE);
     // A well-formed envelope whose body is garbage.
     let good = user_message(&org, project, "template", "request:template");
-    let template = Publisher::new(bus.clone(), "gateway", None).append(good).await?;
+    let template = Publisher::new(bus.clone(), "gateway", None)
+        .append(good)
+        .await?;
     let stored = history(&bus, &subject).await?;
     let (headers, _) = zopu_schema::codec::encode(&stored[0].1);
     let mut garbage_headers: Vec<(&str, String)> = headers.clone();
@@ -391,13 +539,30 @@ async fn poison_messages_become_dead_letters_and_others_keep_flowing() -> Result
             *value = "request:garbage".into();
         }
     }
-    let as_refs = |headers: &[(&'static str, String)]| headers.iter().map(|(n, v)| (*n, v.clone())).collect::<Vec<_>>();
+    let as_refs = |headers: &[(&'static str, String)]| {
+        headers
+            .iter()
+            .map(|(n, v)| (*n, v.clone()))
+            .collect::<Vec<_>>()
+    };
     let garbage: Vec<(&str, String)> = as_refs(&garbage_headers)
         .into_iter()
-        .map(|(n, v)| if n == "ce-id" { (n, zopu_schema::EventId::new().to_string()) } else { (n, v) })
+        .map(|(n, v)| {
+            if n == "ce-id" {
+                (n, zopu_schema::EventId::new().to_string())
+            } else {
+                (n, v)
+            }
+        })
         .collect();
     let garbage_refs: Vec<(&str, &str)> = garbage.iter().map(|(n, v)| (*n, v.as_str())).collect();
-    let garbage_sequence = publish_raw(&bus, &subject, &garbage_refs, b"\xff\xff\xff\xff not protobuf").await?;
+    let garbage_sequence = publish_raw(
+        &bus,
+        &subject,
+        &garbage_refs,
+        b"\xff\xff\xff\xff not protobuf",
+    )
+    .await?;
     // An unknown type on this subject.
     let unknown: Vec<(&str, String)> = as_refs(&headers)
         .into_iter()
@@ -410,29 +575,73 @@ async fn poison_messages_become_dead_letters_and_others_keep_flowing() -> Result
     let unknown_refs: Vec<(&str, &str)> = unknown.iter().map(|(n, v)| (*n, v.as_str())).collect();
     let unknown_sequence = publish_raw(&bus, &subject, &unknown_refs, b"").await?;
     // A missing required header.
-    let missing: Vec<(&str, &str)> =
-        headers.iter().filter(|(n, _)| *n != "ce-id").map(|(n, v)| (*n, v.as_str())).collect();
+    let missing: Vec<(&str, &str)> = headers
+        .iter()
+        .filter(|(n, _)| *n != "ce-id")
+        .map(|(n, v)| (*n, v.as_str()))
+        .collect();
     let missing_sequence = publish_raw(&bus, &subject, &missing, b"").await?;
 
     let shutdown = Shutdown::new();
     let runtime = Runtime::start("reactor", &config, shutdown.clone()).await?;
     runtime.spawn_reaction(reaction_config("reactor-poison"), Acknowledger::default());
-    let after = Publisher::new(bus.clone(), "gateway", None).append(user_message(&org, project, "after", "request:after")).await?;
+    let after = Publisher::new(bus.clone(), "gateway", None)
+        .append(user_message(&org, project, "after", "request:after"))
+        .await?;
 
-    let dead_letters = wait_for_count(&bus, &subjects::events_of_type(pb::DeadLetterRecorded::TYPE), LONG, 3, |_| true).await?;
-    let records: Vec<pb::DeadLetterRecorded> = dead_letters.iter().map(|e| e.decode().expect("dead letter decodes")).collect();
-    let by_sequence = |sequence: u64| records.iter().find(|r| r.stream_sequence == sequence).expect("dead letter for sequence");
-    assert!(by_sequence(garbage_sequence).reason.contains("decode"), "{:?}", by_sequence(garbage_sequence));
-    assert!(by_sequence(unknown_sequence).reason.contains("bogus.thing"), "{:?}", by_sequence(unknown_sequence));
-    assert!(by_sequence(missing_sequence).reason.contains("ce-id"), "{:?}", by_sequence(missing_sequence));
+    let dead_letters = wait_for_count(
+        &bus,
+        &subjects::events_of_type(pb::DeadLetterRecorded::TYPE),
+        LONG,
+        3,
+        |_| true,
+    )
+    .await?;
+    let records: Vec<pb::DeadLetterRecorded> = dead_letters
+        .iter()
+        .map(|e| e.decode().expect("dead letter decodes"))
+        .collect();
+    let by_sequence = |sequence: u64| {
+        records
+            .iter()
+            .find(|r| r.stream_sequence == sequence)
+            .expect("dead letter for sequence")
+    };
+    assert!(
+        by_sequence(garbage_sequence).reason.contains("decode"),
+        "{:?}",
+        by_sequence(garbage_sequence)
+    );
+    assert!(
+        by_sequence(unknown_sequence).reason.contains("bogus.thing"),
+        "{:?}",
+        by_sequence(unknown_sequence)
+    );
+    assert!(
+        by_sequence(missing_sequence).reason.contains("ce-id"),
+        "{:?}",
+        by_sequence(missing_sequence)
+    );
     // The garbage body was a known type: its failure is visible too.
-    wait_for(&bus, &subjects::events_of_type(pb::AgentFinal::TYPE), LONG, |e| {
-        e.decode::<pb::AgentFinal>().is_ok_and(|f| f.failure.is_some())
-    })
+    wait_for(
+        &bus,
+        &subjects::events_of_type(pb::AgentFinal::TYPE),
+        LONG,
+        |e| {
+            e.decode::<pb::AgentFinal>()
+                .is_ok_and(|f| f.failure.is_some())
+        },
+    )
     .await?;
     // Good events before and after the poison were handled.
     for source in [template.event_id, after.event_id] {
-        wait_for(&bus, &subjects::events_of_type(pb::AgentAcknowledged::TYPE), LONG, |e| e.causation_id == source).await?;
+        wait_for(
+            &bus,
+            &subjects::events_of_type(pb::AgentAcknowledged::TYPE),
+            LONG,
+            |e| e.causation_id == source,
+        )
+        .await?;
     }
     shutdown.cancel();
     shutdown.wait(LONG).await;
@@ -441,7 +650,6 @@ async fn poison_messages_become_dead_letters_and_others_keep_flowing() -> Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_server_loses_no_acknowledged_event() -> Result<()> {
-    zopu_core::telemetry::init(false);
     let mut server = NatsServer::start()?;
     let dir = tempfile::tempdir()?;
     let config = zopu_tests::core_config(&server, dir.path());
@@ -459,18 +667,37 @@ async fn kill_9_of_the_server_loses_no_acknowledged_event() -> Result<()> {
             server.kill();
             server.restart()?;
         }
-        let appended = publisher.append(user_message(&org, project, &format!("m{i}"), &format!("request:crash-{i}"))).await?;
+        let appended = publisher
+            .append(user_message(
+                &org,
+                project,
+                &format!("m{i}"),
+                &format!("request:crash-{i}"),
+            ))
+            .await?;
         acknowledged.push(appended.event_id);
     }
-    let acks = wait_for_count(&bus, &subjects::events_of_type(pb::AgentAcknowledged::TYPE), LONG, total, |_| true).await?;
-    let stored = history(&bus, &subjects::events_of_type(pb::TimelineMessageSent::TYPE)).await?;
+    let acks = wait_for_count(
+        &bus,
+        &subjects::events_of_type(pb::AgentAcknowledged::TYPE),
+        LONG,
+        total,
+        |_| true,
+    )
+    .await?;
+    let stored = history(
+        &bus,
+        &subjects::events_of_type(pb::TimelineMessageSent::TYPE),
+    )
+    .await?;
     let stored_ids: std::collections::HashSet<_> = stored.iter().map(|(_, e)| e.id).collect();
     for id in &acknowledged {
         assert!(stored_ids.contains(id), "acknowledged event {id} was lost");
     }
     assert_eq!(stored.len(), total);
     let all_acks = history(&bus, &subjects::events_of_type(pb::AgentAcknowledged::TYPE)).await?;
-    let causes: std::collections::HashSet<_> = all_acks.iter().map(|(_, e)| e.causation_id).collect();
+    let causes: std::collections::HashSet<_> =
+        all_acks.iter().map(|(_, e)| e.causation_id).collect();
     assert_eq!(all_acks.len(), total, "a message was processed twice");
     assert_eq!(causes.len(), total);
     assert!(acks.len() >= total);
@@ -488,7 +715,9 @@ async fn audit_finds_a_planted_gap_and_a_tampered_event() -> Result<()> {
     let (org, project) = (org("audit"), ProjectId::new());
     let publisher = Publisher::new(bus.clone(), "gateway", None);
     for i in 0..3 {
-        publisher.append(user_message(&org, project, "ok", &format!("request:a-{i}"))).await?;
+        publisher
+            .append(user_message(&org, project, "ok", &format!("request:a-{i}")))
+            .await?;
     }
     let subject = subjects::project_events(&org, &project);
     let (_, last) = history(&bus, &subject).await?.pop().expect("three events");
@@ -518,5 +747,10 @@ async fn publish_envelope_raw(bus: &zopu_core::nats::Bus, envelope: &Envelope) -
     for (name, value) in headers {
         map.insert(name, value.as_str());
     }
-    Ok(bus.jetstream.publish_with_headers(envelope.subject(), map, body).await?.await?.sequence)
+    Ok(bus
+        .jetstream
+        .publish_with_headers(envelope.subject(), map, body)
+        .await?
+        .await?
+        .sequence)
 }

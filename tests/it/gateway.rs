@@ -9,7 +9,9 @@ use serde_json::{Value, json};
 use zopu_core::publish::{NewEvent, Publisher};
 use zopu_core::{Appended, Shutdown};
 use zopu_gateway::AppState;
-use zopu_schema::{ArtifactId, Event, EventId, FlowRunId, OrgId, ProjectId, ThreadId, WorkId, pb, subjects};
+use zopu_schema::{
+    ArtifactId, Event, EventId, FlowRunId, OrgId, ProjectId, ThreadId, WorkId, pb, subjects,
+};
 use zopu_tests::{NatsServer, history};
 
 const LONG: Duration = Duration::from_secs(30);
@@ -45,7 +47,17 @@ async fn gateway(config: zopu_gateway::Config) -> Result<Gateway> {
     let acme = zopu_gateway::issue_token(&tokens, &org("acme"), "ada")?;
     let other = zopu_gateway::issue_token(&tokens, &org("other"), "eve")?;
     let events = Publisher::new(state.runtime.bus.clone(), "test", None);
-    Ok(Gateway { _server: server, _dir: dir, shutdown, state, base, http: reqwest::Client::new(), events, acme, other })
+    Ok(Gateway {
+        _server: server,
+        _dir: dir,
+        shutdown,
+        state,
+        base,
+        http: reqwest::Client::builder().timeout(LONG).build()?,
+        events,
+        acme,
+        other,
+    })
 }
 
 fn org(name: &str) -> OrgId {
@@ -58,19 +70,35 @@ impl Gateway {
     }
 
     async fn get(&self, token: &str, path: &str) -> Result<(StatusCode, Value)> {
-        let response = self.http.get(self.url(path)).bearer_auth(token).send().await?;
+        let response = self
+            .http
+            .get(self.url(path))
+            .bearer_auth(token)
+            .send()
+            .await?;
         let status = response.status();
         Ok((status, response.json().await.unwrap_or(Value::Null)))
     }
 
     async fn post(&self, token: &str, path: &str, body: Value) -> Result<(StatusCode, Value)> {
-        let response = self.http.post(self.url(path)).bearer_auth(token).json(&body).send().await?;
+        let response = self
+            .http
+            .post(self.url(path))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await?;
         let status = response.status();
         Ok((status, response.json().await.unwrap_or(Value::Null)))
     }
 
     /// Appends an event for a project and waits until the gateway has projected it.
-    async fn append<E: Event>(&self, project: ProjectId, payload: &E, scope: Scope) -> Result<Appended> {
+    async fn append<E: Event>(
+        &self,
+        project: ProjectId,
+        payload: &E,
+        scope: Scope,
+    ) -> Result<Appended> {
         let key = format!("test:{}", EventId::new());
         let mut event = NewEvent::root(org("acme"), project, payload, key, None);
         if let Some(work) = scope.work {
@@ -98,14 +126,41 @@ impl Gateway {
         let body = json!({ "repository": "https://example.com/acme/demo.git", "branch": "main", "name": name });
         let (status, created) = self.post(&self.acme, "/v1/projects", body).await?;
         ensure!(status == StatusCode::CREATED, "create: {status} {created}");
-        self.projected(created["sequence"].as_u64().context("sequence")?).await?;
-        Ok(created["project_id"].as_str().context("project_id")?.parse()?)
+        self.projected(created["sequence"].as_u64().context("sequence")?)
+            .await?;
+        Ok(created["project_id"]
+            .as_str()
+            .context("project_id")?
+            .parse()?)
     }
 
     async fn make_ready(&self, project: ProjectId) -> Result<()> {
-        self.append(project, &pb::ProjectSetupStarted { setup_revision: 1 }, Scope::default()).await?;
-        self.append(project, &pb::ProjectRuntimeCreated { setup_revision: 1, runtime_id: "rt".into(), ..Default::default() }, Scope::default()).await?;
-        self.append(project, &pb::ProjectRepositoryCloned { setup_revision: 1, repository_commit: "abc123".into(), ..Default::default() }, Scope::default()).await?;
+        self.append(
+            project,
+            &pb::ProjectSetupStarted { setup_revision: 1 },
+            Scope::default(),
+        )
+        .await?;
+        self.append(
+            project,
+            &pb::ProjectRuntimeCreated {
+                setup_revision: 1,
+                runtime_id: "rt".into(),
+                ..Default::default()
+            },
+            Scope::default(),
+        )
+        .await?;
+        self.append(
+            project,
+            &pb::ProjectRepositoryCloned {
+                setup_revision: 1,
+                repository_commit: "abc123".into(),
+                ..Default::default()
+            },
+            Scope::default(),
+        )
+        .await?;
         let ready = pb::ProjectReady {
             setup_revision: 1,
             repository_commit: "abc123".into(),
@@ -118,13 +173,29 @@ impl Gateway {
     }
 
     /// Stores HTML in the artifact bucket and publishes its card.
-    async fn publish_artifact(&self, project: ProjectId, work: Option<WorkId>, html: &[u8], tamper: bool) -> Result<ArtifactId> {
+    async fn publish_artifact(
+        &self,
+        project: ProjectId,
+        work: Option<WorkId>,
+        html: &[u8],
+        tamper: bool,
+    ) -> Result<ArtifactId> {
         let artifact = ArtifactId::new();
         let name = format!("{artifact}/1.html");
-        let store = self.state.runtime.bus.jetstream.get_object_store(subjects::ARTIFACTS_BUCKET).await?;
+        let store = self
+            .state
+            .runtime
+            .bus
+            .jetstream
+            .get_object_store(subjects::ARTIFACTS_BUCKET)
+            .await?;
         let mut reader = html;
         store.put(name.as_str(), &mut reader).await?;
-        let digest = zopu_gateway::api::sha256_hex(if tamper { b"something else".as_slice() } else { html });
+        let digest = zopu_gateway::api::sha256_hex(if tamper {
+            b"something else".as_slice()
+        } else {
+            html
+        });
         let published = pb::ArtifactPublished {
             build_id: "b".into(),
             artifact_id: artifact.to_string(),
@@ -134,8 +205,16 @@ impl Gateway {
             summary: "The CloudEvents envelope".into(),
             card: Some(pb::ArtifactCard {
                 label: "Exploration".into(),
-                facts: vec![pb::CardFact { label: "Files".into(), value: "4".into() }],
-                actions: vec![pb::CardAction { id: "create_issue".into(), label: "Create issue".into(), event_type: "client.action".into(), style: "primary".into() }],
+                facts: vec![pb::CardFact {
+                    label: "Files".into(),
+                    value: "4".into(),
+                }],
+                actions: vec![pb::CardAction {
+                    id: "create_issue".into(),
+                    label: "Create issue".into(),
+                    event_type: "client.action".into(),
+                    style: "primary".into(),
+                }],
             }),
             html: Some(pb::BlobRef {
                 bucket: subjects::ARTIFACTS_BUCKET.into(),
@@ -147,7 +226,15 @@ impl Gateway {
             provider: "offline".into(),
             repaired: false,
         };
-        self.append(project, &published, Scope { work, ..Scope::default() }).await?;
+        self.append(
+            project,
+            &published,
+            Scope {
+                work,
+                ..Scope::default()
+            },
+        )
+        .await?;
         Ok(artifact)
     }
 }
@@ -160,7 +247,15 @@ struct Scope {
 }
 
 fn kinds(page: &Value) -> Vec<String> {
-    page["items"].as_array().map(|items| items.iter().map(|item| item["kind"].as_str().unwrap_or("").to_owned()).collect()).unwrap_or_default()
+    page["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|item| item["kind"].as_str().unwrap_or("").to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,7 +265,13 @@ async fn every_route_serves_its_part_of_the_product() -> Result<()> {
     // Health, OpenAPI, web shell.
     let health = gw.http.get(gw.url("/healthz")).send().await?;
     assert_eq!(health.status(), StatusCode::OK);
-    let openapi: Value = gw.http.get(gw.url("/openapi.json")).send().await?.json().await?;
+    let openapi: Value = gw
+        .http
+        .get(gw.url("/openapi.json"))
+        .send()
+        .await?
+        .json()
+        .await?;
     for path in [
         "/v1/projects",
         "/v1/projects/{id}",
@@ -187,11 +288,16 @@ async fn every_route_serves_its_part_of_the_product() -> Result<()> {
         "/v1/projects/{id}/agent/enable",
         "/v1/projects/{id}/events",
     ] {
-        assert!(openapi["paths"][path].is_object(), "{path} missing from /openapi.json");
+        assert!(
+            openapi["paths"][path].is_object(),
+            "{path} missing from /openapi.json"
+        );
     }
     let page = gw.http.get(gw.url("/")).send().await?;
     assert_eq!(page.status(), StatusCode::OK);
-    let csp = page.headers()["content-security-policy"].to_str()?.to_owned();
+    let csp = page.headers()["content-security-policy"]
+        .to_str()?
+        .to_owned();
     assert!(csp.contains("script-src 'self'"), "{csp}");
     assert!(page.text().await?.contains("/assets/app.js"));
     let script = gw.http.get(gw.url("/assets/app.js")).send().await?;
@@ -210,12 +316,23 @@ async fn every_route_serves_its_part_of_the_product() -> Result<()> {
     assert_eq!(response.headers()["x-request-id"], "req-create-1");
     let created: Value = response.json().await?;
     let project: ProjectId = created["project_id"].as_str().context("id")?.parse()?;
-    let stored = history(&gw.state.runtime.bus, &subjects::project_events(&org("acme"), &project)).await?;
+    let stored = history(
+        &gw.state.runtime.bus,
+        &subjects::project_events(&org("acme"), &project),
+    )
+    .await?;
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].1.event_type, pb::ProjectSetupRequested::TYPE);
     assert_eq!(stored[0].1.correlation_id.as_str(), "req-create-1");
     let request = stored[0].1.decode::<pb::ProjectSetupRequested>()?;
-    assert_eq!((request.branch.as_str(), request.project_name.as_str(), request.setup_revision), ("main", "demo", 1));
+    assert_eq!(
+        (
+            request.branch.as_str(),
+            request.project_name.as_str(),
+            request.setup_revision
+        ),
+        ("main", "demo", 1)
+    );
     gw.projected(stored[0].0).await?;
 
     let (status, view) = gw.get(&gw.acme, &format!("/v1/projects/{project}")).await?;
@@ -225,32 +342,93 @@ async fn every_route_serves_its_part_of_the_product() -> Result<()> {
     assert_eq!(list["projects"].as_array().map(Vec::len), Some(1));
 
     // Retry is refused unless setup failed.
-    let (status, _) = gw.post(&gw.acme, &format!("/v1/projects/{project}/setup/retry"), json!({})).await?;
+    let (status, _) = gw
+        .post(
+            &gw.acme,
+            &format!("/v1/projects/{project}/setup/retry"),
+            json!({}),
+        )
+        .await?;
     assert_eq!(status, StatusCode::CONFLICT);
-    gw.append(project, &pb::ProjectRuntimeCreated { setup_revision: 1, ..Default::default() }, Scope::default()).await?;
-    assert_eq!(gw.get(&gw.acme, &format!("/v1/projects/{project}")).await?.1["setup"]["state"], "cloning");
+    gw.append(
+        project,
+        &pb::ProjectRuntimeCreated {
+            setup_revision: 1,
+            ..Default::default()
+        },
+        Scope::default(),
+    )
+    .await?;
+    assert_eq!(
+        gw.get(&gw.acme, &format!("/v1/projects/{project}"))
+            .await?
+            .1["setup"]["state"],
+        "cloning"
+    );
     let failed = pb::ProjectSetupFailed {
         setup_revision: 1,
         step: "clone".into(),
-        reason: Some(pb::FailureReason { code: "clone.network".into(), message: "The host did not answer.".into(), retryable: true }),
+        reason: Some(pb::FailureReason {
+            code: "clone.network".into(),
+            message: "The host did not answer.".into(),
+            retryable: true,
+        }),
     };
     gw.append(project, &failed, Scope::default()).await?;
     let (_, view) = gw.get(&gw.acme, &format!("/v1/projects/{project}")).await?;
     assert_eq!(view["setup"]["state"], "failed");
-    assert_eq!(view["setup"]["failure"]["message"], "The host did not answer.");
+    assert_eq!(
+        view["setup"]["failure"]["message"],
+        "The host did not answer."
+    );
     assert_eq!(view["setup"]["failure"]["retryable"], true);
-    let (status, retried) = gw.post(&gw.acme, &format!("/v1/projects/{project}/setup/retry"), json!({})).await?;
+    let (status, retried) = gw
+        .post(
+            &gw.acme,
+            &format!("/v1/projects/{project}/setup/retry"),
+            json!({}),
+        )
+        .await?;
     assert_eq!(status, StatusCode::ACCEPTED, "{retried}");
     assert_eq!(retried["setup_revision"], 2);
-    gw.projected(retried["sequence"].as_u64().context("sequence")?).await?;
+    gw.projected(retried["sequence"].as_u64().context("sequence")?)
+        .await?;
     let (_, view) = gw.get(&gw.acme, &format!("/v1/projects/{project}")).await?;
-    assert_eq!((view["setup"]["state"].as_str(), view["setup"]["revision"].as_u64()), (Some("creating_workspace"), Some(2)));
+    assert_eq!(
+        (
+            view["setup"]["state"].as_str(),
+            view["setup"]["revision"].as_u64()
+        ),
+        (Some("creating_workspace"), Some(2))
+    );
 
     // Second revision reaches ready.
     for payload in [2u32] {
-        gw.append(project, &pb::ProjectRuntimeCreated { setup_revision: payload, ..Default::default() }, Scope::default()).await?;
-        gw.append(project, &pb::ProjectRepositoryCloned { setup_revision: payload, repository_commit: "c0ffee".into(), ..Default::default() }, Scope::default()).await?;
-        assert_eq!(gw.get(&gw.acme, &format!("/v1/projects/{project}")).await?.1["setup"]["state"], "checking");
+        gw.append(
+            project,
+            &pb::ProjectRuntimeCreated {
+                setup_revision: payload,
+                ..Default::default()
+            },
+            Scope::default(),
+        )
+        .await?;
+        gw.append(
+            project,
+            &pb::ProjectRepositoryCloned {
+                setup_revision: payload,
+                repository_commit: "c0ffee".into(),
+                ..Default::default()
+            },
+            Scope::default(),
+        )
+        .await?;
+        assert_eq!(
+            gw.get(&gw.acme, &format!("/v1/projects/{project}"))
+                .await?
+                .1["setup"]["state"],
+            "checking"
+        );
         let ready = pb::ProjectReady {
             setup_revision: payload,
             repository_commit: "c0ffee".into(),
@@ -277,7 +455,10 @@ async fn every_route_serves_its_part_of_the_product() -> Result<()> {
     let accepted: Value = response.json().await?;
     let message_sequence = accepted["sequence"].as_u64().context("sequence")?;
     let stored = zopu_core::publish::get_event(&gw.state.runtime.bus, message_sequence).await?;
-    assert_eq!(stored.id.to_string(), accepted["event_id"].as_str().context("event_id")?);
+    assert_eq!(
+        stored.id.to_string(),
+        accepted["event_id"].as_str().context("event_id")?
+    );
     assert_eq!(stored.correlation_id.as_str(), "req-msg-1");
     // The same request again is the same event.
     let again = gw
@@ -290,25 +471,116 @@ async fn every_route_serves_its_part_of_the_product() -> Result<()> {
         .await?
         .json::<Value>()
         .await?;
-    assert_eq!((again["duplicate"].as_bool(), again["event_id"].clone()), (Some(true), accepted["event_id"].clone()));
+    assert_eq!(
+        (again["duplicate"].as_bool(), again["event_id"].clone()),
+        (Some(true), accepted["event_id"].clone())
+    );
 
     // The agent's side of the conversation.
     let work = WorkId::new();
     let thread = ThreadId::new();
     let flow = FlowRunId::new();
-    let in_work = Scope { work: Some(work), ..Scope::default() };
-    gw.append(project, &pb::AgentAcknowledged { text: "Looking into it.".into(), ..Default::default() }, Scope::default()).await?;
-    gw.append(project, &pb::WorkCreated { title: "Explore the envelope".into(), kind: "explore".into(), ..Default::default() }, in_work).await?;
-    gw.append(project, &pb::ThreadCreated { title: "Exploration".into(), flow_type: "explore".into() }, Scope { thread: Some(thread), ..in_work }).await?;
-    gw.append(project, &pb::FlowRequested { flow_type: pb::FlowType::Explore as i32, ..Default::default() }, Scope { flow: Some(flow), ..in_work }).await?;
-    gw.append(project, &pb::FlowStarted { flow_type: pb::FlowType::Explore as i32, ..Default::default() }, Scope { flow: Some(flow), ..in_work }).await?;
-    let (_, page) = gw.get(&gw.acme, &format!("/v1/projects/{project}/timeline")).await?;
-    assert_eq!(page["running"], true, "running indicator while the flow runs");
+    let in_work = Scope {
+        work: Some(work),
+        ..Scope::default()
+    };
+    gw.append(
+        project,
+        &pb::AgentAcknowledged {
+            text: "Looking into it.".into(),
+            ..Default::default()
+        },
+        Scope::default(),
+    )
+    .await?;
+    gw.append(
+        project,
+        &pb::WorkCreated {
+            title: "Explore the envelope".into(),
+            kind: "explore".into(),
+            ..Default::default()
+        },
+        in_work,
+    )
+    .await?;
+    gw.append(
+        project,
+        &pb::ThreadCreated {
+            title: "Exploration".into(),
+            flow_type: "explore".into(),
+        },
+        Scope {
+            thread: Some(thread),
+            ..in_work
+        },
+    )
+    .await?;
+    gw.append(
+        project,
+        &pb::FlowRequested {
+            flow_type: pb::FlowType::Explore as i32,
+            ..Default::default()
+        },
+        Scope {
+            flow: Some(flow),
+            ..in_work
+        },
+    )
+    .await?;
+    gw.append(
+        project,
+        &pb::FlowStarted {
+            flow_type: pb::FlowType::Explore as i32,
+            ..Default::default()
+        },
+        Scope {
+            flow: Some(flow),
+            ..in_work
+        },
+    )
+    .await?;
+    let (_, page) = gw
+        .get(&gw.acme, &format!("/v1/projects/{project}/timeline"))
+        .await?;
+    assert_eq!(
+        page["running"], true,
+        "running indicator while the flow runs"
+    );
     let html = b"<!doctype html><html><body><h1>Envelope</h1></body></html>";
-    let artifact = gw.publish_artifact(project, Some(work), html, false).await?;
-    gw.append(project, &pb::FlowCompleted { flow_type: pb::FlowType::Explore as i32, ..Default::default() }, Scope { flow: Some(flow), ..in_work }).await?;
-    gw.append(project, &pb::WorkUpdated { status: "done".into(), summary: String::new() }, in_work).await?;
-    gw.append(project, &pb::AgentFinal { text: "Done — see the artifact.".into(), artifact_ids: vec![artifact.to_string()], ..Default::default() }, in_work).await?;
+    let artifact = gw
+        .publish_artifact(project, Some(work), html, false)
+        .await?;
+    gw.append(
+        project,
+        &pb::FlowCompleted {
+            flow_type: pb::FlowType::Explore as i32,
+            ..Default::default()
+        },
+        Scope {
+            flow: Some(flow),
+            ..in_work
+        },
+    )
+    .await?;
+    gw.append(
+        project,
+        &pb::WorkUpdated {
+            status: "done".into(),
+            summary: String::new(),
+        },
+        in_work,
+    )
+    .await?;
+    gw.append(
+        project,
+        &pb::AgentFinal {
+            text: "Done — see the artifact.".into(),
+            artifact_ids: vec![artifact.to_string()],
+            ..Default::default()
+        },
+        in_work,
+    )
+    .await?;
     let summary = pb::ContextPublished {
         document_id: "doc-1".into(),
         kind: "repository_summary".into(),
@@ -320,88 +592,231 @@ async fn every_route_serves_its_part_of_the_product() -> Result<()> {
     };
     gw.append(project, &summary, Scope::default()).await?;
 
-    let (status, page) = gw.get(&gw.acme, &format!("/v1/projects/{project}/timeline")).await?;
+    let (status, page) = gw
+        .get(&gw.acme, &format!("/v1/projects/{project}/timeline"))
+        .await?;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(page["running"], false);
     let global = kinds(&page);
-    for kind in ["setup", "user_message", "acknowledgement", "work", "flow", "artifact", "work_updated", "agent_final"] {
-        assert!(global.iter().any(|k| k == kind), "{kind} missing from {global:?}");
+    for kind in [
+        "setup",
+        "user_message",
+        "acknowledgement",
+        "work",
+        "flow",
+        "artifact",
+        "work_updated",
+        "agent_final",
+    ] {
+        assert!(
+            global.iter().any(|k| k == kind),
+            "{kind} missing from {global:?}"
+        );
     }
-    let sequences: Vec<u64> = page["items"].as_array().context("items")?.iter().filter_map(|i| i["sequence"].as_u64()).collect();
-    assert!(sequences.windows(2).all(|w| w[0] < w[1]), "timeline not in order");
+    let sequences: Vec<u64> = page["items"]
+        .as_array()
+        .context("items")?
+        .iter()
+        .filter_map(|i| i["sequence"].as_u64())
+        .collect();
+    assert!(
+        sequences.windows(2).all(|w| w[0] < w[1]),
+        "timeline not in order"
+    );
     // Paging.
-    let (_, first) = gw.get(&gw.acme, &format!("/v1/projects/{project}/timeline?limit=2")).await?;
-    assert_eq!((first["items"].as_array().map(Vec::len), first["more"].as_bool()), (Some(2), Some(true)));
+    let (_, first) = gw
+        .get(
+            &gw.acme,
+            &format!("/v1/projects/{project}/timeline?limit=2"),
+        )
+        .await?;
+    assert_eq!(
+        (
+            first["items"].as_array().map(Vec::len),
+            first["more"].as_bool()
+        ),
+        (Some(2), Some(true))
+    );
     let next = first["next_after"].as_u64().context("next_after")?;
-    let (_, rest) = gw.get(&gw.acme, &format!("/v1/projects/{project}/timeline?after={next}")).await?;
-    assert_eq!(rest["items"].as_array().map(Vec::len), Some(sequences.len() - 2));
+    let (_, rest) = gw
+        .get(
+            &gw.acme,
+            &format!("/v1/projects/{project}/timeline?after={next}"),
+        )
+        .await?;
+    assert_eq!(
+        rest["items"].as_array().map(Vec::len),
+        Some(sequences.len() - 2)
+    );
 
     // Work, threads, work timeline.
-    let (status, work_view) = gw.get(&gw.acme, &format!("/v1/projects/{project}/works/{work}")).await?;
+    let (status, work_view) = gw
+        .get(&gw.acme, &format!("/v1/projects/{project}/works/{work}"))
+        .await?;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!((work_view["title"].as_str(), work_view["status"].as_str()), (Some("Explore the envelope"), Some("done")));
-    let (_, threads) = gw.get(&gw.acme, &format!("/v1/projects/{project}/works/{work}/threads")).await?;
+    assert_eq!(
+        (work_view["title"].as_str(), work_view["status"].as_str()),
+        (Some("Explore the envelope"), Some("done"))
+    );
+    let (_, threads) = gw
+        .get(
+            &gw.acme,
+            &format!("/v1/projects/{project}/works/{work}/threads"),
+        )
+        .await?;
     assert_eq!(threads["threads"][0]["thread_id"], thread.to_string());
-    let (_, work_page) = gw.get(&gw.acme, &format!("/v1/projects/{project}/works/{work}/timeline")).await?;
+    let (_, work_page) = gw
+        .get(
+            &gw.acme,
+            &format!("/v1/projects/{project}/works/{work}/timeline"),
+        )
+        .await?;
     let work_kinds = kinds(&work_page);
-    assert!(work_kinds.contains(&"artifact".to_owned()) && !work_kinds.contains(&"user_message".to_owned()), "{work_kinds:?}");
-    let (status, _) = gw.get(&gw.acme, &format!("/v1/projects/{project}/works/{}", WorkId::new())).await?;
+    assert!(
+        work_kinds.contains(&"artifact".to_owned())
+            && !work_kinds.contains(&"user_message".to_owned()),
+        "{work_kinds:?}"
+    );
+    let (status, _) = gw
+        .get(
+            &gw.acme,
+            &format!("/v1/projects/{project}/works/{}", WorkId::new()),
+        )
+        .await?;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
     // The artifact: stored bytes, strict headers.
-    let response = gw.http.get(gw.url(&format!("/v1/artifacts/{artifact}"))).bearer_auth(&gw.acme).send().await?;
+    let response = gw
+        .http
+        .get(gw.url(&format!("/v1/artifacts/{artifact}")))
+        .bearer_auth(&gw.acme)
+        .send()
+        .await?;
     assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(response.headers()["content-security-policy"], zopu_gateway::api::ARTIFACT_CSP);
+    assert_eq!(
+        response.headers()["content-security-policy"],
+        zopu_gateway::api::ARTIFACT_CSP
+    );
     assert_eq!(response.headers()["x-content-type-options"], "nosniff");
-    assert!(response.headers()["content-type"].to_str()?.starts_with("text/html"));
+    assert!(
+        response.headers()["content-type"]
+            .to_str()?
+            .starts_with("text/html")
+    );
     assert_eq!(response.bytes().await?.as_ref(), html);
-    let response = gw.http.get(gw.url(&format!("/v1/artifacts/{artifact}?revision=2"))).bearer_auth(&gw.acme).send().await?;
+    let response = gw
+        .http
+        .get(gw.url(&format!("/v1/artifacts/{artifact}?revision=2")))
+        .bearer_auth(&gw.acme)
+        .send()
+        .await?;
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     // A signed link opens it without the header; a forged one does not.
-    let (status, link) = gw.get(&gw.acme, &format!("/v1/artifacts/{artifact}/link")).await?;
+    let (status, link) = gw
+        .get(&gw.acme, &format!("/v1/artifacts/{artifact}/link"))
+        .await?;
     assert_eq!(status, StatusCode::OK);
     let url = link["url"].as_str().context("url")?;
-    assert!(!url.contains(&gw.acme), "the token must not appear in a link");
+    assert!(
+        !url.contains(&gw.acme),
+        "the token must not appear in a link"
+    );
     let response = gw.http.get(gw.url(url)).send().await?;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.bytes().await?.as_ref(), html);
     let forged = url.replace("signature=", "signature=0");
-    assert_eq!(gw.http.get(gw.url(&forged)).send().await?.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        gw.http.get(gw.url(&forged)).send().await?.status(),
+        StatusCode::UNAUTHORIZED
+    );
     // A blob that does not match its digest is never served.
-    let tampered = gw.publish_artifact(project, None, b"<p>x</p>", true).await?;
-    let response = gw.http.get(gw.url(&format!("/v1/artifacts/{tampered}"))).bearer_auth(&gw.acme).send().await?;
+    let tampered = gw
+        .publish_artifact(project, None, b"<p>x</p>", true)
+        .await?;
+    let response = gw
+        .http
+        .get(gw.url(&format!("/v1/artifacts/{tampered}")))
+        .bearer_auth(&gw.acme)
+        .send()
+        .await?;
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
     let body: Value = response.json().await?;
     assert_eq!(body["error"]["code"], "integrity_error");
 
     // Summary.
-    let (status, summary) = gw.get(&gw.acme, &format!("/v1/projects/{project}/summary")).await?;
+    let (status, summary) = gw
+        .get(&gw.acme, &format!("/v1/projects/{project}/summary"))
+        .await?;
     assert_eq!(status, StatusCode::OK);
     assert!(summary["body"].as_str().unwrap_or("").starts_with("# Demo"));
 
     // Card action: checked against the card.
     let (status, action) = gw
-        .post(&gw.acme, &format!("/v1/projects/{project}/actions"), json!({ "artifact_id": artifact.to_string(), "action_id": "create_issue" }))
+        .post(
+            &gw.acme,
+            &format!("/v1/projects/{project}/actions"),
+            json!({ "artifact_id": artifact.to_string(), "action_id": "create_issue" }),
+        )
         .await?;
     assert_eq!(status, StatusCode::ACCEPTED, "{action}");
     let (status, error) = gw
-        .post(&gw.acme, &format!("/v1/projects/{project}/actions"), json!({ "artifact_id": artifact.to_string(), "action_id": "nope" }))
+        .post(
+            &gw.acme,
+            &format!("/v1/projects/{project}/actions"),
+            json!({ "artifact_id": artifact.to_string(), "action_id": "nope" }),
+        )
         .await?;
-    assert_eq!((status, error["error"]["field"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("action_id")));
+    assert_eq!(
+        (status, error["error"]["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("action_id"))
+    );
 
     // Kill switch.
-    let (status, disabled) = gw.post(&gw.acme, &format!("/v1/projects/{project}/agent/disable"), json!({ "reason": "maintenance" })).await?;
+    let (status, disabled) = gw
+        .post(
+            &gw.acme,
+            &format!("/v1/projects/{project}/agent/disable"),
+            json!({ "reason": "maintenance" }),
+        )
+        .await?;
     assert_eq!(status, StatusCode::ACCEPTED, "{disabled}");
-    gw.projected(disabled["sequence"].as_u64().context("sequence")?).await?;
-    assert_eq!(gw.get(&gw.acme, &format!("/v1/projects/{project}")).await?.1["agent_enabled"], false);
-    let response = gw.http.post(gw.url(&format!("/v1/projects/{project}/agent/enable"))).bearer_auth(&gw.acme).send().await?;
+    gw.projected(disabled["sequence"].as_u64().context("sequence")?)
+        .await?;
+    assert_eq!(
+        gw.get(&gw.acme, &format!("/v1/projects/{project}"))
+            .await?
+            .1["agent_enabled"],
+        false
+    );
+    let response = gw
+        .http
+        .post(gw.url(&format!("/v1/projects/{project}/agent/enable")))
+        .bearer_auth(&gw.acme)
+        .send()
+        .await?;
     assert_eq!(response.status(), StatusCode::ACCEPTED);
     let enabled: Value = response.json().await?;
-    gw.projected(enabled["sequence"].as_u64().context("sequence")?).await?;
-    assert_eq!(gw.get(&gw.acme, &format!("/v1/projects/{project}")).await?.1["agent_enabled"], true);
-    let stored = history(&gw.state.runtime.bus, &subjects::project_events(&org("acme"), &project)).await?;
-    let disabled_event = stored.iter().find(|(_, e)| e.is::<pb::AgentDisabled>()).context("agent.disabled stored")?;
-    assert_eq!(disabled_event.1.decode::<pb::AgentDisabled>()?.agent_id, format!("conversation:acme:{project}"));
+    gw.projected(enabled["sequence"].as_u64().context("sequence")?)
+        .await?;
+    assert_eq!(
+        gw.get(&gw.acme, &format!("/v1/projects/{project}"))
+            .await?
+            .1["agent_enabled"],
+        true
+    );
+    let stored = history(
+        &gw.state.runtime.bus,
+        &subjects::project_events(&org("acme"), &project),
+    )
+    .await?;
+    let disabled_event = stored
+        .iter()
+        .find(|(_, e)| e.is::<pb::AgentDisabled>())
+        .context("agent.disabled stored")?;
+    assert_eq!(
+        disabled_event.1.decode::<pb::AgentDisabled>()?.agent_id,
+        format!("conversation:acme:{project}")
+    );
     Ok(())
 }
 
@@ -411,9 +826,33 @@ async fn another_organization_sees_nothing_and_no_token_gets_401() -> Result<()>
     let project = gw.create_project("secret").await?;
     gw.make_ready(project).await?;
     let work = WorkId::new();
-    gw.append(project, &pb::WorkCreated { title: "w".into(), kind: "explore".into(), ..Default::default() }, Scope { work: Some(work), ..Scope::default() }).await?;
-    let artifact = gw.publish_artifact(project, Some(work), b"<p>private</p>", false).await?;
-    gw.append(project, &pb::ContextPublished { kind: "repository_summary".into(), body: "s".into(), revision: 1, ..Default::default() }, Scope::default()).await?;
+    gw.append(
+        project,
+        &pb::WorkCreated {
+            title: "w".into(),
+            kind: "explore".into(),
+            ..Default::default()
+        },
+        Scope {
+            work: Some(work),
+            ..Scope::default()
+        },
+    )
+    .await?;
+    let artifact = gw
+        .publish_artifact(project, Some(work), b"<p>private</p>", false)
+        .await?;
+    gw.append(
+        project,
+        &pb::ContextPublished {
+            kind: "repository_summary".into(),
+            body: "s".into(),
+            revision: 1,
+            ..Default::default()
+        },
+        Scope::default(),
+    )
+    .await?;
 
     let gets = [
         format!("/v1/projects/{project}"),
@@ -428,37 +867,86 @@ async fn another_organization_sees_nothing_and_no_token_gets_401() -> Result<()>
     ];
     let posts = [
         (format!("/v1/projects/{project}/setup/retry"), json!({})),
-        (format!("/v1/projects/{project}/messages"), json!({ "text": "hi" })),
-        (format!("/v1/projects/{project}/actions"), json!({ "artifact_id": artifact.to_string(), "action_id": "create_issue" })),
+        (
+            format!("/v1/projects/{project}/messages"),
+            json!({ "text": "hi" }),
+        ),
+        (
+            format!("/v1/projects/{project}/actions"),
+            json!({ "artifact_id": artifact.to_string(), "action_id": "create_issue" }),
+        ),
         (format!("/v1/projects/{project}/agent/disable"), json!({})),
         (format!("/v1/projects/{project}/agent/enable"), json!({})),
     ];
     for path in &gets {
-        let (status, body) = gw.get(&gw.acme, path).await.map(|(s, b)| (s, b))?;
-        // The owner can read each one (the SSE route answers 200 with a stream).
-        assert!(status == StatusCode::OK || path.ends_with("/events"), "owner {path}: {status} {body}");
-        let response = gw.http.get(gw.url(path)).bearer_auth(&gw.other).send().await?;
+        // The owner can read each one (headers only: the SSE route answers with an endless stream).
+        let owner = gw
+            .http
+            .get(gw.url(path))
+            .bearer_auth(&gw.acme)
+            .send()
+            .await?;
+        assert_eq!(owner.status(), StatusCode::OK, "owner {path}");
+        drop(owner);
+        let response = gw
+            .http
+            .get(gw.url(path))
+            .bearer_auth(&gw.other)
+            .send()
+            .await?;
         assert_eq!(response.status(), StatusCode::NOT_FOUND, "other org {path}");
         let text = response.text().await?;
-        assert!(!text.contains("private") && !text.contains("secret"), "{path} leaked: {text}");
-        assert_eq!(gw.http.get(gw.url(path)).send().await?.status(), StatusCode::UNAUTHORIZED, "no token {path}");
-        assert_eq!(gw.http.get(gw.url(path)).bearer_auth("zpt_0000").send().await?.status(), StatusCode::UNAUTHORIZED, "bad token {path}");
+        assert!(
+            !text.contains("private") && !text.contains("secret"),
+            "{path} leaked: {text}"
+        );
+        assert_eq!(
+            gw.http.get(gw.url(path)).send().await?.status(),
+            StatusCode::UNAUTHORIZED,
+            "no token {path}"
+        );
+        assert_eq!(
+            gw.http
+                .get(gw.url(path))
+                .bearer_auth("zpt_0000")
+                .send()
+                .await?
+                .status(),
+            StatusCode::UNAUTHORIZED,
+            "bad token {path}"
+        );
     }
-    let sse = gw.http.get(gw.url(&format!("/v1/projects/{project}/events?token={}", gw.other))).send().await?;
+    let sse = gw
+        .http
+        .get(gw.url(&format!("/v1/projects/{project}/events?token={}", gw.other)))
+        .send()
+        .await?;
     assert_eq!(sse.status(), StatusCode::NOT_FOUND);
     for (path, body) in &posts {
         let (status, _) = gw.post(&gw.other, path, body.clone()).await?;
         assert_eq!(status, StatusCode::NOT_FOUND, "other org {path}");
         let response = gw.http.post(gw.url(path)).json(body).send().await?;
-        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "no token {path}");
+        assert_eq!(
+            response.status(),
+            StatusCode::UNAUTHORIZED,
+            "no token {path}"
+        );
     }
     let (_, list) = gw.get(&gw.other, "/v1/projects").await?;
     assert_eq!(list["projects"], json!([]));
     // Nothing the other org tried was stored.
     let stored = history(&gw.state.runtime.bus, &subjects::org_events(&org("other"))).await?;
     assert!(stored.is_empty(), "{stored:?}");
-    let acme_messages = history(&gw.state.runtime.bus, &subjects::project_events(&org("acme"), &project)).await?;
-    assert!(!acme_messages.iter().any(|(_, e)| e.is::<pb::TimelineMessageSent>() || e.is::<pb::AgentDisabled>()));
+    let acme_messages = history(
+        &gw.state.runtime.bus,
+        &subjects::project_events(&org("acme"), &project),
+    )
+    .await?;
+    assert!(
+        !acme_messages
+            .iter()
+            .any(|(_, e)| e.is::<pb::TimelineMessageSent>() || e.is::<pb::AgentDisabled>())
+    );
     Ok(())
 }
 
@@ -468,53 +956,141 @@ async fn malformed_and_oversized_bodies_get_4xx_naming_the_field() -> Result<()>
     let project = gw.create_project("p").await?;
     let messages = format!("/v1/projects/{project}/messages");
     let send_raw = |body: &'static str| {
-        gw.http.post(gw.url(&messages)).bearer_auth(&gw.acme).header("content-type", "application/json").body(body).send()
+        gw.http
+            .post(gw.url(&messages))
+            .bearer_auth(&gw.acme)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
     };
     let field = |value: &Value| value["error"]["field"].as_str().map(str::to_owned);
 
     let response = send_raw("{\"text\": ").await?;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-    assert_eq!(response.json::<Value>().await?["error"]["code"], "malformed_json");
+    assert_eq!(
+        response.json::<Value>().await?["error"]["code"],
+        "malformed_json"
+    );
     let cases = [
         (json!({}), StatusCode::UNPROCESSABLE_ENTITY, "text"),
-        (json!({ "text": 42 }), StatusCode::UNPROCESSABLE_ENTITY, "text"),
-        (json!({ "text": "   " }), StatusCode::UNPROCESSABLE_ENTITY, "text"),
-        (json!({ "text": "hi", "colour": "red" }), StatusCode::UNPROCESSABLE_ENTITY, "colour"),
-        (json!({ "text": "hi", "reply_to_event_id": "nope" }), StatusCode::UNPROCESSABLE_ENTITY, "reply_to_event_id"),
-        (json!({ "text": "x".repeat(8001) }), StatusCode::UNPROCESSABLE_ENTITY, "text"),
+        (
+            json!({ "text": 42 }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "text",
+        ),
+        (
+            json!({ "text": "   " }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "text",
+        ),
+        (
+            json!({ "text": "hi", "colour": "red" }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "colour",
+        ),
+        (
+            json!({ "text": "hi", "reply_to_event_id": "nope" }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "reply_to_event_id",
+        ),
+        (
+            json!({ "text": "x".repeat(8001) }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "text",
+        ),
     ];
     for (body, status, name) in cases {
         let (got, error) = gw.post(&gw.acme, &messages, body.clone()).await?;
-        assert_eq!((got, field(&error).as_deref()), (status, Some(name)), "{body}: {error}");
-        assert!(error["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+        assert_eq!(
+            (got, field(&error).as_deref()),
+            (status, Some(name)),
+            "{body}: {error}"
+        );
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
     }
     let huge = json!({ "text": "x".repeat(70 * 1024) });
     let (status, error) = gw.post(&gw.acme, &messages, huge).await?;
-    assert_eq!((status, field(&error).as_deref()), (StatusCode::PAYLOAD_TOO_LARGE, Some("body")));
-    let response = gw.http.post(gw.url(&messages)).bearer_auth(&gw.acme).body("text=hi").send().await?;
+    assert_eq!(
+        (status, field(&error).as_deref()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("body"))
+    );
+    let response = gw
+        .http
+        .post(gw.url(&messages))
+        .bearer_auth(&gw.acme)
+        .body("text=hi")
+        .send()
+        .await?;
     assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
 
     let create = [
         (json!({ "repository": "ext::sh -c 'id'" }), "repository"),
-        (json!({ "repository": "http://example.com/r.git" }), "repository"),
+        (
+            json!({ "repository": "http://example.com/r.git" }),
+            "repository",
+        ),
         (json!({ "repository": "/etc" }), "repository"),
-        (json!({ "repository": "https://example.com/r.git", "branch": "--upload-pack=x" }), "branch"),
-        (json!({ "repository": "https://example.com/r.git", "name": "" }), "name"),
+        (
+            json!({ "repository": "https://example.com/r.git", "branch": "--upload-pack=x" }),
+            "branch",
+        ),
+        (
+            json!({ "repository": "https://example.com/r.git", "name": "" }),
+            "name",
+        ),
         (json!({ "branch": "main" }), "repository"),
     ];
     for (body, name) in create {
         let (status, error) = gw.post(&gw.acme, "/v1/projects", body.clone()).await?;
-        assert_eq!((status, field(&error).as_deref()), (StatusCode::UNPROCESSABLE_ENTITY, Some(name)), "{body}");
+        assert_eq!(
+            (status, field(&error).as_deref()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some(name)),
+            "{body}"
+        );
     }
-    let (status, error) = gw.post(&gw.acme, &format!("/v1/projects/{project}/agent/disable"), json!({ "reason": 1 })).await?;
-    assert_eq!((status, field(&error).as_deref()), (StatusCode::UNPROCESSABLE_ENTITY, Some("reason")));
-    let (status, error) = gw.get(&gw.acme, &format!("/v1/projects/{project}/timeline?limit=abc")).await?;
-    assert_eq!((status, field(&error).as_deref()), (StatusCode::BAD_REQUEST, Some("limit")));
-    let response = gw.http.get(gw.url("/v1/projects")).bearer_auth(&gw.acme).header("x-request-id", "has space").send().await?;
+    let (status, error) = gw
+        .post(
+            &gw.acme,
+            &format!("/v1/projects/{project}/agent/disable"),
+            json!({ "reason": 1 }),
+        )
+        .await?;
+    assert_eq!(
+        (status, field(&error).as_deref()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("reason"))
+    );
+    let (status, error) = gw
+        .get(
+            &gw.acme,
+            &format!("/v1/projects/{project}/timeline?limit=abc"),
+        )
+        .await?;
+    assert_eq!(
+        (status, field(&error).as_deref()),
+        (StatusCode::BAD_REQUEST, Some("limit"))
+    );
+    let response = gw
+        .http
+        .get(gw.url("/v1/projects"))
+        .bearer_auth(&gw.acme)
+        .header("x-request-id", "has space")
+        .send()
+        .await?;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-    assert_eq!(field(&response.json().await?).as_deref(), Some("X-Request-Id"));
+    assert_eq!(
+        field(&response.json().await?).as_deref(),
+        Some("X-Request-Id")
+    );
     // None of it was stored.
-    let stored = history(&gw.state.runtime.bus, &subjects::project_events(&org("acme"), &project)).await?;
+    let stored = history(
+        &gw.state.runtime.bus,
+        &subjects::project_events(&org("acme"), &project),
+    )
+    .await?;
     assert_eq!(stored.len(), 1, "only the setup request");
     Ok(())
 }
@@ -525,7 +1101,9 @@ async fn read_events(mut response: reqwest::Response, count: usize) -> Result<Ve
     let mut events = Vec::new();
     let reading = async {
         while events.len() < count {
-            let Some(chunk) = response.chunk().await? else { bail!("stream ended after {} events", events.len()) };
+            let Some(chunk) = response.chunk().await? else {
+                bail!("stream ended after {} events", events.len())
+            };
             buffer.push_str(std::str::from_utf8(&chunk)?);
             while let Some(end) = buffer.find("\n\n") {
                 let frame: String = buffer.drain(..end + 2).collect();
@@ -544,7 +1122,9 @@ async fn read_events(mut response: reqwest::Response, count: usize) -> Result<Ve
         }
         Ok(())
     };
-    tokio::time::timeout(LONG, reading).await.context("SSE events did not arrive")??;
+    tokio::time::timeout(LONG, reading)
+        .await
+        .context("SSE events did not arrive")??;
     Ok(events)
 }
 
@@ -552,14 +1132,27 @@ async fn read_events(mut response: reqwest::Response, count: usize) -> Result<Ve
 async fn sse_resumes_after_a_disconnect_without_gaps_or_duplicates() -> Result<()> {
     let gw = gateway(zopu_gateway::Config::default()).await?;
     let project = gw.create_project("live").await?;
-    let say = |index: usize| pb::TimelineMessageSent { timeline_id: "global".into(), text: format!("message {index}"), ..Default::default() };
+    let say = |index: usize| pb::TimelineMessageSent {
+        timeline_id: "global".into(),
+        text: format!("message {index}"),
+        ..Default::default()
+    };
     for index in 0..5 {
         gw.append(project, &say(index), Scope::default()).await?;
     }
     let events_url = gw.url(&format!("/v1/projects/{project}/events"));
-    let first = gw.http.get(&events_url).bearer_auth(&gw.acme).send().await?;
+    let first = gw
+        .http
+        .get(&events_url)
+        .bearer_auth(&gw.acme)
+        .send()
+        .await?;
     assert_eq!(first.status(), StatusCode::OK);
-    assert!(first.headers()["content-type"].to_str()?.starts_with("text/event-stream"));
+    assert!(
+        first.headers()["content-type"]
+            .to_str()?
+            .starts_with("text/event-stream")
+    );
     // The setup item plus 5 messages already stored, then 5 live ones.
     let writer = async {
         for index in 5..10 {
@@ -575,7 +1168,13 @@ async fn sse_resumes_after_a_disconnect_without_gaps_or_duplicates() -> Result<(
     for index in 10..20 {
         gw.append(project, &say(index), Scope::default()).await?;
     }
-    let resumed = gw.http.get(&events_url).header("last-event-id", last.to_string()).query(&[("token", gw.acme.as_str())]).send().await?;
+    let resumed = gw
+        .http
+        .get(&events_url)
+        .header("last-event-id", last.to_string())
+        .query(&[("token", gw.acme.as_str())])
+        .send()
+        .await?;
     assert_eq!(resumed.status(), StatusCode::OK);
     let writer = async {
         for index in 20..25 {
@@ -587,11 +1186,21 @@ async fn sse_resumes_after_a_disconnect_without_gaps_or_duplicates() -> Result<(
     written?;
     received.extend(more?);
 
-    let (_, page) = gw.get(&gw.acme, &format!("/v1/projects/{project}/timeline")).await?;
-    let expected: Vec<u64> = page["items"].as_array().context("items")?.iter().filter_map(|i| i["sequence"].as_u64()).collect();
+    let (_, page) = gw
+        .get(&gw.acme, &format!("/v1/projects/{project}/timeline"))
+        .await?;
+    let expected: Vec<u64> = page["items"]
+        .as_array()
+        .context("items")?
+        .iter()
+        .filter_map(|i| i["sequence"].as_u64())
+        .collect();
     let got: Vec<u64> = received.iter().map(|(id, _)| *id).collect();
     assert_eq!(got, expected, "SSE delivered a gap or a duplicate");
-    let texts: Vec<String> = received.iter().filter_map(|(_, item)| item["text"].as_str().map(str::to_owned)).collect();
+    let texts: Vec<String> = received
+        .iter()
+        .filter_map(|(_, item)| item["text"].as_str().map(str::to_owned))
+        .collect();
     let wanted: Vec<String> = (0..25).map(|i| format!("message {i}")).collect();
     assert_eq!(texts, wanted);
     for (id, item) in &received {

@@ -1,9 +1,9 @@
 //! The workspace's one integration-test binary. Every test starts its own
 //! nats-server (see `zopu_tests::NatsServer`).
 
-mod foundation;
 mod artifacts;
 mod conversation;
-mod setup;
+mod foundation;
 mod gateway;
+mod setup;
 mod specialists;

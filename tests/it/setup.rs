@@ -26,7 +26,14 @@ fn org(name: &str) -> OrgId {
 /// Host git for fixtures (never the code under test), isolated from user config.
 fn git(dir: &Path, args: &[&str]) -> String {
     let output = Command::new("git")
-        .args(["-c", "user.name=Zopu Test", "-c", "user.email=test@example.com", "-c", "init.defaultBranch=main"])
+        .args([
+            "-c",
+            "user.name=Zopu Test",
+            "-c",
+            "user.email=test@example.com",
+            "-c",
+            "init.defaultBranch=main",
+        ])
         .args(["-c", "commit.gpgsign=false"])
         .args(args)
         .current_dir(dir)
@@ -36,7 +43,11 @@ fn git(dir: &Path, args: &[&str]) -> String {
         .env_remove("GIT_WORK_TREE")
         .output()
         .expect("git is installed");
-    assert!(output.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "git {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
@@ -48,11 +59,31 @@ fn write(path: &Path, content: &str) {
 /// Realistic fake secrets, assembled at run time so no scanner flags this file.
 fn fake_secrets() -> Vec<(&'static str, String)> {
     vec![
-        ("AWS_ACCESS_KEY_ID", ["AKIA", "QX7Z", "K2M9", "P4LW", "R8TY"].concat()),
-        ("AWS_SECRET_ACCESS_KEY", ["Zx9/Lm3Qp7Rt", "2Vw5Yz8Ab1Cd4E", "f6Gh0Jk3Mn5Pq7St"].concat()),
-        ("GITHUB_TOKEN", ["gh", "p_", "a1B2c3D4e5F6g7H8i9J0", "k1L2m3N4o5P6q7R8"].concat()),
-        ("DATABASE_URL", ["postgres://app:", "S3cr3tPassw0rd", "Qz@db.internal:5432/app"].concat()),
-        ("STRIPE_SECRET_KEY", ["sk_", "live_", "51HxQ2eLkT9vW3mN8pR4sY6u"].concat()),
+        (
+            "AWS_ACCESS_KEY_ID",
+            ["AKIA", "QX7Z", "K2M9", "P4LW", "R8TY"].concat(),
+        ),
+        (
+            "AWS_SECRET_ACCESS_KEY",
+            ["Zx9/Lm3Qp7Rt", "2Vw5Yz8Ab1Cd4E", "f6Gh0Jk3Mn5Pq7St"].concat(),
+        ),
+        (
+            "GITHUB_TOKEN",
+            ["gh", "p_", "a1B2c3D4e5F6g7H8i9J0", "k1L2m3N4o5P6q7R8"].concat(),
+        ),
+        (
+            "DATABASE_URL",
+            [
+                "postgres://app:",
+                "S3cr3tPassw0rd",
+                "Qz@db.internal:5432/app",
+            ]
+            .concat(),
+        ),
+        (
+            "STRIPE_SECRET_KEY",
+            ["sk_", "live_", "51HxQ2eLkT9vW3mN8pR4sY6u"].concat(),
+        ),
     ]
 }
 
@@ -127,7 +158,10 @@ impl Service {
     async fn stop(self) -> Result<()> {
         self.shutdown.cancel();
         self.task.await??;
-        assert!(self.shutdown.wait(Duration::from_secs(60)).await, "setup did not stop in time");
+        assert!(
+            self.shutdown.wait(Duration::from_secs(60)).await,
+            "setup did not stop in time"
+        );
         Ok(())
     }
 }
@@ -147,7 +181,13 @@ impl Fixture {
         let client = Publisher::new(bus.clone(), "gateway", None);
         let dir = tempfile::tempdir()?;
         let source = source_repository(dir.path());
-        Ok(Self { server, bus, client, dir, source })
+        Ok(Self {
+            server,
+            bus,
+            client,
+            dir,
+            source,
+        })
     }
 
     fn data(&self) -> PathBuf {
@@ -162,28 +202,58 @@ impl Fixture {
         self.source.display().to_string()
     }
 
-    async fn request(&self, org: &OrgId, project: ProjectId, repository: &str, branch: &str, revision: u32) -> Result<zopu_schema::EventId> {
-        let request = SetupRequest::new(org.clone(), project, repository, branch, revision, &format!("req-{project}-{revision}"))
-            .allow_local_repositories(true);
+    async fn request(
+        &self,
+        org: &OrgId,
+        project: ProjectId,
+        repository: &str,
+        branch: &str,
+        revision: u32,
+    ) -> Result<zopu_schema::EventId> {
+        let request = SetupRequest::new(
+            org.clone(),
+            project,
+            repository,
+            branch,
+            revision,
+            &format!("req-{project}-{revision}"),
+        )
+        .allow_local_repositories(true);
         Ok(request_setup(&self.client, &request).await?)
     }
 
-    async fn wait(&self, org: &OrgId, project: ProjectId, event_type: &str, revision: u32) -> Result<Envelope> {
-        wait_for(&self.bus, &subjects::event(org, &project, event_type), LONG, |event| {
-            zopu_setup::state::setup_revision_of(event) == Some(revision)
-        })
+    async fn wait(
+        &self,
+        org: &OrgId,
+        project: ProjectId,
+        event_type: &str,
+        revision: u32,
+    ) -> Result<Envelope> {
+        wait_for(
+            &self.bus,
+            &subjects::event(org, &project, event_type),
+            LONG,
+            |event| zopu_setup::state::setup_revision_of(event) == Some(revision),
+        )
         .await
     }
 
     async fn events(&self, org: &OrgId, project: ProjectId) -> Result<Vec<Envelope>> {
-        Ok(history(&self.bus, &subjects::project_events(org, &project)).await?.into_iter().map(|(_, event)| event).collect())
+        Ok(history(&self.bus, &subjects::project_events(org, &project))
+            .await?
+            .into_iter()
+            .map(|(_, event)| event)
+            .collect())
     }
 }
 
 fn count(events: &[Envelope], event_type: &str, revision: u32) -> usize {
     events
         .iter()
-        .filter(|event| event.event_type == event_type && zopu_setup::state::setup_revision_of(event) == Some(revision))
+        .filter(|event| {
+            event.event_type == event_type
+                && zopu_setup::state::setup_revision_of(event) == Some(revision)
+        })
         .count()
 }
 
@@ -196,10 +266,17 @@ fn assert_one_chain(events: &[Envelope], revision: u32) {
         pb::ProjectEnvironmentScanned::TYPE,
         pb::ProjectReady::TYPE,
     ] {
-        assert_eq!(count(events, event_type, revision), 1, "{event_type} of revision {revision}: {events:#?}");
+        assert_eq!(
+            count(events, event_type, revision),
+            1,
+            "{event_type} of revision {revision}: {events:#?}"
+        );
     }
     assert_eq!(count(events, pb::ProjectSetupFailed::TYPE, revision), 0);
-    let agents = events.iter().filter(|event| event.is::<pb::AgentRegistered>()).count();
+    let agents = events
+        .iter()
+        .filter(|event| event.is::<pb::AgentRegistered>())
+        .count();
     assert_eq!(agents, 1, "one conversation agent per project");
 }
 
@@ -209,11 +286,16 @@ async fn first_setup_clones_the_branch_once_and_emits_ready_once() -> Result<()>
     let service = fixture.service();
     let (org, project) = (org("acme"), ProjectId::new());
     let mut watch = StatusWatch::start(&fixture.bus, &org, &project).await?;
-    fixture.request(&org, project, &fixture.source_path(), "feature", 1).await?;
+    fixture
+        .request(&org, project, &fixture.source_path(), "feature", 1)
+        .await?;
 
     // The thin progression, in order, as a client sees it.
     let mut phases = Vec::new();
-    while phases.last().is_none_or(|phase: &SetupPhase| !phase.is_terminal()) {
+    while phases
+        .last()
+        .is_none_or(|phase: &SetupPhase| !phase.is_terminal())
+    {
         let status = watch.next(LONG).await?.context("no status change")?;
         if phases.last() != Some(&status.phase) {
             phases.push(status.phase);
@@ -222,9 +304,15 @@ async fn first_setup_clones_the_branch_once_and_emits_ready_once() -> Result<()>
     use SetupPhase::*;
     assert_eq!(phases, [CreatingWorkspace, Cloning, Checking, Ready]);
 
-    let ready = fixture.wait(&org, project, pb::ProjectReady::TYPE, 1).await?.decode::<pb::ProjectReady>()?;
+    let ready = fixture
+        .wait(&org, project, pb::ProjectReady::TYPE, 1)
+        .await?
+        .decode::<pb::ProjectReady>()?;
     let feature_head = git(&fixture.source, &["rev-parse", "feature"]);
-    assert_eq!(ready.agent_id, AgentId::conversation(&org, &project).to_string());
+    assert_eq!(
+        ready.agent_id,
+        AgentId::conversation(&org, &project).to_string()
+    );
     assert_eq!(ready.runtime_id, format!("local:{project}"));
     assert_eq!(ready.repository_commit, feature_head);
     assert_eq!(ready.branch, "feature");
@@ -236,24 +324,41 @@ async fn first_setup_clones_the_branch_once_and_emits_ready_once() -> Result<()>
     let status = zopu_setup::status_from_events(&events).context("status")?;
     assert_eq!((status.phase, status.revision), (Ready, 1));
     assert_eq!(status.environment_variable_names, expected_names());
-    assert_eq!(status.repository_commit.as_deref(), Some(feature_head.as_str()));
+    assert_eq!(
+        status.repository_commit.as_deref(),
+        Some(feature_head.as_str())
+    );
 
     // Exactly one workspace, holding a depth-1 clone of the chosen branch.
-    let workspaces: Vec<_> = std::fs::read_dir(fixture.data().join("workspaces"))?.collect::<Result<_, _>>()?;
+    let workspaces: Vec<_> =
+        std::fs::read_dir(fixture.data().join("workspaces"))?.collect::<Result<_, _>>()?;
     assert_eq!(workspaces.len(), 1);
-    assert_eq!(workspaces[0].file_name().to_string_lossy(), project.to_string());
+    assert_eq!(
+        workspaces[0].file_name().to_string_lossy(),
+        project.to_string()
+    );
     let repo = workspaces[0].path().join("repo");
     assert_eq!(git(&repo, &["rev-list", "--count", "HEAD"]), "1", "depth 1");
-    assert_eq!(git(&repo, &["rev-parse", "--is-shallow-repository"]), "true");
+    assert_eq!(
+        git(&repo, &["rev-parse", "--is-shallow-repository"]),
+        "true"
+    );
     assert_eq!(git(&repo, &["symbolic-ref", "--short", "HEAD"]), "feature");
     assert!(repo.join("FEATURE.md").is_file());
-    assert_eq!(git(&repo, &["branch", "-r"]), "origin/feature", "single branch");
+    assert_eq!(
+        git(&repo, &["branch", "-r"]),
+        "origin/feature",
+        "single branch"
+    );
     assert_eq!(git(&repo, &["tag"]), "", "no tags");
 
     // The projection, rebuilt from the stream into a fresh file, agrees.
     let store = zopu_core::Store::open(&fixture.dir.path().join("rebuilt.sqlite"))?;
     zopu_core::projection::catch_up(&fixture.bus, &store, SetupProjection).await?;
-    assert_eq!(zopu_setup::read_status(&store, &org, &project)?, Some(status));
+    assert_eq!(
+        zopu_setup::read_status(&store, &org, &project)?,
+        Some(status)
+    );
     let binding = zopu_setup::agent_binding(&store, &org, &project)?.context("binding")?;
     assert_eq!(binding.agent_id, ready.agent_id);
 
@@ -264,19 +369,35 @@ async fn first_setup_clones_the_branch_once_and_emits_ready_once() -> Result<()>
     secrets.push("S3cr3tPassw0rd".to_owned());
     for (sequence, headers, body) in &raw {
         for secret in &secrets {
-            assert!(!headers.contains(secret.as_str()), "secret in the headers of event {sequence}");
-            assert!(!contains(body, secret.as_bytes()), "secret in the body of event {sequence}");
+            assert!(
+                !headers.contains(secret.as_str()),
+                "secret in the headers of event {sequence}"
+            );
+            assert!(
+                !contains(body, secret.as_bytes()),
+                "secret in the body of event {sequence}"
+            );
         }
     }
-    let scanned = fixture.wait(&org, project, pb::ProjectEnvironmentScanned::TYPE, 1).await?;
+    let scanned = fixture
+        .wait(&org, project, pb::ProjectEnvironmentScanned::TYPE, 1)
+        .await?;
     let scanned = scanned.decode::<pb::ProjectEnvironmentScanned>()?;
-    assert!(scanned.dropped_values >= 6, "the secret values were dropped: {scanned:?}");
-    assert_eq!(scanned.variables[0].example_value, "3000", "placeholders are kept");
+    assert!(
+        scanned.dropped_values >= 6,
+        "the secret values were dropped: {scanned:?}"
+    );
+    assert_eq!(
+        scanned.variables[0].example_value, "3000",
+        "placeholders are kept"
+    );
     service.stop().await
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|window| window == needle)
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
 }
 
 /// Every message on the stream: (sequence, headers as text, body).
@@ -301,10 +422,19 @@ async fn repeated_requests_and_a_retry_after_ready_add_no_second_ready() -> Resu
     let fixture = Fixture::new().await?;
     let service = fixture.service();
     let (org, project) = (org("acme"), ProjectId::new());
-    let first = fixture.request(&org, project, &fixture.source_path(), "main", 1).await?;
+    let first = fixture
+        .request(&org, project, &fixture.source_path(), "main", 1)
+        .await?;
     // The same request again (a client retrying its call) is the same event.
-    assert_eq!(fixture.request(&org, project, &fixture.source_path(), "main", 1).await?, first);
-    fixture.wait(&org, project, pb::ProjectReady::TYPE, 1).await?;
+    assert_eq!(
+        fixture
+            .request(&org, project, &fixture.source_path(), "main", 1)
+            .await?,
+        first
+    );
+    fixture
+        .wait(&org, project, pb::ProjectReady::TYPE, 1)
+        .await?;
     // The request delivered once more (e.g. re-sent beyond the duplicate
     // window under another key), then a retry: the retry is handled after
     // the repeated request, so when it is ready the repeat was handled too.
@@ -314,20 +444,56 @@ async fn repeated_requests_and_a_retry_after_ready_add_no_second_ready() -> Resu
         setup_revision: 1,
         ..Default::default()
     };
-    fixture.client.append(NewEvent::root(org.clone(), project, &repeat, "request:resent", None)).await?;
-    let other = SetupRequest::new(org.clone(), project, &fixture.source_path(), "main", 1, "another-request").allow_local_repositories(true);
-    assert!(matches!(request_setup(&fixture.client, &other).await, Err(RequestError::RevisionTaken { revision: 1, .. })));
-    fixture.request(&org, project, &fixture.source_path(), "main", 2).await?;
-    let ready = fixture.wait(&org, project, pb::ProjectReady::TYPE, 2).await?.decode::<pb::ProjectReady>()?;
-    assert_eq!(ready.agent_id, AgentId::conversation(&org, &project).to_string());
+    fixture
+        .client
+        .append(NewEvent::root(
+            org.clone(),
+            project,
+            &repeat,
+            "request:resent",
+            None,
+        ))
+        .await?;
+    let other = SetupRequest::new(
+        org.clone(),
+        project,
+        &fixture.source_path(),
+        "main",
+        1,
+        "another-request",
+    )
+    .allow_local_repositories(true);
+    assert!(matches!(
+        request_setup(&fixture.client, &other).await,
+        Err(RequestError::RevisionTaken { revision: 1, .. })
+    ));
+    fixture
+        .request(&org, project, &fixture.source_path(), "main", 2)
+        .await?;
+    let ready = fixture
+        .wait(&org, project, pb::ProjectReady::TYPE, 2)
+        .await?
+        .decode::<pb::ProjectReady>()?;
+    assert_eq!(
+        ready.agent_id,
+        AgentId::conversation(&org, &project).to_string()
+    );
 
     let events = fixture.events(&org, project).await?;
     assert_one_chain(&events, 1);
     assert_one_chain(&events, 2);
     // The retry reused the workspace and the clone.
-    let runtime = events.iter().filter(|e| e.is::<pb::ProjectRuntimeCreated>()).nth(1).context("runtime 2")?;
+    let runtime = events
+        .iter()
+        .filter(|e| e.is::<pb::ProjectRuntimeCreated>())
+        .nth(1)
+        .context("runtime 2")?;
     assert!(runtime.decode::<pb::ProjectRuntimeCreated>()?.reused);
-    let cloned = events.iter().filter(|e| e.is::<pb::ProjectRepositoryCloned>()).nth(1).context("clone 2")?;
+    let cloned = events
+        .iter()
+        .filter(|e| e.is::<pb::ProjectRepositoryCloned>())
+        .nth(1)
+        .context("clone 2")?;
     assert!(cloned.decode::<pb::ProjectRepositoryCloned>()?.reused);
     service.stop().await
 }
@@ -337,14 +503,24 @@ async fn a_service_stopped_mid_setup_and_started_again_emits_ready_once() -> Res
     let fixture = Fixture::new().await?;
     let service = fixture.service();
     let (org, project) = (org("acme"), ProjectId::new());
-    fixture.request(&org, project, &fixture.source_path(), "main", 1).await?;
-    fixture.wait(&org, project, pb::ProjectRuntimeCreated::TYPE, 1).await?;
+    fixture
+        .request(&org, project, &fixture.source_path(), "main", 1)
+        .await?;
+    fixture
+        .wait(&org, project, pb::ProjectRuntimeCreated::TYPE, 1)
+        .await?;
     service.stop().await?;
     let service = fixture.service();
-    fixture.wait(&org, project, pb::ProjectReady::TYPE, 1).await?;
+    fixture
+        .wait(&org, project, pb::ProjectReady::TYPE, 1)
+        .await?;
     // A later request proves the restarted service went past this project's earlier events.
-    fixture.request(&org, project, &fixture.source_path(), "main", 2).await?;
-    fixture.wait(&org, project, pb::ProjectReady::TYPE, 2).await?;
+    fixture
+        .request(&org, project, &fixture.source_path(), "main", 2)
+        .await?;
+    fixture
+        .wait(&org, project, pb::ProjectReady::TYPE, 2)
+        .await?;
     let events = fixture.events(&org, project).await?;
     assert_one_chain(&events, 1);
     service.stop().await
@@ -359,7 +535,12 @@ fn slow_git(dir: &Path) -> Result<PathBuf> {
         bail!("git not found");
     }
     let script = dir.join("slow-git");
-    write(&script, &format!("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = clone ] && sleep 5; done\nexec {real} \"$@\"\n"));
+    write(
+        &script,
+        &format!(
+            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = clone ] && sleep 5; done\nexec {real} \"$@\"\n"
+        ),
+    );
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
     Ok(script)
 }
@@ -370,9 +551,15 @@ async fn a_crash_in_the_middle_of_the_clone_resumes_and_emits_ready_once() -> Re
     let (org, project) = (org("acme"), ProjectId::new());
     // The first instance runs on its own runtime, which is dropped mid-clone:
     // its tasks vanish without settling anything (like kill -9; git is killed).
-    let crashing = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let crashing = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
     let config = config();
-    let options = GitOptions { program: slow_git(fixture.dir.path())?, ..config.git_options() };
+    let options = GitOptions {
+        program: slow_git(fixture.dir.path())?,
+        ..config.git_options()
+    };
     let core = zopu_tests::core_config(&fixture.server, &fixture.data());
     let reaction = zopu_setup::SetupReaction::new(
         LocalWorkspaces::new(fixture.data()).with_git_options(options.clone()),
@@ -383,19 +570,35 @@ async fn a_crash_in_the_middle_of_the_clone_resumes_and_emits_ready_once() -> Re
     let shutdown = Shutdown::new();
     let reaction_config = config.reaction_config();
     crashing.spawn(async move {
-        let runtime = zopu_core::Runtime::start("setup", &core, shutdown.clone()).await.expect("runtime");
+        let runtime = zopu_core::Runtime::start("setup", &core, shutdown.clone())
+            .await
+            .expect("runtime");
         runtime.spawn_projection(SetupProjection);
         runtime.spawn_reaction(reaction_config, reaction);
         shutdown.cancelled().await;
     });
-    fixture.request(&org, project, &fixture.source_path(), "main", 1).await?;
-    fixture.wait(&org, project, pb::ProjectRuntimeCreated::TYPE, 1).await?;
+    fixture
+        .request(&org, project, &fixture.source_path(), "main", 1)
+        .await?;
+    fixture
+        .wait(&org, project, pb::ProjectRuntimeCreated::TYPE, 1)
+        .await?;
     crashing.shutdown_background();
-    assert_eq!(count(&fixture.events(&org, project).await?, pb::ProjectRepositoryCloned::TYPE, 1), 0, "crashed before the clone");
+    assert_eq!(
+        count(
+            &fixture.events(&org, project).await?,
+            pb::ProjectRepositoryCloned::TYPE,
+            1
+        ),
+        0,
+        "crashed before the clone"
+    );
 
     // A fresh instance gets the unacknowledged request again and finishes it.
     let service = fixture.service();
-    fixture.wait(&org, project, pb::ProjectReady::TYPE, 1).await?;
+    fixture
+        .wait(&org, project, pb::ProjectReady::TYPE, 1)
+        .await?;
     let events = fixture.events(&org, project).await?;
     assert_one_chain(&events, 1);
     let workspaces = std::fs::read_dir(fixture.data().join("workspaces"))?.count();
@@ -404,16 +607,38 @@ async fn a_crash_in_the_middle_of_the_clone_resumes_and_emits_ready_once() -> Re
 }
 
 /// The failure of `revision`, after checking that no ready or agent was emitted for it.
-async fn failure_of(fixture: &Fixture, org: &OrgId, project: ProjectId, revision: u32) -> Result<pb::ProjectSetupFailed> {
-    let failed = fixture.wait(org, project, pb::ProjectSetupFailed::TYPE, revision).await?.decode::<pb::ProjectSetupFailed>()?;
+async fn failure_of(
+    fixture: &Fixture,
+    org: &OrgId,
+    project: ProjectId,
+    revision: u32,
+) -> Result<pb::ProjectSetupFailed> {
+    let failed = fixture
+        .wait(org, project, pb::ProjectSetupFailed::TYPE, revision)
+        .await?
+        .decode::<pb::ProjectSetupFailed>()?;
     let events = fixture.events(org, project).await?;
-    assert_eq!(count(&events, pb::ProjectReady::TYPE, revision), 0, "not ready");
+    assert_eq!(
+        count(&events, pb::ProjectReady::TYPE, revision),
+        0,
+        "not ready"
+    );
     assert_eq!(count(&events, pb::ProjectSetupFailed::TYPE, revision), 1);
     let status = zopu_setup::status_from_events(&events).context("status")?;
     assert_eq!(status.phase, SetupPhase::Failed);
     let reason = failed.reason.clone().context("reason")?;
-    assert!(!reason.message.is_empty() && reason.message.len() < 300, "concise: {}", reason.message);
-    assert!(!reason.message.contains(&fixture.data().display().to_string()), "no paths: {}", reason.message);
+    assert!(
+        !reason.message.is_empty() && reason.message.len() < 300,
+        "concise: {}",
+        reason.message
+    );
+    assert!(
+        !reason
+            .message
+            .contains(&fixture.data().display().to_string()),
+        "no paths: {}",
+        reason.message
+    );
     Ok(failed)
 }
 
@@ -425,36 +650,75 @@ async fn setup_failures_are_visible_retryable_and_never_ready() -> Result<()> {
 
     // An unreachable host: retried in place with bounded backoff, then failed.
     let unreachable = ProjectId::new();
-    fixture.request(&acme, unreachable, "https://127.0.0.1:1/x.git", "main", 1).await?;
+    fixture
+        .request(&acme, unreachable, "https://127.0.0.1:1/x.git", "main", 1)
+        .await?;
     let failed = failure_of(&fixture, &acme, unreachable, 1).await?;
     let reason = failed.reason.context("reason")?;
-    assert_eq!((failed.step.as_str(), reason.code.as_str(), reason.retryable), ("clone", "clone.unreachable", true));
+    assert_eq!(
+        (failed.step.as_str(), reason.code.as_str(), reason.retryable),
+        ("clone", "clone.unreachable", true)
+    );
 
     // A missing branch: failed at once; a retry with an existing branch is ready as revision 2.
     let missing = ProjectId::new();
-    fixture.request(&acme, missing, &fixture.source_path(), "no-such-branch", 1).await?;
+    fixture
+        .request(&acme, missing, &fixture.source_path(), "no-such-branch", 1)
+        .await?;
     let failed = failure_of(&fixture, &acme, missing, 1).await?;
     let reason = failed.reason.context("reason")?;
-    assert_eq!((reason.code.as_str(), reason.retryable), ("clone.branch_not_found", true));
-    assert!(reason.message.contains("no-such-branch"), "{}", reason.message);
-    fixture.request(&acme, missing, &fixture.source_path(), "main", 2).await?;
-    let ready = fixture.wait(&acme, missing, pb::ProjectReady::TYPE, 2).await?.decode::<pb::ProjectReady>()?;
+    assert_eq!(
+        (reason.code.as_str(), reason.retryable),
+        ("clone.branch_not_found", true)
+    );
+    assert!(
+        reason.message.contains("no-such-branch"),
+        "{}",
+        reason.message
+    );
+    fixture
+        .request(&acme, missing, &fixture.source_path(), "main", 2)
+        .await?;
+    let ready = fixture
+        .wait(&acme, missing, pb::ProjectReady::TYPE, 2)
+        .await?
+        .decode::<pb::ProjectReady>()?;
     assert_eq!((ready.setup_revision, ready.branch.as_str()), (2, "main"));
 
     // A corrupt workspace: failed; an explicit retry repairs it and is ready.
     let corrupt = ProjectId::new();
-    write(&fixture.data().join("workspaces").join(corrupt.to_string()).join("repo/README.md"), "not a clone\n");
-    fixture.request(&acme, corrupt, &fixture.source_path(), "main", 1).await?;
+    write(
+        &fixture
+            .data()
+            .join("workspaces")
+            .join(corrupt.to_string())
+            .join("repo/README.md"),
+        "not a clone\n",
+    );
+    fixture
+        .request(&acme, corrupt, &fixture.source_path(), "main", 1)
+        .await?;
     let failed = failure_of(&fixture, &acme, corrupt, 1).await?;
     let reason = failed.reason.context("reason")?;
-    assert_eq!((reason.code.as_str(), reason.retryable), ("workspace.corrupt", true));
-    fixture.request(&acme, corrupt, &fixture.source_path(), "main", 2).await?;
-    fixture.wait(&acme, corrupt, pb::ProjectReady::TYPE, 2).await?;
+    assert_eq!(
+        (reason.code.as_str(), reason.retryable),
+        ("workspace.corrupt", true)
+    );
+    fixture
+        .request(&acme, corrupt, &fixture.source_path(), "main", 2)
+        .await?;
+    fixture
+        .wait(&acme, corrupt, pb::ProjectReady::TYPE, 2)
+        .await?;
 
     // Failed projects registered no agent (nothing can be dispatched to them).
     for project in [unreachable] {
         let events = fixture.events(&acme, project).await?;
-        assert!(!events.iter().any(|event| event.is::<pb::AgentRegistered>() || event.is::<pb::ProjectReady>()));
+        assert!(
+            !events
+                .iter()
+                .any(|event| event.is::<pb::AgentRegistered>() || event.is::<pb::ProjectReady>())
+        );
     }
     service.stop().await
 }
@@ -478,33 +742,93 @@ async fn hostile_inputs_are_rejected_before_anything_is_appended() -> Result<()>
         "git@github.com:a/b.git",
     ];
     for location in locations {
-        let request = SetupRequest::new(acme.clone(), project, location, "main", 1, "hostile").allow_local_repositories(true);
-        let error = request_setup(&fixture.client, &request).await.expect_err(location);
-        assert!(matches!(error, RequestError::InvalidRepository(_)), "{location}: {error:?}");
+        let request = SetupRequest::new(acme.clone(), project, location, "main", 1, "hostile")
+            .allow_local_repositories(true);
+        let error = request_setup(&fixture.client, &request)
+            .await
+            .expect_err(location);
+        assert!(
+            matches!(error, RequestError::InvalidRepository(_)),
+            "{location}: {error:?}"
+        );
         assert!(!error.to_string().contains("hunter2"), "{error}");
     }
-    for branch in ["--upload-pack=x", "-c", "a;b", "a/../b", "a\u{1}b", "a b", "", "a..b", "refs/../x"] {
-        let request = SetupRequest::new(acme.clone(), project, &source, branch, 1, "hostile").allow_local_repositories(true);
-        let error = request_setup(&fixture.client, &request).await.expect_err(branch);
-        assert!(matches!(error, RequestError::InvalidBranch(_)), "{branch:?}: {error:?}");
+    for branch in [
+        "--upload-pack=x",
+        "-c",
+        "a;b",
+        "a/../b",
+        "a\u{1}b",
+        "a b",
+        "",
+        "a..b",
+        "refs/../x",
+    ] {
+        let request = SetupRequest::new(acme.clone(), project, &source, branch, 1, "hostile")
+            .allow_local_repositories(true);
+        let error = request_setup(&fixture.client, &request)
+            .await
+            .expect_err(branch);
+        assert!(
+            matches!(error, RequestError::InvalidBranch(_)),
+            "{branch:?}: {error:?}"
+        );
     }
     // Local paths only with the operator's opt-in.
     let request = SetupRequest::new(acme.clone(), project, &source, "main", 1, "hostile");
-    assert!(matches!(request_setup(&fixture.client, &request).await, Err(RequestError::InvalidRepository(_))));
-    let request = SetupRequest::new(acme.clone(), project, &source, "main", 0, "hostile").allow_local_repositories(true);
-    assert!(matches!(request_setup(&fixture.client, &request).await, Err(RequestError::InvalidRevision)));
-    assert_eq!(zopu_core::publish::last_sequence(&fixture.bus).await?, 0, "nothing was appended");
+    assert!(matches!(
+        request_setup(&fixture.client, &request).await,
+        Err(RequestError::InvalidRepository(_))
+    ));
+    let request = SetupRequest::new(acme.clone(), project, &source, "main", 0, "hostile")
+        .allow_local_repositories(true);
+    assert!(matches!(
+        request_setup(&fixture.client, &request).await,
+        Err(RequestError::InvalidRevision)
+    ));
+    assert_eq!(
+        zopu_core::publish::last_sequence(&fixture.bus).await?,
+        0,
+        "nothing was appended"
+    );
     assert!(!marker.exists());
 
     // The service checks again when a request bypasses the client: it fails
     // the revision without running git and without echoing the input.
     let service = fixture.service();
-    let hostile = pb::ProjectSetupRequested { repository_url: credentials.clone(), branch: "main".into(), setup_revision: 1, ..Default::default() };
-    fixture.client.append(NewEvent::root(acme.clone(), project, &hostile, "request:bypass", None)).await?;
-    let failed = fixture.wait(&acme, project, pb::ProjectSetupFailed::TYPE, 1).await?.decode::<pb::ProjectSetupFailed>()?;
+    let hostile = pb::ProjectSetupRequested {
+        repository_url: credentials.clone(),
+        branch: "main".into(),
+        setup_revision: 1,
+        ..Default::default()
+    };
+    fixture
+        .client
+        .append(NewEvent::root(
+            acme.clone(),
+            project,
+            &hostile,
+            "request:bypass",
+            None,
+        ))
+        .await?;
+    let failed = fixture
+        .wait(&acme, project, pb::ProjectSetupFailed::TYPE, 1)
+        .await?
+        .decode::<pb::ProjectSetupFailed>()?;
     let reason = failed.reason.context("reason")?;
-    assert_eq!((reason.code.as_str(), reason.retryable), ("request.invalid_location", false));
+    assert_eq!(
+        (reason.code.as_str(), reason.retryable),
+        ("request.invalid_location", false)
+    );
     assert!(!reason.message.contains("hunter2"));
-    assert!(!fixture.data().join("workspaces").join(project.to_string()).exists(), "no workspace for a rejected request");
+    assert!(
+        !fixture
+            .data()
+            .join("workspaces")
+            .join(project.to_string())
+            .exists(),
+        "no workspace for a rejected request"
+    );
     service.stop().await
 }

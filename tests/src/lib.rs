@@ -36,7 +36,10 @@ impl NatsServer {
     pub fn start_with(sync: Sync) -> Result<Self> {
         let store = tempfile::tempdir().context("temp store dir")?;
         let server = zopu_core::local_server::LocalServer::start(store.path(), None, sync)?;
-        Ok(Self { server, _store: store })
+        Ok(Self {
+            server,
+            _store: store,
+        })
     }
 
     pub fn url(&self) -> String {
@@ -72,7 +75,10 @@ pub async fn bus(server: &NatsServer, duplicate_window: Duration) -> Result<Bus>
     let bus = zopu_core::nats::connect(&server.url(), "zopu-test", Duration::from_secs(10)).await?;
     zopu_core::streams::ensure(
         &bus,
-        &zopu_core::streams::StreamSettings { replicas: 1, duplicate_window },
+        &zopu_core::streams::StreamSettings {
+            replicas: 1,
+            duplicate_window,
+        },
     )
     .await?;
     Ok(bus)
@@ -87,7 +93,9 @@ pub async fn history(bus: &Bus, filter: &str) -> Result<Vec<(u64, Envelope)>> {
     }
     let mut messages = ordered(bus, filter).await?;
     loop {
-        let Ok(Some(message)) = tokio::time::timeout(Duration::from_millis(500), messages.next()).await else {
+        let Ok(Some(message)) =
+            tokio::time::timeout(Duration::from_millis(500), messages.next()).await
+        else {
             break;
         };
         let message = message?;
@@ -104,7 +112,10 @@ pub async fn history(bus: &Bus, filter: &str) -> Result<Vec<(u64, Envelope)>> {
 }
 
 async fn ordered(bus: &Bus, filter: &str) -> Result<pull::Ordered> {
-    let stream = bus.jetstream.get_stream(zopu_schema::subjects::EVENTS_STREAM).await?;
+    let stream = bus
+        .jetstream
+        .get_stream(zopu_schema::subjects::EVENTS_STREAM)
+        .await?;
     let consumer = stream
         .create_consumer(pull::OrderedConfig {
             filter_subjects: vec![filter.to_owned()],
@@ -136,7 +147,12 @@ pub async fn wait_for(
     };
     tokio::time::timeout(timeout, waiting)
         .await
-        .with_context(|| format!("no matching event on {filter} within {}s", timeout.as_secs()))?
+        .with_context(|| {
+            format!(
+                "no matching event on {filter} within {}s",
+                timeout.as_secs()
+            )
+        })?
 }
 
 /// Waits until `count` events on `filter` match.
@@ -165,7 +181,12 @@ pub async fn wait_for_count(
     };
     tokio::time::timeout(timeout, waiting)
         .await
-        .with_context(|| format!("fewer than {count} matching events on {filter} within {}s", timeout.as_secs()))??;
+        .with_context(|| {
+            format!(
+                "fewer than {count} matching events on {filter} within {}s",
+                timeout.as_secs()
+            )
+        })??;
     Ok(found)
 }
 

@@ -16,7 +16,9 @@ use zopu_artifacts::{render, validate};
 fn main() {
     const RUNS: usize = 60;
     let manifest = support::exploration(200);
-    let options = render::Options { generated_at: support::generated_at() };
+    let options = render::Options {
+        generated_at: support::generated_at(),
+    };
     let policy = validate::Policy {
         expected_title: Some(&manifest.title),
         expected_summary: Some(&manifest.summary),
@@ -53,7 +55,11 @@ fn main() {
 /// build (render → validate) + object-store put of a fresh name, per run.
 fn store_bench(url: &str, manifest: &zopu_schema::pb::ArtifactManifest, runs: usize) {
     use zopu_artifacts::storage;
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(async {
         let bus = zopu_core::nats::connect(url, "zopu-bench", Duration::from_secs(10)).await.unwrap();
         let settings = zopu_core::streams::StreamSettings { replicas: 1, duplicate_window: Duration::from_secs(120) };

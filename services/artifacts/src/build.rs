@@ -88,7 +88,11 @@ impl Error {
 }
 
 fn join<T: ToString>(items: &[T]) -> String {
-    items.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Runs the pipeline once, with at most one repair.
@@ -121,7 +125,12 @@ fn policy<'a>(manifest: &'a ArtifactManifest, options: &Options) -> Policy<'a> {
     }
 }
 
-fn built(html: String, manifest: &ArtifactManifest, repaired: bool, violations: Vec<Violation>) -> Built {
+fn built(
+    html: String,
+    manifest: &ArtifactManifest,
+    repaired: bool,
+    violations: Vec<Violation>,
+) -> Built {
     Built {
         sha256: hex::encode(Sha256::digest(html.as_bytes())),
         size: html.len() as u64,

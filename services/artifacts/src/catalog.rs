@@ -119,7 +119,12 @@ impl Projection for Catalogue {
         )
     }
 
-    fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, _sequence: u64) -> rusqlite::Result<()> {
+    fn apply(
+        &mut self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        _sequence: u64,
+    ) -> rusqlite::Result<()> {
         // Payloads that do not decode are skipped: the reaction dead-letters
         // them, and a projection must never stop on bad input.
         if let Ok(request) = event.decode::<pb::ArtifactBuildRequested>() {
@@ -182,7 +187,11 @@ impl Projection for Catalogue {
             tx.execute(
                 "UPDATE artifact_revisions SET superseded_by = ?3
                  WHERE artifact_id = ?1 AND revision = ?2 AND superseded_by IS NULL",
-                params![superseded.artifact_id, superseded.revision, superseded.superseded_by_revision],
+                params![
+                    superseded.artifact_id,
+                    superseded.revision,
+                    superseded.superseded_by_revision
+                ],
             )?;
         }
         Ok(())
@@ -210,7 +219,10 @@ pub fn build(conn: &rusqlite::Connection, build_id: &str) -> rusqlite::Result<Op
 }
 
 /// Every published revision of an artifact, oldest first.
-pub fn revisions(conn: &rusqlite::Connection, artifact_id: &str) -> rusqlite::Result<Vec<RevisionRow>> {
+pub fn revisions(
+    conn: &rusqlite::Connection,
+    artifact_id: &str,
+) -> rusqlite::Result<Vec<RevisionRow>> {
     let mut statement = conn.prepare(
         "SELECT artifact_id, revision, build_id, org_id, project_id, work_id, thread_id, kind, title,
                 superseded_by, bucket, name, sha256, size_bytes, content_type, published_event_id
@@ -243,7 +255,10 @@ pub fn revisions(conn: &rusqlite::Connection, artifact_id: &str) -> rusqlite::Re
 
 /// The org and project that own an artifact id: those of its first
 /// published revision (a rejected request claims nothing).
-pub fn owner(conn: &rusqlite::Connection, artifact_id: &str) -> rusqlite::Result<Option<(String, String)>> {
+pub fn owner(
+    conn: &rusqlite::Connection,
+    artifact_id: &str,
+) -> rusqlite::Result<Option<(String, String)>> {
     conn.query_row(
         "SELECT org_id, project_id FROM artifact_revisions WHERE artifact_id = ?1 ORDER BY revision LIMIT 1",
         [artifact_id],

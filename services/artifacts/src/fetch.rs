@@ -15,7 +15,9 @@ use futures::StreamExt;
 use time::OffsetDateTime;
 use zopu_core::nats::Bus;
 use zopu_schema::pb::{self, ArtifactKind};
-use zopu_schema::{ArtifactId, Event, EventId, FlowRunId, OrgId, ProjectId, ThreadId, WorkId, subjects};
+use zopu_schema::{
+    ArtifactId, Event, EventId, FlowRunId, OrgId, ProjectId, ThreadId, WorkId, subjects,
+};
 
 use crate::{Error, storage};
 
@@ -55,9 +57,16 @@ pub struct ArtifactMetadata {
 }
 
 /// The metadata of `revision` (the newest when `None`) of an artifact.
-pub async fn artifact_metadata(bus: &Bus, artifact_id: &ArtifactId, revision: Option<u32>) -> Result<ArtifactMetadata, Error> {
+pub async fn artifact_metadata(
+    bus: &Bus,
+    artifact_id: &ArtifactId,
+    revision: Option<u32>,
+) -> Result<ArtifactMetadata, Error> {
     let wanted = artifact_id.to_string();
-    let not_found = || Error::NotFound { artifact_id: wanted.clone(), revision };
+    let not_found = || Error::NotFound {
+        artifact_id: wanted.clone(),
+        revision,
+    };
     let stream = bus
         .jetstream
         .get_stream(subjects::EVENTS_STREAM)
@@ -65,16 +74,25 @@ pub async fn artifact_metadata(bus: &Bus, artifact_id: &ArtifactId, revision: Op
         .map_err(|error| Error::jetstream("get stream", error))?;
     // Without any published artifact the consumer below would wait forever.
     let published_filter = subjects::events_of_type(pb::ArtifactPublished::TYPE);
-    match stream.get_last_raw_message_by_subject(&published_filter).await {
+    match stream
+        .get_last_raw_message_by_subject(&published_filter)
+        .await
+    {
         Ok(_) => {}
-        Err(error) if error.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
+        Err(error)
+            if error.kind()
+                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+        {
             return Err(not_found());
         }
         Err(error) => return Err(Error::jetstream("last published artifact", error)),
     }
     let consumer = stream
         .create_consumer(pull::OrderedConfig {
-            filter_subjects: vec![published_filter, subjects::events_of_type(pb::ArtifactSuperseded::TYPE)],
+            filter_subjects: vec![
+                published_filter,
+                subjects::events_of_type(pb::ArtifactSuperseded::TYPE),
+            ],
             deliver_policy: DeliverPolicy::All,
             ..Default::default()
         })
@@ -93,7 +111,9 @@ pub async fn artifact_metadata(bus: &Bus, artifact_id: &ArtifactId, revision: Op
             let pending = message.info().map(|info| info.pending).unwrap_or(0);
             if let Ok(envelope) = zopu_core::publish::decode_message(&message.message) {
                 if let Ok(event) = envelope.decode::<pb::ArtifactPublished>() {
-                    if event.artifact_id == wanted && !published.iter().any(|p| p.revision == event.revision) {
+                    if event.artifact_id == wanted
+                        && !published.iter().any(|p| p.revision == event.revision)
+                    {
                         published.push(metadata(*artifact_id, &envelope, event));
                     }
                 } else if let Ok(event) = envelope.decode::<pb::ArtifactSuperseded>()
@@ -110,7 +130,9 @@ pub async fn artifact_metadata(bus: &Bus, artifact_id: &ArtifactId, revision: Op
     };
     tokio::time::timeout(SCAN_TIMEOUT, scan)
         .await
-        .map_err(|_| Error::Timeout { operation: "scan artifact events" })??;
+        .map_err(|_| Error::Timeout {
+            operation: "scan artifact events",
+        })??;
 
     let mut revisions: Vec<u32> = published.iter().map(|p| p.revision).collect();
     revisions.sort_unstable();
@@ -119,12 +141,20 @@ pub async fn artifact_metadata(bus: &Bus, artifact_id: &ArtifactId, revision: Op
         None => published.into_iter().max_by_key(|p| p.revision),
     };
     let mut chosen = chosen.ok_or_else(not_found)?;
-    chosen.superseded_by = superseded.iter().filter(|(old, _)| *old == chosen.revision).map(|(_, new)| *new).max();
+    chosen.superseded_by = superseded
+        .iter()
+        .filter(|(old, _)| *old == chosen.revision)
+        .map(|(_, new)| *new)
+        .max();
     chosen.revisions = revisions;
     Ok(chosen)
 }
 
-fn metadata(artifact_id: ArtifactId, envelope: &zopu_schema::Envelope, event: pb::ArtifactPublished) -> ArtifactMetadata {
+fn metadata(
+    artifact_id: ArtifactId,
+    envelope: &zopu_schema::Envelope,
+    event: pb::ArtifactPublished,
+) -> ArtifactMetadata {
     let kind = event.kind();
     ArtifactMetadata {
         artifact_id,
@@ -152,16 +182,28 @@ fn metadata(artifact_id: ArtifactId, envelope: &zopu_schema::Envelope, event: pb
 /// A revision's metadata and page bytes. Fails with
 /// [`Error::DigestMismatch`] when the stored bytes are not the ones the
 /// published event names.
-pub async fn fetch_artifact(bus: &Bus, artifact_id: &ArtifactId, revision: Option<u32>) -> Result<(ArtifactMetadata, Vec<u8>), Error> {
+pub async fn fetch_artifact(
+    bus: &Bus,
+    artifact_id: &ArtifactId,
+    revision: Option<u32>,
+) -> Result<(ArtifactMetadata, Vec<u8>), Error> {
     let metadata = artifact_metadata(bus, artifact_id, revision).await?;
     let blob = &metadata.html;
     if blob.bucket != subjects::ARTIFACTS_BUCKET {
-        return Err(Error::ObjectStore { operation: "fetch", reason: format!("unknown bucket {:?}", blob.bucket) });
+        return Err(Error::ObjectStore {
+            operation: "fetch",
+            reason: format!("unknown bucket {:?}", blob.bucket),
+        });
     }
     let store = storage::bucket(bus).await?;
-    let bytes = tokio::time::timeout(READ_TIMEOUT, storage::read(&store, &blob.name, FETCH_BYTES_MAX))
-        .await
-        .map_err(|_| Error::Timeout { operation: "read artifact object" })??;
+    let bytes = tokio::time::timeout(
+        READ_TIMEOUT,
+        storage::read(&store, &blob.name, FETCH_BYTES_MAX),
+    )
+    .await
+    .map_err(|_| Error::Timeout {
+        operation: "read artifact object",
+    })??;
     let actual = storage::sha256_hex(&bytes);
     if actual != blob.sha256 || bytes.len() as u64 != blob.size_bytes {
         return Err(Error::DigestMismatch {
@@ -177,17 +219,32 @@ pub async fn fetch_artifact(bus: &Bus, artifact_id: &ArtifactId, revision: Optio
 
 /// Where `zopu artifact open` keeps a local copy: `<data_dir>/artifacts/<id>-r<rev>.html`.
 pub fn local_copy_path(data_dir: &Path, artifact_id: &ArtifactId, revision: u32) -> PathBuf {
-    data_dir.join("artifacts").join(format!("{artifact_id}-r{revision}.html"))
+    data_dir
+        .join("artifacts")
+        .join(format!("{artifact_id}-r{revision}.html"))
 }
 
 /// Writes a fetched page to its local copy path (atomically) and returns the path.
-pub fn write_local_copy(data_dir: &Path, metadata: &ArtifactMetadata, html: &[u8]) -> Result<PathBuf, Error> {
+pub fn write_local_copy(
+    data_dir: &Path,
+    metadata: &ArtifactMetadata,
+    html: &[u8],
+) -> Result<PathBuf, Error> {
     let path = local_copy_path(data_dir, &metadata.artifact_id, metadata.revision);
-    let io = |source| Error::Io { path: path.clone(), source };
-    let directory = path.parent().map(Path::to_path_buf).unwrap_or_else(|| data_dir.to_owned());
+    let io = |source| Error::Io {
+        path: path.clone(),
+        source,
+    };
+    let directory = path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| data_dir.to_owned());
     std::fs::create_dir_all(&directory).map_err(io)?;
     let partial = path.with_extension("html.partial");
-    std::fs::write(&partial, html).map_err(|source| Error::Io { path: partial.clone(), source })?;
+    std::fs::write(&partial, html).map_err(|source| Error::Io {
+        path: partial.clone(),
+        source,
+    })?;
     std::fs::rename(&partial, &path).map_err(io)?;
     Ok(path)
 }
@@ -200,6 +257,9 @@ mod tests {
     fn local_copies_are_named_by_id_and_revision() {
         let artifact = ArtifactId::derived(1_748_770_200_000, "a");
         let path = local_copy_path(Path::new("/data"), &artifact, 2);
-        assert_eq!(path, PathBuf::from(format!("/data/artifacts/{artifact}-r2.html")));
+        assert_eq!(
+            path,
+            PathBuf::from(format!("/data/artifacts/{artifact}-r2.html"))
+        );
     }
 }

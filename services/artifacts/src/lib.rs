@@ -40,9 +40,9 @@ pub mod validate;
 
 mod error;
 
-pub use build::{Built, BuildFailure, Options, build};
+pub use build::{BuildFailure, Built, Options, build};
 pub use error::Error;
 pub use fetch::{ArtifactMetadata, artifact_metadata, fetch_artifact};
-pub use service::{Config, run};
 pub use render::Kit;
+pub use service::{Config, run};
 pub use validate::{Code, Location, Violation};

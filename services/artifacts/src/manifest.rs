@@ -131,7 +131,10 @@ pub fn validate(manifest: &ArtifactManifest) -> Result<(), Vec<Error>> {
     if kind == ArtifactKind::Unspecified {
         e.push(Error::Invalid {
             field: "kind".into(),
-            reason: format!("must be project_setup, exploration or issue (got {})", manifest.kind),
+            reason: format!(
+                "must be project_setup, exploration or issue (got {})",
+                manifest.kind
+            ),
         });
     }
     text(e, "title", &manifest.title, true, TITLE_CHARS_MAX);
@@ -153,7 +156,12 @@ pub fn validate(manifest: &ArtifactManifest) -> Result<(), Vec<Error>> {
             field: "source_event_ids".into(),
         });
     }
-    count(e, "source_event_ids", manifest.source_event_ids.len(), SOURCE_EVENTS_MAX);
+    count(
+        e,
+        "source_event_ids",
+        manifest.source_event_ids.len(),
+        SOURCE_EVENTS_MAX,
+    );
     for (i, event) in manifest.source_event_ids.iter().enumerate() {
         id::<EventId>(e, &format!("source_event_ids[{i}]"), event, true);
     }
@@ -179,7 +187,13 @@ pub fn validate(manifest: &ArtifactManifest) -> Result<(), Vec<Error>> {
                         reason: format!("duplicate action id \"{}\"", clip(&action.id)),
                     });
                 }
-                text(e, &format!("{field}.label"), &action.label, true, LABEL_CHARS_MAX);
+                text(
+                    e,
+                    &format!("{field}.label"),
+                    &action.label,
+                    true,
+                    LABEL_CHARS_MAX,
+                );
                 if action.event_type != ACTION_EVENT_TYPE {
                     e.push(Error::Invalid {
                         field: format!("{field}.event_type"),
@@ -222,7 +236,11 @@ pub fn validate(manifest: &ArtifactManifest) -> Result<(), Vec<Error>> {
     }
     count(e, "sections[*].nodes", nodes_total, NODES_MAX);
     count(e, "sections[*].edges", edges_total, EDGES_MAX);
-    if kind == ArtifactKind::Issue && !manifest.sections.iter().any(|s| s.kind == "current_desired")
+    if kind == ArtifactKind::Issue
+        && !manifest
+            .sections
+            .iter()
+            .any(|s| s.kind == "current_desired")
     {
         e.push(Error::Invalid {
             field: "sections".into(),
@@ -234,12 +252,21 @@ pub fn validate(manifest: &ArtifactManifest) -> Result<(), Vec<Error>> {
     for (i, evidence) in manifest.evidence.iter().enumerate() {
         self::evidence(e, &format!("evidence[{i}]"), evidence);
     }
-    count(e, "generated_files", manifest.generated_files.len(), GENERATED_FILES_MAX);
+    count(
+        e,
+        "generated_files",
+        manifest.generated_files.len(),
+        GENERATED_FILES_MAX,
+    );
     for (i, file) in manifest.generated_files.iter().enumerate() {
         path(e, &format!("generated_files[{i}]"), file, true);
     }
 
-    if errors.is_empty() { Ok(()) } else { Err(errors) }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
 }
 
 /// Checks that the manifest's ids are the ones the caller's context says it
@@ -253,11 +280,30 @@ pub fn check_ids(
     expected_thread: Option<&ThreadId>,
 ) -> Result<(), Vec<Error>> {
     let mut errors = Vec::new();
-    same(&mut errors, "project_id", &manifest.project_id, Some(expected_project));
-    same(&mut errors, "flow_run_id", &manifest.flow_run_id, Some(expected_flow_run));
+    same(
+        &mut errors,
+        "project_id",
+        &manifest.project_id,
+        Some(expected_project),
+    );
+    same(
+        &mut errors,
+        "flow_run_id",
+        &manifest.flow_run_id,
+        Some(expected_flow_run),
+    );
     same(&mut errors, "work_id", &manifest.work_id, expected_work);
-    same(&mut errors, "thread_id", &manifest.thread_id, expected_thread);
-    if errors.is_empty() { Ok(()) } else { Err(errors) }
+    same(
+        &mut errors,
+        "thread_id",
+        &manifest.thread_id,
+        expected_thread,
+    );
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
 }
 
 fn same<T: std::fmt::Display>(e: &mut Vec<Error>, field: &str, actual: &str, expected: Option<&T>) {
@@ -265,8 +311,16 @@ fn same<T: std::fmt::Display>(e: &mut Vec<Error>, field: &str, actual: &str, exp
     if actual != expected {
         e.push(Error::Mismatch {
             field: field.into(),
-            expected: if expected.is_empty() { "none".into() } else { expected },
-            actual: if actual.is_empty() { "none".into() } else { clip(actual) },
+            expected: if expected.is_empty() {
+                "none".into()
+            } else {
+                expected
+            },
+            actual: if actual.is_empty() {
+                "none".into()
+            } else {
+                clip(actual)
+            },
         });
     }
 }
@@ -283,12 +337,30 @@ fn section(e: &mut Vec<Error>, index: usize, section: &ArtifactSection) {
     text(e, &field("body"), &section.body, false, LONG_TEXT_CHARS_MAX);
     count(e, &field("items"), section.items.len(), ITEMS_MAX);
     for (i, item) in section.items.iter().enumerate() {
-        text(e, &field(&format!("items[{i}]")), item, true, ITEM_CHARS_MAX);
+        text(
+            e,
+            &field(&format!("items[{i}]")),
+            item,
+            true,
+            ITEM_CHARS_MAX,
+        );
     }
     count(e, &field("facts"), section.facts.len(), SECTION_FACTS_MAX);
     facts(e, &field("facts"), &section.facts);
-    text(e, &field("current_world"), &section.current_world, false, LONG_TEXT_CHARS_MAX);
-    text(e, &field("desired_world"), &section.desired_world, false, LONG_TEXT_CHARS_MAX);
+    text(
+        e,
+        &field("current_world"),
+        &section.current_world,
+        false,
+        LONG_TEXT_CHARS_MAX,
+    );
+    text(
+        e,
+        &field("desired_world"),
+        &section.desired_world,
+        false,
+        LONG_TEXT_CHARS_MAX,
+    );
 
     let needs = |e: &mut Vec<Error>, ok: bool, name: &str, reason: &str| {
         if !ok {
@@ -305,8 +377,18 @@ fn section(e: &mut Vec<Error>, index: usize, section: &ArtifactSection) {
             needs(e, !section.items.is_empty(), "items", "needs items");
         }
         "current_desired" => {
-            needs(e, !section.current_world.is_empty(), "current_world", "needs a current world");
-            needs(e, !section.desired_world.is_empty(), "desired_world", "needs a desired world");
+            needs(
+                e,
+                !section.current_world.is_empty(),
+                "current_world",
+                "needs a current world",
+            );
+            needs(
+                e,
+                !section.desired_world.is_empty(),
+                "desired_world",
+                "needs a desired world",
+            );
         }
         "code_path" | "system_map" => {
             needs(e, !section.nodes.is_empty(), "nodes", "needs nodes");
@@ -334,8 +416,20 @@ fn section(e: &mut Vec<Error>, index: usize, section: &ArtifactSection) {
                 reason: format!("duplicate node id \"{}\"", clip(&node.id)),
             });
         }
-        text(e, &format!("{node_field}.label"), &node.label, true, LABEL_CHARS_MAX);
-        text(e, &format!("{node_field}.detail"), &node.detail, false, ITEM_CHARS_MAX);
+        text(
+            e,
+            &format!("{node_field}.label"),
+            &node.label,
+            true,
+            LABEL_CHARS_MAX,
+        );
+        text(
+            e,
+            &format!("{node_field}.detail"),
+            &node.detail,
+            false,
+            ITEM_CHARS_MAX,
+        );
     }
     for (i, edge) in section.edges.iter().enumerate() {
         let edge_field = field(&format!("edges[{i}]"));
@@ -347,14 +441,32 @@ fn section(e: &mut Vec<Error>, index: usize, section: &ArtifactSection) {
                 });
             }
         }
-        text(e, &format!("{edge_field}.label"), &edge.label, false, LABEL_CHARS_MAX);
+        text(
+            e,
+            &format!("{edge_field}.label"),
+            &edge.label,
+            false,
+            LABEL_CHARS_MAX,
+        );
     }
 }
 
 fn evidence(e: &mut Vec<Error>, field: &str, evidence: &Evidence) {
     path(e, &format!("{field}.path"), &evidence.path, false);
-    text(e, &format!("{field}.note"), &evidence.note, true, ITEM_CHARS_MAX);
-    text(e, &format!("{field}.snippet"), &evidence.snippet, false, LONG_TEXT_CHARS_MAX);
+    text(
+        e,
+        &format!("{field}.note"),
+        &evidence.note,
+        true,
+        ITEM_CHARS_MAX,
+    );
+    text(
+        e,
+        &format!("{field}.snippet"),
+        &evidence.snippet,
+        false,
+        LONG_TEXT_CHARS_MAX,
+    );
     if evidence.end_line != 0 && evidence.start_line == 0 {
         e.push(Error::Invalid {
             field: format!("{field}.start_line"),
@@ -380,8 +492,20 @@ fn evidence(e: &mut Vec<Error>, field: &str, evidence: &Evidence) {
 
 fn facts(e: &mut Vec<Error>, field: &str, facts: &[CardFact]) {
     for (i, fact) in facts.iter().enumerate() {
-        text(e, &format!("{field}[{i}].label"), &fact.label, true, LABEL_CHARS_MAX);
-        text(e, &format!("{field}[{i}].value"), &fact.value, true, ITEM_CHARS_MAX);
+        text(
+            e,
+            &format!("{field}[{i}].label"),
+            &fact.label,
+            true,
+            LABEL_CHARS_MAX,
+        );
+        text(
+            e,
+            &format!("{field}[{i}].value"),
+            &fact.value,
+            true,
+            ITEM_CHARS_MAX,
+        );
     }
 }
 
@@ -412,7 +536,12 @@ fn count(e: &mut Vec<Error>, field: &str, count: usize, max: usize) {
     }
 }
 
-fn id<T: std::str::FromStr<Err = IdError>>(e: &mut Vec<Error>, field: &str, value: &str, required: bool) {
+fn id<T: std::str::FromStr<Err = IdError>>(
+    e: &mut Vec<Error>,
+    field: &str,
+    value: &str,
+    required: bool,
+) {
     if value.is_empty() {
         if required {
             e.push(Error::Missing {
@@ -431,9 +560,9 @@ fn id<T: std::str::FromStr<Err = IdError>>(e: &mut Vec<Error>, field: &str, valu
 
 fn action_id(e: &mut Vec<Error>, field: &str, value: &str) {
     let ok = (1..=64).contains(&value.len())
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-'));
+        && value.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
+        });
     if !ok {
         e.push(Error::Invalid {
             field: field.into(),
@@ -447,7 +576,9 @@ fn commit(e: &mut Vec<Error>, value: &str) {
         return;
     }
     let ok = (7..=64).contains(&value.len())
-        && value.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
     if !ok {
         e.push(Error::Invalid {
             field: "repository_commit".into(),

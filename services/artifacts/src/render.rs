@@ -132,10 +132,19 @@ static TEMPLATES: LazyLock<Result<Environment<'static>, String>> = LazyLock::new
     env.set_lstrip_blocks(true);
     let templates = [
         ("styles.css", include_str!("../templates/styles.css")),
-        ("components.html", include_str!("../templates/components.html")),
+        (
+            "components.html",
+            include_str!("../templates/components.html"),
+        ),
         ("base.html", include_str!("../templates/base.html")),
-        ("project_setup.html", include_str!("../templates/project_setup.html")),
-        ("exploration.html", include_str!("../templates/exploration.html")),
+        (
+            "project_setup.html",
+            include_str!("../templates/project_setup.html"),
+        ),
+        (
+            "exploration.html",
+            include_str!("../templates/exploration.html"),
+        ),
         ("issue.html", include_str!("../templates/issue.html")),
     ];
     for (name, source) in templates {
@@ -150,16 +159,22 @@ static TEMPLATES: LazyLock<Result<Environment<'static>, String>> = LazyLock::new
 pub fn render(manifest: &ArtifactManifest, options: &Options) -> Result<String, Error> {
     let kind = ArtifactKind::try_from(manifest.kind).unwrap_or(ArtifactKind::Unspecified);
     let kit = Kit::for_kind(kind).ok_or(Error::UnspecifiedKind)?;
-    let env = TEMPLATES.as_ref().map_err(|e| Error::Templates(e.clone()))?;
-    let template = env.get_template(kit.template()).map_err(|source| Error::Template {
-        template: kit.template(),
-        source,
-    })?;
+    let env = TEMPLATES
+        .as_ref()
+        .map_err(|e| Error::Templates(e.clone()))?;
+    let template = env
+        .get_template(kit.template())
+        .map_err(|source| Error::Template {
+            template: kit.template(),
+            source,
+        })?;
     let page = page(kit, manifest, options)?;
-    template.render(Value::from_serialize(&page)).map_err(|source| Error::Template {
-        template: kit.template(),
-        source,
-    })
+    template
+        .render(Value::from_serialize(&page))
+        .map_err(|source| Error::Template {
+            template: kit.template(),
+            source,
+        })
 }
 
 // ---- view model (template context only; not a wire contract) ----
@@ -263,7 +278,9 @@ struct Action<'a> {
 
 fn page<'a>(kit: Kit, m: &'a ArtifactManifest, options: &Options) -> Result<Page<'a>, Error> {
     let utc = options.generated_at.to_offset(time::UtcOffset::UTC);
-    let human = utc.format(format_description!("[year]-[month]-[day] [hour]:[minute] UTC"))?;
+    let human = utc.format(format_description!(
+        "[year]-[month]-[day] [hour]:[minute] UTC"
+    ))?;
 
     let mut ordered: Vec<&ArtifactSection> = m.sections.iter().collect();
     ordered.sort_by_key(|s| kit.rank(&s.kind));
@@ -325,7 +342,10 @@ fn page<'a>(kit: Kit, m: &'a ArtifactManifest, options: &Options) -> Result<Page
         actions,
         provider,
         commit: &m.repository_commit,
-        commit_short: m.repository_commit.get(..12).unwrap_or(&m.repository_commit),
+        commit_short: m
+            .repository_commit
+            .get(..12)
+            .unwrap_or(&m.repository_commit),
         generated_at: utc.format(&Rfc3339)?,
         generated_at_human: human,
         project_id: &m.project_id,
@@ -404,7 +424,10 @@ fn file_item(item: &str) -> FileItem<'_> {
     let split = item
         .split_once(" — ")
         .or_else(|| item.split_once(" - "))
-        .or_else(|| item.split_once(": ").filter(|(path, _)| !path.contains(' ')));
+        .or_else(|| {
+            item.split_once(": ")
+                .filter(|(path, _)| !path.contains(' '))
+        });
     match split {
         Some((path, note)) => FileItem {
             path: path.trim().trim_matches('`'),
@@ -465,7 +488,10 @@ mod tests {
     fn segments_pair_backticks() {
         let s = segments("run `cargo test` then `x");
         let parts: Vec<(&str, bool)> = s.iter().map(|s| (s.text, s.code)).collect();
-        assert_eq!(parts, vec![("run ", false), ("cargo test", true), (" then `x", false)]);
+        assert_eq!(
+            parts,
+            vec![("run ", false), ("cargo test", true), (" then `x", false)]
+        );
     }
 
     #[test]

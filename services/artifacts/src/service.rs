@@ -15,7 +15,9 @@ use std::time::Duration;
 use async_nats::jetstream::object_store::ObjectStore;
 use time::OffsetDateTime;
 use zopu_core::config::{ConfigError, CoreConfig};
-use zopu_core::{HandlerError, NewEvent, Reaction, ReactionConfig, ReactionContext, Runtime, Shutdown};
+use zopu_core::{
+    HandlerError, NewEvent, Reaction, ReactionConfig, ReactionContext, Runtime, Shutdown,
+};
 use zopu_schema::{ArtifactId, BuildId, Envelope, Event, keys, pb, subjects};
 
 use crate::catalog::{self, BuildRow, BuildStatus, Catalogue, RevisionRow};
@@ -92,10 +94,16 @@ impl Config {
             ));
         }
         if self.store_timeout < Duration::from_millis(100) {
-            return Err(ConfigError::setting("artifacts.store_timeout", "must be at least 100ms"));
+            return Err(ConfigError::setting(
+                "artifacts.store_timeout",
+                "must be at least 100ms",
+            ));
         }
         if self.catch_up_timeout < Duration::from_millis(100) {
-            return Err(ConfigError::setting("artifacts.catch_up_timeout", "must be at least 100ms"));
+            return Err(ConfigError::setting(
+                "artifacts.catch_up_timeout",
+                "must be at least 100ms",
+            ));
         }
         self.reaction_config().validate("artifacts.reaction")
     }
@@ -107,9 +115,16 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     let runtime = Runtime::start(SERVICE, &core, shutdown.clone()).await?;
     let bucket = storage::bucket(&runtime.bus).await?;
     runtime.spawn_projection(Catalogue);
-    let reaction = BuildReaction { settings: config.clone(), bucket };
+    let reaction = BuildReaction {
+        settings: config.clone(),
+        bucket,
+    };
     runtime.spawn_reaction(config.reaction_config(), reaction);
-    tracing::info!(service = SERVICE, max_html_bytes = config.max_html_bytes, "artifact service running");
+    tracing::info!(
+        service = SERVICE,
+        max_html_bytes = config.max_html_bytes,
+        "artifact service running"
+    );
     shutdown.cancelled().await;
     Ok(())
 }
@@ -140,8 +155,15 @@ pub struct State {
 }
 
 impl State {
-    pub fn load(conn: &rusqlite::Connection, build_id: &str, artifact_id: &str) -> rusqlite::Result<Self> {
-        Ok(Self { build: catalog::build(conn, build_id)?, revisions: catalog::revisions(conn, artifact_id)? })
+    pub fn load(
+        conn: &rusqlite::Connection,
+        build_id: &str,
+        artifact_id: &str,
+    ) -> rusqlite::Result<Self> {
+        Ok(Self {
+            build: catalog::build(conn, build_id)?,
+            revisions: catalog::revisions(conn, artifact_id)?,
+        })
     }
 }
 
@@ -157,7 +179,10 @@ pub struct Rejection {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Render, store and publish; then supersede these revisions.
-    Build { generated_at: OffsetDateTime, supersede: Vec<u32> },
+    Build {
+        generated_at: OffsetDateTime,
+        supersede: Vec<u32>,
+    },
     /// Already published as `revision`: only make sure these are superseded.
     Finish { revision: u32, supersede: Vec<u32> },
     /// Nothing to do.
@@ -168,7 +193,13 @@ pub enum Decision {
 
 /// Decides on one request, given the catalogue state. Pure.
 pub fn decide(state: &State, event: &Envelope, request: &pb::ArtifactBuildRequested) -> Decision {
-    let reject = |code, message: String, errors: Vec<String>| Decision::Reject(Rejection { code, message, errors });
+    let reject = |code, message: String, errors: Vec<String>| {
+        Decision::Reject(Rejection {
+            code,
+            message,
+            errors,
+        })
+    };
     let mut problems = Vec::new();
     if let Err(error) = request.build_id.parse::<BuildId>() {
         problems.push(format!("build_id: {error}"));
@@ -177,17 +208,26 @@ pub fn decide(state: &State, event: &Envelope, request: &pb::ArtifactBuildReques
         problems.push(format!("artifact_id: {error}"));
     }
     if !(1..=REVISION_MAX).contains(&request.revision) {
-        problems.push(format!("revision: must be 1..={REVISION_MAX} (got {})", request.revision));
+        problems.push(format!(
+            "revision: must be 1..={REVISION_MAX} (got {})",
+            request.revision
+        ));
     }
     if !problems.is_empty() {
-        return reject("artifact.invalid_request", "The build request has invalid ids.".into(), problems);
+        return reject(
+            "artifact.invalid_request",
+            "The build request has invalid ids.".into(),
+            problems,
+        );
     }
 
     let older_current = |below: u32, except_build: &str| -> Vec<u32> {
         state
             .revisions
             .iter()
-            .filter(|r| r.revision < below && r.superseded_by.is_none() && r.build_id != except_build)
+            .filter(|r| {
+                r.revision < below && r.superseded_by.is_none() && r.build_id != except_build
+            })
             .map(|r| r.revision)
             .collect()
     };
@@ -208,10 +248,15 @@ pub fn decide(state: &State, event: &Envelope, request: &pb::ArtifactBuildReques
                     .iter()
                     .find(|r| r.build_id == request.build_id)
                     .map_or(request.revision, |r| r.revision);
-                return Decision::Finish { revision, supersede: older_current(revision, &request.build_id) };
+                return Decision::Finish {
+                    revision,
+                    supersede: older_current(revision, &request.build_id),
+                };
             }
             BuildStatus::Failed => {
-                return Decision::Skip { reason: format!("build {} already failed", request.build_id) };
+                return Decision::Skip {
+                    reason: format!("build {} already failed", request.build_id),
+                };
             }
             BuildStatus::Requested | BuildStatus::Started => {}
         }
@@ -219,7 +264,11 @@ pub fn decide(state: &State, event: &Envelope, request: &pb::ArtifactBuildReques
 
     // Boundary: the manifest's ids are the envelope's.
     let Some(manifest) = &request.manifest else {
-        return reject("artifact.invalid_request", "The build request carries no manifest.".into(), vec!["manifest: required".into()]);
+        return reject(
+            "artifact.invalid_request",
+            "The build request carries no manifest.".into(),
+            vec!["manifest: required".into()],
+        );
     };
     let Some(flow_run) = event.flow_run_id else {
         return reject(
@@ -228,9 +277,13 @@ pub fn decide(state: &State, event: &Envelope, request: &pb::ArtifactBuildReques
             vec!["flowrunid: the request event carries none".into()],
         );
     };
-    if let Err(errors) =
-        manifest::check_ids(manifest, &event.project_id, &flow_run, event.work_id.as_ref(), event.thread_id.as_ref())
-    {
+    if let Err(errors) = manifest::check_ids(
+        manifest,
+        &event.project_id,
+        &flow_run,
+        event.work_id.as_ref(),
+        event.thread_id.as_ref(),
+    ) {
         return reject(
             "artifact.boundary",
             "The manifest's ids do not belong to the project, flow run, work and thread of its request.".into(),
@@ -238,15 +291,24 @@ pub fn decide(state: &State, event: &Envelope, request: &pb::ArtifactBuildReques
         );
     }
     if let Some(owner) = state.revisions.first()
-        && (owner.org_id != event.org_id.as_str() || owner.project_id != event.project_id.to_string())
+        && (owner.org_id != event.org_id.as_str()
+            || owner.project_id != event.project_id.to_string())
     {
         return reject(
             "artifact.boundary",
             "This artifact belongs to another project.".into(),
-            vec![format!("artifact_id: owned by another project (revision {})", owner.revision)],
+            vec![format!(
+                "artifact_id: owned by another project (revision {})",
+                owner.revision
+            )],
         );
     }
-    if let Some(newer) = state.revisions.iter().filter(|r| r.revision >= request.revision && r.build_id != request.build_id).max_by_key(|r| r.revision) {
+    if let Some(newer) = state
+        .revisions
+        .iter()
+        .filter(|r| r.revision >= request.revision && r.build_id != request.build_id)
+        .max_by_key(|r| r.revision)
+    {
         return reject(
             "artifact.revision_conflict",
             format!(
@@ -260,7 +322,10 @@ pub fn decide(state: &State, event: &Envelope, request: &pb::ArtifactBuildReques
         .build
         .as_ref()
         .map_or(event.time, |first| first.requested_at);
-    Decision::Build { generated_at, supersede: older_current(request.revision, &request.build_id) }
+    Decision::Build {
+        generated_at,
+        supersede: older_current(request.revision, &request.build_id),
+    }
 }
 
 /// The reaction on `artifact.build.requested`.
@@ -275,10 +340,17 @@ impl Reaction for BuildReaction {
         // Decide on everything already on the stream, including what an
         // earlier run of this request appended.
         let last = zopu_core::publish::last_sequence(ctx.publisher.bus()).await?;
-        tokio::time::timeout(self.settings.catch_up_timeout, ctx.store.wait_for(last.max(ctx.stream_sequence)))
-            .await
-            .map_err(|_| HandlerError::Transient("the artifact catalogue did not catch up in time".into()))?;
-        let state = ctx.store.read(|conn| State::load(conn, &request.build_id, &request.artifact_id))?;
+        tokio::time::timeout(
+            self.settings.catch_up_timeout,
+            ctx.store.wait_for(last.max(ctx.stream_sequence)),
+        )
+        .await
+        .map_err(|_| {
+            HandlerError::Transient("the artifact catalogue did not catch up in time".into())
+        })?;
+        let state = ctx
+            .store
+            .read(|conn| State::load(conn, &request.build_id, &request.artifact_id))?;
         let decision = decide(&state, event, &request);
         tracing::debug!(build_id = %clip(&request.build_id), ?decision, "build decision");
         match decision {
@@ -288,13 +360,26 @@ impl Reaction for BuildReaction {
             }
             Decision::Reject(rejection) => {
                 tracing::warn!(build_id = %clip(&request.build_id), code = rejection.code, "build request rejected");
-                ctx.publisher.append(failed_event(event, &request, &rejection, false)).await?;
+                ctx.publisher
+                    .append(failed_event(event, &request, &rejection, false))
+                    .await?;
                 Ok(())
             }
-            Decision::Finish { revision, supersede } => self.supersede(event, &request, revision, &supersede, ctx).await,
-            Decision::Build { generated_at, supersede } => {
-                self.build_and_publish(event, &request, generated_at, ctx).await?;
-                self.supersede(event, &request, request.revision, &supersede, ctx).await
+            Decision::Finish {
+                revision,
+                supersede,
+            } => {
+                self.supersede(event, &request, revision, &supersede, ctx)
+                    .await
+            }
+            Decision::Build {
+                generated_at,
+                supersede,
+            } => {
+                self.build_and_publish(event, &request, generated_at, ctx)
+                    .await?;
+                self.supersede(event, &request, request.revision, &supersede, ctx)
+                    .await
             }
         }
     }
@@ -319,9 +404,13 @@ impl BuildReaction {
         ctx: &ReactionContext,
     ) -> Result<(), HandlerError> {
         // `decide` checked both ids.
-        let (Ok(build_id), Ok(artifact_id)) = (request.build_id.parse::<BuildId>(), request.artifact_id.parse::<ArtifactId>())
-        else {
-            return Err(HandlerError::Permanent("build request ids do not parse".into()));
+        let (Ok(build_id), Ok(artifact_id)) = (
+            request.build_id.parse::<BuildId>(),
+            request.artifact_id.parse::<ArtifactId>(),
+        ) else {
+            return Err(HandlerError::Permanent(
+                "build request ids do not parse".into(),
+            ));
         };
         let started = pb::ArtifactBuildStarted {
             build_id: request.build_id.clone(),
@@ -329,13 +418,24 @@ impl BuildReaction {
             revision: request.revision,
             attempt: u32::try_from(ctx.delivered).unwrap_or(1).max(1),
         };
-        ctx.publisher.append(NewEvent::caused_by(&event.context(), &started, keys::artifact_step(&build_id, "started"))).await?;
+        ctx.publisher
+            .append(NewEvent::caused_by(
+                &event.context(),
+                &started,
+                keys::artifact_step(&build_id, "started"),
+            ))
+            .await?;
 
         let manifest = request.manifest.clone().unwrap_or_default();
-        let options = build::Options { generated_at, max_html_bytes: self.settings.max_html_bytes };
-        let built = tokio::task::spawn_blocking(move || build::build(&manifest, &options).map_err(|failure| (failure, manifest.kind)))
-            .await
-            .map_err(|error| HandlerError::Transient(format!("build task: {error}")))?;
+        let options = build::Options {
+            generated_at,
+            max_html_bytes: self.settings.max_html_bytes,
+        };
+        let built = tokio::task::spawn_blocking(move || {
+            build::build(&manifest, &options).map_err(|failure| (failure, manifest.kind))
+        })
+        .await
+        .map_err(|error| HandlerError::Transient(format!("build task: {error}")))?;
         let built = match built {
             Ok(built) => built,
             Err((failure, _)) => {
@@ -345,7 +445,9 @@ impl BuildReaction {
                     message: "The artifact could not be built into a valid page; the specialist's result stays stored.".into(),
                     errors: failure.messages(),
                 };
-                ctx.publisher.append(failed_event(event, request, &rejection, false)).await?;
+                ctx.publisher
+                    .append(failed_event(event, request, &rejection, false))
+                    .await?;
                 return Ok(());
             }
         };
@@ -380,7 +482,11 @@ impl BuildReaction {
         };
         let appended = ctx
             .publisher
-            .append(NewEvent::caused_by(&event.context(), &published, keys::artifact_step(&build_id, "published")))
+            .append(NewEvent::caused_by(
+                &event.context(),
+                &published,
+                keys::artifact_step(&build_id, "published"),
+            ))
             .await?;
         tracing::info!(
             %build_id, %artifact_id, revision = request.revision, object = %name, size = built.size,
@@ -398,7 +504,9 @@ impl BuildReaction {
         old_revisions: &[u32],
         ctx: &ReactionContext,
     ) -> Result<(), HandlerError> {
-        let Ok(artifact_id) = request.artifact_id.parse::<ArtifactId>() else { return Ok(()) };
+        let Ok(artifact_id) = request.artifact_id.parse::<ArtifactId>() else {
+            return Ok(());
+        };
         for &old in old_revisions {
             let superseded = pb::ArtifactSuperseded {
                 artifact_id: request.artifact_id.clone(),
@@ -406,7 +514,11 @@ impl BuildReaction {
                 superseded_by_revision: new_revision,
             };
             ctx.publisher
-                .append(NewEvent::caused_by(&event.context(), &superseded, local_keys::superseded(&artifact_id, old)))
+                .append(NewEvent::caused_by(
+                    &event.context(),
+                    &superseded,
+                    local_keys::superseded(&artifact_id, old),
+                ))
                 .await?;
             tracing::info!(%artifact_id, revision = old, superseded_by = new_revision, "artifact revision superseded");
         }
@@ -416,7 +528,12 @@ impl BuildReaction {
 
 /// `artifact.failed` for a request, keyed by its build (or, when the build
 /// id is unusable, by the request event).
-fn failed_event(event: &Envelope, request: &pb::ArtifactBuildRequested, rejection: &Rejection, retryable: bool) -> NewEvent {
+fn failed_event(
+    event: &Envelope,
+    request: &pb::ArtifactBuildRequested,
+    rejection: &Rejection,
+    retryable: bool,
+) -> NewEvent {
     let key = match request.build_id.parse::<BuildId>() {
         Ok(build) => keys::artifact_step(&build, "failed"),
         Err(_) => local_keys::rejected_request(&event.id),
@@ -425,15 +542,27 @@ fn failed_event(event: &Envelope, request: &pb::ArtifactBuildRequested, rejectio
         build_id: clip(&request.build_id),
         artifact_id: clip(&request.artifact_id),
         revision: request.revision,
-        reason: Some(pb::FailureReason { code: rejection.code.to_owned(), message: sanitize(&rejection.message), retryable }),
-        validation_errors: rejection.errors.iter().take(VALIDATION_ERRORS_MAX).map(|e| sanitize(e)).collect(),
+        reason: Some(pb::FailureReason {
+            code: rejection.code.to_owned(),
+            message: sanitize(&rejection.message),
+            retryable,
+        }),
+        validation_errors: rejection
+            .errors
+            .iter()
+            .take(VALIDATION_ERRORS_MAX)
+            .map(|e| sanitize(e))
+            .collect(),
     };
     NewEvent::caused_by(&event.context(), &failed, key)
 }
 
 /// Event text: secrets redacted, control characters dropped, length capped.
 fn sanitize(text: &str) -> String {
-    let printable: String = text.chars().filter(|c| !c.is_control() || *c == '\n').collect();
+    let printable: String = text
+        .chars()
+        .filter(|c| !c.is_control() || *c == '\n')
+        .collect();
     let redacted = zopu_secrets::redact(&printable);
     match redacted.char_indices().nth(MESSAGE_CHARS_MAX) {
         Some((end, _)) => format!("{}…", &redacted[..end]),
@@ -512,7 +641,12 @@ mod tests {
         }
     }
 
-    fn revision(f: &Fixture, revision: u32, build: &str, superseded_by: Option<u32>) -> RevisionRow {
+    fn revision(
+        f: &Fixture,
+        revision: u32,
+        build: &str,
+        superseded_by: Option<u32>,
+    ) -> RevisionRow {
         RevisionRow {
             artifact_id: f.request.artifact_id.clone(),
             revision,
@@ -539,16 +673,34 @@ mod tests {
     #[test]
     fn a_first_request_builds_with_its_own_time() {
         let f = fixture();
-        let state = State { build: Some(first_request(&f, BuildStatus::Requested, f.event.time)), revisions: vec![] };
-        assert_eq!(decide(&state, &f.event, &f.request), Decision::Build { generated_at: f.event.time, supersede: vec![] });
+        let state = State {
+            build: Some(first_request(&f, BuildStatus::Requested, f.event.time)),
+            revisions: vec![],
+        };
+        assert_eq!(
+            decide(&state, &f.event, &f.request),
+            Decision::Build {
+                generated_at: f.event.time,
+                supersede: vec![]
+            }
+        );
     }
 
     #[test]
     fn a_re_run_uses_the_first_request_time_so_bytes_repeat() {
         let f = fixture();
         let earlier = f.event.time - time::Duration::minutes(5);
-        let state = State { build: Some(first_request(&f, BuildStatus::Started, earlier)), revisions: vec![] };
-        assert_eq!(decide(&state, &f.event, &f.request), Decision::Build { generated_at: earlier, supersede: vec![] });
+        let state = State {
+            build: Some(first_request(&f, BuildStatus::Started, earlier)),
+            revisions: vec![],
+        };
+        assert_eq!(
+            decide(&state, &f.event, &f.request),
+            Decision::Build {
+                generated_at: earlier,
+                supersede: vec![]
+            }
+        );
     }
 
     #[test]
@@ -558,9 +710,21 @@ mod tests {
             build: Some(first_request(&f, BuildStatus::Published, f.event.time)),
             revisions: vec![revision(&f, 1, &f.request.build_id, None)],
         };
-        assert_eq!(decide(&state, &f.event, &f.request), Decision::Finish { revision: 1, supersede: vec![] });
-        let failed = State { build: Some(first_request(&f, BuildStatus::Failed, f.event.time)), revisions: vec![] };
-        assert!(matches!(decide(&failed, &f.event, &f.request), Decision::Skip { .. }));
+        assert_eq!(
+            decide(&state, &f.event, &f.request),
+            Decision::Finish {
+                revision: 1,
+                supersede: vec![]
+            }
+        );
+        let failed = State {
+            build: Some(first_request(&f, BuildStatus::Failed, f.event.time)),
+            revisions: vec![],
+        };
+        assert!(matches!(
+            decide(&failed, &f.event, &f.request),
+            Decision::Skip { .. }
+        ));
     }
 
     #[test]
@@ -571,13 +735,28 @@ mod tests {
             build: Some(first_request(&f, BuildStatus::Requested, f.event.time)),
             revisions: vec![revision(&f, 1, "b1", Some(2)), revision(&f, 2, "b2", None)],
         };
-        assert_eq!(decide(&state, &f.event, &f.request), Decision::Build { generated_at: f.event.time, supersede: vec![2] });
+        assert_eq!(
+            decide(&state, &f.event, &f.request),
+            Decision::Build {
+                generated_at: f.event.time,
+                supersede: vec![2]
+            }
+        );
         // Published but crashed before superseding: finish the job.
         let state = State {
             build: Some(first_request(&f, BuildStatus::Published, f.event.time)),
-            revisions: vec![revision(&f, 2, "b2", None), revision(&f, 3, &f.request.build_id, None)],
+            revisions: vec![
+                revision(&f, 2, "b2", None),
+                revision(&f, 3, &f.request.build_id, None),
+            ],
         };
-        assert_eq!(decide(&state, &f.event, &f.request), Decision::Finish { revision: 3, supersede: vec![2] });
+        assert_eq!(
+            decide(&state, &f.event, &f.request),
+            Decision::Finish {
+                revision: 3,
+                supersede: vec![2]
+            }
+        );
     }
 
     #[test]
@@ -587,32 +766,54 @@ mod tests {
             build: Some(first_request(&f, BuildStatus::Requested, f.event.time)),
             revisions: vec![revision(&f, 1, "other-build", None)],
         };
-        assert_eq!(code(decide(&state, &f.event, &f.request)), "artifact.revision_conflict");
+        assert_eq!(
+            code(decide(&state, &f.event, &f.request)),
+            "artifact.revision_conflict"
+        );
     }
 
     #[test]
     fn ids_that_do_not_belong_together_are_rejected() {
         let f = fixture();
-        let state = State { build: Some(first_request(&f, BuildStatus::Requested, f.event.time)), revisions: vec![] };
+        let state = State {
+            build: Some(first_request(&f, BuildStatus::Requested, f.event.time)),
+            revisions: vec![],
+        };
 
         let mut other_project = fixture();
-        other_project.request.manifest.as_mut().unwrap().project_id = ProjectId::derived(T0, "other").to_string();
-        assert_eq!(code(decide(&state, &other_project.event, &other_project.request)), "artifact.boundary");
+        other_project.request.manifest.as_mut().unwrap().project_id =
+            ProjectId::derived(T0, "other").to_string();
+        assert_eq!(
+            code(decide(&state, &other_project.event, &other_project.request)),
+            "artifact.boundary"
+        );
 
         let mut no_flow = fixture();
         no_flow.event.flow_run_id = None;
-        assert_eq!(code(decide(&state, &no_flow.event, &no_flow.request)), "artifact.boundary");
+        assert_eq!(
+            code(decide(&state, &no_flow.event, &no_flow.request)),
+            "artifact.boundary"
+        );
 
         let mut other_work = fixture();
         other_work.event.work_id = Some(WorkId::derived(T0, "w2"));
-        assert_eq!(code(decide(&state, &other_work.event, &other_work.request)), "artifact.boundary");
+        assert_eq!(
+            code(decide(&state, &other_work.event, &other_work.request)),
+            "artifact.boundary"
+        );
 
         let mut foreign = revision(&f, 1, "b0", None);
         foreign.project_id = ProjectId::derived(T0, "elsewhere").to_string();
         let mut second = fixture();
         second.request.revision = 2;
-        let owned_elsewhere = State { build: None, revisions: vec![foreign] };
-        assert_eq!(code(decide(&owned_elsewhere, &second.event, &second.request)), "artifact.boundary");
+        let owned_elsewhere = State {
+            build: None,
+            revisions: vec![foreign],
+        };
+        assert_eq!(
+            code(decide(&owned_elsewhere, &second.event, &second.request)),
+            "artifact.boundary"
+        );
 
         let mut bad_ids = fixture();
         bad_ids.request.build_id = "x".into();
@@ -631,8 +832,14 @@ mod tests {
         let f = fixture();
         let mut first = first_request(&f, BuildStatus::Published, f.event.time);
         first.revision = 7;
-        let state = State { build: Some(first), revisions: vec![] };
-        assert!(matches!(decide(&state, &f.event, &f.request), Decision::Skip { .. }));
+        let state = State {
+            build: Some(first),
+            revisions: vec![],
+        };
+        assert!(matches!(
+            decide(&state, &f.event, &f.request),
+            Decision::Skip { .. }
+        ));
     }
 
     #[test]
@@ -641,14 +848,24 @@ mod tests {
         let rejection = Rejection {
             code: "artifact.validation_failed",
             message: "bad \u{1b}[31m".into(),
-            errors: (0..80).map(|i| format!("{i} {}", "x".repeat(900))).collect(),
+            errors: (0..80)
+                .map(|i| format!("{i} {}", "x".repeat(900)))
+                .collect(),
         };
         let event = failed_event(&f.event, &f.request, &rejection, false);
         let failed = <pb::ArtifactFailed as prost::Message>::decode(event.data.clone()).unwrap();
         assert_eq!(failed.validation_errors.len(), VALIDATION_ERRORS_MAX);
-        assert!(failed.validation_errors.iter().all(|e| e.chars().count() <= MESSAGE_CHARS_MAX + 1));
+        assert!(
+            failed
+                .validation_errors
+                .iter()
+                .all(|e| e.chars().count() <= MESSAGE_CHARS_MAX + 1)
+        );
         assert!(!failed.reason.unwrap().message.contains('\u{1b}'));
-        assert_eq!(event.idempotency_key, keys::artifact_step(&f.request.build_id.parse().unwrap(), "failed"));
+        assert_eq!(
+            event.idempotency_key,
+            keys::artifact_step(&f.request.build_id.parse().unwrap(), "failed")
+        );
     }
 
     #[test]
@@ -656,10 +873,19 @@ mod tests {
         let config = Config::default();
         config.validate().unwrap();
         assert_eq!(config.max_html_bytes, 512 * 1024);
-        let bad = Config { max_html_bytes: 10, ..Config::default() };
+        let bad = Config {
+            max_html_bytes: 10,
+            ..Config::default()
+        };
         let error = bad.validate().unwrap_err().to_string();
         assert!(error.contains("artifacts.max_html_bytes"), "{error}");
-        let partial = Config { reaction: ReactionConfig { max_deliver: 3, ..ReactionConfig::default() }, ..Config::default() };
+        let partial = Config {
+            reaction: ReactionConfig {
+                max_deliver: 3,
+                ..ReactionConfig::default()
+            },
+            ..Config::default()
+        };
         partial.validate().unwrap();
         assert_eq!(partial.reaction_config().durable, "artifacts-builds");
     }

@@ -30,7 +30,10 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// The object store's spelling of a digest (`SHA-256=<base64url>`), from hex.
 fn nats_digest(sha256_hex: &str) -> Option<String> {
     let bytes = hex::decode(sha256_hex).ok()?;
-    Some(format!("SHA-256={}", base64::engine::general_purpose::URL_SAFE.encode(bytes)))
+    Some(format!(
+        "SHA-256={}",
+        base64::engine::general_purpose::URL_SAFE.encode(bytes)
+    ))
 }
 
 /// What a write did.
@@ -46,24 +49,47 @@ pub async fn bucket(bus: &zopu_core::nats::Bus) -> Result<ObjectStore, Error> {
     bus.jetstream
         .get_object_store(zopu_schema::subjects::ARTIFACTS_BUCKET)
         .await
-        .map_err(|error| Error::ObjectStore { operation: "open bucket", reason: error.to_string() })
+        .map_err(|error| Error::ObjectStore {
+            operation: "open bucket",
+            reason: error.to_string(),
+        })
 }
 
 /// Stores `bytes` under `name` unless the same bytes are already there.
-pub async fn put(store: &ObjectStore, name: &str, bytes: &[u8], sha256_hex: &str) -> Result<Stored, Error> {
-    let expected = nats_digest(sha256_hex)
-        .ok_or_else(|| Error::ObjectStore { operation: "put", reason: "digest is not hex".into() })?;
+pub async fn put(
+    store: &ObjectStore,
+    name: &str,
+    bytes: &[u8],
+    sha256_hex: &str,
+) -> Result<Stored, Error> {
+    let expected = nats_digest(sha256_hex).ok_or_else(|| Error::ObjectStore {
+        operation: "put",
+        reason: "digest is not hex".into(),
+    })?;
     match store.info(name).await {
-        Ok(info) if !info.deleted && info.size == bytes.len() && info.digest.as_deref() == Some(expected.as_str()) => {
+        Ok(info)
+            if !info.deleted
+                && info.size == bytes.len()
+                && info.digest.as_deref() == Some(expected.as_str()) =>
+        {
             return Ok(Stored::Reused);
         }
         Ok(info) => {
             // Never published (the caller checked), e.g. rendered by an
             // older build of this service before a crash: replace it.
-            tracing::warn!(object = name, size = info.size, "object with this name has other content; replacing it");
+            tracing::warn!(
+                object = name,
+                size = info.size,
+                "object with this name has other content; replacing it"
+            );
         }
         Err(error) if error.kind() == InfoErrorKind::NotFound => {}
-        Err(error) => return Err(Error::ObjectStore { operation: "object info", reason: error.to_string() }),
+        Err(error) => {
+            return Err(Error::ObjectStore {
+                operation: "object info",
+                reason: error.to_string(),
+            });
+        }
     }
     let metadata = ObjectMetadata {
         name: name.to_owned(),
@@ -74,7 +100,10 @@ pub async fn put(store: &ObjectStore, name: &str, bytes: &[u8], sha256_hex: &str
     let info = store
         .put(metadata, &mut reader)
         .await
-        .map_err(|error| Error::ObjectStore { operation: "put", reason: error.to_string() })?;
+        .map_err(|error| Error::ObjectStore {
+            operation: "put",
+            reason: error.to_string(),
+        })?;
     if info.digest.as_deref() != Some(expected.as_str()) || info.size != bytes.len() {
         return Err(Error::ObjectStore {
             operation: "put",
@@ -88,23 +117,39 @@ pub async fn put(store: &ObjectStore, name: &str, bytes: &[u8], sha256_hex: &str
 pub async fn read(store: &ObjectStore, name: &str, max_bytes: u64) -> Result<Vec<u8>, Error> {
     let object = store.get(name).await.map_err(|error| {
         if error.kind() == async_nats::jetstream::object_store::GetErrorKind::NotFound {
-            Error::ObjectMissing { name: name.to_owned() }
+            Error::ObjectMissing {
+                name: name.to_owned(),
+            }
         } else {
-            Error::ObjectStore { operation: "get", reason: error.to_string() }
+            Error::ObjectStore {
+                operation: "get",
+                reason: error.to_string(),
+            }
         }
     })?;
     let size = object.info().size as u64;
     if size > max_bytes {
-        return Err(Error::TooLarge { name: name.to_owned(), size, max: max_bytes });
+        return Err(Error::TooLarge {
+            name: name.to_owned(),
+            size,
+            max: max_bytes,
+        });
     }
     let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
     object
         .take(max_bytes + 1)
         .read_to_end(&mut bytes)
         .await
-        .map_err(|error| Error::ObjectStore { operation: "read", reason: error.to_string() })?;
+        .map_err(|error| Error::ObjectStore {
+            operation: "read",
+            reason: error.to_string(),
+        })?;
     if bytes.len() as u64 > max_bytes {
-        return Err(Error::TooLarge { name: name.to_owned(), size: bytes.len() as u64, max: max_bytes });
+        return Err(Error::TooLarge {
+            name: name.to_owned(),
+            size: bytes.len() as u64,
+            max: max_bytes,
+        });
     }
     Ok(bytes)
 }
@@ -116,10 +161,19 @@ mod tests {
     #[test]
     fn names_and_digests() {
         let artifact = ArtifactId::derived(1_748_770_200_000, "a");
-        assert_eq!(object_name(&artifact, 3), format!("{artifact}/3/index.html"));
+        assert_eq!(
+            object_name(&artifact, 3),
+            format!("{artifact}/3/index.html")
+        );
         let hex = sha256_hex(b"hello");
-        assert_eq!(hex, "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824");
-        assert_eq!(nats_digest(&hex).as_deref(), Some("SHA-256=LPJNul-wow4m6DsqxbninhsWHlwfp0JecwQzYpOLmCQ="));
+        assert_eq!(
+            hex,
+            "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+        );
+        assert_eq!(
+            nats_digest(&hex).as_deref(),
+            Some("SHA-256=LPJNul-wow4m6DsqxbninhsWHlwfp0JecwQzYpOLmCQ=")
+        );
         assert_eq!(nats_digest("not hex"), None);
     }
 }

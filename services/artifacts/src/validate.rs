@@ -19,18 +19,54 @@ pub const HTML_BYTES_MAX_DEFAULT: usize = 512 * 1024;
 /// Elements that run code, embed other documents, submit data or change
 /// how the page resolves URLs.
 const FORBIDDEN_ELEMENTS: &[&str] = &[
-    "script", "iframe", "frame", "frameset", "object", "embed", "applet", "form", "base", "link",
-    "noscript", "portal", "input", "button", "textarea", "select", "template", "fencedframe",
+    "script",
+    "iframe",
+    "frame",
+    "frameset",
+    "object",
+    "embed",
+    "applet",
+    "form",
+    "base",
+    "link",
+    "noscript",
+    "portal",
+    "input",
+    "button",
+    "textarea",
+    "select",
+    "template",
+    "fencedframe",
 ];
 /// Elements that load media (any of their URL attributes is remote or local
 /// file access, both forbidden).
 const MEDIA_ELEMENTS: &[&str] = &[
-    "img", "picture", "source", "video", "audio", "track", "image", "feimage", "use", "foreignobject",
+    "img",
+    "picture",
+    "source",
+    "video",
+    "audio",
+    "track",
+    "image",
+    "feimage",
+    "use",
+    "foreignobject",
 ];
 /// Attributes that load a resource.
 const RESOURCE_ATTRIBUTES: &[&str] = &[
-    "src", "srcset", "poster", "data", "background", "codebase", "archive", "longdesc", "manifest",
-    "ping", "lowsrc", "dynsrc", "imagesrcset",
+    "src",
+    "srcset",
+    "poster",
+    "data",
+    "background",
+    "codebase",
+    "archive",
+    "longdesc",
+    "manifest",
+    "ping",
+    "lowsrc",
+    "dynsrc",
+    "imagesrcset",
 ];
 /// Attributes holding a navigation or submission URL.
 const URL_ATTRIBUTES: &[&str] = &["href", "action", "formaction", "cite"];
@@ -127,7 +163,13 @@ pub struct Violation {
 
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} at {}: {}", self.code.as_str(), self.location, self.detail)
+        write!(
+            f,
+            "{} at {}: {}",
+            self.code.as_str(),
+            self.location,
+            self.detail
+        )
     }
 }
 
@@ -182,7 +224,11 @@ pub fn validate(html: &str, policy: &Policy<'_>) -> Result<(), Error> {
         v.push(Violation {
             code: Code::TooLarge,
             location: Location::Document,
-            detail: format!("{} bytes, at most {} allowed", html.len(), policy.max_html_bytes),
+            detail: format!(
+                "{} bytes, at most {} allowed",
+                html.len(),
+                policy.max_html_bytes
+            ),
         });
         // Far beyond the cap: do not spend time parsing it.
         if html.len() > policy.max_html_bytes.saturating_mul(4) {
@@ -216,7 +262,11 @@ pub fn validate(html: &str, policy: &Policy<'_>) -> Result<(), Error> {
                 }
             }
             Node::Comment(comment) => {
-                let at = || node.parent().and_then(ElementRef::wrap).map_or_else(|| "document".into(), path);
+                let at = || {
+                    node.parent()
+                        .and_then(ElementRef::wrap)
+                        .map_or_else(|| "document".into(), path)
+                };
                 secrets(&comment.comment, at, &mut v);
             }
             Node::Element(_) => {
@@ -243,28 +293,51 @@ pub fn validate(html: &str, policy: &Policy<'_>) -> Result<(), Error> {
 
     let missing = |found: &Option<String>| found.as_deref().is_none_or(|t| t.trim().is_empty());
     if missing(&title) {
-        v.push(document_violation(Code::MissingTitle, "no non-empty <title>"));
+        v.push(document_violation(
+            Code::MissingTitle,
+            "no non-empty <title>",
+        ));
     }
     if missing(&heading) {
-        v.push(document_violation(Code::MissingHeading, "no non-empty <h1>"));
+        v.push(document_violation(
+            Code::MissingHeading,
+            "no non-empty <h1>",
+        ));
     }
     if missing(&summary) {
-        v.push(document_violation(Code::MissingSummary, "no non-empty element with id=\"summary\""));
+        v.push(document_violation(
+            Code::MissingSummary,
+            "no non-empty element with id=\"summary\"",
+        ));
     }
     if let Some(expected) = policy.expected_title {
         let expected = normalize(expected);
-        if heading.as_deref().is_some_and(|h| !h.trim().is_empty() && normalize(h) != expected)
-            || title.as_deref().is_some_and(|t| !t.trim().is_empty() && !normalize(t).contains(&expected))
+        if heading
+            .as_deref()
+            .is_some_and(|h| !h.trim().is_empty() && normalize(h) != expected)
+            || title
+                .as_deref()
+                .is_some_and(|t| !t.trim().is_empty() && !normalize(t).contains(&expected))
         {
-            v.push(document_violation(Code::ContentMismatch, "title differs from the manifest"));
+            v.push(document_violation(
+                Code::ContentMismatch,
+                "title differs from the manifest",
+            ));
         }
     }
     if let (Some(expected), Some(found)) = (policy.expected_summary, summary.as_deref()) {
         // Inline-code backticks become <code> and paragraphs become <p>s, so
         // compare the visible characters only.
-        let visible = |t: &str| t.chars().filter(|c| !c.is_whitespace() && *c != '`').collect::<String>();
+        let visible = |t: &str| {
+            t.chars()
+                .filter(|c| !c.is_whitespace() && *c != '`')
+                .collect::<String>()
+        };
         if !found.trim().is_empty() && visible(found) != visible(expected) {
-            v.push(document_violation(Code::ContentMismatch, "summary differs from the manifest"));
+            v.push(document_violation(
+                Code::ContentMismatch,
+                "summary differs from the manifest",
+            ));
         }
     }
     if !csp_seen {
@@ -273,7 +346,11 @@ pub fn validate(html: &str, policy: &Policy<'_>) -> Result<(), Error> {
             "no <meta http-equiv=\"Content-Security-Policy\">",
         ));
     }
-    if v.is_empty() { Ok(()) } else { Err(Error::Invalid(v)) }
+    if v.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Invalid(v))
+    }
 }
 
 fn document_violation(code: Code, detail: &str) -> Violation {
@@ -350,7 +427,11 @@ fn element(element: ElementRef<'_>, v: &mut Vec<Violation>) {
 
 /// Checks a `<meta>`: refresh is forbidden; returns whether it was the CSP.
 fn meta(element: ElementRef<'_>, v: &mut Vec<Violation>) -> bool {
-    let equiv = element.value().attr("http-equiv").unwrap_or("").to_ascii_lowercase();
+    let equiv = element
+        .value()
+        .attr("http-equiv")
+        .unwrap_or("")
+        .to_ascii_lowercase();
     let content = element.value().attr("content").unwrap_or("");
     let at = || Location::Element(path(element));
     match equiv.as_str() {
@@ -382,7 +463,11 @@ fn meta(element: ElementRef<'_>, v: &mut Vec<Violation>) -> bool {
                     });
                 }
                 if sources.iter().any(|s| {
-                    s == "*" || s.contains("http:") || s.contains("https:") || s.contains("'unsafe-eval'") || s.contains('.')
+                    s == "*"
+                        || s.contains("http:")
+                        || s.contains("https:")
+                        || s.contains("'unsafe-eval'")
+                        || s.contains('.')
                 }) {
                     v.push(Violation {
                         code: Code::WeakCsp,
@@ -408,7 +493,15 @@ fn meta(element: ElementRef<'_>, v: &mut Vec<Violation>) -> bool {
 /// `image-set(`, legacy `expression(`/`behavior`, or escapes hiding them.
 fn css(text: &str, at: impl Fn() -> String, v: &mut Vec<Violation>) {
     const PATTERNS: &[&str] = &[
-        "url(", "@import", "@font-face", "image-set(", "image(", "expression(", "behavior:", "-moz-binding", "\\",
+        "url(",
+        "@import",
+        "@font-face",
+        "image-set(",
+        "image(",
+        "expression(",
+        "behavior:",
+        "-moz-binding",
+        "\\",
     ];
     for pattern in PATTERNS {
         if find_ascii_case_insensitive(text, pattern).is_some() {
@@ -462,8 +555,13 @@ fn scheme(url: &str) -> Option<String> {
         .collect();
     let colon = cleaned.find(':')?;
     let candidate = &cleaned[..colon];
-    let valid = candidate.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-        && candidate.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    let valid = candidate
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic())
+        && candidate
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
     valid.then(|| candidate.to_ascii_lowercase())
 }
 
@@ -523,7 +621,10 @@ mod tests {
 
     #[test]
     fn schemes_are_found_through_obfuscation() {
-        assert_eq!(scheme(" java\tscript:alert(1)").as_deref(), Some("javascript"));
+        assert_eq!(
+            scheme(" java\tscript:alert(1)").as_deref(),
+            Some("javascript")
+        );
         assert_eq!(scheme("JavaScript:x").as_deref(), Some("javascript"));
         assert_eq!(scheme("#top"), None);
         assert_eq!(scheme("src/main.rs"), None);

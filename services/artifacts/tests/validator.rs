@@ -26,12 +26,20 @@ fn codes_with(html: &str, policy: &Policy<'_>) -> Vec<Code> {
 
 fn assert_flags(html: &str, code: Code) {
     let found = codes(html);
-    assert!(found.contains(&code), "expected {code:?}, got {found:?} for {html}");
+    assert!(
+        found.contains(&code),
+        "expected {code:?}, got {found:?} for {html}"
+    );
 }
 
 #[test]
 fn a_clean_page_passes() {
-    assert_eq!(codes(&page("<p>Hello <a href=\"https://example.org\">x</a> <a href=\"mailto:a@example.org\">m</a> <a href=\"#top\">t</a></p>")), vec![]);
+    assert_eq!(
+        codes(&page(
+            "<p>Hello <a href=\"https://example.org\">x</a> <a href=\"mailto:a@example.org\">m</a> <a href=\"#top\">t</a></p>"
+        )),
+        vec![]
+    );
 }
 
 #[test]
@@ -43,7 +51,10 @@ fn parse_errors() {
 #[test]
 fn size_cap() {
     let html = page(&"<p>x</p>".repeat(100));
-    let policy = Policy { max_html_bytes: 200, ..Policy::default() };
+    let policy = Policy {
+        max_html_bytes: 200,
+        ..Policy::default()
+    };
     assert!(codes_with(&html, &policy).contains(&Code::TooLarge));
 }
 
@@ -51,14 +62,22 @@ fn size_cap() {
 fn title_heading_and_summary_required() {
     let html = "<!DOCTYPE html><html><head><meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'\"><title> </title></head><body><p>x</p></body></html>";
     let found = codes(html);
-    for code in [Code::MissingTitle, Code::MissingHeading, Code::MissingSummary] {
+    for code in [
+        Code::MissingTitle,
+        Code::MissingHeading,
+        Code::MissingSummary,
+    ] {
         assert!(found.contains(&code), "{code:?} in {found:?}");
     }
 }
 
 #[test]
 fn title_and_summary_match_the_manifest() {
-    let policy = Policy { expected_title: Some("Other"), expected_summary: Some("Else"), ..Policy::default() };
+    let policy = Policy {
+        expected_title: Some("Other"),
+        expected_summary: Some("Else"),
+        ..Policy::default()
+    };
     let found = codes_with(&page(""), &policy);
     assert_eq!(found, vec![Code::ContentMismatch, Code::ContentMismatch]);
 }
@@ -67,9 +86,15 @@ fn title_and_summary_match_the_manifest() {
 fn csp_required_and_strict() {
     let html = "<!DOCTYPE html><html><head><title>T</title></head><body><h1>T</h1><p id=\"summary\">S</p></body></html>";
     assert_flags(html, Code::MissingCsp);
-    let weak = page_with("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'self'\">", "");
+    let weak = page_with(
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'self'\">",
+        "",
+    );
     assert_flags(&weak, Code::WeakCsp);
-    let remote = page_with("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src https://cdn.example\">", "");
+    let remote = page_with(
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src https://cdn.example\">",
+        "",
+    );
     assert_flags(&remote, Code::WeakCsp);
 }
 
@@ -85,7 +110,12 @@ fn forbidden_elements() {
     ] {
         assert_flags(&page(body), Code::ForbiddenElement);
     }
-    for head in ["<base href=\"https://evil.example/\">", "<link rel=\"stylesheet\" href=\"x.css\">", "<link rel=\"preload\" href=\"x\">", "<meta http-equiv=\"refresh\" content=\"0;url=https://evil.example\">"] {
+    for head in [
+        "<base href=\"https://evil.example/\">",
+        "<link rel=\"stylesheet\" href=\"x.css\">",
+        "<link rel=\"preload\" href=\"x\">",
+        "<meta http-equiv=\"refresh\" content=\"0;url=https://evil.example\">",
+    ] {
         assert_flags(&page_with(head, ""), Code::ForbiddenElement);
     }
 }
@@ -94,7 +124,10 @@ fn forbidden_elements() {
 fn event_handlers() {
     assert_flags(&page("<p onclick=\"x()\">x</p>"), Code::EventHandler);
     assert_flags(&page("<svg onload=\"x()\"></svg>"), Code::EventHandler);
-    assert_flags(&page("<details ONTOGGLE=\"x()\"></details>"), Code::EventHandler);
+    assert_flags(
+        &page("<details ONTOGGLE=\"x()\"></details>"),
+        Code::EventHandler,
+    );
 }
 
 #[test]
@@ -112,7 +145,12 @@ fn dangerous_url_schemes() {
 
 #[test]
 fn links_limited_to_https_mailto_and_anchors() {
-    for body in ["<a href=\"http://example.org\">x</a>", "<a href=\"//example.org\">x</a>", "<a href=\"file:///etc/passwd\">x</a>", "<a href=\"page.html\">x</a>"] {
+    for body in [
+        "<a href=\"http://example.org\">x</a>",
+        "<a href=\"//example.org\">x</a>",
+        "<a href=\"file:///etc/passwd\">x</a>",
+        "<a href=\"page.html\">x</a>",
+    ] {
         assert_flags(&page(body), Code::UnsafeLink);
     }
 }
@@ -133,36 +171,69 @@ fn remote_resources() {
 
 #[test]
 fn css_that_could_load_anything() {
-    for css in ["@import 'x.css';", "body{background:url(https://e.example/x.png)}", "body{background:u\\72l(x)}", "@font-face{src:local(x)}"] {
-        assert_flags(&page_with(&format!("<style>{css}</style>"), ""), Code::UnsafeCss);
+    for css in [
+        "@import 'x.css';",
+        "body{background:url(https://e.example/x.png)}",
+        "body{background:u\\72l(x)}",
+        "@font-face{src:local(x)}",
+    ] {
+        assert_flags(
+            &page_with(&format!("<style>{css}</style>"), ""),
+            Code::UnsafeCss,
+        );
     }
-    assert_flags(&page("<p style=\"background:url(x.png)\">x</p>"), Code::UnsafeCss);
+    assert_flags(
+        &page("<p style=\"background:url(x.png)\">x</p>"),
+        Code::UnsafeCss,
+    );
 }
 
 #[test]
 fn secrets_are_found_in_text_attributes_and_comments() {
     let token = format!("ghp_{}", "R4nd0mT0k3nV4lu3F0rT3st1ngPurp0s3sXyZ9");
-    for body in [format!("<p>{token}</p>"), format!("<p title=\"{token}\">x</p>"), format!("<!-- {token} -->"), "<p>aws_secret_access_key = wJalrXUtnFEMI&#x2f;K7MDENG&#x2f;bPxRfiCYzq8Rk3Tz9A</p>".to_owned()] {
+    for body in [
+        format!("<p>{token}</p>"),
+        format!("<p title=\"{token}\">x</p>"),
+        format!("<!-- {token} -->"),
+        "<p>aws_secret_access_key = wJalrXUtnFEMI&#x2f;K7MDENG&#x2f;bPxRfiCYzq8Rk3Tz9A</p>"
+            .to_owned(),
+    ] {
         let html = page(&body);
         assert_flags(&html, Code::Secret);
         let err = validate(&html, &Policy::default()).expect_err("secret");
-        assert!(!err.to_string().contains("R4nd0m"), "violation quotes the secret");
+        assert!(
+            !err.to_string().contains("R4nd0m"),
+            "violation quotes the secret"
+        );
     }
 }
 
 #[test]
 fn control_characters_and_bidi_overrides() {
-    for text in ["\u{1b}[31mred", "bell\u{7}", "\u{9b}31m", "\u{202E}reversed"] {
+    for text in [
+        "\u{1b}[31mred",
+        "bell\u{7}",
+        "\u{9b}31m",
+        "\u{202E}reversed",
+    ] {
         let html = page(&format!("<p>{text}</p>"));
         let err = validate(&html, &Policy::default()).expect_err("control");
-        let v = err.violations().iter().find(|v| v.code == Code::ControlCharacter).expect("flagged");
+        let v = err
+            .violations()
+            .iter()
+            .find(|v| v.code == Code::ControlCharacter)
+            .expect("flagged");
         assert!(matches!(v.location, Location::Byte(_)));
     }
 }
 
 #[test]
 fn violations_carry_element_paths() {
-    let err = validate(&page("<main><p>a</p><p onclick=\"x\">b</p></main>"), &Policy::default()).expect_err("handler");
+    let err = validate(
+        &page("<main><p>a</p><p onclick=\"x\">b</p></main>"),
+        &Policy::default(),
+    )
+    .expect_err("handler");
     let v = &err.violations()[0];
     assert_eq!(v.code, Code::EventHandler);
     assert_eq!(v.location, Location::Element("html>body>main>p[2]".into()));

@@ -58,13 +58,17 @@ enum Command {
         #[command(subcommand)]
         command: commands::artifact::ArtifactCommand,
     },
+    /// Issue gateway access tokens (operator)
+    Token(commands::token::TokenArgs),
     /// Apply or inspect the JetStream definitions in streams/
     Streams {
         #[command(subcommand)]
         command: commands::streams::StreamsCommand,
     },
     /// Follow live events as JSON lines, decoded from protobuf
-    #[command(after_help = "Examples:\n  zopu tail\n  zopu tail 'artifact.>'\n  zopu tail --project 0190... --from-start")]
+    #[command(
+        after_help = "Examples:\n  zopu tail\n  zopu tail 'artifact.>'\n  zopu tail --project 0190... --from-start"
+    )]
     Tail(commands::log::TailArgs),
     /// Print one project's history in order
     #[command(after_help = "Example:\n  zopu replay --project 0190...")]
@@ -97,7 +101,10 @@ impl Context {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: cannot start the async runtime: {error}");
@@ -124,7 +131,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let config: ZopuConfig = zopu_core::config::load::<ZopuConfig>(&sources)?.resolved();
     config.validate()?;
     zopu_core::telemetry::init(cli.json);
-    let context = Context { config, json: cli.json };
+    let context = Context {
+        config,
+        json: cli.json,
+    };
     match cli.command {
         Command::Dev(args) => commands::services::dev(&context, args).await,
         Command::Run(args) => commands::services::run(&context, args).await,
@@ -133,6 +143,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Agent(args) => commands::conversation::run_agent(&context, args).await,
         Command::Timeline(args) => commands::conversation::run_timeline(&context, args).await,
         Command::Artifact { command } => commands::artifact::run(&context, command).await,
+        Command::Token(args) => commands::token::run_token(&context, args).await,
         Command::Streams { command } => commands::streams::run(&context, command).await,
         Command::Tail(args) => commands::log::run_tail(&context, args).await,
         Command::Replay(args) => commands::log::run_replay(&context, args).await,

@@ -26,22 +26,48 @@ use zopu_core::publish::{NewEvent, Publisher};
 use zopu_core::{Shutdown, streams};
 use zopu_schema::{AgentId, Event, OrgId, ProjectId, keys, pb, subjects};
 
-type Pending = Arc<Mutex<HashMap<String, (Instant, Option<Duration>, Option<oneshot::Sender<Option<Duration>>>)>>>;
+type Pending = Arc<
+    Mutex<
+        HashMap<
+            String,
+            (
+                Instant,
+                Option<Duration>,
+                Option<oneshot::Sender<Option<Duration>>>,
+            ),
+        >,
+    >,
+>;
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let url = args.get(1).cloned().unwrap_or_else(|| "nats://127.0.0.1:4222".into());
+    let url = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "nats://127.0.0.1:4222".into());
     let messages: usize = args.get(2).map(|n| n.parse()).transpose()?.unwrap_or(1000);
     let projects: usize = args.get(3).map(|n| n.parse()).transpose()?.unwrap_or(100);
     let data = tempfile::tempdir()?;
-    let core = CoreConfig { nats_url: url.clone(), data_dir: data.path().to_owned(), ..CoreConfig::default() };
+    let core = CoreConfig {
+        nats_url: url.clone(),
+        data_dir: data.path().to_owned(),
+        ..CoreConfig::default()
+    };
     let bus = zopu_core::nats::connect(&url, "zopu-bench", Duration::from_secs(10)).await?;
     streams::ensure(&bus, &streams::StreamSettings::from(&core)).await?;
 
     let shutdown = Shutdown::new();
-    let dispatch = tokio::spawn(zopu_dispatch::run(core.clone(), zopu_dispatch::Config::default(), shutdown.clone()));
-    let conversation = tokio::spawn(zopu_conversation::run(core.clone(), zopu_conversation::Config::default(), shutdown.clone()));
+    let dispatch = tokio::spawn(zopu_dispatch::run(
+        core.clone(),
+        zopu_dispatch::Config::default(),
+        shutdown.clone(),
+    ));
+    let conversation = tokio::spawn(zopu_conversation::run(
+        core.clone(),
+        zopu_conversation::Config::default(),
+        shutdown.clone(),
+    ));
 
     let org: OrgId = "bench".parse()?;
     let setup = Publisher::new(bus.clone(), "setup", None);
@@ -54,7 +80,15 @@ async fn main() -> Result<()> {
             setup_revision: 1,
             ..Default::default()
         };
-        setup.append(NewEvent::root(org.clone(), *project, &registered, keys::setup_step(project, 1, "register"), None)).await?;
+        setup
+            .append(NewEvent::root(
+                org.clone(),
+                *project,
+                &registered,
+                keys::setup_step(project, 1, "register"),
+                None,
+            ))
+            .await?;
     }
 
     // One ordered consumer sees acknowledgements and completions as stored.
@@ -78,9 +112,15 @@ async fn main() -> Result<()> {
         tokio::spawn(async move {
             while let Some(Ok(message)) = stored.next().await {
                 let now = Instant::now();
-                let Ok(event) = zopu_core::publish::decode_message(&message.message) else { continue };
-                let mut pending = pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                let Some(entry) = pending.get_mut(event.correlation_id.as_str()) else { continue };
+                let Ok(event) = zopu_core::publish::decode_message(&message.message) else {
+                    continue;
+                };
+                let mut pending = pending
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                let Some(entry) = pending.get_mut(event.correlation_id.as_str()) else {
+                    continue;
+                };
                 if event.is::<pb::AgentAcknowledged>() {
                     entry.1 = Some(now - entry.0);
                 } else if let Some(done) = entry.2.take() {
@@ -104,13 +144,28 @@ async fn main() -> Result<()> {
     }
     let elapsed = started.elapsed();
     latencies.sort();
-    let percentile = |p: f64| latencies[((latencies.len() as f64 * p).ceil() as usize).saturating_sub(1).min(latencies.len() - 1)];
+    let percentile = |p: f64| {
+        latencies[((latencies.len() as f64 * p).ceil() as usize)
+            .saturating_sub(1)
+            .min(latencies.len() - 1)]
+    };
     let turns = latencies.len() + missing;
-    println!("messages: {turns} across {projects} projects ({per_project} each, one turn at a time per project)");
+    println!(
+        "messages: {turns} across {projects} projects ({per_project} each, one turn at a time per project)"
+    );
     println!("ack latency (timeline.message.sent stored -> agent.acknowledged stored):");
-    println!("  p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", ms(percentile(0.50)), ms(percentile(0.99)), ms(percentile(1.0)));
+    println!(
+        "  p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        ms(percentile(0.50)),
+        ms(percentile(0.99)),
+        ms(percentile(1.0))
+    );
     println!("  turns without an acknowledgement (respond/clarify/deduplicated): {missing}");
-    println!("dispatches completed: {turns} in {:.2} s = {:.0} dispatches/s", elapsed.as_secs_f64(), turns as f64 / elapsed.as_secs_f64());
+    println!(
+        "dispatches completed: {turns} in {:.2} s = {:.0} dispatches/s",
+        elapsed.as_secs_f64(),
+        turns as f64 / elapsed.as_secs_f64()
+    );
     shutdown.cancel();
     watcher.abort();
     let _ = dispatch.await;
@@ -120,24 +175,50 @@ async fn main() -> Result<()> {
 }
 
 /// Each project sends `count` messages, the next once the previous turn completed.
-async fn phase(bus: &zopu_core::nats::Bus, org: &OrgId, ids: &[ProjectId], pending: &Pending, count: usize, offset: usize) -> Result<Vec<Option<Duration>>> {
-    let topics = ["cart", "login", "search", "billing", "invoices", "emails", "uploads", "reports", "sessions", "webhooks", "warmup"];
+async fn phase(
+    bus: &zopu_core::nats::Bus,
+    org: &OrgId,
+    ids: &[ProjectId],
+    pending: &Pending,
+    count: usize,
+    offset: usize,
+) -> Result<Vec<Option<Duration>>> {
+    let topics = [
+        "cart", "login", "search", "billing", "invoices", "emails", "uploads", "reports",
+        "sessions", "webhooks", "warmup",
+    ];
     let senders = ids.iter().map(|project| {
         let (bus, org, pending, project) = (bus.clone(), org.clone(), pending.clone(), *project);
         tokio::spawn(async move {
             let gateway = Publisher::new(bus, "gateway", None);
-            let actor = pb::Actor { kind: pb::actor::Kind::User as i32, id: "bench".into() };
+            let actor = pb::Actor {
+                kind: pb::actor::Kind::User as i32,
+                id: "bench".into(),
+            };
             let mut latencies = Vec::new();
             for i in 0..count {
                 let topic = if offset > 0 { "warmup" } else { topics[i % 10] };
                 let text = format!("How does the {topic} module handle retries?");
                 let request = zopu_schema::EventId::new().to_string();
                 let (done, finished) = oneshot::channel();
-                let sent = zopu_conversation::send_message(&gateway, &org, &project, &text, actor.clone(), &request).await?;
+                let sent = zopu_conversation::send_message(
+                    &gateway,
+                    &org,
+                    &project,
+                    &text,
+                    actor.clone(),
+                    &request,
+                )
+                .await?;
                 // Registered right after the append returns: the turn takes several more appends.
                 let at = Instant::now();
-                pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(sent.event_id.to_string(), (at, None, Some(done)));
-                let ack = tokio::time::timeout(Duration::from_secs(120), finished).await.context("turn timed out")??;
+                pending
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .insert(sent.event_id.to_string(), (at, None, Some(done)));
+                let ack = tokio::time::timeout(Duration::from_secs(120), finished)
+                    .await
+                    .context("turn timed out")??;
                 latencies.push(ack);
             }
             anyhow::Ok(latencies)

@@ -14,7 +14,9 @@ use std::time::Instant;
 use zopu_core::{Appended, HandlerError, NewEvent, Reaction, ReactionContext};
 use zopu_llm::{ChatReply, Provider};
 use zopu_schema::envelope::EventContext;
-use zopu_schema::{AgentId, DispatchId, Envelope, Event, FlowRunId, ThreadId, WorkId, keys as schema_keys, pb};
+use zopu_schema::{
+    AgentId, DispatchId, Envelope, Event, FlowRunId, ThreadId, WorkId, keys as schema_keys, pb,
+};
 
 use crate::decide::{self, Action, TurnPlan};
 use crate::keys;
@@ -56,7 +58,11 @@ pub struct Agent {
 
 impl Agent {
     pub(crate) fn new(settings: Settings, provider: Option<Arc<dyn Provider>>) -> Self {
-        Self { settings: Arc::new(settings), provider, fired: Arc::new(AtomicBool::new(false)) }
+        Self {
+            settings: Arc::new(settings),
+            provider,
+            fired: Arc::new(AtomicBool::new(false)),
+        }
     }
 
     fn fail_point(&self, point: FailPoint, ctx: &ReactionContext) -> Result<(), HandlerError> {
@@ -72,37 +78,69 @@ impl Agent {
 impl Reaction for Agent {
     async fn handle(&self, event: &Envelope, ctx: &ReactionContext) -> Result<(), HandlerError> {
         let created = event.decode::<pb::DispatchCreated>()?;
-        let dispatch =
-            event.dispatch_id.ok_or_else(|| HandlerError::Permanent("dispatch.created carries no dispatch id".into()))?;
+        let dispatch = event.dispatch_id.ok_or_else(|| {
+            HandlerError::Permanent("dispatch.created carries no dispatch id".into())
+        })?;
         if is_terminal(ctx, &dispatch)? {
             tracing::debug!(%dispatch, "dispatch already ended; nothing to do");
             return Ok(());
         }
         // State up to this dispatch and whatever the project wrote since
         // (earlier turns of this agent, a kill switch flipped meanwhile).
-        let head = ctx.publisher.fetch_head(&event.org_id, &event.project_id).await?.map_or(0, |head| head.sequence);
+        let head = ctx
+            .publisher
+            .fetch_head(&event.org_id, &event.project_id)
+            .await?
+            .map_or(0, |head| head.sequence);
         ctx.store.wait_for(head.max(ctx.stream_sequence)).await;
-        let view = ctx.store.read(|conn| ProjectView::load(conn, &event.org_id, &event.project_id, u64::MAX))?;
-        let turn = Turn { agent: self, ctx, event, cause: event.context(), dispatch, created };
+        let view = ctx
+            .store
+            .read(|conn| ProjectView::load(conn, &event.org_id, &event.project_id, u64::MAX))?;
+        let turn = Turn {
+            agent: self,
+            ctx,
+            event,
+            cause: event.context(),
+            dispatch,
+            created,
+        };
         turn.run(view).await?;
         self.fail_point(FailPoint::BeforeAck, ctx)
     }
 
     fn failure_event(&self, event: &Envelope, reason: &str) -> Option<NewEvent> {
         let dispatch = event.dispatch_id?;
-        let agent_id = event.decode::<pb::DispatchCreated>().map(|created| created.agent_id).unwrap_or_default();
+        let agent_id = event
+            .decode::<pb::DispatchCreated>()
+            .map(|created| created.agent_id)
+            .unwrap_or_default();
         let failed = pb::DispatchFailed {
             agent_id,
-            reason: Some(failure("dispatch.gave_up", &decide::clip_chars(reason, 400), true)),
+            reason: Some(failure(
+                "dispatch.gave_up",
+                &decide::clip_chars(reason, 400),
+                true,
+            )),
             attempts: 0,
         };
-        Some(NewEvent::caused_by(&event.context(), &failed, schema_keys::dispatch_state(&dispatch, "failed")).with_dispatch(dispatch))
+        Some(
+            NewEvent::caused_by(
+                &event.context(),
+                &failed,
+                schema_keys::dispatch_state(&dispatch, "failed"),
+            )
+            .with_dispatch(dispatch),
+        )
     }
 }
 
 fn is_terminal(ctx: &ReactionContext, dispatch: &DispatchId) -> Result<bool, HandlerError> {
     for state in ["completed", "failed"] {
-        if ctx.store.key_sequence(&schema_keys::dispatch_state(dispatch, state))?.is_some() {
+        if ctx
+            .store
+            .key_sequence(&schema_keys::dispatch_state(dispatch, state))?
+            .is_some()
+        {
             return Ok(true);
         }
     }
@@ -110,7 +148,11 @@ fn is_terminal(ctx: &ReactionContext, dispatch: &DispatchId) -> Result<bool, Han
 }
 
 fn failure(code: &str, message: &str, retryable: bool) -> pb::FailureReason {
-    pb::FailureReason { code: code.to_owned(), message: message.to_owned(), retryable }
+    pb::FailureReason {
+        code: code.to_owned(),
+        message: message.to_owned(),
+        retryable,
+    }
 }
 
 /// The millisecond timestamp inside a UUIDv7 dispatch id: the base of every
@@ -118,7 +160,9 @@ fn failure(code: &str, message: &str, retryable: bool) -> pb::FailureReason {
 fn id_ms(dispatch: &DispatchId) -> u64 {
     let bytes = dispatch.as_uuid();
     let bytes = bytes.as_bytes();
-    u64::from_be_bytes([0, 0, bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5]])
+    u64::from_be_bytes([
+        0, 0, bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5],
+    ])
 }
 
 /// A model failure as a stable code and a sentence.
@@ -142,7 +186,11 @@ fn llm_failure(error: &zopu_llm::Error) -> pb::FailureReason {
         E::InvalidConfig { .. } | E::InvalidRequest { .. } => "llm.invalid_request",
         _ => "llm.failed",
     };
-    failure(code, &decide::clip_chars(&error.to_string(), 400), error.is_retryable())
+    failure(
+        code,
+        &decide::clip_chars(&error.to_string(), 400),
+        error.is_retryable(),
+    )
 }
 
 struct Turn<'a> {
@@ -168,8 +216,15 @@ impl Turn<'_> {
     }
 
     async fn complete(&self, outcome: &str) -> Result<(), HandlerError> {
-        let completed = pb::DispatchCompleted { agent_id: self.agent_id(), outcome: outcome.to_owned() };
-        self.append(self.new_event(&completed, schema_keys::dispatch_state(&self.dispatch, "completed"))).await?;
+        let completed = pb::DispatchCompleted {
+            agent_id: self.agent_id(),
+            outcome: outcome.to_owned(),
+        };
+        self.append(self.new_event(
+            &completed,
+            schema_keys::dispatch_state(&self.dispatch, "completed"),
+        ))
+        .await?;
         tracing::info!(dispatch = %self.dispatch, outcome, "dispatch completed");
         Ok(())
     }
@@ -181,7 +236,11 @@ impl Turn<'_> {
             reason: Some(reason),
             attempts: u32::try_from(self.ctx.delivered).unwrap_or(u32::MAX),
         };
-        self.append(self.new_event(&failed, schema_keys::dispatch_state(&self.dispatch, "failed"))).await?;
+        self.append(self.new_event(
+            &failed,
+            schema_keys::dispatch_state(&self.dispatch, "failed"),
+        ))
+        .await?;
         Ok(())
     }
 
@@ -193,11 +252,18 @@ impl Turn<'_> {
             attempted_type: attempted.to_owned(),
             reason: Some(failure(code, message, false)),
         };
-        self.append(self.new_event(&rejected, keys::rejected(&self.dispatch))).await?;
+        self.append(self.new_event(&rejected, keys::rejected(&self.dispatch)))
+            .await?;
         self.fail(failure(code, message, false)).await
     }
 
-    async fn guardrail(&self, rule: &str, step: &str, detail: String, action: &str) -> Result<(), HandlerError> {
+    async fn guardrail(
+        &self,
+        rule: &str,
+        step: &str,
+        detail: String,
+        action: &str,
+    ) -> Result<(), HandlerError> {
         tracing::info!(dispatch = %self.dispatch, rule, action, "guardrail triggered");
         let triggered = pb::AgentGuardrailTriggered {
             agent_id: self.agent_id(),
@@ -205,7 +271,8 @@ impl Turn<'_> {
             detail: decide::clip_chars(&detail, 400),
             action: action.to_owned(),
         };
-        self.append(self.new_event(&triggered, keys::guardrail(&self.dispatch, rule, step))).await?;
+        self.append(self.new_event(&triggered, keys::guardrail(&self.dispatch, rule, step)))
+            .await?;
         Ok(())
     }
 
@@ -213,23 +280,43 @@ impl Turn<'_> {
         let (org, project) = (&self.event.org_id, &self.event.project_id);
         // Boundary checks (section 63) before any write of the agent.
         let Some(view) = view else {
-            return self.reject(pb::AgentAcknowledged::TYPE, "agent.not_bound", "The project has no registered conversation agent.").await;
+            return self
+                .reject(
+                    pb::AgentAcknowledged::TYPE,
+                    "agent.not_bound",
+                    "The project has no registered conversation agent.",
+                )
+                .await;
         };
         let expected = AgentId::conversation(org, project);
         if self.created.agent_id != expected.as_str() || view.agent_id != self.created.agent_id {
             return self
-                .reject(pb::AgentAcknowledged::TYPE, "agent.wrong_project", "The dispatched agent does not belong to this project.")
+                .reject(
+                    pb::AgentAcknowledged::TYPE,
+                    "agent.wrong_project",
+                    "The dispatched agent does not belong to this project.",
+                )
                 .await;
         }
         if !view.timeline_id.is_empty() && self.created.global_timeline_id != view.timeline_id {
             return self
-                .reject(pb::AgentAcknowledged::TYPE, "timeline.wrong_project", "The timeline does not belong to this project.")
+                .reject(
+                    pb::AgentAcknowledged::TYPE,
+                    "timeline.wrong_project",
+                    "The timeline does not belong to this project.",
+                )
                 .await;
         }
         if self.created.source_stream_sequence == 0 {
-            return Err(HandlerError::Permanent("dispatch.created names no source stream sequence".into()));
+            return Err(HandlerError::Permanent(
+                "dispatch.created names no source stream sequence".into(),
+            ));
         }
-        let source = zopu_core::publish::get_event(self.ctx.publisher.bus(), self.created.source_stream_sequence).await?;
+        let source = zopu_core::publish::get_event(
+            self.ctx.publisher.bus(),
+            self.created.source_stream_sequence,
+        )
+        .await?;
         if source.id.to_string() != self.created.source_event_id {
             return Err(HandlerError::Permanent(format!(
                 "the event at sequence {} is not the dispatched source {}",
@@ -238,21 +325,43 @@ impl Turn<'_> {
         }
         if &source.org_id != org || &source.project_id != project {
             return self
-                .reject(pb::AgentAcknowledged::TYPE, "project.wrong_org", "The source event belongs to another organization or project.")
+                .reject(
+                    pb::AgentAcknowledged::TYPE,
+                    "project.wrong_org",
+                    "The source event belongs to another organization or project.",
+                )
                 .await;
         }
-        let message = if source.is::<pb::TimelineMessageSent>() { Some(source.decode::<pb::TimelineMessageSent>()?) } else { None };
+        let message = if source.is::<pb::TimelineMessageSent>() {
+            Some(source.decode::<pb::TimelineMessageSent>()?)
+        } else {
+            None
+        };
         if let Some(message) = &message {
-            if !message.timeline_id.is_empty() && !view.timeline_id.is_empty() && message.timeline_id != view.timeline_id {
+            if !message.timeline_id.is_empty()
+                && !view.timeline_id.is_empty()
+                && message.timeline_id != view.timeline_id
+            {
                 return self
-                    .reject(pb::AgentAcknowledged::TYPE, "timeline.wrong_project", "The message was sent to another timeline.")
+                    .reject(
+                        pb::AgentAcknowledged::TYPE,
+                        "timeline.wrong_project",
+                        "The message was sent to another timeline.",
+                    )
                     .await;
             }
             if let Some(work) = source.work_id {
-                let owned = self.ctx.store.read(|conn| ProjectView::owns_work(conn, org, project, &work))?;
+                let owned = self
+                    .ctx
+                    .store
+                    .read(|conn| ProjectView::owns_work(conn, org, project, &work))?;
                 if !owned {
                     return self
-                        .reject(pb::AgentAcknowledged::TYPE, "timeline.wrong_work", "The message names a Work outside this project.")
+                        .reject(
+                            pb::AgentAcknowledged::TYPE,
+                            "timeline.wrong_work",
+                            "The message names a Work outside this project.",
+                        )
                         .await;
                 }
             }
@@ -268,7 +377,10 @@ impl Turn<'_> {
                     status: "paused".into(),
                     provider: zopu_llm::offline::OFFLINE_LABEL.into(),
                 };
-                self.append(self.new_event(&notice, schema_keys::agent_post(&self.dispatch, "paused"))).await?;
+                self.append(
+                    self.new_event(&notice, schema_keys::agent_post(&self.dispatch, "paused")),
+                )
+                .await?;
             }
             return self.complete("skipped_disabled").await;
         }
@@ -282,11 +394,23 @@ impl Turn<'_> {
                 "backed_off",
             )
             .await?;
-            return self.fail(failure("agent.backed_off", "The agent is backing off after repeated rejections.", true)).await;
+            return self
+                .fail(failure(
+                    "agent.backed_off",
+                    "The agent is backing off after repeated rejections.",
+                    true,
+                ))
+                .await;
         }
-        let accepted =
-            pb::DispatchAccepted { agent_id: self.agent_id(), attempt: u32::try_from(self.ctx.delivered).unwrap_or(u32::MAX) };
-        self.append(self.new_event(&accepted, schema_keys::dispatch_state(&self.dispatch, "accepted"))).await?;
+        let accepted = pb::DispatchAccepted {
+            agent_id: self.agent_id(),
+            attempt: u32::try_from(self.ctx.delivered).unwrap_or(u32::MAX),
+        };
+        self.append(self.new_event(
+            &accepted,
+            schema_keys::dispatch_state(&self.dispatch, "accepted"),
+        ))
+        .await?;
 
         match source.event_type.as_str() {
             pb::TimelineMessageSent::TYPE => {
@@ -306,7 +430,12 @@ impl Turn<'_> {
         }
     }
 
-    async fn user_turn(&self, source: &Envelope, text: &str, view: &ProjectView) -> Result<(), HandlerError> {
+    async fn user_turn(
+        &self,
+        source: &Envelope,
+        text: &str,
+        view: &ProjectView,
+    ) -> Result<(), HandlerError> {
         let plan = match &self.agent.provider {
             None => decide::offline_turn(text, view, &self.dispatch.to_string()),
             Some(provider) => match self.model_turn(provider.as_ref(), text, view).await? {
@@ -333,8 +462,12 @@ impl Turn<'_> {
             if let Some(recorded) = self.ctx.publisher.recorded(&key).await? {
                 if recorded.is::<pb::AgentLlmCompleted>() {
                     let completed = recorded.decode::<pb::AgentLlmCompleted>()?;
-                    let reply: ChatReply = serde_json::from_str(&completed.reply_json)
-                        .map_err(|error| HandlerError::Permanent(format!("recorded model reply does not parse: {error}")))?;
+                    let reply: ChatReply =
+                        serde_json::from_str(&completed.reply_json).map_err(|error| {
+                            HandlerError::Permanent(format!(
+                                "recorded model reply does not parse: {error}"
+                            ))
+                        })?;
                     match decide::turn_from_reply(&reply, text, settings.max_tool_calls) {
                         Ok(plan) => return Ok(Ok(plan)),
                         Err(invalid) => last = failure(invalid.code(), &invalid.to_string(), true),
@@ -357,8 +490,11 @@ impl Turn<'_> {
             match outcome {
                 Ok(reply) => match decide::turn_from_reply(&reply, text, settings.max_tool_calls) {
                     Ok(plan) => {
-                        let reply_json = serde_json::to_string(&reply)
-                            .map_err(|error| HandlerError::Permanent(format!("model reply does not serialize: {error}")))?;
+                        let reply_json = serde_json::to_string(&reply).map_err(|error| {
+                            HandlerError::Permanent(format!(
+                                "model reply does not serialize: {error}"
+                            ))
+                        })?;
                         let completed = pb::AgentLlmCompleted {
                             agent_id: self.agent_id(),
                             provider: reply.provider_label.clone(),
@@ -372,15 +508,28 @@ impl Turn<'_> {
                             duration_ms,
                         };
                         self.append(self.new_event(&completed, key)).await?;
-                        self.agent.fail_point(FailPoint::AfterLlmRecorded, self.ctx)?;
+                        self.agent
+                            .fail_point(FailPoint::AfterLlmRecorded, self.ctx)?;
                         return Ok(Ok(plan));
                     }
                     Err(invalid) => {
                         if matches!(invalid, decide::InvalidReply::TooManyToolCalls(_)) {
-                            self.guardrail("tool_call_cap", &format!("decide:{attempt}"), invalid.to_string(), "refused").await?;
+                            self.guardrail(
+                                "tool_call_cap",
+                                &format!("decide:{attempt}"),
+                                invalid.to_string(),
+                                "refused",
+                            )
+                            .await?;
                         }
                         last = failure(invalid.code(), &invalid.to_string(), true);
-                        self.record_llm_failure(key, &reply.provider_label, reply.attempts, last.clone()).await?;
+                        self.record_llm_failure(
+                            key,
+                            &reply.provider_label,
+                            reply.attempts,
+                            last.clone(),
+                        )
+                        .await?;
                     }
                 },
                 Err(error) => {
@@ -390,14 +539,21 @@ impl Turn<'_> {
                         zopu_llm::Error::RetriesExhausted { attempts, .. } => *attempts,
                         _ => 1,
                     };
-                    self.record_llm_failure(key, provider.label(), attempts, last.clone()).await?;
+                    self.record_llm_failure(key, provider.label(), attempts, last.clone())
+                        .await?;
                 }
             }
         }
         Ok(Err(last))
     }
 
-    async fn record_llm_failure(&self, key: String, provider: &str, attempts: u32, reason: pb::FailureReason) -> Result<(), HandlerError> {
+    async fn record_llm_failure(
+        &self,
+        key: String,
+        provider: &str,
+        attempts: u32,
+        reason: pb::FailureReason,
+    ) -> Result<(), HandlerError> {
         let failed = pb::AgentLlmFailed {
             agent_id: self.agent_id(),
             provider: provider.to_owned(),
@@ -410,7 +566,11 @@ impl Turn<'_> {
     }
 
     /// The turn could not be decided: one visible final with the reason.
-    async fn visible_failure(&self, source: &Envelope, reason: pb::FailureReason) -> Result<(), HandlerError> {
+    async fn visible_failure(
+        &self,
+        source: &Envelope,
+        reason: pb::FailureReason,
+    ) -> Result<(), HandlerError> {
         let text = format!(
             "Sorry — I couldn't work out a reply to this ({}). Please try again in a moment.",
             reason.code
@@ -422,29 +582,48 @@ impl Turn<'_> {
             artifact_ids: Vec::new(),
             failure: Some(reason.clone()),
         };
-        self.append(self.new_event(&last, schema_keys::agent_post(&self.dispatch, "final"))).await?;
+        self.append(self.new_event(&last, schema_keys::agent_post(&self.dispatch, "final")))
+            .await?;
         self.fail(reason).await
     }
 
     /// Posts `text` unless it nearly repeats a recent output; returns what was posted.
-    async fn guarded_text(&self, step: &str, text: String, view: &ProjectView, plan: &TurnPlan) -> Result<Option<String>, HandlerError> {
+    async fn guarded_text(
+        &self,
+        step: &str,
+        text: String,
+        view: &ProjectView,
+        plan: &TurnPlan,
+    ) -> Result<Option<String>, HandlerError> {
         let settings = &self.agent.settings;
         let recent = view.recent_outputs(settings.recent_outputs, &self.dispatch.to_string());
-        let Some((earlier, score)) = decide::near_duplicate(&text, &recent, settings.similarity_threshold) else {
+        let Some((earlier, score)) =
+            decide::near_duplicate(&text, &recent, settings.similarity_threshold)
+        else {
             return Ok(Some(text));
         };
-        let detail = format!("{score:.2} similar to a recent output: {}", decide::clip_chars(earlier, 120));
+        let detail = format!(
+            "{score:.2} similar to a recent output: {}",
+            decide::clip_chars(earlier, 120)
+        );
         if let Some(rephrased) = decide::rephrase(plan.action, &plan.title)
             && decide::near_duplicate(&rephrased, &recent, settings.similarity_threshold).is_none()
         {
-            self.guardrail("near_duplicate", step, detail, "rephrased").await?;
+            self.guardrail("near_duplicate", step, detail, "rephrased")
+                .await?;
             return Ok(Some(rephrased));
         }
-        self.guardrail("near_duplicate", step, detail, "dropped").await?;
+        self.guardrail("near_duplicate", step, detail, "dropped")
+            .await?;
         Ok(None)
     }
 
-    async fn execute(&self, plan: TurnPlan, source: &Envelope, view: &ProjectView) -> Result<(), HandlerError> {
+    async fn execute(
+        &self,
+        plan: TurnPlan,
+        source: &Envelope,
+        view: &ProjectView,
+    ) -> Result<(), HandlerError> {
         let reply_to = source.id.to_string();
         let mut outcome = plan.action.outcome();
         // 1. The quick visible reply.
@@ -461,11 +640,25 @@ impl Turn<'_> {
                             status: "done".into(),
                             provider: plan.provider.clone(),
                         };
-                        self.append(self.new_event(&message, schema_keys::agent_post(&self.dispatch, "reply"))).await?;
+                        self.append(
+                            self.new_event(
+                                &message,
+                                schema_keys::agent_post(&self.dispatch, "reply"),
+                            ),
+                        )
+                        .await?;
                     }
                     Some(question) => {
-                        let blocked = pb::AgentBlocked { agent_id: self.agent_id(), question, reply_to_event_id: reply_to.clone() };
-                        self.append(self.new_event(&blocked, schema_keys::agent_post(&self.dispatch, "question"))).await?;
+                        let blocked = pb::AgentBlocked {
+                            agent_id: self.agent_id(),
+                            question,
+                            reply_to_event_id: reply_to.clone(),
+                        };
+                        self.append(self.new_event(
+                            &blocked,
+                            schema_keys::agent_post(&self.dispatch, "question"),
+                        ))
+                        .await?;
                     }
                     None => outcome = "deduplicated",
                 }
@@ -479,7 +672,10 @@ impl Turn<'_> {
                         reply_to_event_id: reply_to.clone(),
                         provider: plan.provider.clone(),
                     };
-                    self.append(self.new_event(&ack, schema_keys::agent_post(&self.dispatch, "ack"))).await?;
+                    self.append(
+                        self.new_event(&ack, schema_keys::agent_post(&self.dispatch, "ack")),
+                    )
+                    .await?;
                 }
             }
         }
@@ -490,19 +686,34 @@ impl Turn<'_> {
             rationale: decide::clip_chars(&plan.rationale, 300),
             provider: plan.provider.clone(),
         };
-        self.append(self.new_event(&decided, keys::decision(&self.dispatch))).await?;
+        self.append(self.new_event(&decided, keys::decision(&self.dispatch)))
+            .await?;
         // 3. Work, Thread and the specialist flow.
         if let Some((flow_type, flow_name, work_kind)) = plan.action.flow() {
             let ms = id_ms(&self.dispatch);
             let (org, project) = (&self.event.org_id, &self.event.project_id);
             let existing = match source.work_id {
-                Some(work) if self.ctx.store.read(|conn| ProjectView::owns_work(conn, org, project, &work))? => Some(work),
+                Some(work)
+                    if self
+                        .ctx
+                        .store
+                        .read(|conn| ProjectView::owns_work(conn, org, project, &work))? =>
+                {
+                    Some(work)
+                }
                 _ => None,
             };
             let work = match existing {
                 Some(work) => {
-                    let updated = pb::WorkUpdated { status: "working".into(), summary: decide::clip_chars(&plan.title, 200) };
-                    self.append(self.new_event(&updated, keys::entity(&self.dispatch, "work-update")).with_work(work)).await?;
+                    let updated = pb::WorkUpdated {
+                        status: "working".into(),
+                        summary: decide::clip_chars(&plan.title, 200),
+                    };
+                    self.append(
+                        self.new_event(&updated, keys::entity(&self.dispatch, "work-update"))
+                            .with_work(work),
+                    )
+                    .await?;
                     work
                 }
                 None => {
@@ -514,14 +725,23 @@ impl Turn<'_> {
                         kind: work_kind.into(),
                         agent_id: self.agent_id(),
                     };
-                    self.append(self.new_event(&created, work_key).with_work(work)).await?;
+                    self.append(self.new_event(&created, work_key).with_work(work))
+                        .await?;
                     work
                 }
             };
             let thread_key = keys::entity(&self.dispatch, "thread");
             let thread = ThreadId::derived(ms, &thread_key);
-            let thread_created = pb::ThreadCreated { title: plan.title.clone(), flow_type: flow_name.into() };
-            self.append(self.new_event(&thread_created, thread_key).with_work(work).with_thread(thread)).await?;
+            let thread_created = pb::ThreadCreated {
+                title: plan.title.clone(),
+                flow_type: flow_name.into(),
+            };
+            self.append(
+                self.new_event(&thread_created, thread_key)
+                    .with_work(work)
+                    .with_thread(thread),
+            )
+            .await?;
             let flow_key = schema_keys::flow_run(&source.id, flow_name, decide::FLOW_VERSION);
             let flow_run = FlowRunId::derived(ms, &flow_key);
             let requested = pb::FlowRequested {
@@ -532,22 +752,37 @@ impl Turn<'_> {
                 source_event_id: source.id.to_string(),
                 repository_commit: view.repository_commit.clone(),
             };
-            self.append(self.new_event(&requested, flow_key).with_work(work).with_thread(thread).with_flow_run(flow_run)).await?;
+            self.append(
+                self.new_event(&requested, flow_key)
+                    .with_work(work)
+                    .with_thread(thread)
+                    .with_flow_run(flow_run),
+            )
+            .await?;
         }
         self.complete(outcome).await
     }
 
     /// A specialist's or artifact's outcome for a flow run the agent requested.
     async fn flow_outcome(&self, source: &Envelope) -> Result<(), HandlerError> {
-        let Some(flow_run) = source.flow_run_id else { return self.complete("noted").await };
+        let Some(flow_run) = source.flow_run_id else {
+            return self.complete("noted").await;
+        };
         let (org, project) = (&self.event.org_id, &self.event.project_id);
-        let Some(flow) = self.ctx.store.read(|conn| FlowView::load(conn, org, project, &flow_run))? else {
+        let Some(flow) = self
+            .ctx
+            .store
+            .read(|conn| FlowView::load(conn, org, project, &flow_run))?
+        else {
             return self.complete("noted").await;
         };
         if flow.final_posted {
             return self.complete("noted").await;
         }
-        let artifact_failure = flow.failed_artifacts.first().map(|(_, reason)| reason.clone());
+        let artifact_failure = flow
+            .failed_artifacts
+            .first()
+            .map(|(_, reason)| reason.clone());
         let (status, failure_reason) = match flow.status.as_str() {
             "completed" if !flow.artifacts.is_empty() => ("completed", None),
             "completed" if flow.artifact_build_id.is_empty() => ("completed", None),
@@ -556,11 +791,20 @@ impl Turn<'_> {
                 // The artifact is still being built: the final waits for it.
                 None => return self.complete("noted").await,
             },
-            "failed" => ("failed", Some(failure(&flow.failure_code, &flow.failure_message, true))),
-            "cancelled" => ("cancelled", Some(failure("flow.cancelled", &flow.failure_message, true))),
+            "failed" => (
+                "failed",
+                Some(failure(&flow.failure_code, &flow.failure_message, true)),
+            ),
+            "cancelled" => (
+                "cancelled",
+                Some(failure("flow.cancelled", &flow.failure_message, true)),
+            ),
             _ => return self.complete("noted").await,
         };
-        let message = failure_reason.as_ref().map(|reason| reason.message.clone()).unwrap_or_default();
+        let message = failure_reason
+            .as_ref()
+            .map(|reason| reason.message.clone())
+            .unwrap_or_default();
         let text = decide::final_text(flow.flow_type, status, &flow.summary, &message);
         let work = flow.work_id;
         let thread = flow.thread_id;
@@ -582,14 +826,22 @@ impl Turn<'_> {
             artifact_ids: flow.artifacts.clone(),
             failure: failure_reason,
         };
-        self.append(with_ids(self.new_event(&last, keys::flow_final(&flow_run)))).await?;
+        self.append(with_ids(self.new_event(&last, keys::flow_final(&flow_run))))
+            .await?;
         let thread_status = match status {
             "completed" => "done",
             other => other,
         };
         if thread.is_some() {
-            let updated = pb::ThreadUpdated { status: thread_status.into(), summary: decide::first_sentences(&flow.summary, 1, 30) };
-            self.append(with_ids(self.new_event(&updated, keys::flow_update(&flow_run, "thread", thread_status)))).await?;
+            let updated = pb::ThreadUpdated {
+                status: thread_status.into(),
+                summary: decide::first_sentences(&flow.summary, 1, 30),
+            };
+            self.append(with_ids(self.new_event(
+                &updated,
+                keys::flow_update(&flow_run, "thread", thread_status),
+            )))
+            .await?;
         }
         if work.is_some() {
             // A Work is never complete merely because one Thread completed,
@@ -600,8 +852,15 @@ impl Turn<'_> {
                 ("cancelled", _) => "cancelled",
                 _ => "blocked",
             };
-            let updated = pb::WorkUpdated { status: work_status.into(), summary: String::new() };
-            self.append(with_ids(self.new_event(&updated, keys::flow_update(&flow_run, "work", work_status)))).await?;
+            let updated = pb::WorkUpdated {
+                status: work_status.into(),
+                summary: String::new(),
+            };
+            self.append(with_ids(self.new_event(
+                &updated,
+                keys::flow_update(&flow_run, "work", work_status),
+            )))
+            .await?;
         }
         if status == "completed" && flow.flow_type == pb::FlowType::Issue {
             // Publishing the issue outside the runtime is not built; in dry
@@ -609,10 +868,16 @@ impl Turn<'_> {
             let approval = pb::ApprovalRequested {
                 approval_id: format!("approval:{flow_run}:issue.publish"),
                 action: "issue.publish".into(),
-                detail: format!("Publish issue draft {} to the repository's tracker.", flow.artifacts.join(", ")),
+                detail: format!(
+                    "Publish issue draft {} to the repository's tracker.",
+                    flow.artifacts.join(", ")
+                ),
                 dry_run: self.agent.settings.dry_run,
             };
-            self.append(with_ids(self.new_event(&approval, keys::approval(&flow_run, "issue.publish")))).await?;
+            self.append(with_ids(
+                self.new_event(&approval, keys::approval(&flow_run, "issue.publish")),
+            ))
+            .await?;
         }
         self.complete("final_posted").await
     }

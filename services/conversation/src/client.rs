@@ -28,16 +28,27 @@ pub async fn send_message(
         return Err(Error::Invalid("the message is empty".into()));
     }
     if trimmed.chars().count() > MESSAGE_MAX_CHARS {
-        return Err(Error::Invalid(format!("the message is longer than {MESSAGE_MAX_CHARS} characters")));
+        return Err(Error::Invalid(format!(
+            "the message is longer than {MESSAGE_MAX_CHARS} characters"
+        )));
     }
     if author.kind() == pb::actor::Kind::Agent {
-        return Err(Error::Invalid("agents cannot send timeline messages".into()));
+        return Err(Error::Invalid(
+            "agents cannot send timeline messages".into(),
+        ));
     }
     let key = keys::request(request_id);
     if request_id.is_empty() || key.len() > zopu_schema::envelope::MAX_IDEMPOTENCY_KEY_LEN {
-        return Err(Error::Invalid("the request id must be 1-200 characters".into()));
+        return Err(Error::Invalid(
+            "the request id must be 1-200 characters".into(),
+        ));
     }
-    let message = pb::TimelineMessageSent { timeline_id: String::new(), text: trimmed.to_owned(), author: Some(author), reply_to_event_id: String::new() };
+    let message = pb::TimelineMessageSent {
+        timeline_id: String::new(),
+        text: trimmed.to_owned(),
+        author: Some(author),
+        reply_to_event_id: String::new(),
+    };
     let event = NewEvent::root(org.clone(), *project, &message, key, None);
     Ok(publisher.append(event).await?)
 }
@@ -52,7 +63,9 @@ pub async fn disable_agent(
     actor: pb::Actor,
 ) -> Result<Appended, Error> {
     if reason.chars().count() > REASON_MAX_CHARS {
-        return Err(Error::Invalid(format!("the reason is longer than {REASON_MAX_CHARS} characters")));
+        return Err(Error::Invalid(format!(
+            "the reason is longer than {REASON_MAX_CHARS} characters"
+        )));
     }
     let disabled = pb::AgentDisabled {
         agent_id: AgentId::conversation(org, project).to_string(),
@@ -60,14 +73,26 @@ pub async fn disable_agent(
         by: Some(actor),
     };
     let key = keys::request(&format!("agent-disable:{}", EventId::new()));
-    Ok(publisher.append(NewEvent::root(org.clone(), *project, &disabled, key, None)).await?)
+    Ok(publisher
+        .append(NewEvent::root(org.clone(), *project, &disabled, key, None))
+        .await?)
 }
 
 /// Turns the kill switch off again.
-pub async fn enable_agent(publisher: &Publisher, org: &OrgId, project: &ProjectId, actor: pb::Actor) -> Result<Appended, Error> {
-    let enabled = pb::AgentEnabled { agent_id: AgentId::conversation(org, project).to_string(), by: Some(actor) };
+pub async fn enable_agent(
+    publisher: &Publisher,
+    org: &OrgId,
+    project: &ProjectId,
+    actor: pb::Actor,
+) -> Result<Appended, Error> {
+    let enabled = pb::AgentEnabled {
+        agent_id: AgentId::conversation(org, project).to_string(),
+        by: Some(actor),
+    };
     let key = keys::request(&format!("agent-enable:{}", EventId::new()));
-    Ok(publisher.append(NewEvent::root(org.clone(), *project, &enabled, key, None)).await?)
+    Ok(publisher
+        .append(NewEvent::root(org.clone(), *project, &enabled, key, None))
+        .await?)
 }
 
 /// What an event means for someone waiting on a sent message.
@@ -78,7 +103,10 @@ pub enum Reply {
     /// The turn is over with nothing more to wait for.
     Done(Option<String>),
     /// The final hand-off with its artifacts.
-    Final { text: String, artifact_ids: Vec<String> },
+    Final {
+        text: String,
+        artifact_ids: Vec<String>,
+    },
     /// A visible failure (code and sentence).
     Failed { code: String, message: String },
 }
@@ -91,19 +119,48 @@ pub fn reply_to(event: &Envelope, message_id: &EventId) -> Option<Reply> {
     }
     let failed = |reason: Option<pb::FailureReason>| {
         let reason = reason.unwrap_or_default();
-        Reply::Failed { code: reason.code, message: reason.message }
+        Reply::Failed {
+            code: reason.code,
+            message: reason.message,
+        }
     };
     use zopu_schema::Event;
     match event.event_type.as_str() {
-        pb::AgentAcknowledged::TYPE => event.decode::<pb::AgentAcknowledged>().ok().map(|ack| Reply::Line(ack.text)),
-        pb::AgentMessage::TYPE => event.decode::<pb::AgentMessage>().ok().map(|message| Reply::Line(message.text)),
-        pb::AgentBlocked::TYPE => event.decode::<pb::AgentBlocked>().ok().map(|blocked| Reply::Line(blocked.question)),
-        pb::AgentFinal::TYPE => event.decode::<pb::AgentFinal>().ok().map(|last| match last.failure {
-            Some(reason) if !reason.code.is_empty() => Reply::Failed { code: reason.code, message: last.text },
-            _ => Reply::Final { text: last.text, artifact_ids: last.artifact_ids },
-        }),
-        pb::DispatchFailed::TYPE => event.decode::<pb::DispatchFailed>().ok().map(|f| failed(f.reason)),
-        pb::AgentRejected::TYPE => event.decode::<pb::AgentRejected>().ok().map(|r| failed(r.reason)),
+        pb::AgentAcknowledged::TYPE => event
+            .decode::<pb::AgentAcknowledged>()
+            .ok()
+            .map(|ack| Reply::Line(ack.text)),
+        pb::AgentMessage::TYPE => event
+            .decode::<pb::AgentMessage>()
+            .ok()
+            .map(|message| Reply::Line(message.text)),
+        pb::AgentBlocked::TYPE => event
+            .decode::<pb::AgentBlocked>()
+            .ok()
+            .map(|blocked| Reply::Line(blocked.question)),
+        pb::AgentFinal::TYPE => {
+            event
+                .decode::<pb::AgentFinal>()
+                .ok()
+                .map(|last| match last.failure {
+                    Some(reason) if !reason.code.is_empty() => Reply::Failed {
+                        code: reason.code,
+                        message: last.text,
+                    },
+                    _ => Reply::Final {
+                        text: last.text,
+                        artifact_ids: last.artifact_ids,
+                    },
+                })
+        }
+        pb::DispatchFailed::TYPE => event
+            .decode::<pb::DispatchFailed>()
+            .ok()
+            .map(|f| failed(f.reason)),
+        pb::AgentRejected::TYPE => event
+            .decode::<pb::AgentRejected>()
+            .ok()
+            .map(|r| failed(r.reason)),
         pb::DispatchCompleted::TYPE => {
             let completed = event.decode::<pb::DispatchCompleted>().ok()?;
             match completed.outcome.as_str() {
@@ -123,18 +180,35 @@ pub fn timeline_line(event: &Envelope) -> Option<String> {
     let line = match event.event_type.as_str() {
         pb::TimelineMessageSent::TYPE => {
             let message = event.decode::<pb::TimelineMessageSent>().ok()?;
-            let who = message.author.map(|author| author.id).filter(|id| !id.is_empty()).unwrap_or_else(|| "user".into());
+            let who = message
+                .author
+                .map(|author| author.id)
+                .filter(|id| !id.is_empty())
+                .unwrap_or_else(|| "user".into());
             format!("{who}: {}", message.text)
         }
-        pb::AgentAcknowledged::TYPE => format!("agent: {}", event.decode::<pb::AgentAcknowledged>().ok()?.text),
-        pb::AgentMessage::TYPE => format!("agent: {}", event.decode::<pb::AgentMessage>().ok()?.text),
-        pb::AgentBlocked::TYPE => format!("agent asks: {}", event.decode::<pb::AgentBlocked>().ok()?.question),
+        pb::AgentAcknowledged::TYPE => format!(
+            "agent: {}",
+            event.decode::<pb::AgentAcknowledged>().ok()?.text
+        ),
+        pb::AgentMessage::TYPE => {
+            format!("agent: {}", event.decode::<pb::AgentMessage>().ok()?.text)
+        }
+        pb::AgentBlocked::TYPE => format!(
+            "agent asks: {}",
+            event.decode::<pb::AgentBlocked>().ok()?.question
+        ),
         pb::AgentFinal::TYPE => {
             let last = event.decode::<pb::AgentFinal>().ok()?;
-            let artifacts =
-                if last.artifact_ids.is_empty() { String::new() } else { format!(" [artifacts: {}]", last.artifact_ids.join(", ")) };
+            let artifacts = if last.artifact_ids.is_empty() {
+                String::new()
+            } else {
+                format!(" [artifacts: {}]", last.artifact_ids.join(", "))
+            };
             match last.failure.filter(|reason| !reason.code.is_empty()) {
-                Some(reason) => format!("agent (failed: {}): {}{artifacts}", reason.code, last.text),
+                Some(reason) => {
+                    format!("agent (failed: {}): {}{artifacts}", reason.code, last.text)
+                }
                 None => format!("agent: {}{artifacts}", last.text),
             }
         }
@@ -142,14 +216,23 @@ pub fn timeline_line(event: &Envelope) -> Option<String> {
             let work = event.decode::<pb::WorkCreated>().ok()?;
             format!("[work] {} ({})", work.title, work.kind)
         }
-        pb::WorkUpdated::TYPE => format!("[work] {}", event.decode::<pb::WorkUpdated>().ok()?.status),
+        pb::WorkUpdated::TYPE => {
+            format!("[work] {}", event.decode::<pb::WorkUpdated>().ok()?.status)
+        }
         pb::ArtifactPublished::TYPE => {
             let artifact = event.decode::<pb::ArtifactPublished>().ok()?;
-            format!("[artifact] {} ({} r{})", artifact.title, artifact.artifact_id, artifact.revision)
+            format!(
+                "[artifact] {} ({} r{})",
+                artifact.title, artifact.artifact_id, artifact.revision
+            )
         }
         pb::AgentDisabled::TYPE => {
             let disabled = event.decode::<pb::AgentDisabled>().ok()?;
-            if disabled.reason.is_empty() { "[agent paused]".to_owned() } else { format!("[agent paused: {}]", disabled.reason) }
+            if disabled.reason.is_empty() {
+                "[agent paused]".to_owned()
+            } else {
+                format!("[agent paused: {}]", disabled.reason)
+            }
         }
         pb::AgentEnabled::TYPE => "[agent resumed]".to_owned(),
         pb::ProjectReady::TYPE => "[project ready]".to_owned(),

@@ -48,7 +48,11 @@ impl Action {
         match self {
             Action::Explore => Some((pb::FlowType::Explore, "explore", "explore")),
             Action::CreateIssue => Some((pb::FlowType::Issue, "issue", "issue")),
-            Action::Onboard => Some((pb::FlowType::OnboardingExplore, "onboarding_explore", "onboarding")),
+            Action::Onboard => Some((
+                pb::FlowType::OnboardingExplore,
+                "onboarding_explore",
+                "onboarding",
+            )),
             Action::Respond | Action::Clarify => None,
         }
     }
@@ -91,14 +95,27 @@ pub struct TurnPlan {
 
 /// The offline provider's turn for a user message: deterministic rules.
 pub fn offline_turn(text: &str, view: &ProjectView, dispatch: &str) -> TurnPlan {
-    let context = DecisionContext { has_summary: view.summary.is_some(), recent_clarification_asked: view.just_asked(dispatch) };
+    let context = DecisionContext {
+        has_summary: view.summary.is_some(),
+        recent_clarification_asked: view.just_asked(dispatch),
+    };
     let decision = offline::decide(text, &context);
     let action = Action::from_offline(decision.kind);
     let provider = offline::OFFLINE_LABEL.to_owned();
     let (acknowledgement, reply) = match action {
-        Action::Respond => (None, Some(offline::direct_response(text, view.summary.as_deref()))),
+        Action::Respond => (
+            None,
+            Some(offline::direct_response(text, view.summary.as_deref())),
+        ),
         Action::Clarify => (None, Some(offline::clarifying_question(text))),
-        _ => (Some(offline::acknowledgement(&decision, text, &view.project_name())), None),
+        _ => (
+            Some(offline::acknowledgement(
+                &decision,
+                text,
+                &view.project_name(),
+            )),
+            None,
+        ),
     };
     TurnPlan {
         action,
@@ -136,7 +153,11 @@ pub fn work_title(action: Action, text: &str) -> String {
         Action::Onboard => "Onboard",
         _ => "Explore",
     };
-    let title = if subject.is_empty() { format!("{prefix}: {}", clip_words(text, 8)) } else { format!("{prefix}: {subject}") };
+    let title = if subject.is_empty() {
+        format!("{prefix}: {}", clip_words(text, 8))
+    } else {
+        format!("{prefix}: {subject}")
+    };
     clip_chars(&title, TITLE_MAX_CHARS)
 }
 
@@ -148,8 +169,16 @@ pub fn project_name(repository_url: &str) -> String {
         .next()
         .unwrap_or_default()
         .trim_end_matches(".git");
-    let name: String = name.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')).take(40).collect();
-    if name.is_empty() { "the project".to_owned() } else { name }
+    let name: String = name
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        .take(40)
+        .collect();
+    if name.is_empty() {
+        "the project".to_owned()
+    } else {
+        name
+    }
 }
 
 // ---------------------------------------------------------------- model
@@ -210,9 +239,16 @@ pub fn decision_request(text: &str, view: &ProjectView) -> ChatRequest {
         .rev()
         .map(|entry| json!({"kind": entry.kind, "text": clip_chars(&entry.text, 300)}))
         .collect();
-    let works: Vec<Value> =
-        view.active_works.iter().map(|work| json!({"kind": work.kind, "title": work.title, "status": work.status})).collect();
-    let artifacts: Vec<Value> = view.recent_artifacts.iter().map(|(id, title)| json!({"id": id, "title": title})).collect();
+    let works: Vec<Value> = view
+        .active_works
+        .iter()
+        .map(|work| json!({"kind": work.kind, "title": work.title, "status": work.status}))
+        .collect();
+    let artifacts: Vec<Value> = view
+        .recent_artifacts
+        .iter()
+        .map(|(id, title)| json!({"id": id, "title": title}))
+        .collect();
     let data = json!({
         "project": view.project_name(),
         "branch": view.branch,
@@ -227,7 +263,11 @@ pub fn decision_request(text: &str, view: &ProjectView) -> ChatRequest {
         data,
         clip_chars(text, 8000)
     );
-    let mut request = ChatRequest::new(vec![ChatMessage::system(SYSTEM_PROMPT), ChatMessage::user(user)]).with_tools(decision_tools());
+    let mut request = ChatRequest::new(vec![
+        ChatMessage::system(SYSTEM_PROMPT),
+        ChatMessage::user(user),
+    ])
+    .with_tools(decision_tools());
     request.max_tokens = 400;
     request.temperature = Some(0.2);
     request
@@ -256,34 +296,51 @@ impl InvalidReply {
 }
 
 /// Validates a model reply strictly and turns it into a turn.
-pub fn turn_from_reply(reply: &ChatReply, message_text: &str, max_tool_calls: usize) -> Result<TurnPlan, InvalidReply> {
+pub fn turn_from_reply(
+    reply: &ChatReply,
+    message_text: &str,
+    max_tool_calls: usize,
+) -> Result<TurnPlan, InvalidReply> {
     let call = match reply.tool_calls.as_slice() {
         [] => return Err(InvalidReply::NoToolCall),
         [call] => call,
-        calls if calls.len() > max_tool_calls.max(1) => return Err(InvalidReply::TooManyToolCalls(calls.len())),
+        calls if calls.len() > max_tool_calls.max(1) => {
+            return Err(InvalidReply::TooManyToolCalls(calls.len()));
+        }
         calls => return Err(InvalidReply::TooManyToolCalls(calls.len())),
     };
-    let bad = |reason: String| InvalidReply::Arguments { tool: call.name.clone(), reason };
+    let bad = |reason: String| InvalidReply::Arguments {
+        tool: call.name.clone(),
+        reason,
+    };
     let provider = format!("{}:{}", reply.provider_label, reply.model);
     let fields = |names: &[&str]| -> Result<Vec<String>, InvalidReply> {
-        let object = call.arguments.as_object().ok_or_else(|| bad("arguments are not an object".into()))?;
+        let object = call
+            .arguments
+            .as_object()
+            .ok_or_else(|| bad("arguments are not an object".into()))?;
         if let Some(extra) = object.keys().find(|key| !names.contains(&key.as_str())) {
             return Err(bad(format!("unexpected argument `{extra}`")));
         }
         names
             .iter()
             .map(|name| match object.get(*name) {
-                Some(Value::String(value)) if !value.trim().is_empty() => Ok(value.trim().to_owned()),
+                Some(Value::String(value)) if !value.trim().is_empty() => {
+                    Ok(value.trim().to_owned())
+                }
                 Some(Value::String(_)) => Err(bad(format!("`{name}` is empty"))),
                 Some(_) => Err(bad(format!("`{name}` is not a string"))),
                 None => Err(bad(format!("`{name}` is missing"))),
             })
             .collect()
     };
-    let short = |text: &str, max_words: usize| check_agent_text(text, max_words).map_err(|reason| bad(reason.to_owned()));
+    let short = |text: &str, max_words: usize| {
+        check_agent_text(text, max_words).map_err(|reason| bad(reason.to_owned()))
+    };
     match call.name.as_str() {
         "respond" => {
-            let [message] = <[String; 1]>::try_from(fields(&["message"])?).map_err(|_| bad("arguments".into()))?;
+            let [message] = <[String; 1]>::try_from(fields(&["message"])?)
+                .map_err(|_| bad("arguments".into()))?;
             short(&message, REPLY_MAX_WORDS)?;
             Ok(TurnPlan {
                 action: Action::Respond,
@@ -296,7 +353,8 @@ pub fn turn_from_reply(reply: &ChatReply, message_text: &str, max_tool_calls: us
             })
         }
         "clarify" => {
-            let [question] = <[String; 1]>::try_from(fields(&["question"])?).map_err(|_| bad("arguments".into()))?;
+            let [question] = <[String; 1]>::try_from(fields(&["question"])?)
+                .map_err(|_| bad("arguments".into()))?;
             short(&question, REPLY_MAX_WORDS)?;
             if !question.contains('?') {
                 return Err(bad("`question` is not a question".into()));
@@ -313,17 +371,29 @@ pub fn turn_from_reply(reply: &ChatReply, message_text: &str, max_tool_calls: us
         }
         name @ ("explore" | "create_issue") => {
             let [acknowledgement, title, request] =
-                <[String; 3]>::try_from(fields(&["acknowledgement", "title", "request"])?).map_err(|_| bad("arguments".into()))?;
+                <[String; 3]>::try_from(fields(&["acknowledgement", "title", "request"])?)
+                    .map_err(|_| bad("arguments".into()))?;
             short(&acknowledgement, ACK_MAX_WORDS)?;
             if title.chars().count() > TITLE_MAX_CHARS {
-                return Err(bad(format!("`title` is longer than {TITLE_MAX_CHARS} characters")));
+                return Err(bad(format!(
+                    "`title` is longer than {TITLE_MAX_CHARS} characters"
+                )));
             }
             if request.chars().count() > REQUEST_MAX_CHARS {
-                return Err(bad(format!("`request` is longer than {REQUEST_MAX_CHARS} characters")));
+                return Err(bad(format!(
+                    "`request` is longer than {REQUEST_MAX_CHARS} characters"
+                )));
             }
-            let action = if name == "explore" { Action::Explore } else { Action::CreateIssue };
+            let action = if name == "explore" {
+                Action::Explore
+            } else {
+                Action::CreateIssue
+            };
             // The specialist gets the user's own words too, quoted as data.
-            let request_text = format!("{request}\n\nUser message: {}", clip_chars(message_text.trim(), 4000));
+            let request_text = format!(
+                "{request}\n\nUser message: {}",
+                clip_chars(message_text.trim(), 4000)
+            );
             Ok(TurnPlan {
                 action,
                 acknowledgement: Some(acknowledgement),
@@ -342,11 +412,38 @@ pub fn turn_from_reply(reply: &ChatReply, message_text: &str, max_tool_calls: us
 
 /// Phrases that would claim work the agent cannot do (section 23).
 const CLAIMS: &[&str] = &[
-    "i changed", "i've changed", "i have changed", "i fixed", "i've fixed", "i have fixed", "i deployed",
-    "i've deployed", "i have deployed", "i shipped", "i've shipped", "i have shipped", "i pushed", "i've pushed",
-    "i merged", "i've merged", "i committed", "i've committed", "i tested", "i've tested", "i have tested",
-    "tests pass", "tests are passing", "has been deployed", "has been shipped", "has been merged", "has been fixed",
-    "is now fixed", "is now deployed", "i've implemented", "i implemented", "i have implemented",
+    "i changed",
+    "i've changed",
+    "i have changed",
+    "i fixed",
+    "i've fixed",
+    "i have fixed",
+    "i deployed",
+    "i've deployed",
+    "i have deployed",
+    "i shipped",
+    "i've shipped",
+    "i have shipped",
+    "i pushed",
+    "i've pushed",
+    "i merged",
+    "i've merged",
+    "i committed",
+    "i've committed",
+    "i tested",
+    "i've tested",
+    "i have tested",
+    "tests pass",
+    "tests are passing",
+    "has been deployed",
+    "has been shipped",
+    "has been merged",
+    "has been fixed",
+    "is now fixed",
+    "is now deployed",
+    "i've implemented",
+    "i implemented",
+    "i have implemented",
 ];
 
 /// Checks a text the agent is about to post: non-empty, at most
@@ -395,11 +492,19 @@ pub fn sentence_count(text: &str) -> usize {
 
 pub fn clip_words(text: &str, max: usize) -> String {
     let words: Vec<&str> = text.split_whitespace().collect();
-    if words.len() <= max { words.join(" ") } else { format!("{}…", words[..max].join(" ")) }
+    if words.len() <= max {
+        words.join(" ")
+    } else {
+        format!("{}…", words[..max].join(" "))
+    }
 }
 
 pub fn clip_chars(text: &str, max: usize) -> String {
-    if text.chars().count() <= max { text.to_owned() } else { format!("{}…", text.chars().take(max).collect::<String>()) }
+    if text.chars().count() <= max {
+        text.to_owned()
+    } else {
+        format!("{}…", text.chars().take(max).collect::<String>())
+    }
 }
 
 /// The first `max` sentences of `text`, at most `max_words` words.
@@ -443,7 +548,10 @@ pub fn similarity(a: &str, b: &str) -> f64 {
         if words.len() < 2 {
             return words.into_iter().collect();
         }
-        words.windows(2).map(|pair| format!("{} {}", pair[0], pair[1])).collect()
+        words
+            .windows(2)
+            .map(|pair| format!("{} {}", pair[0], pair[1]))
+            .collect()
     }
     let (a, b) = (grams(a), grams(b));
     if a.is_empty() && b.is_empty() {
@@ -455,7 +563,11 @@ pub fn similarity(a: &str, b: &str) -> f64 {
 }
 
 /// The most similar earlier output, when it is at least `threshold` similar.
-pub fn near_duplicate<'a>(candidate: &str, recent: &'a [String], threshold: f64) -> Option<(&'a str, f64)> {
+pub fn near_duplicate<'a>(
+    candidate: &str,
+    recent: &'a [String],
+    threshold: f64,
+) -> Option<(&'a str, f64)> {
     recent
         .iter()
         .map(|earlier| (earlier.as_str(), similarity(candidate, earlier)))
@@ -468,8 +580,12 @@ pub fn near_duplicate<'a>(candidate: &str, recent: &'a [String], threshold: f64)
 pub fn rephrase(action: Action, title: &str) -> Option<String> {
     let subject = title.split_once(": ").map_or(title, |(_, subject)| subject);
     match action {
-        Action::Explore => Some(format!("Picking this up as a separate exploration of {subject}; results will land as a new card.")),
-        Action::CreateIssue => Some(format!("Scoping this as its own issue draft about {subject}; I'll link it when it's ready.")),
+        Action::Explore => Some(format!(
+            "Picking this up as a separate exploration of {subject}; results will land as a new card."
+        )),
+        Action::CreateIssue => Some(format!(
+            "Scoping this as its own issue draft about {subject}; I'll link it when it's ready."
+        )),
         Action::Onboard => None,
         Action::Respond | Action::Clarify => None,
     }
@@ -478,7 +594,12 @@ pub fn rephrase(action: Action, title: &str) -> Option<String> {
 // ---------------------------------------------------------------- finals
 
 /// The concise hand-off text after a flow run ended.
-pub fn final_text(flow_type: pb::FlowType, status: &str, summary: &str, failure_message: &str) -> String {
+pub fn final_text(
+    flow_type: pb::FlowType,
+    status: &str,
+    summary: &str,
+    failure_message: &str,
+) -> String {
     let what = match flow_type {
         pb::FlowType::OnboardingExplore => "onboarding exploration",
         pb::FlowType::Issue => "issue draft",
@@ -491,8 +612,14 @@ pub fn final_text(flow_type: pb::FlowType, status: &str, summary: &str, failure_
             pb::FlowType::OnboardingExplore => format!("The project overview is ready. {summary}"),
             _ => format!("The exploration is ready. {summary}"),
         },
-        "cancelled" => format!("I stopped the {what}. {}", first_sentences(failure_message, 1, 25)),
-        _ => format!("The {what} failed: {} You can ask me to try again.", first_sentences(failure_message, 1, 25)),
+        "cancelled" => format!(
+            "I stopped the {what}. {}",
+            first_sentences(failure_message, 1, 25)
+        ),
+        _ => format!(
+            "The {what} failed: {} You can ask me to try again.",
+            first_sentences(failure_message, 1, 25)
+        ),
     };
     let text = text.trim().to_owned();
     // The summary is the specialist's words: never repeat a claim of work done.
@@ -512,7 +639,10 @@ pub fn paused_notice(reason: &str) -> String {
     if reason.is_empty() {
         "I'm paused right now, so I won't act on new messages. I'll pick up again once I'm re-enabled.".to_owned()
     } else {
-        format!("I'm paused right now ({}), so I won't act on new messages. I'll pick up again once I'm re-enabled.", reason.trim_end_matches('.'))
+        format!(
+            "I'm paused right now ({}), so I won't act on new messages. I'll pick up again once I'm re-enabled.",
+            reason.trim_end_matches('.')
+        )
     }
 }
 
@@ -527,7 +657,11 @@ mod tests {
             tool_calls: calls
                 .into_iter()
                 .enumerate()
-                .map(|(i, (name, arguments))| ToolCall { id: format!("c{i}"), name: name.into(), arguments })
+                .map(|(i, (name, arguments))| ToolCall {
+                    id: format!("c{i}"),
+                    name: name.into(),
+                    arguments,
+                })
                 .collect(),
             finish_reason: FinishReason::ToolCalls,
             usage: Usage::default(),
@@ -538,7 +672,11 @@ mod tests {
     }
 
     fn view() -> ProjectView {
-        ProjectView { repository_url: "https://github.com/acme/shop.git".into(), enabled: true, ..Default::default() }
+        ProjectView {
+            repository_url: "https://github.com/acme/shop.git".into(),
+            enabled: true,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -554,9 +692,16 @@ mod tests {
         let vague = offline_turn("fix it", &view(), "d");
         assert_eq!(vague.action, Action::Clarify);
         assert!(vague.reply.unwrap().contains('?'));
-        let change = offline_turn("Please add rate limiting to the login endpoint", &view(), "d");
+        let change = offline_turn(
+            "Please add rate limiting to the login endpoint",
+            &view(),
+            "d",
+        );
         assert_eq!(change.action, Action::CreateIssue);
-        assert_eq!(offline_turn("How does the checkout flow handle payments?", &view(), "d"), explore_again());
+        assert_eq!(
+            offline_turn("How does the checkout flow handle payments?", &view(), "d"),
+            explore_again()
+        );
     }
 
     fn explore_again() -> TurnPlan {
@@ -576,14 +721,41 @@ mod tests {
 
         let cases = [
             (reply(vec![]), "llm.invalid_decision"),
-            (reply(vec![("respond", json!({"message": "a"})), ("respond", json!({"message": "b"}))]), "llm.tool_call_cap"),
-            (reply(vec![("delete_repo", json!({}))]), "llm.invalid_decision"),
-            (reply(vec![("respond", json!({"message": "hi", "extra": 1}))]), "llm.invalid_decision"),
-            (reply(vec![("respond", json!({"message": 3}))]), "llm.invalid_decision"),
-            (reply(vec![("clarify", json!({"question": "tell me more"}))]), "llm.invalid_decision"),
-            (reply(vec![("respond", json!({"message": "Done — I fixed the bug and deployed it."}))]), "llm.invalid_decision"),
             (
-                reply(vec![("explore", json!({"acknowledgement": "word ".repeat(60), "title": "t", "request": "r"}))]),
+                reply(vec![
+                    ("respond", json!({"message": "a"})),
+                    ("respond", json!({"message": "b"})),
+                ]),
+                "llm.tool_call_cap",
+            ),
+            (
+                reply(vec![("delete_repo", json!({}))]),
+                "llm.invalid_decision",
+            ),
+            (
+                reply(vec![("respond", json!({"message": "hi", "extra": 1}))]),
+                "llm.invalid_decision",
+            ),
+            (
+                reply(vec![("respond", json!({"message": 3}))]),
+                "llm.invalid_decision",
+            ),
+            (
+                reply(vec![("clarify", json!({"question": "tell me more"}))]),
+                "llm.invalid_decision",
+            ),
+            (
+                reply(vec![(
+                    "respond",
+                    json!({"message": "Done — I fixed the bug and deployed it."}),
+                )]),
+                "llm.invalid_decision",
+            ),
+            (
+                reply(vec![(
+                    "explore",
+                    json!({"acknowledgement": "word ".repeat(60), "title": "t", "request": "r"}),
+                )]),
                 "llm.invalid_decision",
             ),
         ];
@@ -608,8 +780,18 @@ mod tests {
 
     #[test]
     fn near_duplicates_are_found() {
-        let recent = vec!["Got it — I'm tracing the auth flow in shop now.".to_owned(), "Anything else?".to_owned()];
-        assert!(near_duplicate("Got it - I'm tracing the auth flow in shop now!", &recent, 0.85).is_some());
+        let recent = vec![
+            "Got it — I'm tracing the auth flow in shop now.".to_owned(),
+            "Anything else?".to_owned(),
+        ];
+        assert!(
+            near_duplicate(
+                "Got it - I'm tracing the auth flow in shop now!",
+                &recent,
+                0.85
+            )
+            .is_some()
+        );
         assert!(near_duplicate("Looking into the payment retries now.", &recent, 0.85).is_none());
         assert!(similarity("a b c", "a b c") > 0.99);
         let rephrased = rephrase(Action::Explore, "Explore: auth flow").unwrap();
@@ -618,12 +800,30 @@ mod tests {
 
     #[test]
     fn finals_are_short_and_never_claim_changes() {
-        let text = final_text(pb::FlowType::Explore, "completed", "The main path starts in packages/server. Two risks. More text here.", "");
+        let text = final_text(
+            pb::FlowType::Explore,
+            "completed",
+            "The main path starts in packages/server. Two risks. More text here.",
+            "",
+        );
         assert!(text.starts_with("The exploration is ready."), "{text}");
         assert!(sentence_count(&text) <= 3, "{text}");
-        let claim = final_text(pb::FlowType::Issue, "completed", "I fixed the bug and deployed it.", "");
+        let claim = final_text(
+            pb::FlowType::Issue,
+            "completed",
+            "I fixed the bug and deployed it.",
+            "",
+        );
         assert!(!claim.contains("fixed"), "{claim}");
-        let failed = final_text(pb::FlowType::Explore, "failed", "", "The workspace is gone.");
-        assert!(failed.contains("failed") && failed.contains("workspace"), "{failed}");
+        let failed = final_text(
+            pb::FlowType::Explore,
+            "failed",
+            "",
+            "The workspace is gone.",
+        );
+        assert!(
+            failed.contains("failed") && failed.contains("workspace"),
+            "{failed}"
+        );
     }
 }

@@ -107,7 +107,11 @@ impl OpenAiSettings {
         OpenAiConfig {
             base_url: self.base_url.clone(),
             model: self.model.clone(),
-            key_source: if self.api_key_env.is_empty() { KeySource::Unauthenticated } else { KeySource::Env(self.api_key_env.clone()) },
+            key_source: if self.api_key_env.is_empty() {
+                KeySource::Unauthenticated
+            } else {
+                KeySource::Env(self.api_key_env.clone())
+            },
             label: "openai".into(),
             request_timeout: self.request_timeout,
             max_retries: self.max_retries,
@@ -169,7 +173,9 @@ impl Default for Config {
 
 impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |key: &str, reason: &str| Err(ConfigError::setting(format!("conversation.{key}"), reason));
+        let bad = |key: &str, reason: &str| {
+            Err(ConfigError::setting(format!("conversation.{key}"), reason))
+        };
         if !(1..=5).contains(&self.decision_attempts) {
             return bad("decision_attempts", "must be 1..=5");
         }
@@ -191,20 +197,33 @@ impl Config {
         if !(1..=100).contains(&self.max_deliver) {
             return bad("max_deliver", "must be 1..=100");
         }
-        if self.handler_timeout < Duration::from_secs(1) || self.handler_timeout > Duration::from_secs(3600) {
+        if self.handler_timeout < Duration::from_secs(1)
+            || self.handler_timeout > Duration::from_secs(3600)
+        {
             return bad("handler_timeout", "must be between 1s and 1h");
         }
         if self.provider == ProviderKind::Openai {
-            if let Err(zopu_llm::Error::InvalidConfig { field, reason }) = self.openai.client_config().validate() {
+            if let Err(zopu_llm::Error::InvalidConfig { field, reason }) =
+                self.openai.client_config().validate()
+            {
                 let key = match field {
                     "key_source" => "api_key_env",
                     other => other,
                 };
-                return Err(ConfigError::setting(format!("conversation.openai.{key}"), reason));
+                return Err(ConfigError::setting(
+                    format!("conversation.openai.{key}"),
+                    reason,
+                ));
             }
-            let worst = self.openai.request_timeout.saturating_mul((self.openai.max_retries + 1) * self.decision_attempts);
+            let worst = self
+                .openai
+                .request_timeout
+                .saturating_mul((self.openai.max_retries + 1) * self.decision_attempts);
             if worst >= self.handler_timeout {
-                return bad("handler_timeout", "must exceed request_timeout × (max_retries + 1) × decision_attempts");
+                return bad(
+                    "handler_timeout",
+                    "must exceed request_timeout × (max_retries + 1) × decision_attempts",
+                );
             }
         }
         Ok(())
@@ -214,7 +233,8 @@ impl Config {
         match self.provider {
             ProviderKind::Offline => Ok(None),
             ProviderKind::Openai => {
-                let provider = OpenAiProvider::new(self.openai.client_config()).map_err(Error::Llm)?;
+                let provider =
+                    OpenAiProvider::new(self.openai.client_config()).map_err(Error::Llm)?;
                 Ok(Some(Arc::new(provider)))
             }
         }
@@ -225,7 +245,10 @@ impl Config {
             max_ack_pending: self.max_ack_pending,
             max_deliver: self.max_deliver,
             handler_timeout: self.handler_timeout,
-            ..ReactionConfig::new(subjects::durable(SERVICE, "dispatches"), vec![subjects::events_of_type(pb::DispatchCreated::TYPE)])
+            ..ReactionConfig::new(
+                subjects::durable(SERVICE, "dispatches"),
+                vec![subjects::events_of_type(pb::DispatchCreated::TYPE)],
+            )
         }
     }
 
@@ -279,11 +302,20 @@ mod tests {
     #[test]
     fn config_defaults_are_valid_and_errors_name_the_key() {
         assert!(Config::default().validate().is_ok());
-        let error = Config { decision_attempts: 0, ..Config::default() }.validate().unwrap_err().to_string();
+        let error = Config {
+            decision_attempts: 0,
+            ..Config::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
         assert!(error.contains("conversation.decision_attempts"), "{error}");
         let openai = Config {
             provider: ProviderKind::Openai,
-            openai: OpenAiSettings { base_url: "ftp://x".into(), ..OpenAiSettings::default() },
+            openai: OpenAiSettings {
+                base_url: "ftp://x".into(),
+                ..OpenAiSettings::default()
+            },
             ..Config::default()
         };
         let error = openai.validate().unwrap_err().to_string();
@@ -292,7 +324,8 @@ mod tests {
 
     #[test]
     fn config_parses_from_toml_and_refuses_unknown_keys() {
-        let config: Config = toml_like("provider = \"openai\"\ndry_run = false\n[openai]\nmodel = \"m\"\n");
+        let config: Config =
+            toml_like("provider = \"openai\"\ndry_run = false\n[openai]\nmodel = \"m\"\n");
         assert_eq!(config.provider, ProviderKind::Openai);
         assert!(!config.dry_run);
         assert_eq!(config.openai.model, "m");
@@ -309,11 +342,16 @@ mod tests {
                 value.insert(name.to_owned(), serde_json::json!({}));
                 continue;
             }
-            let Some((key, raw)) = line.split_once(" = ") else { continue };
+            let Some((key, raw)) = line.split_once(" = ") else {
+                continue;
+            };
             let parsed: serde_json::Value = serde_json::from_str(raw).unwrap();
             match &section {
                 Some(name) => {
-                    value[name].as_object_mut().unwrap().insert(key.to_owned(), parsed);
+                    value[name]
+                        .as_object_mut()
+                        .unwrap()
+                        .insert(key.to_owned(), parsed);
                 }
                 None => {
                     value.insert(key.to_owned(), parsed);

@@ -43,7 +43,16 @@ impl zopu_core::Projection for ConversationState {
     }
 
     fn tables(&self) -> &'static [&'static str] {
-        &["cv_projects", "cv_switch", "cv_timeline", "cv_works", "cv_threads", "cv_flows", "cv_artifacts", "cv_outcomes"]
+        &[
+            "cv_projects",
+            "cv_switch",
+            "cv_timeline",
+            "cv_works",
+            "cv_threads",
+            "cv_flows",
+            "cv_artifacts",
+            "cv_outcomes",
+        ]
     }
 
     fn migrate(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
@@ -87,7 +96,12 @@ impl zopu_core::Projection for ConversationState {
         )
     }
 
-    fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Result<()> {
+    fn apply(
+        &mut self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        sequence: u64,
+    ) -> rusqlite::Result<()> {
         apply(tx, event, sequence as i64)
     }
 }
@@ -98,12 +112,25 @@ fn ids(event: &Envelope) -> (&str, String) {
 
 fn ensure_project(tx: &Transaction<'_>, event: &Envelope) -> rusqlite::Result<()> {
     let (org, project) = ids(event);
-    tx.execute("INSERT OR IGNORE INTO cv_projects (org, project) VALUES (?1, ?2)", params![org, project]).map(|_| ())
+    tx.execute(
+        "INSERT OR IGNORE INTO cv_projects (org, project) VALUES (?1, ?2)",
+        params![org, project],
+    )
+    .map(|_| ())
 }
 
-fn timeline(tx: &Transaction<'_>, event: &Envelope, sequence: i64, kind: &str, text: &str) -> rusqlite::Result<()> {
+fn timeline(
+    tx: &Transaction<'_>,
+    event: &Envelope,
+    sequence: i64,
+    kind: &str,
+    text: &str,
+) -> rusqlite::Result<()> {
     let (org, project) = ids(event);
-    let dispatch = event.dispatch_id.map(|id| id.to_string()).unwrap_or_default();
+    let dispatch = event
+        .dispatch_id
+        .map(|id| id.to_string())
+        .unwrap_or_default();
     tx.execute(
         "INSERT OR REPLACE INTO cv_timeline (org, project, sequence, kind, text, dispatch_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![org, project, sequence, kind, clip(text, ENTRY_MAX_BYTES), dispatch],
@@ -116,7 +143,12 @@ fn timeline(tx: &Transaction<'_>, event: &Envelope, sequence: i64, kind: &str, t
     .map(|_| ())
 }
 
-fn outcome(tx: &Transaction<'_>, event: &Envelope, sequence: i64, outcome: &str) -> rusqlite::Result<()> {
+fn outcome(
+    tx: &Transaction<'_>,
+    event: &Envelope,
+    sequence: i64,
+    outcome: &str,
+) -> rusqlite::Result<()> {
     let (org, project) = ids(event);
     tx.execute(
         "INSERT OR REPLACE INTO cv_outcomes (org, project, sequence, outcome) VALUES (?1, ?2, ?3, ?4)",
@@ -215,7 +247,10 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
             let last = decode!(pb::AgentFinal);
             timeline(tx, event, sequence, entry::FINAL, &last.text)?;
             if let Some(flow_run) = event.flow_run_id {
-                tx.execute("UPDATE cv_flows SET final_posted = 1 WHERE flow_run_id = ?1", params![flow_run.to_string()])?;
+                tx.execute(
+                    "UPDATE cv_flows SET final_posted = 1 WHERE flow_run_id = ?1",
+                    params![flow_run.to_string()],
+                )?;
             }
         }
         pb::AgentRejected::TYPE => outcome(tx, event, sequence, "rejected")?,
@@ -232,7 +267,10 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
         pb::WorkUpdated::TYPE => {
             let work = decode!(pb::WorkUpdated);
             if let Some(work_id) = event.work_id {
-                tx.execute("UPDATE cv_works SET status = ?2 WHERE work_id = ?1", params![work_id.to_string(), work.status])?;
+                tx.execute(
+                    "UPDATE cv_works SET status = ?2 WHERE work_id = ?1",
+                    params![work_id.to_string(), work.status],
+                )?;
             }
         }
         pb::ThreadCreated::TYPE => {
@@ -247,7 +285,10 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
         pb::ThreadUpdated::TYPE => {
             let thread = decode!(pb::ThreadUpdated);
             if let Some(thread_id) = event.thread_id {
-                tx.execute("UPDATE cv_threads SET status = ?2 WHERE thread_id = ?1", params![thread_id.to_string(), thread.status])?;
+                tx.execute(
+                    "UPDATE cv_threads SET status = ?2 WHERE thread_id = ?1",
+                    params![thread_id.to_string(), thread.status],
+                )?;
             }
         }
         pb::FlowRequested::TYPE => {
@@ -270,7 +311,14 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
         }
         pb::FlowCompleted::TYPE => {
             let completed = decode!(pb::FlowCompleted);
-            flow_status(tx, event, "completed", &completed.summary, &completed.artifact_build_id, None)?;
+            flow_status(
+                tx,
+                event,
+                "completed",
+                &completed.summary,
+                &completed.artifact_build_id,
+                None,
+            )?;
         }
         pb::FlowFailed::TYPE => {
             let failed = decode!(pb::FlowFailed);
@@ -278,17 +326,42 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
         }
         pb::FlowCancelled::TYPE => {
             let cancelled = decode!(pb::FlowCancelled);
-            let reason = pb::FailureReason { code: "flow.cancelled".into(), message: cancelled.reason, retryable: true };
+            let reason = pb::FailureReason {
+                code: "flow.cancelled".into(),
+                message: cancelled.reason,
+                retryable: true,
+            };
             flow_status(tx, event, "cancelled", "", "", Some(&reason))?;
         }
         pb::ArtifactPublished::TYPE => {
             let published = decode!(pb::ArtifactPublished);
-            artifact(tx, event, sequence, &published.artifact_id, published.revision, &published.title, "published", "")?;
+            artifact(
+                tx,
+                event,
+                sequence,
+                &published.artifact_id,
+                published.revision,
+                &published.title,
+                "published",
+                "",
+            )?;
         }
         pb::ArtifactFailed::TYPE => {
             let failed = decode!(pb::ArtifactFailed);
-            let reason = failed.reason.map(|reason| reason.message).unwrap_or_default();
-            artifact(tx, event, sequence, &failed.artifact_id, failed.revision, "", "failed", &reason)?;
+            let reason = failed
+                .reason
+                .map(|reason| reason.message)
+                .unwrap_or_default();
+            artifact(
+                tx,
+                event,
+                sequence,
+                &failed.artifact_id,
+                failed.revision,
+                "",
+                "failed",
+                &reason,
+            )?;
         }
         _ => {}
     }
@@ -303,8 +376,12 @@ fn flow_status(
     build: &str,
     failure: Option<&pb::FailureReason>,
 ) -> rusqlite::Result<()> {
-    let Some(flow_run) = event.flow_run_id else { return Ok(()) };
-    let (code, message) = failure.map(|f| (f.code.as_str(), f.message.as_str())).unwrap_or_default();
+    let Some(flow_run) = event.flow_run_id else {
+        return Ok(());
+    };
+    let (code, message) = failure
+        .map(|f| (f.code.as_str(), f.message.as_str()))
+        .unwrap_or_default();
     tx.execute(
         "UPDATE cv_flows SET status = ?2, summary = ?3, artifact_build_id = ?4, failure_code = ?5, failure_message = ?6 WHERE flow_run_id = ?1",
         params![flow_run.to_string(), status, clip(summary, ENTRY_MAX_BYTES), build, code, clip(message, 500)],
@@ -400,7 +477,12 @@ pub struct ProjectView {
 impl ProjectView {
     /// The project's state before stream sequence `before`; `None` when no
     /// event of the project bound an agent or made it ready.
-    pub fn load(conn: &Connection, org: &OrgId, project: &ProjectId, before: u64) -> rusqlite::Result<Option<Self>> {
+    pub fn load(
+        conn: &Connection,
+        org: &OrgId,
+        project: &ProjectId,
+        before: u64,
+    ) -> rusqlite::Result<Option<Self>> {
         let (org, project) = (org.as_str(), project.to_string());
         let before = i64::try_from(before).unwrap_or(i64::MAX);
         let row = conn
@@ -464,7 +546,12 @@ impl ProjectView {
         )?;
         view.active_works = statement
             .query_map(params![org, project, before], |row| {
-                Ok(WorkSummary { work_id: row.get(0)?, kind: row.get(1)?, title: row.get(2)?, status: row.get(3)? })
+                Ok(WorkSummary {
+                    work_id: row.get(0)?,
+                    kind: row.get(1)?,
+                    title: row.get(2)?,
+                    status: row.get(3)?,
+                })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         let mut statement = conn.prepare_cached(
@@ -472,7 +559,9 @@ impl ProjectView {
              ORDER BY sequence DESC LIMIT 10",
         )?;
         view.recent_artifacts = statement
-            .query_map(params![org, project, before], |row| Ok((row.get(0)?, row.get(1)?)))?
+            .query_map(params![org, project, before], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         let mut statement = conn.prepare_cached(
             "SELECT outcome FROM cv_outcomes WHERE org = ?1 AND project = ?2 AND sequence < ?3 ORDER BY sequence DESC LIMIT 32",
@@ -480,7 +569,10 @@ impl ProjectView {
         let outcomes = statement
             .query_map(params![org, project, before], |row| row.get::<_, String>(0))?
             .collect::<rusqlite::Result<Vec<_>>>()?;
-        view.rejection_streak = outcomes.iter().take_while(|outcome| outcome.as_str() == "rejected").count() as u32;
+        view.rejection_streak = outcomes
+            .iter()
+            .take_while(|outcome| outcome.as_str() == "rejected")
+            .count() as u32;
         Ok(Some(view))
     }
 
@@ -489,7 +581,10 @@ impl ProjectView {
         let outputs: Vec<String> = self
             .recent
             .iter()
-            .filter(|entry| entry::AGENT_OUTPUTS.contains(&entry.kind.as_str()) && entry.dispatch_id != exclude_dispatch)
+            .filter(|entry| {
+                entry::AGENT_OUTPUTS.contains(&entry.kind.as_str())
+                    && entry.dispatch_id != exclude_dispatch
+            })
             .map(|entry| entry.text.clone())
             .collect();
         outputs[outputs.len().saturating_sub(limit)..].to_vec()
@@ -510,7 +605,12 @@ impl ProjectView {
     }
 
     /// Whether `work` is a Work of this project the agent created.
-    pub fn owns_work(conn: &Connection, org: &OrgId, project: &ProjectId, work: &WorkId) -> rusqlite::Result<bool> {
+    pub fn owns_work(
+        conn: &Connection,
+        org: &OrgId,
+        project: &ProjectId,
+        work: &WorkId,
+    ) -> rusqlite::Result<bool> {
         conn.query_row(
             "SELECT COUNT(*) FROM cv_works WHERE work_id = ?1 AND org = ?2 AND project = ?3",
             params![work.to_string(), org.as_str(), project.to_string()],
@@ -541,7 +641,12 @@ pub struct FlowView {
 }
 
 impl FlowView {
-    pub fn load(conn: &Connection, org: &OrgId, project: &ProjectId, flow_run: &FlowRunId) -> rusqlite::Result<Option<Self>> {
+    pub fn load(
+        conn: &Connection,
+        org: &OrgId,
+        project: &ProjectId,
+        flow_run: &FlowRunId,
+    ) -> rusqlite::Result<Option<Self>> {
         let row = conn
             .query_row(
                 "SELECT work_id, thread_id, flow_type, source_event_id, status, summary, artifact_build_id, failure_code,
@@ -573,7 +678,11 @@ impl FlowView {
         )?;
         let rows = statement
             .query_map(params![flow_run.to_string()], |row| {
-                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?))
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                ))
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         for (artifact, status, failure) in rows {

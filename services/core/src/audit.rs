@@ -17,13 +17,32 @@ use crate::publish;
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Finding {
     /// Versions jump: `expected` was next, `found` came.
-    Gap { project: String, sequence: u64, expected: u64, found: u64 },
+    Gap {
+        project: String,
+        sequence: u64,
+        expected: u64,
+        found: u64,
+    },
     /// A version that was already used (two events claim the same place).
-    Fork { project: String, sequence: u64, version: u64, first_sequence: u64 },
+    Fork {
+        project: String,
+        sequence: u64,
+        version: u64,
+        first_sequence: u64,
+    },
     /// The previous-hash does not match the previous event's hash.
-    Tampered { project: String, sequence: u64, version: u64, previous_sequence: u64 },
+    Tampered {
+        project: String,
+        sequence: u64,
+        version: u64,
+        previous_sequence: u64,
+    },
     /// The message is not a valid event.
-    Undecodable { sequence: u64, subject: String, reason: String },
+    Undecodable {
+        sequence: u64,
+        subject: String,
+        reason: String,
+    },
 }
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -74,7 +93,12 @@ impl ChainChecker {
         versions.insert(envelope.project_version, sequence);
         let expected = self.heads.get(&key).map_or(1, |link| link.version + 1);
         if envelope.project_version != expected {
-            self.report.findings.push(Finding::Gap { project: project.clone(), sequence, expected, found: envelope.project_version });
+            self.report.findings.push(Finding::Gap {
+                project: project.clone(),
+                sequence,
+                expected,
+                found: envelope.project_version,
+            });
         } else if let Some(previous) = self.heads.get(&key)
             && envelope.previous_hash != Some(previous.hash)
         {
@@ -85,14 +109,25 @@ impl ChainChecker {
                 previous_sequence: previous.sequence,
             });
         }
-        self.heads.insert(key, Link { version: envelope.project_version, hash: envelope.hash(), sequence });
+        self.heads.insert(
+            key,
+            Link {
+                version: envelope.project_version,
+                hash: envelope.hash(),
+                sequence,
+            },
+        );
         self.report.projects = self.heads.len();
     }
 
     pub fn undecodable(&mut self, sequence: u64, subject: &str, reason: String) {
         self.report.events += 1;
         self.report.last_sequence = sequence;
-        self.report.findings.push(Finding::Undecodable { sequence, subject: subject.to_owned(), reason });
+        self.report.findings.push(Finding::Undecodable {
+            sequence,
+            subject: subject.to_owned(),
+            reason,
+        });
     }
 }
 
@@ -116,13 +151,18 @@ pub async fn verify(bus: &Bus, filter: Option<String>) -> Result<Report, Error> 
         })
         .await
         .map_err(|e| Error::jetstream("create ordered consumer", e))?;
-    let mut messages = consumer.messages().await.map_err(|e| Error::jetstream("ordered consumer messages", e))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| Error::jetstream("ordered consumer messages", e))?;
     loop {
         // The filtered tail may end before `last`; stop when nothing is pending.
         let next = tokio::time::timeout(std::time::Duration::from_secs(2), messages.next()).await;
         let Ok(Some(message)) = next else { break };
         let message = message.map_err(|e| Error::jetstream("ordered consumer", e))?;
-        let info = message.info().map_err(|e| Error::jetstream("message info", e))?;
+        let info = message
+            .info()
+            .map_err(|e| Error::jetstream("message info", e))?;
         let sequence = info.stream_sequence;
         let pending = info.pending;
         match publish::decode_message(&message.message) {

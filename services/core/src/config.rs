@@ -30,7 +30,10 @@ pub enum ConfigError {
 impl ConfigError {
     /// A validation failure of one setting, for `validate()` implementations.
     pub fn setting(key: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::Setting { key: key.into(), reason: reason.into() }
+        Self::Setting {
+            key: key.into(),
+            reason: reason.into(),
+        }
     }
 }
 
@@ -49,9 +52,16 @@ impl Sources {
     pub fn from_process(file: Option<PathBuf>) -> Self {
         let environment: Vec<(String, String)> = std::env::vars().collect();
         let file = file.or_else(|| {
-            environment.iter().find(|(name, _)| name == "ZOPU_CONFIG").map(|(_, value)| PathBuf::from(value))
+            environment
+                .iter()
+                .find(|(name, _)| name == "ZOPU_CONFIG")
+                .map(|(_, value)| PathBuf::from(value))
         });
-        Self { file, environment, overrides: Vec::new() }
+        Self {
+            file,
+            environment,
+            overrides: Vec::new(),
+        }
     }
 
     pub fn set(mut self, key: &str, value: impl ToString) -> Self {
@@ -67,12 +77,23 @@ pub fn load<T: DeserializeOwned>(sources: &Sources) -> Result<T, ConfigError> {
         merge(&mut root, read_file(path)?);
     }
     for (name, value) in &sources.environment {
-        let Some(rest) = name.strip_prefix("ZOPU_") else { continue };
+        let Some(rest) = name.strip_prefix("ZOPU_") else {
+            continue;
+        };
         if NON_SETTING_VARIABLES.contains(&name.as_str()) || rest.is_empty() {
             continue;
         }
-        let key = rest.split("__").map(str::to_lowercase).collect::<Vec<_>>().join(".");
-        insert(&mut root, &key, literal(value), &format!("environment variable {name}"))?;
+        let key = rest
+            .split("__")
+            .map(str::to_lowercase)
+            .collect::<Vec<_>>()
+            .join(".");
+        insert(
+            &mut root,
+            &key,
+            literal(value),
+            &format!("environment variable {name}"),
+        )?;
     }
     for (key, value) in &sources.overrides {
         insert(&mut root, key, literal(value), &format!("flag for {key}"))?;
@@ -84,42 +105,65 @@ pub fn load<T: DeserializeOwned>(sources: &Sources) -> Result<T, ConfigError> {
         if path.is_empty() || path == "." {
             ConfigError::Invalid { origin, reason }
         } else {
-            ConfigError::Invalid { origin, reason: format!("setting {path}: {reason}") }
+            ConfigError::Invalid {
+                origin,
+                reason: format!("setting {path}: {reason}"),
+            }
         }
     })
 }
 
 fn describe_origin(sources: &Sources) -> String {
     match &sources.file {
-        Some(path) => format!("configuration (file {}, ZOPU_* environment, flags)", path.display()),
+        Some(path) => format!(
+            "configuration (file {}, ZOPU_* environment, flags)",
+            path.display()
+        ),
         None => "configuration (ZOPU_* environment, flags)".to_owned(),
     }
 }
 
 fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|error| ConfigError::Read { path: path.to_owned(), reason: error.to_string() })?;
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+        path: path.to_owned(),
+        reason: error.to_string(),
+    })?;
     text.parse::<toml::Table>()
-        .map_err(|error| ConfigError::Parse { path: path.to_owned(), reason: error.message().to_owned() })
+        .map_err(|error| ConfigError::Parse {
+            path: path.to_owned(),
+            reason: error.message().to_owned(),
+        })
 }
 
 fn literal(raw: &str) -> toml::Value {
     let probe = format!("v = {raw}");
     match probe.parse::<toml::Table>() {
-        Ok(mut table) => table.remove("v").unwrap_or_else(|| toml::Value::String(raw.to_owned())),
+        Ok(mut table) => table
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_owned())),
         Err(_) => toml::Value::String(raw.to_owned()),
     }
 }
 
-fn insert(root: &mut toml::Table, key: &str, value: toml::Value, origin: &str) -> Result<(), ConfigError> {
+fn insert(
+    root: &mut toml::Table,
+    key: &str,
+    value: toml::Value,
+    origin: &str,
+) -> Result<(), ConfigError> {
     let parts: Vec<&str> = key.split('.').collect();
     if parts.iter().any(|part| part.is_empty()) {
-        return Err(ConfigError::Invalid { origin: origin.to_owned(), reason: format!("malformed key {key:?}") });
+        return Err(ConfigError::Invalid {
+            origin: origin.to_owned(),
+            reason: format!("malformed key {key:?}"),
+        });
     }
     let (last, parents) = parts.split_last().unwrap_or((&"", &[]));
     let mut table = root;
     for part in parents {
-        let entry = table.entry((*part).to_owned()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let entry = table
+            .entry((*part).to_owned())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
         table = match entry {
             toml::Value::Table(inner) => inner,
             _ => {
@@ -137,7 +181,9 @@ fn insert(root: &mut toml::Table, key: &str, value: toml::Value, origin: &str) -
 fn merge(into: &mut toml::Table, from: toml::Table) {
     for (key, value) in from {
         match (into.get_mut(&key), value) {
-            (Some(toml::Value::Table(existing)), toml::Value::Table(incoming)) => merge(existing, incoming),
+            (Some(toml::Value::Table(existing)), toml::Value::Table(incoming)) => {
+                merge(existing, incoming)
+            }
             (_, value) => {
                 into.insert(key, value);
             }
@@ -153,9 +199,13 @@ pub mod duration {
 
     pub fn parse(text: &str) -> Result<Duration, String> {
         let text = text.trim();
-        let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+        let split = text
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len());
         let (number, unit) = text.split_at(split);
-        let number: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 30s or 250ms"))?;
+        let number: u64 = number
+            .parse()
+            .map_err(|_| format!("{text:?} is not a duration like 30s or 250ms"))?;
         let duration = match unit {
             "ms" => Duration::from_millis(number),
             "s" => Duration::from_secs(number),
@@ -217,13 +267,19 @@ impl Default for CoreConfig {
 impl CoreConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !(self.nats_url.starts_with("nats://") || self.nats_url.starts_with("tls://")) {
-            return Err(ConfigError::setting("nats_url", format!("{:?} must start with nats:// or tls://", self.nats_url)));
+            return Err(ConfigError::setting(
+                "nats_url",
+                format!("{:?} must start with nats:// or tls://", self.nats_url),
+            ));
         }
         if !matches!(self.stream_replicas, 1 | 3 | 5) {
             return Err(ConfigError::setting("stream_replicas", "must be 1, 3 or 5"));
         }
         if self.duplicate_window < std::time::Duration::from_secs(1) {
-            return Err(ConfigError::setting("duplicate_window", "must be at least 1s"));
+            return Err(ConfigError::setting(
+                "duplicate_window",
+                "must be at least 1s",
+            ));
         }
         Ok(())
     }
@@ -249,7 +305,10 @@ mod tests {
 
     impl Default for Example {
         fn default() -> Self {
-            Self { nats_url: "nats://default".into(), sandbox: Sandbox::default() }
+            Self {
+                nats_url: "nats://default".into(),
+                sandbox: Sandbox::default(),
+            }
         }
     }
 
@@ -257,11 +316,18 @@ mod tests {
     fn layers_apply_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("zopu.toml");
-        std::fs::write(&file, "nats_url = \"nats://file\"\n[sandbox]\nmax_files = 5\n").unwrap();
+        std::fs::write(
+            &file,
+            "nats_url = \"nats://file\"\n[sandbox]\nmax_files = 5\n",
+        )
+        .unwrap();
         let sources = Sources {
             file: Some(file),
             environment: vec![
-                ("ZOPU_SANDBOX__ALLOW_LOCAL_REPOSITORIES".into(), "true".into()),
+                (
+                    "ZOPU_SANDBOX__ALLOW_LOCAL_REPOSITORIES".into(),
+                    "true".into(),
+                ),
                 ("ZOPU_SANDBOX__MAX_FILES".into(), "7".into()),
                 ("ZOPU_LLM_API_KEY".into(), "sk-secret".into()),
                 ("PATH".into(), "/bin".into()),
@@ -287,13 +353,22 @@ mod tests {
             ..Default::default()
         };
         let error = load::<Example>(&sources).unwrap_err().to_string();
-        assert!(error.contains("max_files") || error.contains("integer"), "{error}");
+        assert!(
+            error.contains("max_files") || error.contains("integer"),
+            "{error}"
+        );
     }
 
     #[test]
     fn durations_parse_with_units() {
-        assert_eq!(duration::parse("250ms").unwrap(), std::time::Duration::from_millis(250));
-        assert_eq!(duration::parse("2m").unwrap(), std::time::Duration::from_secs(120));
+        assert_eq!(
+            duration::parse("250ms").unwrap(),
+            std::time::Duration::from_millis(250)
+        );
+        assert_eq!(
+            duration::parse("2m").unwrap(),
+            std::time::Duration::from_secs(120)
+        );
         assert!(duration::parse("10").is_err());
         assert!(duration::parse("x").is_err());
     }

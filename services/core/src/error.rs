@@ -14,26 +14,45 @@ pub enum Error {
     ServerTooOld { url: String, found: String },
     #[error("JetStream is not enabled on the server at {url}: start nats-server with -js")]
     JetStreamDisabled { url: String },
-    #[error("stream {stream} exists with a different {field} (existing {existing}, wanted {wanted}); this cannot be changed in place — migrate the data or point Zopu at another server")]
-    StreamDrift { stream: String, field: &'static str, existing: String, wanted: String },
+    #[error(
+        "stream {stream} exists with a different {field} (existing {existing}, wanted {wanted}); this cannot be changed in place — migrate the data or point Zopu at another server"
+    )]
+    StreamDrift {
+        stream: String,
+        field: &'static str,
+        existing: String,
+        wanted: String,
+    },
     #[error("stream definition {file}: {reason}")]
     StreamDefinition { file: String, reason: String },
     #[error("JetStream {operation}: {reason}")]
-    JetStream { operation: &'static str, reason: String },
+    JetStream {
+        operation: &'static str,
+        reason: String,
+    },
     #[error("publish of {event_type}: {reason}")]
     Publish { event_type: String, reason: String },
     #[error("store {path}: {source}")]
-    Store { path: PathBuf, source: rusqlite::Error },
+    Store {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
     #[error("projection {projection}: {reason}")]
     Projection { projection: String, reason: String },
     #[error("the service was asked to shut down")]
     ShuttingDown,
     #[error("I/O on {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl Error {
     pub fn jetstream(operation: &'static str, reason: impl std::fmt::Display) -> Self {
-        Self::JetStream { operation, reason: reason.to_string() }
+        Self::JetStream {
+            operation,
+            reason: reason.to_string(),
+        }
     }
 }

@@ -32,7 +32,11 @@ pub enum LocalServerError {
     #[error("nats-server: {0}")]
     Io(#[from] std::io::Error),
     #[error("nats-server exited during start ({status}); its log {log} says:\n{tail}")]
-    Exited { status: String, log: String, tail: String },
+    Exited {
+        status: String,
+        log: String,
+        tail: String,
+    },
     #[error("nats-server did not listen on 127.0.0.1:{0} within 20s")]
     NotListening(u16),
 }
@@ -50,7 +54,11 @@ pub struct LocalServer {
 impl LocalServer {
     /// Starts a server storing under `store_dir` (created if needed), on
     /// `port` or a free one.
-    pub fn start(store_dir: &Path, port: Option<u16>, sync: SyncPolicy) -> Result<Self, LocalServerError> {
+    pub fn start(
+        store_dir: &Path,
+        port: Option<u16>,
+        sync: SyncPolicy,
+    ) -> Result<Self, LocalServerError> {
         let binary = find_binary()?;
         std::fs::create_dir_all(store_dir)?;
         let port = match port {
@@ -68,7 +76,13 @@ impl LocalServer {
             "listen: 127.0.0.1:{port}\nmax_payload: 1MB\njetstream {{\n  store_dir: \"{}\"\n{sync_line}}}\n",
             store_dir.join("jetstream").display()
         )?;
-        let mut server = Self { child: None, port, store_dir: store_dir.to_owned(), config, binary };
+        let mut server = Self {
+            child: None,
+            port,
+            store_dir: store_dir.to_owned(),
+            config,
+            binary,
+        };
         server.spawn()?;
         Ok(server)
     }
@@ -78,7 +92,10 @@ impl LocalServer {
     }
 
     fn spawn(&mut self) -> Result<(), LocalServerError> {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path())?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())?;
         let child = Command::new(&self.binary)
             .arg("-c")
             .arg(&self.config)
@@ -100,8 +117,20 @@ impl LocalServer {
                 && let Some(status) = child.try_wait()?
             {
                 let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
-                let tail: String = log.lines().rev().take(10).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-                return Err(LocalServerError::Exited { status: status.to_string(), log: self.log_path().display().to_string(), tail });
+                let tail: String = log
+                    .lines()
+                    .rev()
+                    .take(10)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                return Err(LocalServerError::Exited {
+                    status: status.to_string(),
+                    log: self.log_path().display().to_string(),
+                    tail,
+                });
             }
             if Instant::now() > deadline {
                 return Err(LocalServerError::NotListening(self.port));
@@ -134,7 +163,10 @@ impl LocalServer {
     /// SIGTERM and wait (a clean shutdown), falling back to SIGKILL.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
@@ -178,15 +210,22 @@ pub fn find_binary() -> Result<PathBuf, LocalServerError> {
         if version_ok(&found) {
             return Ok(candidate);
         }
-        return Err(LocalServerError::TooOld { path: candidate.display().to_string(), found });
+        return Err(LocalServerError::TooOld {
+            path: candidate.display().to_string(),
+            found,
+        });
     }
     Err(LocalServerError::NotFound)
 }
 
 /// `nats-server: v2.12.8` → true.
 pub fn version_ok(text: &str) -> bool {
-    let Some(start) = text.find(" v") else { return false };
-    let mut parts = text[start + 2..].split(['.', ' ', '-', '\n']).map(|p| p.parse::<u64>().ok());
+    let Some(start) = text.find(" v") else {
+        return false;
+    };
+    let mut parts = text[start + 2..]
+        .split(['.', ' ', '-', '\n'])
+        .map(|p| p.parse::<u64>().ok());
     matches!((parts.next().flatten(), parts.next().flatten()), (Some(major), Some(minor)) if (major, minor) >= crate::nats::MINIMUM_SERVER)
 }
 

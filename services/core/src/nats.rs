@@ -33,7 +33,9 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
             async move {
                 match event {
                     async_nats::Event::Connected => tracing::info!(%url, "nats connected"),
-                    async_nats::Event::Disconnected => tracing::warn!(%url, "nats disconnected; reconnecting"),
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!(%url, "nats disconnected; reconnecting")
+                    }
                     other => tracing::warn!(%url, event = %other, "nats connection event"),
                 }
             }
@@ -48,7 +50,10 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
                 first_connect_timeout.as_secs()
             ),
         })?
-        .map_err(|error| Error::Connect { url: url.to_owned(), reason: error.to_string() })?;
+        .map_err(|error| Error::Connect {
+            url: url.to_owned(),
+            reason: error.to_string(),
+        })?;
     // `retry_on_initial_connect` returns before the handshake; wait for it.
     let deadline = tokio::time::Instant::now() + first_connect_timeout;
     while client.connection_state() != async_nats::connection::State::Connected {
@@ -65,21 +70,40 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
     }
     check_server(url, &client.server_info())?;
     let jetstream = jetstream::new(client.clone());
-    jetstream.query_account().await.map_err(|_| Error::JetStreamDisabled { url: url.to_owned() })?;
-    Ok(Bus { client, jetstream, url: url.to_owned() })
+    jetstream
+        .query_account()
+        .await
+        .map_err(|_| Error::JetStreamDisabled {
+            url: url.to_owned(),
+        })?;
+    Ok(Bus {
+        client,
+        jetstream,
+        url: url.to_owned(),
+    })
 }
 
 fn check_server(url: &str, info: &async_nats::ServerInfo) -> Result<(), Error> {
     let found = info.version.clone();
-    let mut parts = found.trim_start_matches('v').split(['.', '-']).map(|part| part.parse::<u64>().ok());
+    let mut parts = found
+        .trim_start_matches('v')
+        .split(['.', '-'])
+        .map(|part| part.parse::<u64>().ok());
     let major = parts.next().flatten();
     let minor = parts.next().flatten();
     match (major, minor) {
         (Some(major), Some(minor)) if (major, minor) >= MINIMUM_SERVER => {}
-        _ => return Err(Error::ServerTooOld { url: url.to_owned(), found }),
+        _ => {
+            return Err(Error::ServerTooOld {
+                url: url.to_owned(),
+                found,
+            });
+        }
     }
     if !info.jetstream {
-        return Err(Error::JetStreamDisabled { url: url.to_owned() });
+        return Err(Error::JetStreamDisabled {
+            url: url.to_owned(),
+        });
     }
     Ok(())
 }
@@ -89,7 +113,11 @@ mod tests {
     use super::*;
 
     fn info(version: &str) -> async_nats::ServerInfo {
-        async_nats::ServerInfo { version: version.into(), jetstream: true, ..Default::default() }
+        async_nats::ServerInfo {
+            version: version.into(),
+            jetstream: true,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -98,7 +126,10 @@ mod tests {
         assert!(check_server("u", &info("2.15.1")).is_ok());
         assert!(check_server("u", &info("3.0.0-beta")).is_ok());
         let error = check_server("u", &info("2.9.25")).unwrap_err().to_string();
-        assert!(error.contains("2.9.25") && error.contains("make setup"), "{error}");
+        assert!(
+            error.contains("2.9.25") && error.contains("make setup"),
+            "{error}"
+        );
         assert!(check_server("u", &info("garbage")).is_err());
     }
 }

@@ -18,7 +18,12 @@ pub const MAX_BATCH: usize = 2000;
 
 /// Runs `projection` until shutdown, rebuilding first if its schema version
 /// changed. Returns only on shutdown or on an error that retrying cannot fix.
-pub async fn run<P: Projection>(bus: Bus, store: Store, projection: P, shutdown: Shutdown) -> Result<(), Error> {
+pub async fn run<P: Projection>(
+    bus: Bus,
+    store: Store,
+    projection: P,
+    shutdown: Shutdown,
+) -> Result<(), Error> {
     let name = projection.name();
     let mut checkpoint = store.prepare(&projection)?;
     let mut projection = Shared::new(projection);
@@ -45,7 +50,11 @@ pub async fn run<P: Projection>(bus: Bus, store: Store, projection: P, shutdown:
 
 /// Applies everything up to the stream's current end once, then returns.
 /// Used by tools (`zopu audit`, rebuild checks) that need a finished projection.
-pub async fn catch_up<P: Projection>(bus: &Bus, store: &Store, projection: P) -> Result<u64, Error> {
+pub async fn catch_up<P: Projection>(
+    bus: &Bus,
+    store: &Store,
+    projection: P,
+) -> Result<u64, Error> {
     let mut checkpoint = store.prepare(&projection)?;
     let mut projection = Shared::new(projection);
     let last = publish::last_sequence(bus).await?;
@@ -53,15 +62,23 @@ pub async fn catch_up<P: Projection>(bus: &Bus, store: &Store, projection: P) ->
         store.publish_checkpoint()?;
         return Ok(checkpoint);
     }
-    let messages = open(bus, &projection, checkpoint).await?;
-    pump(messages, store, &mut projection, &mut checkpoint, Some(last), &Shutdown::new()).await?;
+    let messages = open(bus, checkpoint).await?;
+    pump(
+        messages,
+        store,
+        &mut projection,
+        &mut checkpoint,
+        Some(last),
+        &Shutdown::new(),
+    )
+    .await?;
     store.publish_checkpoint()?;
     Ok(checkpoint)
 }
 
 type Messages = pull::Ordered;
 
-async fn open<P: Projection>(bus: &Bus, projection: &Shared<P>, checkpoint: u64) -> Result<Messages, Error> {
+async fn open(bus: &Bus, checkpoint: u64) -> Result<Messages, Error> {
     let stream = bus
         .jetstream
         .get_stream(zopu_schema::subjects::EVENTS_STREAM)
@@ -70,18 +87,22 @@ async fn open<P: Projection>(bus: &Bus, projection: &Shared<P>, checkpoint: u64)
     let deliver_policy = if checkpoint == 0 {
         DeliverPolicy::All
     } else {
-        DeliverPolicy::ByStartSequence { start_sequence: checkpoint + 1 }
+        DeliverPolicy::ByStartSequence {
+            start_sequence: checkpoint + 1,
+        }
     };
-    let filter_subjects = projection.lock().filter_subjects();
     let consumer = stream
         .create_consumer(pull::OrderedConfig {
-            filter_subjects,
+            filter_subjects: vec![zopu_schema::subjects::all_events()],
             deliver_policy,
             ..Default::default()
         })
         .await
         .map_err(|e| Error::jetstream("create ordered consumer", e))?;
-    consumer.messages().await.map_err(|e| Error::jetstream("ordered consumer messages", e))
+    consumer
+        .messages()
+        .await
+        .map_err(|e| Error::jetstream("ordered consumer messages", e))
 }
 
 async fn follow<P: Projection>(
@@ -97,7 +118,7 @@ async fn follow<P: Projection>(
         let name = projection.lock().name();
         advance_to(store, name, *checkpoint)?;
     }
-    let messages = open(bus, projection, *checkpoint).await?;
+    let messages = open(bus, *checkpoint).await?;
     pump(messages, store, projection, checkpoint, None, shutdown).await
 }
 
@@ -129,12 +150,19 @@ async fn pump<P: Projection>(
             };
             batch.push(first.map_err(|e| Error::jetstream("ordered consumer", e))?);
             drain_ready(&mut messages, &mut batch).await?;
-            let nothing_pending = batch.last().and_then(|m| m.info().ok()).is_some_and(|info| info.pending == 0);
+            let nothing_pending = batch
+                .last()
+                .and_then(|m| m.info().ok())
+                .is_some_and(|info| info.pending == 0);
             let decoded: Decoded = batch
                 .drain(..)
                 .map(|message| {
                     let sequence = message.info().map(|info| info.stream_sequence).unwrap_or(0);
-                    (sequence, publish::decode_message(&message.message).map_err(|error| error.to_string()))
+                    (
+                        sequence,
+                        publish::decode_message(&message.message)
+                            .map_err(|error| error.to_string()),
+                    )
                 })
                 .collect();
             last_read = decoded.last().map_or(last_read, |(sequence, _)| *sequence);
@@ -172,10 +200,15 @@ async fn pump<P: Projection>(
 }
 
 /// Takes what is already buffered, without waiting for more.
-async fn drain_ready(messages: &mut Messages, batch: &mut Vec<async_nats::jetstream::Message>) -> Result<(), Error> {
+async fn drain_ready(
+    messages: &mut Messages,
+    batch: &mut Vec<async_nats::jetstream::Message>,
+) -> Result<(), Error> {
     while batch.len() < MAX_BATCH {
         match futures::FutureExt::now_or_never(messages.next()) {
-            Some(Some(message)) => batch.push(message.map_err(|e| Error::jetstream("ordered consumer", e))?),
+            Some(Some(message)) => {
+                batch.push(message.map_err(|e| Error::jetstream("ordered consumer", e))?)
+            }
             _ => break,
         }
     }
@@ -184,12 +217,19 @@ async fn drain_ready(messages: &mut Messages, batch: &mut Vec<async_nats::jetstr
 
 fn advance_to(store: &Store, name: &str, sequence: u64) -> Result<(), Error> {
     store.read(|conn| {
-        conn.execute("UPDATE zopu_projection SET checkpoint = MAX(checkpoint, ?2) WHERE name = ?1", params![name, sequence as i64])
+        conn.execute(
+            "UPDATE zopu_projection SET checkpoint = MAX(checkpoint, ?2) WHERE name = ?1",
+            params![name, sequence as i64],
+        )
     })?;
     store.publish_checkpoint()
 }
 
-async fn apply_batch<P: Projection>(store: &Store, projection: &mut Shared<P>, decoded: Decoded) -> Result<u64, Error> {
+async fn apply_batch<P: Projection>(
+    store: &Store,
+    projection: &mut Shared<P>,
+    decoded: Decoded,
+) -> Result<u64, Error> {
     let last = decoded.last().map(|(sequence, _)| *sequence).unwrap_or(0);
     let store_for_batch = store.clone();
     let shared = projection.clone();
@@ -233,6 +273,8 @@ impl<P> Shared<P> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, P> {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

@@ -20,7 +20,10 @@ use bytes::Bytes;
 use time::OffsetDateTime;
 use zopu_schema::codec::{self, DecodeError};
 use zopu_schema::envelope::EventContext;
-use zopu_schema::{CorrelationId, DispatchId, Envelope, Event, EventHash, EventId, FlowRunId, OrgId, ProjectId, ThreadId, WorkId};
+use zopu_schema::{
+    CorrelationId, DispatchId, Envelope, Event, EventHash, EventId, FlowRunId, OrgId, ProjectId,
+    ThreadId, WorkId,
+};
 
 use crate::Error;
 use crate::nats::Bus;
@@ -45,7 +48,11 @@ pub struct NewEvent {
 
 impl NewEvent {
     /// An event caused by another (the usual case).
-    pub fn caused_by<E: Event>(cause: &EventContext, payload: &E, idempotency_key: impl Into<String>) -> Self {
+    pub fn caused_by<E: Event>(
+        cause: &EventContext,
+        payload: &E,
+        idempotency_key: impl Into<String>,
+    ) -> Self {
         Self {
             event_type: E::TYPE,
             schema: E::SCHEMA,
@@ -205,10 +212,8 @@ impl Publisher {
     /// Appends one event and waits for JetStream's acknowledgement.
     pub async fn append(&self, event: NewEvent) -> Result<Appended, Error> {
         let event_id = event.event_id();
-        if let Some(store) = &self.store
-            && let Some(sequence) = store.key_sequence(&event.idempotency_key)?
-        {
-            return Ok(Appended { event_id, sequence, duplicate: true, project_version: None });
+        if let Some(duplicate) = self.known_duplicate(&event.idempotency_key).await? {
+            return Ok(duplicate);
         }
         let project = (event.context.org_id.clone(), event.context.project_id);
         let lane = self.lane(&project);
@@ -221,16 +226,29 @@ impl Publisher {
                 None => self.fetch_head(&project.0, &project.1).await?,
             };
             let envelope = self.envelope(&event, event_id, time, current);
-            match self.publish_envelope(&envelope, current.map_or(0, |h| h.sequence)).await {
+            match self
+                .publish_envelope(&envelope, current.map_or(0, |h| h.sequence))
+                .await
+            {
                 Ok(ack) if ack.duplicate => {
                     // Stored before (possibly by an earlier attempt of ours):
                     // the cached head can no longer be trusted.
                     *head = None;
-                    self.remember(&event.idempotency_key, ack.sequence, event_id)?;
-                    return Ok(Appended { event_id, sequence: ack.sequence, duplicate: true, project_version: None });
+                    let stored = self.stored_id(ack.sequence, event_id).await;
+                    self.remember(&event.idempotency_key, ack.sequence, stored)?;
+                    return Ok(Appended {
+                        event_id: stored,
+                        sequence: ack.sequence,
+                        duplicate: true,
+                        project_version: None,
+                    });
                 }
                 Ok(ack) => {
-                    *head = Some(Head { sequence: ack.sequence, version: envelope.project_version, hash: envelope.hash() });
+                    *head = Some(Head {
+                        sequence: ack.sequence,
+                        version: envelope.project_version,
+                        hash: envelope.hash(),
+                    });
                     self.remember(&event.idempotency_key, ack.sequence, event_id)?;
                     return Ok(Appended {
                         event_id,
@@ -248,10 +266,17 @@ impl Publisher {
                             reason: format!("lost the race for the project head {conflicts} times"),
                         });
                     }
-                    tracing::debug!(event_type = event.event_type, conflicts, "project head moved; re-reading");
+                    tracing::debug!(
+                        event_type = event.event_type,
+                        conflicts,
+                        "project head moved; re-reading"
+                    );
                 }
                 Err(PublishFailure::Fatal(reason)) => {
-                    return Err(Error::Publish { event_type: event.event_type.to_owned(), reason });
+                    return Err(Error::Publish {
+                        event_type: event.event_type.to_owned(),
+                        reason,
+                    });
                 }
             }
         }
@@ -260,12 +285,14 @@ impl Publisher {
     /// Appends a decision taken on the project state at `expected_version`
     /// (0: no event yet). If the project moved on, nothing is written and
     /// `Conflict` says where it is now: re-read state and decide again.
-    pub async fn append_at(&self, event: NewEvent, expected_version: u64) -> Result<Appended, AppendAtError> {
+    pub async fn append_at(
+        &self,
+        event: NewEvent,
+        expected_version: u64,
+    ) -> Result<Appended, AppendAtError> {
         let event_id = event.event_id();
-        if let Some(store) = &self.store
-            && let Some(sequence) = store.key_sequence(&event.idempotency_key)?
-        {
-            return Ok(Appended { event_id, sequence, duplicate: true, project_version: None });
+        if let Some(duplicate) = self.known_duplicate(&event.idempotency_key).await? {
+            return Ok(duplicate);
         }
         let project = (event.context.org_id.clone(), event.context.project_id);
         let lane = self.lane(&project);
@@ -277,24 +304,77 @@ impl Publisher {
             return Err(AppendAtError::Conflict { current_version });
         }
         let envelope = self.envelope(&event, event_id, OffsetDateTime::now_utc(), current);
-        match self.publish_envelope(&envelope, current.map_or(0, |h| h.sequence)).await {
+        match self
+            .publish_envelope(&envelope, current.map_or(0, |h| h.sequence))
+            .await
+        {
             Ok(ack) if ack.duplicate => {
                 *head = None;
-                self.remember(&event.idempotency_key, ack.sequence, event_id)?;
-                Ok(Appended { event_id, sequence: ack.sequence, duplicate: true, project_version: None })
+                let stored = self.stored_id(ack.sequence, event_id).await;
+                self.remember(&event.idempotency_key, ack.sequence, stored)?;
+                Ok(Appended {
+                    event_id: stored,
+                    sequence: ack.sequence,
+                    duplicate: true,
+                    project_version: None,
+                })
             }
             Ok(ack) => {
-                *head = Some(Head { sequence: ack.sequence, version: envelope.project_version, hash: envelope.hash() });
+                *head = Some(Head {
+                    sequence: ack.sequence,
+                    version: envelope.project_version,
+                    hash: envelope.hash(),
+                });
                 self.remember(&event.idempotency_key, ack.sequence, event_id)?;
-                Ok(Appended { event_id, sequence: ack.sequence, duplicate: false, project_version: Some(envelope.project_version) })
+                Ok(Appended {
+                    event_id,
+                    sequence: ack.sequence,
+                    duplicate: false,
+                    project_version: Some(envelope.project_version),
+                })
             }
             Err(PublishFailure::Conflict) => {
                 *head = None;
-                let current_version = self.fetch_head(&project.0, &project.1).await?.map_or(0, |h| h.version);
+                let current_version = self
+                    .fetch_head(&project.0, &project.1)
+                    .await?
+                    .map_or(0, |h| h.version);
                 Err(AppendAtError::Conflict { current_version })
             }
-            Err(PublishFailure::Fatal(reason)) => {
-                Err(AppendAtError::Failed(Error::Publish { event_type: event.event_type.to_owned(), reason }))
+            Err(PublishFailure::Fatal(reason)) => Err(AppendAtError::Failed(Error::Publish {
+                event_type: event.event_type.to_owned(),
+                reason,
+            })),
+        }
+    }
+
+    /// The event already stored under `key`, as this service's store knows it.
+    async fn known_duplicate(&self, key: &str) -> Result<Option<Appended>, Error> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        let Some((sequence, event_id)) = store.key_entry(key)? else {
+            return Ok(None);
+        };
+        let event_id = match event_id.parse() {
+            Ok(id) => id,
+            Err(_) => get_event(&self.bus, sequence).await?.id,
+        };
+        Ok(Some(Appended {
+            event_id,
+            sequence,
+            duplicate: true,
+            project_version: None,
+        }))
+    }
+
+    /// The id of the event stored at `sequence` (a duplicate's original).
+    async fn stored_id(&self, sequence: u64, fallback: EventId) -> EventId {
+        match get_event(&self.bus, sequence).await {
+            Ok(stored) => stored.id,
+            Err(error) => {
+                tracing::warn!(sequence, %error, "cannot read the original of a duplicate; reporting the derived id");
+                fallback
             }
         }
     }
@@ -307,17 +387,27 @@ impl Publisher {
     }
 
     fn lane(&self, project: &ProjectKey) -> Arc<tokio::sync::Mutex<Option<Head>>> {
-        let mut heads = self.heads.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut heads = self
+            .heads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if heads.len() >= MAX_CACHED_HEADS {
             heads.retain(|_, lane| Arc::strong_count(lane) > 1);
         }
         heads.entry(project.clone()).or_default().clone()
     }
 
-    fn envelope(&self, event: &NewEvent, id: EventId, time: OffsetDateTime, head: Option<Head>) -> Envelope {
+    fn envelope(
+        &self,
+        event: &NewEvent,
+        id: EventId,
+        time: OffsetDateTime,
+        head: Option<Head>,
+    ) -> Envelope {
         let context = &event.context;
         let (causation_id, correlation_id) = if event.root {
-            let correlation = if context.correlation_id.as_str() == context.causation_id.to_string() {
+            let correlation = if context.correlation_id.as_str() == context.causation_id.to_string()
+            {
                 id.into()
             } else {
                 context.correlation_id.clone()
@@ -348,14 +438,21 @@ impl Publisher {
         }
     }
 
-    async fn publish_envelope(&self, envelope: &Envelope, expected_sequence: u64) -> Result<async_nats::jetstream::publish::PublishAck, PublishFailure> {
+    async fn publish_envelope(
+        &self,
+        envelope: &Envelope,
+        expected_sequence: u64,
+    ) -> Result<async_nats::jetstream::publish::PublishAck, PublishFailure> {
         let (pairs, body) = codec::encode(envelope);
         let mut headers = HeaderMap::new();
         for (name, value) in pairs {
             headers.insert(name, value.as_str());
         }
         headers.insert(MSG_ID, envelope.idempotency_key.as_str());
-        headers.insert(EXPECTED_LAST_SUBJECT_SEQUENCE, expected_sequence.to_string().as_str());
+        headers.insert(
+            EXPECTED_LAST_SUBJECT_SEQUENCE,
+            expected_sequence.to_string().as_str(),
+        );
         headers.insert(
             EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
             zopu_schema::subjects::project_events(&envelope.org_id, &envelope.project_id).as_str(),
@@ -364,25 +461,42 @@ impl Publisher {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let outcome = match self.bus.jetstream.publish_with_headers(subject.clone(), headers.clone(), body.clone()).await {
+            let outcome = match self
+                .bus
+                .jetstream
+                .publish_with_headers(subject.clone(), headers.clone(), body.clone())
+                .await
+            {
                 Ok(future) => future.await,
                 Err(error) => Err(error),
             };
             match outcome {
                 Ok(ack) => return Ok(ack),
-                Err(error) if error.kind() == PublishErrorKind::WrongLastSequence => return Err(PublishFailure::Conflict),
-                Err(error) if is_unavailable(&error) && attempt < self.retry.unavailable_attempts => {
+                Err(error) if error.kind() == PublishErrorKind::WrongLastSequence => {
+                    return Err(PublishFailure::Conflict);
+                }
+                Err(error)
+                    if is_unavailable(&error) && attempt < self.retry.unavailable_attempts =>
+                {
                     let delay = backoff(&self.retry, attempt);
                     tracing::warn!(%subject, attempt, %error, retry_in_ms = delay.as_millis() as u64, "append not acknowledged; retrying with the same id");
                     tokio::time::sleep(delay).await;
                 }
-                Err(error) => return Err(PublishFailure::Fatal(format!("{error} (after {attempt} attempts)"))),
+                Err(error) => {
+                    return Err(PublishFailure::Fatal(format!(
+                        "{error} (after {attempt} attempts)"
+                    )));
+                }
             }
         }
     }
 
     /// Reads the last stored event of a project (from the stream leader).
-    pub async fn fetch_head(&self, org: &OrgId, project: &ProjectId) -> Result<Option<Head>, Error> {
+    pub async fn fetch_head(
+        &self,
+        org: &OrgId,
+        project: &ProjectId,
+    ) -> Result<Option<Head>, Error> {
         fetch_head(&self.bus, org, project).await
     }
 }
@@ -403,10 +517,14 @@ enum PublishFailure {
 
 fn is_unavailable(error: &async_nats::jetstream::context::PublishError) -> bool {
     match error.kind() {
-        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe | PublishErrorKind::StreamNotFound => true,
+        PublishErrorKind::TimedOut
+        | PublishErrorKind::BrokenPipe
+        | PublishErrorKind::StreamNotFound => true,
         PublishErrorKind::Other => {
             let text = error.to_string();
-            text.contains("no responders") || text.contains("timed out") || text.contains("disconnected")
+            text.contains("no responders")
+                || text.contains("timed out")
+                || text.contains("disconnected")
         }
         _ => false,
     }
@@ -418,20 +536,32 @@ fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
 }
 
 /// Reads the last stored event of a project (from the stream leader).
-pub async fn fetch_head(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<Option<Head>, Error> {
+pub async fn fetch_head(
+    bus: &Bus,
+    org: &OrgId,
+    project: &ProjectId,
+) -> Result<Option<Head>, Error> {
     let stream = bus
         .jetstream
         .get_stream_no_info(zopu_schema::subjects::EVENTS_STREAM)
         .await
         .map_err(|e| Error::jetstream("get stream", e))?;
     let filter = zopu_schema::subjects::project_events(org, project);
-    match stream.get_last_raw_message_by_subject(filter.as_str()).await {
+    match stream
+        .get_last_raw_message_by_subject(filter.as_str())
+        .await
+    {
         Ok(message) => {
             let headers: Vec<(String, String)> = header_pairs(&message.headers);
-            match codec::decode(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())), message.payload.clone()) {
-                Ok(envelope) => {
-                    Ok(Some(Head { sequence: message.sequence, version: envelope.project_version, hash: envelope.hash() }))
-                }
+            match codec::decode(
+                headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+                message.payload.clone(),
+            ) {
+                Ok(envelope) => Ok(Some(Head {
+                    sequence: message.sequence,
+                    version: envelope.project_version,
+                    hash: envelope.hash(),
+                })),
                 Err(error) => {
                     // Something not written by Zopu sits on the project's
                     // subjects. The chain continues from the last valid
@@ -442,7 +572,12 @@ pub async fn fetch_head(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<O
                 }
             }
         }
-        Err(error) if error.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(error)
+            if error.kind()
+                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+        {
+            Ok(None)
+        }
         Err(error) => Err(Error::jetstream("read project head", error)),
     }
 }
@@ -463,11 +598,17 @@ async fn recover_head(bus: &Bus, filter: &str, last_sequence: u64) -> Result<Opt
         })
         .await
         .map_err(|e| Error::jetstream("create ordered consumer", e))?;
-    let mut messages = consumer.messages().await.map_err(|e| Error::jetstream("ordered consumer", e))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| Error::jetstream("ordered consumer", e))?;
     let mut valid: Option<(u64, EventHash)> = None;
     while let Some(message) = messages.next().await {
         let message = message.map_err(|e| Error::jetstream("ordered consumer", e))?;
-        let sequence = message.info().map(|info| info.stream_sequence).unwrap_or(u64::MAX);
+        let sequence = message
+            .info()
+            .map(|info| info.stream_sequence)
+            .unwrap_or(u64::MAX);
         if let Ok(envelope) = decode_message(&message.message) {
             valid = Some((envelope.project_version, envelope.hash()));
         }
@@ -475,7 +616,11 @@ async fn recover_head(bus: &Bus, filter: &str, last_sequence: u64) -> Result<Opt
             break;
         }
     }
-    Ok(valid.map(|(version, hash)| Head { sequence: last_sequence, version, hash }))
+    Ok(valid.map(|(version, hash)| Head {
+        sequence: last_sequence,
+        version,
+        hash,
+    }))
 }
 
 /// The stream's last sequence.
@@ -485,14 +630,21 @@ pub async fn last_sequence(bus: &Bus) -> Result<u64, Error> {
         .get_stream(zopu_schema::subjects::EVENTS_STREAM)
         .await
         .map_err(|e| Error::jetstream("get stream", e))?;
-    let info = stream.info().await.map_err(|e| Error::jetstream("stream info", e))?;
+    let info = stream
+        .info()
+        .await
+        .map_err(|e| Error::jetstream("stream info", e))?;
     Ok(info.state.last_sequence)
 }
 
 fn header_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
     headers
         .iter()
-        .flat_map(|(name, values)| values.iter().map(move |value| (name.to_string(), value.to_string())))
+        .flat_map(|(name, values)| {
+            values
+                .iter()
+                .map(move |value| (name.to_string(), value.to_string()))
+        })
         .collect()
 }
 
@@ -500,7 +652,10 @@ fn header_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
 pub fn decode_message(message: &async_nats::Message) -> Result<Envelope, DecodeError> {
     let empty = HeaderMap::new();
     let pairs = header_pairs(message.headers.as_ref().unwrap_or(&empty));
-    codec::decode(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())), message.payload.clone())
+    codec::decode(
+        pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+        message.payload.clone(),
+    )
 }
 
 /// Reads one stored event by stream sequence (e.g. a recorded LLM reply
@@ -511,17 +666,27 @@ pub async fn get_event(bus: &Bus, sequence: u64) -> Result<Envelope, Error> {
         .get_stream_no_info(zopu_schema::subjects::EVENTS_STREAM)
         .await
         .map_err(|e| Error::jetstream("get stream", e))?;
-    let message = stream.direct_get(sequence).await.map_err(|e| Error::jetstream("get event", e))?;
+    let message = stream
+        .direct_get(sequence)
+        .await
+        .map_err(|e| Error::jetstream("get event", e))?;
     let headers = header_pairs(&message.headers);
-    codec::decode(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())), message.payload.clone()).map_err(|error| {
-        Error::Publish { event_type: "(stored)".into(), reason: format!("event at sequence {sequence} does not decode: {error}") }
+    codec::decode(
+        headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+        message.payload.clone(),
+    )
+    .map_err(|error| Error::Publish {
+        event_type: "(stored)".into(),
+        reason: format!("event at sequence {sequence} does not decode: {error}"),
     })
 }
 
 impl Publisher {
     /// The event previously stored under `key`, if this service has seen it.
     pub async fn recorded(&self, key: &str) -> Result<Option<Envelope>, Error> {
-        let Some(store) = &self.store else { return Ok(None) };
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
         match store.key_sequence(key)? {
             Some(sequence) => get_event(&self.bus, sequence).await.map(Some),
             None => Ok(None),

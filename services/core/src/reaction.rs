@@ -58,7 +58,11 @@ impl Default for ReactionConfig {
             durable: String::new(),
             filter_subjects: Vec::new(),
             max_deliver: 5,
-            retry_delays: vec![Duration::from_millis(200), Duration::from_secs(1), Duration::from_secs(5)],
+            retry_delays: vec![
+                Duration::from_millis(200),
+                Duration::from_secs(1),
+                Duration::from_secs(5),
+            ],
             max_ack_pending: 256,
             ack_wait: Duration::from_secs(30),
             handler_timeout: Duration::from_secs(120),
@@ -68,24 +72,43 @@ impl Default for ReactionConfig {
 
 impl ReactionConfig {
     pub fn new(durable: String, filter_subjects: Vec<String>) -> Self {
-        Self { durable, filter_subjects, ..Self::default() }
+        Self {
+            durable,
+            filter_subjects,
+            ..Self::default()
+        }
     }
 
     pub fn validate(&self, key: &str) -> Result<(), config::ConfigError> {
         if self.durable.is_empty() {
-            return Err(config::ConfigError::setting(format!("{key}.durable"), "must not be empty"));
+            return Err(config::ConfigError::setting(
+                format!("{key}.durable"),
+                "must not be empty",
+            ));
         }
         if self.filter_subjects.is_empty() {
-            return Err(config::ConfigError::setting(format!("{key}.filter_subjects"), "needs at least one subject"));
+            return Err(config::ConfigError::setting(
+                format!("{key}.filter_subjects"),
+                "needs at least one subject",
+            ));
         }
         if !(1..=100).contains(&self.max_deliver) {
-            return Err(config::ConfigError::setting(format!("{key}.max_deliver"), "must be 1..=100"));
+            return Err(config::ConfigError::setting(
+                format!("{key}.max_deliver"),
+                "must be 1..=100",
+            ));
         }
         if !(1..=100_000).contains(&self.max_ack_pending) {
-            return Err(config::ConfigError::setting(format!("{key}.max_ack_pending"), "must be 1..=100000"));
+            return Err(config::ConfigError::setting(
+                format!("{key}.max_ack_pending"),
+                "must be 1..=100000",
+            ));
         }
         if self.ack_wait < Duration::from_secs(1) {
-            return Err(config::ConfigError::setting(format!("{key}.ack_wait"), "must be at least 1s"));
+            return Err(config::ConfigError::setting(
+                format!("{key}.ack_wait"),
+                "must be at least 1s",
+            ));
         }
         Ok(())
     }
@@ -96,14 +119,19 @@ mod durations {
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Duration>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<Duration>, D::Error> {
         Vec::<String>::deserialize(deserializer)?
             .iter()
             .map(|text| crate::config::duration::parse(text).map_err(serde::de::Error::custom))
             .collect()
     }
 
-    pub fn serialize<S: Serializer>(durations: &[Duration], serializer: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(
+        durations: &[Duration],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         serializer.collect_seq(durations.iter().map(crate::config::duration::format))
     }
 }
@@ -120,6 +148,10 @@ pub enum HandlerError {
     /// The service cannot go on (lost its store, misconfigured).
     #[error("fatal: {0}")]
     Fatal(String),
+    /// The handler stopped because the service is shutting down: the
+    /// message goes back for redelivery, as after a crash.
+    #[error("interrupted by shutdown")]
+    Interrupted,
 }
 
 impl From<PayloadError> for HandlerError {
@@ -153,7 +185,11 @@ pub struct ReactionContext {
 /// appends with a deterministic key, and check recorded results before
 /// repeating an expensive call.
 pub trait Reaction: Send + Sync + 'static {
-    fn handle(&self, event: &Envelope, context: &ReactionContext) -> impl Future<Output = Result<(), HandlerError>> + Send;
+    fn handle(
+        &self,
+        event: &Envelope,
+        context: &ReactionContext,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
 
     /// The visible `*.failed` event for an event this reaction gave up on.
     fn failure_event(&self, _event: &Envelope, _reason: &str) -> Option<NewEvent> {
@@ -257,11 +293,17 @@ impl<R: Reaction> Runner<R> {
         let lane_key = zopu_schema::subjects::parse_scope_tokens(&message.subject)
             .map(|(org, project)| format!("{org}.{project}"))
             .unwrap_or_default();
-        let mut lanes = self.lanes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut lanes = self
+            .lanes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(sender) = lanes.get(&lane_key) {
             match sender.try_send(message) {
                 Ok(()) => return,
-                Err(mpsc::error::TrySendError::Full(message) | mpsc::error::TrySendError::Closed(message)) => {
+                Err(
+                    mpsc::error::TrySendError::Full(message)
+                    | mpsc::error::TrySendError::Closed(message),
+                ) => {
                     // A full lane cannot happen within max_ack_pending; a closed
                     // one just exited. Either way, start a fresh lane below.
                     lanes.remove(&lane_key);
@@ -279,7 +321,9 @@ impl<R: Reaction> Runner<R> {
         lane_key: String,
         first: async_nats::jetstream::Message,
     ) {
-        let capacity = usize::try_from(self.config.max_ack_pending).unwrap_or(256).max(1);
+        let capacity = usize::try_from(self.config.max_ack_pending)
+            .unwrap_or(256)
+            .max(1);
         let (sender, mut receiver) = mpsc::channel(capacity);
         // The channel is new and has capacity for at least one message.
         let _ = sender.try_send(first);
@@ -290,7 +334,10 @@ impl<R: Reaction> Runner<R> {
                 let message = match receiver.try_recv() {
                     Ok(message) => message,
                     Err(_) => {
-                        let mut lanes = runner.lanes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                        let mut lanes = runner
+                            .lanes
+                            .lock()
+                            .unwrap_or_else(|poisoned| poisoned.into_inner());
                         match receiver.try_recv() {
                             Ok(message) => message,
                             Err(_) => {
@@ -370,6 +417,11 @@ impl<R: Reaction> Runner<R> {
                         self.give_up(&message, Some(&envelope), stream_sequence, delivered, "invalid", &reason).await;
                         return;
                     }
+                    Err(HandlerError::Interrupted) => {
+                        tracing::info!("handler interrupted by shutdown; handing the message back");
+                        let _ = message.ack_with(AckKind::Nak(None)).await;
+                        return;
+                    }
                     Err(HandlerError::Fatal(reason)) => {
                         tracing::error!(%reason, "fatal handler error; stopping the service");
                         let _ = message.ack_with(AckKind::Nak(None)).await;
@@ -388,7 +440,9 @@ impl<R: Reaction> Runner<R> {
     /// the store does not catch up within the handler timeout.
     async fn caught_up_for_redelivery(&self, message: &async_nats::jetstream::Message) -> bool {
         let Ok(last) = publish::last_sequence(&self.bus).await else {
-            let _ = message.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+            let _ = message
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
             return false;
         };
         tokio::select! {
@@ -412,7 +466,10 @@ impl<R: Reaction> Runner<R> {
         envelope: &Envelope,
         context: &ReactionContext,
     ) -> Result<(), HandlerError> {
-        let handler = tokio::time::timeout(self.config.handler_timeout, self.reaction.handle(envelope, context));
+        let handler = tokio::time::timeout(
+            self.config.handler_timeout,
+            self.reaction.handle(envelope, context),
+        );
         tokio::pin!(handler);
         let mut heartbeat = tokio::time::interval(self.config.ack_wait / 3);
         heartbeat.tick().await;
@@ -430,7 +487,11 @@ impl<R: Reaction> Runner<R> {
     }
 
     /// Waits `delay` while keeping the message; false if shutdown came first.
-    async fn wait_extending(&self, message: &async_nats::jetstream::Message, delay: Duration) -> bool {
+    async fn wait_extending(
+        &self,
+        message: &async_nats::jetstream::Message,
+        delay: Duration,
+    ) -> bool {
         let sleep = tokio::time::sleep(delay);
         tokio::pin!(sleep);
         let mut heartbeat = tokio::time::interval(self.config.ack_wait / 3);
@@ -486,7 +547,9 @@ impl<R: Reaction> Runner<R> {
         } else {
             // Could not record why: leave it for redelivery rather than lose it.
             tracing::error!("dead letter not recorded; the message will be redelivered");
-            let _ = message.ack_with(AckKind::Nak(Some(Duration::from_secs(5)))).await;
+            let _ = message
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(5))))
+                .await;
         }
     }
 }
@@ -494,10 +557,18 @@ impl<R: Reaction> Runner<R> {
 /// The subject must say what the headers say.
 fn check_subject(envelope: &Envelope, subject: &str) -> Result<(), String> {
     if envelope.subject() != subject {
-        return Err(format!("subject {subject} does not match the event's type/org/project ({})", envelope.subject()));
+        return Err(format!(
+            "subject {subject} does not match the event's type/org/project ({})",
+            envelope.subject()
+        ));
     }
-    if zopu_schema::catalogue::lookup(&envelope.event_type).is_none_or(|kind| kind.schema != envelope.data_schema) {
-        return Err(format!("unknown event type {} with dataschema {}", envelope.event_type, envelope.data_schema));
+    if zopu_schema::catalogue::lookup(&envelope.event_type)
+        .is_none_or(|kind| kind.schema != envelope.data_schema)
+    {
+        return Err(format!(
+            "unknown event type {} with dataschema {}",
+            envelope.event_type, envelope.data_schema
+        ));
     }
     Ok(())
 }
@@ -511,7 +582,9 @@ fn scope_of(subject: &str) -> (OrgId, ProjectId) {
 
 /// Where runtime records without a project of their own are filed.
 pub fn system_scope() -> (OrgId, ProjectId) {
-    let org = "zopu-system".parse().unwrap_or_else(|_| unreachable!("constant is a valid org id"));
+    let org = "zopu-system"
+        .parse()
+        .unwrap_or_else(|_| unreachable!("constant is a valid org id"));
     (org, ProjectId::derived(0, "zopu-system"))
 }
 
@@ -525,7 +598,9 @@ async fn settle(message: &async_nats::jetstream::Message, kind: AckKind) {
             }
         }
     }
-    tracing::error!("ack never confirmed; the message may be redelivered (handlers are idempotent)");
+    tracing::error!(
+        "ack never confirmed; the message may be redelivered (handlers are idempotent)"
+    );
 }
 
 fn truncate(text: &str, max: usize) -> String {

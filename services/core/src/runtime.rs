@@ -25,13 +25,28 @@ pub struct Runtime {
 impl Runtime {
     /// Connects, applies `streams/`, opens `<data_dir>/<service>.sqlite` and
     /// starts its key index.
-    pub async fn start(service: &str, config: &CoreConfig, shutdown: Shutdown) -> Result<Self, Error> {
+    pub async fn start(
+        service: &str,
+        config: &CoreConfig,
+        shutdown: Shutdown,
+    ) -> Result<Self, Error> {
         config.validate()?;
-        let bus = nats::connect(&config.nats_url, &format!("zopu-{service}"), Duration::from_secs(30)).await?;
+        let bus = nats::connect(
+            &config.nats_url,
+            &format!("zopu-{service}"),
+            Duration::from_secs(30),
+        )
+        .await?;
         streams::ensure(&bus, &streams::StreamSettings::from(config)).await?;
         let store = Store::open_for_service(&config.data_dir, service)?;
         let publisher = Publisher::new(bus.clone(), service, Some(store.clone()));
-        let runtime = Self { service: service.to_owned(), bus, store, publisher, shutdown };
+        let runtime = Self {
+            service: service.to_owned(),
+            bus,
+            store,
+            publisher,
+            shutdown,
+        };
         runtime.spawn_projection(KeyIndex);
         Ok(runtime)
     }
@@ -52,11 +67,17 @@ impl Runtime {
     /// Runs a reaction as a tracked task.
     pub fn spawn_reaction<R: Reaction>(&self, config: ReactionConfig, reaction: R) {
         let service = self.service.clone();
-        let (bus, publisher, store, shutdown) =
-            (self.bus.clone(), self.publisher.clone(), self.store.clone(), self.shutdown.clone());
+        let (bus, publisher, store, shutdown) = (
+            self.bus.clone(),
+            self.publisher.clone(),
+            self.store.clone(),
+            self.shutdown.clone(),
+        );
         let on_error = self.shutdown.clone();
         self.shutdown.spawn(async move {
-            if let Err(error) = reaction::run(&service, bus, publisher, store, config, reaction, shutdown).await {
+            if let Err(error) =
+                reaction::run(&service, bus, publisher, store, config, reaction, shutdown).await
+            {
                 tracing::error!(%service, %error, "reaction stopped; stopping the service");
                 on_error.cancel();
             }

@@ -39,7 +39,10 @@ impl Shutdown {
 
     /// A child whose cancellation does not cancel the parent (e.g. one service of many).
     pub fn child(&self) -> Self {
-        Self { token: self.token.child_token(), tracker: self.tracker.clone() }
+        Self {
+            token: self.token.child_token(),
+            tracker: self.tracker.clone(),
+        }
     }
 
     /// Spawns a tracked task.
@@ -54,7 +57,9 @@ impl Shutdown {
     /// Waits for every tracked task, at most `grace`. Returns false on timeout.
     pub async fn wait(&self, grace: Duration) -> bool {
         self.tracker.close();
-        tokio::time::timeout(grace, self.tracker.wait()).await.is_ok()
+        tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_ok()
     }
 
     /// Cancels on the first SIGINT/SIGTERM; exits the process on the second.

@@ -30,11 +30,16 @@ pub trait Projection: Send + 'static {
     fn migrate(&self, tx: &Transaction<'_>) -> rusqlite::Result<()>;
     /// Applies one event. An error aborts the batch; the runner logs it and
     /// retries from the checkpoint.
-    fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Result<()>;
-    /// Subjects to follow; every event by default.
-    fn filter_subjects(&self) -> Vec<String> {
-        vec![zopu_schema::subjects::all_events()]
-    }
+    ///
+    /// Every projection follows the whole log (and ignores what it does not
+    /// need), so its checkpoint is always a stream sequence that readers can
+    /// wait for (`Store::wait_for`).
+    fn apply(
+        &mut self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        sequence: u64,
+    ) -> rusqlite::Result<()>;
 }
 
 const RUNTIME_SCHEMA: &str = "
@@ -70,23 +75,43 @@ pub struct Store {
 impl Store {
     /// Opens (or creates) `<data_dir>/<service>.sqlite`.
     pub fn open_for_service(data_dir: &Path, service: &str) -> Result<Self, Error> {
-        std::fs::create_dir_all(data_dir).map_err(|source| Error::Io { path: data_dir.to_owned(), source })?;
+        std::fs::create_dir_all(data_dir).map_err(|source| Error::Io {
+            path: data_dir.to_owned(),
+            source,
+        })?;
         Self::open(&data_dir.join(format!("{service}.sqlite")))
     }
 
     pub fn open(path: &Path) -> Result<Self, Error> {
-        let store_error = |source| Error::Store { path: path.to_owned(), source };
+        let store_error = |source| Error::Store {
+            path: path.to_owned(),
+            source,
+        };
         let connection = Connection::open(path).map_err(store_error)?;
         connection
-            .execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
+            .execute_batch(
+                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
+            )
             .map_err(store_error)?;
-        connection.execute_batch(RUNTIME_SCHEMA).map_err(store_error)?;
+        connection
+            .execute_batch(RUNTIME_SCHEMA)
+            .map_err(store_error)?;
         let (checkpoints, _) = watch::channel(0);
-        let store = Self { path: path.to_owned(), connection: Arc::new(Mutex::new(connection)), checkpoints: Arc::new(checkpoints) };
+        let store = Self {
+            path: path.to_owned(),
+            connection: Arc::new(Mutex::new(connection)),
+            checkpoints: Arc::new(checkpoints),
+        };
         let low_water = store.read(|conn| {
-            conn.query_row("SELECT COALESCE(MIN(checkpoint), 0) FROM zopu_projection", [], |row| row.get::<_, i64>(0))
+            conn.query_row(
+                "SELECT COALESCE(MIN(checkpoint), 0) FROM zopu_projection",
+                [],
+                |row| row.get::<_, i64>(0),
+            )
         })?;
-        store.checkpoints.send_replace(u64::try_from(low_water).unwrap_or(0));
+        store
+            .checkpoints
+            .send_replace(u64::try_from(low_water).unwrap_or(0));
         Ok(store)
     }
 
@@ -97,29 +122,61 @@ impl Store {
     /// Runs a read (or small write) on the connection. Blocking: call it from
     /// `spawn_blocking` or keep it short.
     pub fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, Error> {
-        let connection = self.connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        f(&connection).map_err(|source| Error::Store { path: self.path.clone(), source })
+        let connection = self
+            .connection
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&connection).map_err(|source| Error::Store {
+            path: self.path.clone(),
+            source,
+        })
     }
 
     /// Runs `f` in one transaction.
-    pub fn write<T>(&self, f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<T>) -> Result<T, Error> {
-        let mut connection = self.connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    pub fn write<T>(
+        &self,
+        f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<T>,
+    ) -> Result<T, Error> {
+        let mut connection = self
+            .connection
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let result = (|| {
             let tx = connection.transaction()?;
             let value = f(&tx)?;
             tx.commit()?;
             Ok(value)
         })();
-        result.map_err(|source| Error::Store { path: self.path.clone(), source })
+        result.map_err(|source| Error::Store {
+            path: self.path.clone(),
+            source,
+        })
     }
 
     /// The stream sequence of the event stored under `key`, if any.
     pub fn key_sequence(&self, key: &str) -> Result<Option<u64>, Error> {
         self.read(|conn| {
-            conn.query_row("SELECT sequence FROM zopu_keys WHERE key = ?1", [key], |row| row.get::<_, i64>(0))
-                .optional()
+            conn.query_row(
+                "SELECT sequence FROM zopu_keys WHERE key = ?1",
+                [key],
+                |row| row.get::<_, i64>(0),
+            )
+            .optional()
         })
         .map(|sequence| sequence.and_then(|s| u64::try_from(s).ok()))
+    }
+
+    /// The stream sequence and event id stored under `key`, if any.
+    pub fn key_entry(&self, key: &str) -> Result<Option<(u64, String)>, Error> {
+        self.read(|conn| {
+            conn.query_row(
+                "SELECT sequence, event_id FROM zopu_keys WHERE key = ?1",
+                [key],
+                |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)),
+            )
+            .optional()
+        })
+        .map(|entry| entry.map(|(sequence, id)| (u64::try_from(sequence).unwrap_or(0), id)))
     }
 
     /// Records a key right after its append was acknowledged.
@@ -141,14 +198,21 @@ impl Store {
     /// Waits until every projection in the file has applied `sequence`.
     pub async fn wait_for(&self, sequence: u64) {
         let mut receiver = self.checkpoints.subscribe();
-        let _ = receiver.wait_for(|checkpoint| *checkpoint >= sequence).await;
+        let _ = receiver
+            .wait_for(|checkpoint| *checkpoint >= sequence)
+            .await;
     }
 
     pub(crate) fn publish_checkpoint(&self) -> Result<(), Error> {
         let low_water = self.read(|conn| {
-            conn.query_row("SELECT COALESCE(MIN(checkpoint), 0) FROM zopu_projection", [], |row| row.get::<_, i64>(0))
+            conn.query_row(
+                "SELECT COALESCE(MIN(checkpoint), 0) FROM zopu_projection",
+                [],
+                |row| row.get::<_, i64>(0),
+            )
         })?;
-        self.checkpoints.send_replace(u64::try_from(low_water).unwrap_or(0));
+        self.checkpoints
+            .send_replace(u64::try_from(low_water).unwrap_or(0));
         Ok(())
     }
 
@@ -194,7 +258,8 @@ impl Store {
             let mut hasher = Sha256::new();
             for table in tables {
                 hasher.update(table.as_bytes());
-                let mut statement = conn.prepare(&format!("SELECT * FROM \"{table}\" ORDER BY 1, 2"))?;
+                let mut statement =
+                    conn.prepare(&format!("SELECT * FROM \"{table}\" ORDER BY 1, 2"))?;
                 let columns = statement.column_count();
                 let mut rows = statement.query([])?;
                 while let Some(row) = rows.next()? {
@@ -250,9 +315,20 @@ impl Projection for KeyIndex {
     fn migrate(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
         tx.execute("DELETE FROM zopu_keys", []).map(|_| ())
     }
-    fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Result<()> {
-        tx.prepare_cached("INSERT OR IGNORE INTO zopu_keys (key, sequence, event_id) VALUES (?1, ?2, ?3)")?
-            .execute(params![event.idempotency_key, sequence as i64, event.id.to_string()])
-            .map(|_| ())
+    fn apply(
+        &mut self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        sequence: u64,
+    ) -> rusqlite::Result<()> {
+        tx.prepare_cached(
+            "INSERT OR IGNORE INTO zopu_keys (key, sequence, event_id) VALUES (?1, ?2, ?3)",
+        )?
+        .execute(params![
+            event.idempotency_key,
+            sequence as i64,
+            event.id.to_string()
+        ])
+        .map(|_| ())
     }
 }

@@ -18,7 +18,10 @@ pub struct StreamSettings {
 
 impl From<&crate::config::CoreConfig> for StreamSettings {
     fn from(config: &crate::config::CoreConfig) -> Self {
-        Self { replicas: config.stream_replicas, duplicate_window: config.duplicate_window }
+        Self {
+            replicas: config.stream_replicas,
+            duplicate_window: config.duplicate_window,
+        }
     }
 }
 
@@ -34,9 +37,11 @@ struct ObjectStoreDefinition {
 
 /// The event stream's configuration from `streams/ZOPU_EVENTS.json`.
 pub fn events_config(settings: &StreamSettings) -> Result<stream::Config, Error> {
-    let mut config: stream::Config = serde_json::from_str(EVENTS_DEFINITION).map_err(|error| {
-        Error::StreamDefinition { file: "streams/ZOPU_EVENTS.json".into(), reason: error.to_string() }
-    })?;
+    let mut config: stream::Config =
+        serde_json::from_str(EVENTS_DEFINITION).map_err(|error| Error::StreamDefinition {
+            file: "streams/ZOPU_EVENTS.json".into(),
+            reason: error.to_string(),
+        })?;
     if config.name != zopu_schema::subjects::EVENTS_STREAM
         || config.subjects != [zopu_schema::subjects::all_events()]
     {
@@ -60,7 +65,14 @@ pub async fn ensure(bus: &Bus, settings: &StreamSettings) -> Result<(), Error> {
 
 async fn ensure_stream(js: &jetstream::Context, wanted: stream::Config) -> Result<(), Error> {
     let existing = match js.get_stream(&wanted.name).await {
-        Ok(mut stream) => Some(stream.info().await.map_err(|e| Error::jetstream("stream info", e))?.config.clone()),
+        Ok(mut stream) => Some(
+            stream
+                .info()
+                .await
+                .map_err(|e| Error::jetstream("stream info", e))?
+                .config
+                .clone(),
+        ),
         Err(error)
             if matches!(error.kind(), jetstream::context::GetStreamErrorKind::JetStream(ref inner)
                 if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
@@ -71,7 +83,9 @@ async fn ensure_stream(js: &jetstream::Context, wanted: stream::Config) -> Resul
     };
     match existing {
         None => {
-            js.create_stream(wanted.clone()).await.map_err(|e| Error::jetstream("create stream", e))?;
+            js.create_stream(wanted.clone())
+                .await
+                .map_err(|e| Error::jetstream("create stream", e))?;
             tracing::info!(stream = %wanted.name, "stream created");
         }
         Some(existing) => {
@@ -82,7 +96,9 @@ async fn ensure_stream(js: &jetstream::Context, wanted: stream::Config) -> Resul
                 || existing.subjects != wanted.subjects
                 || existing.max_message_size != wanted.max_message_size;
             if needs_update {
-                js.update_stream(wanted.clone()).await.map_err(|e| Error::jetstream("update stream", e))?;
+                js.update_stream(wanted.clone())
+                    .await
+                    .map_err(|e| Error::jetstream("update stream", e))?;
                 tracing::info!(stream = %wanted.name, "stream updated");
             }
         }
@@ -93,36 +109,79 @@ async fn ensure_stream(js: &jetstream::Context, wanted: stream::Config) -> Resul
 /// The differences that cannot be fixed in place without losing guarantees.
 pub fn check_drift(existing: &stream::Config, wanted: &stream::Config) -> Result<(), Error> {
     let drift = |field: &'static str, existing: String, wanted: String| {
-        Err(Error::StreamDrift { stream: wanted_name(&wanted), field, existing, wanted })
+        Err(Error::StreamDrift {
+            stream: wanted_name(&wanted),
+            field,
+            existing,
+            wanted,
+        })
     };
     fn wanted_name(_: &str) -> String {
         zopu_schema::subjects::EVENTS_STREAM.to_owned()
     }
     if existing.storage != wanted.storage {
-        return drift("storage", format!("{:?}", existing.storage), format!("{:?}", wanted.storage));
+        return drift(
+            "storage",
+            format!("{:?}", existing.storage),
+            format!("{:?}", wanted.storage),
+        );
     }
     if existing.retention != wanted.retention {
-        return drift("retention", format!("{:?}", existing.retention), format!("{:?}", wanted.retention));
+        return drift(
+            "retention",
+            format!("{:?}", existing.retention),
+            format!("{:?}", wanted.retention),
+        );
     }
     if existing.discard != wanted.discard {
-        return drift("discard", format!("{:?}", existing.discard), format!("{:?}", wanted.discard));
+        return drift(
+            "discard",
+            format!("{:?}", existing.discard),
+            format!("{:?}", wanted.discard),
+        );
     }
     if existing.deny_delete != wanted.deny_delete {
-        return drift("deny_delete", existing.deny_delete.to_string(), wanted.deny_delete.to_string());
+        return drift(
+            "deny_delete",
+            existing.deny_delete.to_string(),
+            wanted.deny_delete.to_string(),
+        );
     }
     if existing.deny_purge != wanted.deny_purge {
-        return drift("deny_purge", existing.deny_purge.to_string(), wanted.deny_purge.to_string());
+        return drift(
+            "deny_purge",
+            existing.deny_purge.to_string(),
+            wanted.deny_purge.to_string(),
+        );
     }
-    if existing.max_age != wanted.max_age || existing.max_messages != wanted.max_messages || existing.max_bytes != wanted.max_bytes {
-        return drift("limits (max_age, max_msgs, max_bytes)", format!("{:?}/{}/{}", existing.max_age, existing.max_messages, existing.max_bytes), format!("{:?}/{}/{}", wanted.max_age, wanted.max_messages, wanted.max_bytes));
+    if existing.max_age != wanted.max_age
+        || existing.max_messages != wanted.max_messages
+        || existing.max_bytes != wanted.max_bytes
+    {
+        return drift(
+            "limits (max_age, max_msgs, max_bytes)",
+            format!(
+                "{:?}/{}/{}",
+                existing.max_age, existing.max_messages, existing.max_bytes
+            ),
+            format!(
+                "{:?}/{}/{}",
+                wanted.max_age, wanted.max_messages, wanted.max_bytes
+            ),
+        );
     }
     Ok(())
 }
 
-async fn ensure_object_store(js: &jetstream::Context, settings: &StreamSettings) -> Result<(), Error> {
-    let definition: ObjectStoreDefinition = serde_json::from_str(ARTIFACTS_DEFINITION).map_err(|error| {
-        Error::StreamDefinition { file: "streams/zopu-artifacts.objectstore.json".into(), reason: error.to_string() }
-    })?;
+async fn ensure_object_store(
+    js: &jetstream::Context,
+    settings: &StreamSettings,
+) -> Result<(), Error> {
+    let definition: ObjectStoreDefinition =
+        serde_json::from_str(ARTIFACTS_DEFINITION).map_err(|error| Error::StreamDefinition {
+            file: "streams/zopu-artifacts.objectstore.json".into(),
+            reason: error.to_string(),
+        })?;
     if definition.bucket != zopu_schema::subjects::ARTIFACTS_BUCKET {
         return Err(Error::StreamDefinition {
             file: "streams/zopu-artifacts.objectstore.json".into(),
@@ -151,7 +210,10 @@ mod tests {
     use super::*;
 
     fn settings() -> StreamSettings {
-        StreamSettings { replicas: 1, duplicate_window: std::time::Duration::from_secs(120) }
+        StreamSettings {
+            replicas: 1,
+            duplicate_window: std::time::Duration::from_secs(120),
+        }
     }
 
     #[test]
@@ -173,7 +235,12 @@ mod tests {
         assert!(error.contains("storage"), "{error}");
         let mut existing = wanted.clone();
         existing.deny_purge = false;
-        assert!(check_drift(&existing, &wanted).unwrap_err().to_string().contains("deny_purge"));
+        assert!(
+            check_drift(&existing, &wanted)
+                .unwrap_err()
+                .to_string()
+                .contains("deny_purge")
+        );
         assert!(check_drift(&wanted, &wanted).is_ok());
     }
 }

@@ -10,6 +10,12 @@ pub fn init(json: bool) {
         .or_else(|| std::env::var("RUST_LOG").ok())
         .and_then(|spec| EnvFilter::try_new(spec).ok())
         .unwrap_or_else(|| EnvFilter::new("info,async_nats=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = if json { builder.json().try_init() } else { builder.compact().try_init() };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.compact().try_init()
+    };
 }

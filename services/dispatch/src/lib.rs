@@ -32,7 +32,9 @@ use std::time::Duration;
 
 use rusqlite::{OptionalExtension, Transaction, params};
 use zopu_core::config::{ConfigError, CoreConfig};
-use zopu_core::{HandlerError, NewEvent, Projection, Reaction, ReactionConfig, ReactionContext, Shutdown, Store};
+use zopu_core::{
+    HandlerError, NewEvent, Projection, Reaction, ReactionConfig, ReactionContext, Shutdown, Store,
+};
 use zopu_schema::{AgentId, DispatchId, Envelope, Event, keys, pb, subjects};
 
 /// Service name (`zopu/dispatch`, `dispatch.sqlite`).
@@ -67,20 +69,35 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Self { max_ack_pending: 1024, max_deliver: 10, handler_timeout: Duration::from_secs(30) }
+        Self {
+            max_ack_pending: 1024,
+            max_deliver: 10,
+            handler_timeout: Duration::from_secs(30),
+        }
     }
 }
 
 impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !(1..=100_000).contains(&self.max_ack_pending) {
-            return Err(ConfigError::setting("dispatch.max_ack_pending", "must be 1..=100000"));
+            return Err(ConfigError::setting(
+                "dispatch.max_ack_pending",
+                "must be 1..=100000",
+            ));
         }
         if !(1..=100).contains(&self.max_deliver) {
-            return Err(ConfigError::setting("dispatch.max_deliver", "must be 1..=100"));
+            return Err(ConfigError::setting(
+                "dispatch.max_deliver",
+                "must be 1..=100",
+            ));
         }
-        if self.handler_timeout < Duration::from_secs(1) || self.handler_timeout > Duration::from_secs(600) {
-            return Err(ConfigError::setting("dispatch.handler_timeout", "must be between 1s and 10m"));
+        if self.handler_timeout < Duration::from_secs(1)
+            || self.handler_timeout > Duration::from_secs(600)
+        {
+            return Err(ConfigError::setting(
+                "dispatch.handler_timeout",
+                "must be between 1s and 10m",
+            ));
         }
         Ok(())
     }
@@ -92,7 +109,10 @@ impl Config {
             handler_timeout: self.handler_timeout,
             ..ReactionConfig::new(
                 subjects::durable(SERVICE, "sources"),
-                SOURCE_TYPES.iter().map(|event_type| subjects::events_of_type(event_type)).collect(),
+                SOURCE_TYPES
+                    .iter()
+                    .map(|event_type| subjects::events_of_type(event_type))
+                    .collect(),
             )
         }
     }
@@ -149,11 +169,18 @@ impl Projection for Bindings {
             );",
         )
     }
-    fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, _sequence: u64) -> rusqlite::Result<()> {
+    fn apply(
+        &mut self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        _sequence: u64,
+    ) -> rusqlite::Result<()> {
         if !event.is::<pb::AgentRegistered>() {
             return Ok(());
         }
-        let Ok(registered) = event.decode::<pb::AgentRegistered>() else { return Ok(()) };
+        let Ok(registered) = event.decode::<pb::AgentRegistered>() else {
+            return Ok(());
+        };
         tx.execute(
             "INSERT INTO dispatch_bindings (org, project, agent_id, global_timeline_id) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT(org, project) DO UPDATE SET agent_id = excluded.agent_id, global_timeline_id = excluded.global_timeline_id",
@@ -194,13 +221,21 @@ pub fn dispatch_id(source: &Envelope, agent: &AgentId) -> DispatchId {
 
 /// Decides what one source event becomes. Pure: the same event and binding
 /// give the same plan (and the same ids and keys).
-pub fn plan(source: &Envelope, sequence: u64, binding: Option<&Binding>) -> Result<Plan, HandlerError> {
+pub fn plan(
+    source: &Envelope,
+    sequence: u64,
+    binding: Option<&Binding>,
+) -> Result<Plan, HandlerError> {
     if !SOURCE_TYPES.contains(&source.event_type.as_str()) {
         return Ok(Plan::Skip("not a dispatched event type"));
     }
     if source.is::<pb::TimelineMessageSent>() {
         let message = source.decode::<pb::TimelineMessageSent>()?;
-        if message.author.as_ref().is_some_and(|author| author.kind() == pb::actor::Kind::Agent) {
+        if message
+            .author
+            .as_ref()
+            .is_some_and(|author| author.kind() == pb::actor::Kind::Agent)
+        {
             return Ok(Plan::Skip("written by an agent"));
         }
     }
@@ -214,13 +249,19 @@ pub fn plan(source: &Envelope, sequence: u64, binding: Option<&Binding>) -> Resu
             agent_id: expected.to_string(),
             reason: Some(pb::FailureReason {
                 code: "dispatch.agent_not_registered".into(),
-                message: "This project has no conversation agent yet; finish project setup first.".into(),
+                message: "This project has no conversation agent yet; finish project setup first."
+                    .into(),
                 retryable: false,
             }),
             attempts: 0,
         };
         return Ok(Plan::NoAgent(
-            NewEvent::caused_by(&source.context(), &failed, keys::dispatch_state(&id, "failed")).with_dispatch(id),
+            NewEvent::caused_by(
+                &source.context(),
+                &failed,
+                keys::dispatch_state(&id, "failed"),
+            )
+            .with_dispatch(id),
         ));
     };
     let created = pb::DispatchCreated {
@@ -231,7 +272,9 @@ pub fn plan(source: &Envelope, sequence: u64, binding: Option<&Binding>) -> Resu
         handler_version: HANDLER_VERSION,
         global_timeline_id: binding.global_timeline_id.clone(),
     };
-    Ok(Plan::Dispatch(NewEvent::caused_by(&source.context(), &created, key).with_dispatch(id)))
+    Ok(Plan::Dispatch(
+        NewEvent::caused_by(&source.context(), &created, key).with_dispatch(id),
+    ))
 }
 
 /// The reaction: one `dispatch.created` per source event.
@@ -275,7 +318,14 @@ impl Reaction for Dispatcher {
             }),
             attempts: 0,
         };
-        Some(NewEvent::caused_by(&event.context(), &failed, keys::dispatch_state(&id, "failed")).with_dispatch(id))
+        Some(
+            NewEvent::caused_by(
+                &event.context(),
+                &failed,
+                keys::dispatch_state(&id, "failed"),
+            )
+            .with_dispatch(id),
+        )
     }
 }
 
@@ -335,16 +385,24 @@ mod tests {
 
     #[test]
     fn a_user_message_becomes_one_stable_dispatch() {
-        let source = envelope(&pb::TimelineMessageSent { text: "how does auth work?".into(), ..Default::default() });
+        let source = envelope(&pb::TimelineMessageSent {
+            text: "how does auth work?".into(),
+            ..Default::default()
+        });
         let binding = bound(&source);
         let first = plan(&source, 7, Some(&binding)).unwrap();
         let second = plan(&source, 7, Some(&binding)).unwrap();
-        let (Plan::Dispatch(first), Plan::Dispatch(second)) = (first, second) else { panic!("not dispatched") };
+        let (Plan::Dispatch(first), Plan::Dispatch(second)) = (first, second) else {
+            panic!("not dispatched")
+        };
         assert_eq!(first.idempotency_key, second.idempotency_key);
         assert_eq!(first.event_id(), second.event_id());
         assert_eq!(first.context.dispatch_id, second.context.dispatch_id);
         assert_eq!(first.context.causation_id, source.id);
-        assert_eq!(first.idempotency_key, format!("event:{}:agent:{}:handler:1", source.id, binding.agent_id));
+        assert_eq!(
+            first.idempotency_key,
+            format!("event:{}:agent:{}:handler:1", source.id, binding.agent_id)
+        );
         let created = pb::DispatchCreated::decode(first.data).unwrap();
         assert_eq!(created.source_stream_sequence, 7);
         assert_eq!(created.global_timeline_id, "timeline-1");
@@ -357,7 +415,9 @@ mod tests {
         let thread = zopu_schema::ThreadId::new();
         source.work_id = Some(work);
         source.thread_id = Some(thread);
-        let Plan::Dispatch(created) = plan(&source, 1, Some(&bound(&source))).unwrap() else { panic!() };
+        let Plan::Dispatch(created) = plan(&source, 1, Some(&bound(&source))).unwrap() else {
+            panic!()
+        };
         assert_eq!(created.context.work_id, Some(work));
         assert_eq!(created.context.thread_id, Some(thread));
     }
@@ -366,18 +426,32 @@ mod tests {
     fn agent_messages_are_not_dispatched_back() {
         let source = envelope(&pb::TimelineMessageSent {
             text: "echo".into(),
-            author: Some(pb::Actor { kind: pb::actor::Kind::Agent as i32, id: "conversation:acme:x".into() }),
+            author: Some(pb::Actor {
+                kind: pb::actor::Kind::Agent as i32,
+                id: "conversation:acme:x".into(),
+            }),
             ..Default::default()
         });
-        assert!(matches!(plan(&source, 1, Some(&bound(&source))).unwrap(), Plan::Skip(_)));
+        assert!(matches!(
+            plan(&source, 1, Some(&bound(&source))).unwrap(),
+            Plan::Skip(_)
+        ));
         let other = envelope(&pb::AgentMessage::default());
-        assert!(matches!(plan(&other, 1, Some(&bound(&other))).unwrap(), Plan::Skip(_)));
+        assert!(matches!(
+            plan(&other, 1, Some(&bound(&other))).unwrap(),
+            Plan::Skip(_)
+        ));
     }
 
     #[test]
     fn no_agent_is_a_visible_failure() {
-        let source = envelope(&pb::TimelineMessageSent { text: "hi".into(), ..Default::default() });
-        let Plan::NoAgent(failed) = plan(&source, 1, None).unwrap() else { panic!() };
+        let source = envelope(&pb::TimelineMessageSent {
+            text: "hi".into(),
+            ..Default::default()
+        });
+        let Plan::NoAgent(failed) = plan(&source, 1, None).unwrap() else {
+            panic!()
+        };
         assert_eq!(failed.event_type, pb::DispatchFailed::TYPE);
         assert!(failed.idempotency_key.ends_with(":state:failed"));
     }
@@ -385,7 +459,13 @@ mod tests {
     #[test]
     fn config_names_the_bad_key() {
         assert!(Config::default().validate().is_ok());
-        let error = Config { max_deliver: 0, ..Config::default() }.validate().unwrap_err().to_string();
+        let error = Config {
+            max_deliver: 0,
+            ..Config::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
         assert!(error.contains("dispatch.max_deliver"), "{error}");
     }
 }

@@ -22,12 +22,12 @@ use zopu_schema::{AgentId, Event, EventId, OrgId, ProjectId, keys, pb, subjects}
 use crate::AppState;
 use crate::http::{ApiError, ApiJson, Caller, ErrorBody, RequestId, parse_json};
 use crate::read_model::{
-    ArtifactRecord, ArtifactView, ProjectView, SummaryView, ThreadView, TimelineItem, WorkView, queries, setup_state,
+    ArtifactRecord, ArtifactView, ProjectView, SummaryView, ThreadView, TimelineItem, WorkView,
+    queries, setup_state,
 };
 
 /// Content-Security-Policy of stored artifact HTML: no scripts at all.
-pub const ARTIFACT_CSP: &str =
-    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'self'";
+pub const ARTIFACT_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'self'";
 /// Longest message text, in characters.
 pub const MESSAGE_TEXT_MAX_CHARS: usize = 8000;
 /// Longest project name, in characters.
@@ -50,7 +50,10 @@ struct BearerAuth;
 impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
     }
 }
 
@@ -77,7 +80,10 @@ pub fn router(state: AppState) -> Router {
     let body_max = state.config.body_max_bytes;
     let cors = cors_layer(&state.config.cors_allowed_origins);
     let api = api
-        .route("/openapi.json", get(move || async move { ([(CONTENT_TYPE, "application/json")], openapi_json) }))
+        .route(
+            "/openapi.json",
+            get(move || async move { ([(CONTENT_TYPE, "application/json")], openapi_json) }),
+        )
         .route("/healthz", get(healthz))
         .layer(axum::middleware::map_response(api_headers));
     let app = api
@@ -96,27 +102,44 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     if origins.is_empty() {
         return None;
     }
-    let origins: Vec<HeaderValue> = origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
+    let origins: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
     Some(
         tower_http::cors::CorsLayer::new()
             .allow_origin(origins)
             .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
-            .allow_headers([axum::http::header::AUTHORIZATION, CONTENT_TYPE, crate::http::REQUEST_ID])
+            .allow_headers([
+                axum::http::header::AUTHORIZATION,
+                CONTENT_TYPE,
+                crate::http::REQUEST_ID,
+            ])
             .expose_headers([crate::http::REQUEST_ID]),
     )
 }
 
 async fn api_headers(mut response: Response) -> Response {
     let headers = response.headers_mut();
-    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
-    headers.entry(CACHE_CONTROL).or_insert(HeaderValue::from_static("no-store"));
+    headers.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    headers
+        .entry(CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
     response
 }
 
 async fn healthz(State(state): State<AppState>) -> Response {
-    let connected = state.runtime.bus.client.connection_state() == async_nats::connection::State::Connected;
+    let connected =
+        state.runtime.bus.client.connection_state() == async_nats::connection::State::Connected;
     let body = serde_json::json!({ "status": if connected { "ok" } else { "degraded" }, "nats": connected, "checkpoint": state.runtime.store.checkpoint() });
-    let status = if connected { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let status = if connected {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     (status, axum::Json(body)).into_response()
 }
 
@@ -140,11 +163,16 @@ fn project_id(raw: &str) -> Result<ProjectId, ApiError> {
 }
 
 /// The caller's project, or 404 (also for another organization's).
-pub(crate) async fn owned_project(state: &AppState, org: &OrgId, raw: &str) -> Result<(ProjectId, ProjectView), ApiError> {
+pub(crate) async fn owned_project(
+    state: &AppState,
+    org: &OrgId,
+    raw: &str,
+) -> Result<(ProjectId, ProjectView), ApiError> {
     let project = project_id(raw)?;
     let org = org.clone();
     let view = read(state, move |conn| queries::project(conn, &org, &project)).await?;
-    view.map(|view| (project, view)).ok_or_else(|| ApiError::not_found("project"))
+    view.map(|view| (project, view))
+        .ok_or_else(|| ApiError::not_found("project"))
 }
 
 /// The idempotency key of an event a gateway request causes:
@@ -166,16 +194,25 @@ pub struct Accepted {
     pub request_id: String,
 }
 
-async fn append(state: &AppState, event: NewEvent, request: &RequestId) -> Result<Accepted, ApiError> {
+async fn append(
+    state: &AppState,
+    event: NewEvent,
+    request: &RequestId,
+) -> Result<Accepted, ApiError> {
     let event_type = event.event_type;
-    let appended = tokio::time::timeout(state.config.request_timeout, state.runtime.publisher.append(event))
-        .await
-        .map_err(|_| ApiError::unavailable("event log", format!("append of {event_type} timed out")))?
-        .map_err(|error| ApiError::unavailable("event log", error))?;
+    let appended = tokio::time::timeout(
+        state.config.request_timeout,
+        state.runtime.publisher.append(event),
+    )
+    .await
+    .map_err(|_| ApiError::unavailable("event log", format!("append of {event_type} timed out")))?
+    .map_err(|error| ApiError::unavailable("event log", error))?;
     let mut event_id = appended.event_id;
     if appended.duplicate {
         // A root event's id depends on when it was requested: report the stored one.
-        if let Ok(stored) = zopu_core::publish::get_event(&state.runtime.bus, appended.sequence).await {
+        if let Ok(stored) =
+            zopu_core::publish::get_event(&state.runtime.bus, appended.sequence).await
+        {
             event_id = stored.id;
         }
     }
@@ -189,18 +226,33 @@ async fn append(state: &AppState, event: NewEvent, request: &RequestId) -> Resul
 }
 
 fn user(caller: &Caller) -> pb::Actor {
-    pb::Actor { kind: pb::actor::Kind::User as i32, id: caller.0.user.clone() }
+    pb::Actor {
+        kind: pb::actor::Kind::User as i32,
+        id: caller.0.user.clone(),
+    }
 }
 
 fn check_text(field: &str, value: &str, max_chars: usize, required: bool) -> Result<(), ApiError> {
     if required && value.trim().is_empty() {
-        return Err(ApiError::invalid(field, format!("{field} must not be empty")));
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} must not be empty"),
+        ));
     }
     if value.chars().count() > max_chars {
-        return Err(ApiError::invalid(field, format!("{field} must be at most {max_chars} characters")));
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} must be at most {max_chars} characters"),
+        ));
     }
-    if value.chars().any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r') {
-        return Err(ApiError::invalid(field, format!("{field} contains control characters")));
+    if value
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r')
+    {
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} contains control characters"),
+        ));
     }
     Ok(())
 }
@@ -210,7 +262,11 @@ fn query_error(rejection: QueryRejection) -> ApiError {
     // "Failed to deserialize query string: limit: invalid digit found in string"
     let detail = text.split_once(": ").map(|(_, rest)| rest).unwrap_or(&text);
     let field = detail.split_once(": ").map(|(field, _)| field.to_owned());
-    let error = ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", format!("invalid query string: {detail}"));
+    let error = ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_query",
+        format!("invalid query string: {detail}"),
+    );
     match field {
         Some(field) if !field.contains(' ') => error.field(field),
         _ => error.field("query"),
@@ -219,9 +275,19 @@ fn query_error(rejection: QueryRejection) -> ApiError {
 
 fn body_error(rejection: BytesRejection) -> ApiError {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", "the request body is larger than allowed").field("body")
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "the request body is larger than allowed",
+        )
+        .field("body")
     } else {
-        ApiError::new(StatusCode::BAD_REQUEST, "unreadable_body", "the request body could not be read").field("body")
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "unreadable_body",
+            "the request body could not be read",
+        )
+        .field("body")
     }
 }
 
@@ -256,12 +322,18 @@ pub struct ProjectList {
 }
 
 /// The repository location and branch as the setup service will see them.
-fn validate_repository(body: &CreateProject, allow_local: bool) -> Result<(String, String, String), ApiError> {
+fn validate_repository(
+    body: &CreateProject,
+    allow_local: bool,
+) -> Result<(String, String, String), ApiError> {
     use zopu_sandbox::git::{BranchName, Error as GitError, RepositoryLocation};
-    let location = RepositoryLocation::parse(&body.repository, allow_local).map_err(|error| match error {
-        GitError::InvalidLocation(problem) => ApiError::invalid("repository", problem.to_string()),
-        other => ApiError::invalid("repository", other.to_string()),
-    })?;
+    let location =
+        RepositoryLocation::parse(&body.repository, allow_local).map_err(|error| match error {
+            GitError::InvalidLocation(problem) => {
+                ApiError::invalid("repository", problem.to_string())
+            }
+            other => ApiError::invalid("repository", other.to_string()),
+        })?;
     let repository = match &location {
         RepositoryLocation::Https { url, .. } => url.clone(),
         RepositoryLocation::Local { path, .. } => path.display().to_string(),
@@ -300,9 +372,12 @@ async fn create_project(
     request: RequestId,
     ApiJson(body): ApiJson<CreateProject>,
 ) -> Result<Response, ApiError> {
-    let (repository, branch, name) = validate_repository(&body, state.config.allow_local_repositories)?;
+    let (repository, branch, name) =
+        validate_repository(&body, state.config.allow_local_repositories)?;
     // A retried request (same X-Request-Id) finds the project it created instead of making another.
-    let project = existing_project_for_request(&state, &caller.0.org, &request).await?.unwrap_or_default();
+    let project = existing_project_for_request(&state, &caller.0.org, &request)
+        .await?
+        .unwrap_or_default();
     let payload = pb::ProjectSetupRequested {
         repository_url: repository,
         branch,
@@ -311,7 +386,13 @@ async fn create_project(
         requested_by: Some(user(&caller)),
         repository_connection_id: String::new(),
     };
-    let event = NewEvent::root(caller.0.org.clone(), project, &payload, keys::setup_request(&project, 1), Some(request.0.clone()));
+    let event = NewEvent::root(
+        caller.0.org.clone(),
+        project,
+        &payload,
+        keys::setup_request(&project, 1),
+        Some(request.0.clone()),
+    );
     let accepted = append(&state, event, &request).await?;
     let created = ProjectCreated {
         project_id: project.to_string(),
@@ -329,7 +410,11 @@ async fn create_project(
 }
 
 /// A project already created by this organization under the same request id.
-async fn existing_project_for_request(state: &AppState, org: &OrgId, request: &RequestId) -> Result<Option<ProjectId>, ApiError> {
+async fn existing_project_for_request(
+    state: &AppState,
+    org: &OrgId,
+    request: &RequestId,
+) -> Result<Option<ProjectId>, ApiError> {
     let correlation = request.0.to_string();
     let org = org.clone();
     read(state, move |conn| {
@@ -348,17 +433,29 @@ async fn existing_project_for_request(state: &AppState, org: &OrgId, request: &R
 /// The caller's organization's projects, newest first.
 #[utoipa::path(get, path = "/v1/projects", tag = "projects",
     responses((status = 200, body = ProjectList), (status = 401, body = ErrorBody)), security(("bearer" = [])))]
-async fn list_projects(State(state): State<AppState>, caller: Caller) -> Result<axum::Json<ProjectList>, ApiError> {
+async fn list_projects(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<axum::Json<ProjectList>, ApiError> {
     let org = caller.0.org.clone();
-    let projects = read(&state, move |conn| queries::projects(conn, &org, PROJECTS_LIST_MAX)).await?;
+    let projects = read(&state, move |conn| {
+        queries::projects(conn, &org, PROJECTS_LIST_MAX)
+    })
+    .await?;
     Ok(axum::Json(ProjectList { projects }))
 }
 
 /// A project with its setup status (creating_workspace → cloning → checking → ready, or failed).
 #[utoipa::path(get, path = "/v1/projects/{id}", tag = "projects", params(("id" = String, Path, description = "Project id")),
     responses((status = 200, body = ProjectView), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
-async fn get_project(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<axum::Json<ProjectView>, ApiError> {
-    owned_project(&state, &caller.0.org, &id).await.map(|(_, view)| axum::Json(view))
+async fn get_project(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<axum::Json<ProjectView>, ApiError> {
+    owned_project(&state, &caller.0.org, &id)
+        .await
+        .map(|(_, view)| axum::Json(view))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -381,7 +478,10 @@ async fn retry_setup(
 ) -> Result<Response, ApiError> {
     let (project, view) = owned_project(&state, &caller.0.org, &id).await?;
     if view.setup.state != setup_state::FAILED {
-        return Err(ApiError::conflict(format!("setup is {}; only a failed setup can be retried", view.setup.state)));
+        return Err(ApiError::conflict(format!(
+            "setup is {}; only a failed setup can be retried",
+            view.setup.state
+        )));
     }
     let revision = view.setup.revision + 1;
     let payload = pb::ProjectSetupRequested {
@@ -393,9 +493,20 @@ async fn retry_setup(
         repository_connection_id: String::new(),
     };
     // Keyed by revision: two concurrent retries of the same failure store one request.
-    let event = NewEvent::root(caller.0.org.clone(), project, &payload, keys::setup_request(&project, revision), Some(request.0.clone()));
+    let event = NewEvent::root(
+        caller.0.org.clone(),
+        project,
+        &payload,
+        keys::setup_request(&project, revision),
+        Some(request.0.clone()),
+    );
     let accepted = append(&state, event, &request).await?;
-    let body = SetupRetried { setup_revision: revision, event_id: accepted.event_id, sequence: accepted.sequence, request_id: accepted.request_id };
+    let body = SetupRetried {
+        setup_revision: revision,
+        event_id: accepted.event_id,
+        sequence: accepted.sequence,
+        request_id: accepted.request_id,
+    };
     Ok((StatusCode::ACCEPTED, axum::Json(body)).into_response())
 }
 
@@ -426,7 +537,9 @@ async fn send_message(
 ) -> Result<Response, ApiError> {
     check_text("text", &body.text, MESSAGE_TEXT_MAX_CHARS, true)?;
     if let Some(reply_to) = &body.reply_to_event_id {
-        reply_to.parse::<EventId>().map_err(|error| ApiError::invalid("reply_to_event_id", error.to_string()))?;
+        reply_to
+            .parse::<EventId>()
+            .map_err(|error| ApiError::invalid("reply_to_event_id", error.to_string()))?;
     }
     let (project, _) = owned_project(&state, &caller.0.org, &id).await?;
     let payload = pb::TimelineMessageSent {
@@ -436,7 +549,13 @@ async fn send_message(
         reply_to_event_id: body.reply_to_event_id.unwrap_or_default(),
     };
     let key = request_key(&project, &request, "message");
-    let event = NewEvent::root(caller.0.org.clone(), project, &payload, key, Some(request.0.clone()));
+    let event = NewEvent::root(
+        caller.0.org.clone(),
+        project,
+        &payload,
+        key,
+        Some(request.0.clone()),
+    );
     let accepted = append(&state, event, &request).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(accepted)).into_response())
 }
@@ -468,12 +587,26 @@ async fn send_action(
     let (project, _) = owned_project(&state, &caller.0.org, &id).await?;
     let org = caller.0.org.clone();
     let artifact_id = body.artifact_id.clone();
-    let found = read(&state, move |conn| queries::artifact(conn, &org, &artifact_id, None)).await?;
-    let Some((record, view)) = found.filter(|(record, _)| record.project_id == project.to_string()) else {
-        return Err(ApiError::invalid("artifact_id", "no such artifact in this project"));
+    let found = read(&state, move |conn| {
+        queries::artifact(conn, &org, &artifact_id, None)
+    })
+    .await?;
+    let Some((record, view)) = found.filter(|(record, _)| record.project_id == project.to_string())
+    else {
+        return Err(ApiError::invalid(
+            "artifact_id",
+            "no such artifact in this project",
+        ));
     };
-    if !view.actions.iter().any(|action| action.id == body.action_id) {
-        return Err(ApiError::invalid("action_id", "the artifact card has no such action"));
+    if !view
+        .actions
+        .iter()
+        .any(|action| action.id == body.action_id)
+    {
+        return Err(ApiError::invalid(
+            "action_id",
+            "the artifact card has no such action",
+        ));
     }
     let payload = pb::TimelineActionSent {
         timeline_id: "global".into(),
@@ -481,7 +614,13 @@ async fn send_action(
         artifact_id: record.artifact_id,
         author: Some(user(&caller)),
     };
-    let event = NewEvent::root(caller.0.org.clone(), project, &payload, request_key(&project, &request, "action"), Some(request.0.clone()));
+    let event = NewEvent::root(
+        caller.0.org.clone(),
+        project,
+        &payload,
+        request_key(&project, &request, "action"),
+        Some(request.0.clone()),
+    );
     let accepted = append(&state, event, &request).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(accepted)).into_response())
 }
@@ -513,7 +652,12 @@ fn page_params(state: &AppState, query: &TimelineQuery) -> Result<(u64, usize), 
     let max = state.config.timeline_page_max;
     let limit = query.limit.unwrap_or(max);
     if limit == 0 || limit > max {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", format!("limit must be between 1 and {max}")).field("limit"));
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            format!("limit must be between 1 and {max}"),
+        )
+        .field("limit"));
     }
     Ok((query.after.unwrap_or(0), limit))
 }
@@ -528,10 +672,18 @@ async fn timeline_page(
 ) -> Result<axum::Json<TimelinePage>, ApiError> {
     let (after, limit) = page_params(state, &query)?;
     let org = org.clone();
-    let items = read(state, move |conn| queries::timeline(conn, &org, &project, work.as_deref(), after, limit)).await?;
+    let items = read(state, move |conn| {
+        queries::timeline(conn, &org, &project, work.as_deref(), after, limit)
+    })
+    .await?;
     let next_after = items.last().map_or(after, |item| item.sequence);
     let more = items.len() == limit;
-    Ok(axum::Json(TimelinePage { items, next_after, more, running }))
+    Ok(axum::Json(TimelinePage {
+        items,
+        next_after,
+        more,
+        running,
+    }))
 }
 
 /// The global timeline: messages, acknowledgements, agent posts, Work cards, flow state, artifact cards.
@@ -549,14 +701,24 @@ async fn global_timeline(
     timeline_page(&state, &caller.0.org, project, view.running, None, query).await
 }
 
-async fn owned_work(state: &AppState, org: &OrgId, project: &str, work: &str) -> Result<(ProjectView, WorkView), ApiError> {
+async fn owned_work(
+    state: &AppState,
+    org: &OrgId,
+    project: &str,
+    work: &str,
+) -> Result<(ProjectView, WorkView), ApiError> {
     let (project, view) = owned_project(state, org, project).await?;
     if work.parse::<zopu_schema::WorkId>().is_err() {
         return Err(ApiError::not_found("work"));
     }
     let (org, work) = (org.clone(), work.to_owned());
-    let found = read(state, move |conn| queries::work(conn, &org, &project, &work)).await?;
-    found.map(|work| (view, work)).ok_or_else(|| ApiError::not_found("work"))
+    let found = read(state, move |conn| {
+        queries::work(conn, &org, &project, &work)
+    })
+    .await?;
+    found
+        .map(|work| (view, work))
+        .ok_or_else(|| ApiError::not_found("work"))
 }
 
 /// A Work.
@@ -568,7 +730,9 @@ async fn get_work(
     caller: Caller,
     Path((id, work_id)): Path<(String, String)>,
 ) -> Result<axum::Json<WorkView>, ApiError> {
-    owned_work(&state, &caller.0.org, &id, &work_id).await.map(|(_, work)| axum::Json(work))
+    owned_work(&state, &caller.0.org, &id, &work_id)
+        .await
+        .map(|(_, work)| axum::Json(work))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -588,7 +752,10 @@ async fn list_threads(
     let (_, work) = owned_work(&state, &caller.0.org, &id, &work_id).await?;
     let project = project_id(&id)?;
     let org = caller.0.org.clone();
-    let threads = read(&state, move |conn| queries::threads(conn, &org, &project, &work.work_id)).await?;
+    let threads = read(&state, move |conn| {
+        queries::threads(conn, &org, &project, &work.work_id)
+    })
+    .await?;
     Ok(axum::Json(ThreadList { threads }))
 }
 
@@ -605,7 +772,15 @@ async fn work_timeline(
     let Query(query) = query.map_err(query_error)?;
     let (view, work) = owned_work(&state, &caller.0.org, &id, &work_id).await?;
     let project = project_id(&view.project_id)?;
-    timeline_page(&state, &caller.0.org, project, view.running, Some(work.work_id), query).await
+    timeline_page(
+        &state,
+        &caller.0.org,
+        project,
+        view.running,
+        Some(work.work_id),
+        query,
+    )
+    .await
 }
 
 // ---------------------------------------------------------------- artifacts
@@ -641,16 +816,38 @@ async fn get_artifact(
         return Err(ApiError::not_found("artifact"));
     }
     let (artifact_id, revision) = (id.clone(), query.revision);
-    let found = read(&state, move |conn| queries::artifact(conn, &org, &artifact_id, revision)).await?;
+    let found = read(&state, move |conn| {
+        queries::artifact(conn, &org, &artifact_id, revision)
+    })
+    .await?;
     let (record, _) = found.ok_or_else(|| ApiError::not_found("artifact"))?;
-    let html = read_blob(&state, &record.bucket, &record.object_name, &record.sha256, record.size_bytes).await?;
+    let html = read_blob(
+        &state,
+        &record.bucket,
+        &record.object_name,
+        &record.sha256,
+        record.size_bytes,
+    )
+    .await?;
     let mut response = (StatusCode::OK, html).into_response();
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
-    headers.insert("content-security-policy", HeaderValue::from_static(ARTIFACT_CSP));
-    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    headers.insert(
+        "content-security-policy",
+        HeaderValue::from_static(ARTIFACT_CSP),
+    );
+    headers.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     headers.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("private, max-age=300"));
+    headers.insert(
+        CACHE_CONTROL,
+        HeaderValue::from_static("private, max-age=300"),
+    );
     if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", record.sha256)) {
         headers.insert("etag", etag);
     }
@@ -658,35 +855,68 @@ async fn get_artifact(
 }
 
 /// Who may read the artifact: the bearer token's org, or a valid signed link's.
-async fn artifact_caller(state: &AppState, headers: &HeaderMap, id: &str, query: &ArtifactQuery) -> Result<OrgId, ApiError> {
+async fn artifact_caller(
+    state: &AppState,
+    headers: &HeaderMap,
+    id: &str,
+    query: &ArtifactQuery,
+) -> Result<OrgId, ApiError> {
     let has_header = headers.contains_key(axum::http::header::AUTHORIZATION);
     if has_header {
-        let value = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
-        let token = value.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")).map(|(_, t)| t.trim());
+        let value = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let token = value
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim());
         let token = token.ok_or_else(ApiError::unauthorized)?;
-        return crate::http::authenticate(state, token).await.map(|principal| principal.org);
+        return crate::http::authenticate(state, token)
+            .await
+            .map(|principal| principal.org);
     }
-    let (Some(org), Some(expires), Some(signature), Some(revision)) = (&query.org, query.expires, &query.signature, query.revision) else {
+    let (Some(org), Some(expires), Some(signature), Some(revision)) =
+        (&query.org, query.expires, &query.signature, query.revision)
+    else {
         return Err(ApiError::unauthorized());
     };
     let org: OrgId = org.parse().map_err(|_| ApiError::unauthorized())?;
     let now = time::OffsetDateTime::now_utc().unix_timestamp().max(0) as u64;
     let expected = link_signature(&state.link_key, &org, id, revision, expires);
     if expires < now || !constant_time_eq(expected.as_bytes(), signature.as_bytes()) {
-        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "link_expired", "the artifact link is invalid or has expired; open it again from the timeline"));
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "link_expired",
+            "the artifact link is invalid or has expired; open it again from the timeline",
+        ));
     }
     Ok(org)
 }
 
 /// Reads a blob from the object store, refusing it unless size and SHA-256 match.
-pub(crate) async fn read_blob(state: &AppState, bucket: &str, name: &str, sha256: &str, size: u64) -> Result<Vec<u8>, ApiError> {
+pub(crate) async fn read_blob(
+    state: &AppState,
+    bucket: &str,
+    name: &str,
+    sha256: &str,
+    size: u64,
+) -> Result<Vec<u8>, ApiError> {
     if bucket != subjects::ARTIFACTS_BUCKET {
         tracing::error!(bucket, "artifact reference names an unexpected bucket");
-        return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "integrity_error", "the stored artifact reference is invalid"));
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "integrity_error",
+            "the stored artifact reference is invalid",
+        ));
     }
     let max = state.config.artifact_max_bytes;
     if size > max {
-        return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "too_large", "the stored artifact is larger than this gateway serves"));
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "too_large",
+            "the stored artifact is larger than this gateway serves",
+        ));
     }
     let fetch = async {
         let store = state
@@ -704,7 +934,11 @@ pub(crate) async fn read_blob(state: &AppState, bucket: &str, name: &str, sha256
             }
         })?;
         let mut bytes = Vec::with_capacity(size as usize);
-        (&mut object).take(max + 1).read_to_end(&mut bytes).await.map_err(|error| ApiError::unavailable("artifact store", error))?;
+        (&mut object)
+            .take(max + 1)
+            .read_to_end(&mut bytes)
+            .await
+            .map_err(|error| ApiError::unavailable("artifact store", error))?;
         Ok::<_, ApiError>(bytes)
     };
     let bytes = tokio::time::timeout(state.config.request_timeout, fetch)
@@ -713,7 +947,11 @@ pub(crate) async fn read_blob(state: &AppState, bucket: &str, name: &str, sha256
     let digest = sha256_hex(&bytes);
     if bytes.len() as u64 != size || digest != sha256 {
         tracing::error!(bucket, name, expected = sha256, found = %digest, "artifact digest mismatch; refusing to serve it");
-        return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "integrity_error", "the stored artifact failed its integrity check"));
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "integrity_error",
+            "the stored artifact failed its integrity check",
+        ));
     }
     Ok(bytes)
 }
@@ -754,20 +992,44 @@ async fn artifact_link(
     }
     let org = caller.0.org.clone();
     let (artifact_id, revision) = (id.clone(), query.revision);
-    let found = read(&state, move |conn| queries::artifact(conn, &org, &artifact_id, revision)).await?;
-    let (record, view): (ArtifactRecord, ArtifactView) = found.ok_or_else(|| ApiError::not_found("artifact"))?;
-    let expires = time::OffsetDateTime::now_utc().unix_timestamp().max(0) as u64 + state.config.artifact_link_ttl.as_secs();
+    let found = read(&state, move |conn| {
+        queries::artifact(conn, &org, &artifact_id, revision)
+    })
+    .await?;
+    let (record, view): (ArtifactRecord, ArtifactView) =
+        found.ok_or_else(|| ApiError::not_found("artifact"))?;
+    let expires = time::OffsetDateTime::now_utc().unix_timestamp().max(0) as u64
+        + state.config.artifact_link_ttl.as_secs();
     let org = &caller.0.org;
-    let signature = link_signature(&state.link_key, org, &record.artifact_id, record.revision, expires);
+    let signature = link_signature(
+        &state.link_key,
+        org,
+        &record.artifact_id,
+        record.revision,
+        expires,
+    );
     let url = format!(
         "/v1/artifacts/{}?revision={}&org={org}&expires={expires}&signature={signature}",
         record.artifact_id, record.revision
     );
-    Ok(axum::Json(ArtifactLink { url, expires_at: expires, artifact: view }))
+    Ok(axum::Json(ArtifactLink {
+        url,
+        expires_at: expires,
+        artifact: view,
+    }))
 }
 
-fn link_signature(key: &[u8; 32], org: &OrgId, artifact: &str, revision: u32, expires: u64) -> String {
-    hex::encode(hmac_sha256(key, format!("{org}\n{artifact}\n{revision}\n{expires}").as_bytes()))
+fn link_signature(
+    key: &[u8; 32],
+    org: &OrgId,
+    artifact: &str,
+    revision: u32,
+    expires: u64,
+) -> String {
+    hex::encode(hmac_sha256(
+        key,
+        format!("{org}\n{artifact}\n{revision}\n{expires}").as_bytes(),
+    ))
 }
 
 /// HMAC-SHA256 (RFC 2104) over a 32-byte key.
@@ -778,8 +1040,15 @@ fn hmac_sha256(key: &[u8; 32], message: &[u8]) -> [u8; 32] {
         inner_key[index] ^= byte;
         outer_key[index] ^= byte;
     }
-    let inner = Sha256::new().chain_update(inner_key).chain_update(message).finalize();
-    Sha256::new().chain_update(outer_key).chain_update(inner).finalize().into()
+    let inner = Sha256::new()
+        .chain_update(inner_key)
+        .chain_update(message)
+        .finalize();
+    Sha256::new()
+        .chain_update(outer_key)
+        .chain_update(inner)
+        .finalize()
+        .into()
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -791,15 +1060,28 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// The current project summary (summary.md).
 #[utoipa::path(get, path = "/v1/projects/{id}/summary", tag = "projects", params(("id" = String, Path, description = "Project id")),
     responses((status = 200, body = SummaryView), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)), security(("bearer" = [])))]
-async fn get_summary(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<axum::Json<SummaryView>, ApiError> {
+async fn get_summary(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<axum::Json<SummaryView>, ApiError> {
     let (project, _) = owned_project(&state, &caller.0.org, &id).await?;
     let org = caller.0.org.clone();
-    let record = read(&state, move |conn| queries::summary(conn, &org, &project)).await?.ok_or_else(|| ApiError::not_found("summary"))?;
+    let record = read(&state, move |conn| queries::summary(conn, &org, &project))
+        .await?
+        .ok_or_else(|| ApiError::not_found("summary"))?;
     let mut view = record.view;
     if view.body.is_empty()
         && let Some(blob) = record.blob
     {
-        let bytes = read_blob(&state, &blob.bucket, &blob.name, &blob.sha256, blob.size_bytes).await?;
+        let bytes = read_blob(
+            &state,
+            &blob.bucket,
+            &blob.name,
+            &blob.sha256,
+            blob.size_bytes,
+        )
+        .await?;
         view.body = String::from_utf8_lossy(&bytes).into_owned();
     }
     Ok(axum::Json(view))
@@ -823,20 +1105,50 @@ pub struct AgentSwitched {
     pub request_id: String,
 }
 
-async fn switch_agent(state: AppState, caller: Caller, request: RequestId, id: String, body: Result<Bytes, BytesRejection>, enable: bool) -> Result<Response, ApiError> {
+async fn switch_agent(
+    state: AppState,
+    caller: Caller,
+    request: RequestId,
+    id: String,
+    body: Result<Bytes, BytesRejection>,
+    enable: bool,
+) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
-    let switch: AgentSwitch = if body.iter().all(u8::is_ascii_whitespace) { AgentSwitch::default() } else { parse_json(&body)? };
+    let switch: AgentSwitch = if body.iter().all(u8::is_ascii_whitespace) {
+        AgentSwitch::default()
+    } else {
+        parse_json(&body)?
+    };
     let reason = switch.reason.unwrap_or_default();
     check_text("reason", &reason, REASON_MAX_CHARS, false)?;
     let (project, _) = owned_project(&state, &caller.0.org, &id).await?;
     let agent = AgentId::conversation(&caller.0.org, &project);
     let by = Some(user(&caller));
     let event = if enable {
-        let payload = pb::AgentEnabled { agent_id: agent.to_string(), by };
-        NewEvent::root(caller.0.org.clone(), project, &payload, request_key(&project, &request, pb::AgentEnabled::TYPE), Some(request.0.clone()))
+        let payload = pb::AgentEnabled {
+            agent_id: agent.to_string(),
+            by,
+        };
+        NewEvent::root(
+            caller.0.org.clone(),
+            project,
+            &payload,
+            request_key(&project, &request, pb::AgentEnabled::TYPE),
+            Some(request.0.clone()),
+        )
     } else {
-        let payload = pb::AgentDisabled { agent_id: agent.to_string(), reason, by };
-        NewEvent::root(caller.0.org.clone(), project, &payload, request_key(&project, &request, pb::AgentDisabled::TYPE), Some(request.0.clone()))
+        let payload = pb::AgentDisabled {
+            agent_id: agent.to_string(),
+            reason,
+            by,
+        };
+        NewEvent::root(
+            caller.0.org.clone(),
+            project,
+            &payload,
+            request_key(&project, &request, pb::AgentDisabled::TYPE),
+            Some(request.0.clone()),
+        )
     };
     let accepted = append(&state, event, &request).await?;
     let body = AgentSwitched {
@@ -903,16 +1215,24 @@ mod tests {
         };
         let error = validate_repository(&body("ext::sh -c x", None), false).unwrap_err();
         assert_eq!(error.field.as_deref(), Some("repository"));
-        let error = validate_repository(&body("https://example.com/a/b.git", Some("-x")), false).unwrap_err();
+        let error = validate_repository(&body("https://example.com/a/b.git", Some("-x")), false)
+            .unwrap_err();
         assert_eq!(error.field.as_deref(), Some("branch"));
-        let (url, branch, name) = validate_repository(&body("https://example.com/a/b.git", None), false).unwrap();
-        assert_eq!((url.as_str(), branch.as_str(), name.as_str()), ("https://example.com/a/b.git", "main", "b"));
+        let (url, branch, name) =
+            validate_repository(&body("https://example.com/a/b.git", None), false).unwrap();
+        assert_eq!(
+            (url.as_str(), branch.as_str(), name.as_str()),
+            ("https://example.com/a/b.git", "main", "b")
+        );
     }
 
     #[test]
     fn json_errors_name_the_field() {
         let error = parse_json::<SendMessage>(b"{}").unwrap_err();
-        assert_eq!((error.status, error.field.as_deref()), (StatusCode::UNPROCESSABLE_ENTITY, Some("text")));
+        assert_eq!(
+            (error.status, error.field.as_deref()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("text"))
+        );
         let error = parse_json::<SendMessage>(br#"{"text": 3}"#).unwrap_err();
         assert_eq!(error.field.as_deref(), Some("text"));
         let error = parse_json::<SendMessage>(br#"{"text": "x", "extra": 1}"#).unwrap_err();

@@ -43,7 +43,12 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), field: None }
+        Self {
+            status,
+            code,
+            message: message.into(),
+            field: None,
+        }
     }
 
     pub fn field(mut self, field: impl Into<String>) -> Self {
@@ -58,7 +63,11 @@ impl ApiError {
 
     /// 404: also what another organization's resources look like.
     pub fn not_found(what: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{what} not found"),
+        )
     }
 
     pub fn unauthorized() -> Self {
@@ -76,16 +85,28 @@ impl ApiError {
     /// 503 for a dependency that failed; the cause is logged, not returned.
     pub fn unavailable(context: &'static str, error: impl std::fmt::Display) -> Self {
         tracing::warn!(context, %error, "request failed on a dependency");
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", format!("{context} is unavailable; try again"))
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!("{context} is unavailable; try again"),
+        )
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message, field: self.field } };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+                field: self.field,
+            },
+        };
         let mut response = (self.status, axum::Json(body)).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert("www-authenticate", HeaderValue::from_static("Bearer"));
+            response
+                .headers_mut()
+                .insert("www-authenticate", HeaderValue::from_static("Bearer"));
         }
         response
     }
@@ -105,7 +126,14 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|value| value.to_str().ok())
-            .map(|value| value.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("application/json"))
+            .map(|value| {
+                value
+                    .split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .eq_ignore_ascii_case("application/json")
+            })
             .unwrap_or(false);
         if !is_json {
             return Err(ApiError::new(
@@ -115,14 +143,25 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
             )
             .field("Content-Type"));
         }
-        let bytes = bytes::Bytes::from_request(request, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", "the request body is larger than allowed")
+        let bytes = bytes::Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "body_too_large",
+                        "the request body is larger than allowed",
+                    )
                     .field("body")
-            } else {
-                ApiError::new(StatusCode::BAD_REQUEST, "unreadable_body", "the request body could not be read").field("body")
-            }
-        })?;
+                } else {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "unreadable_body",
+                        "the request body could not be read",
+                    )
+                    .field("body")
+                }
+            })?;
         parse_json(&bytes).map(ApiJson)
     }
 }
@@ -134,33 +173,71 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if parsed.is_ok()
         && let Err(error) = deserializer.end()
     {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", format!("the body is not valid JSON: {error}"))
-            .field("body"));
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+            format!("the body is not valid JSON: {error}"),
+        )
+        .field("body"));
     }
     parsed.map_err(|error| {
         let path = error.path().to_string();
         let inner = error.inner();
         let parent = if path == "." { String::new() } else { path };
-        let join = |name: &str| if parent.is_empty() { name.to_owned() } else { format!("{parent}.{name}") };
+        let join = |name: &str| {
+            if parent.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{parent}.{name}")
+            }
+        };
         let message = inner.to_string();
         match inner.classify() {
-            serde_json::error::Category::Syntax | serde_json::error::Category::Eof | serde_json::error::Category::Io => {
-                ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", format!("the body is not valid JSON: {message}"))
-                    .field(if parent.is_empty() { "body".to_owned() } else { parent })
-            }
+            serde_json::error::Category::Syntax
+            | serde_json::error::Category::Eof
+            | serde_json::error::Category::Io => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "malformed_json",
+                format!("the body is not valid JSON: {message}"),
+            )
+            .field(if parent.is_empty() {
+                "body".to_owned()
+            } else {
+                parent
+            }),
             serde_json::error::Category::Data => {
                 if let Some(name) = backticked(&message, "missing field `") {
-                    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "missing_field", format!("{} is required", join(&name)))
-                        .field(join(&name))
+                    ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "missing_field",
+                        format!("{} is required", join(&name)),
+                    )
+                    .field(join(&name))
                 } else if let Some(name) = backticked(&message, "unknown field `") {
                     // The path already ends at the unknown key.
-                    let field = if parent == name || parent.ends_with(&format!(".{name}")) { parent.clone() } else { join(&name) };
-                    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_field", format!("{field} is not a known field"))
-                        .field(field)
+                    let field = if parent == name || parent.ends_with(&format!(".{name}")) {
+                        parent.clone()
+                    } else {
+                        join(&name)
+                    };
+                    ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "unknown_field",
+                        format!("{field} is not a known field"),
+                    )
+                    .field(field)
                 } else {
-                    let field = if parent.is_empty() { "body".to_owned() } else { parent };
-                    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_field", format!("{field}: {}", strip_position(&message)))
-                        .field(field)
+                    let field = if parent.is_empty() {
+                        "body".to_owned()
+                    } else {
+                        parent
+                    };
+                    ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "invalid_field",
+                        format!("{field}: {}", strip_position(&message)),
+                    )
+                    .field(field)
                 }
             }
         }
@@ -183,21 +260,32 @@ pub struct RequestId(pub CorrelationId);
 
 /// Reads or creates the request id and echoes it on the response.
 pub async fn request_id(mut request: Request, next: Next) -> Response {
-    let given = request.headers().get(&REQUEST_ID).map(|value| value.to_str().ok().and_then(|v| v.parse::<CorrelationId>().ok()));
+    let given = request.headers().get(&REQUEST_ID).map(|value| {
+        value
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse::<CorrelationId>().ok())
+    });
     let id = match given {
         Some(Some(id)) => id,
         Some(None) => {
             return ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_header",
-                format!("X-Request-Id must be 1-{} printable ASCII characters without spaces", CorrelationId::MAX_LEN),
+                format!(
+                    "X-Request-Id must be 1-{} printable ASCII characters without spaces",
+                    CorrelationId::MAX_LEN
+                ),
             )
             .field("X-Request-Id")
             .into_response();
         }
         None => match uuid::Uuid::now_v7().hyphenated().to_string().parse() {
             Ok(id) => id,
-            Err(_) => return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "request id").into_response(),
+            Err(_) => {
+                return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "request id")
+                    .into_response();
+            }
         },
     };
     let header = HeaderValue::from_str(id.as_str()).ok();
@@ -213,11 +301,13 @@ impl<S: Send + Sync> FromRequestParts<S> for RequestId {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        parts
-            .extensions
-            .get::<RequestId>()
-            .cloned()
-            .ok_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "request id layer missing"))
+        parts.extensions.get::<RequestId>().cloned().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "request id layer missing",
+            )
+        })
     }
 }
 
@@ -228,7 +318,10 @@ pub struct Caller(pub Principal);
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let token = bearer(parts).ok_or_else(ApiError::unauthorized)?;
         authenticate(state, &token).await.map(Caller)
     }
@@ -238,7 +331,9 @@ impl FromRequestParts<AppState> for Caller {
 pub fn bearer(parts: &Parts) -> Option<String> {
     let value = parts.headers.get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim().to_owned())
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim().to_owned())
 }
 
 /// Resolves a token to its principal; 401 when it is not valid.

@@ -85,29 +85,59 @@ impl Default for Config {
 impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !(1024..=16 * 1024 * 1024).contains(&self.body_max_bytes) {
-            return Err(ConfigError::setting("gateway.body_max_bytes", "must be between 1024 and 16777216"));
+            return Err(ConfigError::setting(
+                "gateway.body_max_bytes",
+                "must be between 1024 and 16777216",
+            ));
         }
-        if self.sse_keepalive < Duration::from_secs(1) || self.sse_keepalive > Duration::from_secs(300) {
-            return Err(ConfigError::setting("gateway.sse_keepalive", "must be between 1s and 300s"));
+        if self.sse_keepalive < Duration::from_secs(1)
+            || self.sse_keepalive > Duration::from_secs(300)
+        {
+            return Err(ConfigError::setting(
+                "gateway.sse_keepalive",
+                "must be between 1s and 300s",
+            ));
         }
         if self.sse_clients_max == 0 {
-            return Err(ConfigError::setting("gateway.sse_clients_max", "must be at least 1"));
+            return Err(ConfigError::setting(
+                "gateway.sse_clients_max",
+                "must be at least 1",
+            ));
         }
         if !(1..=10_000).contains(&self.timeline_page_max) {
-            return Err(ConfigError::setting("gateway.timeline_page_max", "must be between 1 and 10000"));
+            return Err(ConfigError::setting(
+                "gateway.timeline_page_max",
+                "must be between 1 and 10000",
+            ));
         }
         if self.artifact_max_bytes == 0 || self.artifact_max_bytes > 64 * 1024 * 1024 {
-            return Err(ConfigError::setting("gateway.artifact_max_bytes", "must be between 1 and 67108864"));
+            return Err(ConfigError::setting(
+                "gateway.artifact_max_bytes",
+                "must be between 1 and 67108864",
+            ));
         }
-        if self.artifact_link_ttl < Duration::from_secs(10) || self.artifact_link_ttl > Duration::from_secs(3600) {
-            return Err(ConfigError::setting("gateway.artifact_link_ttl", "must be between 10s and 1h"));
+        if self.artifact_link_ttl < Duration::from_secs(10)
+            || self.artifact_link_ttl > Duration::from_secs(3600)
+        {
+            return Err(ConfigError::setting(
+                "gateway.artifact_link_ttl",
+                "must be between 10s and 1h",
+            ));
         }
         if self.request_timeout < Duration::from_millis(100) {
-            return Err(ConfigError::setting("gateway.request_timeout", "must be at least 100ms"));
+            return Err(ConfigError::setting(
+                "gateway.request_timeout",
+                "must be at least 100ms",
+            ));
         }
         for origin in &self.cors_allowed_origins {
-            if axum::http::HeaderValue::from_str(origin).is_err() || !(origin.starts_with("http://") || origin.starts_with("https://")) {
-                return Err(ConfigError::setting("gateway.cors_allowed_origins", format!("{origin:?} is not an http(s) origin")));
+            if axum::http::HeaderValue::from_str(origin).is_err()
+                || !(origin.starts_with("http://") || origin.starts_with("https://"))
+            {
+                return Err(ConfigError::setting(
+                    "gateway.cors_allowed_origins",
+                    format!("{origin:?} is not an http(s) origin"),
+                ));
             }
         }
         Ok(())
@@ -123,7 +153,10 @@ pub enum Error {
     #[error(transparent)]
     Tokens(#[from] tokens::TokenError),
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("HTTP server: {0}")]
     Serve(std::io::Error),
 }
@@ -145,7 +178,7 @@ impl AppState {
         use rand::RngCore;
         let mut key = [0u8; 32];
         rand::rng().fill_bytes(&mut key);
-        let reads = read_model::ReadPool::new(runtime.store.path(), 16);
+        let reads = read_model::ReadPool::new(runtime.store.path(), 64);
         Self {
             runtime,
             reads,
@@ -159,7 +192,11 @@ impl AppState {
 
 /// Starts the gateway's runtime and projection and opens its token file;
 /// does not listen yet (see [`serve`]).
-pub async fn start(core: &CoreConfig, config: Config, shutdown: Shutdown) -> Result<AppState, Error> {
+pub async fn start(
+    core: &CoreConfig,
+    config: Config,
+    shutdown: Shutdown,
+) -> Result<AppState, Error> {
     config.validate()?;
     let runtime = Runtime::start("gateway", core, shutdown).await?;
     runtime.spawn_projection(read_model::GatewayProjection);
@@ -173,18 +210,25 @@ pub async fn serve(state: AppState, listener: tokio::net::TcpListener) -> Result
     let address = listener.local_addr().ok();
     tracing::info!(address = ?address, "gateway listening");
     let app = router(state);
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-        .map_err(Error::Serve)
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { shutdown.cancelled().await })
+    .await
+    .map_err(Error::Serve)
 }
 
 /// Runs the gateway until `shutdown`.
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     let listen = config.listen;
     let state = start(&core, config, shutdown.clone()).await?;
-    let listener =
-        tokio::net::TcpListener::bind(listen).await.map_err(|source| Error::Bind { addr: listen, source })?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: listen,
+            source,
+        })?;
     serve(state, listener).await?;
     shutdown.cancelled().await;
     Ok(())
@@ -198,9 +242,25 @@ mod tests {
     #[test]
     fn default_config_is_valid_and_bad_values_are_named() {
         Config::default().validate().unwrap();
-        let bad = Config { body_max_bytes: 10, ..Config::default() };
-        assert!(bad.validate().unwrap_err().to_string().contains("gateway.body_max_bytes"));
-        let bad = Config { cors_allowed_origins: vec!["nope".into()], ..Config::default() };
-        assert!(bad.validate().unwrap_err().to_string().contains("gateway.cors_allowed_origins"));
+        let bad = Config {
+            body_max_bytes: 10,
+            ..Config::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("gateway.body_max_bytes")
+        );
+        let bad = Config {
+            cors_allowed_origins: vec!["nope".into()],
+            ..Config::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("gateway.cors_allowed_origins")
+        );
     }
 }

@@ -19,8 +19,15 @@ use zopu_schema::{Envelope, Event, OrgId, ProjectId, pb};
 /// Bump to rebuild the projection (tables are dropped and the stream replayed).
 const SCHEMA_VERSION: u32 = 1;
 
-const TABLES: &[&str] =
-    &["gw_projects", "gw_timeline", "gw_works", "gw_threads", "gw_flows", "gw_artifacts", "gw_summaries"];
+const TABLES: &[&str] = &[
+    "gw_projects",
+    "gw_timeline",
+    "gw_works",
+    "gw_threads",
+    "gw_flows",
+    "gw_artifacts",
+    "gw_summaries",
+];
 
 const SCHEMA: &str = "
 CREATE TABLE gw_projects (
@@ -132,7 +139,11 @@ pub struct Failure {
 
 impl From<&pb::FailureReason> for Failure {
     fn from(reason: &pb::FailureReason) -> Self {
-        Self { code: reason.code.clone(), message: reason.message.clone(), retryable: reason.retryable }
+        Self {
+            code: reason.code.clone(),
+            message: reason.message.clone(),
+            retryable: reason.retryable,
+        }
     }
 }
 
@@ -413,12 +424,27 @@ pub fn artifact_view(published: &pb::ArtifactPublished) -> ArtifactView {
         kind: artifact_kind_name(published.kind),
         title: published.title.clone(),
         summary: published.summary.clone(),
-        label: if card.label.is_empty() { published.title.clone() } else { card.label },
-        facts: card.facts.into_iter().map(|fact| CardFactView { label: fact.label, value: fact.value }).collect(),
+        label: if card.label.is_empty() {
+            published.title.clone()
+        } else {
+            card.label
+        },
+        facts: card
+            .facts
+            .into_iter()
+            .map(|fact| CardFactView {
+                label: fact.label,
+                value: fact.value,
+            })
+            .collect(),
         actions: card
             .actions
             .into_iter()
-            .map(|action| CardActionView { id: action.id, label: action.label, style: action.style })
+            .map(|action| CardActionView {
+                id: action.id,
+                label: action.label,
+                style: action.style,
+            })
             .collect(),
         provider: published.provider.clone(),
         href: artifact_href(&published.artifact_id, published.revision),
@@ -427,74 +453,117 @@ pub fn artifact_view(published: &pb::ArtifactPublished) -> ArtifactView {
 
 /// The timeline item an event shows, if any (pure; state lookups such as a
 /// Work's title are passed in by the caller).
-pub fn timeline_item(event: &Envelope, sequence: u64, work_title: Option<&WorkRef>) -> Option<TimelineItem> {
+pub fn timeline_item(
+    event: &Envelope,
+    sequence: u64,
+    work_title: Option<&WorkRef>,
+) -> Option<TimelineItem> {
     use ItemKind as K;
     let item = |kind| TimelineItem::new(kind, event, sequence);
     match event.event_type.as_str() {
-        t if t == pb::TimelineMessageSent::TYPE => event.decode::<pb::TimelineMessageSent>().ok().map(|m| TimelineItem {
-            text: Some(m.text),
-            author: m.author.map(|a| a.id),
-            reply_to_event_id: empty_to_none(&m.reply_to_event_id),
-            ..item(K::UserMessage)
-        }),
-        t if t == pb::TimelineActionSent::TYPE => event.decode::<pb::TimelineActionSent>().ok().map(|m| TimelineItem {
-            author: m.author.map(|a| a.id),
-            action: Some(ActionRef { action_id: m.action_id, artifact_id: m.artifact_id }),
-            ..item(K::UserAction)
-        }),
-        t if t == pb::AgentAcknowledged::TYPE => event.decode::<pb::AgentAcknowledged>().ok().map(|m| TimelineItem {
-            text: Some(m.text),
-            author: Some(m.agent_id),
-            reply_to_event_id: empty_to_none(&m.reply_to_event_id),
-            provider: empty_to_none(&m.provider),
-            ..item(K::Acknowledgement)
-        }),
-        t if t == pb::AgentMessage::TYPE => event.decode::<pb::AgentMessage>().ok().map(|m| TimelineItem {
-            text: Some(m.text),
-            author: Some(m.agent_id),
-            reply_to_event_id: empty_to_none(&m.reply_to_event_id),
-            status: empty_to_none(&m.status),
-            provider: empty_to_none(&m.provider),
-            ..item(K::AgentMessage)
-        }),
-        t if t == pb::AgentBlocked::TYPE => event.decode::<pb::AgentBlocked>().ok().map(|m| TimelineItem {
-            text: Some(m.question),
-            author: Some(m.agent_id),
-            reply_to_event_id: empty_to_none(&m.reply_to_event_id),
-            status: Some("blocked".into()),
-            ..item(K::AgentBlocked)
-        }),
-        t if t == pb::AgentFinal::TYPE => event.decode::<pb::AgentFinal>().ok().map(|m| TimelineItem {
-            text: Some(m.text),
-            author: Some(m.agent_id),
-            reply_to_event_id: empty_to_none(&m.reply_to_event_id),
-            artifact_ids: m.artifact_ids,
-            failure: m.failure.as_ref().map(Failure::from),
-            ..item(K::AgentFinal)
-        }),
-        t if t == pb::AgentDisabled::TYPE => event.decode::<pb::AgentDisabled>().ok().map(|m| TimelineItem {
-            text: empty_to_none(&m.reason),
-            author: m.by.map(|a| a.id),
-            status: Some("disabled".into()),
-            ..item(K::AgentState)
-        }),
-        t if t == pb::AgentEnabled::TYPE => event.decode::<pb::AgentEnabled>().ok().map(|m| TimelineItem {
-            author: m.by.map(|a| a.id),
-            status: Some("enabled".into()),
-            ..item(K::AgentState)
-        }),
+        t if t == pb::TimelineMessageSent::TYPE => event
+            .decode::<pb::TimelineMessageSent>()
+            .ok()
+            .map(|m| TimelineItem {
+                text: Some(m.text),
+                author: m.author.map(|a| a.id),
+                reply_to_event_id: empty_to_none(&m.reply_to_event_id),
+                ..item(K::UserMessage)
+            }),
+        t if t == pb::TimelineActionSent::TYPE => event
+            .decode::<pb::TimelineActionSent>()
+            .ok()
+            .map(|m| TimelineItem {
+                author: m.author.map(|a| a.id),
+                action: Some(ActionRef {
+                    action_id: m.action_id,
+                    artifact_id: m.artifact_id,
+                }),
+                ..item(K::UserAction)
+            }),
+        t if t == pb::AgentAcknowledged::TYPE => {
+            event
+                .decode::<pb::AgentAcknowledged>()
+                .ok()
+                .map(|m| TimelineItem {
+                    text: Some(m.text),
+                    author: Some(m.agent_id),
+                    reply_to_event_id: empty_to_none(&m.reply_to_event_id),
+                    provider: empty_to_none(&m.provider),
+                    ..item(K::Acknowledgement)
+                })
+        }
+        t if t == pb::AgentMessage::TYPE => {
+            event
+                .decode::<pb::AgentMessage>()
+                .ok()
+                .map(|m| TimelineItem {
+                    text: Some(m.text),
+                    author: Some(m.agent_id),
+                    reply_to_event_id: empty_to_none(&m.reply_to_event_id),
+                    status: empty_to_none(&m.status),
+                    provider: empty_to_none(&m.provider),
+                    ..item(K::AgentMessage)
+                })
+        }
+        t if t == pb::AgentBlocked::TYPE => {
+            event
+                .decode::<pb::AgentBlocked>()
+                .ok()
+                .map(|m| TimelineItem {
+                    text: Some(m.question),
+                    author: Some(m.agent_id),
+                    reply_to_event_id: empty_to_none(&m.reply_to_event_id),
+                    status: Some("blocked".into()),
+                    ..item(K::AgentBlocked)
+                })
+        }
+        t if t == pb::AgentFinal::TYPE => {
+            event.decode::<pb::AgentFinal>().ok().map(|m| TimelineItem {
+                text: Some(m.text),
+                author: Some(m.agent_id),
+                reply_to_event_id: empty_to_none(&m.reply_to_event_id),
+                artifact_ids: m.artifact_ids,
+                failure: m.failure.as_ref().map(Failure::from),
+                ..item(K::AgentFinal)
+            })
+        }
+        t if t == pb::AgentDisabled::TYPE => {
+            event
+                .decode::<pb::AgentDisabled>()
+                .ok()
+                .map(|m| TimelineItem {
+                    text: empty_to_none(&m.reason),
+                    author: m.by.map(|a| a.id),
+                    status: Some("disabled".into()),
+                    ..item(K::AgentState)
+                })
+        }
+        t if t == pb::AgentEnabled::TYPE => {
+            event
+                .decode::<pb::AgentEnabled>()
+                .ok()
+                .map(|m| TimelineItem {
+                    author: m.by.map(|a| a.id),
+                    status: Some("enabled".into()),
+                    ..item(K::AgentState)
+                })
+        }
         t if t == pb::WorkCreated::TYPE => {
             let work_id = event.work_id?;
-            event.decode::<pb::WorkCreated>().ok().map(|m| TimelineItem {
-                work: Some(WorkRef {
-                    work_id: work_id.to_string(),
-                    title: m.title,
-                    kind: m.kind,
-                    status: "open".into(),
-                    summary: m.summary,
-                }),
-                ..item(K::Work)
-            })
+            event
+                .decode::<pb::WorkCreated>()
+                .ok()
+                .map(|m| TimelineItem {
+                    work: Some(WorkRef {
+                        work_id: work_id.to_string(),
+                        title: m.title,
+                        kind: m.kind,
+                        status: "open".into(),
+                        summary: m.summary,
+                    }),
+                    ..item(K::Work)
+                })
         }
         t if t == pb::WorkUpdated::TYPE => {
             let work_id = event.work_id?;
@@ -510,51 +579,104 @@ pub fn timeline_item(event: &Envelope, sequence: u64, work_title: Option<&WorkRe
                     status: Some(m.status.clone()),
                     work: Some(WorkRef {
                         status: m.status,
-                        summary: if m.summary.is_empty() { base.summary.clone() } else { m.summary },
+                        summary: if m.summary.is_empty() {
+                            base.summary.clone()
+                        } else {
+                            m.summary
+                        },
                         ..base
                     }),
                     ..item(K::WorkUpdated)
                 }
             })
         }
-        t if t == pb::FlowRequested::TYPE => event
-            .decode::<pb::FlowRequested>()
-            .ok()
-            .map(|m| flow_item(item(K::Flow), event, flow_type_name(m.flow_type), "requested", None)),
-        t if t == pb::FlowStarted::TYPE => event
-            .decode::<pb::FlowStarted>()
-            .ok()
-            .map(|m| flow_item(item(K::Flow), event, flow_type_name(m.flow_type), "running", None)),
+        t if t == pb::FlowRequested::TYPE => event.decode::<pb::FlowRequested>().ok().map(|m| {
+            flow_item(
+                item(K::Flow),
+                event,
+                flow_type_name(m.flow_type),
+                "requested",
+                None,
+            )
+        }),
+        t if t == pb::FlowStarted::TYPE => event.decode::<pb::FlowStarted>().ok().map(|m| {
+            flow_item(
+                item(K::Flow),
+                event,
+                flow_type_name(m.flow_type),
+                "running",
+                None,
+            )
+        }),
         t if t == pb::FlowProgress::TYPE => {
             let m = event.decode::<pb::FlowProgress>().ok()?;
-            (m.visible && !m.note.is_empty())
-                .then(|| flow_item(item(K::Flow), event, String::new(), "progress", Some(m.note)))
+            (m.visible && !m.note.is_empty()).then(|| {
+                flow_item(
+                    item(K::Flow),
+                    event,
+                    String::new(),
+                    "progress",
+                    Some(m.note),
+                )
+            })
         }
-        t if t == pb::FlowCompleted::TYPE => event
-            .decode::<pb::FlowCompleted>()
-            .ok()
-            .map(|m| flow_item(item(K::Flow), event, flow_type_name(m.flow_type), "completed", empty_to_none(&m.summary))),
-        t if t == pb::FlowFailed::TYPE => event.decode::<pb::FlowFailed>().ok().map(|m| TimelineItem {
-            failure: m.reason.as_ref().map(Failure::from),
-            ..flow_item(item(K::Flow), event, flow_type_name(m.flow_type), "failed", None)
+        t if t == pb::FlowCompleted::TYPE => event.decode::<pb::FlowCompleted>().ok().map(|m| {
+            flow_item(
+                item(K::Flow),
+                event,
+                flow_type_name(m.flow_type),
+                "completed",
+                empty_to_none(&m.summary),
+            )
         }),
-        t if t == pb::FlowCancelled::TYPE => event
-            .decode::<pb::FlowCancelled>()
-            .ok()
-            .map(|m| flow_item(item(K::Flow), event, flow_type_name(m.flow_type), "cancelled", empty_to_none(&m.reason))),
-        t if t == pb::ArtifactPublished::TYPE => event
-            .decode::<pb::ArtifactPublished>()
-            .ok()
-            .map(|m| TimelineItem { artifact: Some(artifact_view(&m)), ..item(K::Artifact) }),
+        t if t == pb::FlowFailed::TYPE => {
+            event.decode::<pb::FlowFailed>().ok().map(|m| TimelineItem {
+                failure: m.reason.as_ref().map(Failure::from),
+                ..flow_item(
+                    item(K::Flow),
+                    event,
+                    flow_type_name(m.flow_type),
+                    "failed",
+                    None,
+                )
+            })
+        }
+        t if t == pb::FlowCancelled::TYPE => event.decode::<pb::FlowCancelled>().ok().map(|m| {
+            flow_item(
+                item(K::Flow),
+                event,
+                flow_type_name(m.flow_type),
+                "cancelled",
+                empty_to_none(&m.reason),
+            )
+        }),
+        t if t == pb::ArtifactPublished::TYPE => {
+            event
+                .decode::<pb::ArtifactPublished>()
+                .ok()
+                .map(|m| TimelineItem {
+                    artifact: Some(artifact_view(&m)),
+                    ..item(K::Artifact)
+                })
+        }
         _ => None,
     }
 }
 
-fn flow_item(base: TimelineItem, event: &Envelope, flow_type: String, state: &str, note: Option<String>) -> TimelineItem {
+fn flow_item(
+    base: TimelineItem,
+    event: &Envelope,
+    flow_type: String,
+    state: &str,
+    note: Option<String>,
+) -> TimelineItem {
     TimelineItem {
         status: Some(state.to_owned()),
         flow: Some(FlowRef {
-            flow_run_id: event.flow_run_id.map(|id| id.to_string()).unwrap_or_default(),
+            flow_run_id: event
+                .flow_run_id
+                .map(|id| id.to_string())
+                .unwrap_or_default(),
             flow_type,
             state: state.to_owned(),
             note,
@@ -584,7 +706,12 @@ impl zopu_core::Projection for GatewayProjection {
         tx.execute_batch(SCHEMA)
     }
 
-    fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Result<()> {
+    fn apply(
+        &mut self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        sequence: u64,
+    ) -> rusqlite::Result<()> {
         apply(tx, event, sequence)
     }
 }
@@ -625,17 +752,38 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Res
         }
         t if t == pb::ProjectSetupStarted::TYPE => {
             if let Ok(m) = event.decode::<pb::ProjectSetupStarted>() {
-                set_state(tx, &project, org, m.setup_revision, setup_state::CREATING_WORKSPACE, seq)?;
+                set_state(
+                    tx,
+                    &project,
+                    org,
+                    m.setup_revision,
+                    setup_state::CREATING_WORKSPACE,
+                    seq,
+                )?;
             }
         }
         t if t == pb::ProjectRuntimeCreated::TYPE => {
             if let Ok(m) = event.decode::<pb::ProjectRuntimeCreated>() {
-                set_state(tx, &project, org, m.setup_revision, setup_state::CLONING, seq)?;
+                set_state(
+                    tx,
+                    &project,
+                    org,
+                    m.setup_revision,
+                    setup_state::CLONING,
+                    seq,
+                )?;
             }
         }
         t if t == pb::ProjectRepositoryCloned::TYPE => {
             if let Ok(m) = event.decode::<pb::ProjectRepositoryCloned>() {
-                set_state(tx, &project, org, m.setup_revision, setup_state::CHECKING, seq)?;
+                set_state(
+                    tx,
+                    &project,
+                    org,
+                    m.setup_revision,
+                    setup_state::CHECKING,
+                    seq,
+                )?;
                 tx.execute(
                     "UPDATE gw_projects SET repository_commit = ?1 WHERE project_id = ?2 AND org = ?3 AND setup_revision = ?4",
                     params![m.repository_commit, project, org, m.setup_revision],
@@ -666,7 +814,14 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Res
                     "UPDATE gw_projects SET repository_commit = ?1, environment_names = ?2,
                         agent_id = COALESCE(NULLIF(?3, ''), agent_id)
                      WHERE project_id = ?4 AND org = ?5 AND setup_revision = ?6",
-                    params![m.repository_commit, json(&m.environment_variable_names), m.agent_id, project, org, m.setup_revision],
+                    params![
+                        m.repository_commit,
+                        json(&m.environment_variable_names),
+                        m.agent_id,
+                        project,
+                        org,
+                        m.setup_revision
+                    ],
                 )?;
             }
         }
@@ -841,7 +996,14 @@ fn json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
 }
 
-fn set_state(tx: &Transaction<'_>, project: &str, org: &str, revision: u32, state: &str, seq: i64) -> rusqlite::Result<()> {
+fn set_state(
+    tx: &Transaction<'_>,
+    project: &str,
+    org: &str,
+    revision: u32,
+    state: &str,
+    seq: i64,
+) -> rusqlite::Result<()> {
     // Only the current revision moves, and never out of a terminal state of that revision.
     tx.execute(
         "UPDATE gw_projects SET state = ?1, updated_sequence = ?2
@@ -858,7 +1020,11 @@ fn set_state(tx: &Transaction<'_>, project: &str, org: &str, revision: u32, stat
 }
 
 /// Setup events become items carrying the project's setup status after the event.
-fn setup_item(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Result<Option<TimelineItem>> {
+fn setup_item(
+    tx: &Transaction<'_>,
+    event: &Envelope,
+    sequence: u64,
+) -> rusqlite::Result<Option<TimelineItem>> {
     const SETUP_TYPES: &[&str] = &[
         pb::ProjectSetupRequested::TYPE,
         pb::ProjectSetupStarted::TYPE,
@@ -871,7 +1037,8 @@ fn setup_item(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite
     if !SETUP_TYPES.contains(&event.event_type.as_str()) {
         return Ok(None);
     }
-    let Some(project) = load_project(tx, event.org_id.as_str(), &event.project_id.to_string())? else {
+    let Some(project) = load_project(tx, event.org_id.as_str(), &event.project_id.to_string())?
+    else {
         return Ok(None);
     };
     let failure = project.setup.failure.clone();
@@ -929,7 +1096,11 @@ fn project_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ProjectView> {
     })
 }
 
-fn load_project(conn: &Connection, org: &str, project: &str) -> rusqlite::Result<Option<ProjectView>> {
+fn load_project(
+    conn: &Connection,
+    org: &str,
+    project: &str,
+) -> rusqlite::Result<Option<ProjectView>> {
     conn.query_row(
         &format!("SELECT {PROJECT_COLUMNS} FROM gw_projects p WHERE project_id = ?1 AND org = ?2"),
         params![project, org],
@@ -942,14 +1113,24 @@ fn load_project(conn: &Connection, org: &str, project: &str) -> rusqlite::Result
 pub mod queries {
     use super::*;
 
-    pub fn projects(conn: &Connection, org: &OrgId, limit: usize) -> rusqlite::Result<Vec<ProjectView>> {
+    pub fn projects(
+        conn: &Connection,
+        org: &OrgId,
+        limit: usize,
+    ) -> rusqlite::Result<Vec<ProjectView>> {
         let mut statement = conn.prepare_cached(&format!(
             "SELECT {PROJECT_COLUMNS} FROM gw_projects p WHERE org = ?1 ORDER BY created_at DESC, project_id LIMIT ?2"
         ))?;
-        statement.query_map(params![org.as_str(), limit as i64], project_row)?.collect()
+        statement
+            .query_map(params![org.as_str(), limit as i64], project_row)?
+            .collect()
     }
 
-    pub fn project(conn: &Connection, org: &OrgId, project: &ProjectId) -> rusqlite::Result<Option<ProjectView>> {
+    pub fn project(
+        conn: &Connection,
+        org: &OrgId,
+        project: &ProjectId,
+    ) -> rusqlite::Result<Option<ProjectView>> {
         load_project(conn, org.as_str(), &project.to_string())
     }
 
@@ -969,7 +1150,10 @@ pub mod queries {
                     "SELECT item FROM gw_timeline WHERE project_id = ?1 AND sequence > ?2 AND org = ?3 ORDER BY sequence LIMIT ?4",
                 )?;
                 statement
-                    .query_map(params![project.to_string(), after, org.as_str(), limit as i64], |row| row.get(0))?
+                    .query_map(
+                        params![project.to_string(), after, org.as_str(), limit as i64],
+                        |row| row.get(0),
+                    )?
                     .collect::<rusqlite::Result<_>>()?
             }
             Some(work) => {
@@ -977,14 +1161,25 @@ pub mod queries {
                     "SELECT item FROM gw_timeline WHERE work_id = ?1 AND sequence > ?2 AND org = ?3 AND project_id = ?4 ORDER BY sequence LIMIT ?5",
                 )?;
                 statement
-                    .query_map(params![work, after, org.as_str(), project.to_string(), limit as i64], |row| row.get(0))?
+                    .query_map(
+                        params![work, after, org.as_str(), project.to_string(), limit as i64],
+                        |row| row.get(0),
+                    )?
                     .collect::<rusqlite::Result<_>>()?
             }
         };
-        Ok(rows.iter().filter_map(|row| serde_json::from_str(row).ok()).collect())
+        Ok(rows
+            .iter()
+            .filter_map(|row| serde_json::from_str(row).ok())
+            .collect())
     }
 
-    pub fn work(conn: &Connection, org: &OrgId, project: &ProjectId, work: &str) -> rusqlite::Result<Option<WorkView>> {
+    pub fn work(
+        conn: &Connection,
+        org: &OrgId,
+        project: &ProjectId,
+        work: &str,
+    ) -> rusqlite::Result<Option<WorkView>> {
         conn.query_row(
             "SELECT work_id, project_id, title, summary, kind, status, created_at, updated_at FROM gw_works
              WHERE work_id = ?1 AND org = ?2 AND project_id = ?3",
@@ -1005,7 +1200,12 @@ pub mod queries {
         .optional()
     }
 
-    pub fn threads(conn: &Connection, org: &OrgId, project: &ProjectId, work: &str) -> rusqlite::Result<Vec<ThreadView>> {
+    pub fn threads(
+        conn: &Connection,
+        org: &OrgId,
+        project: &ProjectId,
+        work: &str,
+    ) -> rusqlite::Result<Vec<ThreadView>> {
         let mut statement = conn.prepare_cached(
             "SELECT thread_id, work_id, title, flow_type, status, summary, created_at FROM gw_threads
              WHERE work_id = ?1 AND org = ?2 AND project_id = ?3 ORDER BY created_at, thread_id LIMIT 1000",
@@ -1051,11 +1251,17 @@ pub mod queries {
         })
         .optional()
         .map(|found| {
-            found.and_then(|(record, view)| serde_json::from_str(&view).ok().map(|view| (record, view)))
+            found.and_then(|(record, view)| {
+                serde_json::from_str(&view).ok().map(|view| (record, view))
+            })
         })
     }
 
-    pub fn summary(conn: &Connection, org: &OrgId, project: &ProjectId) -> rusqlite::Result<Option<SummaryRecord>> {
+    pub fn summary(
+        conn: &Connection,
+        org: &OrgId,
+        project: &ProjectId,
+    ) -> rusqlite::Result<Option<SummaryRecord>> {
         conn.query_row(
             "SELECT document_id, revision, title, content_type, body, blob, repository_commit FROM gw_summaries
              WHERE project_id = ?1 AND org = ?2",
@@ -1092,20 +1298,29 @@ pub struct ReadPool {
 
 impl ReadPool {
     pub fn new(path: &Path, idle_max: usize) -> Self {
-        Self { path: path.to_owned(), idle: Arc::new(Mutex::new(Vec::new())), idle_max }
+        Self {
+            path: path.to_owned(),
+            idle: Arc::new(Mutex::new(Vec::new())),
+            idle_max,
+        }
     }
 
     fn open(&self) -> rusqlite::Result<Connection> {
         let connection = Connection::open_with_flags(
             &self.path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_URI,
         )?;
         connection.busy_timeout(std::time::Duration::from_secs(2))?;
         Ok(connection)
     }
 
     /// Runs a query on a pooled connection (blocking: call from `spawn_blocking`).
-    pub fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+    pub fn with<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<T> {
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let connection = match pooled {
             Some(connection) => connection,
@@ -1160,7 +1375,11 @@ mod tests {
         (connection, GatewayProjection)
     }
 
-    fn apply_all(connection: &mut Connection, projection: &mut GatewayProjection, events: &[Envelope]) {
+    fn apply_all(
+        connection: &mut Connection,
+        projection: &mut GatewayProjection,
+        events: &[Envelope],
+    ) {
         let tx = connection.transaction().unwrap();
         for (index, event) in events.iter().enumerate() {
             projection.apply(&tx, event, index as u64 + 1).unwrap();
@@ -1190,34 +1409,68 @@ mod tests {
             &mut projection,
             &[
                 envelope("acme", project, &request(1), 1),
-                envelope("acme", project, &pb::ProjectRuntimeCreated { setup_revision: 1, ..Default::default() }, 2),
+                envelope(
+                    "acme",
+                    project,
+                    &pb::ProjectRuntimeCreated {
+                        setup_revision: 1,
+                        ..Default::default()
+                    },
+                    2,
+                ),
                 envelope(
                     "acme",
                     project,
                     &pb::ProjectSetupFailed {
                         setup_revision: 1,
                         step: "clone".into(),
-                        reason: Some(pb::FailureReason { code: "clone.branch_not_found".into(), message: "no branch".into(), retryable: false }),
+                        reason: Some(pb::FailureReason {
+                            code: "clone.branch_not_found".into(),
+                            message: "no branch".into(),
+                            retryable: false,
+                        }),
                     },
                     3,
                 ),
             ],
         );
-        let view = queries::project(&connection, &org, &project).unwrap().unwrap();
+        let view = queries::project(&connection, &org, &project)
+            .unwrap()
+            .unwrap();
         assert_eq!(view.setup.state, setup_state::FAILED);
-        assert_eq!(view.setup.failure.as_ref().unwrap().code, "clone.branch_not_found");
-        assert!(queries::project(&connection, &"other".parse().unwrap(), &project).unwrap().is_none());
+        assert_eq!(
+            view.setup.failure.as_ref().unwrap().code,
+            "clone.branch_not_found"
+        );
+        assert!(
+            queries::project(&connection, &"other".parse().unwrap(), &project)
+                .unwrap()
+                .is_none()
+        );
 
         apply_all(
             &mut connection,
             &mut projection,
             &[
                 envelope("acme", project, &request(2), 4),
-                envelope("acme", project, &pb::ProjectRuntimeCreated { setup_revision: 1, ..Default::default() }, 5),
+                envelope(
+                    "acme",
+                    project,
+                    &pb::ProjectRuntimeCreated {
+                        setup_revision: 1,
+                        ..Default::default()
+                    },
+                    5,
+                ),
             ],
         );
-        let view = queries::project(&connection, &org, &project).unwrap().unwrap();
-        assert_eq!((view.setup.state.as_str(), view.setup.revision), (setup_state::CREATING_WORKSPACE, 2));
+        let view = queries::project(&connection, &org, &project)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (view.setup.state.as_str(), view.setup.revision),
+            (setup_state::CREATING_WORKSPACE, 2)
+        );
         assert!(view.setup.failure.is_none());
     }
 
@@ -1227,7 +1480,11 @@ mod tests {
         let mut created = envelope(
             "acme",
             project,
-            &pb::WorkCreated { title: "Explore".into(), kind: "explore".into(), ..Default::default() },
+            &pb::WorkCreated {
+                title: "Explore".into(),
+                kind: "explore".into(),
+                ..Default::default()
+            },
             1,
         );
         let work = WorkId::new();
@@ -1236,9 +1493,29 @@ mod tests {
         assert_eq!(item.kind, ItemKind::Work);
         assert_eq!(item.sequence, 7);
         assert_eq!(item.work.unwrap().work_id, work.to_string());
-        let ack = envelope("acme", project, &pb::AgentAcknowledged { text: "On it".into(), ..Default::default() }, 2);
-        assert_eq!(timeline_item(&ack, 8, None).unwrap().text.as_deref(), Some("On it"));
-        let quiet = envelope("acme", project, &pb::FlowProgress { visible: false, note: "x".into(), ..Default::default() }, 3);
+        let ack = envelope(
+            "acme",
+            project,
+            &pb::AgentAcknowledged {
+                text: "On it".into(),
+                ..Default::default()
+            },
+            2,
+        );
+        assert_eq!(
+            timeline_item(&ack, 8, None).unwrap().text.as_deref(),
+            Some("On it")
+        );
+        let quiet = envelope(
+            "acme",
+            project,
+            &pb::FlowProgress {
+                visible: false,
+                note: "x".into(),
+                ..Default::default()
+            },
+            3,
+        );
         assert!(timeline_item(&quiet, 9, None).is_none());
     }
 }

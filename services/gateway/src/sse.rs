@@ -52,7 +52,12 @@ pub async fn events(
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|rejection| {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", rejection.body_text()).field("query")
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            rejection.body_text(),
+        )
+        .field("query")
     })?;
     let header_token = headers
         .get(axum::http::header::AUTHORIZATION)
@@ -60,7 +65,9 @@ pub async fn events(
         .and_then(|value| value.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim().to_owned());
-    let token = header_token.or(query.token).ok_or_else(ApiError::unauthorized)?;
+    let token = header_token
+        .or(query.token)
+        .ok_or_else(ApiError::unauthorized)?;
     let principal = crate::http::authenticate(&state, &token).await?;
     let (project, _) = crate::api::owned_project(&state, &principal.org, &id).await?;
     let after = match headers.get("last-event-id") {
@@ -68,18 +75,45 @@ pub async fn events(
             .to_str()
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
-            .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "invalid_header", "Last-Event-ID must be a sequence number").field("Last-Event-ID"))?,
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_header",
+                    "Last-Event-ID must be a sequence number",
+                )
+                .field("Last-Event-ID")
+            })?,
         None => query.after.unwrap_or(0),
     };
-    let guard = ClientGuard::acquire(&state.sse_clients, state.config.sse_clients_max)
-        .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "too_many_streams", "too many live connections; try again shortly"))?;
+    let guard = ClientGuard::acquire(&state.sse_clients, state.config.sse_clients_max).ok_or_else(
+        || {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_streams",
+                "too many live connections; try again shortly",
+            )
+        },
+    )?;
     tracing::debug!(%project, after, "sse client connected");
-    let cursor = Cursor { state: state.clone(), org: principal.org, project, after, buffer: VecDeque::new(), _guard: guard };
+    let cursor = Cursor {
+        state: state.clone(),
+        org: principal.org,
+        project,
+        after,
+        buffer: VecDeque::new(),
+        _guard: guard,
+    };
     let stream = futures::stream::unfold(cursor, next_event);
     let keepalive = KeepAlive::new().interval(state.config.sse_keepalive);
     let mut response = Sse::new(stream).keep_alive(keepalive).into_response();
-    response.headers_mut().insert("x-accel-buffering", axum::http::HeaderValue::from_static("no"));
-    response.headers_mut().insert(axum::http::header::CACHE_CONTROL, axum::http::HeaderValue::from_static("no-store"));
+    response.headers_mut().insert(
+        "x-accel-buffering",
+        axum::http::HeaderValue::from_static("no"),
+    );
+    response.headers_mut().insert(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
     Ok(response)
 }
 
@@ -106,8 +140,10 @@ async fn next_event(mut cursor: Cursor) -> Option<(Result<Event, Infallible>, Cu
         let seen = store.checkpoint();
         let (org, project, after) = (cursor.org.clone(), cursor.project, cursor.after);
         let reads = cursor.state.reads.clone();
-        let items = tokio::task::spawn_blocking(move || reads.with(|conn| queries::timeline(conn, &org, &project, None, after, BATCH)))
-            .await;
+        let items = tokio::task::spawn_blocking(move || {
+            reads.with(|conn| queries::timeline(conn, &org, &project, None, after, BATCH))
+        })
+        .await;
         match items {
             Ok(Ok(items)) if !items.is_empty() => cursor.buffer.extend(items),
             Ok(Ok(_)) => {
@@ -134,7 +170,12 @@ impl ClientGuard {
             if current >= max {
                 return None;
             }
-            match counter.compare_exchange_weak(current, current + 1, Ordering::AcqRel, Ordering::Relaxed) {
+            match counter.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return Some(Self(counter.clone())),
                 Err(actual) => current = actual,
             }

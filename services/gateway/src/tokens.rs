@@ -28,9 +28,15 @@ pub fn tokens_path(data_dir: &Path) -> PathBuf {
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
     #[error("token store {path}: {source}")]
-    Store { path: PathBuf, source: rusqlite::Error },
+    Store {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
     #[error("cannot create the directory of {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("user id must be 1-{USER_MAX_LEN} characters of letters, digits, '.', '_', '@' or '-'")]
     BadUser,
 }
@@ -53,9 +59,15 @@ impl TokenStore {
     /// Opens (or creates) the token file.
     pub fn open(path: &Path) -> Result<Self, TokenError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|source| TokenError::Io { path: path.to_owned(), source })?;
+            std::fs::create_dir_all(parent).map_err(|source| TokenError::Io {
+                path: path.to_owned(),
+                source,
+            })?;
         }
-        let store_error = |source| TokenError::Store { path: path.to_owned(), source };
+        let store_error = |source| TokenError::Store {
+            path: path.to_owned(),
+            source,
+        };
         let connection = Connection::open(path).map_err(store_error)?;
         connection
             .execute_batch(
@@ -70,14 +82,19 @@ impl TokenStore {
             )
             .map_err(store_error)?;
         restrict_permissions(path);
-        Ok(Self { path: path.to_owned(), connection: Arc::new(Mutex::new(connection)) })
+        Ok(Self {
+            path: path.to_owned(),
+            connection: Arc::new(Mutex::new(connection)),
+        })
     }
 
     /// Creates a token for `user` of `org` and returns it (the only time it is visible).
     pub fn issue(&self, org: &OrgId, user: &str) -> Result<String, TokenError> {
         let valid_user = !user.is_empty()
             && user.len() <= USER_MAX_LEN
-            && user.chars().all(|c| c.is_ascii_alphanumeric() || "._@-".contains(c));
+            && user
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._@-".contains(c));
         if !valid_user {
             return Err(TokenError::BadUser);
         }
@@ -90,7 +107,10 @@ impl TokenStore {
                 "INSERT INTO tokens (sha256, org, user, created_at) VALUES (?1, ?2, ?3, ?4)",
                 params![digest(&token), org.as_str(), user, now],
             )
-            .map_err(|source| TokenError::Store { path: self.path.clone(), source })?;
+            .map_err(|source| TokenError::Store {
+                path: self.path.clone(),
+                source,
+            })?;
         Ok(token)
     }
 
@@ -107,12 +127,17 @@ impl TokenStore {
                 |row| Ok((row.get(0)?, row.get(1)?)),
             )
             .optional()
-            .map_err(|source| TokenError::Store { path: self.path.clone(), source })?;
+            .map_err(|source| TokenError::Store {
+                path: self.path.clone(),
+                source,
+            })?;
         Ok(row.and_then(|(org, user)| org.parse().ok().map(|org| Principal { org, user })))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
-        self.connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.connection
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -148,14 +173,26 @@ mod tests {
         let token = issue_token(&path, &org, "ada").unwrap();
         assert!(token.starts_with(TOKEN_PREFIX));
         let store = TokenStore::open(&path).unwrap();
-        assert_eq!(store.verify(&token).unwrap(), Some(Principal { org, user: "ada".into() }));
+        assert_eq!(
+            store.verify(&token).unwrap(),
+            Some(Principal {
+                org,
+                user: "ada".into()
+            })
+        );
         assert_eq!(store.verify("zpt_nope").unwrap(), None);
         assert_eq!(store.verify("").unwrap(), None);
         let needle = token.as_bytes();
         for file in [path.clone(), path.with_extension("sqlite-wal")] {
             let raw = std::fs::read(&file).unwrap_or_default();
-            assert!(!raw.windows(needle.len()).any(|window| window == needle), "token stored in clear");
+            assert!(
+                !raw.windows(needle.len()).any(|window| window == needle),
+                "token stored in clear"
+            );
         }
-        assert!(matches!(store.issue(&"acme".parse().unwrap(), "bad user"), Err(TokenError::BadUser)));
+        assert!(matches!(
+            store.issue(&"acme".parse().unwrap(), "bad user"),
+            Err(TokenError::BadUser)
+        ));
     }
 }

@@ -28,9 +28,18 @@ const STYLE: &str = include_str!("web/app.css");
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/", get(|| async { page("Projects", "projects", "") }))
-        .route("/p/{id}", get(|Path(id): Path<String>| async move { project_page(&id) }))
-        .route("/assets/app.js", get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }))
-        .route("/assets/app.css", get(|| async { asset("text/css; charset=utf-8", STYLE) }))
+        .route(
+            "/p/{id}",
+            get(|Path(id): Path<String>| async move { project_page(&id) }),
+        )
+        .route(
+            "/assets/app.js",
+            get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }),
+        )
+        .route(
+            "/assets/app.css",
+            get(|| async { asset("text/css; charset=utf-8", STYLE) }),
+        )
 }
 
 fn project_page(id: &str) -> Response {
@@ -45,7 +54,10 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    headers.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     response
 }
 
@@ -89,9 +101,15 @@ fn page(title: &str, view: &str, project: &str) -> Response {
     );
     let mut response = html.into_response();
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
     headers.insert("content-security-policy", HeaderValue::from_static(APP_CSP));
-    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    headers.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     headers.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response

@@ -19,7 +19,10 @@ fn generate(repo: &Path) -> std::io::Result<()> {
         std::fs::create_dir_all(&dir)?;
         for f in 0..1_000 {
             let mut file = std::fs::File::create(dir.join(format!("file{f}.rs")))?;
-            writeln!(file, "//! module {d} file {f}\nfn compute_{f}(x: u64) -> u64 {{\n    x * {f} + {d}\n}}")?;
+            writeln!(
+                file,
+                "//! module {d} file {f}\nfn compute_{f}(x: u64) -> u64 {{\n    x * {f} + {d}\n}}"
+            )?;
             if f % 997 == 0 {
                 writeln!(file, "// needle_marker here")?;
             }
@@ -47,16 +50,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("generated {FILES} files in {:?}", start.elapsed());
     let limits = SandboxLimits::default();
     let sb = Sandbox::new(WorkspaceRoot::open(dir.path())?, limits.clone())?;
-    let input = SearchInput { pattern: "needle_marker".into(), ..Default::default() };
+    let input = SearchInput {
+        pattern: "needle_marker".into(),
+        ..Default::default()
+    };
     let (ours, out) = best_of(3, || sb.search(&input));
     let out = out?;
-    println!("zopu search: {:?} ({} matches, {} files searched)", ours, out.matches.len(), out.files_searched);
+    println!(
+        "zopu search: {:?} ({} matches, {} files searched)",
+        ours,
+        out.matches.len(),
+        out.files_searched
+    );
     match find_program("rg") {
         Some(rg) => {
-            let (theirs, rg_out) = best_of(3, || Command::new(&rg).args(["--no-config", "-n", "needle_marker"]).arg(&repo).output());
-            let lines = rg_out?.stdout.split(|b| *b == b'\n').filter(|l| !l.is_empty()).count();
+            let (theirs, rg_out) = best_of(3, || {
+                Command::new(&rg)
+                    .args(["--no-config", "-n", "needle_marker"])
+                    .arg(&repo)
+                    .output()
+            });
+            let lines = rg_out?
+                .stdout
+                .split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+                .count();
             println!("rg CLI:      {theirs:?} ({lines} matches)");
-            println!("ratio zopu/rg: {:.2}", ours.as_secs_f64() / theirs.as_secs_f64());
+            println!(
+                "ratio zopu/rg: {:.2}",
+                ours.as_secs_f64() / theirs.as_secs_f64()
+            );
         }
         None => println!("rg not installed: no comparison"),
     }

@@ -36,8 +36,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreated,
-    RulesetCreatedAttr, Scope, path_beneath_rules,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
+    RulesetCreated, RulesetCreatedAttr, Scope, path_beneath_rules,
 };
 use rustix::process::{Pid, Signal};
 use serde::Serialize;
@@ -148,25 +148,47 @@ struct Capabilities {
 fn capabilities() -> &'static Capabilities {
     static CAPS: OnceLock<Capabilities> = OnceLock::new();
     CAPS.get_or_init(|| {
-        let landlock_abi = [ABI::V7, ABI::V6, ABI::V5, ABI::V4, ABI::V3, ABI::V2, ABI::V1]
-            .into_iter()
-            .find(|abi| {
-                Ruleset::default()
-                    .set_compatibility(CompatLevel::HardRequirement)
-                    .handle_access(AccessFs::from_all(*abi))
-                    .and_then(|r| r.create())
-                    .is_ok()
-            });
-        let network_namespace = probe_true(|cmd| child::install(cmd, child::Setup::namespaces_only()));
+        let landlock_abi = [
+            ABI::V7,
+            ABI::V6,
+            ABI::V5,
+            ABI::V4,
+            ABI::V3,
+            ABI::V2,
+            ABI::V1,
+        ]
+        .into_iter()
+        .find(|abi| {
+            Ruleset::default()
+                .set_compatibility(CompatLevel::HardRequirement)
+                .handle_access(AccessFs::from_all(*abi))
+                .and_then(|r| r.create())
+                .is_ok()
+        });
+        let network_namespace =
+            probe_true(|cmd| child::install(cmd, child::Setup::namespaces_only()));
         let bubblewrap = find_program("bwrap").filter(|bwrap| {
             probe_true(|cmd| {
                 let program = cmd.get_program().to_owned();
                 let mut wrapped = Command::new(bwrap);
-                wrapped.args(["--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--"]).arg(program);
+                wrapped
+                    .args([
+                        "--unshare-all",
+                        "--die-with-parent",
+                        "--ro-bind",
+                        "/",
+                        "/",
+                        "--",
+                    ])
+                    .arg(program);
                 *cmd = wrapped;
             })
         });
-        Capabilities { landlock_abi, network_namespace, bubblewrap }
+        Capabilities {
+            landlock_abi,
+            network_namespace,
+            bubblewrap,
+        }
     })
 }
 
@@ -176,7 +198,10 @@ fn probe_true(prepare: impl FnOnce(&mut Command)) -> bool {
     };
     let mut cmd = Command::new(true_bin);
     prepare(&mut cmd);
-    cmd.env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    cmd.env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     cmd.status().map(|s| s.success()).unwrap_or(false)
 }
 
@@ -204,10 +229,17 @@ fn dynamic_loaders() -> Vec<PathBuf> {
 }
 
 fn system_read_paths() -> Vec<PathBuf> {
-    ["/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/localtime"]
-        .iter()
-        .filter_map(|p| Path::new(p).canonicalize().ok())
-        .collect()
+    [
+        "/usr",
+        "/lib",
+        "/lib64",
+        "/bin",
+        "/etc/ld.so.cache",
+        "/etc/localtime",
+    ]
+    .iter()
+    .filter_map(|p| Path::new(p).canonicalize().ok())
+    .collect()
 }
 
 /// A program to run confined.
@@ -274,14 +306,20 @@ impl Confinement {
             mode,
         };
         tracing::info!(mode = ?report.mode, layers = ?report.active_layers(), "sandbox confinement probed");
-        Self { report, limits: limits.clone() }
+        Self {
+            report,
+            limits: limits.clone(),
+        }
     }
 
     /// A confinement with a given report, e.g. to pin a mode the operator
     /// chose or to exercise the refusal path; layers absent on the machine
     /// make `run` fail rather than silently weaken.
     pub fn with_report(report: ConfinementReport, limits: &SandboxLimits) -> Self {
-        Self { report, limits: limits.clone() }
+        Self {
+            report,
+            limits: limits.clone(),
+        }
     }
 
     /// The probe result.
@@ -299,19 +337,31 @@ impl Confinement {
         }
         let tmp = PrivateTemp::create()?;
         let mut env = cmd.env.clone();
-        env.push(("TMPDIR".to_owned(), tmp.path().to_string_lossy().into_owned()));
+        env.push((
+            "TMPDIR".to_owned(),
+            tmp.path().to_string_lossy().into_owned(),
+        ));
         let rlimits = child::Rlimits::from_limits(&self.limits);
         let mut command = match self.report.mode {
             ConfinementMode::Landlock => {
                 let ruleset = self.landlock_ruleset(cmd, tmp.path())?;
                 let mut command = Command::new(&cmd.program);
-                command.args(&cmd.args).current_dir(&cmd.cwd).env_clear().envs(env);
-                let setup = child::Setup::full(rlimits, self.report.network_namespace, Some(ruleset));
+                command
+                    .args(&cmd.args)
+                    .current_dir(&cmd.cwd)
+                    .env_clear()
+                    .envs(env);
+                let setup =
+                    child::Setup::full(rlimits, self.report.network_namespace, Some(ruleset));
                 child::install(&mut command, setup);
                 command
             }
             ConfinementMode::Bubblewrap => {
-                let bwrap = self.report.bubblewrap.clone().unwrap_or_else(|| PathBuf::from("/usr/bin/bwrap"));
+                let bwrap = self
+                    .report
+                    .bubblewrap
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from("/usr/bin/bwrap"));
                 let mut command = Command::new(bwrap);
                 command.args(bwrap_args(cmd, &env, tmp.path()));
                 command.env_clear();
@@ -320,16 +370,28 @@ impl Confinement {
             }
             ConfinementMode::Unconfined | ConfinementMode::Refused => {
                 let mut command = Command::new(&cmd.program);
-                command.args(&cmd.args).current_dir(&cmd.cwd).env_clear().envs(env);
+                command
+                    .args(&cmd.args)
+                    .current_dir(&cmd.cwd)
+                    .env_clear()
+                    .envs(env);
                 child::install(&mut command, child::Setup::full(rlimits, false, None));
                 command
             }
         };
-        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
         supervise(command, cmd)
     }
 
-    fn landlock_ruleset(&self, cmd: &ConfinedCommand, tmp: &Path) -> Result<RulesetCreated, ConfineError> {
+    fn landlock_ruleset(
+        &self,
+        cmd: &ConfinedCommand,
+        tmp: &Path,
+    ) -> Result<RulesetCreated, ConfineError> {
         let Some(abi) = self.report.landlock_abi.map(|v| ABI::from(i32::from(v))) else {
             return Err(ConfineError::Unconfined);
         };
@@ -354,23 +416,52 @@ impl Confinement {
             .create()?
             .set_compatibility(CompatLevel::BestEffort)
             .add_rules(path_beneath_rules(reads, read & !AccessFs::Execute))?
-            .add_rules(path_beneath_rules(execs, AccessFs::Execute | AccessFs::ReadFile))?
-            .add_rules(path_beneath_rules(writes, AccessFs::from_all(abi) & !AccessFs::Execute))?
-            .add_rules(path_beneath_rules(["/dev/null"], AccessFs::ReadFile | AccessFs::WriteFile))?
+            .add_rules(path_beneath_rules(
+                execs,
+                AccessFs::Execute | AccessFs::ReadFile,
+            ))?
+            .add_rules(path_beneath_rules(
+                writes,
+                AccessFs::from_all(abi) & !AccessFs::Execute,
+            ))?
+            .add_rules(path_beneath_rules(
+                ["/dev/null"],
+                AccessFs::ReadFile | AccessFs::WriteFile,
+            ))?
             .set_compatibility(CompatLevel::HardRequirement);
         Ok(created)
     }
 }
 
 fn bwrap_args(cmd: &ConfinedCommand, env: &[(String, String)], tmp: &Path) -> Vec<OsString> {
-    let mut args: Vec<OsString> = ["--unshare-all", "--die-with-parent", "--clearenv", "--dev", "/dev", "--proc", "/proc"]
-        .iter()
-        .map(OsString::from)
-        .collect();
+    let mut args: Vec<OsString> = [
+        "--unshare-all",
+        "--die-with-parent",
+        "--clearenv",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
     let mut bind = |flag: &str, path: &Path| {
-        args.extend([OsString::from(flag), path.as_os_str().to_owned(), path.as_os_str().to_owned()]);
+        args.extend([
+            OsString::from(flag),
+            path.as_os_str().to_owned(),
+            path.as_os_str().to_owned(),
+        ]);
     };
-    for dir in ["/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/localtime"] {
+    for dir in [
+        "/usr",
+        "/lib",
+        "/lib64",
+        "/bin",
+        "/sbin",
+        "/etc/ld.so.cache",
+        "/etc/localtime",
+    ] {
         bind("--ro-bind-try", Path::new(dir));
     }
     for path in &cmd.read_paths {
@@ -381,9 +472,17 @@ fn bwrap_args(cmd: &ConfinedCommand, env: &[(String, String)], tmp: &Path) -> Ve
     }
     bind("--bind", tmp);
     for (key, value) in env {
-        args.extend([OsString::from("--setenv"), OsString::from(key), OsString::from(value)]);
+        args.extend([
+            OsString::from("--setenv"),
+            OsString::from(key),
+            OsString::from(value),
+        ]);
     }
-    args.extend([OsString::from("--chdir"), cmd.cwd.as_os_str().to_owned(), OsString::from("--")]);
+    args.extend([
+        OsString::from("--chdir"),
+        cmd.cwd.as_os_str().to_owned(),
+        OsString::from("--"),
+    ]);
     args.push(cmd.program.as_os_str().to_owned());
     args.extend(cmd.args.iter().cloned());
     args
@@ -397,7 +496,10 @@ impl PrivateTemp {
     fn create() -> Result<Self, ConfineError> {
         use std::os::unix::fs::DirBuilderExt;
         let path = std::env::temp_dir().join(format!("zopu-sandbox-{}", uuid::Uuid::now_v7()));
-        std::fs::DirBuilder::new().mode(0o700).create(&path).map_err(ConfineError::TempDir)?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(ConfineError::TempDir)?;
         Ok(Self(path))
     }
 
@@ -430,16 +532,20 @@ fn kill_group(pid: Option<Pid>) {
 fn supervise(mut command: Command, cmd: &ConfinedCommand) -> Result<ExecOutput, ConfineError> {
     let start = Instant::now();
     let deadline = start + cmd.timeout;
-    let mut child = command
-        .spawn()
-        .map_err(|source| ConfineError::Spawn { program: cmd.program.clone(), source })?;
+    let mut child = command.spawn().map_err(|source| ConfineError::Spawn {
+        program: cmd.program.clone(),
+        source,
+    })?;
     let pid = i32::try_from(child.id()).ok().and_then(Pid::from_raw);
     let (out_tx, out_rx) = mpsc::channel::<(bool, Capture)>();
     let spawn_reader = |stream: Option<Box<dyn Read + Send>>, is_stdout: bool| {
         let tx = out_tx.clone();
         let cap = cmd.output_cap;
         std::thread::spawn(move || {
-            let mut capture = Capture { bytes: Vec::new(), truncated: false };
+            let mut capture = Capture {
+                bytes: Vec::new(),
+                truncated: false,
+            };
             if let Some(mut stream) = stream {
                 let mut buf = [0u8; 16 * 1024];
                 loop {
@@ -460,8 +566,20 @@ fn supervise(mut command: Command, cmd: &ConfinedCommand) -> Result<ExecOutput, 
             let _ = tx.send((is_stdout, capture));
         });
     };
-    spawn_reader(child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>), true);
-    spawn_reader(child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>), false);
+    spawn_reader(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        true,
+    );
+    spawn_reader(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        false,
+    );
     drop(out_tx);
 
     let (status_tx, status_rx) = mpsc::channel();
@@ -474,18 +592,28 @@ fn supervise(mut command: Command, cmd: &ConfinedCommand) -> Result<ExecOutput, 
         Err(_) => {
             timed_out = true;
             kill_group(pid);
-            status_rx.recv().unwrap_or_else(|_| Err(std::io::Error::other("waiter thread vanished")))
+            status_rx
+                .recv()
+                .unwrap_or_else(|_| Err(std::io::Error::other("waiter thread vanished")))
         }
     }
     .map_err(ConfineError::Wait)?;
     // Kill anything the program left behind in its group.
     kill_group(pid);
 
-    let mut stdout = Capture { bytes: Vec::new(), truncated: false };
-    let mut stderr = Capture { bytes: Vec::new(), truncated: false };
+    let mut stdout = Capture {
+        bytes: Vec::new(),
+        truncated: false,
+    };
+    let mut stderr = Capture {
+        bytes: Vec::new(),
+        truncated: false,
+    };
     let grace = Duration::from_millis(500);
     for _ in 0..2 {
-        let wait = deadline.saturating_duration_since(Instant::now()).max(grace);
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .max(grace);
         match out_rx.recv_timeout(wait) {
             Ok((true, capture)) => stdout = capture,
             Ok((false, capture)) => stderr = capture,
@@ -547,30 +675,52 @@ mod child {
 
     impl Setup {
         pub(super) fn namespaces_only() -> Self {
-            Self { rlimits: None, id_maps: Some(id_maps()), ruleset: None }
+            Self {
+                rlimits: None,
+                id_maps: Some(id_maps()),
+                ruleset: None,
+            }
         }
 
-        pub(super) fn full(rlimits: Rlimits, namespaces: bool, ruleset: Option<RulesetCreated>) -> Self {
-            Self { rlimits: Some(rlimits), id_maps: namespaces.then(id_maps), ruleset }
+        pub(super) fn full(
+            rlimits: Rlimits,
+            namespaces: bool,
+            ruleset: Option<RulesetCreated>,
+        ) -> Self {
+            Self {
+                rlimits: Some(rlimits),
+                id_maps: namespaces.then(id_maps),
+                ruleset,
+            }
         }
 
         fn apply(&mut self) -> std::io::Result<()> {
             if let Some(Rlimits(limits)) = self.rlimits {
                 for (resource, value) in limits {
-                    rustix::process::setrlimit(resource, Rlimit { current: Some(value), maximum: Some(value) })?;
+                    rustix::process::setrlimit(
+                        resource,
+                        Rlimit {
+                            current: Some(value),
+                            maximum: Some(value),
+                        },
+                    )?;
                 }
             }
             if let Some((uid_map, gid_map)) = &self.id_maps {
                 // SAFETY: `unshare_unsafe` is unsafe only for CLONE_FILES,
                 // which would invalidate descriptors the process holds;
                 // only user and network namespaces are unshared here.
-                unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWUSER | UnshareFlags::NEWNET)? };
+                unsafe {
+                    rustix::thread::unshare_unsafe(UnshareFlags::NEWUSER | UnshareFlags::NEWNET)?
+                };
                 write_proc(c"/proc/self/setgroups", b"deny")?;
                 write_proc(c"/proc/self/uid_map", uid_map)?;
                 write_proc(c"/proc/self/gid_map", gid_map)?;
             }
             if let Some(ruleset) = self.ruleset.take() {
-                let status = ruleset.restrict_self().map_err(|_| std::io::Error::other("landlock"))?;
+                let status = ruleset
+                    .restrict_self()
+                    .map_err(|_| std::io::Error::other("landlock"))?;
                 if status.ruleset == RulesetStatus::NotEnforced {
                     return Err(std::io::Error::other("landlock not enforced"));
                 }
@@ -582,13 +732,20 @@ mod child {
     fn id_maps() -> (Vec<u8>, Vec<u8>) {
         let uid = rustix::process::getuid().as_raw();
         let gid = rustix::process::getgid().as_raw();
-        (format!("{uid} {uid} 1\n").into_bytes(), format!("{gid} {gid} 1\n").into_bytes())
+        (
+            format!("{uid} {uid} 1\n").into_bytes(),
+            format!("{gid} {gid} 1\n").into_bytes(),
+        )
     }
 
     fn write_proc(path: &std::ffi::CStr, bytes: &[u8]) -> std::io::Result<()> {
         let fd = rustix::fs::open(path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())?;
         let written = rustix::io::write(&fd, bytes)?;
-        if written == bytes.len() { Ok(()) } else { Err(std::io::Error::other("short write")) }
+        if written == bytes.len() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other("short write"))
+        }
     }
 
     /// Installs `setup` to run in the child before `exec`.

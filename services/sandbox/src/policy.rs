@@ -65,7 +65,9 @@ pub enum PolicyError {
     NotRegularFile(String),
     #[error("not a directory: {0:?}")]
     NotDirectory(String),
-    #[error("file has {links} hard links (refused, it may alias a file outside the workspace): {path:?}")]
+    #[error(
+        "file has {links} hard links (refused, it may alias a file outside the workspace): {path:?}"
+    )]
     HardLinked { path: String, links: u64 },
     #[error("no such file or directory: {0:?}")]
     NotFound(String),
@@ -87,7 +89,10 @@ pub enum PolicyError {
 
 impl PolicyError {
     fn io(path: &str, errno: Errno) -> Self {
-        Self::Io { path: path.to_owned(), source: errno.into() }
+        Self::Io {
+            path: path.to_owned(),
+            source: errno.into(),
+        }
     }
 
     /// A short stable code for the denial, for records and metrics.
@@ -191,24 +196,57 @@ impl SandboxLimits {
             if (min..=max).contains(&value) {
                 Ok(())
             } else {
-                Err(LimitsError { key, reason: format!("{value} is outside {min}..={max}") })
+                Err(LimitsError {
+                    key,
+                    reason: format!("{value} is outside {min}..={max}"),
+                })
             }
         }
         const GIB: u64 = 1024 * 1024 * 1024;
         range("max_file_bytes", self.max_file_bytes, 1, GIB)?;
-        range("max_response_bytes", self.max_response_bytes as u64, 1_024, 64 * 1024 * 1024)?;
-        range("max_list_entries", self.max_list_entries as u64, 1, 1_000_000)?;
+        range(
+            "max_response_bytes",
+            self.max_response_bytes as u64,
+            1_024,
+            64 * 1024 * 1024,
+        )?;
+        range(
+            "max_list_entries",
+            self.max_list_entries as u64,
+            1,
+            1_000_000,
+        )?;
         range("max_depth", self.max_depth as u64, 1, 512)?;
         range("max_matches", self.max_matches as u64, 1, 100_000)?;
         range("max_path_bytes", self.max_path_bytes as u64, 16, 4_096)?;
-        range("max_component_bytes", self.max_component_bytes as u64, 1, 255)?;
+        range(
+            "max_component_bytes",
+            self.max_component_bytes as u64,
+            1,
+            255,
+        )?;
         range("exec_timeout_ms", self.exec_timeout_ms, 10, 600_000)?;
-        range("exec_output_bytes", self.exec_output_bytes as u64, 1_024, 64 * 1024 * 1024)?;
-        range("memory_bytes", self.memory_bytes, 64 * 1024 * 1024, 64 * GIB)?;
+        range(
+            "exec_output_bytes",
+            self.exec_output_bytes as u64,
+            1_024,
+            64 * 1024 * 1024,
+        )?;
+        range(
+            "memory_bytes",
+            self.memory_bytes,
+            64 * 1024 * 1024,
+            64 * GIB,
+        )?;
         range("cpu_seconds", self.cpu_seconds, 1, 3_600)?;
         range("open_files", self.open_files, 16, 65_536)?;
         range("file_size_bytes", self.file_size_bytes, 0, 16 * GIB)?;
-        range("max_write_bytes", self.max_write_bytes as u64, 1, 256 * 1024 * 1024)?;
+        range(
+            "max_write_bytes",
+            self.max_write_bytes as u64,
+            1,
+            256 * 1024 * 1024,
+        )?;
         Ok(())
     }
 }
@@ -346,7 +384,10 @@ impl RelPath {
             return Err(PolicyError::NulByte);
         }
         if input.len() > limits.max_path_bytes {
-            return Err(PolicyError::PathTooLong { len: input.len(), max: limits.max_path_bytes });
+            return Err(PolicyError::PathTooLong {
+                len: input.len(),
+                max: limits.max_path_bytes,
+            });
         }
         if let Some(c) = input.chars().find(|c| is_forbidden_char(*c)) {
             return Err(PolicyError::ForbiddenCharacter(c as u32));
@@ -375,7 +416,9 @@ impl RelPath {
 
     /// The base directory itself.
     pub fn base() -> Self {
-        Self { components: Vec::new() }
+        Self {
+            components: Vec::new(),
+        }
     }
 
     /// Components in order.
@@ -395,7 +438,11 @@ impl RelPath {
 
     /// The path joined with `/` (`.` for the base).
     pub fn as_string(&self) -> String {
-        if self.components.is_empty() { ".".to_owned() } else { self.components.join("/") }
+        if self.components.is_empty() {
+            ".".to_owned()
+        } else {
+            self.components.join("/")
+        }
     }
 
     /// A relative `Path` (`.` for the base).
@@ -424,14 +471,17 @@ pub struct Opened {
 /// Opens `rel` beneath the directory `base` without traversing any symlink.
 pub fn open_beneath(base: &OwnedFd, rel: &RelPath, expect: Expect) -> Result<Opened, PolicyError> {
     let name = rel.as_string();
-    let mut flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
+    let mut flags =
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
     if expect == Expect::Directory {
         flags |= OFlags::DIRECTORY;
     }
     let fd = if rel.is_base() {
-        rustix::fs::openat(base, ".", flags, Mode::empty()).map_err(|e| PolicyError::io(&name, e))?
+        rustix::fs::openat(base, ".", flags, Mode::empty())
+            .map_err(|e| PolicyError::io(&name, e))?
     } else {
-        let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+        let resolve =
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
         match rustix::fs::openat2(base, rel.to_path_buf(), flags, Mode::empty(), resolve) {
             Ok(fd) => fd,
             Err(Errno::NOSYS | Errno::AGAIN | Errno::PERM) => walk_components(base, rel, flags)?,
@@ -444,7 +494,10 @@ pub fn open_beneath(base: &OwnedFd, rel: &RelPath, expect: Expect) -> Result<Ope
             Err(Errno::XDEV) => return Err(PolicyError::Escape(name)),
             Err(Errno::NOENT) => return Err(PolicyError::NotFound(name)),
             Err(Errno::NAMETOOLONG) => {
-                return Err(PolicyError::PathTooLong { len: name.len(), max: name.len() });
+                return Err(PolicyError::PathTooLong {
+                    len: name.len(),
+                    max: name.len(),
+                });
             }
             Err(e) => return Err(PolicyError::io(&name, e)),
         }
@@ -457,25 +510,42 @@ fn check_opened(fd: OwnedFd, name: &str, expect: Expect) -> Result<Opened, Polic
     let kind = FileType::from_raw_mode(st.st_mode);
     let nlink = st.st_nlink as u64;
     match expect {
-        Expect::File if kind != FileType::RegularFile => Err(PolicyError::NotRegularFile(name.to_owned())),
-        Expect::File if nlink > 1 => Err(PolicyError::HardLinked { path: name.to_owned(), links: nlink }),
-        Expect::Directory if kind != FileType::Directory => Err(PolicyError::NotDirectory(name.to_owned())),
-        _ => Ok(Opened { fd, size: u64::try_from(st.st_size).unwrap_or(0), nlink }),
+        Expect::File if kind != FileType::RegularFile => {
+            Err(PolicyError::NotRegularFile(name.to_owned()))
+        }
+        Expect::File if nlink > 1 => Err(PolicyError::HardLinked {
+            path: name.to_owned(),
+            links: nlink,
+        }),
+        Expect::Directory if kind != FileType::Directory => {
+            Err(PolicyError::NotDirectory(name.to_owned()))
+        }
+        _ => Ok(Opened {
+            fd,
+            size: u64::try_from(st.st_size).unwrap_or(0),
+            nlink,
+        }),
     }
 }
 
 /// The portable fallback: one `openat(O_NOFOLLOW)` per component, checking
 /// with `lstat` semantics which component is a symlink.
-fn walk_components(base: &OwnedFd, rel: &RelPath, last_flags: OFlags) -> Result<OwnedFd, PolicyError> {
+fn walk_components(
+    base: &OwnedFd,
+    rel: &RelPath,
+    last_flags: OFlags,
+) -> Result<OwnedFd, PolicyError> {
     let mut current: Option<OwnedFd> = None;
     let n = rel.components().len();
     for (i, comp) in rel.components().iter().enumerate() {
         let prefix = rel.components()[..=i].join("/");
         let dir = current.as_ref().unwrap_or(base);
-        let st = rustix::fs::statat(dir, comp.as_str(), AtFlags::SYMLINK_NOFOLLOW).map_err(|e| match e {
-            Errno::NOENT => PolicyError::NotFound(prefix.clone()),
-            e => PolicyError::io(&prefix, e),
-        })?;
+        let st = rustix::fs::statat(dir, comp.as_str(), AtFlags::SYMLINK_NOFOLLOW).map_err(
+            |e| match e {
+                Errno::NOENT => PolicyError::NotFound(prefix.clone()),
+                e => PolicyError::io(&prefix, e),
+            },
+        )?;
         let kind = FileType::from_raw_mode(st.st_mode);
         if kind == FileType::Symlink {
             return Err(PolicyError::Symlink(prefix));
@@ -485,12 +555,13 @@ fn walk_components(base: &OwnedFd, rel: &RelPath, last_flags: OFlags) -> Result<
             return Err(PolicyError::NotDirectory(prefix));
         }
         let flags = if last { last_flags } else { dir_flags() };
-        let fd = rustix::fs::openat(dir, comp.as_str(), flags, Mode::empty()).map_err(|e| match e {
-            Errno::LOOP => PolicyError::Symlink(prefix.clone()),
-            Errno::NOTDIR => PolicyError::NotDirectory(prefix.clone()),
-            Errno::NOENT => PolicyError::NotFound(prefix.clone()),
-            e => PolicyError::io(&prefix, e),
-        })?;
+        let fd =
+            rustix::fs::openat(dir, comp.as_str(), flags, Mode::empty()).map_err(|e| match e {
+                Errno::LOOP => PolicyError::Symlink(prefix.clone()),
+                Errno::NOTDIR => PolicyError::NotDirectory(prefix.clone()),
+                Errno::NOENT => PolicyError::NotFound(prefix.clone()),
+                e => PolicyError::io(&prefix, e),
+            })?;
         current = Some(fd);
     }
     current.ok_or_else(|| PolicyError::NotFound(rel.as_string()))
@@ -512,21 +583,51 @@ mod tests {
     #[test]
     fn parse_rejects_escapes() {
         let l = SandboxLimits::default();
-        assert!(matches!(RelPath::parse("../x", &l), Err(PolicyError::ParentTraversal(_))));
-        assert!(matches!(RelPath::parse("a/../../x", &l), Err(PolicyError::ParentTraversal(_))));
-        assert!(matches!(RelPath::parse("/etc/passwd", &l), Err(PolicyError::Absolute(_))));
-        assert!(matches!(RelPath::parse("a\0b", &l), Err(PolicyError::NulByte)));
-        assert!(matches!(RelPath::parse("a\u{202E}b", &l), Err(PolicyError::ForbiddenCharacter(0x202E))));
-        assert!(matches!(RelPath::parse("a\u{200B}b", &l), Err(PolicyError::ForbiddenCharacter(0x200B))));
-        assert!(matches!(RelPath::parse(&"a".repeat(300), &l), Err(PolicyError::ComponentTooLong { .. })));
-        assert!(matches!(RelPath::parse(&"a/".repeat(600), &l), Err(PolicyError::PathTooLong { .. })));
-        assert_eq!(RelPath::parse("./a//b/", &l).map(|p| p.as_string()).ok(), Some("a/b".to_owned()));
+        assert!(matches!(
+            RelPath::parse("../x", &l),
+            Err(PolicyError::ParentTraversal(_))
+        ));
+        assert!(matches!(
+            RelPath::parse("a/../../x", &l),
+            Err(PolicyError::ParentTraversal(_))
+        ));
+        assert!(matches!(
+            RelPath::parse("/etc/passwd", &l),
+            Err(PolicyError::Absolute(_))
+        ));
+        assert!(matches!(
+            RelPath::parse("a\0b", &l),
+            Err(PolicyError::NulByte)
+        ));
+        assert!(matches!(
+            RelPath::parse("a\u{202E}b", &l),
+            Err(PolicyError::ForbiddenCharacter(0x202E))
+        ));
+        assert!(matches!(
+            RelPath::parse("a\u{200B}b", &l),
+            Err(PolicyError::ForbiddenCharacter(0x200B))
+        ));
+        assert!(matches!(
+            RelPath::parse(&"a".repeat(300), &l),
+            Err(PolicyError::ComponentTooLong { .. })
+        ));
+        assert!(matches!(
+            RelPath::parse(&"a/".repeat(600), &l),
+            Err(PolicyError::PathTooLong { .. })
+        ));
+        assert_eq!(
+            RelPath::parse("./a//b/", &l).map(|p| p.as_string()).ok(),
+            Some("a/b".to_owned())
+        );
         assert!(RelPath::parse("", &l).map(|p| p.is_base()).unwrap_or(false));
     }
 
     #[test]
     fn validate_names_the_key() {
-        let limits = SandboxLimits { max_depth: 0, ..SandboxLimits::default() };
+        let limits = SandboxLimits {
+            max_depth: 0,
+            ..SandboxLimits::default()
+        };
         let err = limits.validate().err().map(|e| e.key);
         assert_eq!(err, Some("max_depth"));
         assert!(SandboxLimits::default().validate().is_ok());

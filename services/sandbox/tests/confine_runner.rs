@@ -7,7 +7,9 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use zopu_sandbox::confine::{ConfinedCommand, Confinement, ConfinementMode, ConfineError, find_program};
+use zopu_sandbox::confine::{
+    ConfineError, ConfinedCommand, Confinement, ConfinementMode, find_program,
+};
 use zopu_sandbox::policy::SandboxLimits;
 
 fn bash() -> PathBuf {
@@ -30,13 +32,19 @@ fn command(program: PathBuf, args: &[&str], cwd: &Path, timeout: Duration) -> Co
 
 fn confinements() -> Vec<Confinement> {
     let landlock = Confinement::probe(&SandboxLimits::default());
-    let bwrap = Confinement::probe(&SandboxLimits { prefer_bubblewrap: true, ..SandboxLimits::default() });
+    let bwrap = Confinement::probe(&SandboxLimits {
+        prefer_bubblewrap: true,
+        ..SandboxLimits::default()
+    });
     let mut all = vec![landlock];
     if bwrap.report().mode != all[0].report().mode {
         all.push(bwrap);
     }
     all.retain(|c| c.report().mode != ConfinementMode::Refused);
-    eprintln!("modes under test: {:?}", all.iter().map(|c| c.report().clone()).collect::<Vec<_>>());
+    eprintln!(
+        "modes under test: {:?}",
+        all.iter().map(|c| c.report().clone()).collect::<Vec<_>>()
+    );
     all
 }
 
@@ -45,7 +53,12 @@ fn hanging_command_is_killed_with_its_group() {
     let dir = tempfile::tempdir().expect("tmp");
     for c in confinements() {
         // A grandchild in the background must die too, or stdout never closes.
-        let mut cmd = command(bash(), &["-c", "sleep 30 & sleep 30"], dir.path(), Duration::from_secs(1));
+        let mut cmd = command(
+            bash(),
+            &["-c", "sleep 30 & sleep 30"],
+            dir.path(),
+            Duration::from_secs(1),
+        );
         cmd.exec_paths.push(find_program("sleep").expect("sleep"));
         let out = c.run(&cmd).expect("runs");
         assert!(out.timed_out, "{out:?}");
@@ -58,10 +71,19 @@ fn hanging_command_is_killed_with_its_group() {
 fn output_is_capped_and_the_writer_killed() {
     let dir = tempfile::tempdir().expect("tmp");
     for c in confinements() {
-        let mut cmd = command(find_program("yes").expect("yes"), &[], dir.path(), Duration::from_secs(20));
+        let mut cmd = command(
+            find_program("yes").expect("yes"),
+            &[],
+            dir.path(),
+            Duration::from_secs(20),
+        );
         cmd.output_cap = 10_000;
         let out = c.run(&cmd).expect("runs");
-        assert!(out.stdout_truncated && out.stdout.len() == 10_000, "{}", out.stdout.len());
+        assert!(
+            out.stdout_truncated && out.stdout.len() == 10_000,
+            "{}",
+            out.stdout.len()
+        );
         assert!(!out.timed_out && out.duration < Duration::from_secs(10));
     }
 }
@@ -70,7 +92,15 @@ fn output_is_capped_and_the_writer_killed() {
 fn rlimits_and_cleared_env_apply() {
     let dir = tempfile::tempdir().expect("tmp");
     for c in confinements() {
-        let cmd = command(bash(), &["-c", "ulimit -n; ulimit -c; ulimit -v; ulimit -t; env | sort"], dir.path(), Duration::from_secs(10));
+        let cmd = command(
+            bash(),
+            &[
+                "-c",
+                "ulimit -n; ulimit -c; ulimit -v; ulimit -t; env | sort",
+            ],
+            dir.path(),
+            Duration::from_secs(10),
+        );
         let out = c.run(&cmd).expect("runs");
         let text = String::from_utf8_lossy(&out.stdout);
         let lines: Vec<&str> = text.lines().collect();
@@ -87,20 +117,46 @@ fn network_is_denied() {
     let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
     let port = listener.local_addr().expect("addr").port();
     let script = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected");
-    let control = std::process::Command::new(bash()).args(["-c", &script]).output().expect("control");
-    assert_eq!(String::from_utf8_lossy(&control.stdout).trim(), "connected", "control must connect");
+    let control = std::process::Command::new(bash())
+        .args(["-c", &script])
+        .output()
+        .expect("control");
+    assert_eq!(
+        String::from_utf8_lossy(&control.stdout).trim(),
+        "connected",
+        "control must connect"
+    );
     let all = confinements();
     if all.is_empty() {
         // No network-denying layer here: the runner must refuse instead.
         let c = Confinement::probe(&SandboxLimits::default());
-        let err = c.run(&command(bash(), &["-c", &script], dir.path(), Duration::from_secs(5))).expect_err("refused");
+        let err = c
+            .run(&command(
+                bash(),
+                &["-c", &script],
+                dir.path(),
+                Duration::from_secs(5),
+            ))
+            .expect_err("refused");
         assert!(matches!(err, ConfineError::Unconfined));
         return;
     }
     for c in all {
         assert!(c.report().denies_network(), "{:?}", c.report());
-        let out = c.run(&command(bash(), &["-c", &script], dir.path(), Duration::from_secs(10))).expect("runs");
-        assert_ne!(out.exit_code, Some(0), "{:?} connected: {out:?}", c.report().mode);
+        let out = c
+            .run(&command(
+                bash(),
+                &["-c", &script],
+                dir.path(),
+                Duration::from_secs(10),
+            ))
+            .expect("runs");
+        assert_ne!(
+            out.exit_code,
+            Some(0),
+            "{:?} connected: {out:?}",
+            c.report().mode
+        );
         assert!(!String::from_utf8_lossy(&out.stdout).contains("connected"));
     }
 }
@@ -115,19 +171,36 @@ fn filesystem_and_exec_are_restricted_by_landlock() {
     let dir = tempfile::tempdir().expect("tmp");
     std::fs::write(dir.path().join("inside.txt"), "inside").expect("write");
     let run = |script: &str| {
-        c.run(&command(bash(), &["-c", script], dir.path(), Duration::from_secs(10))).expect("runs")
+        c.run(&command(
+            bash(),
+            &["-c", script],
+            dir.path(),
+            Duration::from_secs(10),
+        ))
+        .expect("runs")
     };
     let ok = run("read -r line < inside.txt; echo -n \"$line\"");
     assert_eq!(ok.stdout, b"inside", "{ok:?}");
     let passwd = run("read -r line < /etc/passwd && echo \"$line\"");
     assert_ne!(passwd.exit_code, Some(0), "read /etc/passwd: {passwd:?}");
     let write = run("echo x > inside.txt");
-    assert_ne!(write.exit_code, Some(0), "wrote the read-only tree: {write:?}");
-    assert_eq!(std::fs::read_to_string(dir.path().join("inside.txt")).expect("read"), "inside");
+    assert_ne!(
+        write.exit_code,
+        Some(0),
+        "wrote the read-only tree: {write:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("inside.txt")).expect("read"),
+        "inside"
+    );
     let tmp = run("echo x > \"$TMPDIR/t\" && read -r l < \"$TMPDIR/t\" && echo \"$l\"");
     assert_eq!(tmp.stdout, b"x\n", "private tmp is writable: {tmp:?}");
     let exec = run("/usr/bin/id");
-    assert_ne!(exec.exit_code, Some(0), "executed a program outside the allowlist: {exec:?}");
+    assert_ne!(
+        exec.exit_code,
+        Some(0),
+        "executed a program outside the allowlist: {exec:?}"
+    );
 }
 
 #[test]
@@ -137,10 +210,21 @@ fn refusal_names_the_opt_out_setting() {
     report.mode = ConfinementMode::Refused;
     let c = Confinement::with_report(report, &limits);
     let dir = tempfile::tempdir().expect("tmp");
-    let err = c.run(&command(bash(), &["-c", "true"], dir.path(), Duration::from_secs(5))).expect_err("refused");
+    let err = c
+        .run(&command(
+            bash(),
+            &["-c", "true"],
+            dir.path(),
+            Duration::from_secs(5),
+        ))
+        .expect_err("refused");
     let msg = err.to_string();
     assert!(matches!(err, ConfineError::Unconfined));
-    assert!(msg.contains("sandbox.allow_unconfined_exec") && msg.contains("ZOPU_SANDBOX__ALLOW_UNCONFINED_EXEC"), "{msg}");
+    assert!(
+        msg.contains("sandbox.allow_unconfined_exec")
+            && msg.contains("ZOPU_SANDBOX__ALLOW_UNCONFINED_EXEC"),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -6,7 +6,9 @@ use std::path::Path;
 
 use proptest::prelude::*;
 use zopu_sandbox::policy::{Area, RelPath, SandboxLimits, WorkspaceRoot};
-use zopu_sandbox::tools::{ListFilesInput, ReadFileInput, Sandbox, SearchInput, WriteGeneratedFileInput};
+use zopu_sandbox::tools::{
+    ListFilesInput, ReadFileInput, Sandbox, SearchInput, WriteGeneratedFileInput,
+};
 
 const SECRET: &str = "OUTSIDE-SECRET-42";
 
@@ -32,13 +34,16 @@ fn segment() -> impl Strategy<Value = String> {
 }
 
 fn path() -> impl Strategy<Value = String> {
-    (any::<bool>(), prop::collection::vec(segment(), 0..8))
-        .prop_map(|(absolute, parts)| format!("{}{}", if absolute { "/" } else { "" }, parts.join("/")))
+    (any::<bool>(), prop::collection::vec(segment(), 0..8)).prop_map(|(absolute, parts)| {
+        format!("{}{}", if absolute { "/" } else { "" }, parts.join("/"))
+    })
 }
 
 fn outside_snapshot(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> =
-        std::fs::read_dir(dir).expect("dir").map(|e| e.expect("e").file_name().to_string_lossy().into_owned()).collect();
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("dir")
+        .map(|e| e.expect("e").file_name().to_string_lossy().into_owned())
+        .collect();
     names.sort();
     names
 }

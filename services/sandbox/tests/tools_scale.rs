@@ -20,17 +20,28 @@ fn workspace() -> (TempDir, PathBuf) {
 }
 
 fn sandbox(root: &Path) -> Sandbox {
-    Sandbox::new(WorkspaceRoot::open(root).expect("root"), SandboxLimits::default()).expect("sandbox")
+    Sandbox::new(
+        WorkspaceRoot::open(root).expect("root"),
+        SandboxLimits::default(),
+    )
+    .expect("sandbox")
 }
 
 fn read(sb: &Sandbox, path: &str) -> zopu_sandbox::tools::ReadFileOutput {
-    sb.read_file(&ReadFileInput { path: path.into(), ..Default::default() }).expect(path)
+    sb.read_file(&ReadFileInput {
+        path: path.into(),
+        ..Default::default()
+    })
+    .expect(path)
 }
 
 #[test]
 fn huge_binary_and_malformed_files_stay_within_caps() {
     let (dir, repo) = workspace();
-    File::create(repo.join("sparse.bin")).expect("sparse").set_len(2 * 1024 * 1024 * 1024).expect("set_len");
+    File::create(repo.join("sparse.bin"))
+        .expect("sparse")
+        .set_len(2 * 1024 * 1024 * 1024)
+        .expect("set_len");
     let line = vec![b'a'; 100 * 1024 * 1024];
     let mut f = File::create(repo.join("oneline.txt")).expect("oneline");
     f.write_all(&line).expect("write");
@@ -51,36 +62,88 @@ fn huge_binary_and_malformed_files_stay_within_caps() {
     let late_read = read(&sb, "late_nul.txt");
     assert!(late_read.binary, "NUL after 1 MB is detected");
     let partial = sb
-        .read_file(&ReadFileInput { path: "late_nul.txt".into(), start_line: Some(2), end_line: Some(3), ..Default::default() })
+        .read_file(&ReadFileInput {
+            path: "late_nul.txt".into(),
+            start_line: Some(2),
+            end_line: Some(3),
+            ..Default::default()
+        })
         .expect("range");
-    assert_eq!((partial.content.as_str(), partial.binary), ("text line\ntext line\n", false));
+    assert_eq!(
+        (partial.content.as_str(), partial.binary),
+        ("text line\ntext line\n", false)
+    );
     let latin = read(&sb, "latin1.txt");
     assert!(latin.invalid_utf8 && latin.content.starts_with("caf\u{FFFD}"));
     let range = sb
-        .read_file(&ReadFileInput { path: "small.txt".into(), start_line: Some(2), end_line: Some(2), ..Default::default() })
+        .read_file(&ReadFileInput {
+            path: "small.txt".into(),
+            start_line: Some(2),
+            end_line: Some(2),
+            ..Default::default()
+        })
         .expect("range");
-    assert_eq!((range.content.as_str(), range.start_line, range.end_line), ("two needle\n", 2, 2));
-    let bad = sb.read_file(&ReadFileInput { path: "small.txt".into(), start_line: Some(0), ..Default::default() });
+    assert_eq!(
+        (range.content.as_str(), range.start_line, range.end_line),
+        ("two needle\n", 2, 2)
+    );
+    let bad = sb.read_file(&ReadFileInput {
+        path: "small.txt".into(),
+        start_line: Some(0),
+        ..Default::default()
+    });
     assert!(bad.is_err());
 
-    let found = sb.search(&SearchInput { pattern: "needle".into(), literal: true, ..Default::default() }).expect("search");
+    let found = sb
+        .search(&SearchInput {
+            pattern: "needle".into(),
+            literal: true,
+            ..Default::default()
+        })
+        .expect("search");
     let paths: Vec<&str> = found.matches.iter().map(|m| m.path.as_str()).collect();
     assert_eq!(paths, ["latin1.txt", "small.txt"], "{found:?}");
-    assert!(found.files_skipped_large >= 2, "sparse and 100 MB files skipped: {found:?}");
-    assert!(found.files_skipped_binary >= 1, "late NUL file skipped: {found:?}");
-    let capped = sb.search(&SearchInput { pattern: "text".into(), max_matches: Some(10), ..Default::default() });
-    assert!(capped.is_ok_and(|c| c.matches.is_empty()), "binary file matches are discarded");
+    assert!(
+        found.files_skipped_large >= 2,
+        "sparse and 100 MB files skipped: {found:?}"
+    );
+    assert!(
+        found.files_skipped_binary >= 1,
+        "late NUL file skipped: {found:?}"
+    );
+    let capped = sb.search(&SearchInput {
+        pattern: "text".into(),
+        max_matches: Some(10),
+        ..Default::default()
+    });
+    assert!(
+        capped.is_ok_and(|c| c.matches.is_empty()),
+        "binary file matches are discarded"
+    );
     let serialized = serde_json::to_vec(&one).expect("json");
     assert!(serialized.len() <= limits.max_response_bytes * 2);
 }
 
 fn mkdir_deep(base: &Path, depth: usize) {
-    let mut fd: OwnedFd = rustix::fs::open(base, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).expect("open");
+    let mut fd: OwnedFd =
+        rustix::fs::open(base, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).expect("open");
     for _ in 0..depth {
         rustix::fs::mkdirat(&fd, "d", Mode::RWXU).expect("mkdirat");
-        fd = rustix::fs::openat(&fd, "d", OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW, Mode::empty()).expect("openat");
+        fd = rustix::fs::openat(
+            &fd,
+            "d",
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )
+        .expect("openat");
     }
-    rustix::fs::openat(&fd, "deep.txt", OFlags::CREATE | OFlags::WRONLY, Mode::RUSR | Mode::WUSR).expect("file");
+    rustix::fs::openat(
+        &fd,
+        "deep.txt",
+        OFlags::CREATE | OFlags::WRONLY,
+        Mode::RUSR | Mode::WUSR,
+    )
+    .expect("file");
 }
 
 #[test]
@@ -93,13 +156,29 @@ fn depth_2000_is_walked_within_the_depth_cap() {
     assert_eq!(listing.entries.len(), sb.limits().max_depth);
     let described = sb.describe(&Default::default()).expect("describe");
     assert_eq!(described.directories, sb.limits().max_depth as u64);
-    let found = sb.search(&SearchInput { pattern: "x".into(), ..Default::default() }).expect("search");
+    let found = sb
+        .search(&SearchInput {
+            pattern: "x".into(),
+            ..Default::default()
+        })
+        .expect("search");
     assert!(found.matches.is_empty());
     let deep = "d/".repeat(2_000) + "deep.txt";
-    let err = sb.read_file(&ReadFileInput { path: deep, ..Default::default() }).expect_err("too long");
+    let err = sb
+        .read_file(&ReadFileInput {
+            path: deep,
+            ..Default::default()
+        })
+        .expect_err("too long");
     assert!(err.is_denial());
     let deep = "d/".repeat(400) + "deep.txt";
-    assert!(sb.read_file(&ReadFileInput { path: deep, ..Default::default() }).is_err());
+    assert!(
+        sb.read_file(&ReadFileInput {
+            path: deep,
+            ..Default::default()
+        })
+        .is_err()
+    );
 }
 
 #[test]
@@ -108,10 +187,16 @@ fn two_hundred_thousand_files_are_capped() {
     for d in 0..200 {
         let sub = repo.join(format!("d{d:03}"));
         std::fs::create_dir(&sub).expect("dir");
-        let fd = rustix::fs::open(&sub, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).expect("open");
+        let fd = rustix::fs::open(&sub, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty())
+            .expect("open");
         for f in 0..1_000 {
-            rustix::fs::openat(&fd, format!("f{f}.rs").as_str(), OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC, Mode::RUSR | Mode::WUSR)
-                .expect("create");
+            rustix::fs::openat(
+                &fd,
+                format!("f{f}.rs").as_str(),
+                OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC,
+                Mode::RUSR | Mode::WUSR,
+            )
+            .expect("create");
         }
     }
     std::fs::write(repo.join("d000/hit.rs"), "needle\n").expect("hit");
@@ -123,7 +208,12 @@ fn two_hundred_thousand_files_are_capped() {
     let described = sb.describe(&Default::default()).expect("describe");
     assert!(described.truncated && described.top_level.len() == 200);
     assert!(described.files <= (limits.max_list_entries * 20) as u64);
-    let found = sb.search(&SearchInput { pattern: "needle".into(), ..Default::default() }).expect("search");
+    let found = sb
+        .search(&SearchInput {
+            pattern: "needle".into(),
+            ..Default::default()
+        })
+        .expect("search");
     assert_eq!(found.matches.len(), 1);
     assert!(found.files_searched > 200_000, "{found:?}");
 }

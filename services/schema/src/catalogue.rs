@@ -98,9 +98,15 @@ pub enum JsonViewError {
     #[error("unknown dataschema {0:?}")]
     UnknownSchema(String),
     #[error("body does not decode as {schema}: {source}")]
-    Decode { schema: String, source: prost::DecodeError },
+    Decode {
+        schema: String,
+        source: prost::DecodeError,
+    },
     #[error("cannot render {schema} as JSON: {source}")]
-    Render { schema: String, source: serde_json::Error },
+    Render {
+        schema: String,
+        source: serde_json::Error,
+    },
 }
 
 fn pool() -> &'static DescriptorPool {
@@ -118,10 +124,15 @@ pub fn to_json(schema: &str, body: &[u8]) -> Result<serde_json::Value, JsonViewE
     let descriptor = pool()
         .get_message_by_name(schema)
         .ok_or_else(|| JsonViewError::UnknownSchema(schema.to_owned()))?;
-    let message = DynamicMessage::decode(descriptor, body)
-        .map_err(|source| JsonViewError::Decode { schema: schema.to_owned(), source })?;
-    serde_json::to_value(&message)
-        .map_err(|source| JsonViewError::Render { schema: schema.to_owned(), source })
+    let message =
+        DynamicMessage::decode(descriptor, body).map_err(|source| JsonViewError::Decode {
+            schema: schema.to_owned(),
+            source,
+        })?;
+    serde_json::to_value(&message).map_err(|source| JsonViewError::Render {
+        schema: schema.to_owned(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -132,8 +143,16 @@ mod tests {
     #[test]
     fn every_catalogue_schema_is_in_the_descriptor_set() {
         for kind in ALL {
-            assert!(pool().get_message_by_name(kind.schema).is_some(), "{} missing", kind.schema);
-            assert!(crate::subjects::is_valid_event_type(kind.event_type), "{}", kind.event_type);
+            assert!(
+                pool().get_message_by_name(kind.schema).is_some(),
+                "{} missing",
+                kind.schema
+            );
+            assert!(
+                crate::subjects::is_valid_event_type(kind.event_type),
+                "{}",
+                kind.event_type
+            );
         }
     }
 

@@ -37,9 +37,26 @@ pub const PROJECT_VERSION: &str = "ce-projectversion";
 pub const PREVIOUS_HASH: &str = "ce-prevhash";
 
 const KNOWN: &[&str] = &[
-    SPECVERSION, ID, SOURCE, TYPE, SUBJECT, TIME, DATASCHEMA, CONTENT_TYPE, CORRELATION_ID,
-    CAUSATION_ID, ORG_ID, PROJECT_ID, WORK_ID, THREAD_ID, FLOW_RUN_ID, DISPATCH_ID, TRACEPARENT,
-    IDEMPOTENCY_KEY, PROJECT_VERSION, PREVIOUS_HASH,
+    SPECVERSION,
+    ID,
+    SOURCE,
+    TYPE,
+    SUBJECT,
+    TIME,
+    DATASCHEMA,
+    CONTENT_TYPE,
+    CORRELATION_ID,
+    CAUSATION_ID,
+    ORG_ID,
+    PROJECT_ID,
+    WORK_ID,
+    THREAD_ID,
+    FLOW_RUN_ID,
+    DISPATCH_ID,
+    TRACEPARENT,
+    IDEMPOTENCY_KEY,
+    PROJECT_VERSION,
+    PREVIOUS_HASH,
 ];
 
 /// Why a message is not a valid Zopu event. Names the header at fault.
@@ -52,7 +69,10 @@ pub enum DecodeError {
     #[error("header {header} is not valid percent-encoded UTF-8")]
     Encoding { header: &'static str },
     #[error("header {header}: {reason}")]
-    Invalid { header: &'static str, reason: String },
+    Invalid {
+        header: &'static str,
+        reason: String,
+    },
     #[error("unsupported CloudEvents specversion {0:?}")]
     SpecVersion(String),
     #[error("unsupported content type {0:?}, expected application/protobuf")]
@@ -65,7 +85,10 @@ pub enum DecodeError {
 
 impl DecodeError {
     fn invalid(header: &'static str, reason: impl ToString) -> Self {
-        Self::Invalid { header, reason: reason.to_string() }
+        Self::Invalid {
+            header,
+            reason: reason.to_string(),
+        }
     }
 }
 
@@ -88,7 +111,10 @@ pub fn encode(envelope: &Envelope) -> (Vec<(&'static str, String)>, Bytes) {
         (TIME, envelope::format_time(envelope.time)),
         (CONTENT_TYPE, envelope::CONTENT_TYPE.to_owned()),
         (DATASCHEMA, envelope.data_schema.clone()),
-        (CORRELATION_ID, encode_value(envelope.correlation_id.as_str())),
+        (
+            CORRELATION_ID,
+            encode_value(envelope.correlation_id.as_str()),
+        ),
         (CAUSATION_ID, envelope.causation_id.to_string()),
         (ORG_ID, envelope.org_id.to_string()),
         (PROJECT_ID, envelope.project_id.to_string()),
@@ -101,9 +127,16 @@ pub fn encode(envelope: &Envelope) -> (Vec<(&'static str, String)>, Bytes) {
         (FLOW_RUN_ID, envelope.flow_run_id.map(|id| id.to_string())),
         (DISPATCH_ID, envelope.dispatch_id.map(|id| id.to_string())),
         (TRACEPARENT, envelope.traceparent.clone()),
-        (PREVIOUS_HASH, envelope.previous_hash.map(|hash| hash.to_hex())),
+        (
+            PREVIOUS_HASH,
+            envelope.previous_hash.map(|hash| hash.to_hex()),
+        ),
     ];
-    headers.extend(optional.into_iter().filter_map(|(name, value)| value.map(|value| (name, value))));
+    headers.extend(
+        optional
+            .into_iter()
+            .filter_map(|(name, value)| value.map(|value| (name, value))),
+    );
     (headers, envelope.data.clone())
 }
 
@@ -116,7 +149,10 @@ impl<'a> Headers<'a> {
     fn collect(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Self, DecodeError> {
         let mut values = [None; KNOWN.len()];
         for (name, value) in pairs {
-            let Some(index) = KNOWN.iter().position(|known| known.eq_ignore_ascii_case(name)) else {
+            let Some(index) = KNOWN
+                .iter()
+                .position(|known| known.eq_ignore_ascii_case(name))
+            else {
                 continue;
             };
             if values[index].is_some() {
@@ -128,7 +164,10 @@ impl<'a> Headers<'a> {
     }
 
     fn optional(&self, name: &'static str) -> Result<Option<String>, DecodeError> {
-        let index = KNOWN.iter().position(|known| *known == name).unwrap_or_default();
+        let index = KNOWN
+            .iter()
+            .position(|known| *known == name)
+            .unwrap_or_default();
         self.values[index]
             .map(|raw| {
                 percent_decode_str(raw)
@@ -183,7 +222,10 @@ pub fn decode<'a>(
     let project_id: crate::ids::ProjectId = headers.required_parsed(PROJECT_ID, id)?;
     let subject = headers.required(SUBJECT)?;
     if subject != project_id.to_string() {
-        return Err(DecodeError::SubjectMismatch { subject, project: project_id.to_string() });
+        return Err(DecodeError::SubjectMismatch {
+            subject,
+            project: project_id.to_string(),
+        });
     }
     let time = headers.required_parsed(TIME, |value| {
         envelope::parse_time(value).ok_or("not an RFC 3339 timestamp with a year in 0..=9999")
@@ -310,7 +352,10 @@ mod tests {
 
     fn round_trip(envelope: &Envelope) -> Result<Envelope, DecodeError> {
         let (headers, body) = encode(envelope);
-        decode(headers.iter().map(|(name, value)| (*name, value.as_str())), body)
+        decode(
+            headers.iter().map(|(name, value)| (*name, value.as_str())),
+            body,
+        )
     }
 
     proptest! {
@@ -348,8 +393,15 @@ mod tests {
     fn missing_and_repeated_headers_are_named() {
         let envelope = sample();
         let (headers, body) = encode(&envelope);
-        let without_type: Vec<_> = headers.iter().filter(|(n, _)| *n != TYPE).map(|(n, v)| (*n, v.as_str())).collect();
-        assert_eq!(decode(without_type, body.clone()), Err(DecodeError::Missing(TYPE)));
+        let without_type: Vec<_> = headers
+            .iter()
+            .filter(|(n, _)| *n != TYPE)
+            .map(|(n, v)| (*n, v.as_str()))
+            .collect();
+        assert_eq!(
+            decode(without_type, body.clone()),
+            Err(DecodeError::Missing(TYPE))
+        );
         let mut doubled: Vec<_> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
         doubled.push((ID, "x"));
         assert_eq!(decode(doubled, body), Err(DecodeError::Repeated(ID)));
@@ -363,7 +415,10 @@ mod tests {
         let (headers, _) = encode(&envelope);
         let correlation = headers.iter().find(|(n, _)| *n == CORRELATION_ID).unwrap();
         assert_eq!(correlation.1, "req-%2541");
-        assert_eq!(round_trip(&envelope).unwrap().correlation_id.as_str(), "req-%41");
+        assert_eq!(
+            round_trip(&envelope).unwrap().correlation_id.as_str(),
+            "req-%41"
+        );
     }
 
     #[test]

@@ -15,7 +15,9 @@ use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
 use crate::catalogue::Event;
-use crate::ids::{CorrelationId, DispatchId, EventId, FlowRunId, OrgId, ProjectId, ThreadId, WorkId};
+use crate::ids::{
+    CorrelationId, DispatchId, EventId, FlowRunId, OrgId, ProjectId, ThreadId, WorkId,
+};
 
 pub const SPEC_VERSION: &str = "1.0";
 pub const CONTENT_TYPE: &str = "application/protobuf";
@@ -183,7 +185,10 @@ impl Envelope {
                 found: self.event_type.clone(),
             });
         }
-        E::decode(self.data.clone()).map_err(|source| PayloadError::Decode { schema: E::SCHEMA, source })
+        E::decode(self.data.clone()).map_err(|source| PayloadError::Decode {
+            schema: E::SCHEMA,
+            source,
+        })
     }
 
     /// True when this event is of payload type `E`.
@@ -215,7 +220,12 @@ impl Envelope {
         field(optional(self.traceparent.clone()).as_bytes());
         field(self.idempotency_key.as_bytes());
         field(&self.project_version.to_be_bytes());
-        field(&self.previous_hash.map(|hash| hash.0.to_vec()).unwrap_or_default());
+        field(
+            &self
+                .previous_hash
+                .map(|hash| hash.0.to_vec())
+                .unwrap_or_default(),
+        );
         field(&self.data);
         EventHash(hasher.finalize().into())
     }
@@ -225,9 +235,15 @@ impl Envelope {
 #[derive(Debug, thiserror::Error)]
 pub enum PayloadError {
     #[error("expected a {expected} event, found {found}")]
-    WrongType { expected: &'static str, found: String },
+    WrongType {
+        expected: &'static str,
+        found: String,
+    },
     #[error("body does not decode as {schema}: {source}")]
-    Decode { schema: &'static str, source: prost::DecodeError },
+    Decode {
+        schema: &'static str,
+        source: prost::DecodeError,
+    },
 }
 
 /// RFC 3339 with nanoseconds in UTC, the one spelling of `time`.
@@ -255,7 +271,10 @@ fn is_schema_name(value: &str) -> bool {
     tokens.len() >= 2
         && value.len() <= 128
         && tokens.iter().all(|token| {
-            token.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+            token
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic())
                 && token.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         })
 }
@@ -263,7 +282,11 @@ fn is_schema_name(value: &str) -> bool {
 /// `00-<32 hex>-<16 hex>-<2 hex>`, lowercase, not all-zero ids.
 pub fn is_traceparent(value: &str) -> bool {
     let parts: Vec<&str> = value.split('-').collect();
-    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let hex = |s: &str, len: usize| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
     parts.len() == 4
         && hex(parts[0], 2)
         && parts[0] != "ff"

@@ -170,9 +170,14 @@ impl FromStr for OrgId {
     fn from_str(s: &str) -> Result<Self, IdError> {
         let valid = !s.is_empty()
             && s.len() <= 64
-            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             && !s.starts_with('-');
-        if valid { Ok(Self(s.to_owned())) } else { Err(IdError::BadOrg) }
+        if valid {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(IdError::BadOrg)
+        }
     }
 }
 
@@ -215,10 +220,16 @@ impl FromStr for AgentId {
         let mut parts = s.splitn(3, ':');
         let (Some(kind), Some(org), Some(project)) = (parts.next(), parts.next(), parts.next())
         else {
-            return Err(IdError::BadToken { kind: "agent id", max: 140 });
+            return Err(IdError::BadToken {
+                kind: "agent id",
+                max: 140,
+            });
         };
         if kind != Self::CONVERSATION {
-            return Err(IdError::BadToken { kind: "agent id", max: 140 });
+            return Err(IdError::BadToken {
+                kind: "agent id",
+                max: 140,
+            });
         }
         let org: OrgId = org.parse()?;
         let project: ProjectId = project.parse()?;
@@ -263,7 +274,10 @@ impl FromStr for CorrelationId {
         if is_token(s, Self::MAX_LEN) {
             Ok(Self(s.to_owned()))
         } else {
-            Err(IdError::BadToken { kind: "correlation id", max: Self::MAX_LEN })
+            Err(IdError::BadToken {
+                kind: "correlation id",
+                max: Self::MAX_LEN,
+            })
         }
     }
 }
@@ -304,7 +318,10 @@ mod tests {
     fn ids_reject_other_versions_and_spellings() {
         assert!("not-a-uuid".parse::<ProjectId>().is_err());
         let v4 = "1b4e28ba-2fa1-41d2-883f-0016d3cca427";
-        assert_eq!(v4.parse::<ProjectId>(), Err(IdError::NotVersion7 { kind: "project id" }));
+        assert_eq!(
+            v4.parse::<ProjectId>(),
+            Err(IdError::NotVersion7 { kind: "project id" })
+        );
         let upper = ProjectId::new().to_string().to_uppercase();
         assert!(upper.parse::<ProjectId>().is_err());
     }

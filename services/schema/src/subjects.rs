@@ -20,7 +20,10 @@ pub fn all_events() -> String {
 
 /// The subject an event of `event_type` for this project is published on.
 pub fn event(org: &OrgId, project: &ProjectId, event_type: &str) -> String {
-    debug_assert!(is_valid_event_type(event_type), "invalid event type {event_type:?}");
+    debug_assert!(
+        is_valid_event_type(event_type),
+        "invalid event type {event_type:?}"
+    );
     format!("{EVENT_PREFIX}.{org}.{project}.{event_type}")
 }
 
@@ -60,7 +63,11 @@ pub fn parse_event(subject: &str) -> Option<EventSubject> {
     let org = parts.next()?.parse().ok()?;
     let project = parts.next()?.parse().ok()?;
     let event_type = parts.next()?;
-    is_valid_event_type(event_type).then(|| EventSubject { org, project, event_type: event_type.to_owned() })
+    is_valid_event_type(event_type).then(|| EventSubject {
+        org,
+        project,
+        event_type: event_type.to_owned(),
+    })
 }
 
 /// The first two tokens after the prefix, when they are at least subject-safe.
@@ -77,7 +84,10 @@ pub fn is_valid_event_type(event_type: &str) -> bool {
     (2..=8).contains(&tokens.len())
         && event_type.len() <= 96
         && tokens.iter().all(|token| {
-            !token.is_empty() && token.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            !token.is_empty()
+                && token
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         })
 }
 
@@ -86,7 +96,13 @@ pub fn is_valid_event_type(event_type: &str) -> bool {
 pub fn durable(service: &str, purpose: &str) -> String {
     let raw = format!("{service}-{purpose}");
     raw.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -108,7 +124,12 @@ mod tests {
 
     #[test]
     fn bad_subjects_do_not_parse() {
-        for bad in ["zopu.evt", "zopu.evt.acme", "x.evt.acme.p.t.u", "zopu.evt.acme.notauuid.project.ready"] {
+        for bad in [
+            "zopu.evt",
+            "zopu.evt.acme",
+            "x.evt.acme.p.t.u",
+            "zopu.evt.acme.notauuid.project.ready",
+        ] {
             assert!(parse_event(bad).is_none(), "{bad}");
         }
         assert!(!is_valid_event_type("project"));

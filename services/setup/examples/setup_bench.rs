@@ -47,28 +47,66 @@ async fn main() -> Result<()> {
     if args.len() < 3 {
         bail!("usage: setup_bench NATS_URL LOCAL_REPOSITORY [BRANCH] [COUNT]");
     }
-    let repository = std::fs::canonicalize(&args[2]).context("repository path")?.display().to_string();
+    let repository = std::fs::canonicalize(&args[2])
+        .context("repository path")?
+        .display()
+        .to_string();
     let branch = args.get(3).cloned().unwrap_or_else(|| "main".to_owned());
     let count: usize = args.get(4).map(|n| n.parse()).transpose()?.unwrap_or(50);
     let data = tempfile::tempdir()?;
-    let core = CoreConfig { nats_url: args[1].clone(), data_dir: data.path().join("data"), ..CoreConfig::default() };
-    let config = zopu_setup::Config { allow_local_repositories: true, ..zopu_setup::Config::default() };
+    let core = CoreConfig {
+        nats_url: args[1].clone(),
+        data_dir: data.path().join("data"),
+        ..CoreConfig::default()
+    };
+    let config = zopu_setup::Config {
+        allow_local_repositories: true,
+        ..zopu_setup::Config::default()
+    };
 
-    let bus = zopu_core::nats::connect(&core.nats_url, "setup-bench", Duration::from_secs(10)).await?;
+    let bus =
+        zopu_core::nats::connect(&core.nats_url, "setup-bench", Duration::from_secs(10)).await?;
     zopu_core::streams::ensure(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
     let shutdown = Shutdown::new();
-    let service = tokio::spawn(zopu_setup::run(core.clone(), config.clone(), shutdown.clone()));
+    let service = tokio::spawn(zopu_setup::run(
+        core.clone(),
+        config.clone(),
+        shutdown.clone(),
+    ));
     let client = Publisher::new(bus.clone(), "bench", None);
     let org: OrgId = "bench".parse()?;
 
     let setup_once = |index: usize| {
-        let (bus, client, org, repository, branch) = (bus.clone(), client.clone(), org.clone(), repository.clone(), branch.clone());
+        let (bus, client, org, repository, branch) = (
+            bus.clone(),
+            client.clone(),
+            org.clone(),
+            repository.clone(),
+            branch.clone(),
+        );
         async move {
             let project = ProjectId::new();
-            let mut ready = bus.client.subscribe(subjects::event(&org, &project, pb::ProjectReady::TYPE)).await?;
-            let mut failed = bus.client.subscribe(subjects::event(&org, &project, pb::ProjectSetupFailed::TYPE)).await?;
-            let request = SetupRequest::new(org, project, &repository, &branch, 1, &format!("bench-{index}-{project}"))
-                .allow_local_repositories(true);
+            let mut ready = bus
+                .client
+                .subscribe(subjects::event(&org, &project, pb::ProjectReady::TYPE))
+                .await?;
+            let mut failed = bus
+                .client
+                .subscribe(subjects::event(
+                    &org,
+                    &project,
+                    pb::ProjectSetupFailed::TYPE,
+                ))
+                .await?;
+            let request = SetupRequest::new(
+                org,
+                project,
+                &repository,
+                &branch,
+                1,
+                &format!("bench-{index}-{project}"),
+            )
+            .allow_local_repositories(true);
             let started = Instant::now();
             request_setup(&client, &request).await?;
             tokio::select! {
@@ -91,7 +129,9 @@ async fn main() -> Result<()> {
     for index in 0..=count {
         let destination = clones.path().join(format!("clone-{index}"));
         let started = Instant::now();
-        let clone = git.ensure_clone_from(&repository, &branch, None, &destination).await?;
+        let clone = git
+            .ensure_clone_from(&repository, &branch, None, &destination)
+            .await?;
         let manifest = zopu_sandbox::env_scan::scan_env_example(&clone.repository.path);
         let elapsed = started.elapsed();
         std::hint::black_box(manifest);

@@ -39,7 +39,14 @@ pub struct SetupRequest {
 }
 
 impl SetupRequest {
-    pub fn new(org: OrgId, project: ProjectId, repository: &str, branch: &str, revision: u32, request_id: &str) -> Self {
+    pub fn new(
+        org: OrgId,
+        project: ProjectId,
+        repository: &str,
+        branch: &str,
+        revision: u32,
+        request_id: &str,
+    ) -> Self {
         Self {
             org,
             project,
@@ -71,9 +78,13 @@ pub enum RequestError {
     InvalidRevision,
     #[error("request id must be 1-128 printable ASCII characters without spaces")]
     InvalidRequestId,
-    #[error("repository connection id must be at most 128 printable ASCII characters without spaces")]
+    #[error(
+        "repository connection id must be at most 128 printable ASCII characters without spaces"
+    )]
     InvalidConnectionId,
-    #[error("setup revision {revision} of this project was already requested (event {event_id}); retry with the next revision")]
+    #[error(
+        "setup revision {revision} of this project was already requested (event {event_id}); retry with the next revision"
+    )]
     RevisionTaken { revision: u32, event_id: EventId },
     #[error(transparent)]
     Append(#[from] zopu_core::Error),
@@ -87,12 +98,20 @@ fn is_token(text: &str, max: usize) -> bool {
 pub fn validate(request: &SetupRequest) -> Result<(), RequestError> {
     match RepositoryLocation::parse(&request.repository, request.allow_local_repositories) {
         Ok(_) => {}
-        Err(git::Error::InvalidLocation(problem)) => return Err(RequestError::InvalidRepository(problem)),
-        Err(_) => return Err(RequestError::InvalidRepository(LocationProblem::InvalidPath)),
+        Err(git::Error::InvalidLocation(problem)) => {
+            return Err(RequestError::InvalidRepository(problem));
+        }
+        Err(_) => {
+            return Err(RequestError::InvalidRepository(
+                LocationProblem::InvalidPath,
+            ));
+        }
     }
     match BranchName::parse(&request.branch) {
         Ok(_) => {}
-        Err(git::Error::InvalidBranch(problem)) => return Err(RequestError::InvalidBranch(problem)),
+        Err(git::Error::InvalidBranch(problem)) => {
+            return Err(RequestError::InvalidBranch(problem));
+        }
         Err(_) => return Err(RequestError::InvalidBranch(BranchProblem::ForbiddenShape)),
     }
     if request.revision == 0 {
@@ -101,7 +120,9 @@ pub fn validate(request: &SetupRequest) -> Result<(), RequestError> {
     if request.request_id.parse::<CorrelationId>().is_err() || !is_token(&request.request_id, 128) {
         return Err(RequestError::InvalidRequestId);
     }
-    if !request.repository_connection_id.is_empty() && !is_token(&request.repository_connection_id, 128) {
+    if !request.repository_connection_id.is_empty()
+        && !is_token(&request.repository_connection_id, 128)
+    {
         return Err(RequestError::InvalidConnectionId);
     }
     Ok(())
@@ -112,7 +133,10 @@ pub fn validate(request: &SetupRequest) -> Result<(), RequestError> {
 /// of the project's revision. Repeating the same request returns the stored
 /// event's id; a different request for a revision already taken is
 /// [`RequestError::RevisionTaken`].
-pub async fn request_setup(publisher: &Publisher, request: &SetupRequest) -> Result<EventId, RequestError> {
+pub async fn request_setup(
+    publisher: &Publisher,
+    request: &SetupRequest,
+) -> Result<EventId, RequestError> {
     validate(request)?;
     let payload = pb::ProjectSetupRequested {
         repository_url: request.repository.clone(),
@@ -122,7 +146,10 @@ pub async fn request_setup(publisher: &Publisher, request: &SetupRequest) -> Res
         requested_by: request.requested_by.clone(),
         repository_connection_id: request.repository_connection_id.clone(),
     };
-    let correlation: CorrelationId = request.request_id.parse().map_err(|_| RequestError::InvalidRequestId)?;
+    let correlation: CorrelationId = request
+        .request_id
+        .parse()
+        .map_err(|_| RequestError::InvalidRequestId)?;
     let event = zopu_core::NewEvent::root(
         request.org.clone(),
         request.project,
@@ -138,7 +165,10 @@ pub async fn request_setup(publisher: &Publisher, request: &SetupRequest) -> Res
     if stored.correlation_id == correlation {
         Ok(stored.id)
     } else {
-        Err(RequestError::RevisionTaken { revision: request.revision, event_id: stored.id })
+        Err(RequestError::RevisionTaken {
+            revision: request.revision,
+            event_id: stored.id,
+        })
     }
 }
 
@@ -148,11 +178,22 @@ const READ_IDLE_MAX: Duration = Duration::from_secs(5);
 const SETUP_EVENTS_MAX: usize = 10_000;
 
 fn jetstream(operation: &'static str, error: impl std::fmt::Display) -> zopu_core::Error {
-    zopu_core::Error::JetStream { operation, reason: error.to_string() }
+    zopu_core::Error::JetStream {
+        operation,
+        reason: error.to_string(),
+    }
 }
 
-async fn open(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<pull::Ordered, zopu_core::Error> {
-    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await.map_err(|e| jetstream("get stream", e))?;
+async fn open(
+    bus: &Bus,
+    org: &OrgId,
+    project: &ProjectId,
+) -> Result<pull::Ordered, zopu_core::Error> {
+    let stream = bus
+        .jetstream
+        .get_stream(subjects::EVENTS_STREAM)
+        .await
+        .map_err(|e| jetstream("get stream", e))?;
     let consumer = stream
         .create_consumer(pull::OrderedConfig {
             filter_subjects: vec![subjects::project_events(org, project)],
@@ -161,13 +202,23 @@ async fn open(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<pull::Order
         })
         .await
         .map_err(|e| jetstream("create ordered consumer", e))?;
-    consumer.messages().await.map_err(|e| jetstream("ordered consumer messages", e))
+    consumer
+        .messages()
+        .await
+        .map_err(|e| jetstream("ordered consumer messages", e))
 }
 
 /// The setup events of one project currently in the stream, in order.
-pub async fn project_setup_events(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<Vec<Envelope>, zopu_core::Error> {
+pub async fn project_setup_events(
+    bus: &Bus,
+    org: &OrgId,
+    project: &ProjectId,
+) -> Result<Vec<Envelope>, zopu_core::Error> {
     let mut events = Vec::new();
-    if zopu_core::publish::fetch_head(bus, org, project).await?.is_none() {
+    if zopu_core::publish::fetch_head(bus, org, project)
+        .await?
+        .is_none()
+    {
         return Ok(events);
     }
     let mut messages = open(bus, org, project).await?;
@@ -190,8 +241,14 @@ pub async fn project_setup_events(bus: &Bus, org: &OrgId, project: &ProjectId) -
 }
 
 /// The status of a project's latest setup revision, read from the stream.
-pub async fn read_setup_status(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<Option<SetupStatus>, zopu_core::Error> {
-    Ok(status_from_events(&project_setup_events(bus, org, project).await?))
+pub async fn read_setup_status(
+    bus: &Bus,
+    org: &OrgId,
+    project: &ProjectId,
+) -> Result<Option<SetupStatus>, zopu_core::Error> {
+    Ok(status_from_events(
+        &project_setup_events(bus, org, project).await?,
+    ))
 }
 
 /// Follows one project's events and reports each change of its setup status.
@@ -203,19 +260,33 @@ pub struct StatusWatch {
 
 impl std::fmt::Debug for StatusWatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StatusWatch").field("events", &self.events.len()).field("last", &self.last).finish_non_exhaustive()
+        f.debug_struct("StatusWatch")
+            .field("events", &self.events.len())
+            .field("last", &self.last)
+            .finish_non_exhaustive()
     }
 }
 
 impl StatusWatch {
     /// Starts at the project's first event.
-    pub async fn start(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<Self, zopu_core::Error> {
-        Ok(Self { messages: open(bus, org, project).await?, events: Vec::new(), last: None })
+    pub async fn start(
+        bus: &Bus,
+        org: &OrgId,
+        project: &ProjectId,
+    ) -> Result<Self, zopu_core::Error> {
+        Ok(Self {
+            messages: open(bus, org, project).await?,
+            events: Vec::new(),
+            last: None,
+        })
     }
 
     /// The next status that differs from the last one reported; `None` when
     /// `timeout` passes without a change.
-    pub async fn next(&mut self, timeout: Duration) -> Result<Option<SetupStatus>, zopu_core::Error> {
+    pub async fn next(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Option<SetupStatus>, zopu_core::Error> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let next = tokio::time::timeout_at(deadline, self.messages.next()).await;
@@ -224,11 +295,11 @@ impl StatusWatch {
                 Ok(None) => {
                     return Err(jetstream("ordered consumer", "message stream ended"));
                 }
-                Ok(Some(message)) => {
-                    message.map_err(|e| jetstream("ordered consumer", e))?
-                }
+                Ok(Some(message)) => message.map_err(|e| jetstream("ordered consumer", e))?,
             };
-            let Ok(envelope) = zopu_core::publish::decode_message(&message.message) else { continue };
+            let Ok(envelope) = zopu_core::publish::decode_message(&message.message) else {
+                continue;
+            };
             if !is_setup_event(&envelope.event_type) || self.events.len() >= SETUP_EVENTS_MAX {
                 continue;
             }

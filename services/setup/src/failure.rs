@@ -31,18 +31,35 @@ impl Outcome {
 /// A request whose repository location or branch does not validate.
 pub fn invalid_request(error: &git::Error) -> Failure {
     let (code, what) = match error {
-        git::Error::InvalidBranch(problem) => ("request.invalid_branch", format!("The branch name was rejected: {problem}.")),
-        git::Error::InvalidLocation(problem) => {
-            ("request.invalid_location", format!("The repository location was rejected: {problem}."))
-        }
-        other => ("request.invalid", format!("The request was rejected: {other}.")),
+        git::Error::InvalidBranch(problem) => (
+            "request.invalid_branch",
+            format!("The branch name was rejected: {problem}."),
+        ),
+        git::Error::InvalidLocation(problem) => (
+            "request.invalid_location",
+            format!("The repository location was rejected: {problem}."),
+        ),
+        other => (
+            "request.invalid",
+            format!("The request was rejected: {other}."),
+        ),
     };
-    Failure::new(step::CLONE, code, format!("{what} Create the project again with a valid repository and branch."), false)
+    Failure::new(
+        step::CLONE,
+        code,
+        format!("{what} Create the project again with a valid repository and branch."),
+        false,
+    )
 }
 
 /// A request with setup revision 0.
 pub fn invalid_revision() -> Failure {
-    Failure::new(step::WORKSPACE, "request.invalid_revision", "The setup request has no revision (it must be 1 or more).", false)
+    Failure::new(
+        step::WORKSPACE,
+        "request.invalid_revision",
+        "The setup request has no revision (it must be 1 or more).",
+        false,
+    )
 }
 
 /// A workspace that could not be created or reused.
@@ -73,8 +90,12 @@ pub fn workspace(error: &workspace::Error) -> Outcome {
 /// A clone (or its verification) that failed. `branch` was validated.
 pub fn clone(error: &git::Error, branch: &str) -> Outcome {
     use git::Error as E;
-    let terminal = |step: &str, code: &str, message: String| Outcome::Terminal(Failure::new(step, code, message, true));
-    let transient = |code: &str, message: &str| Outcome::Transient(Failure::new(step::CLONE, code, message, true));
+    let terminal = |step: &str, code: &str, message: String| {
+        Outcome::Terminal(Failure::new(step, code, message, true))
+    };
+    let transient = |code: &str, message: &str| {
+        Outcome::Transient(Failure::new(step::CLONE, code, message, true))
+    };
     match error {
         E::InvalidLocation(_) | E::InvalidBranch(_) => Outcome::Terminal(invalid_request(error)),
         E::Unreachable { .. } => transient(
@@ -136,7 +157,10 @@ pub fn clone(error: &git::Error, branch: &str) -> Outcome {
 
 /// True for errors an explicit retry repairs by cloning afresh.
 pub fn needs_repair(error: &git::Error) -> bool {
-    matches!(error, git::Error::Mismatched { .. } | git::Error::Corrupt { .. })
+    matches!(
+        error,
+        git::Error::Mismatched { .. } | git::Error::Corrupt { .. }
+    )
 }
 
 #[cfg(test)]
@@ -148,17 +172,38 @@ mod tests {
 
     #[test]
     fn network_failures_are_transient_and_the_rest_terminal() {
-        let unreachable = git::Error::Unreachable { detail: "connection refused".into() };
-        assert!(matches!(clone(&unreachable, "main"), Outcome::Transient(f) if f.code == "clone.unreachable" && f.retryable));
-        let timeout = git::Error::TimedOut { operation: "clone", after: Duration::from_secs(300) };
-        assert!(matches!(clone(&timeout, "main"), Outcome::Transient(f) if f.message.contains("300s")));
-        let missing = git::Error::BranchNotFound { branch: "dev".into() };
-        assert!(matches!(clone(&missing, "dev"), Outcome::Terminal(f) if f.code == "clone.branch_not_found" && f.message.contains("'dev'") && f.retryable));
-        let corrupt = git::Error::Corrupt { path: PathBuf::from("/secret/place"), reason: "x".into() };
+        let unreachable = git::Error::Unreachable {
+            detail: "connection refused".into(),
+        };
+        assert!(
+            matches!(clone(&unreachable, "main"), Outcome::Transient(f) if f.code == "clone.unreachable" && f.retryable)
+        );
+        let timeout = git::Error::TimedOut {
+            operation: "clone",
+            after: Duration::from_secs(300),
+        };
+        assert!(
+            matches!(clone(&timeout, "main"), Outcome::Transient(f) if f.message.contains("300s"))
+        );
+        let missing = git::Error::BranchNotFound {
+            branch: "dev".into(),
+        };
+        assert!(
+            matches!(clone(&missing, "dev"), Outcome::Terminal(f) if f.code == "clone.branch_not_found" && f.message.contains("'dev'") && f.retryable)
+        );
+        let corrupt = git::Error::Corrupt {
+            path: PathBuf::from("/secret/place"),
+            reason: "x".into(),
+        };
         let outcome = clone(&corrupt, "main");
-        assert!(matches!(&outcome, Outcome::Terminal(f) if f.retryable && !f.message.contains("/secret")));
+        assert!(
+            matches!(&outcome, Outcome::Terminal(f) if f.retryable && !f.message.contains("/secret"))
+        );
         assert!(needs_repair(&corrupt));
-        let unreadable = git::Error::Unreadable { path: PathBuf::from("/w"), reason: "the branch has no tracked files".into() };
+        let unreadable = git::Error::Unreadable {
+            path: PathBuf::from("/w"),
+            reason: "the branch has no tracked files".into(),
+        };
         assert_eq!(clone(&unreadable, "main").failure().step, step::VERIFY);
     }
 
@@ -168,6 +213,8 @@ mod tests {
         let failure = invalid_request(&bad);
         assert!(!failure.retryable);
         assert_eq!(failure.code, "request.invalid_location");
-        assert!(matches!(workspace(&workspace::Error::InvalidProjectId), Outcome::Terminal(f) if !f.retryable));
+        assert!(
+            matches!(workspace(&workspace::Error::InvalidProjectId), Outcome::Terminal(f) if !f.retryable)
+        );
     }
 }

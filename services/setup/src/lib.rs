@@ -98,7 +98,11 @@ pub struct ReactionSettings {
 impl Default for ReactionSettings {
     fn default() -> Self {
         Self {
-            retry_delays: vec![Duration::from_secs(1), Duration::from_secs(5), Duration::from_secs(15)],
+            retry_delays: vec![
+                Duration::from_secs(1),
+                Duration::from_secs(5),
+                Duration::from_secs(15),
+            ],
             max_deliver: 5,
             max_ack_pending: 32,
             ack_wait: Duration::from_secs(30),
@@ -112,7 +116,9 @@ mod durations {
 
     use serde::{Deserialize, Deserializer};
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Duration>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<Duration>, D::Error> {
         Vec::<String>::deserialize(deserializer)?
             .iter()
             .map(|text| zopu_core::config::duration::parse(text).map_err(serde::de::Error::custom))
@@ -127,17 +133,35 @@ const RETRY_DELAY_MAX: Duration = Duration::from_secs(300);
 
 impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.clone_timeout < Duration::from_secs(1) || self.clone_timeout > Duration::from_secs(3600) {
-            return Err(ConfigError::setting("setup.clone_timeout", "must be between 1s and 1h"));
+        if self.clone_timeout < Duration::from_secs(1)
+            || self.clone_timeout > Duration::from_secs(3600)
+        {
+            return Err(ConfigError::setting(
+                "setup.clone_timeout",
+                "must be between 1s and 1h",
+            ));
         }
-        if self.git_command_timeout < Duration::from_secs(1) || self.git_command_timeout > Duration::from_secs(600) {
-            return Err(ConfigError::setting("setup.git_command_timeout", "must be between 1s and 10m"));
+        if self.git_command_timeout < Duration::from_secs(1)
+            || self.git_command_timeout > Duration::from_secs(600)
+        {
+            return Err(ConfigError::setting(
+                "setup.git_command_timeout",
+                "must be between 1s and 10m",
+            ));
         }
         let reaction = &self.reaction;
-        if reaction.retry_delays.len() > RETRIES_MAX || reaction.retry_delays.iter().any(|delay| *delay > RETRY_DELAY_MAX) {
+        if reaction.retry_delays.len() > RETRIES_MAX
+            || reaction
+                .retry_delays
+                .iter()
+                .any(|delay| *delay > RETRY_DELAY_MAX)
+        {
             return Err(ConfigError::setting(
                 "setup.reaction.retry_delays",
-                format!("at most {RETRIES_MAX} delays of at most {}s each", RETRY_DELAY_MAX.as_secs()),
+                format!(
+                    "at most {RETRIES_MAX} delays of at most {}s each",
+                    RETRY_DELAY_MAX.as_secs()
+                ),
             ));
         }
         // A setup attempt runs a clone and a handful of short git commands.
@@ -145,7 +169,10 @@ impl Config {
         if reaction.handler_timeout < needed {
             return Err(ConfigError::setting(
                 "setup.reaction.handler_timeout",
-                format!("must be at least clone_timeout + 5 × git_command_timeout ({}s)", needed.as_secs()),
+                format!(
+                    "must be at least clone_timeout + 5 × git_command_timeout ({}s)",
+                    needed.as_secs()
+                ),
             ));
         }
         self.reaction_config().validate("setup.reaction")
@@ -218,7 +245,10 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     let credentials: Arc<dyn CredentialStore> = Arc::new(InMemoryCredentialStore::new());
     let root = config.workspace_root(&core);
     tracing::info!(service = SERVICE, workspace_root = %root.display(), allow_local_repositories = config.allow_local_repositories, "setup service started");
-    runtime.spawn_reaction(config.reaction_config(), local_reaction(&config, &root, credentials));
+    runtime.spawn_reaction(
+        config.reaction_config(),
+        local_reaction(&config, &root, credentials),
+    );
     shutdown.cancelled().await;
     Ok(())
 }
@@ -231,15 +261,30 @@ mod tests {
     #[test]
     fn defaults_validate_and_bad_settings_are_named() {
         Config::default().validate().unwrap();
-        let config = Config { clone_timeout: Duration::from_secs(3000), ..Config::default() };
+        let config = Config {
+            clone_timeout: Duration::from_secs(3000),
+            ..Config::default()
+        };
         let error = config.validate().unwrap_err().to_string();
         assert!(error.contains("setup.reaction.handler_timeout"), "{error}");
         let mut config = Config::default();
         config.reaction.max_deliver = 0;
-        assert!(config.validate().unwrap_err().to_string().contains("setup.reaction.max_deliver"));
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("setup.reaction.max_deliver")
+        );
         let mut config = Config::default();
         config.reaction.retry_delays = vec![Duration::from_secs(3600)];
-        assert!(config.validate().unwrap_err().to_string().contains("retry_delays"));
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("retry_delays")
+        );
     }
 
     #[test]
@@ -250,11 +295,23 @@ mod tests {
         .unwrap();
         assert!(config.allow_local_repositories);
         assert_eq!(config.clone_timeout, Duration::from_secs(120));
-        assert_eq!(config.reaction_config().retry_delays, [Duration::from_millis(100), Duration::from_secs(1)]);
+        assert_eq!(
+            config.reaction_config().retry_delays,
+            [Duration::from_millis(100), Duration::from_secs(1)]
+        );
         assert!(toml::from_str::<Config>("allow_local = true").is_err());
-        let core = CoreConfig { data_dir: PathBuf::from("/data"), ..CoreConfig::default() };
-        assert_eq!(Config::default().workspace_root(&core), PathBuf::from("/data"));
-        let relative = Config { workspace_root: PathBuf::from("ws"), ..Config::default() };
+        let core = CoreConfig {
+            data_dir: PathBuf::from("/data"),
+            ..CoreConfig::default()
+        };
+        assert_eq!(
+            Config::default().workspace_root(&core),
+            PathBuf::from("/data")
+        );
+        let relative = Config {
+            workspace_root: PathBuf::from("ws"),
+            ..Config::default()
+        };
         assert_eq!(relative.workspace_root(&core), PathBuf::from("/data/ws"));
     }
 }

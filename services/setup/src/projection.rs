@@ -8,13 +8,17 @@ use zopu_core::Projection;
 use zopu_schema::{Envelope, OrgId, ProjectId, pb};
 
 use crate::state::{
-    CloneRecord, EnvironmentRecord, Failure, RequestRecord, RevisionState, RuntimeRecord, SetupStatus, is_setup_event,
-    setup_revision_of,
+    CloneRecord, EnvironmentRecord, Failure, RequestRecord, RevisionState, RuntimeRecord,
+    SetupStatus, is_setup_event, setup_revision_of,
 };
 
 /// Checkpoint name inside the setup service's store.
 pub const NAME: &str = "setup";
-const TABLES: &[&str] = &["setup_revisions", "setup_project_runtimes", "setup_agent_bindings"];
+const TABLES: &[&str] = &[
+    "setup_revisions",
+    "setup_project_runtimes",
+    "setup_agent_bindings",
+];
 
 const SCHEMA: &str = "
 CREATE TABLE setup_revisions (
@@ -95,11 +99,18 @@ impl Projection for SetupProjection {
 
     // Every event is read (an unfiltered projection keeps the store's
     // checkpoint at the stream's end); only setup events change rows.
-    fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Result<()> {
+    fn apply(
+        &mut self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        sequence: u64,
+    ) -> rusqlite::Result<()> {
         if !is_setup_event(&event.event_type) {
             return Ok(());
         }
-        let Some(revision) = setup_revision_of(event) else { return Ok(()) };
+        let Some(revision) = setup_revision_of(event) else {
+            return Ok(());
+        };
         let (org, project) = (event.org_id.as_str(), event.project_id.to_string());
         if let Ok(registered) = event.decode::<pb::AgentRegistered>() {
             tx.execute(
@@ -171,7 +182,11 @@ pub struct AgentBinding {
     pub setup_revision: u32,
 }
 
-fn binding_of(conn: &Connection, org: &str, project: &str) -> rusqlite::Result<Option<AgentBinding>> {
+fn binding_of(
+    conn: &Connection,
+    org: &str,
+    project: &str,
+) -> rusqlite::Result<Option<AgentBinding>> {
     conn.query_row(
         "SELECT agent_id, agent_type, runtime_id, global_timeline_id, setup_revision
          FROM setup_agent_bindings WHERE org = ?1 AND project = ?2 ORDER BY setup_revision LIMIT 1",
@@ -189,7 +204,12 @@ fn binding_of(conn: &Connection, org: &str, project: &str) -> rusqlite::Result<O
     .optional()
 }
 
-fn load(conn: &Connection, org: &str, project: &str, revision: u32) -> rusqlite::Result<Option<RevisionState>> {
+fn load(
+    conn: &Connection,
+    org: &str,
+    project: &str,
+    revision: u32,
+) -> rusqlite::Result<Option<RevisionState>> {
     conn.query_row(
         "SELECT revision, repository_url, branch, project_name, connection_id, started,
                 runtime_id, provider, workspace_path, repository_path, runtime_reused,
@@ -205,7 +225,10 @@ fn load(conn: &Connection, org: &str, project: &str, revision: u32) -> rusqlite:
 
 fn row_to_state(row: &rusqlite::Row<'_>) -> rusqlite::Result<RevisionState> {
     let text = |index: usize| row.get::<_, Option<String>>(index);
-    let flag = |index: usize| row.get::<_, Option<bool>>(index).map(Option::unwrap_or_default);
+    let flag = |index: usize| {
+        row.get::<_, Option<bool>>(index)
+            .map(Option::unwrap_or_default)
+    };
     let request = match text(1)? {
         Some(repository_url) => Some(RequestRecord {
             repository_url,
@@ -229,13 +252,19 @@ fn row_to_state(row: &rusqlite::Row<'_>) -> rusqlite::Result<RevisionState> {
         Some(commit) => Some(CloneRecord {
             branch: text(11)?.unwrap_or_default(),
             commit,
-            tracked_files: row.get::<_, Option<i64>>(13)?.and_then(|n| u64::try_from(n).ok()).unwrap_or_default(),
+            tracked_files: row
+                .get::<_, Option<i64>>(13)?
+                .and_then(|n| u64::try_from(n).ok())
+                .unwrap_or_default(),
             reused: flag(14)?,
         }),
         None => None,
     };
     let environment = match text(15)? {
-        Some(status) => Some(EnvironmentRecord { status, names: split_names(&text(16)?.unwrap_or_default()) }),
+        Some(status) => Some(EnvironmentRecord {
+            status,
+            names: split_names(&text(16)?.unwrap_or_default()),
+        }),
         None => None,
     };
     let failure = match text(20)? {
@@ -262,10 +291,20 @@ fn row_to_state(row: &rusqlite::Row<'_>) -> rusqlite::Result<RevisionState> {
 
 /// Variable names match `[A-Za-z_][A-Za-z0-9_]*`, so a newline separates them.
 fn split_names(joined: &str) -> Vec<String> {
-    joined.split('\n').filter(|name| !name.is_empty()).map(str::to_owned).collect()
+    joined
+        .split('\n')
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
-fn save(tx: &Transaction<'_>, org: &str, project: &str, state: &RevisionState, sequence: u64) -> rusqlite::Result<()> {
+fn save(
+    tx: &Transaction<'_>,
+    org: &str,
+    project: &str,
+    state: &RevisionState,
+    sequence: u64,
+) -> rusqlite::Result<()> {
     let request = state.request.as_ref();
     let runtime = state.runtime.as_ref();
     let clone = state.clone.as_ref();
@@ -313,12 +352,20 @@ fn save(tx: &Transaction<'_>, org: &str, project: &str, state: &RevisionState, s
 }
 
 /// The status of a project's latest setup revision, from the projection.
-pub fn read_status(store: &zopu_core::Store, org: &OrgId, project: &ProjectId) -> Result<Option<SetupStatus>, zopu_core::Error> {
+pub fn read_status(
+    store: &zopu_core::Store,
+    org: &OrgId,
+    project: &ProjectId,
+) -> Result<Option<SetupStatus>, zopu_core::Error> {
     read_state(store, org, project).map(|state| state.map(|state| state.status()))
 }
 
 /// The folded state of a project's latest setup revision.
-pub fn read_state(store: &zopu_core::Store, org: &OrgId, project: &ProjectId) -> Result<Option<RevisionState>, zopu_core::Error> {
+pub fn read_state(
+    store: &zopu_core::Store,
+    org: &OrgId,
+    project: &ProjectId,
+) -> Result<Option<RevisionState>, zopu_core::Error> {
     let project = project.to_string();
     store.read(|conn| {
         let latest: Option<u32> = conn
@@ -337,7 +384,11 @@ pub fn read_state(store: &zopu_core::Store, org: &OrgId, project: &ProjectId) ->
 }
 
 /// The project's conversation agent binding, once registered.
-pub fn agent_binding(store: &zopu_core::Store, org: &OrgId, project: &ProjectId) -> Result<Option<AgentBinding>, zopu_core::Error> {
+pub fn agent_binding(
+    store: &zopu_core::Store,
+    org: &OrgId,
+    project: &ProjectId,
+) -> Result<Option<AgentBinding>, zopu_core::Error> {
     store.read(|conn| binding_of(conn, org.as_str(), &project.to_string()))
 }
 
@@ -384,8 +435,18 @@ mod tests {
         assert_eq!(status.environment_variable_names, ["PORT"]);
 
         // A retry that fails: the latest revision is reported, the agent binding stays.
-        events.push(envelope(&pb::ProjectSetupRequested { setup_revision: 2, branch: "dev".into(), ..Default::default() }, 8));
-        events.push(envelope(&Failure::new(step::CLONE, "clone.branch_not_found", "x", true).to_event(2), 9));
+        events.push(envelope(
+            &pb::ProjectSetupRequested {
+                setup_revision: 2,
+                branch: "dev".into(),
+                ..Default::default()
+            },
+            8,
+        ));
+        events.push(envelope(
+            &Failure::new(step::CLONE, "clone.branch_not_found", "x", true).to_event(2),
+            9,
+        ));
         let second = project(&events, &dir.path().join("b.sqlite"));
         let status = read_status(&second, &org, &project_id).unwrap().unwrap();
         assert_eq!(Some(status.clone()), status_from_events(&events));
@@ -398,25 +459,40 @@ mod tests {
         let doubled: Vec<Envelope> = events.iter().chain(&events).cloned().collect();
         let third = project(&doubled, &dir.path().join("c.sqlite"));
         let digest = |store: &zopu_core::Store| {
-            let conn_tables = ["setup_revisions", "setup_project_runtimes", "setup_agent_bindings"];
-            store.read(|conn| {
-                let mut rows = Vec::new();
-                for table in conn_tables {
-                    let mut statement = conn.prepare(&format!("SELECT * FROM {table} ORDER BY 1, 2, 3"))?;
-                    let names: Vec<String> = statement.column_names().into_iter().map(str::to_owned).collect();
-                    let mut query = statement.query([])?;
-                    while let Some(row) = query.next()? {
-                        // last_sequence differs between the two replays by design.
-                        let values: Vec<String> = (0..names.len())
-                            .filter(|&column| names[column] != "last_sequence")
-                            .map(|column| format!("{:?}", row.get::<_, rusqlite::types::Value>(column).unwrap()))
+            let conn_tables = [
+                "setup_revisions",
+                "setup_project_runtimes",
+                "setup_agent_bindings",
+            ];
+            store
+                .read(|conn| {
+                    let mut rows = Vec::new();
+                    for table in conn_tables {
+                        let mut statement =
+                            conn.prepare(&format!("SELECT * FROM {table} ORDER BY 1, 2, 3"))?;
+                        let names: Vec<String> = statement
+                            .column_names()
+                            .into_iter()
+                            .map(str::to_owned)
                             .collect();
-                        rows.push(values.join("|"));
+                        let mut query = statement.query([])?;
+                        while let Some(row) = query.next()? {
+                            // last_sequence differs between the two replays by design.
+                            let values: Vec<String> = (0..names.len())
+                                .filter(|&column| names[column] != "last_sequence")
+                                .map(|column| {
+                                    format!(
+                                        "{:?}",
+                                        row.get::<_, rusqlite::types::Value>(column).unwrap()
+                                    )
+                                })
+                                .collect();
+                            rows.push(values.join("|"));
+                        }
                     }
-                }
-                Ok(rows)
-            })
-            .unwrap()
+                    Ok(rows)
+                })
+                .unwrap()
         };
         assert_eq!(digest(&second), digest(&third));
     }

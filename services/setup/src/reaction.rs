@@ -47,18 +47,34 @@ pub struct SetupReaction<W> {
 
 impl<W> std::fmt::Debug for SetupReaction<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SetupReaction").field("provider", &self.provider).field("git", &self.git).finish_non_exhaustive()
+        f.debug_struct("SetupReaction")
+            .field("provider", &self.provider)
+            .field("git", &self.git)
+            .finish_non_exhaustive()
     }
 }
 
 impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
     /// `provider` names the workspace provider in `project.runtime.created` (e.g. `local`).
-    pub fn new(workspaces: W, provider: &'static str, git: Git, credentials: Arc<dyn CredentialStore>) -> Self {
-        Self { workspaces, provider, git, credentials, pending: Mutex::new(HashMap::new()) }
+    pub fn new(
+        workspaces: W,
+        provider: &'static str,
+        git: Git,
+        credentials: Arc<dyn CredentialStore>,
+    ) -> Self {
+        Self {
+            workspaces,
+            provider,
+            git,
+            credentials,
+            pending: Mutex::new(HashMap::new()),
+        }
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<EventId, Failure>> {
-        self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// What to record if the step now starting never succeeds.
@@ -72,7 +88,11 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
 
     async fn run(&self, event: &Envelope, ctx: &ReactionContext) -> Result<(), HandlerError> {
         let request = event.decode::<pb::ProjectSetupRequested>()?;
-        let (org, project, revision) = (event.org_id.clone(), event.project_id, request.setup_revision);
+        let (org, project, revision) = (
+            event.org_id.clone(),
+            event.project_id,
+            request.setup_revision,
+        );
         let mut steps = Steps::new(event, revision);
         if revision == 0 {
             return steps.record_failure(ctx, failure::invalid_revision()).await;
@@ -89,18 +109,37 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
             "" => None,
             id => self.credentials.resolve(id),
         };
-        let source = match CloneSource::parse(&request.repository_url, &request.branch, credential, self.git.options()) {
+        let source = match CloneSource::parse(
+            &request.repository_url,
+            &request.branch,
+            credential,
+            self.git.options(),
+        ) {
             Ok(source) => source,
-            Err(error) => return steps.record_failure(ctx, failure::invalid_request(&error)).await,
+            Err(error) => {
+                return steps
+                    .record_failure(ctx, failure::invalid_request(&error))
+                    .await;
+            }
         };
         loop {
             let next = decide(&state);
             let generic = |step: &str| {
-                Failure::new(step, "setup.gave_up", "Setup stopped after repeated errors. Retry; if it keeps failing, ask the operator to check the setup service.", true)
+                Failure::new(
+                    step,
+                    "setup.gave_up",
+                    "Setup stopped after repeated errors. Retry; if it keeps failing, ask the operator to check the setup service.",
+                    true,
+                )
             };
             let new_event = match next {
                 Next::Finished => return Ok(()),
-                Next::Start => steps.event(&pb::ProjectSetupStarted { setup_revision: revision }, keys::started(&project, revision)),
+                Next::Start => steps.event(
+                    &pb::ProjectSetupStarted {
+                        setup_revision: revision,
+                    },
+                    keys::started(&project, revision),
+                ),
                 Next::CreateRuntime => {
                     self.expect_failure(event.id, generic(state::step::WORKSPACE));
                     match self.workspaces.ensure(&project.to_string()).await {
@@ -117,15 +156,25 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
                         ),
                         Err(error) => {
                             tracing::warn!(%project, revision, %error, "workspace step failed");
-                            return self.step_failed(&steps, ctx, event.id, failure::workspace(&error)).await;
+                            return self
+                                .step_failed(&steps, ctx, event.id, failure::workspace(&error))
+                                .await;
                         }
                     }
                 }
                 Next::CloneRepository => {
                     self.expect_failure(event.id, generic(state::step::CLONE));
-                    let path = PathBuf::from(state.runtime.as_ref().map(|runtime| runtime.repository_path.as_str()).unwrap_or_default());
+                    let path = PathBuf::from(
+                        state
+                            .runtime
+                            .as_ref()
+                            .map(|runtime| runtime.repository_path.as_str())
+                            .unwrap_or_default(),
+                    );
                     let mut outcome = self.git.ensure_clone(&source, &path).await;
-                    if revision > 1 && matches!(&outcome, Err(error) if failure::needs_repair(error)) {
+                    if revision > 1
+                        && matches!(&outcome, Err(error) if failure::needs_repair(error))
+                    {
                         tracing::info!(%project, revision, "explicit retry: replacing the workspace's clone");
                         outcome = self.git.repair(&source, &path).await;
                     }
@@ -133,7 +182,11 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
                         Ok(clone) => steps.event(
                             &pb::ProjectRepositoryCloned {
                                 setup_revision: revision,
-                                runtime_id: state.runtime.as_ref().map(|runtime| runtime.runtime_id.clone()).unwrap_or_default(),
+                                runtime_id: state
+                                    .runtime
+                                    .as_ref()
+                                    .map(|runtime| runtime.runtime_id.clone())
+                                    .unwrap_or_default(),
                                 branch: source.branch.as_str().to_owned(),
                                 repository_commit: clone.repository.commit,
                                 tracked_files: clone.repository.tracked_files as u64,
@@ -143,17 +196,38 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
                         ),
                         Err(error) => {
                             tracing::warn!(%project, revision, %error, "clone step failed");
-                            return self.step_failed(&steps, ctx, event.id, failure::clone(&error, source.branch.as_str())).await;
+                            return self
+                                .step_failed(
+                                    &steps,
+                                    ctx,
+                                    event.id,
+                                    failure::clone(&error, source.branch.as_str()),
+                                )
+                                .await;
                         }
                     }
                 }
                 Next::ScanEnvironment => {
                     self.expect_failure(event.id, generic(state::step::VERIFY));
-                    let path = PathBuf::from(state.runtime.as_ref().map(|runtime| runtime.repository_path.as_str()).unwrap_or_default());
-                    let manifest = tokio::task::spawn_blocking(move || env_scan::scan_env_example(&path))
-                        .await
-                        .map_err(|error| HandlerError::Transient(format!("environment scan did not complete: {error}")))?;
-                    steps.event(&environment_event(revision, &manifest), keys::environment_scanned(&project, revision))
+                    let path = PathBuf::from(
+                        state
+                            .runtime
+                            .as_ref()
+                            .map(|runtime| runtime.repository_path.as_str())
+                            .unwrap_or_default(),
+                    );
+                    let manifest =
+                        tokio::task::spawn_blocking(move || env_scan::scan_env_example(&path))
+                            .await
+                            .map_err(|error| {
+                                HandlerError::Transient(format!(
+                                    "environment scan did not complete: {error}"
+                                ))
+                            })?;
+                    steps.event(
+                        &environment_event(revision, &manifest),
+                        keys::environment_scanned(&project, revision),
+                    )
                 }
                 Next::RegisterAgent => {
                     self.expect_failure(event.id, generic(state::step::REGISTER));
@@ -162,7 +236,11 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
                         &pb::AgentRegistered {
                             agent_id: agent.to_string(),
                             agent_type: state::CONVERSATION_AGENT_TYPE.to_owned(),
-                            runtime_id: state.runtime.as_ref().map(|runtime| runtime.runtime_id.clone()).unwrap_or_default(),
+                            runtime_id: state
+                                .runtime
+                                .as_ref()
+                                .map(|runtime| runtime.runtime_id.clone())
+                                .unwrap_or_default(),
                             global_timeline_id: state::GLOBAL_TIMELINE_ID.to_owned(),
                             setup_revision: revision,
                         },
@@ -178,7 +256,13 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
         }
     }
 
-    async fn step_failed(&self, steps: &Steps, ctx: &ReactionContext, request: EventId, outcome: Outcome) -> Result<(), HandlerError> {
+    async fn step_failed(
+        &self,
+        steps: &Steps,
+        ctx: &ReactionContext,
+        request: EventId,
+        outcome: Outcome,
+    ) -> Result<(), HandlerError> {
         match outcome {
             Outcome::Transient(failure) => {
                 let reason = format!("{}: {}", failure.code, failure.message);
@@ -202,7 +286,10 @@ impl<W: WorkspaceProvider + 'static> Reaction for SetupReaction<W> {
     /// The runner gave up (retries exhausted, or the request kept crashing
     /// the service): the revision ends with the last known failure.
     fn failure_event(&self, event: &Envelope, reason: &str) -> Option<NewEvent> {
-        let revision = event.decode::<pb::ProjectSetupRequested>().map(|request| request.setup_revision).unwrap_or(0);
+        let revision = event
+            .decode::<pb::ProjectSetupRequested>()
+            .map(|request| request.setup_revision)
+            .unwrap_or(0);
         let failure = self.pending().remove(&event.id).unwrap_or_else(|| {
             tracing::warn!(%reason, "setup gave up without a classified failure");
             Failure::new(
@@ -212,7 +299,11 @@ impl<W: WorkspaceProvider + 'static> Reaction for SetupReaction<W> {
                 true,
             )
         });
-        Some(NewEvent::caused_by(&event.context(), &failure.to_event(revision), keys::failed(&event.project_id, revision)))
+        Some(NewEvent::caused_by(
+            &event.context(),
+            &failure.to_event(revision),
+            keys::failed(&event.project_id, revision),
+        ))
     }
 }
 
@@ -274,7 +365,10 @@ impl Steps {
     }
 
     fn event<E: zopu_schema::Event>(&self, payload: &E, key: String) -> NewEvent {
-        let context = EventContext { causation_id: self.cause, ..self.context.clone() };
+        let context = EventContext {
+            causation_id: self.cause,
+            ..self.context.clone()
+        };
         NewEvent::caused_by(&context, payload, key)
     }
 
@@ -294,12 +388,19 @@ impl Steps {
     /// Folds in every step already recorded for this revision (and the
     /// project's agent binding), and continues the causation chain after
     /// the last of them.
-    async fn load(&mut self, ctx: &ReactionContext, state: &mut RevisionState) -> Result<(), HandlerError> {
+    async fn load(
+        &mut self,
+        ctx: &ReactionContext,
+        state: &mut RevisionState,
+    ) -> Result<(), HandlerError> {
         let mut last: Option<(u64, EventId)> = None;
         for key in self.keys() {
             if let Some(recorded) = ctx.publisher.recorded(&key).await? {
                 let ours = state::setup_revision_of(&recorded) == Some(self.revision);
-                if state.apply(&recorded) && ours && last.is_none_or(|(version, _)| recorded.project_version > version) {
+                if state.apply(&recorded)
+                    && ours
+                    && last.is_none_or(|(version, _)| recorded.project_version > version)
+                {
                     last = Some((recorded.project_version, recorded.id));
                 }
             }
@@ -311,7 +412,12 @@ impl Steps {
     }
 
     /// Appends one step's event and folds it into the state.
-    async fn append(&mut self, ctx: &ReactionContext, state: &mut RevisionState, event: NewEvent) -> Result<(), HandlerError> {
+    async fn append(
+        &mut self,
+        ctx: &ReactionContext,
+        state: &mut RevisionState,
+        event: NewEvent,
+    ) -> Result<(), HandlerError> {
         let appended = ctx.publisher.append(event.clone()).await?;
         // A duplicate was stored before (maybe by another instance): fold what is stored.
         let stored = match appended.duplicate {
@@ -338,23 +444,45 @@ impl Steps {
         Ok(())
     }
 
-    async fn record_failure(&self, ctx: &ReactionContext, failure: Failure) -> Result<(), HandlerError> {
+    async fn record_failure(
+        &self,
+        ctx: &ReactionContext,
+        failure: Failure,
+    ) -> Result<(), HandlerError> {
         tracing::warn!(project = %self.project, revision = self.revision, step = %failure.step, code = %failure.code, "setup failed");
-        let event = self.event(&failure.to_event(self.revision), keys::failed(&self.project, self.revision));
+        let event = self.event(
+            &failure.to_event(self.revision),
+            keys::failed(&self.project, self.revision),
+        );
         ctx.publisher.append(event).await?;
         Ok(())
     }
 
     /// Appends `project.ready` at the project's current version; when the
     /// project moved on, catches up and decides again.
-    async fn mark_ready(&self, ctx: &ReactionContext, state: &RevisionState) -> Result<(), HandlerError> {
-        let ready = state
-            .ready_event()
-            .ok_or_else(|| HandlerError::Permanent("ready decided before every step was recorded".to_owned()))?;
-        let (ready_key, failed_key) = (keys::ready(&self.project, self.revision), keys::failed(&self.project, self.revision));
+    async fn mark_ready(
+        &self,
+        ctx: &ReactionContext,
+        state: &RevisionState,
+    ) -> Result<(), HandlerError> {
+        let ready = state.ready_event().ok_or_else(|| {
+            HandlerError::Permanent("ready decided before every step was recorded".to_owned())
+        })?;
+        let (ready_key, failed_key) = (
+            keys::ready(&self.project, self.revision),
+            keys::failed(&self.project, self.revision),
+        );
         for attempt in 1..=READY_ATTEMPTS_MAX {
-            let expected = ctx.publisher.fetch_head(&self.org, &self.project).await?.map_or(0, |head| head.version);
-            match ctx.publisher.append_at(self.event(&ready, ready_key.clone()), expected).await {
+            let expected = ctx
+                .publisher
+                .fetch_head(&self.org, &self.project)
+                .await?
+                .map_or(0, |head| head.version);
+            match ctx
+                .publisher
+                .append_at(self.event(&ready, ready_key.clone()), expected)
+                .await
+            {
                 Ok(appended) => {
                     tracing::info!(project = %self.project, revision = self.revision, duplicate = appended.duplicate, "project ready");
                     return Ok(());
@@ -364,7 +492,11 @@ impl Steps {
                     let last = zopu_core::publish::last_sequence(ctx.publisher.bus()).await?;
                     tokio::time::timeout(CATCH_UP_MAX, ctx.store.wait_for(last))
                         .await
-                        .map_err(|_| HandlerError::Transient("the setup store did not catch up with the stream".to_owned()))?;
+                        .map_err(|_| {
+                            HandlerError::Transient(
+                                "the setup store did not catch up with the stream".to_owned(),
+                            )
+                        })?;
                     for key in [&ready_key, &failed_key] {
                         if ctx.publisher.recorded(key).await?.is_some() {
                             tracing::info!(project = %self.project, revision = self.revision, "setup revision was finished elsewhere");
@@ -375,6 +507,8 @@ impl Steps {
                 Err(AppendAtError::Failed(error)) => return Err(error.into()),
             }
         }
-        Err(HandlerError::Transient(format!("the project kept moving; project.ready not appended after {READY_ATTEMPTS_MAX} attempts")))
+        Err(HandlerError::Transient(format!(
+            "the project kept moving; project.ready not appended after {READY_ATTEMPTS_MAX} attempts"
+        )))
     }
 }

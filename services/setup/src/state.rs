@@ -43,7 +43,12 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(step: &str, code: &str, message: impl Into<String>, retryable: bool) -> Self {
-        Self { step: step.to_owned(), code: code.to_owned(), message: message.into(), retryable }
+        Self {
+            step: step.to_owned(),
+            code: code.to_owned(),
+            message: message.into(),
+            retryable,
+        }
     }
 
     /// The `project.setup.failed` payload for `revision`.
@@ -61,7 +66,12 @@ impl Failure {
 
     fn from_event(failed: &pb::ProjectSetupFailed) -> Self {
         let reason = failed.reason.clone().unwrap_or_default();
-        Self { step: failed.step.clone(), code: reason.code, message: reason.message, retryable: reason.retryable }
+        Self {
+            step: failed.step.clone(),
+            code: reason.code,
+            message: reason.message,
+            retryable: reason.retryable,
+        }
     }
 }
 
@@ -163,9 +173,15 @@ impl SetupPhase {
     }
 
     pub fn parse(text: &str) -> Option<Self> {
-        [Self::CreatingWorkspace, Self::Cloning, Self::Checking, Self::Ready, Self::Failed]
-            .into_iter()
-            .find(|phase| phase.as_str() == text)
+        [
+            Self::CreatingWorkspace,
+            Self::Cloning,
+            Self::Checking,
+            Self::Ready,
+            Self::Failed,
+        ]
+        .into_iter()
+        .find(|phase| phase.as_str() == text)
     }
 
     /// Ready or failed.
@@ -205,11 +221,19 @@ fn revision_of_data(event_type: &str, data: &Bytes) -> Option<u32> {
         E::decode(data.clone()).ok()
     }
     let revision = match event_type {
-        pb::ProjectSetupRequested::TYPE => decode::<pb::ProjectSetupRequested>(data)?.setup_revision,
+        pb::ProjectSetupRequested::TYPE => {
+            decode::<pb::ProjectSetupRequested>(data)?.setup_revision
+        }
         pb::ProjectSetupStarted::TYPE => decode::<pb::ProjectSetupStarted>(data)?.setup_revision,
-        pb::ProjectRuntimeCreated::TYPE => decode::<pb::ProjectRuntimeCreated>(data)?.setup_revision,
-        pb::ProjectRepositoryCloned::TYPE => decode::<pb::ProjectRepositoryCloned>(data)?.setup_revision,
-        pb::ProjectEnvironmentScanned::TYPE => decode::<pb::ProjectEnvironmentScanned>(data)?.setup_revision,
+        pb::ProjectRuntimeCreated::TYPE => {
+            decode::<pb::ProjectRuntimeCreated>(data)?.setup_revision
+        }
+        pb::ProjectRepositoryCloned::TYPE => {
+            decode::<pb::ProjectRepositoryCloned>(data)?.setup_revision
+        }
+        pb::ProjectEnvironmentScanned::TYPE => {
+            decode::<pb::ProjectEnvironmentScanned>(data)?.setup_revision
+        }
         pb::AgentRegistered::TYPE => decode::<pb::AgentRegistered>(data)?.setup_revision,
         pb::ProjectReady::TYPE => decode::<pb::ProjectReady>(data)?.setup_revision,
         pb::ProjectSetupFailed::TYPE => decode::<pb::ProjectSetupFailed>(data)?.setup_revision,
@@ -250,7 +274,10 @@ fn environment_status(status: i32) -> &'static str {
 
 impl RevisionState {
     pub fn new(revision: u32) -> Self {
-        Self { revision, ..Self::default() }
+        Self {
+            revision,
+            ..Self::default()
+        }
     }
 
     /// Folds one event into the state. Events of other revisions are
@@ -266,7 +293,9 @@ impl RevisionState {
     pub fn apply_data(&mut self, event_type: &str, data: &Bytes) -> bool {
         match event_type {
             pb::AgentRegistered::TYPE => {
-                let Ok(registered) = pb::AgentRegistered::decode(data.clone()) else { return false };
+                let Ok(registered) = pb::AgentRegistered::decode(data.clone()) else {
+                    return false;
+                };
                 if self.agent_id.is_some() {
                     return false;
                 }
@@ -275,7 +304,9 @@ impl RevisionState {
             }
             _ if revision_of_data(event_type, data) != Some(self.revision) => false,
             pb::ProjectSetupRequested::TYPE => {
-                let Ok(requested) = pb::ProjectSetupRequested::decode(data.clone()) else { return false };
+                let Ok(requested) = pb::ProjectSetupRequested::decode(data.clone()) else {
+                    return false;
+                };
                 if self.request.is_some() {
                     return false;
                 }
@@ -289,7 +320,9 @@ impl RevisionState {
             }
             pb::ProjectSetupStarted::TYPE => !std::mem::replace(&mut self.started, true),
             pb::ProjectRuntimeCreated::TYPE => {
-                let Ok(created) = pb::ProjectRuntimeCreated::decode(data.clone()) else { return false };
+                let Ok(created) = pb::ProjectRuntimeCreated::decode(data.clone()) else {
+                    return false;
+                };
                 if self.runtime.is_some() {
                     return false;
                 }
@@ -303,7 +336,9 @@ impl RevisionState {
                 true
             }
             pb::ProjectRepositoryCloned::TYPE => {
-                let Ok(cloned) = pb::ProjectRepositoryCloned::decode(data.clone()) else { return false };
+                let Ok(cloned) = pb::ProjectRepositoryCloned::decode(data.clone()) else {
+                    return false;
+                };
                 if self.clone.is_some() {
                     return false;
                 }
@@ -316,13 +351,19 @@ impl RevisionState {
                 true
             }
             pb::ProjectEnvironmentScanned::TYPE => {
-                let Ok(scanned) = pb::ProjectEnvironmentScanned::decode(data.clone()) else { return false };
+                let Ok(scanned) = pb::ProjectEnvironmentScanned::decode(data.clone()) else {
+                    return false;
+                };
                 if self.environment.is_some() {
                     return false;
                 }
                 self.environment = Some(EnvironmentRecord {
                     status: environment_status(scanned.status).to_owned(),
-                    names: scanned.variables.into_iter().map(|variable| variable.name).collect(),
+                    names: scanned
+                        .variables
+                        .into_iter()
+                        .map(|variable| variable.name)
+                        .collect(),
                 });
                 true
             }
@@ -334,7 +375,9 @@ impl RevisionState {
                 true
             }
             pb::ProjectSetupFailed::TYPE => {
-                let Ok(failed) = pb::ProjectSetupFailed::decode(data.clone()) else { return false };
+                let Ok(failed) = pb::ProjectSetupFailed::decode(data.clone()) else {
+                    return false;
+                };
                 if self.ready || self.failure.is_some() {
                     return false;
                 }
@@ -369,9 +412,16 @@ impl RevisionState {
             repository_url: request.repository_url,
             branch: request.branch,
             reason: self.failure.clone(),
-            environment_variable_names: self.environment.as_ref().map(|env| env.names.clone()).unwrap_or_default(),
+            environment_variable_names: self
+                .environment
+                .as_ref()
+                .map(|env| env.names.clone())
+                .unwrap_or_default(),
             repository_commit: self.clone.as_ref().map(|clone| clone.commit.clone()),
-            runtime_id: self.runtime.as_ref().map(|runtime| runtime.runtime_id.clone()),
+            runtime_id: self
+                .runtime
+                .as_ref()
+                .map(|runtime| runtime.runtime_id.clone()),
             agent_id: self.agent_id.clone(),
         }
     }
@@ -476,9 +526,18 @@ pub(crate) mod tests {
                 },
                 1,
             ),
-            envelope(&pb::ProjectSetupStarted { setup_revision: revision }, 2),
             envelope(
-                &pb::ProjectRuntimeCreated { setup_revision: revision, runtime_id: "local:x".into(), ..Default::default() },
+                &pb::ProjectSetupStarted {
+                    setup_revision: revision,
+                },
+                2,
+            ),
+            envelope(
+                &pb::ProjectRuntimeCreated {
+                    setup_revision: revision,
+                    runtime_id: "local:x".into(),
+                    ..Default::default()
+                },
                 3,
             ),
             envelope(
@@ -494,13 +553,20 @@ pub(crate) mod tests {
                 &pb::ProjectEnvironmentScanned {
                     setup_revision: revision,
                     status: pb::project_environment_scanned::Status::Detected as i32,
-                    variables: vec![pb::EnvironmentVariable { name: "PORT".into(), ..Default::default() }],
+                    variables: vec![pb::EnvironmentVariable {
+                        name: "PORT".into(),
+                        ..Default::default()
+                    }],
                     dropped_values: 0,
                 },
                 5,
             ),
             envelope(
-                &pb::AgentRegistered { agent_id: "conversation:acme:p".into(), setup_revision: revision, ..Default::default() },
+                &pb::AgentRegistered {
+                    agent_id: "conversation:acme:p".into(),
+                    setup_revision: revision,
+                    ..Default::default()
+                },
                 6,
             ),
         ]
@@ -566,7 +632,12 @@ pub(crate) mod tests {
     #[test]
     fn a_failure_ends_the_revision_and_status_reports_it() {
         let mut events = chain(1)[..3].to_vec();
-        let failure = Failure::new(step::CLONE, "clone.branch_not_found", "Branch 'x' does not exist.", true);
+        let failure = Failure::new(
+            step::CLONE,
+            "clone.branch_not_found",
+            "Branch 'x' does not exist.",
+            true,
+        );
         events.push(envelope(&failure.to_event(1), 4));
         let status = status_from_events(&events).unwrap();
         assert_eq!(status.phase, SetupPhase::Failed);
@@ -584,21 +655,39 @@ pub(crate) mod tests {
     #[test]
     fn status_follows_the_thin_progression_of_the_latest_revision() {
         let events = chain(1);
-        let phases: Vec<SetupPhase> =
-            (1..=events.len()).map(|n| status_from_events(&events[..n]).unwrap().phase).collect();
+        let phases: Vec<SetupPhase> = (1..=events.len())
+            .map(|n| status_from_events(&events[..n]).unwrap().phase)
+            .collect();
         use SetupPhase::*;
-        assert_eq!(phases, [CreatingWorkspace, CreatingWorkspace, Cloning, Checking, Checking, Checking]);
+        assert_eq!(
+            phases,
+            [
+                CreatingWorkspace,
+                CreatingWorkspace,
+                Cloning,
+                Checking,
+                Checking,
+                Checking
+            ]
+        );
         assert!(status_from_events(&[]).is_none());
         // A retry starts a new revision: the status restarts from its beginning.
         let mut all = events.clone();
         let failure = Failure::new(step::VERIFY, "verify.unreadable", "x", true);
         all.push(envelope(&failure.to_event(1), 7));
         all.push(envelope(
-            &pb::ProjectSetupRequested { setup_revision: 2, branch: "dev".into(), ..Default::default() },
+            &pb::ProjectSetupRequested {
+                setup_revision: 2,
+                branch: "dev".into(),
+                ..Default::default()
+            },
             8,
         ));
         let status = status_from_events(&all).unwrap();
-        assert_eq!((status.revision, status.phase, status.branch.as_str()), (2, CreatingWorkspace, "dev"));
+        assert_eq!(
+            (status.revision, status.phase, status.branch.as_str()),
+            (2, CreatingWorkspace, "dev")
+        );
         assert!(status.reason.is_none());
         assert_eq!(SetupPhase::parse("checking"), Some(Checking));
     }

@@ -12,18 +12,36 @@ use zopu_specialists::port::DirectPort;
 
 fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status.lines().find_map(|line| line.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files: usize = std::env::args().nth(1).and_then(|n| n.parse().ok()).unwrap_or(10_000);
+    let files: usize = std::env::args()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(10_000);
     let dir = tempfile::tempdir()?;
     let repo = dir.path().join("repo");
     std::fs::create_dir_all(repo.join("src"))?;
-    std::fs::write(repo.join("Cargo.toml"), "[workspace]\nmembers = [\"crates/*\"]\n[package]\nname = \"bench\"\nedition = \"2021\"\n[dependencies]\ntokio = \"1\"\n")?;
-    std::fs::write(repo.join("README.md"), "# Bench\n\nA generated repository used to measure onboarding.\n")?;
-    std::fs::write(repo.join("src/main.rs"), "fn main() {\n    println!(\"bench\");\n}\n")?;
-    std::fs::write(repo.join("package.json"), "{\"name\": \"bench-web\", \"scripts\": {\"build\": \"vite build\", \"test\": \"vitest\"}}\n")?;
+    std::fs::write(
+        repo.join("Cargo.toml"),
+        "[workspace]\nmembers = [\"crates/*\"]\n[package]\nname = \"bench\"\nedition = \"2021\"\n[dependencies]\ntokio = \"1\"\n",
+    )?;
+    std::fs::write(
+        repo.join("README.md"),
+        "# Bench\n\nA generated repository used to measure onboarding.\n",
+    )?;
+    std::fs::write(
+        repo.join("src/main.rs"),
+        "fn main() {\n    println!(\"bench\");\n}\n",
+    )?;
+    std::fs::write(
+        repo.join("package.json"),
+        "{\"name\": \"bench-web\", \"scripts\": {\"build\": \"vite build\", \"test\": \"vitest\"}}\n",
+    )?;
     let per_dir = 100;
     let mut written = 4;
     let mut module = 0;
@@ -34,20 +52,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if written >= files {
                 break;
             }
-            let body: String = (0..30).map(|line| format!("pub fn item_{module}_{file}_{line}() -> u64 {{ {line} }}\n")).collect();
+            let body: String = (0..30)
+                .map(|line| format!("pub fn item_{module}_{file}_{line}() -> u64 {{ {line} }}\n"))
+                .collect();
             std::fs::write(src.join(format!("file_{file:03}.rs")), body)?;
             written += 1;
         }
         module += 1;
     }
     let generated_at = peak_rss_kib();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let start = Instant::now();
     let result = runtime.block_on(async {
         let sandbox = Sandbox::new(WorkspaceRoot::open(dir.path())?, SandboxLimits::default())?;
         let mut port = DirectPort::new(sandbox);
-        let input = OnboardingInput { repository_commit: "0".repeat(40), provider: "offline".into(), ..Default::default() };
-        let result = onboard(&mut port, &input).await.map_err(|e| e.to_string())?;
+        let input = OnboardingInput {
+            repository_commit: "0".repeat(40),
+            provider: "offline".into(),
+            ..Default::default()
+        };
+        let result = onboard(&mut port, &input)
+            .await
+            .map_err(|e| e.to_string())?;
         Ok::<_, Box<dyn std::error::Error>>((result, port.tool_calls))
     })?;
     let elapsed = start.elapsed();
@@ -55,9 +83,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("files generated: {written}");
     println!("files described: {}", result.files);
     println!("tool calls: {tool_calls}");
-    println!("stack: {:?}", result.stack.iter().map(|s| format!("{} ({})", s.language, s.tool)).collect::<Vec<_>>());
+    println!(
+        "stack: {:?}",
+        result
+            .stack
+            .iter()
+            .map(|s| format!("{} ({})", s.language, s.tool))
+            .collect::<Vec<_>>()
+    );
     println!("summary.md bytes: {}", result.summary_markdown.len());
     println!("wall time: {:.3} s", elapsed.as_secs_f64());
-    println!("peak RSS (VmHWM): {:.1} MB (after generating: {:.1} MB)", peak_rss_kib().unwrap_or(0) as f64 / 1024.0, generated_at.unwrap_or(0) as f64 / 1024.0);
+    println!(
+        "peak RSS (VmHWM): {:.1} MB (after generating: {:.1} MB)",
+        peak_rss_kib().unwrap_or(0) as f64 / 1024.0,
+        generated_at.unwrap_or(0) as f64 / 1024.0
+    );
     Ok(())
 }

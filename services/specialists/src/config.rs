@@ -131,7 +131,11 @@ impl Config {
             if value < min || value > max {
                 Err(ConfigError::setting(
                     format!("specialists.flow.{key}"),
-                    format!("must be within {}..={}", duration::format(&min), duration::format(&max)),
+                    format!(
+                        "must be within {}..={}",
+                        duration::format(&min),
+                        duration::format(&max)
+                    ),
                 ))
             } else {
                 Ok(())
@@ -143,36 +147,69 @@ impl Config {
         within("plan_timeout", flow.plan_timeout, ms(100), s(3600))?;
         within("act_timeout", flow.act_timeout, ms(100), s(3600))?;
         within("reflect_timeout", flow.reflect_timeout, ms(100), s(3600))?;
-        within("terminate_timeout", flow.terminate_timeout, ms(100), s(3600))?;
+        within(
+            "terminate_timeout",
+            flow.terminate_timeout,
+            ms(100),
+            s(3600),
+        )?;
         within("total_timeout", flow.total_timeout, s(1), s(24 * 3600))?;
         within("tool_timeout", flow.tool_timeout, ms(100), s(600))?;
         within("llm_timeout", flow.llm_timeout, ms(100), s(600))?;
-        within("heartbeat_interval", flow.heartbeat_interval, ms(100), s(600))?;
+        within(
+            "heartbeat_interval",
+            flow.heartbeat_interval,
+            ms(100),
+            s(600),
+        )?;
         if !(1..=100).contains(&flow.max_iterations) {
-            return Err(ConfigError::setting("specialists.flow.max_iterations", "must be 1..=100"));
+            return Err(ConfigError::setting(
+                "specialists.flow.max_iterations",
+                "must be 1..=100",
+            ));
         }
         if !(1..=100).contains(&self.max_deliver) {
-            return Err(ConfigError::setting("specialists.max_deliver", "must be 1..=100"));
+            return Err(ConfigError::setting(
+                "specialists.max_deliver",
+                "must be 1..=100",
+            ));
         }
-        self.sandbox
-            .validate()
-            .map_err(|error| ConfigError::setting(format!("specialists.sandbox.{}", error.key), error.reason))?;
+        self.sandbox.validate().map_err(|error| {
+            ConfigError::setting(format!("specialists.sandbox.{}", error.key), error.reason)
+        })?;
         let provider = &self.provider;
         if provider.kind == ProviderKind::Openai {
-            if !(provider.base_url.starts_with("http://") || provider.base_url.starts_with("https://")) {
-                return Err(ConfigError::setting("specialists.provider.base_url", "must be an http(s) URL"));
+            if !(provider.base_url.starts_with("http://")
+                || provider.base_url.starts_with("https://"))
+            {
+                return Err(ConfigError::setting(
+                    "specialists.provider.base_url",
+                    "must be an http(s) URL",
+                ));
             }
             if provider.model.trim().is_empty() {
-                return Err(ConfigError::setting("specialists.provider.model", "must not be empty"));
+                return Err(ConfigError::setting(
+                    "specialists.provider.model",
+                    "must not be empty",
+                ));
             }
             if provider.request_timeout.is_zero() || provider.request_timeout > s(600) {
-                return Err(ConfigError::setting("specialists.provider.request_timeout", "must be within 1ms..=600s"));
+                return Err(ConfigError::setting(
+                    "specialists.provider.request_timeout",
+                    "must be within 1ms..=600s",
+                ));
             }
             if provider.max_retries > 10 {
-                return Err(ConfigError::setting("specialists.provider.max_retries", "must be at most 10"));
+                return Err(ConfigError::setting(
+                    "specialists.provider.max_retries",
+                    "must be at most 10",
+                ));
             }
             if !(256..=32_768).contains(&provider.max_tokens) {
-                return Err(ConfigError::setting("specialists.provider.max_tokens", "must be 256..=32768"));
+                return Err(ConfigError::setting(
+                    "specialists.provider.max_tokens",
+                    "must be 256..=32768",
+                ));
             }
         }
         Ok(())

@@ -12,7 +12,9 @@ use zopu_schema::pb::FlowPhase;
 
 use crate::grounding;
 use crate::port::{self, FlowError, Port};
-use crate::results::{EvidenceItem, ExplorationResult, Finding, MapEdge, MapNode, Provenance, SystemMap, clip};
+use crate::results::{
+    EvidenceItem, ExplorationResult, Finding, MapEdge, MapNode, Provenance, SystemMap, clip,
+};
 
 /// Most keywords searched.
 const KEYWORDS_MAX: usize = 6;
@@ -24,7 +26,30 @@ const TOP_FILES: usize = 5;
 const WINDOW_LINES: u64 = 60;
 
 /// Words that carry no subject in a repository question.
-const GENERIC: &[&str] = &["code", "file", "files", "repo", "repository", "work", "works", "does", "explore", "explain", "find", "where", "how", "what", "why", "issue", "create", "make", "should", "would", "could", "please"];
+const GENERIC: &[&str] = &[
+    "code",
+    "file",
+    "files",
+    "repo",
+    "repository",
+    "work",
+    "works",
+    "does",
+    "explore",
+    "explain",
+    "find",
+    "where",
+    "how",
+    "what",
+    "why",
+    "issue",
+    "create",
+    "make",
+    "should",
+    "would",
+    "could",
+    "please",
+];
 
 /// The search terms of a question: identifiers and paths quoted in it
 /// verbatim, then the offline provider's ranked keywords.
@@ -37,7 +62,10 @@ pub fn keywords(question: &str) -> Vec<String> {
         }
     }
     for keyword in zopu_llm::offline::keywords(question) {
-        if keyword.chars().count() >= 3 && !GENERIC.contains(&keyword.as_str()) && !out.iter().any(|k| k.eq_ignore_ascii_case(&keyword)) {
+        if keyword.chars().count() >= 3
+            && !GENERIC.contains(&keyword.as_str())
+            && !out.iter().any(|k| k.eq_ignore_ascii_case(&keyword))
+        {
             out.push(keyword);
         }
     }
@@ -81,11 +109,18 @@ pub struct Gathered {
 
 fn weight_of(path: &str) -> f64 {
     let lower = path.to_lowercase();
-    if lower.ends_with(".lock") || lower.ends_with("-lock.json") || lower.ends_with("lock.yaml") || lower.contains(".min.") {
+    if lower.ends_with(".lock")
+        || lower.ends_with("-lock.json")
+        || lower.ends_with("lock.yaml")
+        || lower.contains(".min.")
+    {
         0.2
     } else if lower.ends_with(".md") || lower.ends_with(".txt") || lower.starts_with("docs/") {
         0.6
-    } else if lower.split('/').any(|c| matches!(c, "test" | "tests" | "spec" | "__tests__" | "fixtures")) {
+    } else if lower
+        .split('/')
+        .any(|c| matches!(c, "test" | "tests" | "spec" | "__tests__" | "fixtures"))
+    {
         0.8
     } else {
         1.0
@@ -93,12 +128,22 @@ fn weight_of(path: &str) -> f64 {
 }
 
 /// Ranks files by keyword coverage, match density and path relevance.
-pub fn rank(keywords: &[String], hits: &[(String, u64, String)], sizes: &BTreeMap<String, u64>, paths: &[String]) -> Vec<RankedFile> {
+pub fn rank(
+    keywords: &[String],
+    hits: &[(String, u64, String)],
+    sizes: &BTreeMap<String, u64>,
+    paths: &[String],
+) -> Vec<RankedFile> {
     let mut files: BTreeMap<String, RankedFile> = BTreeMap::new();
     for (keyword, line, text) in hits {
         // `hits` holds (keyword, line, "path\u{0}text") to keep one tuple type.
-        let Some((path, text)) = text.split_once('\u{0}') else { continue };
-        let file = files.entry(path.to_owned()).or_insert_with(|| RankedFile { path: path.to_owned(), ..Default::default() });
+        let Some((path, text)) = text.split_once('\u{0}') else {
+            continue;
+        };
+        let file = files.entry(path.to_owned()).or_insert_with(|| RankedFile {
+            path: path.to_owned(),
+            ..Default::default()
+        });
         file.keywords.insert(keyword.clone());
         if !file.matches.iter().any(|(l, _, _)| l == line) {
             file.matches.push((*line, text.to_owned(), keyword.clone()));
@@ -106,9 +151,18 @@ pub fn rank(keywords: &[String], hits: &[(String, u64, String)], sizes: &BTreeMa
     }
     for path in paths {
         let lower = path.to_lowercase();
-        let hits = keywords.iter().filter(|k| lower.contains(&k.to_lowercase())).count() as u32;
+        let hits = keywords
+            .iter()
+            .filter(|k| lower.contains(&k.to_lowercase()))
+            .count() as u32;
         if hits > 0 {
-            files.entry(path.clone()).or_insert_with(|| RankedFile { path: path.clone(), ..Default::default() }).path_hits = hits;
+            files
+                .entry(path.clone())
+                .or_insert_with(|| RankedFile {
+                    path: path.clone(),
+                    ..Default::default()
+                })
+                .path_hits = hits;
         }
     }
     let mut ranked: Vec<RankedFile> = files
@@ -119,18 +173,34 @@ pub fn rank(keywords: &[String], hits: &[(String, u64, String)], sizes: &BTreeMa
             let count = file.matches.len() as f64;
             let density = (count / lines).min(1.0);
             let coverage = file.keywords.len() as f64;
-            file.score = (3.0 * coverage + 1.5 * (1.0 + count).ln() + 4.0 * density + 2.0 * f64::from(file.path_hits)) * weight_of(&file.path);
+            file.score = (3.0 * coverage
+                + 1.5 * (1.0 + count).ln()
+                + 4.0 * density
+                + 2.0 * f64::from(file.path_hits))
+                * weight_of(&file.path);
             file.matches.sort_by_key(|(line, _, _)| *line);
             file
         })
         .collect();
-    ranked.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.path.cmp(&b.path)));
+    ranked.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then_with(|| a.path.cmp(&b.path))
+    });
     ranked
 }
 
 /// Searches `keywords`, ranks the files and reads the top `top` of them.
-pub async fn gather<P: Port>(port: &mut P, step: &str, keywords: &[String], top: usize) -> Result<Gathered, FlowError> {
-    let mut gathered = Gathered { keywords: keywords.to_vec(), ..Default::default() };
+pub async fn gather<P: Port>(
+    port: &mut P,
+    step: &str,
+    keywords: &[String],
+    top: usize,
+) -> Result<Gathered, FlowError> {
+    let mut gathered = Gathered {
+        keywords: keywords.to_vec(),
+        ..Default::default()
+    };
     let mut hits: Vec<(String, u64, String)> = Vec::new();
     for (index, keyword) in keywords.iter().enumerate() {
         let input = SearchInput {
@@ -152,35 +222,80 @@ pub async fn gather<P: Port>(port: &mut P, step: &str, keywords: &[String], top:
         }
         let mut matched = false;
         for found in output.matches {
-            if found.path.split('/').any(|c| matches!(c, "node_modules" | "target" | "dist" | "vendor" | ".zopu")) {
+            if found
+                .path
+                .split('/')
+                .any(|c| matches!(c, "node_modules" | "target" | "dist" | "vendor" | ".zopu"))
+            {
                 continue;
             }
             matched = true;
-            hits.push((keyword.clone(), found.line_number, format!("{}\u{0}{}", found.path, found.line)));
+            hits.push((
+                keyword.clone(),
+                found.line_number,
+                format!("{}\u{0}{}", found.path, found.line),
+            ));
         }
         if !matched {
             gathered.unmatched.push(keyword.clone());
         }
     }
-    let listing = port::list_files(port, &format!("{step}:list"), ListFilesInput { path: String::new(), max_depth: Some(12), max_entries: Some(5_000) }).await?;
+    let listing = port::list_files(
+        port,
+        &format!("{step}:list"),
+        ListFilesInput {
+            path: String::new(),
+            max_depth: Some(12),
+            max_entries: Some(5_000),
+        },
+    )
+    .await?;
     let (paths, sizes): (Vec<String>, BTreeMap<String, u64>) = match listing {
         Ok(listing) => {
-            let files: Vec<_> = listing.entries.into_iter().filter(|e| e.kind == zopu_sandbox::tools::EntryKind::File).collect();
-            (files.iter().map(|e| e.path.clone()).collect(), files.iter().map(|e| (e.path.clone(), e.size_bytes)).collect())
+            let files: Vec<_> = listing
+                .entries
+                .into_iter()
+                .filter(|e| e.kind == zopu_sandbox::tools::EntryKind::File)
+                .collect();
+            (
+                files.iter().map(|e| e.path.clone()).collect(),
+                files
+                    .iter()
+                    .map(|e| (e.path.clone(), e.size_bytes))
+                    .collect(),
+            )
         }
         Err(_) => (Vec::new(), BTreeMap::new()),
     };
-    let paths: Vec<String> = paths.into_iter().filter(|p| !p.split('/').any(|c| matches!(c, "node_modules" | "target" | "dist" | "vendor"))).collect();
+    let paths: Vec<String> = paths
+        .into_iter()
+        .filter(|p| {
+            !p.split('/')
+                .any(|c| matches!(c, "node_modules" | "target" | "dist" | "vendor"))
+        })
+        .collect();
     gathered.ranked = rank(keywords, &hits, &sizes, &paths);
-    gathered.unmatched.retain(|k| !gathered.ranked.iter().any(|f| f.path.to_lowercase().contains(&k.to_lowercase())));
+    gathered.unmatched.retain(|k| {
+        !gathered
+            .ranked
+            .iter()
+            .any(|f| f.path.to_lowercase().contains(&k.to_lowercase()))
+    });
     for (index, file) in gathered.ranked.iter().take(top).enumerate() {
         let first = file.matches.first().map_or(1, |(line, _, _)| *line);
         let start = first.saturating_sub(5).max(1);
-        let input = ReadFileInput { path: file.path.clone(), start_line: Some(start), end_line: Some(start + WINDOW_LINES), ..Default::default() };
+        let input = ReadFileInput {
+            path: file.path.clone(),
+            start_line: Some(start),
+            end_line: Some(start + WINDOW_LINES),
+            ..Default::default()
+        };
         if let Ok(read) = port::read_file(port, &format!("{step}:read:{index}"), input).await?
             && !read.binary
         {
-            gathered.windows.insert(file.path.clone(), (read.start_line, read.content));
+            gathered
+                .windows
+                .insert(file.path.clone(), (read.start_line, read.content));
         }
     }
     Ok(gathered)
@@ -192,7 +307,9 @@ static DEFINITION: LazyLock<Option<Regex>> = LazyLock::new(|| {
 
 /// Definitions in a window whose names contain a keyword: (line, name, line text).
 pub fn definitions(window: &(u64, String), keywords: &[String]) -> Vec<(u64, String, String)> {
-    let Some(re) = DEFINITION.as_ref() else { return Vec::new() };
+    let Some(re) = DEFINITION.as_ref() else {
+        return Vec::new();
+    };
     let (first, content) = window;
     let mut out = Vec::new();
     for (offset, line) in content.lines().enumerate() {
@@ -213,7 +330,11 @@ pub fn findings(gathered: &Gathered, top: usize) -> Vec<Finding> {
     let mut out = Vec::new();
     for file in gathered.ranked.iter().take(top) {
         let keywords: Vec<String> = file.keywords.iter().cloned().collect();
-        let defs = gathered.windows.get(&file.path).map(|w| definitions(w, &gathered.keywords)).unwrap_or_default();
+        let defs = gathered
+            .windows
+            .get(&file.path)
+            .map(|w| definitions(w, &gathered.keywords))
+            .unwrap_or_default();
         let mut evidence: Vec<EvidenceItem> = defs
             .iter()
             .map(|(line, name, text)| EvidenceItem {
@@ -241,21 +362,49 @@ pub fn findings(gathered: &Gathered, top: usize) -> Vec<Finding> {
                 verified: false,
             });
         }
-        let subject = if keywords.is_empty() { "the question's terms (in its path)".to_owned() } else { keywords.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ") };
-        let claim = if defs.is_empty() {
-            format!("`{}` refers to {subject} on {} line(s)", file.path, file.matches.len())
+        let subject = if keywords.is_empty() {
+            "the question's terms (in its path)".to_owned()
         } else {
-            let names: Vec<String> = defs.iter().map(|(_, name, _)| format!("`{name}`")).collect();
-            format!("`{}` defines {} related to {subject}", file.path, names.join(", "))
+            keywords
+                .iter()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let claim = if defs.is_empty() {
+            format!(
+                "`{}` refers to {subject} on {} line(s)",
+                file.path,
+                file.matches.len()
+            )
+        } else {
+            let names: Vec<String> = defs
+                .iter()
+                .map(|(_, name, _)| format!("`{name}`"))
+                .collect();
+            format!(
+                "`{}` defines {} related to {subject}",
+                file.path,
+                names.join(", ")
+            )
         };
         let detail = format!(
             "Ranked by keyword search (score {:.1}: {} keyword(s), {} matching line(s){}).",
             file.score,
             file.keywords.len(),
             file.matches.len(),
-            if file.path_hits > 0 { ", path matches the question" } else { "" }
+            if file.path_hits > 0 {
+                ", path matches the question"
+            } else {
+                ""
+            }
         );
-        out.push(Finding { claim, detail, evidence, assumption: false });
+        out.push(Finding {
+            claim,
+            detail,
+            evidence,
+            assumption: false,
+        });
     }
     out
 }
@@ -263,32 +412,59 @@ pub fn findings(gathered: &Gathered, top: usize) -> Vec<Finding> {
 fn stem_of(path: &str) -> Option<String> {
     let name = path.rsplit('/').next()?;
     let stem = name.split('.').next()?.to_lowercase();
-    (stem.len() >= 3 && !matches!(stem.as_str(), "index" | "main" | "mod" | "lib" | "__init__" | "init" | "app" | "utils")).then_some(stem)
+    (stem.len() >= 3
+        && !matches!(
+            stem.as_str(),
+            "index" | "main" | "mod" | "lib" | "__init__" | "init" | "app" | "utils"
+        ))
+    .then_some(stem)
 }
 
 /// A small map: the question, the top files, and which file names another.
 pub fn system_map(question: &str, gathered: &Gathered, top: usize) -> SystemMap {
     let mut map = SystemMap::default();
-    map.nodes.push(MapNode { id: "question".into(), label: clip(question, 100), detail: "the question explored".into() });
+    map.nodes.push(MapNode {
+        id: "question".into(),
+        label: clip(question, 100),
+        detail: "the question explored".into(),
+    });
     let files: Vec<&RankedFile> = gathered.ranked.iter().take(top).collect();
     for (index, file) in files.iter().enumerate() {
-        map.nodes.push(MapNode { id: format!("f{index}"), label: clip(&file.path, 110), detail: format!("{} matching line(s)", file.matches.len()) });
+        map.nodes.push(MapNode {
+            id: format!("f{index}"),
+            label: clip(&file.path, 110),
+            detail: format!("{} matching line(s)", file.matches.len()),
+        });
     }
     for (a, from) in files.iter().enumerate() {
-        let Some((_, content)) = gathered.windows.get(&from.path) else { continue };
+        let Some((_, content)) = gathered.windows.get(&from.path) else {
+            continue;
+        };
         let content = content.to_lowercase();
         for (b, to) in files.iter().enumerate() {
             if a != b
                 && let Some(stem) = stem_of(&to.path)
                 && content.contains(&stem)
             {
-                map.edges.push(MapEdge { from: format!("f{a}"), to: format!("f{b}"), label: "names".into() });
+                map.edges.push(MapEdge {
+                    from: format!("f{a}"),
+                    to: format!("f{b}"),
+                    label: "names".into(),
+                });
             }
         }
     }
     for (index, file) in files.iter().enumerate() {
-        let label = file.keywords.iter().next().map_or_else(|| "path".to_owned(), |k| format!("matches {k}"));
-        map.edges.push(MapEdge { from: "question".into(), to: format!("f{index}"), label: clip(&label, 100) });
+        let label = file
+            .keywords
+            .iter()
+            .next()
+            .map_or_else(|| "path".to_owned(), |k| format!("matches {k}"));
+        map.edges.push(MapEdge {
+            from: "question".into(),
+            to: format!("f{index}"),
+            label: clip(&label, 100),
+        });
     }
     map
 }
@@ -302,22 +478,32 @@ pub struct ExploreInput {
 }
 
 /// Offline exploration through `port`.
-pub async fn explore<P: Port>(port: &mut P, input: &ExploreInput) -> Result<ExplorationResult, FlowError> {
-    port.phase(FlowPhase::Plan, 1, "Framing the question").await?;
+pub async fn explore<P: Port>(
+    port: &mut P,
+    input: &ExploreInput,
+) -> Result<ExplorationResult, FlowError> {
+    port.phase(FlowPhase::Plan, 1, "Framing the question")
+        .await?;
     let mut terms = keywords(&input.question);
     let mut iteration = 1;
     let mut gathered;
     loop {
-        port.phase(FlowPhase::Act, iteration, "Searching the repository").await?;
+        port.phase(FlowPhase::Act, iteration, "Searching the repository")
+            .await?;
         gathered = gather(port, &format!("explore:{iteration}"), &terms, TOP_FILES).await?;
-        port.phase(FlowPhase::Reflect, iteration, "Checking the matches").await?;
+        port.phase(FlowPhase::Reflect, iteration, "Checking the matches")
+            .await?;
         if !gathered.ranked.is_empty() || iteration >= 2 {
             break;
         }
         // Nothing matched: one broader round with shorter stems.
         let broader: Vec<String> = terms
             .iter()
-            .flat_map(|t| t.split(|c: char| c == '_' || c == '-' || c == '.' || c == '/').map(str::to_owned).collect::<Vec<_>>())
+            .flat_map(|t| {
+                t.split(['_', '-', '.', '/'])
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
             .filter(|t| t.len() >= 4)
             .map(|t| t.chars().take(5).collect::<String>())
             .collect();
@@ -338,7 +524,11 @@ pub async fn explore<P: Port>(port: &mut P, input: &ExploreInput) -> Result<Expl
     }
     let grounded = grounding::verify(port, "verify", all).await?;
     for mut item in grounded.kept {
-        let (index, note) = item.note.split_once('\u{0}').map(|(i, n)| (i.parse::<usize>().unwrap_or(0), n.to_owned())).unwrap_or((0, item.note.clone()));
+        let (index, note) = item
+            .note
+            .split_once('\u{0}')
+            .map(|(i, n)| (i.parse::<usize>().unwrap_or(0), n.to_owned()))
+            .unwrap_or((0, item.note.clone()));
         item.note = note;
         if let Some(finding) = found.get_mut(index) {
             finding.evidence.push(item);
@@ -349,16 +539,28 @@ pub async fn explore<P: Port>(port: &mut P, input: &ExploreInput) -> Result<Expl
     }
     let mut risks = vec!["Heuristic result: files were located by keyword search and ranking, not by running or fully reading the code; confirm before acting on it.".to_owned()];
     for keyword in &gathered.capped {
-        risks.push(format!("The search for `{keyword}` hit its match cap; less obvious places may be missing."));
+        risks.push(format!(
+            "The search for `{keyword}` hit its match cap; less obvious places may be missing."
+        ));
     }
     for (path, (first, content)) in &gathered.windows {
         for (offset, line) in content.lines().enumerate() {
-            if (line.contains("TODO") || line.contains("FIXME") || line.contains("HACK")) && risks.len() < 6 {
-                risks.push(format!("`{path}` line {} has an open note near the matches: {}", first + offset as u64, clip(line.trim(), 160)));
+            if (line.contains("TODO") || line.contains("FIXME") || line.contains("HACK"))
+                && risks.len() < 6
+            {
+                risks.push(format!(
+                    "`{path}` line {} has an open note near the matches: {}",
+                    first + offset as u64,
+                    clip(line.trim(), 160)
+                ));
             }
         }
     }
-    let mut unknowns: Vec<String> = gathered.unmatched.iter().map(|k| format!("Nothing in the repository mentions `{k}`.")).collect();
+    let mut unknowns: Vec<String> = gathered
+        .unmatched
+        .iter()
+        .map(|k| format!("Nothing in the repository mentions `{k}`."))
+        .collect();
     unknowns.push("Runtime behaviour was not observed: no code was run.".to_owned());
     let mut next_actions: Vec<String> = found
         .iter()
@@ -367,13 +569,29 @@ pub async fn explore<P: Port>(port: &mut P, input: &ExploreInput) -> Result<Expl
         .map(|e| format!("Read `{}` around line {}.", e.path, e.start_line))
         .collect();
     next_actions.push("Ask for an issue to turn a finding into a scoped change.".to_owned());
-    let strongest: Vec<String> = gathered.ranked.iter().take(3).map(|f| format!("`{}`", f.path)).collect();
+    let strongest: Vec<String> = gathered
+        .ranked
+        .iter()
+        .take(3)
+        .map(|f| format!("`{}`", f.path))
+        .collect();
     let summary = if gathered.ranked.is_empty() {
-        format!("No file in the repository matches {}; the question may use different words than the code.", terms.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "))
+        format!(
+            "No file in the repository matches {}; the question may use different words than the code.",
+            terms
+                .iter()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
     } else {
         format!(
             "Searched for {}: {} file(s) match; the strongest are {}. {}",
-            terms.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "),
+            terms
+                .iter()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
             gathered.ranked.len(),
             strongest.join(", "),
             found.first().map(|f| f.claim.clone()).unwrap_or_default()
@@ -388,7 +606,12 @@ pub async fn explore<P: Port>(port: &mut P, input: &ExploreInput) -> Result<Expl
         unknowns,
         next_actions,
         keywords: terms,
-        provenance: Provenance { provider: input.provider.clone(), heuristic: true, repository_commit: input.repository_commit.clone(), ..Default::default() },
+        provenance: Provenance {
+            provider: input.provider.clone(),
+            heuristic: true,
+            repository_commit: input.repository_commit.clone(),
+            ..Default::default()
+        },
     })
 }
 
@@ -400,7 +623,10 @@ mod tests {
     fn keywords_keep_quoted_identifiers_and_drop_generic_words() {
         let words = keywords("Explore how `parse_config` handles the auth session tokens");
         assert_eq!(words[0], "parse_config");
-        assert!(!words.iter().any(|w| w == "explore" || w == "how"), "{words:?}");
+        assert!(
+            !words.iter().any(|w| w == "explore" || w == "how"),
+            "{words:?}"
+        );
         assert!(words.len() >= 3, "{words:?}");
     }
 
@@ -408,11 +634,29 @@ mod tests {
     fn ranking_prefers_coverage_density_and_paths() {
         let keywords = vec!["auth".to_owned(), "session".to_owned()];
         let hit = |k: &str, path: &str, line: u64| (k.to_owned(), line, format!("{path}\u{0}text"));
-        let hits = vec![hit("auth", "src/auth.rs", 1), hit("session", "src/auth.rs", 2), hit("auth", "README.md", 1), hit("auth", "Cargo.lock", 3)];
-        let sizes = BTreeMap::from([("src/auth.rs".to_owned(), 400), ("README.md".to_owned(), 400), ("Cargo.lock".to_owned(), 40_000)]);
-        let ranked = rank(&keywords, &hits, &sizes, &["src/session/store.rs".to_owned()]);
+        let hits = vec![
+            hit("auth", "src/auth.rs", 1),
+            hit("session", "src/auth.rs", 2),
+            hit("auth", "README.md", 1),
+            hit("auth", "Cargo.lock", 3),
+        ];
+        let sizes = BTreeMap::from([
+            ("src/auth.rs".to_owned(), 400),
+            ("README.md".to_owned(), 400),
+            ("Cargo.lock".to_owned(), 40_000),
+        ]);
+        let ranked = rank(
+            &keywords,
+            &hits,
+            &sizes,
+            &["src/session/store.rs".to_owned()],
+        );
         assert_eq!(ranked[0].path, "src/auth.rs");
         assert_eq!(ranked.last().map(|f| f.path.as_str()), Some("Cargo.lock"));
-        assert!(ranked.iter().any(|f| f.path == "src/session/store.rs" && f.path_hits == 1));
+        assert!(
+            ranked
+                .iter()
+                .any(|f| f.path == "src/session/store.rs" && f.path_hits == 1)
+        );
     }
 }

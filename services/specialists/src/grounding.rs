@@ -39,7 +39,11 @@ pub fn snippet_present(content: &str, snippet: &str) -> bool {
 }
 
 /// Checks every item; `step` prefixes the step names of the reads.
-pub async fn verify<P: Port>(port: &mut P, step: &str, items: Vec<EvidenceItem>) -> Result<Grounded, FlowError> {
+pub async fn verify<P: Port>(
+    port: &mut P,
+    step: &str,
+    items: Vec<EvidenceItem>,
+) -> Result<Grounded, FlowError> {
     let mut by_path: BTreeMap<String, Vec<EvidenceItem>> = BTreeMap::new();
     let mut grounded = Grounded::default();
     for mut item in items {
@@ -58,10 +62,25 @@ pub async fn verify<P: Port>(port: &mut P, step: &str, items: Vec<EvidenceItem>)
             continue;
         }
         let ranged = items.iter().filter(|item| item.start_line > 0);
-        let low = ranged.clone().map(|item| item.start_line).min().unwrap_or(1).saturating_sub(SLACK_LINES).max(1);
-        let high = ranged.map(|item| item.end_line.max(item.start_line)).max().unwrap_or(low + 400) + SLACK_LINES;
+        let low = ranged
+            .clone()
+            .map(|item| item.start_line)
+            .min()
+            .unwrap_or(1)
+            .saturating_sub(SLACK_LINES)
+            .max(1);
+        let high = ranged
+            .map(|item| item.end_line.max(item.start_line))
+            .max()
+            .unwrap_or(low + 400)
+            + SLACK_LINES;
         let high = high.min(low + RANGE_LINES_MAX);
-        let input = ReadFileInput { path: path.clone(), start_line: Some(u64::from(low)), end_line: Some(u64::from(high)), ..Default::default() };
+        let input = ReadFileInput {
+            path: path.clone(),
+            start_line: Some(u64::from(low)),
+            end_line: Some(u64::from(high)),
+            ..Default::default()
+        };
         match port::read_file(port, &format!("{step}:{index}"), input).await? {
             Err(_) => grounded.dropped.extend(items),
             Ok(output) if output.binary => grounded.dropped.extend(items),
@@ -69,23 +88,32 @@ pub async fn verify<P: Port>(port: &mut P, step: &str, items: Vec<EvidenceItem>)
                 let lines: Vec<&str> = output.content.lines().collect();
                 let last_line = output.start_line + lines.len() as u64;
                 for mut item in items {
-                    let range_exists = item.start_line == 0 || u64::from(item.start_line) < last_line.max(output.start_line + 1);
+                    let range_exists = item.start_line == 0
+                        || u64::from(item.start_line) < last_line.max(output.start_line + 1);
                     let window = if item.start_line == 0 {
                         output.content.clone()
                     } else {
                         let from = item.start_line.saturating_sub(SLACK_LINES).max(low) - low;
-                        let to = (item.end_line.max(item.start_line) + SLACK_LINES).saturating_sub(low) + 1;
+                        let to = (item.end_line.max(item.start_line) + SLACK_LINES)
+                            .saturating_sub(low)
+                            + 1;
                         let to = (to as usize).min(lines.len());
-                        lines.get(from as usize..to).map(|slice| slice.join("\n")).unwrap_or_default()
+                        lines
+                            .get(from as usize..to)
+                            .map(|slice| slice.join("\n"))
+                            .unwrap_or_default()
                     };
-                    item.verified = range_exists && !item.snippet.is_empty() && snippet_present(&window, &item.snippet);
+                    item.verified = range_exists
+                        && !item.snippet.is_empty()
+                        && snippet_present(&window, &item.snippet);
                     if item.verified && item.start_line > 0 && item.end_line == 0 {
                         item.end_line = item.start_line;
                     }
                     if !range_exists {
                         item.start_line = 0;
                         item.end_line = 0;
-                        item.note = format!("{} (the cited lines do not exist; unverified)", item.note);
+                        item.note =
+                            format!("{} (the cited lines do not exist; unverified)", item.note);
                     }
                     grounded.kept.push(item);
                 }
@@ -110,17 +138,31 @@ mod tests {
             std::fs::write(full, content).unwrap();
         }
         std::fs::create_dir_all(dir.path().join("repo")).unwrap();
-        let sandbox = Sandbox::new(WorkspaceRoot::open(dir.path()).unwrap(), SandboxLimits::default()).unwrap();
+        let sandbox = Sandbox::new(
+            WorkspaceRoot::open(dir.path()).unwrap(),
+            SandboxLimits::default(),
+        )
+        .unwrap();
         (dir, DirectPort::new(sandbox))
     }
 
     fn item(path: &str, start: u32, snippet: &str) -> EvidenceItem {
-        EvidenceItem { path: path.into(), start_line: start, end_line: start, snippet: snippet.into(), note: "n".into(), verified: true }
+        EvidenceItem {
+            path: path.into(),
+            start_line: start,
+            end_line: start,
+            snippet: snippet.into(),
+            note: "n".into(),
+            verified: true,
+        }
     }
 
     #[tokio::test]
     async fn real_snippets_verify_and_invented_ones_do_not() {
-        let (_dir, mut port) = port_with(&[("src/lib.rs", "// top\npub fn login(user: &str) -> bool {\n    true\n}\n")]);
+        let (_dir, mut port) = port_with(&[(
+            "src/lib.rs",
+            "// top\npub fn login(user: &str) -> bool {\n    true\n}\n",
+        )]);
         let grounded = verify(
             &mut port,
             "verify",
@@ -138,6 +180,9 @@ mod tests {
         assert!(grounded.dropped.iter().any(|i| i.path == "src/missing.rs"));
         let verified: Vec<_> = grounded.kept.iter().map(|i| i.verified).collect();
         assert_eq!(verified, vec![true, false, false]);
-        assert_eq!(grounded.kept[2].start_line, 0, "a range past the end is not kept");
+        assert_eq!(
+            grounded.kept[2].start_line, 0,
+            "a range past the end is not kept"
+        );
     }
 }

@@ -60,7 +60,11 @@ mod tests {
         ] {
             assert!(looks_like_injection(text), "{text}");
         }
-        for text in ["fn main() {}", "This project ignores whitespace in previous versions", "Run `cargo test`"] {
+        for text in [
+            "fn main() {}",
+            "This project ignores whitespace in previous versions",
+            "Run `cargo test`",
+        ] {
             assert!(!looks_like_injection(text), "{text}");
         }
     }

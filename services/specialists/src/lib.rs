@@ -22,6 +22,8 @@
 //! - Evidence is checked against the workspace before it is presented as
 //!   fact; results say which provider produced them.
 
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
 pub mod config;
 pub mod explore;
 pub mod grounding;
@@ -88,13 +90,19 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     let provider = provider(&config)?;
     let runtime = Runtime::start(SERVICE, &core, shutdown.clone()).await?;
     runtime.spawn_projection(state::State);
-    let mut reaction = ReactionConfig::new(subjects::durable(SERVICE, "flows"), vec![subjects::events_of_type(pb::FlowRequested::TYPE)]);
+    let mut reaction = ReactionConfig::new(
+        subjects::durable(SERVICE, "flows"),
+        vec![subjects::events_of_type(pb::FlowRequested::TYPE)],
+    );
     reaction.max_deliver = config.max_deliver;
     // The flow enforces its own total timeout; the runner's is a backstop.
     reaction.handler_timeout = config.flow.total_timeout + std::time::Duration::from_secs(60);
     reaction.max_ack_pending = 64;
     tracing::info!(provider = %config.provider_label(), "specialists starting");
-    runtime.spawn_reaction(reaction, runner::FlowRunner::new(config, core.data_dir.clone(), provider));
+    runtime.spawn_reaction(
+        reaction,
+        runner::FlowRunner::new(config, core.data_dir.clone(), provider),
+    );
     shutdown.cancelled().await;
     Ok(())
 }

@@ -4,9 +4,14 @@
 //! handed over.
 
 use zopu_artifacts::manifest as limits;
-use zopu_schema::pb::{self, ArtifactCard, ArtifactKind, ArtifactManifest, ArtifactSection, CardAction, CardFact, DiagramEdge, DiagramNode};
+use zopu_schema::pb::{
+    self, ArtifactCard, ArtifactKind, ArtifactManifest, ArtifactSection, CardAction, CardFact,
+    DiagramEdge, DiagramNode,
+};
 
-use crate::results::{CommandStatus, EvidenceItem, ExplorationResult, IssueResult, OnboardingResult, SystemMap, clip};
+use crate::results::{
+    CommandStatus, EvidenceItem, ExplorationResult, IssueResult, OnboardingResult, SystemMap, clip,
+};
 
 /// The ids a manifest carries.
 #[derive(Debug, Clone, Default)]
@@ -32,20 +37,38 @@ fn label(value: &str) -> String {
 }
 
 fn fact(l: &str, v: &str) -> CardFact {
-    CardFact { label: label(l), value: item(if v.trim().is_empty() { "—" } else { v }) }
+    CardFact {
+        label: label(l),
+        value: item(if v.trim().is_empty() { "—" } else { v }),
+    }
 }
 
 fn section(kind: &str, title: &str) -> ArtifactSection {
-    ArtifactSection { kind: kind.to_owned(), title: label(title), ..Default::default() }
+    ArtifactSection {
+        kind: kind.to_owned(),
+        title: label(title),
+        ..Default::default()
+    }
 }
 
 fn list(kind: &str, title: &str, items: &[String]) -> Option<ArtifactSection> {
-    let items: Vec<String> = items.iter().filter(|i| !i.trim().is_empty()).take(limits::ITEMS_MAX).map(|i| item(i)).collect();
-    (!items.is_empty()).then(|| ArtifactSection { items, ..section(kind, title) })
+    let items: Vec<String> = items
+        .iter()
+        .filter(|i| !i.trim().is_empty())
+        .take(limits::ITEMS_MAX)
+        .map(|i| item(i))
+        .collect();
+    (!items.is_empty()).then(|| ArtifactSection {
+        items,
+        ..section(kind, title)
+    })
 }
 
 fn prose(title: &str, body: &str) -> Option<ArtifactSection> {
-    (!body.trim().is_empty()).then(|| ArtifactSection { body: text(body, limits::LONG_TEXT_CHARS_MAX), ..section("prose", title) })
+    (!body.trim().is_empty()).then(|| ArtifactSection {
+        body: text(body, limits::LONG_TEXT_CHARS_MAX),
+        ..section("prose", title)
+    })
 }
 
 fn evidence(items: &[EvidenceItem]) -> Vec<pb::Evidence> {
@@ -56,8 +79,18 @@ fn evidence(items: &[EvidenceItem]) -> Vec<pb::Evidence> {
         .map(|e| pb::Evidence {
             path: clip(&e.path, limits::PATH_CHARS_MAX),
             start_line: e.start_line,
-            end_line: if e.start_line == 0 { 0 } else { e.end_line.max(e.start_line) },
-            note: item(if e.verified { &e.note } else if e.note.is_empty() { "unverified assumption" } else { &e.note }),
+            end_line: if e.start_line == 0 {
+                0
+            } else {
+                e.end_line.max(e.start_line)
+            },
+            note: item(if e.verified {
+                &e.note
+            } else if e.note.is_empty() {
+                "unverified assumption"
+            } else {
+                &e.note
+            }),
             snippet: text(&e.snippet, limits::LONG_TEXT_CHARS_MAX),
             verified: e.verified,
         })
@@ -65,7 +98,11 @@ fn evidence(items: &[EvidenceItem]) -> Vec<pb::Evidence> {
 }
 
 fn card(l: &str, facts: Vec<CardFact>, actions: Vec<CardAction>) -> Option<ArtifactCard> {
-    Some(ArtifactCard { label: label(l), facts: facts.into_iter().take(limits::CARD_FACTS_MAX).collect(), actions })
+    Some(ArtifactCard {
+        label: label(l),
+        facts: facts.into_iter().take(limits::CARD_FACTS_MAX).collect(),
+        actions,
+    })
 }
 
 fn action(id: &str, l: &str, primary: bool) -> CardAction {
@@ -77,7 +114,13 @@ fn action(id: &str, l: &str, primary: bool) -> CardAction {
     }
 }
 
-fn base(kind: ArtifactKind, title: &str, summary: &str, ids: &ManifestIds, provider: &str) -> ArtifactManifest {
+fn base(
+    kind: ArtifactKind,
+    title: &str,
+    summary: &str,
+    ids: &ManifestIds,
+    provider: &str,
+) -> ArtifactManifest {
     ArtifactManifest {
         kind: kind as i32,
         title: text(title, limits::TITLE_CHARS_MAX),
@@ -86,7 +129,12 @@ fn base(kind: ArtifactKind, title: &str, summary: &str, ids: &ManifestIds, provi
         work_id: ids.work_id.clone(),
         thread_id: ids.thread_id.clone(),
         flow_run_id: ids.flow_run_id.clone(),
-        source_event_ids: ids.source_event_ids.iter().take(limits::SOURCE_EVENTS_MAX).cloned().collect(),
+        source_event_ids: ids
+            .source_event_ids
+            .iter()
+            .take(limits::SOURCE_EVENTS_MAX)
+            .cloned()
+            .collect(),
         provider: label(provider),
         repository_commit: ids.repository_commit.clone(),
         ..Default::default()
@@ -105,7 +153,11 @@ fn diagram(title: &str, map: &SystemMap) -> Option<ArtifactSection> {
         .nodes
         .iter()
         .take(limits::NODES_MAX)
-        .map(|n| DiagramNode { id: clip(&n.id, 64), label: label(if n.label.is_empty() { &n.id } else { &n.label }), detail: item(&n.detail) })
+        .map(|n| DiagramNode {
+            id: clip(&n.id, 64),
+            label: label(if n.label.is_empty() { &n.id } else { &n.label }),
+            detail: item(&n.detail),
+        })
         .collect();
     let ids: std::collections::HashSet<&str> = nodes.iter().map(|n| n.id.as_str()).collect();
     let edges: Vec<DiagramEdge> = map
@@ -113,31 +165,61 @@ fn diagram(title: &str, map: &SystemMap) -> Option<ArtifactSection> {
         .iter()
         .filter(|e| ids.contains(e.from.as_str()) && ids.contains(e.to.as_str()))
         .take(limits::EDGES_MAX)
-        .map(|e| DiagramEdge { from: e.from.clone(), to: e.to.clone(), label: label(&e.label) })
+        .map(|e| DiagramEdge {
+            from: e.from.clone(),
+            to: e.to.clone(),
+            label: label(&e.label),
+        })
         .collect();
-    Some(ArtifactSection { nodes, edges, ..section("system_map", title) })
+    Some(ArtifactSection {
+        nodes,
+        edges,
+        ..section("system_map", title)
+    })
 }
 
 /// The `project_setup` manifest of an onboarding run.
 pub fn project_setup(result: &OnboardingResult, ids: &ManifestIds) -> ArtifactManifest {
-    let stack: Vec<String> = result.stack.iter().filter(|s| s.language != "Containers" && s.language != "Make").map(|s| format!("{} ({})", s.language, s.tool)).collect();
-    let stack_text = if stack.is_empty() { "no known manifest".to_owned() } else { stack.join(", ") };
+    let stack: Vec<String> = result
+        .stack
+        .iter()
+        .filter(|s| s.language != "Containers" && s.language != "Make")
+        .map(|s| format!("{} ({})", s.language, s.tool))
+        .collect();
+    let stack_text = if stack.is_empty() {
+        "no known manifest".to_owned()
+    } else {
+        stack.join(", ")
+    };
     let summary = format!(
         "{}: {stack_text}; {} files, {} entry point(s), {} command(s) found ({} declared in the repository).",
         result.name,
         result.files,
         result.entry_points.len(),
         result.commands.len(),
-        result.commands.iter().filter(|c| c.status == CommandStatus::Verified).count()
+        result
+            .commands
+            .iter()
+            .filter(|c| c.status == CommandStatus::Verified)
+            .count()
     );
-    let mut manifest = base(ArtifactKind::ProjectSetup, &format!("Project setup: {}", result.name), &summary, ids, &result.provenance.provider);
+    let mut manifest = base(
+        ArtifactKind::ProjectSetup,
+        &format!("Project setup: {}", result.name),
+        &summary,
+        ids,
+        &result.provenance.provider,
+    );
     manifest.card = card(
         "Project setup",
         vec![
             fact("Stack", &stack_text),
             fact("Files", &result.files.to_string()),
             fact("Entry points", &result.entry_points.len().to_string()),
-            fact("Commit", &short_commit(&result.provenance.repository_commit)),
+            fact(
+                "Commit",
+                &short_commit(&result.provenance.repository_commit),
+            ),
             fact("Provider", &result.provenance.provider),
         ],
         vec![action("explore", "Explore the code", true)],
@@ -149,38 +231,110 @@ pub fn project_setup(result: &OnboardingResult, ids: &ManifestIds) -> ArtifactMa
             None => "Not stated in the repository.".to_owned(),
         },
     )];
-    let stack_facts: Vec<CardFact> = result.stack.iter().take(limits::SECTION_FACTS_MAX).map(|s| {
-        let libraries = if s.frameworks.is_empty() { String::new() } else { format!("; {}", s.frameworks.join(", ")) };
-        fact(&s.language, &format!("{} — {}{libraries}", s.tool, s.manifest))
-    }).collect();
+    let stack_facts: Vec<CardFact> = result
+        .stack
+        .iter()
+        .take(limits::SECTION_FACTS_MAX)
+        .map(|s| {
+            let libraries = if s.frameworks.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", s.frameworks.join(", "))
+            };
+            fact(
+                &s.language,
+                &format!("{} — {}{libraries}", s.tool, s.manifest),
+            )
+        })
+        .collect();
     if !stack_facts.is_empty() {
-        sections.push(Some(ArtifactSection { facts: stack_facts, ..section("facts", "Detected stack") }));
+        sections.push(Some(ArtifactSection {
+            facts: stack_facts,
+            ..section("facts", "Detected stack")
+        }));
     }
-    let languages: Vec<String> = result.languages.iter().take(6).map(|(l, n)| format!("{l} ({n})")).collect();
+    let languages: Vec<String> = result
+        .languages
+        .iter()
+        .take(6)
+        .map(|(l, n)| format!("{l} ({n})"))
+        .collect();
     sections.push(Some(ArtifactSection {
         facts: vec![
             fact("Files", &result.files.to_string()),
             fact("Directories", &result.directories.to_string()),
             fact("Languages", &languages.join(", ")),
-            fact("Top level", &result.top_level.iter().take(20).cloned().collect::<Vec<_>>().join(", ")),
+            fact(
+                "Top level",
+                &result
+                    .top_level
+                    .iter()
+                    .take(20)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
         ],
         ..section("facts", "Repository shape")
     }));
-    sections.push(list("files", "Primary entry points", &result.entry_points.iter().map(|e| format!("{} (line {}: {})", e.path, e.start_line, e.snippet)).collect::<Vec<_>>()));
-    sections.push(list("list", "Important directories", &result.important_directories.iter().map(|(d, detail)| format!("{d}/ — {detail}")).collect::<Vec<_>>()));
+    sections.push(list(
+        "files",
+        "Primary entry points",
+        &result
+            .entry_points
+            .iter()
+            .map(|e| format!("{} (line {}: {})", e.path, e.start_line, e.snippet))
+            .collect::<Vec<_>>(),
+    ));
+    sections.push(list(
+        "list",
+        "Important directories",
+        &result
+            .important_directories
+            .iter()
+            .map(|(d, detail)| format!("{d}/ — {detail}"))
+            .collect::<Vec<_>>(),
+    ));
     sections.push(list(
         "commands",
         "Likely run/build/test commands",
         &result
             .commands
             .iter()
-            .map(|c| format!("{} — {} — {} ({})", c.command, c.purpose, if c.status == CommandStatus::Verified { "verified" } else { "inferred" }, c.source))
+            .map(|c| {
+                format!(
+                    "{} — {} — {} ({})",
+                    c.command,
+                    c.purpose,
+                    if c.status == CommandStatus::Verified {
+                        "verified"
+                    } else {
+                        "inferred"
+                    },
+                    c.source
+                )
+            })
             .collect::<Vec<_>>(),
     ));
-    sections.push(list("list", "Root .env.example variable names", &result.environment_variables).or_else(|| prose("Root .env.example variable names", "None found.")));
+    sections.push(
+        list(
+            "list",
+            "Root .env.example variable names",
+            &result.environment_variables,
+        )
+        .or_else(|| prose("Root .env.example variable names", "None found.")),
+    );
     sections.push(list("risks", "Known constraints", &result.constraints));
-    sections.push(list("list", "Useful starting areas", &result.starting_areas));
-    manifest.sections = sections.into_iter().flatten().take(limits::SECTIONS_MAX).collect();
+    sections.push(list(
+        "list",
+        "Useful starting areas",
+        &result.starting_areas,
+    ));
+    manifest.sections = sections
+        .into_iter()
+        .flatten()
+        .take(limits::SECTIONS_MAX)
+        .collect();
     let mut cited = result.evidence.clone();
     cited.extend(result.entry_points.iter().cloned());
     manifest.evidence = evidence(&cited);
@@ -191,20 +345,50 @@ pub fn project_setup(result: &OnboardingResult, ids: &ManifestIds) -> ArtifactMa
 /// The `exploration` manifest.
 pub fn exploration(result: &ExplorationResult, ids: &ManifestIds) -> ArtifactManifest {
     let title = format!("Exploration: {}", result.question);
-    let mut manifest = base(ArtifactKind::Exploration, &title, &result.summary, ids, &result.provenance.provider);
-    let verified = result.findings.iter().flat_map(|f| &f.evidence).filter(|e| e.verified).count();
+    let mut manifest = base(
+        ArtifactKind::Exploration,
+        &title,
+        &result.summary,
+        ids,
+        &result.provenance.provider,
+    );
+    let verified = result
+        .findings
+        .iter()
+        .flat_map(|f| &f.evidence)
+        .filter(|e| e.verified)
+        .count();
     manifest.card = card(
         "Exploration",
         vec![
             fact("Findings", &result.findings.len().to_string()),
             fact("Verified evidence", &verified.to_string()),
-            fact("Provider", &format!("{}{}", result.provenance.provider, if result.provenance.heuristic { " (heuristic)" } else { "" })),
-            fact("Commit", &short_commit(&result.provenance.repository_commit)),
+            fact(
+                "Provider",
+                &format!(
+                    "{}{}",
+                    result.provenance.provider,
+                    if result.provenance.heuristic {
+                        " (heuristic)"
+                    } else {
+                        ""
+                    }
+                ),
+            ),
+            fact(
+                "Commit",
+                &short_commit(&result.provenance.repository_commit),
+            ),
         ],
         vec![action("create_issue", "Turn into an issue", true)],
     );
     let mut key_files: Vec<String> = Vec::new();
-    for e in result.findings.iter().flat_map(|f| &f.evidence).filter(|e| e.verified) {
+    for e in result
+        .findings
+        .iter()
+        .flat_map(|f| &f.evidence)
+        .filter(|e| e.verified)
+    {
         if !key_files.contains(&e.path) {
             key_files.push(e.path.clone());
         }
@@ -212,7 +396,13 @@ pub fn exploration(result: &ExplorationResult, ids: &ManifestIds) -> ArtifactMan
     let findings: Vec<String> = result
         .findings
         .iter()
-        .map(|f| if f.assumption { format!("{} (assumption: not verified)", f.claim) } else { f.claim.clone() })
+        .map(|f| {
+            if f.assumption {
+                format!("{} (assumption: not verified)", f.claim)
+            } else {
+                f.claim.clone()
+            }
+        })
         .collect();
     let sections = vec![
         prose("Answer", &result.summary),
@@ -221,18 +411,33 @@ pub fn exploration(result: &ExplorationResult, ids: &ManifestIds) -> ArtifactMan
         list("list", "Current behaviour (findings)", &findings),
         list("risks", "Risks", &result.risks),
         list("list", "Unknowns", &result.unknowns),
-        list("checklist", "Recommended next actions", &result.next_actions),
+        list(
+            "checklist",
+            "Recommended next actions",
+            &result.next_actions,
+        ),
         Some(ArtifactSection {
             facts: vec![
                 fact("Commit inspected", &result.provenance.repository_commit),
                 fact("Search terms", &result.keywords.join(", ")),
-                fact("Guardrails triggered", &result.provenance.guardrails_triggered.to_string()),
+                fact(
+                    "Guardrails triggered",
+                    &result.provenance.guardrails_triggered.to_string(),
+                ),
             ],
             ..section("facts", "Inspected commit and scope")
         }),
     ];
-    manifest.sections = sections.into_iter().flatten().take(limits::SECTIONS_MAX).collect();
-    let cited: Vec<EvidenceItem> = result.findings.iter().flat_map(|f| f.evidence.iter().cloned()).collect();
+    manifest.sections = sections
+        .into_iter()
+        .flatten()
+        .take(limits::SECTIONS_MAX)
+        .collect();
+    let cited: Vec<EvidenceItem> = result
+        .findings
+        .iter()
+        .flat_map(|f| f.evidence.iter().cloned())
+        .collect();
     manifest.evidence = evidence(&cited);
     manifest.generated_files = result.provenance.generated_files.clone();
     manifest
@@ -240,14 +445,42 @@ pub fn exploration(result: &ExplorationResult, ids: &ManifestIds) -> ArtifactMan
 
 /// The `issue` manifest.
 pub fn issue(result: &IssueResult, ids: &ManifestIds) -> ArtifactManifest {
-    let mut manifest = base(ArtifactKind::Issue, &result.title, &result.summary, ids, &result.provenance.provider);
+    let mut manifest = base(
+        ArtifactKind::Issue,
+        &result.title,
+        &result.summary,
+        ids,
+        &result.provenance.provider,
+    );
     manifest.card = card(
         "Issue draft",
         vec![
             fact("Status", "draft (not published)"),
-            fact("Acceptance criteria", &result.acceptance_criteria.len().to_string()),
-            fact("Verified evidence", &result.evidence.iter().filter(|e| e.verified).count().to_string()),
-            fact("Provider", &format!("{}{}", result.provenance.provider, if result.provenance.heuristic { " (heuristic)" } else { "" })),
+            fact(
+                "Acceptance criteria",
+                &result.acceptance_criteria.len().to_string(),
+            ),
+            fact(
+                "Verified evidence",
+                &result
+                    .evidence
+                    .iter()
+                    .filter(|e| e.verified)
+                    .count()
+                    .to_string(),
+            ),
+            fact(
+                "Provider",
+                &format!(
+                    "{}{}",
+                    result.provenance.provider,
+                    if result.provenance.heuristic {
+                        " (heuristic)"
+                    } else {
+                        ""
+                    }
+                ),
+            ),
         ],
         vec![],
     );
@@ -266,16 +499,29 @@ pub fn issue(result: &IssueResult, ids: &ManifestIds) -> ArtifactManifest {
         }),
         list("list", "Scope", &result.scope),
         list("list", "Non-goals", &result.non_goals),
-        list("checklist", "Acceptance criteria", &result.acceptance_criteria).map(|mut s| {
+        list(
+            "checklist",
+            "Acceptance criteria",
+            &result.acceptance_criteria,
+        )
+        .map(|mut s| {
             s.checked = vec![false; s.items.len()];
             s
         }),
         list("files", "Affected areas", &affected),
         list("risks", "Risks", &result.risks),
         list("list", "Open questions", &result.open_questions),
-        list("list", "Suggested implementation shape", &result.suggested_implementation_shape),
+        list(
+            "list",
+            "Suggested implementation shape",
+            &result.suggested_implementation_shape,
+        ),
     ];
-    manifest.sections = sections.into_iter().flatten().take(limits::SECTIONS_MAX).collect();
+    manifest.sections = sections
+        .into_iter()
+        .flatten()
+        .take(limits::SECTIONS_MAX)
+        .collect();
     manifest.evidence = evidence(&result.evidence);
     manifest.generated_files = result.provenance.generated_files.clone();
     manifest
@@ -283,5 +529,11 @@ pub fn issue(result: &IssueResult, ids: &ManifestIds) -> ArtifactManifest {
 
 /// Validates with the artifact pipeline's own rules.
 pub fn check(manifest: &ArtifactManifest) -> Result<(), String> {
-    limits::validate(manifest).map_err(|errors| errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
+    limits::validate(manifest).map_err(|errors| {
+        errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
 }

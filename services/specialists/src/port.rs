@@ -13,8 +13,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use zopu_llm::{ChatReply, ChatRequest};
 use zopu_sandbox::tools::{
-    DescribeInput, DescribeOutput, ListFilesInput, ListFilesOutput, ReadFileInput, ReadFileOutput, Sandbox,
-    SearchInput, SearchOutput, WriteGeneratedFileInput, WriteGeneratedFileOutput,
+    DescribeInput, DescribeOutput, ListFilesInput, ListFilesOutput, ReadFileInput, ReadFileOutput,
+    Sandbox, SearchInput, SearchOutput, WriteGeneratedFileInput, WriteGeneratedFileOutput,
 };
 use zopu_schema::pb::FlowPhase;
 
@@ -106,7 +106,11 @@ impl FlowError {
     /// Whether a new request for the same thing may succeed.
     pub fn retryable(&self) -> bool {
         match self {
-            Self::PhaseTimeout { .. } | Self::TotalTimeout { .. } | Self::Workspace(_) | Self::Interrupted | Self::Runtime(_) => true,
+            Self::PhaseTimeout { .. }
+            | Self::TotalTimeout { .. }
+            | Self::Workspace(_)
+            | Self::Interrupted
+            | Self::Runtime(_) => true,
             Self::Llm { retryable, .. } => *retryable,
             _ => false,
         }
@@ -125,23 +129,46 @@ pub trait Port: Send {
     /// Enters a lifecycle phase (`iteration` counts plan-act-reflect cycles,
     /// from 1). Fails past the iteration bound, on halt or after the total
     /// timeout.
-    fn phase(&mut self, phase: FlowPhase, iteration: u32, note: &str) -> impl Future<Output = Result<(), FlowError>> + Send;
+    fn phase(
+        &mut self,
+        phase: FlowPhase,
+        iteration: u32,
+        note: &str,
+    ) -> impl Future<Output = Result<(), FlowError>> + Send;
 
     /// Runs (or replays) one tool call, a step unique inside the run.
-    fn tool(&mut self, step: &str, request: ToolRequest) -> impl Future<Output = Result<ToolResult, FlowError>> + Send;
+    fn tool(
+        &mut self,
+        step: &str,
+        request: ToolRequest,
+    ) -> impl Future<Output = Result<ToolResult, FlowError>> + Send;
 
     /// Runs (or replays) one model call, a step unique inside the run.
-    fn llm(&mut self, step: &str, request: ChatRequest) -> impl Future<Output = Result<ChatReply, FlowError>> + Send;
+    fn llm(
+        &mut self,
+        step: &str,
+        request: ChatRequest,
+    ) -> impl Future<Output = Result<ChatReply, FlowError>> + Send;
 
     /// Records a guardrail that changed or stopped an action.
-    fn guardrail(&mut self, step: &str, rule: &str, detail: &str, action: &str) -> impl Future<Output = Result<(), FlowError>> + Send;
+    fn guardrail(
+        &mut self,
+        step: &str,
+        rule: &str,
+        detail: &str,
+        action: &str,
+    ) -> impl Future<Output = Result<(), FlowError>> + Send;
 
     /// Guardrails recorded so far in this run.
     fn guardrails(&self) -> u32;
 }
 
 /// Typed helpers over [`Port::tool`].
-pub async fn call<P: Port, O: DeserializeOwned>(port: &mut P, step: &str, request: ToolRequest) -> Result<Result<O, ToolFailure>, FlowError> {
+pub async fn call<P: Port, O: DeserializeOwned>(
+    port: &mut P,
+    step: &str,
+    request: ToolRequest,
+) -> Result<Result<O, ToolFailure>, FlowError> {
     Ok(match port.tool(step, request).await? {
         Ok(value) => serde_json::from_value(value).map_err(|error| ToolFailure {
             denied: false,
@@ -152,19 +179,34 @@ pub async fn call<P: Port, O: DeserializeOwned>(port: &mut P, step: &str, reques
     })
 }
 
-pub async fn describe<P: Port>(port: &mut P, step: &str) -> Result<Result<DescribeOutput, ToolFailure>, FlowError> {
+pub async fn describe<P: Port>(
+    port: &mut P,
+    step: &str,
+) -> Result<Result<DescribeOutput, ToolFailure>, FlowError> {
     call(port, step, ToolRequest::Describe(DescribeInput::default())).await
 }
 
-pub async fn list_files<P: Port>(port: &mut P, step: &str, input: ListFilesInput) -> Result<Result<ListFilesOutput, ToolFailure>, FlowError> {
+pub async fn list_files<P: Port>(
+    port: &mut P,
+    step: &str,
+    input: ListFilesInput,
+) -> Result<Result<ListFilesOutput, ToolFailure>, FlowError> {
     call(port, step, ToolRequest::ListFiles(input)).await
 }
 
-pub async fn read_file<P: Port>(port: &mut P, step: &str, input: ReadFileInput) -> Result<Result<ReadFileOutput, ToolFailure>, FlowError> {
+pub async fn read_file<P: Port>(
+    port: &mut P,
+    step: &str,
+    input: ReadFileInput,
+) -> Result<Result<ReadFileOutput, ToolFailure>, FlowError> {
     call(port, step, ToolRequest::ReadFile(input)).await
 }
 
-pub async fn search<P: Port>(port: &mut P, step: &str, input: SearchInput) -> Result<Result<SearchOutput, ToolFailure>, FlowError> {
+pub async fn search<P: Port>(
+    port: &mut P,
+    step: &str,
+    input: SearchInput,
+) -> Result<Result<SearchOutput, ToolFailure>, FlowError> {
     call(port, step, ToolRequest::Search(input)).await
 }
 
@@ -178,14 +220,20 @@ pub async fn write_generated<P: Port>(
 
 /// Runs a tool on a sandbox, synchronously. Returns the output as JSON bytes.
 pub fn execute(sandbox: &Sandbox, request: &ToolRequest) -> Result<Vec<u8>, ToolFailure> {
-    fn out<T: Serialize>(result: Result<T, zopu_sandbox::tools::Error>) -> Result<Vec<u8>, ToolFailure> {
+    fn out<T: Serialize>(
+        result: Result<T, zopu_sandbox::tools::Error>,
+    ) -> Result<Vec<u8>, ToolFailure> {
         match result {
             Ok(output) => serde_json::to_vec(&output).map_err(|error| ToolFailure {
                 denied: false,
                 code: "output".to_owned(),
                 message: error.to_string(),
             }),
-            Err(error) => Err(ToolFailure { denied: error.is_denial(), code: error.code().to_owned(), message: error.to_string() }),
+            Err(error) => Err(ToolFailure {
+                denied: error.is_denial(),
+                code: error.code().to_owned(),
+                message: error.to_string(),
+            }),
         }
     }
     match request {
@@ -210,14 +258,27 @@ pub struct DirectPort {
 
 impl DirectPort {
     pub fn new(sandbox: Sandbox) -> Self {
-        Self { sandbox, max_iterations: 10, phases: Vec::new(), guardrail_rules: Vec::new(), tool_calls: 0 }
+        Self {
+            sandbox,
+            max_iterations: 10,
+            phases: Vec::new(),
+            guardrail_rules: Vec::new(),
+            tool_calls: 0,
+        }
     }
 }
 
 impl Port for DirectPort {
-    async fn phase(&mut self, phase: FlowPhase, iteration: u32, _note: &str) -> Result<(), FlowError> {
+    async fn phase(
+        &mut self,
+        phase: FlowPhase,
+        iteration: u32,
+        _note: &str,
+    ) -> Result<(), FlowError> {
         if iteration > self.max_iterations {
-            return Err(FlowError::IterationLimit { max: self.max_iterations });
+            return Err(FlowError::IterationLimit {
+                max: self.max_iterations,
+            });
         }
         self.phases.push((phase, iteration));
         Ok(())
@@ -226,15 +287,28 @@ impl Port for DirectPort {
     async fn tool(&mut self, _step: &str, request: ToolRequest) -> Result<ToolResult, FlowError> {
         self.tool_calls += 1;
         Ok(execute(&self.sandbox, &request).and_then(|bytes| {
-            serde_json::from_slice(&bytes).map_err(|error| ToolFailure { denied: false, code: "output".into(), message: error.to_string() })
+            serde_json::from_slice(&bytes).map_err(|error| ToolFailure {
+                denied: false,
+                code: "output".into(),
+                message: error.to_string(),
+            })
         }))
     }
 
     async fn llm(&mut self, _step: &str, _request: ChatRequest) -> Result<ChatReply, FlowError> {
-        Err(FlowError::Llm { message: "no model in a direct port".to_owned(), retryable: false })
+        Err(FlowError::Llm {
+            message: "no model in a direct port".to_owned(),
+            retryable: false,
+        })
     }
 
-    async fn guardrail(&mut self, _step: &str, rule: &str, _detail: &str, _action: &str) -> Result<(), FlowError> {
+    async fn guardrail(
+        &mut self,
+        _step: &str,
+        rule: &str,
+        _detail: &str,
+        _action: &str,
+    ) -> Result<(), FlowError> {
         self.guardrail_rules.push(rule.to_owned());
         Ok(())
     }

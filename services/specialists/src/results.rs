@@ -253,12 +253,24 @@ pub fn validate_exploration(result: &mut ExplorationResult) -> Result<(), Vec<St
     result.question = clip(result.question.trim(), TEXT_CHARS_MAX);
     result.system_map.nodes.truncate(40);
     result.system_map.edges.truncate(80);
-    let ids: std::collections::HashSet<String> = result.system_map.nodes.iter().map(|n| n.id.clone()).collect();
-    result.system_map.edges.retain(|edge| ids.contains(&edge.from) && ids.contains(&edge.to));
+    let ids: std::collections::HashSet<String> = result
+        .system_map
+        .nodes
+        .iter()
+        .map(|n| n.id.clone())
+        .collect();
+    result
+        .system_map
+        .edges
+        .retain(|edge| ids.contains(&edge.from) && ids.contains(&edge.to));
     clip_list(&mut result.risks);
     clip_list(&mut result.unknowns);
     clip_list(&mut result.next_actions);
-    if problems.is_empty() { Ok(()) } else { Err(problems) }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
 }
 
 /// Checks a model's issue answer against the schema.
@@ -274,7 +286,11 @@ pub fn validate_issue(result: &mut IssueResult) -> Result<(), Vec<String>> {
             problems.push(format!("{name}: required"));
         }
     }
-    if result.acceptance_criteria.iter().all(|item| item.trim().is_empty()) {
+    if result
+        .acceptance_criteria
+        .iter()
+        .all(|item| item.trim().is_empty())
+    {
         problems.push("acceptance_criteria: at least one required".to_owned());
     }
     result.title = clip(result.title.trim(), 150);
@@ -299,7 +315,11 @@ pub fn validate_issue(result: &mut IssueResult) -> Result<(), Vec<String>> {
             problems.push(format!("evidence[{e}]: needs a path or a note"));
         }
     }
-    if problems.is_empty() { Ok(()) } else { Err(problems) }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
 }
 
 /// Extracts the JSON object from a model's content (tolerating a code fence).
@@ -317,24 +337,40 @@ mod tests {
     fn exploration_validation_names_missing_fields_and_clips() {
         let mut result = ExplorationResult {
             summary: String::new(),
-            findings: vec![Finding { claim: " ".into(), evidence: vec![EvidenceItem::default()], ..Default::default() }],
+            findings: vec![Finding {
+                claim: " ".into(),
+                evidence: vec![EvidenceItem::default()],
+                ..Default::default()
+            }],
             risks: vec!["x".repeat(5000), String::new()],
             ..Default::default()
         };
         let problems = validate_exploration(&mut result).unwrap_err();
         assert!(problems.iter().any(|p| p.starts_with("summary")));
         assert!(problems.iter().any(|p| p.starts_with("findings[0].claim")));
-        assert!(problems.iter().any(|p| p.starts_with("findings[0].evidence[0].path")));
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("findings[0].evidence[0].path"))
+        );
         assert_eq!(result.risks.len(), 1);
         assert!(result.risks[0].chars().count() <= TEXT_CHARS_MAX);
     }
 
     #[test]
     fn issue_validation_requires_the_worlds_and_criteria() {
-        let mut result = IssueResult { title: "t".into(), summary: "s".into(), ..Default::default() };
+        let mut result = IssueResult {
+            title: "t".into(),
+            summary: "s".into(),
+            ..Default::default()
+        };
         let problems = validate_issue(&mut result).unwrap_err();
         assert!(problems.iter().any(|p| p.starts_with("current_world")));
-        assert!(problems.iter().any(|p| p.starts_with("acceptance_criteria")));
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("acceptance_criteria"))
+        );
     }
 
     #[test]

@@ -80,12 +80,27 @@ pub struct RunIds {
 impl RunIds {
     pub fn of(event: &Envelope, request: &pb::FlowRequested) -> Self {
         let flow_type = FlowType::try_from(request.flow_type).unwrap_or(FlowType::Unspecified);
-        let version = if request.flow_version > 0 { request.flow_version } else { HANDLER_VERSION };
-        let source_event = request.source_event_id.parse::<EventId>().unwrap_or(event.id);
+        let version = if request.flow_version > 0 {
+            request.flow_version
+        } else {
+            HANDLER_VERSION
+        };
+        let source_event = request
+            .source_event_id
+            .parse::<EventId>()
+            .unwrap_or(event.id);
         let run_key = keys::flow_run(&source_event, flow_type_name(flow_type), version);
         let source_ms = unix_ms_of(&source_event).unwrap_or(event.context().cause_unix_ms);
-        let flow_run_id = event.flow_run_id.unwrap_or_else(|| FlowRunId::derived(source_ms, &run_key));
-        Self { flow_type, version, source_event, run_key, flow_run_id }
+        let flow_run_id = event
+            .flow_run_id
+            .unwrap_or_else(|| FlowRunId::derived(source_ms, &run_key));
+        Self {
+            flow_type,
+            version,
+            source_event,
+            run_key,
+            flow_run_id,
+        }
     }
 
     pub fn step_key(&self, step: &str) -> String {
@@ -111,9 +126,19 @@ pub struct FlowRunner {
 impl FlowRunner {
     /// `data_dir` holds the tool-output cache; `workspaces_root` holds `workspaces/<project>`.
     pub fn new(config: Config, data_dir: PathBuf, provider: Option<Arc<dyn Provider>>) -> Self {
-        let workspaces_root = config.workspaces_root.clone().unwrap_or_else(|| data_dir.clone());
+        let workspaces_root = config
+            .workspaces_root
+            .clone()
+            .unwrap_or_else(|| data_dir.clone());
         let cache_root = data_dir.join("specialists-cache");
-        Self { shared: Arc::new(Shared { config, workspaces_root, cache_root, provider }) }
+        Self {
+            shared: Arc::new(Shared {
+                config,
+                workspaces_root,
+                cache_root,
+                provider,
+            }),
+        }
     }
 }
 
@@ -141,24 +166,46 @@ impl Reaction for FlowRunner {
                 retryable: true,
             }),
         };
-        Some(NewEvent::caused_by(&event.context(), &failed, ids.step_key("terminal")).with_flow_run(ids.flow_run_id))
+        Some(
+            NewEvent::caused_by(&event.context(), &failed, ids.step_key("terminal"))
+                .with_flow_run(ids.flow_run_id),
+        )
     }
 }
 
 impl Shared {
-    async fn run(&self, event: &Envelope, request: &pb::FlowRequested, ctx: &ReactionContext) -> Result<(), HandlerError> {
+    async fn run(
+        &self,
+        event: &Envelope,
+        request: &pb::FlowRequested,
+        ctx: &ReactionContext,
+    ) -> Result<(), HandlerError> {
         let ids = RunIds::of(event, request);
         // The projection must have seen everything up to now (kill switch, context, earlier runs).
         let last = zopu_core::publish::last_sequence(ctx.publisher.bus()).await?;
-        if tokio::time::timeout(Duration::from_secs(30), ctx.store.wait_for(last)).await.is_err() {
-            return Err(HandlerError::Transient("the projection is behind the stream".to_owned()));
+        if tokio::time::timeout(Duration::from_secs(30), ctx.store.wait_for(last))
+            .await
+            .is_err()
+        {
+            return Err(HandlerError::Transient(
+                "the projection is behind the stream".to_owned(),
+            ));
         }
-        if ctx.publisher.recorded(&ids.step_key("terminal")).await?.is_some() {
+        if ctx
+            .publisher
+            .recorded(&ids.step_key("terminal"))
+            .await?
+            .is_some()
+        {
             tracing::debug!(flow_run = %ids.flow_run_id, "run already finished");
             return Ok(());
         }
         let cause = event.context();
-        let provider_label = if ids.flow_type == FlowType::OnboardingExplore { "offline".to_owned() } else { self.config.provider_label() };
+        let provider_label = if ids.flow_type == FlowType::OnboardingExplore {
+            "offline".to_owned()
+        } else {
+            self.config.provider_label()
+        };
         let total = self.config.flow.total_timeout;
         let (started_at_elapsed, first_start) = match ctx.publisher.recorded(&ids.run_key).await? {
             Some(started) => {
@@ -177,7 +224,12 @@ impl Shared {
                     attempt: u32::try_from(ctx.delivered).unwrap_or(1),
                     provider: provider_label.clone(),
                 };
-                ctx.publisher.append(NewEvent::caused_by(&cause, &started, ids.run_key.clone()).with_flow_run(ids.flow_run_id)).await?;
+                ctx.publisher
+                    .append(
+                        NewEvent::caused_by(&cause, &started, ids.run_key.clone())
+                            .with_flow_run(ids.flow_run_id),
+                    )
+                    .await?;
                 (Duration::ZERO, true)
             }
         };
@@ -202,12 +254,22 @@ impl Shared {
         };
         if !first_start {
             let note = format!("Resumed after an interruption (delivery {})", ctx.delivered);
-            run.progress(Signal::Ready, &format!("resume:{}", ctx.delivered), &note, false, None).await.map_err(runtime)?;
+            run.progress(
+                Signal::Ready,
+                &format!("resume:{}", ctx.delivered),
+                &note,
+                false,
+                None,
+            )
+            .await
+            .map_err(runtime)?;
         }
         let outcome = run.execute(event, request).await;
         let finished = match outcome {
             Ok(()) => Ok(()),
-            Err(FlowError::Interrupted) => return Err(HandlerError::Fatal("interrupted by shutdown".to_owned())),
+            Err(FlowError::Interrupted) => {
+                return Err(HandlerError::Fatal("interrupted by shutdown".to_owned()));
+            }
             Err(FlowError::Runtime(reason)) => return Err(HandlerError::Transient(reason)),
             Err(FlowError::Halted(reason)) => run.cancel(&reason).await,
             Err(error) => run.fail(&error).await,
@@ -249,14 +311,30 @@ struct Run<'a> {
 
 impl Run<'_> {
     fn new_event<E: Event>(&self, payload: &E, step: &str) -> NewEvent {
-        NewEvent::caused_by(&self.cause, payload, self.ids.step_key(step)).with_flow_run(self.ids.flow_run_id)
+        NewEvent::caused_by(&self.cause, payload, self.ids.step_key(step))
+            .with_flow_run(self.ids.flow_run_id)
     }
 
-    async fn append<E: Event>(&self, payload: &E, step: &str) -> Result<zopu_core::Appended, FlowError> {
-        Ok(self.ctx.publisher.append(self.new_event(payload, step)).await?)
+    async fn append<E: Event>(
+        &self,
+        payload: &E,
+        step: &str,
+    ) -> Result<zopu_core::Appended, FlowError> {
+        Ok(self
+            .ctx
+            .publisher
+            .append(self.new_event(payload, step))
+            .await?)
     }
 
-    async fn progress(&self, signal: Signal, step: &str, note: &str, visible: bool, tool_call: Option<pb::ToolCall>) -> Result<(), FlowError> {
+    async fn progress(
+        &self,
+        signal: Signal,
+        step: &str,
+        note: &str,
+        visible: bool,
+        tool_call: Option<pb::ToolCall>,
+    ) -> Result<(), FlowError> {
         let progress = pb::FlowProgress {
             signal: signal as i32,
             phase: self.phase as i32,
@@ -277,7 +355,11 @@ impl Run<'_> {
             return Ok(());
         }
         match state::disabled(&self.ctx.store, &self.agent_id)? {
-            Some(reason) => Err(FlowError::Halted(if reason.is_empty() { "the agent was disabled".to_owned() } else { format!("the agent was disabled: {reason}") })),
+            Some(reason) => Err(FlowError::Halted(if reason.is_empty() {
+                "the agent was disabled".to_owned()
+            } else {
+                format!("the agent was disabled: {reason}")
+            })),
             None => Ok(()),
         }
     }
@@ -288,9 +370,14 @@ impl Run<'_> {
 
     fn timeout_error(&self) -> FlowError {
         if Instant::now() >= self.total_deadline {
-            FlowError::TotalTimeout { seconds: self.shared.config.flow.total_timeout.as_secs() }
+            FlowError::TotalTimeout {
+                seconds: self.shared.config.flow.total_timeout.as_secs(),
+            }
         } else {
-            FlowError::PhaseTimeout { phase: phase_name(self.phase), seconds: self.phase_timeout(self.phase).as_secs() }
+            FlowError::PhaseTimeout {
+                phase: phase_name(self.phase),
+                seconds: self.phase_timeout(self.phase).as_secs(),
+            }
         }
     }
 
@@ -307,7 +394,11 @@ impl Run<'_> {
 
     /// Awaits `work` within the phase and total deadlines (and `limit`),
     /// sending heartbeats while it waits.
-    async fn bounded<T>(&mut self, limit: Duration, work: impl std::future::Future<Output = T>) -> Result<T, FlowError> {
+    async fn bounded<T>(
+        &mut self,
+        limit: Duration,
+        work: impl std::future::Future<Output = T>,
+    ) -> Result<T, FlowError> {
         let deadline = self.deadline().min(Instant::now() + limit);
         let work = tokio::time::timeout_at(deadline, work);
         tokio::pin!(work);
@@ -329,9 +420,18 @@ impl Run<'_> {
         }
     }
 
-    async fn execute(&mut self, event: &Envelope, request: &pb::FlowRequested) -> Result<(), FlowError> {
-        self.phase(FlowPhase::Init, 1, "Preparing the workspace").await?;
-        let workspace = self.shared.workspaces_root.join("workspaces").join(event.project_id.to_string());
+    async fn execute(
+        &mut self,
+        event: &Envelope,
+        request: &pb::FlowRequested,
+    ) -> Result<(), FlowError> {
+        self.phase(FlowPhase::Init, 1, "Preparing the workspace")
+            .await?;
+        let workspace = self
+            .shared
+            .workspaces_root
+            .join("workspaces")
+            .join(event.project_id.to_string());
         let limits = self.shared.config.sandbox.clone();
         let opened = self
             .bounded(self.shared.config.flow.tool_timeout, async move {
@@ -342,9 +442,12 @@ impl Run<'_> {
                 .await
             })
             .await?;
-        let sandbox = opened.map_err(|e| FlowError::Workspace(e.to_string()))?.map_err(FlowError::Workspace)?;
+        let sandbox = opened
+            .map_err(|e| FlowError::Workspace(e.to_string()))?
+            .map_err(FlowError::Workspace)?;
         self.sandbox = Some(Arc::new(sandbox));
-        self.progress(Signal::Ready, "ready", "Workspace ready", false, None).await?;
+        self.progress(Signal::Ready, "ready", "Workspace ready", false, None)
+            .await?;
         let project = event.project_id.to_string();
         let commit = request.repository_commit.clone();
         let store = &self.ctx.store;
@@ -359,16 +462,27 @@ impl Run<'_> {
                 self.terminate_onboarding(event, &mut result).await
             }
             FlowType::Explore => {
-                let result = match (self.shared.config.provider.kind, self.shared.provider.is_some()) {
+                let result = match (
+                    self.shared.config.provider.kind,
+                    self.shared.provider.is_some(),
+                ) {
                     (ProviderKind::Openai, true) => {
                         let input = self.model_input(request, &project, None)?;
                         match model::run(self, model::Goal::Explore, &input).await? {
                             model::ModelResult::Explore(result) => result,
-                            model::ModelResult::Issue(_) => return Err(FlowError::InvalidOutput("expected an exploration".to_owned())),
+                            model::ModelResult::Issue(_) => {
+                                return Err(FlowError::InvalidOutput(
+                                    "expected an exploration".to_owned(),
+                                ));
+                            }
                         }
                     }
                     _ => {
-                        let input = explore::ExploreInput { question: request.request_text.clone(), provider: self.provider_label.clone(), repository_commit: commit };
+                        let input = explore::ExploreInput {
+                            question: request.request_text.clone(),
+                            provider: self.provider_label.clone(),
+                            repository_commit: commit,
+                        };
                         explore::explore(self, &input).await?
                     }
                 };
@@ -376,16 +490,27 @@ impl Run<'_> {
             }
             FlowType::Issue => {
                 let previous = state::latest_result(store, &project, FlowType::Explore)?;
-                let result = match (self.shared.config.provider.kind, self.shared.provider.is_some()) {
+                let result = match (
+                    self.shared.config.provider.kind,
+                    self.shared.provider.is_some(),
+                ) {
                     (ProviderKind::Openai, true) => {
                         let input = self.model_input(request, &project, previous)?;
                         match model::run(self, model::Goal::Issue, &input).await? {
                             model::ModelResult::Issue(result) => result,
-                            model::ModelResult::Explore(_) => return Err(FlowError::InvalidOutput("expected an issue".to_owned())),
+                            model::ModelResult::Explore(_) => {
+                                return Err(FlowError::InvalidOutput(
+                                    "expected an issue".to_owned(),
+                                ));
+                            }
                         }
                     }
                     _ => {
-                        let exploration = previous.and_then(|(run, json)| serde_json::from_str::<ExplorationResult>(&json).ok().map(|r| (run, r)));
+                        let exploration = previous.and_then(|(run, json)| {
+                            serde_json::from_str::<ExplorationResult>(&json)
+                                .ok()
+                                .map(|r| (run, r))
+                        });
                         let summary = state::current_document(store, &project, SUMMARY_KIND)?;
                         let input = issue::IssueInput {
                             request: request.request_text.clone(),
@@ -399,12 +524,20 @@ impl Run<'_> {
                 };
                 self.terminate_result(event, Outcome::Issue(result)).await
             }
-            FlowType::Unspecified => Err(FlowError::InvalidOutput("flow.requested names no flow type".to_owned())),
+            FlowType::Unspecified => Err(FlowError::InvalidOutput(
+                "flow.requested names no flow type".to_owned(),
+            )),
         }
     }
 
-    fn model_input(&self, request: &pb::FlowRequested, project: &str, exploration: Option<(String, String)>) -> Result<model::ModelInput, FlowError> {
-        let context = state::current_document(&self.ctx.store, project, SUMMARY_KIND)?.map(|doc| doc.body);
+    fn model_input(
+        &self,
+        request: &pb::FlowRequested,
+        project: &str,
+        exploration: Option<(String, String)>,
+    ) -> Result<model::ModelInput, FlowError> {
+        let context =
+            state::current_document(&self.ctx.store, project, SUMMARY_KIND)?.map(|doc| doc.body);
         Ok(model::ModelInput {
             request: request.request_text.clone(),
             provider: self.provider_label.clone(),
@@ -420,12 +553,22 @@ impl Run<'_> {
         if event.id != self.ids.source_event {
             sources.push(event.id.to_string());
         }
-        let commit = event.decode::<pb::FlowRequested>().map(|r| r.repository_commit).unwrap_or_default();
-        let commit_ok = (7..=64).contains(&commit.len()) && commit.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        let commit = event
+            .decode::<pb::FlowRequested>()
+            .map(|r| r.repository_commit)
+            .unwrap_or_default();
+        let commit_ok = (7..=64).contains(&commit.len())
+            && commit
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         let work = event.work_id.map(|w| w.to_string()).unwrap_or_default();
         ManifestIds {
             project_id: event.project_id.to_string(),
-            thread_id: if work.is_empty() { String::new() } else { event.thread_id.map(|t| t.to_string()).unwrap_or_default() },
+            thread_id: if work.is_empty() {
+                String::new()
+            } else {
+                event.thread_id.map(|t| t.to_string()).unwrap_or_default()
+            },
             work_id: work,
             flow_run_id: self.ids.flow_run_id.to_string(),
             source_event_ids: sources,
@@ -433,12 +576,30 @@ impl Run<'_> {
         }
     }
 
-    async fn terminate_onboarding(&mut self, event: &Envelope, result: &mut results::OnboardingResult) -> Result<(), FlowError> {
-        self.phase(FlowPhase::Terminate, self.iteration, "Writing summary.md and the project setup artifact").await?;
+    async fn terminate_onboarding(
+        &mut self,
+        event: &Envelope,
+        result: &mut results::OnboardingResult,
+    ) -> Result<(), FlowError> {
+        self.phase(
+            FlowPhase::Terminate,
+            self.iteration,
+            "Writing summary.md and the project setup artifact",
+        )
+        .await?;
         // summary.md in .zopu/ (never overwritten: a later run writes beside it).
         let mut written = None;
-        for (index, path) in ["summary.md".to_owned(), format!("runs/{}/summary.md", self.ids.flow_run_id)].into_iter().enumerate() {
-            let input = WriteGeneratedFileInput { path, content: result.summary_markdown.clone() };
+        for (index, path) in [
+            "summary.md".to_owned(),
+            format!("runs/{}/summary.md", self.ids.flow_run_id),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let input = WriteGeneratedFileInput {
+                path,
+                content: result.summary_markdown.clone(),
+            };
             match port::write_generated(self, &format!("write:summary:{index}"), input).await? {
                 Ok(output) => {
                     written = Some(output.path);
@@ -458,7 +619,11 @@ impl Run<'_> {
         let context_key = self.ids.step_key("context");
         if self.ctx.publisher.recorded(&context_key).await?.is_none() {
             let current = state::current_document(&self.ctx.store, &project, SUMMARY_KIND)?;
-            let document_id = EventId::derived(self.cause.cause_unix_ms, &format!("flow:{}:context:{SUMMARY_KIND}", self.ids.flow_run_id)).to_string();
+            let document_id = EventId::derived(
+                self.cause.cause_unix_ms,
+                &format!("flow:{}:context:{SUMMARY_KIND}", self.ids.flow_run_id),
+            )
+            .to_string();
             let published = pb::ContextPublished {
                 document_id: document_id.clone(),
                 kind: SUMMARY_KIND.to_owned(),
@@ -474,34 +639,79 @@ impl Run<'_> {
         }
         let ids = self.manifest_ids(event);
         let manifest = manifest::project_setup(result, &ids);
-        let project_ms = unix_ms_of(&EventId::from_str_lossy(&project)).unwrap_or(self.cause.cause_unix_ms);
-        let artifact_id = ArtifactId::derived(project_ms, &format!("project:{project}:artifact:project_setup"));
-        let build_id = self.request_build(artifact_id, "project_setup", manifest).await?;
-        let summary = format!("Onboarded {}: summary.md stored as the current project context.", result.name);
-        self.complete(FlowType::OnboardingExplore, &summary, &results::to_redacted_json(result), &build_id).await
+        let project_ms =
+            unix_ms_of(&EventId::from_str_lossy(&project)).unwrap_or(self.cause.cause_unix_ms);
+        let artifact_id = ArtifactId::derived(
+            project_ms,
+            &format!("project:{project}:artifact:project_setup"),
+        );
+        let build_id = self
+            .request_build(artifact_id, "project_setup", manifest)
+            .await?;
+        let summary = format!(
+            "Onboarded {}: summary.md stored as the current project context.",
+            result.name
+        );
+        self.complete(
+            FlowType::OnboardingExplore,
+            &summary,
+            &results::to_redacted_json(result),
+            &build_id,
+        )
+        .await
     }
 
-    async fn terminate_result(&mut self, event: &Envelope, outcome: Outcome) -> Result<(), FlowError> {
-        self.phase(FlowPhase::Terminate, self.iteration, "Preparing the artifact").await?;
+    async fn terminate_result(
+        &mut self,
+        event: &Envelope,
+        outcome: Outcome,
+    ) -> Result<(), FlowError> {
+        self.phase(
+            FlowPhase::Terminate,
+            self.iteration,
+            "Preparing the artifact",
+        )
+        .await?;
         let ids = self.manifest_ids(event);
         let (flow_type, kind, summary, json, manifest) = match outcome {
             Outcome::Explore(mut result) => {
                 result.provenance.guardrails_triggered = self.guardrails;
                 let manifest = manifest::exploration(&result, &ids);
-                (FlowType::Explore, "exploration", clip(&result.summary, 600), results::to_redacted_json(&result), manifest)
+                (
+                    FlowType::Explore,
+                    "exploration",
+                    clip(&result.summary, 600),
+                    results::to_redacted_json(&result),
+                    manifest,
+                )
             }
             Outcome::Issue(mut result) => {
                 result.provenance.guardrails_triggered = self.guardrails;
                 let manifest = manifest::issue(&result, &ids);
-                (FlowType::Issue, "issue", clip(&result.title, 600), results::to_redacted_json(&result), manifest)
+                (
+                    FlowType::Issue,
+                    "issue",
+                    clip(&result.title, 600),
+                    results::to_redacted_json(&result),
+                    manifest,
+                )
             }
         };
-        let artifact_id = ArtifactId::derived(self.cause.cause_unix_ms, &format!("flow:{}:artifact:{kind}", self.ids.flow_run_id));
+        let artifact_id = ArtifactId::derived(
+            self.cause.cause_unix_ms,
+            &format!("flow:{}:artifact:{kind}", self.ids.flow_run_id),
+        );
         let build_id = self.request_build(artifact_id, kind, manifest).await?;
-        self.complete(flow_type, &zopu_secrets::redact(&summary), &json, &build_id).await
+        self.complete(flow_type, &zopu_secrets::redact(&summary), &json, &build_id)
+            .await
     }
 
-    async fn request_build(&mut self, artifact_id: ArtifactId, kind: &str, manifest: pb::ArtifactManifest) -> Result<String, FlowError> {
+    async fn request_build(
+        &mut self,
+        artifact_id: ArtifactId,
+        kind: &str,
+        manifest: pb::ArtifactManifest,
+    ) -> Result<String, FlowError> {
         manifest::check(&manifest).map_err(FlowError::InvalidManifest)?;
         let revision = match state::artifact_revision(&self.ctx.store, &artifact_id.to_string())? {
             // This run already asked (a resume): same revision, so the append is a duplicate.
@@ -511,15 +721,31 @@ impl Run<'_> {
         };
         let key = keys::artifact_build(&self.ids.flow_run_id, kind, revision);
         let build_id = BuildId::derived(self.cause.cause_unix_ms, &key);
-        let requested = pb::ArtifactBuildRequested { build_id: build_id.to_string(), artifact_id: artifact_id.to_string(), revision, manifest: Some(manifest) };
-        let event = NewEvent::caused_by(&self.cause, &requested, key).with_flow_run(self.ids.flow_run_id);
+        let requested = pb::ArtifactBuildRequested {
+            build_id: build_id.to_string(),
+            artifact_id: artifact_id.to_string(),
+            revision,
+            manifest: Some(manifest),
+        };
+        let event =
+            NewEvent::caused_by(&self.cause, &requested, key).with_flow_run(self.ids.flow_run_id);
         self.ctx.publisher.append(event).await?;
         Ok(build_id.to_string())
     }
 
-    async fn complete(&mut self, flow_type: FlowType, summary: &str, result_json: &str, build_id: &str) -> Result<(), FlowError> {
-        let note = format!("Finished: {} step(s) replayed from the record, {} executed, {} guardrail(s)", self.replayed, self.executed, self.guardrails);
-        self.progress(Signal::Phase, "finished", &note, false, None).await?;
+    async fn complete(
+        &mut self,
+        flow_type: FlowType,
+        summary: &str,
+        result_json: &str,
+        build_id: &str,
+    ) -> Result<(), FlowError> {
+        let note = format!(
+            "Finished: {} step(s) replayed from the record, {} executed, {} guardrail(s)",
+            self.replayed, self.executed, self.guardrails
+        );
+        self.progress(Signal::Phase, "finished", &note, false, None)
+            .await?;
         let completed = pb::FlowCompleted {
             flow_type: flow_type as i32,
             summary: clip(summary, 600),
@@ -532,19 +758,29 @@ impl Run<'_> {
     }
 
     async fn cancel(&mut self, reason: &str) -> Result<(), FlowError> {
-        self.progress(Signal::Halt, "halt", reason, true, None).await?;
-        let cancelled = pb::FlowCancelled { flow_type: self.ids.flow_type as i32, phase: self.phase as i32, reason: clip(reason, 500) };
+        self.progress(Signal::Halt, "halt", reason, true, None)
+            .await?;
+        let cancelled = pb::FlowCancelled {
+            flow_type: self.ids.flow_type as i32,
+            phase: self.phase as i32,
+            reason: clip(reason, 500),
+        };
         self.append(&cancelled, "terminal").await.map(|_| ())
     }
 
     async fn fail(&mut self, error: &FlowError) -> Result<(), FlowError> {
         let message = clip(&zopu_secrets::redact(&error.to_string()), 500);
         tracing::warn!(flow_run = %self.ids.flow_run_id, code = error.code(), %message, "flow run failed");
-        self.progress(Signal::Error, "error", &message, true, None).await?;
+        self.progress(Signal::Error, "error", &message, true, None)
+            .await?;
         let failed = pb::FlowFailed {
             flow_type: self.ids.flow_type as i32,
             phase: self.phase as i32,
-            reason: Some(pb::FailureReason { code: error.code().to_owned(), message, retryable: error.retryable() }),
+            reason: Some(pb::FailureReason {
+                code: error.code().to_owned(),
+                message,
+                retryable: error.retryable(),
+            }),
         };
         self.append(&failed, "terminal").await.map(|_| ())
     }
@@ -554,16 +790,34 @@ impl Run<'_> {
     }
 
     fn sandbox(&self) -> Result<Arc<Sandbox>, FlowError> {
-        self.sandbox.clone().ok_or_else(|| FlowError::Workspace("the workspace is not open".to_owned()))
+        self.sandbox
+            .clone()
+            .ok_or_else(|| FlowError::Workspace("the workspace is not open".to_owned()))
     }
 
-    async fn replay_tool(&mut self, request: &ToolRequest, recorded: &Envelope) -> Result<ToolResult, FlowError> {
-        let progress: pb::FlowProgress = recorded.decode().map_err(|e| FlowError::Runtime(e.to_string()))?;
+    async fn replay_tool(
+        &mut self,
+        request: &ToolRequest,
+        recorded: &Envelope,
+    ) -> Result<ToolResult, FlowError> {
+        let progress: pb::FlowProgress = recorded
+            .decode()
+            .map_err(|e| FlowError::Runtime(e.to_string()))?;
         let call = progress.tool_call.unwrap_or_default();
         self.replayed += 1;
         if call.outcome == "denied" || call.outcome == "failed" {
-            let code = call.detail.split(':').next().unwrap_or("").trim().to_owned();
-            return Ok(Err(ToolFailure { denied: call.outcome == "denied", code, message: call.detail }));
+            let code = call
+                .detail
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned();
+            return Ok(Err(ToolFailure {
+                denied: call.outcome == "denied",
+                code,
+                message: call.detail,
+            }));
         }
         let path = self.cache_file(&call.output_sha256);
         if let Ok(bytes) = std::fs::read(&path)
@@ -574,13 +828,19 @@ impl Run<'_> {
         }
         // The cache is gone (another machine, a cleaned disk): the tools are
         // read-only over the same checkout, so running it again is safe.
-        tracing::warn!(tool = request.name(), "recorded tool output not in the cache; running the tool again");
+        tracing::warn!(
+            tool = request.name(),
+            "recorded tool output not in the cache; running the tool again"
+        );
         self.replayed -= 1;
         let (result, _) = self.run_tool(request.clone()).await?;
         Ok(result)
     }
 
-    async fn run_tool(&mut self, request: ToolRequest) -> Result<(ToolResult, pb::ToolCall), FlowError> {
+    async fn run_tool(
+        &mut self,
+        request: ToolRequest,
+    ) -> Result<(ToolResult, pb::ToolCall), FlowError> {
         let sandbox = self.sandbox()?;
         let cache = self.cache.clone();
         let limit = self.shared.config.flow.tool_timeout;
@@ -600,7 +860,8 @@ impl Run<'_> {
                 .await
             })
             .await?;
-        let (output, record) = joined.map_err(|e| FlowError::Runtime(format!("tool task failed: {e}")))?;
+        let (output, record) =
+            joined.map_err(|e| FlowError::Runtime(format!("tool task failed: {e}")))?;
         self.executed += 1;
         let call = match record {
             Some(record) => pb::ToolCall {
@@ -613,15 +874,25 @@ impl Run<'_> {
                     ToolOutcome::Failed => "failed",
                 }
                 .to_owned(),
-                detail: clip(&zopu_secrets::redact(record.detail.as_deref().unwrap_or("")), 500),
+                detail: clip(
+                    &zopu_secrets::redact(record.detail.as_deref().unwrap_or("")),
+                    500,
+                ),
                 duration_ms: record.duration_ms,
-                output_sha256: output.as_ref().map(|bytes| hex::encode(Sha256::digest(bytes))).unwrap_or_default(),
+                output_sha256: output
+                    .as_ref()
+                    .map(|bytes| hex::encode(Sha256::digest(bytes)))
+                    .unwrap_or_default(),
                 output_bytes: output.as_ref().map_or(0, |bytes| bytes.len() as u64),
             },
             None => pb::ToolCall::default(),
         };
         let result = match output {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ToolFailure { denied: false, code: "output".into(), message: e.to_string() }),
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ToolFailure {
+                denied: false,
+                code: "output".into(),
+                message: e.to_string(),
+            }),
             Err(failure) => Err(failure),
         };
         Ok((result, call))
@@ -633,7 +904,9 @@ pub fn test_command(summary: &str) -> Option<String> {
     summary.lines().find_map(|line| {
         let rest = line.strip_prefix("- `")?;
         let (command, tail) = rest.split_once('`')?;
-        tail.trim_start().starts_with("— test —").then(|| command.to_owned())
+        tail.trim_start()
+            .starts_with("— test —")
+            .then(|| command.to_owned())
     })
 }
 
@@ -654,14 +927,21 @@ impl LossyEventId for EventId {
 }
 
 impl Port for Run<'_> {
-    async fn phase(&mut self, phase: FlowPhase, iteration: u32, note: &str) -> Result<(), FlowError> {
+    async fn phase(
+        &mut self,
+        phase: FlowPhase,
+        iteration: u32,
+        note: &str,
+    ) -> Result<(), FlowError> {
         self.check_halt()?;
         let max = self.shared.config.flow.max_iterations;
         if iteration > max {
             return Err(FlowError::IterationLimit { max });
         }
         if Instant::now() >= self.total_deadline {
-            return Err(FlowError::TotalTimeout { seconds: self.shared.config.flow.total_timeout.as_secs() });
+            return Err(FlowError::TotalTimeout {
+                seconds: self.shared.config.flow.total_timeout.as_secs(),
+            });
         }
         self.phase = phase;
         self.iteration = iteration;
@@ -672,7 +952,12 @@ impl Port for Run<'_> {
 
     async fn tool(&mut self, step: &str, request: ToolRequest) -> Result<ToolResult, FlowError> {
         let step = format!("tool:{step}");
-        if let Some(recorded) = self.ctx.publisher.recorded(&self.ids.step_key(&step)).await? {
+        if let Some(recorded) = self
+            .ctx
+            .publisher
+            .recorded(&self.ids.step_key(&step))
+            .await?
+        {
             return self.replay_tool(&request, &recorded).await;
         }
         self.check_halt()?;
@@ -681,7 +966,8 @@ impl Port for Run<'_> {
         }
         let (result, call) = self.run_tool(request).await?;
         let note = format!("{} {}", call.tool, call.outcome);
-        self.progress(Signal::ToolCall, &step, &note, false, Some(call)).await?;
+        self.progress(Signal::ToolCall, &step, &note, false, Some(call))
+            .await?;
         Ok(result)
     }
 
@@ -690,15 +976,23 @@ impl Port for Run<'_> {
         if let Some(recorded) = self.ctx.publisher.recorded(&key).await? {
             self.replayed += 1;
             if recorded.is::<pb::AgentLlmFailed>() {
-                let failed: pb::AgentLlmFailed = recorded.decode().map_err(|e| FlowError::Runtime(e.to_string()))?;
+                let failed: pb::AgentLlmFailed = recorded
+                    .decode()
+                    .map_err(|e| FlowError::Runtime(e.to_string()))?;
                 let message = failed.reason.map(|r| r.message).unwrap_or_default();
                 return Err(FlowError::ToolNotAllowed(message));
             }
-            let completed: pb::AgentLlmCompleted = recorded.decode().map_err(|e| FlowError::Runtime(e.to_string()))?;
-            return serde_json::from_str(&completed.reply_json).map_err(|e| FlowError::Runtime(format!("recorded reply does not decode: {e}")));
+            let completed: pb::AgentLlmCompleted = recorded
+                .decode()
+                .map_err(|e| FlowError::Runtime(e.to_string()))?;
+            return serde_json::from_str(&completed.reply_json)
+                .map_err(|e| FlowError::Runtime(format!("recorded reply does not decode: {e}")));
         }
         self.check_halt()?;
-        let provider = self.shared.provider.clone().ok_or_else(|| FlowError::Llm { message: "no model is configured".to_owned(), retryable: false })?;
+        let provider = self.shared.provider.clone().ok_or_else(|| FlowError::Llm {
+            message: "no model is configured".to_owned(),
+            retryable: false,
+        })?;
         let started = std::time::Instant::now();
         let limit = self.shared.config.flow.llm_timeout;
         let reply = self.bounded(limit, provider.complete(request)).await?;
@@ -706,7 +1000,8 @@ impl Port for Run<'_> {
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         match reply {
             Ok(reply) => {
-                let mut value = serde_json::to_value(&reply).map_err(|e| FlowError::Runtime(e.to_string()))?;
+                let mut value =
+                    serde_json::to_value(&reply).map_err(|e| FlowError::Runtime(e.to_string()))?;
                 results::redact_value(&mut value);
                 let reply: ChatReply = serde_json::from_value(value.clone()).unwrap_or(reply);
                 let completed = pb::AgentLlmCompleted {
@@ -721,7 +1016,13 @@ impl Port for Run<'_> {
                     attempts: reply.attempts,
                     duration_ms,
                 };
-                self.ctx.publisher.append(NewEvent::caused_by(&self.cause, &completed, key).with_flow_run(self.ids.flow_run_id)).await?;
+                self.ctx
+                    .publisher
+                    .append(
+                        NewEvent::caused_by(&self.cause, &completed, key)
+                            .with_flow_run(self.ids.flow_run_id),
+                    )
+                    .await?;
                 Ok(reply)
             }
             Err(error) => {
@@ -730,18 +1031,37 @@ impl Port for Run<'_> {
                         agent_id: self.agent_id.clone(),
                         provider: self.provider_label.clone(),
                         step: step.to_owned(),
-                        reason: Some(pb::FailureReason { code: "llm.unknown_tool".to_owned(), message: clip(name, 64), retryable: false }),
+                        reason: Some(pb::FailureReason {
+                            code: "llm.unknown_tool".to_owned(),
+                            message: clip(name, 64),
+                            retryable: false,
+                        }),
                         attempts: 1,
                     };
-                    self.ctx.publisher.append(NewEvent::caused_by(&self.cause, &failed, key).with_flow_run(self.ids.flow_run_id)).await?;
+                    self.ctx
+                        .publisher
+                        .append(
+                            NewEvent::caused_by(&self.cause, &failed, key)
+                                .with_flow_run(self.ids.flow_run_id),
+                        )
+                        .await?;
                     return Err(FlowError::ToolNotAllowed(clip(name, 64)));
                 }
-                Err(FlowError::Llm { message: clip(&zopu_secrets::redact(&error.to_string()), 400), retryable: error.is_retryable() })
+                Err(FlowError::Llm {
+                    message: clip(&zopu_secrets::redact(&error.to_string()), 400),
+                    retryable: error.is_retryable(),
+                })
             }
         }
     }
 
-    async fn guardrail(&mut self, step: &str, rule: &str, detail: &str, action: &str) -> Result<(), FlowError> {
+    async fn guardrail(
+        &mut self,
+        step: &str,
+        rule: &str,
+        detail: &str,
+        action: &str,
+    ) -> Result<(), FlowError> {
         self.guardrails += 1;
         let triggered = pb::AgentGuardrailTriggered {
             agent_id: self.agent_id.clone(),
@@ -750,7 +1070,9 @@ impl Port for Run<'_> {
             action: action.to_owned(),
         };
         tracing::info!(flow_run = %self.ids.flow_run_id, rule, action, "guardrail triggered");
-        self.append(&triggered, &format!("guardrail:{step}")).await.map(|_| ())
+        self.append(&triggered, &format!("guardrail:{step}"))
+            .await
+            .map(|_| ())
     }
 
     fn guardrails(&self) -> u32 {

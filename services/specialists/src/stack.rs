@@ -54,13 +54,26 @@ pub fn is_manifest(file_name: &str) -> bool {
     ) || (file_name.starts_with("requirements") && file_name.ends_with(".txt"))
 }
 
-fn hint(purpose: &str, command: impl Into<String>, status: CommandStatus, source: impl Into<String>) -> CommandHint {
-    CommandHint { purpose: purpose.to_owned(), command: command.into(), status, source: source.into() }
+fn hint(
+    purpose: &str,
+    command: impl Into<String>,
+    status: CommandStatus,
+    source: impl Into<String>,
+) -> CommandHint {
+    CommandHint {
+        purpose: purpose.to_owned(),
+        command: command.into(),
+        status,
+        source: source.into(),
+    }
 }
 
 /// The 1-based line of the first line containing `needle`.
 pub fn line_of(content: &str, needle: &str) -> Option<u32> {
-    content.lines().position(|line| line.contains(needle)).map(|index| index as u32 + 1)
+    content
+        .lines()
+        .position(|line| line.contains(needle))
+        .map(|index| index as u32 + 1)
 }
 
 fn declared(path: &str, content: &str, needle: &str) -> String {
@@ -75,24 +88,79 @@ fn dir_of(path: &str) -> &str {
 }
 
 fn join(dir: &str, rest: &str) -> String {
-    if dir.is_empty() { rest.to_owned() } else { format!("{dir}/{rest}") }
+    if dir.is_empty() {
+        rest.to_owned()
+    } else {
+        format!("{dir}/{rest}")
+    }
 }
 
 /// In `dir` (empty: root), a command prefix that changes into it.
 fn in_dir(dir: &str, command: &str) -> String {
-    if dir.is_empty() { command.to_owned() } else { format!("(cd {dir} && {command})") }
+    if dir.is_empty() {
+        command.to_owned()
+    } else {
+        format!("(cd {dir} && {command})")
+    }
 }
 
-const RUST_FRAMEWORKS: &[&str] = &["tokio", "axum", "actix-web", "rocket", "warp", "hyper", "clap", "serde", "sqlx", "diesel", "tonic", "bevy", "tauri"];
-const NODE_FRAMEWORKS: &[&str] = &[
-    "react", "next", "vue", "nuxt", "svelte", "@sveltejs/kit", "express", "fastify", "koa", "@nestjs/core", "hono", "vite", "typescript", "jest",
-    "vitest", "mocha", "electron", "prisma",
+const RUST_FRAMEWORKS: &[&str] = &[
+    "tokio",
+    "axum",
+    "actix-web",
+    "rocket",
+    "warp",
+    "hyper",
+    "clap",
+    "serde",
+    "sqlx",
+    "diesel",
+    "tonic",
+    "bevy",
+    "tauri",
 ];
-const PYTHON_FRAMEWORKS: &[&str] = &["django", "flask", "fastapi", "starlette", "pytest", "sqlalchemy", "celery", "pydantic", "numpy", "pandas", "click", "typer"];
+const NODE_FRAMEWORKS: &[&str] = &[
+    "react",
+    "next",
+    "vue",
+    "nuxt",
+    "svelte",
+    "@sveltejs/kit",
+    "express",
+    "fastify",
+    "koa",
+    "@nestjs/core",
+    "hono",
+    "vite",
+    "typescript",
+    "jest",
+    "vitest",
+    "mocha",
+    "electron",
+    "prisma",
+];
+const PYTHON_FRAMEWORKS: &[&str] = &[
+    "django",
+    "flask",
+    "fastapi",
+    "starlette",
+    "pytest",
+    "sqlalchemy",
+    "celery",
+    "pydantic",
+    "numpy",
+    "pandas",
+    "click",
+    "typer",
+];
 
 fn frameworks_in<'a>(names: impl Iterator<Item = &'a str>, known: &[&str]) -> Vec<String> {
     let names: Vec<String> = names.map(|name| name.to_lowercase()).collect();
-    known.iter().filter(|k| names.iter().any(|n| n == *k)).map(|k| (*k).to_owned()).collect()
+    known
+        .iter()
+        .filter(|k| names.iter().any(|n| n == *k))
+        .map(|k| (*k).to_owned())
+        .collect()
 }
 
 /// Parses one manifest at `path` (repository-relative) with `content`.
@@ -111,23 +179,58 @@ pub fn parse(path: &str, content: &str, files: &[String]) -> ManifestFacts {
         "build.gradle" | "build.gradle.kts" => gradle(path, dir, &has),
         "Makefile" | "makefile" | "GNUmakefile" => makefile(path, dir, content),
         "Dockerfile" => dockerfile(path, dir, content),
-        "docker-compose.yml" | "docker-compose.yaml" | "compose.yml" | "compose.yaml" => ManifestFacts {
-            stack: Some(StackItem { language: "Containers".into(), tool: "Docker Compose".into(), manifest: path.into(), frameworks: vec![] }),
-            commands: vec![hint("run", in_dir(dir, "docker compose up"), CommandStatus::Inferred, format!("Docker Compose convention ({path} present; not run)"))],
+        "docker-compose.yml" | "docker-compose.yaml" | "compose.yml" | "compose.yaml" => {
+            ManifestFacts {
+                stack: Some(StackItem {
+                    language: "Containers".into(),
+                    tool: "Docker Compose".into(),
+                    manifest: path.into(),
+                    frameworks: vec![],
+                }),
+                commands: vec![hint(
+                    "run",
+                    in_dir(dir, "docker compose up"),
+                    CommandStatus::Inferred,
+                    format!("Docker Compose convention ({path} present; not run)"),
+                )],
+                ..Default::default()
+            }
+        }
+        ".nvmrc" => ManifestFacts {
+            constraints: vec![format!("Node.js version {} (from {path})", content.trim())],
             ..Default::default()
         },
-        ".nvmrc" => ManifestFacts { constraints: vec![format!("Node.js version {} (from {path})", content.trim())], ..Default::default() },
-        ".python-version" => ManifestFacts { constraints: vec![format!("Python version {} (from {path})", content.trim())], ..Default::default() },
+        ".python-version" => ManifestFacts {
+            constraints: vec![format!("Python version {} (from {path})", content.trim())],
+            ..Default::default()
+        },
         "rust-toolchain" | "rust-toolchain.toml" => {
             let channel = content.parse::<toml::Table>().ok().and_then(|t| {
-                t.get("toolchain").and_then(|tc| tc.get("channel")).and_then(|c| c.as_str()).map(str::to_owned)
+                t.get("toolchain")
+                    .and_then(|tc| tc.get("channel"))
+                    .and_then(|c| c.as_str())
+                    .map(str::to_owned)
             });
-            let channel = channel.unwrap_or_else(|| content.lines().next().unwrap_or("").trim().to_owned());
-            ManifestFacts { constraints: vec![format!("Rust toolchain {channel} (from {path})")], ..Default::default() }
+            let channel =
+                channel.unwrap_or_else(|| content.lines().next().unwrap_or("").trim().to_owned());
+            ManifestFacts {
+                constraints: vec![format!("Rust toolchain {channel} (from {path})")],
+                ..Default::default()
+            }
         }
         "Pipfile" => ManifestFacts {
-            stack: Some(StackItem { language: "Python".into(), tool: "Pipenv".into(), manifest: path.into(), frameworks: vec![] }),
-            commands: vec![hint("install", in_dir(dir, "pipenv install"), CommandStatus::Inferred, "Pipenv convention (not run)")],
+            stack: Some(StackItem {
+                language: "Python".into(),
+                tool: "Pipenv".into(),
+                manifest: path.into(),
+                frameworks: vec![],
+            }),
+            commands: vec![hint(
+                "install",
+                in_dir(dir, "pipenv install"),
+                CommandStatus::Inferred,
+                "Pipenv convention (not run)",
+            )],
             ..Default::default()
         },
         name if name.starts_with("requirements") => requirements(path, dir, content, files),
@@ -137,52 +240,114 @@ pub fn parse(path: &str, content: &str, files: &[String]) -> ManifestFacts {
 
 fn cargo(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> ManifestFacts {
     let Ok(table) = content.parse::<toml::Table>() else {
-        return ManifestFacts { constraints: vec![format!("{path} does not parse as TOML")], ..Default::default() };
+        return ManifestFacts {
+            constraints: vec![format!("{path} does not parse as TOML")],
+            ..Default::default()
+        };
     };
     let mut facts = ManifestFacts::default();
     let package = table.get("package");
-    facts.name = package.and_then(|p| p.get("name")).and_then(|v| v.as_str()).map(str::to_owned);
-    facts.description = package.and_then(|p| p.get("description")).and_then(|v| v.as_str()).map(str::to_owned);
-    if let Some(version) = package.and_then(|p| p.get("rust-version")).and_then(|v| v.as_str()) {
-        facts.constraints.push(format!("Rust {version} or newer (rust-version in {path})"));
+    facts.name = package
+        .and_then(|p| p.get("name"))
+        .and_then(|v| v.as_str())
+        .map(str::to_owned);
+    facts.description = package
+        .and_then(|p| p.get("description"))
+        .and_then(|v| v.as_str())
+        .map(str::to_owned);
+    if let Some(version) = package
+        .and_then(|p| p.get("rust-version"))
+        .and_then(|v| v.as_str())
+    {
+        facts
+            .constraints
+            .push(format!("Rust {version} or newer (rust-version in {path})"));
     }
-    if let Some(edition) = package.and_then(|p| p.get("edition")).and_then(|v| v.as_str()) {
-        facts.constraints.push(format!("Rust edition {edition} ({path})"));
+    if let Some(edition) = package
+        .and_then(|p| p.get("edition"))
+        .and_then(|v| v.as_str())
+    {
+        facts
+            .constraints
+            .push(format!("Rust edition {edition} ({path})"));
     }
     let workspace = table.get("workspace");
-    if let Some(members) = workspace.and_then(|w| w.get("members")).and_then(|m| m.as_array()) {
-        facts.members = members.iter().filter_map(|m| m.as_str()).map(|m| join(dir, m)).collect();
+    if let Some(members) = workspace
+        .and_then(|w| w.get("members"))
+        .and_then(|m| m.as_array())
+    {
+        facts.members = members
+            .iter()
+            .filter_map(|m| m.as_str())
+            .map(|m| join(dir, m))
+            .collect();
     }
     let mut deps: Vec<&str> = Vec::new();
     for key in ["dependencies", "dev-dependencies"] {
         if let Some(table) = table.get(key).and_then(|d| d.as_table()) {
             deps.extend(table.keys().map(String::as_str));
         }
-        if let Some(table) = workspace.and_then(|w| w.get(key)).and_then(|d| d.as_table()) {
+        if let Some(table) = workspace
+            .and_then(|w| w.get(key))
+            .and_then(|d| d.as_table())
+        {
             deps.extend(table.keys().map(String::as_str));
         }
     }
-    facts.stack = Some(StackItem { language: "Rust".into(), tool: "Cargo".into(), manifest: path.into(), frameworks: frameworks_in(deps.into_iter(), RUST_FRAMEWORKS) });
+    facts.stack = Some(StackItem {
+        language: "Rust".into(),
+        tool: "Cargo".into(),
+        manifest: path.into(),
+        frameworks: frameworks_in(deps.into_iter(), RUST_FRAMEWORKS),
+    });
     let convention = "Cargo convention; not run";
-    let workspace_flag = if workspace.is_some() { " --workspace" } else { "" };
-    facts.commands.push(hint("build", in_dir(dir, &format!("cargo build{workspace_flag}")), CommandStatus::Inferred, convention));
-    facts.commands.push(hint("test", in_dir(dir, &format!("cargo test{workspace_flag}")), CommandStatus::Inferred, convention));
+    let workspace_flag = if workspace.is_some() {
+        " --workspace"
+    } else {
+        ""
+    };
+    facts.commands.push(hint(
+        "build",
+        in_dir(dir, &format!("cargo build{workspace_flag}")),
+        CommandStatus::Inferred,
+        convention,
+    ));
+    facts.commands.push(hint(
+        "test",
+        in_dir(dir, &format!("cargo test{workspace_flag}")),
+        CommandStatus::Inferred,
+        convention,
+    ));
     let mut binaries = Vec::new();
     if let Some(bins) = table.get("bin").and_then(|b| b.as_array()) {
         for bin in bins {
             let name = bin.get("name").and_then(|n| n.as_str()).unwrap_or("");
-            let bin_path = bin.get("path").and_then(|p| p.as_str()).map(str::to_owned).unwrap_or_else(|| format!("src/bin/{name}.rs"));
+            let bin_path = bin
+                .get("path")
+                .and_then(|p| p.as_str())
+                .map(str::to_owned)
+                .unwrap_or_else(|| format!("src/bin/{name}.rs"));
             facts.entry_candidates.push(join(dir, &bin_path));
             if !name.is_empty() {
                 binaries.push(name.to_owned());
-                facts.commands.push(hint("run", in_dir(dir, &format!("cargo run --bin {name}")), CommandStatus::Verified, declared(path, content, "[[bin]]")));
+                facts.commands.push(hint(
+                    "run",
+                    in_dir(dir, &format!("cargo run --bin {name}")),
+                    CommandStatus::Verified,
+                    declared(path, content, "[[bin]]"),
+                ));
             }
         }
     }
     if has("src/main.rs") {
         facts.entry_candidates.push(join(dir, "src/main.rs"));
         if binaries.is_empty() {
-            facts.commands.push(hint("run", in_dir(dir, "cargo run"), CommandStatus::Inferred, "Cargo convention (src/main.rs present); not run"));
+            facts.commands.push(hint(
+                "run",
+                in_dir(dir, "cargo run"),
+                CommandStatus::Inferred,
+                "Cargo convention (src/main.rs present); not run",
+            ));
         }
     }
     if has("src/lib.rs") {
@@ -193,12 +358,23 @@ fn cargo(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> Ma
 
 fn node(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> ManifestFacts {
     let Ok(json) = serde_json::from_str::<serde_json::Value>(content) else {
-        return ManifestFacts { constraints: vec![format!("{path} does not parse as JSON")], ..Default::default() };
+        return ManifestFacts {
+            constraints: vec![format!("{path} does not parse as JSON")],
+            ..Default::default()
+        };
     };
-    let mut facts = ManifestFacts::default();
-    facts.name = json.get("name").and_then(|v| v.as_str()).map(str::to_owned);
-    facts.description = json.get("description").and_then(|v| v.as_str()).map(str::to_owned);
-    let declared_manager = json.get("packageManager").and_then(|v| v.as_str()).unwrap_or("");
+    let mut facts = ManifestFacts {
+        name: json.get("name").and_then(|v| v.as_str()).map(str::to_owned),
+        description: json
+            .get("description")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned),
+        ..Default::default()
+    };
+    let declared_manager = json
+        .get("packageManager")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
     let manager = if declared_manager.starts_with("pnpm") || has("pnpm-lock.yaml") {
         "pnpm"
     } else if declared_manager.starts_with("yarn") || has("yarn.lock") {
@@ -215,15 +391,25 @@ fn node(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> Man
         }
     }
     let typescript = deps.iter().any(|d| d == "typescript") || has("tsconfig.json");
-    let language = if typescript { "TypeScript/JavaScript" } else { "JavaScript" };
+    let language = if typescript {
+        "TypeScript/JavaScript"
+    } else {
+        "JavaScript"
+    };
     facts.stack = Some(StackItem {
         language: format!("{language} (Node.js)"),
         tool: manager.to_owned(),
         manifest: path.to_owned(),
         frameworks: frameworks_in(deps.iter().map(String::as_str), NODE_FRAMEWORKS),
     });
-    if let Some(engine) = json.get("engines").and_then(|e| e.get("node")).and_then(|v| v.as_str()) {
-        facts.constraints.push(format!("Node.js {engine} (engines in {path})"));
+    if let Some(engine) = json
+        .get("engines")
+        .and_then(|e| e.get("node"))
+        .and_then(|v| v.as_str())
+    {
+        facts
+            .constraints
+            .push(format!("Node.js {engine} (engines in {path})"));
     }
     let lock = match manager {
         "pnpm" => "pnpm-lock.yaml",
@@ -231,9 +417,17 @@ fn node(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> Man
         "bun" => "bun.lockb",
         _ => "package-lock.json",
     };
-    let install_source =
-        if has(lock) { format!("{manager} convention ({lock} present); not run") } else { format!("{manager} convention; not run") };
-    facts.commands.push(hint("install", in_dir(dir, &format!("{manager} install")), CommandStatus::Inferred, install_source));
+    let install_source = if has(lock) {
+        format!("{manager} convention ({lock} present); not run")
+    } else {
+        format!("{manager} convention; not run")
+    };
+    facts.commands.push(hint(
+        "install",
+        in_dir(dir, &format!("{manager} install")),
+        CommandStatus::Inferred,
+        install_source,
+    ));
     if let Some(scripts) = json.get("scripts").and_then(|s| s.as_object()) {
         for (name, _) in scripts.iter().take(30) {
             let purpose = match name.as_str() {
@@ -248,51 +442,106 @@ fn node(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> Man
                 ("npm", _) => format!("npm run {name}"),
                 (manager, _) => format!("{manager} {name}"),
             };
-            facts.commands.push(hint(purpose, in_dir(dir, &command), CommandStatus::Verified, declared(path, content, &format!("\"{name}\""))));
+            facts.commands.push(hint(
+                purpose,
+                in_dir(dir, &command),
+                CommandStatus::Verified,
+                declared(path, content, &format!("\"{name}\"")),
+            ));
         }
     }
     if let Some(main) = json.get("main").and_then(|v| v.as_str()) {
-        facts.entry_candidates.push(join(dir, main.trim_start_matches("./")));
+        facts
+            .entry_candidates
+            .push(join(dir, main.trim_start_matches("./")));
     }
     match json.get("bin") {
-        Some(serde_json::Value::String(bin)) => facts.entry_candidates.push(join(dir, bin.trim_start_matches("./"))),
+        Some(serde_json::Value::String(bin)) => facts
+            .entry_candidates
+            .push(join(dir, bin.trim_start_matches("./"))),
         Some(serde_json::Value::Object(bins)) => {
-            facts.entry_candidates.extend(bins.values().filter_map(|v| v.as_str()).map(|bin| join(dir, bin.trim_start_matches("./"))));
+            facts.entry_candidates.extend(
+                bins.values()
+                    .filter_map(|v| v.as_str())
+                    .map(|bin| join(dir, bin.trim_start_matches("./"))),
+            );
         }
         _ => {}
     }
-    for conventional in ["index.js", "index.ts", "server.js", "app.js", "src/index.js", "src/index.ts", "src/main.ts", "src/main.js", "src/server.js", "src/server.ts", "src/app.ts", "src/app.js"] {
+    for conventional in [
+        "index.js",
+        "index.ts",
+        "server.js",
+        "app.js",
+        "src/index.js",
+        "src/index.ts",
+        "src/main.ts",
+        "src/main.js",
+        "src/server.js",
+        "src/server.ts",
+        "src/app.ts",
+        "src/app.js",
+    ] {
         if has(conventional) {
             facts.entry_candidates.push(join(dir, conventional));
         }
     }
     if let Some(workspaces) = json.get("workspaces").and_then(|w| w.as_array()) {
-        facts.members = workspaces.iter().filter_map(|m| m.as_str()).map(|m| join(dir, m)).collect();
+        facts.members = workspaces
+            .iter()
+            .filter_map(|m| m.as_str())
+            .map(|m| join(dir, m))
+            .collect();
     }
     facts
 }
 
 fn python_module_path(dir: &str, module: &str, has: &dyn Fn(&str) -> bool) -> Option<String> {
     let module = module.split(':').next()?.trim().replace('.', "/");
-    [format!("{module}.py"), format!("{module}/__init__.py"), format!("src/{module}.py"), format!("src/{module}/__init__.py")]
-        .into_iter()
-        .find(|candidate| has(candidate))
-        .map(|candidate| join(dir, &candidate))
+    [
+        format!("{module}.py"),
+        format!("{module}/__init__.py"),
+        format!("src/{module}.py"),
+        format!("src/{module}/__init__.py"),
+    ]
+    .into_iter()
+    .find(|candidate| has(candidate))
+    .map(|candidate| join(dir, &candidate))
 }
 
 fn pyproject(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> ManifestFacts {
     let Ok(table) = content.parse::<toml::Table>() else {
-        return ManifestFacts { constraints: vec![format!("{path} does not parse as TOML")], ..Default::default() };
+        return ManifestFacts {
+            constraints: vec![format!("{path} does not parse as TOML")],
+            ..Default::default()
+        };
     };
     let mut facts = ManifestFacts::default();
     let project = table.get("project");
     let poetry = table.get("tool").and_then(|t| t.get("poetry"));
-    facts.name = project.or(poetry).and_then(|p| p.get("name")).and_then(|v| v.as_str()).map(str::to_owned);
-    facts.description = project.or(poetry).and_then(|p| p.get("description")).and_then(|v| v.as_str()).map(str::to_owned);
-    if let Some(python) = project.and_then(|p| p.get("requires-python")).and_then(|v| v.as_str()) {
-        facts.constraints.push(format!("Python {python} (requires-python in {path})"));
+    facts.name = project
+        .or(poetry)
+        .and_then(|p| p.get("name"))
+        .and_then(|v| v.as_str())
+        .map(str::to_owned);
+    facts.description = project
+        .or(poetry)
+        .and_then(|p| p.get("description"))
+        .and_then(|v| v.as_str())
+        .map(str::to_owned);
+    if let Some(python) = project
+        .and_then(|p| p.get("requires-python"))
+        .and_then(|v| v.as_str())
+    {
+        facts
+            .constraints
+            .push(format!("Python {python} (requires-python in {path})"));
     }
-    let backend = table.get("build-system").and_then(|b| b.get("build-backend")).and_then(|v| v.as_str()).unwrap_or("");
+    let backend = table
+        .get("build-system")
+        .and_then(|b| b.get("build-backend"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
     let tool = if poetry.is_some() || backend.contains("poetry") {
         "Poetry"
     } else if backend.contains("hatch") {
@@ -305,15 +554,24 @@ fn pyproject(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -
         "pip (pyproject)"
     };
     let mut deps: Vec<String> = Vec::new();
-    if let Some(list) = project.and_then(|p| p.get("dependencies")).and_then(|d| d.as_array()) {
+    if let Some(list) = project
+        .and_then(|p| p.get("dependencies"))
+        .and_then(|d| d.as_array())
+    {
         deps.extend(list.iter().filter_map(|d| d.as_str()).map(requirement_name));
     }
-    if let Some(groups) = project.and_then(|p| p.get("optional-dependencies")).and_then(|d| d.as_table()) {
+    if let Some(groups) = project
+        .and_then(|p| p.get("optional-dependencies"))
+        .and_then(|d| d.as_table())
+    {
         for list in groups.values().filter_map(|v| v.as_array()) {
             deps.extend(list.iter().filter_map(|d| d.as_str()).map(requirement_name));
         }
     }
-    if let Some(map) = poetry.and_then(|p| p.get("dependencies")).and_then(|d| d.as_table()) {
+    if let Some(map) = poetry
+        .and_then(|p| p.get("dependencies"))
+        .and_then(|d| d.as_table())
+    {
         deps.extend(map.keys().cloned());
     }
     facts.stack = Some(StackItem {
@@ -328,18 +586,47 @@ fn pyproject(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -
         "PDM" => ("pdm install", "pdm run "),
         _ => ("pip install -e .", ""),
     };
-    facts.commands.push(hint("install", in_dir(dir, install), CommandStatus::Inferred, format!("{tool} convention; not run")));
+    facts.commands.push(hint(
+        "install",
+        in_dir(dir, install),
+        CommandStatus::Inferred,
+        format!("{tool} convention; not run"),
+    ));
     let pytest_configured = table.get("tool").and_then(|t| t.get("pytest")).is_some();
     if pytest_configured {
-        facts.commands.push(hint("test", in_dir(dir, &format!("{runner}pytest")), CommandStatus::Verified, declared(path, content, "[tool.pytest")));
-    } else if deps.iter().any(|d| d == "pytest") || has("tests/__init__.py") || has("pytest.ini") || has("conftest.py") {
-        facts.commands.push(hint("test", in_dir(dir, &format!("{runner}pytest")), CommandStatus::Inferred, "pytest convention (pytest named or tests present); not run"));
+        facts.commands.push(hint(
+            "test",
+            in_dir(dir, &format!("{runner}pytest")),
+            CommandStatus::Verified,
+            declared(path, content, "[tool.pytest"),
+        ));
+    } else if deps.iter().any(|d| d == "pytest")
+        || has("tests/__init__.py")
+        || has("pytest.ini")
+        || has("conftest.py")
+    {
+        facts.commands.push(hint(
+            "test",
+            in_dir(dir, &format!("{runner}pytest")),
+            CommandStatus::Inferred,
+            "pytest convention (pytest named or tests present); not run",
+        ));
     }
-    let scripts = project.and_then(|p| p.get("scripts")).or_else(|| poetry.and_then(|p| p.get("scripts")));
+    let scripts = project
+        .and_then(|p| p.get("scripts"))
+        .or_else(|| poetry.and_then(|p| p.get("scripts")));
     if let Some(scripts) = scripts.and_then(|s| s.as_table()) {
         for (name, target) in scripts.iter().take(10) {
-            facts.commands.push(hint("run", in_dir(dir, &format!("{runner}{name}")), CommandStatus::Verified, declared(path, content, &format!("{name} ="))));
-            if let Some(module) = target.as_str().and_then(|t| python_module_path(dir, t, has)) {
+            facts.commands.push(hint(
+                "run",
+                in_dir(dir, &format!("{runner}{name}")),
+                CommandStatus::Verified,
+                declared(path, content, &format!("{name} =")),
+            ));
+            if let Some(module) = target
+                .as_str()
+                .and_then(|t| python_module_path(dir, t, has))
+            {
                 facts.entry_candidates.push(module);
             }
         }
@@ -348,7 +635,10 @@ fn pyproject(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -
 }
 
 fn requirement_name(spec: &str) -> String {
-    spec.split(|c: char| !(c.is_alphanumeric() || c == '-' || c == '_' || c == '.')).next().unwrap_or("").to_lowercase()
+    spec.split(|c: char| !(c.is_alphanumeric() || c == '-' || c == '_' || c == '.'))
+        .next()
+        .unwrap_or("")
+        .to_lowercase()
 }
 
 fn requirements(path: &str, dir: &str, content: &str, files: &[String]) -> ManifestFacts {
@@ -368,30 +658,67 @@ fn requirements(path: &str, dir: &str, content: &str, files: &[String]) -> Manif
         ..Default::default()
     };
     let file_name = path.rsplit('/').next().unwrap_or(path);
-    facts.commands.push(hint("install", in_dir(dir, &format!("pip install -r {file_name}")), CommandStatus::Inferred, format!("pip convention ({path} present); not run")));
-    let has_tests = files.iter().any(|f| f.starts_with(&join(dir, "tests/")) || f.contains("/test_") || f.starts_with("test_"));
+    facts.commands.push(hint(
+        "install",
+        in_dir(dir, &format!("pip install -r {file_name}")),
+        CommandStatus::Inferred,
+        format!("pip convention ({path} present); not run"),
+    ));
+    let has_tests = files.iter().any(|f| {
+        f.starts_with(&join(dir, "tests/")) || f.contains("/test_") || f.starts_with("test_")
+    });
     if names.iter().any(|n| n == "pytest") || has_tests {
-        facts.commands.push(hint("test", in_dir(dir, "pytest"), CommandStatus::Inferred, "pytest convention (pytest required or tests present); not run"));
+        facts.commands.push(hint(
+            "test",
+            in_dir(dir, "pytest"),
+            CommandStatus::Inferred,
+            "pytest convention (pytest required or tests present); not run",
+        ));
     }
     if names.iter().any(|n| n == "django") && files.iter().any(|f| *f == join(dir, "manage.py")) {
-        facts.commands.push(hint("run", in_dir(dir, "python manage.py runserver"), CommandStatus::Inferred, "Django convention (manage.py present); not run"));
+        facts.commands.push(hint(
+            "run",
+            in_dir(dir, "python manage.py runserver"),
+            CommandStatus::Inferred,
+            "Django convention (manage.py present); not run",
+        ));
     }
     facts
 }
 
-static SETUP_NAME: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r#"name\s*=\s*["']([^"']+)["']"#).ok());
-static CONSOLE_SCRIPT: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r#"["']([A-Za-z0-9_.-]+)\s*=\s*([A-Za-z0-9_.]+):"#).ok());
+static SETUP_NAME: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r#"name\s*=\s*["']([^"']+)["']"#).ok());
+static CONSOLE_SCRIPT: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r#"["']([A-Za-z0-9_.-]+)\s*=\s*([A-Za-z0-9_.]+):"#).ok());
 
 fn setup_py(path: &str, dir: &str, content: &str) -> ManifestFacts {
     let mut facts = ManifestFacts {
-        name: SETUP_NAME.as_ref().and_then(|re| re.captures(content)).map(|c| c[1].to_owned()),
-        stack: Some(StackItem { language: "Python".into(), tool: "setuptools".into(), manifest: path.into(), frameworks: vec![] }),
+        name: SETUP_NAME
+            .as_ref()
+            .and_then(|re| re.captures(content))
+            .map(|c| c[1].to_owned()),
+        stack: Some(StackItem {
+            language: "Python".into(),
+            tool: "setuptools".into(),
+            manifest: path.into(),
+            frameworks: vec![],
+        }),
         ..Default::default()
     };
-    facts.commands.push(hint("install", in_dir(dir, "pip install -e ."), CommandStatus::Inferred, format!("setuptools convention ({path} present); not run")));
+    facts.commands.push(hint(
+        "install",
+        in_dir(dir, "pip install -e ."),
+        CommandStatus::Inferred,
+        format!("setuptools convention ({path} present); not run"),
+    ));
     if let Some(re) = CONSOLE_SCRIPT.as_ref() {
         for captures in re.captures_iter(content).take(10) {
-            facts.commands.push(hint("run", in_dir(dir, &captures[1]), CommandStatus::Verified, declared(path, content, &captures[1])));
+            facts.commands.push(hint(
+                "run",
+                in_dir(dir, &captures[1]),
+                CommandStatus::Verified,
+                declared(path, content, &captures[1]),
+            ));
         }
     }
     facts
@@ -399,81 +726,167 @@ fn setup_py(path: &str, dir: &str, content: &str) -> ManifestFacts {
 
 fn go_mod(path: &str, dir: &str, content: &str, files: &[String]) -> ManifestFacts {
     let mut facts = ManifestFacts {
-        name: content.lines().find_map(|l| l.trim().strip_prefix("module ")).map(|m| m.trim().to_owned()),
-        stack: Some(StackItem { language: "Go".into(), tool: "Go modules".into(), manifest: path.into(), frameworks: vec![] }),
+        name: content
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("module "))
+            .map(|m| m.trim().to_owned()),
+        stack: Some(StackItem {
+            language: "Go".into(),
+            tool: "Go modules".into(),
+            manifest: path.into(),
+            frameworks: vec![],
+        }),
         ..Default::default()
     };
     if let Some(version) = content.lines().find_map(|l| l.trim().strip_prefix("go ")) {
-        facts.constraints.push(format!("Go {} (go.mod)", version.trim()));
+        facts
+            .constraints
+            .push(format!("Go {} (go.mod)", version.trim()));
     }
     let convention = "Go convention; not run";
-    facts.commands.push(hint("build", in_dir(dir, "go build ./..."), CommandStatus::Inferred, convention));
-    facts.commands.push(hint("test", in_dir(dir, "go test ./..."), CommandStatus::Inferred, convention));
+    facts.commands.push(hint(
+        "build",
+        in_dir(dir, "go build ./..."),
+        CommandStatus::Inferred,
+        convention,
+    ));
+    facts.commands.push(hint(
+        "test",
+        in_dir(dir, "go test ./..."),
+        CommandStatus::Inferred,
+        convention,
+    ));
     let cmd_prefix = join(dir, "cmd/");
     for file in files {
         if *file == join(dir, "main.go") {
             facts.entry_candidates.push(file.clone());
-            facts.commands.push(hint("run", in_dir(dir, "go run ."), CommandStatus::Inferred, "Go convention (main.go present); not run"));
+            facts.commands.push(hint(
+                "run",
+                in_dir(dir, "go run ."),
+                CommandStatus::Inferred,
+                "Go convention (main.go present); not run",
+            ));
         } else if let Some(rest) = file.strip_prefix(&cmd_prefix)
             && let Some((command, "main.go")) = rest.split_once('/')
         {
             facts.entry_candidates.push(file.clone());
-            facts.commands.push(hint("run", in_dir(dir, &format!("go run ./cmd/{command}")), CommandStatus::Inferred, format!("Go convention ({file}); not run")));
+            facts.commands.push(hint(
+                "run",
+                in_dir(dir, &format!("go run ./cmd/{command}")),
+                CommandStatus::Inferred,
+                format!("Go convention ({file}); not run"),
+            ));
         }
     }
     facts
 }
 
-static XML_TAG: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"<(artifactId|description|java\.version|maven\.compiler\.source)>([^<]{1,200})</").ok());
+static XML_TAG: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"<(artifactId|description|java\.version|maven\.compiler\.source)>([^<]{1,200})</")
+        .ok()
+});
 
 fn maven(path: &str, dir: &str, content: &str) -> ManifestFacts {
     let mut facts = ManifestFacts {
-        stack: Some(StackItem { language: "Java/JVM".into(), tool: "Maven".into(), manifest: path.into(), frameworks: vec![] }),
+        stack: Some(StackItem {
+            language: "Java/JVM".into(),
+            tool: "Maven".into(),
+            manifest: path.into(),
+            frameworks: vec![],
+        }),
         ..Default::default()
     };
     if let Some(re) = XML_TAG.as_ref() {
         for captures in re.captures_iter(content) {
             match &captures[1] {
-                "artifactId" if facts.name.is_none() => facts.name = Some(captures[2].trim().to_owned()),
-                "description" if facts.description.is_none() => facts.description = Some(captures[2].trim().to_owned()),
-                "java.version" | "maven.compiler.source" => facts.constraints.push(format!("Java {} ({path})", captures[2].trim())),
+                "artifactId" if facts.name.is_none() => {
+                    facts.name = Some(captures[2].trim().to_owned())
+                }
+                "description" if facts.description.is_none() => {
+                    facts.description = Some(captures[2].trim().to_owned())
+                }
+                "java.version" | "maven.compiler.source" => facts
+                    .constraints
+                    .push(format!("Java {} ({path})", captures[2].trim())),
                 _ => {}
             }
         }
     }
-    if content.contains("spring-boot") {
-        if let Some(stack) = facts.stack.as_mut() {
-            stack.frameworks.push("spring-boot".into());
-        }
+    if content.contains("spring-boot")
+        && let Some(stack) = facts.stack.as_mut()
+    {
+        stack.frameworks.push("spring-boot".into());
     }
     let convention = "Maven convention; not run";
-    facts.commands.push(hint("build", in_dir(dir, "mvn package"), CommandStatus::Inferred, convention));
-    facts.commands.push(hint("test", in_dir(dir, "mvn test"), CommandStatus::Inferred, convention));
+    facts.commands.push(hint(
+        "build",
+        in_dir(dir, "mvn package"),
+        CommandStatus::Inferred,
+        convention,
+    ));
+    facts.commands.push(hint(
+        "test",
+        in_dir(dir, "mvn test"),
+        CommandStatus::Inferred,
+        convention,
+    ));
     facts
 }
 
 fn gradle(path: &str, dir: &str, has: &dyn Fn(&str) -> bool) -> ManifestFacts {
-    let gradle = if has("gradlew") { "./gradlew" } else { "gradle" };
-    let convention = format!("Gradle convention{}; not run", if has("gradlew") { " (gradlew present)" } else { "" });
+    let gradle = if has("gradlew") {
+        "./gradlew"
+    } else {
+        "gradle"
+    };
+    let convention = format!(
+        "Gradle convention{}; not run",
+        if has("gradlew") {
+            " (gradlew present)"
+        } else {
+            ""
+        }
+    );
     ManifestFacts {
-        stack: Some(StackItem { language: "Java/JVM".into(), tool: "Gradle".into(), manifest: path.into(), frameworks: vec![] }),
+        stack: Some(StackItem {
+            language: "Java/JVM".into(),
+            tool: "Gradle".into(),
+            manifest: path.into(),
+            frameworks: vec![],
+        }),
         commands: vec![
-            hint("build", in_dir(dir, &format!("{gradle} build")), CommandStatus::Inferred, convention.clone()),
-            hint("test", in_dir(dir, &format!("{gradle} test")), CommandStatus::Inferred, convention),
+            hint(
+                "build",
+                in_dir(dir, &format!("{gradle} build")),
+                CommandStatus::Inferred,
+                convention.clone(),
+            ),
+            hint(
+                "test",
+                in_dir(dir, &format!("{gradle} test")),
+                CommandStatus::Inferred,
+                convention,
+            ),
         ],
         ..Default::default()
     }
 }
 
-static MAKE_TARGET: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)\s*:([^=]|$)").ok());
+static MAKE_TARGET: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)\s*:([^=]|$)").ok());
 
 /// Make targets declared in a Makefile, with their lines.
 pub fn make_targets(content: &str) -> Vec<(String, u32)> {
-    let Some(re) = MAKE_TARGET.as_ref() else { return Vec::new() };
+    let Some(re) = MAKE_TARGET.as_ref() else {
+        return Vec::new();
+    };
     content
         .lines()
         .enumerate()
-        .filter_map(|(index, line)| re.captures(line).map(|c| (c[1].to_owned(), index as u32 + 1)))
+        .filter_map(|(index, line)| {
+            re.captures(line)
+                .map(|c| (c[1].to_owned(), index as u32 + 1))
+        })
         .filter(|(name, _)| !name.starts_with('.'))
         .take(25)
         .collect()
@@ -481,7 +894,12 @@ pub fn make_targets(content: &str) -> Vec<(String, u32)> {
 
 fn makefile(path: &str, dir: &str, content: &str) -> ManifestFacts {
     let mut facts = ManifestFacts {
-        stack: Some(StackItem { language: "Make".into(), tool: "make".into(), manifest: path.into(), frameworks: vec![] }),
+        stack: Some(StackItem {
+            language: "Make".into(),
+            tool: "make".into(),
+            manifest: path.into(),
+            frameworks: vec![],
+        }),
         ..Default::default()
     };
     for (target, line) in make_targets(content) {
@@ -493,19 +911,36 @@ fn makefile(path: &str, dir: &str, content: &str) -> ManifestFacts {
             "install" | "setup" | "deps" => "install",
             _ => "other",
         };
-        facts.commands.push(hint(purpose, in_dir(dir, &format!("make {target}")), CommandStatus::Verified, format!("declared in {path} line {line}")));
+        facts.commands.push(hint(
+            purpose,
+            in_dir(dir, &format!("make {target}")),
+            CommandStatus::Verified,
+            format!("declared in {path} line {line}"),
+        ));
     }
     facts
 }
 
 fn dockerfile(path: &str, dir: &str, content: &str) -> ManifestFacts {
     let mut facts = ManifestFacts {
-        stack: Some(StackItem { language: "Containers".into(), tool: "Docker".into(), manifest: path.into(), frameworks: vec![] }),
-        commands: vec![hint("build", in_dir(dir, "docker build ."), CommandStatus::Inferred, format!("Docker convention ({path} present); not run"))],
+        stack: Some(StackItem {
+            language: "Containers".into(),
+            tool: "Docker".into(),
+            manifest: path.into(),
+            frameworks: vec![],
+        }),
+        commands: vec![hint(
+            "build",
+            in_dir(dir, "docker build ."),
+            CommandStatus::Inferred,
+            format!("Docker convention ({path} present); not run"),
+        )],
         ..Default::default()
     };
     if let Some(from) = content.lines().find_map(|l| l.trim().strip_prefix("FROM ")) {
-        facts.constraints.push(format!("Container base image {} ({path})", from.trim()));
+        facts
+            .constraints
+            .push(format!("Container base image {} ({path})", from.trim()));
     }
     facts
 }
@@ -521,23 +956,43 @@ mod tests {
     #[test]
     fn cargo_manifest_gives_rust_stack_entry_points_and_inferred_commands() {
         let content = "[package]\nname = \"demo\"\ndescription = \"A demo\"\nedition = \"2021\"\n[dependencies]\ntokio = \"1\"\n";
-        let facts = parse("Cargo.toml", content, &files(&["Cargo.toml", "src/main.rs"]));
+        let facts = parse(
+            "Cargo.toml",
+            content,
+            &files(&["Cargo.toml", "src/main.rs"]),
+        );
         let stack = facts.stack.unwrap();
-        assert_eq!((stack.language.as_str(), stack.tool.as_str()), ("Rust", "Cargo"));
+        assert_eq!(
+            (stack.language.as_str(), stack.tool.as_str()),
+            ("Rust", "Cargo")
+        );
         assert_eq!(stack.frameworks, vec!["tokio"]);
         assert_eq!(facts.entry_candidates, vec!["src/main.rs"]);
-        assert!(facts.commands.iter().any(|c| c.command == "cargo test" && c.status == CommandStatus::Inferred));
+        assert!(
+            facts
+                .commands
+                .iter()
+                .any(|c| c.command == "cargo test" && c.status == CommandStatus::Inferred)
+        );
         assert_eq!(facts.description.as_deref(), Some("A demo"));
     }
 
     #[test]
     fn package_json_scripts_are_verified_with_their_line() {
         let content = "{\n  \"name\": \"web\",\n  \"main\": \"src/server.js\",\n  \"scripts\": {\n    \"test\": \"jest\",\n    \"build\": \"tsc\"\n  },\n  \"dependencies\": {\"express\": \"4\"}\n}\n";
-        let facts = parse("package.json", content, &files(&["package.json", "pnpm-lock.yaml", "src/server.js"]));
+        let facts = parse(
+            "package.json",
+            content,
+            &files(&["package.json", "pnpm-lock.yaml", "src/server.js"]),
+        );
         let stack = facts.stack.unwrap();
         assert_eq!(stack.tool, "pnpm");
         assert_eq!(stack.frameworks, vec!["express"]);
-        let test = facts.commands.iter().find(|c| c.command == "pnpm test").unwrap();
+        let test = facts
+            .commands
+            .iter()
+            .find(|c| c.command == "pnpm test")
+            .unwrap();
         assert_eq!(test.status, CommandStatus::Verified);
         assert_eq!(test.source, "declared in package.json line 5");
         assert!(facts.entry_candidates.contains(&"src/server.js".to_owned()));
@@ -546,21 +1001,57 @@ mod tests {
     #[test]
     fn pyproject_scripts_and_pytest_config() {
         let content = "[project]\nname = \"tool\"\nrequires-python = \">=3.10\"\ndependencies = [\"fastapi>=0.1\"]\n[project.scripts]\ntool = \"tool.cli:main\"\n[tool.pytest.ini_options]\naddopts = \"-q\"\n";
-        let facts = parse("pyproject.toml", content, &files(&["pyproject.toml", "tool/cli.py"]));
+        let facts = parse(
+            "pyproject.toml",
+            content,
+            &files(&["pyproject.toml", "tool/cli.py"]),
+        );
         assert_eq!(facts.stack.as_ref().unwrap().frameworks, vec!["fastapi"]);
-        assert!(facts.commands.iter().any(|c| c.command == "pytest" && c.status == CommandStatus::Verified));
-        assert!(facts.commands.iter().any(|c| c.command == "tool" && c.status == CommandStatus::Verified));
+        assert!(
+            facts
+                .commands
+                .iter()
+                .any(|c| c.command == "pytest" && c.status == CommandStatus::Verified)
+        );
+        assert!(
+            facts
+                .commands
+                .iter()
+                .any(|c| c.command == "tool" && c.status == CommandStatus::Verified)
+        );
         assert_eq!(facts.entry_candidates, vec!["tool/cli.py"]);
         assert!(facts.constraints.iter().any(|c| c.contains(">=3.10")));
     }
 
     #[test]
     fn go_make_and_docker() {
-        let go = parse("go.mod", "module example.com/x\n\ngo 1.22\n", &files(&["go.mod", "cmd/server/main.go"]));
-        assert!(go.commands.iter().any(|c| c.command == "go run ./cmd/server"));
-        let make = parse("Makefile", ".PHONY: test\nbuild:\n\tcc\ntest: build\n\t./t\nX := 1\n", &[]);
-        let commands: Vec<_> = make.commands.iter().map(|c| (c.command.as_str(), c.source.as_str())).collect();
-        assert_eq!(commands, vec![("make build", "declared in Makefile line 2"), ("make test", "declared in Makefile line 4")]);
+        let go = parse(
+            "go.mod",
+            "module example.com/x\n\ngo 1.22\n",
+            &files(&["go.mod", "cmd/server/main.go"]),
+        );
+        assert!(
+            go.commands
+                .iter()
+                .any(|c| c.command == "go run ./cmd/server")
+        );
+        let make = parse(
+            "Makefile",
+            ".PHONY: test\nbuild:\n\tcc\ntest: build\n\t./t\nX := 1\n",
+            &[],
+        );
+        let commands: Vec<_> = make
+            .commands
+            .iter()
+            .map(|c| (c.command.as_str(), c.source.as_str()))
+            .collect();
+        assert_eq!(
+            commands,
+            vec![
+                ("make build", "declared in Makefile line 2"),
+                ("make test", "declared in Makefile line 4")
+            ]
+        );
         let docker = parse("Dockerfile", "FROM rust:1.80\n", &[]);
         assert!(docker.constraints[0].contains("rust:1.80"));
     }

@@ -6,13 +6,19 @@
 
 use rusqlite::{OptionalExtension, Transaction, params};
 use zopu_core::{Projection, Store};
-use zopu_schema::{Envelope, Event, pb, subjects};
+use zopu_schema::{Envelope, Event, pb};
 
 /// The projection.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct State;
 
-const TABLES: &[&str] = &["specialist_agents", "specialist_env", "specialist_context", "specialist_results", "specialist_artifacts"];
+const TABLES: &[&str] = &[
+    "specialist_agents",
+    "specialist_env",
+    "specialist_context",
+    "specialist_results",
+    "specialist_artifacts",
+];
 
 impl Projection for State {
     fn name(&self) -> &'static str {
@@ -40,10 +46,17 @@ impl Projection for State {
         )
     }
 
-    fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Result<()> {
+    fn apply(
+        &mut self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        sequence: u64,
+    ) -> rusqlite::Result<()> {
         let sequence = sequence as i64;
         let project = event.project_id.to_string();
-        let decode_error = |e: zopu_schema::envelope::PayloadError| rusqlite::Error::ToSqlConversionFailure(Box::new(e));
+        let decode_error = |e: zopu_schema::envelope::PayloadError| {
+            rusqlite::Error::ToSqlConversionFailure(Box::new(e))
+        };
         match event.event_type.as_str() {
             t if t == pb::AgentDisabled::TYPE => {
                 let payload: pb::AgentDisabled = event.decode().map_err(decode_error)?;
@@ -63,7 +76,8 @@ impl Projection for State {
             }
             t if t == pb::ProjectReady::TYPE => {
                 let payload: pb::ProjectReady = event.decode().map_err(decode_error)?;
-                let names = serde_json::to_string(&payload.environment_variable_names).unwrap_or_else(|_| "[]".into());
+                let names = serde_json::to_string(&payload.environment_variable_names)
+                    .unwrap_or_else(|_| "[]".into());
                 tx.execute(
                     "INSERT INTO specialist_env (project_id, names_json, sequence) VALUES (?1, ?2, ?3)
                      ON CONFLICT (project_id) DO UPDATE SET names_json = ?2, sequence = ?3",
@@ -90,7 +104,10 @@ impl Projection for State {
             }
             t if t == pb::ArtifactBuildRequested::TYPE => {
                 let payload: pb::ArtifactBuildRequested = event.decode().map_err(decode_error)?;
-                let run = event.flow_run_id.map(|id| id.to_string()).unwrap_or_default();
+                let run = event
+                    .flow_run_id
+                    .map(|id| id.to_string())
+                    .unwrap_or_default();
                 tx.execute(
                     "INSERT INTO specialist_artifacts (artifact_id, revision, flow_run_id, sequence) VALUES (?1, ?2, ?3, ?4)
                      ON CONFLICT (artifact_id) DO UPDATE SET revision = ?2, flow_run_id = ?3, sequence = ?4
@@ -102,20 +119,9 @@ impl Projection for State {
         }
         Ok(())
     }
-
-    fn filter_subjects(&self) -> Vec<String> {
-        [
-            pb::AgentDisabled::TYPE,
-            pb::AgentEnabled::TYPE,
-            pb::ProjectReady::TYPE,
-            pb::ContextPublished::TYPE,
-            pb::FlowCompleted::TYPE,
-            pb::ArtifactBuildRequested::TYPE,
-        ]
-        .into_iter()
-        .map(subjects::events_of_type)
-        .collect()
-    }
+    // Follows every event (the default filter): a filtered projection's
+    // checkpoint would not reach the stream's end, and `Store::wait_for`,
+    // which the reaction runner relies on, waits for the lowest checkpoint.
 }
 
 /// The current context document of a project and kind.
@@ -129,19 +135,34 @@ pub struct CurrentDocument {
 /// Why the agent is disabled, when it is.
 pub fn disabled(store: &Store, agent_id: &str) -> Result<Option<String>, zopu_core::Error> {
     store.read(|conn| {
-        conn.query_row("SELECT reason FROM specialist_agents WHERE agent_id = ?1 AND disabled = 1", [agent_id], |row| row.get::<_, String>(0))
-            .optional()
+        conn.query_row(
+            "SELECT reason FROM specialist_agents WHERE agent_id = ?1 AND disabled = 1",
+            [agent_id],
+            |row| row.get::<_, String>(0),
+        )
+        .optional()
     })
 }
 
 pub fn environment_names(store: &Store, project_id: &str) -> Result<Vec<String>, zopu_core::Error> {
     let json = store.read(|conn| {
-        conn.query_row("SELECT names_json FROM specialist_env WHERE project_id = ?1", [project_id], |row| row.get::<_, String>(0)).optional()
+        conn.query_row(
+            "SELECT names_json FROM specialist_env WHERE project_id = ?1",
+            [project_id],
+            |row| row.get::<_, String>(0),
+        )
+        .optional()
     })?;
-    Ok(json.and_then(|json| serde_json::from_str(&json).ok()).unwrap_or_default())
+    Ok(json
+        .and_then(|json| serde_json::from_str(&json).ok())
+        .unwrap_or_default())
 }
 
-pub fn current_document(store: &Store, project_id: &str, kind: &str) -> Result<Option<CurrentDocument>, zopu_core::Error> {
+pub fn current_document(
+    store: &Store,
+    project_id: &str,
+    kind: &str,
+) -> Result<Option<CurrentDocument>, zopu_core::Error> {
     store.read(|conn| {
         conn.query_row(
             "SELECT document_id, revision, body FROM specialist_context WHERE project_id = ?1 AND kind = ?2",
@@ -153,7 +174,11 @@ pub fn current_document(store: &Store, project_id: &str, kind: &str) -> Result<O
 }
 
 /// The latest completed result of a flow type in a project: (flow run id, JSON).
-pub fn latest_result(store: &Store, project_id: &str, flow_type: pb::FlowType) -> Result<Option<(String, String)>, zopu_core::Error> {
+pub fn latest_result(
+    store: &Store,
+    project_id: &str,
+    flow_type: pb::FlowType,
+) -> Result<Option<(String, String)>, zopu_core::Error> {
     store.read(|conn| {
         conn.query_row(
             "SELECT flow_run_id, result_json FROM specialist_results WHERE project_id = ?1 AND flow_type = ?2 ORDER BY sequence DESC LIMIT 1",
@@ -165,9 +190,16 @@ pub fn latest_result(store: &Store, project_id: &str, flow_type: pb::FlowType) -
 }
 
 /// The last requested revision of an artifact and the flow run that requested it.
-pub fn artifact_revision(store: &Store, artifact_id: &str) -> Result<Option<(u32, String)>, zopu_core::Error> {
+pub fn artifact_revision(
+    store: &Store,
+    artifact_id: &str,
+) -> Result<Option<(u32, String)>, zopu_core::Error> {
     store.read(|conn| {
-        conn.query_row("SELECT revision, flow_run_id FROM specialist_artifacts WHERE artifact_id = ?1", [artifact_id], |row| Ok((row.get(0)?, row.get(1)?)))
-            .optional()
+        conn.query_row(
+            "SELECT revision, flow_run_id FROM specialist_artifacts WHERE artifact_id = ?1",
+            [artifact_id],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()
     })
 }

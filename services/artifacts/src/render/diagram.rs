@@ -88,7 +88,15 @@ pub fn svg(nodes: &[DiagramNode], edges: &[DiagramEdge], title: &str) -> String 
     );
     out.push_str(r#"<g class="edges">"#);
     for &(from, to, label) in &links {
-        edge(&mut out, origin[from], origin[to], row_of[from], row_of[to], content_width, label);
+        edge(
+            &mut out,
+            origin[from],
+            origin[to],
+            row_of[from],
+            row_of[to],
+            content_width,
+            label,
+        );
     }
     out.push_str("</g><g class=\"nodes\">");
     for (n, node) in nodes.iter().enumerate() {
@@ -193,7 +201,11 @@ fn edge(
         let (tx, ty) = (to.0 + BOX_WIDTH / 2, to.1 - 2);
         let bend = (ty - sy) / 2;
         (
-            format!("M{sx},{sy} C{sx},{} {tx},{} {tx},{ty}", sy + bend, ty - bend),
+            format!(
+                "M{sx},{sy} C{sx},{} {tx},{} {tx},{ty}",
+                sy + bend,
+                ty - bend
+            ),
             (tx, ty),
             (0.0, 1.0),
             ((sx + tx) / 2, (sy + ty) / 2),
@@ -207,7 +219,12 @@ fn edge(
         } else {
             (from.0, to.0 + BOX_WIDTH + 2, -1.0)
         };
-        (format!("M{sx},{sy} L{tx},{sy}"), (tx, sy), (dir, 0.0), ((sx + tx) / 2, sy - 8))
+        (
+            format!("M{sx},{sy} L{tx},{sy}"),
+            (tx, sy),
+            (dir, 0.0),
+            ((sx + tx) / 2, sy - 8),
+        )
     } else {
         // Upwards (a cycle) or skipping rows: out through the right-hand
         // lane and back in, so the curve does not cross the boxes between.
@@ -312,10 +329,16 @@ mod tests {
 
     #[test]
     fn labels_are_escaped_and_truncated() {
-        let nodes = [node("a", "<script>alert(1)</script> and a very long label indeed")];
+        let nodes = [node(
+            "a",
+            "<script>alert(1)</script> and a very long label indeed",
+        )];
         let svg = svg(&nodes, &[], "t\"itle");
         assert!(!svg.contains("<script"));
-        assert!(svg.contains(">&lt;script&gt;alert(1)&lt;/scrip…</text>"), "{svg}");
+        assert!(
+            svg.contains(">&lt;script&gt;alert(1)&lt;/scrip…</text>"),
+            "{svg}"
+        );
         assert!(svg.contains("aria-label=\"t&quot;itle\""));
     }
 

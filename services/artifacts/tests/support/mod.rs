@@ -142,10 +142,19 @@ pub fn project_setup() -> ArtifactManifest {
         ),
         ArtifactSection {
             facts: vec![
-                fact("Language", "Rust 2021 edition, toolchain 1.85 (`rust-toolchain.toml`)"),
+                fact(
+                    "Language",
+                    "Rust 2021 edition, toolchain 1.85 (`rust-toolchain.toml`)",
+                ),
                 fact("HTTP", "axum 0.8 on tokio"),
-                fact("Database", "PostgreSQL via sqlx 0.8, migrations in `migrations/`"),
-                fact("Object storage", "aws-sdk-s3 against any S3-compatible endpoint"),
+                fact(
+                    "Database",
+                    "PostgreSQL via sqlx 0.8, migrations in `migrations/`",
+                ),
+                fact(
+                    "Object storage",
+                    "aws-sdk-s3 against any S3-compatible endpoint",
+                ),
                 fact("CI", "GitHub Actions: fmt, clippy, test"),
             ],
             ..section("facts", "Detected stack")
@@ -207,10 +216,34 @@ pub fn project_setup() -> ArtifactManifest {
         ),
     ];
     m.evidence = vec![
-        evidence("Cargo.toml", 1, 12, "Workspace with four member crates.", "[workspace]\nmembers = [\"crates/*\"]"),
-        evidence("rust-toolchain.toml", 2, 2, "Pinned toolchain.", "channel = \"1.85\""),
-        evidence(".env.example", 1, 6, "Six variable names; values are placeholders.", ""),
-        evidence(".github/workflows/ci.yml", 18, 31, "CI runs fmt, clippy and tests.", "- run: cargo clippy --workspace -- -D warnings"),
+        evidence(
+            "Cargo.toml",
+            1,
+            12,
+            "Workspace with four member crates.",
+            "[workspace]\nmembers = [\"crates/*\"]",
+        ),
+        evidence(
+            "rust-toolchain.toml",
+            2,
+            2,
+            "Pinned toolchain.",
+            "channel = \"1.85\"",
+        ),
+        evidence(
+            ".env.example",
+            1,
+            6,
+            "Six variable names; values are placeholders.",
+            "",
+        ),
+        evidence(
+            ".github/workflows/ci.yml",
+            18,
+            31,
+            "CI runs fmt, clippy and tests.",
+            "- run: cargo clippy --workspace -- -D warnings",
+        ),
     ];
     m.generated_files = vec![".zopu/context/summary.md".into()];
     m
@@ -246,7 +279,11 @@ pub fn exploration(evidence_count: usize) -> ArtifactManifest {
             nodes: vec![
                 node("router", "Router", "server/src/routes.rs"),
                 node("auth", "AuthLayer", "server/src/auth/layer.rs"),
-                node("sessions", "SessionStore::lookup", "storage/src/sessions.rs"),
+                node(
+                    "sessions",
+                    "SessionStore::lookup",
+                    "storage/src/sessions.rs",
+                ),
                 node("pg", "sessions table", "PostgreSQL"),
                 node("handler", "Handler", "principal.require(scope)"),
             ],
@@ -322,7 +359,10 @@ pub fn issue() -> ArtifactManifest {
     m.work_id = work_id().to_string();
     m.card = Some(ArtifactCard {
         label: "Issue draft".into(),
-        facts: vec![fact("Severity", "High: data loss"), fact("Area", "harbor-server")],
+        facts: vec![
+            fact("Severity", "High: data loss"),
+            fact("Area", "harbor-server"),
+        ],
         actions: vec![
             action("publish-github", "Create GitHub issue", "primary"),
             action("revise", "Revise draft", "secondary"),
@@ -375,9 +415,27 @@ pub fn issue() -> ArtifactManifest {
         ),
     ];
     m.evidence = vec![
-        evidence("crates/harbor-server/src/routes/manifests.rs", 88, 97, "No scope check before `storage.delete_manifest`.", "let principal = req.principal()?;\nstorage.delete_manifest(&name, &reference).await?;"),
-        evidence("crates/harbor-server/src/routes/blobs.rs", 120, 131, "Same pattern in the blob delete handler.", ""),
-        evidence("crates/harbor-server/src/routes/uploads.rs", 41, 41, "Uploads already require push.", "principal.require(Scope::Push, &repository)?;"),
+        evidence(
+            "crates/harbor-server/src/routes/manifests.rs",
+            88,
+            97,
+            "No scope check before `storage.delete_manifest`.",
+            "let principal = req.principal()?;\nstorage.delete_manifest(&name, &reference).await?;",
+        ),
+        evidence(
+            "crates/harbor-server/src/routes/blobs.rs",
+            120,
+            131,
+            "Same pattern in the blob delete handler.",
+            "",
+        ),
+        evidence(
+            "crates/harbor-server/src/routes/uploads.rs",
+            41,
+            41,
+            "Uploads already require push.",
+            "principal.require(Scope::Push, &repository)?;",
+        ),
     ];
     m
 }
@@ -396,7 +454,10 @@ pub fn assert_snapshot(name: &str, actual: &str) {
         return;
     }
     let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
-        panic!("missing snapshot {}; run with UPDATE_SNAPSHOTS=1 to create it", path.display())
+        panic!(
+            "missing snapshot {}; run with UPDATE_SNAPSHOTS=1 to create it",
+            path.display()
+        )
     });
     if expected != actual {
         let line = expected

@@ -21,7 +21,9 @@ use crate::Context;
 #[derive(Debug, Subcommand)]
 pub enum ArtifactCommand {
     /// Write an artifact's HTML to a file or stdout (verified against its published digest)
-    #[command(after_help = "Examples:\n  zopu artifact get 0190... > page.html\n  zopu artifact get 0190... --revision 1 -o page.html")]
+    #[command(
+        after_help = "Examples:\n  zopu artifact get 0190... > page.html\n  zopu artifact get 0190... --revision 1 -o page.html"
+    )]
     Get(GetArgs),
     /// Save an artifact's HTML under the data directory and print its path
     #[command(after_help = "Example:\n  xdg-open \"$(zopu artifact open 0190...)\"")]
@@ -83,7 +85,11 @@ pub async fn run_open(ctx: &Context, args: OpenArgs) -> anyhow::Result<ExitCode>
 }
 
 /// Where the page went: its path (human) or one JSON object (`--json`).
-fn report(ctx: &Context, metadata: &ArtifactMetadata, path: &std::path::Path) -> anyhow::Result<()> {
+fn report(
+    ctx: &Context,
+    metadata: &ArtifactMetadata,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     if ctx.json {
         let line = serde_json::json!({
@@ -103,7 +109,10 @@ fn report(ctx: &Context, metadata: &ArtifactMetadata, path: &std::path::Path) ->
     } else {
         writeln!(stdout, "{}", path.display())?;
         if let Some(newer) = metadata.superseded_by {
-            eprintln!("note: revision {} was superseded by revision {newer}", metadata.revision);
+            eprintln!(
+                "note: revision {} was superseded by revision {newer}",
+                metadata.revision
+            );
         }
     }
     Ok(())

@@ -46,7 +46,10 @@ struct Figures {
 
 pub async fn run_bench(context: &Context, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let mut all = Vec::new();
-    for (sync, label) in [(SyncPolicy::ServerDefault, "default"), (SyncPolicy::Always, "always")] {
+    for (sync, label) in [
+        (SyncPolicy::ServerDefault, "default"),
+        (SyncPolicy::Always, "always"),
+    ] {
         let dir = tempfile::tempdir()?;
         let server = LocalServer::start(&dir.path().join("nats"), None, sync)?;
         let figures = measure(&server, &args, dir.path(), label).await?;
@@ -54,12 +57,18 @@ pub async fn run_bench(context: &Context, args: BenchArgs) -> anyhow::Result<Exi
             println!("{}", serde_json::to_string(&figures)?);
         } else {
             println!("sync_interval {label}: {} events", figures.events);
-            println!("  raw JetStream publish (pipelined)  {:>10.0} events/s", figures.raw_publish_per_s);
+            println!(
+                "  raw JetStream publish (pipelined)  {:>10.0} events/s",
+                figures.raw_publish_per_s
+            );
             println!(
                 "  zopu append (envelope, chain, OCC) {:>10.0} events/s  = {:.2}x raw (target >= 0.70)",
                 figures.append_per_s, figures.append_ratio
             );
-            println!("  raw ordered replay                 {:>10.0} events/s", figures.raw_replay_per_s);
+            println!(
+                "  raw ordered replay                 {:>10.0} events/s",
+                figures.raw_replay_per_s
+            );
             println!(
                 "  zopu projection rebuild (SQLite)   {:>10.0} events/s  = {:.2}x raw (target >= 0.30)",
                 figures.rebuild_per_s, figures.rebuild_ratio
@@ -71,11 +80,20 @@ pub async fn run_bench(context: &Context, args: BenchArgs) -> anyhow::Result<Exi
     Ok(ExitCode::SUCCESS)
 }
 
-async fn measure(server: &LocalServer, args: &BenchArgs, dir: &std::path::Path, label: &'static str) -> anyhow::Result<Figures> {
-    let bus = zopu_core::nats::connect(&server.url(), "zopu-bench", Duration::from_secs(10)).await?;
+async fn measure(
+    server: &LocalServer,
+    args: &BenchArgs,
+    dir: &std::path::Path,
+    label: &'static str,
+) -> anyhow::Result<Figures> {
+    let bus =
+        zopu_core::nats::connect(&server.url(), "zopu-bench", Duration::from_secs(10)).await?;
     zopu_core::streams::ensure(
         &bus,
-        &zopu_core::streams::StreamSettings { replicas: 1, duplicate_window: Duration::from_secs(120) },
+        &zopu_core::streams::StreamSettings {
+            replicas: 1,
+            duplicate_window: Duration::from_secs(120),
+        },
     )
     .await?;
     let body = Bytes::from(prost::Message::encode_to_vec(&pb::TimelineMessageSent {
@@ -99,7 +117,14 @@ async fn measure(server: &LocalServer, args: &BenchArgs, dir: &std::path::Path, 
     for i in 0..args.events {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", format!("raw-{i}").as_str());
-        let ack = bus.jetstream.publish_with_headers(format!("bench.raw.p{}", i % args.projects), headers, body.clone()).await?;
+        let ack = bus
+            .jetstream
+            .publish_with_headers(
+                format!("bench.raw.p{}", i % args.projects),
+                headers,
+                body.clone(),
+            )
+            .await?;
         pending.push(std::future::IntoFuture::into_future(ack));
         if pending.len() >= args.in_flight
             && let Some(ack) = pending.next().await
@@ -115,16 +140,27 @@ async fn measure(server: &LocalServer, args: &BenchArgs, dir: &std::path::Path, 
     // Runtime append path: envelope, headers, hash chain, per-project OCC.
     let publisher = Publisher::new(bus.clone(), "bench", None);
     let org: OrgId = "bench".parse()?;
-    let projects: Arc<Vec<ProjectId>> = Arc::new((0..args.projects).map(|_| ProjectId::new()).collect());
+    let projects: Arc<Vec<ProjectId>> =
+        Arc::new((0..args.projects).map(|_| ProjectId::new()).collect());
     let per_project = args.events / args.projects;
     let started = Instant::now();
     let mut writers = FuturesUnordered::new();
     for project in projects.iter().copied() {
         let (publisher, org) = (publisher.clone(), org.clone());
-        let payload = pb::TimelineMessageSent { timeline_id: "global".into(), text: "How does the event envelope work?".into(), ..Default::default() };
+        let payload = pb::TimelineMessageSent {
+            timeline_id: "global".into(),
+            text: "How does the event envelope work?".into(),
+            ..Default::default()
+        };
         writers.push(async move {
             for i in 0..per_project {
-                let event = NewEvent::root(org.clone(), project, &payload, format!("request:{project}:{i}"), None);
+                let event = NewEvent::root(
+                    org.clone(),
+                    project,
+                    &payload,
+                    format!("request:{project}:{i}"),
+                    None,
+                );
                 publisher.append(event).await?;
             }
             Ok::<_, zopu_core::Error>(())
@@ -138,7 +174,9 @@ async fn measure(server: &LocalServer, args: &BenchArgs, dir: &std::path::Path, 
 
     // Raw ordered replay of the same number of messages.
     let started = Instant::now();
-    let consumer = raw_stream.create_consumer(pull::OrderedConfig::default()).await?;
+    let consumer = raw_stream
+        .create_consumer(pull::OrderedConfig::default())
+        .await?;
     let mut messages = consumer.messages().await?;
     let mut seen = 0;
     while seen < args.events {

@@ -63,7 +63,10 @@ pub struct TimelineArgs {
 
 fn operator() -> pb::Actor {
     let id = std::env::var("USER").unwrap_or_else(|_| "cli".into());
-    pb::Actor { kind: pb::actor::Kind::User as i32, id }
+    pb::Actor {
+        kind: pb::actor::Kind::User as i32,
+        id,
+    }
 }
 
 fn print_line(ctx: &crate::Context, kind: &str, text: &str, extra: serde_json::Value) {
@@ -79,9 +82,20 @@ fn print_line(ctx: &crate::Context, kind: &str, text: &str, extra: serde_json::V
 }
 
 /// An ordered reader of one project's events from `start` (inclusive).
-async fn project_events(bus: &zopu_core::nats::Bus, org: &OrgId, project: &ProjectId, start: u64) -> Result<pull::Ordered> {
+async fn project_events(
+    bus: &zopu_core::nats::Bus,
+    org: &OrgId,
+    project: &ProjectId,
+    start: u64,
+) -> Result<pull::Ordered> {
     let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
-    let deliver_policy = if start <= 1 { DeliverPolicy::All } else { DeliverPolicy::ByStartSequence { start_sequence: start } };
+    let deliver_policy = if start <= 1 {
+        DeliverPolicy::All
+    } else {
+        DeliverPolicy::ByStartSequence {
+            start_sequence: start,
+        }
+    };
     let consumer = stream
         .create_consumer(pull::OrderedConfig {
             filter_subjects: vec![subjects::project_events(org, project)],
@@ -96,18 +110,47 @@ pub async fn run_send(ctx: &crate::Context, args: SendArgs) -> Result<ExitCode> 
     let bus = ctx.connect().await?;
     let publisher = Publisher::new(bus.clone(), "cli", None);
     let request = EventId::new().to_string();
-    let sent = zopu_conversation::send_message(&publisher, &args.org, &args.project, &args.message, operator(), &request).await?;
-    print_line(ctx, "sent", &format!("sent {}", sent.event_id), serde_json::json!({"event_id": sent.event_id.to_string()}));
+    let sent = zopu_conversation::send_message(
+        &publisher,
+        &args.org,
+        &args.project,
+        &args.message,
+        operator(),
+        &request,
+    )
+    .await?;
+    print_line(
+        ctx,
+        "sent",
+        &format!("sent {}", sent.event_id),
+        serde_json::json!({"event_id": sent.event_id.to_string()}),
+    );
     let mut events = project_events(&bus, &args.org, &args.project, sent.sequence).await?;
     let waiting = async {
         while let Some(message) = events.next().await {
             let message = message?;
-            let Ok(event) = zopu_core::publish::decode_message(&message.message) else { continue };
+            let Ok(event) = zopu_core::publish::decode_message(&message.message) else {
+                continue;
+            };
             match zopu_conversation::reply_to(&event, &sent.event_id) {
-                Some(Reply::Line(text)) => print_line(ctx, "agent", &format!("agent: {text}"), serde_json::json!({"event_id": event.id.to_string()})),
+                Some(Reply::Line(text)) => print_line(
+                    ctx,
+                    "agent",
+                    &format!("agent: {text}"),
+                    serde_json::json!({"event_id": event.id.to_string()}),
+                ),
                 Some(Reply::Final { text, artifact_ids }) => {
-                    let suffix = if artifact_ids.is_empty() { String::new() } else { format!(" [artifacts: {}]", artifact_ids.join(", ")) };
-                    print_line(ctx, "final", &format!("agent: {text}{suffix}"), serde_json::json!({"artifact_ids": artifact_ids}));
+                    let suffix = if artifact_ids.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" [artifacts: {}]", artifact_ids.join(", "))
+                    };
+                    print_line(
+                        ctx,
+                        "final",
+                        &format!("agent: {text}{suffix}"),
+                        serde_json::json!({"artifact_ids": artifact_ids}),
+                    );
                     return Ok(ExitCode::SUCCESS);
                 }
                 Some(Reply::Done(outcome)) => {
@@ -120,7 +163,12 @@ pub async fn run_send(ctx: &crate::Context, args: SendArgs) -> Result<ExitCode> 
                     return Ok(ExitCode::SUCCESS);
                 }
                 Some(Reply::Failed { code, message }) => {
-                    print_line(ctx, "failed", &format!("failed ({code}): {message}"), serde_json::json!({"code": code}));
+                    print_line(
+                        ctx,
+                        "failed",
+                        &format!("failed ({code}): {message}"),
+                        serde_json::json!({"code": code}),
+                    );
                     return Ok(ExitCode::FAILURE);
                 }
                 None => {}
@@ -131,7 +179,15 @@ pub async fn run_send(ctx: &crate::Context, args: SendArgs) -> Result<ExitCode> 
     match tokio::time::timeout(Duration::from_secs(args.timeout), waiting).await {
         Ok(outcome) => outcome,
         Err(_) => {
-            print_line(ctx, "timeout", &format!("no final message within {}s (the message is stored; see `zopu timeline`)", args.timeout), serde_json::json!({}));
+            print_line(
+                ctx,
+                "timeout",
+                &format!(
+                    "no final message within {}s (the message is stored; see `zopu timeline`)",
+                    args.timeout
+                ),
+                serde_json::json!({}),
+            );
             Ok(ExitCode::from(2))
         }
     }
@@ -141,12 +197,29 @@ pub async fn run_agent(ctx: &crate::Context, args: AgentArgs) -> Result<ExitCode
     let bus = ctx.connect().await?;
     let publisher = Publisher::new(bus, "cli", None);
     let (kind, appended) = match args.action {
-        AgentAction::Disable(switch) => {
-            ("disabled", zopu_conversation::disable_agent(&publisher, &switch.org, &switch.project, &switch.reason, operator()).await?)
-        }
-        AgentAction::Enable(switch) => ("enabled", zopu_conversation::enable_agent(&publisher, &switch.org, &switch.project, operator()).await?),
+        AgentAction::Disable(switch) => (
+            "disabled",
+            zopu_conversation::disable_agent(
+                &publisher,
+                &switch.org,
+                &switch.project,
+                &switch.reason,
+                operator(),
+            )
+            .await?,
+        ),
+        AgentAction::Enable(switch) => (
+            "enabled",
+            zopu_conversation::enable_agent(&publisher, &switch.org, &switch.project, operator())
+                .await?,
+        ),
     };
-    print_line(ctx, kind, &format!("agent {kind} ({})", appended.event_id), serde_json::json!({"event_id": appended.event_id.to_string()}));
+    print_line(
+        ctx,
+        kind,
+        &format!("agent {kind} ({})", appended.event_id),
+        serde_json::json!({"event_id": appended.event_id.to_string()}),
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -171,7 +244,12 @@ pub async fn run_timeline(ctx: &crate::Context, args: TimelineArgs) -> Result<Ex
             && let Some(line) = zopu_conversation::timeline_line(&event)
         {
             let time = zopu_schema::envelope::format_time(event.time);
-            print_line(ctx, &event.event_type, &format!("{} {line}", &time[..19]), serde_json::json!({"event_id": event.id.to_string(), "type": event.event_type}));
+            print_line(
+                ctx,
+                &event.event_type,
+                &format!("{} {line}", &time[..19]),
+                serde_json::json!({"event_id": event.id.to_string(), "type": event.event_type}),
+            );
         }
         if !args.follow && (pending == 0 || sequence >= last) {
             break;

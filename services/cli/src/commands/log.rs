@@ -38,7 +38,9 @@ pub struct ReplayArgs {
 #[derive(Debug, Subcommand)]
 pub enum AuditCommand {
     /// Check every project's version sequence and hash chain over the whole stream
-    #[command(after_help = "Exit code 0: clean. 1: findings (gaps, forks, tampering, undecodable messages).")]
+    #[command(
+        after_help = "Exit code 0: clean. 1: findings (gaps, forks, tampering, undecodable messages)."
+    )]
     Verify {
         /// Only this project
         #[arg(long)]
@@ -93,10 +95,18 @@ fn print_event(context: &Context, sequence: u64, envelope: &Envelope) {
     }
 }
 
-async fn ordered(bus: &zopu_core::nats::Bus, filter: String, deliver_policy: DeliverPolicy) -> anyhow::Result<pull::Ordered> {
+async fn ordered(
+    bus: &zopu_core::nats::Bus,
+    filter: String,
+    deliver_policy: DeliverPolicy,
+) -> anyhow::Result<pull::Ordered> {
     let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
     let consumer = stream
-        .create_consumer(pull::OrderedConfig { filter_subjects: vec![filter], deliver_policy, ..Default::default() })
+        .create_consumer(pull::OrderedConfig {
+            filter_subjects: vec![filter],
+            deliver_policy,
+            ..Default::default()
+        })
         .await?;
     Ok(consumer.messages().await?)
 }
@@ -109,14 +119,21 @@ pub async fn run_tail(context: &Context, args: TailArgs) -> anyhow::Result<ExitC
         (None, Some(project)) => project,
         (None, None) => subjects::all_events(),
     };
-    let policy = if args.from_start { DeliverPolicy::All } else { DeliverPolicy::New };
+    let policy = if args.from_start {
+        DeliverPolicy::All
+    } else {
+        DeliverPolicy::New
+    };
     let mut messages = ordered(&bus, filter, policy).await?;
     while let Some(message) = messages.next().await {
         let message = message?;
         let sequence = message.info().map(|info| info.stream_sequence).unwrap_or(0);
         match zopu_core::publish::decode_message(&message.message) {
             Ok(envelope) => print_event(context, sequence, &envelope),
-            Err(error) => eprintln!("#{sequence} {}: not a valid event: {error}", message.subject),
+            Err(error) => eprintln!(
+                "#{sequence} {}: not a valid event: {error}",
+                message.subject
+            ),
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -124,7 +141,8 @@ pub async fn run_tail(context: &Context, args: TailArgs) -> anyhow::Result<ExitC
 
 pub async fn run_replay(context: &Context, args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let bus = context.connect().await?;
-    let filter = scope_filter(Some(args.project), args.org.as_ref()).unwrap_or_else(subjects::all_events);
+    let filter =
+        scope_filter(Some(args.project), args.org.as_ref()).unwrap_or_else(subjects::all_events);
     let last = zopu_core::publish::last_sequence(&bus).await?;
     if last == 0 {
         return Ok(ExitCode::SUCCESS);
@@ -132,13 +150,19 @@ pub async fn run_replay(context: &Context, args: ReplayArgs) -> anyhow::Result<E
     let mut messages = ordered(&bus, filter, DeliverPolicy::All).await?;
     let mut count = 0u64;
     loop {
-        let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(2), messages.next()).await else { break };
+        let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(2), messages.next()).await
+        else {
+            break;
+        };
         let message = message?;
         let info = message.info().map_err(|error| anyhow::anyhow!("{error}"))?;
         let (sequence, pending) = (info.stream_sequence, info.pending);
         match zopu_core::publish::decode_message(&message.message) {
             Ok(envelope) => print_event(context, sequence, &envelope),
-            Err(error) => eprintln!("#{sequence} {}: not a valid event: {error}", message.subject),
+            Err(error) => eprintln!(
+                "#{sequence} {}: not a valid event: {error}",
+                message.subject
+            ),
         }
         count += 1;
         if pending == 0 {
@@ -146,7 +170,10 @@ pub async fn run_replay(context: &Context, args: ReplayArgs) -> anyhow::Result<E
         }
     }
     if count == 0 {
-        anyhow::bail!("project {} has no events (check the id, and --org if given)", args.project);
+        anyhow::bail!(
+            "project {} has no events (check the id, and --org if given)",
+            args.project
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -163,24 +190,55 @@ pub async fn run_audit(context: &Context, command: AuditCommand) -> anyhow::Resu
             report.events,
             report.projects,
             report.last_sequence,
-            if report.is_clean() { "clean".to_owned() } else { format!("{} finding(s)", report.findings.len()) }
+            if report.is_clean() {
+                "clean".to_owned()
+            } else {
+                format!("{} finding(s)", report.findings.len())
+            }
         );
         for finding in &report.findings {
             match finding {
-                zopu_core::audit::Finding::Gap { project, sequence, expected, found } => {
-                    println!("  gap       #{sequence} {project}: expected version {expected}, found {found}")
+                zopu_core::audit::Finding::Gap {
+                    project,
+                    sequence,
+                    expected,
+                    found,
+                } => {
+                    println!(
+                        "  gap       #{sequence} {project}: expected version {expected}, found {found}"
+                    )
                 }
-                zopu_core::audit::Finding::Fork { project, sequence, version, first_sequence } => {
-                    println!("  fork      #{sequence} {project}: version {version} already used at #{first_sequence}")
+                zopu_core::audit::Finding::Fork {
+                    project,
+                    sequence,
+                    version,
+                    first_sequence,
+                } => {
+                    println!(
+                        "  fork      #{sequence} {project}: version {version} already used at #{first_sequence}"
+                    )
                 }
-                zopu_core::audit::Finding::Tampered { project, sequence, version, previous_sequence } => println!(
+                zopu_core::audit::Finding::Tampered {
+                    project,
+                    sequence,
+                    version,
+                    previous_sequence,
+                } => println!(
                     "  tampered  #{sequence} {project}: version {version} does not chain to #{previous_sequence}"
                 ),
-                zopu_core::audit::Finding::Undecodable { sequence, subject, reason } => {
+                zopu_core::audit::Finding::Undecodable {
+                    sequence,
+                    subject,
+                    reason,
+                } => {
                     println!("  invalid   #{sequence} {subject}: {reason}")
                 }
             }
         }
     }
-    Ok(if report.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if report.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

@@ -8,3 +8,4 @@ pub mod log;
 pub mod project;
 pub mod services;
 pub mod streams;
+pub mod token;

@@ -11,7 +11,9 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use zopu_core::Publisher;
 use zopu_schema::{EventId, OrgId, ProjectId};
-use zopu_setup::client::{DEFAULT_BRANCH, SetupRequest, StatusWatch, read_setup_status, request_setup};
+use zopu_setup::client::{
+    DEFAULT_BRANCH, SetupRequest, StatusWatch, read_setup_status, request_setup,
+};
 use zopu_setup::{SetupPhase, SetupStatus};
 
 use crate::Context;
@@ -24,7 +26,9 @@ const EXIT_TIMEOUT: u8 = 2;
 #[derive(Debug, Subcommand)]
 pub enum ProjectCommand {
     /// Create a project from a repository and follow its setup
-    #[command(after_help = "Examples:\n  zopu project create --repo https://github.com/acme/shop.git --branch main\n  zopu project create --repo /path/to/repo   (local paths need sandbox.allow_local_repositories)")]
+    #[command(
+        after_help = "Examples:\n  zopu project create --repo https://github.com/acme/shop.git --branch main\n  zopu project create --repo /path/to/repo   (local paths need sandbox.allow_local_repositories)"
+    )]
     Create(CreateArgs),
     /// Show a project's setup status
     Status(StatusArgs),
@@ -107,8 +111,16 @@ fn repository_location(input: &str) -> String {
 }
 
 fn project_name(repository: &str) -> String {
-    let last = repository.trim_end_matches('/').rsplit(['/', '\\']).next().unwrap_or_default();
-    last.strip_suffix(".git").unwrap_or(last).chars().take(100).collect()
+    let last = repository
+        .trim_end_matches('/')
+        .rsplit(['/', '\\'])
+        .next()
+        .unwrap_or_default();
+    last.strip_suffix(".git")
+        .unwrap_or(last)
+        .chars()
+        .take(100)
+        .collect()
 }
 
 fn allow_local_repositories(ctx: &Context) -> bool {
@@ -118,8 +130,15 @@ fn allow_local_repositories(ctx: &Context) -> bool {
 pub async fn run_create(ctx: &Context, args: CreateArgs) -> anyhow::Result<ExitCode> {
     let repository = repository_location(&args.repo);
     let project = ProjectId::new();
-    let mut request = SetupRequest::new(args.org.clone(), project, &repository, &args.branch, 1, &EventId::new().to_string())
-        .allow_local_repositories(allow_local_repositories(ctx));
+    let mut request = SetupRequest::new(
+        args.org.clone(),
+        project,
+        &repository,
+        &args.branch,
+        1,
+        &EventId::new().to_string(),
+    )
+    .allow_local_repositories(allow_local_repositories(ctx));
     request.project_name = args.name.unwrap_or_else(|| project_name(&repository));
     // Validate before connecting, so bad input fails fast and offline.
     zopu_setup::client::validate(&request)?;
@@ -128,7 +147,10 @@ pub async fn run_create(ctx: &Context, args: CreateArgs) -> anyhow::Result<ExitC
     let watch = StatusWatch::start(&bus, &args.org, &project).await?;
     let event_id = request_setup(&publisher, &request).await?;
     if ctx.json {
-        println!("{}", serde_json::json!({ "project": project.to_string(), "org": args.org.to_string(), "revision": 1, "event_id": event_id.to_string() }));
+        println!(
+            "{}",
+            serde_json::json!({ "project": project.to_string(), "org": args.org.to_string(), "revision": 1, "event_id": event_id.to_string() })
+        );
     } else {
         println!("{project}");
     }
@@ -138,7 +160,11 @@ pub async fn run_create(ctx: &Context, args: CreateArgs) -> anyhow::Result<ExitC
 pub async fn run_status(ctx: &Context, args: StatusArgs) -> anyhow::Result<ExitCode> {
     let bus = ctx.connect().await?;
     let Some(status) = read_setup_status(&bus, &args.org, &args.project).await? else {
-        anyhow::bail!("project {} has no setup in organization {}", args.project, args.org);
+        anyhow::bail!(
+            "project {} has no setup in organization {}",
+            args.project,
+            args.org
+        );
     };
     if ctx.json {
         println!("{}", status_json(&args.project, &status));
@@ -151,17 +177,31 @@ pub async fn run_status(ctx: &Context, args: StatusArgs) -> anyhow::Result<ExitC
 pub async fn run_retry(ctx: &Context, args: RetryArgs) -> anyhow::Result<ExitCode> {
     let bus = ctx.connect().await?;
     let Some(last) = read_setup_status(&bus, &args.org, &args.project).await? else {
-        anyhow::bail!("project {} has no setup to retry in organization {}", args.project, args.org);
+        anyhow::bail!(
+            "project {} has no setup to retry in organization {}",
+            args.project,
+            args.org
+        );
     };
     let revision = last.revision + 1;
     let branch = args.branch.unwrap_or(last.branch);
-    let request = SetupRequest::new(args.org.clone(), args.project, &last.repository_url, &branch, revision, &EventId::new().to_string())
-        .allow_local_repositories(allow_local_repositories(ctx));
+    let request = SetupRequest::new(
+        args.org.clone(),
+        args.project,
+        &last.repository_url,
+        &branch,
+        revision,
+        &EventId::new().to_string(),
+    )
+    .allow_local_repositories(allow_local_repositories(ctx));
     let publisher = Publisher::new(bus.clone(), "cli", None);
     let watch = StatusWatch::start(&bus, &args.org, &args.project).await?;
     let event_id = request_setup(&publisher, &request).await?;
     if ctx.json {
-        println!("{}", serde_json::json!({ "project": args.project.to_string(), "revision": revision, "event_id": event_id.to_string() }));
+        println!(
+            "{}",
+            serde_json::json!({ "project": args.project.to_string(), "revision": revision, "event_id": event_id.to_string() })
+        );
     } else {
         println!("{} (setup revision {revision})", args.project);
     }
@@ -169,7 +209,13 @@ pub async fn run_retry(ctx: &Context, args: RetryArgs) -> anyhow::Result<ExitCod
 }
 
 /// Prints each phase of `revision` as it is reached, until ready or failed.
-async fn follow(ctx: &Context, mut watch: StatusWatch, project: ProjectId, revision: u32, options: &Follow) -> anyhow::Result<ExitCode> {
+async fn follow(
+    ctx: &Context,
+    mut watch: StatusWatch,
+    project: ProjectId,
+    revision: u32,
+    options: &Follow,
+) -> anyhow::Result<ExitCode> {
     if options.no_wait {
         return Ok(ExitCode::SUCCESS);
     }
@@ -178,7 +224,10 @@ async fn follow(ctx: &Context, mut watch: StatusWatch, project: ProjectId, revis
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let Some(status) = watch.next(left).await? else {
-            eprintln!("setup is still running after {}s; follow it with `zopu project status {project}`", options.timeout);
+            eprintln!(
+                "setup is still running after {}s; follow it with `zopu project status {project}`",
+                options.timeout
+            );
             return Ok(ExitCode::from(EXIT_TIMEOUT));
         };
         if status.revision != revision || shown == Some(status.phase) {
@@ -210,8 +259,15 @@ async fn follow(ctx: &Context, mut watch: StatusWatch, project: ProjectId, revis
 
 fn print_status(project: &ProjectId, status: &SetupStatus) {
     println!("project     {project}");
-    println!("setup       {} (revision {})", status.phase.label(), status.revision);
-    println!("repository  {} (branch {})", status.repository_url, status.branch);
+    println!(
+        "setup       {} (revision {})",
+        status.phase.label(),
+        status.revision
+    );
+    println!(
+        "repository  {} (branch {})",
+        status.repository_url, status.branch
+    );
     if let Some(commit) = &status.repository_commit {
         println!("commit      {commit}");
     }
@@ -219,10 +275,16 @@ fn print_status(project: &ProjectId, status: &SetupStatus) {
         println!("agent       {agent}");
     }
     if !status.environment_variable_names.is_empty() {
-        println!("optional configuration (.env.example): {}", status.environment_variable_names.join(", "));
+        println!(
+            "optional configuration (.env.example): {}",
+            status.environment_variable_names.join(", ")
+        );
     }
     if let Some(reason) = &status.reason {
-        eprintln!("setup failed at {}: {} [{}]", reason.step, reason.message, reason.code);
+        eprintln!(
+            "setup failed at {}: {} [{}]",
+            reason.step, reason.message, reason.code
+        );
         if reason.retryable {
             eprintln!("retry with: zopu project retry {project}");
         }

@@ -25,8 +25,14 @@ pub enum Service {
 }
 
 impl Service {
-    pub const ALL: [Service; 6] =
-        [Service::Setup, Service::Dispatch, Service::Conversation, Service::Specialists, Service::Artifacts, Service::Gateway];
+    pub const ALL: [Service; 6] = [
+        Service::Setup,
+        Service::Dispatch,
+        Service::Conversation,
+        Service::Specialists,
+        Service::Artifacts,
+        Service::Gateway,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -41,14 +47,18 @@ impl Service {
 }
 
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  zopu run dispatch --nats nats://nats-1:4222\n  ZOPU_DATA_DIR=/var/lib/zopu zopu run setup")]
+#[command(
+    after_help = "Examples:\n  zopu run dispatch --nats nats://nats-1:4222\n  ZOPU_DATA_DIR=/var/lib/zopu zopu run setup"
+)]
 pub struct RunArgs {
     /// The service to run
     service: Service,
 }
 
 #[derive(Debug, Args)]
-#[command(after_help = "Example:\n  zopu dev --port 8080\n\nState lives in .zopu-local/ (nats data, projections, workspaces); `make clean-state` deletes it.")]
+#[command(
+    after_help = "Example:\n  zopu dev --port 8080\n\nState lives in .zopu-local/ (nats data, projections, workspaces); `make clean-state` deletes it."
+)]
 pub struct DevArgs {
     /// Port of the web timeline and HTTP API
     #[arg(long, default_value_t = 8080)]
@@ -64,14 +74,24 @@ pub struct DevArgs {
     no_demo: bool,
 }
 
-async fn run_service(service: Service, config: &ZopuConfig, shutdown: Shutdown) -> anyhow::Result<()> {
+async fn run_service(
+    service: Service,
+    config: &ZopuConfig,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
     let core = config.core();
     match service {
         Service::Setup => zopu_setup::run(core, config.setup.clone(), shutdown).await?,
         Service::Dispatch => zopu_dispatch::run(core, config.dispatch.clone(), shutdown).await?,
-        Service::Conversation => zopu_conversation::run(core, config.conversation.clone(), shutdown).await?,
-        Service::Specialists => zopu_specialists::run(core, config.specialists.clone(), shutdown).await?,
-        Service::Artifacts => zopu_artifacts::service::run(core, config.artifacts.clone(), shutdown).await?,
+        Service::Conversation => {
+            zopu_conversation::run(core, config.conversation.clone(), shutdown).await?
+        }
+        Service::Specialists => {
+            zopu_specialists::run(core, config.specialists.clone(), shutdown).await?
+        }
+        Service::Artifacts => {
+            zopu_artifacts::service::run(core, config.artifacts.clone(), shutdown).await?
+        }
         Service::Gateway => zopu_gateway::run(core, config.gateway.clone(), shutdown).await?,
     }
     Ok(())
@@ -98,7 +118,11 @@ fn local_state() -> PathBuf {
 pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
     let state = local_state();
     let started = std::time::Instant::now();
-    let nats_port = if port_free(args.nats_port) { Some(args.nats_port) } else { None };
+    let nats_port = if port_free(args.nats_port) {
+        Some(args.nats_port)
+    } else {
+        None
+    };
     let mut server = LocalServer::start(&state.join("nats"), nats_port, SyncPolicy::Always)?;
     let mut config = context.config.clone();
     config.nats_url = server.url();
@@ -123,9 +147,14 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
     }
 
     let org: OrgId = "demo".parse()?;
-    let token = zopu_gateway::issue_token(&config.data_dir.join("gateway-tokens.sqlite"), &org, "dev")?;
+    let token =
+        zopu_gateway::issue_token(&zopu_gateway::tokens_path(&config.data_dir), &org, "dev")?;
     let url = format!("http://127.0.0.1:{}/", args.port);
-    let project = if args.no_demo { None } else { Some(ensure_demo_project(&config, &org, args.demo_repo.as_deref(), &state).await?) };
+    let project = if args.no_demo {
+        None
+    } else {
+        Some(ensure_demo_project(&config, &org, args.demo_repo.as_deref(), &state).await?)
+    };
     if context.json {
         println!(
             "{}",
@@ -136,9 +165,14 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
         println!("  web timeline  {url}");
         println!("  token         {token}");
         if let Some(project) = project {
-            println!("  demo project  {project}   (setup and onboarding run now; watch them in the web timeline)");
+            println!(
+                "  demo project  {project}   (setup and onboarding run now; watch them in the web timeline)"
+            );
         }
-        println!("  nats          {}   (try: zopu --nats {} tail)", config.nats_url, config.nats_url);
+        println!(
+            "  nats          {}   (try: zopu --nats {} tail)",
+            config.nats_url, config.nats_url
+        );
         println!("Press Ctrl-C to stop.");
     }
     shutdown.cancelled().await;
@@ -155,7 +189,12 @@ fn port_free(port: u16) -> bool {
 }
 
 /// Creates the demo project once; later runs reuse it.
-async fn ensure_demo_project(config: &ZopuConfig, org: &OrgId, repo: Option<&Path>, state: &Path) -> anyhow::Result<ProjectId> {
+async fn ensure_demo_project(
+    config: &ZopuConfig,
+    org: &OrgId,
+    repo: Option<&Path>,
+    state: &Path,
+) -> anyhow::Result<ProjectId> {
     let marker = state.join("demo-project");
     if let Ok(text) = std::fs::read_to_string(&marker)
         && let Ok(project) = text.trim().parse::<ProjectId>()
@@ -169,14 +208,25 @@ async fn ensure_demo_project(config: &ZopuConfig, org: &OrgId, repo: Option<&Pat
     let repo = std::fs::canonicalize(&repo)?;
     let branch = git_branch(&repo)?;
     let core: CoreConfig = config.core();
-    let bus = zopu_core::nats::connect(&core.nats_url, "zopu-dev", std::time::Duration::from_secs(10)).await?;
+    let bus = zopu_core::nats::connect(
+        &core.nats_url,
+        "zopu-dev",
+        std::time::Duration::from_secs(10),
+    )
+    .await?;
     zopu_core::streams::ensure(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
     let publisher = zopu_core::Publisher::new(bus, "gateway", None);
     let project = ProjectId::new();
     let request_id = zopu_schema::EventId::new().to_string();
-    let mut request =
-        zopu_setup::client::SetupRequest::new(org.clone(), project, &repo.display().to_string(), &branch, 1, &request_id)
-            .allow_local_repositories(true);
+    let mut request = zopu_setup::client::SetupRequest::new(
+        org.clone(),
+        project,
+        &repo.display().to_string(),
+        &branch,
+        1,
+        &request_id,
+    )
+    .allow_local_repositories(true);
     request.project_name = "demo".to_owned();
     zopu_setup::client::request_setup(&publisher, &request).await?;
     std::fs::write(&marker, project.to_string())?;
@@ -184,13 +234,28 @@ async fn ensure_demo_project(config: &ZopuConfig, org: &OrgId, repo: Option<&Pat
 }
 
 fn git_toplevel() -> anyhow::Result<PathBuf> {
-    let output = std::process::Command::new("git").args(["rev-parse", "--show-toplevel"]).output()?;
-    anyhow::ensure!(output.status.success(), "not inside a git repository: pass --demo-repo PATH or --no-demo");
-    Ok(PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()))
+    let output = std::process::Command::new("git")
+        .args(["rev-parse", "--show-toplevel"])
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "not inside a git repository: pass --demo-repo PATH or --no-demo"
+    );
+    Ok(PathBuf::from(
+        String::from_utf8_lossy(&output.stdout).trim(),
+    ))
 }
 
 fn git_branch(repo: &Path) -> anyhow::Result<String> {
-    let output = std::process::Command::new("git").arg("-C").arg(repo).args(["rev-parse", "--abbrev-ref", "HEAD"]).output()?;
-    anyhow::ensure!(output.status.success(), "cannot read the current branch of {}", repo.display());
+    let output = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(["rev-parse", "--abbrev-ref", "HEAD"])
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "cannot read the current branch of {}",
+        repo.display()
+    );
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }

@@ -19,17 +19,29 @@ pub async fn run(context: &Context, command: StreamsCommand) -> anyhow::Result<E
     let core = context.config.core();
     match command {
         StreamsCommand::Apply => {
-            zopu_core::streams::ensure(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
+            zopu_core::streams::ensure(&bus, &zopu_core::streams::StreamSettings::from(&core))
+                .await?;
             if context.json {
-                println!("{}", serde_json::json!({"applied": [zopu_schema::subjects::EVENTS_STREAM, zopu_schema::subjects::ARTIFACTS_BUCKET]}));
+                println!(
+                    "{}",
+                    serde_json::json!({"applied": [zopu_schema::subjects::EVENTS_STREAM, zopu_schema::subjects::ARTIFACTS_BUCKET]})
+                );
             } else {
-                println!("applied {} and the {} bucket", zopu_schema::subjects::EVENTS_STREAM, zopu_schema::subjects::ARTIFACTS_BUCKET);
+                println!(
+                    "applied {} and the {} bucket",
+                    zopu_schema::subjects::EVENTS_STREAM,
+                    zopu_schema::subjects::ARTIFACTS_BUCKET
+                );
             }
         }
         StreamsCommand::Show => {
-            let mut stream = bus.jetstream.get_stream(zopu_schema::subjects::EVENTS_STREAM).await.map_err(|error| {
-                anyhow::anyhow!("{error}\nhint: `zopu streams apply` creates it")
-            })?;
+            let mut stream = bus
+                .jetstream
+                .get_stream(zopu_schema::subjects::EVENTS_STREAM)
+                .await
+                .map_err(|error| {
+                    anyhow::anyhow!("{error}\nhint: `zopu streams apply` creates it")
+                })?;
             let info = stream.info().await?;
             let state = &info.state;
             if context.json {
@@ -42,8 +54,13 @@ pub async fn run(context: &Context, command: StreamsCommand) -> anyhow::Result<E
             } else {
                 println!(
                     "{}: {} events, {} bytes, sequences {}..{}, {} consumers, {} replica(s)",
-                    info.config.name, state.messages, state.bytes, state.first_sequence, state.last_sequence,
-                    state.consumer_count, info.config.num_replicas
+                    info.config.name,
+                    state.messages,
+                    state.bytes,
+                    state.first_sequence,
+                    state.last_sequence,
+                    state.consumer_count,
+                    info.config.num_replicas
                 );
             }
         }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Error, ToolOutput};
-use crate::confine::{Confinement, ConfinedCommand, find_program};
+use crate::confine::{ConfinedCommand, Confinement, find_program};
 use crate::policy::{RelPath, SandboxLimits, WorkspaceRoot};
 
 /// Most arguments accepted.
@@ -86,7 +86,9 @@ impl GitSubcommand {
     /// Flags git gets before the caller's options.
     fn hardening(self) -> &'static [&'static str] {
         match self {
-            Self::Log | Self::Show | Self::Diff => &["--no-ext-diff", "--no-textconv", "--no-color"],
+            Self::Log | Self::Show | Self::Diff => {
+                &["--no-ext-diff", "--no-textconv", "--no-color"]
+            }
             Self::Grep => &["--no-textconv", "--no-color"],
             Self::Blame => &["--no-textconv"],
             Self::LsFiles => &[],
@@ -96,23 +98,66 @@ impl GitSubcommand {
     /// `(option, takes a value)`.
     fn options(self) -> Vec<(&'static str, bool)> {
         const DIFF: &[(&str, bool)] = &[
-            ("--stat", false), ("--shortstat", false), ("--numstat", false), ("--name-only", false),
-            ("--name-status", false), ("--summary", false), ("-p", false), ("--patch", false),
-            ("-s", false), ("--no-patch", false), ("-U", true), ("--unified", true), ("-w", false),
-            ("--ignore-all-space", false), ("-b", false), ("--ignore-space-change", false),
-            ("--word-diff", false), ("-M", false), ("--find-renames", false), ("--diff-filter", true),
-            ("-R", false), ("--raw", false), ("--full-index", false),
+            ("--stat", false),
+            ("--shortstat", false),
+            ("--numstat", false),
+            ("--name-only", false),
+            ("--name-status", false),
+            ("--summary", false),
+            ("-p", false),
+            ("--patch", false),
+            ("-s", false),
+            ("--no-patch", false),
+            ("-U", true),
+            ("--unified", true),
+            ("-w", false),
+            ("--ignore-all-space", false),
+            ("-b", false),
+            ("--ignore-space-change", false),
+            ("--word-diff", false),
+            ("-M", false),
+            ("--find-renames", false),
+            ("--diff-filter", true),
+            ("-R", false),
+            ("--raw", false),
+            ("--full-index", false),
         ];
         const LOG: &[(&str, bool)] = &[
-            ("--oneline", false), ("--format", true), ("--pretty", true), ("-n", true),
-            ("--max-count", true), ("--skip", true), ("--since", true), ("--until", true),
-            ("--after", true), ("--before", true), ("--author", true), ("--committer", true),
-            ("--grep", true), ("-i", false), ("--regexp-ignore-case", false), ("--all-match", false),
-            ("--invert-grep", false), ("-S", true), ("-G", true), ("--no-merges", false),
-            ("--merges", false), ("--first-parent", false), ("--reverse", false), ("--graph", false),
-            ("--decorate", false), ("--no-decorate", false), ("--date", true), ("--follow", false),
-            ("--abbrev-commit", false), ("--no-abbrev-commit", false), ("--topo-order", false),
-            ("--date-order", false), ("--all", false), ("--branches", false), ("--tags", false),
+            ("--oneline", false),
+            ("--format", true),
+            ("--pretty", true),
+            ("-n", true),
+            ("--max-count", true),
+            ("--skip", true),
+            ("--since", true),
+            ("--until", true),
+            ("--after", true),
+            ("--before", true),
+            ("--author", true),
+            ("--committer", true),
+            ("--grep", true),
+            ("-i", false),
+            ("--regexp-ignore-case", false),
+            ("--all-match", false),
+            ("--invert-grep", false),
+            ("-S", true),
+            ("-G", true),
+            ("--no-merges", false),
+            ("--merges", false),
+            ("--first-parent", false),
+            ("--reverse", false),
+            ("--graph", false),
+            ("--decorate", false),
+            ("--no-decorate", false),
+            ("--date", true),
+            ("--follow", false),
+            ("--abbrev-commit", false),
+            ("--no-abbrev-commit", false),
+            ("--topo-order", false),
+            ("--date-order", false),
+            ("--all", false),
+            ("--branches", false),
+            ("--tags", false),
         ];
         let mut options: Vec<(&'static str, bool)> = Vec::new();
         match self {
@@ -122,32 +167,93 @@ impl GitSubcommand {
             }
             Self::Diff => {
                 options.extend_from_slice(DIFF);
-                options.extend_from_slice(&[("--cached", false), ("--staged", false), ("--merge-base", false)]);
+                options.extend_from_slice(&[
+                    ("--cached", false),
+                    ("--staged", false),
+                    ("--merge-base", false),
+                ]);
             }
             Self::LsFiles => options.extend_from_slice(&[
-                ("--cached", false), ("-c", false), ("--deleted", false), ("-d", false),
-                ("--modified", false), ("-m", false), ("--others", false), ("-o", false),
-                ("--stage", false), ("-s", false), ("--exclude-standard", false), ("--directory", false),
-                ("--full-name", false), ("--eol", false), ("--deduplicate", false),
-                ("--error-unmatch", false), ("-t", false), ("-z", false),
+                ("--cached", false),
+                ("-c", false),
+                ("--deleted", false),
+                ("-d", false),
+                ("--modified", false),
+                ("-m", false),
+                ("--others", false),
+                ("-o", false),
+                ("--stage", false),
+                ("-s", false),
+                ("--exclude-standard", false),
+                ("--directory", false),
+                ("--full-name", false),
+                ("--eol", false),
+                ("--deduplicate", false),
+                ("--error-unmatch", false),
+                ("-t", false),
+                ("-z", false),
             ]),
             Self::Grep => options.extend_from_slice(&[
-                ("-n", false), ("--line-number", false), ("-i", false), ("--ignore-case", false),
-                ("-w", false), ("--word-regexp", false), ("-v", false), ("--invert-match", false),
-                ("-l", false), ("--files-with-matches", false), ("-L", false),
-                ("--files-without-match", false), ("-c", false), ("--count", false), ("-E", false),
-                ("--extended-regexp", false), ("-F", false), ("--fixed-strings", false), ("-G", false),
-                ("--basic-regexp", false), ("-P", false), ("--perl-regexp", false), ("-e", true),
-                ("--and", false), ("--or", false), ("--not", false), ("-A", true), ("-B", true),
-                ("-C", true), ("-m", true), ("--max-count", true), ("--cached", false), ("-h", false),
-                ("-H", false), ("--full-name", false), ("--heading", false), ("--break", false),
-                ("-I", false), ("--max-depth", true), ("--column", false), ("-o", false),
-                ("--only-matching", false), ("-q", false), ("--quiet", false),
+                ("-n", false),
+                ("--line-number", false),
+                ("-i", false),
+                ("--ignore-case", false),
+                ("-w", false),
+                ("--word-regexp", false),
+                ("-v", false),
+                ("--invert-match", false),
+                ("-l", false),
+                ("--files-with-matches", false),
+                ("-L", false),
+                ("--files-without-match", false),
+                ("-c", false),
+                ("--count", false),
+                ("-E", false),
+                ("--extended-regexp", false),
+                ("-F", false),
+                ("--fixed-strings", false),
+                ("-G", false),
+                ("--basic-regexp", false),
+                ("-P", false),
+                ("--perl-regexp", false),
+                ("-e", true),
+                ("--and", false),
+                ("--or", false),
+                ("--not", false),
+                ("-A", true),
+                ("-B", true),
+                ("-C", true),
+                ("-m", true),
+                ("--max-count", true),
+                ("--cached", false),
+                ("-h", false),
+                ("-H", false),
+                ("--full-name", false),
+                ("--heading", false),
+                ("--break", false),
+                ("-I", false),
+                ("--max-depth", true),
+                ("--column", false),
+                ("-o", false),
+                ("--only-matching", false),
+                ("-q", false),
+                ("--quiet", false),
             ]),
             Self::Blame => options.extend_from_slice(&[
-                ("-L", true), ("-w", false), ("-M", false), ("-C", false), ("--porcelain", false),
-                ("--line-porcelain", false), ("-s", false), ("-e", false), ("--show-email", false),
-                ("-l", false), ("-t", false), ("--root", false), ("--date", true), ("-p", false),
+                ("-L", true),
+                ("-w", false),
+                ("-M", false),
+                ("-C", false),
+                ("--porcelain", false),
+                ("--line-porcelain", false),
+                ("-s", false),
+                ("-e", false),
+                ("--show-email", false),
+                ("-l", false),
+                ("-t", false),
+                ("--root", false),
+                ("--date", true),
+                ("-p", false),
             ]),
         }
         options
@@ -198,7 +304,9 @@ fn denied(msg: impl Into<String>) -> Error {
 
 fn check_text(arg: &str) -> Result<(), Error> {
     if arg.len() > MAX_ARG_BYTES {
-        return Err(denied(format!("argument longer than {MAX_ARG_BYTES} bytes")));
+        return Err(denied(format!(
+            "argument longer than {MAX_ARG_BYTES} bytes"
+        )));
     }
     if arg.chars().any(char::is_control) {
         return Err(denied("argument contains control characters"));
@@ -208,7 +316,9 @@ fn check_text(arg: &str) -> Result<(), Error> {
 
 fn is_revision(arg: &str) -> bool {
     let mut chars = arg.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || "_./~^@{}:+-".contains(c))
         && !arg.contains("@{-")
 }
@@ -217,16 +327,28 @@ fn is_revision(arg: &str) -> bool {
 pub(crate) fn validate(argv: &[String], limits: &SandboxLimits) -> Result<GitArgs, Error> {
     let (program, rest) = argv.split_first().ok_or_else(|| denied("empty command"))?;
     if program != "git" {
-        return Err(denied(format!("program {program:?} is not allowed (only git)")));
+        return Err(denied(format!(
+            "program {program:?} is not allowed (only git)"
+        )));
     }
-    let (sub, args) = rest.split_first().ok_or_else(|| denied("git needs a subcommand"))?;
-    let subcommand = GitSubcommand::parse(sub)
-        .ok_or_else(|| denied(format!("git {sub:?} is not allowed (log, show, diff, ls-files, grep, blame)")))?;
+    let (sub, args) = rest
+        .split_first()
+        .ok_or_else(|| denied("git needs a subcommand"))?;
+    let subcommand = GitSubcommand::parse(sub).ok_or_else(|| {
+        denied(format!(
+            "git {sub:?} is not allowed (log, show, diff, ls-files, grep, blame)"
+        ))
+    })?;
     if args.len() > MAX_ARGS {
         return Err(denied(format!("more than {MAX_ARGS} arguments")));
     }
     let table = subcommand.options();
-    let mut out = GitArgs { subcommand, options: Vec::new(), revisions: Vec::new(), paths: Vec::new() };
+    let mut out = GitArgs {
+        subcommand,
+        options: Vec::new(),
+        revisions: Vec::new(),
+        paths: Vec::new(),
+    };
     let mut positionals = Vec::new();
     let mut iter = args.iter();
     let mut after_separator = false;
@@ -243,14 +365,19 @@ pub(crate) fn validate(argv: &[String], limits: &SandboxLimits) -> Result<GitArg
                 None => (arg.clone(), None),
             };
             let Some(&(_, takes_value)) = table.iter().find(|(o, _)| *o == name) else {
-                return Err(denied(format!("option {name} is not allowed for git {}", subcommand.name())));
+                return Err(denied(format!(
+                    "option {name} is not allowed for git {}",
+                    subcommand.name()
+                )));
             };
             match (takes_value, value) {
                 (false, None) => out.options.push(name),
                 (false, Some(_)) => return Err(denied(format!("option {name} takes no value"))),
                 (true, Some(value)) => out.options.push(format!("{name}={value}")),
                 (true, None) => {
-                    let value = iter.next().ok_or_else(|| denied(format!("option {name} needs a value")))?;
+                    let value = iter
+                        .next()
+                        .ok_or_else(|| denied(format!("option {name} needs a value")))?;
                     check_text(value)?;
                     out.options.push(format!("{name}={value}"));
                 }
@@ -261,13 +388,18 @@ pub(crate) fn validate(argv: &[String], limits: &SandboxLimits) -> Result<GitArg
             }
             let name = &arg[..2];
             let Some(&(_, takes_value)) = table.iter().find(|(o, _)| *o == name) else {
-                return Err(denied(format!("option {name} is not allowed for git {}", subcommand.name())));
+                return Err(denied(format!(
+                    "option {name} is not allowed for git {}",
+                    subcommand.name()
+                )));
             };
             if takes_value {
                 let value = if arg.len() > 2 {
                     arg[2..].to_owned()
                 } else {
-                    let value = iter.next().ok_or_else(|| denied(format!("option {name} needs a value")))?;
+                    let value = iter
+                        .next()
+                        .ok_or_else(|| denied(format!("option {name} needs a value")))?;
                     check_text(value)?;
                     value.clone()
                 };
@@ -275,7 +407,9 @@ pub(crate) fn validate(argv: &[String], limits: &SandboxLimits) -> Result<GitArg
                 out.options.push(name.to_owned());
                 out.options.push(value);
             } else if arg.len() > 2 {
-                return Err(denied(format!("combined short options {arg:?} are not allowed; pass them separately")));
+                return Err(denied(format!(
+                    "combined short options {arg:?} are not allowed; pass them separately"
+                )));
             } else {
                 out.options.push(name.to_owned());
             }
@@ -285,7 +419,9 @@ pub(crate) fn validate(argv: &[String], limits: &SandboxLimits) -> Result<GitArg
     }
     let mut positionals = positionals.into_iter();
     if subcommand == GitSubcommand::Grep && !have_pattern {
-        let pattern = positionals.next().ok_or_else(|| denied("git grep needs a pattern"))?;
+        let pattern = positionals
+            .next()
+            .ok_or_else(|| denied("git grep needs a pattern"))?;
         out.options.push("-e".to_owned());
         out.options.push(pattern);
     }
@@ -301,7 +437,9 @@ pub(crate) fn validate(argv: &[String], limits: &SandboxLimits) -> Result<GitArg
     }
     for rev in positionals {
         if !is_revision(&rev) {
-            return Err(denied(format!("{rev:?} is not a revision; put paths after `--`")));
+            return Err(denied(format!(
+                "{rev:?} is not a revision; put paths after `--`"
+            )));
         }
         out.revisions.push(rev);
     }
@@ -352,7 +490,10 @@ fn git_env(root: &WorkspaceRoot) -> Vec<(String, String)> {
         ("GIT_NO_REPLACE_OBJECTS", "1".to_owned()),
         ("GIT_PAGER", "cat".to_owned()),
         ("PAGER", "cat".to_owned()),
-        ("GIT_CEILING_DIRECTORIES", root.root().to_string_lossy().into_owned()),
+        (
+            "GIT_CEILING_DIRECTORIES",
+            root.root().to_string_lossy().into_owned(),
+        ),
         ("GIT_DIR", format!("{repo}/.git")),
         ("GIT_WORK_TREE", repo),
     ]
@@ -370,9 +511,12 @@ pub(crate) fn exec_safe(
     let args = validate(&input.argv, limits)?;
     let git_dir = root.repo().join(".git");
     if !std::fs::symlink_metadata(&git_dir).is_ok_and(|m| m.file_type().is_dir()) {
-        return Err(denied("repo/.git is not a real directory (a gitfile or symlink is refused)"));
+        return Err(denied(
+            "repo/.git is not a real directory (a gitfile or symlink is refused)",
+        ));
     }
-    let git = find_program("git").ok_or_else(|| Error::InvalidInput("git is not installed".to_owned()))?;
+    let git = find_program("git")
+        .ok_or_else(|| Error::InvalidInput("git is not installed".to_owned()))?;
     let command = ConfinedCommand {
         program: git,
         args: git_argv(&args),
@@ -398,7 +542,12 @@ pub(crate) fn exec_safe(
         stderr_truncated,
         timed_out: output.timed_out,
         duration_ms: u64::try_from(output.duration.as_millis()).unwrap_or(u64::MAX),
-        layers: confinement.report().active_layers().into_iter().map(str::to_owned).collect(),
+        layers: confinement
+            .report()
+            .active_layers()
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
     })
 }
 
@@ -407,7 +556,10 @@ mod tests {
     use super::*;
 
     fn v(args: &[&str]) -> Result<GitArgs, Error> {
-        validate(&args.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>(), &SandboxLimits::default())
+        validate(
+            &args.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>(),
+            &SandboxLimits::default(),
+        )
     }
 
     #[test]
@@ -439,7 +591,10 @@ mod tests {
             &["git", "log", "-é"],
             &["git", "log", "-"],
         ] {
-            assert!(matches!(v(bad), Err(Error::NotAllowed(_) | Error::Policy(_))), "{bad:?} was accepted");
+            assert!(
+                matches!(v(bad), Err(Error::NotAllowed(_) | Error::Policy(_))),
+                "{bad:?} was accepted"
+            );
         }
     }
 }

@@ -9,7 +9,10 @@ use ignore::WalkBuilder;
 use serde::{Deserialize, Serialize};
 
 use super::{Error, ToolOutput};
-use crate::policy::{Area, Expect, PolicyError, RelPath, SandboxLimits, WorkspaceRoot, is_suspicious_name, open_beneath};
+use crate::policy::{
+    Area, Expect, PolicyError, RelPath, SandboxLimits, WorkspaceRoot, is_suspicious_name,
+    open_beneath,
+};
 
 /// Most top-level entries `describe` returns.
 const DESCRIBE_TOP_LEVEL_MAX: usize = 200;
@@ -61,14 +64,22 @@ pub(crate) fn walker(dir: &Path, max_depth: usize) -> WalkBuilder {
 
 /// Opens the directory `path` of the repository (validated, no symlinks) and
 /// returns its absolute path for the walker.
-pub(crate) fn repo_dir(root: &WorkspaceRoot, limits: &SandboxLimits, path: &str) -> Result<(RelPath, std::path::PathBuf), Error> {
+pub(crate) fn repo_dir(
+    root: &WorkspaceRoot,
+    limits: &SandboxLimits,
+    path: &str,
+) -> Result<(RelPath, std::path::PathBuf), Error> {
     let rel = RelPath::parse(path, limits)?;
     if rel.is_in_git_dir() {
         return Err(PolicyError::GitDirectory(rel.as_string()).into());
     }
     let repo = root.open_repo_dir()?;
     open_beneath(&repo, &rel, Expect::Directory)?;
-    let dir = if rel.is_base() { root.repo().to_path_buf() } else { root.repo().join(rel.to_path_buf()) };
+    let dir = if rel.is_base() {
+        root.repo().to_path_buf()
+    } else {
+        root.repo().join(rel.to_path_buf())
+    };
     Ok((rel, dir))
 }
 
@@ -146,7 +157,11 @@ fn language_of(extension: &str) -> Option<&'static str> {
     })
 }
 
-pub(crate) fn describe(root: &WorkspaceRoot, limits: &SandboxLimits, _input: &DescribeInput) -> Result<DescribeOutput, Error> {
+pub(crate) fn describe(
+    root: &WorkspaceRoot,
+    limits: &SandboxLimits,
+    _input: &DescribeInput,
+) -> Result<DescribeOutput, Error> {
     let (_, dir) = repo_dir(root, limits, "")?;
     let mut truncated = false;
     let mut top_level = Vec::new();
@@ -182,7 +197,12 @@ pub(crate) fn describe(root: &WorkspaceRoot, limits: &SandboxLimits, _input: &De
         match EntryKind::of(entry.file_type()) {
             EntryKind::File => {
                 files += 1;
-                if let Some(lang) = entry.path().extension().and_then(|e| e.to_str()).and_then(language_of) {
+                if let Some(lang) = entry
+                    .path()
+                    .extension()
+                    .and_then(|e| e.to_str())
+                    .and_then(language_of)
+                {
                     *languages.entry(lang).or_default() += 1;
                 }
             }
@@ -191,11 +211,27 @@ pub(crate) fn describe(root: &WorkspaceRoot, limits: &SandboxLimits, _input: &De
             EntryKind::Other => {}
         }
     }
-    let mut languages: Vec<LanguageCount> =
-        languages.into_iter().map(|(language, files)| LanguageCount { language: language.to_owned(), files }).collect();
-    languages.sort_by(|a, b| b.files.cmp(&a.files).then_with(|| a.language.cmp(&b.language)));
+    let mut languages: Vec<LanguageCount> = languages
+        .into_iter()
+        .map(|(language, files)| LanguageCount {
+            language: language.to_owned(),
+            files,
+        })
+        .collect();
+    languages.sort_by(|a, b| {
+        b.files
+            .cmp(&a.files)
+            .then_with(|| a.language.cmp(&b.language))
+    });
     languages.truncate(DESCRIBE_LANGUAGES_MAX);
-    Ok(DescribeOutput { top_level, files, directories, symlinks, languages, truncated })
+    Ok(DescribeOutput {
+        top_level,
+        files,
+        directories,
+        symlinks,
+        languages,
+        truncated,
+    })
 }
 
 /// Input of `list_files`.
@@ -244,11 +280,26 @@ impl ToolOutput for ListFilesOutput {
     }
 }
 
-pub(crate) fn list_files(root: &WorkspaceRoot, limits: &SandboxLimits, input: &ListFilesInput) -> Result<ListFilesOutput, Error> {
+pub(crate) fn list_files(
+    root: &WorkspaceRoot,
+    limits: &SandboxLimits,
+    input: &ListFilesInput,
+) -> Result<ListFilesOutput, Error> {
     let (_, dir) = repo_dir(root, limits, &input.path)?;
-    let max_depth = input.max_depth.unwrap_or(limits.max_depth).clamp(1, limits.max_depth);
-    let max_entries = input.max_entries.unwrap_or(limits.max_list_entries).clamp(1, limits.max_list_entries);
-    let mut out = ListFilesOutput { entries: Vec::new(), truncated: false, depth_limited: false, errors: 0 };
+    let max_depth = input
+        .max_depth
+        .unwrap_or(limits.max_depth)
+        .clamp(1, limits.max_depth);
+    let max_entries = input
+        .max_entries
+        .unwrap_or(limits.max_list_entries)
+        .clamp(1, limits.max_list_entries);
+    let mut out = ListFilesOutput {
+        entries: Vec::new(),
+        truncated: false,
+        depth_limited: false,
+        errors: 0,
+    };
     let mut budget = limits.max_response_bytes;
     let mut builder = walker(&dir, max_depth);
     builder.sort_by_file_name(|a, b| a.cmp(b));
@@ -272,8 +323,16 @@ pub(crate) fn list_files(root: &WorkspaceRoot, limits: &SandboxLimits, input: &L
             break;
         }
         // `metadata()` is lstat here: the walker never follows links.
-        let (size_bytes, nlink) = entry.metadata().map(|m| (m.len(), std::os::unix::fs::MetadataExt::nlink(&m))).unwrap_or((0, 1));
-        let path = entry.path().strip_prefix(root.repo()).unwrap_or(entry.path()).to_string_lossy().into_owned();
+        let (size_bytes, nlink) = entry
+            .metadata()
+            .map(|m| (m.len(), std::os::unix::fs::MetadataExt::nlink(&m)))
+            .unwrap_or((0, 1));
+        let path = entry
+            .path()
+            .strip_prefix(root.repo())
+            .unwrap_or(entry.path())
+            .to_string_lossy()
+            .into_owned();
         let cost = path.len() + 64;
         if cost > budget {
             out.truncated = true;
@@ -332,7 +391,11 @@ impl ToolOutput for ReadFileOutput {
     }
 }
 
-pub(crate) fn read_file(root: &WorkspaceRoot, limits: &SandboxLimits, input: &ReadFileInput) -> Result<ReadFileOutput, Error> {
+pub(crate) fn read_file(
+    root: &WorkspaceRoot,
+    limits: &SandboxLimits,
+    input: &ReadFileInput,
+) -> Result<ReadFileOutput, Error> {
     let rel = RelPath::parse(&input.path, limits)?;
     if input.area == Area::Repo && rel.is_in_git_dir() {
         return Err(PolicyError::GitDirectory(rel.as_string()).into());
@@ -340,7 +403,9 @@ pub(crate) fn read_file(root: &WorkspaceRoot, limits: &SandboxLimits, input: &Re
     let start_line = input.start_line.unwrap_or(1);
     let end_line = input.end_line.unwrap_or(u64::MAX);
     if start_line == 0 || end_line < start_line {
-        return Err(Error::InvalidInput(format!("bad line range {start_line}..={end_line} (lines are 1-based)")));
+        return Err(Error::InvalidInput(format!(
+            "bad line range {start_line}..={end_line} (lines are 1-based)"
+        )));
     }
     let base = root.open_area(input.area)?;
     let opened = open_beneath(&base, &rel, Expect::File)?;
@@ -365,7 +430,9 @@ pub(crate) fn read_file(root: &WorkspaceRoot, limits: &SandboxLimits, input: &Re
             out.truncated = true;
             break;
         }
-        let want = usize::try_from(limits.max_file_bytes - total).unwrap_or(CHUNK).min(CHUNK);
+        let want = usize::try_from(limits.max_file_bytes - total)
+            .unwrap_or(CHUNK)
+            .min(CHUNK);
         let n = file.read(&mut buf[..want])?;
         if n == 0 {
             break;

@@ -24,8 +24,8 @@ use sha2::{Digest, Sha256};
 
 pub use exec::{ExecSafeInput, ExecSafeOutput, GitSubcommand};
 pub use files::{
-    DescribeInput, DescribeOutput, EntryKind, LanguageCount, ListFilesInput, ListFilesOutput, ListedEntry,
-    ReadFileInput, ReadFileOutput, TopLevelEntry,
+    DescribeInput, DescribeOutput, EntryKind, LanguageCount, ListFilesInput, ListFilesOutput,
+    ListedEntry, ReadFileInput, ReadFileOutput, TopLevelEntry,
 };
 pub use record::{ToolCallRecord, ToolOutcome, ToolRecorder};
 pub use search::{SearchInput, SearchMatch, SearchOutput};
@@ -63,7 +63,10 @@ impl Error {
         match self {
             Self::Policy(PolicyError::Io { .. } | PolicyError::NotFound(_)) => false,
             Self::Policy(_) | Self::NotAllowed(_) => true,
-            Self::Confinement(e) => matches!(e, ConfineError::Unconfined | ConfineError::ProgramNotAbsolute(_)),
+            Self::Confinement(e) => matches!(
+                e,
+                ConfineError::Unconfined | ConfineError::ProgramNotAbsolute(_)
+            ),
             Self::InvalidInput(_) | Self::Limits(_) | Self::Io(_) => false,
         }
     }
@@ -102,7 +105,12 @@ impl Sandbox {
     pub fn new(root: WorkspaceRoot, limits: SandboxLimits) -> Result<Self, Error> {
         limits.validate()?;
         let confinement = Confinement::probe(&limits);
-        Ok(Self { root, limits, confinement, recorder: ToolRecorder::default() })
+        Ok(Self {
+            root,
+            limits,
+            confinement,
+            recorder: ToolRecorder::default(),
+        })
     }
 
     pub fn root(&self) -> &WorkspaceRoot {
@@ -130,32 +138,47 @@ impl Sandbox {
 
     /// Top-level layout, file counts and languages by extension.
     pub fn describe(&self, input: &DescribeInput) -> Result<DescribeOutput, Error> {
-        self.recorded("describe", input, || files::describe(&self.root, &self.limits, input))
+        self.recorded("describe", input, || {
+            files::describe(&self.root, &self.limits, input)
+        })
     }
 
     /// Lists files (gitignore-aware, never following symlinks).
     pub fn list_files(&self, input: &ListFilesInput) -> Result<ListFilesOutput, Error> {
-        self.recorded("list_files", input, || files::list_files(&self.root, &self.limits, input))
+        self.recorded("list_files", input, || {
+            files::list_files(&self.root, &self.limits, input)
+        })
     }
 
     /// Reads a line range of one regular file.
     pub fn read_file(&self, input: &ReadFileInput) -> Result<ReadFileOutput, Error> {
-        self.recorded("read_file", input, || files::read_file(&self.root, &self.limits, input))
+        self.recorded("read_file", input, || {
+            files::read_file(&self.root, &self.limits, input)
+        })
     }
 
     /// Searches the repository with a regex or a literal.
     pub fn search(&self, input: &SearchInput) -> Result<SearchOutput, Error> {
-        self.recorded("search", input, || search::search(&self.root, &self.limits, input))
+        self.recorded("search", input, || {
+            search::search(&self.root, &self.limits, input)
+        })
     }
 
     /// Runs one allowlisted read-only command, confined.
     pub fn exec_safe(&self, input: &ExecSafeInput) -> Result<ExecSafeOutput, Error> {
-        self.recorded("exec_safe", input, || exec::exec_safe(&self.root, &self.limits, &self.confinement, input))
+        self.recorded("exec_safe", input, || {
+            exec::exec_safe(&self.root, &self.limits, &self.confinement, input)
+        })
     }
 
     /// Creates a new file under `.zopu/`.
-    pub fn write_generated_file(&self, input: &WriteGeneratedFileInput) -> Result<WriteGeneratedFileOutput, Error> {
-        self.recorded("write_generated_file", input, || write::write_generated_file(&self.root, &self.limits, input))
+    pub fn write_generated_file(
+        &self,
+        input: &WriteGeneratedFileInput,
+    ) -> Result<WriteGeneratedFileOutput, Error> {
+        self.recorded("write_generated_file", input, || {
+            write::write_generated_file(&self.root, &self.limits, input)
+        })
     }
 
     fn recorded<I: Serialize, O: ToolOutput>(
@@ -167,15 +190,35 @@ impl Sandbox {
         let start = Instant::now();
         let result = call();
         let duration_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let arguments_json = serde_json::to_string(input).unwrap_or_else(|e| format!("{{\"unserializable\":\"{e}\"}}"));
+        let arguments_json = serde_json::to_string(input)
+            .unwrap_or_else(|e| format!("{{\"unserializable\":\"{e}\"}}"));
         let (outcome, detail, output_sha256, output_bytes) = match &result {
             Ok(output) => {
                 let json = serde_json::to_vec(output).unwrap_or_default();
-                let outcome = if output.truncated() { ToolOutcome::Truncated } else { ToolOutcome::Allowed };
-                (outcome, None, Some(hex::encode(Sha256::digest(&json))), json.len() as u64)
+                let outcome = if output.truncated() {
+                    ToolOutcome::Truncated
+                } else {
+                    ToolOutcome::Allowed
+                };
+                (
+                    outcome,
+                    None,
+                    Some(hex::encode(Sha256::digest(&json))),
+                    json.len() as u64,
+                )
             }
-            Err(e) if e.is_denial() => (ToolOutcome::Denied, Some(format!("{}: {e}", e.code())), None, 0),
-            Err(e) => (ToolOutcome::Failed, Some(format!("{}: {e}", e.code())), None, 0),
+            Err(e) if e.is_denial() => (
+                ToolOutcome::Denied,
+                Some(format!("{}: {e}", e.code())),
+                None,
+                0,
+            ),
+            Err(e) => (
+                ToolOutcome::Failed,
+                Some(format!("{}: {e}", e.code())),
+                None,
+                0,
+            ),
         };
         tracing::debug!(tool, ?outcome, duration_ms, "sandbox tool call");
         self.recorder.push(ToolCallRecord {

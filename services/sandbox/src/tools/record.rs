@@ -52,7 +52,9 @@ impl ToolRecorder {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A poisoned lock only means another call panicked mid-push; the
         // records themselves are still consistent.
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(crate) fn push(&self, record: ToolCallRecord) {

@@ -111,8 +111,14 @@ impl Sink for Collector<'_> {
         while cut > 0 && cut < bytes.len() && (bytes[cut] & 0xC0) == 0x80 {
             cut -= 1;
         }
-        let line = String::from_utf8_lossy(&bytes[..cut]).trim_end_matches(['\n', '\r']).to_owned();
-        self.local.push(SearchMatch { path: self.path.to_owned(), line_number: m.line_number().unwrap_or(0), line });
+        let line = String::from_utf8_lossy(&bytes[..cut])
+            .trim_end_matches(['\n', '\r'])
+            .to_owned();
+        self.local.push(SearchMatch {
+            path: self.path.to_owned(),
+            line_number: m.line_number().unwrap_or(0),
+            line,
+        });
         Ok(true)
     }
 
@@ -122,9 +128,18 @@ impl Sink for Collector<'_> {
     }
 }
 
-pub(crate) fn search(root: &WorkspaceRoot, limits: &SandboxLimits, input: &SearchInput) -> Result<SearchOutput, Error> {
-    if input.pattern.is_empty() || input.pattern.len() > MAX_PATTERN_BYTES || input.pattern.contains('\0') {
-        return Err(Error::InvalidInput(format!("pattern must be 1..={MAX_PATTERN_BYTES} bytes without NUL")));
+pub(crate) fn search(
+    root: &WorkspaceRoot,
+    limits: &SandboxLimits,
+    input: &SearchInput,
+) -> Result<SearchOutput, Error> {
+    if input.pattern.is_empty()
+        || input.pattern.len() > MAX_PATTERN_BYTES
+        || input.pattern.contains('\0')
+    {
+        return Err(Error::InvalidInput(format!(
+            "pattern must be 1..={MAX_PATTERN_BYTES} bytes without NUL"
+        )));
     }
     let (_, dir) = repo_dir(root, limits, &input.path)?;
     let matcher = RegexMatcherBuilder::new()
@@ -141,10 +156,16 @@ pub(crate) fn search(root: &WorkspaceRoot, limits: &SandboxLimits, input: &Searc
         .memory_map(MmapChoice::never())
         .heap_limit(Some(HEAP_LIMIT))
         .build();
-    let max_matches = input.max_matches.unwrap_or(limits.max_matches).clamp(1, limits.max_matches);
+    let max_matches = input
+        .max_matches
+        .unwrap_or(limits.max_matches)
+        .clamp(1, limits.max_matches);
     let repo_fd = root.open_repo_dir()?;
     let shared = Shared::default();
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(MAX_THREADS);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(MAX_THREADS);
     let mut builder = walker(&dir, limits.max_depth);
     builder.threads(threads);
 
@@ -157,7 +178,9 @@ pub(crate) fn search(root: &WorkspaceRoot, limits: &SandboxLimits, input: &Searc
             if shared.truncated.load(Ordering::Relaxed) {
                 return WalkState::Quit;
             }
-            let Ok(entry) = entry else { return WalkState::Continue };
+            let Ok(entry) = entry else {
+                return WalkState::Continue;
+            };
             if !entry.file_type().is_some_and(|t| t.is_file()) {
                 return WalkState::Continue;
             }
@@ -184,7 +207,14 @@ pub(crate) fn search(root: &WorkspaceRoot, limits: &SandboxLimits, input: &Searc
             }
             let file = File::from(opened.fd);
             let path = rel.as_string();
-            let mut sink = Collector { path: &path, shared, max_matches, local: Vec::new(), binary: false, stopped: false };
+            let mut sink = Collector {
+                path: &path,
+                shared,
+                max_matches,
+                local: Vec::new(),
+                binary: false,
+                stopped: false,
+            };
             shared.searched.fetch_add(1, Ordering::Relaxed);
             if searcher.search_file(&matcher, &file, &mut sink).is_err() {
                 shared.large.fetch_add(1, Ordering::Relaxed);
@@ -203,7 +233,10 @@ pub(crate) fn search(root: &WorkspaceRoot, limits: &SandboxLimits, input: &Searc
         })
     });
 
-    let mut matches = shared.matches.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut matches = shared
+        .matches
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     matches.sort_by(|a, b| a.path.cmp(&b.path).then(a.line_number.cmp(&b.line_number)));
     Ok(SearchOutput {
         matches,
@@ -229,8 +262,16 @@ fn has_nul(file: &File, max_bytes: u64) -> bool {
     false
 }
 
-fn commit(shared: &Shared, local: Vec<SearchMatch>, max_matches: usize, max_bytes: usize) -> WalkState {
-    let mut all = shared.matches.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+fn commit(
+    shared: &Shared,
+    local: Vec<SearchMatch>,
+    max_matches: usize,
+    max_bytes: usize,
+) -> WalkState {
+    let mut all = shared
+        .matches
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     for m in local {
         let cost = m.path.len() + m.line.len() + 32;
         if all.len() >= max_matches || shared.bytes.load(Ordering::Relaxed) + cost > max_bytes {

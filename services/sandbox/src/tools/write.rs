@@ -63,19 +63,40 @@ pub(crate) fn write_generated_file(
         let shown = dirs[..=i].join("/");
         match rustix::fs::mkdirat(&dir, component.as_str(), Mode::RWXU) {
             Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(PolicyError::Io { path: shown, source: e.into() }.into()),
+            Err(e) => {
+                return Err(PolicyError::Io {
+                    path: shown,
+                    source: e.into(),
+                }
+                .into());
+            }
         }
-        dir = rustix::fs::openat(&dir, component.as_str(), dir_flags, Mode::empty()).map_err(|e| match e {
-            Errno::LOOP | Errno::NOTDIR => PolicyError::Symlink(shown.clone()),
-            e => PolicyError::Io { path: shown.clone(), source: e.into() },
-        })?;
+        dir = rustix::fs::openat(&dir, component.as_str(), dir_flags, Mode::empty()).map_err(
+            |e| match e {
+                Errno::LOOP | Errno::NOTDIR => PolicyError::Symlink(shown.clone()),
+                e => PolicyError::Io {
+                    path: shown.clone(),
+                    source: e.into(),
+                },
+            },
+        )?;
     }
-    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
-    let fd = rustix::fs::openat(&dir, name.as_str(), flags, Mode::from_raw_mode(0o644)).map_err(|e| match e {
-        Errno::EXIST => PolicyError::AlreadyExists(rel.as_string()),
-        Errno::LOOP => PolicyError::Symlink(rel.as_string()),
-        e => PolicyError::Io { path: rel.as_string(), source: e.into() },
-    })?;
+    let flags = OFlags::WRONLY
+        | OFlags::CREATE
+        | OFlags::EXCL
+        | OFlags::NOFOLLOW
+        | OFlags::CLOEXEC
+        | OFlags::NONBLOCK;
+    let fd = rustix::fs::openat(&dir, name.as_str(), flags, Mode::from_raw_mode(0o644)).map_err(
+        |e| match e {
+            Errno::EXIST => PolicyError::AlreadyExists(rel.as_string()),
+            Errno::LOOP => PolicyError::Symlink(rel.as_string()),
+            e => PolicyError::Io {
+                path: rel.as_string(),
+                source: e.into(),
+            },
+        },
+    )?;
     let mut file = File::from(fd);
     file.write_all(input.content.as_bytes())?;
     file.sync_all()?;
