@@ -2,6 +2,7 @@
 //! nats-server (see `zopu_tests::NatsServer`).
 
 mod artifacts;
+mod browser;
 mod conversation;
 mod foundation;
 mod gateway;

@@ -135,50 +135,49 @@ async fn pump<P: Projection>(
     stop_at: Option<u64>,
     shutdown: &Shutdown,
 ) -> Result<(), Error> {
-    let (batches, mut received) = tokio::sync::mpsc::channel::<Decoded>(2);
+    // Decoded events flow one by one; the writer takes everything that
+    // accumulated while it wrote the previous batch, so batches grow with load.
+    let (events, mut received) =
+        tokio::sync::mpsc::channel::<(u64, Result<Envelope, String>)>(MAX_BATCH * 2);
     let start = *checkpoint;
     let reader = async move {
-        let mut batch = Vec::with_capacity(256);
         let mut last_read = start;
         loop {
             if stop_at.is_some_and(|stop| last_read >= stop) {
                 return Ok(());
             }
-            batch.clear();
-            let Some(first) = messages.next().await else {
+            let Some(message) = messages.next().await else {
                 return Err(Error::jetstream("ordered consumer", "message stream ended"));
             };
-            batch.push(first.map_err(|e| Error::jetstream("ordered consumer", e))?);
-            drain_ready(&mut messages, &mut batch).await?;
-            let nothing_pending = batch
-                .last()
-                .and_then(|m| m.info().ok())
-                .is_some_and(|info| info.pending == 0);
-            let decoded: Decoded = batch
-                .drain(..)
-                .map(|message| {
-                    let sequence = message.info().map(|info| info.stream_sequence).unwrap_or(0);
-                    (
-                        sequence,
-                        publish::decode_message(&message.message)
-                            .map_err(|error| error.to_string()),
-                    )
-                })
-                .collect();
-            last_read = decoded.last().map_or(last_read, |(sequence, _)| *sequence);
-            if batches.send(decoded).await.is_err() {
+            let message = message.map_err(|e| Error::jetstream("ordered consumer", e))?;
+            let (sequence, pending) = message
+                .info()
+                .map(|info| (info.stream_sequence, info.pending))
+                .unwrap_or((0, 0));
+            let decoded =
+                publish::decode_message(&message.message).map_err(|error| error.to_string());
+            last_read = sequence;
+            if events.send((sequence, decoded)).await.is_err() {
                 return Ok(());
             }
-            // A filtered catch-up may never see `stop_at` itself.
-            if stop_at.is_some() && nothing_pending {
+            // A catch-up ends at the stream's end even if `stop_at` moved on.
+            if stop_at.is_some() && pending == 0 {
                 return Ok(());
             }
         }
     };
     let applier = async {
-        // Ends when the reader is done and every batch it sent is written.
-        while let Some(decoded) = received.recv().await {
-            *checkpoint = apply_batch(store, projection, decoded).await?;
+        // Ends when the reader is done and every event it sent is written.
+        let mut batch: Decoded = Vec::with_capacity(MAX_BATCH);
+        while let Some(first) = received.recv().await {
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match received.try_recv() {
+                    Ok(next) => batch.push(next),
+                    Err(_) => break,
+                }
+            }
+            *checkpoint = apply_batch(store, projection, std::mem::take(&mut batch)).await?;
             if stop_at.is_some_and(|stop| *checkpoint >= stop) {
                 return Ok(());
             }
@@ -197,22 +196,6 @@ async fn pump<P: Projection>(
             () = shutdown.cancelled() => return Ok(()),
         }
     }
-}
-
-/// Takes what is already buffered, without waiting for more.
-async fn drain_ready(
-    messages: &mut Messages,
-    batch: &mut Vec<async_nats::jetstream::Message>,
-) -> Result<(), Error> {
-    while batch.len() < MAX_BATCH {
-        match futures::FutureExt::now_or_never(messages.next()) {
-            Some(Some(message)) => {
-                batch.push(message.map_err(|e| Error::jetstream("ordered consumer", e))?)
-            }
-            _ => break,
-        }
-    }
-    Ok(())
 }
 
 fn advance_to(store: &Store, name: &str, sequence: u64) -> Result<(), Error> {

@@ -648,14 +648,16 @@ fn header_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Decodes a NATS message as a Zopu event.
+/// Decodes a NATS message as a Zopu event (without copying header values).
 pub fn decode_message(message: &async_nats::Message) -> Result<Envelope, DecodeError> {
     let empty = HeaderMap::new();
-    let pairs = header_pairs(message.headers.as_ref().unwrap_or(&empty));
-    codec::decode(
-        pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())),
-        message.payload.clone(),
-    )
+    let headers = message.headers.as_ref().unwrap_or(&empty);
+    let pairs = headers.iter().flat_map(|(name, values)| {
+        values
+            .iter()
+            .map(move |value| (AsRef::<str>::as_ref(name), value.as_str()))
+    });
+    codec::decode(pairs, message.payload.clone())
 }
 
 /// Reads one stored event by stream sequence (e.g. a recorded LLM reply
