@@ -713,6 +713,7 @@ impl ZopuDev {
             .arg(self.pid.to_string())
             .status()?;
         ensure!(status.success(), "kill -TERM {} failed", self.pid);
+        let signalled = Instant::now();
         let exited = tokio::time::timeout(STOP, self.child.wait()).await;
         let Ok(status) = exited else {
             for pid in std::iter::once(self.pid).chain(nats.iter().copied()) {
@@ -742,6 +743,10 @@ impl ZopuDev {
             }
             bail!("processes started by `zopu dev` outlived it: {left:?}");
         }
+        eprintln!(
+            "browser e2e: `zopu dev` and its nats-server stopped {:.1}s after SIGTERM",
+            signalled.elapsed().as_secs_f64()
+        );
         Ok(())
     }
 }

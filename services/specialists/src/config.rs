@@ -115,7 +115,7 @@ impl Default for ProviderConfig {
             kind: ProviderKind::Offline,
             base_url: "https://api.openai.com/v1".to_owned(),
             model: "gpt-4o-mini".to_owned(),
-            api_key_env: "OPENAI_API_KEY".to_owned(),
+            api_key_env: "ZOPU_LLM_API_KEY".to_owned(),
             request_timeout: Duration::from_secs(60),
             max_retries: 2,
             max_tokens: 4096,

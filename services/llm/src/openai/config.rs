@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::Error;
 
 /// Environment variable the API key is read from unless configured otherwise.
-pub const DEFAULT_API_KEY_ENV: &str = "ZOPU_LLM__API_KEY";
+pub const DEFAULT_API_KEY_ENV: &str = "ZOPU_LLM_API_KEY";
 
 const REQUEST_TIMEOUT_MAX: Duration = Duration::from_secs(600);
 const MAX_RETRIES_MAX: u32 = 10;
