@@ -19,6 +19,7 @@ build: ## build all crates (debug) and the zopu binary
 	$(CARGO) build --workspace --all-targets
 
 test: nats-server ## run every test against a real nats-server
+	$(CARGO) build -p zopu-cli --bin zopu
 	$(CARGO) test --workspace --no-fail-fast
 
 run: nats-server ## everything in one process: nats-server, all services, web timeline, a demo project

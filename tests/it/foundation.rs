@@ -390,7 +390,7 @@ fn reaction_config(durable: &str) -> ReactionConfig {
     ReactionConfig {
         ack_wait: Duration::from_secs(2),
         retry_delays: vec![Duration::from_millis(50)],
-        max_deliver: 3,
+        max_deliver: 10,
         ..ReactionConfig::new(
             durable.into(),
             vec![subjects::events_of_type(pb::TimelineMessageSent::TYPE)],

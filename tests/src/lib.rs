@@ -13,8 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
-use futures::StreamExt;
+use zopu_core::log::{Reader, Start};
 use zopu_core::nats::Bus;
 use zopu_schema::Envelope;
 
@@ -34,6 +33,10 @@ impl NatsServer {
     }
 
     pub fn start_with(sync: Sync) -> Result<Self> {
+        // `ZOPU_LOG=warn cargo test ...` shows the services' logs.
+        if std::env::var_os("ZOPU_LOG").is_some() {
+            zopu_core::telemetry::init(false);
+        }
         let store = tempfile::tempdir().context("temp store dir")?;
         let server = zopu_core::local_server::LocalServer::start(store.path(), None, sync)?;
         Ok(Self {
@@ -86,44 +89,7 @@ pub async fn bus(server: &NatsServer, duplicate_window: Duration) -> Result<Bus>
 
 /// Every decodable event on `filter` currently in the stream, in order.
 pub async fn history(bus: &Bus, filter: &str) -> Result<Vec<(u64, Envelope)>> {
-    let last = zopu_core::publish::last_sequence(bus).await?;
-    let mut events = Vec::new();
-    if last == 0 {
-        return Ok(events);
-    }
-    let mut messages = ordered(bus, filter).await?;
-    loop {
-        let Ok(Some(message)) =
-            tokio::time::timeout(Duration::from_millis(500), messages.next()).await
-        else {
-            break;
-        };
-        let message = message?;
-        let info = message.info().map_err(|e| anyhow::anyhow!("{e}"))?;
-        let (sequence, pending) = (info.stream_sequence, info.pending);
-        if let Ok(envelope) = zopu_core::publish::decode_message(&message.message) {
-            events.push((sequence, envelope));
-        }
-        if pending == 0 {
-            break;
-        }
-    }
-    Ok(events)
-}
-
-async fn ordered(bus: &Bus, filter: &str) -> Result<pull::Ordered> {
-    let stream = bus
-        .jetstream
-        .get_stream(zopu_schema::subjects::EVENTS_STREAM)
-        .await?;
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            filter_subjects: vec![filter.to_owned()],
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await?;
-    Ok(consumer.messages().await?)
+    Ok(zopu_core::log::events(bus, filter.to_owned()).await?)
 }
 
 /// Waits (up to `timeout`) for the first event on `filter` that matches.
@@ -133,26 +99,8 @@ pub async fn wait_for(
     timeout: Duration,
     mut matches: impl FnMut(&Envelope) -> bool,
 ) -> Result<Envelope> {
-    let mut messages = ordered(bus, filter).await?;
-    let waiting = async {
-        while let Some(message) = messages.next().await {
-            let message = message?;
-            if let Ok(envelope) = zopu_core::publish::decode_message(&message.message)
-                && matches(&envelope)
-            {
-                return Ok(envelope);
-            }
-        }
-        bail!("event stream ended")
-    };
-    tokio::time::timeout(timeout, waiting)
-        .await
-        .with_context(|| {
-            format!(
-                "no matching event on {filter} within {}s",
-                timeout.as_secs()
-            )
-        })?
+    let found = wait_for_count(bus, filter, timeout, 1, |event| matches(event)).await?;
+    found.into_iter().next().context("no event")
 }
 
 /// Waits until `count` events on `filter` match.
@@ -163,12 +111,11 @@ pub async fn wait_for_count(
     count: usize,
     mut matches: impl FnMut(&Envelope) -> bool,
 ) -> Result<Vec<Envelope>> {
-    let mut messages = ordered(bus, filter).await?;
+    let mut reader = Reader::open(bus, filter.to_owned(), Start::Beginning).await?;
     let mut found = Vec::new();
     let waiting = async {
-        while let Some(message) = messages.next().await {
-            let message = message?;
-            if let Ok(envelope) = zopu_core::publish::decode_message(&message.message)
+        while let Some(logged) = reader.next().await {
+            if let Ok(envelope) = logged?.event
                 && matches(&envelope)
             {
                 found.push(envelope);

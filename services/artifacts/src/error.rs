@@ -41,12 +41,3 @@ pub enum Error {
         source: std::io::Error,
     },
 }
-
-impl Error {
-    pub(crate) fn jetstream(operation: &'static str, reason: impl std::fmt::Display) -> Self {
-        Self::Core(zopu_core::Error::JetStream {
-            operation,
-            reason: reason.to_string(),
-        })
-    }
-}

@@ -10,8 +10,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
-use futures::StreamExt;
 use time::OffsetDateTime;
 use zopu_core::nats::Bus;
 use zopu_schema::pb::{self, ArtifactKind};
@@ -67,72 +65,30 @@ pub async fn artifact_metadata(
         artifact_id: wanted.clone(),
         revision,
     };
-    let stream = bus
-        .jetstream
-        .get_stream(subjects::EVENTS_STREAM)
-        .await
-        .map_err(|error| Error::jetstream("get stream", error))?;
-    // Without any published artifact the consumer below would wait forever.
-    let published_filter = subjects::events_of_type(pb::ArtifactPublished::TYPE);
-    match stream
-        .get_last_raw_message_by_subject(&published_filter)
-        .await
-    {
-        Ok(_) => {}
-        Err(error)
-            if error.kind()
-                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
-        {
-            return Err(not_found());
-        }
-        Err(error) => return Err(Error::jetstream("last published artifact", error)),
-    }
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            filter_subjects: vec![
-                published_filter,
-                subjects::events_of_type(pb::ArtifactSuperseded::TYPE),
-            ],
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .map_err(|error| Error::jetstream("create ordered consumer", error))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|error| Error::jetstream("ordered consumer", error))?;
-
-    let mut published: Vec<ArtifactMetadata> = Vec::new();
-    let mut superseded: Vec<(u32, u32)> = Vec::new();
-    let scan = async {
-        while let Some(message) = messages.next().await {
-            let message = message.map_err(|error| Error::jetstream("ordered consumer", error))?;
-            let pending = message.info().map(|info| info.pending).unwrap_or(0);
-            if let Ok(envelope) = zopu_core::publish::decode_message(&message.message) {
-                if let Ok(event) = envelope.decode::<pb::ArtifactPublished>() {
-                    if event.artifact_id == wanted
-                        && !published.iter().any(|p| p.revision == event.revision)
-                    {
-                        published.push(metadata(*artifact_id, &envelope, event));
-                    }
-                } else if let Ok(event) = envelope.decode::<pb::ArtifactSuperseded>()
-                    && event.artifact_id == wanted
-                {
-                    superseded.push((event.revision, event.superseded_by_revision));
-                }
-            }
-            if pending == 0 {
-                break;
-            }
-        }
-        Ok::<(), Error>(())
-    };
-    tokio::time::timeout(SCAN_TIMEOUT, scan)
+    let filters = vec![
+        subjects::events_of_type(pb::ArtifactPublished::TYPE),
+        subjects::events_of_type(pb::ArtifactSuperseded::TYPE),
+    ];
+    let history = tokio::time::timeout(SCAN_TIMEOUT, zopu_core::log::history_of(bus, filters))
         .await
         .map_err(|_| Error::Timeout {
             operation: "scan artifact events",
         })??;
+    let mut published: Vec<ArtifactMetadata> = Vec::new();
+    let mut superseded: Vec<(u32, u32)> = Vec::new();
+    for envelope in history.into_iter().filter_map(|logged| logged.event.ok()) {
+        if let Ok(event) = envelope.decode::<pb::ArtifactPublished>() {
+            if event.artifact_id == wanted
+                && !published.iter().any(|p| p.revision == event.revision)
+            {
+                published.push(metadata(*artifact_id, &envelope, event));
+            }
+        } else if let Ok(event) = envelope.decode::<pb::ArtifactSuperseded>()
+            && event.artifact_id == wanted
+        {
+            superseded.push((event.revision, event.superseded_by_revision));
+        }
+    }
 
     let mut revisions: Vec<u32> = published.iter().map(|p| p.revision).collect();
     revisions.sort_unstable();

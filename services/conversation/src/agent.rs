@@ -92,7 +92,7 @@ impl Reaction for Agent {
             .fetch_head(&event.org_id, &event.project_id)
             .await?
             .map_or(0, |head| head.sequence);
-        ctx.store.wait_for(head.max(ctx.stream_sequence)).await;
+        ctx.caught_up(head.max(ctx.stream_sequence)).await?;
         let view = ctx
             .store
             .read(|conn| ProjectView::load(conn, &event.org_id, &event.project_id, u64::MAX))?;

@@ -4,13 +4,10 @@
 
 use std::collections::HashMap;
 
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
-use futures::StreamExt;
 use zopu_schema::{Envelope, EventHash, OrgId, ProjectId};
 
 use crate::Error;
 use crate::nats::Bus;
-use crate::publish;
 
 /// One problem in the log.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -133,44 +130,12 @@ impl ChainChecker {
 
 /// Replays `filter` (every event by default) up to the stream's current end.
 pub async fn verify(bus: &Bus, filter: Option<String>) -> Result<Report, Error> {
-    let last = publish::last_sequence(bus).await?;
     let mut checker = ChainChecker::default();
-    if last == 0 {
-        return Ok(checker.report);
-    }
-    let stream = bus
-        .jetstream
-        .get_stream(zopu_schema::subjects::EVENTS_STREAM)
-        .await
-        .map_err(|e| Error::jetstream("get stream", e))?;
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            filter_subjects: vec![filter.unwrap_or_else(zopu_schema::subjects::all_events)],
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| Error::jetstream("create ordered consumer", e))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| Error::jetstream("ordered consumer messages", e))?;
-    loop {
-        // The filtered tail may end before `last`; stop when nothing is pending.
-        let next = tokio::time::timeout(std::time::Duration::from_secs(2), messages.next()).await;
-        let Ok(Some(message)) = next else { break };
-        let message = message.map_err(|e| Error::jetstream("ordered consumer", e))?;
-        let info = message
-            .info()
-            .map_err(|e| Error::jetstream("message info", e))?;
-        let sequence = info.stream_sequence;
-        let pending = info.pending;
-        match publish::decode_message(&message.message) {
-            Ok(envelope) => checker.observe(sequence, &envelope),
-            Err(error) => checker.undecodable(sequence, &message.subject, error.to_string()),
-        }
-        if pending == 0 || sequence >= last {
-            break;
+    let filter = filter.unwrap_or_else(zopu_schema::subjects::all_events);
+    for logged in crate::log::history(bus, filter).await? {
+        match logged.event {
+            Ok(envelope) => checker.observe(logged.sequence, &envelope),
+            Err(error) => checker.undecodable(logged.sequence, &logged.subject, error.to_string()),
         }
     }
     Ok(checker.report)

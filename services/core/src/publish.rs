@@ -585,34 +585,15 @@ pub async fn fetch_head(
 /// Replays a project to find its last valid event (rare: only when the last
 /// message on its subjects is not one).
 async fn recover_head(bus: &Bus, filter: &str, last_sequence: u64) -> Result<Option<Head>, Error> {
-    use futures::StreamExt;
-    let stream = bus
-        .jetstream
-        .get_stream_no_info(zopu_schema::subjects::EVENTS_STREAM)
-        .await
-        .map_err(|e| Error::jetstream("get stream", e))?;
-    let consumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-            filter_subjects: vec![filter.to_owned()],
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| Error::jetstream("create ordered consumer", e))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| Error::jetstream("ordered consumer", e))?;
+    let mut reader =
+        crate::log::Reader::open(bus, filter.to_owned(), crate::log::Start::Beginning).await?;
     let mut valid: Option<(u64, EventHash)> = None;
-    while let Some(message) = messages.next().await {
-        let message = message.map_err(|e| Error::jetstream("ordered consumer", e))?;
-        let sequence = message
-            .info()
-            .map(|info| info.stream_sequence)
-            .unwrap_or(u64::MAX);
-        if let Ok(envelope) = decode_message(&message.message) {
+    while let Some(logged) = reader.next().await {
+        let logged = logged?;
+        if let Ok(envelope) = &logged.event {
             valid = Some((envelope.project_version, envelope.hash()));
         }
-        if sequence >= last_sequence {
+        if logged.sequence >= last_sequence || logged.pending == 0 {
             break;
         }
     }

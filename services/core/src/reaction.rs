@@ -29,6 +29,11 @@ use crate::shutdown::Shutdown;
 use crate::store::Store;
 use crate::{Error, config};
 
+/// Messages handed back (shutdown, a fatal error) are redelivered after
+/// this delay, so a stopping instance does not receive them again and burn
+/// their delivery attempts.
+const HAND_BACK_DELAY: Duration = Duration::from_secs(1);
+
 /// How a reaction consumes.
 #[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -179,6 +184,22 @@ pub struct ReactionContext {
     pub stream_sequence: u64,
     /// 1 on first delivery.
     pub delivered: i64,
+}
+
+impl ReactionContext {
+    /// Waits until the service's store has applied `sequence`: a handler
+    /// that decides on its projection calls this first. Shutdown interrupts
+    /// the wait (the message is redelivered); a store that does not catch up
+    /// within a minute is a transient failure.
+    pub async fn caught_up(&self, sequence: u64) -> Result<(), HandlerError> {
+        tokio::select! {
+            () = self.store.wait_for(sequence) => Ok(()),
+            () = self.shutdown.cancelled() => Err(HandlerError::Interrupted),
+            () = tokio::time::sleep(Duration::from_secs(60)) => Err(HandlerError::Transient(format!(
+                "the store did not reach sequence {sequence} within 60s (at {})", self.store.checkpoint()
+            ))),
+        }
+    }
 }
 
 /// A side-effecting handler. It must be idempotent: build every event it
@@ -349,7 +370,7 @@ impl<R: Reaction> Runner<R> {
                 };
                 if runner.shutdown.is_cancelled() {
                     // Not started: hand it back for prompt redelivery.
-                    let _ = message.ack_with(AckKind::Nak(None)).await;
+                    let _ = message.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await;
                     continue;
                 }
                 runner.process(message).await;
@@ -404,7 +425,7 @@ impl<R: Reaction> Runner<R> {
                         tracing::warn!(%reason, attempt, retry_in_ms = delay.as_millis() as u64, "transient failure; retrying");
                         if !self.wait_extending(&message, delay).await {
                             // Shutting down: hand it back instead of giving up.
-                            let _ = message.ack_with(AckKind::Nak(None)).await;
+                            let _ = message.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await;
                             return;
                         }
                     }
@@ -419,12 +440,12 @@ impl<R: Reaction> Runner<R> {
                     }
                     Err(HandlerError::Interrupted) => {
                         tracing::info!("handler interrupted by shutdown; handing the message back");
-                        let _ = message.ack_with(AckKind::Nak(None)).await;
+                        let _ = message.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await;
                         return;
                     }
                     Err(HandlerError::Fatal(reason)) => {
                         tracing::error!(%reason, "fatal handler error; stopping the service");
-                        let _ = message.ack_with(AckKind::Nak(None)).await;
+                        let _ = message.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await;
                         self.shutdown.cancel();
                         return;
                     }
@@ -448,7 +469,7 @@ impl<R: Reaction> Runner<R> {
         tokio::select! {
             () = self.store.wait_for(last) => true,
             () = self.shutdown.cancelled() => {
-                let _ = message.ack_with(AckKind::Nak(None)).await;
+                let _ = message.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await;
                 false
             }
             () = tokio::time::sleep(self.config.handler_timeout) => {

@@ -287,7 +287,7 @@ impl Reaction for Dispatcher {
         // current; only a miss needs the projection to catch up first.
         let mut bound = binding(&ctx.store, event)?;
         if bound.is_none() {
-            ctx.store.wait_for(ctx.stream_sequence).await;
+            ctx.caught_up(ctx.stream_sequence).await?;
             bound = binding(&ctx.store, event)?;
         }
         match plan(event, ctx.stream_sequence, bound.as_ref())? {

@@ -6,9 +6,8 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
-use futures::StreamExt;
 use zopu_core::Publisher;
+use zopu_core::log::{Reader, Start};
 use zopu_core::nats::Bus;
 use zopu_sandbox::git::{self, BranchName, BranchProblem, LocationProblem, RepositoryLocation};
 use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, pb, subjects};
@@ -172,41 +171,8 @@ pub async fn request_setup(
     }
 }
 
-/// Longest wait for one message while reading a project's history.
-const READ_IDLE_MAX: Duration = Duration::from_secs(5);
 /// Most setup events kept while reading or watching one project.
 const SETUP_EVENTS_MAX: usize = 10_000;
-
-fn jetstream(operation: &'static str, error: impl std::fmt::Display) -> zopu_core::Error {
-    zopu_core::Error::JetStream {
-        operation,
-        reason: error.to_string(),
-    }
-}
-
-async fn open(
-    bus: &Bus,
-    org: &OrgId,
-    project: &ProjectId,
-) -> Result<pull::Ordered, zopu_core::Error> {
-    let stream = bus
-        .jetstream
-        .get_stream(subjects::EVENTS_STREAM)
-        .await
-        .map_err(|e| jetstream("get stream", e))?;
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            filter_subjects: vec![subjects::project_events(org, project)],
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| jetstream("create ordered consumer", e))?;
-    consumer
-        .messages()
-        .await
-        .map_err(|e| jetstream("ordered consumer messages", e))
-}
 
 /// The setup events of one project currently in the stream, in order.
 pub async fn project_setup_events(
@@ -214,30 +180,13 @@ pub async fn project_setup_events(
     org: &OrgId,
     project: &ProjectId,
 ) -> Result<Vec<Envelope>, zopu_core::Error> {
-    let mut events = Vec::new();
-    if zopu_core::publish::fetch_head(bus, org, project)
-        .await?
-        .is_none()
-    {
-        return Ok(events);
-    }
-    let mut messages = open(bus, org, project).await?;
-    loop {
-        let next = tokio::time::timeout(READ_IDLE_MAX, messages.next()).await;
-        let Ok(Some(message)) = next else { break };
-        let message = message.map_err(|e| jetstream("ordered consumer", e))?;
-        let pending = message.info().map(|info| info.pending).unwrap_or(0);
-        if let Ok(envelope) = zopu_core::publish::decode_message(&message.message)
-            && is_setup_event(&envelope.event_type)
-            && events.len() < SETUP_EVENTS_MAX
-        {
-            events.push(envelope);
-        }
-        if pending == 0 {
-            break;
-        }
-    }
-    Ok(events)
+    let events = zopu_core::log::events(bus, subjects::project_events(org, project)).await?;
+    Ok(events
+        .into_iter()
+        .map(|(_, envelope)| envelope)
+        .filter(|envelope| is_setup_event(&envelope.event_type))
+        .take(SETUP_EVENTS_MAX)
+        .collect())
 }
 
 /// The status of a project's latest setup revision, read from the stream.
@@ -253,7 +202,7 @@ pub async fn read_setup_status(
 
 /// Follows one project's events and reports each change of its setup status.
 pub struct StatusWatch {
-    messages: pull::Ordered,
+    reader: Reader,
     events: Vec<Envelope>,
     last: Option<SetupStatus>,
 }
@@ -275,7 +224,12 @@ impl StatusWatch {
         project: &ProjectId,
     ) -> Result<Self, zopu_core::Error> {
         Ok(Self {
-            messages: open(bus, org, project).await?,
+            reader: Reader::open(
+                bus,
+                subjects::project_events(org, project),
+                Start::Beginning,
+            )
+            .await?,
             events: Vec::new(),
             last: None,
         })
@@ -289,15 +243,18 @@ impl StatusWatch {
     ) -> Result<Option<SetupStatus>, zopu_core::Error> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let next = tokio::time::timeout_at(deadline, self.messages.next()).await;
-            let message = match next {
+            let next = tokio::time::timeout_at(deadline, self.reader.next()).await;
+            let logged = match next {
                 Err(_) => return Ok(None),
                 Ok(None) => {
-                    return Err(jetstream("ordered consumer", "message stream ended"));
+                    return Err(zopu_core::Error::jetstream(
+                        "ordered consumer",
+                        "message stream ended",
+                    ));
                 }
-                Ok(Some(message)) => message.map_err(|e| jetstream("ordered consumer", e))?,
+                Ok(Some(logged)) => logged?,
             };
-            let Ok(envelope) = zopu_core::publish::decode_message(&message.message) else {
+            let Ok(envelope) = logged.event else {
                 continue;
             };
             if !is_setup_event(&envelope.event_type) || self.events.len() >= SETUP_EVENTS_MAX {

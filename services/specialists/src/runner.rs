@@ -149,7 +149,7 @@ impl Reaction for FlowRunner {
             outcome = self.shared.run(event, &request, ctx) => outcome,
             () = ctx.shutdown.cancelled() => {
                 // Not acked: the run resumes from its recorded steps after restart.
-                Err(HandlerError::Fatal("interrupted by shutdown; the run resumes after restart".to_owned()))
+                Err(HandlerError::Interrupted)
             }
         }
     }
@@ -268,7 +268,7 @@ impl Shared {
         let finished = match outcome {
             Ok(()) => Ok(()),
             Err(FlowError::Interrupted) => {
-                return Err(HandlerError::Fatal("interrupted by shutdown".to_owned()));
+                return Err(HandlerError::Interrupted);
             }
             Err(FlowError::Runtime(reason)) => return Err(HandlerError::Transient(reason)),
             Err(FlowError::Halted(reason)) => run.cancel(&reason).await,

@@ -5,9 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
-use futures::StreamExt;
 use zopu_conversation::Reply;
+use zopu_core::log::{Reader, Start};
 use zopu_core::publish::Publisher;
 use zopu_schema::{EventId, OrgId, ProjectId, pb, subjects};
 
@@ -87,23 +86,13 @@ async fn project_events(
     org: &OrgId,
     project: &ProjectId,
     start: u64,
-) -> Result<pull::Ordered> {
-    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
-    let deliver_policy = if start <= 1 {
-        DeliverPolicy::All
+) -> Result<Reader> {
+    let start = if start <= 1 {
+        Start::Beginning
     } else {
-        DeliverPolicy::ByStartSequence {
-            start_sequence: start,
-        }
+        Start::After(start - 1)
     };
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            filter_subjects: vec![subjects::project_events(org, project)],
-            deliver_policy,
-            ..Default::default()
-        })
-        .await?;
-    Ok(consumer.messages().await?)
+    Ok(Reader::open(bus, subjects::project_events(org, project), start).await?)
 }
 
 pub async fn run_send(ctx: &crate::Context, args: SendArgs) -> Result<ExitCode> {
@@ -127,9 +116,8 @@ pub async fn run_send(ctx: &crate::Context, args: SendArgs) -> Result<ExitCode> 
     );
     let mut events = project_events(&bus, &args.org, &args.project, sent.sequence).await?;
     let waiting = async {
-        while let Some(message) = events.next().await {
-            let message = message?;
-            let Ok(event) = zopu_core::publish::decode_message(&message.message) else {
+        while let Some(logged) = events.next().await {
+            let Ok(event) = logged?.event else {
                 continue;
             };
             match zopu_conversation::reply_to(&event, &sent.event_id) {
@@ -236,11 +224,10 @@ pub async fn run_timeline(ctx: &crate::Context, args: TimelineArgs) -> Result<Ex
                 Err(_) => break,
             }
         };
-        let Some(message) = next else { break };
-        let message = message.context("reading the timeline")?;
-        let sequence = message.info().map(|info| info.stream_sequence).unwrap_or(0);
-        let pending = message.info().map(|info| info.pending).unwrap_or(0);
-        if let Ok(event) = zopu_core::publish::decode_message(&message.message)
+        let Some(logged) = next else { break };
+        let logged = logged.context("reading the timeline")?;
+        let (sequence, pending) = (logged.sequence, logged.pending);
+        if let Ok(event) = logged.event
             && let Some(line) = zopu_conversation::timeline_line(&event)
         {
             let time = zopu_schema::envelope::format_time(event.time);

@@ -1,11 +1,9 @@
 //! Reading the log: `zopu tail`, `zopu replay`, `zopu audit verify`.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use clap::{Args, Subcommand};
-use futures::StreamExt;
+use zopu_core::log::{Logged, Reader, Start};
 use zopu_schema::{Envelope, OrgId, ProjectId, subjects};
 
 use crate::Context;
@@ -95,22 +93,6 @@ fn print_event(context: &Context, sequence: u64, envelope: &Envelope) {
     }
 }
 
-async fn ordered(
-    bus: &zopu_core::nats::Bus,
-    filter: String,
-    deliver_policy: DeliverPolicy,
-) -> anyhow::Result<pull::Ordered> {
-    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            filter_subjects: vec![filter],
-            deliver_policy,
-            ..Default::default()
-        })
-        .await?;
-    Ok(consumer.messages().await?)
-}
-
 pub async fn run_tail(context: &Context, args: TailArgs) -> anyhow::Result<ExitCode> {
     let bus = context.connect().await?;
     let filter = match (args.filter, scope_filter(args.project, args.org.as_ref())) {
@@ -119,61 +101,41 @@ pub async fn run_tail(context: &Context, args: TailArgs) -> anyhow::Result<ExitC
         (None, Some(project)) => project,
         (None, None) => subjects::all_events(),
     };
-    let policy = if args.from_start {
-        DeliverPolicy::All
+    let start = if args.from_start {
+        Start::Beginning
     } else {
-        DeliverPolicy::New
+        Start::New
     };
-    let mut messages = ordered(&bus, filter, policy).await?;
-    while let Some(message) = messages.next().await {
-        let message = message?;
-        let sequence = message.info().map(|info| info.stream_sequence).unwrap_or(0);
-        match zopu_core::publish::decode_message(&message.message) {
-            Ok(envelope) => print_event(context, sequence, &envelope),
-            Err(error) => eprintln!(
-                "#{sequence} {}: not a valid event: {error}",
-                message.subject
-            ),
-        }
+    let mut reader = Reader::open(&bus, filter, start).await?;
+    while let Some(logged) = reader.next().await {
+        print_logged(context, logged?);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn print_logged(context: &Context, logged: Logged) {
+    match logged.event {
+        Ok(envelope) => print_event(context, logged.sequence, &envelope),
+        Err(error) => eprintln!(
+            "#{} {}: not a valid event: {error}",
+            logged.sequence, logged.subject
+        ),
+    }
 }
 
 pub async fn run_replay(context: &Context, args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let bus = context.connect().await?;
     let filter =
         scope_filter(Some(args.project), args.org.as_ref()).unwrap_or_else(subjects::all_events);
-    let last = zopu_core::publish::last_sequence(&bus).await?;
-    if last == 0 {
-        return Ok(ExitCode::SUCCESS);
-    }
-    let mut messages = ordered(&bus, filter, DeliverPolicy::All).await?;
-    let mut count = 0u64;
-    loop {
-        let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(2), messages.next()).await
-        else {
-            break;
-        };
-        let message = message?;
-        let info = message.info().map_err(|error| anyhow::anyhow!("{error}"))?;
-        let (sequence, pending) = (info.stream_sequence, info.pending);
-        match zopu_core::publish::decode_message(&message.message) {
-            Ok(envelope) => print_event(context, sequence, &envelope),
-            Err(error) => eprintln!(
-                "#{sequence} {}: not a valid event: {error}",
-                message.subject
-            ),
-        }
-        count += 1;
-        if pending == 0 {
-            break;
-        }
-    }
-    if count == 0 {
+    let history = zopu_core::log::history(&bus, filter).await?;
+    if history.is_empty() {
         anyhow::bail!(
             "project {} has no events (check the id, and --org if given)",
             args.project
         );
+    }
+    for logged in history {
+        print_logged(context, logged);
     }
     Ok(ExitCode::SUCCESS)
 }

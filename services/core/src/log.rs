@@ -1,0 +1,143 @@
+//! Reading the log outside the two consumer loops: tools, clients and
+//! tests that follow or replay events (`zopu tail`, `zopu replay`, audit,
+//! setup progress, artifact lookups). One ordered-consumer reader, so no
+//! caller writes its own `messages.next()` loop.
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use futures::StreamExt;
+use zopu_schema::Envelope;
+use zopu_schema::codec::DecodeError;
+
+use crate::Error;
+use crate::nats::Bus;
+use crate::publish;
+
+/// Where reading starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// The first event on the filter.
+    Beginning,
+    /// Only events stored from now on.
+    New,
+    /// Events after this stream sequence.
+    After(u64),
+}
+
+/// One message read from the log.
+#[derive(Debug)]
+pub struct Logged {
+    pub sequence: u64,
+    /// Messages on the filter still to come when this one was delivered.
+    pub pending: u64,
+    pub subject: String,
+    /// The event, or why the message is not one.
+    pub event: Result<Envelope, DecodeError>,
+}
+
+/// An ordered, ephemeral reader of `filter`.
+pub struct Reader {
+    messages: pull::Ordered,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader").finish_non_exhaustive()
+    }
+}
+
+impl Reader {
+    pub async fn open(bus: &Bus, filter: String, start: Start) -> Result<Self, Error> {
+        Self::open_filters(bus, vec![filter], start).await
+    }
+
+    /// A reader of several subject filters at once (in stream order).
+    pub async fn open_filters(
+        bus: &Bus,
+        filters: Vec<String>,
+        start: Start,
+    ) -> Result<Self, Error> {
+        let stream = bus
+            .jetstream
+            .get_stream_no_info(zopu_schema::subjects::EVENTS_STREAM)
+            .await
+            .map_err(|e| Error::jetstream("get stream", e))?;
+        let deliver_policy = match start {
+            Start::Beginning | Start::After(0) => DeliverPolicy::All,
+            Start::New => DeliverPolicy::New,
+            Start::After(sequence) => DeliverPolicy::ByStartSequence {
+                start_sequence: sequence + 1,
+            },
+        };
+        let consumer = stream
+            .create_consumer(pull::OrderedConfig {
+                filter_subjects: filters,
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::jetstream("create ordered consumer", e))?;
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(|e| Error::jetstream("ordered consumer", e))?;
+        Ok(Self { messages })
+    }
+
+    /// The next message; `None` only if the server closed the reader.
+    pub async fn next(&mut self) -> Option<Result<Logged, Error>> {
+        let message = match self.messages.next().await? {
+            Ok(message) => message,
+            Err(error) => return Some(Err(Error::jetstream("ordered consumer", error))),
+        };
+        let (sequence, pending) = match message.info() {
+            Ok(info) => (info.stream_sequence, info.pending),
+            Err(error) => return Some(Err(Error::jetstream("message info", error))),
+        };
+        Some(Ok(Logged {
+            sequence,
+            pending,
+            subject: message.subject.to_string(),
+            event: publish::decode_message(&message.message),
+        }))
+    }
+
+    /// The next message, or `None` when nothing arrives within `idle`.
+    pub async fn next_within(&mut self, idle: Duration) -> Option<Result<Logged, Error>> {
+        tokio::time::timeout(idle, self.next()).await.ok().flatten()
+    }
+}
+
+/// Every message on `filter` up to the stream's current end, in order.
+pub async fn history(bus: &Bus, filter: String) -> Result<Vec<Logged>, Error> {
+    history_of(bus, vec![filter]).await
+}
+
+/// [`history`] of several subject filters at once.
+pub async fn history_of(bus: &Bus, filters: Vec<String>) -> Result<Vec<Logged>, Error> {
+    let mut read = Vec::new();
+    if publish::last_sequence(bus).await? == 0 {
+        return Ok(read);
+    }
+    let mut reader = Reader::open_filters(bus, filters, Start::Beginning).await?;
+    // An empty filter delivers nothing: stop after a short idle wait.
+    while let Some(logged) = reader.next_within(Duration::from_secs(2)).await {
+        let logged = logged?;
+        let done = logged.pending == 0;
+        read.push(logged);
+        if done {
+            break;
+        }
+    }
+    Ok(read)
+}
+
+/// The decodable events of [`history`].
+pub async fn events(bus: &Bus, filter: String) -> Result<Vec<(u64, Envelope)>, Error> {
+    Ok(history(bus, filter)
+        .await?
+        .into_iter()
+        .filter_map(|logged| logged.event.ok().map(|event| (logged.sequence, event)))
+        .collect())
+}
