@@ -130,7 +130,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let config: ZopuConfig = zopu_core::config::load::<ZopuConfig>(&sources)?.resolved();
     config.validate()?;
-    zopu_core::telemetry::init(cli.json);
+    // Services log their progress; one-shot commands only warnings.
+    let long_running = matches!(cli.command, Command::Dev(_) | Command::Run(_));
+    zopu_core::telemetry::init_with_default(
+        cli.json,
+        if long_running {
+            "info,async_nats=warn"
+        } else {
+            "warn,async_nats=error"
+        },
+    );
     let context = Context {
         config,
         json: cli.json,
