@@ -1069,3 +1069,197 @@ async fn prompt_injection_cannot_widen_tools_or_paths_and_is_recorded() -> Resul
     );
     service.stop().await
 }
+
+fn delegations(progress: &[pb::FlowProgress]) -> usize {
+    progress
+        .iter()
+        .filter(|p| p.signal == Signal::Delegation as i32)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_issue_without_an_earlier_exploration_delegates_to_an_exploration_sub_flow() -> Result<()>
+{
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let data = tempfile::tempdir()?;
+    let publisher = Publisher::new(bus.clone(), "test", None);
+    let service = Service::start(&server, data.path(), Config::default());
+
+    // No exploration yet: exactly one delegation, before the sub-flow's steps.
+    let project = Project::new();
+    let repo = repository(data.path(), project.id, RUST_REPO)?;
+    project
+        .ask(
+            &publisher,
+            pb::FlowType::Issue,
+            "Create an issue to add rate limiting to login",
+            &repo.commit,
+        )
+        .await?;
+    let (_, issue) = finished(&terminal(&bus, &project, 1).await?)?;
+    let progress = of_type::<pb::FlowProgress>(&bus, &project).await?;
+    assert_eq!(delegations(&progress), 1, "{progress:?}");
+    let delegation = progress
+        .iter()
+        .position(|p| p.signal == Signal::Delegation as i32)
+        .context("delegation")?;
+    assert!(
+        progress[delegation]
+            .note
+            .contains("delegating to exploration")
+    );
+    assert!(
+        progress[delegation + 1..]
+            .iter()
+            .any(|p| p.step.starts_with("sub:explore:")),
+        "the sub-flow's steps are keyed under the delegation: {progress:?}"
+    );
+    assert!(
+        progress
+            .iter()
+            .any(|p| p.step == "delegate:explore:returned"),
+        "{progress:?}"
+    );
+    assert!(
+        issue["evidence"]
+            .as_array()
+            .context("evidence")?
+            .iter()
+            .any(|e| e["verified"] == Value::Bool(true) && e["path"] == "src/auth.rs"),
+        "{issue}"
+    );
+    assert_eq!(of_type::<pb::FlowStarted>(&bus, &project).await?.len(), 1);
+
+    // With an earlier exploration: reused, no delegation.
+    let other = Project::new();
+    let repo = repository(data.path(), other.id, RUST_REPO)?;
+    other
+        .ask(
+            &publisher,
+            pb::FlowType::Explore,
+            "Explore the `login` flow",
+            &repo.commit,
+        )
+        .await?;
+    finished(&terminal(&bus, &other, 1).await?)?;
+    other
+        .ask(
+            &publisher,
+            pb::FlowType::Issue,
+            "Create an issue to add rate limiting to login",
+            &repo.commit,
+        )
+        .await?;
+    let (_, issue) = finished(&terminal(&bus, &other, 2).await?)?;
+    let progress = of_type::<pb::FlowProgress>(&bus, &other).await?;
+    assert_eq!(delegations(&progress), 0, "{progress:?}");
+    assert!(
+        !issue["based_on_flow_run"].as_str().unwrap_or("").is_empty(),
+        "{issue}"
+    );
+    service.stop().await
+}
+
+fn onboarding_answer() -> String {
+    serde_json::json!({
+        "purpose": "Ledger keeps double-entry books for small teams, served over HTTP with axum.",
+        "entry_points": [
+            {"path": "src/main.rs", "start_line": 4, "end_line": 4, "snippet": "async fn main() {", "note": "the binary"},
+            {"path": "src/server.rs", "start_line": 1, "end_line": 1, "snippet": "fn serve()", "note": "invented"}
+        ],
+        "important_directories": [{"path": "src", "detail": "the service: login and sessions"}],
+        "commands": [{"purpose": "run", "command": "cargo run"}],
+        "constraints": ["Passwords are checked in memory only"],
+        "starting_areas": ["src/auth.rs (login and sessions)"]
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn onboarding_with_a_model_uses_tools_and_falls_back_on_malformed_answers() -> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let data = tempfile::tempdir()?;
+    let publisher = Publisher::new(bus.clone(), "test", None);
+    let fake = FakeOpenAiServer::start([
+        Scripted::tool_call("c1", "read_file", r#"{"path": "src/main.rs"}"#),
+        Scripted::text(&onboarding_answer()),
+    ])
+    .await?;
+    let service = Service::start(&server, data.path(), model_config(&fake));
+
+    let project = Project::new();
+    let repo = repository(data.path(), project.id, RUST_REPO)?;
+    project.onboard(&publisher, &repo.commit, 1).await?;
+    let (completed, result) = finished(&terminal(&bus, &project, 1).await?)?;
+    assert_eq!(completed.provider, "openai:fake-model");
+    assert_eq!(result["provenance"]["provider"], "openai:fake-model");
+    assert_eq!(result["provenance"]["heuristic"], Value::Bool(false));
+    assert_eq!(fake.request_count(), 2);
+    let first = fake.requests()[0].json();
+    assert!(
+        first["messages"].to_string().contains("Cargo.toml"),
+        "the offline findings seed the model"
+    );
+    let summary = of_type::<pb::ContextPublished>(&bus, &project)
+        .await?
+        .pop()
+        .context("summary")?;
+    for expected in [
+        "provider: openai:fake-model",
+        "double-entry books for small teams, served over HTTP",
+        "Rust — Cargo",
+        "`src/main.rs`",
+        "src/auth.rs (login and sessions)",
+    ] {
+        assert!(
+            summary.body.contains(expected),
+            "{expected}: {}",
+            summary.body
+        );
+    }
+    assert!(
+        !summary.body.contains("`src/server.rs` (line"),
+        "an invented entry point is not presented as fact: {}",
+        summary.body
+    );
+    let tools: Vec<String> = of_type::<pb::FlowProgress>(&bus, &project)
+        .await?
+        .into_iter()
+        .filter(|p| p.step.starts_with("model:"))
+        .filter_map(|p| p.tool_call)
+        .map(|t| t.tool)
+        .collect();
+    assert!(tools.contains(&"read_file".to_owned()), "{tools:?}");
+
+    // Malformed twice: the offline summary, with the fallback recorded.
+    fake.push(Scripted::text("not json"));
+    fake.push(Scripted::text("{\"purpose\": \"\"}"));
+    let other = Project::new();
+    let repo = repository(data.path(), other.id, RUST_REPO)?;
+    other.onboard(&publisher, &repo.commit, 1).await?;
+    let (completed, result) = finished(&terminal(&bus, &other, 1).await?)?;
+    assert_eq!(fake.request_count(), 4, "one answer and one repair");
+    assert_eq!(completed.provider, "offline");
+    assert_eq!(result["provenance"]["heuristic"], Value::Bool(true));
+    let summary = of_type::<pb::ContextPublished>(&bus, &other)
+        .await?
+        .pop()
+        .context("summary")?;
+    assert!(
+        summary.body.contains("provider: offline"),
+        "{}",
+        summary.body
+    );
+    assert!(summary.body.contains("Rust — Cargo"), "{}", summary.body);
+    let progress = of_type::<pb::FlowProgress>(&bus, &other).await?;
+    assert!(
+        progress
+            .iter()
+            .any(|p| p.step == "model:fallback"
+                && p.note.contains("Fell back to the offline summary")),
+        "{progress:?}"
+    );
+    service.stop().await
+}

@@ -147,13 +147,16 @@ pub struct Head {
 
 type ProjectKey = (OrgId, ProjectId);
 
+/// One project's append lane: its cached head, held while appending.
+type ProjectLane = Arc<tokio::sync::Mutex<Option<Head>>>;
+
 /// Appends events. Cheap to clone; share one per service.
 #[derive(Clone, Debug)]
 pub struct Publisher {
     bus: Bus,
     source: String,
     store: Option<Store>,
-    heads: Arc<Mutex<HashMap<ProjectKey, Arc<tokio::sync::Mutex<Option<Head>>>>>>,
+    heads: Arc<Mutex<HashMap<ProjectKey, ProjectLane>>>,
     retry: RetryPolicy,
 }
 
@@ -386,7 +389,7 @@ impl Publisher {
         }
     }
 
-    fn lane(&self, project: &ProjectKey) -> Arc<tokio::sync::Mutex<Option<Head>>> {
+    fn lane(&self, project: &ProjectKey) -> ProjectLane {
         let mut heads = self
             .heads
             .lock()

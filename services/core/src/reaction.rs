@@ -318,22 +318,22 @@ impl<R: Reaction> Runner<R> {
             .lanes
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(sender) = lanes.get(&lane_key) {
-            match sender.try_send(message) {
+        let message = match lanes.get(&lane_key) {
+            None => message,
+            Some(sender) => match sender.try_send(message) {
                 Ok(()) => return,
+                // A full lane cannot happen within max_ack_pending; a closed
+                // one just exited. Either way, start a fresh lane.
                 Err(
                     mpsc::error::TrySendError::Full(message)
                     | mpsc::error::TrySendError::Closed(message),
                 ) => {
-                    // A full lane cannot happen within max_ack_pending; a closed
-                    // one just exited. Either way, start a fresh lane below.
                     lanes.remove(&lane_key);
-                    self.start_lane(&mut lanes, lane_key, message);
+                    message
                 }
-            }
-        } else {
-            self.start_lane(&mut lanes, lane_key, message);
-        }
+            },
+        };
+        self.start_lane(&mut lanes, lane_key, message);
     }
 
     fn start_lane(
@@ -611,7 +611,7 @@ pub fn system_scope() -> (OrgId, ProjectId) {
 
 async fn settle(message: &async_nats::jetstream::Message, kind: AckKind) {
     for attempt in 1..=5u64 {
-        match message.double_ack_with(kind.clone()).await {
+        match message.double_ack_with(kind).await {
             Ok(()) => return,
             Err(error) => {
                 tracing::warn!(%error, attempt, "ack not confirmed; retrying");

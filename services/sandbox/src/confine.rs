@@ -20,8 +20,16 @@
 //!   `sandbox.allow_unconfined_exec` (`ZOPU_SANDBOX__ALLOW_UNCONFINED_EXEC`).
 //!
 //! Landlock and bubblewrap are not stacked: a landlock domain forbids the
-//! mounts bubblewrap needs. No seccomp filter is installed (not done: the
-//! network namespace and landlock already cover the network).
+//! mounts bubblewrap needs.
+//!
+//! In landlock and unconfined modes a **seccomp** filter (x86_64, aarch64) is
+//! installed last, right before `exec`: every system call is allowed except
+//! a deny list a read-only tool never needs (ptrace, mount, namespaces,
+//! kernel modules, bpf, keyrings, clock setting, ...) and `socket` for
+//! `AF_INET`, `AF_INET6` and `AF_PACKET`; those fail with `EPERM`. The BPF
+//! program is compiled once in the parent; the probe runs `true` under it
+//! and reports the layer inactive if the kernel refuses it. It is not applied
+//! in bubblewrap mode (bubblewrap itself needs `mount` and `unshare`).
 //!
 //! A wall-clock limit kills the whole process group; stdout and stderr are
 //! captured up to a cap, and exceeding it also kills the group.
@@ -96,7 +104,8 @@ pub struct ConfinementReport {
     pub network_namespace: bool,
     /// Path of a working `bwrap`, if any.
     pub bubblewrap: Option<PathBuf>,
-    /// A seccomp filter is installed (not implemented).
+    /// A seccomp deny-list filter is installed (landlock and unconfined
+    /// modes only).
     pub seccomp: bool,
     /// rlimits are always set.
     pub rlimits: bool,
@@ -133,6 +142,9 @@ impl ConfinementReport {
             ConfinementMode::Bubblewrap => layers.push("bubblewrap"),
             ConfinementMode::Unconfined | ConfinementMode::Refused => {}
         }
+        if self.seccomp && seccomp_applies(self.mode) {
+            layers.push("seccomp");
+        }
         layers
     }
 }
@@ -143,6 +155,7 @@ struct Capabilities {
     landlock_abi: Option<ABI>,
     network_namespace: bool,
     bubblewrap: Option<PathBuf>,
+    seccomp: bool,
 }
 
 fn capabilities() -> &'static Capabilities {
@@ -184,12 +197,122 @@ fn capabilities() -> &'static Capabilities {
                 *cmd = wrapped;
             })
         });
+        let seccomp = seccomp_program().is_some_and(|program| {
+            probe_true(|cmd| child::install(cmd, child::Setup::seccomp_only(program)))
+        });
         Capabilities {
             landlock_abi,
             network_namespace,
             bubblewrap,
+            seccomp,
         }
     })
+}
+
+/// Whether the seccomp layer is applied in `mode` (bubblewrap needs the
+/// system calls the filter denies; a refused mode runs nothing).
+fn seccomp_applies(mode: ConfinementMode) -> bool {
+    matches!(
+        mode,
+        ConfinementMode::Landlock | ConfinementMode::Unconfined
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+const SECCOMP_ARCH: Option<seccompiler::TargetArch> = Some(seccompiler::TargetArch::x86_64);
+#[cfg(target_arch = "aarch64")]
+const SECCOMP_ARCH: Option<seccompiler::TargetArch> = Some(seccompiler::TargetArch::aarch64);
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const SECCOMP_ARCH: Option<seccompiler::TargetArch> = None;
+
+/// System calls denied with `EPERM` whatever their arguments.
+fn seccomp_denied_syscalls() -> Vec<libc::c_long> {
+    let mut calls = vec![
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_chroot,
+        libc::SYS_swapon,
+        libc::SYS_swapoff,
+        libc::SYS_reboot,
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_userfaultfd,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_setns,
+        libc::SYS_unshare,
+        libc::SYS_acct,
+        libc::SYS_quotactl,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_name_to_handle_at,
+        libc::SYS_clock_settime,
+        libc::SYS_settimeofday,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.extend([libc::SYS_iopl, libc::SYS_ioperm]);
+    calls
+}
+
+/// The seccomp filter, compiled once in the parent (`None`: unsupported
+/// architecture or a build error, so the layer is inactive).
+// `c_long` is `i64` on the 64-bit targets the filter supports, not on all.
+#[allow(clippy::useless_conversion)]
+fn seccomp_program() -> Option<&'static seccompiler::BpfProgram> {
+    use seccompiler::{
+        BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+        SeccompRule,
+    };
+    static PROGRAM: OnceLock<Option<BpfProgram>> = OnceLock::new();
+    PROGRAM
+        .get_or_init(|| {
+            let arch = SECCOMP_ARCH?;
+            let mut rules: std::collections::BTreeMap<i64, Vec<SeccompRule>> =
+                seccomp_denied_syscalls()
+                    .into_iter()
+                    .map(|call| (i64::from(call), Vec::new()))
+                    .collect();
+            let socket_rules = [libc::AF_INET, libc::AF_INET6, libc::AF_PACKET]
+                .into_iter()
+                .map(|domain| {
+                    SeccompCondition::new(
+                        0,
+                        SeccompCmpArgLen::Dword,
+                        SeccompCmpOp::Eq,
+                        u64::try_from(domain).unwrap_or(u64::MAX),
+                    )
+                    .and_then(|cond| SeccompRule::new(vec![cond]))
+                })
+                .collect::<Result<Vec<_>, _>>();
+            let built = socket_rules
+                .and_then(|socket_rules| {
+                    rules.insert(i64::from(libc::SYS_socket), socket_rules);
+                    SeccompFilter::new(
+                        rules,
+                        SeccompAction::Allow,
+                        SeccompAction::Errno(u32::try_from(libc::EPERM).unwrap_or(1)),
+                        arch,
+                    )
+                })
+                .and_then(BpfProgram::try_from);
+            match built {
+                Ok(program) => Some(program),
+                Err(error) => {
+                    tracing::warn!(%error, "could not build the seccomp filter");
+                    None
+                }
+            }
+        })
+        .as_ref()
 }
 
 fn probe_true(prepare: impl FnOnce(&mut Command)) -> bool {
@@ -301,7 +424,7 @@ impl Confinement {
             landlock_scope: abi.is_some_and(|a| a >= ABI::V6),
             network_namespace: caps.network_namespace,
             bubblewrap: caps.bubblewrap.clone(),
-            seccomp: false,
+            seccomp: caps.seccomp && seccomp_applies(mode),
             rlimits: true,
             mode,
         };
@@ -342,6 +465,16 @@ impl Confinement {
             tmp.path().to_string_lossy().into_owned(),
         ));
         let rlimits = child::Rlimits::from_limits(&self.limits);
+        let seccomp = if self.report.seccomp && seccomp_applies(self.report.mode) {
+            // A report claiming seccomp on a build without it fails the run
+            // rather than silently weakening it.
+            Some(seccomp_program().ok_or_else(|| ConfineError::Spawn {
+                program: cmd.program.clone(),
+                source: std::io::Error::other("seccomp filter unavailable"),
+            })?)
+        } else {
+            None
+        };
         let mut command = match self.report.mode {
             ConfinementMode::Landlock => {
                 let ruleset = self.landlock_ruleset(cmd, tmp.path())?;
@@ -351,8 +484,12 @@ impl Confinement {
                     .current_dir(&cmd.cwd)
                     .env_clear()
                     .envs(env);
-                let setup =
-                    child::Setup::full(rlimits, self.report.network_namespace, Some(ruleset));
+                let setup = child::Setup::full(
+                    rlimits,
+                    self.report.network_namespace,
+                    Some(ruleset),
+                    seccomp,
+                );
                 child::install(&mut command, setup);
                 command
             }
@@ -365,7 +502,7 @@ impl Confinement {
                 let mut command = Command::new(bwrap);
                 command.args(bwrap_args(cmd, &env, tmp.path()));
                 command.env_clear();
-                child::install(&mut command, child::Setup::full(rlimits, false, None));
+                child::install(&mut command, child::Setup::full(rlimits, false, None, None));
                 command
             }
             ConfinementMode::Unconfined | ConfinementMode::Refused => {
@@ -375,7 +512,10 @@ impl Confinement {
                     .current_dir(&cmd.cwd)
                     .env_clear()
                     .envs(env);
-                child::install(&mut command, child::Setup::full(rlimits, false, None));
+                child::install(
+                    &mut command,
+                    child::Setup::full(rlimits, false, None, seccomp),
+                );
                 command
             }
         };
@@ -645,6 +785,7 @@ mod child {
     use rustix::fs::{Mode, OFlags};
     use rustix::process::{Resource, Rlimit};
     use rustix::thread::UnshareFlags;
+    use seccompiler::BpfProgram;
 
     use crate::policy::SandboxLimits;
 
@@ -671,6 +812,8 @@ mod child {
         /// `uid_map` and `gid_map` contents, when entering namespaces.
         id_maps: Option<(Vec<u8>, Vec<u8>)>,
         ruleset: Option<RulesetCreated>,
+        /// Compiled in the parent; installed last, right before `exec`.
+        seccomp: Option<&'static BpfProgram>,
     }
 
     impl Setup {
@@ -679,6 +822,16 @@ mod child {
                 rlimits: None,
                 id_maps: Some(id_maps()),
                 ruleset: None,
+                seccomp: None,
+            }
+        }
+
+        pub(super) fn seccomp_only(program: &'static BpfProgram) -> Self {
+            Self {
+                rlimits: None,
+                id_maps: None,
+                ruleset: None,
+                seccomp: Some(program),
             }
         }
 
@@ -686,11 +839,13 @@ mod child {
             rlimits: Rlimits,
             namespaces: bool,
             ruleset: Option<RulesetCreated>,
+            seccomp: Option<&'static BpfProgram>,
         ) -> Self {
             Self {
                 rlimits: Some(rlimits),
                 id_maps: namespaces.then(id_maps),
                 ruleset,
+                seccomp,
             }
         }
 
@@ -725,6 +880,11 @@ mod child {
                     return Err(std::io::Error::other("landlock not enforced"));
                 }
             }
+            if let Some(program) = self.seccomp {
+                // Sets no_new_privs, then seccomp(SET_MODE_FILTER); no
+                // allocation on the success path.
+                seccompiler::apply_filter(program).map_err(|_| std::io::Error::other("seccomp"))?;
+            }
             Ok(())
         }
     }
@@ -752,7 +912,7 @@ mod child {
     pub(super) fn install(cmd: &mut Command, mut setup: Setup) {
         // SAFETY: the closure runs in the forked child before exec. It only
         // makes system calls (setrlimit, unshare, open/write/close on
-        // /proc/self, prctl and landlock_restrict_self) on memory prepared
+        // /proc/self, prctl, landlock_restrict_self and seccomp) on memory prepared
         // before the fork; it takes no lock and allocates nothing on its
         // success path, so it is safe after fork in a multithreaded parent.
         // On error it returns, and std reports the error from `spawn`.

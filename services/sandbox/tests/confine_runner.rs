@@ -234,3 +234,93 @@ fn report_lists_active_layers() {
     eprintln!("confinement report: {:?}; layers: {layers:?}", c.report());
     assert!(layers.contains(&"rlimits"));
 }
+
+/// Confinements whose report says the seccomp filter is active.
+fn seccomp_confinements() -> Vec<Confinement> {
+    let all: Vec<Confinement> = confinements()
+        .into_iter()
+        .filter(|c| c.report().seccomp)
+        .collect();
+    if all.is_empty() {
+        eprintln!("seccomp not active here");
+    }
+    all
+}
+
+#[test]
+fn seccomp_denies_inet_sockets_but_not_unix_ones() {
+    let Some(python) = find_program("python3") else {
+        eprintln!("python3 not installed");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    for c in seccomp_confinements() {
+        assert!(c.report().active_layers().contains(&"seccomp"));
+        let run = |family: &str| {
+            let script = format!("import socket; socket.socket(socket.{family}); print('created')");
+            c.run(&command(
+                python.clone(),
+                &["-c", &script],
+                dir.path(),
+                Duration::from_secs(20),
+            ))
+            .expect("runs")
+        };
+        let unix = run("AF_UNIX");
+        assert_eq!(unix.exit_code, Some(0), "AF_UNIX socket refused: {unix:?}");
+        assert_eq!(unix.stdout, b"created\n", "{unix:?}");
+        for family in ["AF_INET", "AF_INET6"] {
+            let out = run(family);
+            assert_ne!(out.exit_code, Some(0), "{family} socket created: {out:?}");
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains("Operation not permitted"),
+                "{family}: {out:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn seccomp_denies_unshare() {
+    let Some(unshare) = find_program("unshare") else {
+        eprintln!("unshare not installed");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    for c in seccomp_confinements() {
+        let mut cmd = command(
+            unshare.clone(),
+            &["-U", "true"],
+            dir.path(),
+            Duration::from_secs(10),
+        );
+        cmd.exec_paths.push(find_program("true").expect("true"));
+        let out = c.run(&cmd).expect("runs");
+        assert_ne!(out.exit_code, Some(0), "unshare -U succeeded: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Operation not permitted"),
+            "{out:?}"
+        );
+    }
+}
+
+#[test]
+fn seccomp_keeps_tools_working() {
+    let git = find_program("git").expect("git is installed");
+    let dir = tempfile::tempdir().expect("tmp");
+    for c in seccomp_confinements() {
+        let out = c
+            .run(&command(
+                git.clone(),
+                &["--version"],
+                dir.path(),
+                Duration::from_secs(10),
+            ))
+            .expect("runs");
+        assert_eq!(out.exit_code, Some(0), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with("git version"),
+            "{out:?}"
+        );
+    }
+}

@@ -10,7 +10,7 @@ use zopu_schema::pb::FlowPhase;
 
 use crate::port::{self, FlowError, Port};
 use crate::results::{
-    CommandHint, CommandStatus, EvidenceItem, OnboardingResult, Provenance, clip,
+    CommandHint, CommandStatus, EvidenceItem, OnboardingAnswer, OnboardingResult, Provenance, clip,
 };
 use crate::stack;
 use crate::{grounding, guard};
@@ -516,6 +516,87 @@ pub async fn onboard<P: Port>(
     Ok(result)
 }
 
+/// What the model is asked to do during onboarding.
+pub const MODEL_TASK: &str = "Onboard onto this repository. Start from the offline findings below, check them with the tools, and write the summary sections.";
+
+/// The offline heuristics' findings handed to the model as context (data).
+pub fn seed(result: &OnboardingResult) -> String {
+    let seed = serde_json::json!({
+        "name": result.name,
+        "purpose": result.purpose,
+        "stack": result.stack,
+        "manifests": result.evidence.iter().map(|e| e.path.clone()).collect::<Vec<_>>(),
+        "entry_points": result.entry_points.iter().map(|e| serde_json::json!({"path": e.path, "line": e.start_line, "snippet": e.snippet})).collect::<Vec<_>>(),
+        "commands": result.commands,
+        "top_level": result.top_level,
+        "important_directories": result.important_directories,
+        "files": result.files,
+    });
+    seed.to_string()
+}
+
+/// Merges a validated, grounded model answer into the offline result: the
+/// facts read from manifests (stack, verified commands) stay; the model adds
+/// the purpose, verified entry points, directory notes, inferred commands,
+/// constraints and starting areas. The result is marked with `provider`.
+pub fn merge_model(
+    offline: &OnboardingResult,
+    answer: OnboardingAnswer,
+    provider: &str,
+) -> OnboardingResult {
+    let mut result = offline.clone();
+    result.purpose = Some(answer.purpose);
+    result.purpose_source = format!("written by the model ({provider})");
+    for item in answer.entry_points {
+        if !result.entry_points.iter().any(|e| e.path == item.path) {
+            result.entry_points.push(item);
+        }
+    }
+    for note in answer.important_directories {
+        if let Some(entry) = result
+            .important_directories
+            .iter_mut()
+            .find(|(dir, _)| *dir == note.path)
+        {
+            if !note.detail.is_empty() {
+                entry.1 = note.detail;
+            }
+        } else if result.top_level.contains(&note.path) {
+            result.important_directories.push((note.path, note.detail));
+        }
+    }
+    for note in answer.commands {
+        if !result.commands.iter().any(|c| c.command == note.command) {
+            result.commands.push(CommandHint {
+                purpose: if note.purpose.is_empty() {
+                    "other".to_owned()
+                } else {
+                    note.purpose
+                },
+                command: note.command,
+                status: CommandStatus::Inferred,
+                source: "suggested by the model, not declared or run".to_owned(),
+            });
+        }
+    }
+    result.constraints.extend(answer.constraints);
+    result.constraints.extend(answer.unverified);
+    result.starting_areas = answer
+        .starting_areas
+        .into_iter()
+        .chain(offline.starting_areas.iter().cloned())
+        .collect();
+    for list in [&mut result.constraints, &mut result.starting_areas] {
+        let mut seen = BTreeSet::new();
+        list.retain(|item| seen.insert(item.clone()));
+        list.truncate(30);
+    }
+    result.provenance.provider = provider.to_owned();
+    result.provenance.heuristic = false;
+    result.summary_markdown = summary_markdown(&result);
+    result
+}
+
 fn status_text(command: &CommandHint) -> String {
     match command.status {
         CommandStatus::Verified => format!("**verified** — {}", command.source),
@@ -545,6 +626,9 @@ pub fn summary_markdown(result: &OnboardingResult) -> String {
     );
     let _ = writeln!(md, "## Project purpose\n");
     match &result.purpose {
+        Some(purpose) if !result.provenance.heuristic => {
+            let _ = writeln!(md, "{purpose}\n\n({})\n", result.purpose_source);
+        }
         Some(purpose) => {
             let _ = writeln!(
                 md,

@@ -175,6 +175,38 @@ pub struct OnboardingResult {
     pub provenance: Provenance,
 }
 
+/// A directory named by a model's onboarding answer.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DirectoryNote {
+    pub path: String,
+    pub detail: String,
+}
+
+/// A command suggested by a model's onboarding answer.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CommandNote {
+    pub purpose: String,
+    pub command: String,
+}
+
+/// The summary sections a model returns during onboarding; merged into the
+/// offline heuristics' [`OnboardingResult`] (see `onboarding::merge_model`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OnboardingAnswer {
+    pub purpose: String,
+    pub entry_points: Vec<EvidenceItem>,
+    pub important_directories: Vec<DirectoryNote>,
+    pub commands: Vec<CommandNote>,
+    pub constraints: Vec<String>,
+    pub starting_areas: Vec<String>,
+    /// Claims whose evidence did not check out (filled by grounding).
+    #[serde(skip)]
+    pub unverified: Vec<String>,
+}
+
 /// Keeps at most `max` characters (on a char boundary), marking the cut.
 pub fn clip(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
@@ -315,6 +347,45 @@ pub fn validate_issue(result: &mut IssueResult) -> Result<(), Vec<String>> {
             problems.push(format!("evidence[{e}]: needs a path or a note"));
         }
     }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
+/// Checks a model's onboarding answer against the schema.
+pub fn validate_onboarding(result: &mut OnboardingAnswer) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    if result.purpose.trim().is_empty() {
+        problems.push("purpose: required".to_owned());
+    }
+    if result.starting_areas.iter().all(|a| a.trim().is_empty()) {
+        problems.push("starting_areas: at least one required".to_owned());
+    }
+    result.purpose = clip(result.purpose.trim(), TEXT_CHARS_MAX);
+    clip_evidence(&mut result.entry_points);
+    for (e, item) in result.entry_points.iter().enumerate() {
+        if item.path.trim().is_empty() {
+            problems.push(format!("entry_points[{e}].path: required"));
+        }
+    }
+    result.important_directories.truncate(LIST_MAX);
+    result
+        .important_directories
+        .retain(|d| !d.path.trim().is_empty());
+    for dir in &mut result.important_directories {
+        dir.path = clip(dir.path.trim().trim_end_matches('/'), 200);
+        dir.detail = clip(dir.detail.trim(), 300);
+    }
+    result.commands.truncate(LIST_MAX);
+    result.commands.retain(|c| !c.command.trim().is_empty());
+    for command in &mut result.commands {
+        command.command = clip(command.command.trim(), 200);
+        command.purpose = clip(command.purpose.trim(), 40);
+    }
+    clip_list(&mut result.constraints);
+    clip_list(&mut result.starting_areas);
     if problems.is_empty() {
         Ok(())
     } else {

@@ -201,11 +201,12 @@ impl Shared {
             return Ok(());
         }
         let cause = event.context();
-        let provider_label = if ids.flow_type == FlowType::OnboardingExplore {
-            "offline".to_owned()
-        } else {
-            self.config.provider_label()
-        };
+        let provider_label =
+            if ids.flow_type == FlowType::OnboardingExplore && self.provider.is_none() {
+                "offline".to_owned()
+            } else {
+                self.config.provider_label()
+            };
         let total = self.config.flow.total_timeout;
         let (started_at_elapsed, first_start) = match ctx.publisher.recorded(&ids.run_key).await? {
             Some(started) => {
@@ -251,6 +252,7 @@ impl Shared {
             replayed: 0,
             executed: 0,
             heartbeats: 0,
+            scope: None,
         };
         if !first_start {
             let note = format!("Resumed after an interruption (delivery {})", ctx.delivered);
@@ -307,9 +309,128 @@ struct Run<'a> {
     replayed: u32,
     executed: u32,
     heartbeats: u32,
+    /// The prefix of the step names of a sub-flow or sub-step in progress
+    /// (`sub:explore`, `model`), so its keys never collide with the parent's.
+    scope: Option<String>,
 }
 
 impl Run<'_> {
+    /// `step` inside the current scope.
+    fn scoped(&self, step: &str) -> String {
+        match &self.scope {
+            Some(scope) => format!("{scope}:{step}"),
+            None => step.to_owned(),
+        }
+    }
+
+    fn uses_model(&self) -> bool {
+        self.shared.config.provider.kind == ProviderKind::Openai && self.shared.provider.is_some()
+    }
+
+    /// Delegation to an exploration sub-flow (for an issue with no earlier
+    /// exploration to reuse): the sub-flow's steps are keyed under
+    /// `sub:explore:` so they resume like the parent's. Returns the result as
+    /// (flow run id, JSON), like a stored exploration.
+    async fn delegate_exploration(
+        &mut self,
+        request: &pb::FlowRequested,
+        project: &str,
+    ) -> Result<(String, String), FlowError> {
+        self.progress(
+            Signal::Delegation,
+            "delegate:explore",
+            "No earlier exploration to reuse: delegating to exploration",
+            true,
+            None,
+        )
+        .await?;
+        self.scope = Some("sub:explore".to_owned());
+        let outcome = self.run_exploration(request, project).await;
+        self.scope = None;
+        let result = outcome?;
+        let note = format!(
+            "Exploration sub-flow returned {} finding(s); defining the issue",
+            result.findings.len()
+        );
+        self.progress(
+            Signal::Phase,
+            "delegate:explore:returned",
+            &note,
+            true,
+            None,
+        )
+        .await?;
+        Ok((
+            self.ids.flow_run_id.to_string(),
+            results::to_redacted_json(&result),
+        ))
+    }
+
+    /// Exploration with the configured provider.
+    async fn run_exploration(
+        &mut self,
+        request: &pb::FlowRequested,
+        project: &str,
+    ) -> Result<ExplorationResult, FlowError> {
+        if self.uses_model() {
+            let input = self.model_input(request, project, None)?;
+            match model::run(self, model::Goal::Explore, &input).await? {
+                model::ModelResult::Explore(result) => Ok(result),
+                _ => Err(FlowError::InvalidOutput(
+                    "expected an exploration".to_owned(),
+                )),
+            }
+        } else {
+            let input = explore::ExploreInput {
+                question: request.request_text.clone(),
+                provider: self.provider_label.clone(),
+                repository_commit: request.repository_commit.clone(),
+            };
+            explore::explore(self, &input).await
+        }
+    }
+
+    /// Onboarding driven by the model, seeded with the offline findings. A
+    /// model that misbehaves (invalid output after the repair, a failed call,
+    /// the iteration bound) does not fail onboarding: the offline summary is
+    /// kept and the fallback is recorded.
+    async fn onboard_with_model(
+        &mut self,
+        request: &pb::FlowRequested,
+        offline: results::OnboardingResult,
+    ) -> Result<results::OnboardingResult, FlowError> {
+        let input = model::ModelInput {
+            request: onboarding::MODEL_TASK.to_owned(),
+            provider: self.provider_label.clone(),
+            repository_commit: request.repository_commit.clone(),
+            context: Some(onboarding::seed(&offline)),
+            exploration: None,
+            max_tokens: self.shared.config.provider.max_tokens,
+        };
+        self.scope = Some("model".to_owned());
+        let outcome = model::run(self, model::Goal::Onboarding, &input).await;
+        self.scope = None;
+        let reason = match outcome {
+            Ok(model::ModelResult::Onboarding(answer)) => {
+                return Ok(onboarding::merge_model(&offline, answer, &input.provider));
+            }
+            Ok(_) => "the model returned the wrong kind of result".to_owned(),
+            Err(
+                error @ (FlowError::InvalidOutput(_)
+                | FlowError::Llm { .. }
+                | FlowError::IterationLimit { .. }
+                | FlowError::PhaseTimeout { .. }
+                | FlowError::ToolNotAllowed(_)),
+            ) => error.to_string(),
+            Err(other) => return Err(other),
+        };
+        let note = format!("Fell back to the offline summary: {reason}");
+        tracing::warn!(flow_run = %self.ids.flow_run_id, %note, "model onboarding fell back");
+        self.progress(Signal::Phase, "model:fallback", &note, true, None)
+            .await?;
+        Ok(offline)
+    }
+
     fn new_event<E: Event>(&self, payload: &E, step: &str) -> NewEvent {
         NewEvent::caused_by(&self.cause, payload, self.ids.step_key(step))
             .with_flow_run(self.ids.flow_run_id)
@@ -413,7 +534,7 @@ impl Run<'_> {
                 }
                 _ = heartbeat.tick() => {
                     self.heartbeats += 1;
-                    let step = format!("heartbeat:{}:{}:{}", phase_name(self.phase), self.iteration, self.heartbeats);
+                    let step = self.scoped(&format!("heartbeat:{}:{}:{}", phase_name(self.phase), self.iteration, self.heartbeats));
                     self.progress(Signal::Heartbeat, &step, "still working", false, None).await?;
                 }
             }
@@ -456,40 +577,33 @@ impl Run<'_> {
                 let input = onboarding::OnboardingInput {
                     repository_commit: commit,
                     environment_variables: state::environment_names(store, &project)?,
-                    provider: self.provider_label.clone(),
+                    provider: "offline".to_owned(),
                 };
                 let mut result = onboarding::onboard(self, &input).await?;
+                if self.uses_model() {
+                    result = self.onboard_with_model(request, result).await?;
+                }
+                // flow.completed names the provider that produced the summary.
+                self.provider_label = result.provenance.provider.clone();
                 self.terminate_onboarding(event, &mut result).await
             }
             FlowType::Explore => {
-                let result = match (
-                    self.shared.config.provider.kind,
-                    self.shared.provider.is_some(),
-                ) {
-                    (ProviderKind::Openai, true) => {
-                        let input = self.model_input(request, &project, None)?;
-                        match model::run(self, model::Goal::Explore, &input).await? {
-                            model::ModelResult::Explore(result) => result,
-                            model::ModelResult::Issue(_) => {
-                                return Err(FlowError::InvalidOutput(
-                                    "expected an exploration".to_owned(),
-                                ));
-                            }
-                        }
-                    }
-                    _ => {
-                        let input = explore::ExploreInput {
-                            question: request.request_text.clone(),
-                            provider: self.provider_label.clone(),
-                            repository_commit: commit,
-                        };
-                        explore::explore(self, &input).await?
-                    }
-                };
+                let result = self.run_exploration(request, &project).await?;
                 self.terminate_result(event, Outcome::Explore(result)).await
             }
             FlowType::Issue => {
-                let previous = state::latest_result(store, &project, FlowType::Explore)?;
+                let mut previous = state::latest_result(store, &project, FlowType::Explore)?;
+                // A resumed run that already delegated delegates again (its steps replay).
+                let delegated = self
+                    .ctx
+                    .publisher
+                    .recorded(&self.ids.step_key("delegate:explore"))
+                    .await?
+                    .is_some();
+                if previous.is_none() || delegated {
+                    previous = Some(self.delegate_exploration(request, &project).await?);
+                }
+                let store = &self.ctx.store;
                 let result = match (
                     self.shared.config.provider.kind,
                     self.shared.provider.is_some(),
@@ -498,7 +612,7 @@ impl Run<'_> {
                         let input = self.model_input(request, &project, previous)?;
                         match model::run(self, model::Goal::Issue, &input).await? {
                             model::ModelResult::Issue(result) => result,
-                            model::ModelResult::Explore(_) => {
+                            _ => {
                                 return Err(FlowError::InvalidOutput(
                                     "expected an issue".to_owned(),
                                 ));
@@ -946,12 +1060,12 @@ impl Port for Run<'_> {
         self.phase = phase;
         self.iteration = iteration;
         self.phase_deadline = Instant::now() + self.phase_timeout(phase);
-        let step = format!("phase:{}:{iteration}", phase_name(phase));
+        let step = self.scoped(&format!("phase:{}:{iteration}", phase_name(phase)));
         self.progress(Signal::Phase, &step, note, true, None).await
     }
 
     async fn tool(&mut self, step: &str, request: ToolRequest) -> Result<ToolResult, FlowError> {
-        let step = format!("tool:{step}");
+        let step = self.scoped(&format!("tool:{step}"));
         if let Some(recorded) = self
             .ctx
             .publisher
@@ -972,6 +1086,7 @@ impl Port for Run<'_> {
     }
 
     async fn llm(&mut self, step: &str, request: ChatRequest) -> Result<ChatReply, FlowError> {
+        let step = &self.scoped(step);
         let key = self.ids.step_key(step);
         if let Some(recorded) = self.ctx.publisher.recorded(&key).await? {
             self.replayed += 1;
@@ -1070,7 +1185,7 @@ impl Port for Run<'_> {
             action: action.to_owned(),
         };
         tracing::info!(flow_run = %self.ids.flow_run_id, rule, action, "guardrail triggered");
-        self.append(&triggered, &format!("guardrail:{step}"))
+        self.append(&triggered, &self.scoped(&format!("guardrail:{step}")))
             .await
             .map(|_| ())
     }
