@@ -98,6 +98,15 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     // The flow enforces its own total timeout; the runner's is a backstop.
     reaction.handler_timeout = config.flow.total_timeout + std::time::Duration::from_secs(60);
     reaction.max_ack_pending = 64;
+    // Which kernel layers confine programs the tools run, reported once at start.
+    let confinement = zopu_sandbox::confine::Confinement::probe(&config.sandbox);
+    let report = confinement.report();
+    tracing::info!(
+        layers = ?report.active_layers(),
+        mode = ?report.mode,
+        denies_network = report.denies_network(),
+        "sandbox confinement"
+    );
     tracing::info!(provider = %config.provider_label(), "specialists starting");
     runtime.spawn_reaction(
         reaction,
