@@ -233,33 +233,7 @@ impl Publisher {
                 .publish_envelope(&envelope, current.map_or(0, |h| h.sequence))
                 .await
             {
-                Ok(ack) if ack.duplicate => {
-                    // Stored before (possibly by an earlier attempt of ours):
-                    // the cached head can no longer be trusted.
-                    *head = None;
-                    let stored = self.stored_id(ack.sequence, event_id).await;
-                    self.remember(&event.idempotency_key, ack.sequence, stored)?;
-                    return Ok(Appended {
-                        event_id: stored,
-                        sequence: ack.sequence,
-                        duplicate: true,
-                        project_version: None,
-                    });
-                }
-                Ok(ack) => {
-                    *head = Some(Head {
-                        sequence: ack.sequence,
-                        version: envelope.project_version,
-                        hash: envelope.hash(),
-                    });
-                    self.remember(&event.idempotency_key, ack.sequence, event_id)?;
-                    return Ok(Appended {
-                        event_id,
-                        sequence: ack.sequence,
-                        duplicate: false,
-                        project_version: Some(envelope.project_version),
-                    });
-                }
+                Ok(ack) => return self.acknowledged(&mut head, &envelope, &ack).await,
                 Err(PublishFailure::Conflict) => {
                     conflicts += 1;
                     *head = None;
@@ -311,31 +285,7 @@ impl Publisher {
             .publish_envelope(&envelope, current.map_or(0, |h| h.sequence))
             .await
         {
-            Ok(ack) if ack.duplicate => {
-                *head = None;
-                let stored = self.stored_id(ack.sequence, event_id).await;
-                self.remember(&event.idempotency_key, ack.sequence, stored)?;
-                Ok(Appended {
-                    event_id: stored,
-                    sequence: ack.sequence,
-                    duplicate: true,
-                    project_version: None,
-                })
-            }
-            Ok(ack) => {
-                *head = Some(Head {
-                    sequence: ack.sequence,
-                    version: envelope.project_version,
-                    hash: envelope.hash(),
-                });
-                self.remember(&event.idempotency_key, ack.sequence, event_id)?;
-                Ok(Appended {
-                    event_id,
-                    sequence: ack.sequence,
-                    duplicate: false,
-                    project_version: Some(envelope.project_version),
-                })
-            }
+            Ok(ack) => Ok(self.acknowledged(&mut head, &envelope, &ack).await?),
             Err(PublishFailure::Conflict) => {
                 *head = None;
                 let current_version = self
@@ -349,6 +299,40 @@ impl Publisher {
                 reason,
             })),
         }
+    }
+
+    /// Settles an acknowledged append: moves the cached head on (or forgets
+    /// it after a duplicate, which may have been stored by anyone) and
+    /// records the key.
+    async fn acknowledged(
+        &self,
+        head: &mut Option<Head>,
+        envelope: &Envelope,
+        ack: &async_nats::jetstream::publish::PublishAck,
+    ) -> Result<Appended, Error> {
+        if ack.duplicate {
+            *head = None;
+            let stored = self.stored_id(ack.sequence, envelope.id).await;
+            self.remember(&envelope.idempotency_key, ack.sequence, stored)?;
+            return Ok(Appended {
+                event_id: stored,
+                sequence: ack.sequence,
+                duplicate: true,
+                project_version: None,
+            });
+        }
+        *head = Some(Head {
+            sequence: ack.sequence,
+            version: envelope.project_version,
+            hash: envelope.hash(),
+        });
+        self.remember(&envelope.idempotency_key, ack.sequence, envelope.id)?;
+        Ok(Appended {
+            event_id: envelope.id,
+            sequence: ack.sequence,
+            duplicate: false,
+            project_version: Some(envelope.project_version),
+        })
     }
 
     /// The event already stored under `key`, as this service's store knows it.
