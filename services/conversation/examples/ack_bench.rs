@@ -1,16 +1,22 @@
 //! Acknowledgement latency benchmark (offline provider).
 //!
 //! Runs the dispatch and conversation services in-process against the
-//! nats-server at the given URL, registers `PROJECTS` projects, then has each
-//! project send `MESSAGES / PROJECTS` messages one after the other (the next
-//! once the previous turn completed), all projects at once. Reports the
-//! latency from `timeline.message.sent` stored (its append acknowledged) to
-//! `agent.acknowledged` stored (seen on the stream), p50/p99, and the
-//! dispatches completed per second.
+//! nats-server at the given URL and registers `PROJECTS` projects. Reports
+//! the latency from `timeline.message.sent` stored (its append acknowledged)
+//! to `agent.acknowledged` stored (seen on the stream), p50/p99, and the
+//! dispatches completed per second. Two load shapes:
+//!
+//! - closed loop (no `RATE`): every project sends `MESSAGES / PROJECTS`
+//!   messages one after the other, the next once the previous turn
+//!   completed, all projects at once. This finds the saturation throughput;
+//!   its latencies are mostly queueing (100 turns always in flight).
+//! - open loop (`RATE` messages/s): message `i` is sent at `i / RATE` s to
+//!   project `i % PROJECTS`, whatever is still in flight — the latency a user
+//!   sees while the runtime sustains that rate.
 //!
 //! ```text
 //! ./tools/bin/nats-server -js -c bench.conf   # jetstream { sync_interval: always }
-//! cargo run --release -p zopu-conversation --example ack_bench -- nats://127.0.0.1:4222 1000 100
+//! cargo run --release -p zopu-conversation --example ack_bench -- nats://127.0.0.1:4222 1000 100 [RATE]
 //! ```
 
 use std::collections::HashMap;
@@ -41,6 +47,7 @@ type Pending = Arc<
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    zopu_core::telemetry::init_with_default(false, "warn");
     let args: Vec<String> = std::env::args().collect();
     let url = args
         .get(1)
@@ -48,6 +55,7 @@ async fn main() -> Result<()> {
         .unwrap_or_else(|| "nats://127.0.0.1:4222".into());
     let messages: usize = args.get(2).map(|n| n.parse()).transpose()?.unwrap_or(1000);
     let projects: usize = args.get(3).map(|n| n.parse()).transpose()?.unwrap_or(100);
+    let rate: Option<f64> = args.get(4).map(|n| n.parse()).transpose()?;
     let data = tempfile::tempdir()?;
     let core = CoreConfig {
         nats_url: url.clone(),
@@ -136,7 +144,11 @@ async fn main() -> Result<()> {
     let started = Instant::now();
     let mut latencies = Vec::new();
     let mut missing = 0;
-    for latency in phase(&bus, &org, &ids, &pending, per_project, 0).await? {
+    let measured = match rate {
+        None => phase(&bus, &org, &ids, &pending, per_project, 0).await?,
+        Some(rate) => open_loop(&bus, &org, &ids, &pending, messages, rate).await?,
+    };
+    for latency in measured {
         match latency {
             Some(latency) => latencies.push(latency),
             None => missing += 1,
@@ -150,9 +162,14 @@ async fn main() -> Result<()> {
             .min(latencies.len() - 1)]
     };
     let turns = latencies.len() + missing;
-    println!(
-        "messages: {turns} across {projects} projects ({per_project} each, one turn at a time per project)"
-    );
+    match rate {
+        None => println!(
+            "closed loop: {turns} messages across {projects} projects ({per_project} each, the next once the previous turn completed)"
+        ),
+        Some(rate) => println!(
+            "open loop: {turns} messages across {projects} projects, offered at {rate:.0} messages/s"
+        ),
+    }
     println!("ack latency (timeline.message.sent stored -> agent.acknowledged stored):");
     println!(
         "  p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
@@ -172,6 +189,60 @@ async fn main() -> Result<()> {
     let _ = conversation.await;
     shutdown.wait(Duration::from_secs(10)).await;
     Ok(())
+}
+
+/// Sends `messages` messages at `rate` per second, round robin over the
+/// projects, without waiting for turns to complete.
+async fn open_loop(
+    bus: &zopu_core::nats::Bus,
+    org: &OrgId,
+    ids: &[ProjectId],
+    pending: &Pending,
+    messages: usize,
+    rate: f64,
+) -> Result<Vec<Option<Duration>>> {
+    let topics = [
+        "cart", "login", "search", "billing", "invoices", "emails", "uploads", "reports",
+        "sessions", "webhooks",
+    ];
+    let gateway = Publisher::new(bus.clone(), "gateway", None);
+    let actor = pb::Actor {
+        kind: pb::actor::Kind::User as i32,
+        id: "bench".into(),
+    };
+    let start = tokio::time::Instant::now();
+    let mut turns = tokio::task::JoinSet::new();
+    for i in 0..messages {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+        let (gateway, actor, org, pending) =
+            (gateway.clone(), actor.clone(), org.clone(), pending.clone());
+        let project = ids[i % ids.len()];
+        let text = format!(
+            "How does the {} module handle retries?",
+            topics[(i / ids.len()) % topics.len()]
+        );
+        turns.spawn(async move {
+            let request = zopu_schema::EventId::new().to_string();
+            let (done, finished) = oneshot::channel();
+            let sent =
+                zopu_conversation::send_message(&gateway, &org, &project, &text, actor, &request)
+                    .await?;
+            let at = Instant::now();
+            pending
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .insert(sent.event_id.to_string(), (at, None, Some(done)));
+            let ack = tokio::time::timeout(Duration::from_secs(120), finished)
+                .await
+                .context("turn timed out")??;
+            anyhow::Ok(ack)
+        });
+    }
+    let mut all = Vec::with_capacity(messages);
+    while let Some(turn) = turns.join_next().await {
+        all.push(turn??);
+    }
+    Ok(all)
 }
 
 /// Each project sends `count` messages, the next once the previous turn completed.

@@ -430,20 +430,8 @@ impl Publisher {
         envelope: &Envelope,
         expected_sequence: u64,
     ) -> Result<async_nats::jetstream::publish::PublishAck, PublishFailure> {
-        let (pairs, body) = codec::encode(envelope);
-        let mut headers = HeaderMap::new();
-        for (name, value) in pairs {
-            headers.insert(name, value.as_str());
-        }
-        headers.insert(MSG_ID, envelope.idempotency_key.as_str());
-        headers.insert(
-            EXPECTED_LAST_SUBJECT_SEQUENCE,
-            expected_sequence.to_string().as_str(),
-        );
-        headers.insert(
-            EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
-            zopu_schema::subjects::project_events(&envelope.org_id, &envelope.project_id).as_str(),
-        );
+        let (mut headers, body) = event_message(envelope);
+        expect_project_head(&mut headers, envelope, expected_sequence);
         let subject = envelope.subject();
         let mut attempt = 0;
         loop {
@@ -478,13 +466,45 @@ impl Publisher {
         }
     }
 
-    /// Reads the last stored event of a project (from the stream leader).
+    /// Reads the last stored event of a project (from the stream leader) and
+    /// remembers it as the project's head for the next append.
     pub async fn fetch_head(
         &self,
         org: &OrgId,
         project: &ProjectId,
     ) -> Result<Option<Head>, Error> {
-        fetch_head(&self.bus, org, project).await
+        let head = fetch_head(&self.bus, org, project).await?;
+        if let Some(head) = head {
+            self.advance_head(org, project, head);
+        }
+        Ok(head)
+    }
+
+    /// Notes that `event` is stored at `sequence` (a reaction calls this for
+    /// the event it is about to handle). If that is newer than the cached
+    /// head, it becomes the head the next append expects, so an append that
+    /// follows another service's write does not first lose a race against
+    /// it. A wrong guess costs one conflict, as an empty cache would.
+    pub fn observe(&self, sequence: u64, event: &Envelope) {
+        self.advance_head(
+            &event.org_id,
+            &event.project_id,
+            Head {
+                sequence,
+                version: event.project_version,
+                hash: event.hash(),
+            },
+        );
+    }
+
+    fn advance_head(&self, org: &OrgId, project: &ProjectId, newer: Head) {
+        let lane = self.lane(&(org.clone(), *project));
+        // An append in progress holds the lane and settles the head itself.
+        if let Ok(mut head) = lane.try_lock()
+            && head.is_none_or(|cached| cached.sequence < newer.sequence)
+        {
+            *head = Some(newer);
+        }
     }
 }
 
@@ -500,6 +520,31 @@ pub enum AppendAtError {
 enum PublishFailure {
     Conflict,
     Fatal(String),
+}
+
+/// An event as a NATS message: the CloudEvents headers plus `Nats-Msg-Id`
+/// (the idempotency key), and the protobuf body.
+fn event_message(envelope: &Envelope) -> (HeaderMap, Bytes) {
+    let (pairs, body) = codec::encode(envelope);
+    let mut headers = HeaderMap::new();
+    for (name, value) in pairs {
+        headers.insert(name, value);
+    }
+    headers.insert(MSG_ID, envelope.idempotency_key.as_str());
+    (headers, body)
+}
+
+/// The per-project optimistic-concurrency expectation: the last message on
+/// `zopu.evt.<org>.<project>.>` is still at `expected_sequence`.
+fn expect_project_head(headers: &mut HeaderMap, envelope: &Envelope, expected_sequence: u64) {
+    headers.insert(
+        EXPECTED_LAST_SUBJECT_SEQUENCE,
+        expected_sequence.to_string(),
+    );
+    headers.insert(
+        EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT,
+        zopu_schema::subjects::project_events(&envelope.org_id, &envelope.project_id),
+    );
 }
 
 fn is_unavailable(error: &async_nats::jetstream::context::PublishError) -> bool {

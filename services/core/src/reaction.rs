@@ -405,6 +405,7 @@ impl<R: Reaction> Runner<R> {
             if delivered > 1 && !self.caught_up_for_redelivery(&message).await {
                 return;
             }
+            self.publisher.observe(stream_sequence, &envelope);
             let context = ReactionContext {
                 publisher: self.publisher.clone(),
                 store: self.store.clone(),

@@ -156,12 +156,9 @@ impl Store {
     /// The stream sequence of the event stored under `key`, if any.
     pub fn key_sequence(&self, key: &str) -> Result<Option<u64>, Error> {
         self.read(|conn| {
-            conn.query_row(
-                "SELECT sequence FROM zopu_keys WHERE key = ?1",
-                [key],
-                |row| row.get::<_, i64>(0),
-            )
-            .optional()
+            conn.prepare_cached("SELECT sequence FROM zopu_keys WHERE key = ?1")?
+                .query_row([key], |row| row.get::<_, i64>(0))
+                .optional()
         })
         .map(|sequence| sequence.and_then(|s| u64::try_from(s).ok()))
     }
@@ -169,12 +166,11 @@ impl Store {
     /// The stream sequence and event id stored under `key`, if any.
     pub fn key_entry(&self, key: &str) -> Result<Option<(u64, String)>, Error> {
         self.read(|conn| {
-            conn.query_row(
-                "SELECT sequence, event_id FROM zopu_keys WHERE key = ?1",
-                [key],
-                |row| Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?)),
-            )
-            .optional()
+            conn.prepare_cached("SELECT sequence, event_id FROM zopu_keys WHERE key = ?1")?
+                .query_row([key], |row| {
+                    Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+                })
+                .optional()
         })
         .map(|entry| entry.map(|(sequence, id)| (u64::try_from(sequence).unwrap_or(0), id)))
     }
@@ -182,10 +178,10 @@ impl Store {
     /// Records a key right after its append was acknowledged.
     pub fn record_key(&self, key: &str, sequence: u64, event_id: &str) -> Result<(), Error> {
         self.read(|conn| {
-            conn.execute(
+            conn.prepare_cached(
                 "INSERT OR IGNORE INTO zopu_keys (key, sequence, event_id) VALUES (?1, ?2, ?3)",
-                params![key, sequence as i64, event_id],
-            )
+            )?
+            .execute(params![key, sequence as i64, event_id])
             .map(|_| ())
         })
     }
