@@ -570,10 +570,10 @@ async fn a_crash_in_the_middle_of_the_clone_resumes_and_emits_ready_once() -> Re
     let shutdown = Shutdown::new();
     let reaction_config = config.reaction_config();
     crashing.spawn(async move {
-        let runtime = zopu_core::Runtime::start("setup", &core, shutdown.clone())
-            .await
-            .expect("runtime");
-        runtime.spawn_projection(SetupProjection);
+        let runtime =
+            zopu_core::Runtime::start_with("setup", &core, shutdown.clone(), SetupProjection)
+                .await
+                .expect("runtime");
         runtime.spawn_reaction(reaction_config, reaction);
         shutdown.cancelled().await;
     });

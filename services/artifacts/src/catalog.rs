@@ -129,11 +129,9 @@ impl Projection for Catalogue {
         // them, and a projection must never stop on bad input.
         if let Ok(request) = event.decode::<pb::ArtifactBuildRequested>() {
             // The first request of a build id wins; duplicates change nothing.
-            tx.execute(
-                "INSERT OR IGNORE INTO artifact_builds
+            tx.prepare_cached("INSERT OR IGNORE INTO artifact_builds
                  (build_id, artifact_id, revision, org_id, project_id, requested_at, request_event_id, status)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'requested')",
-                params![
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'requested')")?.execute(params![
                     request.build_id,
                     request.artifact_id,
                     request.revision,
@@ -144,19 +142,15 @@ impl Projection for Catalogue {
                 ],
             )?;
         } else if let Ok(started) = event.decode::<pb::ArtifactBuildStarted>() {
-            tx.execute(
-                "UPDATE artifact_builds SET status = 'started' WHERE build_id = ?1 AND status = 'requested'",
-                [started.build_id],
+            tx.prepare_cached("UPDATE artifact_builds SET status = 'started' WHERE build_id = ?1 AND status = 'requested'")?.execute([started.build_id],
             )?;
         } else if let Ok(published) = event.decode::<pb::ArtifactPublished>() {
             let kind = crate::manifest::kind_name(published.kind());
             let blob = published.html.unwrap_or_default();
-            tx.execute(
-                "INSERT OR IGNORE INTO artifact_revisions
+            tx.prepare_cached("INSERT OR IGNORE INTO artifact_revisions
                  (artifact_id, revision, build_id, org_id, project_id, work_id, thread_id, kind, title,
                   superseded_by, bucket, name, sha256, size_bytes, content_type, published_event_id)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, NULL, ?10, ?11, ?12, ?13, ?14, ?15)",
-                params![
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, NULL, ?10, ?11, ?12, ?13, ?14, ?15)")?.execute(params![
                     published.artifact_id,
                     published.revision,
                     published.build_id,
@@ -174,25 +168,23 @@ impl Projection for Catalogue {
                     event.id.to_string(),
                 ],
             )?;
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE artifact_builds SET status = 'published' WHERE build_id = ?1",
-                [published.build_id],
-            )?;
+            )?
+            .execute([published.build_id])?;
         } else if let Ok(failed) = event.decode::<pb::ArtifactFailed>() {
-            tx.execute(
-                "UPDATE artifact_builds SET status = 'failed' WHERE build_id = ?1 AND status <> 'published'",
-                [failed.build_id],
+            tx.prepare_cached("UPDATE artifact_builds SET status = 'failed' WHERE build_id = ?1 AND status <> 'published'")?.execute([failed.build_id],
             )?;
         } else if let Ok(superseded) = event.decode::<pb::ArtifactSuperseded>() {
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE artifact_revisions SET superseded_by = ?3
                  WHERE artifact_id = ?1 AND revision = ?2 AND superseded_by IS NULL",
-                params![
-                    superseded.artifact_id,
-                    superseded.revision,
-                    superseded.superseded_by_revision
-                ],
-            )?;
+            )?
+            .execute(params![
+                superseded.artifact_id,
+                superseded.revision,
+                superseded.superseded_by_revision
+            ])?;
         }
         Ok(())
     }
@@ -200,9 +192,7 @@ impl Projection for Catalogue {
 
 /// The build with this id, if it was requested.
 pub fn build(conn: &rusqlite::Connection, build_id: &str) -> rusqlite::Result<Option<BuildRow>> {
-    conn.query_row(
-        "SELECT build_id, artifact_id, revision, requested_at, status FROM artifact_builds WHERE build_id = ?1",
-        [build_id],
+    conn.prepare_cached("SELECT build_id, artifact_id, revision, requested_at, status FROM artifact_builds WHERE build_id = ?1")?.query_row([build_id],
         |row| {
             let requested_at: String = row.get(3)?;
             let status: String = row.get(4)?;
@@ -259,9 +249,7 @@ pub fn owner(
     conn: &rusqlite::Connection,
     artifact_id: &str,
 ) -> rusqlite::Result<Option<(String, String)>> {
-    conn.query_row(
-        "SELECT org_id, project_id FROM artifact_revisions WHERE artifact_id = ?1 ORDER BY revision LIMIT 1",
-        [artifact_id],
+    conn.prepare_cached("SELECT org_id, project_id FROM artifact_revisions WHERE artifact_id = ?1 ORDER BY revision LIMIT 1")?.query_row([artifact_id],
         |row| Ok((row.get(0)?, row.get(1)?)),
     )
     .optional()

@@ -112,9 +112,8 @@ impl Config {
 /// Runs the service until `shutdown`.
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
-    let runtime = Runtime::start(SERVICE, &core, shutdown.clone()).await?;
+    let runtime = Runtime::start_with(SERVICE, &core, shutdown.clone(), Catalogue).await?;
     let bucket = storage::bucket(&runtime.bus).await?;
-    runtime.spawn_projection(Catalogue);
     let reaction = BuildReaction {
         settings: config.clone(),
         bucket,

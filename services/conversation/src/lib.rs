@@ -287,8 +287,8 @@ pub enum Error {
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
     let agent = config.agent()?;
-    let runtime = zopu_core::Runtime::start(SERVICE, &core, shutdown.clone()).await?;
-    runtime.spawn_projection(ConversationState);
+    let runtime =
+        zopu_core::Runtime::start_with(SERVICE, &core, shutdown.clone(), ConversationState).await?;
     runtime.spawn_reaction(config.reaction(), agent);
     tracing::info!(provider = ?config.provider, dry_run = config.dry_run, "conversation agent running");
     shutdown.cancelled().await;

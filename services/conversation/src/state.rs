@@ -112,11 +112,9 @@ fn ids(event: &Envelope) -> (&str, String) {
 
 fn ensure_project(tx: &Transaction<'_>, event: &Envelope) -> rusqlite::Result<()> {
     let (org, project) = ids(event);
-    tx.execute(
-        "INSERT OR IGNORE INTO cv_projects (org, project) VALUES (?1, ?2)",
-        params![org, project],
-    )
-    .map(|_| ())
+    tx.prepare_cached("INSERT OR IGNORE INTO cv_projects (org, project) VALUES (?1, ?2)")?
+        .execute(params![org, project])
+        .map(|_| ())
 }
 
 fn timeline(
@@ -131,14 +129,10 @@ fn timeline(
         .dispatch_id
         .map(|id| id.to_string())
         .unwrap_or_default();
-    tx.execute(
-        "INSERT OR REPLACE INTO cv_timeline (org, project, sequence, kind, text, dispatch_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![org, project, sequence, kind, clip(text, ENTRY_MAX_BYTES), dispatch],
+    tx.prepare_cached("INSERT OR REPLACE INTO cv_timeline (org, project, sequence, kind, text, dispatch_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?.execute(params![org, project, sequence, kind, clip(text, ENTRY_MAX_BYTES), dispatch],
     )?;
-    tx.execute(
-        "DELETE FROM cv_timeline WHERE org = ?1 AND project = ?2 AND sequence <= COALESCE(
-            (SELECT sequence FROM cv_timeline WHERE org = ?1 AND project = ?2 ORDER BY sequence DESC LIMIT 1 OFFSET ?3), -1)",
-        params![org, project, TIMELINE_KEPT],
+    tx.prepare_cached("DELETE FROM cv_timeline WHERE org = ?1 AND project = ?2 AND sequence <= COALESCE(
+            (SELECT sequence FROM cv_timeline WHERE org = ?1 AND project = ?2 ORDER BY sequence DESC LIMIT 1 OFFSET ?3), -1)")?.execute(params![org, project, TIMELINE_KEPT],
     )
     .map(|_| ())
 }
@@ -150,14 +144,10 @@ fn outcome(
     outcome: &str,
 ) -> rusqlite::Result<()> {
     let (org, project) = ids(event);
-    tx.execute(
-        "INSERT OR REPLACE INTO cv_outcomes (org, project, sequence, outcome) VALUES (?1, ?2, ?3, ?4)",
-        params![org, project, sequence, outcome],
+    tx.prepare_cached("INSERT OR REPLACE INTO cv_outcomes (org, project, sequence, outcome) VALUES (?1, ?2, ?3, ?4)")?.execute(params![org, project, sequence, outcome],
     )?;
-    tx.execute(
-        "DELETE FROM cv_outcomes WHERE org = ?1 AND project = ?2 AND sequence <= COALESCE(
-            (SELECT sequence FROM cv_outcomes WHERE org = ?1 AND project = ?2 ORDER BY sequence DESC LIMIT 1 OFFSET 32), -1)",
-        params![org, project],
+    tx.prepare_cached("DELETE FROM cv_outcomes WHERE org = ?1 AND project = ?2 AND sequence <= COALESCE(
+            (SELECT sequence FROM cv_outcomes WHERE org = ?1 AND project = ?2 ORDER BY sequence DESC LIMIT 1 OFFSET 32), -1)")?.execute(params![org, project],
     )
     .map(|_| ())
 }
@@ -180,41 +170,37 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
         pb::AgentRegistered::TYPE => {
             let registered = decode!(pb::AgentRegistered);
             ensure_project(tx, event)?;
-            tx.execute(
-                "UPDATE cv_projects SET agent_id = ?3, timeline_id = ?4 WHERE org = ?1 AND project = ?2",
-                params![org, project, registered.agent_id, registered.global_timeline_id],
+            tx.prepare_cached("UPDATE cv_projects SET agent_id = ?3, timeline_id = ?4 WHERE org = ?1 AND project = ?2")?.execute(params![org, project, registered.agent_id, registered.global_timeline_id],
             )?;
         }
         pb::ProjectReady::TYPE => {
             let ready = decode!(pb::ProjectReady);
             ensure_project(tx, event)?;
-            tx.execute(
-                "UPDATE cv_projects SET repository_url = ?3, branch = ?4, repository_commit = ?5, env_names = ?6, ready_sequence = ?7
-                 WHERE org = ?1 AND project = ?2",
-                params![org, project, ready.repository_url, ready.branch, ready.repository_commit, ready.environment_variable_names.join("\n"), sequence],
+            tx.prepare_cached("UPDATE cv_projects SET repository_url = ?3, branch = ?4, repository_commit = ?5, env_names = ?6, ready_sequence = ?7
+                 WHERE org = ?1 AND project = ?2")?.execute(params![org, project, ready.repository_url, ready.branch, ready.repository_commit, ready.environment_variable_names.join("\n"), sequence],
             )?;
         }
         pb::ContextPublished::TYPE => {
             let context = decode!(pb::ContextPublished);
             if context.kind == "repository_summary" && !context.body.is_empty() {
                 ensure_project(tx, event)?;
-                tx.execute(
+                tx.prepare_cached(
                     "UPDATE cv_projects SET summary = ?3 WHERE org = ?1 AND project = ?2",
-                    params![org, project, clip(&context.body, SUMMARY_MAX_BYTES)],
-                )?;
+                )?
+                .execute(params![
+                    org,
+                    project,
+                    clip(&context.body, SUMMARY_MAX_BYTES)
+                ])?;
             }
         }
         pb::AgentDisabled::TYPE => {
             let disabled = decode!(pb::AgentDisabled);
-            tx.execute(
-                "INSERT OR REPLACE INTO cv_switch (org, project, sequence, enabled, reason) VALUES (?1, ?2, ?3, 0, ?4)",
-                params![org, project, sequence, clip(&disabled.reason, 300)],
+            tx.prepare_cached("INSERT OR REPLACE INTO cv_switch (org, project, sequence, enabled, reason) VALUES (?1, ?2, ?3, 0, ?4)")?.execute(params![org, project, sequence, clip(&disabled.reason, 300)],
             )?;
         }
         pb::AgentEnabled::TYPE => {
-            tx.execute(
-                "INSERT OR REPLACE INTO cv_switch (org, project, sequence, enabled, reason) VALUES (?1, ?2, ?3, 1, '')",
-                params![org, project, sequence],
+            tx.prepare_cached("INSERT OR REPLACE INTO cv_switch (org, project, sequence, enabled, reason) VALUES (?1, ?2, ?3, 1, '')")?.execute(params![org, project, sequence],
             )?;
             outcome(tx, event, sequence, "enabled")?;
         }
@@ -230,10 +216,8 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
             let message = decode!(pb::AgentMessage);
             if message.status == "paused" {
                 timeline(tx, event, sequence, entry::PAUSED, &message.text)?;
-                tx.execute(
-                    "UPDATE cv_switch SET notice_posted = 1 WHERE org = ?1 AND project = ?2 AND sequence =
-                        (SELECT MAX(sequence) FROM cv_switch WHERE org = ?1 AND project = ?2)",
-                    params![org, project],
+                tx.prepare_cached("UPDATE cv_switch SET notice_posted = 1 WHERE org = ?1 AND project = ?2 AND sequence =
+                        (SELECT MAX(sequence) FROM cv_switch WHERE org = ?1 AND project = ?2)")?.execute(params![org, project],
                 )?;
             } else {
                 timeline(tx, event, sequence, entry::MESSAGE, &message.text)?;
@@ -247,10 +231,8 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
             let last = decode!(pb::AgentFinal);
             timeline(tx, event, sequence, entry::FINAL, &last.text)?;
             if let Some(flow_run) = event.flow_run_id {
-                tx.execute(
-                    "UPDATE cv_flows SET final_posted = 1 WHERE flow_run_id = ?1",
-                    params![flow_run.to_string()],
-                )?;
+                tx.prepare_cached("UPDATE cv_flows SET final_posted = 1 WHERE flow_run_id = ?1")?
+                    .execute(params![flow_run.to_string()])?;
             }
         }
         pb::AgentRejected::TYPE => outcome(tx, event, sequence, "rejected")?,
@@ -258,46 +240,36 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
         pb::WorkCreated::TYPE => {
             let work = decode!(pb::WorkCreated);
             if let Some(work_id) = event.work_id {
-                tx.execute(
-                    "INSERT OR IGNORE INTO cv_works (work_id, org, project, kind, title, status, sequence) VALUES (?1, ?2, ?3, ?4, ?5, 'open', ?6)",
-                    params![work_id.to_string(), org, project, work.kind, clip(&work.title, 300), sequence],
+                tx.prepare_cached("INSERT OR IGNORE INTO cv_works (work_id, org, project, kind, title, status, sequence) VALUES (?1, ?2, ?3, ?4, ?5, 'open', ?6)")?.execute(params![work_id.to_string(), org, project, work.kind, clip(&work.title, 300), sequence],
                 )?;
             }
         }
         pb::WorkUpdated::TYPE => {
             let work = decode!(pb::WorkUpdated);
             if let Some(work_id) = event.work_id {
-                tx.execute(
-                    "UPDATE cv_works SET status = ?2 WHERE work_id = ?1",
-                    params![work_id.to_string(), work.status],
-                )?;
+                tx.prepare_cached("UPDATE cv_works SET status = ?2 WHERE work_id = ?1")?
+                    .execute(params![work_id.to_string(), work.status])?;
             }
         }
         pb::ThreadCreated::TYPE => {
             let thread = decode!(pb::ThreadCreated);
             if let (Some(work_id), Some(thread_id)) = (event.work_id, event.thread_id) {
-                tx.execute(
-                    "INSERT OR IGNORE INTO cv_threads (thread_id, work_id, org, project, flow_type, status) VALUES (?1, ?2, ?3, ?4, ?5, 'open')",
-                    params![thread_id.to_string(), work_id.to_string(), org, project, thread.flow_type],
+                tx.prepare_cached("INSERT OR IGNORE INTO cv_threads (thread_id, work_id, org, project, flow_type, status) VALUES (?1, ?2, ?3, ?4, ?5, 'open')")?.execute(params![thread_id.to_string(), work_id.to_string(), org, project, thread.flow_type],
                 )?;
             }
         }
         pb::ThreadUpdated::TYPE => {
             let thread = decode!(pb::ThreadUpdated);
             if let Some(thread_id) = event.thread_id {
-                tx.execute(
-                    "UPDATE cv_threads SET status = ?2 WHERE thread_id = ?1",
-                    params![thread_id.to_string(), thread.status],
-                )?;
+                tx.prepare_cached("UPDATE cv_threads SET status = ?2 WHERE thread_id = ?1")?
+                    .execute(params![thread_id.to_string(), thread.status])?;
             }
         }
         pb::FlowRequested::TYPE => {
             let requested = decode!(pb::FlowRequested);
             if let Some(flow_run) = event.flow_run_id {
-                tx.execute(
-                    "INSERT OR IGNORE INTO cv_flows (flow_run_id, org, project, work_id, thread_id, flow_type, source_event_id, status)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'requested')",
-                    params![
+                tx.prepare_cached("INSERT OR IGNORE INTO cv_flows (flow_run_id, org, project, work_id, thread_id, flow_type, source_event_id, status)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'requested')")?.execute(params![
                         flow_run.to_string(),
                         org,
                         project,
@@ -382,9 +354,7 @@ fn flow_status(
     let (code, message) = failure
         .map(|f| (f.code.as_str(), f.message.as_str()))
         .unwrap_or_default();
-    tx.execute(
-        "UPDATE cv_flows SET status = ?2, summary = ?3, artifact_build_id = ?4, failure_code = ?5, failure_message = ?6 WHERE flow_run_id = ?1",
-        params![flow_run.to_string(), status, clip(summary, ENTRY_MAX_BYTES), build, code, clip(message, 500)],
+    tx.prepare_cached("UPDATE cv_flows SET status = ?2, summary = ?3, artifact_build_id = ?4, failure_code = ?5, failure_message = ?6 WHERE flow_run_id = ?1")?.execute(params![flow_run.to_string(), status, clip(summary, ENTRY_MAX_BYTES), build, code, clip(message, 500)],
     )
     .map(|_| ())
 }
@@ -401,10 +371,8 @@ fn artifact(
     failure: &str,
 ) -> rusqlite::Result<()> {
     let (org, project) = ids(event);
-    tx.execute(
-        "INSERT OR REPLACE INTO cv_artifacts (artifact_id, revision, org, project, flow_run_id, work_id, title, status, failure, sequence)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-        params![
+    tx.prepare_cached("INSERT OR REPLACE INTO cv_artifacts (artifact_id, revision, org, project, flow_run_id, work_id, title, status, failure, sequence)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")?.execute(params![
             artifact_id,
             revision,
             org,
@@ -611,8 +579,10 @@ impl ProjectView {
         project: &ProjectId,
         work: &WorkId,
     ) -> rusqlite::Result<bool> {
-        conn.query_row(
+        conn.prepare_cached(
             "SELECT COUNT(*) FROM cv_works WHERE work_id = ?1 AND org = ?2 AND project = ?3",
+        )?
+        .query_row(
             params![work.to_string(), org.as_str(), project.to_string()],
             |row| row.get::<_, i64>(0),
         )

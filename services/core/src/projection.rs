@@ -1,5 +1,11 @@
 //! THE projection loop: an ordered consumer from the stored checkpoint + 1,
 //! applying batches of events with their checkpoint in one transaction.
+//!
+//! One loop can drive several projections of the same store (a service's
+//! own tables and the key index): each event is received and decoded once
+//! and applied to every projection that has not seen it yet, all in the
+//! batch's transaction. Each projection keeps its own checkpoint and schema
+//! version, so one of them can be rebuilt while the others resume.
 
 use std::time::Duration;
 
@@ -24,21 +30,31 @@ pub async fn run<P: Projection>(
     projection: P,
     shutdown: Shutdown,
 ) -> Result<(), Error> {
-    let name = projection.name();
-    let mut checkpoint = store.prepare(&projection)?;
-    let mut projection = Shared::new(projection);
+    run_all(bus, store, vec![Box::new(projection)], shutdown).await
+}
+
+/// Runs several projections of one store from one consumer (see the module
+/// documentation).
+pub async fn run_all(
+    bus: Bus,
+    store: Store,
+    projections: Vec<Box<dyn Projection>>,
+    shutdown: Shutdown,
+) -> Result<(), Error> {
+    let names = names(&projections);
+    let mut set = Set::prepare(&store, projections)?;
     store.publish_checkpoint()?;
     let mut failures = 0u32;
     loop {
         if shutdown.is_cancelled() {
             return Ok(());
         }
-        match follow(&bus, &store, &mut projection, &mut checkpoint, &shutdown).await {
+        match follow(&bus, &store, &mut set, &shutdown).await {
             Ok(()) => return Ok(()),
             Err(error) => {
                 failures += 1;
                 let delay = Duration::from_millis(100 * u64::from(failures.min(50)));
-                tracing::warn!(projection = name, %error, checkpoint, retry_in_ms = delay.as_millis() as u64, "projection interrupted; resuming from checkpoint");
+                tracing::warn!(projections = %names, %error, checkpoint = set.low_water(), retry_in_ms = delay.as_millis() as u64, "projection interrupted; resuming from checkpoint");
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
                     () = shutdown.cancelled() => return Ok(()),
@@ -55,25 +71,24 @@ pub async fn catch_up<P: Projection>(
     store: &Store,
     projection: P,
 ) -> Result<u64, Error> {
-    let mut checkpoint = store.prepare(&projection)?;
-    let mut projection = Shared::new(projection);
+    let mut set = Set::prepare(store, vec![Box::new(projection)])?;
     let last = publish::last_sequence(bus).await?;
-    if last <= checkpoint {
+    if last <= set.low_water() {
         store.publish_checkpoint()?;
-        return Ok(checkpoint);
+        return Ok(set.low_water());
     }
-    let messages = open(bus, checkpoint).await?;
-    pump(
-        messages,
-        store,
-        &mut projection,
-        &mut checkpoint,
-        Some(last),
-        &Shutdown::new(),
-    )
-    .await?;
+    let messages = open(bus, set.low_water()).await?;
+    pump(messages, store, &mut set, Some(last), &Shutdown::new()).await?;
     store.publish_checkpoint()?;
-    Ok(checkpoint)
+    Ok(set.low_water())
+}
+
+fn names(projections: &[Box<dyn Projection>]) -> String {
+    projections
+        .iter()
+        .map(|projection| projection.name())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 type Messages = pull::Ordered;
@@ -105,21 +120,14 @@ async fn open(bus: &Bus, checkpoint: u64) -> Result<Messages, Error> {
         .map_err(|e| Error::jetstream("ordered consumer messages", e))
 }
 
-async fn follow<P: Projection>(
-    bus: &Bus,
-    store: &Store,
-    projection: &mut Shared<P>,
-    checkpoint: &mut u64,
-    shutdown: &Shutdown,
-) -> Result<(), Error> {
+async fn follow(bus: &Bus, store: &Store, set: &mut Set, shutdown: &Shutdown) -> Result<(), Error> {
     // Nothing to replay: the checkpoint is the stream's end.
     let last = publish::last_sequence(bus).await?;
-    if last <= *checkpoint {
-        let name = projection.lock().name();
-        advance_to(store, name, *checkpoint)?;
+    if last <= set.low_water() {
+        set.advance_to(store, set.low_water())?;
     }
-    let messages = open(bus, *checkpoint).await?;
-    pump(messages, store, projection, checkpoint, None, shutdown).await
+    let messages = open(bus, set.low_water()).await?;
+    pump(messages, store, set, None, shutdown).await
 }
 
 type Decoded = Vec<(u64, Result<Envelope, String>)>;
@@ -127,11 +135,10 @@ type Decoded = Vec<(u64, Result<Envelope, String>)>;
 /// Receives and decodes batches while the previous batch is being written:
 /// decoding runs on the async side, SQLite on a blocking thread. Stops at
 /// `stop_at` (when given), on shutdown, or on an error.
-async fn pump<P: Projection>(
+async fn pump(
     mut messages: Messages,
     store: &Store,
-    projection: &mut Shared<P>,
-    checkpoint: &mut u64,
+    set: &mut Set,
     stop_at: Option<u64>,
     shutdown: &Shutdown,
 ) -> Result<(), Error> {
@@ -139,7 +146,7 @@ async fn pump<P: Projection>(
     // accumulated while it wrote the previous batch, so batches grow with load.
     let (events, mut received) =
         tokio::sync::mpsc::channel::<(u64, Result<Envelope, String>)>(MAX_BATCH * 2);
-    let start = *checkpoint;
+    let start = set.low_water();
     let reader = async move {
         let mut last_read = start;
         loop {
@@ -177,8 +184,8 @@ async fn pump<P: Projection>(
                     Err(_) => break,
                 }
             }
-            *checkpoint = apply_batch(store, projection, std::mem::take(&mut batch)).await?;
-            if stop_at.is_some_and(|stop| *checkpoint >= stop) {
+            let checkpoint = set.apply_batch(store, std::mem::take(&mut batch)).await?;
+            if stop_at.is_some_and(|stop| checkpoint >= stop) {
                 return Ok(());
             }
         }
@@ -198,66 +205,104 @@ async fn pump<P: Projection>(
     }
 }
 
-fn advance_to(store: &Store, name: &str, sequence: u64) -> Result<(), Error> {
-    store.read(|conn| {
-        conn.execute(
-            "UPDATE zopu_projection SET checkpoint = MAX(checkpoint, ?2) WHERE name = ?1",
-            params![name, sequence as i64],
-        )
-    })?;
-    store.publish_checkpoint()
+/// The projections one loop drives, with the checkpoint of each.
+struct Set(std::sync::Arc<std::sync::Mutex<Vec<Tracked>>>);
+
+struct Tracked {
+    projection: Box<dyn Projection>,
+    checkpoint: u64,
 }
 
-async fn apply_batch<P: Projection>(
-    store: &Store,
-    projection: &mut Shared<P>,
-    decoded: Decoded,
-) -> Result<u64, Error> {
-    let last = decoded.last().map(|(sequence, _)| *sequence).unwrap_or(0);
-    let store_for_batch = store.clone();
-    let shared = projection.clone();
-    let checkpoint = tokio::task::spawn_blocking(move || {
-        let mut projection = shared.lock();
-        let name = projection.name();
-        store_for_batch.write(|tx| {
-            for (sequence, event) in &decoded {
-                match event {
-                    Ok(event) => projection.apply(tx, event, *sequence)?,
-                    Err(reason) => {
-                        tx.prepare_cached(
-                            "INSERT OR IGNORE INTO zopu_undecodable (projection, sequence, reason) VALUES (?1, ?2, ?3)",
-                        )?
-                        .execute(params![name, *sequence as i64, reason])?;
-                    }
-                }
-            }
-            tx.execute("UPDATE zopu_projection SET checkpoint = ?2 WHERE name = ?1", params![name, last as i64])?;
-            Ok(last)
-        })
-    })
-    .await
-    .map_err(|error| Error::Projection { projection: "batch".into(), reason: error.to_string() })??;
-    store.publish_checkpoint()?;
-    Ok(checkpoint)
-}
-
-/// A projection shared with the blocking thread that applies a batch.
-struct Shared<P>(std::sync::Arc<std::sync::Mutex<P>>);
-
-impl<P> Clone for Shared<P> {
-    fn clone(&self) -> Self {
-        Self(self.0.clone())
-    }
-}
-
-impl<P> Shared<P> {
-    fn new(projection: P) -> Self {
-        Self(std::sync::Arc::new(std::sync::Mutex::new(projection)))
+impl Set {
+    /// Creates or migrates each projection's tables (rebuilding those whose
+    /// schema version changed) and reads its checkpoint.
+    fn prepare(store: &Store, projections: Vec<Box<dyn Projection>>) -> Result<Self, Error> {
+        let tracked = projections
+            .into_iter()
+            .map(|projection| {
+                let checkpoint = store.prepare(projection.as_ref())?;
+                Ok(Tracked {
+                    projection,
+                    checkpoint,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(Self(std::sync::Arc::new(std::sync::Mutex::new(tracked))))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, P> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Tracked>> {
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The sequence every projection has applied: where reading resumes.
+    fn low_water(&self) -> u64 {
+        self.lock()
+            .iter()
+            .map(|tracked| tracked.checkpoint)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Moves every checkpoint to at least `sequence` (nothing to apply).
+    fn advance_to(&self, store: &Store, sequence: u64) -> Result<(), Error> {
+        let mut tracked = self.lock();
+        store.read(|conn| {
+            for entry in tracked.iter() {
+                conn.execute(
+                    "UPDATE zopu_projection SET checkpoint = MAX(checkpoint, ?2) WHERE name = ?1",
+                    params![entry.projection.name(), sequence as i64],
+                )?;
+            }
+            Ok(())
+        })?;
+        for entry in tracked.iter_mut() {
+            entry.checkpoint = entry.checkpoint.max(sequence);
+        }
+        store.publish_checkpoint()
+    }
+
+    /// Applies a batch to every projection that has not seen its events, with
+    /// the new checkpoints, in one transaction on a blocking thread. Returns
+    /// the batch's last sequence.
+    async fn apply_batch(&self, store: &Store, decoded: Decoded) -> Result<u64, Error> {
+        let last = decoded.last().map(|(sequence, _)| *sequence).unwrap_or(0);
+        let store_for_batch = store.clone();
+        let shared = self.0.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut tracked = shared
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            store_for_batch.write(|tx| {
+                for entry in tracked.iter_mut() {
+                    let name = entry.projection.name();
+                    for (sequence, event) in decoded.iter().filter(|(sequence, _)| *sequence > entry.checkpoint) {
+                        match event {
+                            Ok(event) => entry.projection.apply(tx, event, *sequence)?,
+                            Err(reason) => {
+                                tx.prepare_cached(
+                                    "INSERT OR IGNORE INTO zopu_undecodable (projection, sequence, reason) VALUES (?1, ?2, ?3)",
+                                )?
+                                .execute(params![name, *sequence as i64, reason])?;
+                            }
+                        }
+                    }
+                    if last > entry.checkpoint {
+                        tx.prepare_cached("UPDATE zopu_projection SET checkpoint = ?2 WHERE name = ?1")?
+                            .execute(params![name, last as i64])?;
+                    }
+                }
+                Ok(())
+            })?;
+            for entry in tracked.iter_mut() {
+                entry.checkpoint = entry.checkpoint.max(last);
+            }
+            Ok::<_, Error>(())
+        })
+        .await
+        .map_err(|error| Error::Projection { projection: "batch".into(), reason: error.to_string() })??;
+        store.publish_checkpoint()?;
+        Ok(last)
     }
 }

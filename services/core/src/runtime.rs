@@ -30,6 +30,30 @@ impl Runtime {
         config: &CoreConfig,
         shutdown: Shutdown,
     ) -> Result<Self, Error> {
+        let runtime = Self::connect(service, config, shutdown).await?;
+        runtime.spawn_projections(vec![Box::new(KeyIndex)]);
+        Ok(runtime)
+    }
+
+    /// [`Runtime::start`] for a service with its own projection: one
+    /// consumer feeds both the key index and `projection` (each event is
+    /// received and decoded once).
+    pub async fn start_with<P: Projection>(
+        service: &str,
+        config: &CoreConfig,
+        shutdown: Shutdown,
+        projection: P,
+    ) -> Result<Self, Error> {
+        let runtime = Self::connect(service, config, shutdown).await?;
+        runtime.spawn_projections(vec![Box::new(KeyIndex), Box::new(projection)]);
+        Ok(runtime)
+    }
+
+    async fn connect(
+        service: &str,
+        config: &CoreConfig,
+        shutdown: Shutdown,
+    ) -> Result<Self, Error> {
         config.validate()?;
         let bus = nats::connect(
             &config.nats_url,
@@ -40,25 +64,23 @@ impl Runtime {
         streams::ensure(&bus, &streams::StreamSettings::from(config)).await?;
         let store = Store::open_for_service(&config.data_dir, service)?;
         let publisher = Publisher::new(bus.clone(), service, Some(store.clone()));
-        let runtime = Self {
+        Ok(Self {
             service: service.to_owned(),
             bus,
             store,
             publisher,
             shutdown,
-        };
-        runtime.spawn_projection(KeyIndex);
-        Ok(runtime)
+        })
     }
 
-    /// Runs a projection into this service's store as a tracked task.
-    pub fn spawn_projection<P: Projection>(&self, projection: P) {
+    /// Runs projections of this service's store from one consumer, as a
+    /// tracked task.
+    fn spawn_projections(&self, projections: Vec<Box<dyn Projection>>) {
         let (bus, store, shutdown) = (self.bus.clone(), self.store.clone(), self.shutdown.clone());
-        let name = projection.name();
         let on_error = self.shutdown.clone();
         self.shutdown.spawn(async move {
-            if let Err(error) = projection::run(bus, store, projection, shutdown).await {
-                tracing::error!(projection = name, %error, "projection stopped; stopping the service");
+            if let Err(error) = projection::run_all(bus, store, projections, shutdown).await {
+                tracing::error!(%error, "projection stopped; stopping the service");
                 on_error.cancel();
             }
         });

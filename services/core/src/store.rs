@@ -96,6 +96,8 @@ impl Store {
         connection
             .execute_batch(RUNTIME_SCHEMA)
             .map_err(store_error)?;
+        // Projections and readers keep their statements prepared.
+        connection.set_prepared_statement_cache_capacity(256);
         let (checkpoints, _) = watch::channel(0);
         let store = Self {
             path: path.to_owned(),
@@ -214,7 +216,7 @@ impl Store {
 
     /// Prepares a projection: creates its tables, or drops and recreates them
     /// when its schema version changed. Returns the sequence to resume after.
-    pub(crate) fn prepare(&self, projection: &dyn ProjectionMeta) -> Result<u64, Error> {
+    pub(crate) fn prepare(&self, projection: &dyn Projection) -> Result<u64, Error> {
         self.write(|tx| {
             let row: Option<(i64, i64)> = tx
                 .query_row(
@@ -235,7 +237,7 @@ impl Store {
                         tx.execute_batch(&format!("DROP TABLE IF EXISTS \"{table}\";"))?;
                     }
                     tx.execute("DELETE FROM zopu_undecodable WHERE projection = ?1", [projection.name()])?;
-                    projection.create(tx)?;
+                    projection.migrate(tx)?;
                     tx.execute(
                         "INSERT INTO zopu_projection (name, schema_version, checkpoint) VALUES (?1, ?2, 0)
                          ON CONFLICT(name) DO UPDATE SET schema_version = excluded.schema_version, checkpoint = 0",
@@ -268,29 +270,6 @@ impl Store {
             }
             Ok(hex::encode(hasher.finalize()))
         })
-    }
-}
-
-/// The parts of a projection `prepare` needs, object-safe.
-pub(crate) trait ProjectionMeta {
-    fn name(&self) -> &'static str;
-    fn schema_version(&self) -> u32;
-    fn tables(&self) -> &'static [&'static str];
-    fn create(&self, tx: &Transaction<'_>) -> rusqlite::Result<()>;
-}
-
-impl<P: Projection> ProjectionMeta for P {
-    fn name(&self) -> &'static str {
-        Projection::name(self)
-    }
-    fn schema_version(&self) -> u32 {
-        Projection::schema_version(self)
-    }
-    fn tables(&self) -> &'static [&'static str] {
-        Projection::tables(self)
-    }
-    fn create(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
-        self.migrate(tx)
     }
 }
 

@@ -130,8 +130,8 @@ pub enum Error {
 /// Runs the dispatch service until `shutdown`.
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
-    let runtime = zopu_core::Runtime::start(SERVICE, &core, shutdown.clone()).await?;
-    runtime.spawn_projection(Bindings);
+    let runtime =
+        zopu_core::Runtime::start_with(SERVICE, &core, shutdown.clone(), Bindings).await?;
     runtime.spawn_reaction(config.reaction(), Dispatcher);
     shutdown.cancelled().await;
     Ok(())
@@ -181,10 +181,8 @@ impl Projection for Bindings {
         let Ok(registered) = event.decode::<pb::AgentRegistered>() else {
             return Ok(());
         };
-        tx.execute(
-            "INSERT INTO dispatch_bindings (org, project, agent_id, global_timeline_id) VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT(org, project) DO UPDATE SET agent_id = excluded.agent_id, global_timeline_id = excluded.global_timeline_id",
-            params![event.org_id.as_str(), event.project_id.to_string(), registered.agent_id, registered.global_timeline_id],
+        tx.prepare_cached("INSERT INTO dispatch_bindings (org, project, agent_id, global_timeline_id) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT(org, project) DO UPDATE SET agent_id = excluded.agent_id, global_timeline_id = excluded.global_timeline_id")?.execute(params![event.org_id.as_str(), event.project_id.to_string(), registered.agent_id, registered.global_timeline_id],
         )
         .map(|_| ())
     }
@@ -192,9 +190,7 @@ impl Projection for Bindings {
 
 fn binding(store: &Store, event: &Envelope) -> Result<Option<Binding>, zopu_core::Error> {
     store.read(|conn| {
-        conn.query_row(
-            "SELECT agent_id, global_timeline_id FROM dispatch_bindings WHERE org = ?1 AND project = ?2",
-            params![event.org_id.as_str(), event.project_id.to_string()],
+        conn.prepare_cached("SELECT agent_id, global_timeline_id FROM dispatch_bindings WHERE org = ?1 AND project = ?2")?.query_row(params![event.org_id.as_str(), event.project_id.to_string()],
             |row| Ok(Binding { agent_id: row.get(0)?, global_timeline_id: row.get(1)? }),
         )
         .optional()

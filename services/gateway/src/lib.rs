@@ -198,8 +198,8 @@ pub async fn start(
     shutdown: Shutdown,
 ) -> Result<AppState, Error> {
     config.validate()?;
-    let runtime = Runtime::start("gateway", core, shutdown).await?;
-    runtime.spawn_projection(read_model::GatewayProjection);
+    let runtime =
+        Runtime::start_with("gateway", core, shutdown, read_model::GatewayProjection).await?;
     let tokens = TokenStore::open(&tokens_path(&core.data_dir))?;
     Ok(AppState::new(runtime, tokens, config))
 }

@@ -725,8 +725,7 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Res
     match event.event_type.as_str() {
         t if t == pb::ProjectSetupRequested::TYPE => {
             if let Ok(m) = event.decode::<pb::ProjectSetupRequested>() {
-                tx.execute(
-                    "INSERT INTO gw_projects (project_id, org, name, repository_url, branch, setup_revision, state, created_at, updated_sequence, correlation_id)
+                tx.prepare_cached("INSERT INTO gw_projects (project_id, org, name, repository_url, branch, setup_revision, state, created_at, updated_sequence, correlation_id)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
                      ON CONFLICT(project_id) DO UPDATE SET
                         repository_url = excluded.repository_url, branch = excluded.branch,
@@ -734,8 +733,7 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Res
                         setup_revision = excluded.setup_revision, state = excluded.state,
                         failed_step = NULL, failure_code = NULL, failure_message = NULL, failure_retryable = NULL,
                         updated_sequence = excluded.updated_sequence
-                     WHERE excluded.setup_revision > gw_projects.setup_revision AND gw_projects.org = excluded.org",
-                    params![
+                     WHERE excluded.setup_revision > gw_projects.setup_revision AND gw_projects.org = excluded.org")?.execute(params![
                         project,
                         org,
                         m.project_name,
@@ -784,55 +782,49 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Res
                     setup_state::CHECKING,
                     seq,
                 )?;
-                tx.execute(
-                    "UPDATE gw_projects SET repository_commit = ?1 WHERE project_id = ?2 AND org = ?3 AND setup_revision = ?4",
-                    params![m.repository_commit, project, org, m.setup_revision],
+                tx.prepare_cached("UPDATE gw_projects SET repository_commit = ?1 WHERE project_id = ?2 AND org = ?3 AND setup_revision = ?4")?.execute(params![m.repository_commit, project, org, m.setup_revision],
                 )?;
             }
         }
         t if t == pb::ProjectEnvironmentScanned::TYPE => {
             if let Ok(m) = event.decode::<pb::ProjectEnvironmentScanned>() {
                 let names: Vec<&str> = m.variables.iter().map(|v| v.name.as_str()).collect();
-                tx.execute(
-                    "UPDATE gw_projects SET environment_names = ?1 WHERE project_id = ?2 AND org = ?3 AND setup_revision = ?4",
-                    params![json(&names), project, org, m.setup_revision],
+                tx.prepare_cached("UPDATE gw_projects SET environment_names = ?1 WHERE project_id = ?2 AND org = ?3 AND setup_revision = ?4")?.execute(params![json(&names), project, org, m.setup_revision],
                 )?;
             }
         }
         t if t == pb::AgentRegistered::TYPE => {
             if let Ok(m) = event.decode::<pb::AgentRegistered>() {
-                tx.execute(
+                tx.prepare_cached(
                     "UPDATE gw_projects SET agent_id = ?1 WHERE project_id = ?2 AND org = ?3",
-                    params![m.agent_id, project, org],
-                )?;
+                )?
+                .execute(params![m.agent_id, project, org])?;
             }
         }
         t if t == pb::ProjectReady::TYPE => {
             if let Ok(m) = event.decode::<pb::ProjectReady>() {
                 set_state(tx, &project, org, m.setup_revision, setup_state::READY, seq)?;
-                tx.execute(
+                tx.prepare_cached(
                     "UPDATE gw_projects SET repository_commit = ?1, environment_names = ?2,
                         agent_id = COALESCE(NULLIF(?3, ''), agent_id)
                      WHERE project_id = ?4 AND org = ?5 AND setup_revision = ?6",
-                    params![
-                        m.repository_commit,
-                        json(&m.environment_variable_names),
-                        m.agent_id,
-                        project,
-                        org,
-                        m.setup_revision
-                    ],
-                )?;
+                )?
+                .execute(params![
+                    m.repository_commit,
+                    json(&m.environment_variable_names),
+                    m.agent_id,
+                    project,
+                    org,
+                    m.setup_revision
+                ])?;
             }
         }
         t if t == pb::ProjectSetupFailed::TYPE => {
             if let Ok(m) = event.decode::<pb::ProjectSetupFailed>() {
                 let reason = m.reason.unwrap_or_default();
-                tx.execute(
-                    "UPDATE gw_projects SET state = ?1, failed_step = ?2, failure_code = ?3, failure_message = ?4,
+                tx.prepare_cached("UPDATE gw_projects SET state = ?1, failed_step = ?2, failure_code = ?3, failure_message = ?4,
                         failure_retryable = ?5, updated_sequence = ?6
-                     WHERE project_id = ?7 AND org = ?8 AND setup_revision = ?9",
-                    params![
+                     WHERE project_id = ?7 AND org = ?8 AND setup_revision = ?9")?.execute(params![
                         setup_state::FAILED,
                         m.step,
                         reason.code,
@@ -848,47 +840,56 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Res
         }
         t if t == pb::AgentDisabled::TYPE || t == pb::AgentEnabled::TYPE => {
             let enabled = t == pb::AgentEnabled::TYPE;
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE gw_projects SET agent_enabled = ?1 WHERE project_id = ?2 AND org = ?3",
-                params![enabled, project, org],
-            )?;
+            )?
+            .execute(params![enabled, project, org])?;
         }
         t if t == pb::WorkCreated::TYPE => {
             if let (Some(work), Ok(m)) = (event.work_id, event.decode::<pb::WorkCreated>()) {
-                tx.execute(
-                    "INSERT OR IGNORE INTO gw_works (work_id, org, project_id, title, summary, kind, status, created_at, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'open', ?7, ?7)",
-                    params![work.to_string(), org, project, m.title, m.summary, m.kind, time],
+                tx.prepare_cached("INSERT OR IGNORE INTO gw_works (work_id, org, project_id, title, summary, kind, status, created_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'open', ?7, ?7)")?.execute(params![work.to_string(), org, project, m.title, m.summary, m.kind, time],
                 )?;
             }
         }
         t if t == pb::WorkUpdated::TYPE => {
             if let (Some(work), Ok(m)) = (event.work_id, event.decode::<pb::WorkUpdated>()) {
-                tx.execute(
+                tx.prepare_cached(
                     "UPDATE gw_works SET status = CASE WHEN ?1 = '' THEN status ELSE ?1 END,
                         summary = CASE WHEN ?2 = '' THEN summary ELSE ?2 END, updated_at = ?3
                      WHERE work_id = ?4 AND org = ?5 AND project_id = ?6",
-                    params![m.status, m.summary, time, work.to_string(), org, project],
-                )?;
+                )?
+                .execute(params![
+                    m.status,
+                    m.summary,
+                    time,
+                    work.to_string(),
+                    org,
+                    project
+                ])?;
             }
         }
         t if t == pb::ThreadCreated::TYPE => {
             if let (Some(thread), Ok(m)) = (event.thread_id, event.decode::<pb::ThreadCreated>()) {
-                tx.execute(
-                    "INSERT OR IGNORE INTO gw_threads (thread_id, org, project_id, work_id, title, flow_type, status, summary, created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'open', '', ?7)",
-                    params![thread.to_string(), org, project, event.work_id.map(|w| w.to_string()), m.title, m.flow_type, time],
+                tx.prepare_cached("INSERT OR IGNORE INTO gw_threads (thread_id, org, project_id, work_id, title, flow_type, status, summary, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'open', '', ?7)")?.execute(params![thread.to_string(), org, project, event.work_id.map(|w| w.to_string()), m.title, m.flow_type, time],
                 )?;
             }
         }
         t if t == pb::ThreadUpdated::TYPE => {
             if let (Some(thread), Ok(m)) = (event.thread_id, event.decode::<pb::ThreadUpdated>()) {
-                tx.execute(
+                tx.prepare_cached(
                     "UPDATE gw_threads SET status = CASE WHEN ?1 = '' THEN status ELSE ?1 END,
                         summary = CASE WHEN ?2 = '' THEN summary ELSE ?2 END
                      WHERE thread_id = ?3 AND org = ?4 AND project_id = ?5",
-                    params![m.status, m.summary, thread.to_string(), org, project],
-                )?;
+                )?
+                .execute(params![
+                    m.status,
+                    m.summary,
+                    thread.to_string(),
+                    org,
+                    project
+                ])?;
             }
         }
         t if [
@@ -909,21 +910,17 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Res
                     _ => "cancelled",
                 };
                 // A terminal state is never reopened by a late or redelivered start.
-                tx.execute(
-                    "INSERT INTO gw_flows (flow_run_id, org, project_id, state) VALUES (?1, ?2, ?3, ?4)
+                tx.prepare_cached("INSERT INTO gw_flows (flow_run_id, org, project_id, state) VALUES (?1, ?2, ?3, ?4)
                      ON CONFLICT(flow_run_id) DO UPDATE SET state = excluded.state
-                     WHERE gw_flows.state IN ('requested', 'running')",
-                    params![flow.to_string(), org, project, state],
+                     WHERE gw_flows.state IN ('requested', 'running')")?.execute(params![flow.to_string(), org, project, state],
                 )?;
             }
         }
         t if t == pb::ArtifactPublished::TYPE => {
             if let Ok(m) = event.decode::<pb::ArtifactPublished>() {
                 let html = m.html.clone().unwrap_or_default();
-                tx.execute(
-                    "INSERT OR IGNORE INTO gw_artifacts (artifact_id, revision, org, project_id, work_id, view, bucket, object_name, sha256, size_bytes, content_type)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                    params![
+                tx.prepare_cached("INSERT OR IGNORE INTO gw_artifacts (artifact_id, revision, org, project_id, work_id, view, bucket, object_name, sha256, size_bytes, content_type)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)")?.execute(params![
                         m.artifact_id,
                         m.revision,
                         org,
@@ -941,9 +938,7 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Res
         }
         t if t == pb::ArtifactSuperseded::TYPE => {
             if let Ok(m) = event.decode::<pb::ArtifactSuperseded>() {
-                tx.execute(
-                    "UPDATE gw_artifacts SET superseded_by = ?1 WHERE artifact_id = ?2 AND revision = ?3 AND org = ?4 AND project_id = ?5",
-                    params![m.superseded_by_revision, m.artifact_id, m.revision, org, project],
+                tx.prepare_cached("UPDATE gw_artifacts SET superseded_by = ?1 WHERE artifact_id = ?2 AND revision = ?3 AND org = ?4 AND project_id = ?5")?.execute(params![m.superseded_by_revision, m.artifact_id, m.revision, org, project],
                 )?;
             }
         }
@@ -951,14 +946,12 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Res
             if let Ok(m) = event.decode::<pb::ContextPublished>()
                 && m.kind == "repository_summary"
             {
-                tx.execute(
-                    "INSERT INTO gw_summaries (project_id, org, document_id, revision, title, content_type, body, blob, repository_commit, sequence)
+                tx.prepare_cached("INSERT INTO gw_summaries (project_id, org, document_id, revision, title, content_type, body, blob, repository_commit, sequence)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
                      ON CONFLICT(project_id) DO UPDATE SET document_id = excluded.document_id, revision = excluded.revision,
                         title = excluded.title, content_type = excluded.content_type, body = excluded.body, blob = excluded.blob,
                         repository_commit = excluded.repository_commit, sequence = excluded.sequence
-                     WHERE gw_summaries.org = excluded.org",
-                    params![
+                     WHERE gw_summaries.org = excluded.org")?.execute(params![
                         project,
                         org,
                         m.document_id,
@@ -983,9 +976,7 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite::Res
     };
     let item = setup_item.or_else(|| timeline_item(event, sequence, work.as_ref()));
     if let Some(item) = item {
-        tx.execute(
-            "INSERT OR IGNORE INTO gw_timeline (sequence, org, project_id, work_id, item) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![seq, org, project, item.work_id, json(&item)],
+        tx.prepare_cached("INSERT OR IGNORE INTO gw_timeline (sequence, org, project_id, work_id, item) VALUES (?1, ?2, ?3, ?4, ?5)")?.execute(params![seq, org, project, item.work_id, json(&item)],
         )?;
     }
     Ok(())
@@ -1005,15 +996,11 @@ fn set_state(
     seq: i64,
 ) -> rusqlite::Result<()> {
     // Only the current revision moves, and never out of a terminal state of that revision.
-    tx.execute(
-        "UPDATE gw_projects SET state = ?1, updated_sequence = ?2
-         WHERE project_id = ?3 AND org = ?4 AND setup_revision = ?5 AND state NOT IN ('ready', 'failed')",
-        params![state, seq, project, org, revision],
+    tx.prepare_cached("UPDATE gw_projects SET state = ?1, updated_sequence = ?2
+         WHERE project_id = ?3 AND org = ?4 AND setup_revision = ?5 AND state NOT IN ('ready', 'failed')")?.execute(params![state, seq, project, org, revision],
     )?;
     if state == setup_state::READY {
-        tx.execute(
-            "UPDATE gw_projects SET state = 'ready', updated_sequence = ?1 WHERE project_id = ?2 AND org = ?3 AND setup_revision = ?4",
-            params![seq, project, org, revision],
+        tx.prepare_cached("UPDATE gw_projects SET state = 'ready', updated_sequence = ?1 WHERE project_id = ?2 AND org = ?3 AND setup_revision = ?4")?.execute(params![seq, project, org, revision],
         )?;
     }
     Ok(())
@@ -1051,9 +1038,7 @@ fn setup_item(
 }
 
 fn work_ref(conn: &Connection, org: &str, work: &str) -> rusqlite::Result<Option<WorkRef>> {
-    conn.query_row(
-        "SELECT work_id, title, kind, status, summary FROM gw_works WHERE work_id = ?1 AND org = ?2",
-        params![work, org],
+    conn.prepare_cached("SELECT work_id, title, kind, status, summary FROM gw_works WHERE work_id = ?1 AND org = ?2")?.query_row(params![work, org],
         |row| {
             Ok(WorkRef { work_id: row.get(0)?, title: row.get(1)?, kind: row.get(2)?, status: row.get(3)?, summary: row.get(4)? })
         },
@@ -1180,10 +1165,8 @@ pub mod queries {
         project: &ProjectId,
         work: &str,
     ) -> rusqlite::Result<Option<WorkView>> {
-        conn.query_row(
-            "SELECT work_id, project_id, title, summary, kind, status, created_at, updated_at FROM gw_works
-             WHERE work_id = ?1 AND org = ?2 AND project_id = ?3",
-            params![work, org.as_str(), project.to_string()],
+        conn.prepare_cached("SELECT work_id, project_id, title, summary, kind, status, created_at, updated_at FROM gw_works
+             WHERE work_id = ?1 AND org = ?2 AND project_id = ?3")?.query_row(params![work, org.as_str(), project.to_string()],
             |row| {
                 Ok(WorkView {
                     work_id: row.get(0)?,
@@ -1262,10 +1245,8 @@ pub mod queries {
         org: &OrgId,
         project: &ProjectId,
     ) -> rusqlite::Result<Option<SummaryRecord>> {
-        conn.query_row(
-            "SELECT document_id, revision, title, content_type, body, blob, repository_commit FROM gw_summaries
-             WHERE project_id = ?1 AND org = ?2",
-            params![project.to_string(), org.as_str()],
+        conn.prepare_cached("SELECT document_id, revision, title, content_type, body, blob, repository_commit FROM gw_summaries
+             WHERE project_id = ?1 AND org = ?2")?.query_row(params![project.to_string(), org.as_str()],
             |row| {
                 let blob: Option<String> = row.get(5)?;
                 Ok(SummaryRecord {

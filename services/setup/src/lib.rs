@@ -238,8 +238,7 @@ pub fn local_reaction(
 /// Runs the setup service until `shutdown`.
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
-    let runtime = Runtime::start(SERVICE, &core, shutdown.clone()).await?;
-    runtime.spawn_projection(SetupProjection);
+    let runtime = Runtime::start_with(SERVICE, &core, shutdown.clone(), SetupProjection).await?;
     // Repository connections are not configured yet: https repositories are
     // cloned anonymously (credentials never come from the URL).
     let credentials: Arc<dyn CredentialStore> = Arc::new(InMemoryCredentialStore::new());

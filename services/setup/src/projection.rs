@@ -113,11 +113,9 @@ impl Projection for SetupProjection {
         };
         let (org, project) = (event.org_id.as_str(), event.project_id.to_string());
         if let Ok(registered) = event.decode::<pb::AgentRegistered>() {
-            tx.execute(
-                "INSERT OR IGNORE INTO setup_agent_bindings
+            tx.prepare_cached("INSERT OR IGNORE INTO setup_agent_bindings
                  (agent_id, org, project, agent_type, runtime_id, global_timeline_id, setup_revision)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?.execute(params![
                     registered.agent_id,
                     org,
                     project,
@@ -144,8 +142,7 @@ impl Projection for SetupProjection {
         }
         save(tx, org, &project, &state, sequence)?;
         if let Some(runtime) = &state.runtime {
-            tx.execute(
-                "INSERT INTO setup_project_runtimes
+            tx.prepare_cached("INSERT INTO setup_project_runtimes
                  (org, project, runtime_id, provider, workspace_path, repository_path, status, repository_commit, setup_revision, last_error_code)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
                  ON CONFLICT (org, project) DO UPDATE SET
@@ -153,8 +150,7 @@ impl Projection for SetupProjection {
                     workspace_path = excluded.workspace_path, repository_path = excluded.repository_path,
                     status = excluded.status, repository_commit = excluded.repository_commit,
                     setup_revision = excluded.setup_revision, last_error_code = excluded.last_error_code
-                 WHERE excluded.setup_revision >= setup_project_runtimes.setup_revision",
-                params![
+                 WHERE excluded.setup_revision >= setup_project_runtimes.setup_revision")?.execute(params![
                     org,
                     project,
                     runtime.runtime_id,
@@ -187,20 +183,19 @@ fn binding_of(
     org: &str,
     project: &str,
 ) -> rusqlite::Result<Option<AgentBinding>> {
-    conn.query_row(
+    conn.prepare_cached(
         "SELECT agent_id, agent_type, runtime_id, global_timeline_id, setup_revision
          FROM setup_agent_bindings WHERE org = ?1 AND project = ?2 ORDER BY setup_revision LIMIT 1",
-        params![org, project],
-        |row| {
-            Ok(AgentBinding {
-                agent_id: row.get(0)?,
-                agent_type: row.get(1)?,
-                runtime_id: row.get(2)?,
-                global_timeline_id: row.get(3)?,
-                setup_revision: row.get(4)?,
-            })
-        },
-    )
+    )?
+    .query_row(params![org, project], |row| {
+        Ok(AgentBinding {
+            agent_id: row.get(0)?,
+            agent_type: row.get(1)?,
+            runtime_id: row.get(2)?,
+            global_timeline_id: row.get(3)?,
+            setup_revision: row.get(4)?,
+        })
+    })
     .optional()
 }
 
@@ -210,16 +205,15 @@ fn load(
     project: &str,
     revision: u32,
 ) -> rusqlite::Result<Option<RevisionState>> {
-    conn.query_row(
+    conn.prepare_cached(
         "SELECT revision, repository_url, branch, project_name, connection_id, started,
                 runtime_id, provider, workspace_path, repository_path, runtime_reused,
                 clone_branch, repository_commit, tracked_files, clone_reused,
                 environment_status, environment_names, agent_id, ready,
                 failure_step, failure_code, failure_message, failure_retryable
          FROM setup_revisions WHERE org = ?1 AND project = ?2 AND revision = ?3",
-        params![org, project, revision],
-        row_to_state,
-    )
+    )?
+    .query_row(params![org, project, revision], row_to_state)
     .optional()
 }
 
@@ -310,15 +304,13 @@ fn save(
     let clone = state.clone.as_ref();
     let environment = state.environment.as_ref();
     let failure = state.failure.as_ref();
-    tx.execute(
-        "INSERT OR REPLACE INTO setup_revisions
+    tx.prepare_cached("INSERT OR REPLACE INTO setup_revisions
          (org, project, revision, phase, repository_url, branch, project_name, connection_id, started,
           runtime_id, provider, workspace_path, repository_path, runtime_reused,
           clone_branch, repository_commit, tracked_files, clone_reused,
           environment_status, environment_names, agent_id, ready,
           failure_step, failure_code, failure_message, failure_retryable, last_sequence)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)",
-        params![
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)")?.execute(params![
             org,
             project,
             state.revision,

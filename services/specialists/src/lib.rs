@@ -88,8 +88,7 @@ pub fn provider(config: &Config) -> Result<Option<Arc<dyn zopu_llm::Provider>>, 
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
     let provider = provider(&config)?;
-    let runtime = Runtime::start(SERVICE, &core, shutdown.clone()).await?;
-    runtime.spawn_projection(state::State);
+    let runtime = Runtime::start_with(SERVICE, &core, shutdown.clone(), state::State).await?;
     let mut reaction = ReactionConfig::new(
         subjects::durable(SERVICE, "flows"),
         vec![subjects::events_of_type(pb::FlowRequested::TYPE)],

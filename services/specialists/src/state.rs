@@ -60,45 +60,35 @@ impl Projection for State {
         match event.event_type.as_str() {
             t if t == pb::AgentDisabled::TYPE => {
                 let payload: pb::AgentDisabled = event.decode().map_err(decode_error)?;
-                tx.execute(
-                    "INSERT INTO specialist_agents (agent_id, disabled, reason, sequence) VALUES (?1, 1, ?2, ?3)
-                     ON CONFLICT (agent_id) DO UPDATE SET disabled = 1, reason = ?2, sequence = ?3",
-                    params![payload.agent_id, payload.reason, sequence],
+                tx.prepare_cached("INSERT INTO specialist_agents (agent_id, disabled, reason, sequence) VALUES (?1, 1, ?2, ?3)
+                     ON CONFLICT (agent_id) DO UPDATE SET disabled = 1, reason = ?2, sequence = ?3")?.execute(params![payload.agent_id, payload.reason, sequence],
                 )?;
             }
             t if t == pb::AgentEnabled::TYPE => {
                 let payload: pb::AgentEnabled = event.decode().map_err(decode_error)?;
-                tx.execute(
-                    "INSERT INTO specialist_agents (agent_id, disabled, reason, sequence) VALUES (?1, 0, '', ?2)
-                     ON CONFLICT (agent_id) DO UPDATE SET disabled = 0, reason = '', sequence = ?2",
-                    params![payload.agent_id, sequence],
+                tx.prepare_cached("INSERT INTO specialist_agents (agent_id, disabled, reason, sequence) VALUES (?1, 0, '', ?2)
+                     ON CONFLICT (agent_id) DO UPDATE SET disabled = 0, reason = '', sequence = ?2")?.execute(params![payload.agent_id, sequence],
                 )?;
             }
             t if t == pb::ProjectReady::TYPE => {
                 let payload: pb::ProjectReady = event.decode().map_err(decode_error)?;
                 let names = serde_json::to_string(&payload.environment_variable_names)
                     .unwrap_or_else(|_| "[]".into());
-                tx.execute(
-                    "INSERT INTO specialist_env (project_id, names_json, sequence) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (project_id) DO UPDATE SET names_json = ?2, sequence = ?3",
-                    params![project, names, sequence],
+                tx.prepare_cached("INSERT INTO specialist_env (project_id, names_json, sequence) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (project_id) DO UPDATE SET names_json = ?2, sequence = ?3")?.execute(params![project, names, sequence],
                 )?;
             }
             t if t == pb::ContextPublished::TYPE => {
                 let payload: pb::ContextPublished = event.decode().map_err(decode_error)?;
-                tx.execute(
-                    "INSERT INTO specialist_context (project_id, kind, document_id, revision, body, sequence) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                tx.prepare_cached("INSERT INTO specialist_context (project_id, kind, document_id, revision, body, sequence) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                      ON CONFLICT (project_id, kind) DO UPDATE SET document_id = ?3, revision = ?4, body = ?5, sequence = ?6
-                     WHERE excluded.revision >= specialist_context.revision",
-                    params![project, payload.kind, payload.document_id, payload.revision, payload.body, sequence],
+                     WHERE excluded.revision >= specialist_context.revision")?.execute(params![project, payload.kind, payload.document_id, payload.revision, payload.body, sequence],
                 )?;
             }
             t if t == pb::FlowCompleted::TYPE => {
                 let payload: pb::FlowCompleted = event.decode().map_err(decode_error)?;
                 if let Some(run) = event.flow_run_id {
-                    tx.execute(
-                        "INSERT OR IGNORE INTO specialist_results (flow_run_id, project_id, flow_type, result_json, sequence) VALUES (?1, ?2, ?3, ?4, ?5)",
-                        params![run.to_string(), project, payload.flow_type, payload.result_json, sequence],
+                    tx.prepare_cached("INSERT OR IGNORE INTO specialist_results (flow_run_id, project_id, flow_type, result_json, sequence) VALUES (?1, ?2, ?3, ?4, ?5)")?.execute(params![run.to_string(), project, payload.flow_type, payload.result_json, sequence],
                     )?;
                 }
             }
@@ -108,11 +98,9 @@ impl Projection for State {
                     .flow_run_id
                     .map(|id| id.to_string())
                     .unwrap_or_default();
-                tx.execute(
-                    "INSERT INTO specialist_artifacts (artifact_id, revision, flow_run_id, sequence) VALUES (?1, ?2, ?3, ?4)
+                tx.prepare_cached("INSERT INTO specialist_artifacts (artifact_id, revision, flow_run_id, sequence) VALUES (?1, ?2, ?3, ?4)
                      ON CONFLICT (artifact_id) DO UPDATE SET revision = ?2, flow_run_id = ?3, sequence = ?4
-                     WHERE excluded.revision > specialist_artifacts.revision",
-                    params![payload.artifact_id, payload.revision, run, sequence],
+                     WHERE excluded.revision > specialist_artifacts.revision")?.execute(params![payload.artifact_id, payload.revision, run, sequence],
                 )?;
             }
             _ => {}
@@ -135,23 +123,19 @@ pub struct CurrentDocument {
 /// Why the agent is disabled, when it is.
 pub fn disabled(store: &Store, agent_id: &str) -> Result<Option<String>, zopu_core::Error> {
     store.read(|conn| {
-        conn.query_row(
+        conn.prepare_cached(
             "SELECT reason FROM specialist_agents WHERE agent_id = ?1 AND disabled = 1",
-            [agent_id],
-            |row| row.get::<_, String>(0),
-        )
+        )?
+        .query_row([agent_id], |row| row.get::<_, String>(0))
         .optional()
     })
 }
 
 pub fn environment_names(store: &Store, project_id: &str) -> Result<Vec<String>, zopu_core::Error> {
     let json = store.read(|conn| {
-        conn.query_row(
-            "SELECT names_json FROM specialist_env WHERE project_id = ?1",
-            [project_id],
-            |row| row.get::<_, String>(0),
-        )
-        .optional()
+        conn.prepare_cached("SELECT names_json FROM specialist_env WHERE project_id = ?1")?
+            .query_row([project_id], |row| row.get::<_, String>(0))
+            .optional()
     })?;
     Ok(json
         .and_then(|json| serde_json::from_str(&json).ok())
@@ -164,9 +148,7 @@ pub fn current_document(
     kind: &str,
 ) -> Result<Option<CurrentDocument>, zopu_core::Error> {
     store.read(|conn| {
-        conn.query_row(
-            "SELECT document_id, revision, body FROM specialist_context WHERE project_id = ?1 AND kind = ?2",
-            params![project_id, kind],
+        conn.prepare_cached("SELECT document_id, revision, body FROM specialist_context WHERE project_id = ?1 AND kind = ?2")?.query_row(params![project_id, kind],
             |row| Ok(CurrentDocument { document_id: row.get(0)?, revision: row.get(1)?, body: row.get(2)? }),
         )
         .optional()
@@ -180,9 +162,7 @@ pub fn latest_result(
     flow_type: pb::FlowType,
 ) -> Result<Option<(String, String)>, zopu_core::Error> {
     store.read(|conn| {
-        conn.query_row(
-            "SELECT flow_run_id, result_json FROM specialist_results WHERE project_id = ?1 AND flow_type = ?2 ORDER BY sequence DESC LIMIT 1",
-            params![project_id, flow_type as i32],
+        conn.prepare_cached("SELECT flow_run_id, result_json FROM specialist_results WHERE project_id = ?1 AND flow_type = ?2 ORDER BY sequence DESC LIMIT 1")?.query_row(params![project_id, flow_type as i32],
             |row| Ok((row.get(0)?, row.get(1)?)),
         )
         .optional()
@@ -195,11 +175,10 @@ pub fn artifact_revision(
     artifact_id: &str,
 ) -> Result<Option<(u32, String)>, zopu_core::Error> {
     store.read(|conn| {
-        conn.query_row(
+        conn.prepare_cached(
             "SELECT revision, flow_run_id FROM specialist_artifacts WHERE artifact_id = ?1",
-            [artifact_id],
-            |row| Ok((row.get(0)?, row.get(1)?)),
-        )
+        )?
+        .query_row([artifact_id], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()
     })
 }
