@@ -197,7 +197,7 @@ async fn rebuilt_digest(
 ) -> Result<(String, Vec<u8>)> {
     let store = Store::open(&dir.join(format!("{name}.sqlite")))?;
     projection::catch_up(bus, &store, Messages).await?;
-    projection::catch_up(bus, &store, KeyIndex).await?;
+    projection::catch_up(bus, &store, KeyIndex::all()).await?;
     let digest = store.content_digest(DIGEST_TABLES)?;
     let snapshot = dir.join(format!("{name}.snapshot"));
     store.read(|conn| {
@@ -242,7 +242,7 @@ fn projections_rebuilt_from_the_stream_are_identical_to_live_ones() -> Result<()
                     let keys = tokio::spawn(projection::run(
                         bus.clone(),
                         live.clone(),
-                        KeyIndex,
+                        KeyIndex::all(),
                         shutdown.clone(),
                     ));
                     let publisher = Publisher::new(bus.clone(), "test", None);

@@ -39,7 +39,7 @@ impl zopu_core::Projection for ConversationState {
     }
 
     fn schema_version(&self) -> u32 {
-        1
+        2
     }
 
     fn tables(&self) -> &'static [&'static str] {
@@ -90,6 +90,8 @@ impl zopu_core::Projection for ConversationState {
                 failure TEXT NOT NULL DEFAULT '', sequence INTEGER NOT NULL,
                 PRIMARY KEY (artifact_id, revision));
             CREATE INDEX cv_artifacts_flow ON cv_artifacts (flow_run_id);
+            CREATE INDEX cv_artifacts_project ON cv_artifacts (org, project, sequence);
+            CREATE INDEX cv_works_project ON cv_works (org, project, sequence);
             CREATE TABLE cv_outcomes (
                 org TEXT NOT NULL, project TEXT NOT NULL, sequence INTEGER NOT NULL, outcome TEXT NOT NULL,
                 PRIMARY KEY (org, project, sequence));",
@@ -454,10 +456,8 @@ impl ProjectView {
         let (org, project) = (org.as_str(), project.to_string());
         let before = i64::try_from(before).unwrap_or(i64::MAX);
         let row = conn
-            .query_row(
-                "SELECT agent_id, timeline_id, repository_url, branch, repository_commit, env_names, summary, ready_sequence
-                 FROM cv_projects WHERE org = ?1 AND project = ?2",
-                params![org, project],
+            .prepare_cached("SELECT agent_id, timeline_id, repository_url, branch, repository_commit, env_names, summary, ready_sequence
+                 FROM cv_projects WHERE org = ?1 AND project = ?2")?.query_row(params![org, project],
                 |row| {
                     Ok(ProjectView {
                         agent_id: row.get(0)?,
@@ -481,10 +481,8 @@ impl ProjectView {
             .optional()?;
         let Some(mut view) = row else { return Ok(None) };
         if let Some((enabled, reason, notice)) = conn
-            .query_row(
-                "SELECT enabled, reason, notice_posted FROM cv_switch WHERE org = ?1 AND project = ?2 AND sequence < ?3
-                 ORDER BY sequence DESC LIMIT 1",
-                params![org, project, before],
+            .prepare_cached("SELECT enabled, reason, notice_posted FROM cv_switch WHERE org = ?1 AND project = ?2 AND sequence < ?3
+                 ORDER BY sequence DESC LIMIT 1")?.query_row(params![org, project, before],
                 |row| Ok((row.get::<_, i64>(0)? != 0, row.get::<_, String>(1)?, row.get::<_, i64>(2)? != 0)),
             )
             .optional()?
@@ -618,11 +616,9 @@ impl FlowView {
         flow_run: &FlowRunId,
     ) -> rusqlite::Result<Option<Self>> {
         let row = conn
-            .query_row(
-                "SELECT work_id, thread_id, flow_type, source_event_id, status, summary, artifact_build_id, failure_code,
+            .prepare_cached("SELECT work_id, thread_id, flow_type, source_event_id, status, summary, artifact_build_id, failure_code,
                         failure_message, final_posted
-                 FROM cv_flows WHERE flow_run_id = ?1 AND org = ?2 AND project = ?3",
-                params![flow_run.to_string(), org.as_str(), project.to_string()],
+                 FROM cv_flows WHERE flow_run_id = ?1 AND org = ?2 AND project = ?3")?.query_row(params![flow_run.to_string(), org.as_str(), project.to_string()],
                 |row| {
                     Ok(FlowView {
                         flow_run_id: *flow_run,

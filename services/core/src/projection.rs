@@ -43,21 +43,20 @@ pub async fn run_all(
 ) -> Result<(), Error> {
     let names = names(&projections);
     let mut set = Set::prepare(&store, projections)?;
-    store.publish_checkpoint()?;
     let mut failures = 0u32;
     loop {
         if shutdown.is_cancelled() {
-            return Ok(());
+            return set.persist(&store);
         }
         match follow(&bus, &store, &mut set, &shutdown).await {
-            Ok(()) => return Ok(()),
+            Ok(()) => return set.persist(&store),
             Err(error) => {
                 failures += 1;
                 let delay = Duration::from_millis(100 * u64::from(failures.min(50)));
                 tracing::warn!(projections = %names, %error, checkpoint = set.low_water(), retry_in_ms = delay.as_millis() as u64, "projection interrupted; resuming from checkpoint");
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
-                    () = shutdown.cancelled() => return Ok(()),
+                    () = shutdown.cancelled() => return set.persist(&store),
                 }
             }
         }
@@ -73,13 +72,12 @@ pub async fn catch_up<P: Projection>(
 ) -> Result<u64, Error> {
     let mut set = Set::prepare(store, vec![Box::new(projection)])?;
     let last = publish::last_sequence(bus).await?;
-    if last <= set.low_water() {
-        store.publish_checkpoint()?;
-        return Ok(set.low_water());
+    if last > set.low_water() {
+        let messages = open(bus, set.low_water()).await?;
+        pump(messages, store, &mut set, Some(last), &Shutdown::new()).await?;
     }
-    let messages = open(bus, set.low_water()).await?;
-    pump(messages, store, &mut set, Some(last), &Shutdown::new()).await?;
-    store.publish_checkpoint()?;
+    // The file ends where the stream ended, however the batches fell.
+    set.persist(store)?;
     Ok(set.low_water())
 }
 
@@ -124,7 +122,7 @@ async fn follow(bus: &Bus, store: &Store, set: &mut Set, shutdown: &Shutdown) ->
     // Nothing to replay: the checkpoint is the stream's end.
     let last = publish::last_sequence(bus).await?;
     if last <= set.low_water() {
-        set.advance_to(store, set.low_water())?;
+        set.advance_to(store, set.low_water());
     }
     let messages = open(bus, set.low_water()).await?;
     pump(messages, store, set, None, shutdown).await
@@ -246,21 +244,26 @@ impl Set {
     }
 
     /// Moves every checkpoint to at least `sequence` (nothing to apply).
-    fn advance_to(&self, store: &Store, sequence: u64) -> Result<(), Error> {
-        let mut tracked = self.lock();
-        store.read(|conn| {
+    fn advance_to(&self, store: &Store, sequence: u64) {
+        for entry in self.lock().iter_mut() {
+            entry.checkpoint = entry.checkpoint.max(sequence);
+            store.note_progress(entry.projection.name(), entry.checkpoint);
+        }
+    }
+
+    /// Writes the checkpoints applied so far to the file (those of batches
+    /// that changed nothing are kept in memory until then).
+    fn persist(&self, store: &Store) -> Result<(), Error> {
+        let tracked = self.lock();
+        store.write(|tx| {
             for entry in tracked.iter() {
-                conn.execute(
+                tx.prepare_cached(
                     "UPDATE zopu_projection SET checkpoint = MAX(checkpoint, ?2) WHERE name = ?1",
-                    params![entry.projection.name(), sequence as i64],
-                )?;
+                )?
+                .execute(params![entry.projection.name(), entry.checkpoint as i64])?;
             }
             Ok(())
-        })?;
-        for entry in tracked.iter_mut() {
-            entry.checkpoint = entry.checkpoint.max(sequence);
-        }
-        store.publish_checkpoint()
+        })
     }
 
     /// Applies a batch to every projection that has not seen its events, with
@@ -277,6 +280,7 @@ impl Set {
             store_for_batch.write(|tx| {
                 for entry in tracked.iter_mut() {
                     let name = entry.projection.name();
+                    let changes_before = tx.total_changes();
                     for (sequence, event) in decoded.iter().filter(|(sequence, _)| *sequence > entry.checkpoint) {
                         match event {
                             Ok(event) => entry.projection.apply(tx, event, *sequence)?,
@@ -288,7 +292,10 @@ impl Set {
                             }
                         }
                     }
-                    if last > entry.checkpoint {
+                    // A batch that changed nothing leaves the file as it
+                    // was; its checkpoint lives in memory until one that
+                    // does (or `persist`).
+                    if last > entry.checkpoint && tx.total_changes() != changes_before {
                         tx.prepare_cached("UPDATE zopu_projection SET checkpoint = ?2 WHERE name = ?1")?
                             .execute(params![name, last as i64])?;
                     }
@@ -297,12 +304,12 @@ impl Set {
             })?;
             for entry in tracked.iter_mut() {
                 entry.checkpoint = entry.checkpoint.max(last);
+                store_for_batch.note_progress(entry.projection.name(), entry.checkpoint);
             }
             Ok::<_, Error>(())
         })
         .await
         .map_err(|error| Error::Projection { projection: "batch".into(), reason: error.to_string() })??;
-        store.publish_checkpoint()?;
         Ok(last)
     }
 }

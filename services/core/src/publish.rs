@@ -157,7 +157,39 @@ pub struct Publisher {
     source: String,
     store: Option<Store>,
     heads: Arc<Mutex<HashMap<ProjectKey, ProjectLane>>>,
+    recent: Arc<Mutex<RecentKeys>>,
     retry: RetryPolicy,
+}
+
+/// The keys a publisher appended last, bounded (oldest forgotten first).
+#[derive(Debug, Default)]
+struct RecentKeys {
+    entries: HashMap<String, (u64, EventId)>,
+    order: std::collections::VecDeque<String>,
+}
+
+/// Keys a publisher remembers by itself; older ones are in the key index.
+const RECENT_KEYS: usize = 10_000;
+
+impl RecentKeys {
+    fn get(&self, key: &str) -> Option<(u64, EventId)> {
+        self.entries.get(key).copied()
+    }
+
+    fn insert(&mut self, key: &str, sequence: u64, event_id: EventId) {
+        if self
+            .entries
+            .insert(key.to_owned(), (sequence, event_id))
+            .is_none()
+        {
+            self.order.push_back(key.to_owned());
+            if self.order.len() > RECENT_KEYS
+                && let Some(oldest) = self.order.pop_front()
+            {
+                self.entries.remove(&oldest);
+            }
+        }
+    }
 }
 
 /// How hard an append tries before it gives up.
@@ -187,14 +219,16 @@ const MAX_CACHED_HEADS: usize = 50_000;
 
 impl Publisher {
     /// `service` names the source (`zopu/<service>`). With a store, keys are
-    /// checked before and recorded after each append, which extends
-    /// deduplication beyond the server's window.
+    /// checked before each append (the store's key index, which extends
+    /// deduplication beyond the server's window, and the keys this publisher
+    /// appended last, which the index may not have applied yet).
     pub fn new(bus: Bus, service: &str, store: Option<Store>) -> Self {
         Self {
             bus,
             source: format!("zopu/{service}"),
             store,
             heads: Arc::new(Mutex::new(HashMap::new())),
+            recent: Arc::new(Mutex::new(RecentKeys::default())),
             retry: RetryPolicy::default(),
         }
     }
@@ -313,7 +347,7 @@ impl Publisher {
         if ack.duplicate {
             *head = None;
             let stored = self.stored_id(ack.sequence, envelope.id).await;
-            self.remember(&envelope.idempotency_key, ack.sequence, stored)?;
+            self.remember(&envelope.idempotency_key, ack.sequence, stored);
             return Ok(Appended {
                 event_id: stored,
                 sequence: ack.sequence,
@@ -326,7 +360,7 @@ impl Publisher {
             version: envelope.project_version,
             hash: envelope.hash(),
         });
-        self.remember(&envelope.idempotency_key, ack.sequence, envelope.id)?;
+        self.remember(&envelope.idempotency_key, ack.sequence, envelope.id);
         Ok(Appended {
             event_id: envelope.id,
             sequence: ack.sequence,
@@ -340,6 +374,14 @@ impl Publisher {
         let Some(store) = &self.store else {
             return Ok(None);
         };
+        if let Some((sequence, event_id)) = self.recent_key(key) {
+            return Ok(Some(Appended {
+                event_id,
+                sequence,
+                duplicate: true,
+                project_version: None,
+            }));
+        }
         let Some((sequence, event_id)) = store.key_entry(key)? else {
             return Ok(None);
         };
@@ -366,11 +408,23 @@ impl Publisher {
         }
     }
 
-    fn remember(&self, key: &str, sequence: u64, event_id: EventId) -> Result<(), Error> {
-        match &self.store {
-            Some(store) => store.record_key(key, sequence, &event_id.to_string()),
-            None => Ok(()),
+    /// Notes a key this publisher just appended (or found stored), so a
+    /// repeat is recognised before the store's key index has applied the
+    /// event. Only with a store: the key index is the durable record.
+    fn remember(&self, key: &str, sequence: u64, event_id: EventId) {
+        if self.store.is_some() {
+            self.recent
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .insert(key, sequence, event_id);
         }
+    }
+
+    fn recent_key(&self, key: &str) -> Option<(u64, EventId)> {
+        self.recent
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(key)
     }
 
     fn lane(&self, project: &ProjectKey) -> ProjectLane {
@@ -702,7 +756,11 @@ impl Publisher {
         let Some(store) = &self.store else {
             return Ok(None);
         };
-        match store.key_sequence(key)? {
+        let sequence = match self.recent_key(key) {
+            Some((sequence, _)) => Some(sequence),
+            None => store.key_sequence(key)?,
+        };
+        match sequence {
             Some(sequence) => get_event(&self.bus, sequence).await.map(Some),
             None => Ok(None),
         }

@@ -31,7 +31,7 @@ impl Runtime {
         shutdown: Shutdown,
     ) -> Result<Self, Error> {
         let runtime = Self::connect(service, config, shutdown).await?;
-        runtime.spawn_projections(vec![Box::new(KeyIndex)]);
+        runtime.spawn_projections(vec![Box::new(runtime.key_index())]);
         Ok(runtime)
     }
 
@@ -45,7 +45,7 @@ impl Runtime {
         projection: P,
     ) -> Result<Self, Error> {
         let runtime = Self::connect(service, config, shutdown).await?;
-        runtime.spawn_projections(vec![Box::new(KeyIndex), Box::new(projection)]);
+        runtime.spawn_projections(vec![Box::new(runtime.key_index()), Box::new(projection)]);
         Ok(runtime)
     }
 
@@ -71,6 +71,10 @@ impl Runtime {
             publisher,
             shutdown,
         })
+    }
+
+    fn key_index(&self) -> KeyIndex {
+        KeyIndex::of_source(self.publisher.source())
     }
 
     /// Runs projections of this service's store from one consumer, as a

@@ -69,6 +69,11 @@ pub const KEYS_PROJECTION: &str = "zopu_keys";
 pub struct Store {
     path: PathBuf,
     connection: Arc<Mutex<Connection>>,
+    /// Each projection's checkpoint as applied. It may be ahead of the file:
+    /// a batch that changed nothing in the file does not rewrite its
+    /// checkpoint there (replaying it after a restart changes nothing either).
+    progress: Arc<Mutex<std::collections::HashMap<String, u64>>>,
+    /// The lowest of `progress`, for readers waiting on the projections.
     checkpoints: Arc<watch::Sender<u64>>,
 }
 
@@ -98,22 +103,27 @@ impl Store {
             .map_err(store_error)?;
         // Projections and readers keep their statements prepared.
         connection.set_prepared_statement_cache_capacity(256);
+        let progress = connection
+            .prepare("SELECT name, checkpoint FROM zopu_projection")
+            .and_then(|mut statement| {
+                statement
+                    .query_map([], |row| {
+                        Ok((
+                            row.get::<_, String>(0)?,
+                            u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
+                        ))
+                    })?
+                    .collect::<rusqlite::Result<std::collections::HashMap<_, _>>>()
+            })
+            .map_err(store_error)?;
         let (checkpoints, _) = watch::channel(0);
         let store = Self {
             path: path.to_owned(),
             connection: Arc::new(Mutex::new(connection)),
+            progress: Arc::new(Mutex::new(progress)),
             checkpoints: Arc::new(checkpoints),
         };
-        let low_water = store.read(|conn| {
-            conn.query_row(
-                "SELECT COALESCE(MIN(checkpoint), 0) FROM zopu_projection",
-                [],
-                |row| row.get::<_, i64>(0),
-            )
-        })?;
-        store
-            .checkpoints
-            .send_replace(u64::try_from(low_water).unwrap_or(0));
+        store.publish_low_water();
         Ok(store)
     }
 
@@ -177,17 +187,6 @@ impl Store {
         .map(|entry| entry.map(|(sequence, id)| (u64::try_from(sequence).unwrap_or(0), id)))
     }
 
-    /// Records a key right after its append was acknowledged.
-    pub fn record_key(&self, key: &str, sequence: u64, event_id: &str) -> Result<(), Error> {
-        self.read(|conn| {
-            conn.prepare_cached(
-                "INSERT OR IGNORE INTO zopu_keys (key, sequence, event_id) VALUES (?1, ?2, ?3)",
-            )?
-            .execute(params![key, sequence as i64, event_id])
-            .map(|_| ())
-        })
-    }
-
     /// The lowest checkpoint of the projections in this file.
     pub fn checkpoint(&self) -> u64 {
         *self.checkpoints.borrow()
@@ -201,27 +200,48 @@ impl Store {
             .await;
     }
 
-    pub(crate) fn publish_checkpoint(&self) -> Result<(), Error> {
-        let low_water = self.read(|conn| {
-            conn.query_row(
-                "SELECT COALESCE(MIN(checkpoint), 0) FROM zopu_projection",
-                [],
-                |row| row.get::<_, i64>(0),
-            )
-        })?;
-        self.checkpoints
-            .send_replace(u64::try_from(low_water).unwrap_or(0));
-        Ok(())
+    /// Records that `projection` has applied everything up to `sequence`
+    /// and wakes the readers waiting for it.
+    pub(crate) fn note_progress(&self, projection: &str, sequence: u64) {
+        {
+            let mut progress = self
+                .progress
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let entry = progress.entry(projection.to_owned()).or_default();
+            *entry = (*entry).max(sequence);
+        }
+        self.publish_low_water();
+    }
+
+    fn publish_low_water(&self) {
+        let low_water = self
+            .progress
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .values()
+            .copied()
+            .min()
+            .unwrap_or(0);
+        self.checkpoints.send_replace(low_water);
     }
 
     /// Prepares a projection: creates its tables, or drops and recreates them
     /// when its schema version changed. Returns the sequence to resume after.
     pub(crate) fn prepare(&self, projection: &dyn Projection) -> Result<u64, Error> {
+        let checkpoint = self.create_or_rebuild(projection)?;
+        self.progress
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(projection.name().to_owned(), checkpoint);
+        self.publish_low_water();
+        Ok(checkpoint)
+    }
+
+    fn create_or_rebuild(&self, projection: &dyn Projection) -> Result<u64, Error> {
         self.write(|tx| {
             let row: Option<(i64, i64)> = tx
-                .query_row(
-                    "SELECT schema_version, checkpoint FROM zopu_projection WHERE name = ?1",
-                    [projection.name()],
+                .prepare_cached("SELECT schema_version, checkpoint FROM zopu_projection WHERE name = ?1")?.query_row([projection.name()],
                     |row| Ok((row.get(0)?, row.get(1)?)),
                 )
                 .optional()?;
@@ -236,12 +256,10 @@ impl Store {
                     for table in projection.tables() {
                         tx.execute_batch(&format!("DROP TABLE IF EXISTS \"{table}\";"))?;
                     }
-                    tx.execute("DELETE FROM zopu_undecodable WHERE projection = ?1", [projection.name()])?;
+                    tx.prepare_cached("DELETE FROM zopu_undecodable WHERE projection = ?1")?.execute([projection.name()])?;
                     projection.migrate(tx)?;
-                    tx.execute(
-                        "INSERT INTO zopu_projection (name, schema_version, checkpoint) VALUES (?1, ?2, 0)
-                         ON CONFLICT(name) DO UPDATE SET schema_version = excluded.schema_version, checkpoint = 0",
-                        params![projection.name(), projection.schema_version()],
+                    tx.prepare_cached("INSERT INTO zopu_projection (name, schema_version, checkpoint) VALUES (?1, ?2, 0)
+                         ON CONFLICT(name) DO UPDATE SET schema_version = excluded.schema_version, checkpoint = 0")?.execute(params![projection.name(), projection.schema_version()],
                     )?;
                     Ok(0)
                 }
@@ -273,22 +291,42 @@ impl Store {
     }
 }
 
-/// The built-in projection every service runs: idempotency key → sequence.
-#[derive(Debug, Default)]
-pub struct KeyIndex;
+/// The built-in projection every service runs: idempotency key → sequence
+/// and event id, for the events one source wrote (a service only ever looks
+/// up keys it appends itself), or for every event.
+#[derive(Debug, Default, Clone)]
+pub struct KeyIndex {
+    source: Option<String>,
+}
+
+impl KeyIndex {
+    /// Every event's key (tools and the rebuild benchmark).
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// The keys of the events `source` (`zopu/<service>`) wrote.
+    pub fn of_source(source: impl Into<String>) -> Self {
+        Self {
+            source: Some(source.into()),
+        }
+    }
+}
 
 impl Projection for KeyIndex {
     fn name(&self) -> &'static str {
         KEYS_PROJECTION
     }
     fn schema_version(&self) -> u32 {
-        1
+        2
     }
     fn tables(&self) -> &'static [&'static str] {
         &[]
     }
     fn migrate(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
-        tx.execute("DELETE FROM zopu_keys", []).map(|_| ())
+        tx.prepare_cached("DELETE FROM zopu_keys")?
+            .execute([])
+            .map(|_| ())
     }
     fn apply(
         &mut self,
@@ -296,6 +334,13 @@ impl Projection for KeyIndex {
         event: &Envelope,
         sequence: u64,
     ) -> rusqlite::Result<()> {
+        if self
+            .source
+            .as_ref()
+            .is_some_and(|source| *source != event.source)
+        {
+            return Ok(());
+        }
         tx.prepare_cached(
             "INSERT OR IGNORE INTO zopu_keys (key, sequence, event_id) VALUES (?1, ?2, ?3)",
         )?

@@ -361,11 +361,10 @@ pub fn read_state(
     let project = project.to_string();
     store.read(|conn| {
         let latest: Option<u32> = conn
-            .query_row(
+            .prepare_cached(
                 "SELECT MAX(revision) FROM setup_revisions WHERE org = ?1 AND project = ?2",
-                params![org.as_str(), project],
-                |row| row.get(0),
-            )
+            )?
+            .query_row(params![org.as_str(), project], |row| row.get(0))
             .optional()?
             .flatten();
         match latest {

@@ -331,7 +331,7 @@ async fn measure(
     // Projection rebuild from the stream into a fresh SQLite file.
     let store = Store::open(&dir.join(format!("rebuild-{label}.sqlite")))?;
     let started = Instant::now();
-    zopu_core::projection::catch_up(&bus, &store, KeyIndex).await?;
+    zopu_core::projection::catch_up(&bus, &store, KeyIndex::all()).await?;
     let rebuild = appended as f64 / started.elapsed().as_secs_f64();
 
     Ok(Figures {
