@@ -336,6 +336,135 @@ async fn a_changed_schema_version_rebuilds_the_projection() -> Result<()> {
     Ok(())
 }
 
+/// Applies nothing (a projection with no interest in these events).
+struct Ignoring(u32);
+
+impl Projection for Ignoring {
+    fn name(&self) -> &'static str {
+        "test_ignoring"
+    }
+    fn schema_version(&self) -> u32 {
+        self.0
+    }
+    fn tables(&self) -> &'static [&'static str] {
+        &[]
+    }
+    fn migrate(&self, _: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+        Ok(())
+    }
+    fn apply(
+        &mut self,
+        _: &rusqlite::Transaction<'_>,
+        _: &Envelope,
+        _: u64,
+    ) -> rusqlite::Result<()> {
+        Ok(())
+    }
+}
+
+async fn run_shared(
+    bus: &zopu_core::nats::Bus,
+    store: &Store,
+    ignoring_version: u32,
+    last: u64,
+) -> Result<()> {
+    let shutdown = Shutdown::new();
+    let runner = tokio::spawn(projection::run_all(
+        bus.clone(),
+        store.clone(),
+        vec![Box::new(Messages), Box::new(Ignoring(ignoring_version))],
+        shutdown.clone(),
+    ));
+    tokio::time::timeout(LONG, store.wait_for(last)).await?;
+    shutdown.cancel();
+    runner.await??;
+    Ok(())
+}
+
+fn checkpoints(store: &Store) -> Result<Vec<(String, i64)>> {
+    Ok(store.read(|conn| {
+        conn.prepare("SELECT name, checkpoint FROM zopu_projection ORDER BY name")?
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+            .collect()
+    })?)
+}
+
+#[tokio::test]
+async fn projections_sharing_a_consumer_keep_their_own_checkpoints() -> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let publisher = Publisher::new(bus.clone(), "test", None);
+    let (org, project) = (org("shared"), ProjectId::new());
+    let mut last = 0;
+    for i in 0..6 {
+        last = publisher
+            .append(user_message(&org, project, "x", &format!("request:s-{i}")))
+            .await?
+            .sequence;
+    }
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("shared.sqlite");
+    let store = Store::open(&path)?;
+    run_shared(&bus, &store, 1, last).await?;
+    // The projection that never wrote a row still has its checkpoint on file
+    // after the shutdown, so a restart does not replay for it.
+    assert_eq!(
+        checkpoints(&store)?,
+        vec![
+            ("test_ignoring".to_owned(), last as i64),
+            ("test_messages".to_owned(), last as i64)
+        ]
+    );
+    drop(store);
+
+    for i in 6..10 {
+        last = publisher
+            .append(user_message(&org, project, "x", &format!("request:s-{i}")))
+            .await?
+            .sequence;
+    }
+    // A new schema version rebuilds one projection from the start; the other
+    // resumes where it was and applies nothing twice.
+    let store = Store::open(&path)?;
+    run_shared(&bus, &store, 2, last).await?;
+    let count: i64 = store.read(|conn| {
+        conn.query_row(
+            "SELECT count FROM test_counts WHERE project = ?1",
+            [project.to_string()],
+            |row| row.get(0),
+        )
+    })?;
+    assert_eq!(count, 10, "an event was applied twice or missed");
+    assert_eq!(
+        checkpoints(&store)?,
+        vec![
+            ("test_ignoring".to_owned(), last as i64),
+            ("test_messages".to_owned(), last as i64)
+        ]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_service_key_index_holds_the_keys_of_its_own_events() -> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let (org, project) = (org("keys"), ProjectId::new());
+    let ours = Publisher::new(bus.clone(), "ours", None);
+    let theirs = Publisher::new(bus.clone(), "theirs", None);
+    ours.append(user_message(&org, project, "a", "request:ours"))
+        .await?;
+    theirs
+        .append(user_message(&org, project, "b", "request:theirs"))
+        .await?;
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(&dir.path().join("keys.sqlite"))?;
+    projection::catch_up(&bus, &store, KeyIndex::of_source(ours.source())).await?;
+    assert!(store.key_sequence("request:ours")?.is_some());
+    assert_eq!(store.key_sequence("request:theirs")?, None);
+    Ok(())
+}
+
 /// Acknowledges every user message; can be told to crash after appending.
 #[derive(Debug, Clone, Default)]
 struct Acknowledger {
