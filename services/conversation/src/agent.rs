@@ -87,11 +87,25 @@ impl Reaction for Agent {
         }
         // State up to this dispatch and whatever the project wrote since
         // (earlier turns of this agent, a kill switch flipped meanwhile).
-        let head = ctx
-            .publisher
-            .fetch_head(&event.org_id, &event.project_id)
-            .await?
-            .map_or(0, |head| head.sequence);
+        // The source event is read while the head is: one round trip less
+        // before the acknowledgement.
+        let source = async {
+            if created.source_stream_sequence == 0 {
+                return Err(HandlerError::Permanent(
+                    "dispatch.created names no source stream sequence".into(),
+                ));
+            }
+            Ok(zopu_core::publish::get_event(
+                ctx.publisher.bus(),
+                created.source_stream_sequence,
+            )
+            .await?)
+        };
+        let (head, source) = tokio::join!(
+            ctx.publisher.fetch_head(&event.org_id, &event.project_id),
+            source
+        );
+        let head = head?.map_or(0, |head| head.sequence);
         ctx.caught_up(head.max(ctx.stream_sequence)).await?;
         let view = ctx
             .store
@@ -104,7 +118,7 @@ impl Reaction for Agent {
             dispatch,
             created,
         };
-        turn.run(view).await?;
+        turn.run(view, source).await?;
         self.fail_point(FailPoint::BeforeAck, ctx)
     }
 
@@ -276,7 +290,13 @@ impl Turn<'_> {
         Ok(())
     }
 
-    async fn run(&self, view: Option<ProjectView>) -> Result<(), HandlerError> {
+    /// `source` is the dispatched event as read from the stream (or why it
+    /// could not be): it is looked at only once the boundary checks passed.
+    async fn run(
+        &self,
+        view: Option<ProjectView>,
+        source: Result<Envelope, HandlerError>,
+    ) -> Result<(), HandlerError> {
         let (org, project) = (&self.event.org_id, &self.event.project_id);
         // Boundary checks (section 63) before any write of the agent.
         let Some(view) = view else {
@@ -307,16 +327,7 @@ impl Turn<'_> {
                 )
                 .await;
         }
-        if self.created.source_stream_sequence == 0 {
-            return Err(HandlerError::Permanent(
-                "dispatch.created names no source stream sequence".into(),
-            ));
-        }
-        let source = zopu_core::publish::get_event(
-            self.ctx.publisher.bus(),
-            self.created.source_stream_sequence,
-        )
-        .await?;
+        let source = source?;
         if source.id.to_string() != self.created.source_event_id {
             return Err(HandlerError::Permanent(format!(
                 "the event at sequence {} is not the dispatched source {}",
