@@ -191,6 +191,12 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
+/// What the bench's messages ask about (each an exploration request).
+const TOPICS: [&str; 10] = [
+    "cart", "login", "search", "billing", "invoices", "emails", "uploads", "reports", "sessions",
+    "webhooks",
+];
+
 /// Sends `messages` messages at `rate` per second, round robin over the
 /// projects, without waiting for turns to complete.
 async fn open_loop(
@@ -201,10 +207,6 @@ async fn open_loop(
     messages: usize,
     rate: f64,
 ) -> Result<Vec<Option<Duration>>> {
-    let topics = [
-        "cart", "login", "search", "billing", "invoices", "emails", "uploads", "reports",
-        "sessions", "webhooks",
-    ];
     let gateway = Publisher::new(bus.clone(), "gateway", None);
     let actor = pb::Actor {
         kind: pb::actor::Kind::User as i32,
@@ -219,30 +221,42 @@ async fn open_loop(
         let project = ids[i % ids.len()];
         let text = format!(
             "How does the {} module handle retries?",
-            topics[(i / ids.len()) % topics.len()]
+            TOPICS[(i / ids.len()) % TOPICS.len()]
         );
-        turns.spawn(async move {
-            let request = zopu_schema::EventId::new().to_string();
-            let (done, finished) = oneshot::channel();
-            let sent =
-                zopu_conversation::send_message(&gateway, &org, &project, &text, actor, &request)
-                    .await?;
-            let at = Instant::now();
-            pending
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .insert(sent.event_id.to_string(), (at, None, Some(done)));
-            let ack = tokio::time::timeout(Duration::from_secs(120), finished)
-                .await
-                .context("turn timed out")??;
-            anyhow::Ok(ack)
-        });
+        turns.spawn(async move { turn(&gateway, &org, project, &text, actor, &pending).await });
     }
     let mut all = Vec::with_capacity(messages);
     while let Some(turn) = turns.join_next().await {
         all.push(turn??);
     }
     Ok(all)
+}
+
+/// Sends one message and waits until its turn completed; returns the
+/// acknowledgement latency (none if the turn posted no acknowledgement).
+async fn turn(
+    gateway: &Publisher,
+    org: &OrgId,
+    project: ProjectId,
+    text: &str,
+    actor: pb::Actor,
+    pending: &Pending,
+) -> Result<Option<Duration>> {
+    let request = zopu_schema::EventId::new().to_string();
+    let (done, finished) = oneshot::channel();
+    let sent =
+        zopu_conversation::send_message(gateway, org, &project, text, actor, &request).await?;
+    // Registered right after the append returns: the turn takes several more appends.
+    pending
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .insert(
+            sent.event_id.to_string(),
+            (Instant::now(), None, Some(done)),
+        );
+    Ok(tokio::time::timeout(Duration::from_secs(120), finished)
+        .await
+        .context("turn timed out")??)
 }
 
 /// Each project sends `count` messages, the next once the previous turn completed.
@@ -254,10 +268,6 @@ async fn phase(
     count: usize,
     offset: usize,
 ) -> Result<Vec<Option<Duration>>> {
-    let topics = [
-        "cart", "login", "search", "billing", "invoices", "emails", "uploads", "reports",
-        "sessions", "webhooks", "warmup",
-    ];
     let senders = ids.iter().map(|project| {
         let (bus, org, pending, project) = (bus.clone(), org.clone(), pending.clone(), *project);
         tokio::spawn(async move {
@@ -268,29 +278,14 @@ async fn phase(
             };
             let mut latencies = Vec::new();
             for i in 0..count {
-                let topic = if offset > 0 { "warmup" } else { topics[i % 10] };
+                let topic = if offset > 0 {
+                    "warmup"
+                } else {
+                    TOPICS[i % TOPICS.len()]
+                };
                 let text = format!("How does the {topic} module handle retries?");
-                let request = zopu_schema::EventId::new().to_string();
-                let (done, finished) = oneshot::channel();
-                let sent = zopu_conversation::send_message(
-                    &gateway,
-                    &org,
-                    &project,
-                    &text,
-                    actor.clone(),
-                    &request,
-                )
-                .await?;
-                // Registered right after the append returns: the turn takes several more appends.
-                let at = Instant::now();
-                pending
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .insert(sent.event_id.to_string(), (at, None, Some(done)));
-                let ack = tokio::time::timeout(Duration::from_secs(120), finished)
-                    .await
-                    .context("turn timed out")??;
-                latencies.push(ack);
+                latencies
+                    .push(turn(&gateway, &org, project, &text, actor.clone(), &pending).await?);
             }
             anyhow::Ok(latencies)
         })

@@ -95,11 +95,10 @@ impl Reaction for Agent {
                     "dispatch.created names no source stream sequence".into(),
                 ));
             }
-            Ok(zopu_core::publish::get_event(
-                ctx.publisher.bus(),
-                created.source_stream_sequence,
+            Ok(
+                zopu_core::publish::get_event(ctx.publisher.bus(), created.source_stream_sequence)
+                    .await?,
             )
-            .await?)
         };
         let (head, source) = tokio::join!(
             ctx.publisher.fetch_head(&event.org_id, &event.project_id),

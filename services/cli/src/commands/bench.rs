@@ -290,43 +290,13 @@ async fn measure(
     let append = appended as f64 / started.elapsed().as_secs_f64();
 
     // Raw ordered replay of the same number of messages.
-    let started = Instant::now();
-    let consumer = raw_stream
-        .create_consumer(pull::OrderedConfig::default())
-        .await?;
-    let mut messages = consumer.messages().await?;
-    let mut seen = 0;
-    while seen < args.events {
-        match messages.next().await {
-            Some(message) => {
-                message?;
-                seen += 1;
-            }
-            None => break,
-        }
-    }
-    let raw_replay = seen as f64 / started.elapsed().as_secs_f64();
-
+    let raw_replay = ordered_replay(&raw_stream, args.events).await?;
     // Raw ordered replay of the Zopu events themselves (no decoding).
-    let started = Instant::now();
-    let consumer = bus
+    let events_stream = bus
         .jetstream
         .get_stream(zopu_schema::subjects::EVENTS_STREAM)
-        .await?
-        .create_consumer(pull::OrderedConfig::default())
         .await?;
-    let mut messages = consumer.messages().await?;
-    let mut seen = 0;
-    while seen < appended {
-        match messages.next().await {
-            Some(message) => {
-                message?;
-                seen += 1;
-            }
-            None => break,
-        }
-    }
-    let raw_replay_of_events = seen as f64 / started.elapsed().as_secs_f64();
+    let raw_replay_of_events = ordered_replay(&events_stream, appended).await?;
 
     // Projection rebuild from the stream into a fresh SQLite file.
     let store = Store::open(&dir.join(format!("rebuild-{label}.sqlite")))?;
@@ -347,4 +317,25 @@ async fn measure(
         rebuild_per_s: rebuild,
         rebuild_ratio: rebuild / raw_replay,
     })
+}
+
+/// Reads the first `count` messages of `stream` with an ordered consumer,
+/// without decoding them; returns messages/s.
+async fn ordered_replay(stream: &jetstream::stream::Stream, count: usize) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let consumer = stream
+        .create_consumer(pull::OrderedConfig::default())
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let mut seen = 0;
+    while seen < count {
+        match messages.next().await {
+            Some(message) => {
+                message?;
+                seen += 1;
+            }
+            None => break,
+        }
+    }
+    Ok(seen as f64 / started.elapsed().as_secs_f64())
 }
