@@ -2,10 +2,11 @@
 //!
 //! One file per service under the data directory. Besides the service's own
 //! tables it holds the runtime's: each projection's checkpoint and schema
-//! version, and the index of every idempotency key seen on the stream (which
-//! lets a reaction recognise, beyond JetStream's duplicate window, an effect
-//! it already stored). Everything in the file is derived from the stream:
-//! deleting it rebuilds it by replay.
+//! version, and the index of the idempotency keys of the events the service
+//! wrote (which lets a reaction recognise, beyond JetStream's duplicate
+//! window, an effect it already stored). Everything in the file is derived
+//! from the stream: deleting it rebuilds it by replay. A checkpoint on file
+//! may trail the one in memory by batches that changed nothing in the file.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
