@@ -191,12 +191,7 @@ impl Config {
         if !(1..=100).contains(&self.rejection_backoff) {
             return bad("rejection_backoff", "must be 1..=100");
         }
-        if !(1..=100_000).contains(&self.max_ack_pending) {
-            return bad("max_ack_pending", "must be 1..=100000");
-        }
-        if !(1..=100).contains(&self.max_deliver) {
-            return bad("max_deliver", "must be 1..=100");
-        }
+        self.reaction().validate(SERVICE)?;
         if self.handler_timeout < Duration::from_secs(1)
             || self.handler_timeout > Duration::from_secs(3600)
         {

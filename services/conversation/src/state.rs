@@ -9,6 +9,8 @@
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use zopu_schema::{Envelope, Event, FlowRunId, OrgId, ProjectId, WorkId, pb};
 
+use zopu_core::text::clip_bytes;
+
 use crate::SERVICE;
 
 /// Timeline entries kept per project.
@@ -131,7 +133,7 @@ fn timeline(
         .dispatch_id
         .map(|id| id.to_string())
         .unwrap_or_default();
-    tx.prepare_cached("INSERT OR REPLACE INTO cv_timeline (org, project, sequence, kind, text, dispatch_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?.execute(params![org, project, sequence, kind, clip(text, ENTRY_MAX_BYTES), dispatch],
+    tx.prepare_cached("INSERT OR REPLACE INTO cv_timeline (org, project, sequence, kind, text, dispatch_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?.execute(params![org, project, sequence, kind, clip_bytes(text, ENTRY_MAX_BYTES), dispatch],
     )?;
     tx.prepare_cached("DELETE FROM cv_timeline WHERE org = ?1 AND project = ?2 AND sequence <= COALESCE(
             (SELECT sequence FROM cv_timeline WHERE org = ?1 AND project = ?2 ORDER BY sequence DESC LIMIT 1 OFFSET ?3), -1)")?.execute(params![org, project, TIMELINE_KEPT],
@@ -192,13 +194,13 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
                 .execute(params![
                     org,
                     project,
-                    clip(&context.body, SUMMARY_MAX_BYTES)
+                    clip_bytes(&context.body, SUMMARY_MAX_BYTES)
                 ])?;
             }
         }
         pb::AgentDisabled::TYPE => {
             let disabled = decode!(pb::AgentDisabled);
-            tx.prepare_cached("INSERT OR REPLACE INTO cv_switch (org, project, sequence, enabled, reason) VALUES (?1, ?2, ?3, 0, ?4)")?.execute(params![org, project, sequence, clip(&disabled.reason, 300)],
+            tx.prepare_cached("INSERT OR REPLACE INTO cv_switch (org, project, sequence, enabled, reason) VALUES (?1, ?2, ?3, 0, ?4)")?.execute(params![org, project, sequence, clip_bytes(&disabled.reason, 300)],
             )?;
         }
         pb::AgentEnabled::TYPE => {
@@ -242,7 +244,7 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
         pb::WorkCreated::TYPE => {
             let work = decode!(pb::WorkCreated);
             if let Some(work_id) = event.work_id {
-                tx.prepare_cached("INSERT OR IGNORE INTO cv_works (work_id, org, project, kind, title, status, sequence) VALUES (?1, ?2, ?3, ?4, ?5, 'open', ?6)")?.execute(params![work_id.to_string(), org, project, work.kind, clip(&work.title, 300), sequence],
+                tx.prepare_cached("INSERT OR IGNORE INTO cv_works (work_id, org, project, kind, title, status, sequence) VALUES (?1, ?2, ?3, ?4, ?5, 'open', ?6)")?.execute(params![work_id.to_string(), org, project, work.kind, clip_bytes(&work.title, 300), sequence],
                 )?;
             }
         }
@@ -356,7 +358,7 @@ fn flow_status(
     let (code, message) = failure
         .map(|f| (f.code.as_str(), f.message.as_str()))
         .unwrap_or_default();
-    tx.prepare_cached("UPDATE cv_flows SET status = ?2, summary = ?3, artifact_build_id = ?4, failure_code = ?5, failure_message = ?6 WHERE flow_run_id = ?1")?.execute(params![flow_run.to_string(), status, clip(summary, ENTRY_MAX_BYTES), build, code, clip(message, 500)],
+    tx.prepare_cached("UPDATE cv_flows SET status = ?2, summary = ?3, artifact_build_id = ?4, failure_code = ?5, failure_message = ?6 WHERE flow_run_id = ?1")?.execute(params![flow_run.to_string(), status, clip_bytes(summary, ENTRY_MAX_BYTES), build, code, clip_bytes(message, 500)],
     )
     .map(|_| ())
 }
@@ -381,24 +383,13 @@ fn artifact(
             project,
             event.flow_run_id.map(|id| id.to_string()).unwrap_or_default(),
             event.work_id.map(|id| id.to_string()).unwrap_or_default(),
-            clip(title, 300),
+            clip_bytes(title, 300),
             status,
-            clip(failure, 500),
+            clip_bytes(failure, 500),
             sequence
         ],
     )
     .map(|_| ())
-}
-
-pub(crate) fn clip(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
 }
 
 /// One entry of the recent timeline.

@@ -234,6 +234,29 @@ pub mod duration {
     }
 }
 
+/// Serde for lists of durations written like `["1s", "5s"]`.
+pub mod durations {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<Duration>, D::Error> {
+        Vec::<String>::deserialize(deserializer)?
+            .iter()
+            .map(|text| super::duration::parse(text).map_err(serde::de::Error::custom))
+            .collect()
+    }
+
+    pub fn serialize<S: Serializer>(
+        durations: &[Duration],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(durations.iter().map(super::duration::format))
+    }
+}
+
 /// Settings every service shares.
 #[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]

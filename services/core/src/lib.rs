@@ -6,7 +6,8 @@
 //! idempotency keys and the per-project version/hash chain; `store` is a
 //! service's SQLite projection file; `projection` and `reaction` are THE two
 //! consumer loops every service uses; `shutdown` is the process-wide
-//! cancellation token and task tracker; `runtime` bundles them for a service.
+//! cancellation token and task tracker; `runtime` bundles them for a service;
+//! `text` holds the length limits applied to text put into events.
 //!
 //! Invariants: no other crate reads a JetStream consumer directly; every
 //! append goes through [`publish::Publisher`], so every event carries
@@ -27,6 +28,7 @@ pub mod shutdown;
 pub mod store;
 pub mod streams;
 pub mod telemetry;
+pub mod text;
 
 mod error;
 

@@ -119,11 +119,6 @@ async fn open(bus: &Bus, checkpoint: u64) -> Result<Messages, Error> {
 }
 
 async fn follow(bus: &Bus, store: &Store, set: &mut Set, shutdown: &Shutdown) -> Result<(), Error> {
-    // Nothing to replay: the checkpoint is the stream's end.
-    let last = publish::last_sequence(bus).await?;
-    if last <= set.low_water() {
-        set.advance_to(store, set.low_water());
-    }
     let messages = open(bus, set.low_water()).await?;
     pump(messages, store, set, None, shutdown).await
 }
@@ -241,14 +236,6 @@ impl Set {
             .map(|tracked| tracked.checkpoint)
             .min()
             .unwrap_or(0)
-    }
-
-    /// Moves every checkpoint to at least `sequence` (nothing to apply).
-    fn advance_to(&self, store: &Store, sequence: u64) {
-        for entry in self.lock().iter_mut() {
-            entry.checkpoint = entry.checkpoint.max(sequence);
-            store.note_progress(entry.projection.name(), entry.checkpoint);
-        }
     }
 
     /// Writes the checkpoints applied so far to the file (those of batches

@@ -529,7 +529,7 @@ impl Publisher {
     ) -> Result<Option<Head>, Error> {
         let head = fetch_head(&self.bus, org, project).await?;
         if let Some(head) = head {
-            self.advance_head(org, project, head);
+            self.advance_head(org, project, head.sequence, || head);
         }
         Ok(head)
     }
@@ -540,24 +540,28 @@ impl Publisher {
     /// follows another service's write does not first lose a race against
     /// it. A wrong guess costs one conflict, as an empty cache would.
     pub fn observe(&self, sequence: u64, event: &Envelope) {
-        self.advance_head(
-            &event.org_id,
-            &event.project_id,
-            Head {
-                sequence,
-                version: event.project_version,
-                hash: event.hash(),
-            },
-        );
+        self.advance_head(&event.org_id, &event.project_id, sequence, || Head {
+            sequence,
+            version: event.project_version,
+            hash: event.hash(),
+        });
     }
 
-    fn advance_head(&self, org: &OrgId, project: &ProjectId, newer: Head) {
+    /// Moves the cached head to the one `newer` builds, if that is at a
+    /// later `sequence` (the head, a hash, is only built then).
+    fn advance_head(
+        &self,
+        org: &OrgId,
+        project: &ProjectId,
+        sequence: u64,
+        newer: impl FnOnce() -> Head,
+    ) {
         let lane = self.lane(&(org.clone(), *project));
         // An append in progress holds the lane and settles the head itself.
         if let Ok(mut head) = lane.try_lock()
-            && head.is_none_or(|cached| cached.sequence < newer.sequence)
+            && head.is_none_or(|cached| cached.sequence < sequence)
         {
-            *head = Some(newer);
+            *head = Some(newer());
         }
     }
 }
@@ -638,11 +642,7 @@ pub async fn fetch_head(
         .await
     {
         Ok(message) => {
-            let headers: Vec<(String, String)> = header_pairs(&message.headers);
-            match codec::decode(
-                headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
-                message.payload.clone(),
-            ) {
+            match decode_parts(&message.headers, message.payload) {
                 Ok(envelope) => Ok(Some(Head {
                     sequence: message.sequence,
                     version: envelope.project_version,
@@ -692,39 +692,31 @@ async fn recover_head(bus: &Bus, filter: &str, last_sequence: u64) -> Result<Opt
 
 /// The stream's last sequence.
 pub async fn last_sequence(bus: &Bus) -> Result<u64, Error> {
-    let mut stream = bus
+    // Getting the stream fetches its info: one request.
+    let stream = bus
         .jetstream
         .get_stream(zopu_schema::subjects::EVENTS_STREAM)
         .await
-        .map_err(|e| Error::jetstream("get stream", e))?;
-    let info = stream
-        .info()
-        .await
         .map_err(|e| Error::jetstream("stream info", e))?;
-    Ok(info.state.last_sequence)
-}
-
-fn header_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
-    headers
-        .iter()
-        .flat_map(|(name, values)| {
-            values
-                .iter()
-                .map(move |value| (name.to_string(), value.to_string()))
-        })
-        .collect()
+    Ok(stream.cached_info().state.last_sequence)
 }
 
 /// Decodes a NATS message as a Zopu event (without copying header values).
 pub fn decode_message(message: &async_nats::Message) -> Result<Envelope, DecodeError> {
-    let empty = HeaderMap::new();
-    let headers = message.headers.as_ref().unwrap_or(&empty);
+    match &message.headers {
+        Some(headers) => decode_parts(headers, message.payload.clone()),
+        None => decode_parts(&HeaderMap::new(), message.payload.clone()),
+    }
+}
+
+/// Decodes headers and body as a Zopu event, borrowing the header values.
+fn decode_parts(headers: &HeaderMap, payload: Bytes) -> Result<Envelope, DecodeError> {
     let pairs = headers.iter().flat_map(|(name, values)| {
         values
             .iter()
             .map(move |value| (AsRef::<str>::as_ref(name), value.as_str()))
     });
-    codec::decode(pairs, message.payload.clone())
+    codec::decode(pairs, payload)
 }
 
 /// Reads one stored event by stream sequence (e.g. a recorded LLM reply
@@ -739,12 +731,7 @@ pub async fn get_event(bus: &Bus, sequence: u64) -> Result<Envelope, Error> {
         .direct_get(sequence)
         .await
         .map_err(|e| Error::jetstream("get event", e))?;
-    let headers = header_pairs(&message.headers);
-    codec::decode(
-        headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
-        message.payload.clone(),
-    )
-    .map_err(|error| Error::Publish {
+    decode_parts(&message.headers, message.payload).map_err(|error| Error::Publish {
         event_type: "(stored)".into(),
         reason: format!("event at sequence {sequence} does not decode: {error}"),
     })

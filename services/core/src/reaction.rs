@@ -45,7 +45,7 @@ pub struct ReactionConfig {
     /// Deliveries (crashes included) before a message is dead-lettered.
     pub max_deliver: i64,
     /// Waits between in-place retries of a transient failure.
-    #[serde(with = "durations")]
+    #[serde(with = "crate::config::durations")]
     pub retry_delays: Vec<Duration>,
     /// Messages in flight across all projects.
     pub max_ack_pending: i64,
@@ -116,28 +116,6 @@ impl ReactionConfig {
             ));
         }
         Ok(())
-    }
-}
-
-mod durations {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Vec<Duration>, D::Error> {
-        Vec::<String>::deserialize(deserializer)?
-            .iter()
-            .map(|text| crate::config::duration::parse(text).map_err(serde::de::Error::custom))
-            .collect()
-    }
-
-    pub fn serialize<S: Serializer>(
-        durations: &[Duration],
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(durations.iter().map(crate::config::duration::format))
     }
 }
 
@@ -545,7 +523,7 @@ impl<R: Reaction> Runner<R> {
             original_event_id: envelope.map(|e| e.id.to_string()).unwrap_or_default(),
             original_event_type: envelope.map(|e| e.event_type.clone()).unwrap_or_default(),
             kind: kind.to_owned(),
-            reason: truncate(reason, 2000),
+            reason: clipped_with_mark(reason, 2000),
             deliveries: u32::try_from(delivered).unwrap_or(u32::MAX),
             payload_sha256: hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&message.payload)),
             payload_bytes: message.payload.len() as u64,
@@ -625,13 +603,12 @@ async fn settle(message: &async_nats::jetstream::Message, kind: AckKind) {
     );
 }
 
-fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
+/// `text` clipped to `max` bytes, with `…` when something was cut.
+fn clipped_with_mark(text: &str, max: usize) -> String {
+    let clipped = crate::text::clip_bytes(text, max);
+    if clipped.len() < text.len() {
+        format!("{clipped}…")
+    } else {
+        clipped.to_owned()
     }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }

@@ -79,18 +79,7 @@ impl Default for Config {
 
 impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(1..=100_000).contains(&self.max_ack_pending) {
-            return Err(ConfigError::setting(
-                "dispatch.max_ack_pending",
-                "must be 1..=100000",
-            ));
-        }
-        if !(1..=100).contains(&self.max_deliver) {
-            return Err(ConfigError::setting(
-                "dispatch.max_deliver",
-                "must be 1..=100",
-            ));
-        }
+        self.reaction().validate(SERVICE)?;
         if self.handler_timeout < Duration::from_secs(1)
             || self.handler_timeout > Duration::from_secs(600)
         {
@@ -309,7 +298,7 @@ impl Reaction for Dispatcher {
             agent_id: agent.to_string(),
             reason: Some(pb::FailureReason {
                 code: "dispatch.gave_up".into(),
-                message: clip(reason, 500),
+                message: zopu_core::text::clip_bytes(reason, 500).to_owned(),
                 retryable: true,
             }),
             attempts: 0,
@@ -323,17 +312,6 @@ impl Reaction for Dispatcher {
             .with_dispatch(id),
         )
     }
-}
-
-fn clip(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
 }
 
 #[cfg(test)]

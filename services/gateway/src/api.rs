@@ -919,14 +919,7 @@ pub(crate) async fn read_blob(
         ));
     }
     let fetch = async {
-        let store = state
-            .runtime
-            .bus
-            .jetstream
-            .get_object_store(bucket)
-            .await
-            .map_err(|error| ApiError::unavailable("artifact store", error))?;
-        let mut object = store.get(name).await.map_err(|error| {
+        let mut object = state.artifacts.0.get(name).await.map_err(|error| {
             if error.kind() == async_nats::jetstream::object_store::GetErrorKind::NotFound {
                 ApiError::not_found("artifact content")
             } else {

@@ -166,6 +166,8 @@ pub enum Error {
 pub struct AppState {
     pub runtime: Runtime,
     pub reads: read_model::ReadPool,
+    /// The artifact bucket, opened once (opening it is a server request).
+    pub artifacts: ArtifactBucket,
     pub tokens: TokenStore,
     pub config: Arc<Config>,
     /// Per-process key of signed artifact links (links die with the process).
@@ -173,8 +175,23 @@ pub struct AppState {
     sse_clients: Arc<AtomicUsize>,
 }
 
+/// The opened `zopu-artifacts` object store.
+#[derive(Clone)]
+pub struct ArtifactBucket(pub async_nats::jetstream::object_store::ObjectStore);
+
+impl std::fmt::Debug for ArtifactBucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(zopu_schema::subjects::ARTIFACTS_BUCKET)
+    }
+}
+
 impl AppState {
-    pub fn new(runtime: Runtime, tokens: TokenStore, config: Config) -> Self {
+    pub fn new(
+        runtime: Runtime,
+        artifacts: ArtifactBucket,
+        tokens: TokenStore,
+        config: Config,
+    ) -> Self {
         use rand::RngCore;
         let mut key = [0u8; 32];
         rand::rng().fill_bytes(&mut key);
@@ -182,6 +199,7 @@ impl AppState {
         Self {
             runtime,
             reads,
+            artifacts,
             tokens,
             config: Arc::new(config),
             link_key: Arc::new(key),
@@ -201,7 +219,18 @@ pub async fn start(
     let runtime =
         Runtime::start_with("gateway", core, shutdown, read_model::GatewayProjection).await?;
     let tokens = TokenStore::open(&tokens_path(&core.data_dir))?;
-    Ok(AppState::new(runtime, tokens, config))
+    let artifacts = runtime
+        .bus
+        .jetstream
+        .get_object_store(zopu_schema::subjects::ARTIFACTS_BUCKET)
+        .await
+        .map_err(|error| zopu_core::Error::jetstream("open the artifact bucket", error))?;
+    Ok(AppState::new(
+        runtime,
+        ArtifactBucket(artifacts),
+        tokens,
+        config,
+    ))
 }
 
 /// Serves the router on `listener` until shutdown (open SSE streams end on shutdown).

@@ -82,7 +82,7 @@ impl Default for Config {
 pub struct ReactionSettings {
     /// Waits between in-place retries of a transient failure (network,
     /// timeout); when they run out the revision fails as retryable.
-    #[serde(with = "durations")]
+    #[serde(with = "zopu_core::config::durations")]
     pub retry_delays: Vec<Duration>,
     /// Deliveries (crashes included) before a request is given up.
     pub max_deliver: i64,
@@ -108,21 +108,6 @@ impl Default for ReactionSettings {
             ack_wait: Duration::from_secs(30),
             handler_timeout: Duration::from_secs(600),
         }
-    }
-}
-
-mod durations {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Vec<Duration>, D::Error> {
-        Vec::<String>::deserialize(deserializer)?
-            .iter()
-            .map(|text| zopu_core::config::duration::parse(text).map_err(serde::de::Error::custom))
-            .collect()
     }
 }
 
