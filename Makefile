@@ -5,7 +5,7 @@ TOOLS := $(CURDIR)/tools
 export PATH := $(TOOLS)/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help setup nats-server build test run bench lint clean-state
+.PHONY: help setup nats-server build test run bench bench-ack lint clean-state
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -27,6 +27,9 @@ run: nats-server ## everything in one process: nats-server, all services, web ti
 
 bench: nats-server ## benchmarks with ratios against raw JetStream measured in the same run
 	$(CARGO) run --release -p zopu-cli --bin zopu -- bench
+
+bench-ack: nats-server ## acknowledgement latency at 300 messages/s (offline provider, sync_interval: always) vs raw JetStream
+	$(CARGO) run --release -p zopu-cli --bin zopu -- bench ack --rate 300
 
 lint: ## rustfmt check and clippy with warnings denied
 	$(CARGO) fmt --all -- --check

@@ -373,6 +373,7 @@ async fn run_shared(
         bus.clone(),
         store.clone(),
         vec![Box::new(Messages), Box::new(Ignoring(ignoring_version))],
+        None,
         shutdown.clone(),
     ));
     tokio::time::timeout(LONG, store.wait_for(last)).await?;
@@ -462,6 +463,49 @@ async fn a_service_key_index_holds_the_keys_of_its_own_events() -> Result<()> {
     projection::catch_up(&bus, &store, KeyIndex::of_source(ours.source())).await?;
     assert!(store.key_sequence("request:ours")?.is_some());
     assert_eq!(store.key_sequence("request:theirs")?, None);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_service_publisher_follows_the_heads_its_store_sees() -> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let dir = tempfile::tempdir()?;
+    let config = zopu_tests::core_config(&server, dir.path());
+    let (org, project) = (org("heads"), ProjectId::new());
+    let shutdown = Shutdown::new();
+    let runtime = Runtime::start("follower", &config, shutdown.clone()).await?;
+    let other = Publisher::new(bus.clone(), "other", None);
+    let mut last = None;
+    for i in 0..3 {
+        last = Some(
+            other
+                .append(user_message(&org, project, "x", &format!("request:h{i}")))
+                .await?,
+        );
+    }
+    let last = last.expect("appended");
+    tokio::time::timeout(LONG, runtime.store.wait_for(last.sequence)).await?;
+    // The head is known from the store's consumer, without a read...
+    let known = runtime
+        .publisher
+        .known_head(&org, &project)
+        .expect("the service saw the project's events go by");
+    assert_eq!(known.sequence, last.sequence);
+    let stored = history(&bus, &subjects::project_events(&org, &project)).await?;
+    let (_, newest) = stored.last().expect("three events");
+    assert_eq!(known.version, newest.project_version);
+    assert_eq!(known.hash, newest.hash());
+    // ...and the service's next append continues the chain from it.
+    let appended = runtime
+        .publisher
+        .append(user_message(&org, project, "y", "request:h3"))
+        .await?;
+    assert_eq!(appended.project_version, Some(4));
+    let stored = history(&bus, &subjects::project_events(&org, &project)).await?;
+    assert_eq!(stored[3].1.previous_hash, Some(newest.hash()));
+    shutdown.cancel();
+    assert!(shutdown.wait(LONG).await);
     Ok(())
 }
 

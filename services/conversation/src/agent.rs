@@ -85,10 +85,27 @@ impl Reaction for Agent {
             tracing::debug!(%dispatch, "dispatch already ended; nothing to do");
             return Ok(());
         }
-        // State up to this dispatch and whatever the project wrote since
-        // (earlier turns of this agent, a kill switch flipped meanwhile).
-        // The source event is read while the head is: one round trip less
-        // before the acknowledgement.
+        // State up to this dispatch and whatever this agent wrote since
+        // (its earlier turns of the project). The publisher knows that head
+        // without a round trip: it observed this dispatch and made those
+        // appends itself. Events of other services stored after the dispatch
+        // are concurrent with it; if one moved the head, the first append
+        // meets a conflict and re-reads it. Only a head the publisher does
+        // not know is read, while the source event is.
+        let known = ctx
+            .publisher
+            .known_head(&event.org_id, &event.project_id)
+            .filter(|head| head.sequence >= ctx.stream_sequence);
+        let head = async {
+            match known {
+                Some(head) => Ok(Some(head)),
+                None => {
+                    ctx.publisher
+                        .fetch_head(&event.org_id, &event.project_id)
+                        .await
+                }
+            }
+        };
         let source = async {
             if created.source_stream_sequence == 0 {
                 return Err(HandlerError::Permanent(
@@ -100,10 +117,7 @@ impl Reaction for Agent {
                     .await?,
             )
         };
-        let (head, source) = tokio::join!(
-            ctx.publisher.fetch_head(&event.org_id, &event.project_id),
-            source
-        );
+        let (head, source) = tokio::join!(head, source);
         let head = head?.map_or(0, |head| head.sequence);
         ctx.caught_up(head.max(ctx.stream_sequence)).await?;
         let view = ctx

@@ -33,6 +33,7 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
             async move {
                 match event {
                     async_nats::Event::Connected => tracing::info!(%url, "nats connected"),
+                    async_nats::Event::Closed => tracing::info!(%url, "nats connection closed"),
                     async_nats::Event::Disconnected => {
                         tracing::warn!(%url, "nats disconnected; reconnecting")
                     }

@@ -6,6 +6,12 @@
 //! and applied to every projection that has not seen it yet, all in the
 //! batch's transaction. Each projection keeps its own checkpoint and schema
 //! version, so one of them can be rebuilt while the others resume.
+//!
+//! A service's loop also keeps its publisher's project heads current: every
+//! event received near the stream's end moves the head the publisher's next
+//! append of that project expects, so a service rarely loses the optimistic
+//! concurrency race to another service's write (and never asks the server
+//! for a head it has just seen go by).
 
 use std::time::Duration;
 
@@ -15,12 +21,18 @@ use rusqlite::params;
 use zopu_schema::Envelope;
 
 use crate::nats::Bus;
+use crate::publish::Publisher;
 use crate::shutdown::Shutdown;
 use crate::store::{Projection, Store};
 use crate::{Error, publish};
 
 /// How many events at most go into one transaction.
 pub const MAX_BATCH: usize = 2000;
+
+/// Events received with fewer than this many still pending are at the
+/// stream's live end: their project heads are passed to the publisher.
+/// Older ones (a rebuild, a catch-up) are superseded before any append.
+const LIVE_TAIL: u64 = 64;
 
 /// Runs `projection` until shutdown, rebuilding first if its schema version
 /// changed. Returns only on shutdown or on an error that retrying cannot fix.
@@ -30,15 +42,17 @@ pub async fn run<P: Projection>(
     projection: P,
     shutdown: Shutdown,
 ) -> Result<(), Error> {
-    run_all(bus, store, vec![Box::new(projection)], shutdown).await
+    run_all(bus, store, vec![Box::new(projection)], None, shutdown).await
 }
 
 /// Runs several projections of one store from one consumer (see the module
-/// documentation).
+/// documentation); `heads`, when given, is told of every event at the
+/// stream's live end.
 pub async fn run_all(
     bus: Bus,
     store: Store,
     projections: Vec<Box<dyn Projection>>,
+    heads: Option<Publisher>,
     shutdown: Shutdown,
 ) -> Result<(), Error> {
     let names = names(&projections);
@@ -48,7 +62,7 @@ pub async fn run_all(
         if shutdown.is_cancelled() {
             return set.persist(&store);
         }
-        match follow(&bus, &store, &mut set, &shutdown).await {
+        match follow(&bus, &store, &mut set, heads.as_ref(), &shutdown).await {
             Ok(()) => return set.persist(&store),
             Err(error) => {
                 failures += 1;
@@ -74,7 +88,15 @@ pub async fn catch_up<P: Projection>(
     let last = publish::last_sequence(bus).await?;
     if last > set.low_water() {
         let messages = open(bus, set.low_water()).await?;
-        pump(messages, store, &mut set, Some(last), &Shutdown::new()).await?;
+        pump(
+            messages,
+            store,
+            &mut set,
+            Some(last),
+            None,
+            &Shutdown::new(),
+        )
+        .await?;
     }
     // The file ends where the stream ended, however the batches fell.
     set.persist(store)?;
@@ -118,9 +140,15 @@ async fn open(bus: &Bus, checkpoint: u64) -> Result<Messages, Error> {
         .map_err(|e| Error::jetstream("ordered consumer messages", e))
 }
 
-async fn follow(bus: &Bus, store: &Store, set: &mut Set, shutdown: &Shutdown) -> Result<(), Error> {
+async fn follow(
+    bus: &Bus,
+    store: &Store,
+    set: &mut Set,
+    heads: Option<&Publisher>,
+    shutdown: &Shutdown,
+) -> Result<(), Error> {
     let messages = open(bus, set.low_water()).await?;
-    pump(messages, store, set, None, shutdown).await
+    pump(messages, store, set, None, heads, shutdown).await
 }
 
 type Decoded = Vec<(u64, Result<Envelope, String>)>;
@@ -133,6 +161,7 @@ async fn pump(
     store: &Store,
     set: &mut Set,
     stop_at: Option<u64>,
+    heads: Option<&Publisher>,
     shutdown: &Shutdown,
 ) -> Result<(), Error> {
     // Decoded events flow one by one; the writer takes everything that
@@ -156,6 +185,11 @@ async fn pump(
                 .unwrap_or((0, 0));
             let decoded =
                 publish::decode_message(&message.message).map_err(|error| error.to_string());
+            if let (Some(heads), Ok(event)) = (heads, &decoded)
+                && pending < LIVE_TAIL
+            {
+                heads.observe(sequence, event);
+            }
             last_read = sequence;
             if events.send((sequence, decoded)).await.is_err() {
                 return Ok(());

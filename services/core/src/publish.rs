@@ -534,6 +534,14 @@ impl Publisher {
         Ok(head)
     }
 
+    /// The project head this publisher knows without asking the server: the
+    /// last event it appended or observed for the project, if any (none while
+    /// an append of the project is in progress).
+    pub fn known_head(&self, org: &OrgId, project: &ProjectId) -> Option<Head> {
+        let lane = self.lane(&(org.clone(), *project));
+        lane.try_lock().ok().and_then(|head| *head)
+    }
+
     /// Notes that `event` is stored at `sequence` (a reaction calls this for
     /// the event it is about to handle). If that is newer than the cached
     /// head, it becomes the head the next append expects, so an append that

@@ -78,12 +78,14 @@ impl Runtime {
     }
 
     /// Runs projections of this service's store from one consumer, as a
-    /// tracked task.
+    /// tracked task; the consumer keeps the publisher's project heads current.
     fn spawn_projections(&self, projections: Vec<Box<dyn Projection>>) {
         let (bus, store, shutdown) = (self.bus.clone(), self.store.clone(), self.shutdown.clone());
+        let heads = Some(self.publisher.clone());
         let on_error = self.shutdown.clone();
         self.shutdown.spawn(async move {
-            if let Err(error) = projection::run_all(bus, store, projections, shutdown).await {
+            if let Err(error) = projection::run_all(bus, store, projections, heads, shutdown).await
+            {
                 tracing::error!(%error, "projection stopped; stopping the service");
                 on_error.cancel();
             }

@@ -2,6 +2,10 @@
 //! raw JetStream on the same, freshly started nats-server, in one run —
 //! once with the server's default sync interval, once with
 //! `sync_interval: always`. Prints events/s and ratios; asserts nothing.
+//! `zopu bench ack` ([`ack`]) measures the conversation agent's
+//! acknowledgement latency the same way.
+
+mod ack;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -20,7 +24,10 @@ use zopu_schema::{OrgId, ProjectId, pb};
 use crate::Context;
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    kind: Option<BenchKind>,
     /// Events per measurement
     #[arg(long, default_value_t = 20_000)]
     events: usize,
@@ -30,6 +37,15 @@ pub struct BenchArgs {
     /// Raw publishes kept in flight
     #[arg(long, default_value_t = 256)]
     in_flight: usize,
+}
+
+/// Benchmarks other than the foundation one.
+#[derive(Debug, clap::Subcommand)]
+enum BenchKind {
+    /// Message stored → the agent's acknowledgement stored (offline provider,
+    /// dispatch and conversation in-process), vs raw JetStream appends at the
+    /// same write rate
+    Ack(ack::AckArgs),
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -48,6 +64,9 @@ struct Figures {
 }
 
 pub async fn run_bench(context: &Context, args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if let Some(BenchKind::Ack(ack)) = args.kind {
+        return ack::run(context, ack).await;
+    }
     let mut all = Vec::new();
     for (sync, label) in [
         (SyncPolicy::ServerDefault, "default"),
@@ -125,15 +144,7 @@ async fn measure(
     }));
 
     // Raw baseline: same server, a stream with the same storage, Nats-Msg-Id set.
-    let raw_stream = bus
-        .jetstream
-        .create_stream(jetstream::stream::Config {
-            name: "BENCH_RAW".into(),
-            subjects: vec!["bench.raw.>".into()],
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        })
-        .await?;
+    let raw_stream = raw_stream(&bus).await?;
     let started = Instant::now();
     let mut pending = FuturesUnordered::new();
     for i in 0..args.events {
@@ -161,27 +172,7 @@ async fn measure(
 
     // Decomposition: raw pipelined publish carrying Zopu's header set
     // (CloudEvents attributes, ~1 KB) but no per-project expectation.
-    let sample = zopu_schema::Envelope {
-        id: zopu_schema::EventId::new(),
-        source: "zopu/bench".into(),
-        event_type: "timeline.message.sent".into(),
-        time: time::OffsetDateTime::now_utc(),
-        data_schema: "zopu.v1.TimelineMessageSent".into(),
-        org_id: "bench".parse()?,
-        project_id: ProjectId::new(),
-        correlation_id: zopu_schema::EventId::new().into(),
-        causation_id: zopu_schema::EventId::new(),
-        work_id: None,
-        thread_id: None,
-        flow_run_id: None,
-        dispatch_id: None,
-        traceparent: None,
-        idempotency_key: "request:sample".into(),
-        project_version: 2,
-        previous_hash: Some(zopu_schema::EventHash([7; 32])),
-        data: body.clone(),
-    };
-    let (sample_headers, _) = zopu_schema::codec::encode(&sample);
+    let sample_headers = sample_headers(&body)?;
     let started = Instant::now();
     let mut pending = FuturesUnordered::new();
     for i in 0..args.events {
@@ -221,29 +212,16 @@ async fn measure(
         writers.push(async move {
             let mut expected = 0u64;
             for i in 0..per_project {
-                let mut headers = async_nats::HeaderMap::new();
-                for (name, value) in &sample_headers {
-                    headers.insert(*name, value.as_str());
-                }
-                headers.insert("Nats-Msg-Id", format!("expect-{project}-{i}").as_str());
-                headers.insert(
-                    "Nats-Expected-Last-Subject-Sequence",
-                    expected.to_string().as_str(),
-                );
-                headers.insert(
-                    "Nats-Expected-Last-Subject-Sequence-Subject",
-                    format!("bench.raw.e{project}.>").as_str(),
-                );
-                let ack = bus
-                    .jetstream
-                    .publish_with_headers(
-                        format!("bench.raw.e{project}.t{}", i % 3),
-                        headers,
-                        body.clone(),
-                    )
-                    .await?
-                    .await?;
-                expected = ack.sequence;
+                expected = raw_append(
+                    &bus,
+                    &sample_headers,
+                    &body,
+                    &format!("expect-{project}-{i}"),
+                    &format!("bench.raw.e{project}"),
+                    i % 3,
+                    expected,
+                )
+                .await?;
             }
             anyhow::Ok(())
         });
@@ -338,4 +316,77 @@ async fn ordered_replay(stream: &jetstream::stream::Stream, count: usize) -> any
         }
     }
     Ok(seen as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The header set of a Zopu event carrying `body` (CloudEvents attributes,
+/// about 1 KB): what a raw baseline publishes to cost the contract's format.
+fn sample_headers(body: &Bytes) -> anyhow::Result<Vec<(&'static str, String)>> {
+    let sample = zopu_schema::Envelope {
+        id: zopu_schema::EventId::new(),
+        source: "zopu/bench".into(),
+        event_type: "timeline.message.sent".into(),
+        time: time::OffsetDateTime::now_utc(),
+        data_schema: "zopu.v1.TimelineMessageSent".into(),
+        org_id: "bench".parse()?,
+        project_id: ProjectId::new(),
+        correlation_id: zopu_schema::EventId::new().into(),
+        causation_id: zopu_schema::EventId::new(),
+        work_id: None,
+        thread_id: None,
+        flow_run_id: None,
+        dispatch_id: None,
+        traceparent: None,
+        idempotency_key: "request:sample".into(),
+        project_version: 2,
+        previous_hash: Some(zopu_schema::EventHash([7; 32])),
+        data: body.clone(),
+    };
+    Ok(zopu_schema::codec::encode(&sample).0)
+}
+
+/// One raw JetStream append as the contract shapes it, with no client work:
+/// Zopu's headers, a message id, and the expectation that the last message
+/// under `project.>` is at `expected`. Stored on `project.t<kind>` (in the
+/// `BENCH_RAW` stream); returns its sequence.
+async fn raw_append(
+    bus: &zopu_core::nats::Bus,
+    sample_headers: &[(&'static str, String)],
+    body: &Bytes,
+    message_id: &str,
+    project: &str,
+    kind: usize,
+    expected: u64,
+) -> anyhow::Result<u64> {
+    let mut headers = async_nats::HeaderMap::new();
+    for (name, value) in sample_headers {
+        headers.insert(*name, value.as_str());
+    }
+    headers.insert("Nats-Msg-Id", message_id);
+    headers.insert(
+        "Nats-Expected-Last-Subject-Sequence",
+        expected.to_string().as_str(),
+    );
+    headers.insert(
+        "Nats-Expected-Last-Subject-Sequence-Subject",
+        format!("{project}.>").as_str(),
+    );
+    let ack = bus
+        .jetstream
+        .publish_with_headers(format!("{project}.t{kind}"), headers, body.clone())
+        .await?
+        .await?;
+    Ok(ack.sequence)
+}
+
+/// A stream like the raw baselines': file storage, `bench.raw.>`.
+async fn raw_stream(bus: &zopu_core::nats::Bus) -> anyhow::Result<jetstream::stream::Stream> {
+    Ok(bus
+        .jetstream
+        .create_stream(jetstream::stream::Config {
+            name: "BENCH_RAW".into(),
+            subjects: vec!["bench.raw.>".into()],
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+        .await?)
 }

@@ -1,0 +1,563 @@
+//! `zopu bench ack`: the conversation agent's acknowledgement latency.
+//!
+//! Starts its own nats-server (`sync_interval: always` unless told
+//! otherwise), runs the dispatch and conversation services in-process with
+//! the offline provider, registers `--projects` projects and sends
+//! exploration requests as `zopu send` does. Measures, per message, the time
+//! from `timeline.message.sent` stored (its append acknowledged) to
+//! `agent.acknowledged` stored (seen on the stream), and the dispatches
+//! completed per second. Two load shapes:
+//!
+//! - closed loop (no `--rate`): every project sends its next message once
+//!   its previous turn completed, all projects at once. This finds the
+//!   saturation throughput; its latencies are mostly queueing.
+//! - open loop (`--rate N`): message `i` is sent at `i / N` s to project
+//!   `i % projects`, whatever is still in flight: the latency a user sees
+//!   while the runtime sustains that rate.
+//!
+//! Then, on the same server, the raw baseline: plain JetStream appends in
+//! the contract's shape (Zopu's headers, the per-project expectation,
+//! sequential per project, no client work) offered at the write rate the
+//! runtime just produced. The acknowledgement waits on three appends
+//! (`dispatch.created`, `dispatch.accepted`, `agent.acknowledged`), so
+//! three raw appends are its floor. It also prints where the time went:
+//! the gaps between the stored times of the events on the path.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use bytes::Bytes;
+use clap::Args;
+use futures::StreamExt;
+use tokio::sync::oneshot;
+use zopu_core::config::CoreConfig;
+use zopu_core::local_server::{LocalServer, SyncPolicy};
+use zopu_core::nats::Bus;
+use zopu_core::publish::{NewEvent, Publisher};
+use zopu_core::{Shutdown, streams};
+use zopu_schema::{AgentId, Event, OrgId, ProjectId, keys, pb, subjects};
+
+use crate::Context;
+
+#[derive(Debug, Args)]
+pub struct AckArgs {
+    /// Messages measured (after one warm-up message per project)
+    #[arg(long, default_value_t = 1000)]
+    messages: usize,
+    /// Projects the messages are spread over
+    #[arg(long, default_value_t = 100)]
+    projects: usize,
+    /// Offered load in messages/s (open loop); without it, a closed loop finds the saturation throughput
+    #[arg(long)]
+    rate: Option<f64>,
+    /// The server's sync policy
+    #[arg(long, value_enum, default_value_t = Sync::Always)]
+    sync: Sync,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Sync {
+    /// `sync_interval: always` (durable; what the targets are set for)
+    Always,
+    /// The server's default (fsync every 2 minutes)
+    Default,
+}
+
+/// The events the acknowledgement waits on, in order, after the message.
+const ACK_PATH: [&str; 3] = [
+    pb::DispatchCreated::TYPE,
+    pb::DispatchAccepted::TYPE,
+    pb::AgentAcknowledged::TYPE,
+];
+
+/// What the bench's messages ask about (each an exploration request).
+const TOPICS: [&str; 10] = [
+    "cart", "login", "search", "billing", "invoices", "emails", "uploads", "reports", "sessions",
+    "webhooks",
+];
+
+#[derive(Debug, serde::Serialize)]
+struct Figures {
+    sync: &'static str,
+    load: String,
+    messages: usize,
+    projects: usize,
+    ack_p50_ms: f64,
+    ack_p99_ms: f64,
+    ack_max_ms: f64,
+    turns_without_ack: usize,
+    dispatches_per_s: f64,
+    events_per_turn: f64,
+    write_rate_per_s: f64,
+    raw_append_p50_ms: f64,
+    raw_append_p99_ms: f64,
+    /// `(from, to, p50 ms, p99 ms)` between stored times.
+    hops: Vec<(String, String, f64, f64)>,
+}
+
+/// Per message (by event id): when its append returned, the acknowledgement
+/// latency once seen, and who waits for the turn's end.
+type Pending = Arc<
+    Mutex<
+        HashMap<
+            String,
+            (
+                Instant,
+                Option<Duration>,
+                Option<oneshot::Sender<Option<Duration>>>,
+            ),
+        >,
+    >,
+>;
+
+pub async fn run(context: &Context, args: AckArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.projects > 0 && args.messages >= args.projects,
+        "--messages must be at least --projects, and --projects at least 1"
+    );
+    if let Some(rate) = args.rate {
+        anyhow::ensure!(
+            rate.is_finite() && rate > 0.0,
+            "--rate must be a positive number of messages/s"
+        );
+    }
+    let (policy, sync) = match args.sync {
+        Sync::Always => (SyncPolicy::Always, "always"),
+        Sync::Default => (SyncPolicy::ServerDefault, "default"),
+    };
+    let dir = tempfile::tempdir()?;
+    let server = LocalServer::start(&dir.path().join("nats"), None, policy)?;
+    let core = CoreConfig {
+        nats_url: server.url(),
+        data_dir: dir.path().join("data"),
+        ..CoreConfig::default()
+    };
+    let bus =
+        zopu_core::nats::connect(&core.nats_url, "zopu-bench", Duration::from_secs(10)).await?;
+    streams::ensure(&bus, &streams::StreamSettings::from(&core)).await?;
+    let shutdown = Shutdown::new();
+    let dispatch = tokio::spawn(zopu_dispatch::run(
+        core.clone(),
+        zopu_dispatch::Config::default(),
+        shutdown.clone(),
+    ));
+    let conversation = tokio::spawn(zopu_conversation::run(
+        core.clone(),
+        zopu_conversation::Config::default(),
+        shutdown.clone(),
+    ));
+    let org: OrgId = "bench".parse()?;
+    let ids = register(&bus, &org, args.projects).await?;
+    let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+    let watcher = watch(&bus, pending.clone()).await?;
+    // As `zopu send` does: a client publisher with no store of its own.
+    let gateway = Publisher::new(bus.clone(), "gateway", None);
+    let load = Load {
+        gateway: &gateway,
+        org: &org,
+        ids: &ids,
+        pending: &pending,
+    };
+    // Warm-up: one turn per project (consumers started, stores caught up).
+    load.closed_loop(1, true).await?;
+
+    let measured_from = zopu_core::publish::last_sequence(&bus).await? + 1;
+    let started = Instant::now();
+    let measured = match args.rate {
+        None => {
+            load.closed_loop(args.messages / args.projects, false)
+                .await?
+        }
+        Some(rate) => load.open_loop(args.messages, rate).await?,
+    };
+    let elapsed = started.elapsed();
+    let measured_to = zopu_core::publish::last_sequence(&bus).await?;
+    shutdown.cancel();
+    watcher.abort();
+    let _ = dispatch.await;
+    let _ = conversation.await;
+    shutdown.wait(Duration::from_secs(10)).await;
+
+    let turns = measured.len();
+    let mut latencies: Vec<f64> = measured.iter().flatten().map(|d| ms(*d)).collect();
+    latencies.sort_by(f64::total_cmp);
+    anyhow::ensure!(!latencies.is_empty(), "no turn posted an acknowledgement");
+    let written = measured_to.saturating_sub(measured_from) + 1;
+    let write_rate = written as f64 / elapsed.as_secs_f64();
+    let hops = hops(&bus, measured_from, measured_to).await?;
+    let mut raw = raw_appends(&bus, args.projects, written as usize, write_rate).await?;
+    raw.sort_by(f64::total_cmp);
+    let figures = Figures {
+        sync,
+        load: args.rate.map_or("closed loop".into(), |rate| {
+            format!("open loop at {rate:.0} messages/s")
+        }),
+        messages: turns,
+        projects: args.projects,
+        ack_p50_ms: percentile(&latencies, 0.50),
+        ack_p99_ms: percentile(&latencies, 0.99),
+        ack_max_ms: percentile(&latencies, 1.0),
+        turns_without_ack: turns - latencies.len(),
+        dispatches_per_s: turns as f64 / elapsed.as_secs_f64(),
+        events_per_turn: written as f64 / turns as f64,
+        write_rate_per_s: write_rate,
+        raw_append_p50_ms: percentile(&raw, 0.50),
+        raw_append_p99_ms: percentile(&raw, 0.99),
+        hops,
+    };
+    // The clients go before the server they are connected to.
+    drop(gateway);
+    drop(bus);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(server);
+    if context.json {
+        println!("{}", serde_json::to_string(&figures)?);
+    } else {
+        print(&figures);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print(figures: &Figures) {
+    println!(
+        "sync_interval {}: {} messages across {} projects, {}",
+        figures.sync, figures.messages, figures.projects, figures.load
+    );
+    println!(
+        "  acknowledgement (message stored -> agent.acknowledged stored): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (targets: p99 <= 25 ms)",
+        figures.ack_p50_ms, figures.ack_p99_ms, figures.ack_max_ms
+    );
+    if figures.turns_without_ack > 0 {
+        println!(
+            "  turns without an acknowledgement (respond/clarify/deduplicated): {}",
+            figures.turns_without_ack
+        );
+    }
+    println!(
+        "  dispatches completed: {:.0}/s (target >= 300); {:.1} events stored per turn = {:.0} appends/s",
+        figures.dispatches_per_s, figures.events_per_turn, figures.write_rate_per_s
+    );
+    println!(
+        "  raw JetStream append at that rate (contract headers + project expectation, no client work): p50 {:.2} ms, p99 {:.2} ms",
+        figures.raw_append_p50_ms, figures.raw_append_p99_ms
+    );
+    println!(
+        "  acknowledgement = {:.1}x (p50) / {:.1}x (p99) one raw append; its path holds {} appends",
+        figures.ack_p50_ms / figures.raw_append_p50_ms,
+        figures.ack_p99_ms / figures.raw_append_p99_ms,
+        ACK_PATH.len()
+    );
+    println!("  gaps between stored times on the path (server timestamps):");
+    for (from, to, p50, p99) in &figures.hops {
+        println!("    {from} -> {to}: p50 {p50:.1} ms, p99 {p99:.1} ms");
+    }
+}
+
+/// Registers one conversation agent per project, as setup does.
+async fn register(bus: &Bus, org: &OrgId, projects: usize) -> anyhow::Result<Vec<ProjectId>> {
+    let setup = Publisher::new(bus.clone(), "setup", None);
+    let ids: Vec<ProjectId> = (0..projects).map(|_| ProjectId::new()).collect();
+    for project in &ids {
+        let registered = pb::AgentRegistered {
+            agent_id: AgentId::conversation(org, project).to_string(),
+            agent_type: "conversation".into(),
+            global_timeline_id: format!("timeline-{project}"),
+            setup_revision: 1,
+            ..Default::default()
+        };
+        setup
+            .append(NewEvent::root(
+                org.clone(),
+                *project,
+                &registered,
+                keys::setup_step(project, 1, "register"),
+                None,
+            ))
+            .await?;
+    }
+    Ok(ids)
+}
+
+/// One ordered consumer sees acknowledgements and turn ends as stored.
+async fn watch(bus: &Bus, pending: Pending) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+    let start_sequence = zopu_core::publish::last_sequence(bus).await? + 1;
+    let consumer = stream
+        .create_consumer(pull::OrderedConfig {
+            filter_subjects: vec![
+                subjects::events_of_type(pb::AgentAcknowledged::TYPE),
+                subjects::events_of_type(pb::DispatchCompleted::TYPE),
+                subjects::events_of_type(pb::DispatchFailed::TYPE),
+            ],
+            deliver_policy: DeliverPolicy::ByStartSequence { start_sequence },
+            ..Default::default()
+        })
+        .await?;
+    let mut stored = consumer.messages().await?;
+    Ok(tokio::spawn(async move {
+        while let Some(Ok(message)) = stored.next().await {
+            let now = Instant::now();
+            let Ok(event) = zopu_core::publish::decode_message(&message.message) else {
+                continue;
+            };
+            let mut pending = pending
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let Some(entry) = pending.get_mut(event.correlation_id.as_str()) else {
+                continue;
+            };
+            if event.is::<pb::AgentAcknowledged>() {
+                entry.1 = Some(now - entry.0);
+            } else if let Some(done) = entry.2.take() {
+                let _ = done.send(entry.1);
+            }
+        }
+    }))
+}
+
+/// Sends the users' messages.
+struct Load<'a> {
+    gateway: &'a Publisher,
+    org: &'a OrgId,
+    ids: &'a [ProjectId],
+    pending: &'a Pending,
+}
+
+impl Load<'_> {
+    /// Each project sends `count` messages, the next once the previous turn
+    /// completed; returns each turn's acknowledgement latency.
+    async fn closed_loop(
+        &self,
+        count: usize,
+        warm_up: bool,
+    ) -> anyhow::Result<Vec<Option<Duration>>> {
+        let senders = self.ids.iter().map(|project| {
+            let (gateway, org, pending, project) = (
+                self.gateway.clone(),
+                self.org.clone(),
+                self.pending.clone(),
+                *project,
+            );
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(count);
+                for i in 0..count {
+                    let topic = if warm_up {
+                        "warmup"
+                    } else {
+                        TOPICS[i % TOPICS.len()]
+                    };
+                    let text = format!("How does the {topic} module handle retries?");
+                    latencies.push(turn(&gateway, &org, project, &text, &pending).await?);
+                }
+                anyhow::Ok(latencies)
+            })
+        });
+        let mut all = Vec::new();
+        for sender in futures::future::join_all(senders).await {
+            all.extend(sender??);
+        }
+        Ok(all)
+    }
+
+    /// Sends `messages` messages at `rate` per second, round robin over the
+    /// projects, without waiting for turns to complete.
+    async fn open_loop(&self, messages: usize, rate: f64) -> anyhow::Result<Vec<Option<Duration>>> {
+        let start = tokio::time::Instant::now();
+        let mut turns = tokio::task::JoinSet::new();
+        for i in 0..messages {
+            tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+            let (gateway, org, pending) =
+                (self.gateway.clone(), self.org.clone(), self.pending.clone());
+            let project = self.ids[i % self.ids.len()];
+            let text = format!(
+                "How does the {} module handle retries?",
+                TOPICS[(i / self.ids.len()) % TOPICS.len()]
+            );
+            turns.spawn(async move { turn(&gateway, &org, project, &text, &pending).await });
+        }
+        let mut all = Vec::with_capacity(messages);
+        while let Some(turn) = turns.join_next().await {
+            all.push(turn??);
+        }
+        Ok(all)
+    }
+}
+
+/// Sends one message and waits until its turn completed; returns the
+/// acknowledgement latency (none if the turn posted no acknowledgement).
+async fn turn(
+    gateway: &Publisher,
+    org: &OrgId,
+    project: ProjectId,
+    text: &str,
+    pending: &Pending,
+) -> anyhow::Result<Option<Duration>> {
+    let actor = pb::Actor {
+        kind: pb::actor::Kind::User as i32,
+        id: "bench".into(),
+    };
+    let request = zopu_schema::EventId::new().to_string();
+    let (done, finished) = oneshot::channel();
+    let sent =
+        zopu_conversation::send_message(gateway, org, &project, text, actor, &request).await?;
+    // Registered right after the append returns: the turn takes several more appends.
+    pending
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .insert(
+            sent.event_id.to_string(),
+            (Instant::now(), None, Some(done)),
+        );
+    match tokio::time::timeout(Duration::from_secs(120), finished).await {
+        Ok(Ok(latency)) => Ok(latency),
+        Ok(Err(_)) => anyhow::bail!(
+            "the watcher stopped before the turn of {} ended",
+            sent.event_id
+        ),
+        Err(_) => anyhow::bail!("the turn of {} did not end within 120 s", sent.event_id),
+    }
+}
+
+/// Where the acknowledgement's time went: per turn, the gaps between the
+/// stored times (server timestamps) of the message and the events on its
+/// path, then on to the turn's end.
+async fn hops(bus: &Bus, from: u64, to: u64) -> anyhow::Result<Vec<(String, String, f64, f64)>> {
+    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+    let consumer = stream
+        .create_consumer(pull::OrderedConfig {
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: from,
+            },
+            ..Default::default()
+        })
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let mut sent = HashMap::new();
+    let mut source_of = HashMap::new();
+    let mut stored: HashMap<String, HashMap<String, time::OffsetDateTime>> = HashMap::new();
+    while let Some(message) = messages.next().await {
+        let message = message?;
+        let info = message.info().map_err(|error| anyhow::anyhow!("{error}"))?;
+        let (sequence, at) = (info.stream_sequence, info.published);
+        let event = zopu_core::publish::decode_message(&message.message)?;
+        if event.is::<pb::TimelineMessageSent>() {
+            sent.insert(event.id.to_string(), at);
+        } else if let Some(dispatch) = event.dispatch_id {
+            if event.is::<pb::DispatchCreated>() {
+                source_of.insert(dispatch.to_string(), event.causation_id.to_string());
+            }
+            stored
+                .entry(dispatch.to_string())
+                .or_default()
+                .insert(event.event_type.clone(), at);
+        }
+        if sequence >= to {
+            break;
+        }
+    }
+    let path: Vec<&str> = ACK_PATH
+        .iter()
+        .copied()
+        .chain([pb::DispatchCompleted::TYPE])
+        .collect();
+    let mut gaps: Vec<Vec<f64>> = vec![Vec::new(); path.len()];
+    for (dispatch, source) in &source_of {
+        let (Some(start), Some(events)) = (sent.get(source), stored.get(dispatch)) else {
+            continue;
+        };
+        let mut previous = *start;
+        for (gap, event_type) in gaps.iter_mut().zip(&path) {
+            let Some(at) = events.get(*event_type) else {
+                break;
+            };
+            gap.push((*at - previous).as_seconds_f64() * 1000.0);
+            previous = *at;
+        }
+    }
+    let mut hops = Vec::new();
+    let mut from_type = pb::TimelineMessageSent::TYPE;
+    for (event_type, mut gap) in path.into_iter().zip(gaps) {
+        if gap.is_empty() {
+            continue;
+        }
+        gap.sort_by(f64::total_cmp);
+        hops.push((
+            from_type.to_owned(),
+            event_type.to_owned(),
+            percentile(&gap, 0.50),
+            percentile(&gap, 0.99),
+        ));
+        from_type = event_type;
+    }
+    Ok(hops)
+}
+
+/// The raw baseline: `count` appends in the contract's shape offered at
+/// `rate` per second round robin over `projects` lanes, each lane's appends
+/// one after the other (as a project's are); returns each append's latency
+/// in ms, from the moment it was sent.
+async fn raw_appends(
+    bus: &Bus,
+    projects: usize,
+    count: usize,
+    rate: f64,
+) -> anyhow::Result<Vec<f64>> {
+    super::raw_stream(bus).await?;
+    let body = Bytes::from(prost::Message::encode_to_vec(&pb::TimelineMessageSent {
+        timeline_id: "global".into(),
+        text: "How does the cart module handle retries?".into(),
+        ..Default::default()
+    }));
+    let headers = Arc::new(super::sample_headers(&body)?);
+    let mut lanes = Vec::with_capacity(projects);
+    let mut writers = tokio::task::JoinSet::new();
+    for lane in 0..projects {
+        let (sender, mut queued) = tokio::sync::mpsc::unbounded_channel::<usize>();
+        lanes.push(sender);
+        let (bus, headers, body) = (bus.clone(), headers.clone(), body.clone());
+        writers.spawn(async move {
+            let mut expected = 0;
+            let mut latencies = Vec::new();
+            while let Some(i) = queued.recv().await {
+                let sent = Instant::now();
+                expected = super::raw_append(
+                    &bus,
+                    &headers,
+                    &body,
+                    &format!("ack-raw-{i}"),
+                    &format!("bench.raw.a{lane}"),
+                    i % 9,
+                    expected,
+                )
+                .await?;
+                latencies.push(ms(sent.elapsed()));
+            }
+            anyhow::Ok(latencies)
+        });
+    }
+    let start = tokio::time::Instant::now();
+    for i in 0..count {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+        // A lane ends only when its sender is dropped, below.
+        let _ = lanes[i % projects].send(i);
+    }
+    drop(lanes);
+    let mut all = Vec::with_capacity(count);
+    while let Some(lane) = writers.join_next().await {
+        all.extend(lane??);
+    }
+    Ok(all)
+}
+
+/// The value at `p` (0..=1) of sorted `values`.
+fn percentile(values: &[f64], p: f64) -> f64 {
+    let rank = (values.len() as f64 * p).ceil() as usize;
+    values[rank.saturating_sub(1).min(values.len() - 1)]
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
