@@ -691,6 +691,9 @@ async fn publish_raw(
         .sequence)
 }
 
+/// Looks like a GitLab token to `zopu_secrets` (a made-up value).
+const LEAKED_TOKEN: &str = "glpat-abcdefghijklmnopqrstuvwxyz";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_messages_become_dead_letters_and_others_keep_flowing() -> Result<()> {
     let server = NatsServer::start()?;
@@ -754,6 +757,18 @@ async fn poison_messages_become_dead_letters_and_others_keep_flowing() -> Result
         .map(|(n, v)| (*n, v.as_str()))
         .collect();
     let missing_sequence = publish_raw(&bus, &subject, &missing, b"").await?;
+    // An invalid schema name that quotes what looks like a token: the
+    // reason repeats the value, so it must come out redacted.
+    let leaky: Vec<(&str, String)> = as_refs(&headers)
+        .into_iter()
+        .map(|(n, v)| match n {
+            "ce-dataschema" => (n, format!("zopu.v1.{LEAKED_TOKEN}")),
+            "ce-id" => (n, zopu_schema::EventId::new().to_string()),
+            _ => (n, v),
+        })
+        .collect();
+    let leaky_refs: Vec<(&str, &str)> = leaky.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let leaky_sequence = publish_raw(&bus, &subject, &leaky_refs, b"").await?;
 
     let shutdown = Shutdown::new();
     let runtime = Runtime::start("reactor", &config, shutdown.clone()).await?;
@@ -766,7 +781,7 @@ async fn poison_messages_become_dead_letters_and_others_keep_flowing() -> Result
         &bus,
         &subjects::events_of_type(pb::DeadLetterRecorded::TYPE),
         LONG,
-        3,
+        4,
         |_| true,
     )
     .await?;
@@ -789,6 +804,11 @@ async fn poison_messages_become_dead_letters_and_others_keep_flowing() -> Result
         by_sequence(unknown_sequence).reason.contains("bogus.thing"),
         "{:?}",
         by_sequence(unknown_sequence)
+    );
+    let leaky_reason = &by_sequence(leaky_sequence).reason;
+    assert!(
+        leaky_reason.contains("[redacted:gitlab_token]") && !leaky_reason.contains(LEAKED_TOKEN),
+        "{leaky_reason}"
     );
     assert!(
         by_sequence(missing_sequence).reason.contains("ce-id"),

@@ -7,7 +7,8 @@
 //! message of the same project can never overtake it); permanent failures
 //! and messages that crashed the service `max_deliver` times end as a
 //! dead-letter event with the reason, plus the handler's own visible failure
-//! event, and are terminated. A message is acked only after the handler
+//! event, and are terminated. Reasons are passed through
+//! `zopu_secrets::redact` before they are logged or stored. A message is acked only after the handler
 //! returned, i.e. after its appends were acknowledged by JetStream.
 
 use std::collections::HashMap;
@@ -401,6 +402,7 @@ impl<R: Reaction> Runner<R> {
                     Err(HandlerError::Transient(reason)) if attempt < self.config.retry_delays.len() => {
                         let delay = self.config.retry_delays[attempt];
                         attempt += 1;
+                        let reason = zopu_secrets::redact(&reason);
                         tracing::warn!(%reason, attempt, retry_in_ms = delay.as_millis() as u64, "transient failure; retrying");
                         if !self.wait_extending(&message, delay).await {
                             // Shutting down: hand it back instead of giving up.
@@ -423,6 +425,7 @@ impl<R: Reaction> Runner<R> {
                         return;
                     }
                     Err(HandlerError::Fatal(reason)) => {
+                        let reason = zopu_secrets::redact(&reason);
                         tracing::error!(%reason, "fatal handler error; stopping the service");
                         let _ = message.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await;
                         self.shutdown.cancel();
@@ -514,6 +517,11 @@ impl<R: Reaction> Runner<R> {
         kind: &str,
         reason: &str,
     ) {
+        // Reasons are error texts from anywhere (a model's reply, a tool's
+        // output, a remote error body): what looks like a secret never
+        // reaches the log or the stream.
+        let reason = zopu_secrets::redact(reason);
+        let reason = reason.as_str();
         tracing::error!(%reason, kind, "giving up on message; recording a dead letter");
         let record = pb::DeadLetterRecorded {
             service: self.service.clone(),
