@@ -1,10 +1,11 @@
 //! Secret detection, redaction and placeholder classification.
 //!
 //! A pure library (no I/O) shared by `.env.example` scanning, the specialists,
-//! artifact validation and the core reaction runner (failure reasons). [`scan`] runs a fixed, named rule set over free text
-//! and returns byte ranges; [`redact`] replaces every range with
-//! `[redacted:<rule>]`; [`is_placeholder`] decides whether an example value is
-//! so obviously fake that it may be shown to users and models.
+//! artifact validation and the core reaction runner (failure reasons).
+//! [`scan`] runs a fixed, named rule set over free text and returns byte
+//! ranges; [`redact`] replaces every range with `[redacted:<rule>]`;
+//! [`is_placeholder`] decides whether an example value is so obviously fake
+//! that it may be shown to users and models.
 //!
 //! Invariants:
 //! - a [`Finding`] holds a rule name and a byte range, never the matched text,
