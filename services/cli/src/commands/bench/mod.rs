@@ -145,61 +145,12 @@ async fn measure(
 
     // Raw baseline: same server, a stream with the same storage, Nats-Msg-Id set.
     let raw_stream = raw_stream(&bus).await?;
-    let started = Instant::now();
-    let mut pending = FuturesUnordered::new();
-    for i in 0..args.events {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", format!("raw-{i}").as_str());
-        let ack = bus
-            .jetstream
-            .publish_with_headers(
-                format!("bench.raw.p{}", i % args.projects),
-                headers,
-                body.clone(),
-            )
-            .await?;
-        pending.push(std::future::IntoFuture::into_future(ack));
-        if pending.len() >= args.in_flight
-            && let Some(ack) = pending.next().await
-        {
-            ack?;
-        }
-    }
-    while let Some(ack) = pending.next().await {
-        ack?;
-    }
-    let raw_publish = args.events as f64 / started.elapsed().as_secs_f64();
+    let raw_publish = pipelined(&bus, args, &[], &body, "p").await?;
 
     // Decomposition: raw pipelined publish carrying Zopu's header set
     // (CloudEvents attributes, ~1 KB) but no per-project expectation.
     let sample_headers = sample_headers(&body)?;
-    let started = Instant::now();
-    let mut pending = FuturesUnordered::new();
-    for i in 0..args.events {
-        let mut headers = async_nats::HeaderMap::new();
-        for (name, value) in &sample_headers {
-            headers.insert(*name, value.as_str());
-        }
-        headers.insert("Nats-Msg-Id", format!("headers-{i}").as_str());
-        let ack = bus
-            .jetstream
-            .publish_with_headers(
-                format!("bench.raw.h{}", i % args.projects),
-                headers,
-                body.clone(),
-            )
-            .await?;
-        pending.push(std::future::IntoFuture::into_future(ack));
-        if pending.len() >= args.in_flight
-            && let Some(ack) = pending.next().await
-        {
-            ack?;
-        }
-    }
-    while let Some(ack) = pending.next().await {
-        ack?;
-    }
-    let raw_with_headers = args.events as f64 / started.elapsed().as_secs_f64();
+    let raw_with_headers = pipelined(&bus, args, &sample_headers, &body, "h").await?;
 
     // Decomposition: the same header set plus the per-project expectation,
     // each project's publishes one after the other (as an append must wait
@@ -316,6 +267,45 @@ async fn ordered_replay(stream: &jetstream::stream::Stream, count: usize) -> any
         }
     }
     Ok(seen as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Raw pipelined JetStream publishes (`args.in_flight` in flight) of `body`
+/// with `headers` and a message id, round robin over `bench.raw.<lane>N`
+/// subjects; returns messages/s.
+async fn pipelined(
+    bus: &zopu_core::nats::Bus,
+    args: &BenchArgs,
+    headers: &[(&'static str, String)],
+    body: &Bytes,
+    lane: &str,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let mut pending = FuturesUnordered::new();
+    for i in 0..args.events {
+        let mut message_headers = async_nats::HeaderMap::new();
+        for (name, value) in headers {
+            message_headers.insert(*name, value.as_str());
+        }
+        message_headers.insert("Nats-Msg-Id", format!("{lane}-{i}").as_str());
+        let ack = bus
+            .jetstream
+            .publish_with_headers(
+                format!("bench.raw.{lane}{}", i % args.projects),
+                message_headers,
+                body.clone(),
+            )
+            .await?;
+        pending.push(std::future::IntoFuture::into_future(ack));
+        if pending.len() >= args.in_flight
+            && let Some(ack) = pending.next().await
+        {
+            ack?;
+        }
+    }
+    while let Some(ack) = pending.next().await {
+        ack?;
+    }
+    Ok(args.events as f64 / started.elapsed().as_secs_f64())
 }
 
 /// The header set of a Zopu event carrying `body` (CloudEvents attributes,
