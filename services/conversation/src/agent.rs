@@ -85,13 +85,15 @@ impl Reaction for Agent {
             tracing::debug!(%dispatch, "dispatch already ended; nothing to do");
             return Ok(());
         }
-        // State up to this dispatch and whatever this agent wrote since
-        // (its earlier turns of the project). The publisher knows that head
-        // without a round trip: it observed this dispatch and made those
-        // appends itself. Events of other services stored after the dispatch
-        // are concurrent with it; if one moved the head, the first append
-        // meets a conflict and re-reads it. Only a head the publisher does
-        // not know is read, while the source event is.
+        // State up to this dispatch and whatever the project wrote since
+        // (earlier turns of this agent, a kill switch flipped meanwhile).
+        // The publisher knows that head without a round trip: it observed
+        // this dispatch, made this agent's appends itself, and the service's
+        // store consumer moves it on with every event it receives. An event
+        // stored but not yet received is concurrent with this turn; if it
+        // moved the head, the first append meets a conflict and re-reads it.
+        // Only a head the publisher does not know is read (while the source
+        // event is).
         let known = ctx
             .publisher
             .known_head(&event.org_id, &event.project_id)
