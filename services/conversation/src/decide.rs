@@ -499,13 +499,7 @@ pub fn clip_words(text: &str, max: usize) -> String {
     }
 }
 
-pub fn clip_chars(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        text.to_owned()
-    } else {
-        format!("{}…", text.chars().take(max).collect::<String>())
-    }
-}
+pub use zopu_core::text::clip_chars;
 
 /// The first `max` sentences of `text`, at most `max_words` words.
 pub fn first_sentences(text: &str, max: usize, max_words: usize) -> String {

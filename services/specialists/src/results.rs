@@ -208,14 +208,7 @@ pub struct OnboardingAnswer {
 }
 
 /// Keeps at most `max` characters (on a char boundary), marking the cut.
-pub fn clip(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        return text.to_owned();
-    }
-    let mut out: String = text.chars().take(max.saturating_sub(1)).collect();
-    out.push('…');
-    out
-}
+pub use zopu_core::text::clip_chars as clip;
 
 /// Redacts secrets in every string of a JSON value.
 pub fn redact_value(value: &mut serde_json::Value) {
