@@ -47,9 +47,9 @@ async fn web_timeline_end_to_end() -> Result<()> {
     if !browser_available()? {
         return Ok(());
     }
-    let workspace = workspace_root();
+    let workspace = zopu_tests::workspace_root();
     let shots = Screenshots::new(workspace.join("target/e2e-screenshots"))?;
-    let zopu = zopu_binary(&workspace)?;
+    let zopu = zopu_tests::zopu_binary(&workspace)?;
     let dir = tempfile::tempdir()?;
     let repo = demo_repository(dir.path())?;
 
@@ -772,44 +772,6 @@ fn children_of(parent: u32) -> Vec<u32> {
 }
 
 // -------------------------------------------------------------- fixtures
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ sits in the workspace")
-        .to_owned()
-}
-
-/// `target/debug/zopu` (or `$ZOPU_BIN`). `cargo test` holds the workspace
-/// target directory's lock while tests run, so a missing binary is built in
-/// a separate target directory rather than waiting on that lock forever.
-fn zopu_binary(workspace: &Path) -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os("ZOPU_BIN") {
-        return Ok(PathBuf::from(path));
-    }
-    let built = workspace.join("target/debug/zopu");
-    if built.exists() {
-        return Ok(built);
-    }
-    let target = workspace.join("target/e2e-build");
-    eprintln!(
-        "notice: {} is missing; building it into {} (`cargo build -p zopu-cli --bin zopu` first avoids this)",
-        built.display(),
-        target.display()
-    );
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args(["build", "-p", "zopu-cli", "--bin", "zopu"])
-        .env("CARGO_TARGET_DIR", &target)
-        .current_dir(workspace)
-        .status()
-        .context("running cargo")?;
-    ensure!(
-        status.success(),
-        "building zopu failed: run `cargo build -p zopu-cli --bin zopu` and look at its errors"
-    );
-    Ok(target.join("debug/zopu"))
-}
 
 /// A small Rust project in a fresh git repository on branch `main`.
 fn demo_repository(dir: &Path) -> Result<PathBuf> {

@@ -2,6 +2,7 @@
 //! nats-server (see `zopu_tests::NatsServer`).
 
 mod artifacts;
+mod benchmarks;
 mod browser;
 mod conversation;
 mod foundation;

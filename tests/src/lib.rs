@@ -9,10 +9,10 @@
 //! Docker engine, `NatsServer::start_in_docker` offers the same server in a
 //! container.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use zopu_core::log::{Reader, Start};
 use zopu_core::nats::Bus;
 use zopu_schema::Envelope;
@@ -154,4 +154,43 @@ pub mod docker {
         let port = container.get_host_port_ipv4(4222).await?;
         Ok((container, format!("nats://127.0.0.1:{port}")))
     }
+}
+
+/// The workspace's root directory.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the workspace")
+        .to_owned()
+}
+
+/// `target/debug/zopu` (or `$ZOPU_BIN`). `cargo test` holds the workspace
+/// target directory's lock while tests run, so a missing binary is built in
+/// a separate target directory rather than waiting on that lock forever.
+pub fn zopu_binary(workspace: &Path) -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("ZOPU_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let built = workspace.join("target/debug/zopu");
+    if built.exists() {
+        return Ok(built);
+    }
+    let target = workspace.join("target/e2e-build");
+    eprintln!(
+        "notice: {} is missing; building it into {} (`cargo build -p zopu-cli --bin zopu` first avoids this)",
+        built.display(),
+        target.display()
+    );
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "-p", "zopu-cli", "--bin", "zopu"])
+        .env("CARGO_TARGET_DIR", &target)
+        .current_dir(workspace)
+        .status()
+        .context("running cargo")?;
+    ensure!(
+        status.success(),
+        "building zopu failed: run `cargo build -p zopu-cli --bin zopu` and look at its errors"
+    );
+    Ok(target.join("debug/zopu"))
 }

@@ -1,0 +1,64 @@
+//! The benchmark commands run end to end (tiny loads: these check that a
+//! benchmark works and reports sane figures, never how fast anything is).
+
+use anyhow::{Context, Result, ensure};
+use serde_json::Value;
+
+#[tokio::test]
+async fn the_acknowledgement_benchmark_reports_every_turn_and_its_baseline() -> Result<()> {
+    let workspace = zopu_tests::workspace_root();
+    let zopu = zopu_tests::zopu_binary(&workspace)?;
+    let output = tokio::process::Command::new(zopu)
+        .args([
+            "--json",
+            "bench",
+            "ack",
+            "--messages",
+            "20",
+            "--projects",
+            "5",
+        ])
+        .args(["--rate", "40"])
+        .current_dir(&workspace)
+        .env_remove("ZOPU_CONFIG")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .context("running zopu bench ack")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    ensure!(
+        output.status.success(),
+        "zopu bench ack failed: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let figures: Value = serde_json::from_str(stdout.trim())
+        .with_context(|| format!("one JSON object expected, got: {stdout}"))?;
+    assert_eq!(figures["sync"], "always");
+    assert_eq!(figures["messages"], 20);
+    assert_eq!(figures["turns_without_ack"], 0, "{figures}");
+    for key in [
+        "ack_p50_ms",
+        "ack_p99_ms",
+        "raw_append_p50_ms",
+        "dispatches_per_s",
+    ] {
+        let value = figures[key].as_f64().unwrap_or(-1.0);
+        assert!(value > 0.0, "{key} = {value}: {figures}");
+    }
+    assert!(figures["ack_p50_ms"].as_f64() <= figures["ack_p99_ms"].as_f64());
+    // An explore turn stores 9 events (message, dispatch states, ack, decision, Work, Thread, flow request).
+    assert_eq!(figures["events_per_turn"].as_f64(), Some(9.0), "{figures}");
+    let hops = figures["hops"].as_array().context("hops")?;
+    let path: Vec<&str> = hops.iter().filter_map(|hop| hop[1].as_str()).collect();
+    assert_eq!(
+        path,
+        [
+            "dispatch.created",
+            "dispatch.accepted",
+            "agent.acknowledged",
+            "dispatch.completed"
+        ],
+        "{figures}"
+    );
+    Ok(())
+}
