@@ -2,7 +2,6 @@
 //! nats-server (see `zopu_tests::NatsServer`).
 
 mod artifacts;
-mod benchmarks;
 mod browser;
 mod conversation;
 mod foundation;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use zopu_core::text::clip_chars;
 use zopu_core::{Appended, HandlerError, NewEvent, Reaction, ReactionContext};
 use zopu_llm::{ChatReply, Provider};
 use zopu_schema::envelope::EventContext;
@@ -86,28 +87,11 @@ impl Reaction for Agent {
             return Ok(());
         }
         // State up to this dispatch and whatever the project wrote since
-        // (earlier turns of this agent, a kill switch flipped meanwhile).
-        // The publisher knows that head without a round trip: it observed
-        // this dispatch, made this agent's appends itself, and the service's
-        // store consumer moves it on with every event it receives. An event
-        // stored but not yet received is concurrent with this turn; if it
-        // moved the head, the first append meets a conflict and re-reads it.
-        // Only a head the publisher does not know is read (while the source
-        // event is).
-        let known = ctx
-            .publisher
-            .known_head(&event.org_id, &event.project_id)
-            .filter(|head| head.sequence >= ctx.stream_sequence);
-        let head = async {
-            match known {
-                Some(head) => Ok(Some(head)),
-                None => {
-                    ctx.publisher
-                        .fetch_head(&event.org_id, &event.project_id)
-                        .await
-                }
-            }
-        };
+        // (earlier turns of this agent, a kill switch flipped meanwhile): the
+        // head is read with a direct get, not through the JetStream API, and
+        // while the source event is (one round trip before the
+        // acknowledgement).
+        let head = ctx.publisher.read_head(&event.org_id, &event.project_id);
         let source = async {
             if created.source_stream_sequence == 0 {
                 return Err(HandlerError::Permanent(
@@ -145,11 +129,7 @@ impl Reaction for Agent {
             .unwrap_or_default();
         let failed = pb::DispatchFailed {
             agent_id,
-            reason: Some(failure(
-                "dispatch.gave_up",
-                &decide::clip_chars(reason, 400),
-                true,
-            )),
+            reason: Some(failure("dispatch.gave_up", &clip_chars(reason, 400), true)),
             attempts: 0,
         };
         Some(
@@ -217,7 +197,7 @@ fn llm_failure(error: &zopu_llm::Error) -> pb::FailureReason {
     };
     failure(
         code,
-        &decide::clip_chars(&error.to_string(), 400),
+        &clip_chars(&error.to_string(), 400),
         error.is_retryable(),
     )
 }
@@ -297,7 +277,7 @@ impl Turn<'_> {
         let triggered = pb::AgentGuardrailTriggered {
             agent_id: self.agent_id(),
             rule: rule.to_owned(),
-            detail: decide::clip_chars(&detail, 400),
+            detail: clip_chars(&detail, 400),
             action: action.to_owned(),
         };
         self.append(self.new_event(&triggered, keys::guardrail(&self.dispatch, rule, step)))
@@ -630,7 +610,7 @@ impl Turn<'_> {
         };
         let detail = format!(
             "{score:.2} similar to a recent output: {}",
-            decide::clip_chars(earlier, 120)
+            clip_chars(earlier, 120)
         );
         if let Some(rephrased) = decide::rephrase(plan.action, &plan.title)
             && decide::near_duplicate(&rephrased, &recent, settings.similarity_threshold).is_none()
@@ -709,7 +689,7 @@ impl Turn<'_> {
         let decided = pb::AgentDecided {
             agent_id: self.agent_id(),
             decision: plan.action.decision() as i32,
-            rationale: decide::clip_chars(&plan.rationale, 300),
+            rationale: clip_chars(&plan.rationale, 300),
             provider: plan.provider.clone(),
         };
         self.append(self.new_event(&decided, keys::decision(&self.dispatch)))
@@ -733,7 +713,7 @@ impl Turn<'_> {
                 Some(work) => {
                     let updated = pb::WorkUpdated {
                         status: "working".into(),
-                        summary: decide::clip_chars(&plan.title, 200),
+                        summary: clip_chars(&plan.title, 200),
                     };
                     self.append(
                         self.new_event(&updated, keys::entity(&self.dispatch, "work-update"))
@@ -747,7 +727,7 @@ impl Turn<'_> {
                     let work = WorkId::derived(ms, &work_key);
                     let created = pb::WorkCreated {
                         title: plan.title.clone(),
-                        summary: decide::clip_chars(&plan.request_text, 500),
+                        summary: clip_chars(&plan.request_text, 500),
                         kind: work_kind.into(),
                         agent_id: self.agent_id(),
                     };

@@ -4,6 +4,7 @@
 //! near-duplicate guardrail. No I/O.
 
 use serde_json::{Value, json};
+use zopu_core::text::clip_chars;
 use zopu_llm::offline::{self, DecisionContext, DecisionKind};
 use zopu_llm::{ChatMessage, ChatReply, ChatRequest, ToolSpec};
 use zopu_schema::pb;
@@ -498,8 +499,6 @@ pub fn clip_words(text: &str, max: usize) -> String {
         format!("{}…", words[..max].join(" "))
     }
 }
-
-pub use zopu_core::text::clip_chars;
 
 /// The first `max` sentences of `text`, at most `max_words` words.
 pub fn first_sentences(text: &str, max: usize, max_words: usize) -> String {

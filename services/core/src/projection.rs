@@ -9,9 +9,10 @@
 //!
 //! A service's loop also keeps its publisher's project heads current: every
 //! event received near the stream's end moves the head the publisher's next
-//! append of that project expects, so a service rarely loses the optimistic
-//! concurrency race to another service's write (and never asks the server
-//! for a head it has just seen go by).
+//! append of that project expects, so an append that follows another
+//! service's write usually does not lose the optimistic-concurrency race to
+//! it. (A head that is still behind costs one conflict and a read; the
+//! server's expectation keeps every chain linear either way.)
 
 use std::time::Duration;
 
@@ -31,7 +32,9 @@ pub const MAX_BATCH: usize = 2000;
 
 /// Events received with fewer than this many still pending are at the
 /// stream's live end: their project heads are passed to the publisher.
-/// Older ones (a rebuild, a catch-up) are superseded before any append.
+/// Older ones (a rebuild, a catch-up, a burst) are mostly superseded by
+/// later events before any append; skipping them keeps a rebuild from
+/// hashing the whole history.
 const LIVE_TAIL: u64 = 64;
 
 /// Runs `projection` until shutdown, rebuilding first if its schema version
@@ -46,13 +49,13 @@ pub async fn run<P: Projection>(
 }
 
 /// Runs several projections of one store from one consumer (see the module
-/// documentation); `heads`, when given, is told of every event at the
+/// documentation); `track_heads`, when given, is told of every event at the
 /// stream's live end.
 pub async fn run_all(
     bus: Bus,
     store: Store,
     projections: Vec<Box<dyn Projection>>,
-    heads: Option<Publisher>,
+    track_heads: Option<Publisher>,
     shutdown: Shutdown,
 ) -> Result<(), Error> {
     let names = names(&projections);
@@ -62,7 +65,7 @@ pub async fn run_all(
         if shutdown.is_cancelled() {
             return set.persist(&store);
         }
-        match follow(&bus, &store, &mut set, heads.as_ref(), &shutdown).await {
+        match follow(&bus, &store, &mut set, track_heads.as_ref(), &shutdown).await {
             Ok(()) => return set.persist(&store),
             Err(error) => {
                 failures += 1;
@@ -144,11 +147,11 @@ async fn follow(
     bus: &Bus,
     store: &Store,
     set: &mut Set,
-    heads: Option<&Publisher>,
+    track_heads: Option<&Publisher>,
     shutdown: &Shutdown,
 ) -> Result<(), Error> {
     let messages = open(bus, set.low_water()).await?;
-    pump(messages, store, set, None, heads, shutdown).await
+    pump(messages, store, set, None, track_heads, shutdown).await
 }
 
 type Decoded = Vec<(u64, Result<Envelope, String>)>;
@@ -161,7 +164,7 @@ async fn pump(
     store: &Store,
     set: &mut Set,
     stop_at: Option<u64>,
-    heads: Option<&Publisher>,
+    track_heads: Option<&Publisher>,
     shutdown: &Shutdown,
 ) -> Result<(), Error> {
     // Decoded events flow one by one; the writer takes everything that
@@ -179,16 +182,17 @@ async fn pump(
                 return Err(Error::jetstream("ordered consumer", "message stream ended"));
             };
             let message = message.map_err(|e| Error::jetstream("ordered consumer", e))?;
-            let (sequence, pending) = message
+            let info = message
                 .info()
                 .map(|info| (info.stream_sequence, info.pending))
-                .unwrap_or((0, 0));
+                .ok();
+            let (sequence, pending) = info.unwrap_or((0, 0));
             let decoded =
                 publish::decode_message(&message.message).map_err(|error| error.to_string());
-            if let (Some(heads), Ok(event)) = (heads, &decoded)
+            if let (Some(publisher), Ok(event), Some(_)) = (track_heads, &decoded, info)
                 && pending < LIVE_TAIL
             {
-                heads.observe(sequence, event);
+                publisher.observe(sequence, event);
             }
             last_read = sequence;
             if events.send((sequence, decoded)).await.is_err() {

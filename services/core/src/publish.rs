@@ -534,11 +534,26 @@ impl Publisher {
         Ok(head)
     }
 
+    /// Reads the project's head with a direct get (see [`read_head`]) and
+    /// remembers it if it is newer than the cached one.
+    pub async fn read_head(&self, org: &OrgId, project: &ProjectId) -> Result<Option<Head>, Error> {
+        let head = read_head(&self.bus, org, project).await?;
+        if let Some(head) = head {
+            self.advance_head(org, project, head.sequence, || head);
+        }
+        Ok(head)
+    }
+
     /// The project head this publisher knows without asking the server: the
-    /// last event it appended or observed for the project, if any (none while
-    /// an append of the project is in progress).
+    /// last event it appended, observed or read for the project, if any
+    /// (none while an append of the project is in progress).
     pub fn known_head(&self, org: &OrgId, project: &ProjectId) -> Option<Head> {
-        let lane = self.lane(&(org.clone(), *project));
+        let lane = self
+            .heads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&(org.clone(), *project))
+            .cloned()?;
         lane.try_lock().ok().and_then(|head| *head)
     }
 
@@ -633,7 +648,8 @@ fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
     exponential.min(policy.backoff_max)
 }
 
-/// Reads the last stored event of a project (from the stream leader).
+/// Reads the last stored event of a project from the stream leader (through
+/// the JetStream API): exact, what an append that lost the race needs.
 pub async fn fetch_head(
     bus: &Bus,
     org: &OrgId,
@@ -650,21 +666,14 @@ pub async fn fetch_head(
         .await
     {
         Ok(message) => {
-            match decode_parts(&message.headers, message.payload) {
-                Ok(envelope) => Ok(Some(Head {
-                    sequence: message.sequence,
-                    version: envelope.project_version,
-                    hash: envelope.hash(),
-                })),
-                Err(error) => {
-                    // Something not written by Zopu sits on the project's
-                    // subjects. The chain continues from the last valid
-                    // event; the expectation still names the real last
-                    // message. `zopu audit verify` reports the intruder.
-                    tracing::warn!(%project, sequence = message.sequence, %error, "last message of the project is not a valid event; skipping it");
-                    recover_head(bus, &filter, message.sequence).await
-                }
-            }
+            head_of(
+                bus,
+                &filter,
+                message.sequence,
+                &message.headers,
+                message.payload,
+            )
+            .await
         }
         Err(error)
             if error.kind()
@@ -676,8 +685,63 @@ pub async fn fetch_head(
     }
 }
 
-/// Replays a project to find its last valid event (rare: only when the last
-/// message on its subjects is not one).
+/// Reads the last stored event of a project with a direct get: answered by
+/// the stream itself, not queued behind the JetStream API, so it is cheap
+/// enough for every turn. On a replicated stream a follower may answer a few
+/// milliseconds behind the leader, which is fine where the head only says
+/// how far the store must catch up (an append still expects the exact head).
+pub async fn read_head(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<Option<Head>, Error> {
+    let stream = bus
+        .jetstream
+        .get_stream_no_info(zopu_schema::subjects::EVENTS_STREAM)
+        .await
+        .map_err(|e| Error::jetstream("get stream", e))?;
+    let filter = zopu_schema::subjects::project_events(org, project);
+    match stream.direct_get_last_for_subject(filter.as_str()).await {
+        Ok(message) => {
+            head_of(
+                bus,
+                &filter,
+                message.sequence,
+                &message.headers,
+                message.payload,
+            )
+            .await
+        }
+        Err(error)
+            if error.kind() == async_nats::jetstream::stream::DirectGetErrorKind::NotFound =>
+        {
+            Ok(None)
+        }
+        Err(error) => Err(Error::jetstream("read project head", error)),
+    }
+}
+
+/// The head that the project's last message (at `sequence`) makes.
+async fn head_of(
+    bus: &Bus,
+    filter: &str,
+    sequence: u64,
+    headers: &HeaderMap,
+    payload: Bytes,
+) -> Result<Option<Head>, Error> {
+    match decode_parts(headers, payload) {
+        Ok(envelope) => Ok(Some(Head {
+            sequence,
+            version: envelope.project_version,
+            hash: envelope.hash(),
+        })),
+        Err(error) => {
+            // Something not written by Zopu sits on the project's subjects.
+            // The chain continues from the last valid event; the expectation
+            // still names the real last message. `zopu audit verify` reports
+            // the intruder.
+            tracing::warn!(filter, sequence, %error, "last message of the project is not a valid event; skipping it");
+            recover_head(bus, filter, sequence).await
+        }
+    }
+}
+
 async fn recover_head(bus: &Bus, filter: &str, last_sequence: u64) -> Result<Option<Head>, Error> {
     let mut reader =
         crate::log::Reader::open(bus, filter.to_owned(), crate::log::Start::Beginning).await?;

@@ -81,10 +81,11 @@ impl Runtime {
     /// tracked task; the consumer keeps the publisher's project heads current.
     fn spawn_projections(&self, projections: Vec<Box<dyn Projection>>) {
         let (bus, store, shutdown) = (self.bus.clone(), self.store.clone(), self.shutdown.clone());
-        let heads = Some(self.publisher.clone());
+        let track_heads = Some(self.publisher.clone());
         let on_error = self.shutdown.clone();
         self.shutdown.spawn(async move {
-            if let Err(error) = projection::run_all(bus, store, projections, heads, shutdown).await
+            if let Err(error) =
+                projection::run_all(bus, store, projections, track_heads, shutdown).await
             {
                 tracing::error!(%error, "projection stopped; stopping the service");
                 on_error.cancel();

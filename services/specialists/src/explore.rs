@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
+use zopu_core::text::clip_chars;
 
 use regex::Regex;
 use zopu_sandbox::tools::{ListFilesInput, ReadFileInput, SearchInput};
@@ -13,7 +14,7 @@ use zopu_schema::pb::FlowPhase;
 use crate::grounding;
 use crate::port::{self, FlowError, Port};
 use crate::results::{
-    EvidenceItem, ExplorationResult, Finding, MapEdge, MapNode, Provenance, SystemMap, clip,
+    EvidenceItem, ExplorationResult, Finding, MapEdge, MapNode, Provenance, SystemMap,
 };
 
 /// Most keywords searched.
@@ -317,7 +318,7 @@ pub fn definitions(window: &(u64, String), keywords: &[String]) -> Vec<(u64, Str
             let name = captures[2].to_owned();
             let lower = name.to_lowercase();
             if keywords.iter().any(|k| lower.contains(&k.to_lowercase())) {
-                out.push((first + offset as u64, name, clip(line.trim(), 200)));
+                out.push((first + offset as u64, name, clip_chars(line.trim(), 200)));
             }
         }
     }
@@ -357,7 +358,7 @@ pub fn findings(gathered: &Gathered, top: usize) -> Vec<Finding> {
                 path: file.path.clone(),
                 start_line: *line as u32,
                 end_line: *line as u32,
-                snippet: clip(text.trim(), 200),
+                snippet: clip_chars(text.trim(), 200),
                 note: format!("mentions `{keyword}`"),
                 verified: false,
             });
@@ -425,14 +426,14 @@ pub fn system_map(question: &str, gathered: &Gathered, top: usize) -> SystemMap 
     let mut map = SystemMap::default();
     map.nodes.push(MapNode {
         id: "question".into(),
-        label: clip(question, 100),
+        label: clip_chars(question, 100),
         detail: "the question explored".into(),
     });
     let files: Vec<&RankedFile> = gathered.ranked.iter().take(top).collect();
     for (index, file) in files.iter().enumerate() {
         map.nodes.push(MapNode {
             id: format!("f{index}"),
-            label: clip(&file.path, 110),
+            label: clip_chars(&file.path, 110),
             detail: format!("{} matching line(s)", file.matches.len()),
         });
     }
@@ -463,7 +464,7 @@ pub fn system_map(question: &str, gathered: &Gathered, top: usize) -> SystemMap 
         map.edges.push(MapEdge {
             from: "question".into(),
             to: format!("f{index}"),
-            label: clip(&label, 100),
+            label: clip_chars(&label, 100),
         });
     }
     map
@@ -551,7 +552,7 @@ pub async fn explore<P: Port>(
                 risks.push(format!(
                     "`{path}` line {} has an open note near the matches: {}",
                     first + offset as u64,
-                    clip(line.trim(), 160)
+                    clip_chars(line.trim(), 160)
                 ));
             }
         }

@@ -4,6 +4,7 @@
 //! path policy hold whatever the text says.
 
 use std::sync::LazyLock;
+use zopu_core::text::clip_chars;
 
 use regex::Regex;
 
@@ -39,7 +40,7 @@ pub fn injection_lines(text: &str) -> Vec<(usize, String)> {
     text.lines()
         .enumerate()
         .filter(|(_, line)| looks_like_injection(line))
-        .map(|(index, line)| (index + 1, crate::results::clip(line.trim(), 200)))
+        .map(|(index, line)| (index + 1, clip_chars(line.trim(), 200)))
         .take(20)
         .collect()
 }

@@ -5,13 +5,14 @@
 //! separate, later action.
 
 use std::collections::BTreeSet;
+use zopu_core::text::clip_chars;
 
 use zopu_schema::pb::FlowPhase;
 
 use crate::explore::{self, Gathered};
 use crate::grounding;
 use crate::port::{FlowError, Port};
-use crate::results::{EvidenceItem, ExplorationResult, IssueResult, Provenance, clip};
+use crate::results::{EvidenceItem, ExplorationResult, IssueResult, Provenance};
 
 /// Files cited by an offline issue.
 const TOP_FILES: usize = 4;
@@ -63,7 +64,7 @@ pub fn title_of(request: &str) -> String {
         Some(first) => first.to_uppercase().chain(chars).collect(),
         None => "Untitled issue".to_owned(),
     };
-    clip(&title, 100)
+    clip_chars(&title, 100)
 }
 
 fn relevant(exploration: &ExplorationResult, keywords: &[String]) -> bool {
@@ -138,7 +139,7 @@ pub async fn define<P: Port>(port: &mut P, input: &IssueInput) -> Result<IssueRe
                     "`{}` line {} (`{}`)",
                     e.path,
                     e.start_line,
-                    clip(&e.snippet, 80).replace('`', "'")
+                    clip_chars(&e.snippet, 80).replace('`', "'")
                 )
             })
             .collect();
@@ -146,14 +147,14 @@ pub async fn define<P: Port>(port: &mut P, input: &IssueInput) -> Result<IssueRe
         if let Some((_, exploration)) = reused {
             text.push_str(&format!(
                 " An earlier exploration found: {}",
-                clip(&exploration.summary, 400)
+                clip_chars(&exploration.summary, 400)
             ));
         }
         text
     };
     let desired_world = format!(
         "After this change: {}.",
-        clip(input.request.trim().trim_end_matches('.'), 600)
+        clip_chars(input.request.trim().trim_end_matches('.'), 600)
     );
     let mut scope: Vec<String> = paths
         .iter()

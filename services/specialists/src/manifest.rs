@@ -4,13 +4,14 @@
 //! handed over.
 
 use zopu_artifacts::manifest as limits;
+use zopu_core::text::clip_chars;
 use zopu_schema::pb::{
     self, ArtifactCard, ArtifactKind, ArtifactManifest, ArtifactSection, CardAction, CardFact,
     DiagramEdge, DiagramNode,
 };
 
 use crate::results::{
-    CommandStatus, EvidenceItem, ExplorationResult, IssueResult, OnboardingResult, SystemMap, clip,
+    CommandStatus, EvidenceItem, ExplorationResult, IssueResult, OnboardingResult, SystemMap,
 };
 
 /// The ids a manifest carries.
@@ -25,7 +26,7 @@ pub struct ManifestIds {
 }
 
 fn text(value: &str, max: usize) -> String {
-    clip(&zopu_secrets::redact(value), max)
+    clip_chars(&zopu_secrets::redact(value), max)
 }
 
 fn item(value: &str) -> String {
@@ -77,7 +78,7 @@ fn evidence(items: &[EvidenceItem]) -> Vec<pb::Evidence> {
         .filter(|e| !e.path.is_empty() || !e.note.is_empty())
         .take(limits::EVIDENCE_MAX)
         .map(|e| pb::Evidence {
-            path: clip(&e.path, limits::PATH_CHARS_MAX),
+            path: clip_chars(&e.path, limits::PATH_CHARS_MAX),
             start_line: e.start_line,
             end_line: if e.start_line == 0 {
                 0
@@ -154,7 +155,7 @@ fn diagram(title: &str, map: &SystemMap) -> Option<ArtifactSection> {
         .iter()
         .take(limits::NODES_MAX)
         .map(|n| DiagramNode {
-            id: clip(&n.id, 64),
+            id: clip_chars(&n.id, 64),
             label: label(if n.label.is_empty() { &n.id } else { &n.label }),
             detail: item(&n.detail),
         })

@@ -4,13 +4,14 @@
 //! read from the repository or is marked as inferred; nothing is run.
 
 use std::collections::{BTreeMap, BTreeSet};
+use zopu_core::text::clip_chars;
 
 use zopu_sandbox::tools::{ListFilesInput, ReadFileInput};
 use zopu_schema::pb::FlowPhase;
 
 use crate::port::{self, FlowError, Port};
 use crate::results::{
-    CommandHint, CommandStatus, EvidenceItem, OnboardingAnswer, OnboardingResult, Provenance, clip,
+    CommandHint, CommandStatus, EvidenceItem, OnboardingAnswer, OnboardingResult, Provenance,
 };
 use crate::stack;
 use crate::{grounding, guard};
@@ -114,7 +115,7 @@ pub fn readme_purpose(content: &str) -> (Option<String>, Vec<(usize, String)>) {
         paragraph.push(trimmed);
     }
     let text = paragraph.join(" ");
-    ((!text.is_empty()).then(|| clip(&text, 500)), injected)
+    ((!text.is_empty()).then(|| clip_chars(&text, 500)), injected)
 }
 
 static MARKERS: &[&str] = &[
@@ -140,7 +141,7 @@ pub fn entry_marker(content: &str) -> Option<(u32, String)> {
     let lines: Vec<&str> = content.lines().collect();
     for marker in MARKERS {
         if let Some(index) = lines.iter().position(|line| line.contains(marker)) {
-            return Some((index as u32 + 1, clip(lines[index].trim(), 160)));
+            return Some((index as u32 + 1, clip_chars(lines[index].trim(), 160)));
         }
     }
     lines
@@ -153,7 +154,7 @@ pub fn entry_marker(content: &str) -> Option<(u32, String)> {
                 && !t.starts_with("/*")
                 && !t.starts_with('*')
         })
-        .map(|index| (index as u32 + 1, clip(lines[index].trim(), 160)))
+        .map(|index| (index as u32 + 1, clip_chars(lines[index].trim(), 160)))
 }
 
 /// Runs onboarding through `port` (plan, act, reflect of iteration 1).
@@ -284,7 +285,7 @@ pub async fn onboard<P: Port>(
                 path: (*path).clone(),
                 start_line: 1,
                 end_line: read.end_line.min(u64::from(u32::MAX)) as u32,
-                snippet: clip(first_line, 160),
+                snippet: clip_chars(first_line, 160),
                 note: format!("{} ({}) manifest", stack.language, stack.tool),
                 verified: false,
             });
@@ -399,7 +400,7 @@ pub async fn onboard<P: Port>(
     if result.purpose.is_none()
         && let Some((path, description)) = descriptions.first()
     {
-        result.purpose = Some(clip(description, 500));
+        result.purpose = Some(clip_chars(description, 500));
         result.purpose_source = path.clone();
     }
     let env_example = files.iter().find(|file| *file == ".env.example").cloned();

@@ -6,6 +6,7 @@
 //! [`redact_value`] first.
 
 use serde::{Deserialize, Serialize};
+use zopu_core::text::clip_chars;
 
 /// Most findings kept in one result.
 pub const FINDINGS_MAX: usize = 12;
@@ -207,9 +208,6 @@ pub struct OnboardingAnswer {
     pub unverified: Vec<String>,
 }
 
-/// Keeps at most `max` characters (on a char boundary), marking the cut.
-pub use zopu_core::text::clip_chars as clip;
-
 /// Redacts secrets in every string of a JSON value.
 pub fn redact_value(value: &mut serde_json::Value) {
     match value {
@@ -236,15 +234,15 @@ fn clip_list(list: &mut Vec<String>) {
     list.retain(|item| !item.trim().is_empty());
     list.truncate(LIST_MAX);
     for item in list.iter_mut() {
-        *item = clip(item.trim(), TEXT_CHARS_MAX);
+        *item = clip_chars(item.trim(), TEXT_CHARS_MAX);
     }
 }
 
 fn clip_evidence(evidence: &mut Vec<EvidenceItem>) {
     evidence.truncate(EVIDENCE_PER_FINDING_MAX);
     for item in evidence.iter_mut() {
-        item.snippet = clip(&item.snippet, SNIPPET_CHARS_MAX);
-        item.note = clip(&item.note, TEXT_CHARS_MAX);
+        item.snippet = clip_chars(&item.snippet, SNIPPET_CHARS_MAX);
+        item.note = clip_chars(&item.note, TEXT_CHARS_MAX);
         if item.end_line < item.start_line {
             item.end_line = item.start_line;
         }
@@ -265,8 +263,8 @@ pub fn validate_exploration(result: &mut ExplorationResult) -> Result<(), Vec<St
         if finding.claim.trim().is_empty() {
             problems.push(format!("findings[{index}].claim: required"));
         }
-        finding.claim = clip(finding.claim.trim(), TEXT_CHARS_MAX);
-        finding.detail = clip(finding.detail.trim(), TEXT_CHARS_MAX);
+        finding.claim = clip_chars(finding.claim.trim(), TEXT_CHARS_MAX);
+        finding.detail = clip_chars(finding.detail.trim(), TEXT_CHARS_MAX);
         clip_evidence(&mut finding.evidence);
         for (e, item) in finding.evidence.iter().enumerate() {
             if item.path.trim().is_empty() {
@@ -274,8 +272,8 @@ pub fn validate_exploration(result: &mut ExplorationResult) -> Result<(), Vec<St
             }
         }
     }
-    result.summary = clip(result.summary.trim(), TEXT_CHARS_MAX);
-    result.question = clip(result.question.trim(), TEXT_CHARS_MAX);
+    result.summary = clip_chars(result.summary.trim(), TEXT_CHARS_MAX);
+    result.question = clip_chars(result.question.trim(), TEXT_CHARS_MAX);
     result.system_map.nodes.truncate(40);
     result.system_map.edges.truncate(80);
     let ids: std::collections::HashSet<String> = result
@@ -318,10 +316,10 @@ pub fn validate_issue(result: &mut IssueResult) -> Result<(), Vec<String>> {
     {
         problems.push("acceptance_criteria: at least one required".to_owned());
     }
-    result.title = clip(result.title.trim(), 150);
-    result.summary = clip(result.summary.trim(), TEXT_CHARS_MAX);
-    result.current_world = clip(result.current_world.trim(), TEXT_CHARS_MAX);
-    result.desired_world = clip(result.desired_world.trim(), TEXT_CHARS_MAX);
+    result.title = clip_chars(result.title.trim(), 150);
+    result.summary = clip_chars(result.summary.trim(), TEXT_CHARS_MAX);
+    result.current_world = clip_chars(result.current_world.trim(), TEXT_CHARS_MAX);
+    result.desired_world = clip_chars(result.desired_world.trim(), TEXT_CHARS_MAX);
     for list in [
         &mut result.scope,
         &mut result.non_goals,
@@ -334,8 +332,8 @@ pub fn validate_issue(result: &mut IssueResult) -> Result<(), Vec<String>> {
     }
     result.evidence.truncate(EVIDENCE_PER_FINDING_MAX * 3);
     for (e, item) in result.evidence.iter_mut().enumerate() {
-        item.snippet = clip(&item.snippet, SNIPPET_CHARS_MAX);
-        item.note = clip(&item.note, TEXT_CHARS_MAX);
+        item.snippet = clip_chars(&item.snippet, SNIPPET_CHARS_MAX);
+        item.note = clip_chars(&item.note, TEXT_CHARS_MAX);
         if item.path.trim().is_empty() && item.note.trim().is_empty() {
             problems.push(format!("evidence[{e}]: needs a path or a note"));
         }
@@ -356,7 +354,7 @@ pub fn validate_onboarding(result: &mut OnboardingAnswer) -> Result<(), Vec<Stri
     if result.starting_areas.iter().all(|a| a.trim().is_empty()) {
         problems.push("starting_areas: at least one required".to_owned());
     }
-    result.purpose = clip(result.purpose.trim(), TEXT_CHARS_MAX);
+    result.purpose = clip_chars(result.purpose.trim(), TEXT_CHARS_MAX);
     clip_evidence(&mut result.entry_points);
     for (e, item) in result.entry_points.iter().enumerate() {
         if item.path.trim().is_empty() {
@@ -368,14 +366,14 @@ pub fn validate_onboarding(result: &mut OnboardingAnswer) -> Result<(), Vec<Stri
         .important_directories
         .retain(|d| !d.path.trim().is_empty());
     for dir in &mut result.important_directories {
-        dir.path = clip(dir.path.trim().trim_end_matches('/'), 200);
-        dir.detail = clip(dir.detail.trim(), 300);
+        dir.path = clip_chars(dir.path.trim().trim_end_matches('/'), 200);
+        dir.detail = clip_chars(dir.detail.trim(), 300);
     }
     result.commands.truncate(LIST_MAX);
     result.commands.retain(|c| !c.command.trim().is_empty());
     for command in &mut result.commands {
-        command.command = clip(command.command.trim(), 200);
-        command.purpose = clip(command.purpose.trim(), 40);
+        command.command = clip_chars(command.command.trim(), 200);
+        command.purpose = clip_chars(command.purpose.trim(), 40);
     }
     clip_list(&mut result.constraints);
     clip_list(&mut result.starting_areas);

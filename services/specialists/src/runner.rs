@@ -16,6 +16,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use zopu_core::text::clip_chars;
 
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
@@ -30,7 +31,7 @@ use zopu_schema::{ArtifactId, BuildId, Envelope, Event, EventId, FlowRunId, keys
 use crate::config::{Config, ProviderKind};
 use crate::manifest::{self, ManifestIds};
 use crate::port::{self, FlowError, Port, ToolFailure, ToolRequest, ToolResult};
-use crate::results::{self, ExplorationResult, clip};
+use crate::results::{self, ExplorationResult};
 use crate::{explore, issue, model, onboarding, state};
 
 /// The handler version of the flows (part of the run key).
@@ -162,7 +163,7 @@ impl Reaction for FlowRunner {
             phase: FlowPhase::Unspecified as i32,
             reason: Some(pb::FailureReason {
                 code: "flow.gave_up".to_owned(),
-                message: clip(&zopu_secrets::redact(reason), 500),
+                message: clip_chars(&zopu_secrets::redact(reason), 500),
                 retryable: true,
             }),
         };
@@ -460,7 +461,7 @@ impl Run<'_> {
             signal: signal as i32,
             phase: self.phase as i32,
             iteration: self.iteration,
-            note: clip(&zopu_secrets::redact(note), 500),
+            note: clip_chars(&zopu_secrets::redact(note), 500),
             visible,
             tool_call,
             step: step.to_owned(),
@@ -794,7 +795,7 @@ impl Run<'_> {
                 (
                     FlowType::Explore,
                     "exploration",
-                    clip(&result.summary, 600),
+                    clip_chars(&result.summary, 600),
                     results::to_redacted_json(&result),
                     manifest,
                 )
@@ -805,7 +806,7 @@ impl Run<'_> {
                 (
                     FlowType::Issue,
                     "issue",
-                    clip(&result.title, 600),
+                    clip_chars(&result.title, 600),
                     results::to_redacted_json(&result),
                     manifest,
                 )
@@ -862,7 +863,7 @@ impl Run<'_> {
             .await?;
         let completed = pb::FlowCompleted {
             flow_type: flow_type as i32,
-            summary: clip(summary, 600),
+            summary: clip_chars(summary, 600),
             result_json: result_json.to_owned(),
             result_blob: None,
             artifact_build_id: build_id.to_owned(),
@@ -877,13 +878,13 @@ impl Run<'_> {
         let cancelled = pb::FlowCancelled {
             flow_type: self.ids.flow_type as i32,
             phase: self.phase as i32,
-            reason: clip(reason, 500),
+            reason: clip_chars(reason, 500),
         };
         self.append(&cancelled, "terminal").await.map(|_| ())
     }
 
     async fn fail(&mut self, error: &FlowError) -> Result<(), FlowError> {
-        let message = clip(&zopu_secrets::redact(&error.to_string()), 500);
+        let message = clip_chars(&zopu_secrets::redact(&error.to_string()), 500);
         tracing::warn!(flow_run = %self.ids.flow_run_id, code = error.code(), %message, "flow run failed");
         self.progress(Signal::Error, "error", &message, true, None)
             .await?;
@@ -980,7 +981,7 @@ impl Run<'_> {
         let call = match record {
             Some(record) => pb::ToolCall {
                 tool: record.tool,
-                arguments_json: clip(&zopu_secrets::redact(&record.arguments_json), 2_000),
+                arguments_json: clip_chars(&zopu_secrets::redact(&record.arguments_json), 2_000),
                 outcome: match record.outcome {
                     ToolOutcome::Allowed => "allowed",
                     ToolOutcome::Denied => "denied",
@@ -988,7 +989,7 @@ impl Run<'_> {
                     ToolOutcome::Failed => "failed",
                 }
                 .to_owned(),
-                detail: clip(
+                detail: clip_chars(
                     &zopu_secrets::redact(record.detail.as_deref().unwrap_or("")),
                     500,
                 ),
@@ -1148,7 +1149,7 @@ impl Port for Run<'_> {
                         step: step.to_owned(),
                         reason: Some(pb::FailureReason {
                             code: "llm.unknown_tool".to_owned(),
-                            message: clip(name, 64),
+                            message: clip_chars(name, 64),
                             retryable: false,
                         }),
                         attempts: 1,
@@ -1160,10 +1161,10 @@ impl Port for Run<'_> {
                                 .with_flow_run(self.ids.flow_run_id),
                         )
                         .await?;
-                    return Err(FlowError::ToolNotAllowed(clip(name, 64)));
+                    return Err(FlowError::ToolNotAllowed(clip_chars(name, 64)));
                 }
                 Err(FlowError::Llm {
-                    message: clip(&zopu_secrets::redact(&error.to_string()), 400),
+                    message: clip_chars(&zopu_secrets::redact(&error.to_string()), 400),
                     retryable: error.is_retryable(),
                 })
             }
@@ -1181,7 +1182,7 @@ impl Port for Run<'_> {
         let triggered = pb::AgentGuardrailTriggered {
             agent_id: self.agent_id.clone(),
             rule: rule.to_owned(),
-            detail: clip(&zopu_secrets::redact(detail), 500),
+            detail: clip_chars(&zopu_secrets::redact(detail), 500),
             action: action.to_owned(),
         };
         tracing::info!(flow_run = %self.ids.flow_run_id, rule, action, "guardrail triggered");

@@ -1,14 +1,14 @@
-//! The benchmark commands run end to end (tiny loads: these check that a
+//! `zopu bench ack` runs end to end (a tiny load: this checks that the
 //! benchmark works and reports sane figures, never how fast anything is).
+//! Cargo builds the `zopu` binary under test for this file.
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 
 #[tokio::test]
 async fn the_acknowledgement_benchmark_reports_every_turn_and_its_baseline() -> Result<()> {
-    let workspace = zopu_tests::workspace_root();
-    let zopu = zopu_tests::zopu_binary(&workspace)?;
-    let output = tokio::process::Command::new(zopu)
+    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu"))
         .args([
             "--json",
             "bench",
@@ -35,6 +35,7 @@ async fn the_acknowledgement_benchmark_reports_every_turn_and_its_baseline() -> 
         .with_context(|| format!("one JSON object expected, got: {stdout}"))?;
     assert_eq!(figures["sync"], "always");
     assert_eq!(figures["messages"], 20);
+    assert_eq!(figures["offered_per_s"].as_f64(), Some(40.0));
     assert_eq!(figures["turns_without_ack"], 0, "{figures}");
     for key in [
         "ack_p50_ms",
