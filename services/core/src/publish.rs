@@ -528,20 +528,21 @@ impl Publisher {
         project: &ProjectId,
     ) -> Result<Option<Head>, Error> {
         let head = fetch_head(&self.bus, org, project).await?;
-        if let Some(head) = head {
-            self.advance_head(org, project, head.sequence, || head);
-        }
-        Ok(head)
+        Ok(self.remember_head(org, project, head))
     }
 
     /// Reads the project's head with a direct get (see [`read_head`]) and
     /// remembers it if it is newer than the cached one.
     pub async fn read_head(&self, org: &OrgId, project: &ProjectId) -> Result<Option<Head>, Error> {
         let head = read_head(&self.bus, org, project).await?;
+        Ok(self.remember_head(org, project, head))
+    }
+
+    fn remember_head(&self, org: &OrgId, project: &ProjectId, head: Option<Head>) -> Option<Head> {
         if let Some(head) = head {
             self.advance_head(org, project, head.sequence, || head);
         }
-        Ok(head)
+        head
     }
 
     /// The project head this publisher knows without asking the server: the
@@ -655,34 +656,7 @@ pub async fn fetch_head(
     org: &OrgId,
     project: &ProjectId,
 ) -> Result<Option<Head>, Error> {
-    let stream = bus
-        .jetstream
-        .get_stream_no_info(zopu_schema::subjects::EVENTS_STREAM)
-        .await
-        .map_err(|e| Error::jetstream("get stream", e))?;
-    let filter = zopu_schema::subjects::project_events(org, project);
-    match stream
-        .get_last_raw_message_by_subject(filter.as_str())
-        .await
-    {
-        Ok(message) => {
-            head_of(
-                bus,
-                &filter,
-                message.sequence,
-                &message.headers,
-                message.payload,
-            )
-            .await
-        }
-        Err(error)
-            if error.kind()
-                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
-        {
-            Ok(None)
-        }
-        Err(error) => Err(Error::jetstream("read project head", error)),
-    }
+    last_of_project(bus, org, project, HeadRead::Leader).await
 }
 
 /// Reads the last stored event of a project with a direct get: answered by
@@ -691,14 +665,45 @@ pub async fn fetch_head(
 /// milliseconds behind the leader, which is fine where the head only says
 /// how far the store must catch up (an append still expects the exact head).
 pub async fn read_head(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<Option<Head>, Error> {
+    last_of_project(bus, org, project, HeadRead::Direct).await
+}
+
+/// How a project's last message is read.
+#[derive(Debug, Clone, Copy)]
+enum HeadRead {
+    /// `$JS.API.STREAM.MSG.GET`, answered by the leader.
+    Leader,
+    /// A direct get, answered by the stream.
+    Direct,
+}
+
+async fn last_of_project(
+    bus: &Bus,
+    org: &OrgId,
+    project: &ProjectId,
+    read: HeadRead,
+) -> Result<Option<Head>, Error> {
+    use async_nats::jetstream::stream::{DirectGetErrorKind, LastRawMessageErrorKind};
     let stream = bus
         .jetstream
         .get_stream_no_info(zopu_schema::subjects::EVENTS_STREAM)
         .await
         .map_err(|e| Error::jetstream("get stream", e))?;
     let filter = zopu_schema::subjects::project_events(org, project);
-    match stream.direct_get_last_for_subject(filter.as_str()).await {
-        Ok(message) => {
+    let last = match read {
+        HeadRead::Leader => match stream.get_last_raw_message_by_subject(&filter).await {
+            Ok(message) => Some(message),
+            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => None,
+            Err(error) => return Err(Error::jetstream("read project head", error)),
+        },
+        HeadRead::Direct => match stream.direct_get_last_for_subject(filter.as_str()).await {
+            Ok(message) => Some(message),
+            Err(error) if error.kind() == DirectGetErrorKind::NotFound => None,
+            Err(error) => return Err(Error::jetstream("read project head", error)),
+        },
+    };
+    match last {
+        Some(message) => {
             head_of(
                 bus,
                 &filter,
@@ -708,12 +713,7 @@ pub async fn read_head(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<Op
             )
             .await
         }
-        Err(error)
-            if error.kind() == async_nats::jetstream::stream::DirectGetErrorKind::NotFound =>
-        {
-            Ok(None)
-        }
-        Err(error) => Err(Error::jetstream("read project head", error)),
+        None => Ok(None),
     }
 }
 
