@@ -17,6 +17,7 @@ pub struct ZopuConfig {
     pub duplicate_window: Duration,
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
+    pub scale: zopu_core::config::ScaleConfig,
     pub sandbox: SandboxSection,
     pub setup: zopu_setup::Config,
     pub dispatch: zopu_dispatch::Config,
@@ -43,6 +44,7 @@ impl Default for ZopuConfig {
             stream_replicas: core.stream_replicas,
             duplicate_window: core.duplicate_window,
             shutdown_grace: core.shutdown_grace,
+            scale: core.scale,
             sandbox: SandboxSection::default(),
             setup: Default::default(),
             dispatch: Default::default(),
@@ -62,6 +64,7 @@ impl ZopuConfig {
             stream_replicas: self.stream_replicas,
             duplicate_window: self.duplicate_window,
             shutdown_grace: self.shutdown_grace,
+            scale: self.scale.clone(),
         }
     }
 

@@ -273,6 +273,90 @@ pub struct CoreConfig {
     /// How long a service waits for in-flight messages on the first shutdown signal.
     #[serde(with = "duration")]
     pub shutdown_grace: std::time::Duration,
+    /// How the instances of a service share its reactions (`[scale]`).
+    pub scale: ScaleConfig,
+}
+
+/// How several instances of one service share its reaction consumers
+/// (README "Scaling out"): each reaction has `partitions` durable consumers;
+/// each partition is worked by one live instance at a time, agreed through
+/// the `zopu-leases` bucket.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScaleConfig {
+    /// This instance's name in the leases bucket; 1–64 of `[A-Za-z0-9_-]`.
+    /// Empty (the default): `<host>-<pid>-<random>`, new at every start.
+    pub instance_id: String,
+    /// Partitions of every reaction (1–64). Every instance of a deployment
+    /// must use the same count; a new count is a new set of consumers,
+    /// which replays each reaction's history through its idempotency checks.
+    pub partitions: u32,
+    /// An instance that has not renewed its heartbeat for this long is
+    /// taken for dead and its partitions move to the others.
+    #[serde(with = "duration")]
+    pub lease_ttl: std::time::Duration,
+}
+
+impl Default for ScaleConfig {
+    fn default() -> Self {
+        Self {
+            instance_id: String::new(),
+            partitions: 1,
+            lease_ttl: std::time::Duration::from_secs(3),
+        }
+    }
+}
+
+impl ScaleConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !self.instance_id.is_empty()
+            && !zopu_schema::subjects::is_valid_instance_id(&self.instance_id)
+        {
+            return Err(ConfigError::setting(
+                "scale.instance_id",
+                format!(
+                    "{:?} must be 1-64 of letters, digits, '-' or '_'",
+                    self.instance_id
+                ),
+            ));
+        }
+        if !(1..=64).contains(&self.partitions) {
+            return Err(ConfigError::setting("scale.partitions", "must be 1..=64"));
+        }
+        if !(std::time::Duration::from_millis(500)..=std::time::Duration::from_secs(300))
+            .contains(&self.lease_ttl)
+        {
+            return Err(ConfigError::setting(
+                "scale.lease_ttl",
+                "must be 500ms..=300s",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The configured instance id, or a fresh `<host>-<pid>-<random>`.
+    pub fn resolved_instance_id(&self) -> String {
+        if !self.instance_id.is_empty() {
+            return self.instance_id.clone();
+        }
+        let host: String = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap_or_default()
+            .trim()
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+            .take(32)
+            .collect();
+        let host = if host.is_empty() {
+            "instance".to_owned()
+        } else {
+            host
+        };
+        format!(
+            "{host}-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        )
+    }
 }
 
 impl Default for CoreConfig {
@@ -283,6 +367,7 @@ impl Default for CoreConfig {
             stream_replicas: 1,
             duplicate_window: std::time::Duration::from_secs(120),
             shutdown_grace: std::time::Duration::from_secs(10),
+            scale: ScaleConfig::default(),
         }
     }
 }
@@ -304,7 +389,7 @@ impl CoreConfig {
                 "must be at least 1s",
             ));
         }
-        Ok(())
+        self.scale.validate()
     }
 }
 

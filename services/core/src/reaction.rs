@@ -1,17 +1,35 @@
-//! THE reaction loop: a durable pull consumer with explicit acks.
+//! THE reaction loop: durable pull consumers with explicit acks, shared by
+//! the instances of a service.
+//!
+//! Partitions: a reaction's work is split into `scale.partitions` durable
+//! consumers; a project's events all fall in one partition
+//! (`zopu_schema::subjects::partition_of`). Each partition is worked by one
+//! live instance at a time, agreed through the leases bucket
+//! ([`crate::lease`]); when an instance dies or stops, its partitions move
+//! to the others. Every partition's consumer sees the reaction's whole
+//! filter and acks other partitions' messages unhandled (the event subjects
+//! carry no partition token, so integrators' filters stay as they are).
+//! A partition taken over with messages still unsettled by its previous
+//! owner is redelivered from its ack floor, in stream order.
 //!
 //! Per-project order: messages of one project are handled one at a time in
-//! stream order ("lanes"), different projects run concurrently up to
-//! `max_ack_pending`. Transient failures are retried in place with backoff
-//! (the message's ack deadline is extended while it waits, so a later
-//! message of the same project can never overtake it); permanent failures
-//! and messages that crashed the service `max_deliver` times end as a
-//! dead-letter event with the reason, plus the handler's own visible failure
-//! event, and are terminated. Reasons are passed through
-//! `zopu_secrets::redact` before they are logged or stored. A message is acked only after the handler
-//! returned, i.e. after its appends were acknowledged by JetStream.
+//! stream order ("lanes"); different projects run concurrently up to
+//! `max_ack_pending`. Every message a lane holds, queued or running, gets
+//! progress acks while the lane works, so none reaches its ack deadline
+//! behind a long handler; a redelivery of a message still in its lane
+//! replaces the held copy instead of running twice. Transient failures are
+//! retried in place with backoff (a later message of the same project can
+//! never overtake it); permanent failures and messages that crashed the
+//! service `max_deliver` times (unless the reaction finds their effects
+//! already stored) end as a dead-letter event with the reason, plus the
+//! handler's own visible failure event, and are terminated. Reasons are
+//! passed through `zopu_secrets::redact` before they are logged or stored.
+//! A message is acked only after the handler returned, i.e. after its
+//! appends were acknowledged by JetStream; every ack's outcome is checked.
+//! The per-project expected sequence on every append stays the fence: even
+//! two instances working one partition at once could not fork a project.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,13 +37,15 @@ use std::time::Duration;
 use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use futures::StreamExt;
-use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use zopu_schema::envelope::PayloadError;
 use zopu_schema::{Envelope, OrgId, ProjectId, pb};
 
+use crate::lease::Leases;
 use crate::nats::Bus;
 use crate::publish::{self, NewEvent, Publisher};
+use crate::runtime::Runtime;
 use crate::shutdown::Shutdown;
 use crate::store::Store;
 use crate::{Error, config};
@@ -191,52 +211,74 @@ pub trait Reaction: Send + Sync + 'static {
         context: &ReactionContext,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send;
 
+    /// Whether the effects of handling `event` are already stored (asked
+    /// before giving up on a message redelivered past `max_deliver`: the
+    /// last attempt may have finished and died before its ack). The
+    /// default cannot tell and says no.
+    fn already_handled(
+        &self,
+        _event: &Envelope,
+        _context: &ReactionContext,
+    ) -> impl Future<Output = Result<bool, HandlerError>> + Send {
+        std::future::ready(Ok(false))
+    }
+
     /// The visible `*.failed` event for an event this reaction gave up on.
     fn failure_event(&self, _event: &Envelope, _reason: &str) -> Option<NewEvent> {
         None
     }
 }
 
+type Message = async_nats::jetstream::Message;
+
+/// One project's queue: messages of the project are handled one at a time,
+/// in stream order. `copies` holds the newest delivery of each stream
+/// sequence in the lane (a redelivery replaces the copy instead of queueing
+/// a second run); `queue` the sequences not started yet.
+struct Lane {
+    partition: u32,
+    queue: std::collections::VecDeque<u64>,
+    copies: HashMap<u64, Message>,
+}
+
 struct Runner<R> {
     service: String,
     config: ReactionConfig,
+    partitions: u32,
     reaction: Arc<R>,
     publisher: Publisher,
     store: Store,
     bus: Bus,
+    stream: async_nats::jetstream::stream::Stream,
     shutdown: Shutdown,
-    lanes: Mutex<HashMap<String, mpsc::Sender<async_nats::jetstream::Message>>>,
+    lanes: Mutex<HashMap<String, Lane>>,
+    /// Woken whenever a lane ends (the partition drains and shutdown wait on it).
+    lane_ended: tokio::sync::Notify,
 }
 
-/// Runs `reaction` until shutdown.
+/// Runs `reaction` until shutdown: claims its share of the reaction's
+/// partitions (see [`crate::lease`]), works each claimed partition's durable
+/// consumer, and on shutdown stops taking messages, lets the handlers in
+/// hand finish, hands queued messages back and releases its claims.
 pub async fn run<R: Reaction>(
-    service: &str,
-    bus: Bus,
-    publisher: Publisher,
-    store: Store,
+    runtime: Runtime,
     config: ReactionConfig,
     reaction: R,
-    shutdown: Shutdown,
 ) -> Result<(), Error> {
+    let Runtime {
+        service,
+        bus,
+        store,
+        publisher,
+        shutdown,
+        scale,
+    } = runtime;
+    let service = service.as_str();
     let stream = bus
         .jetstream
         .get_stream(zopu_schema::subjects::EVENTS_STREAM)
         .await
         .map_err(|e| Error::jetstream("get stream", e))?;
-    let consumer = stream
-        .create_consumer(pull::Config {
-            durable_name: Some(config.durable.clone()),
-            filter_subjects: config.filter_subjects.clone(),
-            deliver_policy: DeliverPolicy::All,
-            ack_policy: AckPolicy::Explicit,
-            ack_wait: config.ack_wait,
-            // One more than ours, so the runner sees the last delivery and dead-letters it.
-            max_deliver: config.max_deliver + 1,
-            max_ack_pending: config.max_ack_pending,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| Error::jetstream("create durable consumer", e))?;
     // Before handling anything, the store must know every key already on
     // the stream, so effects stored before a crash are recognised.
     let last = publish::last_sequence(&bus).await?;
@@ -244,120 +286,348 @@ pub async fn run<R: Reaction>(
         () = store.wait_for(last) => {}
         () = shutdown.cancelled() => return Ok(()),
     }
-    tracing::info!(service, durable = %config.durable, "reaction consuming");
+    let instance = scale.resolved_instance_id();
+    let mut leases = Leases::open(
+        &bus,
+        &config.durable,
+        &instance,
+        scale.partitions,
+        scale.lease_ttl,
+    )
+    .await?;
+    tracing::info!(service, durable = %config.durable, instance, partitions = scale.partitions, "reaction consuming");
     let runner = Arc::new(Runner {
         service: service.to_owned(),
         config,
+        partitions: scale.partitions,
         reaction: Arc::new(reaction),
         publisher,
         store,
         bus,
+        stream,
         shutdown: shutdown.clone(),
         lanes: Mutex::new(HashMap::new()),
+        lane_ended: tokio::sync::Notify::new(),
     });
-    let mut failures = 0u32;
+    let mut workers: HashMap<u32, CancellationToken> = HashMap::new();
+    let mut draining: BTreeSet<u32> = BTreeSet::new();
+    let mut tick = tokio::time::interval(leases.tick());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let mut messages = match consumer.messages().await {
-            Ok(messages) => messages,
-            Err(error) => {
-                failures += 1;
-                tracing::warn!(%error, "cannot pull messages; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(200 * u64::from(failures.min(25)))) => continue,
-                    () = shutdown.cancelled() => return Ok(()),
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = tick.tick() => {
+                let drained: Vec<u32> = draining
+                    .iter()
+                    .copied()
+                    .filter(|partition| runner.is_idle(*partition))
+                    .collect();
+                for partition in &drained {
+                    draining.remove(partition);
+                }
+                let changes = leases.step(&drained).await;
+                for partition in changes.stop.iter().chain(&changes.surrender) {
+                    if let Some(stop) = workers.remove(partition) {
+                        stop.cancel();
+                    }
+                    runner.hand_back_queued(Some(*partition)).await;
+                }
+                draining.extend(changes.surrender);
+                for partition in changes.start {
+                    let stop = shutdown.token().child_token();
+                    workers.insert(partition, stop.clone());
+                    let worker = runner.clone();
+                    shutdown.spawn(async move { worker.work_partition(partition, stop).await });
                 }
             }
-        };
-        loop {
-            let next = tokio::select! {
-                next = messages.next() => next,
-                () = shutdown.cancelled() => return Ok(()),
-            };
-            match next {
-                Some(Ok(message)) => {
-                    failures = 0;
-                    runner.route(message);
-                }
-                Some(Err(error)) => {
-                    tracing::warn!(%error, "pull error; continuing");
-                }
-                None => break,
-            }
+            () = leases.watch_next() => {}
         }
     }
+    for (_, stop) in workers.drain() {
+        stop.cancel();
+    }
+    // Queued messages go back now; the handlers in hand finish (the
+    // process waits for them up to its shutdown grace), then the claims go.
+    runner.hand_back_queued(None).await;
+    runner.wait_idle(None).await;
+    leases.release_all().await;
+    Ok(())
 }
 
 impl<R: Reaction> Runner<R> {
-    /// Queues the message on its project's lane, starting the lane if idle.
-    fn route(self: &Arc<Self>, message: async_nats::jetstream::Message) {
-        let lane_key = zopu_schema::subjects::parse_scope_tokens(&message.subject)
-            .map(|(org, project)| format!("{org}.{project}"))
-            .unwrap_or_default();
-        let mut lanes = self
-            .lanes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let message = match lanes.get(&lane_key) {
-            None => message,
-            Some(sender) => match sender.try_send(message) {
-                Ok(()) => return,
-                // A full lane cannot happen within max_ack_pending; a closed
-                // one just exited. Either way, start a fresh lane.
-                Err(
-                    mpsc::error::TrySendError::Full(message)
-                    | mpsc::error::TrySendError::Closed(message),
-                ) => {
-                    lanes.remove(&lane_key);
-                    message
-                }
-            },
-        };
-        self.start_lane(&mut lanes, lane_key, message);
-    }
-
-    fn start_lane(
-        self: &Arc<Self>,
-        lanes: &mut HashMap<String, mpsc::Sender<async_nats::jetstream::Message>>,
-        lane_key: String,
-        first: async_nats::jetstream::Message,
-    ) {
-        let capacity = usize::try_from(self.config.max_ack_pending)
-            .unwrap_or(256)
-            .max(1);
-        let (sender, mut receiver) = mpsc::channel(capacity);
-        // The channel is new and has capacity for at least one message.
-        let _ = sender.try_send(first);
-        lanes.insert(lane_key.clone(), sender);
-        let runner = self.clone();
-        self.shutdown.spawn(async move {
-            loop {
-                let message = match receiver.try_recv() {
-                    Ok(message) => message,
-                    Err(_) => {
-                        let mut lanes = runner
-                            .lanes
-                            .lock()
-                            .unwrap_or_else(|poisoned| poisoned.into_inner());
-                        match receiver.try_recv() {
-                            Ok(message) => message,
-                            Err(_) => {
-                                lanes.remove(&lane_key);
-                                return;
-                            }
+    /// Pulls one partition's durable consumer until `stop` (the partition
+    /// was lost or surrendered) or shutdown.
+    async fn work_partition(self: Arc<Self>, partition: u32, stop: CancellationToken) {
+        let durable = zopu_schema::subjects::partition_durable(
+            &self.config.durable,
+            partition,
+            self.partitions,
+        );
+        let mut failures = 0u32;
+        while !stop.is_cancelled() {
+            let outcome = async {
+                let consumer = self.bind_consumer(&durable).await?;
+                // A taken-over partition may hold messages whose effects the
+                // previous owner stored just now: the store catches up first.
+                let last = publish::last_sequence(&self.bus).await?;
+                self.store.wait_for(last).await;
+                consumer
+                    .messages()
+                    .await
+                    .map_err(|e| Error::jetstream("pull messages", e))
+            };
+            let mut messages = tokio::select! {
+                outcome = outcome => match outcome {
+                    Ok(messages) => messages,
+                    Err(error) => {
+                        failures += 1;
+                        tracing::warn!(%error, %durable, "cannot pull messages; retrying");
+                        tokio::select! {
+                            () = tokio::time::sleep(Duration::from_millis(200 * u64::from(failures.min(25)))) => continue,
+                            () = stop.cancelled() => return,
                         }
                     }
+                },
+                () = stop.cancelled() => return,
+            };
+            tracing::info!(%durable, partition, "working partition");
+            loop {
+                let next = tokio::select! {
+                    next = messages.next() => next,
+                    () = stop.cancelled() => return,
                 };
-                if runner.shutdown.is_cancelled() {
-                    // Not started: hand it back for prompt redelivery.
-                    let _ = message.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await;
-                    continue;
+                match next {
+                    Some(Ok(message)) => {
+                        failures = 0;
+                        self.route(message, partition).await;
+                    }
+                    Some(Err(error)) => tracing::warn!(%error, %durable, "pull error; continuing"),
+                    None => break,
                 }
-                runner.process(message).await;
             }
-        });
+        }
     }
 
-    async fn process(&self, message: async_nats::jetstream::Message) {
+    /// The partition's durable consumer, created if missing and updated to
+    /// the configured limits. If a previous owner left messages delivered
+    /// but unsettled (it crashed or was cut off), the consumer is recreated
+    /// at its ack floor: those messages come again at once and in stream
+    /// order, instead of after their ack deadline behind later messages of
+    /// the same project. What was settled past the floor comes again too,
+    /// and the handlers recognise it as done.
+    async fn bind_consumer(
+        &self,
+        durable: &str,
+    ) -> Result<async_nats::jetstream::consumer::Consumer<pull::Config>, Error> {
+        let mut wanted = pull::Config {
+            durable_name: Some(durable.to_owned()),
+            filter_subjects: self.config.filter_subjects.clone(),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.config.ack_wait,
+            // One more than ours, so the runner sees the last delivery and dead-letters it.
+            max_deliver: self.config.max_deliver + 1,
+            max_ack_pending: self.config.max_ack_pending,
+            ..Default::default()
+        };
+        match self.stream.consumer_info(durable).await {
+            Ok(info) if info.num_ack_pending > 0 => {
+                let floor = info.ack_floor.stream_sequence;
+                tracing::info!(
+                    durable,
+                    in_flight = info.num_ack_pending,
+                    ack_floor = floor,
+                    "taking over unsettled messages: redelivering from the ack floor"
+                );
+                self.stream
+                    .delete_consumer(durable)
+                    .await
+                    .map_err(|e| Error::jetstream("delete consumer for takeover", e))?;
+                wanted.deliver_policy = DeliverPolicy::ByStartSequence {
+                    start_sequence: floor + 1,
+                };
+            }
+            Ok(info) => wanted.deliver_policy = info.config.deliver_policy,
+            Err(_) => {}
+        }
+        self.stream
+            .create_consumer(wanted)
+            .await
+            .map_err(|e| Error::jetstream("create durable consumer", e))
+    }
+
+    /// Queues the message on its project's lane, starting the lane if idle.
+    /// A message of another partition (every partition's consumer sees the
+    /// whole filter) is acked at once; a redelivery of a message still in
+    /// its lane replaces the held copy.
+    async fn route(self: &Arc<Self>, message: Message, partition: u32) {
+        let scope = zopu_schema::subjects::parse_scope_tokens(&message.subject);
+        let owner = scope.as_ref().map_or(0, |(org, project)| {
+            zopu_schema::subjects::partition_of(org, project, self.partitions)
+        });
+        if owner != partition {
+            if let Err(error) = message.ack().await {
+                tracing::warn!(%error, subject = %message.subject, "ack of another partition's message failed; it comes again");
+            }
+            return;
+        }
+        let lane_key = scope
+            .map(|(org, project)| format!("{org}.{project}"))
+            .unwrap_or_default();
+        let Ok(sequence) = message.info().map(|info| info.stream_sequence) else {
+            // Not a JetStream delivery: nothing to order it by.
+            self.clone().spawn_lane_of_one(message);
+            return;
+        };
+        let mut lanes = self.lock_lanes();
+        let lane = lanes.entry(lane_key.clone()).or_insert_with(|| Lane {
+            partition,
+            queue: std::collections::VecDeque::new(),
+            copies: HashMap::new(),
+        });
+        if let Some(copy) = lane.copies.get_mut(&sequence) {
+            tracing::debug!(
+                sequence,
+                "redelivery of a message in hand; keeping the newer copy"
+            );
+            *copy = message;
+            return;
+        }
+        let start = lane.copies.is_empty();
+        lane.copies.insert(sequence, message);
+        lane.queue.push_back(sequence);
+        if start {
+            let runner = self.clone();
+            self.shutdown
+                .spawn(async move { runner.drive_lane(lane_key).await });
+        }
+    }
+
+    fn lock_lanes(&self) -> std::sync::MutexGuard<'_, HashMap<String, Lane>> {
+        self.lanes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Handles a lane's messages one by one until it is empty.
+    async fn drive_lane(self: Arc<Self>, lane_key: String) {
+        loop {
+            let next = {
+                let mut lanes = self.lock_lanes();
+                let Some(lane) = lanes.get_mut(&lane_key) else {
+                    break;
+                };
+                match lane.queue.pop_front() {
+                    Some(sequence) => lane.copies.get(&sequence).cloned().map(|m| (sequence, m)),
+                    None => {
+                        lanes.remove(&lane_key);
+                        break;
+                    }
+                }
+            };
+            let Some((sequence, message)) = next else {
+                continue;
+            };
+            if self.shutdown.is_cancelled() {
+                // Not started: hand it back for prompt redelivery.
+                hand_back(&message).await;
+            } else {
+                self.process(&lane_key, message).await;
+            }
+            if let Some(lane) = self.lock_lanes().get_mut(&lane_key) {
+                lane.copies.remove(&sequence);
+            }
+        }
+        self.lane_ended.notify_waiters();
+    }
+
+    /// A message that cannot be ordered (no delivery info) is handled alone.
+    fn spawn_lane_of_one(self: Arc<Self>, message: Message) {
+        let shutdown = self.shutdown.clone();
+        shutdown.spawn(async move { self.process("", message).await });
+    }
+
+    /// Naks the messages queued but not started (of one partition, or all),
+    /// so whoever works their partition next gets them promptly.
+    async fn hand_back_queued(&self, partition: Option<u32>) {
+        let queued: Vec<Message> = {
+            let mut lanes = self.lock_lanes();
+            lanes
+                .values_mut()
+                .filter(|lane| partition.is_none_or(|p| lane.partition == p))
+                .flat_map(|lane| {
+                    let queued: Vec<u64> = lane.queue.drain(..).collect();
+                    queued
+                        .into_iter()
+                        .filter_map(|sequence| lane.copies.remove(&sequence))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        for message in &queued {
+            hand_back(message).await;
+        }
+    }
+
+    /// No lane of `partition` is running.
+    fn is_idle(&self, partition: u32) -> bool {
+        !self
+            .lock_lanes()
+            .values()
+            .any(|lane| lane.partition == partition)
+    }
+
+    /// Waits until no lane (of `partition`, or none at all) is running.
+    async fn wait_idle(&self, partition: Option<u32>) {
+        loop {
+            let ended = self.lane_ended.notified();
+            let idle = match partition {
+                Some(partition) => self.is_idle(partition),
+                None => self.lock_lanes().is_empty(),
+            };
+            if idle {
+                return;
+            }
+            ended.await;
+        }
+    }
+
+    /// Every copy this lane holds (the running message and those queued
+    /// behind it): all of them get progress acks while the lane works, so
+    /// none reaches its ack deadline however long the handler runs.
+    fn lane_copies(&self, lane_key: &str) -> Vec<Message> {
+        self.lock_lanes()
+            .get(lane_key)
+            .map(|lane| lane.copies.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    async fn keep_lane_alive(&self, lane_key: &str, fallback: &Message) {
+        let mut copies = self.lane_copies(lane_key);
+        if copies.is_empty() {
+            copies.push(fallback.clone());
+        }
+        for copy in copies {
+            if let Err(error) = copy.ack_with(AckKind::Progress).await {
+                tracing::warn!(%error, "progress ack failed; the message may be redelivered (collapsed on arrival)");
+            }
+        }
+    }
+
+    /// The newest copy of a message in its lane (a redelivery may have
+    /// replaced the one the handler started with): the one to settle.
+    fn newest_copy(&self, lane_key: &str, message: &Message) -> Message {
+        let sequence = message.info().map(|info| info.stream_sequence).ok();
+        sequence
+            .and_then(|sequence| {
+                self.lock_lanes()
+                    .get(lane_key)
+                    .and_then(|lane| lane.copies.get(&sequence).cloned())
+            })
+            .unwrap_or_else(|| message.clone())
+    }
+
+    async fn process(&self, lane_key: &str, message: Message) {
         let (stream_sequence, delivered) = match message.info() {
             Ok(info) => (info.stream_sequence, info.delivered),
             Err(_) => (0, 1),
@@ -370,17 +640,12 @@ impl<R: Reaction> Runner<R> {
             {
                 Ok(envelope) => envelope,
                 Err(reason) => {
-                    self.give_up(&message, None, stream_sequence, delivered, "decode", &reason).await;
+                    self.give_up(lane_key, &message, None, stream_sequence, delivered, "decode", &reason).await;
                     return;
                 }
             };
             tracing::Span::current().record("event_id", tracing::field::display(envelope.id));
             tracing::Span::current().record("correlation_id", tracing::field::display(&envelope.correlation_id));
-            if delivered > self.config.max_deliver {
-                let reason = format!("delivered {delivered} times without being settled (max_deliver {})", self.config.max_deliver);
-                self.give_up(&message, Some(&envelope), stream_sequence, delivered, "handler", &reason).await;
-                return;
-            }
             if delivered > 1 && !self.caught_up_for_redelivery(&message).await {
                 return;
             }
@@ -392,11 +657,26 @@ impl<R: Reaction> Runner<R> {
                 stream_sequence,
                 delivered,
             };
+            if delivered > self.config.max_deliver {
+                // Done before give up: the last attempt may have stored its
+                // effects and died before its ack.
+                match self.reaction.already_handled(&envelope, &context).await {
+                    Ok(true) => {
+                        tracing::info!("redelivered past max_deliver, but its effects are stored; settling");
+                        self.settle(lane_key, &message, AckKind::Ack).await;
+                    }
+                    Ok(false) | Err(_) => {
+                        let reason = format!("delivered {delivered} times without being settled (max_deliver {})", self.config.max_deliver);
+                        self.give_up(lane_key, &message, Some(&envelope), stream_sequence, delivered, "handler", &reason).await;
+                    }
+                }
+                return;
+            }
             let mut attempt = 0usize;
             loop {
-                match self.run_handler(&message, &envelope, &context).await {
+                match self.run_handler(lane_key, &message, &envelope, &context).await {
                     Ok(()) => {
-                        settle(&message, AckKind::Ack).await;
+                        self.settle(lane_key, &message, AckKind::Ack).await;
                         return;
                     }
                     Err(HandlerError::Transient(reason)) if attempt < self.config.retry_delays.len() => {
@@ -404,30 +684,30 @@ impl<R: Reaction> Runner<R> {
                         attempt += 1;
                         let reason = zopu_secrets::redact(&reason);
                         tracing::warn!(%reason, attempt, retry_in_ms = delay.as_millis() as u64, "transient failure; retrying");
-                        if !self.wait_extending(&message, delay).await {
+                        if !self.wait_extending(lane_key, &message, delay).await {
                             // Shutting down: hand it back instead of giving up.
-                            let _ = message.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await;
+                            hand_back(&self.newest_copy(lane_key, &message)).await;
                             return;
                         }
                     }
                     Err(HandlerError::Transient(reason)) => {
                         let reason = format!("gave up after {} attempts: {reason}", attempt + 1);
-                        self.give_up(&message, Some(&envelope), stream_sequence, delivered, "handler", &reason).await;
+                        self.give_up(lane_key, &message, Some(&envelope), stream_sequence, delivered, "handler", &reason).await;
                         return;
                     }
                     Err(HandlerError::Permanent(reason)) => {
-                        self.give_up(&message, Some(&envelope), stream_sequence, delivered, "invalid", &reason).await;
+                        self.give_up(lane_key, &message, Some(&envelope), stream_sequence, delivered, "invalid", &reason).await;
                         return;
                     }
                     Err(HandlerError::Interrupted) => {
                         tracing::info!("handler interrupted by shutdown; handing the message back");
-                        let _ = message.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await;
+                        hand_back(&self.newest_copy(lane_key, &message)).await;
                         return;
                     }
                     Err(HandlerError::Fatal(reason)) => {
                         let reason = zopu_secrets::redact(&reason);
                         tracing::error!(%reason, "fatal handler error; stopping the service");
-                        let _ = message.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await;
+                        hand_back(&self.newest_copy(lane_key, &message)).await;
                         self.shutdown.cancel();
                         return;
                     }
@@ -441,31 +721,30 @@ impl<R: Reaction> Runner<R> {
     /// A redelivery: make sure the store has seen what an earlier attempt may
     /// have appended. Returns false (message handed back) on shutdown or if
     /// the store does not catch up within the handler timeout.
-    async fn caught_up_for_redelivery(&self, message: &async_nats::jetstream::Message) -> bool {
+    async fn caught_up_for_redelivery(&self, message: &Message) -> bool {
         let Ok(last) = publish::last_sequence(&self.bus).await else {
-            let _ = message
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                .await;
+            nak(message, Duration::from_secs(1)).await;
             return false;
         };
         tokio::select! {
             () = self.store.wait_for(last) => true,
             () = self.shutdown.cancelled() => {
-                let _ = message.ack_with(AckKind::Nak(Some(HAND_BACK_DELAY))).await;
+                hand_back(message).await;
                 false
             }
             () = tokio::time::sleep(self.config.handler_timeout) => {
                 tracing::warn!(last, checkpoint = self.store.checkpoint(), "store did not catch up; handing the message back");
-                let _ = message.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                nak(message, Duration::from_secs(1)).await;
                 false
             }
         }
     }
 
-    /// Runs the handler under its timeout, extending the ack deadline while it works.
+    /// Runs the handler under its timeout, keeping the lane's messages alive while it works.
     async fn run_handler(
         &self,
-        message: &async_nats::jetstream::Message,
+        lane_key: &str,
+        message: &Message,
         envelope: &Envelope,
         context: &ReactionContext,
     ) -> Result<(), HandlerError> {
@@ -482,19 +761,13 @@ impl<R: Reaction> Runner<R> {
                     return outcome.unwrap_or_else(|_| Err(HandlerError::Transient(format!(
                         "handler did not finish within {}s", self.config.handler_timeout.as_secs()))));
                 }
-                _ = heartbeat.tick() => {
-                    let _ = message.ack_with(AckKind::Progress).await;
-                }
+                _ = heartbeat.tick() => self.keep_lane_alive(lane_key, message).await,
             }
         }
     }
 
-    /// Waits `delay` while keeping the message; false if shutdown came first.
-    async fn wait_extending(
-        &self,
-        message: &async_nats::jetstream::Message,
-        delay: Duration,
-    ) -> bool {
+    /// Waits `delay` while keeping the lane's messages; false if shutdown came first.
+    async fn wait_extending(&self, lane_key: &str, message: &Message, delay: Duration) -> bool {
         let sleep = tokio::time::sleep(delay);
         tokio::pin!(sleep);
         let mut heartbeat = tokio::time::interval(self.config.ack_wait / 3);
@@ -502,15 +775,34 @@ impl<R: Reaction> Runner<R> {
             tokio::select! {
                 () = &mut sleep => return true,
                 () = self.shutdown.cancelled() => return false,
-                _ = heartbeat.tick() => { let _ = message.ack_with(AckKind::Progress).await; }
+                _ = heartbeat.tick() => self.keep_lane_alive(lane_key, message).await,
             }
         }
     }
 
+    /// Acks (or terminates) the newest copy of the message, confirmed by the server.
+    async fn settle(&self, lane_key: &str, message: &Message, kind: AckKind) {
+        let newest = self.newest_copy(lane_key, message);
+        for attempt in 1..=5u64 {
+            match newest.double_ack_with(kind).await {
+                Ok(()) => return,
+                Err(error) => {
+                    tracing::warn!(%error, attempt, "ack not confirmed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                }
+            }
+        }
+        tracing::error!(
+            "ack never confirmed; the message may be redelivered (handlers are idempotent)"
+        );
+    }
+
     /// Records a dead letter (and the handler's visible failure), then terminates.
+    #[allow(clippy::too_many_arguments)]
     async fn give_up(
         &self,
-        message: &async_nats::jetstream::Message,
+        lane_key: &str,
+        message: &Message,
         envelope: Option<&Envelope>,
         stream_sequence: u64,
         delivered: i64,
@@ -551,14 +843,23 @@ impl<R: Reaction> Runner<R> {
             recorded &= self.publisher.append(failure).await.is_ok();
         }
         if recorded {
-            settle(message, AckKind::Term).await;
+            self.settle(lane_key, message, AckKind::Term).await;
         } else {
             // Could not record why: leave it for redelivery rather than lose it.
             tracing::error!("dead letter not recorded; the message will be redelivered");
-            let _ = message
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(5))))
-                .await;
+            nak(&self.newest_copy(lane_key, message), Duration::from_secs(5)).await;
         }
+    }
+}
+
+/// Hands a message back for prompt redelivery (shutdown, a lost partition).
+async fn hand_back(message: &Message) {
+    nak(message, HAND_BACK_DELAY).await;
+}
+
+async fn nak(message: &Message, delay: Duration) {
+    if let Err(error) = message.ack_with(AckKind::Nak(Some(delay))).await {
+        tracing::warn!(%error, subject = %message.subject, "nak failed; the message comes again after its ack deadline");
     }
 }
 
@@ -594,21 +895,6 @@ pub fn system_scope() -> (OrgId, ProjectId) {
         .parse()
         .unwrap_or_else(|_| unreachable!("constant is a valid org id"));
     (org, ProjectId::derived(0, "zopu-system"))
-}
-
-async fn settle(message: &async_nats::jetstream::Message, kind: AckKind) {
-    for attempt in 1..=5u64 {
-        match message.double_ack_with(kind).await {
-            Ok(()) => return,
-            Err(error) => {
-                tracing::warn!(%error, attempt, "ack not confirmed; retrying");
-                tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
-            }
-        }
-    }
-    tracing::error!(
-        "ack never confirmed; the message may be redelivered (handlers are idempotent)"
-    );
 }
 
 /// `text` clipped to `max` bytes, with `…` when something was cut.

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::config::CoreConfig;
+use crate::config::{CoreConfig, ScaleConfig};
 use crate::nats::{self, Bus};
 use crate::publish::Publisher;
 use crate::reaction::{self, Reaction, ReactionConfig};
@@ -20,6 +20,8 @@ pub struct Runtime {
     pub store: Store,
     pub publisher: Publisher,
     pub shutdown: Shutdown,
+    /// How this instance shares the service's reactions with the others.
+    pub scale: ScaleConfig,
 }
 
 impl Runtime {
@@ -70,6 +72,7 @@ impl Runtime {
             store,
             publisher,
             shutdown,
+            scale: config.scale.clone(),
         })
     }
 
@@ -95,18 +98,11 @@ impl Runtime {
 
     /// Runs a reaction as a tracked task.
     pub fn spawn_reaction<R: Reaction>(&self, config: ReactionConfig, reaction: R) {
-        let service = self.service.clone();
-        let (bus, publisher, store, shutdown) = (
-            self.bus.clone(),
-            self.publisher.clone(),
-            self.store.clone(),
-            self.shutdown.clone(),
-        );
+        let runtime = self.clone();
         let on_error = self.shutdown.clone();
         self.shutdown.spawn(async move {
-            if let Err(error) =
-                reaction::run(&service, bus, publisher, store, config, reaction, shutdown).await
-            {
+            let service = runtime.service.clone();
+            if let Err(error) = reaction::run(runtime, config, reaction).await {
                 tracing::error!(%service, %error, "reaction stopped; stopping the service");
                 on_error.cancel();
             }

@@ -1,13 +1,20 @@
 //! Applies `streams/` idempotently: creates what is missing, updates what
 //! may change in place, and refuses to start on drift that matters.
 
-use async_nats::jetstream::{self, object_store, stream};
+use async_nats::jetstream::{self, kv, object_store, stream};
 
 use crate::Error;
 use crate::nats::Bus;
 
 const EVENTS_DEFINITION: &str = include_str!("../../../streams/ZOPU_EVENTS.json");
 const ARTIFACTS_DEFINITION: &str = include_str!("../../../streams/zopu-artifacts.objectstore.json");
+
+/// Key-value buckets: (file, definition, the bucket name the schema crate spells).
+const KEY_VALUE_DEFINITIONS: &[(&str, &str, &str)] = &[(
+    "streams/zopu-leases.kv.json",
+    include_str!("../../../streams/zopu-leases.kv.json"),
+    zopu_schema::subjects::LEASES_BUCKET,
+)];
 
 /// Settings that deployments may override in the definitions.
 #[derive(Debug, Clone)]
@@ -35,6 +42,17 @@ struct ObjectStoreDefinition {
     max_bytes: i64,
 }
 
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyValueDefinition {
+    bucket: String,
+    description: String,
+    storage: stream::StorageType,
+    num_replicas: usize,
+    history: i64,
+    max_value_size: i32,
+}
+
 /// The event stream's configuration from `streams/ZOPU_EVENTS.json`.
 pub fn events_config(settings: &StreamSettings) -> Result<stream::Config, Error> {
     let mut config: stream::Config =
@@ -60,7 +78,11 @@ pub fn events_config(settings: &StreamSettings) -> Result<stream::Config, Error>
 pub async fn ensure(bus: &Bus, settings: &StreamSettings) -> Result<(), Error> {
     let wanted = events_config(settings)?;
     ensure_stream(&bus.jetstream, wanted).await?;
-    ensure_object_store(&bus.jetstream, settings).await
+    ensure_object_store(&bus.jetstream, settings).await?;
+    for (file, definition, bucket) in KEY_VALUE_DEFINITIONS {
+        ensure_key_value(&bus.jetstream, settings, file, definition, bucket).await?;
+    }
+    Ok(())
 }
 
 async fn ensure_stream(js: &jetstream::Context, wanted: stream::Config) -> Result<(), Error> {
@@ -202,6 +224,42 @@ async fn ensure_object_store(
     .await
     .map_err(|e| Error::jetstream("create object store", e))?;
     tracing::info!(bucket = %definition.bucket, "object store created");
+    Ok(())
+}
+
+async fn ensure_key_value(
+    js: &jetstream::Context,
+    settings: &StreamSettings,
+    file: &str,
+    definition: &str,
+    bucket: &str,
+) -> Result<(), Error> {
+    let definition: KeyValueDefinition =
+        serde_json::from_str(definition).map_err(|error| Error::StreamDefinition {
+            file: file.into(),
+            reason: error.to_string(),
+        })?;
+    if definition.bucket != bucket {
+        return Err(Error::StreamDefinition {
+            file: file.into(),
+            reason: "bucket differs from the schema crate's".into(),
+        });
+    }
+    if js.get_key_value(&definition.bucket).await.is_ok() {
+        return Ok(());
+    }
+    js.create_key_value(kv::Config {
+        bucket: definition.bucket.clone(),
+        description: definition.description,
+        storage: definition.storage,
+        num_replicas: settings.replicas.max(definition.num_replicas),
+        history: definition.history,
+        max_value_size: definition.max_value_size,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| Error::jetstream("create key-value bucket", e))?;
+    tracing::info!(bucket = %definition.bucket, "key-value bucket created");
     Ok(())
 }
 

@@ -48,6 +48,93 @@ pub fn events_of_type(event_type: &str) -> String {
     format!("{EVENT_PREFIX}.*.*.{event_type}")
 }
 
+/// The key-value bucket saying which instance works which partition of a
+/// reaction's consumers (coordination state, never history).
+pub const LEASES_BUCKET: &str = "zopu-leases";
+
+/// The partition (0..`partitions`) of a project's events: FNV-1a (32 bit)
+/// over `<org>.<project>`, modulo `partitions`. Every instance of every
+/// version must compute the same value, so this function is a contract:
+/// changing it is a new partitioning (new consumer names), never an edit.
+pub fn partition_of(org: &str, project: &str, partitions: u32) -> u32 {
+    assert!(partitions > 0, "a partitioning has at least one partition");
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in org
+        .bytes()
+        .chain(std::iter::once(b'.'))
+        .chain(project.bytes())
+    {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash % partitions
+}
+
+/// The durable consumer of partition `index` of `partitions` of a reaction
+/// whose durable is `base`: `base` itself when there is one partition (so a
+/// single-instance deployment keeps its consumer), `<base>-p<index>of<partitions>`
+/// otherwise (a new partition count is a new set of consumers).
+pub fn partition_durable(base: &str, index: u32, partitions: u32) -> String {
+    debug_assert!(index < partitions, "partition {index} of {partitions}");
+    if partitions == 1 {
+        base.to_owned()
+    } else {
+        format!("{base}-p{index}of{partitions}")
+    }
+}
+
+/// `instance.<consumer>.<instance>` in [`LEASES_BUCKET`]: an instance's heartbeat.
+pub fn lease_instance_key(consumer: &str, instance: &str) -> String {
+    format!("instance.{consumer}.{instance}")
+}
+
+/// `claim.<consumer>.<partition>` in [`LEASES_BUCKET`]: who works a partition.
+pub fn lease_claim_key(consumer: &str, partition: u32) -> String {
+    format!("claim.{consumer}.{partition}")
+}
+
+/// Every lease key of one reaction consumer (a key filter with wildcards).
+pub fn lease_keys_of(consumer: &str) -> String {
+    format!("*.{consumer}.*")
+}
+
+/// What a lease key names, from [`lease_instance_key`] or [`lease_claim_key`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseKey {
+    Instance { consumer: String, instance: String },
+    Claim { consumer: String, partition: u32 },
+}
+
+/// Splits a lease key; `None` for anything else.
+pub fn parse_lease_key(key: &str) -> Option<LeaseKey> {
+    let mut parts = key.splitn(3, '.');
+    let kind = parts.next()?;
+    let consumer = parts.next()?.to_owned();
+    let last = parts.next()?;
+    if consumer.is_empty() || last.is_empty() || last.contains('.') {
+        return None;
+    }
+    match kind {
+        "instance" => Some(LeaseKey::Instance {
+            consumer,
+            instance: last.to_owned(),
+        }),
+        "claim" => Some(LeaseKey::Claim {
+            consumer,
+            partition: last.parse().ok()?,
+        }),
+        _ => None,
+    }
+}
+
+/// An instance id usable in a lease key: 1–64 of `[A-Za-z0-9_-]`.
+pub fn is_valid_instance_id(instance: &str) -> bool {
+    (1..=64).contains(&instance.len())
+        && instance
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// The parts of an event subject.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventSubject {
@@ -120,6 +207,72 @@ mod tests {
         assert_eq!(parsed.org, org);
         assert_eq!(parsed.project, project);
         assert_eq!(parsed.event_type, "project.ready");
+    }
+
+    #[test]
+    fn partitions_are_stable_and_spread() {
+        // Pinned values: the function is a contract between instances.
+        assert_eq!(partition_of("acme", "p1", 1), 0);
+        let first = partition_of("acme", "0190a1b2-0000-7000-8000-000000000001", 8);
+        assert_eq!(
+            first,
+            partition_of("acme", "0190a1b2-0000-7000-8000-000000000001", 8)
+        );
+        let mut counts = [0u32; 8];
+        for n in 0..800 {
+            counts[partition_of("acme", &format!("project-{n}"), 8) as usize] += 1;
+        }
+        assert!(
+            counts.iter().all(|&c| (60..=140).contains(&c)),
+            "{counts:?}"
+        );
+        // Org and project are separated: moving the dot changes the input.
+        assert_ne!(
+            (0..64)
+                .map(|n| partition_of("ab", &format!("c{n}"), 1024))
+                .collect::<Vec<_>>(),
+            (0..64)
+                .map(|n| partition_of("a", &format!("bc{n}"), 1024))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn partition_is_fnv_1a_of_org_dot_project() {
+        // 0x108bf50c is FNV-1a (32 bit) of "a.b", computed independently.
+        assert_eq!(partition_of("a", "b", u32::MAX), 0x108b_f50c);
+        assert_eq!(partition_of("acme", "p1", 8), 0);
+    }
+
+    #[test]
+    fn lease_keys_round_trip() {
+        let durable = durable("conversation", "reactions");
+        assert_eq!(partition_durable(&durable, 0, 1), durable);
+        assert_eq!(
+            partition_durable(&durable, 3, 8),
+            "conversation-reactions-p3of8"
+        );
+        let claim = lease_claim_key(&durable, 5);
+        assert_eq!(
+            parse_lease_key(&claim),
+            Some(LeaseKey::Claim {
+                consumer: durable.clone(),
+                partition: 5
+            })
+        );
+        let instance = lease_instance_key(&durable, "host-1_a");
+        assert_eq!(
+            parse_lease_key(&instance),
+            Some(LeaseKey::Instance {
+                consumer: durable,
+                instance: "host-1_a".into()
+            })
+        );
+        assert_eq!(parse_lease_key("claim.x.notanumber"), None);
+        assert_eq!(parse_lease_key("other.x.1"), None);
+        assert!(is_valid_instance_id("web-1_a"));
+        assert!(!is_valid_instance_id("a.b"));
+        assert!(!is_valid_instance_id(""));
     }
 
     #[test]
