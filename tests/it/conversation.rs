@@ -386,14 +386,17 @@ async fn scenario_81_with_an_openai_compatible_tool_call() -> Result<()> {
 }
 
 /// Polls the conversation's durable consumer until it has settled everything
-/// up to `sequence`.
+/// up to `sequence`. (A restarted instance that takes over unsettled
+/// messages recreates the consumer at its ack floor: briefly, it is missing.)
 async fn wait_consumer_settled(bus: &Bus, sequence: u64) -> Result<()> {
     let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
     let durable = subjects::durable(zopu_conversation::SERVICE, "dispatches");
     let deadline = tokio::time::Instant::now() + LONG;
     loop {
-        let info = stream.consumer_info(&durable).await?;
-        if info.ack_floor.stream_sequence >= sequence && info.num_ack_pending == 0 {
+        if let Ok(info) = stream.consumer_info(&durable).await
+            && info.ack_floor.stream_sequence >= sequence
+            && info.num_ack_pending == 0
+        {
             return Ok(());
         }
         ensure!(

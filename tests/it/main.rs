@@ -6,5 +6,6 @@ mod browser;
 mod conversation;
 mod foundation;
 mod gateway;
+mod scale;
 mod setup;
 mod specialists;

@@ -1,0 +1,427 @@
+//! Reactions shared by several instances of one service, and a handler that
+//! outlives its messages' ack deadline, against a real nats-server.
+//!
+//! Each instance runs on its own tokio runtime with its own connection and
+//! data directory, as on separate machines; `Instance::kill` drops that
+//! runtime at once (no handler finishes, no claim is released, the
+//! connection just closes), which is what the server sees of a kill -9.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use futures::StreamExt;
+use zopu_core::config::{CoreConfig, ScaleConfig};
+use zopu_core::publish::{NewEvent, Publisher};
+use zopu_core::reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};
+use zopu_core::{Runtime, Shutdown};
+use zopu_schema::{Envelope, Event, OrgId, ProjectId, pb, subjects};
+use zopu_tests::{NatsServer, bus, history, wait_for_count};
+
+const LONG: Duration = Duration::from_secs(90);
+const SERVICE: &str = "reactor";
+
+/// What every instance's reaction saw, shared by the test.
+#[derive(Debug, Default)]
+struct Journal {
+    /// Handler runs by event id (a run that found its effect stored counts too).
+    runs: Mutex<HashMap<String, usize>>,
+    /// Projects with a handler running now, and runs that overlapped one.
+    running: Mutex<HashSet<String>>,
+    overlaps: AtomicUsize,
+}
+
+/// Acknowledges each user message once: an `agent.acknowledged` keyed by
+/// the message's event id. Messages whose text starts with `slow` take
+/// `slow_for`; every other one takes `step`.
+#[derive(Debug, Clone)]
+struct Acknowledge {
+    journal: Arc<Journal>,
+    step: Duration,
+    slow_for: Duration,
+}
+
+/// Marks a project busy while a handler runs; dropping the handler's
+/// future (a killed instance) unmarks it.
+struct Busy<'a>(&'a Journal, String);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut running) = self.0.running.lock() {
+            running.remove(&self.1);
+        }
+    }
+}
+
+impl Reaction for Acknowledge {
+    async fn handle(
+        &self,
+        event: &Envelope,
+        context: &ReactionContext,
+    ) -> Result<(), HandlerError> {
+        let message: pb::TimelineMessageSent = event.decode()?;
+        *self
+            .journal
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(event.id.to_string())
+            .or_default() += 1;
+        let key = format!("ack:{}", event.id);
+        if context.publisher.recorded(&key).await?.is_some() {
+            return Ok(());
+        }
+        let project = event.project_id.to_string();
+        let fresh = self
+            .journal
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(project.clone());
+        if !fresh {
+            self.journal.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        let _busy = Busy(&self.journal, project);
+        let delay = if message.text.starts_with("slow") {
+            self.slow_for
+        } else {
+            self.step
+        };
+        tokio::time::sleep(delay).await;
+        let ack = pb::AgentAcknowledged {
+            text: message.text.clone(),
+            ..Default::default()
+        };
+        context
+            .publisher
+            .append(NewEvent::caused_by(&event.context(), &ack, key))
+            .await?;
+        Ok(())
+    }
+}
+
+fn reaction_config(ack_wait: Duration, max_deliver: i64) -> ReactionConfig {
+    ReactionConfig {
+        ack_wait,
+        max_deliver,
+        retry_delays: vec![Duration::from_millis(50)],
+        ..ReactionConfig::new(
+            subjects::durable(SERVICE, "acks"),
+            vec![subjects::events_of_type(pb::TimelineMessageSent::TYPE)],
+        )
+    }
+}
+
+/// One service instance on its own runtime.
+struct Instance {
+    runtime: Option<tokio::runtime::Runtime>,
+    shutdown: Shutdown,
+}
+
+impl Instance {
+    fn start(
+        config: CoreConfig,
+        reaction: Acknowledge,
+        reaction_config: ReactionConfig,
+    ) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let shutdown = Shutdown::new();
+        let started = shutdown.clone();
+        runtime.block_on(async move {
+            let service = Runtime::start(SERVICE, &config, started).await?;
+            service.spawn_reaction(reaction_config, reaction);
+            anyhow::Ok(())
+        })?;
+        Ok(Self {
+            runtime: Some(runtime),
+            shutdown,
+        })
+    }
+
+    /// Everything stops at once, mid-handler: a kill -9 as the server sees it.
+    fn kill(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+
+    /// A clean stop: handlers in hand finish, claims are released.
+    fn stop(&mut self) -> bool {
+        self.shutdown.cancel();
+        let stopped = self
+            .runtime
+            .as_ref()
+            .is_some_and(|runtime| runtime.block_on(self.shutdown.wait(LONG)));
+        self.kill();
+        stopped
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn scaled_config(
+    server: &NatsServer,
+    data_dir: &std::path::Path,
+    instance: &str,
+    partitions: u32,
+) -> CoreConfig {
+    CoreConfig {
+        scale: ScaleConfig {
+            instance_id: instance.to_owned(),
+            partitions,
+            lease_ttl: Duration::from_secs(1),
+        },
+        ..zopu_tests::core_config(server, data_dir)
+    }
+}
+
+fn org() -> OrgId {
+    "scale".parse().expect("valid org")
+}
+
+fn user_message(project: ProjectId, text: &str) -> NewEvent {
+    let sent = pb::TimelineMessageSent {
+        timeline_id: "global".into(),
+        text: text.into(),
+        ..Default::default()
+    };
+    NewEvent::root(
+        org(),
+        project,
+        &sent,
+        format!("request:{project}:{}", text.replace(' ', "-")),
+        None,
+    )
+}
+
+/// Waits until the leases bucket shows `instances` each holding `share`
+/// claims of the reaction's consumer.
+async fn wait_for_shares(
+    bus: &zopu_core::nats::Bus,
+    instances: &[&str],
+    share: usize,
+) -> Result<()> {
+    let kv = bus.jetstream.get_key_value(subjects::LEASES_BUCKET).await?;
+    let durable = subjects::durable(SERVICE, "acks");
+    let mut watch = kv
+        .watch_with_history(subjects::lease_keys_of(&durable))
+        .await?;
+    let mut claims: BTreeMap<u32, String> = BTreeMap::new();
+    let waiting = async {
+        while let Some(entry) = watch.next().await {
+            let entry = entry?;
+            if let Some(subjects::LeaseKey::Claim { partition, .. }) =
+                subjects::parse_lease_key(&entry.key)
+            {
+                let owner = <pb::PartitionClaim as prost::Message>::decode(entry.value.clone())
+                    .map(|claim| claim.instance)
+                    .unwrap_or_default();
+                claims.insert(partition, owner);
+            }
+            let spread = instances
+                .iter()
+                .all(|instance| claims.values().filter(|owner| owner == instance).count() == share);
+            if spread {
+                return Ok(());
+            }
+        }
+        anyhow::bail!("leases watch ended")
+    };
+    tokio::time::timeout(LONG, waiting).await.with_context(|| {
+        format!("claims never spread {share} each over {instances:?}: {claims:?}")
+    })?
+}
+
+/// The acknowledgements of each project in stream order, by message text.
+async fn acknowledged_texts(bus: &zopu_core::nats::Bus) -> Result<BTreeMap<String, Vec<String>>> {
+    let mut by_project: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (_, event) in history(bus, &subjects::events_of_type(pb::AgentAcknowledged::TYPE)).await? {
+        let ack: pb::AgentAcknowledged = event.decode()?;
+        by_project
+            .entry(event.project_id.to_string())
+            .or_default()
+            .push(ack.text);
+    }
+    Ok(by_project)
+}
+
+async fn dead_letters(bus: &zopu_core::nats::Bus) -> Result<usize> {
+    Ok(
+        history(bus, &subjects::events_of_type(pb::DeadLetterRecorded::TYPE))
+            .await?
+            .len(),
+    )
+}
+
+#[test]
+fn a_handler_running_three_ack_deadlines_loses_nothing_queued_behind_it() -> Result<()> {
+    let server = NatsServer::start()?;
+    let driver = tokio::runtime::Runtime::new()?;
+    let bus = driver.block_on(bus(&server, Duration::from_secs(120)))?;
+    let dir = tempfile::tempdir()?;
+    let journal = Arc::new(Journal::default());
+    let ack_wait = Duration::from_secs(1);
+    let reaction = Acknowledge {
+        journal: journal.clone(),
+        step: Duration::from_millis(5),
+        slow_for: ack_wait * 3 + Duration::from_millis(500),
+    };
+    // max_deliver 3: a message redelivered while it waits would be given up.
+    let mut instance = Instance::start(
+        scaled_config(&server, dir.path(), "solo", 1),
+        reaction,
+        reaction_config(ack_wait, 3),
+    )?;
+    let (slow_project, others) = (ProjectId::new(), [ProjectId::new(), ProjectId::new()]);
+    let mut expected: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    driver.block_on(async {
+        let publisher = Publisher::new(bus.clone(), "gateway", None);
+        let mut sends = vec![(slow_project, "slow first".to_owned())];
+        sends.extend((0..20).map(|n| (slow_project, format!("behind {n}"))));
+        for project in others {
+            sends.extend((0..20).map(|n| (project, format!("other {n}"))));
+        }
+        for (project, text) in sends {
+            publisher.append(user_message(project, &text)).await?;
+            expected.entry(project.to_string()).or_default().push(text);
+        }
+        wait_for_count(
+            &bus,
+            &subjects::events_of_type(pb::AgentAcknowledged::TYPE),
+            LONG,
+            61,
+            |_| true,
+        )
+        .await?;
+        anyhow::Ok(())
+    })?;
+    ensure!(
+        instance.stop(),
+        "the instance did not stop within its grace"
+    );
+    driver.block_on(async {
+        assert_eq!(
+            acknowledged_texts(&bus).await?,
+            expected,
+            "order or count of acknowledgements"
+        );
+        assert_eq!(dead_letters(&bus).await?, 0, "a message was dead-lettered");
+        anyhow::Ok(())
+    })?;
+    let runs = journal.runs.lock().unwrap_or_else(|p| p.into_inner());
+    assert_eq!(runs.len(), 61);
+    let twice: Vec<_> = runs.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "handled more than once: {twice:?}");
+    assert_eq!(journal.overlaps.load(Ordering::SeqCst), 0);
+    Ok(())
+}
+
+#[test]
+fn three_instances_share_the_partitions_and_survive_a_kill() -> Result<()> {
+    let server = NatsServer::start()?;
+    let driver = tokio::runtime::Runtime::new()?;
+    let bus = driver.block_on(bus(&server, Duration::from_secs(120)))?;
+    let dirs = [
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+    ];
+    let journal = Arc::new(Journal::default());
+    let reaction = Acknowledge {
+        journal: journal.clone(),
+        step: Duration::from_millis(20),
+        slow_for: Duration::from_millis(20),
+    };
+    let names = ["i1", "i2", "i3"];
+    let partitions = 6;
+    let mut instances = names
+        .iter()
+        .zip(&dirs)
+        .map(|(name, dir)| {
+            Instance::start(
+                scaled_config(&server, dir.path(), name, partitions),
+                reaction.clone(),
+                reaction_config(Duration::from_secs(30), 5),
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    driver.block_on(wait_for_shares(&bus, &names, 2))?;
+
+    let projects: Vec<ProjectId> = (0..6).map(|_| ProjectId::new()).collect();
+    let per_project = 12;
+    let expected: BTreeMap<String, Vec<String>> = projects
+        .iter()
+        .map(|project| {
+            let texts = (0..per_project).map(|n| format!("m{n:02}")).collect();
+            (project.to_string(), texts)
+        })
+        .collect();
+    let publisher = Publisher::new(bus.clone(), "gateway", None);
+    let send_round = |round: std::ops::Range<usize>| {
+        let publisher = publisher.clone();
+        let projects = projects.clone();
+        async move {
+            let sends = projects.iter().map(|project| {
+                let publisher = publisher.clone();
+                let round = round.clone();
+                async move {
+                    for n in round {
+                        publisher
+                            .append(user_message(*project, &format!("m{n:02}")))
+                            .await?;
+                    }
+                    anyhow::Ok(())
+                }
+            });
+            for outcome in futures::future::join_all(sends).await {
+                outcome?;
+            }
+            anyhow::Ok(())
+        }
+    };
+    let filter = subjects::events_of_type(pb::AgentAcknowledged::TYPE);
+    driver.block_on(async {
+        send_round(0..6).await?;
+        wait_for_count(&bus, &filter, LONG, 12, |_| true).await?;
+        anyhow::Ok(())
+    })?;
+    // Mid-run, with messages in hand: kill -9 one instance, stop another cleanly.
+    instances[0].kill();
+    driver.block_on(async {
+        send_round(6..9).await?;
+        anyhow::Ok(())
+    })?;
+    ensure!(instances[1].stop(), "i2 did not stop within its grace");
+    driver.block_on(async {
+        send_round(9..per_project).await?;
+        wait_for_count(&bus, &filter, LONG, projects.len() * per_project, |_| true).await?;
+        anyhow::Ok(())
+    })?;
+    // The survivor holds every partition now.
+    driver.block_on(wait_for_shares(&bus, &["i3"], partitions as usize))?;
+    ensure!(instances[2].stop(), "i3 did not stop within its grace");
+    driver.block_on(async {
+        assert_eq!(
+            acknowledged_texts(&bus).await?,
+            expected,
+            "each message acknowledged once, in order"
+        );
+        assert_eq!(dead_letters(&bus).await?, 0, "a message was dead-lettered");
+        anyhow::Ok(())
+    })?;
+    assert_eq!(
+        journal.overlaps.load(Ordering::SeqCst),
+        0,
+        "two turns of one project ran at once"
+    );
+    Ok(())
+}
