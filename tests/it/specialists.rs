@@ -51,7 +51,17 @@ fn git(dir: &Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
-/// Makes a git repository with `files` and clones it into the project's workspace.
+/// This instance's workspace of `project` under its data dir (the default
+/// `specialists.workspaces_root`).
+fn instance_workspace(data_dir: &Path, project: ProjectId) -> std::path::PathBuf {
+    data_dir
+        .join("specialists")
+        .join("workspaces")
+        .join(project.to_string())
+}
+
+/// Makes a git repository with `files` and clones it into the instance's
+/// workspace of the project (as an earlier run of this instance would have).
 fn repository(data_dir: &Path, project: ProjectId, files: &[(&str, &str)]) -> Result<Repo> {
     let source = tempfile::tempdir()?;
     for (path, content) in files {
@@ -63,7 +73,7 @@ fn repository(data_dir: &Path, project: ProjectId, files: &[(&str, &str)]) -> Re
     git(source.path(), &["add", "-A"])?;
     git(source.path(), &["commit", "-q", "-m", "initial"])?;
     let commit = git(source.path(), &["rev-parse", "HEAD"])?;
-    let workspace = data_dir.join("workspaces").join(project.to_string());
+    let workspace = instance_workspace(data_dir, project);
     std::fs::create_dir_all(&workspace)?;
     let source_path = source.path().to_string_lossy().into_owned();
     git(&workspace, &["clone", "-q", "--", &source_path, "repo"])?;
@@ -373,10 +383,7 @@ async fn onboarding_summarises_rust_node_and_python_repositories() -> Result<()>
         }
         assert!(summary.body.contains(&repo.commit));
         let written = std::fs::read_to_string(
-            data.path()
-                .join("workspaces")
-                .join(project.id.to_string())
-                .join(".zopu/summary.md"),
+            instance_workspace(data.path(), project.id).join(".zopu/summary.md"),
         )?;
         assert_eq!(written, summary.body);
         let builds = of_type::<pb::ArtifactBuildRequested>(&bus, &project).await?;
@@ -1260,6 +1267,280 @@ async fn onboarding_with_a_model_uses_tools_and_falls_back_on_malformed_answers(
             .any(|p| p.step == "model:fallback"
                 && p.note.contains("Fell back to the offline summary")),
         "{progress:?}"
+    );
+    service.stop().await
+}
+
+// ---------------------------------------------------------------------------
+// Scale-out (issue 13): instances with separate data dirs materialize the
+// workspace from the repository and commit the stream recorded.
+
+/// A source repository with `files` on `main`, outside every data dir: (dir, path, commit).
+fn source_repository(files: Files) -> Result<(tempfile::TempDir, std::path::PathBuf, String)> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("source");
+    std::fs::create_dir_all(&path)?;
+    git(&path, &["init", "-q", "--initial-branch=main"])?;
+    commit_files(&path, files, "initial")?;
+    let commit = git(&path, &["rev-parse", "HEAD"])?;
+    Ok((dir, path, commit))
+}
+
+fn commit_files(repository: &Path, files: Files, message: &str) -> Result<String> {
+    for (path, content) in files {
+        let full = repository.join(path);
+        std::fs::create_dir_all(full.parent().context("parent")?)?;
+        std::fs::write(full, content)?;
+    }
+    git(repository, &["add", "-A"])?;
+    git(repository, &["commit", "-q", "-m", message])?;
+    git(repository, &["rev-parse", "HEAD"])
+}
+
+/// Specialists settings of an instance that may materialize local repositories.
+fn instance_config() -> Config {
+    Config {
+        allow_local_repositories: true,
+        clone_timeout: Duration::from_secs(60),
+        ..Config::default()
+    }
+}
+
+/// Runs the setup service (its own data dir) until `project.ready` of `project`.
+async fn set_up(
+    server: &NatsServer,
+    bus: &Bus,
+    data_dir: &Path,
+    project: &Project,
+    source: &Path,
+) -> Result<pb::ProjectReady> {
+    let shutdown = Shutdown::new();
+    let config = zopu_setup::Config {
+        allow_local_repositories: true,
+        clone_timeout: Duration::from_secs(60),
+        ..zopu_setup::Config::default()
+    };
+    let core = zopu_tests::core_config(server, data_dir);
+    let task = tokio::spawn(zopu_setup::run(core, config, shutdown.clone()));
+    let client = Publisher::new(bus.clone(), "gateway", None);
+    let request = zopu_setup::SetupRequest::new(
+        project.org.clone(),
+        project.id,
+        &source.display().to_string(),
+        "main",
+        1,
+        &format!("req-{}", project.id),
+    )
+    .allow_local_repositories(true);
+    zopu_setup::request_setup(&client, &request).await?;
+    let ready = wait_for(
+        bus,
+        &subjects::event(&project.org, &project.id, pb::ProjectReady::TYPE),
+        LONG,
+        |_| true,
+    )
+    .await?;
+    shutdown.cancel();
+    task.await??;
+    Ok(ready.decode()?)
+}
+
+/// `git rev-parse HEAD` of an instance's checkout of the project.
+fn instance_head(data_dir: &Path, project: ProjectId) -> Result<String> {
+    git(
+        &instance_workspace(data_dir, project).join("repo"),
+        &["rev-parse", "HEAD"],
+    )
+}
+
+/// The notes of the project's `flow.progress` events.
+async fn progress_notes(bus: &Bus, project: &Project) -> Result<Vec<String>> {
+    Ok(of_type::<pb::FlowProgress>(bus, project)
+        .await?
+        .into_iter()
+        .map(|p| p.note)
+        .collect())
+}
+
+fn verified_evidence_in(result: &Value, path: &str) -> bool {
+    result["findings"].as_array().is_some_and(|findings| {
+        findings.iter().any(|finding| {
+            finding["evidence"].as_array().is_some_and(|evidence| {
+                evidence
+                    .iter()
+                    .any(|e| e["verified"] == Value::Bool(true) && e["path"] == path)
+            })
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_never_saw_the_clone_materializes_the_recorded_commit() -> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let publisher = Publisher::new(bus.clone(), "test", None);
+    let (setup_dir, first_dir, second_dir) = (
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+    );
+    let (_source_dir, source, commit) = source_repository(RUST_REPO)?;
+    let project = Project::new();
+    let ready = set_up(&server, &bus, setup_dir.path(), &project, &source).await?;
+    assert_eq!(ready.repository_commit, commit);
+    let question = "Explore the `login` flow and how sessions are created";
+
+    // Only the first instance runs: it has no workspace and materializes one.
+    let first = Service::start(&server, first_dir.path(), instance_config());
+    project
+        .ask(&publisher, pb::FlowType::Explore, question, &commit)
+        .await?;
+    let (_, result) = finished(&terminal(&bus, &project, 1).await?)?;
+    assert!(verified_evidence_in(&result, "src/auth.rs"), "{result}");
+    assert_eq!(instance_head(first_dir.path(), project.id)?, commit);
+    first.stop().await?;
+
+    // Only the second instance runs: it never saw any clone either.
+    let second = Service::start(&server, second_dir.path(), instance_config());
+    assert!(!instance_workspace(second_dir.path(), project.id).exists());
+    project
+        .ask(&publisher, pb::FlowType::Explore, question, &commit)
+        .await?;
+    let (_, result) = finished(&terminal(&bus, &project, 2).await?)?;
+    assert!(verified_evidence_in(&result, "src/auth.rs"), "{result}");
+    assert_eq!(instance_head(second_dir.path(), project.id)?, commit);
+    let notes = progress_notes(&bus, &project).await?;
+    let materialized = format!("Workspace materialized at commit {commit} (fetched by commit id)");
+    assert_eq!(
+        notes.iter().filter(|note| **note == materialized).count(),
+        2,
+        "one materialization per instance: {notes:?}"
+    );
+
+    // Both instances on one durable consumer: every flow succeeds, wherever it lands.
+    let first = Service::start(&server, first_dir.path(), instance_config());
+    for _ in 0..3 {
+        project
+            .ask(&publisher, pb::FlowType::Explore, question, &commit)
+            .await?;
+    }
+    for n in 3..=5 {
+        finished(&terminal(&bus, &project, n).await?)?;
+    }
+    assert!(of_type::<pb::FlowFailed>(&bus, &project).await?.is_empty());
+    assert_eq!(
+        progress_notes(&bus, &project)
+            .await?
+            .iter()
+            .filter(|note| note.contains("materialized at commit"))
+            .count(),
+        2,
+        "workspaces at the commit are reused"
+    );
+    // Setup's clone is its own; the instances never touched it.
+    assert!(
+        setup_dir
+            .path()
+            .join("workspaces")
+            .join(project.id.to_string())
+            .join("repo")
+            .is_dir()
+    );
+    first.stop().await?;
+    second.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_at_another_commit_is_rematerialized_or_refused_before_tools_run() -> Result<()>
+{
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let publisher = Publisher::new(bus.clone(), "test", None);
+    let (setup_dir, data) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (_source_dir, source, recorded) = source_repository(RUST_REPO)?;
+    let project = Project::new();
+    set_up(&server, &bus, setup_dir.path(), &project, &source).await?;
+    // The repository moves on: login is gone at the newer commit.
+    git(&source, &["rm", "-q", "src/auth.rs"])?;
+    let newer = commit_files(
+        &source,
+        &[(
+            "src/main.rs",
+            "fn main() {\n    println!(\"no sessions\");\n}\n",
+        )],
+        "drop auth",
+    )?;
+    // This instance's checkout is at the newer commit (a stale earlier run).
+    let stale = instance_workspace(data.path(), project.id);
+    std::fs::create_dir_all(&stale)?;
+    let source_path = source.to_string_lossy().into_owned();
+    git(&stale, &["clone", "-q", "--", &source_path, "repo"])?;
+    assert_eq!(instance_head(data.path(), project.id)?, newer);
+
+    let service = Service::start(&server, data.path(), instance_config());
+    project
+        .ask(
+            &publisher,
+            pb::FlowType::Explore,
+            "Explore the `login` flow and how sessions are created",
+            &recorded,
+        )
+        .await?;
+    let (_, result) = finished(&terminal(&bus, &project, 1).await?)?;
+    assert_eq!(instance_head(data.path(), project.id)?, recorded);
+    assert!(
+        verified_evidence_in(&result, "src/auth.rs"),
+        "the tools read the recorded commit: {result}"
+    );
+    let notes = progress_notes(&bus, &project).await?;
+    let expected = format!(
+        "Workspace re-materialized at commit {recorded} (fetched by commit id); it was at {newer}"
+    );
+    assert!(notes.contains(&expected), "{notes:?}");
+    let progress = of_type::<pb::FlowProgress>(&bus, &project).await?;
+    let replaced_at = progress
+        .iter()
+        .position(|p| p.note == expected)
+        .context("materialization note")?;
+    let first_tool = progress
+        .iter()
+        .position(|p| p.tool_call.is_some())
+        .context("a tool call")?;
+    assert!(replaced_at < first_tool, "materialized before any tool ran");
+
+    // Nothing recorded for this project: a checkout at the wrong commit is refused.
+    let unrecorded = Project::new();
+    let workspace = instance_workspace(data.path(), unrecorded.id);
+    std::fs::create_dir_all(&workspace)?;
+    git(&workspace, &["clone", "-q", "--", &source_path, "repo"])?;
+    unrecorded
+        .ask(
+            &publisher,
+            pb::FlowType::Explore,
+            "Explore login",
+            &recorded,
+        )
+        .await?;
+    let done = terminal(&bus, &unrecorded, 1).await?;
+    let failed = failure_of(&done).context("flow.failed")?;
+    let reason = failed.reason.context("reason")?;
+    assert_eq!(reason.code, "flow.workspace_unavailable");
+    assert!(
+        reason.message.contains(&recorded) && reason.message.contains(&newer),
+        "{}",
+        reason.message
+    );
+    assert!(
+        of_type::<pb::FlowProgress>(&bus, &unrecorded)
+            .await?
+            .iter()
+            .all(|p| p.tool_call.is_none()),
+        "no tool ran"
+    );
+    assert_eq!(
+        instance_head(data.path(), unrecorded.id)?,
+        newer,
+        "left as it was"
     );
     service.stop().await
 }

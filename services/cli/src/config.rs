@@ -76,6 +76,7 @@ impl ZopuConfig {
         }
         if self.sandbox.allow_local_repositories {
             self.setup.allow_local_repositories = true;
+            self.specialists.allow_local_repositories = true;
             self.gateway.allow_local_repositories = true;
         }
         self

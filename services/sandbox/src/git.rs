@@ -47,7 +47,7 @@ const DETAIL_CHARS_MAX: usize = 400;
 /// Tracked files tried when proving the repository is readable.
 const READABLE_PROBES_MAX: usize = 64;
 /// Prefix of the temporary clone directories next to the destination.
-const TEMPORARY_CLONE_PREFIX: &str = ".zopu-clone-";
+pub(crate) const TEMPORARY_CLONE_PREFIX: &str = ".zopu-clone-";
 /// The only `PATH` git sees.
 const MINIMAL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
@@ -440,7 +440,7 @@ impl RepositoryLocation {
         }
     }
 
-    fn is_local(&self) -> bool {
+    pub(crate) fn is_local(&self) -> bool {
         matches!(self, Self::Local { .. })
     }
 }
@@ -655,22 +655,22 @@ pub struct CloneOutcome {
 
 /// Output of one git invocation.
 #[derive(Debug)]
-struct GitOutput {
-    status: ExitStatus,
+pub(crate) struct GitOutput {
+    pub(crate) status: ExitStatus,
     /// The first [`STDOUT_KEPT_BYTES_MAX`] bytes of stdout.
-    stdout: Vec<u8>,
+    pub(crate) stdout: Vec<u8>,
     /// NUL bytes seen on stdout (records of `-z` output), all of it.
-    stdout_nul_count: usize,
+    pub(crate) stdout_nul_count: usize,
     /// The first [`STDERR_KEPT_BYTES_MAX`] bytes of stderr, lossily decoded.
-    stderr: String,
+    pub(crate) stderr: String,
 }
 
 /// An empty, private, per-invocation `HOME`, removed on drop.
 #[derive(Debug)]
-struct EmptyHome(PathBuf);
+pub(crate) struct EmptyHome(PathBuf);
 
 impl EmptyHome {
-    fn create() -> Result<Self, Error> {
+    pub(crate) fn create() -> Result<Self, Error> {
         let path = std::env::temp_dir().join(format!("zopu-git-home-{}", uuid::Uuid::now_v7()));
         std::fs::DirBuilder::new()
             .mode(0o700)
@@ -690,7 +690,7 @@ impl Drop for EmptyHome {
 /// Where a command runs: nowhere in particular (clone) or in a repository
 /// whose git directory is given explicitly, so no discovery walks upwards.
 #[derive(Debug, Clone, Copy)]
-enum Target<'a> {
+pub(crate) enum Target<'a> {
     None,
     Repository(&'a Path),
 }
@@ -714,7 +714,12 @@ impl Git {
 
     /// THE git command builder: every invocation of this module goes through
     /// it. `allow_file` enables the `file` transport (local clones only).
-    fn command(&self, home: &EmptyHome, target: Target<'_>, allow_file: bool) -> Command {
+    pub(crate) fn command(
+        &self,
+        home: &EmptyHome,
+        target: Target<'_>,
+        allow_file: bool,
+    ) -> Command {
         let mut command = Command::new(&self.options.program);
         command
             .env_clear()
@@ -786,7 +791,7 @@ impl Git {
     }
 
     /// Runs a prepared command with a timeout, killing it when it expires.
-    async fn run(
+    pub(crate) async fn run(
         &self,
         mut command: Command,
         operation: &'static str,
@@ -974,7 +979,7 @@ impl Git {
         Ok((head.status.success() && is_object_id(&commit)).then_some(commit))
     }
 
-    fn check_source(&self, source: &CloneSource) -> Result<(), Error> {
+    pub(crate) fn check_source(&self, source: &CloneSource) -> Result<(), Error> {
         if source.location.is_local() && !self.options.allow_local_repositories {
             return Err(Error::InvalidLocation(LocationProblem::LocalNotAllowed));
         }
@@ -1057,23 +1062,14 @@ impl Git {
         result
     }
 
-    async fn clone_into(&self, source: &CloneSource, directory: &Path) -> Result<(), Error> {
+    pub(crate) async fn clone_into(
+        &self,
+        source: &CloneSource,
+        directory: &Path,
+    ) -> Result<(), Error> {
         let home = EmptyHome::create()?;
         let mut command = self.command(&home, Target::None, source.location.is_local());
-        if let (Some(credential), RepositoryLocation::Https { origin, .. }) =
-            (&source.credential, &source.location)
-        {
-            let token = base64_encode(
-                format!("{}:{}", credential.username, credential.password.expose()).as_bytes(),
-            );
-            command
-                .env("GIT_CONFIG_COUNT", "1")
-                .env("GIT_CONFIG_KEY_0", format!("http.{origin}.extraHeader"))
-                .env(
-                    "GIT_CONFIG_VALUE_0",
-                    format!("Authorization: Basic {token}"),
-                );
-        }
+        with_credential(&mut command, source);
         // Absolute, so it can neither look like an option nor resolve
         // against the temporary HOME git runs in.
         let directory =
@@ -1105,8 +1101,27 @@ impl Git {
     }
 }
 
+/// Hands `source`'s credential (https only) to git through `GIT_CONFIG_*`
+/// environment variables: never argv, never the URL.
+pub(crate) fn with_credential(command: &mut Command, source: &CloneSource) {
+    if let (Some(credential), RepositoryLocation::Https { origin, .. }) =
+        (&source.credential, &source.location)
+    {
+        let token = base64_encode(
+            format!("{}:{}", credential.username, credential.password.expose()).as_bytes(),
+        );
+        command
+            .env("GIT_CONFIG_COUNT", "1")
+            .env("GIT_CONFIG_KEY_0", format!("http.{origin}.extraHeader"))
+            .env(
+                "GIT_CONFIG_VALUE_0",
+                format!("Authorization: Basic {token}"),
+            );
+    }
+}
+
 /// Maps git's (C-locale) clone stderr to a typed error.
-fn classify_clone_failure(stderr: &str, branch: &BranchName) -> Error {
+pub(crate) fn classify_clone_failure(stderr: &str, branch: &BranchName) -> Error {
     let lower = stderr.to_ascii_lowercase();
     let has = |needles: &[&str]| needles.iter().any(|n| lower.contains(n));
     if has(&["remote branch", "not found in upstream"]) && lower.contains("not found") {
@@ -1164,7 +1179,7 @@ fn classify_clone_failure(stderr: &str, branch: &BranchName) -> Error {
 }
 
 /// Git output fit for an error: redacted, one line, truncated.
-fn detail(stderr: &str) -> String {
+pub(crate) fn detail(stderr: &str) -> String {
     let redacted = zopu_secrets::redact(stderr);
     let mut line: String = redacted
         .lines()
@@ -1182,7 +1197,7 @@ fn detail(stderr: &str) -> String {
     }
 }
 
-fn is_object_id(text: &str) -> bool {
+pub(crate) fn is_object_id(text: &str) -> bool {
     matches!(text.len(), 40 | 64) && text.chars().all(|c| c.is_ascii_hexdigit())
 }
 
@@ -1254,7 +1269,7 @@ async fn read_capped<R: tokio::io::AsyncRead + Unpin>(
     (kept, nul_count)
 }
 
-fn remove_path(path: &Path) -> Result<(), Error> {
+pub(crate) fn remove_path(path: &Path) -> Result<(), Error> {
     match std::fs::symlink_metadata(path) {
         Ok(metadata) if metadata.is_dir() => {
             std::fs::remove_dir_all(path).map_err(|e| Error::io("remove", path, e))
@@ -1266,7 +1281,7 @@ fn remove_path(path: &Path) -> Result<(), Error> {
 }
 
 /// Removes temporary clones left by an interrupted earlier attempt.
-fn remove_stale_temporaries(parent: &Path) -> Result<(), Error> {
+pub(crate) fn remove_stale_temporaries(parent: &Path) -> Result<(), Error> {
     let entries = std::fs::read_dir(parent).map_err(|e| Error::io("list", parent, e))?;
     for entry in entries.flatten() {
         if entry

@@ -1,9 +1,10 @@
 //! Project workspaces and the agent's repository tools.
 //!
 //! Two halves share this crate. The workspace runtime (`workspace`, `git`,
-//! `env_scan`) creates one sandboxed directory per project, shallow-clones the
-//! repository with a hardened git, verifies it and scans its root
-//! `.env.example`. The tools (`policy`, `confine`, `tools`) let an agent read
+//! `env_scan`, `checkout`) creates one sandboxed directory per project,
+//! shallow-clones the repository with a hardened git (or checks out exactly a
+//! recorded commit, for an instance that never saw the first clone), verifies
+//! it and scans its root `.env.example`. The tools (`policy`, `confine`, `tools`) let an agent read
 //! that repository without ever reading outside it or writing anywhere but
 //! `<workspace>/.zopu/`.
 //!
@@ -12,6 +13,7 @@
 //! function of this crate in a form that could reach an event, a log, a
 //! prompt or an artifact.
 
+pub mod checkout;
 pub mod confine;
 pub mod env_scan;
 pub mod git;

@@ -15,6 +15,7 @@
 //! - the output of [`redact`] contains no finding;
 //! - a value [`scan`] flags, or a high-entropy value, is never a placeholder.
 
+use std::ops::Range;
 use std::sync::LazyLock;
 
 use regex::Regex;
@@ -38,12 +39,22 @@ impl std::fmt::Display for Finding {
 }
 
 /// A named detection rule. `group` selects the capture group holding the
-/// secret (0 = whole match); `accept` filters candidates the regex cannot.
+/// secret (0 = whole match); `check` filters candidates the regex cannot.
 struct Rule {
     name: &'static str,
     regex: Regex,
     group: usize,
-    accept: fn(&str) -> bool,
+    check: Check,
+}
+
+/// How a rule decides on a candidate the regex matched.
+#[derive(Clone, Copy)]
+enum Check {
+    /// Flags the whole candidate when the function accepts its text.
+    Whole(fn(&str) -> bool),
+    /// Sees the candidate in its surrounding text and returns the byte
+    /// ranges (inside the candidate) to flag, possibly none.
+    Spans(fn(&str, Range<usize>) -> Vec<Range<usize>>),
 }
 
 /// Names of all rules, in priority order (earlier wins on ties).
@@ -124,7 +135,83 @@ fn high_entropy_token(s: &str) -> bool {
     c.upper >= 2 && c.lower >= 2 && c.digit >= 2 && shannon_entropy(s) >= 4.2
 }
 
+/// Where a high-entropy candidate sits decides how it is judged. A value
+/// (after `=`, `:` or an HTTP auth scheme such as `Bearer`) that is not a
+/// path is judged whole, like any free-standing token. Anything with a `/`
+/// that is not such a value is a path or a reference: each `/`-separated
+/// component is judged on its own, after removing the identifiers it holds
+/// (UUIDs, 40/64-hex object ids), so a workspace path's random directory
+/// name survives while a long random component (a token in a webhook URL's
+/// path) is still flagged.
+fn high_entropy_spans(text: &str, candidate: Range<usize>) -> Vec<Range<usize>> {
+    let token = &text[candidate.clone()];
+    let path_like = token.contains('/')
+        && !token.contains('+')
+        && !token.ends_with('=')
+        && (!is_value_position(&text[..candidate.start]) || token.starts_with('/'));
+    if !path_like {
+        return if high_entropy_token(token) {
+            vec![candidate]
+        } else {
+            Vec::new()
+        };
+    }
+    let mut spans = Vec::new();
+    let mut offset = candidate.start;
+    for component in token.split('/') {
+        let start = offset;
+        offset += component.len() + 1;
+        if component.len() < HIGH_ENTROPY_LENGTH_MIN {
+            continue;
+        }
+        let remainder = IDENTIFIER.replace_all(component, "");
+        if remainder.len() >= HIGH_ENTROPY_LENGTH_MIN && high_entropy_token(&remainder) {
+            spans.push(start..start + component.len());
+        }
+    }
+    spans
+}
+
+/// Shortest run the `high_entropy` rule considers.
+const HIGH_ENTROPY_LENGTH_MIN: usize = 32;
+
+/// Identifiers that are not secrets: UUIDs and 40/64-hex object ids (git
+/// commits, SHA-256 digests), bounded so they are not part of a longer run.
+static IDENTIFIER: LazyLock<Regex> = LazyLock::new(|| {
+    // A constant pattern covered by the unit tests.
+    #[allow(clippy::expect_used)]
+    Regex::new(
+        r"(?:^|\b|_)(?:[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}|[0-9A-Fa-f]{64}|[0-9A-Fa-f]{40})(?:$|\b|_)",
+    )
+    .expect("the identifier pattern is valid")
+});
+
+/// True when the text before a candidate ends like a key/value separator
+/// (`=`, `:`, optionally followed by spaces and a quote) or an HTTP auth
+/// scheme (`Bearer `, `Basic `, `Token `).
+fn is_value_position(before: &str) -> bool {
+    let trimmed = before.trim_end_matches([' ', '\t', '"', '\'']);
+    if trimmed.ends_with('=') || trimmed.ends_with(':') {
+        return true;
+    }
+    let word_end = before.trim_end_matches([' ', '\t']);
+    if word_end.len() == before.len() {
+        return false;
+    }
+    let last_word = word_end
+        .rsplit(|c: char| c.is_whitespace())
+        .next()
+        .unwrap_or_default();
+    ["bearer", "basic", "token"]
+        .iter()
+        .any(|scheme| last_word.eq_ignore_ascii_case(scheme))
+}
+
 fn rule(name: &'static str, pattern: &str, group: usize, accept: fn(&str) -> bool) -> Rule {
+    rule_with(name, pattern, group, Check::Whole(accept))
+}
+
+fn rule_with(name: &'static str, pattern: &str, group: usize, check: Check) -> Rule {
     // The patterns are compile-time constants covered by the unit tests; a
     // failure here is a programmer error.
     #[allow(clippy::expect_used)]
@@ -133,7 +220,7 @@ fn rule(name: &'static str, pattern: &str, group: usize, accept: fn(&str) -> boo
         name,
         regex,
         group,
-        accept,
+        check,
     }
 }
 
@@ -164,7 +251,12 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
             always,
         ),
         rule("gitlab_token", r"\bglpat-[A-Za-z0-9_\-]{20,}", 0, always),
-        rule("slack_token", r"\bxox[baprs]-[A-Za-z0-9\-]{10,}", 0, always),
+        rule(
+            "slack_token",
+            r"\bxox[baprs]-[A-Za-z0-9\-]{10,}|\bhooks\.slack\.com/services/[A-Za-z0-9]+/[A-Za-z0-9]+/[A-Za-z0-9]{16,}",
+            0,
+            always,
+        ),
         rule(
             "stripe_key",
             r"\b(?:sk|rk)_live_[A-Za-z0-9]{16,}",
@@ -197,11 +289,11 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
             1,
             assigned_secret,
         ),
-        rule(
+        rule_with(
             "high_entropy",
             r"[A-Za-z0-9+/_\-]{32,}={0,2}",
             0,
-            high_entropy_token,
+            Check::Spans(high_entropy_spans),
         ),
     ]
 });
@@ -216,10 +308,23 @@ pub fn scan(text: &str) -> Vec<Finding> {
             let Some(m) = captures.get(rule.group) else {
                 continue;
             };
-            if m.start() == m.end() || !(rule.accept)(m.as_str()) {
+            if m.start() == m.end() {
                 continue;
             }
-            candidates.push((m.start(), index, m.end()));
+            match rule.check {
+                Check::Whole(accept) => {
+                    if accept(m.as_str()) {
+                        candidates.push((m.start(), index, m.end()));
+                    }
+                }
+                Check::Spans(spans) => {
+                    for span in spans(text, m.range()) {
+                        if span.start < span.end {
+                            candidates.push((span.start, index, span.end));
+                        }
+                    }
+                }
+            }
         }
     }
     candidates.sort_unstable();
@@ -676,6 +781,79 @@ mod tests {
         for sample in samples {
             assert!(scan(sample).is_empty(), "{sample}: {:?}", scan(sample));
         }
+    }
+
+    #[test]
+    fn paths_and_identifiers_survive_redaction() {
+        let samples = [
+            "invalid workspace root /data/workspaces/0190a1b2-5b6c-7d8e-9f00-112233445566/repo: not found",
+            "/tmp/.tmpAbC123xyz/work",
+            "open /tmp/.tmpAbC123xyz/data/specialists/workspaces/0191E2A4-5B6C-7D8E-9F00-112233445566/repo/src/main.rs",
+            "path=/srv/zopu/Data9Xy/workspaces/0191e2a4-5b6c-7d8e-9f00-112233445566/repo",
+            "project 0191e2a4-5b6c-7d8e-9f00-112233445566 at 3f5e2a9c1b7d4e8f0a6b2c9d1e3f5a7b9c0d2e4f",
+            "refs/heads/main/3f5e2a9c1b7d4e8f0a6b2c9d1e3f5a7b9c0d2e4f/Build7Run",
+            "/cache/0191e2a4-5b6c-7d8e-9f00-112233445566/1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c0d1e2f.json",
+            "HEAD is at 3F5E2A9C1B7D4E8F0A6B2C9D1E3F5A7B9C0D2E4F, expected 9c0d2e4f3f5e2a9c1b7d4e8f0a6b2c9d1e3f5a7b",
+            "tmpAbC123xyz-0191e2a4-5b6c-7d8e-9f00-112233445566/Zq7-0191e2a4-5b6c-7d8e-9f00-112233445566",
+        ];
+        for sample in samples {
+            assert!(scan(sample).is_empty(), "{sample}: {:?}", scan(sample));
+            assert_eq!(redact(sample), sample);
+        }
+    }
+
+    #[test]
+    fn secrets_are_still_redacted_beside_paths() {
+        let github = fake("ghp_", "16C7e42F292c6912E7710c838347Ae178B4a0Zx1");
+        let openai = fake("sk-", "4bQz8Yh2Lp0Xw7Vn3Tm9Rk5Jd1Gf6Sc");
+        let aws = fake("AKIA", "IOSFODNN7EXAMPL3");
+        let random32 = fake("Zx8Qp2Lm9Rt4", "Vb7Nc1Kd6Hs3Jf5G");
+        let cases = [
+            (
+                format!(
+                    "clone /data/workspaces/0190a1b2-5b6c-7d8e-9f00-112233445566/repo with {github}"
+                ),
+                github.clone(),
+                "github_token",
+            ),
+            (
+                format!("key {openai} in /tmp/.tmpAbC123xyz/work"),
+                openai.clone(),
+                "openai_key",
+            ),
+            (
+                format!("/home/u/.aws: {aws}"),
+                aws.clone(),
+                "aws_access_key_id",
+            ),
+            (
+                format!("password={random32}"),
+                random32.clone(),
+                "secret_assignment",
+            ),
+        ];
+        for (text, secret, rule) in cases {
+            assert_single(&text, &secret, rule);
+        }
+        // High-entropy values standing alone after `=`, `:` or an auth scheme.
+        let blob = fake("Zx8Qp2Lm9Rt4", "Vb7Nc1Kd6Hs3Jf5Gw0YtUe/aB3cD4eF5");
+        for text in [
+            format!("value={blob}"),
+            format!("value: {blob}"),
+            format!("Authorization: Bearer {blob}"),
+            format!("Authorization: Basic {blob}"),
+        ] {
+            assert_single(&text, &blob, "high_entropy");
+        }
+        // A long random path component (a token in a URL path) is still a secret.
+        let component = fake("Zx8Qp2Lm9Rt4", "Vb7Nc1Kd6Hs3Jf5Gw0YtUe9");
+        let url = format!("https://api.example.com/hooks/{component}/send");
+        assert_single(&url, &component, "high_entropy");
+        let webhook = fake(
+            "hooks.slack.com/services/",
+            "T0ABC1234/B0DEF5678/aB3dE5gH7jK9mN1pQ3sT5vX7",
+        );
+        assert_single(&format!("https://{webhook}"), &webhook, "slack_token");
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! The service's settings (config section `specialists`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use zopu_core::config::{ConfigError, duration};
+use zopu_sandbox::git::GitOptions;
 use zopu_sandbox::policy::SandboxLimits;
 
 /// Settings of the specialists service. Defaults follow the OSSA lifecycle
@@ -16,8 +17,21 @@ pub struct Config {
     pub provider: ProviderConfig,
     /// Limits of the read-only repository tools.
     pub sandbox: SandboxLimits,
-    /// Directory holding `workspaces/<project>/repo` (default: the core data dir).
+    /// Directory holding this instance's `workspaces/<project>/repo`
+    /// (default: `<data_dir>/specialists`; a relative path is under
+    /// `data_dir`). Never shared with setup or another instance: a missing
+    /// or stale workspace is materialized from the repository and commit
+    /// recorded on the stream.
     pub workspaces_root: Option<PathBuf>,
+    /// Accept local repository paths when materializing a workspace
+    /// (`sandbox.allow_local_repositories`; dev and tests only).
+    pub allow_local_repositories: bool,
+    /// Wall-clock limit of one fetch or clone when materializing a workspace.
+    #[serde(with = "duration")]
+    pub clone_timeout: Duration,
+    /// Wall-clock limit of every other git command.
+    #[serde(with = "duration")]
+    pub git_command_timeout: Duration,
     /// Deliveries of one `flow.requested` (crashes included) before it is given up.
     pub max_deliver: i64,
 }
@@ -29,6 +43,9 @@ impl Default for Config {
             provider: ProviderConfig::default(),
             sandbox: SandboxLimits::default(),
             workspaces_root: None,
+            allow_local_repositories: false,
+            clone_timeout: Duration::from_secs(300),
+            git_command_timeout: Duration::from_secs(30),
             max_deliver: 5,
         }
     }
@@ -168,6 +185,18 @@ impl Config {
                 "must be 1..=100",
             ));
         }
+        if self.clone_timeout < s(1) || self.clone_timeout > s(3600) {
+            return Err(ConfigError::setting(
+                "specialists.clone_timeout",
+                "must be between 1s and 1h",
+            ));
+        }
+        if self.git_command_timeout < s(1) || self.git_command_timeout > s(600) {
+            return Err(ConfigError::setting(
+                "specialists.git_command_timeout",
+                "must be between 1s and 10m",
+            ));
+        }
         if !(1..=100).contains(&self.max_deliver) {
             return Err(ConfigError::setting(
                 "specialists.max_deliver",
@@ -215,6 +244,31 @@ impl Config {
         Ok(())
     }
 
+    /// This instance's workspaces root for the core `data_dir`.
+    pub fn workspaces_root(&self, data_dir: &Path) -> PathBuf {
+        match &self.workspaces_root {
+            Some(root) if root.is_absolute() => root.clone(),
+            Some(root) => data_dir.join(root),
+            None => data_dir.join(crate::SERVICE),
+        }
+    }
+
+    /// How git runs when a workspace is materialized.
+    pub fn git_options(&self) -> GitOptions {
+        GitOptions {
+            allow_local_repositories: self.allow_local_repositories,
+            clone_timeout: self.clone_timeout,
+            command_timeout: self.git_command_timeout,
+            ..GitOptions::default()
+        }
+    }
+
+    /// Longest a flow waits for its workspace: a fetch or clone and a
+    /// handful of short git commands (init, config, reset, verify).
+    pub fn materialize_timeout(&self) -> Duration {
+        self.clone_timeout + self.git_command_timeout * 8
+    }
+
     /// `provider` label recorded in results: `offline` or `openai:<model>`.
     pub fn provider_label(&self) -> String {
         match self.provider.kind {
@@ -240,6 +294,31 @@ mod tests {
         config.provider.base_url = "ftp://x".into();
         let error = config.validate().unwrap_err().to_string();
         assert!(error.contains("specialists.provider.base_url"), "{error}");
+    }
+
+    #[test]
+    fn workspaces_live_in_the_instance_data_dir_unless_configured() {
+        let data = Path::new("/data");
+        let mut config = Config::default();
+        assert_eq!(config.workspaces_root(data), Path::new("/data/specialists"));
+        config.workspaces_root = Some("ws".into());
+        assert_eq!(config.workspaces_root(data), Path::new("/data/ws"));
+        config.workspaces_root = Some("/srv/ws".into());
+        assert_eq!(config.workspaces_root(data), Path::new("/srv/ws"));
+        let config: Config = toml::from_str(
+            "allow_local_repositories = true\nclone_timeout = \"2m\"\ngit_command_timeout = \"5s\"\n",
+        )
+        .unwrap();
+        let options = config.git_options();
+        assert!(options.allow_local_repositories);
+        assert_eq!(options.clone_timeout, Duration::from_secs(120));
+        assert_eq!(options.command_timeout, Duration::from_secs(5));
+        let config = Config {
+            clone_timeout: Duration::ZERO,
+            ..Config::default()
+        };
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("specialists.clone_timeout"), "{error}");
     }
 
     #[test]

@@ -21,6 +21,10 @@
 //!   passed through secret redaction.
 //! - Evidence is checked against the workspace before it is presented as
 //!   fact; results say which provider produced them.
+//! - An instance never reads another's disk: each keeps its own workspaces
+//!   and materializes a missing or stale one from the repository and commit
+//!   recorded on the stream (`workspace`), checking `HEAD` before any tool
+//!   runs.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -37,12 +41,14 @@ pub mod results;
 pub mod runner;
 pub mod stack;
 pub mod state;
+pub mod workspace;
 
 use std::sync::Arc;
 
 pub use config::Config;
 use zopu_core::config::{ConfigError, CoreConfig};
 use zopu_core::{ReactionConfig, Runtime, Shutdown};
+use zopu_sandbox::git::{CredentialStore, InMemoryCredentialStore};
 use zopu_schema::{Event, pb, subjects};
 
 /// Why the service could not run.
@@ -107,9 +113,17 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
         "sandbox confinement"
     );
     tracing::info!(provider = %config.provider_label(), "specialists starting");
+    // Repository connections are not configured yet (as in setup): https
+    // repositories are fetched anonymously, never with a URL's userinfo.
+    let credentials: Arc<dyn CredentialStore> = Arc::new(InMemoryCredentialStore::new());
+    tracing::info!(
+        workspaces_root = %config.workspaces_root(&core.data_dir).display(),
+        allow_local_repositories = config.allow_local_repositories,
+        "specialists workspaces"
+    );
     runtime.spawn_reaction(
         reaction,
-        runner::FlowRunner::new(config, core.data_dir.clone(), provider),
+        runner::FlowRunner::new(config, core.data_dir.clone(), provider, credentials),
     );
     shutdown.cancelled().await;
     Ok(())

@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use zopu_core::{HandlerError, NewEvent, Reaction, ReactionContext};
 use zopu_llm::{ChatReply, ChatRequest, Provider};
+use zopu_sandbox::git::CredentialStore;
 use zopu_sandbox::policy::WorkspaceRoot;
 use zopu_sandbox::tools::{Sandbox, ToolOutcome, WriteGeneratedFileInput};
 use zopu_schema::envelope::EventContext;
@@ -32,6 +33,7 @@ use crate::config::{Config, ProviderKind};
 use crate::manifest::{self, ManifestIds};
 use crate::port::{self, FlowError, Port, ToolFailure, ToolRequest, ToolResult};
 use crate::results::{self, ExplorationResult};
+use crate::workspace::{Prepared, Workspaces};
 use crate::{explore, issue, model, onboarding, state};
 
 /// The handler version of the flows (part of the run key).
@@ -113,7 +115,7 @@ impl RunIds {
 #[derive(Debug)]
 struct Shared {
     config: Config,
-    workspaces_root: PathBuf,
+    workspaces: Arc<Workspaces>,
     cache_root: PathBuf,
     provider: Option<Arc<dyn Provider>>,
 }
@@ -125,17 +127,25 @@ pub struct FlowRunner {
 }
 
 impl FlowRunner {
-    /// `data_dir` holds the tool-output cache; `workspaces_root` holds `workspaces/<project>`.
-    pub fn new(config: Config, data_dir: PathBuf, provider: Option<Arc<dyn Provider>>) -> Self {
-        let workspaces_root = config
-            .workspaces_root
-            .clone()
-            .unwrap_or_else(|| data_dir.clone());
+    /// `data_dir` holds the tool-output cache and, unless configured
+    /// elsewhere, this instance's `specialists/workspaces/<project>`;
+    /// `credentials` resolves the connection ids setup recorded.
+    pub fn new(
+        config: Config,
+        data_dir: PathBuf,
+        provider: Option<Arc<dyn Provider>>,
+        credentials: Arc<dyn CredentialStore>,
+    ) -> Self {
+        let workspaces = Workspaces::new(
+            config.workspaces_root(&data_dir),
+            config.git_options(),
+            credentials,
+        );
         let cache_root = data_dir.join("specialists-cache");
         Self {
             shared: Arc::new(Shared {
                 config,
-                workspaces_root,
+                workspaces: Arc::new(workspaces),
                 cache_root,
                 provider,
             }),
@@ -244,6 +254,7 @@ impl Shared {
             agent_id: request.agent_id.clone(),
             provider_label,
             sandbox: None,
+            workspace: None,
             cache: self.cache_root.join(ids.flow_run_id.to_string()),
             phase: FlowPhase::Init,
             iteration: 1,
@@ -301,6 +312,8 @@ struct Run<'a> {
     agent_id: String,
     provider_label: String,
     sandbox: Option<Arc<Sandbox>>,
+    /// The prepared workspace; holds the project's workspace lock shared.
+    workspace: Option<Prepared>,
     cache: PathBuf,
     phase: FlowPhase,
     iteration: u32,
@@ -549,11 +562,13 @@ impl Run<'_> {
     ) -> Result<(), FlowError> {
         self.phase(FlowPhase::Init, 1, "Preparing the workspace")
             .await?;
-        let workspace = self
-            .shared
-            .workspaces_root
-            .join("workspaces")
-            .join(event.project_id.to_string());
+        let prepared = self.prepare_workspace(event, request).await?;
+        if let Some(note) = &prepared.note {
+            self.progress(Signal::Ready, "workspace", note, false, None)
+                .await?;
+        }
+        let workspace = prepared.path.clone();
+        self.workspace = Some(prepared);
         let limits = self.shared.config.sandbox.clone();
         let opened = self
             .bounded(self.shared.config.flow.tool_timeout, async move {
@@ -643,6 +658,38 @@ impl Run<'_> {
                 "flow.requested names no flow type".to_owned(),
             )),
         }
+    }
+
+    /// This instance's workspace of the project at the flow's commit,
+    /// materialized from the stream's record when missing or stale. A clone
+    /// may take longer than the init phase allows, so the phase gets the
+    /// materialization's own limit.
+    async fn prepare_workspace(
+        &mut self,
+        event: &Envelope,
+        request: &pb::FlowRequested,
+    ) -> Result<Prepared, FlowError> {
+        let project = event.project_id.to_string();
+        let recorded =
+            state::recorded_repository(&self.ctx.store, &project, &request.repository_commit)?;
+        let limit = self.shared.config.materialize_timeout();
+        self.phase_deadline = self.phase_deadline.max(Instant::now() + limit);
+        let workspaces = Arc::clone(&self.shared.workspaces);
+        let requested = request.repository_commit.clone();
+        // Boxed: the checkout's future is large and the run's is already.
+        let prepared = self
+            .bounded(limit, async move {
+                Box::pin(workspaces.prepare(&project, &requested, recorded)).await
+            })
+            .await?;
+        prepared.map_err(|error| {
+            let message = zopu_secrets::redact(&error.to_string());
+            if error.is_retryable() {
+                FlowError::Runtime(format!("the workspace could not be prepared: {message}"))
+            } else {
+                FlowError::Workspace(message)
+            }
+        })
     }
 
     fn model_input(

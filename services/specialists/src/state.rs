@@ -1,8 +1,10 @@
 //! The service's projection: what flows need to know about the rest of the
 //! project. Agents' kill-switch state, the environment names from setup, the
-//! current context document per project and kind, the latest exploration
-//! result per project and artifact revisions. Deterministic; deleting the
-//! file rebuilds it from the stream.
+//! repository each setup revision cloned (location, branch, connection id and
+//! commit, so any instance can materialize the workspace), the current
+//! context document per project and kind, the latest exploration result per
+//! project and artifact revisions. Deterministic; deleting the file rebuilds
+//! it from the stream.
 
 use rusqlite::{OptionalExtension, Transaction, params};
 use zopu_core::{Projection, Store};
@@ -18,6 +20,7 @@ const TABLES: &[&str] = &[
     "specialist_context",
     "specialist_results",
     "specialist_artifacts",
+    "specialist_repositories",
 ];
 
 impl Projection for State {
@@ -26,7 +29,7 @@ impl Projection for State {
     }
 
     fn schema_version(&self) -> u32 {
-        1
+        2
     }
 
     fn tables(&self) -> &'static [&'static str] {
@@ -42,7 +45,10 @@ impl Projection for State {
              CREATE TABLE specialist_results (flow_run_id TEXT PRIMARY KEY, project_id TEXT NOT NULL, flow_type INTEGER NOT NULL,
                  result_json TEXT NOT NULL, sequence INTEGER NOT NULL);
              CREATE INDEX specialist_results_project ON specialist_results (project_id, flow_type, sequence);
-             CREATE TABLE specialist_artifacts (artifact_id TEXT PRIMARY KEY, revision INTEGER NOT NULL, flow_run_id TEXT NOT NULL, sequence INTEGER NOT NULL);",
+             CREATE TABLE specialist_artifacts (artifact_id TEXT PRIMARY KEY, revision INTEGER NOT NULL, flow_run_id TEXT NOT NULL, sequence INTEGER NOT NULL);
+             CREATE TABLE specialist_repositories (project_id TEXT NOT NULL, setup_revision INTEGER NOT NULL,
+                 repository_url TEXT NOT NULL, branch TEXT NOT NULL, connection_id TEXT NOT NULL,
+                 repository_commit TEXT NOT NULL, sequence INTEGER NOT NULL, PRIMARY KEY (project_id, setup_revision));",
         )
     }
 
@@ -70,8 +76,36 @@ impl Projection for State {
                      ON CONFLICT (agent_id) DO UPDATE SET disabled = 0, reason = '', sequence = ?2")?.execute(params![payload.agent_id, sequence],
                 )?;
             }
+            t if t == pb::ProjectSetupRequested::TYPE => {
+                let payload: pb::ProjectSetupRequested = event.decode().map_err(decode_error)?;
+                tx.prepare_cached("INSERT INTO specialist_repositories (project_id, setup_revision, repository_url, branch, connection_id, repository_commit, sequence)
+                     VALUES (?1, ?2, ?3, ?4, ?5, '', ?6)
+                     ON CONFLICT (project_id, setup_revision) DO UPDATE SET repository_url = ?3, branch = ?4, connection_id = ?5, sequence = ?6")?
+                    .execute(params![project, payload.setup_revision, payload.repository_url, payload.branch, payload.repository_connection_id, sequence])?;
+            }
+            t if t == pb::ProjectRepositoryCloned::TYPE => {
+                let payload: pb::ProjectRepositoryCloned = event.decode().map_err(decode_error)?;
+                record_commit(
+                    tx,
+                    &project,
+                    payload.setup_revision,
+                    "",
+                    &payload.branch,
+                    &payload.repository_commit,
+                    sequence,
+                )?;
+            }
             t if t == pb::ProjectReady::TYPE => {
                 let payload: pb::ProjectReady = event.decode().map_err(decode_error)?;
+                record_commit(
+                    tx,
+                    &project,
+                    payload.setup_revision,
+                    &payload.repository_url,
+                    &payload.branch,
+                    &payload.repository_commit,
+                    sequence,
+                )?;
                 let names = serde_json::to_string(&payload.environment_variable_names)
                     .unwrap_or_else(|_| "[]".into());
                 tx.prepare_cached("INSERT INTO specialist_env (project_id, names_json, sequence) VALUES (?1, ?2, ?3)
@@ -110,6 +144,71 @@ impl Projection for State {
     // Follows every event (the default filter): a filtered projection's
     // checkpoint would not reach the stream's end, and `Store::wait_for`,
     // which the reaction runner relies on, waits for the lowest checkpoint.
+}
+
+/// Records the commit a setup revision cloned; fills location and branch
+/// only where the request did not (a request always comes first on the
+/// stream, `project.ready` repeats what it said).
+fn record_commit(
+    tx: &Transaction<'_>,
+    project: &str,
+    revision: u32,
+    repository_url: &str,
+    branch: &str,
+    commit: &str,
+    sequence: i64,
+) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO specialist_repositories (project_id, setup_revision, repository_url, branch, connection_id, repository_commit, sequence)
+         VALUES (?1, ?2, ?3, ?4, '', ?5, ?6)
+         ON CONFLICT (project_id, setup_revision) DO UPDATE SET
+             repository_url = CASE WHEN repository_url = '' THEN excluded.repository_url ELSE repository_url END,
+             branch = CASE WHEN branch = '' THEN excluded.branch ELSE branch END,
+             repository_commit = CASE WHEN excluded.repository_commit = '' THEN repository_commit ELSE excluded.repository_commit END,
+             sequence = ?6",
+    )?
+    .execute(params![project, revision, repository_url, branch, commit, sequence])?;
+    Ok(())
+}
+
+/// Where a project's repository comes from, as the stream recorded it.
+/// `connection_id` names a credential in the credential store; it is not a
+/// secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRepository {
+    pub setup_revision: u32,
+    pub repository_url: String,
+    pub branch: String,
+    pub connection_id: String,
+    /// Empty until the revision's clone is recorded.
+    pub commit: String,
+}
+
+/// The recorded repository to materialize `commit` from: the latest setup
+/// revision that cloned that commit, else the latest revision with a
+/// location (an empty `commit` asks for the latest).
+pub fn recorded_repository(
+    store: &Store,
+    project_id: &str,
+    commit: &str,
+) -> Result<Option<RecordedRepository>, zopu_core::Error> {
+    store.read(|conn| {
+        conn.prepare_cached(
+            "SELECT setup_revision, repository_url, branch, connection_id, repository_commit FROM specialist_repositories
+             WHERE project_id = ?1 AND repository_url <> ''
+             ORDER BY (?2 <> '' AND repository_commit = ?2) DESC, setup_revision DESC LIMIT 1",
+        )?
+        .query_row(params![project_id, commit], |row| {
+            Ok(RecordedRepository {
+                setup_revision: row.get(0)?,
+                repository_url: row.get(1)?,
+                branch: row.get(2)?,
+                connection_id: row.get(3)?,
+                commit: row.get(4)?,
+            })
+        })
+        .optional()
+    })
 }
 
 /// The current context document of a project and kind.
@@ -181,4 +280,121 @@ pub fn artifact_revision(
         .query_row([artifact_id], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use zopu_schema::{EventId, OrgId, ProjectId};
+
+    use super::*;
+
+    fn envelope<E: Event>(payload: &E, project: ProjectId) -> Envelope {
+        let id = EventId::new();
+        Envelope {
+            id,
+            source: "zopu/setup".into(),
+            event_type: E::TYPE.into(),
+            time: time::OffsetDateTime::UNIX_EPOCH,
+            data_schema: E::SCHEMA.into(),
+            org_id: "acme".parse::<OrgId>().unwrap(),
+            project_id: project,
+            correlation_id: id.into(),
+            causation_id: id,
+            work_id: None,
+            thread_id: None,
+            flow_run_id: None,
+            dispatch_id: None,
+            traceparent: None,
+            idempotency_key: id.to_string(),
+            project_version: 1,
+            previous_hash: None,
+            data: payload.encode_to_vec().into(),
+        }
+    }
+
+    #[test]
+    fn the_repository_of_each_setup_revision_is_recorded() {
+        let temp = tempfile::tempdir().unwrap();
+        let store = Store::open(&temp.path().join("s.sqlite")).unwrap();
+        let project = ProjectId::derived(1, "p");
+        let (first, second) = ("a".repeat(40), "b".repeat(40));
+        let events = [
+            envelope(
+                &pb::ProjectSetupRequested {
+                    repository_url: "https://example.com/o/r.git".into(),
+                    branch: "main".into(),
+                    setup_revision: 1,
+                    repository_connection_id: "conn-1".into(),
+                    ..Default::default()
+                },
+                project,
+            ),
+            envelope(
+                &pb::ProjectRepositoryCloned {
+                    setup_revision: 1,
+                    branch: "main".into(),
+                    repository_commit: first.clone(),
+                    ..Default::default()
+                },
+                project,
+            ),
+            envelope(
+                &pb::ProjectSetupRequested {
+                    repository_url: "https://example.com/o/r.git".into(),
+                    branch: "dev".into(),
+                    setup_revision: 2,
+                    ..Default::default()
+                },
+                project,
+            ),
+            // project.ready repeats the request; the clone's commit comes with it.
+            envelope(
+                &pb::ProjectReady {
+                    setup_revision: 2,
+                    repository_commit: second.clone(),
+                    branch: "other".into(),
+                    repository_url: "https://example.com/x.git".into(),
+                    ..Default::default()
+                },
+                project,
+            ),
+        ];
+        store
+            .write(|tx| {
+                State.migrate(tx)?;
+                for (sequence, event) in events.iter().enumerate() {
+                    State.apply(tx, event, sequence as u64 + 1)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        let project = project.to_string();
+        let by_commit = recorded_repository(&store, &project, &first)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            by_commit,
+            RecordedRepository {
+                setup_revision: 1,
+                repository_url: "https://example.com/o/r.git".into(),
+                branch: "main".into(),
+                connection_id: "conn-1".into(),
+                commit: first,
+            }
+        );
+        let latest = recorded_repository(&store, &project, "").unwrap().unwrap();
+        assert_eq!(
+            (latest.setup_revision, latest.branch.as_str(), latest.commit),
+            (2, "dev", second)
+        );
+        let unknown = recorded_repository(&store, &project, &"c".repeat(40))
+            .unwrap()
+            .unwrap();
+        assert_eq!(unknown.setup_revision, 2, "the latest location");
+        assert!(
+            recorded_repository(&store, &ProjectId::new().to_string(), "")
+                .unwrap()
+                .is_none()
+        );
+    }
 }
