@@ -347,9 +347,11 @@ impl Reaction for BuildReaction {
         .map_err(|_| {
             HandlerError::Transient("the artifact catalogue did not catch up in time".into())
         })?;
+        let (build_id, artifact_id) = (request.build_id.clone(), request.artifact_id.clone());
         let state = ctx
             .store
-            .read(|conn| State::load(conn, &request.build_id, &request.artifact_id))?;
+            .query(move |conn| State::load(conn, &build_id, &artifact_id))
+            .await?;
         let decision = decide(&state, event, &request);
         tracing::debug!(build_id = %clip(&request.build_id), ?decision, "build decision");
         match decision {

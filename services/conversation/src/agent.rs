@@ -106,9 +106,11 @@ impl Reaction for Agent {
         let (head, source) = tokio::join!(head, source);
         let head = head?.map_or(0, |head| head.sequence);
         ctx.caught_up(head.max(ctx.stream_sequence)).await?;
+        let (org, project) = (event.org_id.clone(), event.project_id);
         let view = ctx
             .store
-            .read(|conn| ProjectView::load(conn, &event.org_id, &event.project_id, u64::MAX))?;
+            .query(move |conn| ProjectView::load(conn, &org, &project, u64::MAX))
+            .await?;
         let turn = Turn {
             agent: self,
             ctx,
@@ -119,6 +121,17 @@ impl Reaction for Agent {
         };
         turn.run(view, source).await?;
         self.fail_point(FailPoint::BeforeAck, ctx)
+    }
+
+    async fn already_handled(
+        &self,
+        event: &Envelope,
+        ctx: &ReactionContext,
+    ) -> Result<bool, HandlerError> {
+        match event.dispatch_id {
+            Some(dispatch) => is_terminal(ctx, &dispatch),
+            None => Ok(false),
+        }
     }
 
     fn failure_event(&self, event: &Envelope, reason: &str) -> Option<NewEvent> {
@@ -774,11 +787,12 @@ impl Turn<'_> {
         let Some(flow_run) = source.flow_run_id else {
             return self.complete("noted").await;
         };
-        let (org, project) = (&self.event.org_id, &self.event.project_id);
+        let (org, project) = (self.event.org_id.clone(), self.event.project_id);
         let Some(flow) = self
             .ctx
             .store
-            .read(|conn| FlowView::load(conn, org, project, &flow_run))?
+            .query(move |conn| FlowView::load(conn, &org, &project, &flow_run))
+            .await?
         else {
             return self.complete("noted").await;
         };

@@ -65,11 +65,17 @@ CREATE TABLE IF NOT EXISTS zopu_undecodable (
 /// The name of the built-in projection that indexes idempotency keys.
 pub const KEYS_PROJECTION: &str = "zopu_keys";
 
-/// A service's projection file. Cloning shares the connection.
+/// A service's projection file. Cloning shares the connections.
+///
+/// Two connections: the writer (projection batches, `write`) and the reader
+/// (`read`, `query`). The file is in WAL mode, so a reader sees the last
+/// committed batch and never waits for the one being written, however
+/// large: a handler's point lookup is never stuck behind a rebuild.
 #[derive(Clone, Debug)]
 pub struct Store {
     path: PathBuf,
     connection: Arc<Mutex<Connection>>,
+    reader: Arc<Mutex<Connection>>,
     /// Each projection's checkpoint as applied. It may be ahead of the file:
     /// a batch that changed nothing in the file does not rewrite its
     /// checkpoint there (replaying it after a restart changes nothing either).
@@ -104,6 +110,11 @@ impl Store {
             .map_err(store_error)?;
         // Projections and readers keep their statements prepared.
         connection.set_prepared_statement_cache_capacity(256);
+        let reader = Connection::open(path).map_err(store_error)?;
+        reader
+            .execute_batch("PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000;")
+            .map_err(store_error)?;
+        reader.set_prepared_statement_cache_capacity(256);
         let progress = connection
             .prepare("SELECT name, checkpoint FROM zopu_projection")
             .and_then(|mut statement| {
@@ -121,6 +132,7 @@ impl Store {
         let store = Self {
             path: path.to_owned(),
             connection: Arc::new(Mutex::new(connection)),
+            reader: Arc::new(Mutex::new(reader)),
             progress: Arc::new(Mutex::new(progress)),
             checkpoints: Arc::new(checkpoints),
         };
@@ -132,17 +144,33 @@ impl Store {
         &self.path
     }
 
-    /// Runs a read (or small write) on the connection. Blocking: call it from
-    /// `spawn_blocking` or keep it short.
+    /// Runs a short read (a point lookup by key) on the reader connection,
+    /// on the calling thread: it never waits for a projection batch. Reads
+    /// that scan or load many rows go through [`Store::query`] instead.
     pub fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, Error> {
         let connection = self
-            .connection
+            .reader
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         f(&connection).map_err(|source| Error::Store {
             path: self.path.clone(),
             source,
         })
+    }
+
+    /// Runs a read on the reader connection on a blocking thread, off the
+    /// async workers (no lock is held across an await).
+    pub async fn query<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, Error> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.read(f))
+            .await
+            .map_err(|error| Error::Projection {
+                projection: "query".into(),
+                reason: error.to_string(),
+            })?
     }
 
     /// Runs `f` in one transaction.

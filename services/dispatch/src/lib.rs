@@ -291,6 +291,19 @@ impl Reaction for Dispatcher {
         Ok(())
     }
 
+    /// Handled once the dispatch (or its failure) is stored.
+    async fn already_handled(
+        &self,
+        event: &Envelope,
+        ctx: &ReactionContext,
+    ) -> Result<bool, HandlerError> {
+        let agent = AgentId::conversation(&event.org_id, &event.project_id);
+        let created = keys::dispatch(&event.id, &agent, HANDLER_VERSION);
+        let failed = keys::dispatch_state(&dispatch_id(event, &agent), "failed");
+        Ok(ctx.store.key_sequence(&created)?.is_some()
+            || ctx.store.key_sequence(&failed)?.is_some())
+    }
+
     fn failure_event(&self, event: &Envelope, reason: &str) -> Option<NewEvent> {
         let agent = AgentId::conversation(&event.org_id, &event.project_id);
         let id = dispatch_id(event, &agent);
