@@ -37,3 +37,7 @@ lint: ## rustfmt check and clippy with warnings denied
 
 clean-state: ## delete local dev state (.zopu-local): nats data, projections, workspaces
 	rm -rf .zopu-local
+
+.PHONY: deploy-check
+deploy-check: ## validate deploy/: Kubernetes manifests (pip install kubernetes-validate), NATS configs, consistency, compose when docker compose is there
+	@./deploy/scripts/validate.sh

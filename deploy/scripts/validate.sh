@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Checks deploy/ without a cluster or a Docker engine (`make deploy-check`):
+#   1. every Kubernetes manifest against the API schema (kubernetes-validate,
+#      strict: unknown fields fail), and the kustomize rendering of deploy/
+#      (kubectl kustomize) the same way, when kubectl is there;
+#   2. both NATS configs parse (nats-server -t), when nats-server is there;
+#   3. deploy/ agrees with itself and the code: the NATS users the
+#      services log in as exist, every password has a Secret key and a
+#      .env.example line, each reaction's lease keys are the ones its
+#      durable writes, one partition count everywhere, no shared or
+#      ReadWriteMany volume;
+#   4. compose.yaml with `docker compose config -q`, when docker compose is there.
+# A missing optional tool is reported and skipped; any failure exits 1.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(cd .. && pwd)
+failed=0
+fail() { echo "FAIL: $*" >&2; failed=1; }
+skip() { echo "SKIP: $*"; }
+ok() { echo "ok: $*"; }
+
+# 1. Kubernetes manifests.
+if command -v kubernetes-validate >/dev/null 2>&1; then
+  if kubernetes-validate --strict --quiet kubernetes/*.yaml; then
+    ok "kubernetes-validate --strict kubernetes/*.yaml"
+  else
+    fail "kubernetes-validate kubernetes/*.yaml"
+  fi
+  if command -v kubectl >/dev/null 2>&1; then
+    rendered=$(mktemp --suffix=.yaml)
+    trap 'rm -f "$rendered"' EXIT
+    if kubectl kustomize . >"$rendered" && kubernetes-validate --strict --quiet "$rendered"; then
+      ok "kubectl kustomize deploy/ | kubernetes-validate --strict ($(grep -c '^kind:' "$rendered") resources)"
+    else
+      fail "kubectl kustomize deploy/ does not render or validate"
+    fi
+  else
+    skip "kubectl not found: the kustomize rendering is not checked"
+  fi
+else
+  fail "kubernetes-validate not found (pip install kubernetes-validate)"
+fi
+
+# 2. NATS configs.
+nats_server=""
+for candidate in "${ZOPU_NATS_SERVER:-}" "$root/tools/bin/nats-server" "$(command -v nats-server 2>/dev/null)"; do
+  if [ -n "$candidate" ] && [ -x "$candidate" ]; then nats_server=$candidate; break; fi
+done
+users=$(sed -n 's/^ *{ user: \([a-z]*\),.*/\1/p' nats/accounts.conf)
+if [ -n "$nats_server" ]; then
+  env_for_nats=(NODE_NAME=n1 POD_NAME=nats-0)
+  for user in $users; do env_for_nats+=("ZOPU_$(echo "$user" | tr a-z A-Z)_PASSWORD=check"); done
+  for conf in nats/cluster.conf nats/cluster-kubernetes.conf; do
+    if out=$(env "${env_for_nats[@]}" "$nats_server" -t -c "$conf" 2>&1); then
+      ok "nats-server -t $conf"
+    else
+      fail "nats-server -t $conf: $out"
+    fi
+  done
+else
+  skip "nats-server not found (make nats-server, or set ZOPU_NATS_SERVER): NATS configs not parsed"
+fi
+
+# 3. Consistency.
+grep -q 'sync_interval: always' nats/cluster.conf && grep -q 'sync_interval: always' nats/cluster-kubernetes.conf \
+  || fail "a NATS config lacks sync_interval: always"
+for service in setup dispatch conversation specialists artifacts gateway; do
+  echo "$users" | grep -qx "$service" || fail "accounts.conf has no user $service"
+  grep -q "ZOPU_NATS_USER, value: $service }" kubernetes/zopu.yaml || fail "kubernetes/zopu.yaml: $service does not log in as $service"
+  grep -q "ZOPU_NATS_USER: $service\b" compose.yaml || fail "compose.yaml: $service does not log in as $service"
+  grep -q "name: zopu-$service\$" kubernetes/zopu.yaml || fail "kubernetes/zopu.yaml has no Deployment zopu-$service"
+done
+for user in $users; do
+  upper=$(echo "$user" | tr a-z A-Z)
+  grep -q "^  $user: " kubernetes/secrets.example.yaml || fail "secrets.example.yaml: zopu-nats has no key $user"
+  grep -q "key: $user }" kubernetes/nats.yaml || fail "kubernetes/nats.yaml does not pass the $user password"
+  grep -q "^ZOPU_${upper}_PASSWORD=" .env.example || fail ".env.example has no ZOPU_${upper}_PASSWORD"
+done
+# Each reaction's lease keys are <kind>.<service>-<name>.<id> (subjects::durable).
+while read -r file name; do
+  service=$(basename "$(dirname "$(dirname "$file")")")
+  grep -q "\"\$KV.zopu-leases.\*.$service-$name.\*\"" nats/accounts.conf \
+    || fail "accounts.conf: $service may not write its lease keys \$KV.zopu-leases.*.$service-$name.*"
+done < <(grep -o 'subjects::durable(SERVICE, "[a-z]*")' -r "$root/services" --include=*.rs \
+  | sed 's/:subjects::durable(SERVICE, "\([a-z]*\)")/ \1/' | sort -u)
+partitions=$(grep -ho 'ZOPU_SCALE__PARTITIONS: "[0-9]*"' kubernetes/zopu.yaml compose.yaml | sort -u | wc -l)
+[ "$partitions" -eq 1 ] || fail "kubernetes/ and compose.yaml set different ZOPU_SCALE__PARTITIONS"
+! grep -q 'accessModes:.*ReadWriteMany' kubernetes/*.yaml || fail "a ReadWriteMany volume in kubernetes/"
+! grep -q persistentVolumeClaim kubernetes/zopu.yaml || fail "a service mounts a PersistentVolumeClaim"
+[ "$failed" -eq 0 ] && ok "deploy/ is consistent with itself and with the services' durables"
+
+# 4. Compose.
+if docker compose version >/dev/null 2>&1; then
+  env_file=.env
+  [ -f "$env_file" ] || env_file=.env.example
+  if docker compose --env-file "$env_file" -f compose.yaml config -q; then
+    ok "docker compose config -q (env from $env_file)"
+  else
+    fail "docker compose config"
+  fi
+else
+  skip "docker compose not found: compose.yaml is not checked"
+fi
+
+exit "$failed"
