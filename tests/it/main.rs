@@ -4,6 +4,7 @@
 mod artifacts;
 mod browser;
 mod conversation;
+mod evolution;
 mod foundation;
 mod gateway;
 mod scale;

@@ -236,6 +236,89 @@ async fn pump(
     }
 }
 
+/// How a batch is applied: all events in one go (noting whether a failure
+/// came from an event the catalogue cannot decode), or each event in its own
+/// savepoint so one that a projection cannot take is recorded and skipped.
+enum Isolation<'a> {
+    Batch(&'a mut bool),
+    PerEvent,
+}
+
+fn apply_to_all(
+    tx: &rusqlite::Transaction<'_>,
+    tracked: &mut [Tracked],
+    decoded: &Decoded,
+    last: u64,
+    mut isolation: Isolation<'_>,
+) -> rusqlite::Result<()> {
+    for entry in tracked.iter_mut() {
+        let name = entry.projection.name();
+        let changes_before = tx.total_changes();
+        for (sequence, event) in decoded.iter().filter(|(sequence, _)| *sequence > entry.checkpoint) {
+            let understood = match event {
+                Ok(event) => match zopu_schema::catalogue::not_understood_type(&event.event_type, &event.data_schema) {
+                    None => Ok(event),
+                    Some(reason) => Err(reason),
+                },
+                Err(reason) => Err(reason.clone()),
+            };
+            let event = match understood {
+                Ok(event) => event,
+                Err(reason) => {
+                    record_not_understood(tx, name, *sequence, &reason)?;
+                    continue;
+                }
+            };
+            if let Isolation::Batch(failed_on_not_understood) = &mut isolation {
+                if let Err(error) = entry.projection.apply(tx, event, *sequence) {
+                    **failed_on_not_understood = zopu_schema::catalogue::not_understood(
+                        &event.event_type,
+                        &event.data_schema,
+                        &event.data,
+                    )
+                    .is_some();
+                    return Err(error);
+                }
+                continue;
+            }
+            tx.execute_batch("SAVEPOINT zopu_event")?;
+            match entry.projection.apply(tx, event, *sequence) {
+                Ok(()) => tx.execute_batch("RELEASE zopu_event")?,
+                Err(error) => {
+                    tx.execute_batch("ROLLBACK TO zopu_event; RELEASE zopu_event")?;
+                    match zopu_schema::catalogue::not_understood(&event.event_type, &event.data_schema, &event.data) {
+                        Some(reason) => {
+                            tracing::warn!(projection = name, sequence, %reason, "event not understood; recorded and skipped");
+                            record_not_understood(tx, name, *sequence, &format!("{reason} ({error})"))?;
+                        }
+                        None => return Err(error),
+                    }
+                }
+            }
+        }
+        // A batch that changed nothing leaves the file as it was; its
+        // checkpoint lives in memory until one that does (or `persist`).
+        if last > entry.checkpoint && tx.total_changes() != changes_before {
+            tx.prepare_cached("UPDATE zopu_projection SET checkpoint = ?2 WHERE name = ?1")?
+                .execute(params![name, last as i64])?;
+        }
+    }
+    Ok(())
+}
+
+fn record_not_understood(
+    tx: &rusqlite::Transaction<'_>,
+    projection: &str,
+    sequence: u64,
+    reason: &str,
+) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT OR IGNORE INTO zopu_undecodable (projection, sequence, reason) VALUES (?1, ?2, ?3)",
+    )?
+    .execute(params![projection, sequence as i64, reason])?;
+    Ok(())
+}
+
 /// The projections one loop drives, with the checkpoint of each.
 struct Set(std::sync::Arc<std::sync::Mutex<Vec<Tracked>>>);
 
@@ -294,6 +377,14 @@ impl Set {
     /// Applies a batch to every projection that has not seen its events, with
     /// the new checkpoints, in one transaction on a blocking thread. Returns
     /// the batch's last sequence.
+    ///
+    /// An event this version does not understand (it does not decode, or a
+    /// newer version wrote a type or dataschema this one lacks) is recorded
+    /// in `zopu_undecodable` with the reason and skipped: it neither stalls
+    /// the projection nor vanishes. If a projection fails on an event whose
+    /// body the catalogue cannot decode, the batch is applied again event by
+    /// event and that event recorded the same way; any other failure aborts
+    /// the batch (it is retried from the checkpoint).
     async fn apply_batch(&self, store: &Store, decoded: Decoded) -> Result<u64, Error> {
         let last = decoded.last().map(|(sequence, _)| *sequence).unwrap_or(0);
         let store_for_batch = store.clone();
@@ -302,31 +393,18 @@ impl Set {
             let mut tracked = shared
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            store_for_batch.write(|tx| {
-                for entry in tracked.iter_mut() {
-                    let name = entry.projection.name();
-                    let changes_before = tx.total_changes();
-                    for (sequence, event) in decoded.iter().filter(|(sequence, _)| *sequence > entry.checkpoint) {
-                        match event {
-                            Ok(event) => entry.projection.apply(tx, event, *sequence)?,
-                            Err(reason) => {
-                                tx.prepare_cached(
-                                    "INSERT OR IGNORE INTO zopu_undecodable (projection, sequence, reason) VALUES (?1, ?2, ?3)",
-                                )?
-                                .execute(params![name, *sequence as i64, reason])?;
-                            }
-                        }
-                    }
-                    // A batch that changed nothing leaves the file as it
-                    // was; its checkpoint lives in memory until one that
-                    // does (or `persist`).
-                    if last > entry.checkpoint && tx.total_changes() != changes_before {
-                        tx.prepare_cached("UPDATE zopu_projection SET checkpoint = ?2 WHERE name = ?1")?
-                            .execute(params![name, last as i64])?;
-                    }
+            let mut failed_on_not_understood = false;
+            let outcome = store_for_batch.write(|tx| {
+                apply_to_all(tx, &mut tracked, &decoded, last, Isolation::Batch(&mut failed_on_not_understood))
+            });
+            match outcome {
+                Err(_) if failed_on_not_understood => {
+                    store_for_batch.write(|tx| {
+                        apply_to_all(tx, &mut tracked, &decoded, last, Isolation::PerEvent)
+                    })?;
                 }
-                Ok(())
-            })?;
+                other => other?,
+            }
             for entry in tracked.iter_mut() {
                 entry.checkpoint = entry.checkpoint.max(last);
                 store_for_batch.note_progress(entry.projection.name(), entry.checkpoint);

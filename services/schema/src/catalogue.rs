@@ -118,6 +118,37 @@ fn pool() -> &'static DescriptorPool {
     })
 }
 
+/// Why an event is not understood by this version of the runtime: its type
+/// or dataschema is not in the catalogue (a newer version wrote it), or its
+/// body does not decode as its dataschema. `None` for an event this version
+/// reads.
+pub fn not_understood(event_type: &str, schema: &str, body: &[u8]) -> Option<String> {
+    match lookup(event_type) {
+        None => Some(format!(
+            "unknown event type {event_type} (dataschema {schema}); written by a newer version?"
+        )),
+        Some(kind) if kind.schema != schema => Some(format!(
+            "event type {event_type} with dataschema {schema}, this version reads {}; written by a newer version?",
+            kind.schema
+        )),
+        Some(kind) => {
+            let descriptor = pool().get_message_by_name(kind.schema)?;
+            DynamicMessage::decode(descriptor, body)
+                .err()
+                .map(|error| format!("body does not decode as {}: {error}", kind.schema))
+        }
+    }
+}
+
+/// The type half of [`not_understood`]: cheap (no body decoding), for the
+/// projection loop's every event.
+pub fn not_understood_type(event_type: &str, schema: &str) -> Option<String> {
+    match lookup(event_type) {
+        Some(kind) if kind.schema == schema => None,
+        _ => not_understood(event_type, schema, &[]),
+    }
+}
+
 /// Decodes a body by its `dataschema` into the proto3 JSON mapping, the way
 /// an integrator with nothing but `proto/` would.
 pub fn to_json(schema: &str, body: &[u8]) -> Result<serde_json::Value, JsonViewError> {
