@@ -54,6 +54,11 @@ pub enum LocalServerError {
         timeout: Duration,
         log: String,
     },
+    #[error(
+        "the cluster's running nodes did not agree on a running JetStream meta leader within {}s; see their logs {logs}",
+        timeout.as_secs()
+    )]
+    NoMetaLeader { timeout: Duration, logs: String },
 }
 
 /// A server's place in a local cluster.
@@ -218,9 +223,27 @@ impl LocalServer {
             return false;
         }
         match &self.node {
-            Some(node) => http_status(node.monitor_port, "/healthz") == Some(200),
+            Some(node) => {
+                http_get(node.monitor_port, "/healthz").is_some_and(|(status, _)| status == 200)
+            }
             None => true,
         }
+    }
+
+    /// The JetStream meta leader this cluster node follows, as its `/jsz`
+    /// reports it (a follower may still name a leader that died until it
+    /// notices).
+    pub fn meta_leader(&mut self) -> Option<String> {
+        if !self.is_running() {
+            return None;
+        }
+        let (status, body) = http_get(self.node.as_ref()?.monitor_port, "/jsz")?;
+        if status != 200 {
+            return None;
+        }
+        let jsz: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let leader = jsz.get("meta_cluster")?.get("leader")?.as_str()?;
+        (!leader.is_empty()).then(|| leader.to_owned())
     }
 
     /// Waits until [`LocalServer::is_healthy`], or fails after `timeout`.
@@ -370,8 +393,8 @@ fn config_text(
     text
 }
 
-/// The status code of `GET path` on the local HTTP port, if it answers.
-fn http_status(port: u16, path: &str) -> Option<u16> {
+/// The status code and body of `GET path` on the local HTTP port, if it answers.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
@@ -382,12 +405,14 @@ fn http_status(port: u16, path: &str) -> Option<u16> {
     let mut response = String::new();
     // The server closes the connection after an HTTP/1.0 response.
     stream.read_to_string(&mut response).ok()?;
-    response
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head
         .strip_prefix("HTTP/1.")?
         .split(' ')
         .nth(1)?
         .parse()
-        .ok()
+        .ok()?;
+    Some((status, body.to_owned()))
 }
 
 /// Several local servers forming one JetStream cluster on loopback (nodes
@@ -437,9 +462,7 @@ impl LocalCluster {
             )?);
         }
         let mut cluster = Self { nodes };
-        for index in 0..size {
-            cluster.nodes[index].wait_healthy(CLUSTER_FORM_TIMEOUT)?;
-        }
+        cluster.wait_healthy(CLUSTER_FORM_TIMEOUT)?;
         Ok(cluster)
     }
 
@@ -487,11 +510,47 @@ impl LocalCluster {
         self.nodes[index].restart()
     }
 
-    /// Waits until every running node is healthy.
+    /// The JetStream meta leader, once every running node follows the same
+    /// running one (after a kill, until the survivors elected a new one,
+    /// they still name the dead node or none).
+    pub fn meta_leader(&mut self) -> Option<usize> {
+        let mut agreed: Option<String> = None;
+        for node in &mut self.nodes {
+            if !node.is_running() {
+                continue;
+            }
+            let leader = node.meta_leader()?;
+            if agreed.as_ref().is_some_and(|agreed| *agreed != leader) {
+                return None;
+            }
+            agreed = Some(leader);
+        }
+        let leader = self.index_of(&agreed?)?;
+        self.nodes[leader].is_running().then_some(leader)
+    }
+
+    /// Waits until the running nodes agree on a running meta leader and
+    /// each is healthy (current with it, its streams current).
     pub fn wait_healthy(&mut self, timeout: Duration) -> Result<(), LocalServerError> {
+        let deadline = Instant::now() + timeout;
+        while self.meta_leader().is_none() {
+            if Instant::now() > deadline {
+                return Err(LocalServerError::NoMetaLeader {
+                    timeout,
+                    logs: self
+                        .nodes
+                        .iter()
+                        .map(|node| node.log_path().display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+            // Polling the nodes' monitoring endpoints; they have no way to notify.
+            std::thread::sleep(Duration::from_millis(50));
+        }
         for node in &mut self.nodes {
             if node.is_running() {
-                node.wait_healthy(timeout)?;
+                node.wait_healthy(deadline.saturating_duration_since(Instant::now()))?;
             }
         }
         Ok(())

@@ -778,15 +778,13 @@ fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
 /// after the first (the re-read is the pause), then a random share of a
 /// window that doubles from 2ms to 128ms, so colliding writers spread out.
 fn conflict_pause(policy: &RetryPolicy, conflicts: u32, event: EventId) -> Option<Duration> {
-    use std::hash::{BuildHasher, Hash, Hasher};
+    use std::hash::BuildHasher;
     if conflicts < 2 {
         return None;
     }
     let window = Duration::from_millis(1 << conflicts.min(7)).min(policy.backoff_max);
     // A randomly keyed hash: the jitter differs between writers and tries.
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    (event, conflicts).hash(&mut hasher);
-    let share = hasher.finish() % 1024;
+    let share = std::collections::hash_map::RandomState::new().hash_one((event, conflicts)) % 1024;
     Some(window.mul_f64(share as f64 / 1024.0))
 }
 
