@@ -14,7 +14,7 @@ use zopu_core::reaction::{HandlerError, Reaction, ReactionConfig, ReactionContex
 use zopu_core::store::{KeyIndex, Projection, Store};
 use zopu_core::{Runtime, Shutdown, audit, projection};
 use zopu_schema::{Envelope, Event, OrgId, ProjectId, pb, subjects};
-use zopu_tests::{NatsServer, bus, history, wait_for, wait_for_count};
+use zopu_tests::{NatsCluster, NatsServer, bus, history, wait_for, wait_for_count};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -946,4 +946,235 @@ async fn publish_envelope_raw(bus: &zopu_core::nats::Bus, envelope: &Envelope) -
         .await?
         .await?
         .sequence)
+}
+
+/// A writer as a separate service would be: its own connection (given the
+/// cluster's seed list) and its own store.
+async fn cluster_writer(
+    cluster: &NatsCluster,
+    dir: &std::path::Path,
+    name: &str,
+) -> Result<Publisher> {
+    let bus = zopu_core::nats::connect(&cluster.url(), name, Duration::from_secs(10)).await?;
+    let store = Store::open(&dir.join(format!("{name}.sqlite")))?;
+    Ok(Publisher::new(bus, name, Some(store)))
+}
+
+/// Every event of the project, in order, carries versions 1..=n.
+fn assert_gapless(events: &[(u64, Envelope)]) {
+    for (index, (sequence, event)) in events.iter().enumerate() {
+        assert_eq!(
+            event.project_version,
+            index as u64 + 1,
+            "versions have a gap or fork at stream sequence {sequence}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_on_a_cluster_append_every_event_into_one_gapless_chain() -> Result<()> {
+    let cluster = NatsCluster::start()?;
+    let bus = bus(&cluster, Duration::from_secs(120)).await?;
+    let dir = tempfile::tempdir()?;
+    let (org, project) = (org("cluster-race"), ProjectId::new());
+    let (writers, per_writer) = (4, 50);
+    let mut publishers = Vec::new();
+    for writer in 0..writers {
+        publishers.push(cluster_writer(&cluster, dir.path(), &format!("writer{writer}")).await?);
+    }
+    let appends = publishers
+        .into_iter()
+        .enumerate()
+        .map(|(writer, publisher)| {
+            let org = org.clone();
+            async move {
+                let mut ids = Vec::new();
+                for i in 0..per_writer {
+                    let event = user_message(
+                        &org,
+                        project,
+                        "concurrent",
+                        &format!("request:cluster-race-{writer}-{i}"),
+                    );
+                    let appended = publisher.append(event).await?;
+                    assert!(
+                        !appended.duplicate,
+                        "writer {writer} append {i} was taken for a duplicate"
+                    );
+                    ids.push(appended.event_id);
+                }
+                anyhow::Ok(ids)
+            }
+        });
+    let mut acknowledged = std::collections::HashSet::new();
+    for outcome in join_all(appends).await {
+        acknowledged.extend(outcome?);
+    }
+    assert_eq!(acknowledged.len(), writers * per_writer);
+    let events = history(&bus, &subjects::project_events(&org, &project)).await?;
+    assert_eq!(events.len(), writers * per_writer);
+    assert_gapless(&events);
+    let stored: std::collections::HashSet<_> = events.iter().map(|(_, e)| e.id).collect();
+    assert_eq!(stored, acknowledged);
+    let report = audit::verify(&bus, None).await?;
+    assert!(report.is_clean(), "{:?}", report.findings);
+    assert_eq!(report.events, (writers * per_writer) as u64);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_stream_leader_loses_no_acknowledged_append() -> Result<()> {
+    let mut cluster = NatsCluster::start()?;
+    let bus = bus(&cluster, Duration::from_secs(120)).await?;
+    let dir = tempfile::tempdir()?;
+    let org = org("leader-crash");
+    let shared = ProjectId::new();
+    let writers = 3;
+    let (progress, mut acknowledged_count) = tokio::sync::watch::channel(0usize);
+    let progress = Arc::new(progress);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let publisher = cluster_writer(&cluster, dir.path(), &format!("writer{writer}")).await?;
+        let (org, progress, stop) = (org.clone(), progress.clone(), stop.clone());
+        // Each writer appends to the shared project and to its own.
+        let own = ProjectId::new();
+        tasks.push(tokio::spawn(async move {
+            let mut acknowledged = Vec::new();
+            let mut i = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let project = if i % 2 == 0 { shared } else { own };
+                let key = format!("request:leader-crash-{writer}-{i}");
+                let appended = publisher
+                    .append(user_message(&org, project, "during failover", &key))
+                    .await
+                    .map_err(|error| anyhow::anyhow!("writer {writer} append {i}: {error}"))?;
+                acknowledged.push((project, appended.event_id));
+                progress.send_modify(|count| *count += 1);
+                i += 1;
+            }
+            anyhow::Ok(acknowledged)
+        }));
+    }
+    let wait_count = |receiver: &mut tokio::sync::watch::Receiver<usize>, at_least: usize| {
+        let mut receiver = receiver.clone();
+        async move {
+            tokio::time::timeout(LONG, receiver.wait_for(|count| *count >= at_least))
+                .await
+                .map_err(|_| anyhow::anyhow!("fewer than {at_least} appends within {LONG:?}"))?
+                .map(|count| *count)
+                .map_err(anyhow::Error::from)
+        }
+    };
+    wait_count(&mut acknowledged_count, 30).await?;
+    let killed = cluster.kill_stream_leader(&bus, LONG).await?;
+    let killed_at = *acknowledged_count.borrow();
+    let kill_time = std::time::Instant::now();
+    let new_leader = cluster.wait_for_stream_leader(&bus, LONG).await?;
+    let election = kill_time.elapsed();
+    assert_ne!(new_leader, killed, "the killed node still leads");
+    // Appends resume under the new leader, with the old one still down.
+    let elected_at = *acknowledged_count.borrow();
+    wait_count(&mut acknowledged_count, elected_at + 30).await?;
+    tokio::task::block_in_place(|| {
+        cluster.restart(killed)?;
+        cluster.wait_healthy(LONG)
+    })?;
+    let restarted_at = *acknowledged_count.borrow();
+    wait_count(&mut acknowledged_count, restarted_at + 10).await?;
+    stop.store(true, Ordering::SeqCst);
+    let mut acknowledged = Vec::new();
+    for task in tasks {
+        acknowledged.extend(task.await??);
+    }
+    eprintln!(
+        "killed leader {} after {killed_at} appends; {} seen leading {election:?} later, after {elected_at}; {} acknowledged in all",
+        cluster.node_name(killed),
+        cluster.node_name(new_leader),
+        acknowledged.len()
+    );
+    let events = history(
+        &bus,
+        &subjects::events_of_type(pb::TimelineMessageSent::TYPE),
+    )
+    .await?;
+    let stored: std::collections::HashSet<_> = events.iter().map(|(_, e)| e.id).collect();
+    for (_, id) in &acknowledged {
+        assert!(stored.contains(id), "acknowledged event {id} was lost");
+    }
+    assert_eq!(
+        events.len(),
+        acknowledged.len(),
+        "an append was stored twice"
+    );
+    let shared_events = history(&bus, &subjects::project_events(&org, &shared)).await?;
+    assert_gapless(&shared_events);
+    let report = audit::verify(&bus, None).await?;
+    assert!(report.is_clean(), "{:?}", report.findings);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_given_the_server_list_outlives_its_node() -> Result<()> {
+    let mut cluster = NatsCluster::start()?;
+    // Applies streams/ with three replicas.
+    bus(&cluster, Duration::from_secs(120)).await?;
+    let client =
+        zopu_core::nats::connect(&cluster.url(), "zopu-test-list", Duration::from_secs(10)).await?;
+    let first = client.client.server_info().server_name;
+    let node = (0..zopu_tests::CLUSTER_SIZE)
+        .find(|index| cluster.node_name(*index) == first)
+        .ok_or_else(|| anyhow::anyhow!("connected to {first:?}, not a cluster node"))?;
+    let (org, project) = (org("list"), ProjectId::new());
+    let publisher = Publisher::new(client.clone(), "gateway", None);
+    publisher
+        .append(user_message(&org, project, "before", "request:list-before"))
+        .await?;
+    let mut subscription = client.client.subscribe("zopu.test.list").await?;
+    cluster.kill(node);
+    // The same connection appends and reads on through another node.
+    let after = publisher
+        .append(user_message(&org, project, "after", "request:list-after"))
+        .await?;
+    assert!(!after.duplicate);
+    let now = client.client.server_info().server_name;
+    assert_ne!(now, first, "still on the killed node");
+    assert_eq!(
+        client.client.connection_state(),
+        async_nats::connection::State::Connected
+    );
+    // Reads through the stream work at once ...
+    let read = zopu_core::publish::get_event(&client, after.sequence).await?;
+    assert_eq!(read.id, after.event_id);
+    // ... and through a new consumer once the cluster stops placing one on
+    // the dead node: until the meta layer marks it offline (seconds to tens
+    // of seconds), an R1 ephemeral consumer may be assigned to it and its
+    // creation times out. A one-shot reader does not retry; a test waits.
+    let deadline = tokio::time::Instant::now() + LONG;
+    let stored = loop {
+        match zopu_core::log::events(&client, subjects::project_events(&org, &project)).await {
+            Ok(stored) => break stored,
+            Err(error) if tokio::time::Instant::now() < deadline => {
+                eprintln!("reading through a new consumer: {error}; trying again");
+            }
+            Err(error) => return Err(error.into()),
+        }
+    };
+    let texts: Vec<_> = stored
+        .iter()
+        .map(|(_, e)| e.decode::<pb::TimelineMessageSent>().map(|m| m.text))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(texts, ["before", "after"]);
+    // Its subscriptions moved with it (sent on the same connection, so the
+    // server has the subscription before the message).
+    client
+        .client
+        .publish("zopu.test.list", "ping".into())
+        .await?;
+    client.client.flush().await?;
+    let message = tokio::time::timeout(LONG, futures::StreamExt::next(&mut subscription))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("subscription ended"))?;
+    assert_eq!(message.payload.as_ref(), b"ping");
+    Ok(())
 }

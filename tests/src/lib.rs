@@ -1,7 +1,9 @@
 //! Test harness: a real nats-server per test, with JetStream on a temp
 //! store (`sync_interval: always`) and a free port, that a test can kill -9
-//! and restart on the same store; and helpers that wait for expected events
-//! with a timeout instead of sleeping.
+//! and restart on the same store; a three-node JetStream cluster on
+//! loopback (R3 streams) whose nodes, the stream leader included, a test can
+//! kill -9 and restart; and helpers that wait for expected events with a
+//! timeout instead of sleeping.
 //!
 //! The binary is found in `$ZOPU_NATS_SERVER`, `./tools/bin/nats-server`
 //! (what `make setup` installs) or `PATH`; a missing or too-old server fails
@@ -64,22 +66,162 @@ impl NatsServer {
     }
 }
 
+/// What a test connects to: one server or a cluster.
+pub trait Nats {
+    /// The URL services are given (a comma-separated list for a cluster).
+    fn url(&self) -> String;
+    /// Replicas of the streams on it (1 on one server, 3 on the cluster).
+    fn stream_replicas(&self) -> usize;
+}
+
+impl Nats for NatsServer {
+    fn url(&self) -> String {
+        NatsServer::url(self)
+    }
+    fn stream_replicas(&self) -> usize {
+        1
+    }
+}
+
+/// A local three-node JetStream cluster (`n1`..`n3`) on loopback ports with
+/// routes between the nodes, each node on its own temp store with
+/// `sync_interval: always` (see `zopu_core::local_server::LocalCluster`).
+/// Streams applied through [`bus`] get three replicas.
+#[derive(Debug)]
+pub struct NatsCluster {
+    cluster: zopu_core::local_server::LocalCluster,
+    _store: tempfile::TempDir,
+}
+
+/// Nodes in a [`NatsCluster`].
+pub const CLUSTER_SIZE: usize = 3;
+
+impl NatsCluster {
+    /// Starts three nodes and returns once the cluster has formed (every
+    /// node healthy: the JetStream meta leader elected and known).
+    pub fn start() -> Result<Self> {
+        if std::env::var_os("ZOPU_LOG").is_some() {
+            zopu_core::telemetry::init(false);
+        }
+        let store = tempfile::tempdir().context("temp store dir")?;
+        let cluster =
+            zopu_core::local_server::LocalCluster::start(store.path(), CLUSTER_SIZE, Sync::Always)?;
+        Ok(Self {
+            cluster,
+            _store: store,
+        })
+    }
+
+    /// Every node's URL, comma-separated.
+    pub fn url(&self) -> String {
+        self.cluster.url()
+    }
+
+    /// Node `index`'s own URL.
+    pub fn node_url(&self, index: usize) -> String {
+        self.cluster.node(index).url()
+    }
+
+    /// Node `index`'s server name (`n1` for 0).
+    pub fn node_name(&self, index: usize) -> String {
+        self.cluster
+            .node(index)
+            .server_name()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// SIGKILL of node `index`: nothing it did not sync survives.
+    pub fn kill(&mut self, index: usize) {
+        self.cluster.kill(index);
+    }
+
+    /// Starts node `index` again on its ports and store (it listens on
+    /// return; [`NatsCluster::wait_healthy`] waits until it caught up).
+    pub fn restart(&mut self, index: usize) -> Result<()> {
+        Ok(self.cluster.restart(index)?)
+    }
+
+    /// Waits until every running node is healthy.
+    pub fn wait_healthy(&mut self, timeout: Duration) -> Result<()> {
+        Ok(self.cluster.wait_healthy(timeout)?)
+    }
+
+    /// The index of the node leading `ZOPU_EVENTS`, as the stream's info
+    /// reports it, if it has a leader that is running.
+    pub async fn stream_leader(&mut self, bus: &Bus) -> Result<Option<usize>> {
+        // A short wait: no answer comes while the stream has no leader.
+        let mut jetstream = bus.jetstream.clone();
+        jetstream.set_timeout(Duration::from_secs(1));
+        let mut stream = jetstream
+            .get_stream(zopu_schema::subjects::EVENTS_STREAM)
+            .await
+            .context("stream info")?;
+        let info = stream.info().await.context("stream info")?;
+        let leader = info
+            .cluster
+            .as_ref()
+            .and_then(|cluster| cluster.leader.as_deref())
+            .and_then(|name| self.cluster.index_of(name));
+        Ok(leader.filter(|index| self.cluster.node_mut(*index).is_running()))
+    }
+
+    /// Waits until `ZOPU_EVENTS` has a running leader; its index. Stream
+    /// info fails or names no leader while an election is under way.
+    pub async fn wait_for_stream_leader(&mut self, bus: &Bus, timeout: Duration) -> Result<usize> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let last = match self.stream_leader(bus).await {
+                Ok(Some(leader)) => return Ok(leader),
+                Ok(None) => "no leader".to_owned(),
+                Err(error) => format!("{error:#}"),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                bail!(
+                    "ZOPU_EVENTS had no leader within {}s (last answer: {last})",
+                    timeout.as_secs()
+                );
+            }
+            // Polling stream info: the server announces no leader change to clients.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Kills (SIGKILL) the node leading `ZOPU_EVENTS`; its index.
+    pub async fn kill_stream_leader(&mut self, bus: &Bus, timeout: Duration) -> Result<usize> {
+        let leader = self.wait_for_stream_leader(bus, timeout).await?;
+        self.kill(leader);
+        Ok(leader)
+    }
+}
+
+impl Nats for NatsCluster {
+    fn url(&self) -> String {
+        NatsCluster::url(self)
+    }
+    fn stream_replicas(&self) -> usize {
+        CLUSTER_SIZE
+    }
+}
+
 /// A core config pointing at `server`, with a fresh data dir.
-pub fn core_config(server: &NatsServer, data_dir: &Path) -> zopu_core::config::CoreConfig {
+pub fn core_config(server: &impl Nats, data_dir: &Path) -> zopu_core::config::CoreConfig {
     zopu_core::config::CoreConfig {
         nats_url: server.url(),
         data_dir: data_dir.to_owned(),
+        stream_replicas: server.stream_replicas(),
         ..Default::default()
     }
 }
 
-/// Connects and applies `streams/` with the given duplicate window.
-pub async fn bus(server: &NatsServer, duplicate_window: Duration) -> Result<Bus> {
+/// Connects and applies `streams/` with the given duplicate window (and
+/// three replicas on the cluster).
+pub async fn bus(server: &impl Nats, duplicate_window: Duration) -> Result<Bus> {
     let bus = zopu_core::nats::connect(&server.url(), "zopu-test", Duration::from_secs(10)).await?;
     zopu_core::streams::ensure(
         &bus,
         &zopu_core::streams::StreamSettings {
-            replicas: 1,
+            replicas: server.stream_replicas(),
             duplicate_window,
         },
     )

@@ -19,7 +19,7 @@ pub use config::ZopuConfig;
 #[derive(Debug, Parser)]
 #[command(name = "zopu", version, about = "Event-sourced runtime for LLM project agents", long_about = None)]
 struct Cli {
-    /// NATS server URL [env: ZOPU_NATS_URL] [default: nats://127.0.0.1:4222]
+    /// NATS server URL, or a cluster's as a comma-separated list (nats://a:4222,nats://b:4222) [env: ZOPU_NATS_URL] [default: nats://127.0.0.1:4222]
     #[arg(long, global = true, value_name = "URL")]
     nats: Option<String>,
     /// Directory for projections, workspaces and local state [env: ZOPU_DATA_DIR]

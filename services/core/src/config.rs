@@ -261,7 +261,8 @@ pub mod durations {
 #[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CoreConfig {
-    /// NATS server URL (`ZOPU_NATS_URL`).
+    /// NATS server URL, or several comma-separated (`nats://a:4222,nats://b:4222`,
+    /// a cluster's seeds) (`ZOPU_NATS_URL`).
     pub nats_url: String,
     /// Where services keep their SQLite projections and workspaces (`ZOPU_DATA_DIR`).
     pub data_dir: PathBuf,
@@ -374,11 +375,8 @@ impl Default for CoreConfig {
 
 impl CoreConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(self.nats_url.starts_with("nats://") || self.nats_url.starts_with("tls://")) {
-            return Err(ConfigError::setting(
-                "nats_url",
-                format!("{:?} must start with nats:// or tls://", self.nats_url),
-            ));
+        if let Err(reason) = crate::nats::server_list(&self.nats_url) {
+            return Err(ConfigError::setting("nats_url", reason));
         }
         if !matches!(self.stream_replicas, 1 | 3 | 5) {
             return Err(ConfigError::setting("stream_replicas", "must be 1, 3 or 5"));
@@ -464,6 +462,23 @@ mod tests {
         assert!(
             error.contains("max_files") || error.contains("integer"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn nats_url_takes_a_server_list_and_names_a_bad_entry() {
+        let mut config = CoreConfig {
+            nats_url: "nats://127.0.0.1:4222,nats://127.0.0.1:4223".into(),
+            ..CoreConfig::default()
+        };
+        config.validate().unwrap();
+        config.nats_url = "nats://127.0.0.1:4222,127.0.0.1:4223".into();
+        let error = config.validate().unwrap_err();
+        assert!(matches!(error, ConfigError::Setting { ref key, .. } if key == "nats_url"));
+        let text = error.to_string();
+        assert!(
+            text.contains("entry 2") && text.contains("127.0.0.1:4223"),
+            "{text}"
         );
     }
 

@@ -3,9 +3,14 @@
 //! `PATH` (checked to be 2.12 or newer), JetStream on a given store
 //! directory, a free or given port on 127.0.0.1. It can be killed with
 //! SIGKILL and restarted on the same store and port.
+//!
+//! [`LocalCluster`] runs several of them as one JetStream cluster on
+//! loopback: each node a [`LocalServer`] with a server name, a route port,
+//! routes to its peers and a monitoring port whose `/healthz` says when it
+//! has joined (a meta leader known, its streams current).
 
-use std::io::Write;
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,6 +44,36 @@ pub enum LocalServerError {
     },
     #[error("nats-server did not listen on 127.0.0.1:{0} within 20s")]
     NotListening(u16),
+    #[error(
+        "cluster node {name} (127.0.0.1:{port}) was not healthy within {}s (no JetStream meta leader, or its streams not current); see its log {log}",
+        timeout.as_secs()
+    )]
+    NotHealthy {
+        name: String,
+        port: u16,
+        timeout: Duration,
+        log: String,
+    },
+    #[error(
+        "the cluster's running nodes did not agree on a running JetStream meta leader within {}s; see their logs {logs}",
+        timeout.as_secs()
+    )]
+    NoMetaLeader { timeout: Duration, logs: String },
+}
+
+/// A server's place in a local cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterNode {
+    /// The cluster's name (the same on every node).
+    pub cluster: String,
+    /// This node's unique server name (`n1`, `n2`, ...), as stream info reports leaders.
+    pub server_name: String,
+    /// The port this node listens on for routes from its peers.
+    pub route_port: u16,
+    /// The route ports of the other nodes.
+    pub peer_route_ports: Vec<u16>,
+    /// The HTTP monitoring port (`/healthz`).
+    pub monitor_port: u16,
 }
 
 /// A running (or killed) local nats-server.
@@ -49,6 +84,7 @@ pub struct LocalServer {
     store_dir: PathBuf,
     config: PathBuf,
     binary: PathBuf,
+    node: Option<ClusterNode>,
 }
 
 impl LocalServer {
@@ -59,29 +95,43 @@ impl LocalServer {
         port: Option<u16>,
         sync: SyncPolicy,
     ) -> Result<Self, LocalServerError> {
-        let binary = find_binary()?;
-        std::fs::create_dir_all(store_dir)?;
         let port = match port {
             Some(port) => port,
-            None => free_port()?,
+            None => free_ports(1)?[0],
         };
+        Self::start_node(store_dir, port, sync, None)
+    }
+
+    /// Starts one node of a cluster (see [`LocalCluster`]). It returns once
+    /// the node listens for clients, not once it has joined: see
+    /// [`LocalServer::wait_healthy`].
+    pub fn start_clustered(
+        store_dir: &Path,
+        port: u16,
+        sync: SyncPolicy,
+        node: ClusterNode,
+    ) -> Result<Self, LocalServerError> {
+        Self::start_node(store_dir, port, sync, Some(node))
+    }
+
+    fn start_node(
+        store_dir: &Path,
+        port: u16,
+        sync: SyncPolicy,
+        node: Option<ClusterNode>,
+    ) -> Result<Self, LocalServerError> {
+        let binary = find_binary()?;
+        std::fs::create_dir_all(store_dir)?;
         let config = store_dir.join("nats.conf");
-        let mut file = std::fs::File::create(&config)?;
-        let sync_line = match sync {
-            SyncPolicy::Always => "  sync_interval: always\n",
-            SyncPolicy::ServerDefault => "",
-        };
-        write!(
-            file,
-            "listen: 127.0.0.1:{port}\nmax_payload: 1MB\njetstream {{\n  store_dir: \"{}\"\n{sync_line}}}\n",
-            store_dir.join("jetstream").display()
-        )?;
+        let text = config_text(port, &store_dir.join("jetstream"), sync, node.as_ref());
+        std::fs::File::create(&config)?.write_all(text.as_bytes())?;
         let mut server = Self {
             child: None,
             port,
             store_dir: store_dir.to_owned(),
             config,
             binary,
+            node,
         };
         server.spawn()?;
         Ok(server)
@@ -150,6 +200,68 @@ impl LocalServer {
 
     pub fn store_dir(&self) -> &Path {
         &self.store_dir
+    }
+
+    /// The node's server name, when it is part of a cluster.
+    pub fn server_name(&self) -> Option<&str> {
+        self.node.as_ref().map(|node| node.server_name.as_str())
+    }
+
+    /// Whether the process is running (not killed, stopped or exited).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
+    /// Whether the node answers `/healthz` with 200: it knows a JetStream
+    /// meta leader, is current with it, and its streams are current. A
+    /// server outside a cluster has no monitoring port and is healthy while
+    /// it runs.
+    pub fn is_healthy(&mut self) -> bool {
+        if !self.is_running() {
+            return false;
+        }
+        match &self.node {
+            Some(node) => {
+                http_get(node.monitor_port, "/healthz").is_some_and(|(status, _)| status == 200)
+            }
+            None => true,
+        }
+    }
+
+    /// The JetStream meta leader this cluster node follows, as its `/jsz`
+    /// reports it (a follower may still name a leader that died until it
+    /// notices).
+    pub fn meta_leader(&mut self) -> Option<String> {
+        if !self.is_running() {
+            return None;
+        }
+        let (status, body) = http_get(self.node.as_ref()?.monitor_port, "/jsz")?;
+        if status != 200 {
+            return None;
+        }
+        let jsz: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let leader = jsz.get("meta_cluster")?.get("leader")?.as_str()?;
+        (!leader.is_empty()).then(|| leader.to_owned())
+    }
+
+    /// Waits until [`LocalServer::is_healthy`], or fails after `timeout`.
+    pub fn wait_healthy(&mut self, timeout: Duration) -> Result<(), LocalServerError> {
+        let deadline = Instant::now() + timeout;
+        while !self.is_healthy() {
+            if Instant::now() > deadline {
+                return Err(LocalServerError::NotHealthy {
+                    name: self.server_name().unwrap_or("nats-server").to_owned(),
+                    port: self.port,
+                    timeout,
+                    log: self.log_path().display().to_string(),
+                });
+            }
+            // Polling the node's health endpoint; it has no way to notify.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
     }
 
     /// SIGKILL: nothing that was not synced survives.
@@ -229,14 +341,264 @@ pub fn version_ok(text: &str) -> bool {
     matches!((parts.next().flatten(), parts.next().flatten()), (Some(major), Some(minor)) if (major, minor) >= crate::nats::MINIMUM_SERVER)
 }
 
-fn free_port() -> Result<u16, LocalServerError> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+/// `count` distinct free ports on 127.0.0.1 (each held until all are found,
+/// so none is handed out twice).
+fn free_ports(count: usize) -> Result<Vec<u16>, LocalServerError> {
+    let listeners = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()?;
+    listeners
+        .iter()
+        .map(|listener| Ok(listener.local_addr()?.port()))
+        .collect()
+}
+
+/// The server's configuration file: JetStream on `jetstream_dir`, clients
+/// on 127.0.0.1:`port`, and for a cluster node its name, monitoring port
+/// and routes to its peers.
+fn config_text(
+    port: u16,
+    jetstream_dir: &Path,
+    sync: SyncPolicy,
+    node: Option<&ClusterNode>,
+) -> String {
+    let mut text = String::new();
+    if let Some(node) = node {
+        text.push_str(&format!(
+            "server_name: {}\nhttp: 127.0.0.1:{}\n",
+            node.server_name, node.monitor_port
+        ));
+    }
+    text.push_str(&format!(
+        "listen: 127.0.0.1:{port}\nmax_payload: 1MB\njetstream {{\n  store_dir: \"{}\"\n",
+        jetstream_dir.display()
+    ));
+    if sync == SyncPolicy::Always {
+        text.push_str("  sync_interval: always\n");
+    }
+    text.push_str("}\n");
+    if let Some(node) = node {
+        let routes: Vec<String> = node
+            .peer_route_ports
+            .iter()
+            .map(|peer| format!("    nats-route://127.0.0.1:{peer}\n"))
+            .collect();
+        text.push_str(&format!(
+            "cluster {{\n  name: {}\n  listen: 127.0.0.1:{}\n  routes: [\n{}  ]\n}}\n",
+            node.cluster,
+            node.route_port,
+            routes.concat()
+        ));
+    }
+    text
+}
+
+/// The status code and body of `GET path` on the local HTTP port, if it answers.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut response = String::new();
+    // The server closes the connection after an HTTP/1.0 response.
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head
+        .strip_prefix("HTTP/1.")?
+        .split(' ')
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// Several local servers forming one JetStream cluster on loopback (nodes
+/// `n1`, `n2`, ... each on its own store under one root). Any node can be
+/// killed with SIGKILL and restarted on the same ports and store.
+#[derive(Debug)]
+pub struct LocalCluster {
+    nodes: Vec<LocalServer>,
+}
+
+/// How long a cluster may take to elect its meta leader, or a restarted node to catch up.
+pub const CLUSTER_FORM_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl LocalCluster {
+    /// Starts `size` nodes storing under `store_root/n1`, `store_root/n2`,
+    /// ... on free ports, and returns once every node is healthy (the
+    /// JetStream meta leader elected and known to all).
+    pub fn start(
+        store_root: &Path,
+        size: usize,
+        sync: SyncPolicy,
+    ) -> Result<Self, LocalServerError> {
+        assert!(size >= 1, "a cluster has at least one node");
+        let ports = free_ports(size * 3)?;
+        let (client_ports, rest) = ports.split_at(size);
+        let (route_ports, monitor_ports) = rest.split_at(size);
+        let mut nodes = Vec::with_capacity(size);
+        for index in 0..size {
+            let node = ClusterNode {
+                cluster: "zopu-local".to_owned(),
+                server_name: format!("n{}", index + 1),
+                route_port: route_ports[index],
+                peer_route_ports: route_ports
+                    .iter()
+                    .enumerate()
+                    .filter(|(peer, _)| *peer != index)
+                    .map(|(_, port)| *port)
+                    .collect(),
+                monitor_port: monitor_ports[index],
+            };
+            let store = store_root.join(&node.server_name);
+            nodes.push(LocalServer::start_clustered(
+                &store,
+                client_ports[index],
+                sync,
+                node,
+            )?);
+        }
+        let mut cluster = Self { nodes };
+        cluster.wait_healthy(CLUSTER_FORM_TIMEOUT)?;
+        Ok(cluster)
+    }
+
+    /// Every node's URL, comma-separated (`nats://127.0.0.1:p1,nats://...`):
+    /// the seed list a client is given.
+    pub fn url(&self) -> String {
+        self.urls().join(",")
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(LocalServer::url).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn node(&self, index: usize) -> &LocalServer {
+        &self.nodes[index]
+    }
+
+    pub fn node_mut(&mut self, index: usize) -> &mut LocalServer {
+        &mut self.nodes[index]
+    }
+
+    /// The index of the node named `server_name` (`n1` is 0).
+    pub fn index_of(&self, server_name: &str) -> Option<usize> {
+        self.nodes
+            .iter()
+            .position(|node| node.server_name() == Some(server_name))
+    }
+
+    /// SIGKILL of one node.
+    pub fn kill(&mut self, index: usize) {
+        self.nodes[index].kill();
+    }
+
+    /// Starts a node again on its ports and store; returns once it listens
+    /// (see [`LocalCluster::wait_healthy`] for when it has caught up).
+    pub fn restart(&mut self, index: usize) -> Result<(), LocalServerError> {
+        self.nodes[index].restart()
+    }
+
+    /// The JetStream meta leader, once every running node follows the same
+    /// running one (after a kill, until the survivors elected a new one,
+    /// they still name the dead node or none).
+    pub fn meta_leader(&mut self) -> Option<usize> {
+        let mut agreed: Option<String> = None;
+        for node in &mut self.nodes {
+            if !node.is_running() {
+                continue;
+            }
+            let leader = node.meta_leader()?;
+            if agreed.as_ref().is_some_and(|agreed| *agreed != leader) {
+                return None;
+            }
+            agreed = Some(leader);
+        }
+        let leader = self.index_of(&agreed?)?;
+        self.nodes[leader].is_running().then_some(leader)
+    }
+
+    /// Waits until the running nodes agree on a running meta leader and
+    /// each is healthy (current with it, its streams current).
+    pub fn wait_healthy(&mut self, timeout: Duration) -> Result<(), LocalServerError> {
+        let deadline = Instant::now() + timeout;
+        while self.meta_leader().is_none() {
+            if Instant::now() > deadline {
+                return Err(LocalServerError::NoMetaLeader {
+                    timeout,
+                    logs: self
+                        .nodes
+                        .iter()
+                        .map(|node| node.log_path().display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+            // Polling the nodes' monitoring endpoints; they have no way to notify.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for node in &mut self.nodes {
+            if node.is_running() {
+                node.wait_healthy(deadline.saturating_duration_since(Instant::now()))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cluster_node_names_itself_and_routes_to_its_peers() {
+        let node = ClusterNode {
+            cluster: "c".into(),
+            server_name: "n2".into(),
+            route_port: 6002,
+            peer_route_ports: vec![6001, 6003],
+            monitor_port: 8002,
+        };
+        let text = config_text(4002, Path::new("/s/js"), SyncPolicy::Always, Some(&node));
+        for line in [
+            "server_name: n2",
+            "http: 127.0.0.1:8002",
+            "listen: 127.0.0.1:4002",
+            "store_dir: \"/s/js\"",
+            "sync_interval: always",
+            "name: c",
+            "listen: 127.0.0.1:6002",
+            "nats-route://127.0.0.1:6001",
+            "nats-route://127.0.0.1:6003",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert!(!text.contains("nats-route://127.0.0.1:6002"), "{text}");
+        let single = config_text(4222, Path::new("/s/js"), SyncPolicy::ServerDefault, None);
+        assert!(
+            !single.contains("cluster")
+                && !single.contains("server_name")
+                && !single.contains("sync_interval")
+        );
+    }
+
+    #[test]
+    fn free_ports_are_distinct() {
+        let ports = free_ports(9).unwrap();
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), 9);
+    }
 
     #[test]
     fn versions_are_read_from_the_banner() {

@@ -1,6 +1,11 @@
 //! Connecting to NATS: retry on first connect, unlimited reconnects, every
 //! connection event logged, and a refusal to run against a nats-server
 //! older than 2.12 or without JetStream.
+//!
+//! A URL may list several servers, comma-separated
+//! (`nats://a:4222,nats://b:4222`, the seed list NATS tools accept for a
+//! cluster): the client connects to any of them and, when its server dies,
+//! reconnects to another (also to those the cluster announces).
 
 use std::time::Duration;
 
@@ -19,14 +24,52 @@ pub struct Bus {
     pub url: String,
 }
 
-/// Connects to `url` as `name`. The first connection is retried for up to
-/// `first_connect_timeout`; after that the client reconnects forever.
+/// The longest pause between two reconnect attempts (the client's default
+/// backs off exponentially to 4s; a cluster node elects and answers sooner).
+const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(1);
+
+/// The servers of a comma-separated URL list, each `nats://host:port` or
+/// `tls://host:port`. An error names the entry that is wrong.
+pub fn server_list(url: &str) -> Result<Vec<async_nats::ServerAddr>, String> {
+    let entries: Vec<&str> = url.split(',').map(str::trim).collect();
+    let mut servers = Vec::with_capacity(entries.len());
+    for (index, entry) in entries.iter().enumerate() {
+        let position = index + 1;
+        if entry.is_empty() {
+            return Err(format!(
+                "entry {position} of {url:?} is empty (write servers as nats://a:4222,nats://b:4222)"
+            ));
+        }
+        if !(entry.starts_with("nats://") || entry.starts_with("tls://")) {
+            return Err(format!(
+                "entry {position} ({entry:?}) must start with nats:// or tls://"
+            ));
+        }
+        let server: async_nats::ServerAddr = entry
+            .parse()
+            .map_err(|error| format!("entry {position} ({entry:?}): {error}"))?;
+        if server.host().is_empty() {
+            return Err(format!("entry {position} ({entry:?}) names no host"));
+        }
+        servers.push(server);
+    }
+    Ok(servers)
+}
+
+/// Connects to `url` (one server or a comma-separated list) as `name`. The
+/// first connection is retried for up to `first_connect_timeout`; after
+/// that the client reconnects forever, to any server it knows.
 pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> Result<Bus, Error> {
+    let servers = server_list(url).map_err(|reason| Error::Connect {
+        url: url.to_owned(),
+        reason,
+    })?;
     let events_url = url.to_owned();
     let options = async_nats::ConnectOptions::new()
         .name(name)
         .retry_on_initial_connect()
         .max_reconnects(None)
+        .reconnect_delay_callback(reconnect_delay)
         .connection_timeout(Duration::from_secs(5))
         .event_callback(move |event| {
             let url = events_url.clone();
@@ -41,7 +84,7 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
                 }
             }
         });
-    let connecting = async_nats::connect_with_options(url, options);
+    let connecting = async_nats::connect_with_options(servers, options);
     let client = tokio::time::timeout(first_connect_timeout, connecting)
         .await
         .map_err(|_| Error::Connect {
@@ -84,6 +127,16 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
     })
 }
 
+/// The pause before reconnect attempt `attempts` (1-based): none for the
+/// first, then doubling from 2ms up to [`RECONNECT_DELAY_MAX`].
+fn reconnect_delay(attempts: usize) -> Duration {
+    if attempts <= 1 {
+        return Duration::ZERO;
+    }
+    let exponent = u32::try_from(attempts - 1).unwrap_or(u32::MAX).min(20);
+    Duration::from_millis(2u64.saturating_pow(exponent)).min(RECONNECT_DELAY_MAX)
+}
+
 fn check_server(url: &str, info: &async_nats::ServerInfo) -> Result<(), Error> {
     let found = info.version.clone();
     let mut parts = found
@@ -119,6 +172,56 @@ mod tests {
             jetstream: true,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_url_may_list_several_servers() {
+        let servers = server_list("nats://127.0.0.1:4222").unwrap();
+        assert_eq!(servers.len(), 1);
+        assert_eq!(servers[0].port(), 4222);
+        let servers =
+            server_list("nats://10.0.0.1:4222, nats://10.0.0.2:4223,tls://nats.example:4224")
+                .unwrap();
+        let hosts: Vec<(&str, u16)> = servers.iter().map(|s| (s.host(), s.port())).collect();
+        assert_eq!(
+            hosts,
+            [
+                ("10.0.0.1", 4222),
+                ("10.0.0.2", 4223),
+                ("nats.example", 4224)
+            ]
+        );
+        assert!(servers[2].tls_required());
+    }
+
+    #[test]
+    fn a_bad_entry_in_a_server_list_is_named() {
+        let error = server_list("nats://a:4222,http://b:4222").unwrap_err();
+        assert!(
+            error.contains("entry 2") && error.contains("http://b:4222"),
+            "{error}"
+        );
+        let error = server_list("nats://a:4222,").unwrap_err();
+        assert!(
+            error.contains("entry 2") && error.contains("empty"),
+            "{error}"
+        );
+        let error = server_list("nats://a:4222,nats://b:port").unwrap_err();
+        assert!(
+            error.contains("entry 2") && error.contains("nats://b:port"),
+            "{error}"
+        );
+        let error = server_list("a:4222").unwrap_err();
+        assert!(error.contains("entry 1"), "{error}");
+    }
+
+    #[test]
+    fn reconnects_back_off_to_a_bound() {
+        assert_eq!(reconnect_delay(1), Duration::ZERO);
+        assert_eq!(reconnect_delay(2), Duration::from_millis(2));
+        assert_eq!(reconnect_delay(5), Duration::from_millis(16));
+        assert_eq!(reconnect_delay(12), RECONNECT_DELAY_MAX);
+        assert_eq!(reconnect_delay(usize::MAX), RECONNECT_DELAY_MAX);
     }
 
     #[test]

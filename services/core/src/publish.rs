@@ -6,9 +6,11 @@
 //! `Nats-Msg-Id`, and guards the append with the per-project
 //! optimistic-concurrency expectation
 //! (`Nats-Expected-Last-Subject-Sequence` on `zopu.evt.<org>.<project>.>`).
-//! A lost race re-reads the project's head and retries; a timeout or
-//! missing responder is retried with the same id; a duplicate reports the
-//! original sequence.
+//! A lost race re-reads the project's head and retries, whichever way the
+//! server words it (a single server answers a moved head with JetStream
+//! error 10071, a cluster also with 10164); a timeout, missing responder or
+//! a cluster between stream leaders is retried with the same id; a
+//! duplicate reports the original sequence.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -282,6 +284,12 @@ impl Publisher {
                         conflicts,
                         "project head moved; re-reading"
                     );
+                    // Writers that keep colliding (a cluster refuses an
+                    // append while another one of the project is in flight)
+                    // spread out instead of retrying in lockstep.
+                    if let Some(pause) = conflict_pause(&self.retry, conflicts, event_id) {
+                        tokio::time::sleep(pause).await;
+                    }
                 }
                 Err(PublishFailure::Fatal(reason)) => {
                     return Err(Error::Publish {
@@ -308,30 +316,46 @@ impl Publisher {
         let project = (event.context.org_id.clone(), event.context.project_id);
         let lane = self.lane(&project);
         let mut head = lane.lock().await;
-        let current = self.fetch_head(&project.0, &project.1).await?;
-        let current_version = current.map_or(0, |h| h.version);
-        if current_version != expected_version {
-            *head = current;
-            return Err(AppendAtError::Conflict { current_version });
-        }
-        let envelope = self.envelope(&event, event_id, OffsetDateTime::now_utc(), current);
-        match self
-            .publish_envelope(&envelope, current.map_or(0, |h| h.sequence))
-            .await
-        {
-            Ok(ack) => Ok(self.acknowledged(&mut head, &envelope, &ack).await?),
-            Err(PublishFailure::Conflict) => {
-                *head = None;
-                let current_version = self
-                    .fetch_head(&project.0, &project.1)
-                    .await?
-                    .map_or(0, |h| h.version);
-                Err(AppendAtError::Conflict { current_version })
+        let time = OffsetDateTime::now_utc();
+        let mut conflicts = 0;
+        loop {
+            let current = self.fetch_head(&project.0, &project.1).await?;
+            let current_version = current.map_or(0, |h| h.version);
+            if current_version != expected_version {
+                *head = current;
+                return Err(AppendAtError::Conflict { current_version });
             }
-            Err(PublishFailure::Fatal(reason)) => Err(AppendAtError::Failed(Error::Publish {
-                event_type: event.event_type.to_owned(),
-                reason,
-            })),
+            let envelope = self.envelope(&event, event_id, time, current);
+            match self
+                .publish_envelope(&envelope, current.map_or(0, |h| h.sequence))
+                .await
+            {
+                Ok(ack) => return Ok(self.acknowledged(&mut head, &envelope, &ack).await?),
+                // Refused, yet the head may not have moved (a cluster refuses
+                // while another append of the project is in flight): read it
+                // again; a decision still taken on the current state is retried.
+                Err(PublishFailure::Conflict) => {
+                    *head = None;
+                    conflicts += 1;
+                    if conflicts > self.retry.conflict_attempts {
+                        return Err(AppendAtError::Failed(Error::Publish {
+                            event_type: event.event_type.to_owned(),
+                            reason: format!(
+                                "refused {conflicts} times at an unchanged project head"
+                            ),
+                        }));
+                    }
+                    if let Some(pause) = conflict_pause(&self.retry, conflicts, event_id) {
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+                Err(PublishFailure::Fatal(reason)) => {
+                    return Err(AppendAtError::Failed(Error::Publish {
+                        event_type: event.event_type.to_owned(),
+                        reason,
+                    }));
+                }
+            }
         }
     }
 
@@ -499,19 +523,18 @@ impl Publisher {
                 Ok(future) => future.await,
                 Err(error) => Err(error),
             };
-            match outcome {
+            let error = match outcome {
                 Ok(ack) => return Ok(ack),
-                Err(error) if error.kind() == PublishErrorKind::WrongLastSequence => {
-                    return Err(PublishFailure::Conflict);
-                }
-                Err(error)
-                    if is_unavailable(&error) && attempt < self.retry.unavailable_attempts =>
-                {
+                Err(error) => error,
+            };
+            match classify(&error) {
+                Failure::Conflict => return Err(PublishFailure::Conflict),
+                Failure::Unavailable if attempt < self.retry.unavailable_attempts => {
                     let delay = backoff(&self.retry, attempt);
                     tracing::warn!(%subject, attempt, %error, retry_in_ms = delay.as_millis() as u64, "append not acknowledged; retrying with the same id");
                     tokio::time::sleep(delay).await;
                 }
-                Err(error) => {
+                Failure::Unavailable | Failure::Fatal => {
                     return Err(PublishFailure::Fatal(format!(
                         "{error} (after {attempt} attempts)"
                     )));
@@ -521,21 +544,45 @@ impl Publisher {
     }
 
     /// Reads the last stored event of a project (from the stream leader) and
-    /// remembers it as the project's head for the next append.
+    /// remembers it as the project's head for the next append. A read that
+    /// finds no leader (a cluster electing one) is retried like an append.
     pub async fn fetch_head(
         &self,
         org: &OrgId,
         project: &ProjectId,
     ) -> Result<Option<Head>, Error> {
-        let head = fetch_head(&self.bus, org, project).await?;
+        let head = self.read_retrying(org, project, HeadRead::Leader).await?;
         Ok(self.remember_head(org, project, head))
     }
 
     /// Reads the project's head with a direct get (see [`read_head`]) and
     /// remembers it if it is newer than the cached one.
     pub async fn read_head(&self, org: &OrgId, project: &ProjectId) -> Result<Option<Head>, Error> {
-        let head = read_head(&self.bus, org, project).await?;
+        let head = self.read_retrying(org, project, HeadRead::Direct).await?;
         Ok(self.remember_head(org, project, head))
+    }
+
+    async fn read_retrying(
+        &self,
+        org: &OrgId,
+        project: &ProjectId,
+        read: HeadRead,
+    ) -> Result<Option<Head>, Error> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match last_of_project(&self.bus, org, project, read).await {
+                Ok(head) => return Ok(head),
+                Err(HeadFailure::Unavailable(error))
+                    if attempt < self.retry.unavailable_attempts =>
+                {
+                    let delay = backoff(&self.retry, attempt);
+                    tracing::warn!(%project, attempt, %error, retry_in_ms = delay.as_millis() as u64, "project head not readable; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(failure) => return Err(failure.into_error()),
+            }
+        }
     }
 
     fn remember_head(&self, org: &OrgId, project: &ProjectId, head: Option<Head>) -> Option<Head> {
@@ -629,24 +676,116 @@ fn expect_project_head(headers: &mut HeaderMap, envelope: &Envelope, expected_se
     );
 }
 
-fn is_unavailable(error: &async_nats::jetstream::context::PublishError) -> bool {
+/// What a failed request to JetStream means for the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// The project's head moved: re-read it and decide again.
+    Conflict,
+    /// No answer, or the cluster could not answer yet (no stream leader,
+    /// the connection moving to another server): the same request again
+    /// may succeed.
+    Unavailable,
+    /// Retrying cannot help.
+    Fatal,
+}
+
+/// JetStream error codes (nats-server `server/errors.json`).
+mod code {
+    /// `wrong last sequence: {seq}`, the single server's and the leader's answer.
+    pub const WRONG_LAST_SEQUENCE: u64 = 10071;
+    /// `wrong last sequence` without a sequence: a clustered stream's answer
+    /// while another append of the same subjects is in flight. async-nats
+    /// does not map it to `PublishErrorKind::WrongLastSequence`.
+    pub const WRONG_LAST_SEQUENCE_CONSTANT: u64 = 10164;
+    /// `JetStream system temporarily unavailable`.
+    pub const CLUSTER_NOT_AVAILABLE: u64 = 10008;
+    /// `JetStream cluster can not handle request`.
+    pub const CLUSTER_NOT_LEADER: u64 = 10009;
+    /// `stream is offline` (and its variant with a reason).
+    pub const STREAM_OFFLINE: u64 = 10118;
+    pub const STREAM_OFFLINE_REASON: u64 = 10194;
+    /// `expected last sequence per subject temporarily unavailable`.
+    pub const EXPECTED_LAST_SUBJECT_SEQUENCE_NOT_READY: u64 = 10163;
+}
+
+/// Classifies a publish error: by its kind, else by the JetStream error the
+/// server sent (its code), else by its text.
+fn classify(error: &async_nats::jetstream::context::PublishError) -> Failure {
     match error.kind() {
+        PublishErrorKind::WrongLastSequence => Failure::Conflict,
         PublishErrorKind::TimedOut
         | PublishErrorKind::BrokenPipe
-        | PublishErrorKind::StreamNotFound => true,
-        PublishErrorKind::Other => {
-            let text = error.to_string();
-            text.contains("no responders")
-                || text.contains("timed out")
-                || text.contains("disconnected")
+        | PublishErrorKind::StreamNotFound => Failure::Unavailable,
+        PublishErrorKind::Other => match api_error(error) {
+            Some(api) => classify_api(api),
+            None => classify_text(&error.to_string()),
+        },
+        PublishErrorKind::WrongLastMessageId
+        | PublishErrorKind::MaxAckPending
+        | PublishErrorKind::MaxPayloadExceeded => Failure::Fatal,
+    }
+}
+
+/// The JetStream API error an error carries as its source, if any.
+fn api_error<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a async_nats::jetstream::Error> {
+    let mut source = error.source();
+    while let Some(inner) = source {
+        if let Some(api) = inner.downcast_ref::<async_nats::jetstream::Error>() {
+            return Some(api);
         }
-        _ => false,
+        source = inner.source();
+    }
+    None
+}
+
+fn classify_api(error: &async_nats::jetstream::Error) -> Failure {
+    match error.error_code().0 {
+        code::WRONG_LAST_SEQUENCE | code::WRONG_LAST_SEQUENCE_CONSTANT => Failure::Conflict,
+        code::CLUSTER_NOT_AVAILABLE
+        | code::CLUSTER_NOT_LEADER
+        | code::STREAM_OFFLINE
+        | code::STREAM_OFFLINE_REASON
+        | code::EXPECTED_LAST_SUBJECT_SEQUENCE_NOT_READY => Failure::Unavailable,
+        // 503: the server says "not now" in every other case too.
+        _ if error.code() == 503 => Failure::Unavailable,
+        _ => classify_text(&error.to_string()),
+    }
+}
+
+/// The last resort, for errors that carry neither a kind nor a code.
+fn classify_text(text: &str) -> Failure {
+    if text.contains("wrong last sequence") {
+        Failure::Conflict
+    } else if text.contains("no responders")
+        || text.contains("timed out")
+        || text.contains("disconnected")
+        || text.contains("temporarily unavailable")
+    {
+        Failure::Unavailable
+    } else {
+        Failure::Fatal
     }
 }
 
 fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
     let exponential = policy.backoff_base.saturating_mul(1 << attempt.min(16));
     exponential.min(policy.backoff_max)
+}
+
+/// The pause before retrying after `conflicts` lost races in a row: none
+/// after the first (the re-read is the pause), then a random share of a
+/// window that doubles from 2ms to 128ms, so colliding writers spread out.
+fn conflict_pause(policy: &RetryPolicy, conflicts: u32, event: EventId) -> Option<Duration> {
+    use std::hash::BuildHasher;
+    if conflicts < 2 {
+        return None;
+    }
+    let window = Duration::from_millis(1 << conflicts.min(7)).min(policy.backoff_max);
+    // A randomly keyed hash: the jitter differs between writers and tries.
+    let share = std::collections::hash_map::RandomState::new().hash_one((event, conflicts)) % 1024;
+    Some(window.mul_f64(share as f64 / 1024.0))
 }
 
 /// Reads the last stored event of a project from the stream leader (through
@@ -656,7 +795,9 @@ pub async fn fetch_head(
     org: &OrgId,
     project: &ProjectId,
 ) -> Result<Option<Head>, Error> {
-    last_of_project(bus, org, project, HeadRead::Leader).await
+    last_of_project(bus, org, project, HeadRead::Leader)
+        .await
+        .map_err(HeadFailure::into_error)
 }
 
 /// Reads the last stored event of a project with a direct get: answered by
@@ -665,7 +806,9 @@ pub async fn fetch_head(
 /// milliseconds behind the leader, which is fine where the head only says
 /// how far the store must catch up (an append still expects the exact head).
 pub async fn read_head(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<Option<Head>, Error> {
-    last_of_project(bus, org, project, HeadRead::Direct).await
+    last_of_project(bus, org, project, HeadRead::Direct)
+        .await
+        .map_err(HeadFailure::into_error)
 }
 
 /// How a project's last message is read.
@@ -677,42 +820,80 @@ enum HeadRead {
     Direct,
 }
 
+/// A head read that failed.
+enum HeadFailure {
+    /// No answer, or no stream leader to answer yet: worth another try.
+    Unavailable(Error),
+    Failed(Error),
+}
+
+impl HeadFailure {
+    fn into_error(self) -> Error {
+        match self {
+            Self::Unavailable(error) | Self::Failed(error) => error,
+        }
+    }
+}
+
 async fn last_of_project(
     bus: &Bus,
     org: &OrgId,
     project: &ProjectId,
     read: HeadRead,
-) -> Result<Option<Head>, Error> {
+) -> Result<Option<Head>, HeadFailure> {
     use async_nats::jetstream::stream::{DirectGetErrorKind, LastRawMessageErrorKind};
     let stream = bus
         .jetstream
         .get_stream_no_info(zopu_schema::subjects::EVENTS_STREAM)
         .await
-        .map_err(|e| Error::jetstream("get stream", e))?;
+        .map_err(|e| HeadFailure::Failed(Error::jetstream("get stream", e)))?;
     let filter = zopu_schema::subjects::project_events(org, project);
+    let failed = |transient: bool, error: &dyn std::fmt::Display| {
+        let error = Error::jetstream("read project head", error);
+        if transient {
+            HeadFailure::Unavailable(error)
+        } else {
+            HeadFailure::Failed(error)
+        }
+    };
     let last = match read {
         HeadRead::Leader => match stream.get_last_raw_message_by_subject(&filter).await {
             Ok(message) => Some(message),
-            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => None,
-            Err(error) => return Err(Error::jetstream("read project head", error)),
+            Err(error) => match error.kind() {
+                LastRawMessageErrorKind::NoMessageFound => None,
+                LastRawMessageErrorKind::JetStream(api) => {
+                    return Err(failed(classify_api(&api) == Failure::Unavailable, &error));
+                }
+                // A request that timed out or found no responder.
+                LastRawMessageErrorKind::Other => return Err(failed(true, &error)),
+                LastRawMessageErrorKind::InvalidSubject => return Err(failed(false, &error)),
+            },
         },
         HeadRead::Direct => match stream.direct_get_last_for_subject(filter.as_str()).await {
             Ok(message) => Some(message),
-            Err(error) if error.kind() == DirectGetErrorKind::NotFound => None,
-            Err(error) => return Err(Error::jetstream("read project head", error)),
+            Err(error) => match error.kind() {
+                DirectGetErrorKind::NotFound => None,
+                DirectGetErrorKind::TimedOut
+                | DirectGetErrorKind::Request
+                | DirectGetErrorKind::Other => return Err(failed(true, &error)),
+                // 503: no responders, or the stream could not answer yet.
+                DirectGetErrorKind::ErrorResponse(status, _) => {
+                    return Err(failed(status.as_u16() == 503, &error));
+                }
+                DirectGetErrorKind::InvalidSubject => return Err(failed(false, &error)),
+            },
         },
     };
     match last {
-        Some(message) => {
-            head_of(
-                bus,
-                &filter,
-                message.sequence,
-                &message.headers,
-                message.payload,
-            )
-            .await
-        }
+        Some(message) => head_of(
+            bus,
+            &filter,
+            message.sequence,
+            &message.headers,
+            message.payload,
+        )
+        .await
+        .map_err(HeadFailure::Failed),
         None => Ok(None),
     }
 }
@@ -822,6 +1003,117 @@ impl Publisher {
         match sequence {
             Some(sequence) => get_event(&self.bus, sequence).await.map(Some),
             None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_nats::jetstream::context::PublishError;
+
+    use super::*;
+
+    fn api(code: usize, error_code: u64, description: &str) -> async_nats::jetstream::Error {
+        serde_json::from_value(serde_json::json!({
+            "code": code,
+            "err_code": error_code,
+            "description": description,
+        }))
+        .expect("a JetStream API error")
+    }
+
+    fn other(code: usize, error_code: u64, description: &str) -> PublishError {
+        PublishError::with_source(PublishErrorKind::Other, api(code, error_code, description))
+    }
+
+    #[test]
+    fn a_moved_head_is_a_conflict_whatever_the_code() {
+        // Single server (async-nats maps it) and the leader's worded answer.
+        assert_eq!(
+            classify(&PublishError::with_source(
+                PublishErrorKind::WrongLastSequence,
+                api(400, 10071, "wrong last sequence: 41"),
+            )),
+            Failure::Conflict
+        );
+        assert_eq!(
+            classify(&other(400, 10071, "wrong last sequence: 41")),
+            Failure::Conflict
+        );
+        // A clustered stream's answer, which async-nats leaves as `Other`.
+        let clustered = other(400, 10164, "wrong last sequence");
+        assert_eq!(clustered.kind(), PublishErrorKind::Other);
+        assert_eq!(classify(&clustered), Failure::Conflict);
+        // Only the text is left.
+        assert_eq!(
+            classify(&PublishError::with_source(
+                PublishErrorKind::Other,
+                "wrong last sequence (code 400, error code 10999)",
+            )),
+            Failure::Conflict
+        );
+    }
+
+    #[test]
+    fn a_cluster_between_leaders_is_unavailable() {
+        for (code, error_code, text) in [
+            (503, 10008, "JetStream system temporarily unavailable"),
+            (500, 10009, "JetStream cluster can not handle request"),
+            (500, 10118, "stream is offline"),
+            (500, 10194, "stream is offline: leader lost"),
+            (
+                503,
+                10163,
+                "expected last sequence per subject temporarily unavailable",
+            ),
+            (503, 10999, "something new but temporary"),
+        ] {
+            assert_eq!(
+                classify(&other(code, error_code, text)),
+                Failure::Unavailable,
+                "{error_code}"
+            );
+        }
+        for kind in [
+            PublishErrorKind::TimedOut,
+            PublishErrorKind::BrokenPipe,
+            PublishErrorKind::StreamNotFound,
+        ] {
+            assert_eq!(classify(&PublishError::new(kind)), Failure::Unavailable);
+        }
+        assert_eq!(
+            classify(&PublishError::with_source(
+                PublishErrorKind::Other,
+                "nats: no responders"
+            )),
+            Failure::Unavailable
+        );
+    }
+
+    #[test]
+    fn other_refusals_are_fatal() {
+        assert_eq!(
+            classify(&other(400, 10054, "message size exceeds maximum allowed")),
+            Failure::Fatal
+        );
+        assert_eq!(
+            classify(&PublishError::new(PublishErrorKind::MaxPayloadExceeded)),
+            Failure::Fatal
+        );
+        assert_eq!(
+            classify(&PublishError::new(PublishErrorKind::WrongLastMessageId)),
+            Failure::Fatal
+        );
+    }
+
+    #[test]
+    fn colliding_writers_pause_a_bounded_random_share() {
+        let policy = RetryPolicy::default();
+        let event = EventId::new();
+        assert_eq!(conflict_pause(&policy, 1, event), None);
+        for conflicts in 2..200 {
+            let pause = conflict_pause(&policy, conflicts, event).expect("a pause");
+            assert!(pause <= Duration::from_millis(128), "{pause:?}");
         }
     }
 }
