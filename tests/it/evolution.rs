@@ -59,20 +59,53 @@ async fn projections_record_events_they_do_not_understand_and_carry_on() -> Resu
         ..Default::default()
     };
     let first = publisher
-        .append(NewEvent::root(org.clone(), project, &disabled, "disable-1", None))
+        .append(NewEvent::root(
+            org.clone(),
+            project,
+            &disabled,
+            "disable-1",
+            None,
+        ))
         .await?;
     let template = get_event(&bus, first.sequence).await?;
     // A dataschema version this binary lacks, a type it lacks, and a body
     // that does not decode as its (known) dataschema.
-    let newer_schema = publish_rewritten(&bus, &template, "agent.disabled", "zopu.v2.AgentDisabled", b"\x0a\x03abc").await?;
-    let newer_type = publish_rewritten(&bus, &template, "project.archived", "zopu.v1.ProjectArchived", b"").await?;
-    let broken = publish_rewritten(&bus, &template, "agent.disabled", "zopu.v1.AgentDisabled", b"\xff\xff\xff").await?;
+    let newer_schema = publish_rewritten(
+        &bus,
+        &template,
+        "agent.disabled",
+        "zopu.v2.AgentDisabled",
+        b"\x0a\x03abc",
+    )
+    .await?;
+    let newer_type = publish_rewritten(
+        &bus,
+        &template,
+        "project.archived",
+        "zopu.v1.ProjectArchived",
+        b"",
+    )
+    .await?;
+    let broken = publish_rewritten(
+        &bus,
+        &template,
+        "agent.disabled",
+        "zopu.v1.AgentDisabled",
+        b"\xff\xff\xff",
+    )
+    .await?;
     let enabled = pb::AgentEnabled {
         agent_id: agent.into(),
         ..Default::default()
     };
     let last = publisher
-        .append(NewEvent::root(org.clone(), project, &enabled, "enable-1", None))
+        .append(NewEvent::root(
+            org.clone(),
+            project,
+            &enabled,
+            "enable-1",
+            None,
+        ))
         .await?;
 
     // An old projection (the specialists' state used to retry the broken
@@ -99,9 +132,21 @@ async fn projections_record_events_they_do_not_understand_and_carry_on() -> Resu
             .collect()
     })?;
     let sequences: Vec<u64> = recorded.iter().map(|(sequence, _)| *sequence).collect();
-    assert_eq!(sequences, vec![newer_schema, newer_type, broken], "{recorded:?}");
-    assert!(recorded[0].1.contains("zopu.v2.AgentDisabled") && recorded[0].1.contains("newer version"), "{recorded:?}");
-    assert!(recorded[1].1.contains("unknown event type project.archived"), "{recorded:?}");
+    assert_eq!(
+        sequences,
+        vec![newer_schema, newer_type, broken],
+        "{recorded:?}"
+    );
+    assert!(
+        recorded[0].1.contains("zopu.v2.AgentDisabled") && recorded[0].1.contains("newer version"),
+        "{recorded:?}"
+    );
+    assert!(
+        recorded[1]
+            .1
+            .contains("unknown event type project.archived"),
+        "{recorded:?}"
+    );
     assert!(recorded[2].1.contains("does not decode"), "{recorded:?}");
     shutdown.cancel();
     running.await??;

@@ -254,9 +254,15 @@ fn apply_to_all(
     for entry in tracked.iter_mut() {
         let name = entry.projection.name();
         let changes_before = tx.total_changes();
-        for (sequence, event) in decoded.iter().filter(|(sequence, _)| *sequence > entry.checkpoint) {
+        for (sequence, event) in decoded
+            .iter()
+            .filter(|(sequence, _)| *sequence > entry.checkpoint)
+        {
             let understood = match event {
-                Ok(event) => match zopu_schema::catalogue::not_understood_type(&event.event_type, &event.data_schema) {
+                Ok(event) => match zopu_schema::catalogue::not_understood_type(
+                    &event.event_type,
+                    &event.data_schema,
+                ) {
                     None => Ok(event),
                     Some(reason) => Err(reason),
                 },
@@ -286,10 +292,19 @@ fn apply_to_all(
                 Ok(()) => tx.execute_batch("RELEASE zopu_event")?,
                 Err(error) => {
                     tx.execute_batch("ROLLBACK TO zopu_event; RELEASE zopu_event")?;
-                    match zopu_schema::catalogue::not_understood(&event.event_type, &event.data_schema, &event.data) {
+                    match zopu_schema::catalogue::not_understood(
+                        &event.event_type,
+                        &event.data_schema,
+                        &event.data,
+                    ) {
                         Some(reason) => {
                             tracing::warn!(projection = name, sequence, %reason, "event not understood; recorded and skipped");
-                            record_not_understood(tx, name, *sequence, &format!("{reason} ({error})"))?;
+                            record_not_understood(
+                                tx,
+                                name,
+                                *sequence,
+                                &format!("{reason} ({error})"),
+                            )?;
                         }
                         None => return Err(error),
                     }
@@ -395,7 +410,13 @@ impl Set {
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             let mut failed_on_not_understood = false;
             let outcome = store_for_batch.write(|tx| {
-                apply_to_all(tx, &mut tracked, &decoded, last, Isolation::Batch(&mut failed_on_not_understood))
+                apply_to_all(
+                    tx,
+                    &mut tracked,
+                    &decoded,
+                    last,
+                    Isolation::Batch(&mut failed_on_not_understood),
+                )
             });
             match outcome {
                 Err(_) if failed_on_not_understood => {
@@ -412,7 +433,10 @@ impl Set {
             Ok::<_, Error>(())
         })
         .await
-        .map_err(|error| Error::Projection { projection: "batch".into(), reason: error.to_string() })??;
+        .map_err(|error| Error::Projection {
+            projection: "batch".into(),
+            reason: error.to_string(),
+        })??;
         Ok(last)
     }
 }
