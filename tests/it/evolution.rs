@@ -115,7 +115,7 @@ async fn projections_record_events_they_do_not_understand_and_carry_on() -> Resu
     let running = tokio::spawn(projection::run(
         bus.clone(),
         store.clone(),
-        zopu_specialists::state::State::default(),
+        zopu_specialists::state::State,
         shutdown.clone(),
     ));
     tokio::time::timeout(LONG, store.wait_for(last.sequence))

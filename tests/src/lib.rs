@@ -21,6 +21,10 @@ use zopu_schema::Envelope;
 
 pub use zopu_core::local_server::SyncPolicy as Sync;
 
+pub mod fixtures;
+pub mod fleet;
+pub mod invariants;
+
 /// A nats-server child process on a temp store (see `zopu_core::local_server`).
 #[derive(Debug)]
 pub struct NatsServer {

@@ -1,0 +1,162 @@
+//! The operator's scenario of issue 13, with real processes: a three-node
+//! JetStream cluster (R3, `sync_interval: always`), two `zopu run`
+//! instances of every reaction service (each with its own data directory,
+//! as on separate machines), three projects created with `zopu project
+//! create`, five `zopu send` to each project at once — and, mid-run, a
+//! kill -9 of one instance of every service and of the stream leader.
+//! Every message must be stored, acknowledged once and answered once,
+//! with one agent turn at a time per project (`zopu_tests::invariants`).
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use zopu_schema::{Event, OrgId, ProjectId, pb, subjects};
+use zopu_tests::fleet::{Fleet, FleetConfig};
+use zopu_tests::{
+    NatsCluster, bus, fixtures, invariants, wait_for_count, workspace_root, zopu_binary,
+};
+
+const SERVICES: [&str; 5] = [
+    "setup",
+    "dispatch",
+    "conversation",
+    "specialists",
+    "artifacts",
+];
+const LONG: Duration = Duration::from_secs(240);
+
+async fn run_cli(fleet: &Fleet, args: &[&str]) -> Result<std::process::Output> {
+    let mut command = tokio::process::Command::from(fleet.command());
+    command.args(args).kill_on_drop(true);
+    tokio::time::timeout(LONG, command.output())
+        .await
+        .with_context(|| {
+            format!(
+                "zopu {} did not finish within {}s",
+                args.join(" "),
+                LONG.as_secs()
+            )
+        })?
+        .context("running zopu")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_of_every_service_on_a_cluster_survive_kills_mid_run() -> Result<()> {
+    let mut cluster = NatsCluster::start()?;
+    let bus = bus(&cluster, Duration::from_secs(120)).await?;
+    let dir = tempfile::tempdir()?;
+    let repo = fixtures::demo_repository(dir.path())?;
+    let zopu = zopu_binary(&workspace_root())?;
+    let mut fleet = Fleet::new(
+        &zopu,
+        &dir.path().join("fleet"),
+        FleetConfig {
+            nats_url: cluster.url(),
+            stream_replicas: 3,
+            partitions: 6,
+            lease_ttl: Duration::from_secs(2),
+            env: Vec::new(),
+        },
+    )?;
+    for service in SERVICES {
+        for n in 1..=2 {
+            fleet.start(service, n)?;
+        }
+    }
+    let org: OrgId = "acme".parse()?;
+    let repo_arg = repo.to_string_lossy().into_owned();
+
+    // Three projects, created as an operator would (each waits for ready).
+    let mut projects: Vec<ProjectId> = Vec::new();
+    for _ in 0..3 {
+        let output = run_cli(
+            &fleet,
+            &[
+                "--json", "project", "create", "--org", "acme", "--repo", &repo_arg,
+            ],
+        )
+        .await?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        ensure!(
+            output.status.success(),
+            "project create failed: {stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let first: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap_or("{}"))?;
+        projects.push(
+            first["project"]
+                .as_str()
+                .context("no project id")?
+                .parse()?,
+        );
+    }
+
+    // Five messages to each project at once.
+    let questions = [
+        "How does main handle the greeting?",
+        "What does the README say about running it?",
+        "How does the service read its environment?",
+        "Where is the greeting printed?",
+        "How does the build handle the edition?",
+    ];
+    let mut sends = Vec::new();
+    for project in &projects {
+        for question in questions {
+            let mut command = tokio::process::Command::from(fleet.command());
+            command
+                .args([
+                    "--json",
+                    "send",
+                    "--org",
+                    "acme",
+                    &project.to_string(),
+                    question,
+                    "--timeout",
+                    "200",
+                ])
+                .kill_on_drop(true);
+            sends.push(tokio::spawn(async move { command.output().await }));
+        }
+    }
+    // Mid-run: once some turns were acknowledged, kill -9 one instance of
+    // every service and the stream's leader.
+    wait_for_count(
+        &bus,
+        &subjects::events_of_type(pb::AgentAcknowledged::TYPE),
+        LONG,
+        4,
+        |event| event.correlation_id.to_string() != event.id.to_string(),
+    )
+    .await?;
+    for service in SERVICES {
+        fleet.kill(service, 1);
+    }
+    let leader = cluster.kill_stream_leader(&bus, LONG).await?;
+    cluster.wait_for_stream_leader(&bus, LONG).await?;
+    cluster.restart(leader)?;
+
+    let mut failures = Vec::new();
+    for send in sends {
+        let output = send.await??;
+        if !output.status.success() {
+            failures.push(format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+    }
+    let logs: Vec<String> = fleet
+        .running()
+        .iter()
+        .map(|name| format!("--- {name}\n{}", fleet.log_tail(name, 15)))
+        .collect();
+    ensure!(
+        failures.is_empty(),
+        "sends failed: {failures:#?}\n{}",
+        logs.join("\n")
+    );
+    let violations = invariants::check(&bus, &org, &projects).await?;
+    ensure!(violations.is_empty(), "invariants broken:\n{violations}");
+    Ok(())
+}

@@ -1,0 +1,70 @@
+//! Fixtures shared by the integration tests: a small git repository, git
+//! run hardened, a free loopback port.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, ensure};
+
+/// A small Rust project in a fresh git repository on branch `main`.
+pub fn demo_repository(dir: &Path) -> Result<PathBuf> {
+    let repo = dir.join("demo-repo");
+    std::fs::create_dir_all(repo.join("src"))?;
+    std::fs::write(
+        repo.join("Cargo.toml"),
+        "[package]\nname = \"demo\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    )?;
+    std::fs::write(
+        repo.join("src/main.rs"),
+        "//! A tiny service: reads its greeting from the environment.\n\nfn main() {\n    let greeting = std::env::var(\"GREETING\").unwrap_or_else(|_| \"hello\".into());\n    println!(\"{greeting}\");\n}\n",
+    )?;
+    std::fs::write(
+        repo.join("README.md"),
+        "# demo\n\nA tiny service used by Zopu's browser test. Run it with `cargo run`.\n",
+    )?;
+    std::fs::write(
+        repo.join(".env.example"),
+        "GREETING=hello\nDATABASE_URL=postgres://localhost/demo\n",
+    )?;
+    git(&repo, &["init", "-q", "-b", "main"])?;
+    git(&repo, &["add", "."])?;
+    git(
+        &repo,
+        &[
+            "-c",
+            "user.name=Zopu Test",
+            "-c",
+            "user.email=test@zopu.invalid",
+            "commit",
+            "-q",
+            "-m",
+            "A tiny service",
+        ],
+    )?;
+    Ok(repo)
+}
+
+/// Runs git in `repo` with no system or user configuration.
+pub fn git(repo: &Path, args: &[&str]) -> Result<()> {
+    let output = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .context("running git (install it with `apt-get install -y git`)")?;
+    ensure!(
+        output.status.success(),
+        "git {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}
+
+/// A port nothing listens on now (loopback).
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}

@@ -1,0 +1,149 @@
+//! A fleet of service processes: `zopu run <service>` children, several
+//! instances of each, every one with its own data directory and instance
+//! id, as on separate machines. A test can kill -9 any of them, stop it
+//! with SIGTERM, and start it again; every child is killed when the fleet
+//! is dropped. Each child's log goes to `<root>/logs/<instance>.log`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+/// How the fleet's processes are configured (environment, as an operator
+/// would set it).
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    pub nats_url: String,
+    pub stream_replicas: usize,
+    pub partitions: u32,
+    pub lease_ttl: Duration,
+    /// Extra `ZOPU_*` variables for every process (e.g. an LLM endpoint).
+    pub env: Vec<(String, String)>,
+}
+
+#[derive(Debug)]
+pub struct Fleet {
+    zopu: PathBuf,
+    root: PathBuf,
+    config: FleetConfig,
+    children: BTreeMap<String, Child>,
+}
+
+impl Fleet {
+    pub fn new(zopu: &Path, root: &Path, config: FleetConfig) -> Result<Self> {
+        std::fs::create_dir_all(root.join("logs"))?;
+        Ok(Self {
+            zopu: zopu.to_owned(),
+            root: root.to_owned(),
+            config,
+            children: BTreeMap::new(),
+        })
+    }
+
+    /// `<service>-<n>`: the instance id and the name of its data directory.
+    pub fn instance(service: &str, n: usize) -> String {
+        format!("{service}-{n}")
+    }
+
+    /// A `zopu` command with the fleet's settings (for the CLI: project
+    /// create, send, audit verify ...), logging to stderr at warn.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(&self.zopu);
+        self.configure(&mut command, &self.root.join("data/cli"));
+        command.env("ZOPU_LOG", "warn");
+        command
+    }
+
+    fn configure(&self, command: &mut Command, data_dir: &Path) {
+        command
+            .env_remove("ZOPU_CONFIG")
+            .env("ZOPU_NATS_URL", &self.config.nats_url)
+            .env("ZOPU_DATA_DIR", data_dir)
+            .env(
+                "ZOPU_STREAM_REPLICAS",
+                self.config.stream_replicas.to_string(),
+            )
+            .env("ZOPU_SCALE__PARTITIONS", self.config.partitions.to_string())
+            .env(
+                "ZOPU_SCALE__LEASE_TTL",
+                format!("{}ms", self.config.lease_ttl.as_millis()),
+            )
+            .env("ZOPU_SANDBOX__ALLOW_LOCAL_REPOSITORIES", "true")
+            .env("ZOPU_SHUTDOWN_GRACE", "20s");
+        for (name, value) in &self.config.env {
+            command.env(name, value);
+        }
+    }
+
+    /// Starts instance `n` of `service` (again, after a kill: same data dir).
+    pub fn start(&mut self, service: &str, n: usize) -> Result<()> {
+        let name = Self::instance(service, n);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join("logs").join(format!("{name}.log")))?;
+        let mut command = Command::new(&self.zopu);
+        self.configure(&mut command, &self.root.join("data").join(&name));
+        command
+            .args(["run", service])
+            .env("ZOPU_SCALE__INSTANCE_ID", &name)
+            .env("ZOPU_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {name} ({})", self.zopu.display()))?;
+        self.children.insert(name, child);
+        Ok(())
+    }
+
+    /// SIGKILL: the instance stops mid-work, releases nothing.
+    pub fn kill(&mut self, service: &str, n: usize) {
+        if let Some(mut child) = self.children.remove(&Self::instance(service, n)) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait: the instance finishes what it holds and releases
+    /// its partitions. True if it exited successfully.
+    pub fn stop(&mut self, service: &str, n: usize) -> Result<bool> {
+        let Some(mut child) = self.children.remove(&Self::instance(service, n)) else {
+            return Ok(true);
+        };
+        let pid = i32::try_from(child.id()).context("pid")?;
+        let status = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -TERM {pid} failed");
+        Ok(child.wait()?.success())
+    }
+
+    /// Names of the instances that are running (exited ones are reaped).
+    pub fn running(&mut self) -> Vec<String> {
+        self.children
+            .iter_mut()
+            .filter_map(|(name, child)| matches!(child.try_wait(), Ok(None)).then(|| name.clone()))
+            .collect()
+    }
+
+    /// The tail of an instance's log, for failure messages.
+    pub fn log_tail(&self, name: &str, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.root.join("logs").join(format!("{name}.log")))
+            .unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for child in self.children.values_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
