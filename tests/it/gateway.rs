@@ -16,10 +16,72 @@ use zopu_tests::{NatsServer, history};
 
 const LONG: Duration = Duration::from_secs(30);
 
-struct Gateway {
-    _server: NatsServer,
-    _dir: tempfile::TempDir,
+/// The link key every test gateway shares (as every instance of a deployment does).
+const LINK_KEY: &[u8] = b"integration-tests-link-key-0123456789abcdef";
+
+fn link_key() -> zopu_gateway::LinkKey {
+    zopu_gateway::LinkKey::new(LINK_KEY.to_vec(), "test").expect("a long enough key")
+}
+
+/// One gateway instance (its own data directory and projection) serving on a free port.
+struct Instance {
     shutdown: Shutdown,
+    state: AppState,
+    base: String,
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Instance {
+    async fn start(
+        server: &NatsServer,
+        data_dir: &std::path::Path,
+        config: zopu_gateway::Config,
+        link_key: zopu_gateway::LinkKey,
+    ) -> Result<Self> {
+        let core = zopu_tests::core_config(server, data_dir);
+        let shutdown = Shutdown::new();
+        let state = zopu_gateway::start(&core, config, link_key, shutdown.clone()).await?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        shutdown.spawn(zopu_gateway::serve(state.clone(), listener));
+        Ok(Self {
+            shutdown,
+            state,
+            base,
+        })
+    }
+
+    /// Stops serving and waits for the in-flight work to finish.
+    async fn stop(self) -> Result<()> {
+        self.shutdown.cancel();
+        ensure!(
+            self.shutdown.wait(LONG).await,
+            "the gateway did not stop in time"
+        );
+        Ok(())
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn projected(&self, sequence: u64) -> Result<()> {
+        tokio::time::timeout(LONG, self.state.runtime.store.wait_for(sequence))
+            .await
+            .context("the gateway projection did not catch up")
+    }
+}
+
+/// Fields drop in order: the gateway stops before its server and directory go.
+struct Gateway {
+    instance: Instance,
+    server: NatsServer,
+    _dir: tempfile::TempDir,
     state: AppState,
     base: String,
     http: reqwest::Client,
@@ -28,35 +90,26 @@ struct Gateway {
     other: String,
 }
 
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
 async fn gateway(config: zopu_gateway::Config) -> Result<Gateway> {
     let server = NatsServer::start()?;
     let dir = tempfile::tempdir()?;
-    let core = zopu_tests::core_config(&server, dir.path());
-    let shutdown = Shutdown::new();
-    let state = zopu_gateway::start(&core, config, shutdown.clone()).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    shutdown.spawn(zopu_gateway::serve(state.clone(), listener));
-    let tokens = zopu_gateway::tokens_path(dir.path());
-    let acme = zopu_gateway::issue_token(&tokens, &org("acme"), "ada")?;
-    let other = zopu_gateway::issue_token(&tokens, &org("other"), "eve")?;
+    let instance = Instance::start(&server, dir.path(), config, link_key()).await?;
+    let state = instance.state.clone();
+    let base = instance.base.clone();
+    let ttl = zopu_gateway::tokens::DEFAULT_TTL;
+    let acme = state.tokens.issue(&org("acme"), "ada", ttl).await?;
+    let other = state.tokens.issue(&org("other"), "eve", ttl).await?;
     let events = Publisher::new(state.runtime.bus.clone(), "test", None);
     Ok(Gateway {
-        _server: server,
+        instance,
+        server,
         _dir: dir,
-        shutdown,
         state,
         base,
         http: reqwest::Client::builder().timeout(LONG).build()?,
         events,
-        acme,
-        other,
+        acme: acme.expose().to_owned(),
+        other: other.expose().to_owned(),
     })
 }
 
@@ -116,9 +169,7 @@ impl Gateway {
     }
 
     async fn projected(&self, sequence: u64) -> Result<()> {
-        tokio::time::timeout(LONG, self.state.runtime.store.wait_for(sequence))
-            .await
-            .context("the gateway projection did not catch up")
+        self.instance.projected(sequence).await
     }
 
     /// Creates a project through the API and waits until it is projected.
@@ -1206,5 +1257,323 @@ async fn sse_resumes_after_a_disconnect_without_gaps_or_duplicates() -> Result<(
     for (id, item) in &received {
         assert_eq!(item["sequence"].as_u64(), Some(*id));
     }
+    Ok(())
+}
+
+/// `GET /v1/projects` with `token` on `instance`: the status only.
+async fn list_status(
+    http: &reqwest::Client,
+    instance: &Instance,
+    token: &str,
+) -> Result<StatusCode> {
+    Ok(http
+        .get(instance.url("/v1/projects"))
+        .bearer_auth(token)
+        .send()
+        .await?
+        .status())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_work_on_every_instance_and_after_a_restart_until_revoked_or_expired() -> Result<()>
+{
+    let server = NatsServer::start()?;
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let config = zopu_gateway::Config::default;
+    let a = Instance::start(&server, dir_a.path(), config(), link_key()).await?;
+    let b = Instance::start(&server, dir_b.path(), config(), link_key()).await?;
+    let http = reqwest::Client::builder().timeout(LONG).build()?;
+
+    // The operator's CLI: its own connection to the bucket, no gateway involved.
+    let bus = zopu_tests::bus(&server, Duration::from_secs(120)).await?;
+    let store = zopu_gateway::TokenStore::open(&bus.jetstream).await?;
+    let day = Duration::from_secs(24 * 3600);
+    let ada = store.issue(&org("acme"), "ada", day).await?;
+    let bob = store.issue(&org("acme"), "bob", day).await?;
+    for instance in [&a, &b] {
+        for token in [&ada, &bob] {
+            assert_eq!(
+                list_status(&http, instance, token.expose()).await?,
+                StatusCode::OK
+            );
+        }
+    }
+
+    // The bucket keeps the hash, never the token.
+    let bucket = bus
+        .jetstream
+        .get_key_value(subjects::GATEWAY_TOKENS_BUCKET)
+        .await?;
+    let stored = bucket
+        .get(&ada.info.id)
+        .await?
+        .context("the token's entry")?;
+    let secret = &ada.expose()[ada.expose().len() - 64..];
+    let stored = String::from_utf8(stored.to_vec())?;
+    assert!(!stored.contains(secret), "token stored in clear: {stored}");
+
+    // A restart of one instance (same data directory) still accepts it.
+    a.stop().await?;
+    let a = Instance::start(&server, dir_a.path(), config(), link_key()).await?;
+    assert_eq!(list_status(&http, &a, ada.expose()).await?, StatusCode::OK);
+
+    // Revoked (by an id prefix): refused everywhere at once; the other token still works.
+    let (revoked, newly) = store.revoke(&ada.info.id[..8]).await?;
+    assert!(newly && revoked.id == ada.info.id);
+    for instance in [&a, &b] {
+        let response = http
+            .get(instance.url("/v1/projects"))
+            .bearer_auth(ada.expose())
+            .send()
+            .await?;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        let body: Value = response.json().await?;
+        assert_eq!(body["error"]["code"], "unauthorized");
+        assert_eq!(
+            list_status(&http, instance, bob.expose()).await?,
+            StatusCode::OK
+        );
+    }
+    let (_, again) = store.revoke(&ada.info.id).await?;
+    assert!(!again, "revoking twice reports the first revocation");
+
+    // Expired: issued two days ago for one day.
+    let two_days_ago = time::OffsetDateTime::now_utc() - 2 * day;
+    let expired = store
+        .issue_at(&org("acme"), "old", day, two_days_ago)
+        .await?;
+    for instance in [&a, &b] {
+        assert_eq!(
+            list_status(&http, instance, expired.expose()).await?,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+
+    // The operator sees each token's id and status, never a token.
+    let now = time::OffsetDateTime::now_utc();
+    let listed: Vec<(String, &'static str)> = store
+        .list()
+        .await?
+        .iter()
+        .map(|info| (info.id.clone(), info.status(now).as_str()))
+        .collect();
+    for (id, status) in [
+        (&ada.info.id, "revoked"),
+        (&bob.info.id, "active"),
+        (&expired.info.id, "expired"),
+    ] {
+        assert!(
+            listed.contains(&(id.clone(), status)),
+            "{id} {status} in {listed:?}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_link_made_by_one_instance_opens_on_another() -> Result<()> {
+    let gw = gateway(zopu_gateway::Config::default()).await?;
+    let project = gw.create_project("links").await?;
+    let html = b"<h1>Shared</h1>";
+    let artifact = gw.publish_artifact(project, None, html, false).await?;
+    let (status, link) = gw
+        .get(&gw.acme, &format!("/v1/artifacts/{artifact}/link"))
+        .await?;
+    assert_eq!(status, StatusCode::OK);
+    let url = link["url"].as_str().context("url")?.to_owned();
+
+    let dir = tempfile::tempdir()?;
+    let other = Instance::start(
+        &gw.server,
+        dir.path(),
+        zopu_gateway::Config::default(),
+        link_key(),
+    )
+    .await?;
+    let last = zopu_core::publish::last_sequence(&gw.state.runtime.bus).await?;
+    other.projected(last).await?;
+    let response = gw.http.get(other.url(&url)).send().await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.bytes().await?.as_ref(), html);
+
+    // An instance with another key refuses it (so the key really is what is shared).
+    let stranger_dir = tempfile::tempdir()?;
+    let stranger_key = zopu_gateway::LinkKey::new(vec![9u8; 32], "test")?;
+    let stranger = Instance::start(
+        &gw.server,
+        stranger_dir.path(),
+        zopu_gateway::Config::default(),
+        stranger_key,
+    )
+    .await?;
+    stranger.projected(last).await?;
+    let response = gw.http.get(stranger.url(&url)).send().await?;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_id_creates_one_project_even_concurrently_on_two_instances() -> Result<()> {
+    let gw = gateway(zopu_gateway::Config::default()).await?;
+    let dir = tempfile::tempdir()?;
+    let other = Instance::start(
+        &gw.server,
+        dir.path(),
+        zopu_gateway::Config::default(),
+        link_key(),
+    )
+    .await?;
+    let body = json!({ "repository": "https://example.com/acme/once.git", "name": "once" });
+    let request_id = EventId::new().to_string();
+    let send = |base: String| {
+        let (http, token, body, request_id) = (
+            gw.http.clone(),
+            gw.acme.clone(),
+            body.clone(),
+            request_id.clone(),
+        );
+        async move {
+            let response = http
+                .post(format!("{base}/v1/projects"))
+                .bearer_auth(token)
+                .header("x-request-id", request_id)
+                .json(&body)
+                .send()
+                .await?;
+            let status = response.status();
+            let value: Value = response.json().await?;
+            anyhow::Ok((status, value))
+        }
+    };
+    let replies = futures::future::try_join_all([
+        send(gw.base.clone()),
+        send(other.base.clone()),
+        send(gw.base.clone()),
+        send(other.base.clone()),
+    ])
+    .await?;
+    let first = &replies[0].1;
+    for (status, reply) in &replies {
+        assert_eq!(*status, StatusCode::CREATED, "{reply}");
+        for field in ["project_id", "event_id", "sequence", "request_id"] {
+            assert_eq!(reply[field], first[field], "{field} differs: {replies:?}");
+        }
+    }
+    let created = replies
+        .iter()
+        .filter(|(_, reply)| reply["duplicate"] == json!(false))
+        .count();
+    assert!(created <= 1, "{replies:?}");
+    let project: ProjectId = first["project_id"]
+        .as_str()
+        .context("project_id")?
+        .parse()?;
+    assert_eq!(
+        project,
+        ProjectId::for_request(&org("acme"), &request_id.parse()?)
+    );
+    let setups = |events: &[(u64, zopu_schema::Envelope)]| {
+        events
+            .iter()
+            .filter(|(_, event)| event.event_type == pb::ProjectSetupRequested::TYPE)
+            .count()
+    };
+    let stored = history(
+        &gw.state.runtime.bus,
+        &subjects::project_events(&org("acme"), &project),
+    )
+    .await?;
+    assert_eq!(setups(&stored), 1, "{stored:?}");
+
+    // A later retry (projected by now) is the same project again; another request id is another project.
+    gw.projected(first["sequence"].as_u64().context("sequence")?)
+        .await?;
+    let (status, again) = send(other.base.clone()).await?;
+    assert_eq!(
+        (status, &again["project_id"], &again["duplicate"]),
+        (StatusCode::CREATED, &first["project_id"], &json!(true))
+    );
+    let (status, fresh) = gw.post(&gw.acme, "/v1/projects", body.clone()).await?;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_ne!(fresh["project_id"], first["project_id"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_is_recognised_by_the_stored_project_beyond_the_duplicate_window() -> Result<()> {
+    let gw = gateway(zopu_gateway::Config::default()).await?;
+    // A setup request stored under a key nobody dedupes on (as if stored before
+    // JetStream's duplicate window and outside this gateway's key index).
+    let stored_request = |request_id: &str| -> Result<(ProjectId, NewEvent)> {
+        let correlation: zopu_schema::CorrelationId = request_id.parse()?;
+        let project = ProjectId::for_request(&org("acme"), &correlation);
+        let payload = pb::ProjectSetupRequested {
+            repository_url: "https://example.com/acme/old.git".into(),
+            branch: "main".into(),
+            setup_revision: 1,
+            project_name: "old".into(),
+            ..Default::default()
+        };
+        let event = NewEvent::root(
+            org("acme"),
+            project,
+            &payload,
+            format!("test:{}", EventId::new()),
+            Some(correlation),
+        );
+        Ok((project, event))
+    };
+    let (project, event) = stored_request("req-old")?;
+    let original = gw.events.append(event).await?;
+    let response = gw
+        .http
+        .post(gw.url("/v1/projects"))
+        .bearer_auth(&gw.acme)
+        .header("x-request-id", "req-old")
+        .json(&json!({ "repository": "https://example.com/acme/old.git" }))
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let reply: Value = response.json().await?;
+    assert_eq!(
+        (
+            reply["project_id"].as_str(),
+            reply["sequence"].as_u64(),
+            reply["event_id"].as_str(),
+            reply["duplicate"].as_bool()
+        ),
+        (
+            Some(project.to_string().as_str()),
+            Some(original.sequence),
+            Some(original.event_id.to_string().as_str()),
+            Some(true)
+        )
+    );
+    let stored = history(
+        &gw.state.runtime.bus,
+        &subjects::project_events(&org("acme"), &project),
+    )
+    .await?;
+    assert_eq!(stored.len(), 1, "nothing new is stored: {stored:?}");
+
+    // A project under that id made by another request (a collision) is a 409, not a takeover.
+    let (taken, mut event) = stored_request("req-taken")?;
+    event.context.correlation_id = "someone-else".parse()?;
+    gw.events.append(event).await?;
+    let response = gw
+        .http
+        .post(gw.url("/v1/projects"))
+        .bearer_auth(&gw.acme)
+        .header("x-request-id", "req-taken")
+        .json(&json!({ "repository": "https://example.com/acme/old.git" }))
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let stored = history(
+        &gw.state.runtime.bus,
+        &subjects::project_events(&org("acme"), &taken),
+    )
+    .await?;
+    assert_eq!(stored.len(), 1);
     Ok(())
 }

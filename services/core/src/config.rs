@@ -13,7 +13,13 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 
 /// Environment variables with the `ZOPU_` prefix that are not settings.
-pub const NON_SETTING_VARIABLES: &[&str] = &["ZOPU_CONFIG", "ZOPU_LOG", "ZOPU_LLM_API_KEY"];
+pub const NON_SETTING_VARIABLES: &[&str] = &[
+    "ZOPU_CONFIG",
+    "ZOPU_LOG",
+    "ZOPU_LLM_API_KEY",
+    "ZOPU_GATEWAY_LINK_KEY",
+    "ZOPU_NATS_SERVER",
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -436,6 +442,7 @@ mod tests {
                 ),
                 ("ZOPU_SANDBOX__MAX_FILES".into(), "7".into()),
                 ("ZOPU_LLM_API_KEY".into(), "sk-secret".into()),
+                ("ZOPU_GATEWAY_LINK_KEY".into(), "a-secret-key".into()),
                 ("PATH".into(), "/bin".into()),
             ],
             overrides: vec![("nats_url".into(), "nats://flag".into())],

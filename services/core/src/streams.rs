@@ -10,11 +10,18 @@ const EVENTS_DEFINITION: &str = include_str!("../../../streams/ZOPU_EVENTS.json"
 const ARTIFACTS_DEFINITION: &str = include_str!("../../../streams/zopu-artifacts.objectstore.json");
 
 /// Key-value buckets: (file, definition, the bucket name the schema crate spells).
-const KEY_VALUE_DEFINITIONS: &[(&str, &str, &str)] = &[(
-    "streams/zopu-leases.kv.json",
-    include_str!("../../../streams/zopu-leases.kv.json"),
-    zopu_schema::subjects::LEASES_BUCKET,
-)];
+const KEY_VALUE_DEFINITIONS: &[(&str, &str, &str)] = &[
+    (
+        "streams/zopu-leases.kv.json",
+        include_str!("../../../streams/zopu-leases.kv.json"),
+        zopu_schema::subjects::LEASES_BUCKET,
+    ),
+    (
+        "streams/zopu-gateway-tokens.kv.json",
+        include_str!("../../../streams/zopu-gateway-tokens.kv.json"),
+        zopu_schema::subjects::GATEWAY_TOKENS_BUCKET,
+    ),
+];
 
 /// Settings that deployments may override in the definitions.
 #[derive(Debug, Clone)]
@@ -282,6 +289,16 @@ mod tests {
         assert_eq!(config.discard, stream::DiscardPolicy::New);
         assert!(config.deny_delete && config.deny_purge && config.allow_direct);
         assert_eq!(config.max_age, std::time::Duration::ZERO);
+    }
+
+    #[test]
+    fn key_value_definitions_parse_and_name_the_schema_buckets() {
+        for (file, definition, bucket) in KEY_VALUE_DEFINITIONS {
+            let parsed: KeyValueDefinition =
+                serde_json::from_str(definition).unwrap_or_else(|error| panic!("{file}: {error}"));
+            assert_eq!(&parsed.bucket, bucket, "{file}");
+            assert_eq!(parsed.storage, stream::StorageType::File, "{file}");
+        }
     }
 
     #[test]

@@ -55,15 +55,21 @@ async fn main() -> Result<()> {
         sse_clients_max: SSE_CLIENTS + 10,
         ..zopu_gateway::Config::default()
     };
-    let state = zopu_gateway::start(&core, config, shutdown.clone()).await?;
+    let link_key = zopu_gateway::LinkKey::from_env_or_dev_file(&config.link_key_env, dir.path())?;
+    let state = zopu_gateway::start(&core, config, link_key, shutdown.clone()).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     shutdown.spawn(zopu_gateway::serve(state.clone(), listener));
-    let token = zopu_gateway::issue_token(
-        &zopu_gateway::tokens_path(dir.path()),
-        &"bench".parse()?,
-        "bench",
-    )?;
+    let token = state
+        .tokens
+        .issue(
+            &"bench".parse()?,
+            "bench",
+            zopu_gateway::tokens::DEFAULT_TTL,
+        )
+        .await?
+        .expose()
+        .to_owned();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()?;

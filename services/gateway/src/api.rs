@@ -313,6 +313,8 @@ pub struct ProjectCreated {
     pub setup_revision: u32,
     pub event_id: String,
     pub sequence: u64,
+    /// True when this request id had already created the project (nothing new was stored).
+    pub duplicate: bool,
     pub request_id: String,
 }
 
@@ -362,9 +364,13 @@ fn validate_repository(
     Ok((repository, branch.as_str().to_owned(), name))
 }
 
-/// Create a project from a repository; setup starts at once.
+/// Create a project from a repository; setup starts at once. The project id
+/// is derived from the organization and the request id (`X-Request-Id`), so
+/// repeating a request, even concurrently or on another gateway instance,
+/// returns the same project (`duplicate: true`) and stores nothing new.
 #[utoipa::path(post, path = "/v1/projects", tag = "projects", request_body = CreateProject,
-    responses((status = 201, body = ProjectCreated), (status = 401, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)),
+    params(("X-Request-Id" = Option<String>, Header, description = "Idempotency key of the creation: the same id always names the same project. Default: a new UUIDv7 (echoed in the response).")),
+    responses((status = 201, body = ProjectCreated), (status = 401, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 async fn create_project(
     State(state): State<AppState>,
@@ -374,10 +380,7 @@ async fn create_project(
 ) -> Result<Response, ApiError> {
     let (repository, branch, name) =
         validate_repository(&body, state.config.allow_local_repositories)?;
-    // A retried request (same X-Request-Id) finds the project it created instead of making another.
-    let project = existing_project_for_request(&state, &caller.0.org, &request)
-        .await?
-        .unwrap_or_default();
+    let project = ProjectId::for_request(&caller.0.org, &request.0);
     let payload = pb::ProjectSetupRequested {
         repository_url: repository,
         branch,
@@ -393,12 +396,13 @@ async fn create_project(
         keys::setup_request(&project, 1),
         Some(request.0.clone()),
     );
-    let accepted = append(&state, event, &request).await?;
+    let accepted = append_first(&state, event, &request).await?;
     let created = ProjectCreated {
         project_id: project.to_string(),
         setup_revision: 1,
         event_id: accepted.event_id,
         sequence: accepted.sequence,
+        duplicate: accepted.duplicate,
         request_id: accepted.request_id,
     };
     let location = HeaderValue::from_str(&format!("/v1/projects/{project}")).ok();
@@ -409,25 +413,107 @@ async fn create_project(
     Ok(response)
 }
 
-/// A project already created by this organization under the same request id.
-async fn existing_project_for_request(
+/// Appends a project's first event only if the project has none yet. If it
+/// has, the request that made it is this one (the project id is derived
+/// from it; checked against the stored correlation id), so the stored event
+/// is reported as a duplicate. Unlike `Nats-Msg-Id` deduplication, this
+/// holds beyond the duplicate window and does not depend on the projection.
+async fn append_first(
+    state: &AppState,
+    event: NewEvent,
+    request: &RequestId,
+) -> Result<Accepted, ApiError> {
+    use zopu_core::publish::AppendAtError;
+    let (org, project, event_type) = (
+        event.context.org_id.clone(),
+        event.context.project_id,
+        event.event_type,
+    );
+    let appended = tokio::time::timeout(
+        state.config.request_timeout,
+        state.runtime.publisher.append_at(event, 0),
+    )
+    .await
+    .map_err(|_| ApiError::unavailable("event log", format!("append of {event_type} timed out")))?;
+    let (sequence, stored) = match appended {
+        Ok(appended) if !appended.duplicate => {
+            tracing::info!(event_type, event_id = %appended.event_id, sequence = appended.sequence, correlation_id = %request.0, "appended");
+            return Ok(Accepted {
+                event_id: appended.event_id.to_string(),
+                sequence: appended.sequence,
+                duplicate: false,
+                request_id: request.0.to_string(),
+            });
+        }
+        Ok(appended) => (
+            appended.sequence,
+            stored_event(state, appended.sequence).await?,
+        ),
+        Err(AppendAtError::Conflict { .. }) => {
+            first_event_of_type(state, &org, &project, event_type)
+                .await?
+                .ok_or_else(|| {
+                    ApiError::conflict(format!("project {project} exists; use another request id"))
+                })?
+        }
+        Err(AppendAtError::Failed(error)) => return Err(ApiError::unavailable("event log", error)),
+    };
+    if stored.correlation_id != request.0 {
+        return Err(ApiError::conflict(format!(
+            "project {project} was created by another request; use another request id"
+        )));
+    }
+    tracing::info!(event_type, event_id = %stored.id, sequence, correlation_id = %request.0, "already stored");
+    Ok(Accepted {
+        event_id: stored.id.to_string(),
+        sequence,
+        duplicate: true,
+        request_id: request.0.to_string(),
+    })
+}
+
+async fn stored_event(state: &AppState, sequence: u64) -> Result<zopu_schema::Envelope, ApiError> {
+    tokio::time::timeout(
+        state.config.request_timeout,
+        zopu_core::publish::get_event(&state.runtime.bus, sequence),
+    )
+    .await
+    .map_err(|_| ApiError::unavailable("event log", "read timed out"))?
+    .map_err(|error| ApiError::unavailable("event log", error))
+}
+
+/// The first stored event of `event_type` of a project, with its sequence.
+async fn first_event_of_type(
     state: &AppState,
     org: &OrgId,
-    request: &RequestId,
-) -> Result<Option<ProjectId>, ApiError> {
-    let correlation = request.0.to_string();
-    let org = org.clone();
-    read(state, move |conn| {
-        use rusqlite::OptionalExtension;
-        conn.query_row(
-            "SELECT project_id FROM gw_projects WHERE org = ?1 AND correlation_id = ?2 LIMIT 1",
-            rusqlite::params![org.as_str(), correlation],
-            |row| row.get::<_, String>(0),
-        )
-        .optional()
-    })
-    .await
-    .map(|found| found.and_then(|id| id.parse().ok()))
+    project: &ProjectId,
+    event_type: &str,
+) -> Result<Option<(u64, zopu_schema::Envelope)>, ApiError> {
+    use async_nats::jetstream::stream::DirectGetErrorKind;
+    let read = async {
+        let stream = state
+            .runtime
+            .bus
+            .jetstream
+            .get_stream_no_info(subjects::EVENTS_STREAM)
+            .await
+            .map_err(|error| ApiError::unavailable("event log", error))?;
+        match stream
+            .direct_get_first_for_subject(subjects::event(org, project, event_type))
+            .await
+        {
+            Ok(message) => Ok(Some(message.sequence)),
+            Err(error) if error.kind() == DirectGetErrorKind::NotFound => Ok(None),
+            Err(error) => Err(ApiError::unavailable("event log", error)),
+        }
+    };
+    let sequence = tokio::time::timeout(state.config.request_timeout, read)
+        .await
+        .map_err(|_| ApiError::unavailable("event log", "read timed out"))??;
+    match sequence {
+        Some(sequence) => Ok(Some((sequence, stored_event(state, sequence).await?))),
+        None => Ok(None),
+    }
 }
 
 /// The caller's organization's projects, newest first.
@@ -883,8 +969,11 @@ async fn artifact_caller(
     };
     let org: OrgId = org.parse().map_err(|_| ApiError::unauthorized())?;
     let now = time::OffsetDateTime::now_utc().unix_timestamp().max(0) as u64;
-    let expected = link_signature(&state.link_key, &org, id, revision, expires);
-    if expires < now || !constant_time_eq(expected.as_bytes(), signature.as_bytes()) {
+    if expires < now
+        || !state
+            .link_key
+            .verify(&org, id, revision, expires, signature)
+    {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "link_expired",
@@ -994,13 +1083,9 @@ async fn artifact_link(
     let expires = time::OffsetDateTime::now_utc().unix_timestamp().max(0) as u64
         + state.config.artifact_link_ttl.as_secs();
     let org = &caller.0.org;
-    let signature = link_signature(
-        &state.link_key,
-        org,
-        &record.artifact_id,
-        record.revision,
-        expires,
-    );
+    let signature = state
+        .link_key
+        .sign(org, &record.artifact_id, record.revision, expires);
     let url = format!(
         "/v1/artifacts/{}?revision={}&org={org}&expires={expires}&signature={signature}",
         record.artifact_id, record.revision
@@ -1010,42 +1095,6 @@ async fn artifact_link(
         expires_at: expires,
         artifact: view,
     }))
-}
-
-fn link_signature(
-    key: &[u8; 32],
-    org: &OrgId,
-    artifact: &str,
-    revision: u32,
-    expires: u64,
-) -> String {
-    hex::encode(hmac_sha256(
-        key,
-        format!("{org}\n{artifact}\n{revision}\n{expires}").as_bytes(),
-    ))
-}
-
-/// HMAC-SHA256 (RFC 2104) over a 32-byte key.
-fn hmac_sha256(key: &[u8; 32], message: &[u8]) -> [u8; 32] {
-    let mut inner_key = [0x36u8; 64];
-    let mut outer_key = [0x5cu8; 64];
-    for (index, byte) in key.iter().enumerate() {
-        inner_key[index] ^= byte;
-        outer_key[index] ^= byte;
-    }
-    let inner = Sha256::new()
-        .chain_update(inner_key)
-        .chain_update(message)
-        .finalize();
-    Sha256::new()
-        .chain_update(outer_key)
-        .chain_update(inner)
-        .finalize()
-        .into()
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 // ---------------------------------------------------------------- summary and agent
@@ -1188,16 +1237,6 @@ async fn enable_agent(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hmac_matches_rfc_4231_shape_and_is_key_dependent() {
-        let a = hmac_sha256(&[1; 32], b"m");
-        let b = hmac_sha256(&[2; 32], b"m");
-        assert_ne!(a, b);
-        assert_eq!(a, hmac_sha256(&[1; 32], b"m"));
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-    }
 
     #[test]
     fn repository_and_branch_errors_name_their_field() {

@@ -336,13 +336,11 @@ pub fn bearer(parts: &Parts) -> Option<String> {
         .then(|| token.trim().to_owned())
 }
 
-/// Resolves a token to its principal; 401 when it is not valid.
+/// Resolves a token to its principal; 401 when it is not valid, revoked or expired.
 pub async fn authenticate(state: &AppState, token: &str) -> Result<Principal, ApiError> {
-    let tokens = state.tokens.clone();
-    let token = token.to_owned();
-    let verified = tokio::task::spawn_blocking(move || tokens.verify(&token))
+    let verified = tokio::time::timeout(state.config.request_timeout, state.tokens.verify(token))
         .await
-        .map_err(|error| ApiError::unavailable("token store", error))?
+        .map_err(|_| ApiError::unavailable("token store", "read timed out"))?
         .map_err(|error| ApiError::unavailable("token store", error))?;
     verified.ok_or_else(ApiError::unauthorized)
 }

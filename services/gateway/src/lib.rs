@@ -16,7 +16,10 @@
 //! Every request is authenticated by an operator-issued bearer token and
 //! scoped to the token's organization: another organization's project, Work,
 //! Thread or artifact is a 404, indistinguishable from one that does not
-//! exist. Tokens are stored hashed, outside the event log, and never logged.
+//! exist. Tokens are stored hashed in a replicated key-value bucket, outside
+//! the event log, and never logged. No instance keeps state another needs:
+//! tokens live in that bucket and the key of signed artifact links comes
+//! from the environment, so any number of gateways serve the same users.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,13 +31,15 @@ use zopu_core::{Runtime, Shutdown};
 
 pub mod api;
 pub mod http;
+pub mod links;
 pub mod read_model;
 pub mod sse;
 pub mod tokens;
 pub mod web;
 
 pub use api::router;
-pub use tokens::{TokenStore, issue_token, tokens_path};
+pub use links::LinkKey;
+pub use tokens::TokenStore;
 
 /// Gateway settings (`[gateway]`).
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -60,6 +65,10 @@ pub struct Config {
     /// Lifetime of a signed artifact link (`GET /v1/artifacts/{id}/link`).
     #[serde(with = "duration")]
     pub artifact_link_ttl: Duration,
+    /// Environment variable holding the key that signs artifact links (at
+    /// least 32 bytes, the same on every gateway instance). Required: the
+    /// gateway does not start without it (`zopu dev` generates one).
+    pub link_key_env: String,
     /// Limit on waiting for NATS (appends, object reads) within one request.
     #[serde(with = "duration")]
     pub request_timeout: Duration,
@@ -77,6 +86,7 @@ impl Default for Config {
             allow_local_repositories: false,
             artifact_max_bytes: 8 * 1024 * 1024,
             artifact_link_ttl: Duration::from_secs(300),
+            link_key_env: links::DEFAULT_LINK_KEY_ENV.to_owned(),
             request_timeout: Duration::from_secs(10),
         }
     }
@@ -124,6 +134,28 @@ impl Config {
                 "must be between 10s and 1h",
             ));
         }
+        let env_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        if self.link_key_env.is_empty()
+            || !self.link_key_env.chars().all(env_name)
+            || self.link_key_env.starts_with(|c: char| c.is_ascii_digit())
+        {
+            return Err(ConfigError::setting(
+                "gateway.link_key_env",
+                "must name an environment variable (letters, digits and '_')",
+            ));
+        }
+        if self.link_key_env.starts_with("ZOPU_")
+            && !zopu_core::config::NON_SETTING_VARIABLES.contains(&self.link_key_env.as_str())
+        {
+            return Err(ConfigError::setting(
+                "gateway.link_key_env",
+                format!(
+                    "{} would be read as a ZOPU_ setting: use {} or a name without the ZOPU_ prefix",
+                    self.link_key_env,
+                    links::DEFAULT_LINK_KEY_ENV
+                ),
+            ));
+        }
         if self.request_timeout < Duration::from_millis(100) {
             return Err(ConfigError::setting(
                 "gateway.request_timeout",
@@ -152,6 +184,8 @@ pub enum Error {
     Core(#[from] zopu_core::Error),
     #[error(transparent)]
     Tokens(#[from] tokens::TokenError),
+    #[error(transparent)]
+    LinkKey(#[from] links::LinkKeyError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -170,8 +204,8 @@ pub struct AppState {
     pub artifacts: ArtifactBucket,
     pub tokens: TokenStore,
     pub config: Arc<Config>,
-    /// Per-process key of signed artifact links (links die with the process).
-    link_key: Arc<[u8; 32]>,
+    /// The key of signed artifact links, shared by every gateway instance.
+    pub(crate) link_key: LinkKey,
     sse_clients: Arc<AtomicUsize>,
 }
 
@@ -190,11 +224,9 @@ impl AppState {
         runtime: Runtime,
         artifacts: ArtifactBucket,
         tokens: TokenStore,
+        link_key: LinkKey,
         config: Config,
     ) -> Self {
-        use rand::RngCore;
-        let mut key = [0u8; 32];
-        rand::rng().fill_bytes(&mut key);
         let reads = read_model::ReadPool::new(runtime.store.path(), 64);
         Self {
             runtime,
@@ -202,23 +234,24 @@ impl AppState {
             artifacts,
             tokens,
             config: Arc::new(config),
-            link_key: Arc::new(key),
+            link_key,
             sse_clients: Arc::new(AtomicUsize::new(0)),
         }
     }
 }
 
-/// Starts the gateway's runtime and projection and opens its token file;
-/// does not listen yet (see [`serve`]).
+/// Starts the gateway's runtime and projection and opens the token bucket
+/// and the artifact bucket; does not listen yet (see [`serve`]).
 pub async fn start(
     core: &CoreConfig,
     config: Config,
+    link_key: LinkKey,
     shutdown: Shutdown,
 ) -> Result<AppState, Error> {
     config.validate()?;
     let runtime =
         Runtime::start_with("gateway", core, shutdown, read_model::GatewayProjection).await?;
-    let tokens = TokenStore::open(&tokens_path(&core.data_dir))?;
+    let tokens = TokenStore::open(&runtime.bus.jetstream).await?;
     let artifacts = runtime
         .bus
         .jetstream
@@ -229,6 +262,7 @@ pub async fn start(
         runtime,
         ArtifactBucket(artifacts),
         tokens,
+        link_key,
         config,
     ))
 }
@@ -248,10 +282,24 @@ pub async fn serve(state: AppState, listener: tokio::net::TcpListener) -> Result
     .map_err(Error::Serve)
 }
 
-/// Runs the gateway until `shutdown`.
+/// Runs the gateway until `shutdown`, with the link key from the
+/// environment variable `gateway.link_key_env` names (an error naming the
+/// variable if it is not set, before anything connects).
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
+    config.validate()?;
+    let link_key = LinkKey::from_env(&config.link_key_env)?;
+    run_with(core, config, link_key, shutdown).await
+}
+
+/// Runs the gateway until `shutdown` with the given link key.
+pub async fn run_with(
+    core: CoreConfig,
+    config: Config,
+    link_key: LinkKey,
+    shutdown: Shutdown,
+) -> Result<(), Error> {
     let listen = config.listen;
-    let state = start(&core, config, shutdown.clone()).await?;
+    let state = start(&core, config, link_key, shutdown.clone()).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| Error::Bind {
@@ -291,5 +339,23 @@ mod tests {
                 .to_string()
                 .contains("gateway.cors_allowed_origins")
         );
+        for name in ["NOT-A-VARIABLE", "", "ZOPU_GATEWAY__KEY"] {
+            let bad = Config {
+                link_key_env: name.into(),
+                ..Config::default()
+            };
+            assert!(
+                bad.validate()
+                    .unwrap_err()
+                    .to_string()
+                    .contains("gateway.link_key_env"),
+                "{name}"
+            );
+        }
+        let custom = Config {
+            link_key_env: "GATEWAY_LINK_KEY".into(),
+            ..Config::default()
+        };
+        custom.validate().unwrap();
     }
 }

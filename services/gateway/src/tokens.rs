@@ -1,44 +1,87 @@
-//! Operator-issued bearer tokens (`zpt_...`).
+//! Operator-issued bearer tokens (`zpt_<id><secret>`).
 //!
-//! Tokens are not history: they live in their own SQLite file
-//! (`<data_dir>/gateway-tokens.sqlite`), never in the event log. Only the
-//! SHA-256 of a token is stored; the token itself is shown once, to the
-//! operator who created it, and is never logged.
+//! Tokens are not history: they live in the replicated key-value bucket
+//! `zopu-gateway-tokens` (defined in `streams/`, replicated like the event
+//! stream), never in the event log, so every gateway instance accepts the
+//! same tokens and a token outlives any one process. A token is `zpt_`,
+//! 16 hex digits of id and 64 hex digits of secret. The id is not secret:
+//! it names the token in `zopu token list` and `zopu token revoke`, and is
+//! the bucket key. The bucket stores only the SHA-256 of the whole token,
+//! with its organization, user, expiry and revocation time; the token itself
+//! is shown once, to the operator who created it, and is never logged.
+//!
+//! A token is accepted while it is neither revoked nor expired. Revocation
+//! is a compare-and-set update of the entry (kept, so `list` shows it);
+//! gateways read the entry on every request (no cache), so it takes effect
+//! as soon as the bucket's replicas have it. Tokens of the earlier local
+//! token file (`gateway-tokens.sqlite`) are not carried over: issue new ones.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 use rand::RngCore;
-use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
 use zopu_schema::OrgId;
 
 /// Every token starts with this prefix (easy to spot in a leaked config).
 pub const TOKEN_PREFIX: &str = "zpt_";
-/// The file name under the data directory.
-pub const TOKENS_FILE: &str = "gateway-tokens.sqlite";
+/// Hex digits of a token id (the first ones after the prefix).
+pub const TOKEN_ID_LEN: usize = 16;
+/// Hex digits of a token's secret part (after the id).
+const SECRET_LEN: usize = 64;
 /// Longest user id accepted.
 pub const USER_MAX_LEN: usize = 64;
-
-/// The tokens file of a data directory.
-pub fn tokens_path(data_dir: &Path) -> PathBuf {
-    data_dir.join(TOKENS_FILE)
-}
+/// Lifetime of a token created without `--ttl`.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
+/// Shortest token lifetime.
+pub const TTL_MIN: Duration = Duration::from_secs(60);
+/// Longest token lifetime (ten years).
+pub const TTL_MAX: Duration = Duration::from_secs(3650 * 24 * 3600);
+/// Shortest id prefix `revoke` accepts.
+pub const ID_PREFIX_MIN_LEN: usize = 4;
+/// Most tokens `list` and `revoke` read.
+const TOKENS_MAX: usize = 100_000;
+/// Attempts of a compare-and-set revocation that keeps losing to another writer.
+const REVOKE_ATTEMPTS: usize = 5;
+/// Version of the stored entry's JSON shape.
+const ENTRY_FORMAT: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    #[error("token store {path}: {source}")]
+    #[error("token bucket {bucket}: {operation}: {reason}")]
     Store {
-        path: PathBuf,
-        source: rusqlite::Error,
+        bucket: &'static str,
+        operation: &'static str,
+        reason: String,
     },
-    #[error("cannot create the directory of {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("token {id}: the stored entry is unreadable: {reason}")]
+    Corrupt { id: String, reason: String },
     #[error("user id must be 1-{USER_MAX_LEN} characters of letters, digits, '.', '_', '@' or '-'")]
     BadUser,
+    #[error("token lifetime: {0}")]
+    BadTtl(String),
+    #[error(
+        "{0:?} is not a token id: give at least {ID_PREFIX_MIN_LEN} of the hex digits `zopu token list` shows"
+    )]
+    BadId(String),
+    #[error("no token id starts with {0:?} (see `zopu token list`)")]
+    NotFound(String),
+    #[error("{prefix:?} matches several tokens ({}); give more of the id", ids.join(", "))]
+    Ambiguous { prefix: String, ids: Vec<String> },
+}
+
+impl TokenError {
+    fn store(operation: &'static str, error: impl std::fmt::Display) -> Self {
+        Self::Store {
+            bucket: zopu_schema::subjects::GATEWAY_TOKENS_BUCKET,
+            operation,
+            reason: error.to_string(),
+        }
+    }
 }
 
 /// Who a valid token belongs to.
@@ -48,151 +91,498 @@ pub struct Principal {
     pub user: String,
 }
 
-/// The token file. Cloning shares the connection.
-#[derive(Debug, Clone)]
+/// A token just created: the only value that holds the token itself.
+/// `Debug` does not print it.
+#[derive(Clone)]
+pub struct IssuedToken {
+    token: String,
+    pub info: TokenInfo,
+}
+
+impl IssuedToken {
+    /// The bearer token; hand it to the operator once, never log it.
+    pub fn expose(&self) -> &str {
+        &self.token
+    }
+}
+
+impl std::fmt::Debug for IssuedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuedToken")
+            .field("token", &"***")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+/// What an operator may see of a token (never the token or its hash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenInfo {
+    pub id: String,
+    pub org: OrgId,
+    pub user: String,
+    pub created_at: OffsetDateTime,
+    pub expires_at: OffsetDateTime,
+    pub revoked_at: Option<OffsetDateTime>,
+}
+
+/// Whether a token is accepted at a given time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenStatus {
+    Active,
+    Expired,
+    Revoked,
+}
+
+impl TokenStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Expired => "expired",
+            Self::Revoked => "revoked",
+        }
+    }
+}
+
+impl TokenInfo {
+    pub fn status(&self, now: OffsetDateTime) -> TokenStatus {
+        if self.revoked_at.is_some() {
+            TokenStatus::Revoked
+        } else if now >= self.expires_at {
+            TokenStatus::Expired
+        } else {
+            TokenStatus::Active
+        }
+    }
+}
+
+/// The bucket entry of one token (JSON, keyed by token id). A storage
+/// format shared by every gateway instance and the CLI: change it only
+/// compatibly, or bump `format`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    format: u32,
+    /// Lowercase hex SHA-256 of the whole token.
+    sha256: String,
+    org: String,
+    user: String,
+    created_at: String,
+    expires_at: String,
+    revoked_at: Option<String>,
+}
+
+impl Entry {
+    fn decode(id: &str, bytes: &[u8]) -> Result<(Self, TokenInfo), TokenError> {
+        let corrupt = |reason: String| TokenError::Corrupt {
+            id: id.to_owned(),
+            reason,
+        };
+        let entry: Entry =
+            serde_json::from_slice(bytes).map_err(|error| corrupt(error.to_string()))?;
+        if entry.format != ENTRY_FORMAT {
+            return Err(corrupt(format!("unknown format {}", entry.format)));
+        }
+        let time = |text: &str| {
+            zopu_schema::envelope::parse_time(text)
+                .ok_or_else(|| corrupt(format!("{text:?} is not a time")))
+        };
+        let info = TokenInfo {
+            id: id.to_owned(),
+            org: entry
+                .org
+                .parse()
+                .map_err(|error: zopu_schema::ids::IdError| corrupt(error.to_string()))?,
+            user: entry.user.clone(),
+            created_at: time(&entry.created_at)?,
+            expires_at: time(&entry.expires_at)?,
+            revoked_at: entry.revoked_at.as_deref().map(time).transpose()?,
+        };
+        Ok((entry, info))
+    }
+
+    fn encode(&self) -> Bytes {
+        // Serializing a struct of strings cannot fail.
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+}
+
+/// The id part of a well-formed token, or `None`.
+pub fn token_id(token: &str) -> Option<&str> {
+    let body = token.strip_prefix(TOKEN_PREFIX)?;
+    let well_formed = body.len() == TOKEN_ID_LEN + SECRET_LEN
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    well_formed.then(|| &body[..TOKEN_ID_LEN])
+}
+
+/// The principal of `token` if `entry` (read under the token's id) accepts it at `now`.
+fn admit(token: &str, entry: &Entry, info: &TokenInfo, now: OffsetDateTime) -> Option<Principal> {
+    use hmac::digest::CtOutput;
+    // Compare digests in constant time (CtOutput's PartialEq is constant-time).
+    let given = CtOutput::<Sha256>::new(Sha256::digest(token.as_bytes()));
+    let stored = hex::decode(&entry.sha256).ok()?;
+    let stored: [u8; 32] = stored.try_into().ok()?;
+    if given != CtOutput::new(stored.into()) {
+        return None;
+    }
+    (info.status(now) == TokenStatus::Active).then(|| Principal {
+        org: info.org.clone(),
+        user: info.user.clone(),
+    })
+}
+
+fn check_user(user: &str) -> Result<(), TokenError> {
+    let valid = !user.is_empty()
+        && user.len() <= USER_MAX_LEN
+        && user
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._@-".contains(c));
+    if valid {
+        Ok(())
+    } else {
+        Err(TokenError::BadUser)
+    }
+}
+
+/// A token lifetime: `90d`, `12h`, `30m` (also `s`), between [`TTL_MIN`] and [`TTL_MAX`].
+pub fn parse_ttl(text: &str) -> Result<Duration, TokenError> {
+    let text = text.trim();
+    let ttl = match text.strip_suffix('d') {
+        Some(days) => days
+            .parse::<u64>()
+            .ok()
+            .and_then(|days| days.checked_mul(24 * 3600))
+            .map(Duration::from_secs)
+            .ok_or_else(|| TokenError::BadTtl(format!("{text:?} is not a number of days")))?,
+        None => zopu_core::config::duration::parse(text)
+            .map_err(|_| TokenError::BadTtl(format!("{text:?} is not like 90d, 12h or 30m")))?,
+    };
+    check_ttl(ttl)?;
+    Ok(ttl)
+}
+
+fn check_ttl(ttl: Duration) -> Result<(), TokenError> {
+    if (TTL_MIN..=TTL_MAX).contains(&ttl) {
+        Ok(())
+    } else {
+        Err(TokenError::BadTtl("must be between 1m and 3650d".into()))
+    }
+}
+
+/// The one id among `ids` that `given` names: a token id, a prefix of one
+/// (at least [`ID_PREFIX_MIN_LEN`] hex digits), or a whole token.
+fn resolve_id(given: &str, ids: &[String]) -> Result<String, TokenError> {
+    let given = given.trim();
+    let prefix = token_id(given).unwrap_or(given).to_ascii_lowercase();
+    let hex = prefix
+        .bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if prefix.len() < ID_PREFIX_MIN_LEN || prefix.len() > TOKEN_ID_LEN || !hex {
+        // Never echo what might be a mistyped token.
+        let shown = if given.starts_with(TOKEN_PREFIX) {
+            "(a malformed token)".to_owned()
+        } else {
+            given.chars().take(TOKEN_ID_LEN + 2).collect()
+        };
+        return Err(TokenError::BadId(shown));
+    }
+    let matches: Vec<&String> = ids.iter().filter(|id| id.starts_with(&prefix)).collect();
+    match matches.as_slice() {
+        [] => Err(TokenError::NotFound(prefix)),
+        [one] => Ok((*one).clone()),
+        many => Err(TokenError::Ambiguous {
+            prefix,
+            ids: many.iter().map(|id| (*id).clone()).collect(),
+        }),
+    }
+}
+
+/// The token bucket. Cloning shares the connection.
+#[derive(Clone)]
 pub struct TokenStore {
-    path: PathBuf,
-    connection: Arc<Mutex<Connection>>,
+    bucket: kv::Store,
+}
+
+impl std::fmt::Debug for TokenStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(zopu_schema::subjects::GATEWAY_TOKENS_BUCKET)
+    }
 }
 
 impl TokenStore {
-    /// Opens (or creates) the token file.
-    pub fn open(path: &Path) -> Result<Self, TokenError> {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|source| TokenError::Io {
-                path: path.to_owned(),
-                source,
-            })?;
-        }
-        let store_error = |source| TokenError::Store {
-            path: path.to_owned(),
-            source,
+    /// Opens the bucket (`zopu_core::streams::ensure` creates it).
+    pub async fn open(jetstream: &jetstream::Context) -> Result<Self, TokenError> {
+        let bucket = jetstream
+            .get_key_value(zopu_schema::subjects::GATEWAY_TOKENS_BUCKET)
+            .await
+            .map_err(|error| TokenError::store("open the bucket", error))?;
+        Ok(Self { bucket })
+    }
+
+    /// Creates a token for `user` of `org`, valid for `ttl`.
+    pub async fn issue(
+        &self,
+        org: &OrgId,
+        user: &str,
+        ttl: Duration,
+    ) -> Result<IssuedToken, TokenError> {
+        self.issue_at(org, user, ttl, OffsetDateTime::now_utc())
+            .await
+    }
+
+    /// [`issue`](Self::issue) as if it were `now` (tests issue expired tokens with it).
+    pub async fn issue_at(
+        &self,
+        org: &OrgId,
+        user: &str,
+        ttl: Duration,
+        now: OffsetDateTime,
+    ) -> Result<IssuedToken, TokenError> {
+        check_user(user)?;
+        check_ttl(ttl)?;
+        let mut random = [0u8; TOKEN_ID_LEN / 2 + SECRET_LEN / 2];
+        rand::rng().fill_bytes(&mut random);
+        let token = format!("{TOKEN_PREFIX}{}", hex::encode(random));
+        let id = token_id(&token)
+            .ok_or_else(|| TokenError::store("make a token", "generated token is malformed"))?
+            .to_owned();
+        let expires_at = now + ttl;
+        let format = zopu_schema::envelope::format_time;
+        let entry = Entry {
+            format: ENTRY_FORMAT,
+            sha256: hex::encode(Sha256::digest(token.as_bytes())),
+            org: org.to_string(),
+            user: user.to_owned(),
+            created_at: format(now),
+            expires_at: format(expires_at),
+            revoked_at: None,
         };
-        let connection = Connection::open(path).map_err(store_error)?;
-        connection
-            .execute_batch(
-                "PRAGMA journal_mode = WAL;
-                 CREATE TABLE IF NOT EXISTS tokens (
-                    sha256 TEXT PRIMARY KEY,
-                    org TEXT NOT NULL,
-                    user TEXT NOT NULL,
-                    created_at TEXT NOT NULL,
-                    revoked INTEGER NOT NULL DEFAULT 0
-                 );",
-            )
-            .map_err(store_error)?;
-        restrict_permissions(path);
-        Ok(Self {
-            path: path.to_owned(),
-            connection: Arc::new(Mutex::new(connection)),
-        })
+        // `create` refuses an existing key: two tokens never share an id.
+        self.bucket
+            .create(&id, entry.encode())
+            .await
+            .map_err(|error| TokenError::store("store a token", error))?;
+        let (_, info) = Entry::decode(&id, &entry.encode())?;
+        Ok(IssuedToken { token, info })
     }
 
-    /// Creates a token for `user` of `org` and returns it (the only time it is visible).
-    pub fn issue(&self, org: &OrgId, user: &str) -> Result<String, TokenError> {
-        let valid_user = !user.is_empty()
-            && user.len() <= USER_MAX_LEN
-            && user
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._@-".contains(c));
-        if !valid_user {
-            return Err(TokenError::BadUser);
-        }
-        let mut secret = [0u8; 32];
-        rand::rng().fill_bytes(&mut secret);
-        let token = format!("{TOKEN_PREFIX}{}", hex::encode(secret));
-        let now = zopu_schema::envelope::format_time(time::OffsetDateTime::now_utc());
-        self.lock()
-            .execute(
-                "INSERT INTO tokens (sha256, org, user, created_at) VALUES (?1, ?2, ?3, ?4)",
-                params![digest(&token), org.as_str(), user, now],
-            )
-            .map_err(|source| TokenError::Store {
-                path: self.path.clone(),
-                source,
-            })?;
-        Ok(token)
-    }
-
-    /// The owner of `token`, if it is a valid, unrevoked token.
-    pub fn verify(&self, token: &str) -> Result<Option<Principal>, TokenError> {
-        if !token.starts_with(TOKEN_PREFIX) || token.len() > 128 {
+    /// The owner of `token`, if it is well formed, known, unrevoked and unexpired.
+    pub async fn verify(&self, token: &str) -> Result<Option<Principal>, TokenError> {
+        let Some(id) = token_id(token) else {
             return Ok(None);
+        };
+        let Some(bytes) = self
+            .bucket
+            .get(id)
+            .await
+            .map_err(|error| TokenError::store("read a token", error))?
+        else {
+            return Ok(None);
+        };
+        let (entry, info) = Entry::decode(id, &bytes)?;
+        Ok(admit(token, &entry, &info, OffsetDateTime::now_utc()))
+    }
+
+    /// Every token, oldest first.
+    pub async fn list(&self) -> Result<Vec<TokenInfo>, TokenError> {
+        let mut tokens = Vec::new();
+        for id in self.ids().await? {
+            if let Some(bytes) = self
+                .bucket
+                .get(&id)
+                .await
+                .map_err(|error| TokenError::store("read a token", error))?
+            {
+                tokens.push(Entry::decode(&id, &bytes)?.1);
+            }
         }
-        let row: Option<(String, String)> = self
-            .lock()
-            .query_row(
-                "SELECT org, user FROM tokens WHERE sha256 = ?1 AND revoked = 0",
-                [digest(token)],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-            )
-            .optional()
-            .map_err(|source| TokenError::Store {
-                path: self.path.clone(),
-                source,
-            })?;
-        Ok(row.and_then(|(org, user)| org.parse().ok().map(|org| Principal { org, user })))
+        tokens.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(tokens)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
-        self.connection
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// Revokes the token `given` names (its id, a unique prefix of it, or the
+    /// token itself). Returns the token and whether this call revoked it
+    /// (false: it already was).
+    pub async fn revoke(&self, given: &str) -> Result<(TokenInfo, bool), TokenError> {
+        let id = resolve_id(given, &self.ids().await?)?;
+        for _ in 0..REVOKE_ATTEMPTS {
+            let Some(stored) = self
+                .bucket
+                .entry(&id)
+                .await
+                .map_err(|error| TokenError::store("read a token", error))?
+                .filter(|stored| stored.operation == kv::Operation::Put)
+            else {
+                return Err(TokenError::NotFound(id));
+            };
+            let (mut entry, info) = Entry::decode(&id, &stored.value)?;
+            if info.revoked_at.is_some() {
+                return Ok((info, false));
+            }
+            entry.revoked_at = Some(zopu_schema::envelope::format_time(OffsetDateTime::now_utc()));
+            match self
+                .bucket
+                .update(&id, entry.encode(), stored.revision)
+                .await
+            {
+                Ok(_) => return Ok((Entry::decode(&id, &entry.encode())?.1, true)),
+                Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
+                Err(error) => return Err(TokenError::store("revoke a token", error)),
+            }
+        }
+        Err(TokenError::store(
+            "revoke a token",
+            "the entry kept changing; try again",
+        ))
+    }
+
+    async fn ids(&self) -> Result<Vec<String>, TokenError> {
+        let keys = match self.bucket.keys().await {
+            Ok(keys) => keys,
+            Err(error) => return Err(TokenError::store("list tokens", error)),
+        };
+        let mut ids: Vec<String> = keys
+            .take(TOKENS_MAX)
+            .try_collect()
+            .await
+            .map_err(|error| TokenError::store("list tokens", error))?;
+        ids.sort();
+        Ok(ids)
     }
 }
-
-/// Issues a token for `user` of `org` in the token file at `path`.
-pub fn issue_token(path: &Path, org: &OrgId, user: &str) -> Result<String, TokenError> {
-    TokenStore::open(path)?.issue(org, user)
-}
-
-fn digest(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
-}
-
-#[cfg(unix)]
-fn restrict_permissions(path: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    // Best effort: the file holds only hashes, but it is nobody else's business.
-    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
-}
-
-#[cfg(not(unix))]
-fn restrict_permissions(_path: &Path) {}
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
+    fn entry_for(token: &str, now: OffsetDateTime, ttl: Duration) -> (Entry, TokenInfo) {
+        let entry = Entry {
+            format: ENTRY_FORMAT,
+            sha256: hex::encode(Sha256::digest(token.as_bytes())),
+            org: "acme".into(),
+            user: "ada".into(),
+            created_at: zopu_schema::envelope::format_time(now),
+            expires_at: zopu_schema::envelope::format_time(now + ttl),
+            revoked_at: None,
+        };
+        let info = Entry::decode(token_id(token).unwrap(), &entry.encode())
+            .unwrap()
+            .1;
+        (entry, info)
+    }
+
+    const TOKEN: &str =
+        "zpt_0123456789abcdef0000000000000000000000000000000000000000000000000000000000000001";
+
     #[test]
-    fn tokens_verify_and_only_their_hash_is_stored() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = tokens_path(dir.path());
-        let org: OrgId = "acme".parse().unwrap();
-        let token = issue_token(&path, &org, "ada").unwrap();
-        assert!(token.starts_with(TOKEN_PREFIX));
-        let store = TokenStore::open(&path).unwrap();
-        assert_eq!(
-            store.verify(&token).unwrap(),
-            Some(Principal {
-                org,
-                user: "ada".into()
-            })
-        );
-        assert_eq!(store.verify("zpt_nope").unwrap(), None);
-        assert_eq!(store.verify("").unwrap(), None);
-        let needle = token.as_bytes();
-        for file in [path.clone(), path.with_extension("sqlite-wal")] {
-            let raw = std::fs::read(&file).unwrap_or_default();
+    fn a_token_is_admitted_until_it_expires_or_is_revoked() {
+        let now = OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let (entry, info) = entry_for(TOKEN, now, Duration::from_secs(3600));
+        let principal = Principal {
+            org: "acme".parse().unwrap(),
+            user: "ada".into(),
+        };
+        assert_eq!(admit(TOKEN, &entry, &info, now), Some(principal));
+        let later = now + Duration::from_secs(3600);
+        assert_eq!(info.status(later), TokenStatus::Expired);
+        assert_eq!(admit(TOKEN, &entry, &info, later), None);
+        let revoked = TokenInfo {
+            revoked_at: Some(now),
+            ..info.clone()
+        };
+        assert_eq!(revoked.status(now), TokenStatus::Revoked);
+        assert_eq!(admit(TOKEN, &entry, &revoked, now), None);
+        // Same id, other secret: the digest does not match.
+        let forged = format!("{}2", &TOKEN[..TOKEN.len() - 1]);
+        assert_eq!(token_id(&forged), token_id(TOKEN));
+        assert_eq!(admit(&forged, &entry, &info, now), None);
+    }
+
+    #[test]
+    fn only_well_formed_tokens_have_an_id() {
+        assert_eq!(token_id(TOKEN), Some("0123456789abcdef"));
+        for bad in [
+            "",
+            "zpt_",
+            "zpt_0123",
+            &TOKEN.to_uppercase(),
+            &TOKEN.replace("zpt_", "zpx_"),
+            &format!("{TOKEN}0"),
+        ] {
+            assert_eq!(token_id(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn stored_entries_hold_the_hash_never_the_token() {
+        let now = OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let (entry, _) = entry_for(TOKEN, now, DEFAULT_TTL);
+        let bytes = entry.encode();
+        let text = std::str::from_utf8(&bytes).unwrap();
+        assert!(!text.contains(&TOKEN[TOKEN_PREFIX.len()..]));
+        assert!(!text.contains(&TOKEN[TOKEN_PREFIX.len() + TOKEN_ID_LEN..]));
+        assert!(text.contains(&entry.sha256));
+    }
+
+    #[test]
+    fn lifetimes_parse_days_and_are_bounded() {
+        assert_eq!(parse_ttl("30d").unwrap(), Duration::from_secs(30 * 86_400));
+        assert_eq!(parse_ttl("12h").unwrap(), Duration::from_secs(12 * 3600));
+        assert_eq!(parse_ttl("5m").unwrap(), Duration::from_secs(300));
+        for bad in [
+            "",
+            "d",
+            "-1d",
+            "30",
+            "30x",
+            "10s",
+            "3651d",
+            "99999999999999999d",
+        ] {
             assert!(
-                !raw.windows(needle.len()).any(|window| window == needle),
-                "token stored in clear"
+                matches!(parse_ttl(bad), Err(TokenError::BadTtl(_))),
+                "{bad}"
             );
         }
+        assert!(check_ttl(DEFAULT_TTL).is_ok());
+    }
+
+    #[test]
+    fn revocation_names_one_token_by_id_prefix_or_the_token_itself() {
+        let ids = vec!["0123456789abcdef".to_owned(), "0123ffff00000000".to_owned()];
+        assert_eq!(
+            resolve_id("0123456789abcdef", &ids).unwrap(),
+            "0123456789abcdef"
+        );
+        assert_eq!(resolve_id("01234", &ids).unwrap(), "0123456789abcdef");
+        assert_eq!(resolve_id("0123F", &ids).unwrap(), "0123ffff00000000");
+        assert_eq!(resolve_id(TOKEN, &ids).unwrap(), "0123456789abcdef");
         assert!(matches!(
-            store.issue(&"acme".parse().unwrap(), "bad user"),
-            Err(TokenError::BadUser)
+            resolve_id("0123", &ids),
+            Err(TokenError::Ambiguous { ids, .. }) if ids.len() == 2
         ));
+        assert!(matches!(
+            resolve_id("abcd", &ids),
+            Err(TokenError::NotFound(_))
+        ));
+        assert!(matches!(resolve_id("012", &ids), Err(TokenError::BadId(_))));
+        assert!(matches!(
+            resolve_id("zpt_0123456789abcdef00", &ids),
+            Err(TokenError::BadId(shown)) if !shown.contains("0123")
+        ));
+    }
+
+    #[test]
+    fn issued_tokens_do_not_print() {
+        let now = OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let issued = IssuedToken {
+            token: TOKEN.into(),
+            info: entry_for(TOKEN, now, DEFAULT_TTL).1,
+        };
+        assert!(!format!("{issued:?}").contains(&TOKEN[20..]));
+        assert_eq!(issued.expose(), TOKEN);
     }
 }

@@ -123,6 +123,26 @@ uuid_id!(
     "build id"
 );
 
+impl ProjectId {
+    /// The project a creation request names: the same organization and
+    /// request id always give the same project id (and so the same
+    /// idempotency key), so a retried or duplicated "create project" is the
+    /// same project, never a second one. The id's timestamp is the request
+    /// id's own when that is a UUIDv7 (as the CLI and web client send), else 0.
+    pub fn for_request(org: &OrgId, request: &CorrelationId) -> Self {
+        let unix_ms = Uuid::try_parse(request.as_str())
+            .ok()
+            .filter(|uuid| uuid.get_version_num() == 7)
+            .and_then(|uuid| uuid.get_timestamp())
+            .map(|timestamp| {
+                let (seconds, nanos) = timestamp.to_unix();
+                seconds * 1000 + u64::from(nanos / 1_000_000)
+            })
+            .unwrap_or(0);
+        Self::derived(unix_ms, &format!("org:{org}:request:{request}:project"))
+    }
+}
+
 fn parse_v7(kind: &'static str, s: &str) -> Result<Uuid, IdError> {
     if s.len() != 36 {
         return Err(IdError::NotUuid { kind, len: s.len() });
@@ -312,6 +332,24 @@ mod tests {
         assert_ne!(a, c);
         assert_eq!(a.as_uuid().get_version_num(), 7);
         assert_eq!(a.to_string().parse::<DispatchId>(), Ok(a));
+    }
+
+    #[test]
+    fn a_project_is_named_by_its_organization_and_request() {
+        let acme: OrgId = "acme".parse().unwrap();
+        let other: OrgId = "other".parse().unwrap();
+        let request: CorrelationId = "0190c1e0-0000-7000-8000-000000000001".parse().unwrap();
+        let project = ProjectId::for_request(&acme, &request);
+        assert_eq!(project, ProjectId::for_request(&acme, &request));
+        assert_ne!(project, ProjectId::for_request(&other, &request));
+        let retry: CorrelationId = "retry-1".parse().unwrap();
+        assert_ne!(project, ProjectId::for_request(&acme, &retry));
+        assert_eq!(project.as_uuid().get_version_num(), 7);
+        // The request id's timestamp (0x0190c1e00000 ms) becomes the project's.
+        assert!(project.to_string().starts_with("0190c1e0-0000-7"));
+        assert_eq!(project.to_string().parse::<ProjectId>(), Ok(project));
+        let plain = ProjectId::for_request(&acme, &retry);
+        assert!(plain.to_string().starts_with("00000000-0000-7"));
     }
 
     #[test]

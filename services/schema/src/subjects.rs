@@ -10,6 +10,8 @@ use crate::ids::{OrgId, ProjectId};
 pub const EVENTS_STREAM: &str = "ZOPU_EVENTS";
 /// The object store bucket holding rendered artifacts.
 pub const ARTIFACTS_BUCKET: &str = "zopu-artifacts";
+/// The key-value bucket holding gateway access tokens (hashed), keyed by token id.
+pub const GATEWAY_TOKENS_BUCKET: &str = "zopu-gateway-tokens";
 /// Prefix of every event subject.
 const EVENT_PREFIX: &str = "zopu.evt";
 

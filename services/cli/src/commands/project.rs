@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use zopu_core::Publisher;
-use zopu_schema::{EventId, OrgId, ProjectId};
+use zopu_schema::{CorrelationId, EventId, OrgId, ProjectId};
 use zopu_setup::client::{
     DEFAULT_BRANCH, SetupRequest, StatusWatch, read_setup_status, request_setup,
 };
@@ -27,7 +27,7 @@ const EXIT_TIMEOUT: u8 = 2;
 pub enum ProjectCommand {
     /// Create a project from a repository and follow its setup
     #[command(
-        after_help = "Examples:\n  zopu project create --repo https://github.com/acme/shop.git --branch main\n  zopu project create --repo /path/to/repo   (local paths need sandbox.allow_local_repositories)"
+        after_help = "Examples:\n  zopu project create --repo https://github.com/acme/shop.git --branch main\n  zopu project create --repo /path/to/repo   (local paths need sandbox.allow_local_repositories)\n  zopu project create --repo https://github.com/acme/shop.git --request-id 0190...   (a safe retry: the same request id is the same project)"
     )]
     Create(CreateArgs),
     /// Show a project's setup status
@@ -63,6 +63,11 @@ pub struct CreateArgs {
     /// Display name of the project (default: the repository name)
     #[arg(long)]
     name: Option<String>,
+    /// Idempotency key of this creation (default: a new one, printed). The
+    /// same organization and request id always name the same project, so
+    /// repeating the command with it never creates a second one.
+    #[arg(long, value_name = "ID")]
+    request_id: Option<CorrelationId>,
     #[command(flatten)]
     follow: Follow,
 }
@@ -129,32 +134,50 @@ fn allow_local_repositories(ctx: &Context) -> bool {
 
 pub async fn run_create(ctx: &Context, args: CreateArgs) -> anyhow::Result<ExitCode> {
     let repository = repository_location(&args.repo);
-    let project = ProjectId::new();
+    let request_id = match args.request_id {
+        Some(request_id) => request_id,
+        None => CorrelationId::from(EventId::new()),
+    };
+    let project = ProjectId::for_request(&args.org, &request_id);
     let mut request = SetupRequest::new(
         args.org.clone(),
         project,
         &repository,
         &args.branch,
         1,
-        &EventId::new().to_string(),
+        request_id.as_str(),
     )
     .allow_local_repositories(allow_local_repositories(ctx));
     request.project_name = args.name.unwrap_or_else(|| project_name(&repository));
     // Validate before connecting, so bad input fails fast and offline.
     zopu_setup::client::validate(&request)?;
+    if !ctx.json {
+        eprintln!("request id {request_id} (to retry safely: --request-id {request_id})");
+    }
     let bus = ctx.connect().await?;
     let publisher = Publisher::new(bus.clone(), "cli", None);
     let watch = StatusWatch::start(&bus, &args.org, &project).await?;
-    let event_id = request_setup(&publisher, &request).await?;
+    // The project id comes from the request id: if the project exists, this
+    // request already made it (beyond JetStream's duplicate window too).
+    let (event_id, revision, duplicate) = match read_setup_status(&bus, &args.org, &project).await?
+    {
+        Some(existing) => (None, existing.revision, true),
+        None => (Some(request_setup(&publisher, &request).await?), 1, false),
+    };
     if ctx.json {
         println!(
             "{}",
-            serde_json::json!({ "project": project.to_string(), "org": args.org.to_string(), "revision": 1, "event_id": event_id.to_string() })
+            serde_json::json!({ "project": project.to_string(), "org": args.org.to_string(), "revision": revision, "event_id": event_id.map(|id| id.to_string()), "request_id": request_id.to_string(), "duplicate": duplicate })
         );
     } else {
         println!("{project}");
+        if duplicate {
+            eprintln!(
+                "project {project} was already created by request {request_id}; following its setup"
+            );
+        }
     }
-    follow(ctx, watch, project, 1, &args.follow).await
+    follow(ctx, watch, project, revision, &args.follow).await
 }
 
 pub async fn run_status(ctx: &Context, args: StatusArgs) -> anyhow::Result<ExitCode> {

@@ -74,9 +74,12 @@ pub struct DevArgs {
     no_demo: bool,
 }
 
+/// Runs one service. The gateway takes `link_key` when given (`zopu dev`),
+/// otherwise it reads its key from the environment and refuses to start without it.
 async fn run_service(
     service: Service,
     config: &ZopuConfig,
+    link_key: Option<zopu_gateway::LinkKey>,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let core = config.core();
@@ -92,7 +95,12 @@ async fn run_service(
         Service::Artifacts => {
             zopu_artifacts::service::run(core, config.artifacts.clone(), shutdown).await?
         }
-        Service::Gateway => zopu_gateway::run(core, config.gateway.clone(), shutdown).await?,
+        Service::Gateway => match link_key {
+            Some(link_key) => {
+                zopu_gateway::run_with(core, config.gateway.clone(), link_key, shutdown).await?
+            }
+            None => zopu_gateway::run(core, config.gateway.clone(), shutdown).await?,
+        },
     }
     Ok(())
 }
@@ -101,7 +109,7 @@ pub async fn run(context: &Context, args: RunArgs) -> anyhow::Result<ExitCode> {
     let shutdown = Shutdown::new();
     shutdown.cancel_on_signals();
     tracing::info!(service = args.service.name(), nats = %context.config.nats_url, "starting");
-    let outcome = run_service(args.service, &context.config, shutdown.clone()).await;
+    let outcome = run_service(args.service, &context.config, None, shutdown.clone()).await;
     shutdown.cancel();
     if !shutdown.wait(context.config.shutdown_grace).await {
         tracing::warn!("in-flight work did not finish within the grace period");
@@ -134,12 +142,20 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("port {} is in use: pass --port with a free one", args.port);
     }
 
+    // Signed artifact links need one key for the gateway's lifetime and
+    // beyond: the environment's, or one kept in the data directory.
+    let link_key = zopu_gateway::LinkKey::from_env_or_dev_file(
+        &config.gateway.link_key_env,
+        &config.data_dir,
+    )?;
+
     let shutdown = Shutdown::new();
     shutdown.cancel_on_signals();
     for service in Service::ALL {
         let (config, child, stopper) = (config.clone(), shutdown.child(), shutdown.clone());
+        let link_key = Some(link_key.clone());
         shutdown.spawn(async move {
-            if let Err(error) = run_service(service, &config, child).await {
+            if let Err(error) = run_service(service, &config, link_key, child).await {
                 tracing::error!(service = service.name(), error = %format!("{error:#}"), "service stopped; stopping everything");
                 stopper.cancel();
             }
@@ -147,13 +163,24 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
     }
 
     let org: OrgId = "demo".parse()?;
-    let token =
-        zopu_gateway::issue_token(&zopu_gateway::tokens_path(&config.data_dir), &org, "dev")?;
+    let core: CoreConfig = config.core();
+    let bus = zopu_core::nats::connect(
+        &core.nats_url,
+        "zopu-dev",
+        std::time::Duration::from_secs(10),
+    )
+    .await?;
+    zopu_core::streams::ensure(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
+    let token = zopu_gateway::TokenStore::open(&bus.jetstream)
+        .await?
+        .issue(&org, "dev", zopu_gateway::tokens::DEFAULT_TTL)
+        .await?;
+    let token = token.expose();
     let url = format!("http://127.0.0.1:{}/", args.port);
     let project = if args.no_demo {
         None
     } else {
-        Some(ensure_demo_project(&config, &org, args.demo_repo.as_deref(), &state).await?)
+        Some(ensure_demo_project(&bus, &org, args.demo_repo.as_deref(), &state).await?)
     };
     if context.json {
         println!(
@@ -190,7 +217,7 @@ fn port_free(port: u16) -> bool {
 
 /// Creates the demo project once; later runs reuse it.
 async fn ensure_demo_project(
-    config: &ZopuConfig,
+    bus: &zopu_core::nats::Bus,
     org: &OrgId,
     repo: Option<&Path>,
     state: &Path,
@@ -207,15 +234,7 @@ async fn ensure_demo_project(
     };
     let repo = std::fs::canonicalize(&repo)?;
     let branch = git_branch(&repo)?;
-    let core: CoreConfig = config.core();
-    let bus = zopu_core::nats::connect(
-        &core.nats_url,
-        "zopu-dev",
-        std::time::Duration::from_secs(10),
-    )
-    .await?;
-    zopu_core::streams::ensure(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
-    let publisher = zopu_core::Publisher::new(bus, "gateway", None);
+    let publisher = zopu_core::Publisher::new(bus.clone(), "gateway", None);
     let project = ProjectId::new();
     let request_id = zopu_schema::EventId::new().to_string();
     let mut request = zopu_setup::client::SetupRequest::new(

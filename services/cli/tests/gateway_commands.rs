@@ -1,0 +1,213 @@
+//! The operator commands of the gateway through the `zopu` binary: the
+//! link key a gateway refuses to start without, `zopu token create | list |
+//! revoke` against a real nats-server, and `zopu project create
+//! --request-id` as a safe retry. Cargo builds the binary under test.
+
+use std::path::Path;
+use std::process::Output;
+
+use anyhow::{Context, Result, ensure};
+use serde_json::Value;
+use zopu_core::local_server::{LocalServer, SyncPolicy};
+
+/// Runs `zopu` with a clean environment for the settings under test.
+async fn zopu(data_dir: &Path, args: &[&str]) -> Result<Output> {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu"))
+        .args(["--data-dir", &data_dir.display().to_string()])
+        .args(args)
+        .env_remove("ZOPU_CONFIG")
+        .env_remove("ZOPU_GATEWAY_LINK_KEY")
+        .env_remove("ZOPU_ORG")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .context("running zopu")
+}
+
+fn json_lines(output: &Output) -> Result<Vec<Value>> {
+    ensure!(
+        output.status.success(),
+        "zopu failed: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).with_context(|| format!("not JSON: {line}")))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_gateway_without_its_link_key_refuses_to_start_and_names_the_variable() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    // Nothing listens on the discard port: the check must come before connecting.
+    let output = zopu(
+        dir.path(),
+        &["--nats", "nats://127.0.0.1:9", "run", "gateway"],
+    )
+    .await?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("ZOPU_GATEWAY_LINK_KEY"), "{stderr}");
+    assert!(!stderr.contains("no server answered"), "{stderr}");
+
+    let short = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu"))
+        .args(["--data-dir", &dir.path().display().to_string()])
+        .args(["--nats", "nats://127.0.0.1:9", "run", "gateway"])
+        .env_remove("ZOPU_CONFIG")
+        .env("ZOPU_GATEWAY_LINK_KEY", "too-short-a-secret")
+        .kill_on_drop(true)
+        .output()
+        .await?;
+    let stderr = String::from_utf8_lossy(&short.stderr);
+    assert!(!short.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("ZOPU_GATEWAY_LINK_KEY") && stderr.contains("too short"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("too-short-a-secret"),
+        "the key must never print: {stderr}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn tokens_are_created_listed_and_revoked_in_the_shared_bucket() -> Result<()> {
+    let store = tempfile::tempdir()?;
+    let server = LocalServer::start(store.path(), None, SyncPolicy::ServerDefault)?;
+    let url = server.url();
+    let dir = tempfile::tempdir()?;
+    let base = ["--json", "--nats", url.as_str(), "token"];
+    let run = |args: &'static [&'static str]| {
+        let all: Vec<&str> = base.iter().chain(args).copied().collect();
+        let dir = dir.path().to_owned();
+        async move { zopu(&dir, &all).await }
+    };
+
+    let created =
+        json_lines(&run(&["create", "--org", "acme", "--user", "ada", "--ttl", "30d"]).await?)?;
+    let created = created.first().context("one line")?;
+    let token = created["token"].as_str().context("token")?.to_owned();
+    let id = created["id"].as_str().context("id")?.to_owned();
+    assert!(
+        token.starts_with("zpt_") && token[4..].starts_with(&id),
+        "{created}"
+    );
+    assert_eq!(created["status"], "active");
+    let expires =
+        zopu_schema::envelope::parse_time(created["expires_at"].as_str().context("expiry")?)
+            .context("expiry time")?;
+    let days = (expires - time::OffsetDateTime::now_utc()).whole_days();
+    assert!((29..=30).contains(&days), "{created}");
+
+    // The gateway's view: the bucket accepts the token.
+    let bus = zopu_core::nats::connect(&url, "test", std::time::Duration::from_secs(10)).await?;
+    let tokens = zopu_gateway::TokenStore::open(&bus.jetstream).await?;
+    assert!(tokens.verify(&token).await?.is_some());
+
+    let listed = json_lines(&run(&["list"]).await?)?;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (&listed[0]["id"], &listed[0]["user"]),
+        (&created["id"], &created["user"])
+    );
+    assert!(
+        !listed[0].to_string().contains(&token[4 + id.len()..]),
+        "list must never show a token"
+    );
+
+    let bad = run(&[
+        "create", "--org", "acme", "--user", "ada", "--ttl", "forever",
+    ])
+    .await?;
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--ttl"));
+
+    let prefix = id[..6].to_owned();
+    let revoke = zopu(
+        dir.path(),
+        &["--json", "--nats", &url, "token", "revoke", &prefix],
+    )
+    .await?;
+    let revoked = json_lines(&revoke)?;
+    assert_eq!(
+        (
+            &revoked[0]["id"],
+            &revoked[0]["status"],
+            &revoked[0]["newly_revoked"]
+        ),
+        (&created["id"], &Value::from("revoked"), &Value::from(true))
+    );
+    assert!(tokens.verify(&token).await?.is_none());
+    let listed = json_lines(&run(&["list"]).await?)?;
+    assert_eq!(listed[0]["status"], "revoked");
+
+    let unknown = zopu(dir.path(), &["--nats", &url, "token", "revoke", "ffffffff"]).await?;
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no token id"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn creating_a_project_again_with_its_request_id_is_the_same_project() -> Result<()> {
+    let store = tempfile::tempdir()?;
+    let server = LocalServer::start(store.path(), None, SyncPolicy::ServerDefault)?;
+    let url = server.url();
+    let dir = tempfile::tempdir()?;
+    let create = |request_id: Option<String>| {
+        let (url, dir) = (url.clone(), dir.path().to_owned());
+        async move {
+            let mut args = vec![
+                "--json",
+                "--nats",
+                url.as_str(),
+                "project",
+                "create",
+                "--org",
+                "acme",
+                "--repo",
+                "https://example.com/acme/shop.git",
+                "--no-wait",
+            ];
+            if let Some(request_id) = &request_id {
+                args.extend(["--request-id", request_id.as_str()]);
+            }
+            json_lines(&zopu(&dir, &args).await?)
+        }
+    };
+    // The services apply streams/ at start; none runs here.
+    let bus = zopu_core::nats::connect(&url, "test", std::time::Duration::from_secs(10)).await?;
+    zopu_core::streams::ensure(
+        &bus,
+        &zopu_core::streams::StreamSettings {
+            replicas: 1,
+            duplicate_window: std::time::Duration::from_secs(120),
+        },
+    )
+    .await?;
+
+    let first = create(None).await?;
+    let first = first.first().context("one line")?.clone();
+    let request_id = first["request_id"]
+        .as_str()
+        .context("request_id")?
+        .to_owned();
+    assert_eq!(first["duplicate"], false);
+    let again = create(Some(request_id.clone())).await?;
+    let again = again.first().context("one line")?;
+    assert_eq!(
+        (&again["project"], &again["duplicate"]),
+        (&first["project"], &Value::from(true))
+    );
+    let other = create(None).await?;
+    assert_ne!(other[0]["project"], first["project"]);
+
+    let project: zopu_schema::ProjectId = first["project"].as_str().context("project")?.parse()?;
+    let org: zopu_schema::OrgId = "acme".parse()?;
+    let events =
+        zopu_core::log::events(&bus, zopu_schema::subjects::project_events(&org, &project)).await?;
+    assert_eq!(events.len(), 1, "one setup request: {events:?}");
+    assert_eq!(events[0].1.correlation_id.as_str(), request_id);
+    Ok(())
+}
