@@ -55,10 +55,10 @@ fn is_user_message(event: &Envelope) -> bool {
     event
         .decode::<pb::TimelineMessageSent>()
         .is_ok_and(|message| {
-            !message
+            message
                 .author
                 .as_ref()
-                .is_some_and(|author| author.kind() == pb::actor::Kind::Agent)
+                .is_none_or(|author| author.kind() != pb::actor::Kind::Agent)
         })
 }
 

@@ -19,6 +19,9 @@ pub const NON_SETTING_VARIABLES: &[&str] = &[
     "ZOPU_LLM_API_KEY",
     "ZOPU_GATEWAY_LINK_KEY",
     "ZOPU_NATS_SERVER",
+    crate::nats::USER_VARIABLE,
+    crate::nats::PASSWORD_VARIABLE,
+    crate::nats::CREDENTIALS_FILE_VARIABLE,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -47,6 +47,9 @@ impl std::fmt::Debug for Reader {
     }
 }
 
+/// Tries to open a reader before giving up (a cluster electing leaders).
+const CREATE_ATTEMPTS: u64 = 6;
+
 impl Reader {
     pub async fn open(bus: &Bus, filter: String, start: Start) -> Result<Self, Error> {
         Self::open_filters(bus, vec![filter], start).await
@@ -70,19 +73,35 @@ impl Reader {
                 start_sequence: sequence + 1,
             },
         };
-        let consumer = stream
-            .create_consumer(pull::OrderedConfig {
-                filter_subjects: filters,
-                deliver_policy,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| Error::jetstream("create ordered consumer", e))?;
-        let messages = consumer
-            .messages()
-            .await
-            .map_err(|e| Error::jetstream("ordered consumer", e))?;
-        Ok(Self { messages })
+        // On a cluster, a new consumer may be placed on a node that just
+        // died and not answer until the others mark it offline: try again.
+        let mut attempt = 0u64;
+        loop {
+            attempt += 1;
+            let created = stream
+                .create_consumer(pull::OrderedConfig {
+                    filter_subjects: filters.clone(),
+                    deliver_policy,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| Error::jetstream("create ordered consumer", e));
+            let opened = match created {
+                Ok(consumer) => consumer
+                    .messages()
+                    .await
+                    .map_err(|e| Error::jetstream("ordered consumer", e)),
+                Err(error) => Err(error),
+            };
+            match opened {
+                Ok(messages) => return Ok(Self { messages }),
+                Err(error) if attempt < CREATE_ATTEMPTS => {
+                    tracing::debug!(%error, attempt, "opening a log reader failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(250 * attempt)).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     /// The next message; `None` only if the server closed the reader.

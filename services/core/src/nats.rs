@@ -56,6 +56,41 @@ pub fn server_list(url: &str) -> Result<Vec<async_nats::ServerAddr>, String> {
     Ok(servers)
 }
 
+/// The environment variables that carry NATS credentials. They are secrets:
+/// never configuration keys, never logged.
+pub const USER_VARIABLE: &str = "ZOPU_NATS_USER";
+pub const PASSWORD_VARIABLE: &str = "ZOPU_NATS_PASSWORD";
+pub const CREDENTIALS_FILE_VARIABLE: &str = "ZOPU_NATS_CREDS";
+
+/// Adds the credentials the environment names: a user and password
+/// (`ZOPU_NATS_USER` and `ZOPU_NATS_PASSWORD`, both or neither) or a
+/// `.creds` file (`ZOPU_NATS_CREDS`, JWT and nkey). None: an anonymous
+/// connection, as against a dev server.
+async fn with_credentials(
+    options: async_nats::ConnectOptions,
+    env: &impl Fn(&str) -> Result<String, std::env::VarError>,
+) -> Result<async_nats::ConnectOptions, String> {
+    let user = env(USER_VARIABLE).ok().filter(|v| !v.is_empty());
+    let password = env(PASSWORD_VARIABLE).ok().filter(|v| !v.is_empty());
+    let creds = env(CREDENTIALS_FILE_VARIABLE)
+        .ok()
+        .filter(|v| !v.is_empty());
+    match (user, password, creds) {
+        (Some(_), Some(_), Some(_)) => Err(format!(
+            "set either {USER_VARIABLE}/{PASSWORD_VARIABLE} or {CREDENTIALS_FILE_VARIABLE}, not both"
+        )),
+        (Some(user), Some(password), None) => Ok(options.user_and_password(user, password)),
+        (Some(_), None, _) | (None, Some(_), _) => Err(format!(
+            "{USER_VARIABLE} and {PASSWORD_VARIABLE} go together: one of them is not set"
+        )),
+        (None, None, Some(path)) => options
+            .credentials_file(&path)
+            .await
+            .map_err(|error| format!("{CREDENTIALS_FILE_VARIABLE} ({path}): {error}")),
+        (None, None, None) => Ok(options),
+    }
+}
+
 /// Connects to `url` (one server or a comma-separated list) as `name`. The
 /// first connection is retried for up to `first_connect_timeout`; after
 /// that the client reconnects forever, to any server it knows.
@@ -84,6 +119,12 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
                 }
             }
         });
+    let options = with_credentials(options, &|name: &str| std::env::var(name))
+        .await
+        .map_err(|reason| Error::Connect {
+            url: url.to_owned(),
+            reason,
+        })?;
     let connecting = async_nats::connect_with_options(servers, options);
     let client = tokio::time::timeout(first_connect_timeout, connecting)
         .await
@@ -164,6 +205,55 @@ fn check_server(url: &str, info: &async_nats::ServerInfo) -> Result<(), Error> {
 
 #[cfg(test)]
 mod tests {
+    use super::{PASSWORD_VARIABLE, USER_VARIABLE, with_credentials};
+
+    fn env_of(
+        pairs: &'static [(&'static str, &'static str)],
+    ) -> impl Fn(&str) -> Result<String, std::env::VarError> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value).to_owned())
+                .ok_or(std::env::VarError::NotPresent)
+        }
+    }
+
+    #[tokio::test]
+    async fn credentials_come_in_pairs_and_never_print() {
+        let options = async_nats::ConnectOptions::new();
+        assert!(with_credentials(options, &env_of(&[])).await.is_ok());
+        let half = with_credentials(
+            async_nats::ConnectOptions::new(),
+            &env_of(&[(USER_VARIABLE, "dispatch")]),
+        )
+        .await
+        .err()
+        .unwrap_or_default();
+        assert!(half.contains(PASSWORD_VARIABLE), "{half}");
+        let both = with_credentials(
+            async_nats::ConnectOptions::new(),
+            &env_of(&[
+                (USER_VARIABLE, "dispatch"),
+                (PASSWORD_VARIABLE, "s3cret-value"),
+            ]),
+        )
+        .await;
+        assert!(both.is_ok());
+        let missing_file = with_credentials(
+            async_nats::ConnectOptions::new(),
+            &env_of(&[("ZOPU_NATS_CREDS", "/nonexistent/zopu.creds")]),
+        )
+        .await
+        .err()
+        .unwrap_or_default();
+        assert!(
+            missing_file.contains("/nonexistent/zopu.creds"),
+            "{missing_file}"
+        );
+        assert!(!missing_file.contains("s3cret"));
+    }
+
     use super::*;
 
     fn info(version: &str) -> async_nats::ServerInfo {
