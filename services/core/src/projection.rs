@@ -89,18 +89,7 @@ pub async fn catch_up<P: Projection>(
 ) -> Result<u64, Error> {
     let mut set = Set::prepare(store, vec![Box::new(projection)])?;
     let last = publish::last_sequence(bus).await?;
-    if last > set.low_water() {
-        let messages = open(bus, set.low_water()).await?;
-        pump(
-            messages,
-            store,
-            &mut set,
-            Some(last),
-            None,
-            &Shutdown::new(),
-        )
-        .await?;
-    }
+    replay_to(bus, store, &mut set, last, &Shutdown::new()).await?;
     // The file ends where the stream ended, however the batches fell.
     set.persist(store)?;
     Ok(set.low_water())
@@ -150,60 +139,145 @@ async fn follow(
     track_heads: Option<&Publisher>,
     shutdown: &Shutdown,
 ) -> Result<(), Error> {
-    let messages = open(bus, set.low_water()).await?;
-    pump(messages, store, set, None, track_heads, shutdown).await
+    // Far behind (a rebuild): catch up over several connections first.
+    let last = publish::last_sequence(bus).await?;
+    if last.saturating_sub(set.low_water()) >= PARALLEL_REPLAY_MIN {
+        replay_to(bus, store, set, last, shutdown).await?;
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+    }
+    let start = set.low_water();
+    let messages = open(bus, start).await?;
+    pump(
+        |events| read_ordered(messages, events, start, None, track_heads),
+        store,
+        set,
+        None,
+        shutdown,
+    )
+    .await
 }
 
 type Decoded = Vec<(u64, Result<Envelope, String>)>;
 
-/// Receives and decodes batches while the previous batch is being written:
-/// decoding runs on the async side, SQLite on a blocking thread. Stops at
-/// `stop_at` (when given), on shutdown, or on an error.
-async fn pump(
+type Sent = tokio::sync::mpsc::Sender<(u64, Result<Envelope, String>)>;
+
+/// Reads one ordered consumer into `events` until `stop_at` (when given) or
+/// the stream's end (a catch-up), moving the publisher's heads at the live end.
+async fn read_ordered(
     mut messages: Messages,
+    events: Sent,
+    start: u64,
+    stop_at: Option<u64>,
+    track_heads: Option<&Publisher>,
+) -> Result<(), Error> {
+    let mut last_read = start;
+    loop {
+        if stop_at.is_some_and(|stop| last_read >= stop) {
+            return Ok(());
+        }
+        let Some(message) = messages.next().await else {
+            return Err(Error::jetstream("ordered consumer", "message stream ended"));
+        };
+        let message = message.map_err(|e| Error::jetstream("ordered consumer", e))?;
+        let info = message
+            .info()
+            .map(|info| (info.stream_sequence, info.pending))
+            .ok();
+        let (sequence, pending) = info.unwrap_or((0, 0));
+        let decoded = publish::decode_message(&message.message).map_err(|error| error.to_string());
+        if let (Some(publisher), Ok(event), Some(_)) = (track_heads, &decoded, info)
+            && pending < LIVE_TAIL
+        {
+            publisher.observe(sequence, event);
+        }
+        last_read = sequence;
+        if events.send((sequence, decoded)).await.is_err() {
+            return Ok(());
+        }
+        // A catch-up ends at the stream's end even if `stop_at` moved on.
+        if stop_at.is_some() && pending == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// Below this many events to apply, a catch-up reads with one consumer.
+const PARALLEL_REPLAY_MIN: u64 = 20_000;
+/// Connections of a parallel replay, each reading one range of sequences.
+const REPLAY_READERS: u64 = 4;
+
+/// Reads `(from, to]` over [`REPLAY_READERS`] connections at once, each
+/// receiving and decoding one contiguous range, and passes the events on
+/// in stream order: a rebuild is bounded by one connection's parsing no
+/// more. Each range waits in a bounded buffer until the ones before it
+/// are passed on.
+async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<(), Error> {
+    let span = (to - from).div_ceil(REPLAY_READERS);
+    let mut ranges = Vec::new();
+    let mut start = from;
+    while start < to {
+        let end = (start + span).min(to);
+        ranges.push((start, end));
+        start = end;
+    }
+    let mut buffers = Vec::new();
+    let mut readers = futures::stream::FuturesUnordered::new();
+    for (index, (after, end)) in ranges.into_iter().enumerate() {
+        let (sender, receiver) = tokio::sync::mpsc::channel(MAX_BATCH * 2);
+        buffers.push(receiver);
+        let url = bus.url.clone();
+        readers.push(async move {
+            let own = crate::nats::connect(
+                &url,
+                &format!("zopu-replay-{index}"),
+                Duration::from_secs(10),
+            )
+            .await?;
+            let messages = open(&own, after).await?;
+            read_ordered(messages, sender, after, Some(end), None).await
+        });
+    }
+    let forward = async {
+        for mut buffer in buffers {
+            while let Some(event) = buffer.recv().await {
+                if events.send(event).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        Ok::<_, Error>(())
+    };
+    let read_all = async {
+        while let Some(outcome) = readers.next().await {
+            outcome?;
+        }
+        Ok::<_, Error>(())
+    };
+    let (read, forwarded) = tokio::join!(read_all, forward);
+    read?;
+    forwarded
+}
+
+/// Applies what `fill` sends, batch by batch, while `fill` goes on reading
+/// and decoding: the writer takes everything that accumulated while it
+/// wrote the previous batch, so batches grow with load (SQLite on a
+/// blocking thread). Stops at `stop_at` (when given), on shutdown, or on an
+/// error.
+async fn pump<F>(
+    fill: impl FnOnce(Sent) -> F,
     store: &Store,
     set: &mut Set,
     stop_at: Option<u64>,
-    track_heads: Option<&Publisher>,
     shutdown: &Shutdown,
-) -> Result<(), Error> {
-    // Decoded events flow one by one; the writer takes everything that
-    // accumulated while it wrote the previous batch, so batches grow with load.
+) -> Result<(), Error>
+where
+    F: std::future::Future<Output = Result<(), Error>>,
+{
     let (events, mut received) =
         tokio::sync::mpsc::channel::<(u64, Result<Envelope, String>)>(MAX_BATCH * 2);
-    let start = set.low_water();
-    let reader = async move {
-        let mut last_read = start;
-        loop {
-            if stop_at.is_some_and(|stop| last_read >= stop) {
-                return Ok(());
-            }
-            let Some(message) = messages.next().await else {
-                return Err(Error::jetstream("ordered consumer", "message stream ended"));
-            };
-            let message = message.map_err(|e| Error::jetstream("ordered consumer", e))?;
-            let info = message
-                .info()
-                .map(|info| (info.stream_sequence, info.pending))
-                .ok();
-            let (sequence, pending) = info.unwrap_or((0, 0));
-            let decoded =
-                publish::decode_message(&message.message).map_err(|error| error.to_string());
-            if let (Some(publisher), Ok(event), Some(_)) = (track_heads, &decoded, info)
-                && pending < LIVE_TAIL
-            {
-                publisher.observe(sequence, event);
-            }
-            last_read = sequence;
-            if events.send((sequence, decoded)).await.is_err() {
-                return Ok(());
-            }
-            // A catch-up ends at the stream's end even if `stop_at` moved on.
-            if stop_at.is_some() && pending == 0 {
-                return Ok(());
-            }
-        }
-    };
+    let reader = fill(events);
     let applier = async {
         // Ends when the reader is done and every event it sent is written.
         let mut batch: Decoded = Vec::with_capacity(MAX_BATCH);
@@ -234,6 +308,46 @@ async fn pump(
             () = shutdown.cancelled() => return Ok(()),
         }
     }
+}
+
+/// Brings the set up to `last`: over several connections when far behind
+/// (a rebuild, a long outage), else with one ordered consumer.
+async fn replay_to(
+    bus: &Bus,
+    store: &Store,
+    set: &mut Set,
+    last: u64,
+    shutdown: &Shutdown,
+) -> Result<(), Error> {
+    let from = set.low_water();
+    if last <= from {
+        return Ok(());
+    }
+    if last - from >= PARALLEL_REPLAY_MIN {
+        tracing::info!(
+            from,
+            to = last,
+            readers = REPLAY_READERS,
+            "replaying in parallel"
+        );
+        return pump(
+            |events| read_parallel(bus, events, from, last),
+            store,
+            set,
+            Some(last),
+            shutdown,
+        )
+        .await;
+    }
+    let messages = open(bus, from).await?;
+    pump(
+        |events| read_ordered(messages, events, from, Some(last), None),
+        store,
+        set,
+        Some(last),
+        shutdown,
+    )
+    .await
 }
 
 /// How a batch is applied: all events in one go (noting whether a failure
