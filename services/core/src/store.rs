@@ -62,20 +62,24 @@ CREATE TABLE IF NOT EXISTS zopu_undecodable (
 );
 ";
 
+/// Reader connections per store.
+const READERS: usize = 4;
+
 /// The name of the built-in projection that indexes idempotency keys.
 pub const KEYS_PROJECTION: &str = "zopu_keys";
 
 /// A service's projection file. Cloning shares the connections.
 ///
-/// Two connections: the writer (projection batches, `write`) and the reader
-/// (`read`, `query`). The file is in WAL mode, so a reader sees the last
-/// committed batch and never waits for the one being written, however
-/// large: a handler's point lookup is never stuck behind a rebuild.
+/// A writer connection (projection batches, `write`) and a few reader
+/// connections (`read`, `query`). The file is in WAL mode, so a reader sees
+/// the last committed batch and never waits for the one being written,
+/// however large: a handler's point lookup is never stuck behind a rebuild,
+/// nor (with a free reader) behind another task's long query.
 #[derive(Clone, Debug)]
 pub struct Store {
     path: PathBuf,
     connection: Arc<Mutex<Connection>>,
-    reader: Arc<Mutex<Connection>>,
+    readers: Arc<[Mutex<Connection>]>,
     /// Each projection's checkpoint as applied. It may be ahead of the file:
     /// a batch that changed nothing in the file does not rewrite its
     /// checkpoint there (replaying it after a restart changes nothing either).
@@ -110,11 +114,15 @@ impl Store {
             .map_err(store_error)?;
         // Projections and readers keep their statements prepared.
         connection.set_prepared_statement_cache_capacity(256);
-        let reader = Connection::open(path).map_err(store_error)?;
-        reader
-            .execute_batch("PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000;")
+        let readers = (0..READERS)
+            .map(|_| {
+                let reader = Connection::open(path)?;
+                reader.execute_batch("PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000;")?;
+                reader.set_prepared_statement_cache_capacity(256);
+                Ok(Mutex::new(reader))
+            })
+            .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(store_error)?;
-        reader.set_prepared_statement_cache_capacity(256);
         let progress = connection
             .prepare("SELECT name, checkpoint FROM zopu_projection")
             .and_then(|mut statement| {
@@ -132,7 +140,7 @@ impl Store {
         let store = Self {
             path: path.to_owned(),
             connection: Arc::new(Mutex::new(connection)),
-            reader: Arc::new(Mutex::new(reader)),
+            readers: readers.into(),
             progress: Arc::new(Mutex::new(progress)),
             checkpoints: Arc::new(checkpoints),
         };
@@ -148,10 +156,16 @@ impl Store {
     /// on the calling thread: it never waits for a projection batch. Reads
     /// that scan or load many rows go through [`Store::query`] instead.
     pub fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, Error> {
+        // A free reader if there is one; else wait for the first.
         let connection = self
-            .reader
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+            .readers
+            .iter()
+            .find_map(|reader| reader.try_lock().ok())
+            .unwrap_or_else(|| {
+                self.readers[0]
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+            });
         f(&connection).map_err(|source| Error::Store {
             path: self.path.clone(),
             source,
