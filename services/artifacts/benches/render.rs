@@ -73,7 +73,7 @@ fn store_bench(url: &str, manifest: &zopu_schema::pb::ArtifactManifest, runs: us
             let started = Instant::now();
             let built = zopu_artifacts::build(black_box(manifest), &options).unwrap();
             build_times.push(started.elapsed());
-            let name = storage::object_name(&artifact, revision);
+            let name = storage::object_name(&artifact, revision, &built.sha256);
             storage::put(&bucket, &name, built.html.as_bytes(), &built.sha256).await.unwrap();
             total_times.push(started.elapsed());
         }

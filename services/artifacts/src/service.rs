@@ -453,7 +453,7 @@ impl BuildReaction {
             }
         };
 
-        let name = storage::object_name(&artifact_id, request.revision);
+        let name = storage::object_name(&artifact_id, request.revision, &built.sha256);
         let stored = tokio::time::timeout(
             self.settings.store_timeout,
             storage::put(&self.bucket, &name, built.html.as_bytes(), &built.sha256),

@@ -1,10 +1,14 @@
 //! The artifact object store: names, idempotent writes, capped reads.
 //!
-//! A revision's page lives at `<artifact_id>/<revision>/index.html` in
-//! [`ARTIFACTS_BUCKET`](zopu_schema::subjects::ARTIFACTS_BUCKET). A write
-//! first looks for an object of that name with the same SHA-256 and size and
-//! reuses it, so a build re-run after a crash stores nothing twice. A read
-//! stops at a byte cap and returns the bytes with their digest.
+//! A revision's page lives at `<artifact_id>/<revision>/<sha256>.html` in
+//! [`ARTIFACTS_BUCKET`](zopu_schema::subjects::ARTIFACTS_BUCKET): the name is
+//! content-addressed, so an object never changes once written, and two
+//! instances that render one revision differently (one of them a stale
+//! owner of the project's partition) write two objects instead of
+//! replacing one; the `artifact.published` that wins names its own. A write
+//! first looks for the object and reuses it, so a build re-run after a
+//! crash stores nothing twice. A read stops at a byte cap and returns the
+//! bytes with their digest.
 
 use async_nats::jetstream::object_store::{InfoErrorKind, ObjectMetadata, ObjectStore};
 use base64::Engine;
@@ -17,9 +21,9 @@ use crate::Error;
 /// Content type of every stored page.
 pub const HTML_CONTENT_TYPE: &str = "text/html; charset=utf-8";
 
-/// `<artifact_id>/<revision>/index.html`.
-pub fn object_name(artifact: &ArtifactId, revision: u32) -> String {
-    format!("{artifact}/{revision}/index.html")
+/// `<artifact_id>/<revision>/<sha256>.html`.
+pub fn object_name(artifact: &ArtifactId, revision: u32, sha256_hex: &str) -> String {
+    format!("{artifact}/{revision}/{sha256_hex}.html")
 }
 
 /// Lowercase hex SHA-256.
@@ -75,8 +79,8 @@ pub async fn put(
             return Ok(Stored::Reused);
         }
         Ok(info) => {
-            // Never published (the caller checked), e.g. rendered by an
-            // older build of this service before a crash: replace it.
+            // A content-addressed name with other content: damaged or
+            // written by something else. Write it again.
             tracing::warn!(
                 object = name,
                 size = info.size,
@@ -162,8 +166,8 @@ mod tests {
     fn names_and_digests() {
         let artifact = ArtifactId::derived(1_748_770_200_000, "a");
         assert_eq!(
-            object_name(&artifact, 3),
-            format!("{artifact}/3/index.html")
+            object_name(&artifact, 3, "ab12"),
+            format!("{artifact}/3/ab12.html")
         );
         let hex = sha256_hex(b"hello");
         assert_eq!(

@@ -274,7 +274,7 @@ impl Leases {
             partitions: self.held.keys().copied().collect(),
         };
         let key = subjects::lease_instance_key(&self.consumer, &self.instance);
-        match self.kv.put(&key, beat.encode_to_vec().into()).await {
+        match bounded(self.ttl, self.kv.put(&key, beat.encode_to_vec().into())).await {
             Ok(_) => {
                 self.last_beat = Some(Instant::now());
                 self.view
@@ -323,6 +323,33 @@ impl Leases {
     }
 
     async fn claim(&mut self, partition: u32, now_ms: i64) -> Option<u64> {
+        // Taking over from another instance: its heartbeat as the bucket
+        // has it now, not as our watch last saw it (a watch can lag).
+        let owner = self
+            .view
+            .claims
+            .get(&partition)
+            .map(|(owner, _)| owner.clone())
+            .filter(|owner| !owner.is_empty() && *owner != self.instance);
+        if let Some(owner) = owner {
+            let key = subjects::lease_instance_key(&self.consumer, &owner);
+            match bounded(self.ttl, self.kv.entry(key)).await {
+                Ok(Some(entry)) if matches!(entry.operation, kv::Operation::Put) => {
+                    let expires = pb::InstanceHeartbeat::decode(entry.value)
+                        .map_or(0, |beat| beat.expires_unix_ms);
+                    self.view.heartbeats.insert(owner.clone(), expires);
+                    if expires > now_ms {
+                        tracing::debug!(partition, %owner, "owner is alive after all; not claiming");
+                        return None;
+                    }
+                }
+                Ok(_) => {}
+                Err(reason) => {
+                    tracing::debug!(partition, %reason, "cannot read the owner's heartbeat; not claiming");
+                    return None;
+                }
+            }
+        }
         let key = subjects::lease_claim_key(&self.consumer, partition);
         let value = pb::PartitionClaim {
             instance: self.instance.clone(),
@@ -330,16 +357,10 @@ impl Leases {
         }
         .encode_to_vec();
         let outcome = match self.view.claims.get(&partition) {
-            None => self
-                .kv
-                .create(&key, value.into())
-                .await
-                .map_err(|e| e.to_string()),
-            Some((_, revision)) => self
-                .kv
-                .update(&key, value.into(), *revision)
-                .await
-                .map_err(|e| e.to_string()),
+            None => bounded(self.ttl, self.kv.create(&key, value.into())).await,
+            Some((_, revision)) => {
+                bounded(self.ttl, self.kv.update(&key, value.into(), *revision)).await
+            }
         };
         match outcome {
             Ok(revision) => {
@@ -368,7 +389,7 @@ impl Leases {
             claimed_unix_ms: unix_ms(),
         }
         .encode_to_vec();
-        match self.kv.update(&key, value.into(), revision).await {
+        match bounded(self.ttl, self.kv.update(&key, value.into(), revision)).await {
             Ok(revision) => {
                 tracing::info!(partition, consumer = %self.consumer, "partition released");
                 self.view
@@ -387,9 +408,24 @@ impl Leases {
             self.release(partition).await;
         }
         let key = subjects::lease_instance_key(&self.consumer, &self.instance);
-        if let Err(error) = self.kv.delete(&key).await {
+        if let Err(error) = bounded(self.ttl, self.kv.delete(&key)).await {
             tracing::debug!(%error, "heartbeat not removed; it expires by itself");
         }
+    }
+}
+
+/// A bucket operation bounded by half a TTL: a bucket without a leader
+/// must not keep an instance waiting (and working) past its lease.
+async fn bounded<T, E: std::fmt::Display>(
+    ttl: Duration,
+    operation: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(ttl / 2, operation).await {
+        Ok(outcome) => outcome.map_err(|error| error.to_string()),
+        Err(_) => Err(format!(
+            "the leases bucket did not answer within {}ms",
+            (ttl / 2).as_millis()
+        )),
     }
 }
 

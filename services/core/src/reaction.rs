@@ -237,6 +237,10 @@ type Message = async_nats::jetstream::Message;
 /// a second run); `queue` the sequences not started yet.
 struct Lane {
     partition: u32,
+    /// Cancelled when the partition is lost (another instance may own it
+    /// now): the running handler stops at once instead of finishing beside
+    /// the new owner's.
+    abort: CancellationToken,
     queue: std::collections::VecDeque<u64>,
     copies: HashMap<u64, Message>,
 }
@@ -309,7 +313,9 @@ pub async fn run<R: Reaction>(
         lanes: Mutex::new(HashMap::new()),
         lane_ended: tokio::sync::Notify::new(),
     });
-    let mut workers: HashMap<u32, CancellationToken> = HashMap::new();
+    // Per partition: stop pulling (lost, surrendered or shutdown) and abort
+    // the handlers in hand (lost only).
+    let mut workers: HashMap<u32, (CancellationToken, CancellationToken)> = HashMap::new();
     let mut draining: BTreeSet<u32> = BTreeSet::new();
     let mut tick = tokio::time::interval(leases.tick());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -326,24 +332,31 @@ pub async fn run<R: Reaction>(
                     draining.remove(partition);
                 }
                 let changes = leases.step(&drained).await;
-                for partition in changes.stop.iter().chain(&changes.surrender) {
-                    if let Some(stop) = workers.remove(partition) {
+                for partition in &changes.stop {
+                    if let Some((stop, abort)) = workers.remove(partition) {
+                        stop.cancel();
+                        abort.cancel();
+                    }
+                    runner.hand_back_queued(Some(*partition)).await;
+                }
+                for partition in &changes.surrender {
+                    if let Some((stop, _)) = workers.remove(partition) {
                         stop.cancel();
                     }
                     runner.hand_back_queued(Some(*partition)).await;
                 }
                 draining.extend(changes.surrender);
                 for partition in changes.start {
-                    let stop = shutdown.token().child_token();
-                    workers.insert(partition, stop.clone());
+                    let (stop, abort) = (shutdown.token().child_token(), CancellationToken::new());
+                    workers.insert(partition, (stop.clone(), abort.clone()));
                     let worker = runner.clone();
-                    shutdown.spawn(async move { worker.work_partition(partition, stop).await });
+                    shutdown.spawn(async move { worker.work_partition(partition, stop, abort).await });
                 }
             }
             () = leases.watch_next() => {}
         }
     }
-    for (_, stop) in workers.drain() {
+    for (_, (stop, _)) in workers.drain() {
         stop.cancel();
     }
     // Queued messages go back now; the handlers in hand finish (the
@@ -357,7 +370,12 @@ pub async fn run<R: Reaction>(
 impl<R: Reaction> Runner<R> {
     /// Pulls one partition's durable consumer until `stop` (the partition
     /// was lost or surrendered) or shutdown.
-    async fn work_partition(self: Arc<Self>, partition: u32, stop: CancellationToken) {
+    async fn work_partition(
+        self: Arc<Self>,
+        partition: u32,
+        stop: CancellationToken,
+        abort: CancellationToken,
+    ) {
         let durable = zopu_schema::subjects::partition_durable(
             &self.config.durable,
             partition,
@@ -399,7 +417,7 @@ impl<R: Reaction> Runner<R> {
                 match next {
                     Some(Ok(message)) => {
                         failures = 0;
-                        self.route(message, partition).await;
+                        self.route(message, partition, &abort).await;
                     }
                     Some(Err(error)) => tracing::warn!(%error, %durable, "pull error; continuing"),
                     None => break,
@@ -460,7 +478,7 @@ impl<R: Reaction> Runner<R> {
     /// A message of another partition (every partition's consumer sees the
     /// whole filter) is acked at once; a redelivery of a message still in
     /// its lane replaces the held copy.
-    async fn route(self: &Arc<Self>, message: Message, partition: u32) {
+    async fn route(self: &Arc<Self>, message: Message, partition: u32, abort: &CancellationToken) {
         let scope = zopu_schema::subjects::parse_scope_tokens(&message.subject);
         let owner = scope.as_ref().map_or(0, |(org, project)| {
             zopu_schema::subjects::partition_of(org, project, self.partitions)
@@ -476,15 +494,18 @@ impl<R: Reaction> Runner<R> {
             .unwrap_or_default();
         let Ok(sequence) = message.info().map(|info| info.stream_sequence) else {
             // Not a JetStream delivery: nothing to order it by.
-            self.clone().spawn_lane_of_one(message);
+            self.clone().spawn_lane_of_one(message, abort.clone());
             return;
         };
         let mut lanes = self.lock_lanes();
         let lane = lanes.entry(lane_key.clone()).or_insert_with(|| Lane {
             partition,
+            abort: abort.clone(),
             queue: std::collections::VecDeque::new(),
             copies: HashMap::new(),
         });
+        // The partition may have been lost and claimed again meanwhile.
+        lane.abort = abort.clone();
         if let Some(copy) = lane.copies.get_mut(&sequence) {
             tracing::debug!(
                 sequence,
@@ -518,21 +539,25 @@ impl<R: Reaction> Runner<R> {
                     break;
                 };
                 match lane.queue.pop_front() {
-                    Some(sequence) => lane.copies.get(&sequence).cloned().map(|m| (sequence, m)),
+                    Some(sequence) => lane
+                        .copies
+                        .get(&sequence)
+                        .cloned()
+                        .map(|m| (sequence, m, lane.abort.clone())),
                     None => {
                         lanes.remove(&lane_key);
                         break;
                     }
                 }
             };
-            let Some((sequence, message)) = next else {
+            let Some((sequence, message, abort)) = next else {
                 continue;
             };
-            if self.shutdown.is_cancelled() {
+            if self.shutdown.is_cancelled() || abort.is_cancelled() {
                 // Not started: hand it back for prompt redelivery.
                 hand_back(&message).await;
             } else {
-                self.process(&lane_key, message).await;
+                self.process(&lane_key, message, &abort).await;
             }
             if let Some(lane) = self.lock_lanes().get_mut(&lane_key) {
                 lane.copies.remove(&sequence);
@@ -542,9 +567,9 @@ impl<R: Reaction> Runner<R> {
     }
 
     /// A message that cannot be ordered (no delivery info) is handled alone.
-    fn spawn_lane_of_one(self: Arc<Self>, message: Message) {
+    fn spawn_lane_of_one(self: Arc<Self>, message: Message, abort: CancellationToken) {
         let shutdown = self.shutdown.clone();
-        shutdown.spawn(async move { self.process("", message).await });
+        shutdown.spawn(async move { self.process("", message, &abort).await });
     }
 
     /// Naks the messages queued but not started (of one partition, or all),
@@ -627,7 +652,7 @@ impl<R: Reaction> Runner<R> {
             .unwrap_or_else(|| message.clone())
     }
 
-    async fn process(&self, lane_key: &str, message: Message) {
+    async fn process(&self, lane_key: &str, message: Message, abort: &CancellationToken) {
         let (stream_sequence, delivered) = match message.info() {
             Ok(info) => (info.stream_sequence, info.delivered),
             Err(_) => (0, 1),
@@ -674,7 +699,7 @@ impl<R: Reaction> Runner<R> {
             }
             let mut attempt = 0usize;
             loop {
-                match self.run_handler(lane_key, &message, &envelope, &context).await {
+                match self.run_handler(lane_key, &message, &envelope, &context, abort).await {
                     Ok(()) => {
                         self.settle(lane_key, &message, AckKind::Ack).await;
                         return;
@@ -684,7 +709,7 @@ impl<R: Reaction> Runner<R> {
                         attempt += 1;
                         let reason = zopu_secrets::redact(&reason);
                         tracing::warn!(%reason, attempt, retry_in_ms = delay.as_millis() as u64, "transient failure; retrying");
-                        if !self.wait_extending(lane_key, &message, delay).await {
+                        if !self.wait_extending(lane_key, &message, delay, abort).await {
                             // Shutting down: hand it back instead of giving up.
                             hand_back(&self.newest_copy(lane_key, &message)).await;
                             return;
@@ -700,7 +725,7 @@ impl<R: Reaction> Runner<R> {
                         return;
                     }
                     Err(HandlerError::Interrupted) => {
-                        tracing::info!("handler interrupted by shutdown; handing the message back");
+                        tracing::info!("handler interrupted (shutdown, or its partition was lost); handing the message back");
                         hand_back(&self.newest_copy(lane_key, &message)).await;
                         return;
                     }
@@ -747,6 +772,7 @@ impl<R: Reaction> Runner<R> {
         message: &Message,
         envelope: &Envelope,
         context: &ReactionContext,
+        abort: &CancellationToken,
     ) -> Result<(), HandlerError> {
         let handler = tokio::time::timeout(
             self.config.handler_timeout,
@@ -762,12 +788,21 @@ impl<R: Reaction> Runner<R> {
                         "handler did not finish within {}s", self.config.handler_timeout.as_secs()))));
                 }
                 _ = heartbeat.tick() => self.keep_lane_alive(lane_key, message).await,
+                // The partition moved to another instance: stop mid-turn
+                // (the next owner redoes it; every step is idempotent).
+                () = abort.cancelled() => return Err(HandlerError::Interrupted),
             }
         }
     }
 
     /// Waits `delay` while keeping the lane's messages; false if shutdown came first.
-    async fn wait_extending(&self, lane_key: &str, message: &Message, delay: Duration) -> bool {
+    async fn wait_extending(
+        &self,
+        lane_key: &str,
+        message: &Message,
+        delay: Duration,
+        abort: &CancellationToken,
+    ) -> bool {
         let sleep = tokio::time::sleep(delay);
         tokio::pin!(sleep);
         let mut heartbeat = tokio::time::interval(self.config.ack_wait / 3);
@@ -775,6 +810,7 @@ impl<R: Reaction> Runner<R> {
             tokio::select! {
                 () = &mut sleep => return true,
                 () = self.shutdown.cancelled() => return false,
+                () = abort.cancelled() => return false,
                 _ = heartbeat.tick() => self.keep_lane_alive(lane_key, message).await,
             }
         }
