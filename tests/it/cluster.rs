@@ -157,6 +157,26 @@ async fn two_instances_of_every_service_on_a_cluster_survive_kills_mid_run() -> 
         logs.join("\n")
     );
     let violations = invariants::check(&bus, &org, &projects).await?;
-    ensure!(violations.is_empty(), "invariants broken:\n{violations}");
+    if !violations.is_empty() {
+        let kept = dir.keep();
+        let mut story = String::new();
+        for project in &projects {
+            for (sequence, event) in
+                zopu_tests::history(&bus, &subjects::project_events(&org, project)).await?
+            {
+                story.push_str(&format!(
+                    "{project} {sequence:>5} {:<28} {:<22} dispatch={} cause={}\n",
+                    event.event_type,
+                    event.source,
+                    event.dispatch_id.map(|d| d.to_string()).unwrap_or_default(),
+                    event.causation_id
+                ));
+            }
+        }
+        anyhow::bail!(
+            "invariants broken:\n{violations}\nfleet logs in {}\n{story}",
+            kept.display()
+        );
+    }
     Ok(())
 }

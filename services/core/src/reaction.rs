@@ -466,7 +466,12 @@ impl<R: Reaction> Runner<R> {
                 };
             }
             Ok(info) => wanted.deliver_policy = info.config.deliver_policy,
-            Err(_) => {}
+            Err(error)
+                if error.kind()
+                    == async_nats::jetstream::context::ConsumerInfoErrorKind::NotFound => {}
+            // Not knowing whether messages are in flight (the cluster is
+            // electing): binding now could let later messages overtake them.
+            Err(error) => return Err(Error::jetstream("consumer info", error)),
         }
         self.stream
             .create_consumer(wanted)
