@@ -212,7 +212,11 @@ impl Schedule {
         let kinds = std::iter::repeat_n(true, scale.service_kills)
             .chain(std::iter::repeat_n(false, scale.cuts));
         for kill in kinds {
-            loop {
+            for attempt in 0.. {
+                assert!(
+                    attempt < 100_000,
+                    "no free slot for a fault: the window is too short for this many faults"
+                );
                 let index = usize::try_from(rng.below(instances.len() as u64)).unwrap_or(0);
                 let at = rng.below(window_ms);
                 let length = if kill {
