@@ -3,6 +3,7 @@
 
 mod artifacts;
 mod browser;
+mod chaos;
 mod cluster;
 mod conversation;
 mod evolution;

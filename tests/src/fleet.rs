@@ -28,8 +28,14 @@ pub struct Fleet {
     zopu: PathBuf,
     root: PathBuf,
     config: FleetConfig,
+    /// Variables of one instance (`<service>-<n>`), set after the fleet's.
+    instance_env: BTreeMap<String, Vec<(String, String)>>,
     children: BTreeMap<String, Child>,
 }
+
+/// `ZOPU_*` variables the tests themselves read: not settings, so a child
+/// must not inherit them (it would refuse them as unknown keys).
+const TEST_VARIABLES: &[&str] = &["ZOPU_BIN", "ZOPU_CHAOS_SEED", "ZOPU_CHAOS_SCALE"];
 
 impl Fleet {
     pub fn new(zopu: &Path, root: &Path, config: FleetConfig) -> Result<Self> {
@@ -38,6 +44,7 @@ impl Fleet {
             zopu: zopu.to_owned(),
             root: root.to_owned(),
             config,
+            instance_env: BTreeMap::new(),
             children: BTreeMap::new(),
         })
     }
@@ -45,6 +52,17 @@ impl Fleet {
     /// `<service>-<n>`: the instance id and the name of its data directory.
     pub fn instance(service: &str, n: usize) -> String {
         format!("{service}-{n}")
+    }
+
+    /// Extra variables for instance `n` of `service` (its own NATS URLs, its
+    /// listen address ...), used from its next start on.
+    pub fn set_instance_env(&mut self, service: &str, n: usize, env: Vec<(String, String)>) {
+        self.instance_env.insert(Self::instance(service, n), env);
+    }
+
+    /// Where the instances' logs are (`<instance>.log`).
+    pub fn log_dir(&self) -> PathBuf {
+        self.root.join("logs")
     }
 
     /// A `zopu` command with the fleet's settings (for the CLI: project
@@ -57,6 +75,9 @@ impl Fleet {
     }
 
     fn configure(&self, command: &mut Command, data_dir: &Path) {
+        for name in TEST_VARIABLES {
+            command.env_remove(name);
+        }
         command
             .env_remove("ZOPU_CONFIG")
             .env("ZOPU_NATS_URL", &self.config.nats_url)
@@ -88,6 +109,7 @@ impl Fleet {
         self.configure(&mut command, &self.root.join("data").join(&name));
         command
             .args(["run", service])
+            .envs(self.instance_env.get(&name).cloned().unwrap_or_default())
             .env("ZOPU_SCALE__INSTANCE_ID", &name)
             .env("ZOPU_LOG", "info")
             .stdin(Stdio::null())
@@ -120,6 +142,29 @@ impl Fleet {
             .status()?;
         anyhow::ensure!(status.success(), "kill -TERM {pid} failed");
         Ok(child.wait()?.success())
+    }
+
+    /// Whether instance `n` of `service` was started and not killed or stopped.
+    pub fn is_started(&self, service: &str, n: usize) -> bool {
+        self.children.contains_key(&Self::instance(service, n))
+    }
+
+    /// Instances that exited on their own since the last call (not killed
+    /// or stopped by the test), with how; they are forgotten, so
+    /// [`Fleet::start`] can start them again.
+    pub fn reap_exited(&mut self) -> Vec<(String, std::process::ExitStatus)> {
+        let exited: Vec<(String, std::process::ExitStatus)> = self
+            .children
+            .iter_mut()
+            .filter_map(|(name, child)| match child.try_wait() {
+                Ok(Some(status)) => Some((name.clone(), status)),
+                _ => None,
+            })
+            .collect();
+        for (name, _) in &exited {
+            self.children.remove(name);
+        }
+        exited
     }
 
     /// Names of the instances that are running (exited ones are reaped).

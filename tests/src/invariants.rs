@@ -2,8 +2,9 @@
 //! checked from the stream alone, so a scenario or a chaos run asserts the
 //! same promises.
 //!
-//! - every user message has exactly one acknowledgement and exactly one
-//!   final message or visible failure;
+//! - every user message has exactly one final message or visible failure,
+//!   and exactly one acknowledgement — none only when the turn failed
+//!   visibly before deciding (the model never answered usably);
 //! - every dispatch ends (completed or failed) exactly once;
 //! - one agent turn at a time per project: in stream order, a dispatch is
 //!   accepted only after the previous accepted one ended;
@@ -63,22 +64,37 @@ fn is_user_message(event: &Envelope) -> bool {
 }
 
 fn check_project(project: &ProjectId, events: &[(u64, Envelope)], violations: &mut Violations) {
-    // Replies by the message they answer (the interaction's correlation id).
+    // Replies by the message they answer (`reply_to_event_id`; the
+    // correlation id is the request's, e.g. the gateway's X-Request-Id).
     let mut acknowledgements: HashMap<String, usize> = HashMap::new();
     let mut endings: HashMap<String, usize> = HashMap::new();
+    let mut failed: HashMap<String, bool> = HashMap::new();
+    let answered = |reply_to: &str, event: &Envelope| {
+        if reply_to.is_empty() {
+            event.correlation_id.to_string()
+        } else {
+            reply_to.to_owned()
+        }
+    };
     for (_, event) in events {
-        let correlation = event.correlation_id.to_string();
-        if event.is::<pb::AgentAcknowledged>() {
-            *acknowledgements.entry(correlation).or_default() += 1;
-        } else if event.is::<pb::AgentFinal>() {
-            *endings.entry(correlation).or_default() += 1;
+        if let Ok(ack) = event.decode::<pb::AgentAcknowledged>() {
+            *acknowledgements
+                .entry(answered(&ack.reply_to_event_id, event))
+                .or_default() += 1;
+        } else if let Ok(last) = event.decode::<pb::AgentFinal>() {
+            let message = answered(&last.reply_to_event_id, event);
+            let failure = last.failure.is_some_and(|reason| !reason.code.is_empty());
+            failed.insert(message.clone(), failure);
+            *endings.entry(message).or_default() += 1;
         }
     }
     for (_, event) in events.iter().filter(|(_, event)| is_user_message(event)) {
         let id = event.id.to_string();
         let acknowledged = acknowledgements.get(&id).copied().unwrap_or(0);
         let ended = endings.get(&id).copied().unwrap_or(0);
-        if acknowledged != 1 || ended != 1 {
+        // A turn that failed before its decision has nothing to acknowledge.
+        let unacknowledged_failure = acknowledged == 0 && failed.get(&id).copied().unwrap_or(false);
+        if !(acknowledged == 1 || unacknowledged_failure) || ended != 1 {
             violations.0.push(format!(
                 "project {project}: message {id} has {acknowledged} acknowledgements and {ended} final messages or failures (want 1 and 1)"
             ));

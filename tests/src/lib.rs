@@ -21,6 +21,7 @@ use zopu_schema::Envelope;
 
 pub use zopu_core::local_server::SyncPolicy as Sync;
 
+pub mod chaos;
 pub mod fixtures;
 pub mod fleet;
 pub mod invariants;
@@ -104,12 +105,23 @@ impl NatsCluster {
     /// Starts three nodes and returns once the cluster has formed (every
     /// node healthy: the JetStream meta leader elected and known).
     pub fn start() -> Result<Self> {
+        Self::start_with(false)
+    }
+
+    /// [`NatsCluster::start`]; with `no_advertise`, the nodes announce no
+    /// client URLs, so a client reconnects only to the URLs it was given
+    /// (the chaos run routes services through its proxies this way).
+    pub fn start_with(no_advertise: bool) -> Result<Self> {
         if std::env::var_os("ZOPU_LOG").is_some() {
             zopu_core::telemetry::init(false);
         }
         let store = tempfile::tempdir().context("temp store dir")?;
-        let cluster =
-            zopu_core::local_server::LocalCluster::start(store.path(), CLUSTER_SIZE, Sync::Always)?;
+        let cluster = zopu_core::local_server::LocalCluster::start_with(
+            store.path(),
+            CLUSTER_SIZE,
+            Sync::Always,
+            no_advertise,
+        )?;
         Ok(Self {
             cluster,
             _store: store,
@@ -133,6 +145,21 @@ impl NatsCluster {
             .server_name()
             .unwrap_or_default()
             .to_owned()
+    }
+
+    /// Node `index`'s client connections (its `/connz`), if it runs.
+    pub fn connections(&mut self, index: usize) -> Option<serde_json::Value> {
+        self.cluster.node_mut(index).connections(4096)
+    }
+
+    /// Node `index`'s client port.
+    pub fn node_port(&self, index: usize) -> u16 {
+        self.cluster.node(index).port()
+    }
+
+    /// Whether node `index` runs.
+    pub fn is_running(&mut self, index: usize) -> bool {
+        self.cluster.node_mut(index).is_running()
     }
 
     /// SIGKILL of node `index`: nothing it did not sync survives.

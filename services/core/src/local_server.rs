@@ -74,6 +74,10 @@ pub struct ClusterNode {
     pub peer_route_ports: Vec<u16>,
     /// The HTTP monitoring port (`/healthz`).
     pub monitor_port: u16,
+    /// Do not announce this node's client URL to clients (`no_advertise`):
+    /// a client then knows only the servers it was given, so a test can
+    /// route it through proxies it controls.
+    pub no_advertise: bool,
 }
 
 /// A running (or killed) local nats-server.
@@ -230,6 +234,22 @@ impl LocalServer {
         }
     }
 
+    /// The node's client connections as its monitoring endpoint `/connz`
+    /// reports them (at most `limit`), if it is a running cluster node.
+    pub fn connections(&mut self, limit: usize) -> Option<serde_json::Value> {
+        if !self.is_running() {
+            return None;
+        }
+        let (status, body) = http_get(
+            self.node.as_ref()?.monitor_port,
+            &format!("/connz?limit={limit}"),
+        )?;
+        if status != 200 {
+            return None;
+        }
+        serde_json::from_str(&body).ok()
+    }
+
     /// The JetStream meta leader this cluster node follows, as its `/jsz`
     /// reports it (a follower may still name a leader that died until it
     /// notices).
@@ -383,8 +403,13 @@ fn config_text(
             .iter()
             .map(|peer| format!("    nats-route://127.0.0.1:{peer}\n"))
             .collect();
+        let no_advertise = if node.no_advertise {
+            "  no_advertise: true\n"
+        } else {
+            ""
+        };
         text.push_str(&format!(
-            "cluster {{\n  name: {}\n  listen: 127.0.0.1:{}\n  routes: [\n{}  ]\n}}\n",
+            "cluster {{\n  name: {}\n  listen: 127.0.0.1:{}\n{no_advertise}  routes: [\n{}  ]\n}}\n",
             node.cluster,
             node.route_port,
             routes.concat()
@@ -435,6 +460,17 @@ impl LocalCluster {
         size: usize,
         sync: SyncPolicy,
     ) -> Result<Self, LocalServerError> {
+        Self::start_with(store_root, size, sync, false)
+    }
+
+    /// [`LocalCluster::start`]; with `no_advertise`, no node announces its
+    /// client URL to clients, so they use only the URLs they were given.
+    pub fn start_with(
+        store_root: &Path,
+        size: usize,
+        sync: SyncPolicy,
+        no_advertise: bool,
+    ) -> Result<Self, LocalServerError> {
         assert!(size >= 1, "a cluster has at least one node");
         let ports = free_ports(size * 3)?;
         let (client_ports, rest) = ports.split_at(size);
@@ -452,6 +488,7 @@ impl LocalCluster {
                     .map(|(_, port)| *port)
                     .collect(),
                 monitor_port: monitor_ports[index],
+                no_advertise,
             };
             let store = store_root.join(&node.server_name);
             nodes.push(LocalServer::start_clustered(
@@ -569,6 +606,7 @@ mod tests {
             route_port: 6002,
             peer_route_ports: vec![6001, 6003],
             monitor_port: 8002,
+            no_advertise: true,
         };
         let text = config_text(4002, Path::new("/s/js"), SyncPolicy::Always, Some(&node));
         for line in [
@@ -581,6 +619,7 @@ mod tests {
             "listen: 127.0.0.1:6002",
             "nats-route://127.0.0.1:6001",
             "nats-route://127.0.0.1:6003",
+            "no_advertise: true",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

@@ -24,6 +24,10 @@ pub struct Bus {
     pub url: String,
 }
 
+/// How long a connected client waits for JetStream to answer (a cluster
+/// electing its leaders) before giving up, whatever the connect timeout.
+const JETSTREAM_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The longest pause between two reconnect attempts (the client's default
 /// backs off exponentially to 4s; a cluster node elects and answers sooner).
 const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(1);
@@ -155,12 +159,40 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
     }
     check_server(url, &client.server_info())?;
     let jetstream = jetstream::new(client.clone());
-    jetstream
-        .query_account()
-        .await
-        .map_err(|_| Error::JetStreamDisabled {
-            url: url.to_owned(),
-        })?;
+    // A cluster electing its meta leader, or a connection dropped under the
+    // request, does not answer for a while (an R3 election takes 4-9 s):
+    // only the server's own "not enabled" answer means JetStream is off.
+    let deadline = tokio::time::Instant::now() + first_connect_timeout.max(JETSTREAM_READY_TIMEOUT);
+    loop {
+        let error = match jetstream.query_account().await {
+            Ok(_) => break,
+            Err(error) => error,
+        };
+        let disabled = match error.kind() {
+            jetstream::context::AccountErrorKind::JetStream(inner) => matches!(
+                inner.error_code(),
+                jetstream::ErrorCode::JETSTREAM_NOT_ENABLED
+                    | jetstream::ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT
+            ),
+            _ => false,
+        };
+        if disabled {
+            return Err(Error::JetStreamDisabled {
+                url: url.to_owned(),
+            });
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Connect {
+                url: url.to_owned(),
+                reason: format!(
+                    "JetStream did not answer within {}s: {error}",
+                    first_connect_timeout.max(JETSTREAM_READY_TIMEOUT).as_secs()
+                ),
+            });
+        }
+        tracing::warn!(%url, %error, "JetStream not answering yet; retrying");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     Ok(Bus {
         client,
         jetstream,

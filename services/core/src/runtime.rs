@@ -12,6 +12,26 @@ use crate::shutdown::Shutdown;
 use crate::store::{KeyIndex, Projection, Store};
 use crate::{Error, projection, streams};
 
+/// How long a starting service retries applying `streams/` while the
+/// cluster does not answer (a node restarting, a leader election).
+const STREAMS_RETRY: Duration = Duration::from_secs(60);
+
+/// Applies `streams/`, retrying JetStream errors (timeouts, no leader yet)
+/// for up to [`STREAMS_RETRY`]; drift and bad definitions fail at once.
+async fn ensure_streams(bus: &Bus, config: &CoreConfig) -> Result<(), Error> {
+    let settings = streams::StreamSettings::from(config);
+    let deadline = tokio::time::Instant::now() + STREAMS_RETRY;
+    loop {
+        match streams::ensure(bus, &settings).await {
+            Err(error @ Error::JetStream { .. }) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!(%error, "cannot apply streams/ yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
 /// One service's runtime.
 #[derive(Clone, Debug)]
 pub struct Runtime {
@@ -63,7 +83,7 @@ impl Runtime {
             Duration::from_secs(30),
         )
         .await?;
-        streams::ensure(&bus, &streams::StreamSettings::from(config)).await?;
+        ensure_streams(&bus, config).await?;
         let store = Store::open_for_service(&config.data_dir, service)?;
         let publisher = Publisher::new(bus.clone(), service, Some(store.clone()));
         Ok(Self {

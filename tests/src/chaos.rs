@@ -1,0 +1,907 @@
+//! A seeded chaos run (issue 13, item 8): a three-node JetStream cluster
+//! (R3, `sync_interval: always`, `no_advertise`), several `zopu run`
+//! instances of every service each behind its own TCP proxies to the
+//! nodes, a failing and slow fake model, N projects × M messages sent in
+//! waves with `zopu send` and through the gateway's HTTP API — while the
+//! schedule kills and restarts instances, kills and restarts nodes (the
+//! stream leader included, one node at a time), and cuts instances off
+//! NATS. Afterwards everything is healed and every promise is checked
+//! from the stream (`crate::invariants`), by `zopu audit verify`, and on
+//! the servers' connection lists (no service bypassed its proxies).
+//!
+//! The whole schedule comes from the seed ([`schedule::Schedule::derive`]):
+//! `ZOPU_CHAOS_SEED` replays a run's faults and model answers (the
+//! interleaving with the services' own timing is, of course, the
+//! machine's). The run's directory (fleet logs, data dirs) is kept and
+//! printed when it fails.
+
+pub mod llm;
+pub mod proxy;
+pub mod schedule;
+pub mod tracker;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use tokio::task::JoinSet;
+use zopu_core::nats::Bus;
+use zopu_schema::{OrgId, ProjectId};
+
+use crate::fleet::{Fleet, FleetConfig};
+use crate::{CLUSTER_SIZE, NatsCluster, fixtures, invariants};
+use schedule::{Instance, InstanceAction, NodeTarget, Rng, Scale, Schedule};
+
+/// Instances per service in a chaos run.
+pub const TOPOLOGY: [(&str, usize); 6] = [
+    ("setup", 2),
+    ("dispatch", 3),
+    ("conversation", 3),
+    ("specialists", 3),
+    ("artifacts", 3),
+    ("gateway", 3),
+];
+
+/// The organization every project of a run belongs to.
+pub const ORG: &str = "chaos";
+
+/// The variable holding the fake model's key (not a `ZOPU_` setting).
+const MODEL_KEY_VARIABLE: &str = "CHAOS_MODEL_KEY";
+
+/// How long any one message may take to end, and the heal phase to settle.
+const MESSAGE_TIMEOUT: Duration = Duration::from_secs(300);
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// What a run did.
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    pub seed: u64,
+    pub scale: String,
+    pub duration: Duration,
+    pub messages: usize,
+    pub through_gateway: usize,
+    pub answered: usize,
+    pub visible_failures: BTreeMap<String, usize>,
+    pub instance_kills: usize,
+    pub cuts: usize,
+    pub node_kills: usize,
+    pub leader_kills: usize,
+    pub refused_connections: u64,
+    pub proxied_connections: u64,
+    pub model: llm::Counts,
+    pub events: usize,
+    /// Instances that exited on their own (restarted by the run's
+    /// supervisor, as an orchestrator would): name, status, last log line.
+    pub exited: Vec<String>,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "chaos run: seed {} (replay: ZOPU_CHAOS_SEED={} ZOPU_CHAOS_SCALE={}), {:.1}s",
+            self.seed,
+            self.seed,
+            self.scale,
+            self.duration.as_secs_f64()
+        )?;
+        writeln!(
+            f,
+            "  messages: {} ({} through the gateway, {} with zopu send); answered {}, visible failures {:?}",
+            self.messages,
+            self.through_gateway,
+            self.messages - self.through_gateway,
+            self.answered,
+            self.visible_failures
+        )?;
+        writeln!(
+            f,
+            "  faults: {} instance kills, {} network cuts ({} connections refused during cuts, {} proxied), {} node kills ({} of the stream leader)",
+            self.instance_kills,
+            self.cuts,
+            self.refused_connections,
+            self.proxied_connections,
+            self.node_kills,
+            self.leader_kills
+        )?;
+        writeln!(
+            f,
+            "  model: {} calls, {} answered 500, {} slow, {} to poisoned messages; {} events in the stream",
+            self.model.calls, self.model.errors, self.model.slow, self.model.poisoned, self.events
+        )?;
+        writeln!(
+            f,
+            "  instances that exited on their own: {}",
+            self.exited.len()
+        )?;
+        for exit in &self.exited {
+            writeln!(f, "    {exit}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A run's world: cluster, fleet, proxies, fake model.
+#[derive(Debug)]
+pub struct Chaos {
+    pub scale: Scale,
+    pub seed: u64,
+    pub schedule: Schedule,
+    dir: Option<tempfile::TempDir>,
+    root: PathBuf,
+    cluster: Option<NatsCluster>,
+    pub bus: Bus,
+    fleet: Arc<Mutex<Fleet>>,
+    proxies: Arc<BTreeMap<Instance, Vec<proxy::Proxy>>>,
+    model: llm::FakeModel,
+    faults: llm::Faults,
+    gateways: Vec<u16>,
+    token: String,
+    pub org: OrgId,
+    pub projects: Vec<ProjectId>,
+}
+
+fn lock(fleet: &Mutex<Fleet>) -> MutexGuard<'_, Fleet> {
+    fleet
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Every instance of the topology.
+pub fn instances() -> Vec<Instance> {
+    TOPOLOGY
+        .iter()
+        .flat_map(|(service, count)| (1..=*count).map(move |n| Instance { service, n }))
+        .collect()
+}
+
+impl Chaos {
+    /// Sets the world up (services started, projects created and ready);
+    /// prints the seed, the schedule and the run's directory.
+    pub async fn start(scale: Scale, seed: u64) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("zopu-chaos-").tempdir()?;
+        let root = dir.path().to_owned();
+        let schedule = Schedule::derive(seed, &scale, &instances());
+        eprintln!(
+            "chaos: seed {seed} (replay with ZOPU_CHAOS_SEED={seed} ZOPU_CHAOS_SCALE={}); run directory {}",
+            scale.name,
+            root.display()
+        );
+        eprintln!("{schedule}");
+        let cluster = tokio::task::block_in_place(|| NatsCluster::start_with(true))?;
+        let bus = crate::bus(&cluster, Duration::from_secs(120)).await?;
+        let repo = fixtures::demo_repository(&root)?;
+        let faults = llm::Faults {
+            seed,
+            error_percent: scale.llm_error_percent,
+            slow_percent: scale.llm_slow_percent,
+            poison_percent: scale.llm_poison_percent,
+            slow_max: Duration::from_millis(3000),
+        };
+        let model = llm::FakeModel::start(faults).await?;
+        let zopu = crate::zopu_binary(&crate::workspace_root())?;
+        let link_key = format!("{:064x}", Rng::new(seed).fork("link key").next_u64());
+        let mut fleet = Fleet::new(
+            &zopu,
+            &root.join("fleet"),
+            FleetConfig {
+                nats_url: cluster.url(),
+                stream_replicas: CLUSTER_SIZE,
+                partitions: 6,
+                lease_ttl: Duration::from_secs(2),
+                env: [
+                    ("ZOPU_GATEWAY_LINK_KEY", link_key.as_str()),
+                    ("ZOPU_CONVERSATION__PROVIDER", "openai"),
+                    ("ZOPU_CONVERSATION__OPENAI__BASE_URL", &model.base_url()),
+                    ("ZOPU_CONVERSATION__OPENAI__MODEL", "chaos-model"),
+                    ("ZOPU_CONVERSATION__OPENAI__API_KEY_ENV", MODEL_KEY_VARIABLE),
+                    ("ZOPU_CONVERSATION__OPENAI__REQUEST_TIMEOUT", "2s"),
+                    ("ZOPU_CONVERSATION__OPENAI__MAX_RETRIES", "2"),
+                    ("ZOPU_CONVERSATION__OPENAI__BACKOFF_BASE", "100ms"),
+                    ("ZOPU_CONVERSATION__OPENAI__BACKOFF_MAX", "1s"),
+                    (MODEL_KEY_VARIABLE, "chaos-key"),
+                ]
+                .into_iter()
+                .map(|(name, value)| (name.to_owned(), value.to_owned()))
+                .collect(),
+            },
+        )?;
+        // Each instance reaches the nodes only through its own proxies.
+        let mut proxies = BTreeMap::new();
+        let mut gateways = Vec::new();
+        for instance in instances() {
+            let mut own = Vec::new();
+            for node in 0..CLUSTER_SIZE {
+                own.push(proxy::Proxy::start(cluster.node_port(node)).await?);
+            }
+            let urls: Vec<String> = own.iter().map(proxy::Proxy::url).collect();
+            let mut env = vec![("ZOPU_NATS_URL".to_owned(), urls.join(","))];
+            if instance.service == "gateway" {
+                let port = fixtures::free_port()?;
+                gateways.push(port);
+                env.push((
+                    "ZOPU_GATEWAY__LISTEN".to_owned(),
+                    format!("127.0.0.1:{port}"),
+                ));
+            }
+            fleet.set_instance_env(instance.service, instance.n, env);
+            fleet.start(instance.service, instance.n)?;
+            proxies.insert(instance, own);
+        }
+        let mut chaos = Self {
+            scale,
+            seed,
+            schedule,
+            dir: Some(dir),
+            root,
+            cluster: Some(cluster),
+            bus,
+            fleet: Arc::new(Mutex::new(fleet)),
+            proxies: Arc::new(proxies),
+            model,
+            faults,
+            gateways,
+            token: String::new(),
+            org: ORG.parse()?,
+            projects: Vec::new(),
+        };
+        chaos.token = chaos.create_token().await?;
+        chaos.wait_for_gateways().await?;
+        chaos.projects = chaos.create_projects(&repo).await?;
+        Ok(chaos)
+    }
+
+    /// The run's directory, kept (not deleted on drop) from now on.
+    pub fn keep(&mut self) -> PathBuf {
+        if let Some(dir) = self.dir.take() {
+            let _kept = dir.keep();
+        }
+        self.root.clone()
+    }
+
+    /// The tails of every instance's log, for a failure message.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let fleet = lock(&self.fleet);
+        instances()
+            .iter()
+            .map(|instance| {
+                let name = instance.to_string();
+                format!("--- {name}\n{}", fleet.log_tail(&name, lines))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The data directory of instance `n` of `service`.
+    pub fn data_dir(&self, service: &str, n: usize) -> PathBuf {
+        self.root
+            .join("fleet/data")
+            .join(Fleet::instance(service, n))
+    }
+
+    /// SIGTERM to instance `n` of `service`; true if it exited cleanly.
+    pub fn stop(&self, service: &str, n: usize) -> Result<bool> {
+        lock(&self.fleet).stop(service, n)
+    }
+
+    async fn cli(&self, args: &[&str]) -> Result<std::process::Output> {
+        let mut command = tokio::process::Command::from(lock(&self.fleet).command());
+        command.args(args).kill_on_drop(true);
+        tokio::time::timeout(MESSAGE_TIMEOUT, command.output())
+            .await
+            .with_context(|| format!("zopu {} did not finish", args.join(" ")))?
+            .context("running zopu")
+    }
+
+    async fn create_token(&self) -> Result<String> {
+        let output = self
+            .cli(&["token", "create", "--org", ORG, "--user", "chaos"])
+            .await?;
+        ensure!(
+            output.status.success(),
+            "zopu token create failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        Ok(stdout
+            .lines()
+            .next()
+            .context("no token printed")?
+            .trim()
+            .to_owned())
+    }
+
+    async fn wait_for_gateways(&self) -> Result<()> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()?;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        for port in &self.gateways {
+            loop {
+                let answer = client
+                    .get(format!("http://127.0.0.1:{port}/healthz"))
+                    .send()
+                    .await;
+                if answer.is_ok_and(|answer| answer.status().is_success()) {
+                    break;
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "gateway on port {port} was not healthy within 120s"
+                );
+                // Polling the gateway's health endpoint while it starts.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn create_projects(&self, repo: &std::path::Path) -> Result<Vec<ProjectId>> {
+        let repo = repo.to_string_lossy().into_owned();
+        let mut creating = JoinSet::new();
+        for index in 0..self.scale.projects {
+            let mut command = tokio::process::Command::from(lock(&self.fleet).command());
+            command
+                .args([
+                    "--json",
+                    "project",
+                    "create",
+                    "--org",
+                    ORG,
+                    "--repo",
+                    &repo,
+                    "--request-id",
+                    &format!("chaos-{}-{index}", self.seed),
+                ])
+                .kill_on_drop(true);
+            creating.spawn(async move {
+                (
+                    index,
+                    tokio::time::timeout(MESSAGE_TIMEOUT, command.output()).await,
+                )
+            });
+        }
+        let mut projects = BTreeMap::new();
+        while let Some(joined) = creating.join_next().await {
+            let (index, output) = joined?;
+            let output = output.context("zopu project create timed out")??;
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            ensure!(
+                output.status.success(),
+                "project create failed: {stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            let first: serde_json::Value =
+                serde_json::from_str(stdout.lines().next().unwrap_or("{}"))?;
+            let project: ProjectId = first["project"]
+                .as_str()
+                .context("no project id")?
+                .parse()?;
+            projects.insert(index, project);
+        }
+        Ok(projects.into_values().collect())
+    }
+
+    /// The message text for message `m` of project `p` (distinct words, so
+    /// the near-duplicate guardrail never drops an acknowledgement).
+    fn message_text(&self, p: usize, m: usize) -> String {
+        const WORDS: [&str; 24] = [
+            "greeting",
+            "environment",
+            "manifest",
+            "edition",
+            "readme",
+            "entry point",
+            "default value",
+            "database url",
+            "example file",
+            "print statement",
+            "build",
+            "package name",
+            "version",
+            "source tree",
+            "main function",
+            "variable lookup",
+            "fallback",
+            "output",
+            "configuration",
+            "startup",
+            "documentation",
+            "dependencies",
+            "error handling",
+            "license",
+        ];
+        let mut rng = Rng::new(self.seed).fork(&format!("message {p} {m}"));
+        let mut pick = || WORDS[usize::try_from(rng.below(WORDS.len() as u64)).unwrap_or(0)];
+        format!(
+            "Question {m} of project {p}: how does the {} shape the {} and the {}",
+            pick(),
+            pick(),
+            pick()
+        )
+    }
+
+    /// Sends every message in waves while the schedule's faults run, heals
+    /// everything, waits until every message ended and every promise holds.
+    pub async fn drive(&mut self) -> Result<Report> {
+        let started = Instant::now();
+        let mut report = Report {
+            seed: self.seed,
+            scale: self.scale.name.to_owned(),
+            messages: self.scale.messages(),
+            ..Report::default()
+        };
+        let tracker = Arc::new(tracker::Tracker::start(&self.bus, &self.org));
+        let exits = Arc::new(Mutex::new(Vec::new()));
+        let supervisor = tokio::spawn(supervise(Arc::clone(&self.fleet), Arc::clone(&exits)));
+        // Faults: instances on the schedule's clock, nodes one at a time.
+        let instance_faults = tokio::spawn(run_instance_faults(
+            self.schedule.clone(),
+            Arc::clone(&self.fleet),
+            Arc::clone(&self.proxies),
+        ));
+        let cluster = self.cluster.take().context("the cluster is in use")?;
+        let node_faults = tokio::spawn(run_node_faults(
+            self.schedule.clone(),
+            cluster,
+            self.bus.clone(),
+        ));
+        // Messages, in waves spread over the fault window.
+        let mut sending = JoinSet::new();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()?;
+        let per_wave = self.scale.messages_per_project.div_ceil(self.scale.waves);
+        let t0 = tokio::time::Instant::now();
+        let mut m = 0;
+        for wave in 0..self.scale.waves {
+            let at = self
+                .scale
+                .window
+                .mul_f64(wave as f64 / self.scale.waves as f64);
+            tokio::time::sleep_until(t0 + at).await;
+            let end = (m + per_wave).min(self.scale.messages_per_project);
+            for (p, project) in self.projects.iter().enumerate() {
+                for message in m..end {
+                    let text = self.message_text(p, message);
+                    let via_gateway = Rng::new(self.seed)
+                        .fork(&format!("route {p} {message}"))
+                        .below(100)
+                        < self.scale.gateway_percent;
+                    let send = Send {
+                        project: *project,
+                        text,
+                        request_id: format!("chaos-{}-{p}-{message}", self.seed),
+                    };
+                    if via_gateway {
+                        report.through_gateway += 1;
+                        sending.spawn(send.through_gateway(
+                            client.clone(),
+                            self.gateways.clone(),
+                            self.token.clone(),
+                            Arc::clone(&tracker),
+                        ));
+                    } else {
+                        let command = lock(&self.fleet).command();
+                        sending.spawn(send.with_cli(command, Arc::clone(&tracker)));
+                    }
+                }
+            }
+            m = end;
+        }
+        let mut errors = Vec::new();
+        while let Some(joined) = sending.join_next().await {
+            match joined? {
+                Ok(None) => report.answered += 1,
+                Ok(Some(code)) => *report.visible_failures.entry(code).or_default() += 1,
+                Err(error) => errors.push(format!("{error:#}")),
+            }
+        }
+        // Heal: every fault over, every node and instance up.
+        let (kills, cuts) = instance_faults.await??;
+        report.instance_kills = kills;
+        report.cuts = cuts;
+        let (cluster, node_kills, leader_kills) = node_faults.await??;
+        report.node_kills = node_kills;
+        report.leader_kills = leader_kills;
+        self.cluster = Some(cluster);
+        supervisor.abort();
+        let _aborted = supervisor.await;
+        self.heal(&exits)?;
+        report.exited = exits.lock().map(|exits| exits.clone()).unwrap_or_default();
+        ensure!(
+            errors.is_empty(),
+            "{} messages failed to be sent or to end:\n{}",
+            errors.len(),
+            errors.join("\n")
+        );
+        // Every promise, once the last turns and flows settled.
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            let violations = invariants::check(&self.bus, &self.org, &self.projects).await?;
+            if violations.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("invariants broken:\n{violations}");
+            }
+            // Re-checking the stream while the last dispatches end.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        let audit = self.cli(&["audit", "verify"]).await?;
+        ensure!(
+            audit.status.success(),
+            "zopu audit verify failed: {}{}",
+            String::from_utf8_lossy(&audit.stdout),
+            String::from_utf8_lossy(&audit.stderr)
+        );
+        self.check_connections_were_proxied()?;
+        for own in self.proxies.values() {
+            for proxy in own {
+                let (forwarded, refused) = proxy.counts();
+                report.proxied_connections += forwarded;
+                report.refused_connections += refused;
+            }
+        }
+        report.model = self.model.counts();
+        report.events = crate::history(&self.bus, &zopu_schema::subjects::all_events())
+            .await?
+            .len();
+        report.duration = started.elapsed();
+        Ok(report)
+    }
+
+    /// Starts every instance that is not running.
+    fn heal(&mut self, exits: &Mutex<Vec<String>>) -> Result<()> {
+        let mut fleet = lock(&self.fleet);
+        for (name, status) in fleet.reap_exited() {
+            let tail = fleet.log_tail(&name, 1);
+            if let Ok(mut exits) = exits.lock() {
+                exits.push(format!("{name} ({status}): {tail}"));
+            }
+        }
+        let running = fleet.running();
+        for instance in instances() {
+            if !running.contains(&instance.to_string()) {
+                eprintln!("chaos: heal: starting {instance}");
+                fleet.start(instance.service, instance.n)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every connection of a service on every node came through one of its
+    /// proxies (the nodes advertise no URLs, so none could reconnect around).
+    fn check_connections_were_proxied(&mut self) -> Result<()> {
+        let proxied: BTreeSet<u16> = self
+            .proxies
+            .values()
+            .flatten()
+            .flat_map(proxy::Proxy::upstream_ports)
+            .collect();
+        let services: BTreeSet<String> = TOPOLOGY
+            .iter()
+            .map(|(service, _)| format!("zopu-{service}"))
+            .collect();
+        let cluster = self.cluster.as_mut().context("no cluster")?;
+        let mut through_proxies = 0;
+        let mut bypassed = Vec::new();
+        for node in 0..CLUSTER_SIZE {
+            let connz = cluster
+                .connections(node)
+                .with_context(|| format!("node {node} answered no /connz"))?;
+            for connection in connz["connections"].as_array().into_iter().flatten() {
+                let name = connection["name"].as_str().unwrap_or_default();
+                let port = connection["port"]
+                    .as_u64()
+                    .and_then(|port| u16::try_from(port).ok())
+                    .unwrap_or(0);
+                if proxied.contains(&port) {
+                    through_proxies += 1;
+                } else if services.contains(name) {
+                    bypassed.push(format!("{name} from port {port} on node {node}"));
+                }
+            }
+        }
+        ensure!(
+            bypassed.is_empty(),
+            "service connections bypassed their proxies: {bypassed:?}"
+        );
+        let instances = instances().len();
+        ensure!(
+            through_proxies >= instances,
+            "only {through_proxies} connections came through the proxies for {instances} instances"
+        );
+        Ok(())
+    }
+
+    /// The failing model's settings (for a report or a test).
+    pub fn model_faults(&self) -> llm::Faults {
+        self.faults
+    }
+}
+
+/// One message to send.
+struct Send {
+    project: ProjectId,
+    text: String,
+    request_id: String,
+}
+
+impl Send {
+    /// POSTs through the gateway instances in turn (same `X-Request-Id`, so
+    /// a retry stores the message once) until one accepts; then waits for
+    /// the message's end. `Ok(Some(code))` is a visible failure.
+    async fn through_gateway(
+        self,
+        client: reqwest::Client,
+        gateways: Vec<u16>,
+        token: String,
+        tracker: Arc<tracker::Tracker>,
+    ) -> Result<Option<String>> {
+        let deadline = Instant::now() + MESSAGE_TIMEOUT;
+        let mut last = String::new();
+        for attempt in 0.. {
+            ensure!(
+                Instant::now() < deadline,
+                "{}: no gateway accepted it (last answer: {last})",
+                self.text
+            );
+            let port = gateways[attempt % gateways.len()];
+            let answer = client
+                .post(format!(
+                    "http://127.0.0.1:{port}/v1/projects/{}/messages",
+                    self.project
+                ))
+                .bearer_auth(&token)
+                .header("X-Request-Id", &self.request_id)
+                .json(&serde_json::json!({"text": self.text}))
+                .send()
+                .await;
+            match answer {
+                Ok(answer) if answer.status().as_u16() == 202 => {
+                    let accepted: serde_json::Value = answer.json().await?;
+                    let event = accepted["event_id"]
+                        .as_str()
+                        .context("no event id")?
+                        .to_owned();
+                    return tracker.wait_ending(&event, MESSAGE_TIMEOUT).await;
+                }
+                Ok(answer) => {
+                    let status = answer.status();
+                    last = format!("{status}: {}", answer.text().await.unwrap_or_default());
+                }
+                Err(error) => last = error.to_string(),
+            }
+            if attempt % gateways.len() == gateways.len() - 1 {
+                // Every gateway refused this round (all down or cut): back off.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        unreachable!("the loop returns or fails")
+    }
+
+    /// `zopu send`, which stores the message and waits for its end.
+    async fn with_cli(
+        self,
+        command: std::process::Command,
+        tracker: Arc<tracker::Tracker>,
+    ) -> Result<Option<String>> {
+        // A command that could not even store its message (its connection
+        // met a node fault) is run again, as a user would.
+        for attempt in 1..=3 {
+            let output = self.cli_send(&command).await?;
+            match output {
+                CliSend::Stored(output, event) => {
+                    return self.cli_ending(output, event, &tracker).await;
+                }
+                CliSend::NotStored(why) if attempt == 3 => {
+                    bail!(
+                        "zopu send {:?} stored nothing three times: {why}",
+                        self.text
+                    )
+                }
+                CliSend::NotStored(why) => {
+                    eprintln!(
+                        "chaos: zopu send stored nothing (attempt {attempt}), sending again: {why}"
+                    );
+                }
+            }
+        }
+        unreachable!("the loop returns or fails")
+    }
+
+    async fn cli_send(&self, command: &std::process::Command) -> Result<CliSend> {
+        let mut command = tokio::process::Command::from(clone_command(command));
+        command
+            .args([
+                "--json",
+                "send",
+                "--org",
+                ORG,
+                &self.project.to_string(),
+                &self.text,
+                "--timeout",
+                &MESSAGE_TIMEOUT.as_secs().to_string(),
+            ])
+            .kill_on_drop(true);
+        let output = command.output().await?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let sent = stdout
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find(|line| line["kind"] == "sent")
+            .and_then(|line| line["event_id"].as_str().map(str::to_owned));
+        Ok(match sent {
+            Some(event) => CliSend::Stored(output, event),
+            None => CliSend::NotStored(format!(
+                "{stdout}{}",
+                String::from_utf8_lossy(&output.stderr)
+            )),
+        })
+    }
+
+    async fn cli_ending(
+        &self,
+        output: std::process::Output,
+        event: String,
+        tracker: &tracker::Tracker,
+    ) -> Result<Option<String>> {
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        // The command exits non-zero on a visible failure: the stream says which.
+        let ending = tracker.wait_ending(&event, MESSAGE_TIMEOUT).await?;
+        ensure!(
+            output.status.success() || ending.is_some(),
+            "zopu send {:?} failed without a visible failure: {stdout}{}",
+            self.text,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(ending)
+    }
+}
+
+enum CliSend {
+    Stored(std::process::Output, String),
+    NotStored(String),
+}
+
+/// A copy of `command` (program, arguments, environment).
+fn clone_command(command: &std::process::Command) -> std::process::Command {
+    let mut copy = std::process::Command::new(command.get_program());
+    copy.args(command.get_args());
+    for (name, value) in command.get_envs() {
+        match value {
+            Some(value) => copy.env(name, value),
+            None => copy.env_remove(name),
+        };
+    }
+    copy
+}
+
+/// Restarts instances that exited on their own (as an orchestrator would),
+/// recording each exit with the last line of its log.
+async fn supervise(fleet: Arc<Mutex<Fleet>>, exits: Arc<Mutex<Vec<String>>>) -> Result<()> {
+    loop {
+        // Polling the children, as a process supervisor does.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut fleet = lock(&fleet);
+        for (name, status) in fleet.reap_exited() {
+            let tail = fleet.log_tail(&name, 1);
+            eprintln!("chaos: {name} exited on its own ({status}): {tail}; restarting it");
+            if let Ok(mut exits) = exits.lock() {
+                exits.push(format!("{name} ({status}): {tail}"));
+            }
+            if let Some((service, n)) = name.rsplit_once('-')
+                && let Some(instance) = instances()
+                    .into_iter()
+                    .find(|instance| instance.service == service && n == instance.n.to_string())
+            {
+                fleet.start(instance.service, instance.n)?;
+            }
+        }
+    }
+}
+
+/// Applies the instance faults on the schedule's clock; returns (kills, cuts).
+async fn run_instance_faults(
+    schedule: Schedule,
+    fleet: Arc<Mutex<Fleet>>,
+    proxies: Arc<BTreeMap<Instance, Vec<proxy::Proxy>>>,
+) -> Result<(usize, usize)> {
+    let t0 = tokio::time::Instant::now();
+    let mut restarts: Vec<(tokio::time::Instant, Instance)> = Vec::new();
+    let mut last_end = t0;
+    let (mut kills, mut cuts) = (0, 0);
+    for fault in &schedule.instance_faults {
+        let at = t0 + fault.at;
+        // Restarts due before this fault first.
+        restarts.sort_by_key(|(when, _)| *when);
+        while restarts.first().is_some_and(|(when, _)| *when <= at) {
+            let (when, instance) = restarts.remove(0);
+            tokio::time::sleep_until(when).await;
+            eprintln!("chaos: t+{}ms start {instance}", (when - t0).as_millis());
+            lock(&fleet).start(instance.service, instance.n)?;
+        }
+        tokio::time::sleep_until(at).await;
+        let instance = &fault.instance;
+        match fault.action {
+            InstanceAction::Kill { down } => {
+                eprintln!("chaos: t+{}ms kill -9 {instance}", fault.at.as_millis());
+                lock(&fleet).kill(instance.service, instance.n);
+                restarts.push((at + down, instance.clone()));
+                kills += 1;
+                last_end = last_end.max(at + down);
+            }
+            InstanceAction::Cut { duration } => {
+                eprintln!(
+                    "chaos: t+{}ms cut {instance} for {}ms",
+                    fault.at.as_millis(),
+                    duration.as_millis()
+                );
+                for proxy in proxies.get(instance).into_iter().flatten() {
+                    proxy.cut(duration);
+                }
+                cuts += 1;
+                last_end = last_end.max(at + duration);
+            }
+        }
+    }
+    restarts.sort_by_key(|(when, _)| *when);
+    for (when, instance) in restarts {
+        tokio::time::sleep_until(when).await;
+        eprintln!("chaos: t+{}ms start {instance}", (when - t0).as_millis());
+        lock(&fleet).start(instance.service, instance.n)?;
+    }
+    // The last cut is over once its time passed.
+    tokio::time::sleep_until(last_end).await;
+    Ok((kills, cuts))
+}
+
+/// Kills and restarts nodes one at a time, each only once the cluster is
+/// healthy again; returns the cluster, node kills and leader kills.
+async fn run_node_faults(
+    schedule: Schedule,
+    mut cluster: NatsCluster,
+    bus: Bus,
+) -> Result<(NatsCluster, usize, usize)> {
+    let t0 = tokio::time::Instant::now();
+    let (mut kills, mut leader_kills) = (0, 0);
+    for (index, fault) in schedule.node_faults.iter().enumerate() {
+        tokio::time::sleep(fault.pause).await;
+        let node = match fault.target {
+            NodeTarget::StreamLeader => {
+                leader_kills += 1;
+                cluster
+                    .kill_stream_leader(&bus, Duration::from_secs(60))
+                    .await?
+            }
+            NodeTarget::Node(node) => {
+                cluster.kill(node);
+                node
+            }
+        };
+        kills += 1;
+        eprintln!(
+            "chaos: t+{}ms node fault {}: kill -9 n{}",
+            t0.elapsed().as_millis(),
+            index + 1,
+            node + 1
+        );
+        tokio::time::sleep(fault.down).await;
+        cluster.restart(node)?;
+        tokio::task::block_in_place(|| cluster.wait_healthy(Duration::from_secs(90)))
+            .with_context(|| format!("after node fault {}", index + 1))?;
+        cluster
+            .wait_for_stream_leader(&bus, Duration::from_secs(60))
+            .await?;
+        eprintln!(
+            "chaos: t+{}ms node fault {}: n{} back, cluster healthy",
+            t0.elapsed().as_millis(),
+            index + 1,
+            node + 1
+        );
+    }
+    Ok((cluster, kills, leader_kills))
+}
