@@ -74,7 +74,7 @@ pub struct DevArgs {
     no_demo: bool,
 }
 
-async fn run_service(
+pub(crate) async fn run_service(
     service: Service,
     config: &ZopuConfig,
     shutdown: Shutdown,
