@@ -5,7 +5,7 @@ TOOLS := $(CURDIR)/tools
 export PATH := $(TOOLS)/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help setup nats-server build test run bench bench-ack lint clean-state
+.PHONY: help setup nats-server build test run bench bench-ack bench-scale lint clean-state
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -30,6 +30,9 @@ bench: nats-server ## benchmarks with ratios against raw JetStream measured in t
 
 bench-ack: nats-server ## acknowledgement latency at 300 messages/s (offline provider, sync_interval: always) vs raw JetStream
 	$(CARGO) run --release -p zopu-cli --bin zopu -- bench ack --rate 300
+
+bench-scale: nats-server ## scale-out: turns/s with 1 vs 3 conversation instances, failover, rebuild, memory of 10,000 idle projects
+	$(CARGO) run --release -p zopu-cli --bin zopu -- bench scale
 
 lint: ## rustfmt check and clippy with warnings denied
 	$(CARGO) fmt --all -- --check

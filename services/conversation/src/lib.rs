@@ -235,7 +235,9 @@ impl Config {
         }
     }
 
-    fn reaction(&self) -> ReactionConfig {
+    /// The agent reaction's consumer settings (benchmarks run the agent
+    /// under their own wrapper with these).
+    pub fn reaction(&self) -> ReactionConfig {
         ReactionConfig {
             max_ack_pending: self.max_ack_pending,
             max_deliver: self.max_deliver,

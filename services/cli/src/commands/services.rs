@@ -76,7 +76,7 @@ pub struct DevArgs {
 
 /// Runs one service. The gateway takes `link_key` when given (`zopu dev`),
 /// otherwise it reads its key from the environment and refuses to start without it.
-async fn run_service(
+pub(crate) async fn run_service(
     service: Service,
     config: &ZopuConfig,
     link_key: Option<zopu_gateway::LinkKey>,

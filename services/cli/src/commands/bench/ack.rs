@@ -588,7 +588,7 @@ async fn raw_appends(
 }
 
 /// The value at `p` (0..=1) of sorted `values`.
-fn percentile(values: &[f64], p: f64) -> f64 {
+pub(super) fn percentile(values: &[f64], p: f64) -> f64 {
     let rank = (values.len() as f64 * p).ceil() as usize;
     values[rank.saturating_sub(1).min(values.len() - 1)]
 }

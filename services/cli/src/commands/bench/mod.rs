@@ -3,9 +3,13 @@
 //! once with the server's default sync interval, once with
 //! `sync_interval: always`. Prints events/s and ratios; asserts nothing.
 //! `zopu bench ack` ([`ack`]) measures the conversation agent's
-//! acknowledgement latency the same way.
+//! acknowledgement latency the same way, `zopu bench scale` ([`scale`],
+//! [`idle`]) the runtime scaled out: turns/s over 1 vs 3 conversation
+//! instances, failover, rebuild and the memory of idle projects.
 
 mod ack;
+mod idle;
+mod scale;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -46,6 +50,10 @@ enum BenchKind {
     /// dispatch and conversation in-process), vs raw JetStream appends at the
     /// same write rate
     Ack(ack::AckArgs),
+    /// Scale-out: turns/s with 1 vs 3 conversation instances (model
+    /// I/O-bound), failover after a kill, projection rebuild, and the
+    /// memory of every service with 10,000 idle projects
+    Scale(scale::ScaleArgs),
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -64,8 +72,10 @@ struct Figures {
 }
 
 pub async fn run_bench(context: &Context, args: BenchArgs) -> anyhow::Result<ExitCode> {
-    if let Some(BenchKind::Ack(ack)) = args.kind {
-        return ack::run(context, ack).await;
+    match args.kind {
+        Some(BenchKind::Ack(ack)) => return ack::run(context, ack).await,
+        Some(BenchKind::Scale(scale)) => return scale::run(context, scale).await,
+        None => {}
     }
     let mut all = Vec::new();
     for (sync, label) in [
@@ -145,12 +155,17 @@ async fn measure(
 
     // Raw baseline: same server, a stream with the same storage, Nats-Msg-Id set.
     let raw_stream = raw_stream(&bus).await?;
-    let raw_publish = pipelined(&bus, args, &[], &body, "p").await?;
+    let shape = Shape {
+        events: args.events,
+        lanes: args.projects,
+        in_flight: args.in_flight,
+    };
+    let raw_publish = pipelined(&bus, shape, &[], &body, "p").await?;
 
     // Decomposition: raw pipelined publish carrying Zopu's header set
     // (CloudEvents attributes, ~1 KB) but no per-project expectation.
     let sample_headers = sample_headers(&body)?;
-    let raw_with_headers = pipelined(&bus, args, &sample_headers, &body, "h").await?;
+    let raw_with_headers = pipelined(&bus, shape, &sample_headers, &body, "h").await?;
 
     // Decomposition: the same header set plus the per-project expectation,
     // each project's publishes one after the other (as an append must wait
@@ -269,12 +284,21 @@ async fn ordered_replay(stream: &jetstream::stream::Stream, count: usize) -> any
     Ok(seen as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Raw pipelined JetStream publishes (`args.in_flight` in flight) of `body`
-/// with `headers` and a message id, round robin over `bench.raw.<lane>N`
-/// subjects; returns messages/s.
+/// How many raw messages a baseline publishes, over how many subjects, with
+/// how many in flight.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    events: usize,
+    lanes: usize,
+    in_flight: usize,
+}
+
+/// Raw pipelined JetStream publishes (`shape.in_flight` in flight) of `body`
+/// with `headers` and a message id, round robin over `shape.lanes`
+/// `bench.raw.<lane>N` subjects; returns messages/s.
 async fn pipelined(
     bus: &zopu_core::nats::Bus,
-    args: &BenchArgs,
+    args: Shape,
     headers: &[(&'static str, String)],
     body: &Bytes,
     lane: &str,
@@ -290,7 +314,7 @@ async fn pipelined(
         let ack = bus
             .jetstream
             .publish_with_headers(
-                format!("bench.raw.{lane}{}", i % args.projects),
+                format!("bench.raw.{lane}{}", i % args.lanes),
                 message_headers,
                 body.clone(),
             )

@@ -1,0 +1,446 @@
+//! Parts 3 and 4 of `zopu bench scale`, on one server (the server's
+//! default sync: neither figure depends on it):
+//!
+//! - Idle projects: `--idle-projects` projects' setup history appended
+//!   directly (`project.setup.requested`, `agent.registered`,
+//!   `project.ready`, one `timeline.message.sent`). Their reactions are
+//!   taken as done: every service ran once on the empty stream to create
+//!   its durable consumers, which then start past the appended history, as
+//!   a deployment's consumers stand after handling it. A child process
+//!   (this binary, `--idle-probe`) runs every service as `zopu dev` does,
+//!   waits until every consumer on the stream has nothing pending and the
+//!   process has used (almost) no CPU for two seconds, and prints its
+//!   VmRSS: all services together, their projections rebuilt from scratch.
+//! - Projection rebuild: the same events replayed into a fresh key-index
+//!   store ([`zopu_core::projection::catch_up`], one ordered consumer),
+//!   vs a raw ordered replay of as many header-less messages on the same
+//!   server (the foundation bench's baseline). The projection loop has no
+//!   parallel (per-partition) replay mode yet, so this is the one-consumer
+//!   rebuild.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use zopu_core::local_server::{LocalServer, SyncPolicy};
+use zopu_core::nats::Bus;
+use zopu_core::publish::{NewEvent, Publisher};
+use zopu_core::store::{KeyIndex, Store};
+use zopu_core::{Shutdown, streams};
+use zopu_schema::{AgentId, EventId, OrgId, ProjectId, keys, pb, subjects};
+
+use super::scale::ScaleArgs;
+use crate::Context;
+use crate::commands::services::{self, Service};
+
+/// Projects appended at once while the idle history is written.
+const WRITERS: usize = 64;
+
+/// Reactions that create a durable consumer (setup, dispatch, conversation,
+/// specialists, artifacts), each with one partition in the probe.
+const REACTION_DURABLES: usize = 5;
+
+/// Two consecutive windows of this length with less than [`IDLE_CPU`] of
+/// CPU time: the services are idle.
+const IDLE_WINDOW: Duration = Duration::from_secs(1);
+const IDLE_CPU: Duration = Duration::from_millis(30);
+
+#[derive(Debug, serde::Serialize)]
+pub(super) struct RebuildFigures {
+    events: usize,
+    raw_replay_per_s: f64,
+    rebuild_per_s: f64,
+    /// Rebuild over raw ordered replay (target >= 0.5 with parallel replay).
+    ratio: f64,
+    /// Whether the rebuild replays partitions in parallel (not built yet).
+    parallel_replay: bool,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(super) struct IdleFigures {
+    projects: usize,
+    events: u64,
+    /// VmRSS of the process running every service, caught up and idle (target < 200 MB).
+    rss_mb: f64,
+    /// VmHWM: the peak while the projections caught up.
+    peak_rss_mb: f64,
+    /// VmRSS of the same process before any service started.
+    baseline_rss_mb: f64,
+    /// Start → caught up and idle.
+    caught_up_s: f64,
+}
+
+pub(super) async fn measure(args: &ScaleArgs) -> anyhow::Result<(RebuildFigures, IdleFigures)> {
+    let dir = tempfile::tempdir()?;
+    let server = LocalServer::start(&dir.path().join("nats"), None, SyncPolicy::ServerDefault)?;
+    let bus =
+        zopu_core::nats::connect(&server.url(), "zopu-bench", Duration::from_secs(10)).await?;
+    streams::ensure(
+        &bus,
+        &streams::StreamSettings {
+            replicas: 1,
+            duplicate_window: Duration::from_secs(120),
+        },
+    )
+    .await?;
+    prime(&server.url(), &dir.path().join("prime")).await?;
+    let events = populate(&bus, args.idle_projects()).await?;
+    rebase_durables(&bus).await?;
+    let rebuild = rebuild(&bus, events as usize, dir.path()).await?;
+    let mut idle = spawn_probe(&server.url(), &dir.path().join("data")).await?;
+    idle.projects = args.idle_projects();
+    idle.events = events;
+    drop(bus);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(server);
+    Ok((rebuild, idle))
+}
+
+pub(super) fn print(rebuild: &RebuildFigures, idle: &IdleFigures) {
+    println!(
+        "projection rebuild ({} events, one ordered consumer: no parallel replay mode yet): {:.0} events/s vs raw header-less ordered replay {:.0} messages/s = {:.2}x (target >= 0.5 with partitions replayed in parallel)",
+        rebuild.events, rebuild.rebuild_per_s, rebuild.raw_replay_per_s, rebuild.ratio
+    );
+    println!(
+        "{} idle projects ({} events): every service in one process, caught up and idle after {:.1} s: VmRSS {:.1} MB (target < 200), peak {:.1} MB, {:.1} MB before the services started",
+        idle.projects,
+        idle.events,
+        idle.caught_up_s,
+        idle.rss_mb,
+        idle.peak_rss_mb,
+        idle.baseline_rss_mb
+    );
+}
+
+/// Runs the reaction services once on the empty stream, until each has
+/// created its durable consumer; stops them cleanly (claims released).
+async fn prime(nats_url: &str, data_dir: &std::path::Path) -> anyhow::Result<()> {
+    let config = probe_config(nats_url, data_dir)?;
+    let shutdown = Shutdown::new();
+    for service in Service::ALL {
+        if service == Service::Gateway {
+            continue;
+        }
+        let (config, child, stopper) = (config.clone(), shutdown.child(), shutdown.clone());
+        shutdown.spawn(async move {
+            if let Err(error) = services::run_service(service, &config, None, child).await {
+                tracing::error!(error = %format!("{error:#}"), "a service stopped while priming");
+                stopper.cancel();
+            }
+        });
+    }
+    let bus = zopu_core::nats::connect(nats_url, "zopu-bench", Duration::from_secs(10)).await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while durables(&bus).await? < REACTION_DURABLES {
+        anyhow::ensure!(!shutdown.is_cancelled(), "a service stopped while priming");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the services did not create their consumers within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    shutdown.wait(Duration::from_secs(30)).await;
+    Ok(())
+}
+
+/// Durable consumers on the events stream.
+async fn durables(bus: &Bus) -> anyhow::Result<usize> {
+    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+    let mut consumers = stream.consumers();
+    let mut count = 0;
+    while let Some(info) = consumers.next().await {
+        if info?.config.durable_name.is_some() {
+            count += 1;
+        }
+    }
+    Ok(count)
+}
+
+/// Appends each idle project's history; returns the stream's last sequence.
+async fn populate(bus: &Bus, projects: usize) -> anyhow::Result<u64> {
+    let org: OrgId = "idle".parse()?;
+    let gateway = Publisher::new(bus.clone(), "gateway", None);
+    let setup = Publisher::new(bus.clone(), "setup", None);
+    let mut writes = futures::stream::iter(0..projects)
+        .map(|_| idle_project(&gateway, &setup, &org))
+        .buffer_unordered(WRITERS);
+    while let Some(written) = writes.next().await {
+        written?;
+    }
+    Ok(zopu_core::publish::last_sequence(bus).await?)
+}
+
+async fn idle_project(gateway: &Publisher, setup: &Publisher, org: &OrgId) -> anyhow::Result<()> {
+    let project = ProjectId::new();
+    let repository = "https://github.com/acme/shop.git";
+    let mut request = zopu_setup::client::SetupRequest::new(
+        org.clone(),
+        project,
+        repository,
+        "main",
+        1,
+        &EventId::new().to_string(),
+    );
+    request.project_name = "shop".into();
+    zopu_setup::client::request_setup(gateway, &request).await?;
+    let agent = AgentId::conversation(org, &project).to_string();
+    let registered = pb::AgentRegistered {
+        agent_id: agent.clone(),
+        agent_type: "conversation".into(),
+        runtime_id: "runtime-1".into(),
+        global_timeline_id: format!("timeline-{project}"),
+        setup_revision: 1,
+    };
+    setup
+        .append(NewEvent::root(
+            org.clone(),
+            project,
+            &registered,
+            keys::setup_step(&project, 1, "register"),
+            None,
+        ))
+        .await?;
+    let ready = pb::ProjectReady {
+        setup_revision: 1,
+        agent_id: agent,
+        runtime_id: "runtime-1".into(),
+        repository_commit: "0123abc".into(),
+        environment_variable_names: vec!["DATABASE_URL".into()],
+        branch: "main".into(),
+        repository_url: repository.into(),
+    };
+    setup
+        .append(NewEvent::root(
+            org.clone(),
+            project,
+            &ready,
+            keys::project_ready(&project, 1),
+            None,
+        ))
+        .await?;
+    let actor = pb::Actor {
+        kind: pb::actor::Kind::User as i32,
+        id: "bench".into(),
+    };
+    zopu_conversation::send_message(
+        gateway,
+        org,
+        &project,
+        "How does checkout handle payments?",
+        actor,
+        &EventId::new().to_string(),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Recreates every durable consumer on the stream to start after its
+/// current end (same configuration otherwise): the history is handled.
+/// Deletes the ephemeral ones the priming run left (its projections'
+/// ordered consumers), which the server would otherwise keep a while.
+async fn rebase_durables(bus: &Bus) -> anyhow::Result<()> {
+    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+    let start_sequence = zopu_core::publish::last_sequence(bus).await? + 1;
+    let mut infos = Vec::new();
+    let mut consumers = stream.consumers();
+    while let Some(info) = consumers.next().await {
+        infos.push(info?);
+    }
+    for info in infos {
+        if info.config.durable_name.is_none() {
+            stream.delete_consumer(&info.name).await?;
+            continue;
+        }
+        let mut config = info.config;
+        config.deliver_policy =
+            async_nats::jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence };
+        // Metadata the server adds itself (versions) is not ours to set.
+        config.metadata.retain(|key, _| !key.starts_with("_nats"));
+        stream.delete_consumer(&info.name).await?;
+        stream.create_consumer(config).await?;
+    }
+    Ok(())
+}
+
+/// Part 3: rebuild of `events` events into a fresh store vs a raw ordered
+/// replay of as many header-less messages.
+async fn rebuild(
+    bus: &Bus,
+    events: usize,
+    dir: &std::path::Path,
+) -> anyhow::Result<RebuildFigures> {
+    let raw_stream = super::raw_stream(bus).await?;
+    let body = Bytes::from(prost::Message::encode_to_vec(&pb::TimelineMessageSent {
+        timeline_id: "global".into(),
+        text: "How does checkout handle payments?".into(),
+        ..Default::default()
+    }));
+    let shape = super::Shape {
+        events,
+        lanes: 200,
+        in_flight: 256,
+    };
+    super::pipelined(bus, shape, &[], &body, "r").await?;
+    let raw_replay = super::ordered_replay(&raw_stream, events).await?;
+    let store = Store::open(&dir.join("rebuild.sqlite"))?;
+    let started = Instant::now();
+    zopu_core::projection::catch_up(bus, &store, KeyIndex::all()).await?;
+    let rebuild = events as f64 / started.elapsed().as_secs_f64();
+    Ok(RebuildFigures {
+        events,
+        raw_replay_per_s: raw_replay,
+        rebuild_per_s: rebuild,
+        ratio: rebuild / raw_replay,
+        parallel_replay: false,
+    })
+}
+
+/// Runs this binary as the idle probe against the server; returns what it printed.
+async fn spawn_probe(nats_url: &str, data_dir: &std::path::Path) -> anyhow::Result<IdleFigures> {
+    let output = tokio::process::Command::new(std::env::current_exe()?)
+        .arg("--nats")
+        .arg(nats_url)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--json", "bench", "scale", "--idle-probe"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()?
+        .wait_with_output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    anyhow::ensure!(
+        output.status.success(),
+        "the idle probe failed ({}): {stdout}",
+        output.status
+    );
+    Ok(serde_json::from_str(stdout.trim())?)
+}
+
+/// The configuration the probe (and the priming run) give the services:
+/// the command's own, on the bench's server and directory, the gateway on
+/// a free loopback port.
+fn probe_config(nats_url: &str, data_dir: &std::path::Path) -> anyhow::Result<crate::ZopuConfig> {
+    let mut config = crate::ZopuConfig {
+        nats_url: nats_url.to_owned(),
+        data_dir: data_dir.to_owned(),
+        ..crate::ZopuConfig::default()
+    };
+    config.gateway.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    let config = config.resolved();
+    config.validate()?;
+    Ok(config)
+}
+
+/// `--idle-probe`: every service in this process, as `zopu dev` runs them;
+/// once they caught up and are idle, prints their resident memory.
+pub(super) async fn probe(context: &Context) -> anyhow::Result<ExitCode> {
+    let baseline = status_kb("VmRSS")?;
+    let config = probe_config(&context.config.nats_url, &context.config.data_dir)?;
+    let started = Instant::now();
+    let shutdown = Shutdown::new();
+    // The gateway signs links with a key of its own for the probe's life.
+    let link_key = zopu_gateway::LinkKey::from_env_or_dev_file(
+        &config.gateway.link_key_env,
+        &config.data_dir,
+    )?;
+    for service in Service::ALL {
+        let (config, child, stopper) = (config.clone(), shutdown.child(), shutdown.clone());
+        let link_key = Some(link_key.clone());
+        shutdown.spawn(async move {
+            if let Err(error) = services::run_service(service, &config, link_key, child).await {
+                tracing::error!(error = %format!("{error:#}"), "a service stopped in the idle probe");
+                stopper.cancel();
+            }
+        });
+    }
+    let bus =
+        zopu_core::nats::connect(&config.nats_url, "zopu-bench", Duration::from_secs(10)).await?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut quiet = 0;
+    let mut cpu = cpu_time()?;
+    while quiet < 2 {
+        anyhow::ensure!(
+            !shutdown.is_cancelled(),
+            "a service stopped in the idle probe"
+        );
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the services did not catch up within 600 s"
+        );
+        tokio::time::sleep(IDLE_WINDOW).await;
+        let now = cpu_time()?;
+        let settled = settled(&bus).await?;
+        quiet = if settled && now.saturating_sub(cpu) < IDLE_CPU {
+            quiet + 1
+        } else {
+            0
+        };
+        cpu = now;
+    }
+    let caught_up = started.elapsed() - 2 * IDLE_WINDOW;
+    let figures = IdleFigures {
+        projects: 0,
+        events: 0,
+        rss_mb: mb(status_kb("VmRSS")?),
+        peak_rss_mb: mb(status_kb("VmHWM")?),
+        baseline_rss_mb: mb(baseline),
+        caught_up_s: caught_up.as_secs_f64(),
+    };
+    shutdown.cancel();
+    shutdown.wait(config.shutdown_grace).await;
+    println!("{}", serde_json::to_string(&figures)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Every consumer on the events stream (the durable reactions and the
+/// services' ordered projection consumers) has nothing pending, and every
+/// reaction's durable exists.
+async fn settled(bus: &Bus) -> anyhow::Result<bool> {
+    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+    let mut consumers = stream.consumers();
+    let (mut durable, mut all) = (0, true);
+    while let Some(info) = consumers.next().await {
+        let info = info?;
+        durable += usize::from(info.config.durable_name.is_some());
+        all &= info.num_pending == 0 && info.num_ack_pending == 0;
+    }
+    Ok(all && durable >= REACTION_DURABLES)
+}
+
+/// A line of /proc/self/status, in kB.
+fn status_kb(field: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no {field} in /proc/self/status"))
+}
+
+fn mb(kb: u64) -> f64 {
+    kb as f64 / 1024.0
+}
+
+/// User + system CPU time of this process (/proc/self/stat, at the kernel's
+/// usual 100 ticks per second).
+fn cpu_time() -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| anyhow::anyhow!("unreadable /proc/self/stat"))?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Fields 14 and 15 of the line (utime, stime); `state`, field 3, is fields[0].
+    let ticks: u64 = fields
+        .get(11..13)
+        .ok_or_else(|| anyhow::anyhow!("short /proc/self/stat"))?
+        .iter()
+        .map(|field| field.parse::<u64>().unwrap_or(0))
+        .sum();
+    Ok(Duration::from_millis(ticks * 10))
+}

@@ -1,0 +1,988 @@
+//! `zopu bench scale`: the scale-out figures of issue 13, each measured in
+//! one run on nats-servers the command starts itself.
+//!
+//! 1. Turns per second with 1 vs 3 conversation instances while the model
+//!    is I/O-bound: dispatch (one instance) and conversation run in-process,
+//!    the conversation's OpenAI-compatible provider pointed at a fake server
+//!    ([`FakeModel`]) that answers every call after `--model-latency-ms`
+//!    with an `explore` tool call (a turn: message → dispatch → one model
+//!    call → acknowledgement → flow request → `dispatch.completed`). Each
+//!    conversation instance runs on its own tokio runtime with one worker
+//!    thread, its own connection, data directory and instance id, as on
+//!    separate machines. Every project sends `--messages` messages at once;
+//!    turns/s = turns / (first message stored → last `dispatch.completed`
+//!    stored), both by the server's timestamps. The projects are spread
+//!    evenly over the partitions (the same number in each), so the figure
+//!    measures the runtime, not the luck of the hash. Measured twice: as
+//!    shipped (an instance runs as many turns at once as its partitions'
+//!    `max_ack_pending` allow), and with each instance capped at
+//!    `--turns-per-instance` turns at once (a semaphore around the agent
+//!    reaction, standing in for a machine's capacity).
+//! 2. Failover: with three instances working, one is killed (its runtime
+//!    dropped mid-turn, a kill -9 as the server sees it: one message of each
+//!    of its partitions in hand); right after, a message goes to other
+//!    projects of each of its partitions. Measured: kill → that message's
+//!    `agent.acknowledged` stored, p50/p99 over `--kills` kills (a fresh
+//!    instance joins after each, and the bench waits for the fair share).
+//! 3. and 4. ([`super::idle`]): projection rebuild vs raw ordered replay,
+//!    and the resident memory of every service with 10,000 idle projects.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use clap::Args;
+use futures::StreamExt;
+use serde_json::json;
+use time::OffsetDateTime;
+use zopu_core::config::{CoreConfig, ScaleConfig};
+use zopu_core::local_server::{LocalServer, SyncPolicy};
+use zopu_core::nats::Bus;
+use zopu_core::publish::{NewEvent, Publisher};
+use zopu_core::{HandlerError, Reaction, ReactionContext, Shutdown, streams};
+use zopu_schema::{AgentId, Envelope, Event, OrgId, ProjectId, keys, pb, subjects};
+
+use super::ack::percentile;
+use crate::Context;
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Example:\n  zopu bench scale\n  zopu --json bench scale --projects 24 --kills 5"
+)]
+pub struct ScaleArgs {
+    /// Projects the turns are spread over (rounded down to a multiple of --partitions; at least 2 per partition)
+    #[arg(long, default_value_t = 60)]
+    projects: usize,
+    /// Messages each project sends per throughput measurement
+    #[arg(long, default_value_t = 3)]
+    messages: usize,
+    /// `scale.partitions` of dispatch and conversation
+    #[arg(long, default_value_t = 12)]
+    partitions: u32,
+    /// How long the fake model takes to answer each call, in ms
+    #[arg(long, default_value_t = 200)]
+    model_latency_ms: u64,
+    /// Turns one conversation instance runs at once in the capped measurement (0: skip it);
+    /// three capped instances must stay below what the machine sustains, or it measures the machine
+    #[arg(long, default_value_t = 4)]
+    turns_per_instance: usize,
+    /// Instances killed, one after the other, in the failover measurement
+    #[arg(long, default_value_t = 3)]
+    kills: usize,
+    /// `scale.lease_ttl` in ms
+    #[arg(long, default_value_t = 3000)]
+    lease_ttl_ms: u64,
+    /// Idle projects whose memory is measured (and whose events the rebuild replays)
+    #[arg(long, default_value_t = 10_000)]
+    idle_projects: usize,
+    /// Internal: run every service against --nats/--data-dir, wait until
+    /// they caught up and idle, print their resident memory
+    #[arg(long, hide = true)]
+    idle_probe: bool,
+}
+
+impl ScaleArgs {
+    pub(super) fn idle_projects(&self) -> usize {
+        self.idle_projects
+    }
+}
+
+/// Conversation instances compared in the throughput measurement.
+const SCALED: usize = 3;
+
+/// Upper bound of any one wait in this benchmark.
+const LONG: Duration = Duration::from_secs(180);
+
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    throughput: ThroughputFigures,
+    failover: FailoverFigures,
+    rebuild: super::idle::RebuildFigures,
+    idle: super::idle::IdleFigures,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct ThroughputFigures {
+    projects: usize,
+    turns: usize,
+    partitions: u32,
+    model_latency_ms: u64,
+    /// As shipped: no limit per instance beyond `max_ack_pending` per partition.
+    uncapped: Comparison,
+    /// Each instance runs at most `turns_per_instance` turns at once.
+    capped: Option<Comparison>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Comparison {
+    turns_per_instance: Option<usize>,
+    one: Run,
+    three: Run,
+    /// Turns/s of three instances over turns/s of one (target >= 2.7).
+    ratio: f64,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Run {
+    instances: usize,
+    seconds: f64,
+    turns_per_s: f64,
+    /// Message stored → `dispatch.completed` stored, per turn.
+    turn_p50_ms: f64,
+    turn_p99_ms: f64,
+    /// Where a turn's time goes, p50 between stored times: message →
+    /// `dispatch.accepted` (queued behind the project's earlier turns
+    /// included), → `agent.acknowledged` (the model call), → `dispatch.completed`.
+    waited_p50_ms: f64,
+    decided_p50_ms: f64,
+    finished_p50_ms: f64,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct FailoverFigures {
+    lease_ttl_ms: u64,
+    kills: usize,
+    samples: usize,
+    /// Kill → first acknowledgement of a message sent right after it (target <= 5 s).
+    first_ack_p50_ms: f64,
+    first_ack_p99_ms: f64,
+    first_ack_max_ms: f64,
+    /// Kill → acknowledgement of the messages the killed instance had in hand.
+    in_hand_p50_ms: f64,
+    in_hand_max_ms: f64,
+}
+
+pub async fn run(context: &Context, args: ScaleArgs) -> anyhow::Result<ExitCode> {
+    if args.idle_probe {
+        return super::idle::probe(context).await;
+    }
+    anyhow::ensure!(
+        (1..=64).contains(&args.partitions)
+            && args.projects >= 2 * args.partitions as usize
+            && args.messages > 0,
+        "--partitions must be 1..=64, --projects at least twice --partitions, --messages at least 1"
+    );
+    anyhow::ensure!(
+        args.lease_ttl_ms >= 500 && args.model_latency_ms <= 10_000,
+        "--lease-ttl-ms must be at least 500 and --model-latency-ms at most 10000"
+    );
+    let (throughput, failover) = scale_out(&args).await?;
+    let (rebuild, idle) = super::idle::measure(&args).await?;
+    let report = Report {
+        throughput,
+        failover,
+        rebuild,
+        idle,
+    };
+    if context.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print(&report);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print(report: &Report) {
+    let t = &report.throughput;
+    println!(
+        "turns/s, model I/O-bound ({} ms per call): {} turns over {} projects, {} partitions, sync_interval always",
+        t.model_latency_ms, t.turns, t.projects, t.partitions
+    );
+    let comparisons = std::iter::once(&t.uncapped).chain(t.capped.as_ref());
+    for comparison in comparisons {
+        let label = match comparison.turns_per_instance {
+            None => "as shipped (no limit per instance)".to_owned(),
+            Some(cap) => format!("each instance capped at {cap} turns at once"),
+        };
+        println!("  {label}:");
+        for run in [&comparison.one, &comparison.three] {
+            println!(
+                "    {} instance(s): {:>7.1} turns/s ({:.2} s; turn p50 {:.0} ms, p99 {:.0} ms; p50 message -> accepted {:.0} ms -> acknowledged {:.0} ms -> completed {:.0} ms)",
+                run.instances,
+                run.turns_per_s,
+                run.seconds,
+                run.turn_p50_ms,
+                run.turn_p99_ms,
+                run.waited_p50_ms,
+                run.decided_p50_ms,
+                run.finished_p50_ms
+            );
+        }
+        println!(
+            "    3 vs 1 instance: {:.2}x (target >= 2.7)",
+            comparison.ratio
+        );
+    }
+    let f = &report.failover;
+    println!(
+        "failover (lease_ttl {} ms, {} kills, {} messages): kill -> first acknowledgement on a killed instance's partition p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (target <= 5000); messages in hand at the kill acknowledged after p50 {:.0} ms, max {:.0} ms",
+        f.lease_ttl_ms,
+        f.kills,
+        f.samples,
+        f.first_ack_p50_ms,
+        f.first_ack_p99_ms,
+        f.first_ack_max_ms,
+        f.in_hand_p50_ms,
+        f.in_hand_max_ms
+    );
+    super::idle::print(&report.rebuild, &report.idle);
+}
+
+/// Parts 1 and 2: throughput with 1 vs 3 conversation instances, then
+/// failover, on one server with `sync_interval: always`.
+async fn scale_out(args: &ScaleArgs) -> anyhow::Result<(ThroughputFigures, FailoverFigures)> {
+    let dir = tempfile::tempdir()?;
+    let server = LocalServer::start(&dir.path().join("nats"), None, SyncPolicy::Always)?;
+    let core = CoreConfig {
+        nats_url: server.url(),
+        data_dir: dir.path().join("dispatch"),
+        scale: ScaleConfig {
+            instance_id: "dispatch".into(),
+            partitions: args.partitions,
+            lease_ttl: Duration::from_millis(args.lease_ttl_ms),
+        },
+        ..CoreConfig::default()
+    };
+    let bus =
+        zopu_core::nats::connect(&core.nats_url, "zopu-bench", Duration::from_secs(10)).await?;
+    streams::ensure(&bus, &streams::StreamSettings::from(&core)).await?;
+    let model = FakeModel::start(Duration::from_millis(args.model_latency_ms)).await?;
+    let dispatch_stop = Shutdown::new();
+    let dispatch = tokio::spawn(zopu_dispatch::run(
+        core.clone(),
+        zopu_dispatch::Config::default(),
+        dispatch_stop.clone(),
+    ));
+    let org: OrgId = "bench".parse()?;
+    let by_partition = register(&bus, &org, args.projects, args.partitions).await?;
+    let watcher = Watcher::start(&bus).await?;
+    let bench = Bench {
+        core,
+        conversation: conversation_config(&model.base_url()),
+        bus: bus.clone(),
+        gateway: Publisher::new(bus.clone(), "gateway", None),
+        org,
+        by_partition,
+        watcher,
+        dir: dir.path().to_owned(),
+    };
+    let turns = bench.projects().len() * args.messages;
+
+    let capped = if args.turns_per_instance > 0 {
+        let cap = Some(args.turns_per_instance);
+        let one = bench.throughput("cap1", 1, cap, args.messages).await?;
+        let three = bench.throughput("cap3", SCALED, cap, args.messages).await?;
+        Some(comparison(cap, one, three))
+    } else {
+        None
+    };
+    let one = bench.throughput("one", 1, None, args.messages).await?;
+    let (three, instances) = bench
+        .throughput_keep("three", SCALED, args.messages)
+        .await?;
+    let uncapped = comparison(None, one, three);
+    let failover = bench.failover(instances, args).await?;
+
+    dispatch_stop.cancel();
+    let _ = dispatch.await;
+    dispatch_stop.wait(Duration::from_secs(10)).await;
+    let Bench {
+        bus: kept,
+        gateway,
+        watcher,
+        ..
+    } = bench;
+    watcher.task.abort();
+    drop((gateway, kept, bus, model));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(server);
+    Ok((
+        ThroughputFigures {
+            projects: turns / args.messages,
+            turns,
+            partitions: args.partitions,
+            model_latency_ms: args.model_latency_ms,
+            uncapped,
+            capped,
+        },
+        failover,
+    ))
+}
+
+fn comparison(cap: Option<usize>, one: Run, three: Run) -> Comparison {
+    Comparison {
+        turns_per_instance: cap,
+        ratio: three.turns_per_s / one.turns_per_s,
+        one,
+        three,
+    }
+}
+
+fn conversation_config(base_url: &str) -> zopu_conversation::Config {
+    zopu_conversation::Config {
+        provider: zopu_conversation::ProviderKind::Openai,
+        openai: zopu_conversation::OpenAiSettings {
+            base_url: base_url.to_owned(),
+            model: FAKE_MODEL.into(),
+            api_key_env: String::new(),
+            request_timeout: Duration::from_secs(15),
+            ..zopu_conversation::OpenAiSettings::default()
+        },
+        handler_timeout: Duration::from_secs(120),
+        ..zopu_conversation::Config::default()
+    }
+}
+
+/// What the measurements share.
+struct Bench {
+    /// Dispatch's configuration; instances derive theirs from it.
+    core: CoreConfig,
+    conversation: zopu_conversation::Config,
+    bus: Bus,
+    /// As `zopu send` does: a client publisher with no store of its own.
+    gateway: Publisher,
+    org: OrgId,
+    /// The registered projects of each partition (the same number in each).
+    by_partition: BTreeMap<u32, Vec<ProjectId>>,
+    watcher: Watcher,
+    dir: std::path::PathBuf,
+}
+
+impl Bench {
+    fn projects(&self) -> Vec<ProjectId> {
+        self.by_partition.values().flatten().copied().collect()
+    }
+
+    fn start(&self, id: &str, cap: Option<usize>) -> anyhow::Result<Instance> {
+        let core = CoreConfig {
+            data_dir: self.dir.join(id),
+            scale: ScaleConfig {
+                instance_id: id.to_owned(),
+                ..self.core.scale.clone()
+            },
+            ..self.core.clone()
+        };
+        Instance::start(id, core, self.conversation.clone(), cap)
+    }
+
+    fn durable() -> String {
+        subjects::durable(zopu_conversation::SERVICE, "dispatches")
+    }
+
+    /// One throughput measurement with `count` fresh instances, stopped
+    /// cleanly at its end (their claims released).
+    async fn throughput(
+        &self,
+        label: &str,
+        count: usize,
+        cap: Option<usize>,
+        messages: usize,
+    ) -> anyhow::Result<Run> {
+        let mut instances = self.start_all(label, count, cap).await?;
+        let run = self.load(count, messages).await?;
+        for instance in &mut instances {
+            instance.stop().await;
+        }
+        Ok(run)
+    }
+
+    /// [`Bench::throughput`] as shipped, keeping the instances running.
+    async fn throughput_keep(
+        &self,
+        label: &str,
+        count: usize,
+        messages: usize,
+    ) -> anyhow::Result<(Run, Vec<Instance>)> {
+        let instances = self.start_all(label, count, None).await?;
+        let run = self.load(count, messages).await?;
+        Ok((run, instances))
+    }
+
+    async fn start_all(
+        &self,
+        label: &str,
+        count: usize,
+        cap: Option<usize>,
+    ) -> anyhow::Result<Vec<Instance>> {
+        let instances = (0..count)
+            .map(|n| self.start(&format!("{label}-{n}"), cap))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let ids: Vec<String> = instances.iter().map(|i| i.id.clone()).collect();
+        wait_for_shares(
+            &self.bus,
+            &Self::durable(),
+            &ids,
+            self.core.scale.partitions,
+        )
+        .await?;
+        Ok(instances)
+    }
+
+    /// Every project sends `messages` messages at once (each project's one
+    /// after the other, as appends of one project are); waits for every
+    /// turn's end.
+    async fn load(&self, instances: usize, messages: usize) -> anyhow::Result<Run> {
+        let sends = self.projects().into_iter().map(|project| async move {
+            let mut ids = Vec::with_capacity(messages);
+            for n in 0..messages {
+                ids.push(
+                    self.send(project, &format!("How does part {n} handle retries?"))
+                        .await?,
+                );
+            }
+            anyhow::Ok(ids)
+        });
+        let mut ids = Vec::new();
+        for sent in futures::future::join_all(sends).await {
+            ids.extend(sent?);
+        }
+        self.watcher
+            .wait("every turn to end", |turns| {
+                ids.iter()
+                    .all(|id| turns.get(id).is_some_and(|t| t.ended.is_some()))
+            })
+            .await?;
+        let times: Vec<TurnTimes> = ids.iter().map(|id| self.watcher.get(id)).collect();
+        let first = times.iter().filter_map(|t| t.sent).min();
+        let last = times.iter().filter_map(|t| t.ended).max();
+        let (Some(first), Some(last)) = (first, last) else {
+            anyhow::bail!("the watcher missed the turns' stored times");
+        };
+        let seconds = (last - first).as_seconds_f64();
+        let gaps = |from: fn(&TurnTimes) -> Option<OffsetDateTime>,
+                    to: fn(&TurnTimes) -> Option<OffsetDateTime>| {
+            let mut gaps: Vec<f64> = times
+                .iter()
+                .filter_map(|t| Some((to(t)? - from(t)?).as_seconds_f64() * 1000.0))
+                .collect();
+            gaps.sort_by(f64::total_cmp);
+            gaps
+        };
+        let durations = gaps(|t| t.sent, |t| t.ended);
+        Ok(Run {
+            instances,
+            seconds,
+            turns_per_s: ids.len() as f64 / seconds,
+            turn_p50_ms: percentile(&durations, 0.50),
+            turn_p99_ms: percentile(&durations, 0.99),
+            waited_p50_ms: percentile(&gaps(|t| t.sent, |t| t.accepted), 0.50),
+            decided_p50_ms: percentile(&gaps(|t| t.accepted, |t| t.acknowledged), 0.50),
+            finished_p50_ms: percentile(&gaps(|t| t.acknowledged, |t| t.ended), 0.50),
+        })
+    }
+
+    /// Stores a user message; returns its event id (the turn's correlation id).
+    async fn send(&self, project: ProjectId, text: &str) -> anyhow::Result<String> {
+        let actor = pb::Actor {
+            kind: pb::actor::Kind::User as i32,
+            id: "bench".into(),
+        };
+        let request = zopu_schema::EventId::new().to_string();
+        let sent = zopu_conversation::send_message(
+            &self.gateway,
+            &self.org,
+            &project,
+            text,
+            actor,
+            &request,
+        )
+        .await?;
+        Ok(sent.event_id.to_string())
+    }
+
+    /// Part 2: kills one of `instances` after the other (a fresh instance
+    /// joins after each kill) and measures kill → first acknowledgement.
+    async fn failover(
+        &self,
+        mut instances: Vec<Instance>,
+        args: &ScaleArgs,
+    ) -> anyhow::Result<FailoverFigures> {
+        let durable = Self::durable();
+        let mut first_acks = Vec::new();
+        let mut in_hand_acks = Vec::new();
+        for kill in 0..args.kills {
+            let victim = kill % instances.len();
+            let owners = claims(&self.bus, &durable, self.core.scale.partitions).await?;
+            let partitions: Vec<u32> = owners
+                .iter()
+                .filter(|(_, owner)| **owner == instances[victim].id)
+                .map(|(partition, _)| *partition)
+                .collect();
+            anyhow::ensure!(!partitions.is_empty(), "the victim holds no partition");
+            // One message of each of its partitions in hand at the kill.
+            let mut in_hand = Vec::new();
+            for partition in &partitions {
+                let project = self.by_partition[partition][0];
+                in_hand.push(
+                    self.send(project, "What does the cart do on timeout?")
+                        .await?,
+                );
+            }
+            self.watcher
+                .wait("the victim to accept its messages", |turns| {
+                    in_hand
+                        .iter()
+                        .all(|id| turns.get(id).is_some_and(|t| t.accepted.is_some()))
+                })
+                .await?;
+            instances[victim].kill();
+            let killed_at = OffsetDateTime::now_utc();
+            let mut measured = Vec::new();
+            for partition in &partitions {
+                for project in &self.by_partition[partition][1..] {
+                    measured.push(self.send(*project, "How are refunds retried?").await?);
+                }
+            }
+            self.watcher
+                .wait("the killed instance's partitions to answer", |turns| {
+                    measured
+                        .iter()
+                        .chain(&in_hand)
+                        .all(|id| turns.get(id).is_some_and(|t| t.ended.is_some()))
+                })
+                .await?;
+            for (ids, samples) in [(&measured, &mut first_acks), (&in_hand, &mut in_hand_acks)] {
+                for id in ids {
+                    let acknowledged = self.watcher.get(id).acknowledged.ok_or_else(|| {
+                        anyhow::anyhow!("turn {id} ended without an acknowledgement")
+                    })?;
+                    samples.push((acknowledged - killed_at).as_seconds_f64() * 1000.0);
+                }
+            }
+            // A fresh instance takes the victim's place; wait for the fair share.
+            instances[victim] = self.start(&format!("after-kill-{kill}"), None)?;
+            let ids: Vec<String> = instances.iter().map(|i| i.id.clone()).collect();
+            wait_for_shares(&self.bus, &durable, &ids, self.core.scale.partitions).await?;
+        }
+        for instance in &mut instances {
+            instance.stop().await;
+        }
+        anyhow::ensure!(!first_acks.is_empty(), "no failover was measured");
+        first_acks.sort_by(f64::total_cmp);
+        in_hand_acks.sort_by(f64::total_cmp);
+        Ok(FailoverFigures {
+            lease_ttl_ms: args.lease_ttl_ms,
+            kills: args.kills,
+            samples: first_acks.len(),
+            first_ack_p50_ms: percentile(&first_acks, 0.50),
+            first_ack_p99_ms: percentile(&first_acks, 0.99),
+            first_ack_max_ms: percentile(&first_acks, 1.0),
+            in_hand_p50_ms: percentile(&in_hand_acks, 0.50),
+            in_hand_max_ms: percentile(&in_hand_acks, 1.0),
+        })
+    }
+}
+
+/// Registers one conversation agent per project, as setup does, with
+/// projects drawn until each partition has `projects / partitions` of them.
+async fn register(
+    bus: &Bus,
+    org: &OrgId,
+    projects: usize,
+    partitions: u32,
+) -> anyhow::Result<BTreeMap<u32, Vec<ProjectId>>> {
+    let per_partition = projects / partitions as usize;
+    let mut by_partition: BTreeMap<u32, Vec<ProjectId>> =
+        (0..partitions).map(|p| (p, Vec::new())).collect();
+    while by_partition.values().any(|p| p.len() < per_partition) {
+        let project = ProjectId::new();
+        let partition = subjects::partition_of(org.as_str(), &project.to_string(), partitions);
+        if let Some(bucket) = by_partition.get_mut(&partition)
+            && bucket.len() < per_partition
+        {
+            bucket.push(project);
+        }
+    }
+    let setup = Publisher::new(bus.clone(), "setup", None);
+    for project in by_partition.values().flatten() {
+        let registered = pb::AgentRegistered {
+            agent_id: AgentId::conversation(org, project).to_string(),
+            agent_type: "conversation".into(),
+            global_timeline_id: format!("timeline-{project}"),
+            setup_revision: 1,
+            ..Default::default()
+        };
+        setup
+            .append(NewEvent::root(
+                org.clone(),
+                *project,
+                &registered,
+                keys::setup_step(project, 1, "register"),
+                None,
+            ))
+            .await?;
+    }
+    Ok(by_partition)
+}
+
+/// The partitions' current claims (partition → instance; empty: free).
+async fn claims(
+    bus: &Bus,
+    durable: &str,
+    partitions: u32,
+) -> anyhow::Result<BTreeMap<u32, String>> {
+    let kv = bus.jetstream.get_key_value(subjects::LEASES_BUCKET).await?;
+    let mut owners = BTreeMap::new();
+    for partition in 0..partitions {
+        let owner = match kv
+            .get(subjects::lease_claim_key(durable, partition))
+            .await?
+        {
+            Some(value) => <pb::PartitionClaim as prost::Message>::decode(value)
+                .map(|claim| claim.instance)
+                .unwrap_or_default(),
+            None => String::new(),
+        };
+        owners.insert(partition, owner);
+    }
+    Ok(owners)
+}
+
+/// Waits until every partition of `durable` is claimed by one of
+/// `instances` and each holds its fair share.
+async fn wait_for_shares(
+    bus: &Bus,
+    durable: &str,
+    instances: &[String],
+    partitions: u32,
+) -> anyhow::Result<()> {
+    let kv = bus.jetstream.get_key_value(subjects::LEASES_BUCKET).await?;
+    let mut watch = kv
+        .watch_with_history(subjects::lease_keys_of(durable))
+        .await?;
+    let mut owners: BTreeMap<u32, String> = BTreeMap::new();
+    let most = (partitions as usize).div_ceil(instances.len());
+    let least = partitions as usize / instances.len();
+    let waiting = async {
+        while let Some(entry) = watch.next().await {
+            let entry = entry?;
+            if let Some(subjects::LeaseKey::Claim { partition, .. }) =
+                subjects::parse_lease_key(&entry.key)
+            {
+                let owner = match entry.operation {
+                    async_nats::jetstream::kv::Operation::Put => {
+                        <pb::PartitionClaim as prost::Message>::decode(entry.value.clone())
+                            .map(|claim| claim.instance)
+                            .unwrap_or_default()
+                    }
+                    _ => String::new(),
+                };
+                owners.insert(partition, owner);
+            }
+            let spread = owners.len() == partitions as usize
+                && instances.iter().all(|instance| {
+                    let held = owners.values().filter(|owner| *owner == instance).count();
+                    (least..=most).contains(&held)
+                })
+                && owners.values().all(|owner| instances.contains(owner));
+            if spread {
+                return anyhow::Ok(());
+            }
+        }
+        anyhow::bail!("the leases watch ended")
+    };
+    tokio::time::timeout(LONG, waiting)
+        .await
+        .map_err(|_| anyhow::anyhow!("claims never spread over {instances:?}: {owners:?}"))?
+}
+
+/// One conversation instance on its own runtime (one worker thread), as on
+/// its own machine.
+struct Instance {
+    id: String,
+    runtime: Option<tokio::runtime::Runtime>,
+    shutdown: Shutdown,
+}
+
+impl Instance {
+    fn start(
+        id: &str,
+        core: CoreConfig,
+        config: zopu_conversation::Config,
+        cap: Option<usize>,
+    ) -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("zopu-{id}"))
+            .enable_all()
+            .build()?;
+        let shutdown = Shutdown::new();
+        let (service, stop) = (shutdown.clone(), shutdown.clone());
+        {
+            // The service's tasks spawn onto the runtime they run on: this one.
+            let _entered = runtime.enter();
+            shutdown.spawn(async move {
+                if let Err(error) = conversation(core, config, cap, service).await {
+                    tracing::error!(error = %format!("{error:#}"), "conversation instance stopped");
+                    stop.cancel();
+                }
+            });
+        }
+        Ok(Self {
+            id: id.to_owned(),
+            runtime: Some(runtime),
+            shutdown,
+        })
+    }
+
+    /// Everything stops at once, mid-handler: a kill -9 as the server sees it.
+    fn kill(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+
+    /// A clean stop: handlers in hand finish, claims are released.
+    async fn stop(&mut self) {
+        self.shutdown.cancel();
+        if !self.shutdown.wait(LONG).await {
+            tracing::warn!(instance = %self.id, "did not stop within its grace");
+        }
+        self.kill();
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The conversation service as `zopu_conversation::run` starts it, with
+/// the agent optionally capped at `cap` turns at once.
+async fn conversation(
+    core: CoreConfig,
+    config: zopu_conversation::Config,
+    cap: Option<usize>,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let Some(cap) = cap else {
+        return Ok(zopu_conversation::run(core, config, shutdown).await?);
+    };
+    config.validate()?;
+    let runtime = zopu_core::Runtime::start_with(
+        zopu_conversation::SERVICE,
+        &core,
+        shutdown.clone(),
+        zopu_conversation::ConversationState,
+    )
+    .await?;
+    let capped = Capped {
+        inner: config.agent()?,
+        permits: Arc::new(tokio::sync::Semaphore::new(cap)),
+    };
+    runtime.spawn_reaction(config.reaction(), capped);
+    shutdown.cancelled().await;
+    Ok(())
+}
+
+/// A reaction that runs at most `permits` handlers at once in this
+/// instance: a machine's capacity, which the runner itself does not bound.
+struct Capped<R> {
+    inner: R,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl<R: Reaction> Reaction for Capped<R> {
+    async fn handle(
+        &self,
+        event: &Envelope,
+        context: &ReactionContext,
+    ) -> Result<(), HandlerError> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| HandlerError::Interrupted)?;
+        self.inner.handle(event, context).await
+    }
+
+    async fn already_handled(
+        &self,
+        event: &Envelope,
+        context: &ReactionContext,
+    ) -> Result<bool, HandlerError> {
+        self.inner.already_handled(event, context).await
+    }
+
+    fn failure_event(&self, event: &Envelope, reason: &str) -> Option<NewEvent> {
+        self.inner.failure_event(event, reason)
+    }
+}
+
+/// `model` of the fake's completions.
+const FAKE_MODEL: &str = "bench-model";
+
+/// An OpenAI-compatible chat-completions server on loopback that answers
+/// every call, after `latency`, with an `explore` tool call whose texts are
+/// new each time (so the agent's near-duplicate guardrail never fires).
+struct FakeModel {
+    address: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct FakeModelState {
+    latency: Duration,
+    calls: AtomicU64,
+}
+
+impl FakeModel {
+    async fn start(latency: Duration) -> anyhow::Result<Self> {
+        let state = Arc::new(FakeModelState {
+            latency,
+            calls: AtomicU64::new(0),
+        });
+        let app = axum::Router::new().fallback(Self::answer).with_state(state);
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let address = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            if let Err(error) = axum::serve(listener, app).await {
+                tracing::warn!(%error, "fake model server stopped");
+            }
+        });
+        Ok(Self { address, task })
+    }
+
+    fn base_url(&self) -> String {
+        format!("http://{}/v1", self.address)
+    }
+
+    async fn answer(
+        axum::extract::State(state): axum::extract::State<Arc<FakeModelState>>,
+    ) -> axum::Json<serde_json::Value> {
+        tokio::time::sleep(state.latency).await;
+        let n = state.calls.fetch_add(1, Ordering::Relaxed);
+        let arguments = json!({
+            "acknowledgement": format!("Tracing q{n} through w{n} for you."),
+            "title": format!("Explore area {n}"),
+            "request": format!("Trace how part {n} handles retries."),
+        });
+        axum::Json(json!({
+            "id": format!("chatcmpl-{n}"),
+            "object": "chat.completion",
+            "model": FAKE_MODEL,
+            "choices": [{
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": null,
+                    "tool_calls": [{
+                        "id": format!("call_{n}"),
+                        "type": "function",
+                        "function": {"name": "explore", "arguments": arguments.to_string()},
+                    }],
+                },
+                "finish_reason": "tool_calls",
+            }],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
+        }))
+    }
+}
+
+impl Drop for FakeModel {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Stored times (the server's timestamps) of one turn's events.
+#[derive(Debug, Default, Clone, Copy)]
+struct TurnTimes {
+    sent: Option<OffsetDateTime>,
+    accepted: Option<OffsetDateTime>,
+    acknowledged: Option<OffsetDateTime>,
+    /// `dispatch.completed` or `dispatch.failed`.
+    ended: Option<OffsetDateTime>,
+}
+
+type Turns = HashMap<String, TurnTimes>;
+
+/// One ordered consumer records every turn's stored times, by correlation id.
+struct Watcher {
+    turns: Arc<Mutex<Turns>>,
+    changed: tokio::sync::watch::Receiver<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Watcher {
+    async fn start(bus: &Bus) -> anyhow::Result<Self> {
+        let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+        let consumer = stream
+            .create_consumer(pull::OrderedConfig {
+                filter_subjects: [
+                    pb::TimelineMessageSent::TYPE,
+                    pb::DispatchAccepted::TYPE,
+                    pb::AgentAcknowledged::TYPE,
+                    pb::DispatchCompleted::TYPE,
+                    pb::DispatchFailed::TYPE,
+                ]
+                .iter()
+                .map(|event_type| subjects::events_of_type(event_type))
+                .collect(),
+                deliver_policy: DeliverPolicy::New,
+                ..Default::default()
+            })
+            .await?;
+        let mut stored = consumer.messages().await?;
+        let turns: Arc<Mutex<Turns>> = Arc::default();
+        let (notify, changed) = tokio::sync::watch::channel(0u64);
+        let recorded = turns.clone();
+        let task = tokio::spawn(async move {
+            while let Some(Ok(message)) = stored.next().await {
+                let Ok(at) = message.info().map(|info| info.published) else {
+                    continue;
+                };
+                let Ok(event) = zopu_core::publish::decode_message(&message.message) else {
+                    continue;
+                };
+                {
+                    let mut turns = recorded.lock().unwrap_or_else(|p| p.into_inner());
+                    let turn = turns
+                        .entry(event.correlation_id.as_str().to_owned())
+                        .or_default();
+                    let slot = if event.is::<pb::TimelineMessageSent>() {
+                        &mut turn.sent
+                    } else if event.is::<pb::DispatchAccepted>() {
+                        &mut turn.accepted
+                    } else if event.is::<pb::AgentAcknowledged>() {
+                        &mut turn.acknowledged
+                    } else {
+                        &mut turn.ended
+                    };
+                    slot.get_or_insert(at);
+                }
+                notify.send_modify(|n| *n += 1);
+            }
+        });
+        Ok(Self {
+            turns,
+            changed,
+            task,
+        })
+    }
+
+    fn get(&self, id: &str) -> TurnTimes {
+        self.turns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Waits (at most [`LONG`]) until `done` holds for the recorded turns.
+    async fn wait(&self, what: &str, done: impl Fn(&Turns) -> bool) -> anyhow::Result<()> {
+        let mut changed = self.changed.clone();
+        let turns = &self.turns;
+        let waiting = changed.wait_for(|_| done(&turns.lock().unwrap_or_else(|p| p.into_inner())));
+        match tokio::time::timeout(LONG, waiting).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => anyhow::bail!("the watcher stopped while waiting for {what}"),
+            Err(_) => anyhow::bail!("timed out after {} s waiting for {what}", LONG.as_secs()),
+        }
+    }
+}
