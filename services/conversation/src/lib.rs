@@ -140,7 +140,8 @@ pub struct Config {
     pub similarity_threshold: f64,
     /// Rejections in a row after which the agent backs off.
     pub rejection_backoff: u32,
-    /// Dispatches in flight across projects.
+    /// Turns running at once in one instance (across its projects and
+    /// partitions), and dispatches delivered but unsettled per partition.
     pub max_ack_pending: i64,
     /// Deliveries of one dispatch before it is dead-lettered (and failed).
     pub max_deliver: i64,

@@ -68,7 +68,8 @@ pub struct ReactionConfig {
     /// Waits between in-place retries of a transient failure.
     #[serde(with = "crate::config::durations")]
     pub retry_delays: Vec<Duration>,
-    /// Messages in flight across all projects.
+    /// Messages delivered and unsettled per partition consumer, and
+    /// handlers running at once per instance (across its partitions).
     pub max_ack_pending: i64,
     /// Server redelivery deadline; extended while a handler works.
     #[serde(with = "config::duration")]
@@ -258,6 +259,10 @@ struct Runner<R> {
     lanes: Mutex<HashMap<String, Lane>>,
     /// Woken whenever a lane ends (the partition drains and shutdown wait on it).
     lane_ended: tokio::sync::Notify,
+    /// Handlers running at once in this instance, across its partitions
+    /// (`max_ack_pending`): what one instance can carry, so more instances
+    /// carry more.
+    handlers: tokio::sync::Semaphore,
 }
 
 /// Runs `reaction` until shutdown: claims its share of the reaction's
@@ -300,6 +305,7 @@ pub async fn run<R: Reaction>(
     )
     .await?;
     tracing::info!(service, durable = %config.durable, instance, partitions = scale.partitions, "reaction consuming");
+    let handler_slots = usize::try_from(config.max_ack_pending).unwrap_or(1).max(1);
     let runner = Arc::new(Runner {
         service: service.to_owned(),
         config,
@@ -312,6 +318,7 @@ pub async fn run<R: Reaction>(
         shutdown: shutdown.clone(),
         lanes: Mutex::new(HashMap::new()),
         lane_ended: tokio::sync::Notify::new(),
+        handlers: tokio::sync::Semaphore::new(handler_slots),
     });
     // Per partition: stop pulling (lost, surrendered or shutdown) and abort
     // the handlers in hand (lost only).
@@ -558,17 +565,41 @@ impl<R: Reaction> Runner<R> {
             let Some((sequence, message, abort)) = next else {
                 continue;
             };
-            if self.shutdown.is_cancelled() || abort.is_cancelled() {
+            let permit = self.handler_slot(&lane_key, &message, &abort).await;
+            if permit.is_none() || self.shutdown.is_cancelled() || abort.is_cancelled() {
                 // Not started: hand it back for prompt redelivery.
                 hand_back(&message).await;
             } else {
                 self.process(&lane_key, message, &abort).await;
             }
+            drop(permit);
             if let Some(lane) = self.lock_lanes().get_mut(&lane_key) {
                 lane.copies.remove(&sequence);
             }
         }
         self.lane_ended.notify_waiters();
+    }
+
+    /// Waits for one of the instance's handler slots, keeping the lane's
+    /// messages alive meanwhile; `None` on shutdown or a lost partition.
+    async fn handler_slot(
+        &self,
+        lane_key: &str,
+        message: &Message,
+        abort: &CancellationToken,
+    ) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let mut heartbeat = tokio::time::interval(self.config.ack_wait / 3);
+        heartbeat.tick().await;
+        let acquire = self.handlers.acquire();
+        tokio::pin!(acquire);
+        loop {
+            tokio::select! {
+                permit = &mut acquire => return permit.ok(),
+                _ = heartbeat.tick() => self.keep_lane_alive(lane_key, message).await,
+                () = self.shutdown.cancelled() => return None,
+                () = abort.cancelled() => return None,
+            }
+        }
     }
 
     /// A message that cannot be ordered (no delivery info) is handled alone.
