@@ -24,7 +24,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use zopu_tests::fixtures::{demo_repository, free_port, git};
+use zopu_tests::fixtures::{demo_repository, free_port, init_and_commit};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -779,20 +779,6 @@ fn other_branch_repository(repo: &Path) -> Result<PathBuf> {
     let other = repo.with_file_name("trunk-only");
     std::fs::create_dir_all(&other)?;
     std::fs::write(other.join("README.md"), "# trunk only\n")?;
-    git(&other, &["init", "-q", "-b", "trunk"])?;
-    git(&other, &["add", "."])?;
-    git(
-        &other,
-        &[
-            "-c",
-            "user.name=Zopu Test",
-            "-c",
-            "user.email=test@zopu.invalid",
-            "commit",
-            "-q",
-            "-m",
-            "Only trunk",
-        ],
-    )?;
+    init_and_commit(&other, "trunk", "Only trunk")?;
     Ok(other)
 }

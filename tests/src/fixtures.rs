@@ -25,10 +25,16 @@ pub fn demo_repository(dir: &Path) -> Result<PathBuf> {
         repo.join(".env.example"),
         "GREETING=hello\nDATABASE_URL=postgres://localhost/demo\n",
     )?;
-    git(&repo, &["init", "-q", "-b", "main"])?;
-    git(&repo, &["add", "."])?;
+    init_and_commit(&repo, "main", "A tiny service")?;
+    Ok(repo)
+}
+
+/// Makes `repo` a git repository on `branch` with everything in it committed.
+pub fn init_and_commit(repo: &Path, branch: &str, message: &str) -> Result<()> {
+    git(repo, &["init", "-q", "-b", branch])?;
+    git(repo, &["add", "."])?;
     git(
-        &repo,
+        repo,
         &[
             "-c",
             "user.name=Zopu Test",
@@ -37,10 +43,9 @@ pub fn demo_repository(dir: &Path) -> Result<PathBuf> {
             "commit",
             "-q",
             "-m",
-            "A tiny service",
+            message,
         ],
-    )?;
-    Ok(repo)
+    )
 }
 
 /// Runs git in `repo` with no system or user configuration.
