@@ -207,6 +207,8 @@ async fn read_ordered(
 const PARALLEL_REPLAY_MIN: u64 = 20_000;
 /// Connections of a parallel replay, each reading one range of sequences.
 const REPLAY_READERS: u64 = 4;
+/// Decoded events a range reader may hold ahead of the applier.
+const REPLAY_RANGE_BUFFER: usize = 256;
 
 /// Reads `(from, to]` over [`REPLAY_READERS`] connections at once, each
 /// receiving and decoding one contiguous range, and passes the events on
@@ -225,7 +227,8 @@ async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<()
     let mut buffers = Vec::new();
     let mut readers = futures::stream::FuturesUnordered::new();
     for (index, (after, end)) in ranges.into_iter().enumerate() {
-        let (sender, receiver) = tokio::sync::mpsc::channel(MAX_BATCH * 2);
+        // Small: a range that waits for the ones before it holds little.
+        let (sender, receiver) = tokio::sync::mpsc::channel(REPLAY_RANGE_BUFFER);
         buffers.push(receiver);
         let url = bus.url.clone();
         readers.push(async move {
