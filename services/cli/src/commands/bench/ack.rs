@@ -284,24 +284,34 @@ async fn register(bus: &Bus, org: &OrgId, projects: usize) -> anyhow::Result<Vec
     let setup = Publisher::new(bus.clone(), "setup", None);
     let ids: Vec<ProjectId> = (0..projects).map(|_| ProjectId::new()).collect();
     for project in &ids {
-        let registered = pb::AgentRegistered {
-            agent_id: AgentId::conversation(org, project).to_string(),
-            agent_type: "conversation".into(),
-            global_timeline_id: format!("timeline-{project}"),
-            setup_revision: 1,
-            ..Default::default()
-        };
-        setup
-            .append(NewEvent::root(
-                org.clone(),
-                *project,
-                &registered,
-                keys::setup_step(project, 1, "register"),
-                None,
-            ))
-            .await?;
+        register_agent(&setup, org, project).await?;
     }
     Ok(ids)
+}
+
+/// Registers a project's conversation agent, as setup would.
+pub(super) async fn register_agent(
+    setup: &Publisher,
+    org: &OrgId,
+    project: &ProjectId,
+) -> anyhow::Result<()> {
+    let registered = pb::AgentRegistered {
+        agent_id: AgentId::conversation(org, project).to_string(),
+        agent_type: "conversation".into(),
+        global_timeline_id: format!("timeline-{project}"),
+        setup_revision: 1,
+        ..Default::default()
+    };
+    setup
+        .append(NewEvent::root(
+            org.clone(),
+            *project,
+            &registered,
+            keys::setup_step(project, 1, "register"),
+            None,
+        ))
+        .await?;
+    Ok(())
 }
 
 /// One ordered consumer sees messages, acknowledgements and turn ends as

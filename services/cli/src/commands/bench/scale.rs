@@ -44,7 +44,7 @@ use zopu_core::local_server::{LocalServer, SyncPolicy};
 use zopu_core::nats::Bus;
 use zopu_core::publish::{NewEvent, Publisher};
 use zopu_core::{HandlerError, Reaction, ReactionContext, Shutdown, streams};
-use zopu_schema::{AgentId, Envelope, Event, OrgId, ProjectId, keys, pb, subjects};
+use zopu_schema::{Envelope, Event, OrgId, ProjectId, pb, subjects};
 
 use super::ack::percentile;
 use crate::Context;
@@ -599,22 +599,7 @@ async fn register(
     }
     let setup = Publisher::new(bus.clone(), "setup", None);
     for project in by_partition.values().flatten() {
-        let registered = pb::AgentRegistered {
-            agent_id: AgentId::conversation(org, project).to_string(),
-            agent_type: "conversation".into(),
-            global_timeline_id: format!("timeline-{project}"),
-            setup_revision: 1,
-            ..Default::default()
-        };
-        setup
-            .append(NewEvent::root(
-                org.clone(),
-                *project,
-                &registered,
-                keys::setup_step(project, 1, "register"),
-                None,
-            ))
-            .await?;
+        super::ack::register_agent(&setup, org, project).await?;
     }
     Ok(by_partition)
 }
