@@ -19,6 +19,10 @@ pub const NON_SETTING_VARIABLES: &[&str] = &[
     "ZOPU_LLM_API_KEY",
     "ZOPU_GATEWAY_LINK_KEY",
     "ZOPU_NATS_SERVER",
+    // Read by the test harness (the chaos run, the binary under test).
+    "ZOPU_BIN",
+    "ZOPU_CHAOS_SEED",
+    "ZOPU_CHAOS_SCALE",
     crate::nats::USER_VARIABLE,
     crate::nats::PASSWORD_VARIABLE,
     crate::nats::CREDENTIALS_FILE_VARIABLE,

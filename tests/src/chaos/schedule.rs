@@ -49,8 +49,8 @@ impl Rng {
 /// The seed: `ZOPU_CHAOS_SEED` (decimal or `0x` hex) replays a run;
 /// without it, a fresh random one.
 pub fn seed_from_env() -> anyhow::Result<u64> {
-    match std::env::var("ZOPU_CHAOS_SEED") {
-        Ok(text) => {
+    match std::env::var("ZOPU_CHAOS_SEED").ok().filter(|text| !text.trim().is_empty()) {
+        Some(text) => {
             let text = text.trim();
             let parsed = match text.strip_prefix("0x") {
                 Some(hex) => u64::from_str_radix(hex, 16),
@@ -58,7 +58,7 @@ pub fn seed_from_env() -> anyhow::Result<u64> {
             };
             parsed.map_err(|error| anyhow::anyhow!("ZOPU_CHAOS_SEED={text:?}: {error}"))
         }
-        Err(_) => {
+        None => {
             use std::hash::{BuildHasher, Hasher};
             // RandomState is seeded from the OS per process.
             let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
