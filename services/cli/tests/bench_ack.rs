@@ -7,6 +7,21 @@ use serde_json::Value;
 
 #[tokio::test]
 async fn the_acknowledgement_benchmark_reports_every_turn_and_its_baseline() -> Result<()> {
+    let figures = run_bench(&[]).await?;
+    assert_eq!(figures["servers"], "one server");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_acknowledgement_benchmark_runs_on_a_three_node_cluster() -> Result<()> {
+    let figures = run_bench(&["--cluster"]).await?;
+    assert_eq!(figures["servers"], "three-node cluster (R3)");
+    Ok(())
+}
+
+/// Runs `zopu --json bench ack` at a tiny load with `extra` arguments and
+/// checks what every run must report; returns the figures.
+async fn run_bench(extra: &[&str]) -> Result<Value> {
     let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu"))
         .args([
@@ -19,6 +34,7 @@ async fn the_acknowledgement_benchmark_reports_every_turn_and_its_baseline() -> 
             "5",
         ])
         .args(["--rate", "40"])
+        .args(extra)
         .current_dir(&workspace)
         .env_remove("ZOPU_CONFIG")
         .kill_on_drop(true)
@@ -61,5 +77,5 @@ async fn the_acknowledgement_benchmark_reports_every_turn_and_its_baseline() -> 
         ],
         "{figures}"
     );
-    Ok(())
+    Ok(figures)
 }

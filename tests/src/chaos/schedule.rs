@@ -49,7 +49,10 @@ impl Rng {
 /// The seed: `ZOPU_CHAOS_SEED` (decimal or `0x` hex) replays a run;
 /// without it, a fresh random one.
 pub fn seed_from_env() -> anyhow::Result<u64> {
-    match std::env::var("ZOPU_CHAOS_SEED").ok().filter(|text| !text.trim().is_empty()) {
+    match std::env::var("ZOPU_CHAOS_SEED")
+        .ok()
+        .filter(|text| !text.trim().is_empty())
+    {
         Some(text) => {
             let text = text.trim();
             let parsed = match text.strip_prefix("0x") {

@@ -34,7 +34,7 @@ use clap::Args;
 use futures::StreamExt;
 use tokio::sync::oneshot;
 use zopu_core::config::CoreConfig;
-use zopu_core::local_server::{LocalServer, SyncPolicy};
+use zopu_core::local_server::{LocalCluster, LocalServer, SyncPolicy};
 use zopu_core::nats::Bus;
 use zopu_core::publish::{NewEvent, Publisher};
 use zopu_core::{Shutdown, streams};
@@ -56,6 +56,48 @@ pub struct AckArgs {
     /// The server's sync policy
     #[arg(long, value_enum, default_value_t = Sync::Always)]
     sync: Sync,
+    /// Run on a local three-node JetStream cluster (R3 stream) instead of
+    /// one server; the raw baseline runs on the same cluster
+    #[arg(long)]
+    cluster: bool,
+}
+
+/// The server or cluster a benchmark starts (stopped when dropped).
+#[derive(Debug)]
+enum Servers {
+    One(LocalServer),
+    Cluster(LocalCluster),
+}
+
+impl Servers {
+    fn start(store: &std::path::Path, policy: SyncPolicy, cluster: bool) -> anyhow::Result<Self> {
+        Ok(if cluster {
+            Self::Cluster(LocalCluster::start(store, 3, policy)?)
+        } else {
+            Self::One(LocalServer::start(store, None, policy)?)
+        })
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Self::One(server) => server.url(),
+            Self::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    fn replicas(&self) -> usize {
+        match self {
+            Self::One(_) => 1,
+            Self::Cluster(_) => 3,
+        }
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            Self::One(_) => "one server",
+            Self::Cluster(_) => "three-node cluster (R3)",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -82,6 +124,7 @@ const TOPICS: [&str; 10] = [
 #[derive(Debug, serde::Serialize)]
 struct Figures {
     sync: &'static str,
+    servers: &'static str,
     load: String,
     /// Messages/s offered (open loop); none for the closed loop.
     offered_per_s: Option<f64>,
@@ -141,9 +184,10 @@ pub async fn run(context: &Context, args: AckArgs) -> anyhow::Result<ExitCode> {
         Sync::Default => (SyncPolicy::ServerDefault, "default"),
     };
     let dir = tempfile::tempdir()?;
-    let server = LocalServer::start(&dir.path().join("nats"), None, policy)?;
+    let server = Servers::start(&dir.path().join("nats"), policy, args.cluster)?;
     let core = CoreConfig {
         nats_url: server.url(),
+        stream_replicas: server.replicas(),
         data_dir: dir.path().join("data"),
         ..CoreConfig::default()
     };
@@ -200,10 +244,18 @@ pub async fn run(context: &Context, args: AckArgs) -> anyhow::Result<ExitCode> {
     let written = measured_to.saturating_sub(measured_from) + 1;
     let write_rate = written as f64 / elapsed.as_secs_f64();
     let hops = hops(&bus, measured_from, measured_to).await?;
-    let mut raw = raw_appends(&bus, args.projects, written as usize, write_rate).await?;
+    let mut raw = raw_appends(
+        &bus,
+        server.replicas(),
+        args.projects,
+        written as usize,
+        write_rate,
+    )
+    .await?;
     raw.sort_by(f64::total_cmp);
     let figures = Figures {
         sync,
+        servers: server.label(),
         load: args.rate.map_or("closed loop".into(), |rate| {
             format!("open loop at {rate:.0} messages/s")
         }),
@@ -236,8 +288,8 @@ pub async fn run(context: &Context, args: AckArgs) -> anyhow::Result<ExitCode> {
 
 fn print(figures: &Figures) {
     println!(
-        "sync_interval {}: {} messages across {} projects, {}",
-        figures.sync, figures.messages, figures.projects, figures.load
+        "{}, sync_interval {}: {} messages across {} projects, {}",
+        figures.servers, figures.sync, figures.messages, figures.projects, figures.load
     );
     println!(
         "  acknowledgement (message stored -> agent.acknowledged stored): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (target: p99 <= 25 ms at >= 300 messages/s)",
@@ -547,11 +599,12 @@ async fn hops(bus: &Bus, from: u64, to: u64) -> anyhow::Result<Vec<(String, Stri
 /// previous append included).
 async fn raw_appends(
     bus: &Bus,
+    replicas: usize,
     projects: usize,
     count: usize,
     rate: f64,
 ) -> anyhow::Result<Vec<f64>> {
-    super::raw_stream(bus).await?;
+    super::raw_stream(bus, replicas).await?;
     let body = Bytes::from(prost::Message::encode_to_vec(&pb::TimelineMessageSent {
         timeline_id: "global".into(),
         text: "How does the cart module handle retries?".into(),

@@ -273,7 +273,7 @@ async fn rebuild(
     events: usize,
     dir: &std::path::Path,
 ) -> anyhow::Result<RebuildFigures> {
-    let raw_stream = super::raw_stream(bus).await?;
+    let raw_stream = super::raw_stream(bus, 1).await?;
     let body = Bytes::from(prost::Message::encode_to_vec(&pb::TimelineMessageSent {
         timeline_id: "global".into(),
         text: "How does checkout handle payments?".into(),

@@ -154,7 +154,7 @@ async fn measure(
     }));
 
     // Raw baseline: same server, a stream with the same storage, Nats-Msg-Id set.
-    let raw_stream = raw_stream(&bus).await?;
+    let raw_stream = raw_stream(&bus, 1).await?;
     let shape = Shape {
         events: args.events,
         lanes: args.projects,
@@ -393,13 +393,17 @@ async fn raw_append(
 }
 
 /// A stream like the raw baselines': file storage, `bench.raw.>`.
-async fn raw_stream(bus: &zopu_core::nats::Bus) -> anyhow::Result<jetstream::stream::Stream> {
+async fn raw_stream(
+    bus: &zopu_core::nats::Bus,
+    replicas: usize,
+) -> anyhow::Result<jetstream::stream::Stream> {
     Ok(bus
         .jetstream
         .create_stream(jetstream::stream::Config {
             name: "BENCH_RAW".into(),
             subjects: vec!["bench.raw.>".into()],
             storage: jetstream::stream::StorageType::File,
+            num_replicas: replicas,
             ..Default::default()
         })
         .await?)
