@@ -178,25 +178,8 @@ async fn handle(State(state): State<AppState>, body: Bytes) -> Response {
         "title": format!("Explore {}", words.iter().take(8).copied().collect::<Vec<_>>().join(" ")),
         "request": format!("Find out in the repository: {subject}"),
     });
-    let reply = json!({
-        "id": format!("chatcmpl-chaos-{attempt}"),
-        "object": "chat.completion",
-        "model": "chaos-model",
-        "choices": [{
-            "index": 0,
-            "message": {
-                "role": "assistant",
-                "content": null,
-                "tool_calls": [{
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "explore", "arguments": arguments.to_string()},
-                }],
-            },
-            "finish_reason": "tool_calls",
-        }],
-        "usage": {"prompt_tokens": 100, "completion_tokens": 30, "total_tokens": 130},
-    });
+    let reply =
+        zopu_llm::test_support::tool_call_completion("call_1", "explore", &arguments.to_string());
     (
         [(header::CONTENT_TYPE, "application/json")],
         reply.to_string(),
