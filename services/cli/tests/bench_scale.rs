@@ -68,8 +68,16 @@ async fn the_scale_benchmark_reports_throughput_failover_rebuild_and_idle_memory
     // Four events per idle project: setup request, registration, ready, a message.
     let rebuild = &report["rebuild"];
     assert_eq!(rebuild["events"], 160, "{report}");
-    assert_eq!(rebuild["parallel_replay"], false);
-    for key in ["raw_replay_per_s", "rebuild_per_s", "ratio"] {
+    assert_eq!(rebuild["readers"], 4, "{report}");
+    for key in [
+        "raw_replay_per_s",
+        "raw_events_per_s",
+        "raw_events_parallel_per_s",
+        "rebuild_per_s",
+        "ratio",
+        "ceiling_ratio",
+        "of_ceiling",
+    ] {
         positive(rebuild, key);
     }
 

@@ -206,7 +206,7 @@ async fn read_ordered(
 /// Below this many events to apply, a catch-up reads with one consumer.
 const PARALLEL_REPLAY_MIN: u64 = 20_000;
 /// Connections of a parallel replay, each reading one range of sequences.
-const REPLAY_READERS: u64 = 4;
+pub const REPLAY_READERS: u64 = 4;
 /// Decoded events a range reader may hold ahead of the applier.
 const REPLAY_RANGE_BUFFER: usize = 256;
 
