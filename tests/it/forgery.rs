@@ -3,17 +3,22 @@
 //! message whose `ce-*` headers claim another organization, project and
 //! type. Every reader decodes through the subject check: the projections
 //! (the core key index and the gateway's read model) record such a message
-//! in `zopu_undecodable` with the reason, file nothing from it, and go on.
+//! in `zopu_undecodable` with the reason, file nothing from it, and go on;
+//! a reaction ends it as a dead-letter event filed under the subject's own
+//! org and project, and handles the next message.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use zopu_core::publish::{NewEvent, Publisher};
 use zopu_core::store::KeyIndex;
-use zopu_core::{Projection, Shutdown, Store, projection};
+use zopu_core::{
+    HandlerError, Projection, Reaction, ReactionConfig, ReactionContext, Runtime, Shutdown, Store,
+    projection,
+};
 use zopu_gateway::read_model::{GatewayProjection, queries};
 use zopu_schema::{CorrelationId, Envelope, Event, EventId, OrgId, ProjectId, codec, pb, subjects};
-use zopu_tests::{NatsServer, bus};
+use zopu_tests::{NatsServer, bus, wait_for};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -61,6 +66,21 @@ fn forged_envelope(victim: &OrgId, victim_project: ProjectId, key: &str) -> Enve
             "victim-artifact/1/secret.html",
         ))
         .into(),
+    }
+}
+
+/// Passes on the id of every message it is given.
+#[derive(Debug, Clone)]
+struct Recorder {
+    handled: tokio::sync::mpsc::Sender<EventId>,
+}
+
+impl Reaction for Recorder {
+    async fn handle(&self, event: &Envelope, _: &ReactionContext) -> Result<(), HandlerError> {
+        self.handled
+            .send(event.id)
+            .await
+            .map_err(|_| HandlerError::Fatal("the test stopped listening".into()))
     }
 }
 
@@ -119,10 +139,43 @@ async fn projections_refuse_an_event_whose_headers_claim_another_org() -> Result
         ))
         .await?;
 
+    // A user message after it, on the same subject.
+    let message = gateway
+        .append(NewEvent::root(
+            attacker.clone(),
+            attacker_project,
+            &pb::TimelineMessageSent {
+                text: "hello".into(),
+                ..Default::default()
+            },
+            "request:after-forgery",
+            None,
+        ))
+        .await?;
+
+    // A reaction on `timeline.message.sent`.
+    let shutdown = Shutdown::new();
+    let runtime = Runtime::start(
+        "reactor",
+        &zopu_tests::core_config(&server, &dir.path().join("reactor")),
+        shutdown.clone(),
+    )
+    .await?;
+    let (handled, mut handled_ids) = tokio::sync::mpsc::channel(16);
+    runtime.spawn_reaction(
+        ReactionConfig {
+            ack_wait: Duration::from_secs(2),
+            ..ReactionConfig::new(
+                "reactor-forgery".into(),
+                vec![subjects::events_of_type(pb::TimelineMessageSent::TYPE)],
+            )
+        },
+        Recorder { handled },
+    );
+
     // The core key index of the artifacts service and the gateway's read
     // model, fed by one pump as a service runs them.
     let store = Store::open(&dir.path().join("forgery.sqlite"))?;
-    let shutdown = Shutdown::new();
     let projections: Vec<Box<dyn Projection>> = vec![
         Box::new(KeyIndex::of_source("zopu/artifacts")),
         Box::new(GatewayProjection),
@@ -134,7 +187,7 @@ async fn projections_refuse_an_event_whose_headers_claim_another_org() -> Result
         None,
         shutdown.clone(),
     ));
-    tokio::time::timeout(LONG, store.wait_for(genuine.sequence))
+    tokio::time::timeout(LONG, store.wait_for(message.sequence))
         .await
         .context("the projections did not reach the genuine event after the forged one")?;
     assert!(
@@ -202,7 +255,48 @@ async fn projections_refuse_an_event_whose_headers_claim_another_org() -> Result
         );
     }
 
+    // The reaction: a dead letter with the reason, filed under the
+    // subject's org and project, and the next message handled.
+    let dead_letter = wait_for(
+        &bus,
+        &subjects::events_of_type(pb::DeadLetterRecorded::TYPE),
+        LONG,
+        |_| true,
+    )
+    .await?;
+    let record: pb::DeadLetterRecorded = dead_letter.decode()?;
+    assert_eq!(record.stream_sequence, forged_sequence, "{record:?}");
+    assert_eq!(record.original_subject, stored_on);
+    assert_eq!(record.kind, "decode");
+    assert!(
+        record.reason.contains(&forged.subject()),
+        "the reason does not name the claimed subject: {}",
+        record.reason
+    );
+    assert_eq!(
+        (&dead_letter.org_id, dead_letter.project_id),
+        (&attacker, attacker_project),
+        "the dead letter is filed where the message was stored"
+    );
+    // The project's messages are handled in stream order: the first one
+    // handled is the message after the forgery.
+    let first = tokio::time::timeout(LONG, handled_ids.recv())
+        .await
+        .context("the reaction did not handle the message after the forgery")?;
+    assert_eq!(
+        first,
+        Some(message.event_id),
+        "the reaction handled the forgery"
+    );
+    let dead_letters = zopu_tests::history(
+        &bus,
+        &subjects::events_of_type(pb::DeadLetterRecorded::TYPE),
+    )
+    .await?;
+    assert_eq!(dead_letters.len(), 1, "{dead_letters:?}");
+
     shutdown.cancel();
     running.await??;
+    shutdown.wait(LONG).await;
     Ok(())
 }
