@@ -7,6 +7,7 @@ mod chaos;
 mod cluster;
 mod conversation;
 mod evolution;
+mod forgery;
 mod foundation;
 mod gateway;
 mod scale;

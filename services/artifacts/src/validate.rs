@@ -7,6 +7,15 @@
 //! browser needs: an artifact is static, self-contained and inert, so
 //! anything that could run code, fetch a resource, submit data or leave the
 //! page except an `https:`/`mailto:` link is a violation.
+//!
+//! It checks what the browser will see, not the markup's pieces: element
+//! names in any case (the parser keeps SVG's `feImage`, `foreignObject`);
+//! a stylesheet as the joined text of its `<style>` with CSS comments
+//! removed (in SVG, an HTML comment or a child element splits a `<style>`
+//! into several text nodes that the browser joins); every `url(` of an
+//! attribute; the CSP only where browsers apply it (a `<meta>` in
+//! `<head>`); and secrets in the rendered text, across inline markup and
+//! comments, as well as in each text node.
 
 use std::fmt;
 
@@ -37,20 +46,20 @@ const FORBIDDEN_ELEMENTS: &[&str] = &[
     "select",
     "template",
     "fencedframe",
+    // HTML inside SVG: nothing an artifact needs, a way around the rules.
+    "foreignobject",
+    // SVG animation: writes any attribute (`href` included) through
+    // `attributeName` with `values`/`from`/`to`/`by`.
+    "animate",
+    "set",
+    "animatemotion",
+    "animatetransform",
+    "animatecolor",
 ];
 /// Elements that load media (any of their URL attributes is remote or local
 /// file access, both forbidden).
 const MEDIA_ELEMENTS: &[&str] = &[
-    "img",
-    "picture",
-    "source",
-    "video",
-    "audio",
-    "track",
-    "image",
-    "feimage",
-    "use",
-    "foreignobject",
+    "img", "picture", "source", "video", "audio", "track", "image", "feimage", "use",
 ];
 /// Attributes that load a resource.
 const RESOURCE_ATTRIBUTES: &[&str] = &[
@@ -70,6 +79,13 @@ const RESOURCE_ATTRIBUTES: &[&str] = &[
 ];
 /// Attributes holding a navigation or submission URL.
 const URL_ATTRIBUTES: &[&str] = &["href", "action", "formaction", "cite"];
+/// Elements whose text runs on with its neighbours' when rendered (no line
+/// break around them): a secret split across them reads as one.
+const INLINE_ELEMENTS: &[&str] = &[
+    "a", "abbr", "b", "bdi", "bdo", "big", "cite", "code", "data", "del", "dfn", "em", "font", "i",
+    "ins", "kbd", "label", "mark", "nobr", "q", "s", "samp", "small", "span", "strike", "strong",
+    "sub", "sup", "time", "tt", "u", "var", "wbr", "text", "tspan", "textpath",
+];
 
 /// What is wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -257,9 +273,6 @@ pub fn validate(html: &str, policy: &Policy<'_>) -> Result<(), Error> {
                     continue;
                 };
                 secrets(&text.text, || path(parent), &mut v);
-                if parent.value().name() == "style" {
-                    css(&text.text, || path(parent), &mut v);
-                }
             }
             Node::Comment(comment) => {
                 let at = || {
@@ -273,23 +286,24 @@ pub fn validate(html: &str, policy: &Policy<'_>) -> Result<(), Error> {
                 let Some(element) = ElementRef::wrap(node) else {
                     continue;
                 };
-                let name = element.value().name();
-                match name {
+                let name = element.value().name().to_ascii_lowercase();
+                match name.as_str() {
                     "title" if title.is_none() => title = Some(text_of(element)),
                     "h1" if heading.is_none() => heading = Some(text_of(element)),
+                    "meta" => csp_seen |= meta(element, &mut v),
+                    "style" => stylesheet(element, &mut v),
                     _ => {}
                 }
                 if element.value().attr("id") == Some("summary") && summary.is_none() {
                     summary = Some(text_of(element));
-                }
-                if name == "meta" {
-                    csp_seen |= meta(element, &mut v);
                 }
                 self::element(element, &mut v);
             }
             _ => {}
         }
     }
+
+    split_secrets(&document, &mut v);
 
     let missing = |found: &Option<String>| found.as_deref().is_none_or(|t| t.trim().is_empty());
     if missing(&title) {
@@ -362,7 +376,9 @@ fn document_violation(code: Code, detail: &str) -> Violation {
 }
 
 fn element(element: ElementRef<'_>, v: &mut Vec<Violation>) {
-    let name = element.value().name();
+    // The parser keeps SVG's camel case (`feImage`, `foreignObject`).
+    let name = element.value().name().to_ascii_lowercase();
+    let name = name.as_str();
     let at = || Location::Element(path(element));
     if FORBIDDEN_ELEMENTS.contains(&name) {
         v.push(Violation {
@@ -383,18 +399,20 @@ fn element(element: ElementRef<'_>, v: &mut Vec<Violation>) {
             });
         }
         if attr == "style" {
-            css(value, || path(element), v);
+            css(&[value], || path(element), v);
         }
-        // Presentation attributes may reference in-document fragments only.
-        if let Some(found) = find_ascii_case_insensitive(value, "url(") {
-            let target = value[found + 4..].trim_start_matches([' ', '"', '\'']);
-            if !target.starts_with('#') {
-                v.push(Violation {
-                    code: Code::RemoteResource,
-                    location: at(),
-                    detail: format!("url() in attribute {attr}"),
-                });
-            }
+        // Presentation attributes may reference in-document fragments only,
+        // in every url() they hold.
+        if find_all_ascii_case_insensitive(value, "url(").any(|found| {
+            !value[found + 4..]
+                .trim_start_matches([' ', '"', '\''])
+                .starts_with('#')
+        }) {
+            v.push(Violation {
+                code: Code::RemoteResource,
+                location: at(),
+                detail: format!("url() in attribute {attr}"),
+            });
         }
         let is_url = URL_ATTRIBUTES.contains(&attr.as_str());
         let is_resource = RESOURCE_ATTRIBUTES.contains(&attr.as_str());
@@ -425,7 +443,8 @@ fn element(element: ElementRef<'_>, v: &mut Vec<Violation>) {
     }
 }
 
-/// Checks a `<meta>`: refresh is forbidden; returns whether it was the CSP.
+/// Checks a `<meta>`: refresh is forbidden; returns whether it was a CSP
+/// that applies (browsers ignore one outside `<head>`).
 fn meta(element: ElementRef<'_>, v: &mut Vec<Violation>) -> bool {
     let equiv = element
         .value()
@@ -444,6 +463,18 @@ fn meta(element: ElementRef<'_>, v: &mut Vec<Violation>) -> bool {
             false
         }
         "content-security-policy" => {
+            let in_head = element
+                .parent()
+                .and_then(ElementRef::wrap)
+                .is_some_and(|parent| parent.value().name().eq_ignore_ascii_case("head"));
+            if !in_head {
+                v.push(Violation {
+                    code: Code::WeakCsp,
+                    location: at(),
+                    detail: "a Content-Security-Policy <meta> outside <head> is ignored".into(),
+                });
+                return false;
+            }
             let mut default_none = false;
             for directive in content.split(';') {
                 let mut words = directive.split_ascii_whitespace();
@@ -489,9 +520,23 @@ fn meta(element: ElementRef<'_>, v: &mut Vec<Violation>) -> bool {
     }
 }
 
+/// A `<style>` as the browser reads it: its child text nodes joined (in
+/// SVG an HTML comment splits them), and, stricter, all text inside it.
+fn stylesheet(element: ElementRef<'_>, v: &mut Vec<Violation>) {
+    let children: String = element
+        .children()
+        .filter_map(|child| child.value().as_text().map(|text| &**text))
+        .collect();
+    let all: String = element.text().collect();
+    css(&[children.as_str(), all.as_str()], || path(element), v);
+}
+
 /// CSS that could fetch something: `url(`, `@import`, `@font-face`,
 /// `image-set(`, legacy `expression(`/`behavior`, or escapes hiding them.
-fn css(text: &str, at: impl Fn() -> String, v: &mut Vec<Violation>) {
+/// Each text is checked as written and with its comments removed (a
+/// comment can split a keyword: old engines read `expr/**/ession(`); a
+/// pattern found in any of them is reported once.
+fn css(texts: &[&str], at: impl Fn() -> String, v: &mut Vec<Violation>) {
     const PATTERNS: &[&str] = &[
         "url(",
         "@import",
@@ -503,14 +548,90 @@ fn css(text: &str, at: impl Fn() -> String, v: &mut Vec<Violation>) {
         "-moz-binding",
         "\\",
     ];
+    let stripped: Vec<String> = texts.iter().map(|text| strip_css_comments(text)).collect();
+    let mut all = texts.to_vec();
+    all.extend(stripped.iter().map(String::as_str));
     for pattern in PATTERNS {
-        if find_ascii_case_insensitive(text, pattern).is_some() {
+        if all
+            .iter()
+            .any(|text| find_ascii_case_insensitive(text, pattern).is_some())
+        {
             v.push(Violation {
                 code: Code::UnsafeCss,
                 location: Location::Element(at()),
                 detail: format!("CSS contains {pattern}"),
             });
         }
+    }
+}
+
+/// `text` without its `/* ... */` comments (an unclosed one runs to the end).
+fn strip_css_comments(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find("/*") {
+        out.push_str(&rest[..open]);
+        match rest[open + 2..].find("*/") {
+            Some(close) => rest = &rest[open + 2 + close + 2..],
+            None => return out,
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Secrets split by markup: the document's text as rendered (text nodes
+/// joined, with nothing between them across inline elements and comments,
+/// a line break across any other element) is scanned as a whole. A finding
+/// inside one text node was reported by the per-node scan already.
+fn split_secrets(document: &Html, v: &mut Vec<Violation>) {
+    use ego_tree::iter::Edge;
+    let breaks = |node: ego_tree::NodeRef<'_, Node>| {
+        node.value().as_element().is_some_and(|element| {
+            !INLINE_ELEMENTS.contains(&element.name().to_ascii_lowercase().as_str())
+        })
+    };
+    let mut rendered = String::new();
+    // Where each text node starts and ends in `rendered`, and the node.
+    let mut pieces = Vec::new();
+    for edge in document.tree.root().traverse() {
+        match edge {
+            Edge::Open(node) => {
+                if let Node::Text(text) = node.value() {
+                    let start = rendered.len();
+                    rendered.push_str(&text.text);
+                    pieces.push((start, rendered.len(), node));
+                } else if breaks(node) {
+                    rendered.push('\n');
+                }
+            }
+            Edge::Close(node) if breaks(node) => rendered.push('\n'),
+            Edge::Close(_) => {}
+        }
+    }
+    for finding in zopu_secrets::scan(&rendered) {
+        let first = pieces
+            .partition_point(|(start, ..)| *start <= finding.start)
+            .saturating_sub(1);
+        let Some((_, end, node)) = pieces.get(first) else {
+            continue;
+        };
+        if finding.end <= *end {
+            continue;
+        }
+        let at = node
+            .parent()
+            .and_then(ElementRef::wrap)
+            .map_or_else(|| "document".into(), path);
+        v.push(Violation {
+            code: Code::Secret,
+            location: Location::Element(at),
+            detail: format!(
+                "{} split by markup ({} bytes)",
+                finding.rule,
+                finding.end - finding.start
+            ),
+        });
     }
 }
 
@@ -577,11 +698,20 @@ fn safe_link(url: &str) -> bool {
 }
 
 fn find_ascii_case_insensitive(haystack: &str, needle: &str) -> Option<usize> {
-    let needle = needle.as_bytes();
+    find_all_ascii_case_insensitive(haystack, needle).next()
+}
+
+/// Every offset where `needle` starts in `haystack`, ignoring ASCII case.
+fn find_all_ascii_case_insensitive<'a>(
+    haystack: &'a str,
+    needle: &'a str,
+) -> impl Iterator<Item = usize> + 'a {
     haystack
         .as_bytes()
         .windows(needle.len())
-        .position(|w| w.eq_ignore_ascii_case(needle))
+        .enumerate()
+        .filter(|(_, window)| window.eq_ignore_ascii_case(needle.as_bytes()))
+        .map(|(offset, _)| offset)
 }
 
 fn text_of(element: ElementRef<'_>) -> String {

@@ -245,3 +245,44 @@ fn invalid_manifest_fails_before_rendering() {
     );
     assert!(matches!(error, build::Error::InvalidManifest(_)));
 }
+
+#[test]
+fn a_secret_split_by_inline_code_is_never_published() {
+    // Each piece is harmless alone (and so survives the manifest's
+    // redaction); rendered, the code spans join them into one token.
+    let pieces = ["ghp_R4nd0m", "T0k3nV4lu3F", "0rT3st1ngP", "urp0s3sXyZ9"];
+    let token = pieces.concat();
+    assert!(!zopu_secrets::scan(&token).is_empty());
+    let mut m = support::exploration(2);
+    m.summary = format!(
+        "The deploy token is {}`{}`{}`{}` in CI.",
+        pieces[0], pieces[1], pieces[2], pieces[3]
+    );
+    match build(&m, &Options::new(support::generated_at())) {
+        Ok(built) => {
+            let rendered: String = Html::parse_document(&built.html)
+                .root_element()
+                .text()
+                .collect();
+            assert!(
+                !rendered.contains(&token),
+                "published a page whose text shows the token"
+            );
+        }
+        Err(error) => {
+            let build::Error::InvalidHtml(violations) = &error else {
+                panic!("expected InvalidHtml, got {error:?}");
+            };
+            assert!(
+                violations.iter().any(|v| v.code == Code::Secret),
+                "{violations:?}"
+            );
+            for message in error.messages() {
+                assert!(
+                    pieces.iter().all(|piece| !message.contains(piece)),
+                    "the failure quotes the secret: {message}"
+                );
+            }
+        }
+    }
+}

@@ -238,3 +238,156 @@ fn violations_carry_element_paths() {
     assert_eq!(v.code, Code::EventHandler);
     assert_eq!(v.location, Location::Element("html>body>main>p[2]".into()));
 }
+
+// Ways past the rules above (issue 14, item 6), one test each: every one
+// passed the validator before it checked what the browser sees.
+
+#[test]
+fn svg_animation_that_writes_href_through_values() {
+    assert_flags(
+        &page(
+            "<svg><a><animate attributeName=\"href\" values=\"javascript:alert(1)\"/><text y=\"20\">x</text></a></svg>",
+        ),
+        Code::ForbiddenElement,
+    );
+}
+
+#[test]
+fn svg_animation_that_writes_href_through_to() {
+    assert_flags(
+        &page(
+            "<svg><a><set attributeName=\"href\" to=\"javascript:alert(1)\"/><text y=\"20\">x</text></a></svg>",
+        ),
+        Code::ForbiddenElement,
+    );
+}
+
+#[test]
+fn svg_animation_that_writes_xlink_href_through_from_and_to() {
+    assert_flags(
+        &page(
+            "<svg><a xlink:href=\"#a\"><animate attributeName=\"xlink:href\" from=\"#a\" to=\"https://evil.example/\" begin=\"0s\" fill=\"freeze\"/><text y=\"20\">x</text></a></svg>",
+        ),
+        Code::ForbiddenElement,
+    );
+}
+
+#[test]
+fn camel_case_svg_fe_image_loads_nothing() {
+    // The parser names it `feImage`, however it is written.
+    for body in [
+        "<svg><filter id=\"f\"><feImage href=\"https://evil.example/x.png\"/></filter></svg>",
+        "<svg><filter id=\"f\"><FEIMAGE xlink:href=\"https://evil.example/x.png\"/></filter></svg>",
+    ] {
+        assert_flags(&page(body), Code::RemoteResource);
+    }
+}
+
+#[test]
+fn camel_case_svg_foreign_object_is_refused() {
+    for body in [
+        "<svg><foreignObject width=\"10\" height=\"10\"><p>x</p></foreignObject></svg>",
+        "<svg><FOREIGNOBJECT><p>x</p></FOREIGNOBJECT></svg>",
+    ] {
+        assert_flags(&page(body), Code::ForbiddenElement);
+    }
+}
+
+#[test]
+fn css_import_split_by_an_html_comment_in_svg_style() {
+    // In SVG, <style> holds markup: the comment makes two text nodes,
+    // which the browser joins into `@import 'https://...'`.
+    assert_flags(
+        &page("<svg><style>@imp<!-- -->ort 'https://evil.example/x.css';</style></svg>"),
+        Code::UnsafeCss,
+    );
+}
+
+#[test]
+fn css_url_split_by_an_html_comment_in_svg_style() {
+    assert_flags(
+        &page(
+            "<svg><style>rect{fill:u<!-- -->rl(https://evil.example/p.svg#g)}</style><rect width=\"9\" height=\"9\"/></svg>",
+        ),
+        Code::UnsafeCss,
+    );
+}
+
+#[test]
+fn css_keyword_split_by_a_css_comment() {
+    assert_flags(
+        &page_with("<style>p{width:expr/**/ession(alert(1))}</style>", ""),
+        Code::UnsafeCss,
+    );
+    assert_flags(
+        &page("<p style=\"width:expr/* x */ession(alert(1))\">x</p>"),
+        Code::UnsafeCss,
+    );
+}
+
+#[test]
+fn every_url_in_an_attribute_is_checked() {
+    assert_flags(
+        &page(
+            "<svg><rect width=\"9\" height=\"9\" fill=\"url(#a) url(https://evil.example/p.svg#g)\"/></svg>",
+        ),
+        Code::RemoteResource,
+    );
+    assert_eq!(
+        codes(&page(
+            "<svg><defs><linearGradient id=\"a\"></linearGradient></defs><rect width=\"9\" height=\"9\" fill=\"url(#a)\" stroke=\"url('#a')\"/></svg>"
+        )),
+        vec![],
+        "in-page fragments stay allowed"
+    );
+}
+
+#[test]
+fn csp_meta_in_body_is_ignored() {
+    let html = format!(
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Title</title></head><body><meta http-equiv=\"Content-Security-Policy\" content=\"{CONTENT_SECURITY_POLICY}\"><h1>Title</h1><p id=\"summary\">Summary</p></body></html>"
+    );
+    let found = codes(&html);
+    assert!(found.contains(&Code::MissingCsp), "{found:?}");
+}
+
+#[test]
+fn secrets_split_by_markup_are_found() {
+    // A GitHub token in four pieces, none of which looks like a secret alone.
+    let pieces = ["ghp_R4nd0m", "T0k3nV4lu3F", "0rT3st1ngP", "urp0s3sXyZ9"];
+    for body in [
+        format!(
+            "<p>{}<b></b>{}<i>{}</i>{}</p>",
+            pieces[0], pieces[1], pieces[2], pieces[3]
+        ),
+        format!(
+            "<p>{}<!-- -->{}<!-- x -->{}<span></span>{}</p>",
+            pieces[0], pieces[1], pieces[2], pieces[3]
+        ),
+        format!(
+            "<p><code>{}</code><code>{}</code><a href=\"#s\">{}</a>{}</p>",
+            pieces[0], pieces[1], pieces[2], pieces[3]
+        ),
+    ] {
+        let html = page(&body);
+        let err = validate(&html, &Policy::default()).expect_err("split secret");
+        assert!(
+            err.violations().iter().any(|v| v.code == Code::Secret),
+            "{err} for {body}"
+        );
+        for piece in pieces {
+            assert!(
+                !err.to_string().contains(piece),
+                "violation quotes the secret"
+            );
+        }
+    }
+    // Block boundaries separate text as rendered: no finding across them.
+    assert_eq!(
+        codes(&page(&format!(
+            "<ul><li>{}</li><li>{}</li></ul>",
+            pieces[0], pieces[1]
+        ))),
+        vec![]
+    );
+}

@@ -510,7 +510,8 @@ impl Set {
     /// the new checkpoints, in one transaction on a blocking thread. Returns
     /// the batch's last sequence.
     ///
-    /// An event this version does not understand (it does not decode, or a
+    /// An event this version does not understand (it does not decode — a
+    /// forgery whose headers name another subject than its own is one — or a
     /// newer version wrote a type or dataschema this one lacks) is recorded
     /// in `zopu_undecodable` with the reason and skipped: it neither stalls
     /// the projection nor vanishes. If a projection fails on an event whose

@@ -140,6 +140,12 @@ pub struct Appended {
 }
 
 /// The last stored event of a project.
+///
+/// `sequence` is the project's last message, the one the next append's
+/// expectation names; `version` and `hash` are those of its last valid
+/// event. Version 0 means the project's subjects hold messages but no valid
+/// event (only intruders, e.g. a forgery): the next event is version 1 with
+/// no previous hash, still expected after that last message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Head {
     pub sequence: u64,
@@ -498,7 +504,7 @@ impl Publisher {
             traceparent: context.traceparent.clone(),
             idempotency_key: event.idempotency_key.clone(),
             project_version: head.map_or(1, |head| head.version + 1),
-            previous_hash: head.map(|head| head.hash),
+            previous_hash: head.filter(|head| head.version > 0).map(|head| head.hash),
             data: event.data.clone(),
         }
     }
@@ -889,6 +895,7 @@ async fn last_of_project(
             bus,
             &filter,
             message.sequence,
+            &message.subject,
             &message.headers,
             message.payload,
         )
@@ -903,10 +910,11 @@ async fn head_of(
     bus: &Bus,
     filter: &str,
     sequence: u64,
+    subject: &str,
     headers: &HeaderMap,
     payload: Bytes,
 ) -> Result<Option<Head>, Error> {
-    match decode_parts(headers, payload) {
+    match decode_parts(subject, headers, payload) {
         Ok(envelope) => Ok(Some(Head {
             sequence,
             version: envelope.project_version,
@@ -936,7 +944,9 @@ async fn recover_head(bus: &Bus, filter: &str, last_sequence: u64) -> Result<Opt
             break;
         }
     }
-    Ok(valid.map(|(version, hash)| Head {
+    // Only intruders: the chain starts at version 1, after the last of them.
+    let (version, hash) = valid.unwrap_or((0, EventHash([0; 32])));
+    Ok(Some(Head {
         sequence: last_sequence,
         version,
         hash,
@@ -954,22 +964,31 @@ pub async fn last_sequence(bus: &Bus) -> Result<u64, Error> {
     Ok(stream.cached_info().state.last_sequence)
 }
 
-/// Decodes a NATS message as a Zopu event (without copying header values).
+/// Decodes a message of the stream as a Zopu event (without copying header
+/// values). Its subject must say what its headers say
+/// ([`codec::decode_stored`]): a forged event is an undecodable one to every
+/// reader — reactions dead-letter it, projections record it in
+/// `zopu_undecodable` — and never moves a publisher's project head.
 pub fn decode_message(message: &async_nats::Message) -> Result<Envelope, DecodeError> {
     match &message.headers {
-        Some(headers) => decode_parts(headers, message.payload.clone()),
-        None => decode_parts(&HeaderMap::new(), message.payload.clone()),
+        Some(headers) => decode_parts(&message.subject, headers, message.payload.clone()),
+        None => decode_parts(&message.subject, &HeaderMap::new(), message.payload.clone()),
     }
 }
 
-/// Decodes headers and body as a Zopu event, borrowing the header values.
-fn decode_parts(headers: &HeaderMap, payload: Bytes) -> Result<Envelope, DecodeError> {
+/// Decodes headers and body stored on `subject` as a Zopu event, borrowing
+/// the header values.
+fn decode_parts(
+    subject: &str,
+    headers: &HeaderMap,
+    payload: Bytes,
+) -> Result<Envelope, DecodeError> {
     let pairs = headers.iter().flat_map(|(name, values)| {
         values
             .iter()
             .map(move |value| (AsRef::<str>::as_ref(name), value.as_str()))
     });
-    codec::decode(pairs, payload)
+    codec::decode_stored(subject, pairs, payload)
 }
 
 /// Reads one stored event by stream sequence (e.g. a recorded LLM reply
@@ -984,9 +1003,11 @@ pub async fn get_event(bus: &Bus, sequence: u64) -> Result<Envelope, Error> {
         .direct_get(sequence)
         .await
         .map_err(|e| Error::jetstream("get event", e))?;
-    decode_parts(&message.headers, message.payload).map_err(|error| Error::Publish {
-        event_type: "(stored)".into(),
-        reason: format!("event at sequence {sequence} does not decode: {error}"),
+    decode_parts(&message.subject, &message.headers, message.payload).map_err(|error| {
+        Error::Publish {
+            event_type: "(stored)".into(),
+            reason: format!("event at sequence {sequence} does not decode: {error}"),
+        }
     })
 }
 

@@ -79,6 +79,13 @@ pub enum DecodeError {
     ContentType(String),
     #[error("ce-subject {subject} differs from ce-projectid {project}")]
     SubjectMismatch { subject: String, project: String },
+    /// The headers claim an org, project or type other than the subject the
+    /// message was stored on (a writer allowed on one organization's
+    /// subjects forging another's event).
+    #[error(
+        "stored on subject {subject}, but its headers (ce-orgid, ce-projectid, ce-type) say {claimed}"
+    )]
+    WrongSubject { subject: String, claimed: String },
     #[error(transparent)]
     Envelope(#[from] InvalidEnvelope),
 }
@@ -263,6 +270,28 @@ pub fn decode<'a>(
     Ok(envelope)
 }
 
+/// [`decode`] for a message read from the stream, where it was stored on
+/// `subject`: the subject must say what the headers say (org, project and
+/// type). NATS permissions bind a writer to subjects, not to header values,
+/// so this is what keeps a writer allowed on one organization's subjects
+/// from filing an event under another's. Every reader of the stream
+/// (reactions, projections, the log reader) decodes through this.
+pub fn decode_stored<'a>(
+    subject: &str,
+    headers: impl IntoIterator<Item = (&'a str, &'a str)>,
+    body: Bytes,
+) -> Result<Envelope, DecodeError> {
+    let envelope = decode(headers, body)?;
+    let claimed = envelope.subject();
+    if claimed != subject {
+        return Err(DecodeError::WrongSubject {
+            subject: subject.to_owned(),
+            claimed,
+        });
+    }
+    Ok(envelope)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,6 +434,37 @@ mod tests {
         let mut doubled: Vec<_> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
         doubled.push((ID, "x"));
         assert_eq!(decode(doubled, body), Err(DecodeError::Repeated(ID)));
+    }
+
+    #[test]
+    fn a_stored_event_must_sit_on_the_subject_its_headers_name() {
+        let envelope = sample();
+        let (headers, body) = encode(&envelope);
+        let pairs = || headers.iter().map(|(n, v)| (*n, v.as_str()));
+        assert_eq!(
+            decode_stored(&envelope.subject(), pairs(), body.clone()).as_ref(),
+            Ok(&envelope)
+        );
+        let other_project = ProjectId::new();
+        for subject in [
+            crate::subjects::event(
+                &"other".parse().unwrap(),
+                &envelope.project_id,
+                "project.ready",
+            ),
+            crate::subjects::event(&envelope.org_id, &other_project, "project.ready"),
+            crate::subjects::event(&envelope.org_id, &envelope.project_id, "artifact.published"),
+            "zopu.evt.acme".to_owned(),
+        ] {
+            assert_eq!(
+                decode_stored(&subject, pairs(), body.clone()),
+                Err(DecodeError::WrongSubject {
+                    subject: subject.clone(),
+                    claimed: envelope.subject(),
+                }),
+                "{subject}"
+            );
+        }
     }
 
     #[test]
