@@ -15,6 +15,7 @@
 //! prompt or an artifact.
 
 pub mod checkout;
+pub mod clone_settings;
 pub mod confine;
 pub mod egress;
 pub mod env_scan;
