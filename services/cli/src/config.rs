@@ -110,6 +110,16 @@ impl ZopuConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.core().validate()?;
+        if self.sandbox.allow_local_repositories
+            && self.setup.local_repository_roots.is_empty()
+            && self.specialists.local_repository_roots.is_empty()
+        {
+            return Err(ConfigError::setting(
+                "sandbox.local_repository_roots",
+                "name at least one directory local repositories may be cloned from \
+                 when sandbox.allow_local_repositories is on",
+            ));
+        }
         self.setup.validate()?;
         self.dispatch.validate()?;
         self.conversation.validate()?;
