@@ -868,8 +868,7 @@ impl CountingListener {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn internal_repository_hosts_fail_like_unreachable_ones_without_a_connection() -> Result<()>
-{
+async fn internal_repository_hosts_fail_like_unreachable_ones_without_a_connection() -> Result<()> {
     let fixture = Fixture::new().await?;
     let listener = CountingListener::start()?;
     let acme = org("acme");
@@ -880,13 +879,19 @@ async fn internal_repository_hosts_fail_like_unreachable_ones_without_a_connecti
         format!("https://localhost:{}/o/r.git", listener.port),
     ] {
         let project = ProjectId::new();
-        fixture.request(&acme, project, &location, "main", 1).await?;
+        fixture
+            .request(&acme, project, &location, "main", 1)
+            .await?;
         let failed = failure_of(&fixture, &acme, project, 1).await?;
         let reason = failed.reason.context("reason")?;
         assert!(!reason.message.contains("127.0.0.1") && !reason.message.contains("localhost"));
         reasons.push((failed.step, reason.code, reason.message, reason.retryable));
     }
-    assert_eq!(listener.count(), 0, "setup never connected to the internal host");
+    assert_eq!(
+        listener.count(),
+        0,
+        "setup never connected to the internal host"
+    );
     service.stop().await?;
 
     // The operator allowlists the host: setup connects, the host is not a
@@ -896,14 +901,24 @@ async fn internal_repository_hosts_fail_like_unreachable_ones_without_a_connecti
     let service = fixture.service_with(allowed);
     let project = ProjectId::new();
     let location = format!("https://127.0.0.1:{}/o/r.git", listener.port);
-    fixture.request(&acme, project, &location, "main", 1).await?;
+    fixture
+        .request(&acme, project, &location, "main", 1)
+        .await?;
     let failed = failure_of(&fixture, &acme, project, 1).await?;
     let reason = failed.reason.context("reason")?;
-    assert!(listener.count() >= 1, "the allowlisted host was connected to");
+    assert!(
+        listener.count() >= 1,
+        "the allowlisted host was connected to"
+    );
     for refused in &reasons {
         assert_eq!(
             refused,
-            &(failed.step.clone(), reason.code.clone(), reason.message.clone(), reason.retryable)
+            &(
+                failed.step.clone(),
+                reason.code.clone(),
+                reason.message.clone(),
+                reason.retryable
+            )
         );
     }
     assert_eq!(reason.code, "clone.unreachable");
@@ -924,7 +939,9 @@ async fn local_paths_outside_the_roots_or_inside_the_workspaces_are_refused() ->
         .wait(&acme, first, pb::ProjectRuntimeCreated::TYPE, 1)
         .await?
         .decode::<pb::ProjectRuntimeCreated>()?;
-    fixture.wait(&acme, first, pb::ProjectReady::TYPE, 1).await?;
+    fixture
+        .wait(&acme, first, pb::ProjectReady::TYPE, 1)
+        .await?;
     // Another token holder asks for that project's clone as "their" repository.
     let thief = ProjectId::new();
     fixture
@@ -970,7 +987,9 @@ async fn an_organization_beyond_its_project_limit_gets_no_new_project() -> Resul
         fixture
             .request(&acme, project, &fixture.source_path(), "main", 1)
             .await?;
-        fixture.wait(&acme, project, pb::ProjectReady::TYPE, 1).await?;
+        fixture
+            .wait(&acme, project, pb::ProjectReady::TYPE, 1)
+            .await?;
         projects.push(project);
     }
     let third = ProjectId::new();
@@ -985,11 +1004,16 @@ async fn an_organization_beyond_its_project_limit_gets_no_new_project() -> Resul
     assert!(
         !events
             .iter()
-            .any(|event| event.is::<pb::ProjectSetupStarted>() || event.is::<pb::ProjectRuntimeCreated>()),
+            .any(|event| event.is::<pb::ProjectSetupStarted>()
+                || event.is::<pb::ProjectRuntimeCreated>()),
         "no workspace was made for the refused project"
     );
     assert!(
-        !fixture.data().join("workspaces").join(third.to_string()).exists(),
+        !fixture
+            .data()
+            .join("workspaces")
+            .join(third.to_string())
+            .exists(),
         "no workspace directory"
     );
     // A retry of an existing project is not a new project.

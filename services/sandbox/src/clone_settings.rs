@@ -93,7 +93,9 @@ impl CloneSettings {
         if !(CLONE_BYTES_MIN..=CLONE_BYTES_LIMIT).contains(&self.clone_bytes_max) {
             return Err(problem(
                 "clone_bytes_max",
-                format!("must be between {CLONE_BYTES_MIN} (1 MiB) and {CLONE_BYTES_LIMIT} (1 TiB)"),
+                format!(
+                    "must be between {CLONE_BYTES_MIN} (1 MiB) and {CLONE_BYTES_LIMIT} (1 TiB)"
+                ),
             ));
         }
         if !(1..=CLONE_FILES_LIMIT).contains(&self.clone_files_max) {
@@ -120,7 +122,9 @@ mod tests {
 
     #[test]
     fn defaults_apply_and_bad_settings_name_their_key() {
-        let options = CloneSettings::default().apply(GitOptions::default()).unwrap();
+        let options = CloneSettings::default()
+            .apply(GitOptions::default())
+            .unwrap();
         assert_eq!(options.clone_bytes_max, CLONE_BYTES_MAX_DEFAULT);
         assert!(!options.allow_local_repositories);
         let cases = [
