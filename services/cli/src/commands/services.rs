@@ -139,8 +139,14 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
         && config.setup.local_repository_roots.is_empty()
     {
         // Unless configured, dev clones local repositories only from the
-        // demo repository (by default the git checkout it runs in).
-        config.sandbox.local_repository_roots = vec![demo_repository(args.demo_repo.as_deref())?];
+        // demo repository (by default the git checkout it runs in, else
+        // the current directory).
+        let root = match demo_repository(args.demo_repo.as_deref()) {
+            Ok(root) => root,
+            Err(_) if args.demo_repo.is_none() => std::fs::canonicalize(".")?,
+            Err(error) => return Err(error),
+        };
+        config.sandbox.local_repository_roots = vec![root];
     }
     config.gateway.listen = SocketAddr::from(([127, 0, 0, 1], args.port));
     let config = config.resolved();
