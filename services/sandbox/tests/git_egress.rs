@@ -112,6 +112,21 @@ async fn an_allowlisted_host_is_connected_to_and_fails_with_the_same_error() {
     assert_eq!(refused.is_retryable(), unreachable.is_retryable());
     assert!(!refused.to_string().contains("127.0.0.1"));
 
+    // An allowlisted name is resolved once and git is pinned to the
+    // checked address (`http.curloptResolve`); it still reaches the listener.
+    let before = listener.count();
+    let by_name = GitOptions {
+        egress: Egress::new(&["localhost"]).unwrap(),
+        ..GitOptions::default()
+    };
+    let named = format!("https://localhost:{}/o/r.git", listener.port);
+    let error = clone_error(by_name, &named, &destination).await;
+    assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
+    assert!(
+        listener.count() > before,
+        "the pinned name was connected to"
+    );
+
     // Another port of the same host is still refused.
     let before = listener.count();
     let other_port = GitOptions {
