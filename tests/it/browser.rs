@@ -651,6 +651,12 @@ impl ZopuDev {
             .args(["--nats-port", &nats_port.to_string(), "--demo-repo"])
             .arg(repo)
             .current_dir(&cwd)
+            // The demo repository and the one beside it (`trunk-only`) may be
+            // cloned; `zopu dev` alone allows only the demo repository.
+            .env(
+                "ZOPU_SANDBOX__LOCAL_REPOSITORY_ROOTS",
+                format!("[{:?}]", dir.display().to_string()),
+            )
             .env_remove("ZOPU_DATA_DIR")
             .env_remove("ZOPU_CONFIG")
             .env_remove("ZOPU_NATS_URL")

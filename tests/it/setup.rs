@@ -132,6 +132,8 @@ fn source_repository(parent: &Path) -> PathBuf {
 fn config() -> zopu_setup::Config {
     let mut config = zopu_setup::Config {
         allow_local_repositories: true,
+        // Every fixture repository lives in a temporary directory.
+        local_repository_roots: vec![std::env::temp_dir()],
         clone_timeout: Duration::from_secs(60),
         ..zopu_setup::Config::default()
     };
@@ -196,6 +198,10 @@ impl Fixture {
 
     fn service(&self) -> Service {
         Service::start(&self.server, &self.data(), config())
+    }
+
+    fn service_with(&self, config: zopu_setup::Config) -> Service {
+        Service::start(&self.server, &self.data(), config)
     }
 
     fn source_path(&self) -> String {
@@ -830,5 +836,200 @@ async fn hostile_inputs_are_rejected_before_anything_is_appended() -> Result<()>
             .exists(),
         "no workspace for a rejected request"
     );
+    service.stop().await
+}
+
+/// A loopback listener that accepts and at once closes every connection,
+/// counting them (a TLS client sees the connection end and fails fast).
+struct CountingListener {
+    port: u16,
+    connections: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CountingListener {
+    fn start() -> Result<Self> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = connections.clone();
+        // Detached: it only accepts and closes, and ends with the process.
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                drop(stream);
+            }
+        });
+        Ok(Self { port, connections })
+    }
+
+    fn count(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_repository_hosts_fail_like_unreachable_ones_without_a_connection() -> Result<()> {
+    let fixture = Fixture::new().await?;
+    let listener = CountingListener::start()?;
+    let acme = org("acme");
+    let service = fixture.service();
+    let mut reasons = Vec::new();
+    for location in [
+        format!("https://127.0.0.1:{}/o/r.git", listener.port),
+        format!("https://localhost:{}/o/r.git", listener.port),
+    ] {
+        let project = ProjectId::new();
+        fixture
+            .request(&acme, project, &location, "main", 1)
+            .await?;
+        let failed = failure_of(&fixture, &acme, project, 1).await?;
+        let reason = failed.reason.context("reason")?;
+        assert!(!reason.message.contains("127.0.0.1") && !reason.message.contains("localhost"));
+        reasons.push((failed.step, reason.code, reason.message, reason.retryable));
+    }
+    assert_eq!(
+        listener.count(),
+        0,
+        "setup never connected to the internal host"
+    );
+    service.stop().await?;
+
+    // The operator allowlists the host: setup connects, the host is not a
+    // git server, and the user sees exactly the same failure.
+    let mut allowed = config();
+    allowed.allowed_repository_hosts = vec![format!("127.0.0.1:{}", listener.port)];
+    let service = fixture.service_with(allowed);
+    let project = ProjectId::new();
+    let location = format!("https://127.0.0.1:{}/o/r.git", listener.port);
+    fixture
+        .request(&acme, project, &location, "main", 1)
+        .await?;
+    let failed = failure_of(&fixture, &acme, project, 1).await?;
+    let reason = failed.reason.context("reason")?;
+    assert!(
+        listener.count() >= 1,
+        "the allowlisted host was connected to"
+    );
+    for refused in &reasons {
+        assert_eq!(
+            refused,
+            &(
+                failed.step.clone(),
+                reason.code.clone(),
+                reason.message.clone(),
+                reason.retryable
+            )
+        );
+    }
+    assert_eq!(reason.code, "clone.unreachable");
+    service.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_paths_outside_the_roots_or_inside_the_workspaces_are_refused() -> Result<()> {
+    let fixture = Fixture::new().await?;
+    let acme = org("acme");
+    let service = fixture.service();
+    // A first project is set up; its clone lives in the data directory.
+    let first = ProjectId::new();
+    fixture
+        .request(&acme, first, &fixture.source_path(), "main", 1)
+        .await?;
+    let runtime = fixture
+        .wait(&acme, first, pb::ProjectRuntimeCreated::TYPE, 1)
+        .await?
+        .decode::<pb::ProjectRuntimeCreated>()?;
+    fixture
+        .wait(&acme, first, pb::ProjectReady::TYPE, 1)
+        .await?;
+    // Another token holder asks for that project's clone as "their" repository.
+    let thief = ProjectId::new();
+    fixture
+        .request(&acme, thief, &runtime.repository_path, "main", 1)
+        .await?;
+    let failed = failure_of(&fixture, &acme, thief, 1).await?;
+    let reason = failed.reason.context("reason")?;
+    assert_eq!(reason.code, "request.invalid_location");
+    assert!(reason.message.contains("runtime"), "{}", reason.message);
+    service.stop().await?;
+
+    // With a root that does not hold the source, the source is refused too.
+    let allowed_root = fixture.dir.path().join("allowed");
+    std::fs::create_dir_all(&allowed_root)?;
+    let mut narrow = config();
+    narrow.local_repository_roots = vec![allowed_root];
+    let service = fixture.service_with(narrow);
+    let outside = ProjectId::new();
+    fixture
+        .request(&acme, outside, &fixture.source_path(), "main", 1)
+        .await?;
+    let failed = failure_of(&fixture, &acme, outside, 1).await?;
+    let reason = failed.reason.context("reason")?;
+    assert_eq!(reason.code, "request.invalid_location");
+    assert!(
+        reason.message.contains("local_repository_roots"),
+        "{}",
+        reason.message
+    );
+    service.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_organization_beyond_its_project_limit_gets_no_new_project() -> Result<()> {
+    let fixture = Fixture::new().await?;
+    let mut limited = config();
+    limited.org_projects_max = 2;
+    let service = fixture.service_with(limited);
+    let (acme, other) = (org("acme"), org("other"));
+    let mut projects = Vec::new();
+    for _ in 0..2 {
+        let project = ProjectId::new();
+        fixture
+            .request(&acme, project, &fixture.source_path(), "main", 1)
+            .await?;
+        fixture
+            .wait(&acme, project, pb::ProjectReady::TYPE, 1)
+            .await?;
+        projects.push(project);
+    }
+    let third = ProjectId::new();
+    fixture
+        .request(&acme, third, &fixture.source_path(), "main", 1)
+        .await?;
+    let failed = failure_of(&fixture, &acme, third, 1).await?;
+    let reason = failed.reason.context("reason")?;
+    assert_eq!(reason.code, "request.project_limit");
+    assert!(reason.message.contains('2'), "{}", reason.message);
+    let events = fixture.events(&acme, third).await?;
+    assert!(
+        !events
+            .iter()
+            .any(|event| event.is::<pb::ProjectSetupStarted>()
+                || event.is::<pb::ProjectRuntimeCreated>()),
+        "no workspace was made for the refused project"
+    );
+    assert!(
+        !fixture
+            .data()
+            .join("workspaces")
+            .join(third.to_string())
+            .exists(),
+        "no workspace directory"
+    );
+    // A retry of an existing project is not a new project.
+    fixture
+        .request(&acme, projects[0], &fixture.source_path(), "main", 2)
+        .await?;
+    fixture
+        .wait(&acme, projects[0], pb::ProjectReady::TYPE, 2)
+        .await?;
+    // Another organization has its own count.
+    let elsewhere = ProjectId::new();
+    fixture
+        .request(&other, elsewhere, &fixture.source_path(), "main", 1)
+        .await?;
+    fixture
+        .wait(&other, elsewhere, pb::ProjectReady::TYPE, 1)
+        .await?;
     service.stop().await
 }

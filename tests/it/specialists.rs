@@ -1301,6 +1301,8 @@ fn commit_files(repository: &Path, files: Files, message: &str) -> Result<String
 fn instance_config() -> Config {
     Config {
         allow_local_repositories: true,
+        // The fixtures' repositories live in temporary directories.
+        local_repository_roots: vec![std::env::temp_dir()],
         clone_timeout: Duration::from_secs(60),
         ..Config::default()
     }
@@ -1317,6 +1319,7 @@ async fn set_up(
     let shutdown = Shutdown::new();
     let config = zopu_setup::Config {
         allow_local_repositories: true,
+        local_repository_roots: vec![std::env::temp_dir()],
         clone_timeout: Duration::from_secs(60),
         ..zopu_setup::Config::default()
     };

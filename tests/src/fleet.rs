@@ -92,6 +92,11 @@ impl Fleet {
                 format!("{}ms", self.config.lease_ttl.as_millis()),
             )
             .env("ZOPU_SANDBOX__ALLOW_LOCAL_REPOSITORIES", "true")
+            // Fixture repositories live in temporary directories (TOML list).
+            .env(
+                "ZOPU_SANDBOX__LOCAL_REPOSITORY_ROOTS",
+                format!("[{:?}]", std::env::temp_dir().display().to_string()),
+            )
             .env("ZOPU_SHUTDOWN_GRACE", "20s");
         for (name, value) in &self.config.env {
             command.env(name, value);

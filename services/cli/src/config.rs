@@ -33,6 +33,15 @@ pub struct ZopuConfig {
 pub struct SandboxSection {
     /// Accept local repository paths (not only https URLs). `zopu dev` turns it on.
     pub allow_local_repositories: bool,
+    /// Absolute directories local repositories must be inside (setup and
+    /// specialists); required with `allow_local_repositories`.
+    pub local_repository_roots: Vec<PathBuf>,
+    /// Internal hosts clones may connect to (setup and specialists).
+    pub allowed_repository_hosts: Vec<String>,
+    /// Clone byte cap for setup and specialists (unset: each section's own).
+    pub clone_bytes_max: Option<u64>,
+    /// Clone file cap for setup and specialists (unset: each section's own).
+    pub clone_files_max: Option<u64>,
 }
 
 impl Default for ZopuConfig {
@@ -79,11 +88,38 @@ impl ZopuConfig {
             self.specialists.allow_local_repositories = true;
             self.gateway.allow_local_repositories = true;
         }
+        let sandbox = &self.sandbox;
+        if !sandbox.local_repository_roots.is_empty() {
+            self.setup.local_repository_roots = sandbox.local_repository_roots.clone();
+            self.specialists.local_repository_roots = sandbox.local_repository_roots.clone();
+        }
+        if !sandbox.allowed_repository_hosts.is_empty() {
+            self.setup.allowed_repository_hosts = sandbox.allowed_repository_hosts.clone();
+            self.specialists.allowed_repository_hosts = sandbox.allowed_repository_hosts.clone();
+        }
+        if let Some(bytes) = sandbox.clone_bytes_max {
+            self.setup.clone_bytes_max = bytes;
+            self.specialists.clone_bytes_max = bytes;
+        }
+        if let Some(files) = sandbox.clone_files_max {
+            self.setup.clone_files_max = files;
+            self.specialists.clone_files_max = files;
+        }
         self
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.core().validate()?;
+        if self.sandbox.allow_local_repositories
+            && self.setup.local_repository_roots.is_empty()
+            && self.specialists.local_repository_roots.is_empty()
+        {
+            return Err(ConfigError::setting(
+                "sandbox.local_repository_roots",
+                "name at least one directory local repositories may be cloned from \
+                 when sandbox.allow_local_repositories is on",
+            ));
+        }
         self.setup.validate()?;
         self.dispatch.validate()?;
         self.conversation.validate()?;

@@ -13,8 +13,9 @@
 //! Invariants: every git command is the hardened one of [`crate::git`]
 //! (cleared environment, no hooks, no submodules, validated location and
 //! branch, refs after `--end-of-options`, credentials only through the
-//! environment); the commit id is validated (full 40/64 hex) before git
-//! runs; errors carry no URL and no credential.
+//! environment, the host resolved, checked and pinned before the fetch,
+//! the same byte and file caps as a clone); the commit id is validated
+//! (full 40/64 hex) before git runs; errors carry no URL and no credential.
 
 use std::path::Path;
 
@@ -295,7 +296,9 @@ impl Git {
             command.args(args);
             self.succeed(command, operation).await?;
         }
+        let pin = self.pin(source).await?;
         let mut fetch = self.command(&home, Target::Repository(directory), allow_file);
+        Git::pinned(&mut fetch, pin.as_ref());
         git::with_credential(&mut fetch, source);
         fetch
             .args([
@@ -311,7 +314,12 @@ impl Git {
             ])
             .arg(commit.as_str());
         let output = self
-            .run(fetch, "fetch", self.options().clone_timeout)
+            .run_watched(
+                fetch,
+                "fetch",
+                self.options().clone_timeout,
+                Some(directory),
+            )
             .await?;
         if !output.status.success() {
             return Err(match classify_fetch_failure(&output.stderr) {
@@ -321,6 +329,7 @@ impl Git {
                 ),
             });
         }
+        self.check_tree_size(directory, commit.as_str()).await?;
         let mut checkout = self.command(&home, Target::Repository(directory), false);
         checkout.args([
             "reset",

@@ -3,7 +3,21 @@
 //! User-supplied repository locations and branch names are validated before
 //! git runs ([`CloneSource::parse`]); only `https://` URLs without userinfo
 //! are accepted, plus existing absolute local repositories when the operator
-//! enables them ([`GitOptions::allow_local_repositories`], dev and tests).
+//! enables them ([`GitOptions::allow_local_repositories`], dev and tests),
+//! and then only under the configured roots and outside the runtime's own
+//! directories ([`GitOptions::local_repository_roots`],
+//! [`GitOptions::local_repository_excluded`]).
+//!
+//! Before git connects anywhere the host is resolved once and checked by
+//! [`crate::egress`] (no loopback, private, link-local, unique-local,
+//! multicast or metadata address unless the operator allowlisted the host),
+//! and git is pinned to the accepted address (`http.curloptResolve`) with
+//! redirects off, so neither DNS rebinding nor a redirect moves it. Every
+//! refused, unresolvable, unreachable or silent host is the same
+//! [`Error::Unreachable`] to the user, so failures are no port-scan oracle.
+//! A clone is capped in bytes (watched while git fetches) and in files and
+//! bytes of the tree (counted before anything is checked out); exceeding a
+//! cap is [`Error::TooLarge`] and leaves nothing behind.
 //!
 //! Every git invocation (clone, rev-parse, ls-files, config) is built by one
 //! function, [`Git::command`]: cleared environment, minimal `PATH`, an empty
@@ -33,6 +47,8 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
+
+use crate::egress::{Egress, Pin};
 
 /// Longest repository location accepted, in bytes.
 const LOCATION_LENGTH_MAX: usize = 2048;
@@ -96,6 +112,10 @@ pub enum LocationProblem {
     LocalNotARepository,
     /// A local path with characters outside `[A-Za-z0-9/._+~@-]`.
     LocalUnsupportedCharacters,
+    /// A local path outside every configured repository root.
+    LocalOutsideRoots,
+    /// A local path inside the runtime's own directories (workspaces, data).
+    LocalInsideRuntime,
 }
 
 impl std::fmt::Display for LocationProblem {
@@ -128,6 +148,13 @@ impl std::fmt::Display for LocationProblem {
             Self::LocalNotARepository => "the local directory is not a git repository",
             Self::LocalUnsupportedCharacters => {
                 "the local repository path has unsupported characters"
+            }
+            Self::LocalOutsideRoots => {
+                "the local repository path is not under a directory the operator allows \
+                 (sandbox.local_repository_roots)"
+            }
+            Self::LocalInsideRuntime => {
+                "the local repository path is inside the runtime's own data or workspaces"
             }
         };
         f.write_str(text)
@@ -181,11 +208,21 @@ pub enum Error {
     /// The branch name was rejected before git ran.
     #[error("invalid branch name: {0}")]
     InvalidBranch(BranchProblem),
-    /// Network failure or server error; retry with backoff.
-    #[error("the repository host could not be reached: {detail}")]
+    /// The host did not resolve, is not allowed (a special address range
+    /// not in the allowlist), refused or dropped the connection, or failed
+    /// on the server side; retry with backoff. One message for all of them,
+    /// so the outcome tells nothing about hosts a user may not reach; the
+    /// detail is for the operator's log only (`Debug`).
+    #[error("the repository host could not be reached")]
     Unreachable {
-        /// Redacted, truncated git output.
+        /// Redacted, truncated git output or the refusal's reason.
         detail: String,
+    },
+    /// The clone exceeded a configured cap; nothing was kept.
+    #[error("the repository exceeds the clone limit of {limit}")]
+    TooLarge {
+        /// The cap that was exceeded.
+        limit: CloneLimit,
     },
     /// Git did not finish in time and was killed; retry with backoff.
     #[error("git {operation} did not finish within {after:?} and was stopped")]
@@ -278,6 +315,25 @@ impl Error {
     }
 }
 
+/// A cap on clones ([`GitOptions::clone_bytes_max`],
+/// [`GitOptions::clone_files_max`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloneLimit {
+    /// Bytes fetched, or bytes of the tree's files.
+    Bytes(u64),
+    /// Files in the tree.
+    Files(u64),
+}
+
+impl std::fmt::Display for CloneLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Bytes(bytes) => write!(f, "{bytes} bytes"),
+            Self::Files(files) => write!(f, "{files} files"),
+        }
+    }
+}
+
 /// A string that never prints: `Debug` and `Display` show `***`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -356,6 +412,10 @@ pub enum RepositoryLocation {
         url: String,
         /// `https://host[:port]/`, the scope of the credential header.
         origin: String,
+        /// The host (lowercase), resolved and checked before git connects.
+        host: String,
+        /// The port git connects to (443 unless given).
+        port: u16,
     },
     /// An existing local repository (only with the operator opt-in).
     Local {
@@ -464,7 +524,15 @@ fn parse_https(rest: &str) -> Result<RepositoryLocation, Error> {
         && host
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
-    if !host_ok {
+    // A host whose last label is numeric is an address: only the plain
+    // dotted quad, never `127.1`, `0x7f.1` or `2130706433`, which resolvers
+    // and curl read as other addresses than they appear to be.
+    let numeric = host
+        .trim_end_matches('.')
+        .rsplit('.')
+        .next()
+        .is_some_and(|last| last.chars().all(|c| c.is_ascii_digit()));
+    if !host_ok || (numeric && host.parse::<std::net::Ipv4Addr>().is_err()) {
         return Err(problem(LocationProblem::InvalidHost));
     }
     if let Some(port) = port
@@ -484,11 +552,13 @@ fn parse_https(rest: &str) -> Result<RepositoryLocation, Error> {
     let host = host.to_ascii_lowercase();
     let authority = match port {
         Some(port) => format!("{host}:{port}"),
-        None => host,
+        None => host.clone(),
     };
     Ok(RepositoryLocation::Https {
         url: format!("https://{authority}{path}"),
         origin: format!("https://{authority}/"),
+        host,
+        port: port.and_then(|port| port.parse().ok()).unwrap_or(443),
     })
 }
 
@@ -601,19 +671,41 @@ impl CloneSource {
         credential: Option<Credential>,
         options: &GitOptions,
     ) -> Result<Self, Error> {
+        let location = RepositoryLocation::parse(location, options.allow_local_repositories)?;
+        options.check_location(&location)?;
         Ok(Self {
-            location: RepositoryLocation::parse(location, options.allow_local_repositories)?,
+            location,
             branch: BranchName::parse(branch)?,
             credential,
         })
     }
 }
 
+/// Default of [`GitOptions::clone_bytes_max`]: 1 GiB.
+pub const CLONE_BYTES_MAX_DEFAULT: u64 = 1024 * 1024 * 1024;
+/// Default of [`GitOptions::clone_files_max`].
+pub const CLONE_FILES_MAX_DEFAULT: u64 = 100_000;
+/// How often the size of a clone in progress is measured.
+const CLONE_WATCH_INTERVAL: Duration = Duration::from_millis(100);
+
 /// How git is run. Filled from the sandbox policy by the caller.
 #[derive(Debug, Clone)]
 pub struct GitOptions {
     /// Accept existing absolute local repositories (dev and tests only).
     pub allow_local_repositories: bool,
+    /// Directories local repositories must be inside (at least one is
+    /// needed when local repositories are allowed).
+    pub local_repository_roots: Vec<PathBuf>,
+    /// Directories no local repository may be inside, even under a root:
+    /// the runtime's data directory and workspaces (other projects' clones).
+    pub local_repository_excluded: Vec<PathBuf>,
+    /// Which hosts a clone may connect to (public addresses and the
+    /// allowlist).
+    pub egress: Egress,
+    /// Most bytes a clone may fetch, and most bytes of its tree's files.
+    pub clone_bytes_max: u64,
+    /// Most files in a clone's tree.
+    pub clone_files_max: u64,
     /// Wall-clock limit for a clone.
     pub clone_timeout: Duration,
     /// Wall-clock limit for every other git command.
@@ -626,10 +718,47 @@ impl Default for GitOptions {
     fn default() -> Self {
         Self {
             allow_local_repositories: false,
+            local_repository_roots: Vec::new(),
+            local_repository_excluded: Vec::new(),
+            egress: Egress::default(),
+            clone_bytes_max: CLONE_BYTES_MAX_DEFAULT,
+            clone_files_max: CLONE_FILES_MAX_DEFAULT,
             clone_timeout: Duration::from_secs(300),
             command_timeout: Duration::from_secs(30),
             program: PathBuf::from("git"),
         }
+    }
+}
+
+impl GitOptions {
+    /// Whether `location` may be cloned with these options: a local path
+    /// only when local repositories are allowed, inside one of the roots
+    /// and outside the excluded directories (all compared canonically).
+    pub fn check_location(&self, location: &RepositoryLocation) -> Result<(), Error> {
+        let RepositoryLocation::Local { path, .. } = location else {
+            return Ok(());
+        };
+        let refused = |problem| Err(Error::InvalidLocation(problem));
+        if !self.allow_local_repositories {
+            return refused(LocationProblem::LocalNotAllowed);
+        }
+        // The location was canonicalized when parsed; canonicalize it again
+        // so a parsed value built by hand cannot carry `..` or a link.
+        let Ok(path) = std::fs::canonicalize(path) else {
+            return refused(LocationProblem::LocalNotADirectory);
+        };
+        let inside = |directories: &[PathBuf]| {
+            directories.iter().any(|directory| {
+                std::fs::canonicalize(directory).is_ok_and(|directory| path.starts_with(directory))
+            })
+        };
+        if inside(&self.local_repository_excluded) {
+            return refused(LocationProblem::LocalInsideRuntime);
+        }
+        if !inside(&self.local_repository_roots) {
+            return refused(LocationProblem::LocalOutsideRoots);
+        }
+        Ok(())
     }
 }
 
@@ -756,7 +885,7 @@ impl Git {
             command.current_dir(&home.0);
         }
         let file_policy = if allow_file { "always" } else { "never" };
-        let settings: [(&str, &str); 20] = [
+        let settings: [(&str, &str); 23] = [
             ("core.hooksPath", "/dev/null"),
             ("core.fsmonitor", "false"),
             ("core.untrackedCache", "false"),
@@ -776,7 +905,12 @@ impl Git {
             ("submodule.recurse", "false"),
             ("init.templateDir", ""),
             ("advice.detachedHead", "false"),
-            ("http.followRedirects", "initial"),
+            // A redirect could lead to a host nobody checked.
+            ("http.followRedirects", "false"),
+            ("http.proxy", ""),
+            // One pack file, whose growth the clone watch measures.
+            ("fetch.unpackLimit", "1"),
+            ("transfer.unpackLimit", "1"),
         ];
         command.arg("--no-pager");
         for (key, value) in settings {
@@ -786,18 +920,45 @@ impl Git {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // Its own process group, so a stop also stops the helpers git
+            // starts (remote-https, index-pack).
+            .process_group(0)
             .kill_on_drop(true);
         command
+    }
+
+    /// Pins the command's connections for `pin`'s host to its address
+    /// (before the subcommand: it adds a `-c`).
+    pub(crate) fn pinned(command: &mut Command, pin: Option<&Pin>) {
+        if let Some(pin) = pin {
+            command
+                .arg("-c")
+                .arg(format!("http.curloptResolve={}", pin.curl_resolve()));
+        }
     }
 
     /// Runs a prepared command with a timeout, killing it when it expires.
     pub(crate) async fn run(
         &self,
-        mut command: Command,
+        command: Command,
         operation: &'static str,
         timeout: Duration,
     ) -> Result<GitOutput, Error> {
+        self.run_watched(command, operation, timeout, None).await
+    }
+
+    /// [`Git::run`] that also stops git (with [`Error::TooLarge`]) as soon
+    /// as `watch` (a directory git writes into) holds more than
+    /// [`GitOptions::clone_bytes_max`] bytes.
+    pub(crate) async fn run_watched(
+        &self,
+        mut command: Command,
+        operation: &'static str,
+        timeout: Duration,
+        watch: Option<&Path>,
+    ) -> Result<GitOutput, Error> {
         let mut child = command.spawn().map_err(Error::Spawn)?;
+        let group = child.id();
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let collect = async {
@@ -808,21 +969,135 @@ impl Git {
             let status = child.wait().await;
             (stdout, stderr, status)
         };
-        match tokio::time::timeout(timeout, collect).await {
-            Ok(((stdout, stdout_nul_count), (stderr, _), status)) => Ok(GitOutput {
-                status: status.map_err(Error::Spawn)?,
-                stdout,
-                stdout_nul_count,
-                stderr: String::from_utf8_lossy(&stderr).into_owned(),
-            }),
-            Err(_) => {
-                // kill_on_drop would also do it when `child` goes out of scope.
-                let _ = child.start_kill();
-                Err(Error::TimedOut {
+        let bytes_max = self.options.clone_bytes_max;
+        let outgrown = async {
+            let Some(directory) = watch else {
+                return std::future::pending().await;
+            };
+            let mut interval = tokio::time::interval(CLONE_WATCH_INTERVAL);
+            loop {
+                interval.tick().await;
+                let directory = directory.to_path_buf();
+                let size =
+                    tokio::task::spawn_blocking(move || directory_bytes(&directory, bytes_max))
+                        .await
+                        .unwrap_or(0);
+                if size > bytes_max {
+                    return;
+                }
+            }
+        };
+        let stopped = tokio::select! {
+            result = tokio::time::timeout(timeout, collect) => match result {
+                Ok(((stdout, stdout_nul_count), (stderr, _), status)) => {
+                    return Ok(GitOutput {
+                        status: status.map_err(Error::Spawn)?,
+                        stdout,
+                        stdout_nul_count,
+                        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+                    });
+                }
+                Err(_) => Error::TimedOut {
                     operation,
                     after: timeout,
-                })
+                },
+            },
+            () = outgrown => Error::TooLarge {
+                limit: CloneLimit::Bytes(bytes_max),
+            },
+        };
+        kill_group(group);
+        Err(stopped)
+    }
+
+    /// Counts the files and bytes of the tree of `revision` (`HEAD` or a
+    /// validated object id) in `repository` without checking anything out,
+    /// stopping git at the first cap exceeded.
+    pub(crate) async fn check_tree_size(
+        &self,
+        repository: &Path,
+        revision: &str,
+    ) -> Result<(), Error> {
+        let home = EmptyHome::create()?;
+        let mut command = self.command(&home, Target::Repository(repository), false);
+        command
+            .args([
+                "ls-tree",
+                "-r",
+                "-z",
+                "-l",
+                "--full-tree",
+                "--end-of-options",
+            ])
+            .arg(revision);
+        let mut child = command.spawn().map_err(Error::Spawn)?;
+        let group = child.id();
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let (files_max, bytes_max) = (self.options.clone_files_max, self.options.clone_bytes_max);
+        let count = async {
+            let mut tally = TreeTally::default();
+            if let Some(mut stdout) = stdout {
+                let mut buffer = [0u8; 8192];
+                loop {
+                    match stdout.read(&mut buffer).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => tally.feed(&buffer[..n]),
+                    }
+                    if tally.files > files_max || tally.bytes > bytes_max {
+                        return Ok(tally);
+                    }
+                }
             }
+            let (stderr, _) = read_capped(stderr, STDERR_KEPT_BYTES_MAX).await;
+            match child.wait().await {
+                Ok(status) if status.success() => Ok(tally),
+                Ok(_) => Err(Error::Corrupt {
+                    path: repository.to_path_buf(),
+                    reason: format!(
+                        "git ls-tree HEAD failed: {}",
+                        detail(&String::from_utf8_lossy(&stderr))
+                    ),
+                }),
+                Err(error) => Err(Error::Spawn(error)),
+            }
+        };
+        let tally = match tokio::time::timeout(self.options.command_timeout, count).await {
+            Ok(tally) => tally,
+            Err(_) => Err(Error::TimedOut {
+                operation: "ls-tree",
+                after: self.options.command_timeout,
+            }),
+        };
+        kill_group(group);
+        let tally = tally?;
+        if tally.files > files_max {
+            return Err(Error::TooLarge {
+                limit: CloneLimit::Files(files_max),
+            });
+        }
+        if tally.bytes > bytes_max {
+            return Err(Error::TooLarge {
+                limit: CloneLimit::Bytes(bytes_max),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks `repository`'s tree against the caps, then checks `HEAD` out
+    /// into its (empty) work tree.
+    pub(crate) async fn checkout_within_limits(&self, repository: &Path) -> Result<(), Error> {
+        self.check_tree_size(repository, "HEAD").await?;
+        let output = self
+            .run_in(repository, "reset", &["reset", "--quiet", "--hard", "HEAD"])
+            .await?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(Error::GitFailed {
+                operation: "reset",
+                detail: detail(&output.stderr),
+            })
         }
     }
 
@@ -980,10 +1255,26 @@ impl Git {
     }
 
     pub(crate) fn check_source(&self, source: &CloneSource) -> Result<(), Error> {
-        if source.location.is_local() && !self.options.allow_local_repositories {
-            return Err(Error::InvalidLocation(LocationProblem::LocalNotAllowed));
+        self.options.check_location(&source.location)
+    }
+
+    /// Resolves an https source's host and checks it against the egress
+    /// policy: the address git must be pinned to, or (refused, unresolved)
+    /// the generic [`Error::Unreachable`]. `None` for local sources. Runs
+    /// before any git command that connects.
+    pub(crate) async fn pin(&self, source: &CloneSource) -> Result<Option<Pin>, Error> {
+        let RepositoryLocation::Https { host, port, .. } = &source.location else {
+            return Ok(None);
+        };
+        match self.options.egress.pin(host, *port).await {
+            Ok(pin) => Ok(Some(pin)),
+            Err(refusal) => {
+                tracing::info!(%refusal, "repository host refused before connecting");
+                Err(Error::Unreachable {
+                    detail: refusal.to_string(),
+                })
+            }
         }
-        Ok(())
     }
 
     /// Is the existing directory the clone `source` describes?
@@ -1067,8 +1358,10 @@ impl Git {
         source: &CloneSource,
         directory: &Path,
     ) -> Result<(), Error> {
+        let pin = self.pin(source).await?;
         let home = EmptyHome::create()?;
         let mut command = self.command(&home, Target::None, source.location.is_local());
+        Self::pinned(&mut command, pin.as_ref());
         with_credential(&mut command, source);
         // Absolute, so it can neither look like an option nor resolve
         // against the temporary HOME git runs in.
@@ -1078,6 +1371,7 @@ impl Git {
             .args([
                 "clone",
                 "--quiet",
+                "--no-checkout",
                 "--depth",
                 "1",
                 "--single-branch",
@@ -1091,13 +1385,17 @@ impl Git {
             .arg(source.location.url())
             .arg(&directory);
         let output = self
-            .run(command, "clone", self.options.clone_timeout)
+            .run_watched(
+                command,
+                "clone",
+                self.options.clone_timeout,
+                Some(&directory),
+            )
             .await?;
-        if output.status.success() {
-            Ok(())
-        } else {
-            Err(classify_clone_failure(&output.stderr, &source.branch))
+        if !output.status.success() {
+            return Err(classify_clone_failure(&output.stderr, &source.branch));
         }
+        self.checkout_within_limits(&directory).await
     }
 }
 
@@ -1175,6 +1473,85 @@ pub(crate) fn classify_clone_failure(stderr: &str, branch: &BranchName) -> Error
     Error::GitFailed {
         operation: "clone",
         detail: detail(stderr),
+    }
+}
+
+/// Stops a git process group (ESRCH, already gone, is the normal case).
+fn kill_group(group: Option<u32>) {
+    if let Some(pid) = group
+        .and_then(|id| i32::try_from(id).ok())
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+}
+
+/// Bytes of the regular files under `directory` (not following links),
+/// counting stops once past `stop_after`.
+fn directory_bytes(directory: &Path, stop_after: u64) -> u64 {
+    let mut total = 0u64;
+    let mut pending = vec![directory.to_path_buf()];
+    while let Some(current) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&current) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(metadata) = entry.metadata() else {
+                continue;
+            };
+            if metadata.is_dir() {
+                pending.push(entry.path());
+            } else if metadata.is_file() {
+                total = total.saturating_add(metadata.len());
+                if total > stop_after {
+                    return total;
+                }
+            }
+        }
+    }
+    total
+}
+
+/// Files and bytes of `git ls-tree -r -z -l` output, fed in chunks:
+/// records are `<mode> <type> <object> <size>\t<path>\0`.
+#[derive(Debug, Default)]
+struct TreeTally {
+    files: u64,
+    bytes: u64,
+    /// The current record's text before the tab (bounded).
+    header: Vec<u8>,
+    in_path: bool,
+}
+
+impl TreeTally {
+    /// Longest record header kept (mode, type, object id and size fit).
+    const HEADER_MAX: usize = 160;
+
+    fn feed(&mut self, chunk: &[u8]) {
+        for &byte in chunk {
+            match byte {
+                0 => {
+                    self.files += 1;
+                    self.in_path = false;
+                    self.header.clear();
+                }
+                _ if self.in_path => {}
+                b'\t' => {
+                    self.in_path = true;
+                    // Submodule entries have `-` as size: they add no bytes.
+                    let size = self
+                        .header
+                        .rsplit(|b| *b == b' ')
+                        .next()
+                        .and_then(|size| std::str::from_utf8(size).ok())
+                        .and_then(|size| size.parse::<u64>().ok())
+                        .unwrap_or(0);
+                    self.bytes = self.bytes.saturating_add(size);
+                }
+                _ if self.header.len() < Self::HEADER_MAX => self.header.push(byte),
+                _ => {}
+            }
+        }
     }
 }
 
@@ -1363,6 +1740,11 @@ mod tests {
             ("https:///r.git", P::InvalidHost),
             ("https://-x.com/r.git", P::InvalidHost),
             ("https://example.com:99999/r.git", P::InvalidPort),
+            ("https://127.1/r.git", P::InvalidHost),
+            ("https://2130706433/r.git", P::InvalidHost),
+            ("https://0x7f.0.0.1/r.git", P::InvalidHost),
+            ("https://0177.0.0.1/r.git", P::InvalidHost),
+            ("https://10.0.0.1./r.git", P::InvalidHost),
             ("https://example.com/r\\x", P::InvalidPath),
             ("/tmp", P::LocalNotAllowed),
             ("relative/path", P::LocalNotAllowed),
@@ -1438,6 +1820,25 @@ mod tests {
         assert_eq!(store.resolve("conn-1"), Some(credential));
         assert_eq!(store.resolve("conn-2"), None);
         assert!(!format!("{store:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn tree_tallies_count_files_and_sizes_across_chunks() {
+        let listing = b"100644 blob 3f5e2a9c1b7d4e8f0a6b2c9d1e3f5a7b9c0d2e4f     120\tREADME.md\0\
+160000 commit 3f5e2a9c1b7d4e8f0a6b2c9d1e3f5a7b9c0d2e4f       -\tvendor/sub\0\
+120000 blob 3f5e2a9c1b7d4e8f0a6b2c9d1e3f5a7b9c0d2e4f       7\tlink with\ttab\0\
+100755 blob 3f5e2a9c1b7d4e8f0a6b2c9d1e3f5a7b9c0d2e4f 1048576\tbin/tool\0";
+        for split in [1, 3, 50, listing.len()] {
+            let mut tally = TreeTally::default();
+            for chunk in listing.chunks(split) {
+                tally.feed(chunk);
+            }
+            assert_eq!(
+                (tally.files, tally.bytes),
+                (4, 120 + 7 + 1_048_576),
+                "{split}"
+            );
+        }
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! recorded commit, for an instance that never saw the first clone), verifies
 //! it and scans its root `.env.example`. The tools (`policy`, `confine`, `tools`) let an agent read
 //! that repository without ever reading outside it or writing anywhere but
-//! `<workspace>/.zopu/`.
+//! `<workspace>/.zopu/`. `egress` decides which hosts a clone may connect
+//! to (no internal addresses unless allowlisted).
 //!
 //! Invariants: repository content is untrusted; no path leaves the workspace
 //! root; no secret value (credential, `.env` value) is returned by any
@@ -14,7 +15,9 @@
 //! prompt or an artifact.
 
 pub mod checkout;
+pub mod clone_settings;
 pub mod confine;
+pub mod egress;
 pub mod env_scan;
 pub mod git;
 pub mod policy;

@@ -175,10 +175,13 @@ async fn every_command_is_hardened_and_the_credential_travels_only_in_the_enviro
     };
     let options = GitOptions {
         program: fake_git,
+        // The fake git never connects; the loopback host is allowed so the
+        // egress check lets it run.
+        egress: zopu_sandbox::egress::Egress::new(&["127.0.0.1"]).unwrap(),
         ..GitOptions::default()
     };
     let source = CloneSource::parse(
-        "https://example.com/o/r.git",
+        "https://127.0.0.1/o/r.git",
         "main",
         Some(credential),
         &options,
@@ -232,10 +235,16 @@ async fn every_command_is_hardened_and_the_credential_travels_only_in_the_enviro
     let end = args.iter().position(|a| *a == "--end-of-options").unwrap();
     assert_eq!(args[end - 1], "origin");
     assert_eq!(&args[end + 1..], [commit.as_str()]);
-    for expected in ["--depth", "--no-tags", "--no-recurse-submodules"] {
+    for expected in [
+        "--depth",
+        "--no-tags",
+        "--no-recurse-submodules",
+        "http.followRedirects=false",
+        "http.curloptResolve=127.0.0.1:443:127.0.0.1",
+    ] {
         assert!(args.contains(&expected), "{expected} missing from {args:?}");
     }
-    assert!(fetch.contains("ENV GIT_CONFIG_KEY_0=http.https://example.com/.extraHeader"));
+    assert!(fetch.contains("ENV GIT_CONFIG_KEY_0=http.https://127.0.0.1/.extraHeader"));
     assert!(fetch.contains("ENV GIT_CONFIG_VALUE_0=Authorization: Basic "));
     assert!(!args.iter().any(|a| a.contains("Authorization")));
 }

@@ -389,11 +389,14 @@ async fn git_gets_a_clean_environment_and_the_credential_only_via_env() {
     };
     let options = GitOptions {
         program: fake_git,
+        // The fake git never connects; the loopback host is allowed so the
+        // egress check lets it run.
+        egress: zopu_sandbox::egress::Egress::new(&["127.0.0.1"]).unwrap(),
         ..GitOptions::default()
     };
     let error = Git::new(options)
         .ensure_clone_from(
-            "https://example.com/o/r.git",
+            "https://127.0.0.1/o/r.git",
             "main",
             Some(credential),
             &temp.path().join("repo"),
@@ -419,13 +422,15 @@ async fn git_gets_a_clean_environment_and_the_credential_only_via_env() {
     );
     let end = args.iter().position(|a| *a == "--end-of-options").unwrap();
     assert_eq!(args.len(), end + 3, "URL and directory come last");
-    assert_eq!(args[end + 1], "https://example.com/o/r.git");
+    assert_eq!(args[end + 1], "https://127.0.0.1/o/r.git");
     assert!(args[end + 2].contains(".zopu-clone-"));
     for expected in [
         "core.hooksPath=/dev/null",
         "core.fsmonitor=false",
         "protocol.file.allow=never",
         "protocol.ext.allow=never",
+        "http.followRedirects=false",
+        "http.curloptResolve=127.0.0.1:443:127.0.0.1",
     ] {
         assert!(args.contains(&expected), "{expected} missing from {args:?}");
     }
@@ -440,7 +445,7 @@ async fn git_gets_a_clean_environment_and_the_credential_only_via_env() {
     assert!(env.contains(&"GIT_TERMINAL_PROMPT=0"));
     assert!(env.contains(&"GIT_CONFIG_NOSYSTEM=1"));
     assert!(env.contains(&"GIT_CONFIG_GLOBAL=/dev/null"));
-    assert!(env.contains(&"GIT_CONFIG_KEY_0=http.https://example.com/.extraHeader"));
+    assert!(env.contains(&"GIT_CONFIG_KEY_0=http.https://127.0.0.1/.extraHeader"));
     assert!(
         env.iter()
             .any(|e| e.starts_with("GIT_CONFIG_VALUE_0=Authorization: Basic "))
@@ -472,13 +477,14 @@ async fn a_hanging_git_is_stopped_at_the_timeout() {
     .unwrap();
     let options = GitOptions {
         program: fake_git,
+        egress: zopu_sandbox::egress::Egress::new(&["127.0.0.1"]).unwrap(),
         clone_timeout: std::time::Duration::from_millis(300),
         ..GitOptions::default()
     };
     let started = std::time::Instant::now();
     let error = Git::new(options)
         .ensure_clone_from(
-            "https://example.com/o/r.git",
+            "https://127.0.0.1/o/r.git",
             "main",
             None,
             &temp.path().join("repo"),

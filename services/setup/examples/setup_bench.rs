@@ -61,6 +61,7 @@ async fn main() -> Result<()> {
     };
     let config = zopu_setup::Config {
         allow_local_repositories: true,
+        local_repository_roots: vec![repository.clone().into()],
         ..zopu_setup::Config::default()
     };
 

@@ -52,6 +52,19 @@ pub fn invalid_request(error: &git::Error) -> Failure {
     )
 }
 
+/// A new project beyond its organization's project limit.
+pub fn project_limit(max: u32) -> Failure {
+    Failure::new(
+        step::WORKSPACE,
+        "request.project_limit",
+        format!(
+            "This organization already has {max} projects, the most it may have. \
+             Ask the operator to raise setup.org_projects_max, then retry."
+        ),
+        true,
+    )
+}
+
 /// A request with setup revision 0.
 pub fn invalid_revision() -> Failure {
     Failure::new(
@@ -87,6 +100,9 @@ pub fn workspace(error: &workspace::Error) -> Outcome {
     }
 }
 
+/// What a user reads for every host that could not be used.
+const UNREACHABLE_MESSAGE: &str = "The repository host could not be reached in time, or is not one this runtime may connect to. Check the repository URL, then retry; a server on an internal network must be allowed by the operator (setup.allowed_repository_hosts).";
+
 /// A clone (or its verification) that failed. `branch` was validated.
 pub fn clone(error: &git::Error, branch: &str) -> Outcome {
     use git::Error as E;
@@ -98,19 +114,23 @@ pub fn clone(error: &git::Error, branch: &str) -> Outcome {
     };
     match error {
         E::InvalidLocation(_) | E::InvalidBranch(_) => Outcome::Terminal(invalid_request(error)),
-        E::Unreachable { .. } => transient(
+        // One code and message for a host that is refused (internal
+        // address), unknown, unreachable or silent: no port-scan oracle.
+        E::Unreachable { .. } | E::TimedOut { .. } => transient(
             "clone.unreachable",
-            "The repository host could not be reached. Check the repository URL and the network, then retry.",
+            UNREACHABLE_MESSAGE,
         ),
-        E::TimedOut { after, .. } => Outcome::Transient(Failure::new(
+        E::TooLarge { limit } => terminal(
             step::CLONE,
-            "clone.timed_out",
+            "clone.too_large",
             format!(
-                "Cloning did not finish within {}s. Retry; for a very large repository ask the operator to raise the clone timeout.",
-                after.as_secs()
+                "The repository is larger than this runtime accepts (at most {}). Choose a smaller repository or branch, or ask the operator to raise setup.clone_bytes_max or setup.clone_files_max, then retry.",
+                match limit {
+                    git::CloneLimit::Bytes(bytes) => format!("{} MiB", bytes.div_ceil(1024 * 1024)),
+                    git::CloneLimit::Files(files) => format!("{files} files"),
+                }
             ),
-            true,
-        )),
+        ),
         E::Spawn(_) => transient("clone.git_unavailable", "git could not be started on the setup host. Ask the operator to install git, then retry."),
         E::Io { .. } => transient(
             "clone.storage",
@@ -182,8 +202,16 @@ mod tests {
             operation: "clone",
             after: Duration::from_secs(300),
         };
+        assert_eq!(clone(&timeout, "main"), clone(&unreachable, "main"));
+        let refused = git::Error::Unreachable {
+            detail: "the host resolves only to private addresses".into(),
+        };
+        assert_eq!(clone(&refused, "main"), clone(&unreachable, "main"));
+        let too_large = git::Error::TooLarge {
+            limit: git::CloneLimit::Files(10),
+        };
         assert!(
-            matches!(clone(&timeout, "main"), Outcome::Transient(f) if f.message.contains("300s"))
+            matches!(clone(&too_large, "main"), Outcome::Terminal(f) if f.code == "clone.too_large" && f.message.contains("10 files"))
         );
         let missing = git::Error::BranchNotFound {
             branch: "dev".into(),

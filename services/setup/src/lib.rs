@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use zopu_core::config::{ConfigError, CoreConfig};
 use zopu_core::{ReactionConfig, Runtime, Shutdown};
+use zopu_sandbox::clone_settings::CloneSettings;
 use zopu_sandbox::git::{CredentialStore, Git, GitOptions, InMemoryCredentialStore};
 use zopu_sandbox::workspace::LocalWorkspaces;
 use zopu_schema::{Event, pb, subjects};
@@ -54,6 +55,21 @@ pub struct Config {
     pub workspace_root: PathBuf,
     /// Accept absolute local repository paths (`sandbox.allow_local_repositories`; dev and tests only).
     pub allow_local_repositories: bool,
+    /// Absolute directories local repositories must be inside
+    /// (`sandbox.local_repository_roots`); required when local repositories
+    /// are allowed. The data directory and the workspaces are always refused.
+    pub local_repository_roots: Vec<PathBuf>,
+    /// Hosts on internal addresses (loopback, private, link-local, ...) a
+    /// clone may connect to: `host`, `host:port`, `10.0.0.5`, `[fd00::5]:443`
+    /// (`sandbox.allowed_repository_hosts`). Public hosts need no entry.
+    pub allowed_repository_hosts: Vec<String>,
+    /// Most bytes a clone may fetch, and most bytes of its files (1 GiB).
+    pub clone_bytes_max: u64,
+    /// Most files in a clone (100,000).
+    pub clone_files_max: u64,
+    /// Most projects one organization may have (a project counts once its
+    /// setup started); the next create fails with `request.project_limit`.
+    pub org_projects_max: u32,
     /// Wall-clock limit of one clone.
     #[serde(with = "zopu_core::config::duration")]
     pub clone_timeout: Duration,
@@ -69,6 +85,11 @@ impl Default for Config {
         Self {
             workspace_root: PathBuf::new(),
             allow_local_repositories: false,
+            local_repository_roots: Vec::new(),
+            allowed_repository_hosts: Vec::new(),
+            clone_bytes_max: zopu_sandbox::git::CLONE_BYTES_MAX_DEFAULT,
+            clone_files_max: zopu_sandbox::git::CLONE_FILES_MAX_DEFAULT,
+            org_projects_max: ORG_PROJECTS_MAX_DEFAULT,
             clone_timeout: Duration::from_secs(300),
             git_command_timeout: Duration::from_secs(30),
             reaction: ReactionSettings::default(),
@@ -111,6 +132,11 @@ impl Default for ReactionSettings {
     }
 }
 
+/// Default of [`Config::org_projects_max`].
+pub const ORG_PROJECTS_MAX_DEFAULT: u32 = 100;
+/// Largest accepted [`Config::org_projects_max`].
+const ORG_PROJECTS_LIMIT: u32 = 1_000_000;
+
 /// Most in-place retries of one transient failure.
 const RETRIES_MAX: usize = 10;
 /// Longest wait between two retries.
@@ -124,6 +150,17 @@ impl Config {
             return Err(ConfigError::setting(
                 "setup.clone_timeout",
                 "must be between 1s and 1h",
+            ));
+        }
+        self.clone_settings()
+            .apply(GitOptions::default())
+            .map_err(|problem| {
+                ConfigError::setting(format!("setup.{}", problem.key), problem.reason)
+            })?;
+        if !(1..=ORG_PROJECTS_LIMIT).contains(&self.org_projects_max) {
+            return Err(ConfigError::setting(
+                "setup.org_projects_max",
+                format!("must be between 1 and {ORG_PROJECTS_LIMIT}"),
             ));
         }
         if self.git_command_timeout < Duration::from_secs(1)
@@ -174,13 +211,26 @@ impl Config {
         }
     }
 
-    pub fn git_options(&self) -> GitOptions {
-        GitOptions {
+    /// The clone settings of this section.
+    pub fn clone_settings(&self) -> CloneSettings {
+        CloneSettings {
             allow_local_repositories: self.allow_local_repositories,
+            local_repository_roots: self.local_repository_roots.clone(),
+            allowed_repository_hosts: self.allowed_repository_hosts.clone(),
+            clone_bytes_max: self.clone_bytes_max,
+            clone_files_max: self.clone_files_max,
+        }
+    }
+
+    /// How git runs. Settings `validate` refuses give the closed defaults
+    /// (no local repositories, no allowlist) instead.
+    pub fn git_options(&self) -> GitOptions {
+        let base = GitOptions {
             clone_timeout: self.clone_timeout,
             command_timeout: self.git_command_timeout,
             ..GitOptions::default()
-        }
+        };
+        self.clone_settings().apply(base.clone()).unwrap_or(base)
     }
 
     /// The consumer of `project.setup.requested`.
@@ -209,15 +259,23 @@ pub enum Error {
     Runtime(#[from] zopu_core::Error),
 }
 
-/// The reaction `run` uses, for callers that embed setup differently.
+/// The reaction `run` uses, for callers that embed setup differently. No
+/// local repository is ever cloned from inside `workspace_root` (other
+/// projects' workspaces) or the extra `runtime_directories` (the data
+/// directory).
 pub fn local_reaction(
     config: &Config,
     workspace_root: &Path,
+    runtime_directories: &[PathBuf],
     credentials: Arc<dyn CredentialStore>,
 ) -> SetupReaction<LocalWorkspaces> {
-    let options = config.git_options();
+    let mut options = config.git_options();
+    options.local_repository_excluded = std::iter::once(workspace_root.to_path_buf())
+        .chain(runtime_directories.iter().cloned())
+        .collect();
     let workspaces = LocalWorkspaces::new(workspace_root).with_git_options(options.clone());
     SetupReaction::new(workspaces, "local", Git::new(options), credentials)
+        .with_org_projects_max(config.org_projects_max)
 }
 
 /// Runs the setup service until `shutdown`.
@@ -231,7 +289,12 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     tracing::info!(service = SERVICE, workspace_root = %root.display(), allow_local_repositories = config.allow_local_repositories, "setup service started");
     runtime.spawn_reaction(
         config.reaction_config(),
-        local_reaction(&config, &root, credentials),
+        local_reaction(
+            &config,
+            &root,
+            std::slice::from_ref(&core.data_dir),
+            credentials,
+        ),
     );
     shutdown.cancelled().await;
     Ok(())

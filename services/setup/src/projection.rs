@@ -168,6 +168,31 @@ impl Projection for SetupProjection {
     }
 }
 
+/// The projects of `org` whose setup started, other than `project`, and
+/// whether `project`'s own setup started (in any revision).
+pub fn started_projects(
+    store: &zopu_core::Store,
+    org: &OrgId,
+    project: &ProjectId,
+) -> Result<(u64, bool), zopu_core::Error> {
+    let project = project.to_string();
+    store.read(|conn| {
+        let others: i64 = conn
+            .prepare_cached(
+                "SELECT COUNT(DISTINCT project) FROM setup_revisions
+                 WHERE org = ?1 AND started = 1 AND project <> ?2",
+            )?
+            .query_row(params![org.as_str(), project], |row| row.get(0))?;
+        let this: bool = conn
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM setup_revisions
+                 WHERE org = ?1 AND project = ?2 AND started = 1)",
+            )?
+            .query_row(params![org.as_str(), project], |row| row.get(0))?;
+        Ok((u64::try_from(others).unwrap_or(0), this))
+    })
+}
+
 /// A project's conversation agent binding (main spec section 8).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentBinding {

@@ -43,6 +43,12 @@ pub struct SetupReaction<W> {
     credentials: Arc<dyn CredentialStore>,
     /// Per request event: the failure to record if the runner gives up.
     pending: Mutex<HashMap<EventId, Failure>>,
+    /// Most projects per organization.
+    org_projects_max: u32,
+    /// Held from counting an organization's projects to appending a new
+    /// project's `project.setup.started`, so two new projects handled at
+    /// once by this instance cannot both take the last place.
+    starts: tokio::sync::Mutex<()>,
 }
 
 impl<W> std::fmt::Debug for SetupReaction<W> {
@@ -68,7 +74,34 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
             git,
             credentials,
             pending: Mutex::new(HashMap::new()),
+            org_projects_max: crate::ORG_PROJECTS_MAX_DEFAULT,
+            starts: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Limits each organization to `max` projects (`setup.org_projects_max`).
+    pub fn with_org_projects_max(mut self, max: u32) -> Self {
+        self.org_projects_max = max;
+        self
+    }
+
+    /// `Some(failure)` when `project` would be a new project beyond its
+    /// organization's limit. Reads the store once it holds every event
+    /// appended so far (the other projects' `project.setup.started`).
+    async fn over_project_limit(
+        &self,
+        ctx: &ReactionContext,
+        org: &OrgId,
+        project: &ProjectId,
+    ) -> Result<Option<Failure>, HandlerError> {
+        let last = zopu_core::publish::last_sequence(ctx.publisher.bus()).await?;
+        ctx.caught_up(last).await?;
+        let (others, started) = crate::projection::started_projects(&ctx.store, org, project)?;
+        if started || others < u64::from(self.org_projects_max) {
+            return Ok(None);
+        }
+        tracing::warn!(%org, %project, others, max = self.org_projects_max, "organization project limit reached");
+        Ok(Some(failure::project_limit(self.org_projects_max)))
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<EventId, Failure>> {
@@ -122,6 +155,7 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
                     .await;
             }
         };
+        let mut start_guard = None;
         loop {
             let next = decide(&state);
             let generic = |step: &str| {
@@ -134,12 +168,18 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
             };
             let new_event = match next {
                 Next::Finished => return Ok(()),
-                Next::Start => steps.event(
-                    &pb::ProjectSetupStarted {
-                        setup_revision: revision,
-                    },
-                    keys::started(&project, revision),
-                ),
+                Next::Start => {
+                    start_guard = Some(self.starts.lock().await);
+                    if let Some(failure) = self.over_project_limit(ctx, &org, &project).await? {
+                        return steps.record_failure(ctx, failure).await;
+                    }
+                    steps.event(
+                        &pb::ProjectSetupStarted {
+                            setup_revision: revision,
+                        },
+                        keys::started(&project, revision),
+                    )
+                }
                 Next::CreateRuntime => {
                     self.expect_failure(event.id, generic(state::step::WORKSPACE));
                     match self.workspaces.ensure(&project.to_string()).await {
@@ -253,6 +293,8 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
                 }
             };
             steps.append(ctx, &mut state, new_event).await?;
+            // The started event is in the stream: the next count sees it.
+            drop(start_guard.take());
         }
     }
 

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use zopu_core::config::{ConfigError, duration};
+use zopu_sandbox::clone_settings::CloneSettings;
 use zopu_sandbox::git::GitOptions;
 use zopu_sandbox::policy::SandboxLimits;
 
@@ -26,6 +27,17 @@ pub struct Config {
     /// Accept local repository paths when materializing a workspace
     /// (`sandbox.allow_local_repositories`; dev and tests only).
     pub allow_local_repositories: bool,
+    /// Absolute directories local repositories must be inside
+    /// (`sandbox.local_repository_roots`); required when local repositories
+    /// are allowed.
+    pub local_repository_roots: Vec<PathBuf>,
+    /// Hosts on internal addresses a fetch may connect to
+    /// (`sandbox.allowed_repository_hosts`).
+    pub allowed_repository_hosts: Vec<String>,
+    /// Most bytes a fetch may bring, and most bytes of the tree's files.
+    pub clone_bytes_max: u64,
+    /// Most files in the tree.
+    pub clone_files_max: u64,
     /// Wall-clock limit of one fetch or clone when materializing a workspace.
     #[serde(with = "duration")]
     pub clone_timeout: Duration,
@@ -44,6 +56,10 @@ impl Default for Config {
             sandbox: SandboxLimits::default(),
             workspaces_root: None,
             allow_local_repositories: false,
+            local_repository_roots: Vec::new(),
+            allowed_repository_hosts: Vec::new(),
+            clone_bytes_max: zopu_sandbox::git::CLONE_BYTES_MAX_DEFAULT,
+            clone_files_max: zopu_sandbox::git::CLONE_FILES_MAX_DEFAULT,
             clone_timeout: Duration::from_secs(300),
             git_command_timeout: Duration::from_secs(30),
             max_deliver: 5,
@@ -143,6 +159,11 @@ impl Default for ProviderConfig {
 impl Config {
     /// Checks every setting; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.clone_settings()
+            .apply(GitOptions::default())
+            .map_err(|problem| {
+                ConfigError::setting(format!("specialists.{}", problem.key), problem.reason)
+            })?;
         let flow = &self.flow;
         let within = |key: &str, value: Duration, min: Duration, max: Duration| {
             if value < min || value > max {
@@ -253,14 +274,27 @@ impl Config {
         }
     }
 
-    /// How git runs when a workspace is materialized.
-    pub fn git_options(&self) -> GitOptions {
-        GitOptions {
+    /// The clone settings of this section.
+    pub fn clone_settings(&self) -> CloneSettings {
+        CloneSettings {
             allow_local_repositories: self.allow_local_repositories,
+            local_repository_roots: self.local_repository_roots.clone(),
+            allowed_repository_hosts: self.allowed_repository_hosts.clone(),
+            clone_bytes_max: self.clone_bytes_max,
+            clone_files_max: self.clone_files_max,
+        }
+    }
+
+    /// How git runs when a workspace is materialized. Settings `validate`
+    /// refuses give the closed defaults (no local repositories, no
+    /// allowlist) instead.
+    pub fn git_options(&self) -> GitOptions {
+        let base = GitOptions {
             clone_timeout: self.clone_timeout,
             command_timeout: self.git_command_timeout,
             ..GitOptions::default()
-        }
+        };
+        self.clone_settings().apply(base.clone()).unwrap_or(base)
     }
 
     /// Longest a flow waits for its workspace: a fetch or clone and a
@@ -306,7 +340,7 @@ mod tests {
         config.workspaces_root = Some("/srv/ws".into());
         assert_eq!(config.workspaces_root(data), Path::new("/srv/ws"));
         let config: Config = toml::from_str(
-            "allow_local_repositories = true\nclone_timeout = \"2m\"\ngit_command_timeout = \"5s\"\n",
+            "allow_local_repositories = true\nlocal_repository_roots = [\"/repos\"]\nclone_timeout = \"2m\"\ngit_command_timeout = \"5s\"\n",
         )
         .unwrap();
         let options = config.git_options();

@@ -136,11 +136,12 @@ impl FlowRunner {
         provider: Option<Arc<dyn Provider>>,
         credentials: Arc<dyn CredentialStore>,
     ) -> Self {
-        let workspaces = Workspaces::new(
-            config.workspaces_root(&data_dir),
-            config.git_options(),
-            credentials,
-        );
+        // No local repository is read from this instance's own directories
+        // (other projects' workspaces, the data directory).
+        let mut options = config.git_options();
+        options.local_repository_excluded =
+            vec![config.workspaces_root(&data_dir), data_dir.clone()];
+        let workspaces = Workspaces::new(config.workspaces_root(&data_dir), options, credentials);
         let cache_root = data_dir.join("specialists-cache");
         Self {
             shared: Arc::new(Shared {

@@ -27,7 +27,7 @@ const EXIT_TIMEOUT: u8 = 2;
 pub enum ProjectCommand {
     /// Create a project from a repository and follow its setup
     #[command(
-        after_help = "Examples:\n  zopu project create --repo https://github.com/acme/shop.git --branch main\n  zopu project create --repo /path/to/repo   (local paths need sandbox.allow_local_repositories)\n  zopu project create --repo https://github.com/acme/shop.git --request-id 0190...   (a safe retry: the same request id is the same project)"
+        after_help = "Examples:\n  zopu project create --repo https://github.com/acme/shop.git --branch main\n  zopu project create --repo /path/to/repo   (local paths need sandbox.allow_local_repositories and sandbox.local_repository_roots)\n  zopu project create --repo https://github.com/acme/shop.git --request-id 0190...   (a safe retry: the same request id is the same project)"
     )]
     Create(CreateArgs),
     /// Show a project's setup status

@@ -135,6 +135,19 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
     let mut config = context.config.clone();
     config.nats_url = server.url();
     config.sandbox.allow_local_repositories = true;
+    if config.sandbox.local_repository_roots.is_empty()
+        && config.setup.local_repository_roots.is_empty()
+    {
+        // Unless configured, dev clones local repositories only from the
+        // demo repository (by default the git checkout it runs in, else
+        // the current directory).
+        let root = match demo_repository(args.demo_repo.as_deref()) {
+            Ok(root) => root,
+            Err(_) if args.demo_repo.is_none() => std::fs::canonicalize(".")?,
+            Err(error) => return Err(error),
+        };
+        config.sandbox.local_repository_roots = vec![root];
+    }
     config.gateway.listen = SocketAddr::from(([127, 0, 0, 1], args.port));
     let config = config.resolved();
     config.validate()?;
@@ -228,11 +241,7 @@ async fn ensure_demo_project(
     {
         return Ok(project);
     }
-    let repo = match repo {
-        Some(path) => path.to_owned(),
-        None => git_toplevel()?,
-    };
-    let repo = std::fs::canonicalize(&repo)?;
+    let repo = demo_repository(repo)?;
     let branch = git_branch(&repo)?;
     let publisher = zopu_core::Publisher::new(bus.clone(), "gateway", None);
     let project = ProjectId::new();
@@ -250,6 +259,16 @@ async fn ensure_demo_project(
     zopu_setup::client::request_setup(&publisher, &request).await?;
     std::fs::write(&marker, project.to_string())?;
     Ok(project)
+}
+
+/// The demo project's repository: `--demo-repo`, or the git checkout the
+/// command runs in; canonical.
+fn demo_repository(repo: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let repo = match repo {
+        Some(path) => path.to_owned(),
+        None => git_toplevel()?,
+    };
+    Ok(std::fs::canonicalize(&repo)?)
 }
 
 fn git_toplevel() -> anyhow::Result<PathBuf> {

@@ -70,10 +70,12 @@ pub fn source_repository(parent: &Path, name: &str) -> PathBuf {
     path
 }
 
-/// Git options for tests: local repositories allowed, generous timeouts.
+/// Git options for tests: local repositories allowed under the temporary
+/// directory (where every fixture lives), generous timeouts.
 pub fn options() -> GitOptions {
     GitOptions {
         allow_local_repositories: true,
+        local_repository_roots: vec![std::env::temp_dir()],
         clone_timeout: Duration::from_secs(60),
         command_timeout: Duration::from_secs(30),
         ..GitOptions::default()

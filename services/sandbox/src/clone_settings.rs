@@ -1,0 +1,180 @@
+//! The clone settings every cloning service exposes in its config section
+//! (`setup`, `specialists`, and the shared `sandbox` section that sets
+//! both): where repositories may come from and how large a clone may be.
+//!
+//! One validation for all of them ([`CloneSettings::apply`]), so a bad
+//! allowlist entry, a relative root or a cap out of range fails at start
+//! with the key named, in every service alike.
+
+use std::path::PathBuf;
+
+use crate::egress::Egress;
+use crate::git::{CLONE_BYTES_MAX_DEFAULT, CLONE_FILES_MAX_DEFAULT, GitOptions};
+
+/// Smallest accepted `clone_bytes_max` (1 MiB).
+const CLONE_BYTES_MIN: u64 = 1024 * 1024;
+/// Largest accepted `clone_bytes_max` (1 TiB).
+const CLONE_BYTES_LIMIT: u64 = 1024 * 1024 * 1024 * 1024;
+/// Largest accepted `clone_files_max`.
+const CLONE_FILES_LIMIT: u64 = 10_000_000;
+/// Most local repository roots.
+const ROOTS_MAX: usize = 64;
+
+/// A setting that does not validate: its key inside the service's section
+/// and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct SettingProblem {
+    /// The key, e.g. `allowed_repository_hosts`.
+    pub key: &'static str,
+    /// What is wrong, naming the offending value when it is operator input.
+    pub reason: String,
+}
+
+/// A service's clone settings, as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloneSettings {
+    /// Accept absolute local repository paths (dev and tests).
+    pub allow_local_repositories: bool,
+    /// Absolute directories local repositories must be inside; at least one
+    /// when local repositories are allowed.
+    pub local_repository_roots: Vec<PathBuf>,
+    /// Hosts on internal addresses a clone may connect to (`host`,
+    /// `host:port`, `10.0.0.5`, `[fd00::5]:443`).
+    pub allowed_repository_hosts: Vec<String>,
+    /// Most bytes a clone may fetch, and most bytes of its tree's files.
+    pub clone_bytes_max: u64,
+    /// Most files in a clone's tree.
+    pub clone_files_max: u64,
+}
+
+impl Default for CloneSettings {
+    fn default() -> Self {
+        Self {
+            allow_local_repositories: false,
+            local_repository_roots: Vec::new(),
+            allowed_repository_hosts: Vec::new(),
+            clone_bytes_max: CLONE_BYTES_MAX_DEFAULT,
+            clone_files_max: CLONE_FILES_MAX_DEFAULT,
+        }
+    }
+}
+
+impl CloneSettings {
+    /// Checks the settings and sets them on `options`.
+    pub fn apply(&self, options: GitOptions) -> Result<GitOptions, SettingProblem> {
+        let problem = |key, reason: String| SettingProblem { key, reason };
+        if self.allow_local_repositories && self.local_repository_roots.is_empty() {
+            return Err(problem(
+                "local_repository_roots",
+                "name at least one directory local repositories may be cloned from \
+                 when local repositories are allowed"
+                    .to_owned(),
+            ));
+        }
+        if self.local_repository_roots.len() > ROOTS_MAX {
+            return Err(problem(
+                "local_repository_roots",
+                format!("at most {ROOTS_MAX} directories"),
+            ));
+        }
+        if let Some(root) = self
+            .local_repository_roots
+            .iter()
+            .find(|root| !root.is_absolute())
+        {
+            return Err(problem(
+                "local_repository_roots",
+                format!("'{}' is not an absolute path", root.display()),
+            ));
+        }
+        let egress = Egress::new(&self.allowed_repository_hosts)
+            .map_err(|error| problem("allowed_repository_hosts", error.to_string()))?;
+        if !(CLONE_BYTES_MIN..=CLONE_BYTES_LIMIT).contains(&self.clone_bytes_max) {
+            return Err(problem(
+                "clone_bytes_max",
+                format!(
+                    "must be between {CLONE_BYTES_MIN} (1 MiB) and {CLONE_BYTES_LIMIT} (1 TiB)"
+                ),
+            ));
+        }
+        if !(1..=CLONE_FILES_LIMIT).contains(&self.clone_files_max) {
+            return Err(problem(
+                "clone_files_max",
+                format!("must be between 1 and {CLONE_FILES_LIMIT}"),
+            ));
+        }
+        Ok(GitOptions {
+            allow_local_repositories: self.allow_local_repositories,
+            local_repository_roots: self.local_repository_roots.clone(),
+            egress,
+            clone_bytes_max: self.clone_bytes_max,
+            clone_files_max: self.clone_files_max,
+            ..options
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_apply_and_bad_settings_name_their_key() {
+        let options = CloneSettings::default()
+            .apply(GitOptions::default())
+            .unwrap();
+        assert_eq!(options.clone_bytes_max, CLONE_BYTES_MAX_DEFAULT);
+        assert!(!options.allow_local_repositories);
+        let cases = [
+            (
+                CloneSettings {
+                    allow_local_repositories: true,
+                    ..CloneSettings::default()
+                },
+                "local_repository_roots",
+            ),
+            (
+                CloneSettings {
+                    allow_local_repositories: true,
+                    local_repository_roots: vec![PathBuf::from("relative")],
+                    ..CloneSettings::default()
+                },
+                "local_repository_roots",
+            ),
+            (
+                CloneSettings {
+                    allowed_repository_hosts: vec!["git.internal:http".to_owned()],
+                    ..CloneSettings::default()
+                },
+                "allowed_repository_hosts",
+            ),
+            (
+                CloneSettings {
+                    clone_bytes_max: 10,
+                    ..CloneSettings::default()
+                },
+                "clone_bytes_max",
+            ),
+            (
+                CloneSettings {
+                    clone_files_max: 0,
+                    ..CloneSettings::default()
+                },
+                "clone_files_max",
+            ),
+        ];
+        for (settings, key) in cases {
+            let error = settings.apply(GitOptions::default()).unwrap_err();
+            assert_eq!(error.key, key, "{error}");
+        }
+        let error = CloneSettings {
+            allowed_repository_hosts: vec!["git.internal:http".to_owned()],
+            ..CloneSettings::default()
+        }
+        .apply(GitOptions::default())
+        .unwrap_err();
+        assert!(error.reason.contains("git.internal:http"), "{error}");
+    }
+}
