@@ -9,6 +9,7 @@ mod conversation;
 mod evolution;
 mod foundation;
 mod gateway;
+mod permissions;
 mod scale;
 mod setup;
 mod specialists;
