@@ -177,21 +177,16 @@ impl Identity {
         })?
     }
 
-    /// A JetStream API request the server must refuse: no answer, and a
-    /// permission violation naming the subject.
+    /// A JetStream API request the server must refuse: a permission
+    /// violation naming the subject (a refused message is routed nowhere,
+    /// so no answer can follow it).
     async fn refused_request(&mut self, subject: &str, body: &str) -> Result<()> {
-        let answer = self
-            .bus
+        let inbox = self.bus.client.new_inbox();
+        self.bus
             .client
-            .request(subject.to_owned(), Bytes::from(body.to_owned()))
-            .await;
-        if let Ok(message) = answer {
-            bail!(
-                "{} was answered on {subject}: {}",
-                self.user,
-                String::from_utf8_lossy(&message.payload)
-            );
-        }
+            .publish_with_reply(subject.to_owned(), inbox, Bytes::from(body.to_owned()))
+            .await?;
+        self.bus.client.flush().await?;
         self.violation_on(subject).await
     }
 
@@ -378,8 +373,10 @@ async fn a_service_refuses_to_start_without_the_stream_and_names_the_command() -
     let stderr = String::from_utf8_lossy(&output.stderr);
     ensure!(!output.status.success(), "it exited successfully: {stderr}");
     ensure!(
-        stderr.contains(&format!("stream {} does not exist", subjects::EVENTS_STREAM))
-            && stderr.contains("zopu streams apply"),
+        stderr.contains(&format!(
+            "stream {} does not exist",
+            subjects::EVENTS_STREAM
+        )) && stderr.contains("zopu streams apply"),
         "the error does not name the stream and the command: {stderr}"
     );
     ensure!(
@@ -419,13 +416,12 @@ async fn the_flow_runs_with_every_service_as_its_own_identity() -> Result<()> {
             env: Vec::new(),
         },
     )?;
-    let cli = |user: &str, args: &[&str]| {
-        let mut command = tokio::process::Command::from(fleet.command());
-        command.envs(secured.login(user)).args(args).kill_on_drop(true);
-        command
-    };
-    let applied = run(cli("admin", &["streams", "apply"])).await?;
-    ensure!(applied.status.success(), "streams apply: {}", text(&applied));
+    let applied = run(cli(&fleet, &secured, "admin", &["streams", "apply"])).await?;
+    ensure!(
+        applied.status.success(),
+        "streams apply: {}",
+        text(&applied)
+    );
 
     let gateway_port = fixtures::free_port()?;
     for (service, _, _) in SERVICES {
@@ -445,6 +441,8 @@ async fn the_flow_runs_with_every_service_as_its_own_identity() -> Result<()> {
 
     let repo_arg = repo.to_string_lossy().into_owned();
     let created = run(cli(
+        &fleet,
+        &secured,
         "operator",
         &[
             "--json", "project", "create", "--org", "acme", "--repo", &repo_arg,
@@ -463,8 +461,13 @@ async fn the_flow_runs_with_every_service_as_its_own_identity() -> Result<()> {
             .next()
             .unwrap_or("{}"),
     )?;
-    let project = first["project"].as_str().context("no project id")?.to_owned();
+    let project = first["project"]
+        .as_str()
+        .context("no project id")?
+        .to_owned();
     let sent = run(cli(
+        &fleet,
+        &secured,
         "operator",
         &[
             "--json",
@@ -496,13 +499,23 @@ async fn the_flow_runs_with_every_service_as_its_own_identity() -> Result<()> {
         !violations.to_lowercase().contains("permissions violation"),
         "a service was refused an operation it needs:\n{violations}"
     );
-    let audited = run(cli("reader", &["audit", "verify"])).await?;
+    let audited = run(cli(&fleet, &secured, "reader", &["audit", "verify"])).await?;
     ensure!(
         audited.status.success(),
         "audit verify as reader: {}",
         text(&audited)
     );
     Ok(())
+}
+
+/// A `zopu` command with the fleet's settings, logged in as `user`.
+fn cli(fleet: &Fleet, secured: &Secured, user: &str, args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::from(fleet.command());
+    command
+        .envs(secured.login(user))
+        .args(args)
+        .kill_on_drop(true);
+    command
 }
 
 async fn run(mut command: tokio::process::Command) -> Result<std::process::Output> {
@@ -523,7 +536,11 @@ fn text(output: &std::process::Output) -> String {
 /// Every instance's whole log, for a check and a failure message.
 fn logs(fleet: &Fleet) -> String {
     let mut all = String::new();
-    for service in SERVICES.iter().map(|(service, _, _)| *service).chain(["gateway"]) {
+    for service in SERVICES
+        .iter()
+        .map(|(service, _, _)| *service)
+        .chain(["gateway"])
+    {
         let name = Fleet::instance(service, 1);
         let log = std::fs::read_to_string(fleet.log_dir().join(format!("{name}.log")))
             .unwrap_or_default();

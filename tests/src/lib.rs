@@ -259,8 +259,8 @@ fn apply_streams(url: String, replicas: usize) -> Result<()> {
             .build()
             .context("a runtime to apply streams/")?;
         runtime.block_on(async {
-            let bus = zopu_core::nats::connect(&url, "zopu-test-admin", Duration::from_secs(30))
-                .await?;
+            let bus =
+                zopu_core::nats::connect(&url, "zopu-test-admin", Duration::from_secs(30)).await?;
             let settings = zopu_core::streams::StreamSettings {
                 replicas,
                 duplicate_window: DUPLICATE_WINDOW,

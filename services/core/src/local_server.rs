@@ -121,7 +121,9 @@ impl LocalServer {
         let port = free_ports(1)?[0];
         let config = store_dir.join("nats.conf");
         let mut text = config_text(port, &store_dir.join("jetstream"), SyncPolicy::Always, None);
-        text.push_str(&format!("include {:?}\n", accounts.display().to_string()));
+        // nats-server resolves an include relative to the including file.
+        std::fs::copy(accounts, store_dir.join("accounts.conf"))?;
+        text.push_str("include ./accounts.conf\n");
         std::fs::File::create(&config)?.write_all(text.as_bytes())?;
         let mut server = Self {
             child: None,

@@ -369,15 +369,20 @@ mod tests {
             super::password(&env_of(pairs)).unwrap().as_deref(),
             Some("s3cret-value")
         );
-        assert!(with_credentials(async_nats::ConnectOptions::new(), &env_of(pairs))
-            .await
-            .is_ok());
+        assert!(
+            with_credentials(async_nats::ConnectOptions::new(), &env_of(pairs))
+                .await
+                .is_ok()
+        );
         let both = super::password(&env_of(&[
             (PASSWORD_VARIABLE, "s3cret-value"),
             (super::PASSWORD_FILE_VARIABLE, "/nonexistent/password"),
         ]))
         .unwrap_err();
-        assert!(both.contains("not both") && !both.contains("s3cret"), "{both}");
+        assert!(
+            both.contains("not both") && !both.contains("s3cret"),
+            "{both}"
+        );
         let missing = super::password(&env_of(&[(
             super::PASSWORD_FILE_VARIABLE,
             "/nonexistent/password",
@@ -408,7 +413,10 @@ mod tests {
             ..Default::default()
         };
         let error = config.validate().unwrap_err().to_string();
-        assert!(error.contains("nats_url") && !error.contains("s3cret"), "{error}");
+        assert!(
+            error.contains("nats_url") && !error.contains("s3cret"),
+            "{error}"
+        );
     }
 
     #[tokio::test]

@@ -261,8 +261,7 @@ async fn apply_stream(js: &jetstream::Context, wanted: stream::Config) -> Result
         }
         Some(existing) => {
             let differences = differences(&existing, &wanted);
-            if let Some(error @ Error::StreamDrift { .. }) =
-                drift_error(&wanted.name, &differences)
+            if let Some(error @ Error::StreamDrift { .. }) = drift_error(&wanted.name, &differences)
             {
                 return Err(error);
             }
