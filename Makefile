@@ -5,7 +5,7 @@ TOOLS := $(CURDIR)/tools
 export PATH := $(TOOLS)/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help setup nats-server build test run bench bench-ack bench-scale lint clean-state
+.PHONY: help setup nats-server build test test-deps run bench bench-ack bench-scale lint clean-state
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -18,9 +18,12 @@ nats-server: ## install nats-server into ./tools/bin unless a suitable one is th
 build: ## build all crates (debug) and the zopu binary
 	$(CARGO) build --workspace --all-targets
 
-test: nats-server ## run every test against a real nats-server
+test: nats-server test-deps ## run every test against a real nats-server
 	$(CARGO) build -p zopu-cli --bin zopu
 	$(CARGO) test --workspace --no-fail-fast
+
+test-deps: ## install the system packages the tests need (git, chromium, chromium-driver, bubblewrap) with apt-get when it can
+	@./deploy/scripts/install-test-deps.sh
 
 run: nats-server ## everything in one process: nats-server, all services, web timeline, a demo project
 	$(CARGO) run -p zopu-cli --bin zopu -- dev
@@ -42,5 +45,7 @@ clean-state: ## delete local dev state (.zopu-local): nats data, projections, wo
 	rm -rf .zopu-local
 
 .PHONY: deploy-check
-deploy-check: ## validate deploy/: Kubernetes manifests (pip install kubernetes-validate), NATS configs, consistency, compose when docker compose is there
-	@./deploy/scripts/validate.sh
+deploy-check: nats-server ## validate deploy/ (CI runs it): Kubernetes manifests against the API schemas (kubernetes-validate, installed from PyPI into ./tools/python when missing), NATS configs, permissions block, consistency
+	@command -v kubernetes-validate >/dev/null 2>&1 || [ -x "$(TOOLS)/python/bin/kubernetes-validate" ] \
+	  || python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --target "$(TOOLS)/python" kubernetes-validate
+	@PATH="$(TOOLS)/python/bin:$$PATH" PYTHONPATH="$(TOOLS)/python$${PYTHONPATH:+:$$PYTHONPATH}" ./deploy/scripts/validate.sh

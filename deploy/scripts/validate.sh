@@ -83,6 +83,22 @@ while read -r file name; do
     || fail "accounts.conf: $service may not write its lease keys \$KV.zopu-leases.*.$service-$name.*"
 done < <(grep -o 'subjects::durable(SERVICE, "[a-z]*")' -r "$root/services" --include=*.rs \
   | sed 's/:subjects::durable(SERVICE, "\([a-z]*\)")/ \1/' | sort -u)
+./scripts/accounts-durables.sh --check || fail "accounts.conf: the denials of other services' durables are stale"
+grep -q "{ user: admin," nats/accounts.conf || fail "accounts.conf has no admin identity (zopu streams apply)"
+for service in setup dispatch conversation specialists artifacts gateway; do
+  sed -n "/{ user: $service,/,/subscribe:/p" nats/accounts.conf | grep -q 'STREAM\.\(CREATE\|UPDATE\|DELETE\)\|\$JS\.API\.>' \
+    && fail "accounts.conf: $service may create, update or delete a stream"
+done
+# Hardening: every container non-root with a read-only root filesystem, no
+# privilege escalation and no capabilities; NetworkPolicies in place.
+for manifest in kubernetes/zopu.yaml kubernetes/nats.yaml; do
+  containers=$(grep -c '^        - name: ' <(sed -n '/^      containers:/,/^      volumes:/p' "$manifest"))
+  for setting in 'readOnlyRootFilesystem: true' 'allowPrivilegeEscalation: false' 'capabilities: { drop: \["ALL"\] }'; do
+    [ "$(grep -c "$setting" "$manifest")" -ge "$containers" ] || fail "$manifest: not every container sets $setting"
+  done
+  [ "$(grep -c 'runAsNonRoot: true' "$manifest")" -ge 1 ] || fail "$manifest: pods may run as root"
+  grep -q '^kind: NetworkPolicy' "$manifest" || fail "$manifest has no NetworkPolicy"
+done
 partitions=$(grep -ho 'ZOPU_SCALE__PARTITIONS: "[0-9]*"' kubernetes/zopu.yaml compose.yaml | sort -u | wc -l)
 [ "$partitions" -eq 1 ] || fail "kubernetes/ and compose.yaml set different ZOPU_SCALE__PARTITIONS"
 ! grep -q 'accessModes:.*ReadWriteMany' kubernetes/*.yaml || fail "a ReadWriteMany volume in kubernetes/"

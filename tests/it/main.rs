@@ -10,6 +10,7 @@ mod evolution;
 mod forgery;
 mod foundation;
 mod gateway;
+mod permissions;
 mod scale;
 mod setup;
 mod specialists;

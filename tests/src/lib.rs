@@ -34,12 +34,22 @@ pub struct NatsServer {
 }
 
 impl NatsServer {
-    /// Starts a server with `sync_interval: always`.
+    /// Starts a server with `sync_interval: always`, with `streams/`
+    /// applied as an administrator would before any service starts (services
+    /// only check them).
     pub fn start() -> Result<Self> {
         Self::start_with(Sync::Always)
     }
 
+    /// [`NatsServer::start`] with another sync policy.
     pub fn start_with(sync: Sync) -> Result<Self> {
+        let server = Self::start_without_streams(sync)?;
+        apply_streams(server.url(), 1)?;
+        Ok(server)
+    }
+
+    /// A server with nothing on it: no stream, no bucket.
+    pub fn start_without_streams(sync: Sync) -> Result<Self> {
         // `ZOPU_LOG=warn cargo test ...` shows the services' logs.
         if std::env::var_os("ZOPU_LOG").is_some() {
             zopu_core::telemetry::init(false);
@@ -122,6 +132,7 @@ impl NatsCluster {
             Sync::Always,
             no_advertise,
         )?;
+        apply_streams(cluster.url(), CLUSTER_SIZE)?;
         Ok(Self {
             cluster,
             _store: store,
@@ -235,6 +246,46 @@ impl Nats for NatsCluster {
     }
 }
 
+/// The duplicate window services get by default (`CoreConfig`'s).
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// Applies `streams/` (the default duplicate window, `replicas` replicas)
+/// to the server at `url`: what `zopu streams apply` does before services
+/// start. Runs on its own thread, so a test's runtime may call it.
+fn apply_streams(url: String, replicas: usize) -> Result<()> {
+    std::thread::spawn(move || -> Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("a runtime to apply streams/")?;
+        runtime.block_on(async {
+            let bus =
+                zopu_core::nats::connect(&url, "zopu-test-admin", Duration::from_secs(30)).await?;
+            let settings = zopu_core::streams::StreamSettings {
+                replicas,
+                duplicate_window: DUPLICATE_WINDOW,
+            };
+            // A cluster may still be electing the stream's leader: the
+            // apply is retried like a starting service retries its check.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                match zopu_core::streams::apply(&bus, &settings).await {
+                    Err(zopu_core::Error::JetStream { .. })
+                        if tokio::time::Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    result => break result.context("applying streams/"),
+                }
+            }?;
+            bus.client.flush().await.context("flush")?;
+            Ok(())
+        })
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("applying streams/ panicked"))?
+}
+
 /// A core config pointing at `server`, with a fresh data dir.
 pub fn core_config(server: &impl Nats, data_dir: &Path) -> zopu_core::config::CoreConfig {
     zopu_core::config::CoreConfig {
@@ -249,7 +300,7 @@ pub fn core_config(server: &impl Nats, data_dir: &Path) -> zopu_core::config::Co
 /// three replicas on the cluster).
 pub async fn bus(server: &impl Nats, duplicate_window: Duration) -> Result<Bus> {
     let bus = zopu_core::nats::connect(&server.url(), "zopu-test", Duration::from_secs(10)).await?;
-    zopu_core::streams::ensure(
+    zopu_core::streams::apply(
         &bus,
         &zopu_core::streams::StreamSettings {
             replicas: server.stream_replicas(),

@@ -48,7 +48,7 @@ pub enum Stored {
     Written,
 }
 
-/// Opens the artifact bucket (created at startup by `zopu_core::streams::ensure`).
+/// Opens the artifact bucket (created by `zopu streams apply`: `zopu_core::streams::apply`).
 pub async fn bucket(bus: &zopu_core::nats::Bus) -> Result<ObjectStore, Error> {
     bus.jetstream
         .get_object_store(zopu_schema::subjects::ARTIFACTS_BUCKET)

@@ -12,6 +12,7 @@ mod config;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 pub use config::ZopuConfig;
@@ -132,6 +133,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     config.validate()?;
     // Services log their progress; one-shot commands only warnings.
     let long_running = matches!(cli.command, Command::Dev(_) | Command::Run(_));
+    if let Command::Dev(args) = &cli.command
+        && !args.verbose
+    {
+        let path = commands::services::dev_log_file();
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening the log file {}", path.display()))?;
+        zopu_core::telemetry::init_to_file(file, "info,async_nats=warn");
+    }
     zopu_core::telemetry::init_with_default(
         cli.json,
         if long_running {

@@ -84,6 +84,14 @@ async fn tokens_are_created_listed_and_revoked_in_the_shared_bucket() -> Result<
         let dir = dir.path().to_owned();
         async move { zopu(&dir, &all).await }
     };
+    // The administrator's step: creates the tokens bucket with the rest.
+    json_lines(
+        &zopu(
+            dir.path(),
+            &["--json", "--nats", url.as_str(), "streams", "apply"],
+        )
+        .await?,
+    )?;
 
     let created =
         json_lines(&run(&["create", "--org", "acme", "--user", "ada", "--ttl", "30d"]).await?)?;
@@ -176,9 +184,9 @@ async fn creating_a_project_again_with_its_request_id_is_the_same_project() -> R
             json_lines(&zopu(&dir, &args).await?)
         }
     };
-    // The services apply streams/ at start; none runs here.
+    // The administrator applies streams/ (services only check them).
     let bus = zopu_core::nats::connect(&url, "test", std::time::Duration::from_secs(10)).await?;
-    zopu_core::streams::ensure(
+    zopu_core::streams::apply(
         &bus,
         &zopu_core::streams::StreamSettings {
             replicas: 1,

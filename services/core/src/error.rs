@@ -19,7 +19,20 @@ pub enum Error {
     )]
     StreamDrift {
         stream: String,
-        field: &'static str,
+        field: String,
+        existing: String,
+        wanted: String,
+    },
+    #[error(
+        "stream {stream} does not exist on this server: services never create it. Create it once with `zopu streams apply` (as the NATS admin identity), then start the service again"
+    )]
+    StreamMissing { stream: String },
+    #[error(
+        "stream {stream} differs from streams/ in {field} (existing {existing}, wanted {wanted}): run `zopu streams apply` (as the NATS admin identity), then start the service again"
+    )]
+    StreamOutdated {
+        stream: String,
+        field: String,
         existing: String,
         wanted: String,
     },

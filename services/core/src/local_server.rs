@@ -89,6 +89,8 @@ pub struct LocalServer {
     config: PathBuf,
     binary: PathBuf,
     node: Option<ClusterNode>,
+    /// Variables the config refers to (`$ZOPU_SETUP_PASSWORD`), set on the child only.
+    env: Vec<(String, String)>,
 }
 
 impl LocalServer {
@@ -104,6 +106,36 @@ impl LocalServer {
             None => free_ports(1)?[0],
         };
         Self::start_node(store_dir, port, sync, None)
+    }
+
+    /// [`LocalServer::start`] on a free port with an accounts file
+    /// included (deploy/nats/accounts.conf: its users and permissions) and
+    /// `env` set for the server process only (the passwords it refers to).
+    pub fn start_with_accounts(
+        store_dir: &Path,
+        accounts: &Path,
+        env: Vec<(String, String)>,
+    ) -> Result<Self, LocalServerError> {
+        let binary = find_binary()?;
+        std::fs::create_dir_all(store_dir)?;
+        let port = free_ports(1)?[0];
+        let config = store_dir.join("nats.conf");
+        let mut text = config_text(port, &store_dir.join("jetstream"), SyncPolicy::Always, None);
+        // nats-server resolves an include relative to the including file.
+        std::fs::copy(accounts, store_dir.join("accounts.conf"))?;
+        text.push_str("include ./accounts.conf\n");
+        std::fs::File::create(&config)?.write_all(text.as_bytes())?;
+        let mut server = Self {
+            child: None,
+            port,
+            store_dir: store_dir.to_owned(),
+            config,
+            binary,
+            node: None,
+            env,
+        };
+        server.spawn()?;
+        Ok(server)
     }
 
     /// Starts one node of a cluster (see [`LocalCluster`]). It returns once
@@ -136,6 +168,7 @@ impl LocalServer {
             config,
             binary,
             node,
+            env: Vec::new(),
         };
         server.spawn()?;
         Ok(server)
@@ -153,6 +186,7 @@ impl LocalServer {
         let child = Command::new(&self.binary)
             .arg("-c")
             .arg(&self.config)
+            .envs(self.env.iter().map(|(key, value)| (key, value)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

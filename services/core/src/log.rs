@@ -2,10 +2,16 @@
 //! tests that follow or replay events (`zopu tail`, `zopu replay`, audit,
 //! setup progress, artifact lookups). One ordered-consumer reader, so no
 //! caller writes its own `messages.next()` loop.
+//!
+//! The reader is an ordered *push* consumer delivering into the client's
+//! own inbox: it needs no `CONSUMER.MSG.NEXT` right, so the read-only NATS
+//! identity of integrators and auditors (deploy/nats/accounts.conf) has
+//! none, and cannot pull from (and so spend the deliveries of) a service's
+//! durable consumer.
 
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use async_nats::jetstream::consumer::{DeliverPolicy, push};
 use futures::StreamExt;
 use zopu_schema::Envelope;
 use zopu_schema::codec::DecodeError;
@@ -38,7 +44,7 @@ pub struct Logged {
 
 /// An ordered, ephemeral reader of `filter`.
 pub struct Reader {
-    messages: pull::Ordered,
+    messages: push::Ordered,
 }
 
 impl std::fmt::Debug for Reader {
@@ -79,7 +85,8 @@ impl Reader {
         loop {
             attempt += 1;
             let created = stream
-                .create_consumer(pull::OrderedConfig {
+                .create_consumer(push::OrderedConfig {
+                    deliver_subject: bus.client.new_inbox(),
                     filter_subjects: filters.clone(),
                     deliver_policy,
                     ..Default::default()

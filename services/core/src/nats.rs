@@ -36,6 +36,13 @@ const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(1);
 /// `tls://host:port`. An error names the entry that is wrong.
 pub fn server_list(url: &str) -> Result<Vec<async_nats::ServerAddr>, String> {
     let entries: Vec<&str> = url.split(',').map(str::trim).collect();
+    // Before anything echoes the URL: credentials in it would be logged.
+    if let Some(index) = entries.iter().position(|entry| carries_credentials(entry)) {
+        return Err(format!(
+            "entry {} carries credentials (user:password@ or token@): the URL is logged, so Zopu never takes them from it; set {USER_VARIABLE} with {PASSWORD_VARIABLE} or {PASSWORD_FILE_VARIABLE}, or {CREDENTIALS_FILE_VARIABLE}",
+            index + 1
+        ));
+    }
     let mut servers = Vec::with_capacity(entries.len());
     for (index, entry) in entries.iter().enumerate() {
         let position = index + 1;
@@ -60,14 +67,73 @@ pub fn server_list(url: &str) -> Result<Vec<async_nats::ServerAddr>, String> {
     Ok(servers)
 }
 
+/// Whether a server URL has a user-info part (`nats://user:pass@host`).
+fn carries_credentials(entry: &str) -> bool {
+    let rest = entry.split_once("://").map_or(entry, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    authority.contains('@')
+}
+
+/// `url` with any user-info part replaced by `***`, for messages and logs.
+pub fn redacted(url: &str) -> String {
+    url.split(',')
+        .map(|entry| {
+            let trimmed = entry.trim();
+            if !carries_credentials(trimmed) {
+                return trimmed.to_owned();
+            }
+            let (scheme, rest) = trimmed.split_once("://").unwrap_or(("", trimmed));
+            let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+            if scheme.is_empty() {
+                format!("***@{host}")
+            } else {
+                format!("{scheme}://***@{host}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The environment variables that carry NATS credentials. They are secrets:
 /// never configuration keys, never logged.
 pub const USER_VARIABLE: &str = "ZOPU_NATS_USER";
 pub const PASSWORD_VARIABLE: &str = "ZOPU_NATS_PASSWORD";
+/// A file holding the password (a mounted Kubernetes Secret, a Docker secret).
+pub const PASSWORD_FILE_VARIABLE: &str = "ZOPU_NATS_PASSWORD_FILE";
 pub const CREDENTIALS_FILE_VARIABLE: &str = "ZOPU_NATS_CREDS";
 
+/// The password from `ZOPU_NATS_PASSWORD` or the file `ZOPU_NATS_PASSWORD_FILE`
+/// names (one trailing newline dropped), not both. Errors name the variable
+/// and the path, never the password.
+fn password(
+    env: &impl Fn(&str) -> Result<String, std::env::VarError>,
+) -> Result<Option<String>, String> {
+    let inline = env(PASSWORD_VARIABLE).ok().filter(|v| !v.is_empty());
+    let file = env(PASSWORD_FILE_VARIABLE).ok().filter(|v| !v.is_empty());
+    match (inline, file) {
+        (Some(_), Some(_)) => Err(format!(
+            "set {PASSWORD_VARIABLE} or {PASSWORD_FILE_VARIABLE}, not both"
+        )),
+        (Some(password), None) => Ok(Some(password)),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|error| format!("{PASSWORD_FILE_VARIABLE} ({path}): {error}"))?;
+            let password = text
+                .strip_suffix('\n')
+                .map(|t| t.strip_suffix('\r').unwrap_or(t))
+                .unwrap_or(&text);
+            if password.is_empty() {
+                return Err(format!("{PASSWORD_FILE_VARIABLE} ({path}) is empty"));
+            }
+            Ok(Some(password.to_owned()))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
 /// Adds the credentials the environment names: a user and password
-/// (`ZOPU_NATS_USER` and `ZOPU_NATS_PASSWORD`, both or neither) or a
+/// (`ZOPU_NATS_USER` and `ZOPU_NATS_PASSWORD` or `ZOPU_NATS_PASSWORD_FILE`,
+/// both or neither) or a
 /// `.creds` file (`ZOPU_NATS_CREDS`, JWT and nkey). None: an anonymous
 /// connection, as against a dev server.
 async fn with_credentials(
@@ -75,17 +141,17 @@ async fn with_credentials(
     env: &impl Fn(&str) -> Result<String, std::env::VarError>,
 ) -> Result<async_nats::ConnectOptions, String> {
     let user = env(USER_VARIABLE).ok().filter(|v| !v.is_empty());
-    let password = env(PASSWORD_VARIABLE).ok().filter(|v| !v.is_empty());
+    let password = password(env)?;
     let creds = env(CREDENTIALS_FILE_VARIABLE)
         .ok()
         .filter(|v| !v.is_empty());
     match (user, password, creds) {
         (Some(_), Some(_), Some(_)) => Err(format!(
-            "set either {USER_VARIABLE}/{PASSWORD_VARIABLE} or {CREDENTIALS_FILE_VARIABLE}, not both"
+            "set either {USER_VARIABLE}/{PASSWORD_VARIABLE} ({PASSWORD_FILE_VARIABLE}) or {CREDENTIALS_FILE_VARIABLE}, not both"
         )),
         (Some(user), Some(password), None) => Ok(options.user_and_password(user, password)),
         (Some(_), None, _) | (None, Some(_), _) => Err(format!(
-            "{USER_VARIABLE} and {PASSWORD_VARIABLE} go together: one of them is not set"
+            "{USER_VARIABLE} and {PASSWORD_VARIABLE} (or {PASSWORD_FILE_VARIABLE}) go together: one of them is not set"
         )),
         (None, None, Some(path)) => options
             .credentials_file(&path)
@@ -100,9 +166,12 @@ async fn with_credentials(
 /// that the client reconnects forever, to any server it knows.
 pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> Result<Bus, Error> {
     let servers = server_list(url).map_err(|reason| Error::Connect {
-        url: url.to_owned(),
+        url: redacted(url),
         reason,
     })?;
+    // `server_list` refused credentials in the URL; the redaction stays as
+    // a second guard for everything below that prints it.
+    let url = &redacted(url);
     let events_url = url.to_owned();
     let options = async_nats::ConnectOptions::new()
         .name(name)
@@ -284,6 +353,84 @@ mod tests {
             "{missing_file}"
         );
         assert!(!missing_file.contains("s3cret"));
+    }
+
+    #[tokio::test]
+    async fn the_password_may_come_from_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("password");
+        std::fs::write(&path, "s3cret-value\n").unwrap();
+        let path: &'static str = Box::leak(path.display().to_string().into_boxed_str());
+        let pairs: &'static [(&'static str, &'static str)] = Box::leak(Box::new([
+            (USER_VARIABLE, "dispatch"),
+            (super::PASSWORD_FILE_VARIABLE, path),
+        ]));
+        assert_eq!(
+            super::password(&env_of(pairs)).unwrap().as_deref(),
+            Some("s3cret-value")
+        );
+        assert!(
+            with_credentials(async_nats::ConnectOptions::new(), &env_of(pairs))
+                .await
+                .is_ok()
+        );
+        let both = super::password(&env_of(&[
+            (PASSWORD_VARIABLE, "s3cret-value"),
+            (super::PASSWORD_FILE_VARIABLE, "/nonexistent/password"),
+        ]))
+        .unwrap_err();
+        assert!(
+            both.contains("not both") && !both.contains("s3cret"),
+            "{both}"
+        );
+        let missing = super::password(&env_of(&[(
+            super::PASSWORD_FILE_VARIABLE,
+            "/nonexistent/password",
+        )]))
+        .unwrap_err();
+        assert!(missing.contains("/nonexistent/password"), "{missing}");
+    }
+
+    #[test]
+    fn credentials_in_the_url_are_refused_without_echoing_them() {
+        for url in [
+            "nats://setup:s3cret-value@127.0.0.1:4222",
+            "nats://127.0.0.1:4222,tls://s3cret-value@nats.example:4222",
+            "nats://s3cret-value@127.0.0.1:4222/",
+        ] {
+            let error = server_list(url).unwrap_err();
+            assert!(error.contains("carries credentials"), "{error}");
+            assert!(!error.contains("s3cret"), "{error}");
+            assert!(!redacted(url).contains("s3cret"), "{}", redacted(url));
+        }
+        assert_eq!(
+            redacted("nats://setup:s3cret-value@127.0.0.1:4222"),
+            "nats://***@127.0.0.1:4222"
+        );
+        assert_eq!(redacted("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        let config = crate::config::CoreConfig {
+            nats_url: "nats://setup:s3cret-value@127.0.0.1:4222".into(),
+            ..Default::default()
+        };
+        let error = config.validate().unwrap_err().to_string();
+        assert!(
+            error.contains("nats_url") && !error.contains("s3cret"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connect_error_never_prints_the_credentials() {
+        let error = connect(
+            "nats://setup:s3cret-value@127.0.0.1:1",
+            "zopu-test",
+            Duration::from_millis(100),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(!error.contains("s3cret"), "{error}");
+        assert!(error.contains("***@127.0.0.1:1"), "{error}");
     }
 
     use super::*;

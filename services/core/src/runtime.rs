@@ -1,4 +1,4 @@
-//! What a service needs to run: a connection with streams applied, its
+//! What a service needs to run: a connection with its streams checked, its
 //! store with the key index, a publisher, and helpers to start the two
 //! consumer loops as tracked tasks.
 
@@ -12,19 +12,21 @@ use crate::shutdown::Shutdown;
 use crate::store::{KeyIndex, Projection, Store};
 use crate::{Error, projection, streams};
 
-/// How long a starting service retries applying `streams/` while the
+/// How long a starting service retries reading the streams while the
 /// cluster does not answer (a node restarting, a leader election).
 const STREAMS_RETRY: Duration = Duration::from_secs(60);
 
-/// Applies `streams/`, retrying JetStream errors (timeouts, no leader yet)
-/// for up to [`STREAMS_RETRY`]; drift and bad definitions fail at once.
-async fn ensure_streams(bus: &Bus, config: &CoreConfig) -> Result<(), Error> {
+/// Checks that `streams/` is on the server as defined ([`streams::check`]),
+/// retrying JetStream errors (timeouts, no leader yet) for up to
+/// [`STREAMS_RETRY`]; a missing stream, drift and bad definitions fail at
+/// once. A service never creates or changes a stream.
+async fn check_streams(bus: &Bus, config: &CoreConfig) -> Result<(), Error> {
     let settings = streams::StreamSettings::from(config);
     let deadline = tokio::time::Instant::now() + STREAMS_RETRY;
     loop {
-        match streams::ensure(bus, &settings).await {
+        match streams::check(bus, &settings).await {
             Err(error @ Error::JetStream { .. }) if tokio::time::Instant::now() < deadline => {
-                tracing::warn!(%error, "cannot apply streams/ yet; retrying");
+                tracing::warn!(%error, "cannot read the streams yet; retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             result => return result,
@@ -45,7 +47,7 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Connects, applies `streams/`, opens `<data_dir>/<service>.sqlite` and
+    /// Connects, checks `streams/` (never creates them), opens `<data_dir>/<service>.sqlite` and
     /// starts its key index.
     pub async fn start(
         service: &str,
@@ -83,7 +85,7 @@ impl Runtime {
             Duration::from_secs(30),
         )
         .await?;
-        ensure_streams(&bus, config).await?;
+        check_streams(&bus, config).await?;
         let store = Store::open_for_service(&config.data_dir, service)?;
         let publisher = Publisher::new(bus.clone(), service, Some(store.clone()));
         Ok(Self {

@@ -1,5 +1,14 @@
-//! Applies `streams/` idempotently: creates what is missing, updates what
-//! may change in place, and refuses to start on drift that matters.
+//! `streams/` on the server. Two paths, with different rights:
+//!
+//! - [`apply`], the administrator's (`zopu streams apply`, `zopu dev`, the
+//!   test harness): creates what is missing, updates what may change in
+//!   place, and refuses drift that cannot be fixed in place.
+//! - [`check`], every service's at start: reads the stream and bucket
+//!   configurations (`STREAM.INFO` only) and compares every field of the
+//!   definitions, plus sources, mirror, transforms and republish. A missing
+//!   stream or any difference stops the service with an error that names the
+//!   stream, the field and `zopu streams apply`; a service never creates or
+//!   changes a stream (its NATS identity may not).
 
 use async_nats::jetstream::{self, kv, object_store, stream};
 
@@ -80,37 +89,170 @@ pub fn events_config(settings: &StreamSettings) -> Result<stream::Config, Error>
     Ok(config)
 }
 
-/// Creates or updates every stream and bucket. Safe to call from every
-/// service at every start.
-pub async fn ensure(bus: &Bus, settings: &StreamSettings) -> Result<(), Error> {
+/// Fields compared even where the definition does not name them: a stream
+/// that sources, mirrors, transforms or republishes is not the one defined.
+const ALWAYS_COMPARED: &[&str] = &["sources", "mirror", "subject_transform", "republish"];
+
+/// Fields that cannot change in place without losing a guarantee: a
+/// difference in one of them needs a migration, not `zopu streams apply`.
+const FIXED_FIELDS: &[&str] = &[
+    "storage",
+    "retention",
+    "discard",
+    "deny_delete",
+    "deny_purge",
+    "max_age",
+    "max_msgs",
+    "max_bytes",
+    "mirror",
+];
+
+/// One field in which a stream on the server differs from its definition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Difference {
+    pub field: String,
+    pub existing: String,
+    pub wanted: String,
+}
+
+impl Difference {
+    /// Whether `zopu streams apply` cannot fix it in place.
+    pub fn is_fixed(&self) -> bool {
+        FIXED_FIELDS.contains(&self.field.as_str())
+    }
+}
+
+/// Every field of `streams/ZOPU_EVENTS.json` (and [`ALWAYS_COMPARED`]) in
+/// which `existing` differs from `wanted`, in the definition's order.
+pub fn differences(existing: &stream::Config, wanted: &stream::Config) -> Vec<Difference> {
+    let mut fields: Vec<String> = match serde_json::from_str::<serde_json::Value>(EVENTS_DEFINITION)
+    {
+        Ok(serde_json::Value::Object(map)) => map.keys().cloned().collect(),
+        // `events_config` parsed the same text already; an unparsable one
+        // fails there first.
+        _ => Vec::new(),
+    };
+    for field in ALWAYS_COMPARED {
+        if !fields.iter().any(|known| known == field) {
+            fields.push((*field).to_owned());
+        }
+    }
+    let as_value = |config: &stream::Config| serde_json::to_value(config).unwrap_or_default();
+    let (existing, wanted) = (as_value(existing), as_value(wanted));
+    fields
+        .into_iter()
+        .filter_map(|field| {
+            let existing = normalized(existing.get(&field));
+            let wanted = normalized(wanted.get(&field));
+            (existing != wanted).then(|| Difference {
+                field,
+                existing: existing.to_string(),
+                wanted: wanted.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// A serialized field with the client's omitted defaults (absent, false,
+/// zero, empty) read as one value, since the server and the definition may
+/// spell a default either way.
+fn normalized(value: Option<&serde_json::Value>) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Value::Null,
+        Some(Value::String(text)) if text.is_empty() => Value::Null,
+        Some(Value::Array(items)) if items.is_empty() => Value::Null,
+        Some(Value::Object(map)) if map.is_empty() => Value::Null,
+        Some(Value::Number(number)) if number.as_i64() == Some(0) => Value::Null,
+        Some(other) => other.clone(),
+    }
+}
+
+/// The error for the first difference a service may not run with.
+fn drift_error(stream: &str, differences: &[Difference]) -> Option<Error> {
+    let first = differences
+        .iter()
+        .find(|difference| difference.is_fixed())
+        .or_else(|| differences.first())?;
+    let (stream, field, existing, wanted) = (
+        stream.to_owned(),
+        first.field.clone(),
+        first.existing.clone(),
+        first.wanted.clone(),
+    );
+    Some(if first.is_fixed() {
+        Error::StreamDrift {
+            stream,
+            field,
+            existing,
+            wanted,
+        }
+    } else {
+        Error::StreamOutdated {
+            stream,
+            field,
+            existing,
+            wanted,
+        }
+    })
+}
+
+/// Creates or updates every stream and bucket: the administrator's path
+/// (its NATS identity may create and update streams; services' may not).
+pub async fn apply(bus: &Bus, settings: &StreamSettings) -> Result<(), Error> {
     let wanted = events_config(settings)?;
-    ensure_stream(&bus.jetstream, wanted).await?;
-    ensure_object_store(&bus.jetstream, settings).await?;
+    apply_stream(&bus.jetstream, wanted).await?;
+    apply_object_store(&bus.jetstream, settings).await?;
     for (file, definition, bucket) in KEY_VALUE_DEFINITIONS {
-        ensure_key_value(&bus.jetstream, settings, file, definition, bucket).await?;
+        apply_key_value(&bus.jetstream, settings, file, definition, bucket).await?;
     }
     Ok(())
 }
 
-async fn ensure_stream(js: &jetstream::Context, wanted: stream::Config) -> Result<(), Error> {
-    let existing = match js.get_stream(&wanted.name).await {
-        Ok(mut stream) => Some(
-            stream
-                .info()
-                .await
-                .map_err(|e| Error::jetstream("stream info", e))?
-                .config
-                .clone(),
-        ),
+/// Checks, without changing anything, that every stream and bucket exists
+/// as `streams/` defines it: what a service does at start.
+pub async fn check(bus: &Bus, settings: &StreamSettings) -> Result<(), Error> {
+    let wanted = events_config(settings)?;
+    let existing = existing_config(&bus.jetstream, &wanted.name)
+        .await?
+        .ok_or_else(|| Error::StreamMissing {
+            stream: wanted.name.clone(),
+        })?;
+    if let Some(error) = drift_error(&wanted.name, &differences(&existing, &wanted)) {
+        return Err(error);
+    }
+    for bucket in buckets(settings)? {
+        let existing = existing_config(&bus.jetstream, &bucket.stream)
+            .await?
+            .ok_or_else(|| Error::StreamMissing {
+                stream: bucket.stream.clone(),
+            })?;
+        if let Some(error) = drift_error(&bucket.stream, &bucket.differences(&existing)) {
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+/// A stream's configuration on the server; `None` if it does not exist.
+async fn existing_config(
+    js: &jetstream::Context,
+    name: &str,
+) -> Result<Option<stream::Config>, Error> {
+    match js.get_stream(name).await {
+        Ok(stream) => Ok(Some(stream.cached_info().config.clone())),
         Err(error)
             if matches!(error.kind(), jetstream::context::GetStreamErrorKind::JetStream(ref inner)
                 if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
         {
-            None
+            Ok(None)
         }
-        Err(error) => return Err(Error::jetstream("get stream", error)),
-    };
-    match existing {
+        Err(error) => Err(Error::jetstream("stream info", error)),
+    }
+}
+
+async fn apply_stream(js: &jetstream::Context, wanted: stream::Config) -> Result<(), Error> {
+    match existing_config(js, &wanted.name).await? {
         None => {
             js.create_stream(wanted.clone())
                 .await
@@ -118,17 +260,17 @@ async fn ensure_stream(js: &jetstream::Context, wanted: stream::Config) -> Resul
             tracing::info!(stream = %wanted.name, "stream created");
         }
         Some(existing) => {
-            check_drift(&existing, &wanted)?;
-            let needs_update = existing.duplicate_window != wanted.duplicate_window
-                || existing.allow_direct != wanted.allow_direct
-                || existing.description != wanted.description
-                || existing.subjects != wanted.subjects
-                || existing.max_message_size != wanted.max_message_size;
-            if needs_update {
+            let differences = differences(&existing, &wanted);
+            if let Some(error @ Error::StreamDrift { .. }) = drift_error(&wanted.name, &differences)
+            {
+                return Err(error);
+            }
+            if !differences.is_empty() {
                 js.update_stream(wanted.clone())
                     .await
                     .map_err(|e| Error::jetstream("update stream", e))?;
-                tracing::info!(stream = %wanted.name, "stream updated");
+                let fields: Vec<&str> = differences.iter().map(|d| d.field.as_str()).collect();
+                tracing::info!(stream = %wanted.name, fields = ?fields, "stream updated");
             }
         }
     }
@@ -137,75 +279,109 @@ async fn ensure_stream(js: &jetstream::Context, wanted: stream::Config) -> Resul
 
 /// The differences that cannot be fixed in place without losing guarantees.
 pub fn check_drift(existing: &stream::Config, wanted: &stream::Config) -> Result<(), Error> {
-    let drift = |field: &'static str, existing: String, wanted: String| {
-        Err(Error::StreamDrift {
-            stream: wanted_name(&wanted),
-            field,
-            existing,
-            wanted,
-        })
-    };
-    fn wanted_name(_: &str) -> String {
-        zopu_schema::subjects::EVENTS_STREAM.to_owned()
+    let differences: Vec<Difference> = differences(existing, wanted)
+        .into_iter()
+        .filter(Difference::is_fixed)
+        .collect();
+    match drift_error(&wanted.name, &differences) {
+        Some(error) => Err(error),
+        None => Ok(()),
     }
-    if existing.storage != wanted.storage {
-        return drift(
-            "storage",
-            format!("{:?}", existing.storage),
-            format!("{:?}", wanted.storage),
-        );
-    }
-    if existing.retention != wanted.retention {
-        return drift(
-            "retention",
-            format!("{:?}", existing.retention),
-            format!("{:?}", wanted.retention),
-        );
-    }
-    if existing.discard != wanted.discard {
-        return drift(
-            "discard",
-            format!("{:?}", existing.discard),
-            format!("{:?}", wanted.discard),
-        );
-    }
-    if existing.deny_delete != wanted.deny_delete {
-        return drift(
-            "deny_delete",
-            existing.deny_delete.to_string(),
-            wanted.deny_delete.to_string(),
-        );
-    }
-    if existing.deny_purge != wanted.deny_purge {
-        return drift(
-            "deny_purge",
-            existing.deny_purge.to_string(),
-            wanted.deny_purge.to_string(),
-        );
-    }
-    if existing.max_age != wanted.max_age
-        || existing.max_messages != wanted.max_messages
-        || existing.max_bytes != wanted.max_bytes
-    {
-        return drift(
-            "limits (max_age, max_msgs, max_bytes)",
-            format!(
-                "{:?}/{}/{}",
-                existing.max_age, existing.max_messages, existing.max_bytes
-            ),
-            format!(
-                "{:?}/{}/{}",
-                wanted.max_age, wanted.max_messages, wanted.max_bytes
-            ),
-        );
-    }
-    Ok(())
 }
 
-async fn ensure_object_store(
-    js: &jetstream::Context,
-    settings: &StreamSettings,
-) -> Result<(), Error> {
+/// A bucket as `streams/` defines it, in terms of its underlying stream.
+#[derive(Debug)]
+struct Bucket {
+    /// `OBJ_<bucket>` or `KV_<bucket>`.
+    stream: String,
+    description: String,
+    storage: stream::StorageType,
+    num_replicas: usize,
+    max_bytes: Option<i64>,
+    history: Option<i64>,
+    max_value_size: Option<i32>,
+}
+
+impl Bucket {
+    fn differences(&self, existing: &stream::Config) -> Vec<Difference> {
+        let mut found = Vec::new();
+        let mut compare = |field: &str, existing: String, wanted: String| {
+            if existing != wanted {
+                found.push(Difference {
+                    field: field.to_owned(),
+                    existing,
+                    wanted,
+                });
+            }
+        };
+        compare(
+            "description",
+            format!("{:?}", existing.description.as_deref().unwrap_or_default()),
+            format!("{:?}", self.description),
+        );
+        compare(
+            "storage",
+            format!("{:?}", existing.storage),
+            format!("{:?}", self.storage),
+        );
+        compare(
+            "num_replicas",
+            existing.num_replicas.to_string(),
+            self.num_replicas.to_string(),
+        );
+        if let Some(max_bytes) = self.max_bytes {
+            compare(
+                "max_bytes",
+                existing.max_bytes.to_string(),
+                max_bytes.to_string(),
+            );
+        }
+        if let Some(history) = self.history {
+            compare(
+                "history",
+                existing.max_messages_per_subject.to_string(),
+                history.to_string(),
+            );
+        }
+        if let Some(max_value_size) = self.max_value_size {
+            compare(
+                "max_value_size",
+                existing.max_message_size.to_string(),
+                max_value_size.to_string(),
+            );
+        }
+        compare(
+            "mirror",
+            format!("{:?}", existing.mirror.as_ref().map(|m| &m.name)),
+            "None".to_owned(),
+        );
+        compare(
+            "sources",
+            existing.sources.as_ref().map_or(0, Vec::len).to_string(),
+            "0".to_owned(),
+        );
+        found
+    }
+
+    /// `existing` with this definition's fields: what an update sends.
+    fn updated(&self, existing: &stream::Config) -> stream::Config {
+        let mut config = existing.clone();
+        config.description = Some(self.description.clone());
+        config.num_replicas = self.num_replicas;
+        if let Some(max_bytes) = self.max_bytes {
+            config.max_bytes = max_bytes;
+        }
+        if let Some(history) = self.history {
+            config.max_messages_per_subject = history;
+        }
+        if let Some(max_value_size) = self.max_value_size {
+            config.max_message_size = max_value_size;
+        }
+        config
+    }
+}
+
+fn object_store_definition() -> Result<ObjectStoreDefinition, Error> {
     let definition: ObjectStoreDefinition =
         serde_json::from_str(ARTIFACTS_DEFINITION).map_err(|error| Error::StreamDefinition {
             file: "streams/zopu-artifacts.objectstore.json".into(),
@@ -217,32 +393,12 @@ async fn ensure_object_store(
             reason: "bucket differs from the schema crate's".into(),
         });
     }
-    if js.get_object_store(&definition.bucket).await.is_ok() {
-        return Ok(());
-    }
-    js.create_object_store(object_store::Config {
-        bucket: definition.bucket.clone(),
-        description: Some(definition.description),
-        storage: definition.storage,
-        num_replicas: settings.replicas.max(definition.num_replicas),
-        max_bytes: definition.max_bytes,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| Error::jetstream("create object store", e))?;
-    tracing::info!(bucket = %definition.bucket, "object store created");
-    Ok(())
+    Ok(definition)
 }
 
-async fn ensure_key_value(
-    js: &jetstream::Context,
-    settings: &StreamSettings,
-    file: &str,
-    definition: &str,
-    bucket: &str,
-) -> Result<(), Error> {
+fn key_value_definition(file: &str, text: &str, bucket: &str) -> Result<KeyValueDefinition, Error> {
     let definition: KeyValueDefinition =
-        serde_json::from_str(definition).map_err(|error| Error::StreamDefinition {
+        serde_json::from_str(text).map_err(|error| Error::StreamDefinition {
             file: file.into(),
             reason: error.to_string(),
         })?;
@@ -252,22 +408,123 @@ async fn ensure_key_value(
             reason: "bucket differs from the schema crate's".into(),
         });
     }
-    if js.get_key_value(&definition.bucket).await.is_ok() {
+    Ok(definition)
+}
+
+/// Every bucket of `streams/` as the stream it is stored in.
+fn buckets(settings: &StreamSettings) -> Result<Vec<Bucket>, Error> {
+    let objects = object_store_definition()?;
+    let mut buckets = vec![Bucket {
+        stream: format!("OBJ_{}", objects.bucket),
+        description: objects.description,
+        storage: objects.storage,
+        num_replicas: settings.replicas.max(objects.num_replicas),
+        max_bytes: Some(objects.max_bytes),
+        history: None,
+        max_value_size: None,
+    }];
+    for (file, text, bucket) in KEY_VALUE_DEFINITIONS {
+        let definition = key_value_definition(file, text, bucket)?;
+        buckets.push(Bucket {
+            stream: format!("KV_{}", definition.bucket),
+            description: definition.description,
+            storage: definition.storage,
+            num_replicas: settings.replicas.max(definition.num_replicas),
+            max_bytes: None,
+            history: Some(definition.history),
+            max_value_size: Some(definition.max_value_size),
+        });
+    }
+    Ok(buckets)
+}
+
+/// Brings an existing bucket's stream to its definition: storage and a
+/// mirror or sources cannot change in place; the rest is updated.
+async fn update_bucket(js: &jetstream::Context, bucket: &Bucket) -> Result<(), Error> {
+    let Some(existing) = existing_config(js, &bucket.stream).await? else {
+        return Err(Error::StreamMissing {
+            stream: bucket.stream.clone(),
+        });
+    };
+    let differences = bucket.differences(&existing);
+    if let Some(fixed) = differences
+        .iter()
+        .find(|d| matches!(d.field.as_str(), "storage" | "mirror" | "sources"))
+    {
+        return Err(Error::StreamDrift {
+            stream: bucket.stream.clone(),
+            field: fixed.field.clone(),
+            existing: fixed.existing.clone(),
+            wanted: fixed.wanted.clone(),
+        });
+    }
+    if !differences.is_empty() {
+        js.update_stream(bucket.updated(&existing))
+            .await
+            .map_err(|e| Error::jetstream("update bucket", e))?;
+        tracing::info!(stream = %bucket.stream, "bucket updated");
+    }
+    Ok(())
+}
+
+async fn apply_object_store(
+    js: &jetstream::Context,
+    settings: &StreamSettings,
+) -> Result<(), Error> {
+    let definition = object_store_definition()?;
+    if existing_config(js, &format!("OBJ_{}", definition.bucket))
+        .await?
+        .is_none()
+    {
+        js.create_object_store(object_store::Config {
+            bucket: definition.bucket.clone(),
+            description: Some(definition.description),
+            storage: definition.storage,
+            num_replicas: settings.replicas.max(definition.num_replicas),
+            max_bytes: definition.max_bytes,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| Error::jetstream("create object store", e))?;
+        tracing::info!(bucket = %definition.bucket, "object store created");
         return Ok(());
     }
-    js.create_key_value(kv::Config {
-        bucket: definition.bucket.clone(),
-        description: definition.description,
-        storage: definition.storage,
-        num_replicas: settings.replicas.max(definition.num_replicas),
-        history: definition.history,
-        max_value_size: definition.max_value_size,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| Error::jetstream("create key-value bucket", e))?;
-    tracing::info!(bucket = %definition.bucket, "key-value bucket created");
-    Ok(())
+    let bucket = buckets(settings)?.swap_remove(0);
+    update_bucket(js, &bucket).await
+}
+
+async fn apply_key_value(
+    js: &jetstream::Context,
+    settings: &StreamSettings,
+    file: &str,
+    text: &str,
+    bucket: &str,
+) -> Result<(), Error> {
+    let definition = key_value_definition(file, text, bucket)?;
+    let stream = format!("KV_{}", definition.bucket);
+    if existing_config(js, &stream).await?.is_none() {
+        js.create_key_value(kv::Config {
+            bucket: definition.bucket.clone(),
+            description: definition.description,
+            storage: definition.storage,
+            num_replicas: settings.replicas.max(definition.num_replicas),
+            history: definition.history,
+            max_value_size: definition.max_value_size,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| Error::jetstream("create key-value bucket", e))?;
+        tracing::info!(bucket = %definition.bucket, "key-value bucket created");
+        return Ok(());
+    }
+    let wanted = buckets(settings)?
+        .into_iter()
+        .find(|candidate| candidate.stream == stream)
+        .ok_or_else(|| Error::StreamDefinition {
+            file: file.into(),
+            reason: "bucket not among streams/' buckets".into(),
+        })?;
+    update_bucket(js, &wanted).await
 }
 
 #[cfg(test)]
@@ -317,5 +574,49 @@ mod tests {
                 .contains("deny_purge")
         );
         assert!(check_drift(&wanted, &wanted).is_ok());
+    }
+
+    #[test]
+    fn every_field_of_the_definition_is_compared() {
+        let wanted = events_config(&settings()).unwrap();
+        assert_eq!(differences(&wanted, &wanted), []);
+        let fields = |existing: &stream::Config| -> Vec<String> {
+            differences(existing, &wanted)
+                .into_iter()
+                .map(|d| d.field)
+                .collect()
+        };
+        let mut existing = wanted.clone();
+        existing.max_messages_per_subject = 1;
+        assert_eq!(fields(&existing), ["max_msgs_per_subject"]);
+        let mut existing = wanted.clone();
+        existing.duplicate_window = std::time::Duration::from_secs(1);
+        existing.description = Some("another".into());
+        assert_eq!(fields(&existing), ["description", "duplicate_window"]);
+        let mut existing = wanted.clone();
+        existing.sources = Some(vec![stream::Source {
+            name: "ELSEWHERE".into(),
+            ..Default::default()
+        }]);
+        assert_eq!(fields(&existing), ["sources"]);
+        let mut existing = wanted.clone();
+        existing.mirror = Some(stream::Source {
+            name: "ELSEWHERE".into(),
+            ..Default::default()
+        });
+        assert_eq!(fields(&existing), ["mirror"]);
+        assert!(matches!(
+            check_drift(&existing, &wanted),
+            Err(Error::StreamDrift { ref field, .. }) if field == "mirror"
+        ));
+        // What `zopu streams apply` can fix is named with it at service start.
+        let mut existing = wanted.clone();
+        existing.max_consumers = 10;
+        let error = drift_error(&wanted.name, &differences(&existing, &wanted)).unwrap();
+        assert!(
+            matches!(error, Error::StreamOutdated { ref field, .. } if field == "max_consumers"),
+            "{error}"
+        );
+        assert!(error.to_string().contains("zopu streams apply"), "{error}");
     }
 }

@@ -312,7 +312,7 @@ impl std::fmt::Debug for TokenStore {
 }
 
 impl TokenStore {
-    /// Opens the bucket (`zopu_core::streams::ensure` creates it).
+    /// Opens the bucket (`zopu streams apply` creates it).
     pub async fn open(jetstream: &jetstream::Context) -> Result<Self, TokenError> {
         let bucket = jetstream
             .get_key_value(zopu_schema::subjects::GATEWAY_TOKENS_BUCKET)

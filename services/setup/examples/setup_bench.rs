@@ -67,7 +67,7 @@ async fn main() -> Result<()> {
 
     let bus =
         zopu_core::nats::connect(&core.nats_url, "setup-bench", Duration::from_secs(10)).await?;
-    zopu_core::streams::ensure(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
+    zopu_core::streams::apply(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
     let shutdown = Shutdown::new();
     let service = tokio::spawn(zopu_setup::run(
         core.clone(),

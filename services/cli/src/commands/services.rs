@@ -72,6 +72,14 @@ pub struct DevArgs {
     /// Do not create a demo project
     #[arg(long)]
     no_demo: bool,
+    /// Print the services' full logs here instead of into .zopu-local/dev.log
+    #[arg(long)]
+    pub verbose: bool,
+}
+
+/// Where `zopu dev` writes the services' logs unless `--verbose`.
+pub fn dev_log_file() -> PathBuf {
+    local_state().join("dev.log")
 }
 
 /// Runs one service. The gateway takes `link_key` when given (`zopu dev`),
@@ -131,7 +139,19 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
+    let progress = |step: &str| {
+        if !context.json {
+            println!("{step}");
+        }
+    };
+    if !args.verbose {
+        progress(&format!(
+            "zopu dev: service logs go to {} (--verbose prints them here)",
+            dev_log_file().display()
+        ));
+    }
     let mut server = LocalServer::start(&state.join("nats"), nats_port, SyncPolicy::Always)?;
+    progress(&format!("  nats-server   {}", server.url()));
     let mut config = context.config.clone();
     config.nats_url = server.url();
     config.sandbox.allow_local_repositories = true;
@@ -162,6 +182,20 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
         &config.data_dir,
     )?;
 
+    // The administrator's step first: services only check the streams.
+    let core: CoreConfig = config.core();
+    let bus = zopu_core::nats::connect(
+        &core.nats_url,
+        "zopu-dev",
+        std::time::Duration::from_secs(10),
+    )
+    .await?;
+    zopu_core::streams::apply(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
+    progress(&format!(
+        "  streams       {} and its buckets applied",
+        zopu_schema::subjects::EVENTS_STREAM
+    ));
+
     let shutdown = Shutdown::new();
     shutdown.cancel_on_signals();
     for service in Service::ALL {
@@ -175,15 +209,8 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
         });
     }
 
+    progress("  services      setup, dispatch, conversation, specialists, artifacts, gateway");
     let org: OrgId = "demo".parse()?;
-    let core: CoreConfig = config.core();
-    let bus = zopu_core::nats::connect(
-        &core.nats_url,
-        "zopu-dev",
-        std::time::Duration::from_secs(10),
-    )
-    .await?;
-    zopu_core::streams::ensure(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
     let token = zopu_gateway::TokenStore::open(&bus.jetstream)
         .await?
         .issue(&org, "dev", zopu_gateway::tokens::DEFAULT_TTL)
@@ -213,6 +240,9 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
             "  nats          {}   (try: zopu --nats {} tail)",
             config.nats_url, config.nats_url
         );
+        if !args.verbose {
+            println!("  logs          {}", dev_log_file().display());
+        }
         println!("Press Ctrl-C to stop.");
     }
     shutdown.cancelled().await;

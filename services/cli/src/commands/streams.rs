@@ -19,7 +19,7 @@ pub async fn run(context: &Context, command: StreamsCommand) -> anyhow::Result<E
     let core = context.config.core();
     match command {
         StreamsCommand::Apply => {
-            zopu_core::streams::ensure(&bus, &zopu_core::streams::StreamSettings::from(&core))
+            zopu_core::streams::apply(&bus, &zopu_core::streams::StreamSettings::from(&core))
                 .await?;
             if context.json {
                 println!(

@@ -68,15 +68,15 @@ pub async fn run_token(ctx: &crate::Context, args: TokenArgs) -> anyhow::Result<
     }
 }
 
-/// The token bucket, created with the other definitions of `streams/` if it is missing.
+/// The token bucket (`zopu streams apply` creates it with the rest of `streams/`).
 async fn token_store(ctx: &crate::Context) -> anyhow::Result<TokenStore> {
     let bus = ctx.connect().await?;
-    if let Ok(store) = TokenStore::open(&bus.jetstream).await {
-        return Ok(store);
-    }
-    let core = ctx.config.core();
-    zopu_core::streams::ensure(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
-    Ok(TokenStore::open(&bus.jetstream).await?)
+    TokenStore::open(&bus.jetstream).await.with_context(|| {
+        format!(
+            "opening the {} bucket (run `zopu streams apply` as the NATS admin identity if it does not exist)",
+            zopu_schema::subjects::GATEWAY_TOKENS_BUCKET
+        )
+    })
 }
 
 fn parse_org(text: &str) -> anyhow::Result<zopu_schema::OrgId> {

@@ -193,7 +193,7 @@ pub async fn run(context: &Context, args: AckArgs) -> anyhow::Result<ExitCode> {
     };
     let bus =
         zopu_core::nats::connect(&core.nats_url, "zopu-bench", Duration::from_secs(10)).await?;
-    streams::ensure(&bus, &streams::StreamSettings::from(&core)).await?;
+    streams::apply(&bus, &streams::StreamSettings::from(&core)).await?;
     let shutdown = Shutdown::new();
     let dispatch = tokio::spawn(zopu_dispatch::run(
         core.clone(),

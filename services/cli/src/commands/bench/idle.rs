@@ -90,7 +90,7 @@ pub(super) async fn measure(args: &ScaleArgs) -> anyhow::Result<(RebuildFigures,
     let server = LocalServer::start(&dir.path().join("nats"), None, SyncPolicy::ServerDefault)?;
     let bus =
         zopu_core::nats::connect(&server.url(), "zopu-bench", Duration::from_secs(10)).await?;
-    streams::ensure(
+    streams::apply(
         &bus,
         &streams::StreamSettings {
             replicas: 1,

@@ -139,7 +139,7 @@ async fn measure(
 ) -> anyhow::Result<Figures> {
     let bus =
         zopu_core::nats::connect(&server.url(), "zopu-bench", Duration::from_secs(10)).await?;
-    zopu_core::streams::ensure(
+    zopu_core::streams::apply(
         &bus,
         &zopu_core::streams::StreamSettings {
             replicas: 1,

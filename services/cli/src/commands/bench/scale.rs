@@ -249,7 +249,7 @@ async fn scale_out(args: &ScaleArgs) -> anyhow::Result<(ThroughputFigures, Failo
     };
     let bus =
         zopu_core::nats::connect(&core.nats_url, "zopu-bench", Duration::from_secs(10)).await?;
-    streams::ensure(&bus, &streams::StreamSettings::from(&core)).await?;
+    streams::apply(&bus, &streams::StreamSettings::from(&core)).await?;
     let model = FakeModel::start(Duration::from_millis(args.model_latency_ms)).await?;
     let dispatch_stop = Shutdown::new();
     let dispatch = tokio::spawn(zopu_dispatch::run(

@@ -1,0 +1,91 @@
+//! `zopu dev` prints its progress and banner (URL, token, where the logs
+//! are) on stdout with no service log line among them; the services' full
+//! logs go to `.zopu-local/dev.log`. Cargo builds the binary under test;
+//! `zopu dev` starts its own nats-server (from ./tools/bin or PATH).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const START: Duration = Duration::from_secs(120);
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+#[tokio::test]
+async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
+    let cwd = tempfile::tempdir()?;
+    let (port, nats_port) = (free_port()?, free_port()?);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu"))
+        .args(["dev", "--no-demo", "--port", &port.to_string()])
+        .args(["--nats-port", &nats_port.to_string()])
+        .current_dir(cwd.path())
+        .env_remove("ZOPU_CONFIG")
+        .env_remove("ZOPU_DATA_DIR")
+        .env_remove("ZOPU_NATS_URL")
+        .env_remove("ZOPU_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let mut printed = Vec::new();
+    let reading = async {
+        while let Some(line) = lines.next_line().await? {
+            let done = line.starts_with("Press Ctrl-C");
+            printed.push(line);
+            if done {
+                return Ok(());
+            }
+        }
+        anyhow::bail!("`zopu dev` closed stdout before its banner")
+    };
+    tokio::time::timeout(START, reading)
+        .await
+        .context("no banner in time")??;
+    let text = printed.join("\n");
+    for wanted in [
+        "service logs go to .zopu-local/dev.log",
+        "nats-server",
+        "streams",
+        "web timeline  http://127.0.0.1:",
+        "token ",
+        "logs          .zopu-local/dev.log",
+    ] {
+        ensure!(text.contains(wanted), "no {wanted:?} in:\n{text}");
+    }
+    ensure!(
+        printed.len() <= 12
+            && !printed
+                .iter()
+                .any(|line| line.contains(" INFO ") || line.contains(" WARN ")),
+        "log lines among the banner:\n{text}"
+    );
+
+    let status = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().context("pid")?.to_string())
+        .status()?;
+    ensure!(status.success(), "kill -TERM failed");
+    let output = tokio::time::timeout(START, child.wait_with_output())
+        .await
+        .context("`zopu dev` did not stop")??;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        !stderr.contains(" INFO "),
+        "info logs on stderr without --verbose:\n{stderr}"
+    );
+    let log = std::fs::read_to_string(cwd.path().join(".zopu-local/dev.log"))?;
+    ensure!(
+        log.contains("nats connected"),
+        "the services' logs are not in dev.log:\n{log}"
+    );
+    Ok(())
+}
