@@ -21,6 +21,11 @@ const KEY_VALUE_DEFINITIONS: &[(&str, &str, &str)] = &[
         include_str!("../../../streams/zopu-gateway-tokens.kv.json"),
         zopu_schema::subjects::GATEWAY_TOKENS_BUCKET,
     ),
+    (
+        "streams/zopu-gateway-tickets.kv.json",
+        include_str!("../../../streams/zopu-gateway-tickets.kv.json"),
+        zopu_schema::subjects::GATEWAY_TICKETS_BUCKET,
+    ),
 ];
 
 /// Settings that deployments may override in the definitions.
@@ -58,6 +63,9 @@ struct KeyValueDefinition {
     num_replicas: usize,
     history: i64,
     max_value_size: i32,
+    /// Entries older than this are dropped by the server (0: kept).
+    #[serde(default)]
+    max_age_seconds: u64,
 }
 
 /// The event stream's configuration from `streams/ZOPU_EVENTS.json`.
@@ -262,6 +270,7 @@ async fn ensure_key_value(
         num_replicas: settings.replicas.max(definition.num_replicas),
         history: definition.history,
         max_value_size: definition.max_value_size,
+        max_age: std::time::Duration::from_secs(definition.max_age_seconds),
         ..Default::default()
     })
     .await
