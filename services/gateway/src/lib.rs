@@ -257,6 +257,9 @@ pub struct AppState {
     pub quotas: Arc<quotas::Quotas>,
     /// Which project the projection just changed (wakes its live streams only).
     pub changes: changes::ProjectChanges,
+    /// Read-model queries the live streams of this instance ran (a measure
+    /// of how often streams wake).
+    pub sse_reads: Arc<std::sync::atomic::AtomicU64>,
     /// The key of signed artifact links, shared by every gateway instance.
     pub(crate) link_key: LinkKey,
     sse_clients: Arc<AtomicUsize>,
@@ -291,6 +294,7 @@ impl AppState {
             tickets,
             quotas: Arc::new(quotas::Quotas::new(&config)),
             changes,
+            sse_reads: Arc::default(),
             config: Arc::new(config),
             link_key,
             sse_clients: Arc::new(AtomicUsize::new(0)),

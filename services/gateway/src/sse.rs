@@ -254,6 +254,7 @@ async fn next_event(mut cursor: Cursor) -> Option<(Result<Event, Infallible>, Cu
         }
         let (org, project, after) = (cursor.org.clone(), cursor.project, cursor.after);
         let reads = cursor.state.reads.clone();
+        cursor.state.sse_reads.fetch_add(1, Ordering::Relaxed);
         let items = tokio::task::spawn_blocking(move || {
             reads.with(|conn| queries::timeline(conn, &org, &project, None, after, BATCH))
         })
