@@ -433,10 +433,7 @@ async fn open_newest_artifact(client: &Client, token: &str, shots: &Screenshots)
     // Opened without a handle on the app, sandboxed in an opaque origin: no
     // copy of the app's sessionStorage (the token) is reachable from it.
     let isolation = client
-        .execute(
-            "return [window.opener === null, self.origin]",
-            vec![],
-        )
+        .execute("return [window.opener === null, self.origin]", vec![])
         .await?;
     ensure!(
         isolation == json!([true, "null"]),

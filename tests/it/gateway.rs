@@ -760,7 +760,9 @@ async fn every_route_serves_its_part_of_the_product() -> Result<()> {
         "{directives:?}"
     );
     assert!(
-        !directives.iter().any(|directive| directive.contains("allow-")),
+        !directives
+            .iter()
+            .any(|directive| directive.contains("allow-")),
         "{directives:?}"
     );
     assert_eq!(response.headers()["x-content-type-options"], "nosniff");
@@ -1629,7 +1631,10 @@ async fn scoped_token(gw: &Gateway, user: &str, scopes: &str) -> Result<String> 
 /// The error code and message of an error body.
 fn error_of(body: &Value) -> (String, String) {
     (
-        body["error"]["code"].as_str().unwrap_or_default().to_owned(),
+        body["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
         body["error"]["message"]
             .as_str()
             .unwrap_or_default()
@@ -1666,7 +1671,11 @@ async fn every_route_needs_its_scope_and_a_403_names_the_missing_one() -> Result
             .bearer_auth(&writer)
             .send()
             .await?;
-        assert_eq!(response.status(), StatusCode::FORBIDDEN, "write-only {path}");
+        assert_eq!(
+            response.status(),
+            StatusCode::FORBIDDEN,
+            "write-only {path}"
+        );
         let (code, message) = error_of(&response.json().await?);
         assert_eq!(code, "missing_scope", "{path}");
         assert!(message.contains("`read`"), "{path}: {message}");
@@ -1729,9 +1738,11 @@ async fn every_route_needs_its_scope_and_a_403_names_the_missing_one() -> Result
     )
     .await?;
     assert!(
-        !stored.iter().any(|(_, event)| event.is::<pb::TimelineMessageSent>()
-            || event.is::<pb::AgentDisabled>()
-            || event.is::<pb::TimelineActionSent>()),
+        !stored
+            .iter()
+            .any(|(_, event)| event.is::<pb::TimelineMessageSent>()
+                || event.is::<pb::AgentDisabled>()
+                || event.is::<pb::TimelineActionSent>()),
         "{stored:?}"
     );
     // With the scope, the same requests go through.
@@ -1814,9 +1825,7 @@ async fn the_live_stream_opens_with_a_single_use_ticket_and_never_a_token_in_the
     let value = ticket["ticket"].as_str().context("ticket")?;
     let other_project = gw
         .http
-        .get(gw.url(&format!(
-            "/v1/projects/{elsewhere}/events?ticket={value}"
-        )))
+        .get(gw.url(&format!("/v1/projects/{elsewhere}/events?ticket={value}")))
         .send()
         .await?;
     assert_eq!(other_project.status(), StatusCode::UNAUTHORIZED);
@@ -1845,8 +1854,7 @@ async fn the_live_stream_opens_with_a_single_use_ticket_and_never_a_token_in_the
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn messages_and_new_projects_are_rate_limited_per_token_and_per_organization() -> Result<()>
-{
+async fn messages_and_new_projects_are_rate_limited_per_token_and_per_organization() -> Result<()> {
     let gw = gateway(zopu_gateway::Config {
         messages_per_minute_per_token: 3,
         messages_per_minute_per_org: 5,

@@ -104,7 +104,10 @@ async fn tokens_are_created_listed_and_revoked_in_the_shared_bucket() -> Result<
     // The gateway's view: the bucket accepts the token.
     let bus = zopu_core::nats::connect(&url, "test", std::time::Duration::from_secs(10)).await?;
     let tokens = zopu_gateway::TokenStore::open(&bus.jetstream).await?;
-    let principal = tokens.verify(&token).await?.context("the token is accepted")?;
+    let principal = tokens
+        .verify(&token)
+        .await?
+        .context("the token is accepted")?;
     // Without --scope a token may read and write, not use the kill switch.
     assert_eq!(created["scopes"], serde_json::json!(["read", "write"]));
     assert_eq!(principal.scopes.to_text(), "read,write");
@@ -119,7 +122,13 @@ async fn tokens_are_created_listed_and_revoked_in_the_shared_bucket() -> Result<
     let reader = tokens.verify(reader_token).await?.context("accepted")?;
     assert_eq!(reader.scopes.to_text(), "read");
     let bad = run(&[
-        "create", "--org", "acme", "--user", "ada", "--scope", "read,owner",
+        "create",
+        "--org",
+        "acme",
+        "--user",
+        "ada",
+        "--scope",
+        "read,owner",
     ])
     .await?;
     assert!(!bad.status.success());
@@ -142,7 +151,7 @@ async fn tokens_are_created_listed_and_revoked_in_the_shared_bucket() -> Result<
         by_user(&listed, "viewer")["scopes"],
         serde_json::json!(["read"])
     );
-    let listed = vec![by_user(&listed, "ada")];
+    let listed = [by_user(&listed, "ada")];
     assert_eq!(
         (&listed[0]["id"], &listed[0]["user"]),
         (&created["id"], &created["user"])

@@ -178,7 +178,12 @@ pub fn utc_day(time: time::OffsetDateTime) -> String {
 
 /// Model tokens (prompt + completion) `org` used on `day` (UTC), as recorded
 /// by `agent.llm.completed` events of every service stored before `before`.
-pub fn model_tokens(conn: &Connection, org: &OrgId, day: &str, before: u64) -> rusqlite::Result<u64> {
+pub fn model_tokens(
+    conn: &Connection,
+    org: &OrgId,
+    day: &str,
+    before: u64,
+) -> rusqlite::Result<u64> {
     let before = i64::try_from(before).unwrap_or(i64::MAX);
     conn.prepare_cached(
         "SELECT COALESCE(SUM(tokens), 0) FROM cv_model_usage WHERE org = ?1 AND day = ?2 AND sequence < ?3",
@@ -206,8 +211,10 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
             tx.prepare_cached("INSERT OR REPLACE INTO cv_model_usage (org, day, sequence, tokens) VALUES (?1, ?2, ?3, ?4)")?
                 .execute(params![org, day, sequence, tokens])?;
             // Only today's usage is ever asked for: keep two days per organization.
-            tx.prepare_cached("DELETE FROM cv_model_usage WHERE org = ?1 AND day < date(?2, '-1 day')")?
-                .execute(params![org, day])?;
+            tx.prepare_cached(
+                "DELETE FROM cv_model_usage WHERE org = ?1 AND day < date(?2, '-1 day')",
+            )?
+            .execute(params![org, day])?;
         }
         pb::AgentRegistered::TYPE => {
             let registered = decode!(pb::AgentRegistered);

@@ -22,11 +22,11 @@ use zopu_schema::{AgentId, Event, EventId, OrgId, ProjectId, keys, pb, subjects}
 use crate::AppState;
 use crate::http::{ApiError, ApiJson, Caller, ErrorBody, RequestId, parse_json};
 use crate::quotas::Action;
-use crate::tokens::Scope;
 use crate::read_model::{
     ArtifactRecord, ArtifactView, ProjectView, SummaryView, ThreadView, TimelineItem, WorkView,
     queries, setup_state,
 };
+use crate::tokens::Scope;
 
 /// Content-Security-Policy of stored artifact HTML: no scripts at all, and
 /// `sandbox` (with no `allow-*` token): the page runs in an opaque origin,
@@ -385,7 +385,9 @@ async fn create_project(
     ApiJson(body): ApiJson<CreateProject>,
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Write, "creating a project")?;
-    state.quotas.admit(&caller.0, Action::CreateProject, std::time::Instant::now())?;
+    state
+        .quotas
+        .admit(&caller.0, Action::CreateProject, std::time::Instant::now())?;
     let (repository, branch, name) =
         validate_repository(&body, state.config.allow_local_repositories)?;
     let project = ProjectId::for_request(&caller.0.org, &request.0);
@@ -633,7 +635,9 @@ async fn send_message(
     ApiJson(body): ApiJson<SendMessage>,
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Write, "sending a message")?;
-    state.quotas.admit(&caller.0, Action::Message, std::time::Instant::now())?;
+    state
+        .quotas
+        .admit(&caller.0, Action::Message, std::time::Instant::now())?;
     check_text("text", &body.text, MESSAGE_TEXT_MAX_CHARS, true)?;
     if let Some(reply_to) = &body.reply_to_event_id {
         reply_to
@@ -680,7 +684,9 @@ async fn send_action(
     ApiJson(body): ApiJson<SendAction>,
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Write, "sending a card action")?;
-    state.quotas.admit(&caller.0, Action::Message, std::time::Instant::now())?;
+    state
+        .quotas
+        .admit(&caller.0, Action::Message, std::time::Instant::now())?;
     body.artifact_id
         .parse::<zopu_schema::ArtifactId>()
         .map_err(|error| ApiError::invalid("artifact_id", error.to_string()))?;
@@ -1176,7 +1182,14 @@ async fn switch_agent(
     body: Result<Bytes, BytesRejection>,
     enable: bool,
 ) -> Result<Response, ApiError> {
-    caller.require(Scope::Admin, if enable { "enabling the agent" } else { "disabling the agent (the kill switch)" })?;
+    caller.require(
+        Scope::Admin,
+        if enable {
+            "enabling the agent"
+        } else {
+            "disabling the agent (the kill switch)"
+        },
+    )?;
     let body = body.map_err(body_error)?;
     let switch: AgentSwitch = if body.iter().all(u8::is_ascii_whitespace) {
         AgentSwitch::default()

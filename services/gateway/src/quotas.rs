@@ -284,7 +284,11 @@ mod tests {
         let refused = quotas.admit(&ada, Action::Message, start).unwrap_err();
         assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(refused.retry_after, Some(20));
-        assert!(refused.message.contains("this token"), "{}", refused.message);
+        assert!(
+            refused.message.contains("this token"),
+            "{}",
+            refused.message
+        );
         // Another token of the same organization is not affected.
         quotas
             .admit(&caller("00000000000000bb", "acme"), Action::Message, start)
@@ -312,7 +316,9 @@ mod tests {
             .unwrap_err();
         assert!(
             refused.message.contains("this organization")
-                && refused.message.contains("gateway.messages_per_minute_per_org"),
+                && refused
+                    .message
+                    .contains("gateway.messages_per_minute_per_org"),
             "{}",
             refused.message
         );

@@ -30,8 +30,8 @@ use zopu_schema::{OrgId, ProjectId};
 use crate::AppState;
 use crate::changes::ProjectWatch;
 use crate::http::{ApiError, Caller, ErrorBody};
-use crate::tokens::{Scope, TokenStatus};
 use crate::read_model::{TimelineItem, queries};
+use crate::tokens::{Scope, TokenStatus};
 
 /// Items read per query while catching up.
 const BATCH: usize = 200;
@@ -230,7 +230,10 @@ async fn redeem(state: &AppState, id: &str, ticket: &str) -> Result<(OrgId, Stri
         })
         .ok_or_else(ApiError::unauthorized)?;
     if !token.scopes.contains(Scope::Read) {
-        return Err(ApiError::missing_scope(Scope::Read, "following the live timeline"));
+        return Err(ApiError::missing_scope(
+            Scope::Read,
+            "following the live timeline",
+        ));
     }
     Ok((grant.org, grant.token_id))
 }

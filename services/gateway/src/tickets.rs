@@ -213,8 +213,7 @@ impl TicketStore {
 mod tests {
     use super::*;
 
-    const TICKET: &str =
-        "zpk_0123456789abcdef000000000000000000000000000000000000000000000001";
+    const TICKET: &str = "zpk_0123456789abcdef000000000000000000000000000000000000000000000001";
 
     fn entry(project: &ProjectId, expires_at: i64) -> Entry {
         Entry {

@@ -155,7 +155,9 @@ impl Scopes {
     }
 
     pub fn iter(self) -> impl Iterator<Item = Scope> {
-        Scope::ALL.into_iter().filter(move |scope| self.contains(*scope))
+        Scope::ALL
+            .into_iter()
+            .filter(move |scope| self.contains(*scope))
     }
 
     pub fn is_empty(self) -> bool {
