@@ -483,13 +483,13 @@ impl Turn<'_> {
         if budget == 0 {
             return Ok(None);
         }
-        let day = crate::state::utc_day(source.time);
+        let day = zopu_core::model_usage::utc_day(source.time);
         let (org, before) = (self.event.org_id.clone(), self.ctx.stream_sequence);
         let query_day = day.clone();
         let used = self
             .ctx
             .store
-            .query(move |conn| crate::state::model_tokens(conn, &org, &query_day, before))
+            .query(move |conn| zopu_core::model_usage::tokens_used(conn, &org, &query_day, before))
             .await?;
         if used < budget {
             return Ok(None);
@@ -497,8 +497,11 @@ impl Turn<'_> {
         tracing::warn!(dispatch = %self.dispatch, org = %self.event.org_id, used, budget, "daily model budget used up; not calling the model");
         Ok(Some(failure(
             "budget.exceeded",
-            &format!(
-                "This organization's daily model budget is used up ({used} of {budget} tokens on {day}, UTC); it renews at midnight UTC. The operator sets conversation.daily_model_tokens_per_org."
+            &zopu_core::model_usage::exceeded_message(
+                used,
+                budget,
+                &day,
+                "conversation.daily_model_tokens_per_org",
             ),
             false,
         )))

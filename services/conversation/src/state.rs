@@ -54,7 +54,7 @@ impl zopu_core::Projection for ConversationState {
             "cv_flows",
             "cv_artifacts",
             "cv_outcomes",
-            "cv_model_usage",
+            zopu_core::model_usage::TABLE,
         ]
     }
 
@@ -97,12 +97,9 @@ impl zopu_core::Projection for ConversationState {
             CREATE INDEX cv_works_project ON cv_works (org, project, sequence);
             CREATE TABLE cv_outcomes (
                 org TEXT NOT NULL, project TEXT NOT NULL, sequence INTEGER NOT NULL, outcome TEXT NOT NULL,
-                PRIMARY KEY (org, project, sequence));
-            CREATE TABLE cv_model_usage (
-                org TEXT NOT NULL, day TEXT NOT NULL, sequence INTEGER NOT NULL, tokens INTEGER NOT NULL,
-                PRIMARY KEY (org, sequence));
-            CREATE INDEX cv_model_usage_day ON cv_model_usage (org, day, sequence);",
-        )
+                PRIMARY KEY (org, project, sequence));",
+        )?;
+        tx.execute_batch(zopu_core::model_usage::SCHEMA)
     }
 
     fn apply(
@@ -111,6 +108,7 @@ impl zopu_core::Projection for ConversationState {
         event: &Envelope,
         sequence: u64,
     ) -> rusqlite::Result<()> {
+        zopu_core::model_usage::apply(tx, event, sequence)?;
         apply(tx, event, sequence as i64)
     }
 }
@@ -165,33 +163,6 @@ fn is_ours(event: &Envelope) -> bool {
     event.source == format!("zopu/{SERVICE}")
 }
 
-/// The UTC calendar day of `time`, `YYYY-MM-DD` (the unit of the model budget).
-pub fn utc_day(time: time::OffsetDateTime) -> String {
-    let time = time.to_offset(time::UtcOffset::UTC);
-    format!(
-        "{:04}-{:02}-{:02}",
-        time.year(),
-        u8::from(time.month()),
-        time.day()
-    )
-}
-
-/// Model tokens (prompt + completion) `org` used on `day` (UTC), as recorded
-/// by `agent.llm.completed` events of every service stored before `before`.
-pub fn model_tokens(
-    conn: &Connection,
-    org: &OrgId,
-    day: &str,
-    before: u64,
-) -> rusqlite::Result<u64> {
-    let before = i64::try_from(before).unwrap_or(i64::MAX);
-    conn.prepare_cached(
-        "SELECT COALESCE(SUM(tokens), 0) FROM cv_model_usage WHERE org = ?1 AND day = ?2 AND sequence < ?3",
-    )?
-    .query_row(params![org.as_str(), day, before], |row| row.get::<_, i64>(0))
-    .map(|tokens| u64::try_from(tokens).unwrap_or(0))
-}
-
 fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Result<()> {
     let (org, project) = ids(event);
     macro_rules! decode {
@@ -203,19 +174,6 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
         };
     }
     match event.event_type.as_str() {
-        pb::AgentLlmCompleted::TYPE => {
-            let completed = decode!(pb::AgentLlmCompleted);
-            let tokens =
-                i64::from(completed.prompt_tokens) + i64::from(completed.completion_tokens);
-            let day = utc_day(event.time);
-            tx.prepare_cached("INSERT OR REPLACE INTO cv_model_usage (org, day, sequence, tokens) VALUES (?1, ?2, ?3, ?4)")?
-                .execute(params![org, day, sequence, tokens])?;
-            // Only today's usage is ever asked for: keep two days per organization.
-            tx.prepare_cached(
-                "DELETE FROM cv_model_usage WHERE org = ?1 AND day < date(?2, '-1 day')",
-            )?
-            .execute(params![org, day])?;
-        }
         pb::AgentRegistered::TYPE => {
             let registered = decode!(pb::AgentRegistered);
             ensure_project(tx, event)?;
