@@ -154,7 +154,7 @@ async fn journey(client: &Client, dev: &mut ZopuDev, shots: &Screenshots) -> Res
     wait_for_js(
         client,
         "the onboarding artifact card",
-        "return document.querySelectorAll('li.card.artifact .actions button').length > 0",
+        "return document.querySelectorAll('li.card.artifact .actions a.open').length > 0",
     )
     .await?;
     let onboarded = dev.started.elapsed();
@@ -375,17 +375,33 @@ async fn counts(client: &Client) -> Result<std::collections::HashMap<&'static st
     Ok(counts)
 }
 
-/// Clicks the newest card's open button, follows it into the new tab and
-/// checks the artifact: a heading, no script, no token in its address.
+/// Clicks the newest card's open link (`rel="noopener noreferrer"`), follows
+/// it into the new tab and checks the artifact: no opener, a sandboxed
+/// (opaque) origin, a heading, no script, no token in its address.
 async fn open_newest_artifact(client: &Client, token: &str, shots: &Screenshots) -> Result<()> {
     let app = client.window().await?;
     let cards = client.find_all(Locator::Css("li.card.artifact")).await?;
     let card = cards.last().context("an artifact card")?;
     let title = card.find(Locator::Css("h3")).await?.text().await?;
-    card.find(Locator::Css(".actions button"))
-        .await?
-        .click()
+    let open = card.find(Locator::Css(".actions a.open")).await?;
+    let rel = open.attr("rel").await?.unwrap_or_default();
+    ensure!(
+        rel.split_whitespace().any(|word| word == "noopener")
+            && rel.split_whitespace().any(|word| word == "noreferrer"),
+        "the artifact link has rel={rel:?}, not noopener noreferrer"
+    );
+    // The live stream opened with a ticket: no request of the app carried the token.
+    let leaked = client
+        .execute(
+            "return performance.getEntriesByType('resource').map(e => e.name).filter(n => n.includes(arguments[0]) || n.includes('token='))",
+            vec![json!(token)],
+        )
         .await?;
+    ensure!(
+        leaked == json!([]),
+        "the app put the token in a URL: {leaked}"
+    );
+    open.click().await?;
     let deadline = Instant::now() + STEP;
     let tab = loop {
         if let Some(tab) = client
@@ -413,6 +429,15 @@ async fn open_newest_artifact(client: &Client, token: &str, shots: &Screenshots)
     ensure!(
         !address.as_str().contains(token),
         "the artifact address carries the API token: {address}"
+    );
+    // Opened without a handle on the app, sandboxed in an opaque origin: no
+    // copy of the app's sessionStorage (the token) is reachable from it.
+    let isolation = client
+        .execute("return [window.opener === null, self.origin]", vec![])
+        .await?;
+    ensure!(
+        isolation == json!([true, "null"]),
+        "the artifact tab is not isolated (opener is null, origin): {isolation}"
     );
     let heading = client.find(Locator::Css("h1")).await?.text().await?;
     ensure!(!heading.trim().is_empty(), "the artifact's <h1> is empty");

@@ -922,3 +922,64 @@ async fn a_dispatch_for_another_projects_agent_is_rejected_not_acted_on() -> Res
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call() -> Result<()> {
+    let server = NatsServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let core = zopu_tests::core_config(&server, dir.path());
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let (acme, other) = (org("acme"), org("other"));
+    let (project, theirs) = (ProjectId::new(), ProjectId::new());
+    let respond = || Scripted::tool_call("call_1", "respond", r#"{"message":"Hello there."}"#);
+    let llm = FakeOpenAiServer::start([respond(), respond()]).await?;
+    let dispatch = Running::dispatch(&core);
+    let conversation = Running::conversation(
+        &core,
+        zopu_conversation::Config {
+            daily_model_tokens_per_org: 10,
+            ..openai(&llm)
+        },
+    );
+    setup_project(&bus, &acme, project).await?;
+    // The first turn calls the model, which reports more tokens than the budget.
+    let first = send(&bus, &acme, project, "Hi").await?;
+    let end = turn_end(&bus, &acme, project, first.event_id).await?;
+    ensure!(end.is::<pb::DispatchCompleted>(), "first turn: {end:?}");
+    let used = events_of::<pb::AgentLlmCompleted>(&bus, &acme, project, Some(first.event_id))
+        .await?
+        .iter()
+        .map(|event| {
+            let completed = event.decode::<pb::AgentLlmCompleted>()?;
+            anyhow::Ok(completed.prompt_tokens + completed.completion_tokens)
+        })
+        .sum::<Result<u32>>()?;
+    assert!(used > 10, "the scripted reply reports {used} tokens");
+    // The next message of the organization ends with a visible failure, and no call.
+    let second = send(&bus, &acme, project, "Hi again").await?;
+    let end = turn_end(&bus, &acme, project, second.event_id).await?;
+    ensure!(end.is::<pb::DispatchFailed>(), "second turn: {end:?}");
+    let finals = events_of::<pb::AgentFinal>(&bus, &acme, project, Some(second.event_id)).await?;
+    assert_eq!(finals.len(), 1);
+    let last = finals[0].decode::<pb::AgentFinal>()?;
+    let failure = last.failure.context("the final carries the failure")?;
+    assert_eq!(failure.code, "budget.exceeded");
+    assert!(
+        failure
+            .message
+            .contains("conversation.daily_model_tokens_per_org")
+            && last.text.contains("budget"),
+        "{failure:?} / {}",
+        last.text
+    );
+    assert_eq!(llm.request_count(), 1);
+    // Another organization has its own budget.
+    setup_project(&bus, &other, theirs).await?;
+    let third = send(&bus, &other, theirs, "Hi").await?;
+    let end = turn_end(&bus, &other, theirs, third.event_id).await?;
+    ensure!(end.is::<pb::DispatchCompleted>(), "other org: {end:?}");
+    assert_eq!(llm.request_count(), 2);
+    conversation.stop().await?;
+    dispatch.stop().await?;
+    Ok(())
+}

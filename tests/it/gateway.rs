@@ -338,6 +338,7 @@ async fn every_route_serves_its_part_of_the_product() -> Result<()> {
         "/v1/projects/{id}/agent/disable",
         "/v1/projects/{id}/agent/enable",
         "/v1/projects/{id}/events",
+        "/v1/projects/{id}/events/ticket",
     ] {
         assert!(
             openapi["paths"][path].is_object(),
@@ -748,6 +749,22 @@ async fn every_route_serves_its_part_of_the_product() -> Result<()> {
         response.headers()["content-security-policy"],
         zopu_gateway::api::ARTIFACT_CSP
     );
+    // Sandboxed in an opaque origin: no script, no access to the app's storage.
+    let directives: Vec<String> = response.headers()["content-security-policy"]
+        .to_str()?
+        .split(';')
+        .map(|directive| directive.trim().to_owned())
+        .collect();
+    assert!(
+        directives.iter().any(|directive| directive == "sandbox"),
+        "{directives:?}"
+    );
+    assert!(
+        !directives
+            .iter()
+            .any(|directive| directive.contains("allow-")),
+        "{directives:?}"
+    );
     assert_eq!(response.headers()["x-content-type-options"], "nosniff");
     assert!(
         response.headers()["content-type"]
@@ -967,12 +984,15 @@ async fn another_organization_sees_nothing_and_no_token_gets_401() -> Result<()>
             "bad token {path}"
         );
     }
-    let sse = gw
-        .http
-        .get(gw.url(&format!("/v1/projects/{project}/events?token={}", gw.other)))
-        .send()
+    // Another organization gets no stream ticket for the project.
+    let (status, _) = gw
+        .post(
+            &gw.other,
+            &format!("/v1/projects/{project}/events/ticket"),
+            json!({}),
+        )
         .await?;
-    assert_eq!(sse.status(), StatusCode::NOT_FOUND);
+    assert_eq!(status, StatusCode::NOT_FOUND);
     for (path, body) in &posts {
         let (status, _) = gw.post(&gw.other, path, body.clone()).await?;
         assert_eq!(status, StatusCode::NOT_FOUND, "other org {path}");
@@ -1219,11 +1239,18 @@ async fn sse_resumes_after_a_disconnect_without_gaps_or_duplicates() -> Result<(
     for index in 10..20 {
         gw.append(project, &say(index), Scope::default()).await?;
     }
+    // Resume the way a browser does: a new single-use ticket, Last-Event-ID.
+    let (_, ticket) = gw
+        .post(
+            &gw.acme,
+            &format!("/v1/projects/{project}/events/ticket"),
+            json!({}),
+        )
+        .await?;
     let resumed = gw
         .http
-        .get(&events_url)
+        .get(gw.url(ticket["url"].as_str().context("ticket url")?))
         .header("last-event-id", last.to_string())
-        .query(&[("token", gw.acme.as_str())])
         .send()
         .await?;
     assert_eq!(resumed.status(), StatusCode::OK);
@@ -1340,7 +1367,13 @@ async fn tokens_work_on_every_instance_and_after_a_restart_until_revoked_or_expi
     // Expired: issued two days ago for one day.
     let two_days_ago = time::OffsetDateTime::now_utc() - 2 * day;
     let expired = store
-        .issue_at(&org("acme"), "old", day, two_days_ago)
+        .issue_at(
+            &org("acme"),
+            "old",
+            day,
+            zopu_gateway::tokens::Scopes::all(),
+            two_days_ago,
+        )
         .await?;
     for instance in [&a, &b] {
         assert_eq!(
@@ -1575,5 +1608,453 @@ async fn a_retry_is_recognised_by_the_stored_project_beyond_the_duplicate_window
     )
     .await?;
     assert_eq!(stored.len(), 1);
+    Ok(())
+}
+
+// ---------------------------------------------------------------- access and quotas
+
+/// Issues a token with `scopes` for `user` of acme.
+async fn scoped_token(gw: &Gateway, user: &str, scopes: &str) -> Result<String> {
+    let issued = gw
+        .state
+        .tokens
+        .issue_scoped(
+            &org("acme"),
+            user,
+            zopu_gateway::tokens::DEFAULT_TTL,
+            zopu_gateway::tokens::Scopes::parse(scopes)?,
+        )
+        .await?;
+    Ok(issued.expose().to_owned())
+}
+
+/// The error code and message of an error body.
+fn error_of(body: &Value) -> (String, String) {
+    (
+        body["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_needs_its_scope_and_a_403_names_the_missing_one() -> Result<()> {
+    let gw = gateway(zopu_gateway::Config::default()).await?;
+    let project = gw.create_project("scoped").await?;
+    gw.make_ready(project).await?;
+    let artifact = gw
+        .publish_artifact(project, None, b"<h1>Report</h1>", false)
+        .await?;
+    let reader = scoped_token(&gw, "viewer", "read").await?;
+    let writer = scoped_token(&gw, "bot", "write").await?;
+    let member = scoped_token(&gw, "ada2", "read,write").await?;
+    let admin = scoped_token(&gw, "ops", "read,write,admin").await?;
+
+    let gets = [
+        "/v1/projects".to_owned(),
+        format!("/v1/projects/{project}"),
+        format!("/v1/projects/{project}/timeline"),
+        format!("/v1/projects/{project}/summary"),
+        format!("/v1/artifacts/{artifact}"),
+        format!("/v1/artifacts/{artifact}/link"),
+        format!("/v1/projects/{project}/events"),
+    ];
+    for path in &gets {
+        let response = gw
+            .http
+            .get(gw.url(path))
+            .bearer_auth(&writer)
+            .send()
+            .await?;
+        assert_eq!(
+            response.status(),
+            StatusCode::FORBIDDEN,
+            "write-only {path}"
+        );
+        let (code, message) = error_of(&response.json().await?);
+        assert_eq!(code, "missing_scope", "{path}");
+        assert!(message.contains("`read`"), "{path}: {message}");
+        // The summary does not exist yet: anything but 403 means the scope was accepted.
+        let response = gw
+            .http
+            .get(gw.url(path))
+            .bearer_auth(&reader)
+            .send()
+            .await?;
+        assert_ne!(response.status(), StatusCode::FORBIDDEN, "reader {path}");
+        assert_ne!(response.status(), StatusCode::UNAUTHORIZED, "reader {path}");
+    }
+    let (status, body) = gw
+        .post(
+            &writer,
+            &format!("/v1/projects/{project}/events/ticket"),
+            json!({}),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+
+    let writes = [
+        (
+            "/v1/projects".to_owned(),
+            json!({ "repository": "https://example.com/acme/other.git" }),
+        ),
+        (format!("/v1/projects/{project}/setup/retry"), json!({})),
+        (
+            format!("/v1/projects/{project}/messages"),
+            json!({ "text": "hi" }),
+        ),
+        (
+            format!("/v1/projects/{project}/actions"),
+            json!({ "artifact_id": artifact.to_string(), "action_id": "create_issue" }),
+        ),
+    ];
+    let admins = [
+        (format!("/v1/projects/{project}/agent/disable"), json!({})),
+        (format!("/v1/projects/{project}/agent/enable"), json!({})),
+    ];
+    for (path, body) in &writes {
+        let (status, error) = gw.post(&reader, path, body.clone()).await?;
+        assert_eq!(status, StatusCode::FORBIDDEN, "reader {path}: {error}");
+        let (code, message) = error_of(&error);
+        assert_eq!(code, "missing_scope");
+        assert!(message.contains("`write`"), "{path}: {message}");
+    }
+    for (path, body) in &admins {
+        for token in [&reader, &member] {
+            let (status, error) = gw.post(token, path, body.clone()).await?;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {error}");
+            assert!(error_of(&error).1.contains("`admin`"), "{path}: {error}");
+        }
+    }
+    // Nothing a token without the scope tried was stored.
+    let stored = history(
+        &gw.state.runtime.bus,
+        &subjects::project_events(&org("acme"), &project),
+    )
+    .await?;
+    assert!(
+        !stored
+            .iter()
+            .any(|(_, event)| event.is::<pb::TimelineMessageSent>()
+                || event.is::<pb::AgentDisabled>()
+                || event.is::<pb::TimelineActionSent>()),
+        "{stored:?}"
+    );
+    // With the scope, the same requests go through.
+    let (status, body) = gw
+        .post(
+            &member,
+            &format!("/v1/projects/{project}/messages"),
+            json!({ "text": "hi" }),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let (status, body) = gw
+        .post(
+            &admin,
+            &format!("/v1/projects/{project}/agent/disable"),
+            json!({}),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_stream_opens_with_a_single_use_ticket_and_never_a_token_in_the_url() -> Result<()>
+{
+    let gw = gateway(zopu_gateway::Config::default()).await?;
+    let project = gw.create_project("tickets").await?;
+    let elsewhere = gw.create_project("elsewhere").await?;
+    let events = |query: &str| gw.url(&format!("/v1/projects/{project}/events?{query}"));
+
+    // A valid token in the URL is refused, and says what to do instead.
+    let response = gw
+        .http
+        .get(events(&format!("token={}", gw.acme)))
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let (code, message) = error_of(&response.json().await?);
+    assert_eq!(code, "token_in_url");
+    assert!(message.contains("ticket"), "{message}");
+
+    let ticket_path = format!("/v1/projects/{project}/events/ticket");
+    let (status, ticket) = gw.post(&gw.acme, &ticket_path, json!({})).await?;
+    assert_eq!(status, StatusCode::CREATED, "{ticket}");
+    let value = ticket["ticket"].as_str().context("ticket")?.to_owned();
+    assert!(value.starts_with("zpk_") && !value.contains(&gw.acme[4..]));
+    let url = ticket["url"].as_str().context("url")?;
+    assert!(!url.contains(&gw.acme), "{url}");
+    // The ticket opens the stream, which delivers the timeline...
+    let stream = gw.http.get(gw.url(url)).send().await?;
+    assert_eq!(stream.status(), StatusCode::OK);
+    let first = read_events(stream, 1).await?;
+    assert_eq!(first[0].1["kind"], "setup");
+    // ...once: a second use, here or on another instance, is refused.
+    let again = gw.http.get(gw.url(url)).send().await?;
+    assert_eq!(again.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(error_of(&again.json().await?).0, "invalid_ticket");
+    let dir = tempfile::tempdir()?;
+    let second = Instance::start(
+        &gw.server,
+        dir.path(),
+        zopu_gateway::Config::default(),
+        link_key(),
+    )
+    .await?;
+    let (_, ticket) = gw.post(&gw.acme, &ticket_path, json!({})).await?;
+    let url = ticket["url"].as_str().context("url")?.to_owned();
+    // A ticket asked for on one instance opens the stream on another.
+    let stream = gw.http.get(second.url(&url)).send().await?;
+    assert_eq!(stream.status(), StatusCode::OK);
+    drop(stream);
+    assert_eq!(
+        gw.http.get(gw.url(&url)).send().await?.status(),
+        StatusCode::UNAUTHORIZED
+    );
+    second.stop().await?;
+
+    // A ticket is for one project only.
+    let (_, ticket) = gw.post(&gw.acme, &ticket_path, json!({})).await?;
+    let value = ticket["ticket"].as_str().context("ticket")?;
+    let other_project = gw
+        .http
+        .get(gw.url(&format!("/v1/projects/{elsewhere}/events?ticket={value}")))
+        .send()
+        .await?;
+    assert_eq!(other_project.status(), StatusCode::UNAUTHORIZED);
+    // Forged and malformed tickets are refused.
+    for forged in [
+        format!("{}0", &value[..value.len() - 1]),
+        "zpk_nope".to_owned(),
+    ] {
+        let response = gw
+            .http
+            .get(events(&format!("ticket={forged}")))
+            .send()
+            .await?;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{forged}");
+    }
+    // A ticket of a token revoked since is refused.
+    let revoked = scoped_token(&gw, "leaver", "read").await?;
+    let (_, ticket) = gw.post(&revoked, &ticket_path, json!({})).await?;
+    let url = ticket["url"].as_str().context("url")?.to_owned();
+    gw.state.tokens.revoke(&revoked).await?;
+    assert_eq!(
+        gw.http.get(gw.url(&url)).send().await?.status(),
+        StatusCode::UNAUTHORIZED
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_and_new_projects_are_rate_limited_per_token_and_per_organization() -> Result<()> {
+    let gw = gateway(zopu_gateway::Config {
+        messages_per_minute_per_token: 3,
+        messages_per_minute_per_org: 5,
+        projects_per_hour_per_token: 3,
+        projects_per_hour_per_org: 4,
+        ..zopu_gateway::Config::default()
+    })
+    .await?;
+    let project = gw.create_project("limited").await?;
+    let bob = scoped_token(&gw, "bob", "read,write").await?;
+    let messages = format!("/v1/projects/{project}/messages");
+    let send = |token: &str, index: usize| {
+        let request = gw
+            .http
+            .post(gw.url(&messages))
+            .bearer_auth(token)
+            .json(&json!({ "text": format!("message {index}") }));
+        async move { anyhow::Ok(request.send().await?) }
+    };
+    for index in 0..3 {
+        assert_eq!(send(&gw.acme, index).await?.status(), StatusCode::ACCEPTED);
+    }
+    let refused = send(&gw.acme, 3).await?;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = refused.headers()["retry-after"].to_str()?.parse()?;
+    assert!((1..=20).contains(&retry), "Retry-After {retry}");
+    let (code, message) = error_of(&refused.json().await?);
+    assert_eq!(code, "rate_limited");
+    assert!(
+        message.contains("this token") && message.contains("gateway.messages_per_minute_per_token"),
+        "{message}"
+    );
+    // Another token of the organization has its own budget, up to the organization's.
+    for index in 4..6 {
+        assert_eq!(send(&bob, index).await?.status(), StatusCode::ACCEPTED);
+    }
+    let refused = send(&bob, 6).await?;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.headers().contains_key("retry-after"));
+    let (_, message) = error_of(&refused.json().await?);
+    assert!(message.contains("this organization"), "{message}");
+    // Another organization is not affected.
+    let theirs = {
+        let body = json!({ "repository": "https://example.com/other/demo.git" });
+        let (status, created) = gw.post(&gw.other, "/v1/projects", body).await?;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        gw.projected(created["sequence"].as_u64().context("sequence")?)
+            .await?;
+        created["project_id"].as_str().context("id")?.to_owned()
+    };
+    let (status, body) = gw
+        .post(
+            &gw.other,
+            &format!("/v1/projects/{theirs}/messages"),
+            json!({ "text": "hi" }),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    // Only the accepted messages were stored.
+    let stored = history(
+        &gw.state.runtime.bus,
+        &subjects::project_events(&org("acme"), &project),
+    )
+    .await?;
+    let sent = stored
+        .iter()
+        .filter(|(_, event)| event.is::<pb::TimelineMessageSent>())
+        .count();
+    assert_eq!(sent, 5);
+
+    // Project creation: acme's token made one above; two more, then 429.
+    for index in 0..2 {
+        let body = json!({ "repository": format!("https://example.com/acme/r{index}.git") });
+        let (status, created) = gw.post(&gw.acme, "/v1/projects", body).await?;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+    }
+    let body = json!({ "repository": "https://example.com/acme/one-too-many.git" });
+    let response = gw
+        .http
+        .post(gw.url("/v1/projects"))
+        .bearer_auth(&gw.acme)
+        .json(&body)
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(response.headers().contains_key("retry-after"));
+    let (_, message) = error_of(&response.json().await?);
+    assert!(
+        message.contains("new projects") && message.contains("per hour"),
+        "{message}"
+    );
+    // Bob may create one more before the organization's four are used.
+    let (status, _) = gw.post(&bob, "/v1/projects", body.clone()).await?;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _) = gw.post(&bob, "/v1/projects", body).await?;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_token_cannot_take_every_live_stream() -> Result<()> {
+    let gw = gateway(zopu_gateway::Config {
+        sse_clients_max: 10,
+        sse_clients_per_token_max: 2,
+        ..zopu_gateway::Config::default()
+    })
+    .await?;
+    let project = gw.create_project("streams").await?;
+    let events = gw.url(&format!("/v1/projects/{project}/events"));
+    let open = |token: &str| gw.http.get(&events).bearer_auth(token).send();
+    let first = open(&gw.acme).await?;
+    let second = open(&gw.acme).await?;
+    assert_eq!(
+        (first.status(), second.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    let third = open(&gw.acme).await?;
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(third.headers().contains_key("retry-after"));
+    let (code, message) = error_of(&third.json().await?);
+    assert_eq!(code, "too_many_streams_for_token");
+    assert!(
+        message.contains("gateway.sse_clients_per_token_max"),
+        "{message}"
+    );
+    // Tickets count against the same token.
+    let (_, ticket) = gw
+        .post(
+            &gw.acme,
+            &format!("/v1/projects/{project}/events/ticket"),
+            json!({}),
+        )
+        .await?;
+    let url = ticket["url"].as_str().context("url")?;
+    assert_eq!(
+        gw.http.get(gw.url(url)).send().await?.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another token of the same organization still gets a stream.
+    let bob = scoped_token(&gw, "bob", "read").await?;
+    assert_eq!(open(&bob).await?.status(), StatusCode::OK);
+    drop((first, second));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_stream_wakes_only_for_its_own_project() -> Result<()> {
+    use std::sync::atomic::Ordering;
+    let gw = gateway(zopu_gateway::Config::default()).await?;
+    let watched = gw.create_project("watched").await?;
+    let busy = gw.create_project("busy").await?;
+    let stream = gw
+        .http
+        .get(gw.url(&format!("/v1/projects/{watched}/events")))
+        .bearer_auth(&gw.acme)
+        .send()
+        .await?;
+    assert_eq!(stream.status(), StatusCode::OK);
+    let say = |text: &str| pb::TimelineMessageSent {
+        timeline_id: "global".into(),
+        text: text.into(),
+        ..Default::default()
+    };
+    // Read the stored item first, so the stream is idle before counting.
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    let reader = tokio::spawn(async move {
+        let mut stream = stream;
+        let mut buffer = String::new();
+        let mut seen = 0;
+        while let Some(chunk) = stream.chunk().await? {
+            buffer.push_str(std::str::from_utf8(&chunk)?);
+            let frames = buffer
+                .lines()
+                .filter(|line| line.starts_with("data:"))
+                .count();
+            while seen < frames {
+                seen += 1;
+                tx.send(seen).await?;
+            }
+        }
+        anyhow::Ok(())
+    });
+    let first = tokio::time::timeout(LONG, rx.recv()).await?;
+    assert_eq!(first, Some(1));
+    let before = gw.state.sse_reads.load(Ordering::Relaxed);
+    // Twenty events of another project, each committed on its own.
+    for index in 0..20 {
+        gw.append(busy, &say(&format!("busy {index}")), Scope::default())
+            .await?;
+    }
+    gw.append(watched, &say("for the watcher"), Scope::default())
+        .await?;
+    let second = tokio::time::timeout(LONG, rx.recv()).await?;
+    assert_eq!(second, Some(2));
+    let reads = gw.state.sse_reads.load(Ordering::Relaxed) - before;
+    // One read for its own event (two if it landed between a query and a commit).
+    assert!(
+        (1..=2).contains(&reads),
+        "the stream ran {reads} queries for one event of its project among 20 of another"
+    );
+    reader.abort();
     Ok(())
 }

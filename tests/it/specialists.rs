@@ -1547,3 +1547,92 @@ async fn a_workspace_at_another_commit_is_rematerialized_or_refused_before_tools
     );
     service.stop().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_used_up_daily_model_budget_fails_the_run_visibly_without_a_model_call() -> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let data = tempfile::tempdir()?;
+    let publisher = Publisher::new(bus.clone(), "test", None);
+    let fake = FakeOpenAiServer::start([
+        Scripted::tool_call("c1", "search", r#"{"pattern": "login", "literal": true}"#),
+        Scripted::tool_call(
+            "c2",
+            "read_file",
+            r#"{"path": "src/auth.rs", "start_line": 1, "end_line": 14}"#,
+        ),
+        Scripted::text(&exploration_answer(
+            "pub fn login(user: &str, password: &str) -> Option<Session> {",
+        )),
+    ])
+    .await?;
+    let mut config = model_config(&fake);
+    config.daily_model_tokens_per_org = 10;
+    let service = Service::start(&server, data.path(), config);
+    let spent = Project::new();
+    // Earlier today the organization's calls used 13 tokens (recorded as every call is).
+    let earlier = pb::AgentLlmCompleted {
+        agent_id: spent.agent.to_string(),
+        provider: "openai:fake-model".into(),
+        model: "fake-model".into(),
+        step: "decide".into(),
+        prompt_tokens: 8,
+        completion_tokens: 5,
+        ..Default::default()
+    };
+    publisher
+        .append(NewEvent::root(
+            spent.org.clone(),
+            spent.id,
+            &earlier,
+            format!("test:usage:{}", spent.id),
+            None,
+        ))
+        .await?;
+    let repo = repository(data.path(), spent.id, RUST_REPO)?;
+    spent
+        .ask(
+            &publisher,
+            pb::FlowType::Explore,
+            "How does login work?",
+            &repo.commit,
+        )
+        .await?;
+    let failed = failure_of(&terminal(&bus, &spent, 1).await?).context("flow.failed")?;
+    let reason = failed.reason.context("reason")?;
+    assert_eq!(reason.code, "flow.budget_exceeded", "{reason:?}");
+    assert!(
+        reason
+            .message
+            .contains("specialists.daily_model_tokens_per_org")
+            && reason.message.contains("13 of 10"),
+        "{reason:?}"
+    );
+    assert_eq!(fake.request_count(), 0, "the model was called");
+
+    // Another organization's budget is its own: acme's usage does not count.
+    let org: OrgId = "other".parse()?;
+    let id = ProjectId::new();
+    let fresh = Project {
+        agent: AgentId::conversation(&org, &id),
+        org,
+        id,
+    };
+    let repo = repository(data.path(), fresh.id, RUST_REPO)?;
+    fresh
+        .ask(
+            &publisher,
+            pb::FlowType::Explore,
+            "How does login work?",
+            &repo.commit,
+        )
+        .await?;
+    // Its first call goes out; the 19 tokens it reports use up its own
+    // budget, so the run stops at the next call, visibly.
+    let failed = failure_of(&terminal(&bus, &fresh, 1).await?).context("flow.failed")?;
+    let reason = failed.reason.context("reason")?;
+    assert_eq!(reason.code, "flow.budget_exceeded", "{reason:?}");
+    assert!(reason.message.contains("19 of 10"), "{reason:?}");
+    assert_eq!(fake.request_count(), 1);
+    service.stop().await
+}

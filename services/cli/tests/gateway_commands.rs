@@ -112,10 +112,54 @@ async fn tokens_are_created_listed_and_revoked_in_the_shared_bucket() -> Result<
     // The gateway's view: the bucket accepts the token.
     let bus = zopu_core::nats::connect(&url, "test", std::time::Duration::from_secs(10)).await?;
     let tokens = zopu_gateway::TokenStore::open(&bus.jetstream).await?;
-    assert!(tokens.verify(&token).await?.is_some());
+    let principal = tokens
+        .verify(&token)
+        .await?
+        .context("the token is accepted")?;
+    // Without --scope a token may read and write, not use the kill switch.
+    assert_eq!(created["scopes"], serde_json::json!(["read", "write"]));
+    assert_eq!(principal.scopes.to_text(), "read,write");
+
+    let reader = json_lines(
+        &run(&[
+            "create", "--org", "acme", "--user", "viewer", "--scope", "read",
+        ])
+        .await?,
+    )?;
+    let reader_token = reader[0]["token"].as_str().context("token")?;
+    let reader = tokens.verify(reader_token).await?.context("accepted")?;
+    assert_eq!(reader.scopes.to_text(), "read");
+    let bad = run(&[
+        "create",
+        "--org",
+        "acme",
+        "--user",
+        "ada",
+        "--scope",
+        "read,owner",
+    ])
+    .await?;
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("--scope") && stderr.contains("owner"),
+        "{stderr}"
+    );
 
     let listed = json_lines(&run(&["list"]).await?)?;
-    assert_eq!(listed.len(), 1);
+    assert_eq!(listed.len(), 2);
+    let by_user = |listed: &[Value], user: &str| {
+        listed
+            .iter()
+            .find(|line| line["user"] == user)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        by_user(&listed, "viewer")["scopes"],
+        serde_json::json!(["read"])
+    );
+    let listed = [by_user(&listed, "ada")];
     assert_eq!(
         (&listed[0]["id"], &listed[0]["user"]),
         (&created["id"], &created["user"])
@@ -149,7 +193,8 @@ async fn tokens_are_created_listed_and_revoked_in_the_shared_bucket() -> Result<
     );
     assert!(tokens.verify(&token).await?.is_none());
     let listed = json_lines(&run(&["list"]).await?)?;
-    assert_eq!(listed[0]["status"], "revoked");
+    assert_eq!(by_user(&listed, "ada")["status"], "revoked");
+    assert_eq!(by_user(&listed, "viewer")["status"], "active");
 
     let unknown = zopu(dir.path(), &["--nats", &url, "token", "revoke", "ffffffff"]).await?;
     assert!(!unknown.status.success());

@@ -45,6 +45,8 @@ pub(crate) struct Settings {
     pub recent_outputs: usize,
     pub similarity_threshold: f64,
     pub rejection_backoff: u32,
+    /// Model tokens per organization and UTC day (0: no budget).
+    pub daily_model_tokens_per_org: u64,
     pub fail_point: Option<FailPoint>,
 }
 
@@ -457,12 +459,52 @@ impl Turn<'_> {
     ) -> Result<(), HandlerError> {
         let plan = match &self.agent.provider {
             None => decide::offline_turn(text, view, &self.dispatch.to_string()),
-            Some(provider) => match self.model_turn(provider.as_ref(), text, view).await? {
-                Ok(plan) => plan,
-                Err(reason) => return self.visible_failure(source, reason).await,
-            },
+            Some(provider) => {
+                if let Some(reason) = self.budget_exhausted(source).await? {
+                    return self.visible_failure(source, reason).await;
+                }
+                match self.model_turn(provider.as_ref(), text, view).await? {
+                    Ok(plan) => plan,
+                    Err(reason) => return self.visible_failure(source, reason).await,
+                }
+            }
         };
         self.execute(plan, source, view).await
+    }
+
+    /// The reason not to call the model when the organization's daily token
+    /// budget is used up. Counts the usage recorded before this dispatch on
+    /// the message's UTC day, so a redelivery decides as the first delivery.
+    async fn budget_exhausted(
+        &self,
+        source: &Envelope,
+    ) -> Result<Option<pb::FailureReason>, HandlerError> {
+        let budget = self.agent.settings.daily_model_tokens_per_org;
+        if budget == 0 {
+            return Ok(None);
+        }
+        let day = zopu_core::model_usage::utc_day(source.time);
+        let (org, before) = (self.event.org_id.clone(), self.ctx.stream_sequence);
+        let query_day = day.clone();
+        let used = self
+            .ctx
+            .store
+            .query(move |conn| zopu_core::model_usage::tokens_used(conn, &org, &query_day, before))
+            .await?;
+        if used < budget {
+            return Ok(None);
+        }
+        tracing::warn!(dispatch = %self.dispatch, org = %self.event.org_id, used, budget, "daily model budget used up; not calling the model");
+        Ok(Some(failure(
+            "budget.exceeded",
+            &zopu_core::model_usage::exceeded_message(
+                used,
+                budget,
+                &day,
+                "conversation.daily_model_tokens_per_org",
+            ),
+            false,
+        )))
     }
 
     /// The model's decision: recorded replies first, then at most
@@ -590,10 +632,14 @@ impl Turn<'_> {
         source: &Envelope,
         reason: pb::FailureReason,
     ) -> Result<(), HandlerError> {
-        let text = format!(
-            "Sorry — I couldn't work out a reply to this ({}). Please try again in a moment.",
-            reason.code
-        );
+        let text = if reason.code == "budget.exceeded" {
+            reason.message.clone()
+        } else {
+            format!(
+                "Sorry — I couldn't work out a reply to this ({}). Please try again in a moment.",
+                reason.code
+            )
+        };
         let last = pb::AgentFinal {
             agent_id: self.agent_id(),
             text,

@@ -148,6 +148,11 @@ pub struct Config {
     /// Upper bound of one turn (model calls included).
     #[serde(with = "zopu_core::config::duration")]
     pub handler_timeout: Duration,
+    /// Model tokens (prompt + completion, as the provider reports them, of
+    /// the agent's and the specialists' calls) one organization may use per
+    /// UTC day. Once used up, a message gets a visible failure
+    /// (`budget.exceeded`) instead of a model call. 0: no budget.
+    pub daily_model_tokens_per_org: u64,
     /// Test-only crash injection; never read from configuration.
     #[serde(skip)]
     pub fail_point: Option<FailPoint>,
@@ -167,6 +172,7 @@ impl Default for Config {
             max_ack_pending: 512,
             max_deliver: 5,
             handler_timeout: Duration::from_secs(300),
+            daily_model_tokens_per_org: 2_000_000,
             fail_point: None,
         }
     }
@@ -191,6 +197,12 @@ impl Config {
         }
         if !(1..=100).contains(&self.rejection_backoff) {
             return bad("rejection_backoff", "must be 1..=100");
+        }
+        if self.daily_model_tokens_per_org > 1_000_000_000_000 {
+            return bad(
+                "daily_model_tokens_per_org",
+                "must be at most 1000000000000 (0 turns the budget off)",
+            );
         }
         self.reaction().validate(SERVICE)?;
         if self.handler_timeout < Duration::from_secs(1)
@@ -260,6 +272,7 @@ impl Config {
                 recent_outputs: self.recent_outputs,
                 similarity_threshold: self.similarity_threshold,
                 rejection_backoff: self.rejection_backoff,
+                daily_model_tokens_per_org: self.daily_model_tokens_per_org,
                 fail_point: self.fail_point,
             },
             self.provider()?,

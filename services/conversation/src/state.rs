@@ -41,7 +41,7 @@ impl zopu_core::Projection for ConversationState {
     }
 
     fn schema_version(&self) -> u32 {
-        2
+        3
     }
 
     fn tables(&self) -> &'static [&'static str] {
@@ -54,6 +54,7 @@ impl zopu_core::Projection for ConversationState {
             "cv_flows",
             "cv_artifacts",
             "cv_outcomes",
+            zopu_core::model_usage::TABLE,
         ]
     }
 
@@ -97,7 +98,8 @@ impl zopu_core::Projection for ConversationState {
             CREATE TABLE cv_outcomes (
                 org TEXT NOT NULL, project TEXT NOT NULL, sequence INTEGER NOT NULL, outcome TEXT NOT NULL,
                 PRIMARY KEY (org, project, sequence));",
-        )
+        )?;
+        tx.execute_batch(zopu_core::model_usage::SCHEMA)
     }
 
     fn apply(
@@ -106,6 +108,7 @@ impl zopu_core::Projection for ConversationState {
         event: &Envelope,
         sequence: u64,
     ) -> rusqlite::Result<()> {
+        zopu_core::model_usage::apply(tx, event, sequence)?;
         apply(tx, event, sequence as i64)
     }
 }

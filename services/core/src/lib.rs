@@ -20,6 +20,7 @@ pub mod config;
 pub mod lease;
 pub mod local_server;
 pub mod log;
+pub mod model_usage;
 pub mod nats;
 pub mod projection;
 pub mod publish;

@@ -30,6 +30,11 @@ const KEY_VALUE_DEFINITIONS: &[(&str, &str, &str)] = &[
         include_str!("../../../streams/zopu-gateway-tokens.kv.json"),
         zopu_schema::subjects::GATEWAY_TOKENS_BUCKET,
     ),
+    (
+        "streams/zopu-gateway-tickets.kv.json",
+        include_str!("../../../streams/zopu-gateway-tickets.kv.json"),
+        zopu_schema::subjects::GATEWAY_TICKETS_BUCKET,
+    ),
 ];
 
 /// Settings that deployments may override in the definitions.
@@ -67,6 +72,9 @@ struct KeyValueDefinition {
     num_replicas: usize,
     history: i64,
     max_value_size: i32,
+    /// Entries older than this are dropped by the server (0: kept).
+    #[serde(default)]
+    max_age_seconds: u64,
 }
 
 /// The event stream's configuration from `streams/ZOPU_EVENTS.json`.
@@ -300,6 +308,8 @@ struct Bucket {
     max_bytes: Option<i64>,
     history: Option<i64>,
     max_value_size: Option<i32>,
+    /// Entries older than this are dropped (zero: kept), for key-value buckets.
+    max_age: Option<std::time::Duration>,
 }
 
 impl Bucket {
@@ -350,6 +360,13 @@ impl Bucket {
                 max_value_size.to_string(),
             );
         }
+        if let Some(max_age) = self.max_age {
+            compare(
+                "max_age",
+                format!("{:?}", existing.max_age),
+                format!("{max_age:?}"),
+            );
+        }
         compare(
             "mirror",
             format!("{:?}", existing.mirror.as_ref().map(|m| &m.name)),
@@ -376,6 +393,9 @@ impl Bucket {
         }
         if let Some(max_value_size) = self.max_value_size {
             config.max_message_size = max_value_size;
+        }
+        if let Some(max_age) = self.max_age {
+            config.max_age = max_age;
         }
         config
     }
@@ -422,6 +442,7 @@ fn buckets(settings: &StreamSettings) -> Result<Vec<Bucket>, Error> {
         max_bytes: Some(objects.max_bytes),
         history: None,
         max_value_size: None,
+        max_age: None,
     }];
     for (file, text, bucket) in KEY_VALUE_DEFINITIONS {
         let definition = key_value_definition(file, text, bucket)?;
@@ -433,6 +454,7 @@ fn buckets(settings: &StreamSettings) -> Result<Vec<Bucket>, Error> {
             max_bytes: None,
             history: Some(definition.history),
             max_value_size: Some(definition.max_value_size),
+            max_age: Some(std::time::Duration::from_secs(definition.max_age_seconds)),
         });
     }
     Ok(buckets)
@@ -510,6 +532,7 @@ async fn apply_key_value(
             num_replicas: settings.replicas.max(definition.num_replicas),
             history: definition.history,
             max_value_size: definition.max_value_size,
+            max_age: std::time::Duration::from_secs(definition.max_age_seconds),
             ..Default::default()
         })
         .await

@@ -51,8 +51,12 @@ async fn main() -> Result<()> {
         ..CoreConfig::default()
     };
     let shutdown = Shutdown::new();
+    // One token drives the whole load: lift its quotas above it.
     let config = zopu_gateway::Config {
         sse_clients_max: SSE_CLIENTS + 10,
+        sse_clients_per_token_max: SSE_CLIENTS + 10,
+        messages_per_minute_per_token: 1_000_000,
+        messages_per_minute_per_org: 1_000_000,
         ..zopu_gateway::Config::default()
     };
     let link_key = zopu_gateway::LinkKey::from_env_or_dev_file(&config.link_key_env, dir.path())?;

@@ -21,13 +21,18 @@ use zopu_schema::{AgentId, Event, EventId, OrgId, ProjectId, keys, pb, subjects}
 
 use crate::AppState;
 use crate::http::{ApiError, ApiJson, Caller, ErrorBody, RequestId, parse_json};
+use crate::quotas::Action;
 use crate::read_model::{
     ArtifactRecord, ArtifactView, ProjectView, SummaryView, ThreadView, TimelineItem, WorkView,
     queries, setup_state,
 };
+use crate::tokens::Scope;
 
-/// Content-Security-Policy of stored artifact HTML: no scripts at all.
-pub const ARTIFACT_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'self'";
+/// Content-Security-Policy of stored artifact HTML: no scripts at all, and
+/// `sandbox` (with no `allow-*` token): the page runs in an opaque origin,
+/// so even a script that slipped past validation could neither run nor
+/// reach the gateway origin's storage, cookies or API.
+pub const ARTIFACT_CSP: &str = "sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'self'";
 /// Longest message text, in characters.
 pub const MESSAGE_TEXT_MAX_CHARS: usize = 8000;
 /// Longest project name, in characters.
@@ -75,6 +80,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(disable_agent))
         .routes(routes!(enable_agent))
         .routes(routes!(crate::sse::events))
+        .routes(routes!(crate::sse::ticket))
         .split_for_parts();
     let openapi_json = serde_json::to_string(&openapi).unwrap_or_else(|_| "{}".to_owned());
     let body_max = state.config.body_max_bytes;
@@ -378,6 +384,10 @@ async fn create_project(
     request: RequestId,
     ApiJson(body): ApiJson<CreateProject>,
 ) -> Result<Response, ApiError> {
+    caller.require(Scope::Write, "creating a project")?;
+    state
+        .quotas
+        .admit(&caller.0, Action::CreateProject, std::time::Instant::now())?;
     let (repository, branch, name) =
         validate_repository(&body, state.config.allow_local_repositories)?;
     let project = ProjectId::for_request(&caller.0.org, &request.0);
@@ -523,6 +533,7 @@ async fn list_projects(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<axum::Json<ProjectList>, ApiError> {
+    caller.require(Scope::Read, "listing projects")?;
     let org = caller.0.org.clone();
     let projects = read(&state, move |conn| {
         queries::projects(conn, &org, PROJECTS_LIST_MAX)
@@ -539,6 +550,7 @@ async fn get_project(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<axum::Json<ProjectView>, ApiError> {
+    caller.require(Scope::Read, "reading a project")?;
     owned_project(&state, &caller.0.org, &id)
         .await
         .map(|(_, view)| axum::Json(view))
@@ -562,6 +574,7 @@ async fn retry_setup(
     request: RequestId,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    caller.require(Scope::Write, "retrying setup")?;
     let (project, view) = owned_project(&state, &caller.0.org, &id).await?;
     if view.setup.state != setup_state::FAILED {
         return Err(ApiError::conflict(format!(
@@ -621,6 +634,10 @@ async fn send_message(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<SendMessage>,
 ) -> Result<Response, ApiError> {
+    caller.require(Scope::Write, "sending a message")?;
+    state
+        .quotas
+        .admit(&caller.0, Action::Message, std::time::Instant::now())?;
     check_text("text", &body.text, MESSAGE_TEXT_MAX_CHARS, true)?;
     if let Some(reply_to) = &body.reply_to_event_id {
         reply_to
@@ -666,6 +683,10 @@ async fn send_action(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<SendAction>,
 ) -> Result<Response, ApiError> {
+    caller.require(Scope::Write, "sending a card action")?;
+    state
+        .quotas
+        .admit(&caller.0, Action::Message, std::time::Instant::now())?;
     body.artifact_id
         .parse::<zopu_schema::ArtifactId>()
         .map_err(|error| ApiError::invalid("artifact_id", error.to_string()))?;
@@ -782,6 +803,7 @@ async fn global_timeline(
     Path(id): Path<String>,
     query: Result<Query<TimelineQuery>, QueryRejection>,
 ) -> Result<axum::Json<TimelinePage>, ApiError> {
+    caller.require(Scope::Read, "reading the timeline")?;
     let Query(query) = query.map_err(query_error)?;
     let (project, view) = owned_project(&state, &caller.0.org, &id).await?;
     timeline_page(&state, &caller.0.org, project, view.running, None, query).await
@@ -816,6 +838,7 @@ async fn get_work(
     caller: Caller,
     Path((id, work_id)): Path<(String, String)>,
 ) -> Result<axum::Json<WorkView>, ApiError> {
+    caller.require(Scope::Read, "reading a Work")?;
     owned_work(&state, &caller.0.org, &id, &work_id)
         .await
         .map(|(_, work)| axum::Json(work))
@@ -835,6 +858,7 @@ async fn list_threads(
     caller: Caller,
     Path((id, work_id)): Path<(String, String)>,
 ) -> Result<axum::Json<ThreadList>, ApiError> {
+    caller.require(Scope::Read, "reading a Work's threads")?;
     let (_, work) = owned_work(&state, &caller.0.org, &id, &work_id).await?;
     let project = project_id(&id)?;
     let org = caller.0.org.clone();
@@ -855,6 +879,7 @@ async fn work_timeline(
     Path((id, work_id)): Path<(String, String)>,
     query: Result<Query<TimelineQuery>, QueryRejection>,
 ) -> Result<axum::Json<TimelinePage>, ApiError> {
+    caller.require(Scope::Read, "reading a Work's timeline")?;
     let Query(query) = query.map_err(query_error)?;
     let (view, work) = owned_work(&state, &caller.0.org, &id, &work_id).await?;
     let project = project_id(&view.project_id)?;
@@ -958,9 +983,9 @@ async fn artifact_caller(
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .map(|(_, t)| t.trim());
         let token = token.ok_or_else(ApiError::unauthorized)?;
-        return crate::http::authenticate(state, token)
-            .await
-            .map(|principal| principal.org);
+        let principal = crate::http::authenticate(state, token).await?;
+        crate::http::require(&principal, Scope::Read, "opening an artifact")?;
+        return Ok(principal.org);
     }
     let (Some(org), Some(expires), Some(signature), Some(revision)) =
         (&query.org, query.expires, &query.signature, query.revision)
@@ -1068,6 +1093,7 @@ async fn artifact_link(
     Path(id): Path<String>,
     query: Result<Query<LinkQuery>, QueryRejection>,
 ) -> Result<axum::Json<ArtifactLink>, ApiError> {
+    caller.require(Scope::Read, "opening an artifact")?;
     let Query(query) = query.map_err(query_error)?;
     if id.parse::<zopu_schema::ArtifactId>().is_err() {
         return Err(ApiError::not_found("artifact"));
@@ -1107,6 +1133,7 @@ async fn get_summary(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<axum::Json<SummaryView>, ApiError> {
+    caller.require(Scope::Read, "reading the project summary")?;
     let (project, _) = owned_project(&state, &caller.0.org, &id).await?;
     let org = caller.0.org.clone();
     let record = read(&state, move |conn| queries::summary(conn, &org, &project))
@@ -1155,6 +1182,14 @@ async fn switch_agent(
     body: Result<Bytes, BytesRejection>,
     enable: bool,
 ) -> Result<Response, ApiError> {
+    caller.require(
+        Scope::Admin,
+        if enable {
+            "enabling the agent"
+        } else {
+            "disabling the agent (the kill switch)"
+        },
+    )?;
     let body = body.map_err(body_error)?;
     let switch: AgentSwitch = if body.iter().all(u8::is_ascii_whitespace) {
         AgentSwitch::default()

@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 use zopu_schema::CorrelationId;
 
 use crate::AppState;
-use crate::tokens::Principal;
+use crate::tokens::{Principal, Scope};
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -39,6 +39,8 @@ pub struct ApiError {
     pub code: &'static str,
     pub message: String,
     pub field: Option<String>,
+    /// Seconds for the `Retry-After` header (429).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -48,7 +50,26 @@ impl ApiError {
             code,
             message: message.into(),
             field: None,
+            retry_after: None,
         }
+    }
+
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds.max(1));
+        self
+    }
+
+    /// 403: the token is valid but lacks `scope`, which `what` needs.
+    pub fn missing_scope(scope: Scope, what: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "missing_scope",
+            format!(
+                "this token lacks the `{}` scope, which {what} needs (the operator issues one with: zopu token create --scope {})",
+                scope.as_str(),
+                scope.as_str()
+            ),
+        )
     }
 
     pub fn field(mut self, field: impl Into<String>) -> Self {
@@ -103,6 +124,11 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()
@@ -314,6 +340,23 @@ impl<S: Send + Sync> FromRequestParts<S> for RequestId {
 /// The caller, from `Authorization: Bearer zpt_...`.
 #[derive(Debug, Clone)]
 pub struct Caller(pub Principal);
+
+impl Caller {
+    /// 403 unless the caller's token has `scope`; `what` names the action
+    /// in the error ("sending a message").
+    pub fn require(&self, scope: Scope, what: &str) -> Result<(), ApiError> {
+        require(&self.0, scope, what)
+    }
+}
+
+/// 403 unless `principal`'s token has `scope`.
+pub fn require(principal: &Principal, scope: Scope, what: &str) -> Result<(), ApiError> {
+    if principal.scopes.contains(scope) {
+        Ok(())
+    } else {
+        Err(ApiError::missing_scope(scope, what))
+    }
+}
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;

@@ -13,8 +13,10 @@
 //! correlation id and an idempotency key derived from project and request id.
 //! Everything it reads comes from its own projection (rebuilt from the
 //! stream) or the artifact object store (digest verified before serving).
-//! Every request is authenticated by an operator-issued bearer token and
-//! scoped to the token's organization: another organization's project, Work,
+//! Every request is authenticated by an operator-issued bearer token,
+//! needs the token's `read`, `write` or `admin` scope (403 naming it
+//! otherwise), is held to per-token and per-organization quotas (429 with
+//! `Retry-After`), and is scoped to the token's organization: another organization's project, Work,
 //! Thread or artifact is a 404, indistinguishable from one that does not
 //! exist. Tokens are stored hashed in a replicated key-value bucket, outside
 //! the event log, and never logged. No instance keeps state another needs:
@@ -30,10 +32,13 @@ use zopu_core::config::{ConfigError, CoreConfig, duration};
 use zopu_core::{Runtime, Shutdown};
 
 pub mod api;
+pub mod changes;
 pub mod http;
 pub mod links;
+pub mod quotas;
 pub mod read_model;
 pub mod sse;
+pub mod tickets;
 pub mod tokens;
 pub mod web;
 
@@ -54,6 +59,16 @@ pub struct Config {
     pub sse_keepalive: Duration,
     /// Most concurrent SSE connections; more get 503.
     pub sse_clients_max: usize,
+    /// Most concurrent SSE connections of one token; more get 429.
+    pub sse_clients_per_token_max: usize,
+    /// Timeline messages and card actions one token may send per minute (burst up to it).
+    pub messages_per_minute_per_token: u32,
+    /// Timeline messages and card actions one organization may send per minute, all tokens together.
+    pub messages_per_minute_per_org: u32,
+    /// Projects one token may create per hour.
+    pub projects_per_hour_per_token: u32,
+    /// Projects one organization may create per hour, all tokens together.
+    pub projects_per_hour_per_org: u32,
     /// Most items one timeline page (or SSE batch) returns.
     pub timeline_page_max: usize,
     /// Origins allowed by CORS; empty (the default) turns CORS off.
@@ -81,6 +96,11 @@ impl Default for Config {
             body_max_bytes: 64 * 1024,
             sse_keepalive: Duration::from_secs(15),
             sse_clients_max: 1000,
+            sse_clients_per_token_max: 10,
+            messages_per_minute_per_token: 60,
+            messages_per_minute_per_org: 300,
+            projects_per_hour_per_token: 30,
+            projects_per_hour_per_org: 100,
             timeline_page_max: 500,
             cors_allowed_origins: Vec::new(),
             allow_local_repositories: false,
@@ -113,6 +133,34 @@ impl Config {
                 "gateway.sse_clients_max",
                 "must be at least 1",
             ));
+        }
+        if !(1..=self.sse_clients_max).contains(&self.sse_clients_per_token_max) {
+            return Err(ConfigError::setting(
+                "gateway.sse_clients_per_token_max",
+                "must be between 1 and gateway.sse_clients_max",
+            ));
+        }
+        for (key, value) in [
+            (
+                "gateway.messages_per_minute_per_token",
+                self.messages_per_minute_per_token,
+            ),
+            (
+                "gateway.messages_per_minute_per_org",
+                self.messages_per_minute_per_org,
+            ),
+            (
+                "gateway.projects_per_hour_per_token",
+                self.projects_per_hour_per_token,
+            ),
+            (
+                "gateway.projects_per_hour_per_org",
+                self.projects_per_hour_per_org,
+            ),
+        ] {
+            if !(1..=1_000_000).contains(&value) {
+                return Err(ConfigError::setting(key, "must be between 1 and 1000000"));
+            }
         }
         if !(1..=10_000).contains(&self.timeline_page_max) {
             return Err(ConfigError::setting(
@@ -203,7 +251,15 @@ pub struct AppState {
     /// The artifact bucket, opened once (opening it is a server request).
     pub artifacts: ArtifactBucket,
     pub tokens: TokenStore,
+    pub tickets: tickets::TicketStore,
     pub config: Arc<Config>,
+    /// Rate limits and per-token stream caps of this instance.
+    pub quotas: Arc<quotas::Quotas>,
+    /// Which project the projection just changed (wakes its live streams only).
+    pub changes: changes::ProjectChanges,
+    /// Read-model queries the live streams of this instance ran (a measure
+    /// of how often streams wake).
+    pub sse_reads: Arc<std::sync::atomic::AtomicU64>,
     /// The key of signed artifact links, shared by every gateway instance.
     pub(crate) link_key: LinkKey,
     sse_clients: Arc<AtomicUsize>,
@@ -224,6 +280,8 @@ impl AppState {
         runtime: Runtime,
         artifacts: ArtifactBucket,
         tokens: TokenStore,
+        tickets: tickets::TicketStore,
+        changes: changes::ProjectChanges,
         link_key: LinkKey,
         config: Config,
     ) -> Self {
@@ -233,6 +291,10 @@ impl AppState {
             reads,
             artifacts,
             tokens,
+            tickets,
+            quotas: Arc::new(quotas::Quotas::new(&config)),
+            changes,
+            sse_reads: Arc::default(),
             config: Arc::new(config),
             link_key,
             sse_clients: Arc::new(AtomicUsize::new(0)),
@@ -249,9 +311,11 @@ pub async fn start(
     shutdown: Shutdown,
 ) -> Result<AppState, Error> {
     config.validate()?;
-    let runtime =
-        Runtime::start_with("gateway", core, shutdown, read_model::GatewayProjection).await?;
+    let changes = changes::ProjectChanges::default();
+    let projection = changes::NotifyingProjection::new(changes.clone());
+    let runtime = Runtime::start_with("gateway", core, shutdown, projection).await?;
     let tokens = TokenStore::open(&runtime.bus.jetstream).await?;
+    let tickets = tickets::TicketStore::open(&runtime.bus.jetstream).await?;
     let artifacts = runtime
         .bus
         .jetstream
@@ -262,6 +326,8 @@ pub async fn start(
         runtime,
         ArtifactBucket(artifacts),
         tokens,
+        tickets,
+        changes,
         link_key,
         config,
     ))

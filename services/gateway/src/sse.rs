@@ -5,8 +5,13 @@
 //! exactly the items after it, because items are read from the projection
 //! in sequence order and the cursor only moves past items it sent.
 //!
-//! Browsers' `EventSource` cannot send headers, so this route (and only
-//! this one) also accepts the bearer token as the `token` query parameter.
+//! Browsers' `EventSource` cannot send headers, and a token in a URL is
+//! recorded by proxies and browser history, so this route takes either the
+//! bearer header or a single-use ticket (`?ticket=`, from
+//! `POST /v1/projects/{id}/events/ticket`; see `tickets`), never a token in
+//! the URL: `?token=` is refused. A stream wakes only when its own project
+//! changed (`changes`), and counts against the instance's cap and its
+//! token's (`gateway.sse_clients_per_token_max`).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -18,13 +23,15 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use utoipa::IntoParams;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 use zopu_schema::{OrgId, ProjectId};
 
 use crate::AppState;
-use crate::http::{ApiError, ErrorBody};
+use crate::changes::ProjectWatch;
+use crate::http::{ApiError, Caller, ErrorBody};
 use crate::read_model::{TimelineItem, queries};
+use crate::tokens::{Scope, TokenStatus};
 
 /// Items read per query while catching up.
 const BATCH: usize = 200;
@@ -33,7 +40,11 @@ const BATCH: usize = 200;
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct EventsQuery {
-    /// The bearer token (only for clients that cannot send headers, such as `EventSource`).
+    /// A single-use ticket from `POST /v1/projects/{id}/events/ticket` (for
+    /// clients that cannot send headers, such as `EventSource`).
+    pub ticket: Option<String>,
+    /// Refused (400): a bearer token never goes in a URL.
+    #[param(ignore)]
     pub token: Option<String>,
     /// Start after this sequence when there is no `Last-Event-ID` header (default 0: everything).
     pub after: Option<u64>,
@@ -43,7 +54,7 @@ pub struct EventsQuery {
 #[utoipa::path(get, path = "/v1/projects/{id}/events", tag = "timeline",
     params(("id" = String, Path, description = "Project id"), ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this sequence"), EventsQuery),
     responses((status = 200, content_type = "text/event-stream", description = "One `data:` JSON TimelineItem per event"),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn events(
     State(state): State<AppState>,
@@ -59,17 +70,14 @@ pub async fn events(
         )
         .field("query")
     })?;
-    let header_token = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim().to_owned());
-    let token = header_token
-        .or(query.token)
-        .ok_or_else(ApiError::unauthorized)?;
-    let principal = crate::http::authenticate(&state, &token).await?;
-    let (project, _) = crate::api::owned_project(&state, &principal.org, &id).await?;
+    if query.token.is_some() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "token_in_url",
+            "a bearer token is never accepted in a URL (proxies and browser history record it): send it as `Authorization: Bearer`, or open the stream with a ticket from POST /v1/projects/{id}/events/ticket",
+        )
+        .field("token"));
+    }
     let after = match headers.get("last-event-id") {
         Some(value) => value
             .to_str()
@@ -85,6 +93,22 @@ pub async fn events(
             })?,
         None => query.after.unwrap_or(0),
     };
+    let header_token = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim().to_owned());
+    let (org, token_id) = match (header_token, query.ticket) {
+        (Some(token), _) => {
+            let principal = crate::http::authenticate(&state, &token).await?;
+            crate::http::require(&principal, Scope::Read, "following the live timeline")?;
+            (principal.org, principal.token_id)
+        }
+        (None, Some(ticket)) => redeem(&state, &id, &ticket).await?,
+        (None, None) => return Err(ApiError::unauthorized()),
+    };
+    let (project, _) = crate::api::owned_project(&state, &org, &id).await?;
     let guard = ClientGuard::acquire(&state.sse_clients, state.config.sse_clients_max).ok_or_else(
         || {
             ApiError::new(
@@ -94,14 +118,18 @@ pub async fn events(
             )
         },
     )?;
+    let token_guard = state.quotas.open_stream(&token_id)?;
+    let (watch, applied_before) = state.changes.watch(project);
     tracing::debug!(%project, after, "sse client connected");
     let cursor = Cursor {
         state: state.clone(),
-        org: principal.org,
+        org,
         project,
         after,
         buffer: VecDeque::new(),
-        _guard: guard,
+        watch,
+        committed_needed: applied_before,
+        _guards: (guard, token_guard),
     };
     let stream = futures::stream::unfold(cursor, next_event);
     let keepalive = KeepAlive::new().interval(state.config.sse_keepalive);
@@ -117,13 +145,97 @@ pub async fn events(
     Ok(response)
 }
 
+/// A ticket for one live stream.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StreamTicket {
+    /// Single use; valid until `expires_at`.
+    pub ticket: String,
+    /// Unix seconds.
+    pub expires_at: i64,
+    /// The stream's URL with the ticket (add `&after=N` to resume).
+    pub url: String,
+}
+
+/// A single-use, short-lived ticket that opens one live stream of the
+/// project, for clients that cannot send headers (`EventSource`): the
+/// stream's URL then carries the ticket, never the bearer token.
+#[utoipa::path(post, path = "/v1/projects/{id}/events/ticket", tag = "timeline",
+    params(("id" = String, Path, description = "Project id")),
+    responses((status = 201, body = StreamTicket), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn ticket(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Read, "following the live timeline")?;
+    let (project, _) = crate::api::owned_project(&state, &caller.0.org, &id).await?;
+    let issued = tokio::time::timeout(
+        state.config.request_timeout,
+        state
+            .tickets
+            .issue(&caller.0.org, &project, &caller.0.token_id),
+    )
+    .await
+    .map_err(|_| ApiError::unavailable("ticket store", "write timed out"))?
+    .map_err(|error| ApiError::unavailable("ticket store", error))?;
+    let body = StreamTicket {
+        ticket: issued.expose().to_owned(),
+        expires_at: issued.expires_at.unix_timestamp(),
+        url: format!("/v1/projects/{project}/events?ticket={}", issued.expose()),
+    };
+    Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+}
+
 struct Cursor {
     state: AppState,
     org: OrgId,
     project: ProjectId,
     after: u64,
     buffer: VecDeque<TimelineItem>,
-    _guard: ClientGuard,
+    /// Wakes when an event of this project was applied.
+    watch: ProjectWatch,
+    /// A sequence of this project applied but perhaps not yet committed:
+    /// wait for the store to reach it before the next query (0: none).
+    committed_needed: u64,
+    _guards: (ClientGuard, crate::quotas::StreamGuard),
+}
+
+/// The organization and token id a ticket was issued to, if it is valid
+/// for this project and its token is still active with the `read` scope.
+async fn redeem(state: &AppState, id: &str, ticket: &str) -> Result<(OrgId, String), ApiError> {
+    let refused = || {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_ticket",
+            "the stream ticket is unknown, expired, already used or for another project; ask for a new one (POST /v1/projects/{id}/events/ticket)",
+        )
+        .field("ticket")
+    };
+    let project: ProjectId = id.parse().map_err(|_| ApiError::not_found("project"))?;
+    let timeout = state.config.request_timeout;
+    let grant = tokio::time::timeout(timeout, state.tickets.redeem(ticket, &project))
+        .await
+        .map_err(|_| ApiError::unavailable("ticket store", "read timed out"))?
+        .map_err(|error| ApiError::unavailable("ticket store", error))?
+        .ok_or_else(refused)?;
+    // The token may have been revoked since it asked for the ticket.
+    let token = tokio::time::timeout(timeout, state.tokens.info(&grant.token_id))
+        .await
+        .map_err(|_| ApiError::unavailable("token store", "read timed out"))?
+        .map_err(|error| ApiError::unavailable("token store", error))?
+        .filter(|info| {
+            info.org == grant.org
+                && info.status(time::OffsetDateTime::now_utc()) == TokenStatus::Active
+        })
+        .ok_or_else(ApiError::unauthorized)?;
+    if !token.scopes.contains(Scope::Read) {
+        return Err(ApiError::missing_scope(
+            Scope::Read,
+            "following the live timeline",
+        ));
+    }
+    Ok((grant.org, grant.token_id))
 }
 
 async fn next_event(mut cursor: Cursor) -> Option<(Result<Event, Infallible>, Cursor)> {
@@ -136,10 +248,16 @@ async fn next_event(mut cursor: Cursor) -> Option<(Result<Event, Infallible>, Cu
         }
         let store = cursor.state.runtime.store.clone();
         let shutdown = cursor.state.runtime.shutdown.clone();
-        // Read the checkpoint before querying: anything committed later moves it past this value.
-        let seen = store.checkpoint();
+        if cursor.committed_needed > 0 {
+            // Applied is not committed: wait for the batch, without a query.
+            tokio::select! {
+                () = store.wait_for(cursor.committed_needed) => cursor.committed_needed = 0,
+                () = shutdown.cancelled() => return None,
+            }
+        }
         let (org, project, after) = (cursor.org.clone(), cursor.project, cursor.after);
         let reads = cursor.state.reads.clone();
+        cursor.state.sse_reads.fetch_add(1, Ordering::Relaxed);
         let items = tokio::task::spawn_blocking(move || {
             reads.with(|conn| queries::timeline(conn, &org, &project, None, after, BATCH))
         })
@@ -147,8 +265,12 @@ async fn next_event(mut cursor: Cursor) -> Option<(Result<Event, Infallible>, Cu
         match items {
             Ok(Ok(items)) if !items.is_empty() => cursor.buffer.extend(items),
             Ok(Ok(_)) => {
+                // Sleep until this project (and only this one) changes.
                 tokio::select! {
-                    () = store.wait_for(seen + 1) => {}
+                    changed = cursor.watch.changed() => match changed {
+                        Some(sequence) => cursor.committed_needed = sequence,
+                        None => return None,
+                    },
                     () = shutdown.cancelled() => return None,
                 }
             }

@@ -10,6 +10,11 @@
 //! with its organization, user, expiry and revocation time; the token itself
 //! is shown once, to the operator who created it, and is never logged.
 //!
+//! A token carries scopes: `read` (every query, the live timeline), `write`
+//! (create projects, retry setup, send messages and card actions) and
+//! `admin` (the agent kill switch). Entries stored before scopes existed
+//! have none recorded and keep the full access they were issued with.
+//!
 //! A token is accepted while it is neither revoked nor expired. Revocation
 //! is a compare-and-set update of the entry (kept, so `list` shows it);
 //! gateways read the entry on every request (no cache), so it takes effect
@@ -62,6 +67,8 @@ pub enum TokenError {
     Corrupt { id: String, reason: String },
     #[error("user id must be 1-{USER_MAX_LEN} characters of letters, digits, '.', '_', '@' or '-'")]
     BadUser,
+    #[error("unknown scope {0:?}: scopes are read, write and admin, e.g. --scope read,write")]
+    BadScope(String),
     #[error("token lifetime: {0}")]
     BadTtl(String),
     #[error(
@@ -84,11 +91,120 @@ impl TokenError {
     }
 }
 
-/// Who a valid token belongs to.
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// Read projects, timelines, Works, artifacts; follow the live timeline.
+    Read,
+    /// Create projects, retry setup, send messages and card actions.
+    Write,
+    /// The agent kill switch.
+    Admin,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 3] = [Scope::Read, Scope::Write, Scope::Admin];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Admin => "admin",
+        }
+    }
+}
+
+impl std::str::FromStr for Scope {
+    type Err = TokenError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "read" => Ok(Self::Read),
+            "write" => Ok(Self::Write),
+            "admin" => Ok(Self::Admin),
+            other => Err(TokenError::BadScope(other.chars().take(32).collect())),
+        }
+    }
+}
+
+/// A set of scopes, e.g. `read,write`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Scopes {
+    read: bool,
+    write: bool,
+    admin: bool,
+}
+
+impl Scopes {
+    /// Every scope (what `zopu dev` and tokens stored before scopes existed have).
+    pub fn all() -> Self {
+        Self::from_iter(Scope::ALL)
+    }
+
+    /// `read` and `write`: the default of `zopu token create`.
+    pub fn read_write() -> Self {
+        Self::from_iter([Scope::Read, Scope::Write])
+    }
+
+    pub fn contains(self, scope: Scope) -> bool {
+        match scope {
+            Scope::Read => self.read,
+            Scope::Write => self.write,
+            Scope::Admin => self.admin,
+        }
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = Scope> {
+        Scope::ALL
+            .into_iter()
+            .filter(move |scope| self.contains(*scope))
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.iter().next().is_none()
+    }
+
+    /// `read,write`
+    pub fn to_text(self) -> String {
+        self.iter().map(Scope::as_str).collect::<Vec<_>>().join(",")
+    }
+
+    /// A comma-separated list such as `read,write` (at least one scope).
+    pub fn parse(text: &str) -> Result<Self, TokenError> {
+        let scopes = text
+            .split(',')
+            .filter(|part| !part.trim().is_empty())
+            .map(str::parse)
+            .collect::<Result<Self, _>>()?;
+        if scopes.is_empty() {
+            return Err(TokenError::BadScope(String::new()));
+        }
+        Ok(scopes)
+    }
+}
+
+impl FromIterator<Scope> for Scopes {
+    fn from_iter<I: IntoIterator<Item = Scope>>(iter: I) -> Self {
+        let mut scopes = Self::default();
+        for scope in iter {
+            match scope {
+                Scope::Read => scopes.read = true,
+                Scope::Write => scopes.write = true,
+                Scope::Admin => scopes.admin = true,
+            }
+        }
+        scopes
+    }
+}
+
+/// Who a valid token belongs to, and what it may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     pub org: OrgId,
     pub user: String,
+    /// The token's id (not secret): the key of per-token quotas.
+    pub token_id: String,
+    pub scopes: Scopes,
 }
 
 /// A token just created: the only value that holds the token itself.
@@ -124,6 +240,7 @@ pub struct TokenInfo {
     pub created_at: OffsetDateTime,
     pub expires_at: OffsetDateTime,
     pub revoked_at: Option<OffsetDateTime>,
+    pub scopes: Scopes,
 }
 
 /// Whether a token is accepted at a given time.
@@ -170,6 +287,10 @@ struct Entry {
     created_at: String,
     expires_at: String,
     revoked_at: Option<String>,
+    /// `read`, `write`, `admin`; absent in entries stored before scopes
+    /// existed, which keep the full access they were issued with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scopes: Option<Vec<String>>,
 }
 
 impl Entry {
@@ -197,6 +318,14 @@ impl Entry {
             created_at: time(&entry.created_at)?,
             expires_at: time(&entry.expires_at)?,
             revoked_at: entry.revoked_at.as_deref().map(time).transpose()?,
+            scopes: match &entry.scopes {
+                None => Scopes::all(),
+                Some(names) => names
+                    .iter()
+                    .map(|name| name.parse::<Scope>())
+                    .collect::<Result<Scopes, _>>()
+                    .map_err(|error| corrupt(error.to_string()))?,
+            },
         };
         Ok((entry, info))
     }
@@ -217,6 +346,13 @@ pub fn token_id(token: &str) -> Option<&str> {
     well_formed.then(|| &body[..TOKEN_ID_LEN])
 }
 
+fn is_token_id(id: &str) -> bool {
+    id.len() == TOKEN_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// The principal of `token` if `entry` (read under the token's id) accepts it at `now`.
 fn admit(token: &str, entry: &Entry, info: &TokenInfo, now: OffsetDateTime) -> Option<Principal> {
     use hmac::digest::CtOutput;
@@ -230,6 +366,8 @@ fn admit(token: &str, entry: &Entry, info: &TokenInfo, now: OffsetDateTime) -> O
     (info.status(now) == TokenStatus::Active).then(|| Principal {
         org: info.org.clone(),
         user: info.user.clone(),
+        token_id: info.id.clone(),
+        scopes: info.scopes,
     })
 }
 
@@ -321,27 +459,42 @@ impl TokenStore {
         Ok(Self { bucket })
     }
 
-    /// Creates a token for `user` of `org`, valid for `ttl`.
+    /// Creates a token with every scope for `user` of `org`, valid for `ttl`.
     pub async fn issue(
         &self,
         org: &OrgId,
         user: &str,
         ttl: Duration,
     ) -> Result<IssuedToken, TokenError> {
-        self.issue_at(org, user, ttl, OffsetDateTime::now_utc())
+        self.issue_scoped(org, user, ttl, Scopes::all()).await
+    }
+
+    /// Creates a token with `scopes` for `user` of `org`, valid for `ttl`.
+    pub async fn issue_scoped(
+        &self,
+        org: &OrgId,
+        user: &str,
+        ttl: Duration,
+        scopes: Scopes,
+    ) -> Result<IssuedToken, TokenError> {
+        self.issue_at(org, user, ttl, scopes, OffsetDateTime::now_utc())
             .await
     }
 
-    /// [`issue`](Self::issue) as if it were `now` (tests issue expired tokens with it).
+    /// [`issue_scoped`](Self::issue_scoped) as if it were `now` (tests issue expired tokens with it).
     pub async fn issue_at(
         &self,
         org: &OrgId,
         user: &str,
         ttl: Duration,
+        scopes: Scopes,
         now: OffsetDateTime,
     ) -> Result<IssuedToken, TokenError> {
         check_user(user)?;
         check_ttl(ttl)?;
+        if scopes.is_empty() {
+            return Err(TokenError::BadScope(String::new()));
+        }
         let mut random = [0u8; TOKEN_ID_LEN / 2 + SECRET_LEN / 2];
         rand::rng().fill_bytes(&mut random);
         let token = format!("{TOKEN_PREFIX}{}", hex::encode(random));
@@ -358,6 +511,7 @@ impl TokenStore {
             created_at: format(now),
             expires_at: format(expires_at),
             revoked_at: None,
+            scopes: Some(scopes.iter().map(|s| s.as_str().to_owned()).collect()),
         };
         // `create` refuses an existing key: two tokens never share an id.
         self.bucket
@@ -383,6 +537,22 @@ impl TokenStore {
         };
         let (entry, info) = Entry::decode(id, &bytes)?;
         Ok(admit(token, &entry, &info, OffsetDateTime::now_utc()))
+    }
+
+    /// The token with this id as it stands now (`None`: no such token).
+    pub async fn info(&self, id: &str) -> Result<Option<TokenInfo>, TokenError> {
+        if !is_token_id(id) {
+            return Ok(None);
+        }
+        let Some(bytes) = self
+            .bucket
+            .get(id)
+            .await
+            .map_err(|error| TokenError::store("read a token", error))?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Entry::decode(id, &bytes)?.1))
     }
 
     /// Every token, oldest first.
@@ -467,6 +637,7 @@ mod tests {
             created_at: zopu_schema::envelope::format_time(now),
             expires_at: zopu_schema::envelope::format_time(now + ttl),
             revoked_at: None,
+            scopes: Some(vec!["read".into()]),
         };
         let info = Entry::decode(token_id(token).unwrap(), &entry.encode())
             .unwrap()
@@ -484,6 +655,8 @@ mod tests {
         let principal = Principal {
             org: "acme".parse().unwrap(),
             user: "ada".into(),
+            token_id: "0123456789abcdef".into(),
+            scopes: Scopes::from_iter([Scope::Read]),
         };
         assert_eq!(admit(TOKEN, &entry, &info, now), Some(principal));
         let later = now + Duration::from_secs(3600);
@@ -572,6 +745,34 @@ mod tests {
         assert!(matches!(
             resolve_id("zpt_0123456789abcdef00", &ids),
             Err(TokenError::BadId(shown)) if !shown.contains("0123")
+        ));
+    }
+
+    #[test]
+    fn scopes_parse_and_entries_without_scopes_keep_full_access() {
+        assert_eq!(Scopes::parse("read").unwrap().to_text(), "read");
+        assert_eq!(
+            Scopes::parse("admin, read").unwrap().to_text(),
+            "read,admin"
+        );
+        for bad in ["", ",", "reed", "read,owner"] {
+            assert!(
+                matches!(Scopes::parse(bad), Err(TokenError::BadScope(_))),
+                "{bad}"
+            );
+        }
+        let now = OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let (mut entry, info) = entry_for(TOKEN, now, DEFAULT_TTL);
+        assert_eq!(info.scopes, Scopes::from_iter([Scope::Read]));
+        entry.scopes = None;
+        let legacy = Entry::decode(token_id(TOKEN).unwrap(), &entry.encode())
+            .unwrap()
+            .1;
+        assert_eq!(legacy.scopes, Scopes::all());
+        entry.scopes = Some(vec!["root".into()]);
+        assert!(matches!(
+            Entry::decode(token_id(TOKEN).unwrap(), &entry.encode()),
+            Err(TokenError::Corrupt { .. })
         ));
     }
 

@@ -4,11 +4,14 @@
 //!
 //! The API token is typed once and kept in `sessionStorage` (gone when the
 //! tab closes). API calls send it as a bearer header; the live stream
-//! (`EventSource` cannot send headers) passes it as `?token=` on the SSE route
-//! only; artifacts open in a new tab through short-lived signed links
-//! (`/v1/artifacts/{id}/link`), so the token never appears in an artifact URL.
+//! (`EventSource` cannot send headers) opens with a single-use ticket asked
+//! for with that header, so the token is never in a URL; artifacts open
+//! through links with `rel="noopener noreferrer"` to short-lived signed URLs
+//! (`/v1/artifacts/{id}/link`), so the artifact's tab neither holds the
+//! token in its address nor inherits the app's `sessionStorage`.
 //! App pages may run only the gateway's own script (`script-src 'self'`);
-//! artifacts are served with a CSP that allows no script at all.
+//! artifacts are served with a CSP that allows no script at all and
+//! sandboxes them in an opaque origin.
 
 use axum::Router;
 use axum::extract::Path;

@@ -12,6 +12,8 @@ pub const EVENTS_STREAM: &str = "ZOPU_EVENTS";
 pub const ARTIFACTS_BUCKET: &str = "zopu-artifacts";
 /// The key-value bucket holding gateway access tokens (hashed), keyed by token id.
 pub const GATEWAY_TOKENS_BUCKET: &str = "zopu-gateway-tokens";
+/// The key-value bucket holding single-use live-timeline tickets (hashed), keyed by ticket id.
+pub const GATEWAY_TICKETS_BUCKET: &str = "zopu-gateway-tickets";
 /// Prefix of every event subject.
 const EVENT_PREFIX: &str = "zopu.evt";
 

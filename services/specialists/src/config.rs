@@ -46,6 +46,13 @@ pub struct Config {
     pub git_command_timeout: Duration,
     /// Deliveries of one `flow.requested` (crashes included) before it is given up.
     pub max_deliver: i64,
+    /// Model tokens (prompt + completion, as recorded in `agent.llm.completed`
+    /// by the agent and the specialists) one organization may use per UTC
+    /// day; once used up, a run's next model call fails the run visibly
+    /// (`flow.budget_exceeded`; onboarding falls back to its offline
+    /// summary). Set it like `conversation.daily_model_tokens_per_org`.
+    /// 0: no budget.
+    pub daily_model_tokens_per_org: u64,
 }
 
 impl Default for Config {
@@ -63,6 +70,7 @@ impl Default for Config {
             clone_timeout: Duration::from_secs(300),
             git_command_timeout: Duration::from_secs(30),
             max_deliver: 5,
+            daily_model_tokens_per_org: 2_000_000,
         }
     }
 }
@@ -222,6 +230,12 @@ impl Config {
             return Err(ConfigError::setting(
                 "specialists.max_deliver",
                 "must be 1..=100",
+            ));
+        }
+        if self.daily_model_tokens_per_org > 1_000_000_000_000 {
+            return Err(ConfigError::setting(
+                "specialists.daily_model_tokens_per_org",
+                "must be at most 1000000000000 (0 turns the budget off)",
             ));
         }
         self.sandbox.validate().map_err(|error| {

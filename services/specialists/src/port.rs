@@ -70,6 +70,9 @@ pub enum FlowError {
     InvalidOutput(String),
     #[error("the model call failed: {message}")]
     Llm { message: String, retryable: bool },
+    /// The organization's daily model budget is used up (the message says how much).
+    #[error("{0}")]
+    BudgetExceeded(String),
     /// The model called a tool that was not offered (recorded; the flow goes on).
     #[error("the model called `{0}`, which is not allowed")]
     ToolNotAllowed(String),
@@ -95,6 +98,7 @@ impl FlowError {
             Self::IterationLimit { .. } => "flow.iteration_limit",
             Self::InvalidOutput(_) => "flow.invalid_output",
             Self::Llm { .. } => "flow.llm_failed",
+            Self::BudgetExceeded(_) => "flow.budget_exceeded",
             Self::ToolNotAllowed(_) => "flow.tool_not_allowed",
             Self::Workspace(_) => "flow.workspace_unavailable",
             Self::InvalidManifest(_) => "flow.invalid_manifest",

@@ -433,6 +433,7 @@ impl Run<'_> {
             Err(
                 error @ (FlowError::InvalidOutput(_)
                 | FlowError::Llm { .. }
+                | FlowError::BudgetExceeded(_)
                 | FlowError::IterationLimit { .. }
                 | FlowError::PhaseTimeout { .. }
                 | FlowError::ToolNotAllowed(_)),
@@ -481,6 +482,33 @@ impl Run<'_> {
             step: step.to_owned(),
         };
         self.append(&progress, step).await.map(|_| ())
+    }
+
+    /// Refuses a new model call once the organization's model tokens of the
+    /// current UTC day (every call stored so far) reached the budget.
+    async fn check_budget(&self) -> Result<(), FlowError> {
+        use zopu_core::model_usage;
+        let budget = self.shared.config.daily_model_tokens_per_org;
+        if budget == 0 {
+            return Ok(());
+        }
+        let day = model_usage::utc_day(time::OffsetDateTime::now_utc());
+        let (org, query_day) = (self.cause.org_id.clone(), day.clone());
+        let used = self
+            .ctx
+            .store
+            .query(move |conn| model_usage::tokens_used(conn, &org, &query_day, u64::MAX))
+            .await?;
+        if used < budget {
+            return Ok(());
+        }
+        tracing::warn!(flow_run = %self.ids.flow_run_id, org = %self.cause.org_id, used, budget, "daily model budget used up; not calling the model");
+        Err(FlowError::BudgetExceeded(model_usage::exceeded_message(
+            used,
+            budget,
+            &day,
+            "specialists.daily_model_tokens_per_org",
+        )))
     }
 
     fn check_halt(&self) -> Result<(), FlowError> {
@@ -1153,6 +1181,7 @@ impl Port for Run<'_> {
                 .map_err(|e| FlowError::Runtime(format!("recorded reply does not decode: {e}")));
         }
         self.check_halt()?;
+        self.check_budget().await?;
         let provider = self.shared.provider.clone().ok_or_else(|| FlowError::Llm {
             message: "no model is configured".to_owned(),
             retryable: false,

@@ -21,6 +21,7 @@ const TABLES: &[&str] = &[
     "specialist_results",
     "specialist_artifacts",
     "specialist_repositories",
+    zopu_core::model_usage::TABLE,
 ];
 
 impl Projection for State {
@@ -29,7 +30,7 @@ impl Projection for State {
     }
 
     fn schema_version(&self) -> u32 {
-        2
+        3
     }
 
     fn tables(&self) -> &'static [&'static str] {
@@ -49,7 +50,8 @@ impl Projection for State {
              CREATE TABLE specialist_repositories (project_id TEXT NOT NULL, setup_revision INTEGER NOT NULL,
                  repository_url TEXT NOT NULL, branch TEXT NOT NULL, connection_id TEXT NOT NULL,
                  repository_commit TEXT NOT NULL, sequence INTEGER NOT NULL, PRIMARY KEY (project_id, setup_revision));",
-        )
+        )?;
+        tx.execute_batch(zopu_core::model_usage::SCHEMA)
     }
 
     fn apply(
@@ -58,6 +60,7 @@ impl Projection for State {
         event: &Envelope,
         sequence: u64,
     ) -> rusqlite::Result<()> {
+        zopu_core::model_usage::apply(tx, event, sequence)?;
         let sequence = sequence as i64;
         let project = event.project_id.to_string();
         let decode_error = |e: zopu_schema::envelope::PayloadError| {

@@ -12,12 +12,12 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use time::OffsetDateTime;
 use zopu_gateway::TokenStore;
-use zopu_gateway::tokens::{TokenInfo, parse_ttl};
+use zopu_gateway::tokens::{Scopes, TokenInfo, parse_ttl};
 
 /// Manage gateway access tokens.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  zopu token create --org acme --user ada\n  zopu token create --org acme --user ci-bot --ttl 30d\n  zopu token list\n  zopu token revoke 3f2a9c01"
+    after_help = "Examples:\n  zopu token create --org acme --user ada\n  zopu token create --org acme --user ci-bot --ttl 30d --scope read\n  zopu token create --org acme --user ops --scope read,write,admin\n  zopu token list\n  zopu token revoke 3f2a9c01"
 )]
 pub struct TokenArgs {
     #[command(subcommand)]
@@ -45,6 +45,11 @@ pub struct CreateTokenArgs {
     /// Lifetime: `90d`, `12h`, `30m` (1m to 3650d)
     #[arg(long, default_value = "90d")]
     pub ttl: String,
+    /// What the token may do, comma-separated: `read` (queries, live
+    /// timeline), `write` (create projects, retry setup, messages, card
+    /// actions), `admin` (the agent kill switch)
+    #[arg(long, default_value = "read,write")]
+    pub scope: String,
 }
 
 #[derive(Debug, Args)]
@@ -93,6 +98,7 @@ fn info_json(info: &TokenInfo, now: OffsetDateTime) -> serde_json::Value {
         "id": info.id,
         "org": info.org.to_string(),
         "user": info.user,
+        "scopes": info.scopes.iter().map(|scope| scope.as_str()).collect::<Vec<_>>(),
         "status": info.status(now).as_str(),
         "created_at": time_text(info.created_at),
         "expires_at": time_text(info.expires_at),
@@ -103,9 +109,10 @@ fn info_json(info: &TokenInfo, now: OffsetDateTime) -> serde_json::Value {
 async fn run_create(ctx: &crate::Context, args: CreateTokenArgs) -> anyhow::Result<ExitCode> {
     let org = parse_org(&args.org)?;
     let ttl = parse_ttl(&args.ttl).context("--ttl")?;
+    let scopes = Scopes::parse(&args.scope).context("--scope")?;
     let store = token_store(ctx).await?;
     let issued = store
-        .issue(&org, &args.user, ttl)
+        .issue_scoped(&org, &args.user, ttl, scopes)
         .await
         .context("cannot create the token")?;
     if ctx.json {
@@ -115,10 +122,11 @@ async fn run_create(ctx: &crate::Context, args: CreateTokenArgs) -> anyhow::Resu
     } else {
         println!("{}", issued.expose());
         eprintln!(
-            "Token {} for {} in {}, valid until {}: shown only this once. Use it as `Authorization: Bearer <token>` or paste it into the web timeline; revoke it with `zopu token revoke {}`.",
+            "Token {} for {} in {} with scopes {}, valid until {}: shown only this once. Use it as `Authorization: Bearer <token>` or paste it into the web timeline; revoke it with `zopu token revoke {}`.",
             issued.info.id,
             issued.info.user,
             issued.info.org,
+            issued.info.scopes.to_text(),
             time_text(issued.info.expires_at),
             issued.info.id
         );
@@ -140,15 +148,16 @@ async fn run_list(ctx: &crate::Context, args: ListTokenArgs) -> anyhow::Result<E
         }
     } else {
         println!(
-            "{:<16}  {:<20}  {:<20}  {:<8}  EXPIRES",
-            "ID", "ORG", "USER", "STATUS"
+            "{:<16}  {:<20}  {:<20}  {:<16}  {:<8}  EXPIRES",
+            "ID", "ORG", "USER", "SCOPES", "STATUS"
         );
         for info in tokens {
             println!(
-                "{:<16}  {:<20}  {:<20}  {:<8}  {}",
+                "{:<16}  {:<20}  {:<20}  {:<16}  {:<8}  {}",
                 info.id,
                 info.org.as_str(),
                 info.user,
+                info.scopes.to_text(),
                 info.status(now).as_str(),
                 time_text(info.expires_at)
             );

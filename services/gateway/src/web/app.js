@@ -141,7 +141,7 @@
     document.title = project.name + " · Zopu";
     const view = new ProjectScreen(project);
     await view.load();
-    view.listen();
+    await view.listen();
   }
 
   class ProjectScreen {
@@ -178,12 +178,37 @@
       }
     }
 
-    listen() {
-      const url = `/v1/projects/${this.project.project_id}/events?after=${this.after}&token=${encodeURIComponent(token())}`;
-      const source = new EventSource(url);
+    // The live stream. EventSource cannot send the bearer header and a token
+    // in a URL is recorded by proxies and history, so each connection opens
+    // with a single-use ticket asked for with the header. A ticket serves one
+    // connection: when it drops, ask for a new one (resuming after the last
+    // item seen) instead of letting the browser retry with a spent ticket.
+    async listen() {
+      if (this.source) this.source.close();
+      this.source = null;
+      let ticket;
+      try {
+        ticket = await api("POST", `/v1/projects/${this.project.project_id}/events/ticket`);
+      } catch (failure) {
+        if (failure.message !== "unauthorized") this.listenLater();
+        return;
+      }
+      const source = new EventSource(`${ticket.url}&after=${this.after}`);
+      this.source = source;
+      source.onopen = () => { this.backoff = 0; };
       source.onmessage = (message) => {
         try { this.add(JSON.parse(message.data)); } catch (_) { /* ignore a malformed frame */ }
       };
+      source.onerror = () => {
+        source.close();
+        if (this.source === source) this.listenLater();
+      };
+    }
+
+    listenLater() {
+      this.backoff = Math.min(30000, (this.backoff || 500) * 2);
+      clearTimeout(this.reconnect);
+      this.reconnect = setTimeout(() => this.listen(), this.backoff);
     }
 
     renderAgent() {
@@ -338,13 +363,27 @@
     }
 
     artifactCard(artifact) {
-      const open = el("button", { type: "button" }, "Open " + (artifact.label || artifact.title));
-      open.addEventListener("click", async () => {
-        const tab = window.open("", "_blank");
+      // A plain link with rel="noopener noreferrer": the artifact's tab gets
+      // no handle on this window and no copy of its sessionStorage (the
+      // token). Its href is a short-lived signed link, fetched when the
+      // pointer or focus comes near and again once it is about to expire.
+      const open = el("a", { class: "button open", href: "#", target: "_blank", rel: "noopener noreferrer" }, "Open " + (artifact.label || artifact.title));
+      let link = null;
+      const fresh = () => link !== null && link.expires_at * 1000 - Date.now() > 20000;
+      const prepare = async () => {
+        if (fresh()) return;
         try {
-          const link = await api("GET", `/v1/artifacts/${artifact.artifact_id}/link?revision=${artifact.revision}`);
-          if (tab) { tab.opener = null; tab.location = link.url; } else location.assign(link.url);
-        } catch (failure) { if (tab) tab.close(); }
+          link = await api("GET", `/v1/artifacts/${artifact.artifact_id}/link?revision=${artifact.revision}`);
+          open.href = link.url;
+        } catch (_) { link = null; }
+      };
+      open.addEventListener("pointerenter", prepare);
+      open.addEventListener("focus", prepare);
+      open.addEventListener("click", async (event) => {
+        if (fresh()) return; // the browser follows the link itself
+        event.preventDefault();
+        await prepare();
+        if (fresh()) window.open(link.url, "_blank", "noopener,noreferrer");
       });
       const facts = el("dl", { class: "facts" }, artifact.facts.map((fact) => [el("dt", {}, fact.label), el("dd", {}, fact.value)]));
       const actions = artifact.actions.map((action) => {
