@@ -55,6 +55,9 @@ enum Check {
     /// Sees the candidate in its surrounding text and returns the byte
     /// ranges (inside the candidate) to flag, possibly none.
     Spans(fn(&str, Range<usize>) -> Vec<Range<usize>>),
+    /// Sees every capture group of the match (and the whole text) and
+    /// returns the byte range to flag, if any.
+    Captures(fn(&str, &regex::Captures<'_>) -> Option<Range<usize>>),
 }
 
 /// Names of all rules, in priority order (earlier wins on ties).
@@ -69,9 +72,13 @@ pub const RULE_NAMES: &[&str] = &[
     "anthropic_key",
     "openai_key",
     "google_api_key",
+    "cloud_token",
     "jwt",
+    "authorization",
     "url_credentials",
     "secret_assignment",
+    "dotenv_secret",
+    "pem_body",
     "high_entropy",
 ];
 
@@ -107,19 +114,313 @@ fn looks_random(s: &str) -> bool {
     c.digit >= 1 && (c.upper >= 1 || c.lower >= 1) && shannon_entropy(s) >= 3.0
 }
 
-/// Passwords inside URLs: anything but an obvious template or a redaction.
-fn url_password(s: &str) -> bool {
-    !(s.starts_with('$') || s.starts_with('<') || s.starts_with('{') || s.starts_with('%'))
+/// The userinfo of a URL (`scheme://userinfo@host`, also protocol-relative
+/// `//userinfo@host`): a password in any form (an empty user name, a
+/// percent-encoded or `@`-holding password), or a lone user name that is a
+/// token (`https://<token>@github.com`, a Sentry DSN key). A templated or
+/// already redacted password is left alone.
+fn url_userinfo(_text: &str, captures: &regex::Captures<'_>) -> Option<Range<usize>> {
+    let userinfo = captures.get(1)?;
+    let info = userinfo.as_str();
+    match info.find(':') {
+        Some(colon) => {
+            let password = &info[colon + 1..];
+            if password.is_empty() || is_templated(password) || password.starts_with("[redacted:")
+            {
+                return None;
+            }
+            Some(userinfo.start() + colon + 1..userinfo.end())
+        }
+        None => {
+            let c = classes(info);
+            let token_like = info.len() >= 16
+                && c.digit >= 2
+                && (c.upper + c.lower) >= 2
+                && !is_templated(info)
+                && !info.starts_with("[redacted:");
+            token_like.then(|| userinfo.range())
+        }
+    }
 }
 
-/// `password=` style assignments: a value that looks generated, not code.
-fn assigned_secret(s: &str) -> bool {
+/// Splits a key name into lowercase words at separators and camelCase
+/// boundaries: `X-Api-Key` → `x api key`, `clientSecret` → `client secret`,
+/// `APIKey` → `api key`.
+fn name_words(name: &str) -> Vec<String> {
+    let chars: Vec<char> = name.chars().collect();
+    let mut words = Vec::new();
+    let mut current = String::new();
+    for (index, &ch) in chars.iter().enumerate() {
+        if !ch.is_ascii_alphanumeric() {
+            if !current.is_empty() {
+                words.push(std::mem::take(&mut current));
+            }
+            continue;
+        }
+        let previous = index.checked_sub(1).map(|i| chars[i]);
+        let next = chars.get(index + 1).copied();
+        let boundary = ch.is_ascii_uppercase()
+            && previous.is_some_and(|p| {
+                p.is_ascii_lowercase()
+                    || p.is_ascii_digit()
+                    || (p.is_ascii_uppercase() && next.is_some_and(|n| n.is_ascii_lowercase()))
+            });
+        if boundary && !current.is_empty() {
+            words.push(std::mem::take(&mut current));
+        }
+        current.push(ch.to_ascii_lowercase());
+    }
+    if !current.is_empty() {
+        words.push(current);
+    }
+    words
+}
+
+/// Whether a key name suggests a secret, in any casing or separator style
+/// (`DB_PASSWORD`, `x-api-key`, `clientSecret`, `AccountKey`, `GITHUB_AUTH`).
+pub fn is_secret_name(name: &str) -> bool {
+    let words = name_words(name);
+    let Some(last) = words.last() else {
+        return false;
+    };
+    if words.len() == 1 && (last == "pwd" || last == "oldpwd") {
+        // The shell's working directory, not a password.
+        return false;
+    }
+    const ANYWHERE: &[&str] = &[
+        "password",
+        "passwd",
+        "passphrase",
+        "pwd",
+        "secret",
+        "secrets",
+        "token",
+        "apikey",
+        "credential",
+        "credentials",
+        "privatekey",
+        "accesskey",
+        "secretkey",
+    ];
+    const LAST: &[&str] = &["key", "pass", "pw", "auth", "authorization", "dsn"];
+    words.iter().any(|w| ANYWHERE.contains(&w.as_str())) || LAST.contains(&last.as_str())
+}
+
+/// A dotted identifier path (`self.api_key`, `os.environ`): code, not a value.
+fn is_identifier_path(value: &str) -> bool {
+    value.contains('.')
+        && value.split('.').all(|part| {
+            part.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+}
+
+/// A value that is obviously not a secret: empty, a template, a redaction,
+/// a known placeholder word, a small number or a boolean.
+fn is_benign_value(value: &str) -> bool {
+    value.is_empty()
+        || is_templated(value)
+        || value.starts_with("[redacted:")
+        || is_known_placeholder(value)
+        || is_small_number(value)
+}
+
+/// `name = value`, `name: value`, `"name": "value"`, `Name := value` with a
+/// secret-suggesting name: hex and base64 keys of any casing, short
+/// passwords with a digit or a symbol, quoted literals. Code on the right of
+/// the `=` (a call, a field access, a type) is left alone.
+fn assignment_value(text: &str, captures: &regex::Captures<'_>) -> Option<Range<usize>> {
+    let name = captures.get(1)?.as_str();
+    if !is_secret_name(name) {
+        return None;
+    }
+    let (value, quoted) = match (captures.get(2), captures.get(3), captures.get(4)) {
+        (Some(v), _, _) | (_, Some(v), _) => (v, true),
+        (_, _, Some(v)) => (v, false),
+        _ => return None,
+    };
+    let literal = value.as_str();
+    // URLs are judged by `url_credentials`; prose is not a credential.
+    if is_benign_value(literal) || literal.contains("://") || literal.contains(' ') {
+        return None;
+    }
+    let c = classes(literal);
+    let symbols = literal
+        .chars()
+        .filter(|ch| !ch.is_ascii_alphanumeric() && !"-_.".contains(*ch))
+        .count();
+    let flagged = if quoted {
+        literal.len() >= 4
+            && (c.digit >= 1
+                || symbols >= 1
+                || (c.upper >= 1 && c.lower >= 1)
+                || literal.len() >= 8)
+    } else {
+        let followed_by_call = text[value.end()..].starts_with('(');
+        let code_like = followed_by_call
+            || literal.starts_with(['&', '*'])
+            || is_identifier_path(literal);
+        !code_like
+            && literal.len() >= 4
+            && (c.digit >= 1 || symbols >= 1 || looks_generated(literal))
+    };
+    flagged.then(|| value.range())
+}
+
+/// Dotenv lines (`NAME=value`, `export NAME="value"`) whose name suggests a
+/// secret: the value is flagged whatever its length, unless it is empty, a
+/// template, a placeholder word, a small number or a boolean.
+fn dotenv_value(_text: &str, captures: &regex::Captures<'_>) -> Option<Range<usize>> {
+    let name = captures.get(1)?.as_str();
+    if !is_secret_name(name) {
+        return None;
+    }
+    let value = captures
+        .get(2)
+        .or_else(|| captures.get(3))
+        .or_else(|| captures.get(4))?;
+    let raw = value.as_str();
+    // Unquoted code (`token=get()`, `key=self.key`) is not a dotenv value.
+    if captures.get(4).is_some() && (raw.contains(['(', '[', '{', ';']) || is_identifier_path(raw))
+    {
+        return None;
+    }
+    (!is_benign_value(raw)).then(|| value.range())
+}
+
+/// `Authorization:` header values and `Bearer`/`Basic` credentials anywhere:
+/// a bearer value counts when it has a digit or token punctuation; a basic
+/// value when it decodes to `user:password`.
+fn authorization_value(_text: &str, captures: &regex::Captures<'_>) -> Option<Range<usize>> {
+    if let Some(header) = captures.get(1) {
+        let value = header.as_str();
+        let scheme_only = ["bearer", "basic", "token", "digest", "negotiate"]
+            .iter()
+            .any(|scheme| value.eq_ignore_ascii_case(scheme));
+        return (!scheme_only && !is_benign_value(value)).then(|| header.range());
+    }
+    let scheme = captures.get(2)?.as_str().to_ascii_lowercase();
+    let value = captures.get(3)?;
+    let token = value.as_str();
+    if is_benign_value(token) {
+        return None;
+    }
+    let c = classes(token);
+    let flagged = if scheme == "basic" {
+        base64_decode(token).is_some_and(|bytes| bytes.contains(&b':')) || c.digit >= 1
+    } else {
+        c.digit >= 1 || token.contains(['.', '+', '/', '=', '~']) || looks_generated(token)
+    };
+    flagged.then(|| value.range())
+}
+
+/// Standard or URL-safe base64, padding optional; `None` when malformed.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let mut bits = 0u32;
+    let mut count = 0u32;
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    for byte in text.trim_end_matches('=').bytes() {
+        let value = match byte {
+            b'A'..=b'Z' => byte - b'A',
+            b'a'..=b'z' => byte - b'a' + 26,
+            b'0'..=b'9' => byte - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        };
+        bits = ((bits << 6) | u32::from(value)) & 0xFFFF;
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            out.push(((bits >> count) & 0xFF) as u8);
+        }
+    }
+    Some(out)
+}
+
+/// Class changes (upper/lower/digit/other) per character pair: identifiers
+/// and words change class rarely, generated strings often.
+fn transition_ratio(s: &str) -> f64 {
+    fn class(c: char) -> u8 {
+        if c.is_ascii_uppercase() {
+            0
+        } else if c.is_ascii_lowercase() {
+            1
+        } else if c.is_ascii_digit() {
+            2
+        } else {
+            3
+        }
+    }
+    let chars: Vec<u8> = s.chars().map(class).collect();
+    if chars.len() < 2 {
+        return 0.0;
+    }
+    let changes = chars.windows(2).filter(|w| w[0] != w[1]).count();
+    changes as f64 / (chars.len() - 1) as f64
+}
+
+/// A generated-looking value of 16 or more characters: mixed classes, close
+/// to random and changing class often (unlike identifiers and words).
+fn looks_generated(s: &str) -> bool {
     let c = classes(s);
-    s.len() >= 8
-        && c.digit >= 1
-        && (c.upper + c.lower) >= 1
-        && shannon_entropy(s) >= 3.0
-        && !is_known_placeholder(s)
+    let mixed =
+        usize::from(c.upper >= 2) + usize::from(c.lower >= 2) + usize::from(c.digit >= 2);
+    s.len() >= 16 && mixed >= 2 && shannon_entropy(s) >= 3.5 && transition_ratio(s) >= 0.35
+}
+
+/// PEM bodies read without their armour (a line range of a key file): a run
+/// of base64 lines with one of 40 or more characters that looks random. A
+/// run of identifiers (commit ids, digests) or a path is not flagged, and a
+/// subresource-integrity digest (`sha512-...`) is public.
+fn pem_body_span(text: &str, candidate: Range<usize>) -> Vec<Range<usize>> {
+    let before = &text[..candidate.start];
+    if ["sha1-", "sha256-", "sha384-", "sha512-"]
+        .iter()
+        .any(|p| before.ends_with(p))
+    {
+        return Vec::new();
+    }
+    let run = text[candidate.clone()].trim();
+    let path_like = !run.contains(['\n', '+'])
+        && run.split('/').any(|component| {
+            component.len() >= 3 && component.chars().all(|c| c.is_ascii_lowercase())
+        });
+    if path_like {
+        // A path or URL path: `high_entropy` judges its components.
+        return Vec::new();
+    }
+    let random_line = text[candidate.clone()]
+        .split(['\n', '\r', ' ', '\t'])
+        .map(|line| IDENTIFIER.replace_all(line, ""))
+        .any(|line| {
+            let stripped: String = line
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric())
+                .collect();
+            let c = classes(&stripped);
+            stripped.len() >= 36
+                && c.upper >= 3
+                && c.lower >= 3
+                && c.digit >= 2
+                && shannon_entropy(&stripped) >= 4.2
+                && transition_ratio(&stripped) >= 0.3
+        });
+    if !random_line {
+        return Vec::new();
+    }
+    let body = &text[candidate.clone()];
+    let lead = body.len() - body.trim_start().len();
+    let trail = body.len() - body.trim_end().len();
+    vec![candidate.start + lead..candidate.end - trail]
+}
+
+/// Vendor tokens with a fixed prefix that still need to look random.
+fn cloud_token(s: &str) -> bool {
+    let c = classes(s);
+    c.digit >= 1 && (c.upper + c.lower) >= 4
 }
 
 /// Free-standing tokens: long, mixed-class and close to random.
@@ -145,6 +446,15 @@ fn high_entropy_token(s: &str) -> bool {
 /// path) is still flagged.
 fn high_entropy_spans(text: &str, candidate: Range<usize>) -> Vec<Range<usize>> {
     let token = &text[candidate.clone()];
+    if token.len() < HIGH_ENTROPY_LENGTH_MIN {
+        // Shorter values count only where they are assigned, and only when
+        // they look generated (a value under a name with no secret word).
+        let generated = is_value_position(&text[..candidate.start])
+            && !token.contains('/')
+            && IDENTIFIER.replace_all(token, "").len() == token.len()
+            && looks_generated(token);
+        return if generated { vec![candidate] } else { Vec::new() };
+    }
     let path_like = token.contains('/')
         && !token.contains('+')
         && !token.ends_with('=')
@@ -246,20 +556,25 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
         ),
         rule(
             "github_token",
-            r"\b(?:(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b",
+            r"\b(?:(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,255}|github_pat_[A-Za-z0-9_]{22,255})\b",
             0,
             always,
         ),
-        rule("gitlab_token", r"\bglpat-[A-Za-z0-9_\-]{20,}", 0, always),
+        rule(
+            "gitlab_token",
+            r"\b(?:gl(?:pat|dt|rt|ptt|ft|imt|oas|soat|cbt|ffct|agent|wt)-[A-Za-z0-9_\-]{20,}|GR1348941[A-Za-z0-9_\-]{20,})",
+            0,
+            always,
+        ),
         rule(
             "slack_token",
-            r"\bxox[baprs]-[A-Za-z0-9\-]{10,}|\bhooks\.slack\.com/services/[A-Za-z0-9]+/[A-Za-z0-9]+/[A-Za-z0-9]{16,}",
+            r"\b(?:xox[abposrce]-[A-Za-z0-9\-]{10,}|xoxe\.xox[bp]-[A-Za-z0-9\-]{10,}|xapp-[0-9]-[A-Za-z0-9\-]{10,})|\bhooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9]+/[A-Za-z0-9]+/[A-Za-z0-9]{16,}",
             0,
             always,
         ),
         rule(
             "stripe_key",
-            r"\b(?:sk|rk)_live_[A-Za-z0-9]{16,}",
+            r"\b(?:(?:sk|rk)_(?:live|test)|whsec)_[A-Za-z0-9]{16,}",
             0,
             always,
         ),
@@ -272,26 +587,76 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
         ),
         rule("google_api_key", r"\bAIza[0-9A-Za-z_\-]{35}", 0, always),
         rule(
+            "cloud_token",
+            concat!(
+                r"\b(?:",
+                r"[A-Za-z0-9_~.\-]{3}[0-9]Q~[A-Za-z0-9_~.\-]{31,34}", // Azure AD client secret
+                r"|do[por]_v1_[a-f0-9]{64}",                       // DigitalOcean
+                r"|npm_[A-Za-z0-9]{36}",                           // npm
+                r"|pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_\-]{50,}",       // PyPI
+                r"|SG\.[A-Za-z0-9_\-]{22}\.[A-Za-z0-9_\-]{43}",    // SendGrid
+                r"|SK[0-9a-fA-F]{32}",                             // Twilio
+                r"|key-[0-9a-zA-Z]{32}",                           // Mailgun
+                r"|hv[sbr]\.[A-Za-z0-9_\-]{24,}",                  // HashiCorp Vault
+                r"|hf_[A-Za-z0-9]{30,}",                           // Hugging Face
+                r"|shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}",            // Shopify
+                r"|dp\.(?:st|ct|sa|scim|audit)\.[A-Za-z0-9_\-]{20,}", // Doppler
+                r"|dapi[a-f0-9]{32}",                              // Databricks
+                r"|HRKU-[A-Za-z0-9_\-]{20,}",                      // Heroku
+                r"|ATATT3[A-Za-z0-9_\-=]{50,}",                    // Atlassian
+                r"|lin_api_[A-Za-z0-9]{40}",                       // Linear
+                r"|PMAK-[a-f0-9]{24}-[a-f0-9]{34}",                // Postman
+                r"|GOCSPX-[A-Za-z0-9_\-]{28}",                     // Google OAuth client secret
+                r"|ya29\.[0-9A-Za-z_\-]{20,}",                     // Google OAuth access token
+                r"|LTAI[A-Za-z0-9]{12,20}",                        // Alibaba Cloud
+                r"|sq0(?:atp|csp)-[0-9A-Za-z_\-]{22,43}",          // Square
+                r"|glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}",           // Grafana
+                r"|[MN][A-Za-z0-9]{23,25}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,38}", // Discord
+                r"|1//0[0-9A-Za-z_\-]{30,}",                      // Google OAuth refresh token
+                r")"
+            ),
+            0,
+            cloud_token,
+        ),
+        rule(
             "jwt",
-            r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
+            r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*",
             0,
             always,
         ),
-        rule(
-            "url_credentials",
-            r#"\b[A-Za-z][A-Za-z0-9+.\-]{1,30}://[^\s:/@'"<>\[\]]+:([^\s/@'"<>\[\]]+)@[^\s/'"<>]+"#,
-            1,
-            url_password,
+        rule_with(
+            "authorization",
+            r#"(?i)\b(?:proxy-)?authorization["']?[ \t]*[:=][ \t]*["']?(?:(?:bearer|basic|token|digest|apikey|api-key|sso-key)[ \t]+)?([A-Za-z0-9._~+/\-]{6,}=*)|\b(bearer|basic)[ \t]+([A-Za-z0-9._~+/\-]{8,}=*)"#,
+            0,
+            Check::Captures(authorization_value),
         ),
-        rule(
+        rule_with(
+            "url_credentials",
+            r#"(?:\b[A-Za-z][A-Za-z0-9+.\-]{1,30}:)?//([^\s/?#'"<>\[\]]*)@[^\s/?#'"<>@\[\]]"#,
+            0,
+            Check::Captures(url_userinfo),
+        ),
+        rule_with(
             "secret_assignment",
-            r#"(?i)[A-Za-z0-9_.\-]*(?:password|passwd|pwd|secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credentials?)[A-Za-z0-9_.\-]*["']?\s*(?::=|=|:)\s*["']?([A-Za-z0-9_\-+/=.~!@#$%^&*]{8,})"#,
-            1,
-            assigned_secret,
+            r#"(?i)([A-Za-z0-9_.\-]*(?:pass|pwd|pw|secret|token|key|auth|credential|dsn)[A-Za-z0-9_.\-]*)["']?\]?[ \t]*(?::=|=>|=|:)[ \t]*(?:"([^"\r\n]*)"|'([^'\r\n]*)'|([^\s"'`,;<>(){}\[\]]+))"#,
+            0,
+            Check::Captures(assignment_value),
+        ),
+        rule_with(
+            "dotenv_secret",
+            r#"(?m)^[ \t]*(?:export[ \t]+)?([A-Za-z_][A-Za-z0-9_.\-]*)=(?:"([^"\r\n]*)"|'([^'\r\n]*)'|([^\s#'"]+))"#,
+            0,
+            Check::Captures(dotenv_value),
+        ),
+        rule_with(
+            "pem_body",
+            r"(?m)(?:^[ \t]*[A-Za-z0-9+/]{4,}={0,2}[ \t]*\r?\n)*[ \t]*[A-Za-z0-9+/]{40,}={0,2}(?:[ \t]*\r?\n[ \t]*[A-Za-z0-9+/]{4,}={0,2}[ \t]*$)*",
+            0,
+            Check::Spans(pem_body_span),
         ),
         rule_with(
             "high_entropy",
-            r"[A-Za-z0-9+/_\-]{32,}={0,2}",
+            r"[A-Za-z0-9+/_\-]{16,}={0,2}",
             0,
             Check::Spans(high_entropy_spans),
         ),
@@ -322,6 +687,13 @@ pub fn scan(text: &str) -> Vec<Finding> {
                         if span.start < span.end {
                             candidates.push((span.start, index, span.end));
                         }
+                    }
+                }
+                Check::Captures(pick) => {
+                    if let Some(span) = pick(text, &captures)
+                        && span.start < span.end
+                    {
+                        candidates.push((span.start, index, span.end));
                     }
                 }
             }
@@ -843,7 +1215,10 @@ mod tests {
             format!("Authorization: Bearer {blob}"),
             format!("Authorization: Basic {blob}"),
         ] {
-            assert_single(&text, &blob, "high_entropy");
+            let findings = scan(&text);
+            assert_eq!(findings.len(), 1, "{text}: {findings:?}");
+            assert_eq!(&text[findings[0].start..findings[0].end], blob);
+            assert!(!redact(&text).contains(&blob));
         }
         // A long random path component (a token in a URL path) is still a secret.
         let component = fake("Zx8Qp2Lm9Rt4", "Vb7Nc1Kd6Hs3Jf5Gw0YtUe9");
