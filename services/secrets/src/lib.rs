@@ -203,7 +203,10 @@ pub fn is_secret_name(name: &str) -> bool {
         "secretkey",
     ];
     const LAST: &[&str] = &["key", "pass", "pw", "auth", "authorization", "dsn"];
-    words.iter().any(|w| ANYWHERE.contains(&w.as_str())) || LAST.contains(&last.as_str())
+    let pairs = words.windows(2).map(|pair| format!("{}{}", pair[0], pair[1]));
+    words.iter().any(|w| ANYWHERE.contains(&w.as_str()))
+        || pairs.into_iter().any(|p| ANYWHERE.contains(&p.as_str()))
+        || LAST.contains(&last.as_str())
 }
 
 /// A dotted identifier path (`self.api_key`, `os.environ`): code, not a value.
@@ -1299,6 +1302,269 @@ mod tests {
         assert_eq!(rules(&text), vec!["github_token"]);
     }
 
+    /// Asserts that `secret` is flagged inside `text` (by any rule) and gone
+    /// after redaction.
+    fn assert_redacted(text: &str, secret: &str) {
+        let findings = scan(text);
+        let start = text.find(secret).expect("the secret is in the text");
+        assert!(
+            findings
+                .iter()
+                .any(|f| f.start <= start && f.end >= start + secret.len()),
+            "{secret:?} not covered in {text:?}: {findings:?}"
+        );
+        assert!(!redact(text).contains(secret), "{secret:?} survived in {text:?}");
+    }
+
+    fn assert_clean(text: &str) {
+        assert!(scan(text).is_empty(), "{text:?}: {:?}", scan(text));
+    }
+
+    #[test]
+    fn url_credentials_in_every_form() {
+        let password = fake("pw4X", "q9Lm");
+        for (text, secret) in [
+            (format!("https://:{password}@git.internal/repo.git"), password.clone()),
+            (format!("//deploy:{password}@cache.internal:6379"), password.clone()),
+            (format!("redis://default:p@ss{password}@cache.internal:6379/0"), format!("p@ss{password}")),
+            (format!("mysql://root:p%40{password}%21@db/app"), format!("p%40{password}%21")),
+            (format!("url = \"amqps://guest:{password}@mq\""), password.clone()),
+            (
+                format!("https://{}@o1.ingest.sentry.io/42", fake("a1b2c3d4e5f6a7b8", "c9d0e1f2a3b4c5d6")),
+                fake("a1b2c3d4e5f6a7b8", "c9d0e1f2a3b4c5d6"),
+            ),
+            (
+                format!("https://{}@github.com/o/r.git", fake("x9Kq2Lm7Np4Rs8Tv", "1Wz6Yb5Hc0J")),
+                fake("x9Kq2Lm7Np4Rs8Tv", "1Wz6Yb5Hc0J"),
+            ),
+        ] {
+            assert_redacted(&text, &secret);
+        }
+        assert_clean("ssh://git@github.com/o/r.git");
+        assert_clean("https://user@example.com/path");
+        assert_clean("postgres://app:${DB_PASSWORD}@db/app");
+        assert_clean("https://user:@host/");
+    }
+
+    #[test]
+    fn key_like_names_in_any_casing_or_separator() {
+        let hex32 = fake("8f14e45fceea167a", "5a36dedd4bea2543");
+        let base64 = fake("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsu", "Fq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==");
+        for text in [
+            format!("X-Api-Key: {hex32}"),
+            format!("x-api-key={hex32}"),
+            format!("headers['X-Auth-Token'] = '{hex32}'"),
+            format!("apiKey: \"{hex32}\""),
+            format!("API_KEY := {hex32}"),
+            format!("\"private_key_id\": \"{hex32}\""),
+            format!("DefaultEndpointsProtocol=https;AccountName=x;AccountKey={base64};"),
+            format!("clientSecret: '{base64}'"),
+        ] {
+            let secret = if text.contains(&hex32) { &hex32 } else { &base64 };
+            assert_redacted(&text, secret);
+        }
+        // Short passwords with a digit or symbol, quoted literals.
+        assert_redacted("password: hunter2", "hunter2");
+        assert_redacted("\"db_password\": \"Tr0ub\"", "Tr0ub");
+        assert_redacted("SECRET_KEY = 'django-insecure-q1w2e3'", "django-insecure-q1w2e3");
+        // Code and types are not values.
+        for text in [
+            "password: String, secret_name: &str, token_count: usize",
+            "let token = self.next_token();",
+            "api_key = os.environ.get(\"API_KEY\")",
+            "token = get_token2(scope)",
+            "token_type: \"bearer\"",
+            "TOKEN_EXPIRY=3600",
+        ] {
+            assert_clean(text);
+        }
+    }
+
+    #[test]
+    fn secret_names() {
+        for name in [
+            "DB_PASSWORD", "x-api-key", "X-Api-Key", "clientSecret", "APIKey", "AccountKey",
+            "GITHUB_AUTH", "db_pass", "SENTRY_DSN", "aws_secret_access_key", "authToken",
+        ] {
+            assert!(is_secret_name(name), "{name}");
+        }
+        for name in ["MAX_TOKENS", "PWD", "author", "AUTH_PROVIDER", "monkey_business", "PORT", "bypass_cache"] {
+            assert!(!is_secret_name(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn authorization_values() {
+        let basic = "dXNlcjpodW50ZXIy"; // user:hunter2
+        let bearer = fake("abc123", "def456");
+        for (text, secret) in [
+            (format!("Authorization: Basic {basic}"), basic.to_owned()),
+            (format!("curl -H 'Authorization: Bearer {bearer}' https://api"), bearer.clone()),
+            (format!("authorization={bearer}"), bearer.clone()),
+            (format!("Proxy-Authorization: token {bearer}"), bearer.clone()),
+            (format!("send it as Basic {basic} over TLS"), basic.to_owned()),
+            (format!("bearer {bearer}"), bearer.clone()),
+        ] {
+            assert_redacted(&text, &secret);
+        }
+        assert_clean("Bearer tokens are short-lived; Basic authentication is disabled.");
+        assert_clean("Authorization: Bearer");
+    }
+
+    #[test]
+    fn token_families() {
+        let tokens = [
+            fake("xoxp-", "2048-1234567890-AbCdEf9"),
+            fake("xoxe.xoxp-", "1-Mi0yLTExMjM0NTY3ODkw"),
+            fake("xapp-", "1-A0B1C2D3E4F-1234567890-abcdef"),
+            fake("ghp_", "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI3kM5"),
+            fake("gldt-", "Xy7Qk2Lm9Np4Rs8Tv1Wz"),
+            fake("glrt-", "Xy7Qk2Lm9Np4Rs8Tv1Wz"),
+            fake("GR1348941", "Xy7Qk2Lm9Np4Rs8Tv1Wz"),
+            fake("sk_test_", "4eC39HqLyjWDarjtT1zdp7dc"),
+            fake("whsec_", "4eC39HqLyjWDarjtT1zdp7dc"),
+            fake("dop_v1_", "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"),
+            fake("npm_", "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"),
+            fake("SG.", "Ab3dEf6hIj9kLmN0pQrStU.Vw1xYz2AbCdEfGhIjKlMnOpQrStUvWxYz0123456789a"),
+            fake("SK", "0123456789abcdef0123456789abcdef"),
+            fake("hvs.", "CAESIJk2Lm9Np4Rs8Tv1Wz6Yb5Hc0"),
+            fake("hf_", "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"),
+            fake("shpat_", "0123456789abcdef0123456789abcdef"),
+            fake("GOCSPX-", "Ab3dEf6hIj9kLmN0pQrStUvWxYz1"),
+            fake("ya29.", "a0AfH6SMBx1y2z3AbCdEfGhIjKl"),
+            fake("1//0", "4gXy7Qk2Lm9Np4Rs8Tv1WzAbCdEfGh"),
+            fake("abc8Q", "~Xy7Qk2Lm9Np4Rs8Tv1WzAbCdEfGhIjKlMn"),
+            fake("LTAI", "5tXy7Qk2Lm9Np4Rs"),
+            fake("eyJhbGciOiJub25lIn0.", "eyJzdWIiOiIxMjM0NTY3ODkwIn0."),
+        ];
+        for token in &tokens {
+            assert_redacted(&format!("value {token} end"), token);
+        }
+    }
+
+    #[test]
+    fn pem_bodies_whatever_the_line_range() {
+        let lines = [
+            fake("MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7", "VJTUt9Us8cKjMzEfYyjiWA4R4"),
+            fake("oQ7Zx2Lm9Np4Rs8Tv1Wz6Yb5Hc0Jd9Fe3Gh7Kl1Mn5Op9Qr3St7Uv", "1Wx5Yz9Ab3Cd7Ef1Gh5Ij9Kl"),
+            "k8Yw2==".to_owned(),
+        ];
+        // Lines 2-4 of a key file: no BEGIN marker in the range read.
+        let text = format!("{}\n{}\n{}\n-----END PRIVATE KEY-----\n", lines[0], lines[1], lines[2]);
+        for line in &lines {
+            assert_redacted(&text, line);
+        }
+        // One line as a search match.
+        assert_redacted(&format!("key.pem:3:{}", lines[1]), &lines[1]);
+        // Inside a JSON string with escaped newlines.
+        let json = format!("\"private_key\": \"{}\\n{}\\n\"", lines[0], lines[1]);
+        assert_redacted(&json, &lines[0]);
+        assert_redacted(&json, &lines[1]);
+        assert_clean("integrity sha512-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU47DEQpj8HBSa+/TImW+5JC==");
+        assert_clean("services/specialists/src/onboarding/manifest/builder");
+    }
+
+    #[test]
+    fn dotenv_secrets_regardless_of_length() {
+        for (text, secret) in [
+            ("DB_PASS=x9", "x9"),
+            ("SESSION_SECRET=abc", "abc"),
+            ("export API_TOKEN=\"q1\"", "q1"),
+            ("SMTP_PASSWORD='hunter'", "hunter"),
+            ("stripe_key=z9", "z9"),
+        ] {
+            assert_redacted(&format!("PORT=3000\n{text}\nDEBUG=true\n"), secret);
+        }
+        for text in [
+            "MAX_TOKENS=1024",
+            "PASSWORD_MIN_LENGTH=8",
+            "API_TOKEN=",
+            "API_TOKEN=${API_TOKEN}",
+            "PWD=/home/app",
+            "SECRET_KEY=changeme",
+            "token=self.token",
+        ] {
+            assert_clean(text);
+        }
+    }
+
+    #[test]
+    fn generated_values_under_plain_names() {
+        let value = fake("Zx8Qp2Lm", "9Rt4Vb7N");
+        assert_redacted(&format!("CALLBACK_ID={value}"), &value);
+        assert_redacted(&format!("signing: {value}"), &value);
+        assert_clean("name: someFunctionName123");
+        assert_clean("image: postgres15-alpine3.19");
+        assert_clean("Error: SomethingWentWrong123");
+    }
+
+    /// A secret shape: the text to embed and the secret part of it that
+    /// must not survive. Bodies are random; a fixed mixed-class tail keeps
+    /// each value inside its family's definition.
+    fn secret_shape() -> impl Strategy<Value = (String, String)> {
+        fn same(s: String) -> (String, String) {
+            (s.clone(), s)
+        }
+        let names = prop_oneof![
+            Just("DB_PASSWORD"),
+            Just("x-api-key"),
+            Just("X-Auth-Token"),
+            Just("clientSecret"),
+            Just("apiKey"),
+            Just("SECRET_KEY"),
+            Just("AccountKey"),
+            Just("session_token"),
+            Just("Private-Key"),
+        ];
+        let separators = prop_oneof![Just("="), Just(": "), Just(" = "), Just(" := ")];
+        prop_oneof![
+            "[A-Za-z0-9]{33}".prop_map(|b| same(fake("ghp_", &format!("{b}Q7z")))),
+            "[A-Za-z0-9_]{30}".prop_map(|b| same(fake("github_pat_", &format!("{b}Q7z")))),
+            "[A-Za-z0-9_-]{20,30}".prop_map(|b| same(fake("glpat-", &b))),
+            ("[0-9]{10}", "[A-Za-z0-9]{12,24}").prop_map(|(a, b)| same(fake("xoxb-", &format!("{a}-{b}")))),
+            "[A-Za-z0-9]{24}".prop_map(|b| same(fake("sk_live_", &b))),
+            "[A-Z0-9]{16}".prop_map(|b| same(fake("AKIA", &b))),
+            "[0-9A-Za-z_-]{35}".prop_map(|b| same(fake("AIza", &b))),
+            "[A-Za-z0-9]{33}".prop_map(|b| same(fake("npm_", &format!("{b}Q7z")))),
+            "[0-9a-f]{64}".prop_map(|b| same(fake("dop_v1_", &b))),
+            ("[A-Za-z0-9_-]{10,30}", "[A-Za-z0-9_-]{10,30}", "[A-Za-z0-9_-]{0,40}")
+                .prop_map(|(h, p, s)| same(fake("eyJ", &format!("{h}.eyJ{p}.{s}")))),
+            ("[a-z+]{2,10}", "[A-Za-z0-9_.-]{0,12}", "[A-Za-z0-9!^*~_.-]{7,24}", "[a-z0-9.-]{1,20}")
+                .prop_map(|(scheme, user, password, host)| {
+                    (format!("{scheme}://{user}:{password}@{host}/db"), password)
+                }),
+            (names.clone(), separators, "[A-Za-z0-9+/]{10,40}")
+                .prop_map(|(name, separator, body)| {
+                    let value = format!("{body}9x");
+                    (format!("{name}{separator}{value}"), value)
+                }),
+            (names.clone(), "[0-9a-f]{32,64}").prop_map(|(name, hex)| {
+                (format!("\"{name}\": \"{hex}\""), hex)
+            }),
+            (names, "[A-Za-z0-9]{6,12}").prop_map(|(name, body)| {
+                let value = format!("{body}1");
+                (format!("\nexport {}={value}\n", name.replace('-', "_")), value)
+            }),
+            "[A-Za-z0-9._~-]{12,40}".prop_map(|token| {
+                let value = format!("{token}7");
+                (format!("Authorization: Bearer {value}"), value)
+            }),
+            ("[A-Za-z0-9+/]{56}", "[A-Za-z0-9+/]{0,60}").prop_map(|(a, b)| {
+                let line = format!("{a}aB3+cD4eF");
+                let body = format!("{line}\n{b}");
+                (
+                    format!("-----BEGIN PRIVATE KEY-----\n{body}\n-----END PRIVATE KEY-----"),
+                    line,
+                )
+            }),
+            "[A-Za-z0-9+/]{56}".prop_map(|a| {
+                let line = format!("{a}aB3+cD4eF");
+                (format!("{line}\n-----END RSA PRIVATE KEY-----"), line)
+            }),
+            "[A-Za-z0-9]{34}".prop_map(|b| same(format!("{b}aB3cD4"))),
+        ]
+    }
+
     fn secretish() -> impl Strategy<Value = String> {
         prop_oneof![
             Just(fake("AKIA", "IOSFODNN7EXAMPL3")),
@@ -1314,6 +1580,19 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn secret_shapes_never_survive_redaction(
+            prefix in "[ -~\n]{0,40}",
+            (shape, secret) in secret_shape(),
+            before in prop_oneof![Just(" "), Just("\n"), Just("\t"), Just("\""), Just("'"), Just("("), Just(","), Just(";"), Just("<"), Just(">")],
+            after in prop_oneof![Just(" "), Just("\n"), Just("\t"), Just("\""), Just("'"), Just(")"), Just(","), Just(";"), Just("<"), Just(">")],
+            suffix in "[ -~\n]{0,40}",
+        ) {
+            let text = format!("{prefix}{before}{shape}{after}{suffix}");
+            let redacted = redact(&text);
+            prop_assert!(!redacted.contains(&secret), "{secret:?} survived in {redacted:?}");
+        }
+
         #[test]
         fn scan_and_redact_never_panic_and_redact_is_clean(parts in proptest::collection::vec(secretish(), 0..6)) {
             let text = parts.concat();
