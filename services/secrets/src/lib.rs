@@ -751,6 +751,89 @@ fn redact_once(text: &str, findings: &[Finding]) -> String {
     out
 }
 
+/// The one `.env` file that is read: example values, judged one by one by
+/// [`is_placeholder`] (setup's scan applies the same exception).
+pub const ENV_EXAMPLE_FILE: &str = ".env.example";
+
+/// Whether a repository file is secret-bearing by its path: dotenv files
+/// (except [`ENV_EXAMPLE_FILE`]), private keys and keystores, credential and
+/// token files of common tools, service-account JSON, Terraform state. The
+/// read-only tools refuse these whatever their content.
+pub fn is_secret_file_name(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    let name = lower.rsplit(['/', '\\']).next().unwrap_or_default();
+    if name == ENV_EXAMPLE_FILE {
+        return false;
+    }
+    const EXACT: &[&str] = &[
+        ".env",
+        ".envrc",
+        ".netrc",
+        "_netrc",
+        ".npmrc",
+        ".pypirc",
+        ".pgpass",
+        ".git-credentials",
+        ".htpasswd",
+        ".my.cnf",
+        ".dockercfg",
+        "credentials",
+        "id_rsa",
+        "id_dsa",
+        "id_ecdsa",
+        "id_ed25519",
+        "id_ecdsa_sk",
+        "id_ed25519_sk",
+        "secrets.yml",
+        "secrets.yaml",
+        "secrets.json",
+        "secrets.toml",
+        "master.key",
+    ];
+    const EXTENSIONS: &[&str] = &[
+        "pem", "key", "p12", "pfx", "jks", "keystore", "ppk", "kdbx", "tfstate", "tfvars", "env",
+        "age", "gpg",
+    ];
+    const JSON_PREFIXES: &[&str] = &["credentials", "service-account", "service_account", "client_secret"];
+    if EXACT.contains(&name) || name.starts_with(".env.") {
+        return true;
+    }
+    if lower.ends_with(".docker/config.json") || lower.ends_with(".aws/credentials") {
+        return true;
+    }
+    if let Some((stem, extension)) = name.rsplit_once('.') {
+        if EXTENSIONS.contains(&extension) || name.ends_with(".tfstate.backup") {
+            return true;
+        }
+        if extension == "json" && JSON_PREFIXES.iter().any(|p| stem.starts_with(p)) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether a file's text is secret-bearing as a whole: it holds a private
+/// key block (or an armour-less key body), or it is a credential document
+/// (a cloud service account, OAuth client or token file). Ordinary source
+/// files that merely contain a secret are not: their text is redacted.
+pub fn is_secret_file_content(text: &str) -> bool {
+    const MARKERS: &[&str] = &[
+        "\"private_key\":",
+        "\"client_secret\":",
+        "\"refresh_token\":",
+        "\"type\": \"service_account\"",
+        "\"type\":\"service_account\"",
+        "\"type\": \"authorized_user\"",
+        "aws_secret_access_key",
+    ];
+    if MARKERS.iter().any(|marker| text.contains(marker)) {
+        return true;
+    }
+    scan(text)
+        .iter()
+        .any(|finding| finding.rule == "private_key" || finding.rule == "pem_body")
+}
+
 /// Shannon entropy of `s` in bits per character (0.0 for an empty string).
 pub fn shannon_entropy(s: &str) -> f64 {
     let mut counts: std::collections::HashMap<char, usize> = std::collections::HashMap::new();
@@ -1496,6 +1579,26 @@ mod tests {
         assert_clean("name: someFunctionName123");
         assert_clean("image: postgres15-alpine3.19");
         assert_clean("Error: SomethingWentWrong123");
+    }
+
+    #[test]
+    fn secret_bearing_files() {
+        for path in [
+            ".env", "config/.env.production", ".env.local", "deploy/prod.env", "id_rsa", "keys/server.key",
+            "certs/tls.pem", ".npmrc", ".git-credentials", "gcp/service-account-prod.json",
+            "credentials.json", "client_secret_123.apps.json", "infra/terraform.tfstate", ".aws/credentials",
+            "home/.docker/config.json", "config/master.key",
+        ] {
+            assert!(is_secret_file_name(path), "{path}");
+        }
+        for path in [".env.example", "src/env.rs", "README.md", "id_rsa.pub", "keyboard.rs", "src/credentials.rs"] {
+            assert!(!is_secret_file_name(path), "{path}");
+        }
+        let key = fake("-----BEGIN EC PRIVATE", " KEY-----\nMHcCAQEEIBk\n-----END EC PRIVATE KEY-----\n");
+        assert!(is_secret_file_content(&key));
+        assert!(is_secret_file_content("{\"type\": \"service_account\", \"project_id\": \"p\"}"));
+        assert!(!is_secret_file_content("fn main() {\n    println!(\"hi\");\n}\n"));
+        assert!(!is_secret_file_content("let token = read_token();"));
     }
 
     /// A secret shape: the text to embed and the secret part of it that
