@@ -246,8 +246,22 @@ fn assignment_value(text: &str, captures: &regex::Captures<'_>) -> Option<Range<
     };
     let literal = value.as_str();
     // URLs are judged by `url_credentials`; prose is not a credential.
-    if is_benign_value(literal) || literal.contains("://") || literal.contains(' ') {
+    if is_benign_value(literal)
+        || literal.contains("://")
+        || literal.contains(' ')
+        || text[value.start()..].starts_with("${")
+    {
         return None;
+    }
+    let name_end = captures.get(1).map_or(value.start(), |m| m.end());
+    let separator = text[name_end..value.start()].trim_matches(['"', '\'', ']']);
+    if separator == "="
+        && !text[value.end()..].starts_with('(')
+        && !is_identifier_path(literal)
+    {
+        // `NAME=value` with nothing around the `=`: a dotenv-style
+        // assignment wherever it appears, flagged whatever its length.
+        return Some(value.range());
     }
     let c = classes(literal);
     let symbols = literal
@@ -1450,6 +1464,9 @@ mod tests {
         assert_redacted("password: hunter2", "hunter2");
         assert_redacted("\"db_password\": \"Tr0ub\"", "Tr0ub");
         assert_redacted("SECRET_KEY = 'django-insecure-q1w2e3'", "django-insecure-q1w2e3");
+        // Dotenv-style assignments inside a line, whatever the length.
+        assert_redacted("set DB_PASS=k3y then restart", "k3y");
+        assert_redacted("or SESSION_SECRET=\"q1\" in the shell", "q1");
         // Code and types are not values.
         for text in [
             "password: String, secret_name: &str, token_count: usize",
