@@ -10,5 +10,6 @@ mod evolution;
 mod foundation;
 mod gateway;
 mod scale;
+mod secrets;
 mod setup;
 mod specialists;
