@@ -78,8 +78,8 @@ fn corpus() -> Vec<Shape> {
     );
     let basic = "c3ZjLWJpbGxpbmc6aHVudGVyMg=="; // svc-billing:hunter2
     let bearer = j("tok_", "9Xq2Lm7Np1Rs8Tv3");
-    let db_pass = j("k3", "y");
-    let session = j("a", "bc");
+    let db_pass = j("k3y", "Z9");
+    let session = j("Qz7", "wX");
     let sendgrid = j(
         "SG.",
         "Ab3dEf6hIj9kLmN0pQrStU.Vw1xYz2AbCdEfGhIjKlMnOpQrStUvWxYz0123456789a",
@@ -162,9 +162,11 @@ fn git(dir: &Path, args: &[&str]) -> Result<String> {
 /// the secret-bearing files the tools must refuse.
 fn repository(dir: &Path, corpus: &[Shape]) -> Result<()> {
     let lines: Vec<String> = corpus.iter().map(|s| s.line.clone()).collect();
+    // The key lives in its own file; the settings module holds the rest.
+    let source_lines: Vec<&String> = lines.iter().filter(|l| !l.contains("PRIVATE KEY")).collect();
     let settings = format!(
         "\"\"\"Billing service settings.\"\"\"\n\nSETTINGS = r'''\n{}\n'''\n",
-        lines.join("\n")
+        source_lines.iter().map(|l| l.as_str()).collect::<Vec<_>>().join("\n")
     );
     let pem = corpus
         .iter()

@@ -236,13 +236,34 @@ impl ChatReply {
     /// `[redacted:<rule>]` marker, before the reply is stored or acted on.
     pub fn redact_secrets(&mut self) {
         if let Some(content) = self.content.as_mut() {
-            redact_in_place(content);
+            let redacted = redact_text_or_json(content);
+            if redacted != *content {
+                *content = redacted;
+            }
         }
         for call in &mut self.tool_calls {
             redact_value(&mut call.arguments);
         }
         redact_in_place(&mut self.model);
     }
+}
+
+/// A reply that carries a JSON object (possibly inside a code fence) keeps
+/// it well-formed: its strings are redacted one by one, the text around it
+/// as text.
+fn redact_text_or_json(text: &str) -> String {
+    if let (Some(start), Some(end)) = (text.find('{'), text.rfind('}'))
+        && start < end
+        && let Ok(mut value) = serde_json::from_str::<serde_json::Value>(&text[start..=end])
+    {
+        redact_value(&mut value);
+        return format!(
+            "{}{value}{}",
+            zopu_secrets::redact(&text[..start]),
+            zopu_secrets::redact(&text[end + 1..])
+        );
+    }
+    zopu_secrets::redact(text)
 }
 
 fn redact_in_place(text: &mut String) {
@@ -300,6 +321,16 @@ mod tests {
         };
         reply.redact_secrets();
         let json = serde_json::to_string(&reply).expect("serializes");
+        let mut answer = reply.clone();
+        answer.content = Some(format!(
+            "```json\n{}\n```",
+            serde_json::json!({"summary": format!("VAULT_TOKEN={password}\nB=1"), "risks": [format!("\"{token}\"")]})
+        ));
+        answer.redact_secrets();
+        let content = answer.content.unwrap_or_default();
+        let inner = content.trim_start_matches("```json\n").trim_end_matches("\n```");
+        let parsed: serde_json::Value = serde_json::from_str(inner).expect("still JSON");
+        assert!(!parsed.to_string().contains(&password) && !parsed.to_string().contains(&token));
         assert!(!json.contains(&password) && !json.contains(&token), "{json}");
         assert!(json.contains("[redacted:"));
         assert_eq!(reply.tool_calls[0].name, "search");

@@ -649,19 +649,19 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
         ),
         rule_with(
             "url_credentials",
-            r#"(?:\b[A-Za-z][A-Za-z0-9+.\-]{1,30}:)?//([^\s/?#'"<>\[\]]*)@[^\s/?#'"<>@\[\]]"#,
+            r#"(?:\b[A-Za-z][A-Za-z0-9+.\-]{1,30}:)?//([^\s/?'"<>\[\]\\]*)@[^\s/?#'"<>@\[\]\\]"#,
             0,
             Check::Captures(url_userinfo),
         ),
         rule_with(
             "secret_assignment",
-            r#"(?i)([A-Za-z0-9_.\-]*(?:pass|pwd|pw|secret|token|key|auth|credential|dsn)[A-Za-z0-9_.\-]*)["']?\]?[ \t]*(?::=|=>|=|:)[ \t]*(?:"([^"\r\n]*)"|'([^'\r\n]*)'|([^\s"'`,;<>(){}\[\]]+))"#,
+            r#"(?i)([A-Za-z0-9_.\-]*(?:pass|pwd|pw|secret|token|key|auth|credential|dsn)[A-Za-z0-9_.\-]*)["']?\]?[ \t]*(?::=|=>|=|:)[ \t]*(?:"([^"\r\n]*)"|'([^'\r\n]*)'|([^\s"'`,;<>(){}\[\]\\]+))"#,
             0,
             Check::Captures(assignment_value),
         ),
         rule_with(
             "dotenv_secret",
-            r#"(?m)^[ \t]*(?:export[ \t]+)?([A-Za-z_][A-Za-z0-9_.\-]*)=(?:"([^"\r\n]*)"|'([^'\r\n]*)'|([^\s#'"]+))"#,
+            r#"(?m)^[ \t]*(?:export[ \t]+)?([A-Za-z_][A-Za-z0-9_.\-]*)=(?:"([^"\r\n]*)"|'([^'\r\n]*)'|([^\s#'"\\]+))"#,
             0,
             Check::Captures(dotenv_value),
         ),
@@ -838,9 +838,9 @@ pub fn is_secret_file_content(text: &str) -> bool {
         "\"type\": \"service_account\"",
         "\"type\":\"service_account\"",
         "\"type\": \"authorized_user\"",
-        "aws_secret_access_key",
     ];
-    if MARKERS.iter().any(|marker| text.contains(marker)) {
+    let document = text.trim_start().starts_with('{');
+    if document && MARKERS.iter().any(|marker| text.contains(marker)) {
         return true;
     }
     scan(text)
@@ -1437,6 +1437,12 @@ mod tests {
         ] {
             assert_redacted(&text, &secret);
         }
+        assert_redacted(&format!("postgres://app:Pg7#{password}@db/app"), &format!("Pg7#{password}"));
+        // Inside JSON text, a redaction never eats an escaping backslash.
+        let json = format!("{{\"a\": \"TOKEN={password}\\nX=1\\\"\", \"b\": \"mysql://u:{password}@db\\\"\"}}");
+        let redacted = redact(&json);
+        assert!(!redacted.contains(&password), "{redacted}");
+        assert_eq!(redacted.matches('\\').count(), json.matches('\\').count(), "{redacted}");
         assert_clean("ssh://git@github.com/o/r.git");
         assert_clean("https://user@example.com/path");
         assert_clean("postgres://app:${DB_PASSWORD}@db/app");
