@@ -105,7 +105,10 @@ fn corpus() -> Vec<Shape> {
         shape(format!("deploy token {github_pat}"), &github_pat),
         shape(format!("gitlab: {gitlab}"), &gitlab),
         shape(format!("SLACK_BOT = \"{slack}\""), &slack),
-        shape(format!("https://hooks.slack.com/services/{slack_hook}"), &slack_hook),
+        shape(
+            format!("https://hooks.slack.com/services/{slack_hook}"),
+            &slack_hook,
+        ),
         shape(format!("stripe.api_key = \"{stripe}\""), &stripe),
         shape(format!("webhook signing {stripe_hook}"), &stripe_hook),
         shape(format!("openai {openai}"), &openai),
@@ -114,14 +117,34 @@ fn corpus() -> Vec<Shape> {
         shape(format!("oauth client {google_oauth}"), &google_oauth),
         shape(format!("SERVICE_JWT = \"{jwt}\""), &jwt),
         shape(pem, &pem_line),
-        shape(format!("postgres://billing:{pg_password}@db.internal:5432/billing"), &pg_password),
-        shape(format!("redis://:{redis_password}@cache.internal:6379/0"), &redis_password),
-        shape(format!("https://{user_token}@git.internal/ops/deploy.git"), &user_token),
-        shape(format!("mongodb+srv://app:{mongo_password}@cluster0.internal/app"), &mongo_password),
-        shape(format!("amqp://svc:{amqp_password}@mq.internal/vhost"), &amqp_password),
+        shape(
+            format!("postgres://billing:{pg_password}@db.internal:5432/billing"),
+            &pg_password,
+        ),
+        shape(
+            format!("redis://:{redis_password}@cache.internal:6379/0"),
+            &redis_password,
+        ),
+        shape(
+            format!("https://{user_token}@git.internal/ops/deploy.git"),
+            &user_token,
+        ),
+        shape(
+            format!("mongodb+srv://app:{mongo_password}@cluster0.internal/app"),
+            &mongo_password,
+        ),
+        shape(
+            format!("amqp://svc:{amqp_password}@mq.internal/vhost"),
+            &amqp_password,
+        ),
         shape(format!("X-Api-Key: {hex_key}"), &hex_key),
         shape(format!("apiKey: \"{hex40}\""), &hex40),
-        shape(format!("AZURE = \"DefaultEndpointsProtocol=https;AccountName=billing;AccountKey={azure};\""), &azure),
+        shape(
+            format!(
+                "AZURE = \"DefaultEndpointsProtocol=https;AccountName=billing;AccountKey={azure};\""
+            ),
+            &azure,
+        ),
         shape(format!("Authorization: Basic {basic}"), basic),
         shape(format!("Authorization: Bearer {bearer}"), &bearer),
         shape(format!("DB_PASS={db_pass}"), &db_pass),
@@ -134,7 +157,10 @@ fn corpus() -> Vec<Shape> {
         shape(format!("mailgun {mailgun}"), &mailgun),
         shape(format!("VAULT_TOKEN={vault}"), &vault),
         shape(format!("CALLBACK_SIGNING={signing}"), &signing),
-        shape(format!("\"client_secret\": \"{client_secret}\""), &client_secret),
+        shape(
+            format!("\"client_secret\": \"{client_secret}\""),
+            &client_secret,
+        ),
         shape(format!("password: {yaml_password}"), &yaml_password),
         shape(format!("heroku {heroku}"), &heroku),
         shape(format!("shopify {shopify}"), &shopify),
@@ -143,8 +169,18 @@ fn corpus() -> Vec<Shape> {
 
 fn git(dir: &Path, args: &[&str]) -> Result<String> {
     let output = Command::new("git")
-        .args(["-c", "user.name=zopu", "-c", "user.email=zopu@example.invalid"])
-        .args(["-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main"])
+        .args([
+            "-c",
+            "user.name=zopu",
+            "-c",
+            "user.email=zopu@example.invalid",
+        ])
+        .args([
+            "-c",
+            "commit.gpgsign=false",
+            "-c",
+            "init.defaultBranch=main",
+        ])
         .args(args)
         .current_dir(dir)
         .env_remove("GIT_DIR")
@@ -163,23 +199,48 @@ fn git(dir: &Path, args: &[&str]) -> Result<String> {
 fn repository(dir: &Path, corpus: &[Shape]) -> Result<()> {
     let lines: Vec<String> = corpus.iter().map(|s| s.line.clone()).collect();
     // The key lives in its own file; the settings module holds the rest.
-    let source_lines: Vec<&String> = lines.iter().filter(|l| !l.contains("PRIVATE KEY")).collect();
+    let source_lines: Vec<&String> = lines
+        .iter()
+        .filter(|l| !l.contains("PRIVATE KEY"))
+        .collect();
     let settings = format!(
         "\"\"\"Billing service settings.\"\"\"\n\nSETTINGS = r'''\n{}\n'''\n",
-        source_lines.iter().map(|l| l.as_str()).collect::<Vec<_>>().join("\n")
+        source_lines
+            .iter()
+            .map(|l| l.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     let pem = corpus
         .iter()
         .find(|s| s.line.contains("PRIVATE KEY"))
         .context("a key")?;
     let files: Vec<(&str, String)> = vec![
-        ("README.md", "# Billing\n\nBilling charges customers.\n".to_owned()),
-        ("src/main.py", "from config import settings\n\n\ndef main():\n    print(settings.SETTINGS)\n".to_owned()),
+        (
+            "README.md",
+            "# Billing\n\nBilling charges customers.\n".to_owned(),
+        ),
+        (
+            "src/main.py",
+            "from config import settings\n\n\ndef main():\n    print(settings.SETTINGS)\n"
+                .to_owned(),
+        ),
         ("config/settings.py", settings),
-        (".env", lines.iter().filter(|l| l.contains('=')).cloned().collect::<Vec<_>>().join("\n")),
+        (
+            ".env",
+            lines
+                .iter()
+                .filter(|l| l.contains('='))
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
         (".env.example", "DB_PASS=\nSESSION_SECRET=\n".to_owned()),
         ("deploy/id_rsa", format!("{}\n", pem.line)),
-        ("ops/gcp.json", format!("{{\"type\": \"service_account\", {}}}\n", corpus[35].line)),
+        (
+            "ops/gcp.json",
+            format!("{{\"type\": \"service_account\", {}}}\n", corpus[35].line),
+        ),
     ];
     for (path, content) in files {
         let full = dir.join(path);
@@ -271,7 +332,11 @@ fn percent_decode(text: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut index = 0;
     while index < bytes.len() {
-        let hex = |offset: usize| bytes.get(index + offset).and_then(|b| (*b as char).to_digit(16));
+        let hex = |offset: usize| {
+            bytes
+                .get(index + offset)
+                .and_then(|b| (*b as char).to_digit(16))
+        };
         if bytes[index] == b'%'
             && let (Some(high), Some(low)) = (hex(1), hex(2))
         {
@@ -351,7 +416,11 @@ async fn a_secret_corpus_never_survives_from_repository_to_artifact() -> Result<
     let corpus = corpus();
     ensure!(corpus.len() >= 30, "at least 30 shapes");
     for shape in &corpus {
-        ensure!(shape.line.contains(&shape.secret), "{} in its line", shape.secret);
+        ensure!(
+            shape.line.contains(&shape.secret),
+            "{} in its line",
+            shape.secret
+        );
     }
     let server = NatsServer::start()?;
     let bus = bus(&server, Duration::from_secs(120)).await?;
@@ -363,7 +432,11 @@ async fn a_secret_corpus_never_survives_from_repository_to_artifact() -> Result<
     let specialists_model = FakeOpenAiServer::start([
         Scripted::tool_call("o1", "read_file", r#"{"path": "config/settings.py"}"#),
         Scripted::tool_call("o2", "read_file", r#"{"path": ".env"}"#),
-        Scripted::tool_call("o3", "read_file", r#"{"path": "deploy/id_rsa", "start_line": 2, "end_line": 3}"#),
+        Scripted::tool_call(
+            "o3",
+            "read_file",
+            r#"{"path": "deploy/id_rsa", "start_line": 2, "end_line": 3}"#,
+        ),
         Scripted::text(&onboarding_answer(&corpus)),
     ])
     .await?;
@@ -448,12 +521,24 @@ async fn a_secret_corpus_never_survives_from_repository_to_artifact() -> Result<
             || event.is::<pb::ProjectSetupFailed>()
     };
     let first = wait_for(&bus, &events, LONG, ended).await?;
-    ensure!(published(&first), "onboarding ended with {}", first.event_type);
+    ensure!(
+        published(&first),
+        "onboarding ended with {}",
+        first.event_type
+    );
 
     // The user's question about exactly those settings.
     for entry in [
-        Scripted::tool_call("e1", "search", r#"{"pattern": "password", "literal": true, "case_insensitive": true}"#),
-        Scripted::tool_call("e2", "read_file", r#"{"path": "config/settings.py", "start_line": 4, "end_line": 30}"#),
+        Scripted::tool_call(
+            "e1",
+            "search",
+            r#"{"pattern": "password", "literal": true, "case_insensitive": true}"#,
+        ),
+        Scripted::tool_call(
+            "e2",
+            "read_file",
+            r#"{"path": "config/settings.py", "start_line": 4, "end_line": 30}"#,
+        ),
         Scripted::tool_call("e3", "read_file", r#"{"path": "ops/gcp.json"}"#),
         Scripted::text(&exploration_answer(&corpus)),
     ] {
@@ -477,7 +562,11 @@ async fn a_secret_corpus_never_survives_from_repository_to_artifact() -> Result<
     })
     .await?;
     let last: pb::AgentFinal = last.decode()?;
-    ensure!(last.failure.is_none(), "the turn failed: {:?}", last.failure);
+    ensure!(
+        last.failure.is_none(),
+        "the turn failed: {:?}",
+        last.failure
+    );
     wait_for_count(&bus, &events, LONG, 2, published).await?;
     ensure!(
         conversation_model.remaining() == 0 && specialists_model.remaining() == 0,
@@ -495,22 +584,45 @@ async fn a_secret_corpus_never_survives_from_repository_to_artifact() -> Result<
     let stored = stream_texts(&bus).await?;
     ensure!(stored.len() > 20, "the run stored its events");
     for (sequence, text) in &stored {
-        found.extend(survivors(&corpus, &format!("stream message {sequence}"), text));
+        found.extend(survivors(
+            &corpus,
+            &format!("stream message {sequence}"),
+            text,
+        ));
     }
     let objects = artifact_texts(&bus).await?;
-    ensure!(objects.len() >= 2, "both artifacts are stored: {}", objects.len());
+    ensure!(
+        objects.len() >= 2,
+        "both artifacts are stored: {}",
+        objects.len()
+    );
     for (name, html) in &objects {
         found.extend(survivors(&corpus, &format!("object {name}"), html));
     }
-    for (model, server) in [("conversation", &conversation_model), ("specialists", &specialists_model)] {
+    for (model, server) in [
+        ("conversation", &conversation_model),
+        ("specialists", &specialists_model),
+    ] {
         for (index, request) in server.requests().iter().enumerate() {
-            found.extend(survivors(&corpus, &format!("{model} prompt {index}"), &request.body));
+            found.extend(survivors(
+                &corpus,
+                &format!("{model} prompt {index}"),
+                &request.body,
+            ));
         }
     }
-    ensure!(found.is_empty(), "{} survivors:\n{}", found.len(), found.join("\n"));
+    ensure!(
+        found.is_empty(),
+        "{} survivors:\n{}",
+        found.len(),
+        found.join("\n")
+    );
     // The redaction is visible, and the refusals were recorded.
     let all: String = stored.iter().map(|(_, text)| text.as_str()).collect();
     ensure!(all.contains("[redacted:"), "redaction markers are stored");
-    ensure!(all.contains("secret_file"), "the tools refused secret-bearing files");
+    ensure!(
+        all.contains("secret_file"),
+        "the tools refused secret-bearing files"
+    );
     Ok(())
 }

@@ -328,10 +328,15 @@ mod tests {
         ));
         answer.redact_secrets();
         let content = answer.content.unwrap_or_default();
-        let inner = content.trim_start_matches("```json\n").trim_end_matches("\n```");
+        let inner = content
+            .trim_start_matches("```json\n")
+            .trim_end_matches("\n```");
         let parsed: serde_json::Value = serde_json::from_str(inner).expect("still JSON");
         assert!(!parsed.to_string().contains(&password) && !parsed.to_string().contains(&token));
-        assert!(!json.contains(&password) && !json.contains(&token), "{json}");
+        assert!(
+            !json.contains(&password) && !json.contains(&token),
+            "{json}"
+        );
         assert!(json.contains("[redacted:"));
         assert_eq!(reply.tool_calls[0].name, "search");
     }

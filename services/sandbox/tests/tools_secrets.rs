@@ -31,7 +31,14 @@ fn private_key() -> String {
 
 fn git(repo: &Path, args: &[&str]) {
     let status = Command::new("git")
-        .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"])
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "commit.gpgsign=false",
+        ])
         .args(args)
         .current_dir(repo)
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
@@ -45,12 +52,21 @@ fn workspace() -> (tempfile::TempDir, Sandbox) {
     let dir = tempfile::tempdir().expect("tempdir");
     let repo = dir.path().join("repo");
     let files: Vec<(&str, String)> = vec![
-        (".env", format!("DB_PASSWORD={}\nPORT=3000\n", dotenv_value())),
+        (
+            ".env",
+            format!("DB_PASSWORD={}\nPORT=3000\n", dotenv_value()),
+        ),
         (".env.example", "DB_PASSWORD=\nPORT=3000\n".to_owned()),
-        (".env.production", format!("DB_PASSWORD={}\n", dotenv_value())),
+        (
+            ".env.production",
+            format!("DB_PASSWORD={}\n", dotenv_value()),
+        ),
         ("deploy/id_ed25519", private_key()),
         ("certs/server.pem", private_key()),
-        ("notes/rotation.txt", format!("old deploy key below\n{}", private_key())),
+        (
+            "notes/rotation.txt",
+            format!("old deploy key below\n{}", private_key()),
+        ),
         (
             "ops/gcp.json",
             format!(
@@ -100,7 +116,12 @@ fn assert_refused(result: Result<String, Error>, path: &str) {
 #[test]
 fn read_file_refuses_secret_files_by_name() {
     let (_dir, sandbox) = workspace();
-    for path in [".env", ".env.production", "deploy/id_ed25519", "certs/server.pem"] {
+    for path in [
+        ".env",
+        ".env.production",
+        "deploy/id_ed25519",
+        "certs/server.pem",
+    ] {
         assert_refused(read(&sandbox, path, None), path);
     }
     let example = read(&sandbox, ".env.example", None).expect("the example is readable");
@@ -112,8 +133,14 @@ fn read_file_refuses_secret_files_by_name() {
 fn read_file_refuses_secret_content_whatever_the_line_range() {
     let (_dir, sandbox) = workspace();
     // Line 1 is harmless, the key starts on line 2: the file is still refused.
-    assert_refused(read(&sandbox, "notes/rotation.txt", Some((1, 1))), "notes/rotation.txt");
-    assert_refused(read(&sandbox, "notes/rotation.txt", Some((3, 4))), "notes/rotation.txt");
+    assert_refused(
+        read(&sandbox, "notes/rotation.txt", Some((1, 1))),
+        "notes/rotation.txt",
+    );
+    assert_refused(
+        read(&sandbox, "notes/rotation.txt", Some((3, 4))),
+        "notes/rotation.txt",
+    );
     assert_refused(read(&sandbox, "ops/gcp.json", None), "ops/gcp.json");
 }
 
@@ -143,7 +170,9 @@ fn search_skips_secret_files() {
 fn exec_safe_refuses_secret_paths_and_redacts_output() {
     let (_dir, sandbox) = workspace();
     let refused = sandbox.exec_safe(&ExecSafeInput {
-        argv: ["git", "log", "-p", "--", ".env"].map(str::to_owned).to_vec(),
+        argv: ["git", "log", "-p", "--", ".env"]
+            .map(str::to_owned)
+            .to_vec(),
     });
     assert!(
         matches!(refused, Err(Error::Policy(PolicyError::SecretFile(_)))),
@@ -153,7 +182,11 @@ fn exec_safe_refuses_secret_paths_and_redacts_output() {
         argv: ["git", "show", "HEAD"].map(str::to_owned).to_vec(),
     }) {
         Ok(output) => {
-            assert!(!output.stdout.contains(&dotenv_value()), "{}", output.stdout);
+            assert!(
+                !output.stdout.contains(&dotenv_value()),
+                "{}",
+                output.stdout
+            );
             assert!(!output.stdout.contains(&key_line()));
         }
         // No confinement on this machine: nothing ran, nothing leaked.

@@ -125,8 +125,7 @@ fn url_userinfo(_text: &str, captures: &regex::Captures<'_>) -> Option<Range<usi
     match info.find(':') {
         Some(colon) => {
             let password = &info[colon + 1..];
-            if password.is_empty() || is_templated(password) || password.starts_with("[redacted:")
-            {
+            if password.is_empty() || is_templated(password) || password.starts_with("[redacted:") {
                 return None;
             }
             Some(userinfo.start() + colon + 1..userinfo.end())
@@ -203,7 +202,9 @@ pub fn is_secret_name(name: &str) -> bool {
         "secretkey",
     ];
     const LAST: &[&str] = &["key", "pass", "pw", "auth", "authorization", "dsn"];
-    let pairs = words.windows(2).map(|pair| format!("{}{}", pair[0], pair[1]));
+    let pairs = words
+        .windows(2)
+        .map(|pair| format!("{}{}", pair[0], pair[1]));
     words.iter().any(|w| ANYWHERE.contains(&w.as_str()))
         || pairs.into_iter().any(|p| ANYWHERE.contains(&p.as_str()))
         || LAST.contains(&last.as_str())
@@ -255,10 +256,7 @@ fn assignment_value(text: &str, captures: &regex::Captures<'_>) -> Option<Range<
     }
     let name_end = captures.get(1).map_or(value.start(), |m| m.end());
     let separator = text[name_end..value.start()].trim_matches(['"', '\'', ']']);
-    if separator == "="
-        && !text[value.end()..].starts_with('(')
-        && !is_identifier_path(literal)
-    {
+    if separator == "=" && !text[value.end()..].starts_with('(') && !is_identifier_path(literal) {
         // `NAME=value` with nothing around the `=`: a dotenv-style
         // assignment wherever it appears, flagged whatever its length.
         return Some(value.range());
@@ -276,9 +274,8 @@ fn assignment_value(text: &str, captures: &regex::Captures<'_>) -> Option<Range<
                 || literal.len() >= 8)
     } else {
         let followed_by_call = text[value.end()..].starts_with('(');
-        let code_like = followed_by_call
-            || literal.starts_with(['&', '*'])
-            || is_identifier_path(literal);
+        let code_like =
+            followed_by_call || literal.starts_with(['&', '*']) || is_identifier_path(literal);
         !code_like
             && literal.len() >= 4
             && (c.digit >= 1 || symbols >= 1 || looks_generated(literal))
@@ -383,8 +380,7 @@ fn transition_ratio(s: &str) -> f64 {
 /// to random and changing class often (unlike identifiers and words).
 fn looks_generated(s: &str) -> bool {
     let c = classes(s);
-    let mixed =
-        usize::from(c.upper >= 2) + usize::from(c.lower >= 2) + usize::from(c.digit >= 2);
+    let mixed = usize::from(c.upper >= 2) + usize::from(c.lower >= 2) + usize::from(c.digit >= 2);
     s.len() >= 16 && mixed >= 2 && shannon_entropy(s) >= 3.5 && transition_ratio(s) >= 0.35
 }
 
@@ -413,10 +409,7 @@ fn pem_body_span(text: &str, candidate: Range<usize>) -> Vec<Range<usize>> {
         .split(['\n', '\r', ' ', '\t'])
         .map(|line| IDENTIFIER.replace_all(line, ""))
         .any(|line| {
-            let stripped: String = line
-                .chars()
-                .filter(|c| c.is_ascii_alphanumeric())
-                .collect();
+            let stripped: String = line.chars().filter(|c| c.is_ascii_alphanumeric()).collect();
             let c = classes(&stripped);
             stripped.len() >= 36
                 && c.upper >= 3
@@ -470,7 +463,11 @@ fn high_entropy_spans(text: &str, candidate: Range<usize>) -> Vec<Range<usize>> 
             && !token.contains('/')
             && IDENTIFIER.replace_all(token, "").len() == token.len()
             && looks_generated(token);
-        return if generated { vec![candidate] } else { Vec::new() };
+        return if generated {
+            vec![candidate]
+        } else {
+            Vec::new()
+        };
     }
     let path_like = token.contains('/')
         && !token.contains('+')
@@ -608,28 +605,28 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
             concat!(
                 r"\b(?:",
                 r"[A-Za-z0-9_~.\-]{3}[0-9]Q~[A-Za-z0-9_~.\-]{31,34}", // Azure AD client secret
-                r"|do[por]_v1_[a-f0-9]{64}",                       // DigitalOcean
-                r"|npm_[A-Za-z0-9]{36}",                           // npm
-                r"|pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_\-]{50,}",       // PyPI
-                r"|SG\.[A-Za-z0-9_\-]{22}\.[A-Za-z0-9_\-]{43}",    // SendGrid
-                r"|SK[0-9a-fA-F]{32}",                             // Twilio
-                r"|key-[0-9a-zA-Z]{32}",                           // Mailgun
-                r"|hv[sbr]\.[A-Za-z0-9_\-]{24,}",                  // HashiCorp Vault
-                r"|hf_[A-Za-z0-9]{30,}",                           // Hugging Face
-                r"|shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}",            // Shopify
+                r"|do[por]_v1_[a-f0-9]{64}",                          // DigitalOcean
+                r"|npm_[A-Za-z0-9]{36}",                              // npm
+                r"|pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_\-]{50,}",          // PyPI
+                r"|SG\.[A-Za-z0-9_\-]{22}\.[A-Za-z0-9_\-]{43}",       // SendGrid
+                r"|SK[0-9a-fA-F]{32}",                                // Twilio
+                r"|key-[0-9a-zA-Z]{32}",                              // Mailgun
+                r"|hv[sbr]\.[A-Za-z0-9_\-]{24,}",                     // HashiCorp Vault
+                r"|hf_[A-Za-z0-9]{30,}",                              // Hugging Face
+                r"|shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}",               // Shopify
                 r"|dp\.(?:st|ct|sa|scim|audit)\.[A-Za-z0-9_\-]{20,}", // Doppler
-                r"|dapi[a-f0-9]{32}",                              // Databricks
-                r"|HRKU-[A-Za-z0-9_\-]{20,}",                      // Heroku
-                r"|ATATT3[A-Za-z0-9_\-=]{50,}",                    // Atlassian
-                r"|lin_api_[A-Za-z0-9]{40}",                       // Linear
-                r"|PMAK-[a-f0-9]{24}-[a-f0-9]{34}",                // Postman
-                r"|GOCSPX-[A-Za-z0-9_\-]{28}",                     // Google OAuth client secret
-                r"|ya29\.[0-9A-Za-z_\-]{20,}",                     // Google OAuth access token
-                r"|LTAI[A-Za-z0-9]{12,20}",                        // Alibaba Cloud
-                r"|sq0(?:atp|csp)-[0-9A-Za-z_\-]{22,43}",          // Square
-                r"|glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}",           // Grafana
+                r"|dapi[a-f0-9]{32}",                                 // Databricks
+                r"|HRKU-[A-Za-z0-9_\-]{20,}",                         // Heroku
+                r"|ATATT3[A-Za-z0-9_\-=]{50,}",                       // Atlassian
+                r"|lin_api_[A-Za-z0-9]{40}",                          // Linear
+                r"|PMAK-[a-f0-9]{24}-[a-f0-9]{34}",                   // Postman
+                r"|GOCSPX-[A-Za-z0-9_\-]{28}",                        // Google OAuth client secret
+                r"|ya29\.[0-9A-Za-z_\-]{20,}",                        // Google OAuth access token
+                r"|LTAI[A-Za-z0-9]{12,20}",                           // Alibaba Cloud
+                r"|sq0(?:atp|csp)-[0-9A-Za-z_\-]{22,43}",             // Square
+                r"|glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}",              // Grafana
                 r"|[MN][A-Za-z0-9]{23,25}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,38}", // Discord
-                r"|1//0[0-9A-Za-z_\-]{30,}",                      // Google OAuth refresh token
+                r"|1//0[0-9A-Za-z_\-]{30,}",                          // Google OAuth refresh token
                 r")"
             ),
             0,
@@ -808,7 +805,12 @@ pub fn is_secret_file_name(path: &str) -> bool {
         "pem", "key", "p12", "pfx", "jks", "keystore", "ppk", "kdbx", "tfstate", "tfvars", "env",
         "age", "gpg",
     ];
-    const JSON_PREFIXES: &[&str] = &["credentials", "service-account", "service_account", "client_secret"];
+    const JSON_PREFIXES: &[&str] = &[
+        "credentials",
+        "service-account",
+        "service_account",
+        "client_secret",
+    ];
     if EXACT.contains(&name) || name.starts_with(".env.") {
         return true;
     }
@@ -1410,7 +1412,10 @@ mod tests {
                 .any(|f| f.start <= start && f.end >= start + secret.len()),
             "{secret:?} not covered in {text:?}: {findings:?}"
         );
-        assert!(!redact(text).contains(secret), "{secret:?} survived in {text:?}");
+        assert!(
+            !redact(text).contains(secret),
+            "{secret:?} survived in {text:?}"
+        );
     }
 
     fn assert_clean(text: &str) {
@@ -1421,28 +1426,58 @@ mod tests {
     fn url_credentials_in_every_form() {
         let password = fake("pw4X", "q9Lm");
         for (text, secret) in [
-            (format!("https://:{password}@git.internal/repo.git"), password.clone()),
-            (format!("//deploy:{password}@cache.internal:6379"), password.clone()),
-            (format!("redis://default:p@ss{password}@cache.internal:6379/0"), format!("p@ss{password}")),
-            (format!("mysql://root:p%40{password}%21@db/app"), format!("p%40{password}%21")),
-            (format!("url = \"amqps://guest:{password}@mq\""), password.clone()),
             (
-                format!("https://{}@o1.ingest.sentry.io/42", fake("a1b2c3d4e5f6a7b8", "c9d0e1f2a3b4c5d6")),
+                format!("https://:{password}@git.internal/repo.git"),
+                password.clone(),
+            ),
+            (
+                format!("//deploy:{password}@cache.internal:6379"),
+                password.clone(),
+            ),
+            (
+                format!("redis://default:p@ss{password}@cache.internal:6379/0"),
+                format!("p@ss{password}"),
+            ),
+            (
+                format!("mysql://root:p%40{password}%21@db/app"),
+                format!("p%40{password}%21"),
+            ),
+            (
+                format!("url = \"amqps://guest:{password}@mq\""),
+                password.clone(),
+            ),
+            (
+                format!(
+                    "https://{}@o1.ingest.sentry.io/42",
+                    fake("a1b2c3d4e5f6a7b8", "c9d0e1f2a3b4c5d6")
+                ),
                 fake("a1b2c3d4e5f6a7b8", "c9d0e1f2a3b4c5d6"),
             ),
             (
-                format!("https://{}@github.com/o/r.git", fake("x9Kq2Lm7Np4Rs8Tv", "1Wz6Yb5Hc0J")),
+                format!(
+                    "https://{}@github.com/o/r.git",
+                    fake("x9Kq2Lm7Np4Rs8Tv", "1Wz6Yb5Hc0J")
+                ),
                 fake("x9Kq2Lm7Np4Rs8Tv", "1Wz6Yb5Hc0J"),
             ),
         ] {
             assert_redacted(&text, &secret);
         }
-        assert_redacted(&format!("postgres://app:Pg7#{password}@db/app"), &format!("Pg7#{password}"));
+        assert_redacted(
+            &format!("postgres://app:Pg7#{password}@db/app"),
+            &format!("Pg7#{password}"),
+        );
         // Inside JSON text, a redaction never eats an escaping backslash.
-        let json = format!("{{\"a\": \"TOKEN={password}\\nX=1\\\"\", \"b\": \"mysql://u:{password}@db\\\"\"}}");
+        let json = format!(
+            "{{\"a\": \"TOKEN={password}\\nX=1\\\"\", \"b\": \"mysql://u:{password}@db\\\"\"}}"
+        );
         let redacted = redact(&json);
         assert!(!redacted.contains(&password), "{redacted}");
-        assert_eq!(redacted.matches('\\').count(), json.matches('\\').count(), "{redacted}");
+        assert_eq!(
+            redacted.matches('\\').count(),
+            json.matches('\\').count(),
+            "{redacted}"
+        );
         assert_clean("ssh://git@github.com/o/r.git");
         assert_clean("https://user@example.com/path");
         assert_clean("postgres://app:${DB_PASSWORD}@db/app");
@@ -1452,7 +1487,10 @@ mod tests {
     #[test]
     fn key_like_names_in_any_casing_or_separator() {
         let hex32 = fake("8f14e45fceea167a", "5a36dedd4bea2543");
-        let base64 = fake("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsu", "Fq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==");
+        let base64 = fake(
+            "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsu",
+            "Fq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==",
+        );
         for text in [
             format!("X-Api-Key: {hex32}"),
             format!("x-api-key={hex32}"),
@@ -1463,13 +1501,20 @@ mod tests {
             format!("DefaultEndpointsProtocol=https;AccountName=x;AccountKey={base64};"),
             format!("clientSecret: '{base64}'"),
         ] {
-            let secret = if text.contains(&hex32) { &hex32 } else { &base64 };
+            let secret = if text.contains(&hex32) {
+                &hex32
+            } else {
+                &base64
+            };
             assert_redacted(&text, secret);
         }
         // Short passwords with a digit or symbol, quoted literals.
         assert_redacted("password: hunter2", "hunter2");
         assert_redacted("\"db_password\": \"Tr0ub\"", "Tr0ub");
-        assert_redacted("SECRET_KEY = 'django-insecure-q1w2e3'", "django-insecure-q1w2e3");
+        assert_redacted(
+            "SECRET_KEY = 'django-insecure-q1w2e3'",
+            "django-insecure-q1w2e3",
+        );
         // Dotenv-style assignments inside a line, whatever the length.
         assert_redacted("set DB_PASS=k3y then restart", "k3y");
         assert_redacted("or SESSION_SECRET=\"q1\" in the shell", "q1");
@@ -1489,12 +1534,29 @@ mod tests {
     #[test]
     fn secret_names() {
         for name in [
-            "DB_PASSWORD", "x-api-key", "X-Api-Key", "clientSecret", "APIKey", "AccountKey",
-            "GITHUB_AUTH", "db_pass", "SENTRY_DSN", "aws_secret_access_key", "authToken",
+            "DB_PASSWORD",
+            "x-api-key",
+            "X-Api-Key",
+            "clientSecret",
+            "APIKey",
+            "AccountKey",
+            "GITHUB_AUTH",
+            "db_pass",
+            "SENTRY_DSN",
+            "aws_secret_access_key",
+            "authToken",
         ] {
             assert!(is_secret_name(name), "{name}");
         }
-        for name in ["MAX_TOKENS", "PWD", "author", "AUTH_PROVIDER", "monkey_business", "PORT", "bypass_cache"] {
+        for name in [
+            "MAX_TOKENS",
+            "PWD",
+            "author",
+            "AUTH_PROVIDER",
+            "monkey_business",
+            "PORT",
+            "bypass_cache",
+        ] {
             assert!(!is_secret_name(name), "{name}");
         }
     }
@@ -1505,10 +1567,19 @@ mod tests {
         let bearer = fake("abc123", "def456");
         for (text, secret) in [
             (format!("Authorization: Basic {basic}"), basic.to_owned()),
-            (format!("curl -H 'Authorization: Bearer {bearer}' https://api"), bearer.clone()),
+            (
+                format!("curl -H 'Authorization: Bearer {bearer}' https://api"),
+                bearer.clone(),
+            ),
             (format!("authorization={bearer}"), bearer.clone()),
-            (format!("Proxy-Authorization: token {bearer}"), bearer.clone()),
-            (format!("send it as Basic {basic} over TLS"), basic.to_owned()),
+            (
+                format!("Proxy-Authorization: token {bearer}"),
+                bearer.clone(),
+            ),
+            (
+                format!("send it as Basic {basic} over TLS"),
+                basic.to_owned(),
+            ),
             (format!("bearer {bearer}"), bearer.clone()),
         ] {
             assert_redacted(&text, &secret);
@@ -1529,9 +1600,15 @@ mod tests {
             fake("GR1348941", "Xy7Qk2Lm9Np4Rs8Tv1Wz"),
             fake("sk_test_", "4eC39HqLyjWDarjtT1zdp7dc"),
             fake("whsec_", "4eC39HqLyjWDarjtT1zdp7dc"),
-            fake("dop_v1_", "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"),
+            fake(
+                "dop_v1_",
+                "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            ),
             fake("npm_", "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"),
-            fake("SG.", "Ab3dEf6hIj9kLmN0pQrStU.Vw1xYz2AbCdEfGhIjKlMnOpQrStUvWxYz0123456789a"),
+            fake(
+                "SG.",
+                "Ab3dEf6hIj9kLmN0pQrStU.Vw1xYz2AbCdEfGhIjKlMnOpQrStUvWxYz0123456789a",
+            ),
             fake("SK", "0123456789abcdef0123456789abcdef"),
             fake("hvs.", "CAESIJk2Lm9Np4Rs8Tv1Wz6Yb5Hc0"),
             fake("hf_", "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"),
@@ -1551,12 +1628,21 @@ mod tests {
     #[test]
     fn pem_bodies_whatever_the_line_range() {
         let lines = [
-            fake("MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7", "VJTUt9Us8cKjMzEfYyjiWA4R4"),
-            fake("oQ7Zx2Lm9Np4Rs8Tv1Wz6Yb5Hc0Jd9Fe3Gh7Kl1Mn5Op9Qr3St7Uv", "1Wx5Yz9Ab3Cd7Ef1Gh5Ij9Kl"),
+            fake(
+                "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7",
+                "VJTUt9Us8cKjMzEfYyjiWA4R4",
+            ),
+            fake(
+                "oQ7Zx2Lm9Np4Rs8Tv1Wz6Yb5Hc0Jd9Fe3Gh7Kl1Mn5Op9Qr3St7Uv",
+                "1Wx5Yz9Ab3Cd7Ef1Gh5Ij9Kl",
+            ),
             "k8Yw2==".to_owned(),
         ];
         // Lines 2-4 of a key file: no BEGIN marker in the range read.
-        let text = format!("{}\n{}\n{}\n-----END PRIVATE KEY-----\n", lines[0], lines[1], lines[2]);
+        let text = format!(
+            "{}\n{}\n{}\n-----END PRIVATE KEY-----\n",
+            lines[0], lines[1], lines[2]
+        );
         for line in &lines {
             assert_redacted(&text, line);
         }
@@ -1566,7 +1652,9 @@ mod tests {
         let json = format!("\"private_key\": \"{}\\n{}\\n\"", lines[0], lines[1]);
         assert_redacted(&json, &lines[0]);
         assert_redacted(&json, &lines[1]);
-        assert_clean("integrity sha512-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU47DEQpj8HBSa+/TImW+5JC==");
+        assert_clean(
+            "integrity sha512-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU47DEQpj8HBSa+/TImW+5JC==",
+        );
         assert_clean("services/specialists/src/onboarding/manifest/builder");
     }
 
@@ -1607,20 +1695,46 @@ mod tests {
     #[test]
     fn secret_bearing_files() {
         for path in [
-            ".env", "config/.env.production", ".env.local", "deploy/prod.env", "id_rsa", "keys/server.key",
-            "certs/tls.pem", ".npmrc", ".git-credentials", "gcp/service-account-prod.json",
-            "credentials.json", "client_secret_123.apps.json", "infra/terraform.tfstate", ".aws/credentials",
-            "home/.docker/config.json", "config/master.key",
+            ".env",
+            "config/.env.production",
+            ".env.local",
+            "deploy/prod.env",
+            "id_rsa",
+            "keys/server.key",
+            "certs/tls.pem",
+            ".npmrc",
+            ".git-credentials",
+            "gcp/service-account-prod.json",
+            "credentials.json",
+            "client_secret_123.apps.json",
+            "infra/terraform.tfstate",
+            ".aws/credentials",
+            "home/.docker/config.json",
+            "config/master.key",
         ] {
             assert!(is_secret_file_name(path), "{path}");
         }
-        for path in [".env.example", "src/env.rs", "README.md", "id_rsa.pub", "keyboard.rs", "src/credentials.rs"] {
+        for path in [
+            ".env.example",
+            "src/env.rs",
+            "README.md",
+            "id_rsa.pub",
+            "keyboard.rs",
+            "src/credentials.rs",
+        ] {
             assert!(!is_secret_file_name(path), "{path}");
         }
-        let key = fake("-----BEGIN EC PRIVATE", " KEY-----\nMHcCAQEEIBk\n-----END EC PRIVATE KEY-----\n");
+        let key = fake(
+            "-----BEGIN EC PRIVATE",
+            " KEY-----\nMHcCAQEEIBk\n-----END EC PRIVATE KEY-----\n",
+        );
         assert!(is_secret_file_content(&key));
-        assert!(is_secret_file_content("{\"type\": \"service_account\", \"project_id\": \"p\"}"));
-        assert!(!is_secret_file_content("fn main() {\n    println!(\"hi\");\n}\n"));
+        assert!(is_secret_file_content(
+            "{\"type\": \"service_account\", \"project_id\": \"p\"}"
+        ));
+        assert!(!is_secret_file_content(
+            "fn main() {\n    println!(\"hi\");\n}\n"
+        ));
         assert!(!is_secret_file_content("let token = read_token();"));
     }
 
@@ -1647,29 +1761,42 @@ mod tests {
             "[A-Za-z0-9]{33}".prop_map(|b| same(fake("ghp_", &format!("{b}Q7z")))),
             "[A-Za-z0-9_]{30}".prop_map(|b| same(fake("github_pat_", &format!("{b}Q7z")))),
             "[A-Za-z0-9_-]{20,30}".prop_map(|b| same(fake("glpat-", &b))),
-            ("[0-9]{10}", "[A-Za-z0-9]{12,24}").prop_map(|(a, b)| same(fake("xoxb-", &format!("{a}-{b}")))),
+            ("[0-9]{10}", "[A-Za-z0-9]{12,24}")
+                .prop_map(|(a, b)| same(fake("xoxb-", &format!("{a}-{b}")))),
             "[A-Za-z0-9]{24}".prop_map(|b| same(fake("sk_live_", &b))),
             "[A-Z0-9]{16}".prop_map(|b| same(fake("AKIA", &b))),
             "[0-9A-Za-z_-]{35}".prop_map(|b| same(fake("AIza", &b))),
             "[A-Za-z0-9]{33}".prop_map(|b| same(fake("npm_", &format!("{b}Q7z")))),
             "[0-9a-f]{64}".prop_map(|b| same(fake("dop_v1_", &b))),
-            ("[A-Za-z0-9_-]{10,30}", "[A-Za-z0-9_-]{10,30}", "[A-Za-z0-9_-]{0,40}")
+            (
+                "[A-Za-z0-9_-]{10,30}",
+                "[A-Za-z0-9_-]{10,30}",
+                "[A-Za-z0-9_-]{0,40}"
+            )
                 .prop_map(|(h, p, s)| same(fake("eyJ", &format!("{h}.eyJ{p}.{s}")))),
-            ("[a-z+]{2,10}", "[A-Za-z0-9_.-]{0,12}", "[A-Za-z0-9!^*~_.-]{7,24}", "[a-z0-9.-]{1,20}")
+            (
+                "[a-z+]{2,10}",
+                "[A-Za-z0-9_.-]{0,12}",
+                "[A-Za-z0-9!^*~_.-]{7,24}",
+                "[a-z0-9.-]{1,20}"
+            )
                 .prop_map(|(scheme, user, password, host)| {
                     (format!("{scheme}://{user}:{password}@{host}/db"), password)
                 }),
-            (names.clone(), separators, "[A-Za-z0-9+/]{10,40}")
-                .prop_map(|(name, separator, body)| {
+            (names.clone(), separators, "[A-Za-z0-9+/]{10,40}").prop_map(
+                |(name, separator, body)| {
                     let value = format!("{body}9x");
                     (format!("{name}{separator}{value}"), value)
-                }),
-            (names.clone(), "[0-9a-f]{32,64}").prop_map(|(name, hex)| {
-                (format!("\"{name}\": \"{hex}\""), hex)
-            }),
+                }
+            ),
+            (names.clone(), "[0-9a-f]{32,64}")
+                .prop_map(|(name, hex)| { (format!("\"{name}\": \"{hex}\""), hex) }),
             (names, "[A-Za-z0-9]{6,12}").prop_map(|(name, body)| {
                 let value = format!("{body}1");
-                (format!("\nexport {}={value}\n", name.replace('-', "_")), value)
+                (
+                    format!("\nexport {}={value}\n", name.replace('-', "_")),
+                    value,
+                )
             }),
             "[A-Za-z0-9._~-]{12,40}".prop_map(|token| {
                 let value = format!("{token}7");

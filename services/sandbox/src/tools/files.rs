@@ -499,7 +499,9 @@ pub(crate) fn is_secret_content(file: &File, max_bytes: u64) -> Result<bool, Err
     let mut buf = vec![0u8; CHUNK];
     let mut offset = 0u64;
     while offset < max_bytes {
-        let want = usize::try_from(max_bytes - offset).unwrap_or(CHUNK).min(CHUNK);
+        let want = usize::try_from(max_bytes - offset)
+            .unwrap_or(CHUNK)
+            .min(CHUNK);
         let n = file.read_at(&mut buf[..want], offset)?;
         if n == 0 {
             break;
@@ -507,5 +509,7 @@ pub(crate) fn is_secret_content(file: &File, max_bytes: u64) -> Result<bool, Err
         text.extend_from_slice(&buf[..n]);
         offset += n as u64;
     }
-    Ok(zopu_secrets::is_secret_file_content(&String::from_utf8_lossy(&text)))
+    Ok(zopu_secrets::is_secret_file_content(
+        &String::from_utf8_lossy(&text),
+    ))
 }
