@@ -403,7 +403,7 @@ async fn artifact_texts(bus: &Bus) -> Result<Vec<(String, String)>> {
     Ok(texts)
 }
 
-fn survivors<'a>(corpus: &'a [Shape], place: &str, text: &str) -> Vec<String> {
+fn survivors(corpus: &[Shape], place: &str, text: &str) -> Vec<String> {
     corpus
         .iter()
         .filter(|shape| text.contains(&shape.secret))

@@ -424,7 +424,8 @@ fn pem_body_span(text: &str, candidate: Range<usize>) -> Vec<Range<usize>> {
     let body = &text[candidate.clone()];
     let lead = body.len() - body.trim_start().len();
     let trail = body.len() - body.trim_end().len();
-    vec![candidate.start + lead..candidate.end - trail]
+    let span = candidate.start + lead..candidate.end - trail;
+    Vec::from([span])
 }
 
 /// Vendor tokens with a fixed prefix that still need to look random.
