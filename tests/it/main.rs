@@ -12,5 +12,6 @@ mod foundation;
 mod gateway;
 mod permissions;
 mod scale;
+mod secrets;
 mod setup;
 mod specialists;

@@ -23,9 +23,13 @@ fn secrets() -> Vec<(&'static str, String)> {
         ("anthropic_key", "sk-ant-api03-Zq8Xv2Lk9Mn4Bp7Rt1Yw6Hc3".into()),
         ("openai_key", "sk-proj-Q7mZ2xK9vL4nB8pR1tY6wH3cJ5dF0gA".into()),
         ("google_api_key", format!("AIza{}", "SyD4k9Xq2Lm7Np1Rs8Tv3Wz6Yb5Hc0Jd9Fe")),
+        ("cloud_token", format!("npm_{}", "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8")),
         ("jwt", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U".into()),
+        ("authorization", "Authorization: Basic c3ZjLWJpbGxpbmc6aHVudGVyMg==".into()),
         ("url_credentials", "postgres://admin:S3cr3tP4ssw0rd@db.internal:5432/app".into()),
         ("secret_assignment", "DB_PASSWORD=Xk9mP2vL7qR4".into()),
+        ("dotenv_secret", "\nSESSION_SECRET='Qz7 wX'\n".into()),
+        ("pem_body", "q8Xv2Lk9Mn4Bp7Rt1Yw6Hc3Jd5Fg0As2Qe7Ui4OpZx1Cv5Bn8Mk3Lj6Hg9Fd2Sa".into()),
         ("high_entropy", "Zq8Xv2Lk9Mn4Bp7Rt1Yw6Hc3Jd5Fg0As2Qe".into()),
     ]
 }
@@ -36,6 +40,8 @@ fn secret_value(rule: &str, sample: &str) -> String {
         "aws_secret_access_key" => "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzq8Rk3Tz9A".into(),
         "url_credentials" => "S3cr3tP4ssw0rd".into(),
         "secret_assignment" => "Xk9mP2vL7qR4".into(),
+        "authorization" => "c3ZjLWJpbGxpbmc6aHVudGVyMg==".into(),
+        "dotenv_secret" => "Qz7 wX".into(),
         "private_key" => "MIIEowIBAAKCAQEA7Qx9z2Lk9Mn4Bp7Rt1Yw6Hc3".into(),
         _ => sample.into(),
     }

@@ -212,7 +212,7 @@ fn llm_failure(error: &zopu_llm::Error) -> pb::FailureReason {
     };
     failure(
         code,
-        &clip_chars(&error.to_string(), 400),
+        &clip_chars(&zopu_secrets::redact(&error.to_string()), 400),
         error.is_retryable(),
     )
 }
@@ -548,6 +548,13 @@ impl Turn<'_> {
                 }
             };
             let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            // Everything the model said is redacted before it is stored or
+            // acted on: the recorded reply, the posts and the flow request
+            // built from it.
+            let outcome = outcome.map(|mut reply| {
+                reply.redact_secrets();
+                reply
+            });
             match outcome {
                 Ok(reply) => match decide::turn_from_reply(&reply, text, settings.max_tool_calls) {
                     Ok(plan) => {

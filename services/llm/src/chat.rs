@@ -230,6 +230,66 @@ pub struct ChatReply {
     pub provider_label: String,
 }
 
+impl ChatReply {
+    /// Replaces every secret in the text the model returned (its content and
+    /// every string inside its tool calls' arguments) with a
+    /// `[redacted:<rule>]` marker, before the reply is stored or acted on.
+    pub fn redact_secrets(&mut self) {
+        if let Some(content) = self.content.as_mut() {
+            let redacted = redact_text_or_json(content);
+            if redacted != *content {
+                *content = redacted;
+            }
+        }
+        for call in &mut self.tool_calls {
+            redact_value(&mut call.arguments);
+        }
+        redact_in_place(&mut self.model);
+    }
+}
+
+/// A reply that carries a JSON object (possibly inside a code fence) keeps
+/// it well-formed: its strings are redacted one by one, the text around it
+/// as text.
+fn redact_text_or_json(text: &str) -> String {
+    if let (Some(start), Some(end)) = (text.find('{'), text.rfind('}'))
+        && start < end
+        && let Ok(mut value) = serde_json::from_str::<serde_json::Value>(&text[start..=end])
+    {
+        redact_value(&mut value);
+        return format!(
+            "{}{value}{}",
+            zopu_secrets::redact(&text[..start]),
+            zopu_secrets::redact(&text[end + 1..])
+        );
+    }
+    zopu_secrets::redact(text)
+}
+
+fn redact_in_place(text: &mut String) {
+    let redacted = zopu_secrets::redact(text);
+    if redacted != *text {
+        *text = redacted;
+    }
+}
+
+/// Redacts secrets in every string (keys included) of a JSON value, so the
+/// value stays well-formed JSON.
+pub fn redact_value(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::String(text) => redact_in_place(text),
+        serde_json::Value::Array(items) => items.iter_mut().for_each(redact_value),
+        serde_json::Value::Object(map) => {
+            let entries = std::mem::take(map);
+            for (key, mut item) in entries {
+                redact_value(&mut item);
+                map.insert(zopu_secrets::redact(&key), item);
+            }
+        }
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,6 +300,45 @@ mod tests {
             description: String::new(),
             parameters: serde_json::json!({"type": "object"}),
         }
+    }
+
+    #[test]
+    fn replies_are_redacted_in_content_and_tool_arguments() {
+        let password = format!("{}{}", "hK9#", "mZ2qLw8xV");
+        let token = format!("{}{}", "ghp_", "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI3kM5");
+        let mut reply = ChatReply {
+            content: Some(format!("Set DB_PASSWORD={password} and use {token}.")),
+            tool_calls: vec![ToolCall {
+                id: "c1".into(),
+                name: "search".into(),
+                arguments: serde_json::json!({"pattern": token, "nested": [{"v": format!("password: {password}")}]}),
+            }],
+            finish_reason: FinishReason::Stop,
+            usage: Usage::default(),
+            attempts: 1,
+            model: "m".into(),
+            provider_label: "openai".into(),
+        };
+        reply.redact_secrets();
+        let json = serde_json::to_string(&reply).expect("serializes");
+        let mut answer = reply.clone();
+        answer.content = Some(format!(
+            "```json\n{}\n```",
+            serde_json::json!({"summary": format!("VAULT_TOKEN={password}\nB=1"), "risks": [format!("\"{token}\"")]})
+        ));
+        answer.redact_secrets();
+        let content = answer.content.unwrap_or_default();
+        let inner = content
+            .trim_start_matches("```json\n")
+            .trim_end_matches("\n```");
+        let parsed: serde_json::Value = serde_json::from_str(inner).expect("still JSON");
+        assert!(!parsed.to_string().contains(&password) && !parsed.to_string().contains(&token));
+        assert!(
+            !json.contains(&password) && !json.contains(&token),
+            "{json}"
+        );
+        assert!(json.contains("[redacted:"));
+        assert_eq!(reply.tool_calls[0].name, "search");
     }
 
     #[test]

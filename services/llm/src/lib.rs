@@ -27,7 +27,7 @@ use std::pin::Pin;
 
 pub use chat::{
     ChatMessage, ChatReply, ChatRequest, DEFAULT_MAX_TOKENS, FinishReason, Role, ToolCall,
-    ToolSpec, Usage,
+    ToolSpec, Usage, redact_value,
 };
 pub use error::Error;
 pub use offline::OfflineProvider;

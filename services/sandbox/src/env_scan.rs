@@ -19,7 +19,7 @@ use std::io::Read;
 use std::path::Path;
 
 /// The only file inspected, relative to the repository root.
-pub const ENV_EXAMPLE_FILE: &str = ".env.example";
+pub const ENV_EXAMPLE_FILE: &str = zopu_secrets::ENV_EXAMPLE_FILE;
 /// Largest `.env.example` read, in bytes.
 pub const ENV_EXAMPLE_BYTES_MAX: u64 = 256 * 1024;
 /// Most variables kept from one file.

@@ -59,6 +59,8 @@ pub enum PolicyError {
     ForbiddenCharacter(u32),
     #[error("the .git directory is not exposed by this tool: {0:?}")]
     GitDirectory(String),
+    #[error("secret-bearing file (credentials, keys or .env values) is not exposed: {0:?}")]
+    SecretFile(String),
     #[error("path traverses or names a symlink: {0:?}")]
     Symlink(String),
     #[error("not a regular file: {0:?}")]
@@ -105,6 +107,7 @@ impl PolicyError {
             Self::ComponentTooLong { .. } => "component_too_long",
             Self::ForbiddenCharacter(_) => "forbidden_character",
             Self::GitDirectory(_) => "git_directory",
+            Self::SecretFile(_) => "secret_file",
             Self::Symlink(_) => "symlink",
             Self::NotRegularFile(_) => "not_regular_file",
             Self::NotDirectory(_) => "not_directory",

@@ -55,6 +55,9 @@ enum Check {
     /// Sees the candidate in its surrounding text and returns the byte
     /// ranges (inside the candidate) to flag, possibly none.
     Spans(fn(&str, Range<usize>) -> Vec<Range<usize>>),
+    /// Sees every capture group of the match (and the whole text) and
+    /// returns the byte range to flag, if any.
+    Captures(fn(&str, &regex::Captures<'_>) -> Option<Range<usize>>),
 }
 
 /// Names of all rules, in priority order (earlier wins on ties).
@@ -69,9 +72,13 @@ pub const RULE_NAMES: &[&str] = &[
     "anthropic_key",
     "openai_key",
     "google_api_key",
+    "cloud_token",
     "jwt",
+    "authorization",
     "url_credentials",
     "secret_assignment",
+    "dotenv_secret",
+    "pem_body",
     "high_entropy",
 ];
 
@@ -107,19 +114,324 @@ fn looks_random(s: &str) -> bool {
     c.digit >= 1 && (c.upper >= 1 || c.lower >= 1) && shannon_entropy(s) >= 3.0
 }
 
-/// Passwords inside URLs: anything but an obvious template or a redaction.
-fn url_password(s: &str) -> bool {
-    !(s.starts_with('$') || s.starts_with('<') || s.starts_with('{') || s.starts_with('%'))
+/// The userinfo of a URL (`scheme://userinfo@host`, also protocol-relative
+/// `//userinfo@host`): a password in any form (an empty user name, a
+/// percent-encoded or `@`-holding password), or a lone user name that is a
+/// token (`https://<token>@github.com`, a Sentry DSN key). A templated or
+/// already redacted password is left alone.
+fn url_userinfo(_text: &str, captures: &regex::Captures<'_>) -> Option<Range<usize>> {
+    let userinfo = captures.get(1)?;
+    let info = userinfo.as_str();
+    match info.find(':') {
+        Some(colon) => {
+            let password = &info[colon + 1..];
+            if password.is_empty() || is_templated(password) || password.starts_with("[redacted:") {
+                return None;
+            }
+            Some(userinfo.start() + colon + 1..userinfo.end())
+        }
+        None => {
+            let c = classes(info);
+            let token_like = info.len() >= 16
+                && c.digit >= 2
+                && (c.upper + c.lower) >= 2
+                && !is_templated(info)
+                && !info.starts_with("[redacted:");
+            token_like.then(|| userinfo.range())
+        }
+    }
 }
 
-/// `password=` style assignments: a value that looks generated, not code.
-fn assigned_secret(s: &str) -> bool {
+/// Splits a key name into lowercase words at separators and camelCase
+/// boundaries: `X-Api-Key` → `x api key`, `clientSecret` → `client secret`,
+/// `APIKey` → `api key`.
+fn name_words(name: &str) -> Vec<String> {
+    let chars: Vec<char> = name.chars().collect();
+    let mut words = Vec::new();
+    let mut current = String::new();
+    for (index, &ch) in chars.iter().enumerate() {
+        if !ch.is_ascii_alphanumeric() {
+            if !current.is_empty() {
+                words.push(std::mem::take(&mut current));
+            }
+            continue;
+        }
+        let previous = index.checked_sub(1).map(|i| chars[i]);
+        let next = chars.get(index + 1).copied();
+        let boundary = ch.is_ascii_uppercase()
+            && previous.is_some_and(|p| {
+                p.is_ascii_lowercase()
+                    || p.is_ascii_digit()
+                    || (p.is_ascii_uppercase() && next.is_some_and(|n| n.is_ascii_lowercase()))
+            });
+        if boundary && !current.is_empty() {
+            words.push(std::mem::take(&mut current));
+        }
+        current.push(ch.to_ascii_lowercase());
+    }
+    if !current.is_empty() {
+        words.push(current);
+    }
+    words
+}
+
+/// Whether a key name suggests a secret, in any casing or separator style
+/// (`DB_PASSWORD`, `x-api-key`, `clientSecret`, `AccountKey`, `GITHUB_AUTH`).
+pub fn is_secret_name(name: &str) -> bool {
+    let words = name_words(name);
+    let Some(last) = words.last() else {
+        return false;
+    };
+    if words.len() == 1 && (last == "pwd" || last == "oldpwd") {
+        // The shell's working directory, not a password.
+        return false;
+    }
+    const ANYWHERE: &[&str] = &[
+        "password",
+        "passwd",
+        "passphrase",
+        "pwd",
+        "secret",
+        "secrets",
+        "token",
+        "apikey",
+        "credential",
+        "credentials",
+        "privatekey",
+        "accesskey",
+        "secretkey",
+    ];
+    const LAST: &[&str] = &["key", "pass", "pw", "auth", "authorization", "dsn"];
+    let pairs = words
+        .windows(2)
+        .map(|pair| format!("{}{}", pair[0], pair[1]));
+    words.iter().any(|w| ANYWHERE.contains(&w.as_str()))
+        || pairs.into_iter().any(|p| ANYWHERE.contains(&p.as_str()))
+        || LAST.contains(&last.as_str())
+}
+
+/// A dotted identifier path (`self.api_key`, `os.environ`): code, not a value.
+fn is_identifier_path(value: &str) -> bool {
+    value.contains('.')
+        && value.split('.').all(|part| {
+            part.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+}
+
+/// A value that is obviously not a secret: empty, a template, a redaction,
+/// a known placeholder word, a small number or a boolean.
+fn is_benign_value(value: &str) -> bool {
+    value.is_empty()
+        || is_templated(value)
+        || value.starts_with("[redacted:")
+        || is_known_placeholder(value)
+        || is_small_number(value)
+}
+
+/// `name = value`, `name: value`, `"name": "value"`, `Name := value` with a
+/// secret-suggesting name: hex and base64 keys of any casing, short
+/// passwords with a digit or a symbol, quoted literals. Code on the right of
+/// the `=` (a call, a field access, a type) is left alone.
+fn assignment_value(text: &str, captures: &regex::Captures<'_>) -> Option<Range<usize>> {
+    let name = captures.get(1)?.as_str();
+    if !is_secret_name(name) {
+        return None;
+    }
+    let (value, quoted) = match (captures.get(2), captures.get(3), captures.get(4)) {
+        (Some(v), _, _) | (_, Some(v), _) => (v, true),
+        (_, _, Some(v)) => (v, false),
+        _ => return None,
+    };
+    let literal = value.as_str();
+    // URLs are judged by `url_credentials`; prose is not a credential.
+    if is_benign_value(literal)
+        || literal.contains("://")
+        || literal.contains(' ')
+        || text[value.start()..].starts_with("${")
+    {
+        return None;
+    }
+    let name_end = captures.get(1).map_or(value.start(), |m| m.end());
+    let separator = text[name_end..value.start()].trim_matches(['"', '\'', ']']);
+    if separator == "=" && !text[value.end()..].starts_with('(') && !is_identifier_path(literal) {
+        // `NAME=value` with nothing around the `=`: a dotenv-style
+        // assignment wherever it appears, flagged whatever its length.
+        return Some(value.range());
+    }
+    let c = classes(literal);
+    let symbols = literal
+        .chars()
+        .filter(|ch| !ch.is_ascii_alphanumeric() && !"-_.".contains(*ch))
+        .count();
+    let flagged = if quoted {
+        literal.len() >= 4
+            && (c.digit >= 1
+                || symbols >= 1
+                || (c.upper >= 1 && c.lower >= 1)
+                || literal.len() >= 8)
+    } else {
+        let followed_by_call = text[value.end()..].starts_with('(');
+        let code_like =
+            followed_by_call || literal.starts_with(['&', '*']) || is_identifier_path(literal);
+        !code_like
+            && literal.len() >= 4
+            && (c.digit >= 1 || symbols >= 1 || looks_generated(literal))
+    };
+    flagged.then(|| value.range())
+}
+
+/// Dotenv lines (`NAME=value`, `export NAME="value"`) whose name suggests a
+/// secret: the value is flagged whatever its length, unless it is empty, a
+/// template, a placeholder word, a small number or a boolean.
+fn dotenv_value(_text: &str, captures: &regex::Captures<'_>) -> Option<Range<usize>> {
+    let name = captures.get(1)?.as_str();
+    if !is_secret_name(name) {
+        return None;
+    }
+    let value = captures
+        .get(2)
+        .or_else(|| captures.get(3))
+        .or_else(|| captures.get(4))?;
+    let raw = value.as_str();
+    // Unquoted code (`token=get()`, `key=self.key`) is not a dotenv value.
+    if captures.get(4).is_some() && (raw.contains(['(', '[', '{', ';']) || is_identifier_path(raw))
+    {
+        return None;
+    }
+    (!is_benign_value(raw)).then(|| value.range())
+}
+
+/// `Authorization:` header values and `Bearer`/`Basic` credentials anywhere:
+/// a bearer value counts when it has a digit or token punctuation; a basic
+/// value when it decodes to `user:password`.
+fn authorization_value(_text: &str, captures: &regex::Captures<'_>) -> Option<Range<usize>> {
+    if let Some(header) = captures.get(1) {
+        let value = header.as_str();
+        let scheme_only = ["bearer", "basic", "token", "digest", "negotiate"]
+            .iter()
+            .any(|scheme| value.eq_ignore_ascii_case(scheme));
+        return (!scheme_only && !is_benign_value(value)).then(|| header.range());
+    }
+    let scheme = captures.get(2)?.as_str().to_ascii_lowercase();
+    let value = captures.get(3)?;
+    let token = value.as_str();
+    if is_benign_value(token) {
+        return None;
+    }
+    let c = classes(token);
+    let flagged = if scheme == "basic" {
+        base64_decode(token).is_some_and(|bytes| bytes.contains(&b':')) || c.digit >= 1
+    } else {
+        c.digit >= 1 || token.contains(['.', '+', '/', '=', '~']) || looks_generated(token)
+    };
+    flagged.then(|| value.range())
+}
+
+/// Standard or URL-safe base64, padding optional; `None` when malformed.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let mut bits = 0u32;
+    let mut count = 0u32;
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    for byte in text.trim_end_matches('=').bytes() {
+        let value = match byte {
+            b'A'..=b'Z' => byte - b'A',
+            b'a'..=b'z' => byte - b'a' + 26,
+            b'0'..=b'9' => byte - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        };
+        bits = ((bits << 6) | u32::from(value)) & 0xFFFF;
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            out.push(((bits >> count) & 0xFF) as u8);
+        }
+    }
+    Some(out)
+}
+
+/// Class changes (upper/lower/digit/other) per character pair: identifiers
+/// and words change class rarely, generated strings often.
+fn transition_ratio(s: &str) -> f64 {
+    fn class(c: char) -> u8 {
+        if c.is_ascii_uppercase() {
+            0
+        } else if c.is_ascii_lowercase() {
+            1
+        } else if c.is_ascii_digit() {
+            2
+        } else {
+            3
+        }
+    }
+    let chars: Vec<u8> = s.chars().map(class).collect();
+    if chars.len() < 2 {
+        return 0.0;
+    }
+    let changes = chars.windows(2).filter(|w| w[0] != w[1]).count();
+    changes as f64 / (chars.len() - 1) as f64
+}
+
+/// A generated-looking value of 16 or more characters: mixed classes, close
+/// to random and changing class often (unlike identifiers and words).
+fn looks_generated(s: &str) -> bool {
     let c = classes(s);
-    s.len() >= 8
-        && c.digit >= 1
-        && (c.upper + c.lower) >= 1
-        && shannon_entropy(s) >= 3.0
-        && !is_known_placeholder(s)
+    let mixed = usize::from(c.upper >= 2) + usize::from(c.lower >= 2) + usize::from(c.digit >= 2);
+    s.len() >= 16 && mixed >= 2 && shannon_entropy(s) >= 3.5 && transition_ratio(s) >= 0.35
+}
+
+/// PEM bodies read without their armour (a line range of a key file): a run
+/// of base64 lines with one of 40 or more characters that looks random. A
+/// run of identifiers (commit ids, digests) or a path is not flagged, and a
+/// subresource-integrity digest (`sha512-...`) is public.
+fn pem_body_span(text: &str, candidate: Range<usize>) -> Vec<Range<usize>> {
+    let before = &text[..candidate.start];
+    if ["sha1-", "sha256-", "sha384-", "sha512-"]
+        .iter()
+        .any(|p| before.ends_with(p))
+    {
+        return Vec::new();
+    }
+    let run = text[candidate.clone()].trim();
+    let path_like = !run.contains(['\n', '+'])
+        && run.split('/').any(|component| {
+            component.len() >= 3 && component.chars().all(|c| c.is_ascii_lowercase())
+        });
+    if path_like {
+        // A path or URL path: `high_entropy` judges its components.
+        return Vec::new();
+    }
+    let random_line = text[candidate.clone()]
+        .split(['\n', '\r', ' ', '\t'])
+        .map(|line| IDENTIFIER.replace_all(line, ""))
+        .any(|line| {
+            let stripped: String = line.chars().filter(|c| c.is_ascii_alphanumeric()).collect();
+            let c = classes(&stripped);
+            stripped.len() >= 36
+                && c.upper >= 3
+                && c.lower >= 3
+                && c.digit >= 2
+                && shannon_entropy(&stripped) >= 4.2
+                && transition_ratio(&stripped) >= 0.3
+        });
+    if !random_line {
+        return Vec::new();
+    }
+    let body = &text[candidate.clone()];
+    let lead = body.len() - body.trim_start().len();
+    let trail = body.len() - body.trim_end().len();
+    let span = candidate.start + lead..candidate.end - trail;
+    Vec::from([span])
+}
+
+/// Vendor tokens with a fixed prefix that still need to look random.
+fn cloud_token(s: &str) -> bool {
+    let c = classes(s);
+    c.digit >= 1 && (c.upper + c.lower) >= 4
 }
 
 /// Free-standing tokens: long, mixed-class and close to random.
@@ -145,6 +457,19 @@ fn high_entropy_token(s: &str) -> bool {
 /// path) is still flagged.
 fn high_entropy_spans(text: &str, candidate: Range<usize>) -> Vec<Range<usize>> {
     let token = &text[candidate.clone()];
+    if token.len() < HIGH_ENTROPY_LENGTH_MIN {
+        // Shorter values count only where they are assigned, and only when
+        // they look generated (a value under a name with no secret word).
+        let generated = is_value_position(&text[..candidate.start])
+            && !token.contains('/')
+            && IDENTIFIER.replace_all(token, "").len() == token.len()
+            && looks_generated(token);
+        return if generated {
+            vec![candidate]
+        } else {
+            Vec::new()
+        };
+    }
     let path_like = token.contains('/')
         && !token.contains('+')
         && !token.ends_with('=')
@@ -246,20 +571,25 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
         ),
         rule(
             "github_token",
-            r"\b(?:(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b",
+            r"\b(?:(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,255}|github_pat_[A-Za-z0-9_]{22,255})\b",
             0,
             always,
         ),
-        rule("gitlab_token", r"\bglpat-[A-Za-z0-9_\-]{20,}", 0, always),
+        rule(
+            "gitlab_token",
+            r"\b(?:gl(?:pat|dt|rt|ptt|ft|imt|oas|soat|cbt|ffct|agent|wt)-[A-Za-z0-9_\-]{20,}|GR1348941[A-Za-z0-9_\-]{20,})",
+            0,
+            always,
+        ),
         rule(
             "slack_token",
-            r"\bxox[baprs]-[A-Za-z0-9\-]{10,}|\bhooks\.slack\.com/services/[A-Za-z0-9]+/[A-Za-z0-9]+/[A-Za-z0-9]{16,}",
+            r"\b(?:xox[abposrce]-[A-Za-z0-9\-]{10,}|xoxe\.xox[bp]-[A-Za-z0-9\-]{10,}|xapp-[0-9]-[A-Za-z0-9\-]{10,})|\bhooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9]+/[A-Za-z0-9]+/[A-Za-z0-9]{16,}",
             0,
             always,
         ),
         rule(
             "stripe_key",
-            r"\b(?:sk|rk)_live_[A-Za-z0-9]{16,}",
+            r"\b(?:(?:sk|rk)_(?:live|test)|whsec)_[A-Za-z0-9]{16,}",
             0,
             always,
         ),
@@ -272,26 +602,76 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
         ),
         rule("google_api_key", r"\bAIza[0-9A-Za-z_\-]{35}", 0, always),
         rule(
+            "cloud_token",
+            concat!(
+                r"\b(?:",
+                r"[A-Za-z0-9_~.\-]{3}[0-9]Q~[A-Za-z0-9_~.\-]{31,34}", // Azure AD client secret
+                r"|do[por]_v1_[a-f0-9]{64}",                          // DigitalOcean
+                r"|npm_[A-Za-z0-9]{36}",                              // npm
+                r"|pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_\-]{50,}",          // PyPI
+                r"|SG\.[A-Za-z0-9_\-]{22}\.[A-Za-z0-9_\-]{43}",       // SendGrid
+                r"|SK[0-9a-fA-F]{32}",                                // Twilio
+                r"|key-[0-9a-zA-Z]{32}",                              // Mailgun
+                r"|hv[sbr]\.[A-Za-z0-9_\-]{24,}",                     // HashiCorp Vault
+                r"|hf_[A-Za-z0-9]{30,}",                              // Hugging Face
+                r"|shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}",               // Shopify
+                r"|dp\.(?:st|ct|sa|scim|audit)\.[A-Za-z0-9_\-]{20,}", // Doppler
+                r"|dapi[a-f0-9]{32}",                                 // Databricks
+                r"|HRKU-[A-Za-z0-9_\-]{20,}",                         // Heroku
+                r"|ATATT3[A-Za-z0-9_\-=]{50,}",                       // Atlassian
+                r"|lin_api_[A-Za-z0-9]{40}",                          // Linear
+                r"|PMAK-[a-f0-9]{24}-[a-f0-9]{34}",                   // Postman
+                r"|GOCSPX-[A-Za-z0-9_\-]{28}",                        // Google OAuth client secret
+                r"|ya29\.[0-9A-Za-z_\-]{20,}",                        // Google OAuth access token
+                r"|LTAI[A-Za-z0-9]{12,20}",                           // Alibaba Cloud
+                r"|sq0(?:atp|csp)-[0-9A-Za-z_\-]{22,43}",             // Square
+                r"|glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}",              // Grafana
+                r"|[MN][A-Za-z0-9]{23,25}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,38}", // Discord
+                r"|1//0[0-9A-Za-z_\-]{30,}",                          // Google OAuth refresh token
+                r")"
+            ),
+            0,
+            cloud_token,
+        ),
+        rule(
             "jwt",
-            r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
+            r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*",
             0,
             always,
         ),
-        rule(
-            "url_credentials",
-            r#"\b[A-Za-z][A-Za-z0-9+.\-]{1,30}://[^\s:/@'"<>\[\]]+:([^\s/@'"<>\[\]]+)@[^\s/'"<>]+"#,
-            1,
-            url_password,
+        rule_with(
+            "authorization",
+            r#"(?i)\b(?:proxy-)?authorization["']?[ \t]*[:=][ \t]*["']?(?:(?:bearer|basic|token|digest|apikey|api-key|sso-key)[ \t]+)?([A-Za-z0-9._~+/\-]{6,}=*)|\b(bearer|basic)[ \t]+([A-Za-z0-9._~+/\-]{8,}=*)"#,
+            0,
+            Check::Captures(authorization_value),
         ),
-        rule(
+        rule_with(
+            "url_credentials",
+            r#"(?:\b[A-Za-z][A-Za-z0-9+.\-]{1,30}:)?//([^\s/?'"<>\[\]\\]*)@[^\s/?#'"<>@\[\]\\]"#,
+            0,
+            Check::Captures(url_userinfo),
+        ),
+        rule_with(
             "secret_assignment",
-            r#"(?i)[A-Za-z0-9_.\-]*(?:password|passwd|pwd|secret|token|api_?key|apikey|access_?key|private_?key|auth_?key|credentials?)[A-Za-z0-9_.\-]*["']?\s*(?::=|=|:)\s*["']?([A-Za-z0-9_\-+/=.~!@#$%^&*]{8,})"#,
-            1,
-            assigned_secret,
+            r#"(?i)([A-Za-z0-9_.\-]*(?:pass|pwd|pw|secret|token|key|auth|credential|dsn)[A-Za-z0-9_.\-]*)["']?\]?[ \t]*(?::=|=>|=|:)[ \t]*(?:"([^"\r\n]*)"|'([^'\r\n]*)'|([^\s"'`,;<>(){}\[\]\\]+))"#,
+            0,
+            Check::Captures(assignment_value),
+        ),
+        rule_with(
+            "dotenv_secret",
+            r#"(?m)^[ \t]*(?:export[ \t]+)?([A-Za-z_][A-Za-z0-9_.\-]*)=(?:"([^"\r\n]*)"|'([^'\r\n]*)'|([^\s#'"\\]+))"#,
+            0,
+            Check::Captures(dotenv_value),
+        ),
+        rule_with(
+            "pem_body",
+            r"(?m)(?:^[ \t]*[A-Za-z0-9+/]{4,}={0,2}[ \t]*\r?\n)*[ \t]*[A-Za-z0-9+/]{40,}={0,2}(?:[ \t]*\r?\n[ \t]*[A-Za-z0-9+/]{4,}={0,2}[ \t]*$)*",
+            0,
+            Check::Spans(pem_body_span),
         ),
         rule_with(
             "high_entropy",
-            r"[A-Za-z0-9+/_\-]{32,}={0,2}",
+            r"[A-Za-z0-9+/_\-]{16,}={0,2}",
             0,
             Check::Spans(high_entropy_spans),
         ),
@@ -322,6 +702,13 @@ pub fn scan(text: &str) -> Vec<Finding> {
                         if span.start < span.end {
                             candidates.push((span.start, index, span.end));
                         }
+                    }
+                }
+                Check::Captures(pick) => {
+                    if let Some(span) = pick(text, &captures)
+                        && span.start < span.end
+                    {
+                        candidates.push((span.start, index, span.end));
                     }
                 }
             }
@@ -374,6 +761,94 @@ fn redact_once(text: &str, findings: &[Finding]) -> String {
     }
     out.push_str(&text[cursor..]);
     out
+}
+
+/// The one `.env` file that is read: example values, judged one by one by
+/// [`is_placeholder`] (setup's scan applies the same exception).
+pub const ENV_EXAMPLE_FILE: &str = ".env.example";
+
+/// Whether a repository file is secret-bearing by its path: dotenv files
+/// (except [`ENV_EXAMPLE_FILE`]), private keys and keystores, credential and
+/// token files of common tools, service-account JSON, Terraform state. The
+/// read-only tools refuse these whatever their content.
+pub fn is_secret_file_name(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    let name = lower.rsplit(['/', '\\']).next().unwrap_or_default();
+    if name == ENV_EXAMPLE_FILE {
+        return false;
+    }
+    const EXACT: &[&str] = &[
+        ".env",
+        ".envrc",
+        ".netrc",
+        "_netrc",
+        ".npmrc",
+        ".pypirc",
+        ".pgpass",
+        ".git-credentials",
+        ".htpasswd",
+        ".my.cnf",
+        ".dockercfg",
+        "credentials",
+        "id_rsa",
+        "id_dsa",
+        "id_ecdsa",
+        "id_ed25519",
+        "id_ecdsa_sk",
+        "id_ed25519_sk",
+        "secrets.yml",
+        "secrets.yaml",
+        "secrets.json",
+        "secrets.toml",
+        "master.key",
+    ];
+    const EXTENSIONS: &[&str] = &[
+        "pem", "key", "p12", "pfx", "jks", "keystore", "ppk", "kdbx", "tfstate", "tfvars", "env",
+        "age", "gpg",
+    ];
+    const JSON_PREFIXES: &[&str] = &[
+        "credentials",
+        "service-account",
+        "service_account",
+        "client_secret",
+    ];
+    if EXACT.contains(&name) || name.starts_with(".env.") {
+        return true;
+    }
+    if lower.ends_with(".docker/config.json") || lower.ends_with(".aws/credentials") {
+        return true;
+    }
+    if let Some((stem, extension)) = name.rsplit_once('.') {
+        if EXTENSIONS.contains(&extension) || name.ends_with(".tfstate.backup") {
+            return true;
+        }
+        if extension == "json" && JSON_PREFIXES.iter().any(|p| stem.starts_with(p)) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether a file's text is secret-bearing as a whole: it holds a private
+/// key block (or an armour-less key body), or it is a credential document
+/// (a cloud service account, OAuth client or token file). Ordinary source
+/// files that merely contain a secret are not: their text is redacted.
+pub fn is_secret_file_content(text: &str) -> bool {
+    const MARKERS: &[&str] = &[
+        "\"private_key\":",
+        "\"client_secret\":",
+        "\"refresh_token\":",
+        "\"type\": \"service_account\"",
+        "\"type\":\"service_account\"",
+        "\"type\": \"authorized_user\"",
+    ];
+    let document = text.trim_start().starts_with('{');
+    if document && MARKERS.iter().any(|marker| text.contains(marker)) {
+        return true;
+    }
+    scan(text)
+        .iter()
+        .any(|finding| finding.rule == "private_key" || finding.rule == "pem_body")
 }
 
 /// Shannon entropy of `s` in bits per character (0.0 for an empty string).
@@ -843,7 +1318,10 @@ mod tests {
             format!("Authorization: Bearer {blob}"),
             format!("Authorization: Basic {blob}"),
         ] {
-            assert_single(&text, &blob, "high_entropy");
+            let findings = scan(&text);
+            assert_eq!(findings.len(), 1, "{text}: {findings:?}");
+            assert_eq!(&text[findings[0].start..findings[0].end], blob);
+            assert!(!redact(&text).contains(&blob));
         }
         // A long random path component (a token in a URL path) is still a secret.
         let component = fake("Zx8Qp2Lm9Rt4", "Vb7Nc1Kd6Hs3Jf5Gw0YtUe9");
@@ -924,6 +1402,423 @@ mod tests {
         assert_eq!(rules(&text), vec!["github_token"]);
     }
 
+    /// Asserts that `secret` is flagged inside `text` (by any rule) and gone
+    /// after redaction.
+    fn assert_redacted(text: &str, secret: &str) {
+        let findings = scan(text);
+        let start = text.find(secret).expect("the secret is in the text");
+        assert!(
+            findings
+                .iter()
+                .any(|f| f.start <= start && f.end >= start + secret.len()),
+            "{secret:?} not covered in {text:?}: {findings:?}"
+        );
+        assert!(
+            !redact(text).contains(secret),
+            "{secret:?} survived in {text:?}"
+        );
+    }
+
+    fn assert_clean(text: &str) {
+        assert!(scan(text).is_empty(), "{text:?}: {:?}", scan(text));
+    }
+
+    #[test]
+    fn url_credentials_in_every_form() {
+        let password = fake("pw4X", "q9Lm");
+        for (text, secret) in [
+            (
+                format!("https://:{password}@git.internal/repo.git"),
+                password.clone(),
+            ),
+            (
+                format!("//deploy:{password}@cache.internal:6379"),
+                password.clone(),
+            ),
+            (
+                format!("redis://default:p@ss{password}@cache.internal:6379/0"),
+                format!("p@ss{password}"),
+            ),
+            (
+                format!("mysql://root:p%40{password}%21@db/app"),
+                format!("p%40{password}%21"),
+            ),
+            (
+                format!("url = \"amqps://guest:{password}@mq\""),
+                password.clone(),
+            ),
+            (
+                format!(
+                    "https://{}@o1.ingest.sentry.io/42",
+                    fake("a1b2c3d4e5f6a7b8", "c9d0e1f2a3b4c5d6")
+                ),
+                fake("a1b2c3d4e5f6a7b8", "c9d0e1f2a3b4c5d6"),
+            ),
+            (
+                format!(
+                    "https://{}@github.com/o/r.git",
+                    fake("x9Kq2Lm7Np4Rs8Tv", "1Wz6Yb5Hc0J")
+                ),
+                fake("x9Kq2Lm7Np4Rs8Tv", "1Wz6Yb5Hc0J"),
+            ),
+        ] {
+            assert_redacted(&text, &secret);
+        }
+        assert_redacted(
+            &format!("postgres://app:Pg7#{password}@db/app"),
+            &format!("Pg7#{password}"),
+        );
+        // Inside JSON text, a redaction never eats an escaping backslash.
+        let json = format!(
+            "{{\"a\": \"TOKEN={password}\\nX=1\\\"\", \"b\": \"mysql://u:{password}@db\\\"\"}}"
+        );
+        let redacted = redact(&json);
+        assert!(!redacted.contains(&password), "{redacted}");
+        assert_eq!(
+            redacted.matches('\\').count(),
+            json.matches('\\').count(),
+            "{redacted}"
+        );
+        assert_clean("ssh://git@github.com/o/r.git");
+        assert_clean("https://user@example.com/path");
+        assert_clean("postgres://app:${DB_PASSWORD}@db/app");
+        assert_clean("https://user:@host/");
+    }
+
+    #[test]
+    fn key_like_names_in_any_casing_or_separator() {
+        let hex32 = fake("8f14e45fceea167a", "5a36dedd4bea2543");
+        let base64 = fake(
+            "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsu",
+            "Fq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==",
+        );
+        for text in [
+            format!("X-Api-Key: {hex32}"),
+            format!("x-api-key={hex32}"),
+            format!("headers['X-Auth-Token'] = '{hex32}'"),
+            format!("apiKey: \"{hex32}\""),
+            format!("API_KEY := {hex32}"),
+            format!("\"private_key_id\": \"{hex32}\""),
+            format!("DefaultEndpointsProtocol=https;AccountName=x;AccountKey={base64};"),
+            format!("clientSecret: '{base64}'"),
+        ] {
+            let secret = if text.contains(&hex32) {
+                &hex32
+            } else {
+                &base64
+            };
+            assert_redacted(&text, secret);
+        }
+        // Short passwords with a digit or symbol, quoted literals.
+        assert_redacted("password: hunter2", "hunter2");
+        assert_redacted("\"db_password\": \"Tr0ub\"", "Tr0ub");
+        assert_redacted(
+            "SECRET_KEY = 'django-insecure-q1w2e3'",
+            "django-insecure-q1w2e3",
+        );
+        // Dotenv-style assignments inside a line, whatever the length.
+        assert_redacted("set DB_PASS=k3y then restart", "k3y");
+        assert_redacted("or SESSION_SECRET=\"q1\" in the shell", "q1");
+        // Code and types are not values.
+        for text in [
+            "password: String, secret_name: &str, token_count: usize",
+            "let token = self.next_token();",
+            "api_key = os.environ.get(\"API_KEY\")",
+            "token = get_token2(scope)",
+            "token_type: \"bearer\"",
+            "TOKEN_EXPIRY=3600",
+        ] {
+            assert_clean(text);
+        }
+    }
+
+    #[test]
+    fn secret_names() {
+        for name in [
+            "DB_PASSWORD",
+            "x-api-key",
+            "X-Api-Key",
+            "clientSecret",
+            "APIKey",
+            "AccountKey",
+            "GITHUB_AUTH",
+            "db_pass",
+            "SENTRY_DSN",
+            "aws_secret_access_key",
+            "authToken",
+        ] {
+            assert!(is_secret_name(name), "{name}");
+        }
+        for name in [
+            "MAX_TOKENS",
+            "PWD",
+            "author",
+            "AUTH_PROVIDER",
+            "monkey_business",
+            "PORT",
+            "bypass_cache",
+        ] {
+            assert!(!is_secret_name(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn authorization_values() {
+        let basic = "dXNlcjpodW50ZXIy"; // user:hunter2
+        let bearer = fake("abc123", "def456");
+        for (text, secret) in [
+            (format!("Authorization: Basic {basic}"), basic.to_owned()),
+            (
+                format!("curl -H 'Authorization: Bearer {bearer}' https://api"),
+                bearer.clone(),
+            ),
+            (format!("authorization={bearer}"), bearer.clone()),
+            (
+                format!("Proxy-Authorization: token {bearer}"),
+                bearer.clone(),
+            ),
+            (
+                format!("send it as Basic {basic} over TLS"),
+                basic.to_owned(),
+            ),
+            (format!("bearer {bearer}"), bearer.clone()),
+        ] {
+            assert_redacted(&text, &secret);
+        }
+        assert_clean("Bearer tokens are short-lived; Basic authentication is disabled.");
+        assert_clean("Authorization: Bearer");
+    }
+
+    #[test]
+    fn token_families() {
+        let tokens = [
+            fake("xoxp-", "2048-1234567890-AbCdEf9"),
+            fake("xoxe.xoxp-", "1-Mi0yLTExMjM0NTY3ODkw"),
+            fake("xapp-", "1-A0B1C2D3E4F-1234567890-abcdef"),
+            fake("ghp_", "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI3kM5"),
+            fake("gldt-", "Xy7Qk2Lm9Np4Rs8Tv1Wz"),
+            fake("glrt-", "Xy7Qk2Lm9Np4Rs8Tv1Wz"),
+            fake("GR1348941", "Xy7Qk2Lm9Np4Rs8Tv1Wz"),
+            fake("sk_test_", "4eC39HqLyjWDarjtT1zdp7dc"),
+            fake("whsec_", "4eC39HqLyjWDarjtT1zdp7dc"),
+            fake(
+                "dop_v1_",
+                "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            ),
+            fake("npm_", "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"),
+            fake(
+                "SG.",
+                "Ab3dEf6hIj9kLmN0pQrStU.Vw1xYz2AbCdEfGhIjKlMnOpQrStUvWxYz0123456789a",
+            ),
+            fake("SK", "0123456789abcdef0123456789abcdef"),
+            fake("hvs.", "CAESIJk2Lm9Np4Rs8Tv1Wz6Yb5Hc0"),
+            fake("hf_", "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"),
+            fake("shpat_", "0123456789abcdef0123456789abcdef"),
+            fake("GOCSPX-", "Ab3dEf6hIj9kLmN0pQrStUvWxYz1"),
+            fake("ya29.", "a0AfH6SMBx1y2z3AbCdEfGhIjKl"),
+            fake("1//0", "4gXy7Qk2Lm9Np4Rs8Tv1WzAbCdEfGh"),
+            fake("abc8Q", "~Xy7Qk2Lm9Np4Rs8Tv1WzAbCdEfGhIjKlMn"),
+            fake("LTAI", "5tXy7Qk2Lm9Np4Rs"),
+            fake("eyJhbGciOiJub25lIn0.", "eyJzdWIiOiIxMjM0NTY3ODkwIn0."),
+        ];
+        for token in &tokens {
+            assert_redacted(&format!("value {token} end"), token);
+        }
+    }
+
+    #[test]
+    fn pem_bodies_whatever_the_line_range() {
+        let lines = [
+            fake(
+                "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7",
+                "VJTUt9Us8cKjMzEfYyjiWA4R4",
+            ),
+            fake(
+                "oQ7Zx2Lm9Np4Rs8Tv1Wz6Yb5Hc0Jd9Fe3Gh7Kl1Mn5Op9Qr3St7Uv",
+                "1Wx5Yz9Ab3Cd7Ef1Gh5Ij9Kl",
+            ),
+            "k8Yw2==".to_owned(),
+        ];
+        // Lines 2-4 of a key file: no BEGIN marker in the range read.
+        let text = format!(
+            "{}\n{}\n{}\n-----END PRIVATE KEY-----\n",
+            lines[0], lines[1], lines[2]
+        );
+        for line in &lines {
+            assert_redacted(&text, line);
+        }
+        // One line as a search match.
+        assert_redacted(&format!("key.pem:3:{}", lines[1]), &lines[1]);
+        // Inside a JSON string with escaped newlines.
+        let json = format!("\"private_key\": \"{}\\n{}\\n\"", lines[0], lines[1]);
+        assert_redacted(&json, &lines[0]);
+        assert_redacted(&json, &lines[1]);
+        assert_clean(
+            "integrity sha512-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU47DEQpj8HBSa+/TImW+5JC==",
+        );
+        assert_clean("services/specialists/src/onboarding/manifest/builder");
+    }
+
+    #[test]
+    fn dotenv_secrets_regardless_of_length() {
+        for (text, secret) in [
+            ("DB_PASS=x9", "x9"),
+            ("SESSION_SECRET=abc", "abc"),
+            ("export API_TOKEN=\"q1\"", "q1"),
+            ("SMTP_PASSWORD='hunter'", "hunter"),
+            ("stripe_key=z9", "z9"),
+        ] {
+            assert_redacted(&format!("PORT=3000\n{text}\nDEBUG=true\n"), secret);
+        }
+        for text in [
+            "MAX_TOKENS=1024",
+            "PASSWORD_MIN_LENGTH=8",
+            "API_TOKEN=",
+            "API_TOKEN=${API_TOKEN}",
+            "PWD=/home/app",
+            "SECRET_KEY=changeme",
+            "token=self.token",
+        ] {
+            assert_clean(text);
+        }
+    }
+
+    #[test]
+    fn generated_values_under_plain_names() {
+        let value = fake("Zx8Qp2Lm", "9Rt4Vb7N");
+        assert_redacted(&format!("CALLBACK_ID={value}"), &value);
+        assert_redacted(&format!("signing: {value}"), &value);
+        assert_clean("name: someFunctionName123");
+        assert_clean("image: postgres15-alpine3.19");
+        assert_clean("Error: SomethingWentWrong123");
+    }
+
+    #[test]
+    fn secret_bearing_files() {
+        for path in [
+            ".env",
+            "config/.env.production",
+            ".env.local",
+            "deploy/prod.env",
+            "id_rsa",
+            "keys/server.key",
+            "certs/tls.pem",
+            ".npmrc",
+            ".git-credentials",
+            "gcp/service-account-prod.json",
+            "credentials.json",
+            "client_secret_123.apps.json",
+            "infra/terraform.tfstate",
+            ".aws/credentials",
+            "home/.docker/config.json",
+            "config/master.key",
+        ] {
+            assert!(is_secret_file_name(path), "{path}");
+        }
+        for path in [
+            ".env.example",
+            "src/env.rs",
+            "README.md",
+            "id_rsa.pub",
+            "keyboard.rs",
+            "src/credentials.rs",
+        ] {
+            assert!(!is_secret_file_name(path), "{path}");
+        }
+        let key = fake(
+            "-----BEGIN EC PRIVATE",
+            " KEY-----\nMHcCAQEEIBk\n-----END EC PRIVATE KEY-----\n",
+        );
+        assert!(is_secret_file_content(&key));
+        assert!(is_secret_file_content(
+            "{\"type\": \"service_account\", \"project_id\": \"p\"}"
+        ));
+        assert!(!is_secret_file_content(
+            "fn main() {\n    println!(\"hi\");\n}\n"
+        ));
+        assert!(!is_secret_file_content("let token = read_token();"));
+    }
+
+    /// A secret shape: the text to embed and the secret part of it that
+    /// must not survive. Bodies are random; a fixed mixed-class tail keeps
+    /// each value inside its family's definition.
+    fn secret_shape() -> impl Strategy<Value = (String, String)> {
+        fn same(s: String) -> (String, String) {
+            (s.clone(), s)
+        }
+        let names = prop_oneof![
+            Just("DB_PASSWORD"),
+            Just("x-api-key"),
+            Just("X-Auth-Token"),
+            Just("clientSecret"),
+            Just("apiKey"),
+            Just("SECRET_KEY"),
+            Just("AccountKey"),
+            Just("session_token"),
+            Just("Private-Key"),
+        ];
+        let separators = prop_oneof![Just("="), Just(": "), Just(" = "), Just(" := ")];
+        prop_oneof![
+            "[A-Za-z0-9]{33}".prop_map(|b| same(fake("ghp_", &format!("{b}Q7z")))),
+            "[A-Za-z0-9_]{30}".prop_map(|b| same(fake("github_pat_", &format!("{b}Q7z")))),
+            "[A-Za-z0-9_-]{20,30}".prop_map(|b| same(fake("glpat-", &b))),
+            ("[0-9]{10}", "[A-Za-z0-9]{12,24}")
+                .prop_map(|(a, b)| same(fake("xoxb-", &format!("{a}-{b}")))),
+            "[A-Za-z0-9]{24}".prop_map(|b| same(fake("sk_live_", &b))),
+            "[A-Z0-9]{16}".prop_map(|b| same(fake("AKIA", &b))),
+            "[0-9A-Za-z_-]{35}".prop_map(|b| same(fake("AIza", &b))),
+            "[A-Za-z0-9]{33}".prop_map(|b| same(fake("npm_", &format!("{b}Q7z")))),
+            "[0-9a-f]{64}".prop_map(|b| same(fake("dop_v1_", &b))),
+            (
+                "[A-Za-z0-9_-]{10,30}",
+                "[A-Za-z0-9_-]{10,30}",
+                "[A-Za-z0-9_-]{0,40}"
+            )
+                .prop_map(|(h, p, s)| same(fake("eyJ", &format!("{h}.eyJ{p}.{s}")))),
+            (
+                "[a-z+]{2,10}",
+                "[A-Za-z0-9_.-]{0,12}",
+                "[A-Za-z0-9!^*~_.-]{7,24}",
+                "[a-z0-9.-]{1,20}"
+            )
+                .prop_map(|(scheme, user, password, host)| {
+                    (format!("{scheme}://{user}:{password}@{host}/db"), password)
+                }),
+            (names.clone(), separators, "[A-Za-z0-9+/]{10,40}").prop_map(
+                |(name, separator, body)| {
+                    let value = format!("{body}9x");
+                    (format!("{name}{separator}{value}"), value)
+                }
+            ),
+            (names.clone(), "[0-9a-f]{32,64}")
+                .prop_map(|(name, hex)| { (format!("\"{name}\": \"{hex}\""), hex) }),
+            (names, "[A-Za-z0-9]{6,12}").prop_map(|(name, body)| {
+                let value = format!("{body}1");
+                (
+                    format!("\nexport {}={value}\n", name.replace('-', "_")),
+                    value,
+                )
+            }),
+            "[A-Za-z0-9._~-]{12,40}".prop_map(|token| {
+                let value = format!("{token}7");
+                (format!("Authorization: Bearer {value}"), value)
+            }),
+            ("[A-Za-z0-9+/]{56}", "[A-Za-z0-9+/]{0,60}").prop_map(|(a, b)| {
+                let line = format!("{a}aB3+cD4eF");
+                let body = format!("{line}\n{b}");
+                (
+                    format!("-----BEGIN PRIVATE KEY-----\n{body}\n-----END PRIVATE KEY-----"),
+                    line,
+                )
+            }),
+            "[A-Za-z0-9+/]{56}".prop_map(|a| {
+                let line = format!("{a}aB3+cD4eF");
+                (format!("{line}\n-----END RSA PRIVATE KEY-----"), line)
+            }),
+            "[A-Za-z0-9]{34}".prop_map(|b| same(format!("{b}aB3cD4"))),
+        ]
+    }
+
     fn secretish() -> impl Strategy<Value = String> {
         prop_oneof![
             Just(fake("AKIA", "IOSFODNN7EXAMPL3")),
@@ -939,6 +1834,19 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn secret_shapes_never_survive_redaction(
+            prefix in "[ -~\n]{0,40}",
+            (shape, secret) in secret_shape(),
+            before in prop_oneof![Just(" "), Just("\n"), Just("\t"), Just("\""), Just("'"), Just("("), Just(","), Just(";"), Just("<"), Just(">")],
+            after in prop_oneof![Just(" "), Just("\n"), Just("\t"), Just("\""), Just("'"), Just(")"), Just(","), Just(";"), Just("<"), Just(">")],
+            suffix in "[ -~\n]{0,40}",
+        ) {
+            let text = format!("{prefix}{before}{shape}{after}{suffix}");
+            let redacted = redact(&text);
+            prop_assert!(!redacted.contains(&secret), "{secret:?} survived in {redacted:?}");
+        }
+
         #[test]
         fn scan_and_redact_never_panic_and_redact_is_clean(parts in proptest::collection::vec(secretish(), 0..6)) {
             let text = parts.concat();

@@ -528,6 +528,61 @@ pub fn issue(result: &IssueResult, ids: &ManifestIds) -> ArtifactManifest {
     manifest
 }
 
+/// Redacts every string of a manifest, whatever field it is in (paths,
+/// diagram ids and labels, commands, generated file names included), so no
+/// manifest is stored with a secret. Builders redact their texts already;
+/// this is the one pass that covers every field, applied before a manifest
+/// is handed to the artifact pipeline. Redaction is deterministic, so
+/// diagram edges still name their nodes.
+pub fn redact(manifest: &mut ArtifactManifest) {
+    fn one(text: &mut String) {
+        let redacted = zopu_secrets::redact(text);
+        if redacted != *text {
+            *text = redacted;
+        }
+    }
+    fn facts(facts: &mut [CardFact]) {
+        for fact in facts {
+            one(&mut fact.label);
+            one(&mut fact.value);
+        }
+    }
+    one(&mut manifest.title);
+    one(&mut manifest.summary);
+    one(&mut manifest.provider);
+    manifest.generated_files.iter_mut().for_each(one);
+    if let Some(card) = manifest.card.as_mut() {
+        one(&mut card.label);
+        facts(&mut card.facts);
+        for action in &mut card.actions {
+            one(&mut action.label);
+        }
+    }
+    for section in &mut manifest.sections {
+        one(&mut section.title);
+        one(&mut section.body);
+        one(&mut section.current_world);
+        one(&mut section.desired_world);
+        section.items.iter_mut().for_each(one);
+        facts(&mut section.facts);
+        for node in &mut section.nodes {
+            one(&mut node.id);
+            one(&mut node.label);
+            one(&mut node.detail);
+        }
+        for edge in &mut section.edges {
+            one(&mut edge.from);
+            one(&mut edge.to);
+            one(&mut edge.label);
+        }
+    }
+    for evidence in &mut manifest.evidence {
+        one(&mut evidence.path);
+        one(&mut evidence.note);
+        one(&mut evidence.snippet);
+    }
+}
+
 /// Validates with the artifact pipeline's own rules.
 pub fn check(manifest: &ArtifactManifest) -> Result<(), String> {
     limits::validate(manifest).map_err(|errors| {
@@ -537,4 +592,55 @@ pub fn check(manifest: &ArtifactManifest) -> Result<(), String> {
             .collect::<Vec<_>>()
             .join("; ")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_covers_every_field_and_keeps_edges_on_their_nodes() {
+        let token = format!("{}{}", "ghp_", "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI3kM5");
+        let password = format!("DB_PASSWORD={}", "x9");
+        let mut manifest = ArtifactManifest {
+            title: token.clone(),
+            provider: token.clone(),
+            generated_files: vec![format!(".zopu/{token}.md")],
+            card: Some(ArtifactCard {
+                label: token.clone(),
+                facts: vec![fact("Token", "x")],
+                actions: vec![CardAction {
+                    label: token.clone(),
+                    ..Default::default()
+                }],
+            }),
+            sections: vec![ArtifactSection {
+                items: vec![password.clone()],
+                current_world: token.clone(),
+                nodes: vec![DiagramNode {
+                    id: token.clone(),
+                    label: "n".into(),
+                    detail: token.clone(),
+                }],
+                edges: vec![DiagramEdge {
+                    from: token.clone(),
+                    to: token.clone(),
+                    label: token.clone(),
+                }],
+                ..Default::default()
+            }],
+            evidence: vec![pb::Evidence {
+                path: format!("config/{token}.txt"),
+                snippet: password.clone(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        redact(&mut manifest);
+        let all = format!("{manifest:?}");
+        assert!(!all.contains(&token), "{all}");
+        assert!(!all.contains(&password), "{all}");
+        let section = &manifest.sections[0];
+        assert_eq!(section.edges[0].from, section.nodes[0].id);
+    }
 }

@@ -210,17 +210,7 @@ pub struct OnboardingAnswer {
 
 /// Redacts secrets in every string of a JSON value.
 pub fn redact_value(value: &mut serde_json::Value) {
-    match value {
-        serde_json::Value::String(text) => {
-            let redacted = zopu_secrets::redact(text);
-            if redacted != *text {
-                *text = redacted;
-            }
-        }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(redact_value),
-        serde_json::Value::Object(map) => map.values_mut().for_each(redact_value),
-        _ => {}
-    }
+    zopu_llm::redact_value(value);
 }
 
 /// Serializes a result with every string redacted.

@@ -901,8 +901,9 @@ impl Run<'_> {
         &mut self,
         artifact_id: ArtifactId,
         kind: &str,
-        manifest: pb::ArtifactManifest,
+        mut manifest: pb::ArtifactManifest,
     ) -> Result<String, FlowError> {
+        manifest::redact(&mut manifest);
         manifest::check(&manifest).map_err(FlowError::InvalidManifest)?;
         let revision = match state::artifact_revision(&self.ctx.store, &artifact_id.to_string())? {
             // This run already asked (a resume): same revision, so the append is a duplicate.
@@ -1192,11 +1193,10 @@ impl Port for Run<'_> {
         self.executed += 1;
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         match reply {
-            Ok(reply) => {
-                let mut value =
+            Ok(mut reply) => {
+                reply.redact_secrets();
+                let value =
                     serde_json::to_value(&reply).map_err(|e| FlowError::Runtime(e.to_string()))?;
-                results::redact_value(&mut value);
-                let reply: ChatReply = serde_json::from_value(value.clone()).unwrap_or(reply);
                 let completed = pb::AgentLlmCompleted {
                     agent_id: self.agent_id.clone(),
                     provider: self.provider_label.clone(),

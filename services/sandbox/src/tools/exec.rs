@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Error, ToolOutput};
 use crate::confine::{ConfinedCommand, Confinement, find_program};
-use crate::policy::{RelPath, SandboxLimits, WorkspaceRoot};
+use crate::policy::{PolicyError, RelPath, SandboxLimits, WorkspaceRoot};
 
 /// Most arguments accepted.
 const MAX_ARGS: usize = 64;
@@ -450,7 +450,11 @@ fn check_path(arg: &str, limits: &SandboxLimits) -> Result<String, Error> {
     if arg.starts_with(':') {
         return Err(denied("pathspec magic (`:`) is not allowed"));
     }
-    Ok(RelPath::parse(arg, limits)?.as_string())
+    let path = RelPath::parse(arg, limits)?.as_string();
+    if zopu_secrets::is_secret_file_name(&path) {
+        return Err(PolicyError::SecretFile(path).into());
+    }
+    Ok(path)
 }
 
 /// The full git argv (without the program).
@@ -536,8 +540,10 @@ pub(crate) fn exec_safe(
         subcommand: args.subcommand,
         exit_code: output.exit_code,
         signal: output.signal,
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        // git prints file contents (show, grep, log -p): secrets in them
+        // never leave the sandbox.
+        stdout: zopu_secrets::redact(&String::from_utf8_lossy(&output.stdout)),
+        stderr: zopu_secrets::redact(&String::from_utf8_lossy(&stderr)),
         stdout_truncated: output.stdout_truncated,
         stderr_truncated,
         timed_out: output.timed_out,

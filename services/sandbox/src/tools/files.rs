@@ -400,6 +400,9 @@ pub(crate) fn read_file(
     if input.area == Area::Repo && rel.is_in_git_dir() {
         return Err(PolicyError::GitDirectory(rel.as_string()).into());
     }
+    if zopu_secrets::is_secret_file_name(&rel.as_string()) {
+        return Err(PolicyError::SecretFile(rel.as_string()).into());
+    }
     let start_line = input.start_line.unwrap_or(1);
     let end_line = input.end_line.unwrap_or(u64::MAX);
     if start_line == 0 || end_line < start_line {
@@ -410,6 +413,11 @@ pub(crate) fn read_file(
     let base = root.open_area(input.area)?;
     let opened = open_beneath(&base, &rel, Expect::File)?;
     let mut file = File::from(opened.fd);
+    // Judged on the whole file (up to the cap), not the range asked for: a
+    // key's body must not come out a few lines at a time.
+    if is_secret_content(&file, limits.max_file_bytes)? {
+        return Err(PolicyError::SecretFile(rel.as_string()).into());
+    }
     let mut out = ReadFileOutput {
         path: rel.as_string(),
         size_bytes: opened.size,
@@ -481,4 +489,27 @@ pub(crate) fn read_file(
         }
     }
     Ok(out)
+}
+
+/// Whether the file's text (up to `max_bytes`, read by offset so the caller's
+/// position is untouched) is secret-bearing as a whole.
+pub(crate) fn is_secret_content(file: &File, max_bytes: u64) -> Result<bool, Error> {
+    use std::os::unix::fs::FileExt;
+    let mut text = Vec::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut offset = 0u64;
+    while offset < max_bytes {
+        let want = usize::try_from(max_bytes - offset)
+            .unwrap_or(CHUNK)
+            .min(CHUNK);
+        let n = file.read_at(&mut buf[..want], offset)?;
+        if n == 0 {
+            break;
+        }
+        text.extend_from_slice(&buf[..n]);
+        offset += n as u64;
+    }
+    Ok(zopu_secrets::is_secret_file_content(
+        &String::from_utf8_lossy(&text),
+    ))
 }

@@ -14,7 +14,7 @@ use grep_searcher::{BinaryDetection, MmapChoice, Searcher, SearcherBuilder, Sink
 use ignore::WalkState;
 use serde::{Deserialize, Serialize};
 
-use super::files::{repo_dir, walker};
+use super::files::{is_secret_content, repo_dir, walker};
 use super::{Error, ToolOutput};
 use crate::policy::{Expect, RelPath, SandboxLimits, WorkspaceRoot, open_beneath};
 
@@ -65,6 +65,9 @@ pub struct SearchOutput {
     pub files_skipped_large: u64,
     /// Symlinks, hard links, suspicious names, unreadable files.
     pub files_skipped_policy: u64,
+    /// Secret-bearing files (by name or content: `.env`, keys, credentials).
+    #[serde(default)]
+    pub files_skipped_secret: u64,
     /// The match or byte cap was hit.
     pub truncated: bool,
 }
@@ -84,6 +87,7 @@ struct Shared {
     binary: AtomicU64,
     large: AtomicU64,
     policy: AtomicU64,
+    secret: AtomicU64,
     truncated: AtomicBool,
 }
 
@@ -194,6 +198,10 @@ pub(crate) fn search(
                 shared.policy.fetch_add(1, Ordering::Relaxed);
                 return WalkState::Continue;
             };
+            if zopu_secrets::is_secret_file_name(&rel.as_string()) {
+                shared.secret.fetch_add(1, Ordering::Relaxed);
+                return WalkState::Continue;
+            }
             let opened = match open_beneath(repo_fd, &rel, Expect::File) {
                 Ok(opened) => opened,
                 Err(_) => {
@@ -229,6 +237,10 @@ pub(crate) fn search(
             if sink.local.is_empty() {
                 return WalkState::Continue;
             }
+            if is_secret_content(&file, limits.max_file_bytes).unwrap_or(true) {
+                shared.secret.fetch_add(1, Ordering::Relaxed);
+                return WalkState::Continue;
+            }
             commit(shared, sink.local, max_matches, limits.max_response_bytes)
         })
     });
@@ -244,6 +256,7 @@ pub(crate) fn search(
         files_skipped_binary: shared.binary.into_inner(),
         files_skipped_large: shared.large.into_inner(),
         files_skipped_policy: shared.policy.into_inner(),
+        files_skipped_secret: shared.secret.into_inner(),
         truncated: shared.truncated.into_inner(),
     })
 }
