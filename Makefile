@@ -44,3 +44,10 @@ clean-state: ## delete local dev state (.zopu-local): nats data, projections, wo
 .PHONY: deploy-check
 deploy-check: ## validate deploy/: Kubernetes manifests (pip install kubernetes-validate), NATS configs, consistency, compose when docker compose is there
 	@./deploy/scripts/validate.sh
+
+.PHONY: contract contract-check
+contract: ## regenerate proto/asyncapi.json (the event contract as AsyncAPI 3) from the catalogue
+	$(CARGO) run -q -p zopu-cli --bin zopu -- contract asyncapi
+
+contract-check: ## proto/asyncapi.json is current and valid (@asyncapi/parser from npm, into ./tools/asyncapi)
+	@CARGO="$(CARGO)" ./deploy/scripts/contract-check.sh
