@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 use zopu_core::local_server::{LocalServer, SyncPolicy};
 use zopu_core::{NewEvent, Publisher, Shutdown};
-use zopu_schema::{OrgId, ProjectId, pb};
+use zopu_schema::{DispatchId, Event, OrgId, ProjectId, pb};
 
 const DURABLE: &str = "dispatch-sources";
 
@@ -182,6 +182,18 @@ async fn a_stopped_service_is_named_as_stuck_and_status_exits_non_zero() -> Resu
     shutdown.cancel();
     task.await??;
     send_messages(&publisher, &org, project, "second", 3).await?;
+    // A dispatch created and never accepted nor ended: the oldest unfinished one.
+    let dispatch = DispatchId::new();
+    let created = pb::DispatchCreated {
+        source_event_type: pb::TimelineMessageSent::TYPE.to_owned(),
+        ..Default::default()
+    };
+    publisher
+        .append(
+            NewEvent::root(org.clone(), project, &created, "status-test:dispatch", None)
+                .with_dispatch(dispatch),
+        )
+        .await?;
     let stuck = status_until(
         &url,
         "dispatch-sources is stuck (exit 3)",
@@ -193,6 +205,17 @@ async fn a_stopped_service_is_named_as_stuck_and_status_exits_non_zero() -> Resu
     let waiting = consumer(&stuck, DURABLE).context("consumer listed")?;
     assert_eq!(waiting["pending"], 3, "{stuck:#}");
     assert_eq!(waiting["live_instances"], 0, "{stuck:#}");
+    let dispatches = &stuck["status"]["dispatches"];
+    assert_eq!(dispatches["count"], 1, "{stuck:#}");
+    assert_eq!(
+        dispatches["oldest"]["id"],
+        dispatch.to_string(),
+        "{stuck:#}"
+    );
+    assert_eq!(
+        dispatches["oldest"]["state"], "dispatch.created",
+        "{stuck:#}"
+    );
     let reason = stuck["stuck"][0]["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("no live instance"), "{reason}");
     // The human view names it too, with the same exit code.
