@@ -381,16 +381,23 @@ async fn read_snapshot(bus: &zopu_core::nats::Bus, scan_events: u64) -> anyhow::
     })
 }
 
+/// Whether the bucket does not exist (as opposed to not being readable).
+fn bucket_missing(error: &async_nats::jetstream::context::KeyValueError) -> bool {
+    use async_nats::jetstream::context::{GetStreamError, GetStreamErrorKind};
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<GetStreamError>())
+        .is_some_and(|error| {
+            matches!(error.kind(), GetStreamErrorKind::JetStream(error)
+                if error.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND)
+        })
+}
+
 /// Instances whose heartbeat in `zopu-leases` has not expired.
 async fn live_instances(bus: &zopu_core::nats::Bus) -> anyhow::Result<Vec<InstanceState>> {
     let store = match bus.jetstream.get_key_value(subjects::LEASES_BUCKET).await {
         Ok(store) => store,
         // No reaction ever ran here: no heartbeats.
-        Err(error)
-            if error.kind() == async_nats::jetstream::context::KeyValueErrorKind::GetBucket =>
-        {
-            return Ok(Vec::new());
-        }
+        Err(error) if bucket_missing(&error) => return Ok(Vec::new()),
         Err(error) => return Err(error).context("opening the leases bucket"),
     };
     let keys: Vec<String> = match store.keys().await {
