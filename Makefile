@@ -49,3 +49,10 @@ deploy-check: nats-server ## validate deploy/ (CI runs it): Kubernetes manifests
 	@command -v kubernetes-validate >/dev/null 2>&1 || [ -x "$(TOOLS)/python/bin/kubernetes-validate" ] \
 	  || python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --target "$(TOOLS)/python" kubernetes-validate
 	@PATH="$(TOOLS)/python/bin:$$PATH" PYTHONPATH="$(TOOLS)/python$${PYTHONPATH:+:$$PYTHONPATH}" ./deploy/scripts/validate.sh
+
+.PHONY: contract contract-check
+contract: ## regenerate proto/asyncapi.json (the event contract as AsyncAPI 3) from the catalogue
+	$(CARGO) run -q -p zopu-cli --bin zopu -- contract asyncapi
+
+contract-check: ## proto/asyncapi.json is current and valid (@asyncapi/parser from npm, into ./tools/asyncapi)
+	@CARGO="$(CARGO)" ./deploy/scripts/contract-check.sh

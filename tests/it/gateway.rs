@@ -345,6 +345,16 @@ async fn every_route_serves_its_part_of_the_product() -> Result<()> {
             "{path} missing from /openapi.json"
         );
     }
+    // Beside it, the event contract: the checked-in AsyncAPI document.
+    let asyncapi: Value = gw
+        .http
+        .get(gw.url("/asyncapi.json"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(asyncapi["asyncapi"], "3.1.0");
+    assert!(asyncapi["channels"]["project.ready"]["address"].is_string());
     let page = gw.http.get(gw.url("/")).send().await?;
     assert_eq!(page.status(), StatusCode::OK);
     let csp = page.headers()["content-security-policy"]

@@ -1,7 +1,8 @@
 //! `zopu`: the one binary of the runtime. It runs one service
 //! (`zopu run dispatch`), all of them in one process with a nats-server it
 //! manages (`zopu dev`), and the user and operator commands (streams, tail,
-//! replay, audit, projects, messages, artifacts, tokens, benchmarks).
+//! replay, audit, status, the AsyncAPI contract, projects, messages,
+//! artifacts, tokens, benchmarks).
 //!
 //! Invariant: this is the only crate that prints for humans; every command
 //! that prints results accepts `--json` (one JSON object per line).
@@ -78,6 +79,13 @@ enum Command {
     Audit {
         #[command(subcommand)]
         command: commands::log::AuditCommand,
+    },
+    /// Consumers, stream, unfinished dispatches and flows, live instances; exit 3 when something is stuck
+    Status(commands::status::StatusArgs),
+    /// The event contract as an AsyncAPI 3 document (generate or check proto/asyncapi.json)
+    Contract {
+        #[command(subcommand)]
+        command: commands::contract::ContractCommand,
     },
     /// Measure the append path and projection rebuild against raw JetStream (starts its own nats-server)
     Bench(commands::bench::BenchArgs),
@@ -173,6 +181,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tail(args) => commands::log::run_tail(&context, args).await,
         Command::Replay(args) => commands::log::run_replay(&context, args).await,
         Command::Audit { command } => commands::log::run_audit(&context, command).await,
+        Command::Status(args) => commands::status::run(&context, args).await,
+        Command::Contract { command } => commands::contract::run(&context, command).await,
         Command::Bench(args) => commands::bench::run_bench(&context, args).await,
     }
 }

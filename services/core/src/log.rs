@@ -142,11 +142,22 @@ pub async fn history(bus: &Bus, filter: String) -> Result<Vec<Logged>, Error> {
 
 /// [`history`] of several subject filters at once.
 pub async fn history_of(bus: &Bus, filters: Vec<String>) -> Result<Vec<Logged>, Error> {
+    history_after(bus, filters, 0).await
+}
+
+/// [`history_of`] from the stream sequence after `after` (0: the
+/// beginning) to the stream's current end: a bounded read of the latest
+/// part of the log.
+pub async fn history_after(
+    bus: &Bus,
+    filters: Vec<String>,
+    after: u64,
+) -> Result<Vec<Logged>, Error> {
     let mut read = Vec::new();
-    if publish::last_sequence(bus).await? == 0 {
+    if publish::last_sequence(bus).await? <= after {
         return Ok(read);
     }
-    let mut reader = Reader::open_filters(bus, filters, Start::Beginning).await?;
+    let mut reader = Reader::open_filters(bus, filters, Start::After(after)).await?;
     // An empty filter delivers nothing: stop after a short idle wait.
     while let Some(logged) = reader.next_within(Duration::from_secs(2)).await {
         let logged = logged?;

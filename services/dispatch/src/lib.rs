@@ -91,7 +91,8 @@ impl Config {
         Ok(())
     }
 
-    fn reaction(&self) -> ReactionConfig {
+    /// The consumer of the source events.
+    pub fn reaction(&self) -> ReactionConfig {
         ReactionConfig {
             max_ack_pending: self.max_ack_pending,
             max_deliver: self.max_deliver,

@@ -90,6 +90,16 @@ pub fn router(state: AppState) -> Router {
             "/openapi.json",
             get(move || async move { ([(CONTENT_TYPE, "application/json")], openapi_json) }),
         )
+        // The event contract (generated from the catalogue, checked in as proto/asyncapi.json).
+        .route(
+            "/asyncapi.json",
+            get(|| async {
+                (
+                    [(CONTENT_TYPE, "application/json")],
+                    zopu_schema::asyncapi::CHECKED_IN,
+                )
+            }),
+        )
         .route("/healthz", get(healthz))
         .layer(axum::middleware::map_response(api_headers));
     let app = api

@@ -109,7 +109,7 @@ pub enum JsonViewError {
     },
 }
 
-fn pool() -> &'static DescriptorPool {
+pub(crate) fn pool() -> &'static DescriptorPool {
     static POOL: OnceLock<DescriptorPool> = OnceLock::new();
     POOL.get_or_init(|| {
         // The descriptor set is produced by this crate's build from the same

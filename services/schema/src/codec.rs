@@ -36,7 +36,8 @@ pub const IDEMPOTENCY_KEY: &str = "ce-idempotencykey";
 pub const PROJECT_VERSION: &str = "ce-projectversion";
 pub const PREVIOUS_HASH: &str = "ce-prevhash";
 
-const KNOWN: &[&str] = &[
+/// Every header the codec reads and writes.
+pub const KNOWN: &[&str] = &[
     SPECVERSION,
     ID,
     SOURCE,

@@ -4,13 +4,15 @@
 //! event catalogue ([`catalogue`]: one event type, one message), the
 //! CloudEvents envelope and its NATS binary-mode header codec ([`envelope`],
 //! [`codec`]), typed ids ([`ids`]), subject and durable-name builders
-//! ([`subjects`]) and deterministic idempotency keys ([`keys`]).
+//! ([`subjects`]), deterministic idempotency keys ([`keys`]) and the
+//! contract as an AsyncAPI 3 document ([`asyncapi`]).
 //!
 //! Invariants: this crate does no I/O. It is the only place where a NATS
 //! subject, stream name or durable name is spelled. Every envelope that
 //! [`codec::decode`] accepts satisfies [`envelope::Envelope::check`], and
 //! [`codec::encode`] followed by [`codec::decode`] returns the same envelope.
 
+pub mod asyncapi;
 pub mod catalogue;
 pub mod codec;
 pub mod envelope;

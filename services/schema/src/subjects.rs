@@ -31,6 +31,32 @@ pub fn event(org: &OrgId, project: &ProjectId, event_type: &str) -> String {
     format!("{EVENT_PREFIX}.{org}.{project}.{event_type}")
 }
 
+/// The subject of `event_type` with the organization and project as
+/// AsyncAPI channel parameters: `zopu.evt.{orgid}.{projectid}.<type>`.
+pub fn event_address_template(event_type: &str) -> String {
+    format!("{EVENT_PREFIX}.{{orgid}}.{{projectid}}.{event_type}")
+}
+
+/// Whether a NATS subject filter (`*` one token, `>` the rest) takes the
+/// subjects of `event_type` of any organization and project.
+pub fn filter_takes_type(filter: &str, event_type: &str) -> bool {
+    let address = event_address_template(event_type);
+    let mut subject = address.split('.');
+    for token in filter.split('.') {
+        match (token, subject.next()) {
+            (">", Some(_)) => return true,
+            (_, None) => return false,
+            ("*", Some(_)) => {}
+            // A filter naming one organization or project takes some of
+            // the type's subjects.
+            (_, Some(part)) if part.starts_with('{') => {}
+            (token, Some(part)) if token == part => {}
+            _ => return false,
+        }
+    }
+    subject.next().is_none()
+}
+
 /// Every event of one project: the filter for its history and the subject of
 /// its optimistic-concurrency expectation.
 pub fn project_events(org: &OrgId, project: &ProjectId) -> String {
@@ -85,6 +111,22 @@ pub fn partition_durable(base: &str, index: u32, partitions: u32) -> String {
     } else {
         format!("{base}-p{index}of{partitions}")
     }
+}
+
+/// The reaction durable a partition durable belongs to: `base` of
+/// `<base>-p<index>of<partitions>` (see [`partition_durable`]), the name
+/// itself otherwise.
+pub fn partition_base(durable: &str) -> &str {
+    let Some((base, suffix)) = durable.rsplit_once("-p") else {
+        return durable;
+    };
+    let partitioned = suffix.split_once("of").is_some_and(|(index, count)| {
+        !index.is_empty()
+            && !count.is_empty()
+            && index.bytes().all(|b| b.is_ascii_digit())
+            && count.bytes().all(|b| b.is_ascii_digit())
+    });
+    if partitioned { base } else { durable }
 }
 
 /// `instance.<consumer>.<instance>` in [`LEASES_BUCKET`]: an instance's heartbeat.
@@ -256,6 +298,9 @@ mod tests {
             partition_durable(&durable, 3, 8),
             "conversation-reactions-p3of8"
         );
+        assert_eq!(partition_base("conversation-reactions-p3of8"), durable);
+        assert_eq!(partition_base(&durable), durable);
+        assert_eq!(partition_base("a-pxof2"), "a-pxof2");
         let claim = lease_claim_key(&durable, 5);
         assert_eq!(
             parse_lease_key(&claim),
@@ -277,6 +322,32 @@ mod tests {
         assert!(is_valid_instance_id("web-1_a"));
         assert!(!is_valid_instance_id("a.b"));
         assert!(!is_valid_instance_id(""));
+    }
+
+    #[test]
+    fn filters_are_matched_against_event_types() {
+        assert!(filter_takes_type(
+            &events_of_type("project.ready"),
+            "project.ready"
+        ));
+        assert!(filter_takes_type(
+            &events_of_type("artifact.>"),
+            "artifact.build.requested"
+        ));
+        assert!(filter_takes_type(&all_events(), "flow.started"));
+        assert!(filter_takes_type("zopu.evt.acme.>", "flow.started"));
+        assert!(!filter_takes_type(
+            &events_of_type("project.ready"),
+            "project.setup.requested"
+        ));
+        assert!(!filter_takes_type(
+            &events_of_type("project"),
+            "project.ready"
+        ));
+        assert!(!filter_takes_type(
+            &events_of_type("project.ready.x"),
+            "project.ready"
+        ));
     }
 
     #[test]

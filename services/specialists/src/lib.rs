@@ -90,11 +90,8 @@ pub fn provider(config: &Config) -> Result<Option<Arc<dyn zopu_llm::Provider>>, 
     }
 }
 
-/// Runs the service until `shutdown`.
-pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
-    config.validate()?;
-    let provider = provider(&config)?;
-    let runtime = Runtime::start_with(SERVICE, &core, shutdown.clone(), state::State).await?;
+/// The consumer of `flow.requested` for these settings.
+pub fn reaction_config(config: &Config) -> ReactionConfig {
     let mut reaction = ReactionConfig::new(
         subjects::durable(SERVICE, "flows"),
         vec![subjects::events_of_type(pb::FlowRequested::TYPE)],
@@ -103,6 +100,15 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     // The flow enforces its own total timeout; the runner's is a backstop.
     reaction.handler_timeout = config.flow.total_timeout + std::time::Duration::from_secs(60);
     reaction.max_ack_pending = 64;
+    reaction
+}
+
+/// Runs the service until `shutdown`.
+pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
+    config.validate()?;
+    let provider = provider(&config)?;
+    let runtime = Runtime::start_with(SERVICE, &core, shutdown.clone(), state::State).await?;
+    let reaction = reaction_config(&config);
     // Which kernel layers confine programs the tools run, reported once at start.
     let confinement = zopu_sandbox::confine::Confinement::probe(&config.sandbox);
     let report = confinement.report();

@@ -3,9 +3,11 @@
 
 pub mod artifact;
 pub mod bench;
+pub mod contract;
 pub mod conversation;
 pub mod log;
 pub mod project;
 pub mod services;
+pub mod status;
 pub mod streams;
 pub mod token;

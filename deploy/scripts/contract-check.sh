@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# `make contract-check`: the checked-in AsyncAPI document (proto/asyncapi.json)
+#   1. is what the code generates now (`zopu contract asyncapi --check`:
+#      an event type, header or consumer added without regenerating fails);
+#   2. is valid AsyncAPI by the AsyncAPI project's parser (@asyncapi/parser
+#      from the npm registry, installed into tools/asyncapi, never committed).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+parser_version=3.6.6
+dir=tools/asyncapi
+installed=$(node -p "require('./$dir/node_modules/@asyncapi/parser/package.json').version" 2>/dev/null || true)
+if [ "$installed" != "$parser_version" ]; then
+  command -v npm >/dev/null 2>&1 || { echo "FAIL: npm not found (apt-get install nodejs npm)" >&2; exit 1; }
+  mkdir -p "$dir"
+  npm install --silent --no-audit --no-fund --no-save --prefix "$dir" "@asyncapi/parser@$parser_version"
+fi
+${CARGO:-cargo} run -q -p zopu-cli --bin zopu -- contract asyncapi --check
+node deploy/scripts/asyncapi-validate.cjs "$dir" proto/asyncapi.json

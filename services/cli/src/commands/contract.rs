@@ -1,0 +1,193 @@
+//! `zopu contract asyncapi`: writes the event contract as an AsyncAPI 3
+//! document (`proto/asyncapi.json`), or with `--check` says whether the
+//! checked-in file is what the catalogue and the services' consumers give
+//! now. The document itself is built by `zopu_schema::asyncapi`; this module
+//! only hands it the reaction consumers each service declares (with their
+//! shipped defaults) and does the file I/O.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use zopu_core::ReactionConfig;
+use zopu_schema::asyncapi::{self, Consumer};
+
+use crate::Context;
+
+#[derive(Debug, Subcommand)]
+pub enum ContractCommand {
+    /// Generate the AsyncAPI 3 document of the events (or check the checked-in one)
+    #[command(
+        after_help = "Examples:\n  zopu contract asyncapi            # regenerate proto/asyncapi.json\n  zopu contract asyncapi --check    # exit 1 if proto/asyncapi.json is stale\n  zopu contract asyncapi --file -   # print it\n\nExit code with --check: 0 current, 1 stale or missing (the differences are listed)."
+    )]
+    Asyncapi(AsyncapiArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AsyncapiArgs {
+    /// The document's path (`-`: standard output)
+    #[arg(long, default_value = asyncapi::CHECKED_IN_PATH)]
+    file: PathBuf,
+    /// Compare with the file instead of writing it; exit 1 when it differs
+    #[arg(long)]
+    check: bool,
+}
+
+/// The durable consumers every service runs, as shipped.
+pub fn consumers() -> Vec<Consumer> {
+    let reactions: [(&str, ReactionConfig); 5] = [
+        (
+            zopu_setup::SERVICE,
+            zopu_setup::Config::default().reaction_config(),
+        ),
+        (
+            zopu_dispatch::SERVICE,
+            zopu_dispatch::Config::default().reaction(),
+        ),
+        (
+            zopu_conversation::SERVICE,
+            zopu_conversation::Config::default().reaction(),
+        ),
+        (
+            zopu_specialists::SERVICE,
+            zopu_specialists::reaction_config(&zopu_specialists::Config::default()),
+        ),
+        (
+            zopu_artifacts::service::SERVICE,
+            zopu_artifacts::service::Config::default().reaction_config(),
+        ),
+    ];
+    reactions
+        .into_iter()
+        .map(|(service, reaction)| Consumer {
+            service: service.to_owned(),
+            durable: reaction.durable,
+            filter_subjects: reaction.filter_subjects,
+            max_deliver: reaction.max_deliver,
+            max_ack_pending: reaction.max_ack_pending,
+        })
+        .collect()
+}
+
+/// The document as this build generates it.
+pub fn generated() -> serde_json::Value {
+    asyncapi::document(zopu_schema::catalogue::ALL, &consumers())
+}
+
+pub async fn run(context: &Context, command: ContractCommand) -> anyhow::Result<ExitCode> {
+    let ContractCommand::Asyncapi(args) = command;
+    let document = generated();
+    let text = asyncapi::render(&document);
+    let to_stdout = args.file.as_os_str() == "-";
+    if !args.check {
+        if to_stdout {
+            print!("{text}");
+        } else {
+            std::fs::write(&args.file, &text)
+                .with_context(|| format!("cannot write {}", args.file.display()))?;
+            report(context, &args, &[]);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if to_stdout {
+        anyhow::bail!("--check compares with a file: give --file PATH, not -");
+    }
+    let differences = match std::fs::read_to_string(&args.file) {
+        Ok(checked_in) => {
+            let checked_in: serde_json::Value = serde_json::from_str(&checked_in)
+                .with_context(|| format!("{} is not JSON", args.file.display()))?;
+            asyncapi::differences(&checked_in, &document, 20)
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            vec![format!("{} does not exist", args.file.display())]
+        }
+        Err(error) => {
+            return Err(error).with_context(|| format!("cannot read {}", args.file.display()));
+        }
+    };
+    report(context, &args, &differences);
+    Ok(if differences.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn report(context: &Context, args: &AsyncapiArgs, differences: &[String]) {
+    let file = args.file.display();
+    if context.json {
+        println!(
+            "{}",
+            serde_json::json!({ "file": file.to_string(), "checked": args.check,
+                "current": differences.is_empty(), "differences": differences })
+        );
+    } else if !args.check {
+        println!("wrote {file}");
+    } else if differences.is_empty() {
+        println!("{file} is current");
+    } else {
+        println!("{file} is stale; regenerate it with `zopu contract asyncapi`:");
+        for difference in differences {
+            println!("  {difference}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checked_in() -> serde_json::Value {
+        serde_json::from_str(asyncapi::CHECKED_IN).unwrap_or_default()
+    }
+
+    #[test]
+    fn the_checked_in_document_is_current() {
+        let differences = asyncapi::differences(&checked_in(), &generated(), 20);
+        assert!(
+            differences.is_empty(),
+            "{} is stale; run `zopu contract asyncapi`: {differences:?}",
+            asyncapi::CHECKED_IN_PATH
+        );
+    }
+
+    #[test]
+    fn an_event_type_added_without_regenerating_is_caught() {
+        let mut catalogue = zopu_schema::catalogue::ALL.to_vec();
+        catalogue.push(zopu_schema::catalogue::EventKind {
+            event_type: "project.archived",
+            schema: "zopu.v1.ProjectReady",
+        });
+        let differences = asyncapi::differences(
+            &checked_in(),
+            &asyncapi::document(&catalogue, &consumers()),
+            20,
+        );
+        assert!(
+            differences.contains(&"added /channels/project.archived".to_owned()),
+            "{differences:?}"
+        );
+        assert!(
+            differences.contains(&"added /components/messages/project.archived".to_owned()),
+            "{differences:?}"
+        );
+    }
+
+    #[test]
+    fn every_service_consumer_is_an_operation() {
+        let document = generated();
+        for consumer in consumers() {
+            let operations = document["operations"]
+                .as_object()
+                .map(|operations| {
+                    operations
+                        .values()
+                        .filter(|operation| operation["x-zopu-durable"] == consumer.durable)
+                        .count()
+                })
+                .unwrap_or_default();
+            assert!(operations > 0, "{} has no operation", consumer.durable);
+        }
+    }
+}
