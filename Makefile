@@ -44,3 +44,11 @@ clean-state: ## delete local dev state (.zopu-local): nats data, projections, wo
 .PHONY: deploy-check
 deploy-check: ## validate deploy/: Kubernetes manifests (pip install kubernetes-validate), NATS configs, consistency, compose when docker compose is there
 	@./deploy/scripts/validate.sh
+
+.PHONY: images test-deploy
+images: nats-server ## build the images with local bases only: nats:2.12 (FROM scratch), zopu-base:bookworm (debootstrap), zopu:latest (from target/debug/zopu or ZOPU_BIN)
+	@./deploy/scripts/build-images.sh
+
+test-deploy: nats-server ## deploy/ for real on Docker: images, compose up (3-node cluster, 3 conversation instances), CLI smoke, a NATS node killed mid-run, the testcontainers harness tests
+	$(CARGO) build -p zopu-cli --bin zopu
+	@./deploy/scripts/test-deploy.sh

@@ -6,6 +6,8 @@ mod browser;
 mod chaos;
 mod cluster;
 mod conversation;
+#[cfg(feature = "testcontainers")]
+mod docker;
 mod evolution;
 mod foundation;
 mod gateway;
