@@ -29,10 +29,17 @@ async fn running(docker: &Docker, id: &str) -> Result<bool> {
 async fn the_nats_container_keeps_acknowledged_events_across_a_kill() -> Result<()> {
     let mut server = NatsServer::start_at(Placement::Docker, Sync::Always)?;
     assert_eq!(server.placement(), Placement::Docker);
-    assert!(server.url().starts_with("nats://127.0.0.1:"), "{}", server.url());
+    assert!(
+        server.url().starts_with("nats://127.0.0.1:"),
+        "{}",
+        server.url()
+    );
     let id = server.container_id().context("a container id")?;
     let docker = Docker::connect_with_local_defaults()?;
-    ensure!(running(&docker, &id).await?, "container {id} is not running");
+    ensure!(
+        running(&docker, &id).await?,
+        "container {id} is not running"
+    );
 
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let version = bus.client.server_info().version;
@@ -44,9 +51,15 @@ async fn the_nats_container_keeps_acknowledged_events_across_a_kill() -> Result<
     for i in 0..20 {
         if i == 10 {
             server.kill();
-            assert!(!running(&docker, &id).await?, "container {id} survived the kill");
+            assert!(
+                !running(&docker, &id).await?,
+                "container {id} survived the kill"
+            );
             server.restart()?;
-            assert!(running(&docker, &id).await?, "container {id} did not restart");
+            assert!(
+                running(&docker, &id).await?,
+                "container {id} did not restart"
+            );
         }
         let message = pb::TimelineMessageSent {
             timeline_id: "global".into(),
@@ -58,7 +71,7 @@ async fn the_nats_container_keeps_acknowledged_events_across_a_kill() -> Result<
                 org.clone(),
                 project,
                 &message,
-                &format!("request:docker-{i}"),
+                format!("request:docker-{i}"),
                 None,
             ))
             .await?;

@@ -47,7 +47,7 @@ pub struct NatsServer {
 enum Backend {
     Local(zopu_core::local_server::LocalServer),
     #[cfg(feature = "testcontainers")]
-    Docker(docker::DockerServer),
+    Docker(Box<docker::DockerServer>),
 }
 
 /// Where [`NatsServer`] runs, from `ZOPU_TEST_NATS`.
@@ -98,7 +98,9 @@ impl NatsServer {
                 sync,
             )?),
             #[cfg(feature = "testcontainers")]
-            Placement::Docker => Backend::Docker(docker::DockerServer::start(store.path(), sync)?),
+            Placement::Docker => {
+                Backend::Docker(Box::new(docker::DockerServer::start(store.path(), sync)?))
+            }
             #[cfg(not(feature = "testcontainers"))]
             Placement::Docker => bail!(
                 "ZOPU_TEST_NATS=docker needs the harness built with its testcontainers feature: \
