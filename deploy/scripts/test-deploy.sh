@@ -295,7 +295,7 @@ reader audit verify >"$work/audit.out" 2>&1 || die "audit verify: $(cat "$work/a
 step "audit verify: every project's chain is whole"
 
 step "testcontainers: the harness on the locally built nats image (ZOPU_TEST_NATS=docker)"
-if ! ZOPU_TEST_NATS=docker cargo test -p zopu-tests --features testcontainers --test it -- docker:: foundation:: \
+if ! ZOPU_TEST_NATS=docker cargo test --workspace --features zopu-tests/docker --test it -- docker:: foundation:: \
     >"$work/testcontainers.log" 2>&1; then
   tail -n 60 "$work/testcontainers.log" >&2
   die "the testcontainers harness tests failed"

@@ -1,6 +1,6 @@
-//! The harness's testcontainers path (only with `--features testcontainers`
-//! and a Docker engine; `make test-deploy` runs it against the nats image
-//! `make images` builds): the server really runs in a container, listens on
+//! The harness's testcontainers path (only with `--features docker` and a
+//! Docker engine; `make test-deploy` runs it against the nats image `make
+//! images` builds): the server really runs in a container, listens on
 //! loopback, and keeps every acknowledged event across a SIGKILL of the
 //! container and its restart.
 

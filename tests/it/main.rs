@@ -6,7 +6,7 @@ mod browser;
 mod chaos;
 mod cluster;
 mod conversation;
-#[cfg(feature = "testcontainers")]
+#[cfg(feature = "docker")]
 mod docker;
 mod evolution;
 mod foundation;

@@ -14,9 +14,8 @@
 //! store in a container of the nats image (`ZOPU_TEST_NATS_IMAGE`, default
 //! `nats:2.12`, which `make images` builds locally), started through
 //! testcontainers on the host's network, so it still listens on loopback
-//! only. `docker` needs the `testcontainers` feature and a Docker engine;
-//! `make test-deploy` runs harness tests that way. Docker is never needed
-//! for `make test`.
+//! only. `docker` needs a Docker engine; `make test-deploy` runs harness
+//! tests that way. Docker is never needed for `make test`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -46,7 +45,6 @@ pub struct NatsServer {
 #[derive(Debug)]
 enum Backend {
     Local(zopu_core::local_server::LocalServer),
-    #[cfg(feature = "testcontainers")]
     Docker(Box<docker::DockerServer>),
 }
 
@@ -97,15 +95,9 @@ impl NatsServer {
                 None,
                 sync,
             )?),
-            #[cfg(feature = "testcontainers")]
             Placement::Docker => {
                 Backend::Docker(Box::new(docker::DockerServer::start(store.path(), sync)?))
             }
-            #[cfg(not(feature = "testcontainers"))]
-            Placement::Docker => bail!(
-                "ZOPU_TEST_NATS=docker needs the harness built with its testcontainers feature: \
-                 cargo test -p zopu-tests --features testcontainers"
-            ),
         };
         Ok(Self {
             backend,
@@ -116,7 +108,6 @@ impl NatsServer {
     pub fn url(&self) -> String {
         match &self.backend {
             Backend::Local(server) => server.url(),
-            #[cfg(feature = "testcontainers")]
             Backend::Docker(server) => server.url(),
         }
     }
@@ -129,7 +120,6 @@ impl NatsServer {
     pub fn placement(&self) -> Placement {
         match &self.backend {
             Backend::Local(_) => Placement::Local,
-            #[cfg(feature = "testcontainers")]
             Backend::Docker(_) => Placement::Docker,
         }
     }
@@ -138,7 +128,6 @@ impl NatsServer {
     pub fn container_id(&self) -> Option<String> {
         match &self.backend {
             Backend::Local(_) => None,
-            #[cfg(feature = "testcontainers")]
             Backend::Docker(server) => server.id().map(str::to_owned),
         }
     }
@@ -147,7 +136,6 @@ impl NatsServer {
     pub fn kill(&mut self) {
         match &mut self.backend {
             Backend::Local(server) => server.kill(),
-            #[cfg(feature = "testcontainers")]
             Backend::Docker(server) => server.kill(),
         }
     }
@@ -156,7 +144,6 @@ impl NatsServer {
     pub fn restart(&mut self) -> Result<()> {
         match &mut self.backend {
             Backend::Local(server) => Ok(server.restart()?),
-            #[cfg(feature = "testcontainers")]
             Backend::Docker(server) => server.restart(),
         }
     }
@@ -401,7 +388,6 @@ pub async fn wait_for_count(
     Ok(found)
 }
 
-#[cfg(feature = "testcontainers")]
 pub mod docker;
 
 /// The workspace's root directory.
@@ -457,15 +443,5 @@ mod tests {
             error.as_deref(),
             Some("ZOPU_TEST_NATS must be `local` or `docker`, not `podman`")
         );
-    }
-
-    #[cfg(not(feature = "testcontainers"))]
-    #[test]
-    fn docker_without_the_feature_says_how_to_get_it() {
-        let error = super::NatsServer::start_at(Placement::Docker, super::Sync::Always)
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(error.contains("--features testcontainers"), "{error}");
     }
 }
