@@ -87,7 +87,16 @@ secret() { printf 'z'; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
   echo "ZOPU_GATEWAY_LINK_KEY=$(secret)$(secret)"
   echo "ZOPU_LLM_API_KEY="
   echo "ZOPU_SMOKE_REPOS=$work/repos"
+  echo "ZOPU_SMOKE_SANDBOX_ENV=$work/sandbox.env"
 } >"$work/deploy.env"
+# Local repositories allowed, under the smoke repositories' directory (a
+# TOML list) where this tree's services have `local_repository_roots`.
+{
+  echo "ZOPU_SANDBOX__ALLOW_LOCAL_REPOSITORIES=true"
+  if grep -rqs 'local_repository_roots' services/sandbox/src; then
+    echo "ZOPU_SANDBOX__LOCAL_REPOSITORY_ROOTS=[\"$work/repos\"]"
+  fi
+} >"$work/sandbox.env"
 # A leftover stack of an interrupted run goes first.
 "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
 trap cleanup EXIT
@@ -169,9 +178,10 @@ nats_urls() {
 }
 password() { sed -n "s/^ZOPU_$1_PASSWORD=//p" "$work/deploy.env"; }
 cli() { # as the operator, from outside (through $cli_urls when set)
-  ZOPU_NATS_USER=operator ZOPU_NATS_PASSWORD=$(password OPERATOR) \
-    ZOPU_SANDBOX__ALLOW_LOCAL_REPOSITORIES=true ZOPU_DATA_DIR="$work/cli" \
-    "$zopu" --nats "${cli_urls:-$(nats_urls)}" --json "$@"
+  local settings
+  mapfile -t settings <"$work/sandbox.env"
+  env "${settings[@]}" ZOPU_NATS_USER=operator ZOPU_NATS_PASSWORD="$(password OPERATOR)" \
+    ZOPU_DATA_DIR="$work/cli" "$zopu" --nats "${cli_urls:-$(nats_urls)}" --json "$@"
 }
 reader() { # as the read-only reader
   ZOPU_NATS_USER=reader ZOPU_NATS_PASSWORD=$(password READER) ZOPU_DATA_DIR="$work/cli" \
