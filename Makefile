@@ -56,3 +56,11 @@ contract: ## regenerate proto/asyncapi.json (the event contract as AsyncAPI 3) f
 
 contract-check: ## proto/asyncapi.json is current and valid (@asyncapi/parser from npm, into ./tools/asyncapi)
 	@CARGO="$(CARGO)" ./deploy/scripts/contract-check.sh
+
+.PHONY: images test-deploy
+images: nats-server ## build the images with local bases only: nats:2.12 (FROM scratch), zopu-base:bookworm (debootstrap), zopu:latest (from target/debug/zopu or ZOPU_BIN)
+	@./deploy/scripts/build-images.sh
+
+test-deploy: nats-server ## deploy/ for real on Docker: images, compose up (3-node cluster, 3 conversation instances), CLI smoke, a NATS node killed mid-run, the testcontainers harness tests
+	$(CARGO) build -p zopu-cli --bin zopu
+	@./deploy/scripts/test-deploy.sh

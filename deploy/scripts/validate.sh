@@ -106,13 +106,19 @@ partitions=$(grep -ho 'ZOPU_SCALE__PARTITIONS: "[0-9]*"' kubernetes/zopu.yaml co
 [ "$failed" -eq 0 ] && ok "deploy/ is consistent with itself and with the services' durables"
 
 # 4. Compose.
+compose_bin=()
 if docker compose version >/dev/null 2>&1; then
+  compose_bin=(docker compose)
+elif command -v docker-compose >/dev/null 2>&1; then
+  compose_bin=(docker-compose)
+fi
+if [ ${#compose_bin[@]} -gt 0 ]; then
   env_file=.env
   [ -f "$env_file" ] || env_file=.env.example
-  if docker compose --env-file "$env_file" -f compose.yaml config -q; then
-    ok "docker compose config -q (env from $env_file)"
+  if "${compose_bin[@]}" --env-file "$env_file" -f compose.yaml config -q; then
+    ok "${compose_bin[*]} config -q (env from $env_file)"
   else
-    fail "docker compose config"
+    fail "${compose_bin[*]} config"
   fi
 else
   skip "docker compose not found: compose.yaml is not checked"

@@ -6,6 +6,8 @@ mod browser;
 mod chaos;
 mod cluster;
 mod conversation;
+#[cfg(feature = "docker")]
+mod docker;
 mod evolution;
 mod forgery;
 mod foundation;

@@ -35,7 +35,13 @@ pub struct Fleet {
 
 /// `ZOPU_*` variables the tests themselves read: not settings, so a child
 /// must not inherit them (it would refuse them as unknown keys).
-const TEST_VARIABLES: &[&str] = &["ZOPU_BIN", "ZOPU_CHAOS_SEED", "ZOPU_CHAOS_SCALE"];
+const TEST_VARIABLES: &[&str] = &[
+    "ZOPU_BIN",
+    "ZOPU_CHAOS_SEED",
+    "ZOPU_CHAOS_SCALE",
+    "ZOPU_TEST_NATS",
+    "ZOPU_TEST_NATS_IMAGE",
+];
 
 impl Fleet {
     pub fn new(zopu: &Path, root: &Path, config: FleetConfig) -> Result<Self> {

@@ -7,9 +7,15 @@
 //!
 //! The binary is found in `$ZOPU_NATS_SERVER`, `./tools/bin/nats-server`
 //! (what `make setup` installs) or `PATH`; a missing or too-old server fails
-//! the test with an install hint. With the `testcontainers` feature and a
-//! Docker engine, `NatsServer::start_in_docker` offers the same server in a
-//! container.
+//! the test with an install hint.
+//!
+//! `ZOPU_TEST_NATS` picks where [`NatsServer`] runs: `local` (the default,
+//! the child process above) or `docker`: the same configuration file and
+//! store in a container of the nats image (`ZOPU_TEST_NATS_IMAGE`, default
+//! `nats:2.12`, which `make images` builds locally), started through
+//! testcontainers on the host's network, so it still listens on loopback
+//! only. `docker` needs a Docker engine; `make test-deploy` runs harness
+//! tests that way. Docker is never needed for `make test`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,11 +32,44 @@ pub mod fixtures;
 pub mod fleet;
 pub mod invariants;
 
-/// A nats-server child process on a temp store (see `zopu_core::local_server`).
+/// A nats-server on a temp store: a child process (see
+/// `zopu_core::local_server`) or, with `ZOPU_TEST_NATS=docker`, the same
+/// server in a container.
 #[derive(Debug)]
 pub struct NatsServer {
-    server: zopu_core::local_server::LocalServer,
+    backend: Backend,
+    // Declared after `backend`: the server stops before its store goes.
     _store: tempfile::TempDir,
+}
+
+#[derive(Debug)]
+enum Backend {
+    Local(zopu_core::local_server::LocalServer),
+    Docker(Box<docker::DockerServer>),
+}
+
+/// Where [`NatsServer`] runs, from `ZOPU_TEST_NATS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// A child process of the test (unset, empty or `local`).
+    Local,
+    /// A container started through testcontainers (`docker`).
+    Docker,
+}
+
+impl Placement {
+    /// Reads `ZOPU_TEST_NATS`; any other value is an error naming it.
+    pub fn from_env() -> Result<Self> {
+        Self::parse(&std::env::var("ZOPU_TEST_NATS").unwrap_or_default())
+    }
+
+    pub fn parse(value: &str) -> Result<Self> {
+        match value {
+            "" | "local" => Ok(Self::Local),
+            "docker" => Ok(Self::Docker),
+            other => bail!("ZOPU_TEST_NATS must be `local` or `docker`, not `{other}`"),
+        }
+    }
 }
 
 impl NatsServer {
@@ -43,41 +82,85 @@ impl NatsServer {
 
     /// [`NatsServer::start`] with another sync policy.
     pub fn start_with(sync: Sync) -> Result<Self> {
-        let server = Self::start_without_streams(sync)?;
+        Self::start_at(Placement::from_env()?, sync)
+    }
+
+    /// [`NatsServer::start_with`] where `placement` says, whatever
+    /// `ZOPU_TEST_NATS` is.
+    pub fn start_at(placement: Placement, sync: Sync) -> Result<Self> {
+        let server = Self::launch(placement, sync)?;
         apply_streams(server.url(), 1)?;
         Ok(server)
     }
 
     /// A server with nothing on it: no stream, no bucket.
     pub fn start_without_streams(sync: Sync) -> Result<Self> {
+        Self::launch(Placement::from_env()?, sync)
+    }
+
+    fn launch(placement: Placement, sync: Sync) -> Result<Self> {
         // `ZOPU_LOG=warn cargo test ...` shows the services' logs.
         if std::env::var_os("ZOPU_LOG").is_some() {
             zopu_core::telemetry::init(false);
         }
         let store = tempfile::tempdir().context("temp store dir")?;
-        let server = zopu_core::local_server::LocalServer::start(store.path(), None, sync)?;
+        let backend = match placement {
+            Placement::Local => Backend::Local(zopu_core::local_server::LocalServer::start(
+                store.path(),
+                None,
+                sync,
+            )?),
+            Placement::Docker => {
+                Backend::Docker(Box::new(docker::DockerServer::start(store.path(), sync)?))
+            }
+        };
         Ok(Self {
-            server,
+            backend,
             _store: store,
         })
     }
 
     pub fn url(&self) -> String {
-        self.server.url()
+        match &self.backend {
+            Backend::Local(server) => server.url(),
+            Backend::Docker(server) => server.url(),
+        }
     }
 
     pub fn store_dir(&self) -> &Path {
-        self.server.store_dir()
+        self._store.path()
+    }
+
+    /// Where this server runs.
+    pub fn placement(&self) -> Placement {
+        match &self.backend {
+            Backend::Local(_) => Placement::Local,
+            Backend::Docker(_) => Placement::Docker,
+        }
+    }
+
+    /// The container's id when the server runs in Docker.
+    pub fn container_id(&self) -> Option<String> {
+        match &self.backend {
+            Backend::Local(_) => None,
+            Backend::Docker(server) => server.id().map(str::to_owned),
+        }
     }
 
     /// SIGKILL, no chance to flush anything that was not synced.
     pub fn kill(&mut self) {
-        self.server.kill();
+        match &mut self.backend {
+            Backend::Local(server) => server.kill(),
+            Backend::Docker(server) => server.kill(),
+        }
     }
 
     /// Starts again on the same port and store.
     pub fn restart(&mut self) -> Result<()> {
-        Ok(self.server.restart()?)
+        match &mut self.backend {
+            Backend::Local(server) => Ok(server.restart()?),
+            Backend::Docker(server) => server.restart(),
+        }
     }
 }
 
@@ -361,24 +444,7 @@ pub async fn wait_for_count(
     Ok(found)
 }
 
-#[cfg(feature = "testcontainers")]
-pub mod docker {
-    //! The same server in Docker (only where a Docker engine runs).
-    use testcontainers::core::{IntoContainerPort, WaitFor};
-    use testcontainers::runners::AsyncRunner;
-    use testcontainers::{ContainerAsync, GenericImage, ImageExt};
-
-    pub async fn start() -> anyhow::Result<(ContainerAsync<GenericImage>, String)> {
-        let container = GenericImage::new("nats", "2.12-alpine")
-            .with_exposed_port(4222.tcp())
-            .with_wait_for(WaitFor::message_on_stderr("Server is ready"))
-            .with_cmd(["-js", "--sync_interval", "always"])
-            .start()
-            .await?;
-        let port = container.get_host_port_ipv4(4222).await?;
-        Ok((container, format!("nats://127.0.0.1:{port}")))
-    }
-}
+pub mod docker;
 
 /// The workspace's root directory.
 pub fn workspace_root() -> PathBuf {
@@ -417,4 +483,21 @@ pub fn zopu_binary(workspace: &Path) -> Result<PathBuf> {
         "building zopu failed: run `cargo build -p zopu-cli --bin zopu` and look at its errors"
     );
     Ok(target.join("debug/zopu"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Placement;
+
+    #[test]
+    fn zopu_test_nats_names_a_placement() {
+        assert_eq!(Placement::parse("").ok(), Some(Placement::Local));
+        assert_eq!(Placement::parse("local").ok(), Some(Placement::Local));
+        assert_eq!(Placement::parse("docker").ok(), Some(Placement::Docker));
+        let error = Placement::parse("podman").err().map(|e| e.to_string());
+        assert_eq!(
+            error.as_deref(),
+            Some("ZOPU_TEST_NATS must be `local` or `docker`, not `podman`")
+        );
+    }
 }

@@ -19,10 +19,20 @@ pub const NON_SETTING_VARIABLES: &[&str] = &[
     "ZOPU_LLM_API_KEY",
     "ZOPU_GATEWAY_LINK_KEY",
     "ZOPU_NATS_SERVER",
-    // Read by the test harness (the chaos run, the binary under test).
+    // Read by the test harness (the chaos run, the binary under test, where
+    // its nats-server runs).
     "ZOPU_BIN",
     "ZOPU_CHAOS_SEED",
     "ZOPU_CHAOS_SCALE",
+    "ZOPU_TEST_NATS",
+    "ZOPU_TEST_NATS_IMAGE",
+    // Read by deploy/scripts (make images, make test-deploy), which run zopu.
+    "ZOPU_KEEP_DEPLOY",
+    "ZOPU_REBUILD_BASE",
+    "ZOPU_DEBIAN_MIRROR",
+    "ZOPU_DOCKERD_LOG",
+    "ZOPU_DOCKERD_WAIT",
+    "ZOPU_NATS_READY_TIMEOUT",
     crate::nats::USER_VARIABLE,
     crate::nats::PASSWORD_VARIABLE,
     crate::nats::CREDENTIALS_FILE_VARIABLE,
@@ -458,6 +468,28 @@ mod tests {
         assert_eq!(loaded.nats_url, "nats://flag");
         assert!(loaded.sandbox.allow_local_repositories);
         assert_eq!(loaded.sandbox.max_files, 7);
+    }
+
+    #[test]
+    fn the_harness_and_deploy_scripts_variables_are_not_settings() {
+        let sources = Sources {
+            environment: [
+                ("ZOPU_TEST_NATS", "docker"),
+                ("ZOPU_TEST_NATS_IMAGE", "nats:2.12"),
+                ("ZOPU_KEEP_DEPLOY", "1"),
+                ("ZOPU_REBUILD_BASE", "1"),
+                ("ZOPU_DEBIAN_MIRROR", "http://deb.debian.org/debian"),
+                ("ZOPU_DOCKERD_LOG", "/tmp/dockerd.log"),
+                ("ZOPU_DOCKERD_WAIT", "60"),
+                ("ZOPU_NATS_READY_TIMEOUT", "120"),
+            ]
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect(),
+            ..Default::default()
+        };
+        let loaded: Example = load(&sources).unwrap();
+        assert_eq!(loaded.nats_url, "nats://default");
     }
 
     #[test]

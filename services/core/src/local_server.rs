@@ -157,10 +157,7 @@ impl LocalServer {
         node: Option<ClusterNode>,
     ) -> Result<Self, LocalServerError> {
         let binary = find_binary()?;
-        std::fs::create_dir_all(store_dir)?;
-        let config = store_dir.join("nats.conf");
-        let text = config_text(port, &store_dir.join("jetstream"), sync, node.as_ref());
-        std::fs::File::create(&config)?.write_all(text.as_bytes())?;
+        let config = write_config(store_dir, port, sync, node.as_ref())?;
         let mut server = Self {
             child: None,
             port,
@@ -395,9 +392,34 @@ pub fn version_ok(text: &str) -> bool {
     matches!((parts.next().flatten(), parts.next().flatten()), (Some(major), Some(minor)) if (major, minor) >= crate::nats::MINIMUM_SERVER)
 }
 
+/// Writes the configuration a standalone server on 127.0.0.1:`port` storing
+/// under `store_dir` runs with (what [`LocalServer::start`] runs) to
+/// `store_dir/nats.conf`, creating the directory; its path. The test
+/// harness runs the same file in a container (`ZOPU_TEST_NATS=docker`).
+pub fn write_standalone_config(
+    store_dir: &Path,
+    port: u16,
+    sync: SyncPolicy,
+) -> Result<PathBuf, LocalServerError> {
+    write_config(store_dir, port, sync, None)
+}
+
+fn write_config(
+    store_dir: &Path,
+    port: u16,
+    sync: SyncPolicy,
+    node: Option<&ClusterNode>,
+) -> Result<PathBuf, LocalServerError> {
+    std::fs::create_dir_all(store_dir)?;
+    let config = store_dir.join("nats.conf");
+    let text = config_text(port, &store_dir.join("jetstream"), sync, node);
+    std::fs::File::create(&config)?.write_all(text.as_bytes())?;
+    Ok(config)
+}
+
 /// `count` distinct free ports on 127.0.0.1 (each held until all are found,
 /// so none is handed out twice).
-fn free_ports(count: usize) -> Result<Vec<u16>, LocalServerError> {
+pub fn free_ports(count: usize) -> Result<Vec<u16>, LocalServerError> {
     let listeners = (0..count)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<Result<Vec<_>, _>>()?;

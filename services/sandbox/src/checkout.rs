@@ -331,13 +331,10 @@ impl Git {
         }
         self.check_tree_size(directory, commit.as_str()).await?;
         let mut checkout = self.command(&home, Target::Repository(directory), false);
-        checkout.args([
-            "reset",
-            "--quiet",
-            "--hard",
-            "--end-of-options",
-            commit.as_str(),
-        ]);
+        // Not `--end-of-options`: git before 2.43 (Debian bookworm's 2.39,
+        // the images' git) refuses it in `reset`. A `CommitId` is hex, never
+        // an option, and the trailing `--` keeps it from naming a path.
+        checkout.args(["reset", "--quiet", "--hard", commit.as_str(), "--"]);
         self.succeed(checkout, "reset").await?;
         Ok(())
     }

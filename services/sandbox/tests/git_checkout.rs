@@ -59,6 +59,37 @@ async fn fetches_exactly_the_commit_then_reuses_it() {
     assert_eq!(again.repository, checkout.repository);
 }
 
+/// Every git this machine has: the one on `PATH` and Debian's package
+/// (`/usr/bin/git`, 2.39 on bookworm: what the deploy images carry), which
+/// refuses `--end-of-options` in `reset`.
+#[tokio::test]
+async fn every_git_on_the_machine_checks_out_a_recorded_commit() {
+    let mut programs = vec![std::path::PathBuf::from("git")];
+    let debian = std::path::Path::new("/usr/bin/git");
+    if debian.exists() {
+        programs.push(debian.to_owned());
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let repository = source_repository(temp.path(), "source");
+    let first = git(&repository, &["rev-parse", "main~1"]);
+    let commit = CommitId::parse(&first).unwrap();
+    for (index, program) in programs.into_iter().enumerate() {
+        let destination = temp.path().join(format!("workspace-{index}")).join("repo");
+        std::fs::create_dir_all(destination.parent().unwrap()).unwrap();
+        let runner = Git::new(GitOptions {
+            program: program.clone(),
+            ..options()
+        });
+        let checkout = runner
+            .ensure_commit(&source(&repository, "main"), &commit, &destination)
+            .await
+            .unwrap_or_else(|error| panic!("{}: {error}", program.display()));
+        assert_eq!(checkout.method, Some(Method::FetchedCommit));
+        assert_eq!(git(&destination, &["rev-parse", "HEAD"]), first);
+        assert_eq!(git(&destination, &["status", "--porcelain"]), "");
+    }
+}
+
 #[tokio::test]
 async fn a_checkout_at_another_commit_is_replaced() {
     let temp = tempfile::tempdir().unwrap();
