@@ -81,7 +81,7 @@ cleanup() {
 # and a hex string starting with a digit is read as a broken number.
 secret() { printf 'z'; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 {
-  for user in setup dispatch conversation specialists artifacts gateway operator reader; do
+  for user in setup dispatch conversation specialists artifacts gateway operator reader admin; do
     echo "ZOPU_$(echo "$user" | tr a-z A-Z)_PASSWORD=$(secret)"
   done
   echo "ZOPU_GATEWAY_LINK_KEY=$(secret)$(secret)"
@@ -140,9 +140,9 @@ while :; do
     state=$(docker inspect -f '{{.Name}} {{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}-{{end}} {{.State.ExitCode}} {{.RestartCount}}' "$id")
     read -r name status health code restarts <<<"$state"
     case $name in
-      */"${project_name}"_nats-ready_*)
+      */"${project_name}"_nats-ready_* | */"${project_name}"_streams_*)
         [ "$status" = exited ] && [ "$code" = 0 ] && continue
-        [ "$status" = exited ] && die "nats-ready exited $code: $(docker logs "$id" 2>&1 | tail -5)"
+        [ "$status" = exited ] && die "$name exited $code: $(docker logs "$id" 2>&1 | tail -5)"
         ;;
       *)
         [ "$status" = running ] && [ "$health" != starting ] && [ "$health" != unhealthy ] && continue
