@@ -447,6 +447,8 @@ async fn a_secret_corpus_never_survives_from_repository_to_artifact() -> Result<
             core.clone(),
             zopu_setup::Config {
                 allow_local_repositories: true,
+                // The corpus repository lives in a temporary directory.
+                local_repository_roots: vec![std::env::temp_dir()],
                 clone_timeout: Duration::from_secs(60),
                 ..zopu_setup::Config::default()
             },
@@ -480,6 +482,7 @@ async fn a_secret_corpus_never_survives_from_repository_to_artifact() -> Result<
         let core = core.clone();
         let mut config = zopu_specialists::config::Config {
             allow_local_repositories: true,
+            local_repository_roots: vec![std::env::temp_dir()],
             clone_timeout: Duration::from_secs(60),
             ..zopu_specialists::config::Config::default()
         };

@@ -146,13 +146,23 @@ async fn a_stopped_service_is_named_as_stuck_and_status_exits_non_zero() -> Resu
         ..Default::default()
     };
 
+    // The administrator applies streams/ (services only check them).
+    let bus = zopu_core::nats::connect(&url, "status-test", Duration::from_secs(10)).await?;
+    zopu_core::streams::apply(
+        &bus,
+        &zopu_core::streams::StreamSettings {
+            replicas: 1,
+            duplicate_window: Duration::from_secs(120),
+        },
+    )
+    .await?;
+
     // Healthy: dispatch runs and settles what arrives.
     let (shutdown, task) = start_dispatch(&core);
-    let bus = zopu_core::nats::connect(&url, "status-test", Duration::from_secs(10)).await?;
     let publisher = Publisher::new(bus, "test", None);
     let org: OrgId = "acme".parse()?;
     let project = ProjectId::new();
-    // The stream exists once the service applied streams/.
+    // The consumer exists once the service bound it.
     let report = status_until(&url, "dispatch's consumer exists", |_, report| {
         consumer(report, DURABLE).is_some()
     })
