@@ -35,7 +35,11 @@ pub const NON_SETTING_VARIABLES: &[&str] = &[
     "ZOPU_NATS_READY_TIMEOUT",
     crate::nats::USER_VARIABLE,
     crate::nats::PASSWORD_VARIABLE,
+    crate::nats::PASSWORD_FILE_VARIABLE,
     crate::nats::CREDENTIALS_FILE_VARIABLE,
+    crate::nats::CA_FILE_VARIABLE,
+    crate::nats::CERT_FILE_VARIABLE,
+    crate::nats::KEY_FILE_VARIABLE,
 ];
 
 #[derive(Debug, thiserror::Error)]

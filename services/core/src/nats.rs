@@ -6,7 +6,14 @@
 //! (`nats://a:4222,nats://b:4222`, the seed list NATS tools accept for a
 //! cluster): the client connects to any of them and, when its server dies,
 //! reconnects to another (also to those the cluster announces).
+//!
+//! TLS is optional and off by default: a `tls://` URL or a CA file
+//! (`ZOPU_NATS_CA_FILE`) requires it, and a client certificate and key
+//! (`ZOPU_NATS_CERT_FILE`, `ZOPU_NATS_KEY_FILE`) add mutual TLS. Every file
+//! is read and parsed before connecting, so a missing or invalid one is an
+//! error naming the variable and the path, not a connect timeout.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -161,6 +168,101 @@ async fn with_credentials(
     }
 }
 
+/// The environment variables that configure client TLS. File paths, not
+/// secrets, but read beside the credentials so every `connect` (services,
+/// CLI, benchmarks) honours them.
+/// The CA certificates (PEM) that sign the servers' certificates: set, it
+/// requires TLS and trusts only these.
+pub const CA_FILE_VARIABLE: &str = "ZOPU_NATS_CA_FILE";
+/// A client certificate (PEM) for mutual TLS, with [`KEY_FILE_VARIABLE`].
+pub const CERT_FILE_VARIABLE: &str = "ZOPU_NATS_CERT_FILE";
+/// The client certificate's private key (PEM), with [`CERT_FILE_VARIABLE`].
+pub const KEY_FILE_VARIABLE: &str = "ZOPU_NATS_KEY_FILE";
+
+/// The PEM certificates in the file `variable` names; an error names the
+/// variable and the path when it is unreadable, not PEM or holds none.
+fn read_certificates(variable: &str, path: &str) -> Result<(), String> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let bytes = std::fs::read(path).map_err(|error| format!("{variable} ({path}): {error}"))?;
+    let certificates = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| format!("{variable} ({path}) is not a valid PEM file: {error}"))?;
+    if certificates.is_empty() {
+        return Err(format!(
+            "{variable} ({path}) holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+        ));
+    }
+    Ok(())
+}
+
+/// Adds the TLS settings the environment names (see [`CA_FILE_VARIABLE`]).
+/// Nothing set: the connection is plain unless the URL says `tls://`.
+fn with_tls(
+    options: async_nats::ConnectOptions,
+    env: &impl Fn(&str) -> Result<String, std::env::VarError>,
+) -> Result<async_nats::ConnectOptions, String> {
+    let read = |name: &str| env(name).ok().filter(|v| !v.is_empty());
+    let ca = read(CA_FILE_VARIABLE);
+    let certificate = read(CERT_FILE_VARIABLE);
+    let key = read(KEY_FILE_VARIABLE);
+    let mut options = options;
+    if let Some(path) = &ca {
+        read_certificates(CA_FILE_VARIABLE, path)?;
+        options = options
+            .add_root_certificates(path.into())
+            .require_tls(true);
+    }
+    match (certificate, key) {
+        (Some(certificate), Some(key)) => {
+            use rustls_pki_types::PrivateKeyDer;
+            use rustls_pki_types::pem::PemObject;
+            read_certificates(CERT_FILE_VARIABLE, &certificate)?;
+            let bytes = std::fs::read(&key)
+                .map_err(|error| format!("{KEY_FILE_VARIABLE} ({key}): {error}"))?;
+            // The key itself never reaches a message, only its path.
+            PrivateKeyDer::from_pem_slice(&bytes).map_err(|error| {
+                format!("{KEY_FILE_VARIABLE} ({key}) holds no valid PEM private key: {error}")
+            })?;
+            options = options
+                .add_client_certificate(certificate.into(), key.into())
+                .require_tls(true);
+        }
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(format!(
+                "{CERT_FILE_VARIABLE} and {KEY_FILE_VARIABLE} go together (mutual TLS): one of them is not set"
+            ));
+        }
+        (None, None) => {}
+    }
+    Ok(options)
+}
+
+/// Why the first connection has not come up, for the timeout's message:
+/// the last error the client reported, with a hint when it is TLS.
+fn not_connected_reason(timeout: Duration, last_error: &Mutex<Option<String>>) -> String {
+    let mut reason = format!(
+        "no server answered within {}s (is nats-server running? `make run` starts one)",
+        timeout.as_secs()
+    );
+    let last = last_error
+        .lock()
+        .map(|slot| slot.clone())
+        .unwrap_or_default();
+    if let Some(error) = last {
+        reason = format!(
+            "no connection within {}s; the last attempt failed: {error}",
+            timeout.as_secs()
+        );
+        if error.contains("TLS") {
+            reason.push_str(&format!(
+                " (the server requires TLS or presented a certificate this client does not trust: set {CA_FILE_VARIABLE} to the CA that signed it; a server verifying clients also needs {CERT_FILE_VARIABLE} and {KEY_FILE_VARIABLE})"
+            ));
+        }
+    }
+    reason
+}
+
 /// Connects to `url` (one server or a comma-separated list) as `name`. The
 /// first connection is retried for up to `first_connect_timeout`; after
 /// that the client reconnects forever, to any server it knows.
@@ -173,6 +275,8 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
     // a second guard for everything below that prints it.
     let url = &redacted(url);
     let events_url = url.to_owned();
+    let last_error: Arc<Mutex<Option<String>>> = Arc::default();
+    let events_last_error = Arc::clone(&last_error);
     let options = async_nats::ConnectOptions::new()
         .name(name)
         .retry_on_initial_connect()
@@ -181,6 +285,11 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
         .connection_timeout(Duration::from_secs(5))
         .event_callback(move |event| {
             let url = events_url.clone();
+            if let async_nats::Event::ClientError(error) = &event
+                && let Ok(mut slot) = events_last_error.lock()
+            {
+                *slot = Some(error.to_string());
+            }
             async move {
                 match event {
                     async_nats::Event::Connected => tracing::info!(%url, "nats connected"),
@@ -192,8 +301,10 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
                 }
             }
         });
-    let options = with_credentials(options, &|name: &str| std::env::var(name))
+    let environment = |name: &str| std::env::var(name);
+    let options = with_credentials(options, &environment)
         .await
+        .and_then(|options| with_tls(options, &environment))
         .map_err(|reason| Error::Connect {
             url: url.to_owned(),
             reason,
@@ -203,10 +314,7 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
         .await
         .map_err(|_| Error::Connect {
             url: url.to_owned(),
-            reason: format!(
-                "no server answered within {}s (is nats-server running? `make run` starts one)",
-                first_connect_timeout.as_secs()
-            ),
+            reason: not_connected_reason(first_connect_timeout, &last_error),
         })?
         .map_err(|error| Error::Connect {
             url: url.to_owned(),
@@ -218,10 +326,7 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
         if tokio::time::Instant::now() >= deadline {
             return Err(Error::Connect {
                 url: url.to_owned(),
-                reason: format!(
-                    "no server answered within {}s (is nats-server running? `make run` starts one)",
-                    first_connect_timeout.as_secs()
-                ),
+                reason: not_connected_reason(first_connect_timeout, &last_error),
             });
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
