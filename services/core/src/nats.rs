@@ -209,9 +209,7 @@ fn with_tls(
     let mut options = options;
     if let Some(path) = &ca {
         read_certificates(CA_FILE_VARIABLE, path)?;
-        options = options
-            .add_root_certificates(path.into())
-            .require_tls(true);
+        options = options.add_root_certificates(path.into()).require_tls(true);
     }
     match (certificate, key) {
         (Some(certificate), Some(key)) => {
@@ -238,27 +236,102 @@ fn with_tls(
     Ok(options)
 }
 
+/// Which TLS files the environment configures, for the hints of
+/// [`not_connected_reason`].
+#[derive(Debug, Clone, Copy, Default)]
+struct TlsConfigured {
+    ca: bool,
+    client_certificate: bool,
+}
+
+impl TlsConfigured {
+    fn from_environment(env: &impl Fn(&str) -> Result<String, std::env::VarError>) -> Self {
+        let set = |name: &str| env(name).is_ok_and(|value| !value.is_empty());
+        Self {
+            ca: set(CA_FILE_VARIABLE),
+            client_certificate: set(CERT_FILE_VARIABLE),
+        }
+    }
+}
+
+/// What a server announces before any TLS handshake: the `tls_required`
+/// and `tls_verify` flags of its plain-text `INFO` line, if it answers
+/// within a second.
+async fn announced_tls(server: &async_nats::ServerAddr) -> Option<(bool, bool)> {
+    use tokio::io::AsyncBufReadExt;
+    let probe = async {
+        let stream = tokio::net::TcpStream::connect((server.host(), server.port()))
+            .await
+            .ok()?;
+        let mut line = String::new();
+        // The INFO line is a few hundred bytes; cap what a stranger can send.
+        tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(stream, 16 * 1024))
+            .read_line(&mut line)
+            .await
+            .ok()?;
+        let info: serde_json::Value =
+            serde_json::from_str(line.trim().strip_prefix("INFO ")?).ok()?;
+        let flag = |name: &str| info.get(name).and_then(serde_json::Value::as_bool);
+        Some((
+            flag("tls_required").unwrap_or(false),
+            flag("tls_verify").unwrap_or(false),
+        ))
+    };
+    tokio::time::timeout(Duration::from_secs(1), probe)
+        .await
+        .ok()
+        .flatten()
+}
+
 /// Why the first connection has not come up, for the timeout's message:
-/// the last error the client reported, with a hint when it is TLS.
-fn not_connected_reason(timeout: Duration, last_error: &Mutex<Option<String>>) -> String {
-    let mut reason = format!(
-        "no server answered within {}s (is nats-server running? `make run` starts one)",
-        timeout.as_secs()
-    );
+/// the last error the client reported and, when the first server
+/// announces TLS, which TLS setting is missing.
+async fn not_connected_reason(
+    timeout: Duration,
+    last_error: &Mutex<Option<String>>,
+    server: &async_nats::ServerAddr,
+    configured: TlsConfigured,
+) -> String {
     let last = last_error
         .lock()
         .map(|slot| slot.clone())
         .unwrap_or_default();
-    if let Some(error) = last {
-        reason = format!(
-            "no connection within {}s; the last attempt failed: {error}",
+    let Some(error) = last else {
+        return format!(
+            "no server answered within {}s (is nats-server running? `make run` starts one)",
             timeout.as_secs()
         );
-        if error.contains("TLS") {
-            reason.push_str(&format!(
-                " (the server requires TLS or presented a certificate this client does not trust: set {CA_FILE_VARIABLE} to the CA that signed it; a server verifying clients also needs {CERT_FILE_VARIABLE} and {KEY_FILE_VARIABLE})"
-            ));
-        }
+    };
+    let mut reason = format!(
+        "no connection within {}s; the last attempt failed: {error}",
+        timeout.as_secs()
+    );
+    let Some((tls_required, tls_verify)) = announced_tls(server).await else {
+        return reason;
+    };
+    let mut hints = Vec::new();
+    if tls_required && !configured.ca {
+        hints.push(format!(
+            "{}:{} requires TLS and this client trusts only the system's CAs: set {CA_FILE_VARIABLE} to the CA that signed the server's certificate",
+            server.host(),
+            server.port()
+        ));
+    }
+    if tls_verify && !configured.client_certificate {
+        hints.push(format!(
+            "{}:{} verifies client certificates (mutual TLS): set {CERT_FILE_VARIABLE} and {KEY_FILE_VARIABLE}",
+            server.host(),
+            server.port()
+        ));
+    }
+    if tls_required && hints.is_empty() {
+        hints.push(format!(
+            "the TLS handshake failed: check that {CA_FILE_VARIABLE} holds the CA that signed the server's certificate (issued for the host in the URL) and that the server trusts the client certificate"
+        ));
+    }
+    for hint in hints {
+        reason.push_str("; ");
+        reason.push_str(&hint);
     }
     reason
 }
@@ -267,6 +340,21 @@ fn not_connected_reason(timeout: Duration, last_error: &Mutex<Option<String>>) -
 /// first connection is retried for up to `first_connect_timeout`; after
 /// that the client reconnects forever, to any server it knows.
 pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> Result<Bus, Error> {
+    connect_with_environment(url, name, first_connect_timeout, |variable| {
+        std::env::var(variable)
+    })
+    .await
+}
+
+/// [`connect`] with the credential and TLS variables read from `env`
+/// instead of the process environment (a test runs several identities in
+/// one process).
+pub async fn connect_with_environment(
+    url: &str,
+    name: &str,
+    first_connect_timeout: Duration,
+    environment: impl Fn(&str) -> Result<String, std::env::VarError>,
+) -> Result<Bus, Error> {
     let servers = server_list(url).map_err(|reason| Error::Connect {
         url: redacted(url),
         reason,
@@ -274,6 +362,8 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
     // `server_list` refused credentials in the URL; the redaction stays as
     // a second guard for everything below that prints it.
     let url = &redacted(url);
+    // `server_list` returns at least one server or an error.
+    let first_server = servers[0].clone();
     let events_url = url.to_owned();
     let last_error: Arc<Mutex<Option<String>>> = Arc::default();
     let events_last_error = Arc::clone(&last_error);
@@ -301,7 +391,7 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
                 }
             }
         });
-    let environment = |name: &str| std::env::var(name);
+    let configured = TlsConfigured::from_environment(&environment);
     let options = with_credentials(options, &environment)
         .await
         .and_then(|options| with_tls(options, &environment))
@@ -310,23 +400,35 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
             reason,
         })?;
     let connecting = async_nats::connect_with_options(servers, options);
-    let client = tokio::time::timeout(first_connect_timeout, connecting)
-        .await
-        .map_err(|_| Error::Connect {
+    let Ok(connected) = tokio::time::timeout(first_connect_timeout, connecting).await else {
+        return Err(Error::Connect {
             url: url.to_owned(),
-            reason: not_connected_reason(first_connect_timeout, &last_error),
-        })?
-        .map_err(|error| Error::Connect {
-            url: url.to_owned(),
-            reason: error.to_string(),
-        })?;
+            reason: not_connected_reason(
+                first_connect_timeout,
+                &last_error,
+                &first_server,
+                configured,
+            )
+            .await,
+        });
+    };
+    let client = connected.map_err(|error| Error::Connect {
+        url: url.to_owned(),
+        reason: error.to_string(),
+    })?;
     // `retry_on_initial_connect` returns before the handshake; wait for it.
     let deadline = tokio::time::Instant::now() + first_connect_timeout;
     while client.connection_state() != async_nats::connection::State::Connected {
         if tokio::time::Instant::now() >= deadline {
             return Err(Error::Connect {
                 url: url.to_owned(),
-                reason: not_connected_reason(first_connect_timeout, &last_error),
+                reason: not_connected_reason(
+                    first_connect_timeout,
+                    &last_error,
+                    &first_server,
+                    configured,
+                )
+                .await,
             });
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
