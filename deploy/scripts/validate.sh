@@ -72,9 +72,20 @@ for service in setup dispatch conversation specialists artifacts gateway; do
 done
 for user in $users; do
   upper=$(echo "$user" | tr a-z A-Z)
-  grep -q "^  $user: " kubernetes/secrets.example.yaml || fail "secrets.example.yaml: zopu-nats has no key $user"
-  grep -q "key: $user }" kubernetes/nats.yaml || fail "kubernetes/nats.yaml does not pass the $user password"
+  grep -q "name: zopu-nats-$user }" kubernetes/secrets.example.yaml || fail "secrets.example.yaml has no Secret zopu-nats-$user"
+  grep -q "{ name: ZOPU_${upper}_PASSWORD, valueFrom: { secretKeyRef: { name: zopu-nats-$user, key: password } } }" kubernetes/nats.yaml \
+    || fail "kubernetes/nats.yaml does not pass the $user password from the Secret zopu-nats-$user"
   grep -q "^ZOPU_${upper}_PASSWORD=" .env.example || fail ".env.example has no ZOPU_${upper}_PASSWORD"
+done
+# Secrets per service: each service's Deployment references only its own
+# Secrets (zopu-nats-<service>, and zopu-llm-<service> or zopu-gateway).
+for service in setup dispatch conversation specialists artifacts gateway; do
+  deployment=$(sed -n "/^  name: zopu-$service\$/,/^---/p" kubernetes/zopu.yaml)
+  foreign=$(echo "$deployment" | grep -o 'secretKeyRef: { name: [a-z-]*' | sed 's/.*name: //' \
+    | grep -vx "zopu-nats-$service\|zopu-llm-$service\|zopu-$service" || true)
+  [ -z "$foreign" ] || fail "kubernetes/zopu.yaml: zopu-$service references another identity's Secret: $foreign"
+  echo "$deployment" | grep -q "secretKeyRef: { name: zopu-nats-$service, key: password }" \
+    || fail "kubernetes/zopu.yaml: zopu-$service does not read its password from zopu-nats-$service"
 done
 # Each reaction's lease keys are <kind>.<service>-<name>.<id> (subjects::durable).
 while read -r file name; do
