@@ -497,6 +497,25 @@ mod tests {
     }
 
     #[test]
+    fn the_nats_credential_and_tls_variables_are_not_settings() {
+        let sources = Sources {
+            environment: [
+                (crate::nats::USER_VARIABLE, "setup"),
+                (crate::nats::PASSWORD_FILE_VARIABLE, "/run/secrets/nats"),
+                (crate::nats::CA_FILE_VARIABLE, "/etc/zopu/ca.pem"),
+                (crate::nats::CERT_FILE_VARIABLE, "/etc/zopu/client.pem"),
+                (crate::nats::KEY_FILE_VARIABLE, "/etc/zopu/client.key"),
+            ]
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect(),
+            ..Default::default()
+        };
+        let loaded: Example = load(&sources).unwrap();
+        assert_eq!(loaded.nats_url, "nats://default");
+    }
+
+    #[test]
     fn unknown_and_mistyped_keys_are_named() {
         let sources = Sources {
             environment: vec![("ZOPU_SANDBOX__ALOW".into(), "true".into())],
