@@ -307,6 +307,7 @@ async fn not_connected_reason(
         timeout.as_secs()
     );
     let Some((tls_required, tls_verify)) = announced_tls(server).await else {
+        reason.push_str(" (is nats-server running? `make run` starts one)");
         return reason;
     };
     let mut hints = Vec::new();
