@@ -22,7 +22,7 @@ test: nats-server test-deps ## run every test against a real nats-server
 	$(CARGO) build -p zopu-cli --bin zopu
 	$(CARGO) test --workspace --no-fail-fast
 
-test-deps: ## install the system packages the tests need (git, chromium, chromium-driver, bubblewrap) with apt-get when it can
+test-deps: ## install the system packages the tests need (git, chromium, chromium-driver, openssl, bubblewrap) with apt-get when it can
 	@./deploy/scripts/install-test-deps.sh
 
 run: nats-server ## everything in one process: nats-server, all services, web timeline, a demo project

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The system packages the tests need (`make test` runs this first), from
 # Debian's archive: git (clone tests), chromium and chromium-driver (the
-# browser test), bubblewrap (an optional confinement layer the sandbox
+# browser test), openssl (the TLS test's certificates), bubblewrap (an optional confinement layer the sandbox
 # tests use when present). Anything already on PATH is skipped. Installs
 # with apt-get as root, or through `sudo -n` when that needs no password;
 # otherwise it names the packages and the command and exits 1 (bubblewrap
@@ -13,6 +13,7 @@ required=()
 command -v git >/dev/null 2>&1 || required+=(git)
 command -v chromium >/dev/null 2>&1 || required+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || required+=(chromium-driver)
+command -v openssl >/dev/null 2>&1 || required+=(openssl)
 optional=()
 command -v bwrap >/dev/null 2>&1 || optional+=(bubblewrap)
 wanted=("${required[@]}" "${optional[@]}")

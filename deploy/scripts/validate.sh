@@ -57,6 +57,39 @@ if [ -n "$nats_server" ]; then
       fail "nats-server -t $conf: $out"
     fi
   done
+  # The optional TLS blocks (tls-clients.conf, tls-routes.conf) turned on,
+  # with throwaway certificates where the mounted secrets would be.
+  if command -v openssl >/dev/null 2>&1; then
+    tls_dir=$(mktemp -d)
+    (
+      set -e
+      cd "$tls_dir"
+      openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+        -subj /CN=zopu-check-ca -keyout ca.key -out ca.crt 2>/dev/null
+      openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=nats \
+        -keyout tls.key -out tls.csr 2>/dev/null
+      printf 'subjectAltName=DNS:nats-0.nats,DNS:nats-1\n' >ext
+      openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 \
+        -extfile ext -out tls.crt 2>/dev/null
+      mkdir clients routes conf
+      cp tls.crt tls.key ca.crt clients/ && cp tls.crt tls.key ca.crt routes/
+    ) || fail "openssl could not make the certificates to check the TLS variant"
+    for conf in cluster.conf cluster-kubernetes.conf; do
+      cp nats/*.conf "$tls_dir/conf/"
+      sed -i 's|^\( *\)# include \./tls-|\1include ./tls-|' "$tls_dir/conf/$conf"
+      sed -i "s|/etc/nats-tls/|$tls_dir/|" "$tls_dir/conf/tls-clients.conf" "$tls_dir/conf/tls-routes.conf"
+      if [ "$(grep -c '^ *include \./tls-' "$tls_dir/conf/$conf")" -ne 2 ]; then
+        fail "nats/$conf lacks the commented '# include ./tls-clients.conf' and '# include ./tls-routes.conf' lines"
+      elif out=$(env "${env_for_nats[@]}" "$nats_server" -t -c "$tls_dir/conf/$conf" 2>&1); then
+        ok "nats-server -t $conf with client and route TLS included"
+      else
+        fail "nats-server -t $conf with TLS included: $out"
+      fi
+    done
+    rm -rf "$tls_dir"
+  else
+    skip "openssl not found: the TLS variant of the NATS configs is not parsed"
+  fi
 else
   skip "nats-server not found (make nats-server, or set ZOPU_NATS_SERVER): NATS configs not parsed"
 fi
@@ -72,9 +105,20 @@ for service in setup dispatch conversation specialists artifacts gateway; do
 done
 for user in $users; do
   upper=$(echo "$user" | tr a-z A-Z)
-  grep -q "^  $user: " kubernetes/secrets.example.yaml || fail "secrets.example.yaml: zopu-nats has no key $user"
-  grep -q "key: $user }" kubernetes/nats.yaml || fail "kubernetes/nats.yaml does not pass the $user password"
+  grep -q "name: zopu-nats-$user }" kubernetes/secrets.example.yaml || fail "secrets.example.yaml has no Secret zopu-nats-$user"
+  grep -q "{ name: ZOPU_${upper}_PASSWORD, valueFrom: { secretKeyRef: { name: zopu-nats-$user, key: password } } }" kubernetes/nats.yaml \
+    || fail "kubernetes/nats.yaml does not pass the $user password from the Secret zopu-nats-$user"
   grep -q "^ZOPU_${upper}_PASSWORD=" .env.example || fail ".env.example has no ZOPU_${upper}_PASSWORD"
+done
+# Secrets per service: each service's Deployment references only its own
+# Secrets (zopu-nats-<service>, and zopu-llm-<service> or zopu-gateway).
+for service in setup dispatch conversation specialists artifacts gateway; do
+  deployment=$(sed -n "/^  name: zopu-$service\$/,/^---/p" kubernetes/zopu.yaml)
+  foreign=$(echo "$deployment" | grep -o 'secretKeyRef: { name: [a-z-]*' | sed 's/.*name: //' \
+    | grep -vx "zopu-nats-$service\|zopu-llm-$service\|zopu-$service" || true)
+  [ -z "$foreign" ] || fail "kubernetes/zopu.yaml: zopu-$service references another identity's Secret: $foreign"
+  echo "$deployment" | grep -q "secretKeyRef: { name: zopu-nats-$service, key: password }" \
+    || fail "kubernetes/zopu.yaml: zopu-$service does not read its password from zopu-nats-$service"
 done
 # Each reaction's lease keys are <kind>.<service>-<name>.<id> (subjects::durable).
 while read -r file name; do

@@ -17,3 +17,4 @@ mod scale;
 mod secrets;
 mod setup;
 mod specialists;
+mod tls;

@@ -35,7 +35,11 @@ pub const NON_SETTING_VARIABLES: &[&str] = &[
     "ZOPU_NATS_READY_TIMEOUT",
     crate::nats::USER_VARIABLE,
     crate::nats::PASSWORD_VARIABLE,
+    crate::nats::PASSWORD_FILE_VARIABLE,
     crate::nats::CREDENTIALS_FILE_VARIABLE,
+    crate::nats::CA_FILE_VARIABLE,
+    crate::nats::CERT_FILE_VARIABLE,
+    crate::nats::KEY_FILE_VARIABLE,
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -482,6 +486,25 @@ mod tests {
                 ("ZOPU_DOCKERD_LOG", "/tmp/dockerd.log"),
                 ("ZOPU_DOCKERD_WAIT", "60"),
                 ("ZOPU_NATS_READY_TIMEOUT", "120"),
+            ]
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect(),
+            ..Default::default()
+        };
+        let loaded: Example = load(&sources).unwrap();
+        assert_eq!(loaded.nats_url, "nats://default");
+    }
+
+    #[test]
+    fn the_nats_credential_and_tls_variables_are_not_settings() {
+        let sources = Sources {
+            environment: [
+                (crate::nats::USER_VARIABLE, "setup"),
+                (crate::nats::PASSWORD_FILE_VARIABLE, "/run/secrets/nats"),
+                (crate::nats::CA_FILE_VARIABLE, "/etc/zopu/ca.pem"),
+                (crate::nats::CERT_FILE_VARIABLE, "/etc/zopu/client.pem"),
+                (crate::nats::KEY_FILE_VARIABLE, "/etc/zopu/client.key"),
             ]
             .into_iter()
             .map(|(name, value)| (name.to_owned(), value.to_owned()))

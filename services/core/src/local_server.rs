@@ -138,6 +138,31 @@ impl LocalServer {
         Ok(server)
     }
 
+    /// [`LocalServer::start`] on a free port with `extra` appended to its
+    /// configuration (a `tls { ... }` block, say); file paths in it are
+    /// best absolute.
+    pub fn start_with_config(store_dir: &Path, extra: &str) -> Result<Self, LocalServerError> {
+        let binary = find_binary()?;
+        std::fs::create_dir_all(store_dir)?;
+        let port = free_ports(1)?[0];
+        let config = store_dir.join("nats.conf");
+        let mut text = config_text(port, &store_dir.join("jetstream"), SyncPolicy::Always, None);
+        text.push_str(extra);
+        text.push('\n');
+        std::fs::File::create(&config)?.write_all(text.as_bytes())?;
+        let mut server = Self {
+            child: None,
+            port,
+            store_dir: store_dir.to_owned(),
+            config,
+            binary,
+            node: None,
+            env: Vec::new(),
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
     /// Starts one node of a cluster (see [`LocalCluster`]). It returns once
     /// the node listens for clients, not once it has joined: see
     /// [`LocalServer::wait_healthy`].

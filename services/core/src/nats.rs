@@ -6,7 +6,14 @@
 //! (`nats://a:4222,nats://b:4222`, the seed list NATS tools accept for a
 //! cluster): the client connects to any of them and, when its server dies,
 //! reconnects to another (also to those the cluster announces).
+//!
+//! TLS is optional and off by default: a `tls://` URL or a CA file
+//! (`ZOPU_NATS_CA_FILE`) requires it, and a client certificate and key
+//! (`ZOPU_NATS_CERT_FILE`, `ZOPU_NATS_KEY_FILE`) add mutual TLS. Every file
+//! is read and parsed before connecting, so a missing or invalid one is an
+//! error naming the variable and the path, not a connect timeout.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -161,10 +168,194 @@ async fn with_credentials(
     }
 }
 
+/// The environment variables that configure client TLS. File paths, not
+/// secrets, but read beside the credentials so every `connect` (services,
+/// CLI, benchmarks) honours them.
+/// The CA certificates (PEM) that sign the servers' certificates: set, it
+/// requires TLS and trusts only these.
+pub const CA_FILE_VARIABLE: &str = "ZOPU_NATS_CA_FILE";
+/// A client certificate (PEM) for mutual TLS, with [`KEY_FILE_VARIABLE`].
+pub const CERT_FILE_VARIABLE: &str = "ZOPU_NATS_CERT_FILE";
+/// The client certificate's private key (PEM), with [`CERT_FILE_VARIABLE`].
+pub const KEY_FILE_VARIABLE: &str = "ZOPU_NATS_KEY_FILE";
+
+/// The PEM certificates in the file `variable` names; an error names the
+/// variable and the path when it is unreadable, not PEM or holds none.
+fn read_certificates(variable: &str, path: &str) -> Result<(), String> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let bytes = std::fs::read(path).map_err(|error| format!("{variable} ({path}): {error}"))?;
+    let certificates = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| format!("{variable} ({path}) is not a valid PEM file: {error}"))?;
+    if certificates.is_empty() {
+        return Err(format!(
+            "{variable} ({path}) holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+        ));
+    }
+    Ok(())
+}
+
+/// Adds the TLS settings the environment names (see [`CA_FILE_VARIABLE`]).
+/// Nothing set: the connection is plain unless the URL says `tls://`.
+fn with_tls(
+    options: async_nats::ConnectOptions,
+    env: &impl Fn(&str) -> Result<String, std::env::VarError>,
+) -> Result<async_nats::ConnectOptions, String> {
+    let read = |name: &str| env(name).ok().filter(|v| !v.is_empty());
+    let ca = read(CA_FILE_VARIABLE);
+    let certificate = read(CERT_FILE_VARIABLE);
+    let key = read(KEY_FILE_VARIABLE);
+    let mut options = options;
+    if let Some(path) = &ca {
+        read_certificates(CA_FILE_VARIABLE, path)?;
+        options = options.add_root_certificates(path.into()).require_tls(true);
+    }
+    match (certificate, key) {
+        (Some(certificate), Some(key)) => {
+            use rustls_pki_types::PrivateKeyDer;
+            use rustls_pki_types::pem::PemObject;
+            read_certificates(CERT_FILE_VARIABLE, &certificate)?;
+            let bytes = std::fs::read(&key)
+                .map_err(|error| format!("{KEY_FILE_VARIABLE} ({key}): {error}"))?;
+            // The key itself never reaches a message, only its path.
+            PrivateKeyDer::from_pem_slice(&bytes).map_err(|error| {
+                format!("{KEY_FILE_VARIABLE} ({key}) holds no valid PEM private key: {error}")
+            })?;
+            options = options
+                .add_client_certificate(certificate.into(), key.into())
+                .require_tls(true);
+        }
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(format!(
+                "{CERT_FILE_VARIABLE} and {KEY_FILE_VARIABLE} go together (mutual TLS): one of them is not set"
+            ));
+        }
+        (None, None) => {}
+    }
+    Ok(options)
+}
+
+/// Which TLS files the environment configures, for the hints of
+/// [`not_connected_reason`].
+#[derive(Debug, Clone, Copy, Default)]
+struct TlsConfigured {
+    ca: bool,
+    client_certificate: bool,
+}
+
+impl TlsConfigured {
+    fn from_environment(env: &impl Fn(&str) -> Result<String, std::env::VarError>) -> Self {
+        let set = |name: &str| env(name).is_ok_and(|value| !value.is_empty());
+        Self {
+            ca: set(CA_FILE_VARIABLE),
+            client_certificate: set(CERT_FILE_VARIABLE),
+        }
+    }
+}
+
+/// What a server announces before any TLS handshake: the `tls_required`
+/// and `tls_verify` flags of its plain-text `INFO` line, if it answers
+/// within a second.
+async fn announced_tls(server: &async_nats::ServerAddr) -> Option<(bool, bool)> {
+    use tokio::io::AsyncBufReadExt;
+    let probe = async {
+        let stream = tokio::net::TcpStream::connect((server.host(), server.port()))
+            .await
+            .ok()?;
+        let mut line = String::new();
+        // The INFO line is a few hundred bytes; cap what a stranger can send.
+        tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(stream, 16 * 1024))
+            .read_line(&mut line)
+            .await
+            .ok()?;
+        let info: serde_json::Value =
+            serde_json::from_str(line.trim().strip_prefix("INFO ")?).ok()?;
+        let flag = |name: &str| info.get(name).and_then(serde_json::Value::as_bool);
+        Some((
+            flag("tls_required").unwrap_or(false),
+            flag("tls_verify").unwrap_or(false),
+        ))
+    };
+    tokio::time::timeout(Duration::from_secs(1), probe)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Why the first connection has not come up, for the timeout's message:
+/// the last error the client reported and, when the first server
+/// announces TLS, which TLS setting is missing.
+async fn not_connected_reason(
+    timeout: Duration,
+    last_error: &Mutex<Option<String>>,
+    server: &async_nats::ServerAddr,
+    configured: TlsConfigured,
+) -> String {
+    let last = last_error
+        .lock()
+        .map(|slot| slot.clone())
+        .unwrap_or_default();
+    let Some(error) = last else {
+        return format!(
+            "no server answered within {}s (is nats-server running? `make run` starts one)",
+            timeout.as_secs()
+        );
+    };
+    let mut reason = format!(
+        "no connection within {}s; the last attempt failed: {error}",
+        timeout.as_secs()
+    );
+    let Some((tls_required, tls_verify)) = announced_tls(server).await else {
+        reason.push_str(" (is nats-server running? `make run` starts one)");
+        return reason;
+    };
+    let mut hints = Vec::new();
+    if tls_required && !configured.ca {
+        hints.push(format!(
+            "{}:{} requires TLS and this client trusts only the system's CAs: set {CA_FILE_VARIABLE} to the CA that signed the server's certificate",
+            server.host(),
+            server.port()
+        ));
+    }
+    if tls_verify && !configured.client_certificate {
+        hints.push(format!(
+            "{}:{} verifies client certificates (mutual TLS): set {CERT_FILE_VARIABLE} and {KEY_FILE_VARIABLE}",
+            server.host(),
+            server.port()
+        ));
+    }
+    if tls_required && hints.is_empty() {
+        hints.push(format!(
+            "the TLS handshake failed: check that {CA_FILE_VARIABLE} holds the CA that signed the server's certificate (issued for the host in the URL) and that the server trusts the client certificate"
+        ));
+    }
+    for hint in hints {
+        reason.push_str("; ");
+        reason.push_str(&hint);
+    }
+    reason
+}
+
 /// Connects to `url` (one server or a comma-separated list) as `name`. The
 /// first connection is retried for up to `first_connect_timeout`; after
 /// that the client reconnects forever, to any server it knows.
 pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> Result<Bus, Error> {
+    connect_with_environment(url, name, first_connect_timeout, |variable| {
+        std::env::var(variable)
+    })
+    .await
+}
+
+/// [`connect`] with the credential and TLS variables read from `env`
+/// instead of the process environment (a test runs several identities in
+/// one process).
+pub async fn connect_with_environment(
+    url: &str,
+    name: &str,
+    first_connect_timeout: Duration,
+    environment: impl Fn(&str) -> Result<String, std::env::VarError>,
+) -> Result<Bus, Error> {
     let servers = server_list(url).map_err(|reason| Error::Connect {
         url: redacted(url),
         reason,
@@ -172,7 +363,11 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
     // `server_list` refused credentials in the URL; the redaction stays as
     // a second guard for everything below that prints it.
     let url = &redacted(url);
+    // `server_list` returns at least one server or an error.
+    let first_server = servers[0].clone();
     let events_url = url.to_owned();
+    let last_error: Arc<Mutex<Option<String>>> = Arc::default();
+    let events_last_error = Arc::clone(&last_error);
     let options = async_nats::ConnectOptions::new()
         .name(name)
         .retry_on_initial_connect()
@@ -181,6 +376,11 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
         .connection_timeout(Duration::from_secs(5))
         .event_callback(move |event| {
             let url = events_url.clone();
+            if let async_nats::Event::ClientError(error) = &event
+                && let Ok(mut slot) = events_last_error.lock()
+            {
+                *slot = Some(error.to_string());
+            }
             async move {
                 match event {
                     async_nats::Event::Connected => tracing::info!(%url, "nats connected"),
@@ -192,36 +392,44 @@ pub async fn connect(url: &str, name: &str, first_connect_timeout: Duration) -> 
                 }
             }
         });
-    let options = with_credentials(options, &|name: &str| std::env::var(name))
+    let configured = TlsConfigured::from_environment(&environment);
+    let options = with_credentials(options, &environment)
         .await
+        .and_then(|options| with_tls(options, &environment))
         .map_err(|reason| Error::Connect {
             url: url.to_owned(),
             reason,
         })?;
     let connecting = async_nats::connect_with_options(servers, options);
-    let client = tokio::time::timeout(first_connect_timeout, connecting)
-        .await
-        .map_err(|_| Error::Connect {
+    let Ok(connected) = tokio::time::timeout(first_connect_timeout, connecting).await else {
+        return Err(Error::Connect {
             url: url.to_owned(),
-            reason: format!(
-                "no server answered within {}s (is nats-server running? `make run` starts one)",
-                first_connect_timeout.as_secs()
-            ),
-        })?
-        .map_err(|error| Error::Connect {
-            url: url.to_owned(),
-            reason: error.to_string(),
-        })?;
+            reason: not_connected_reason(
+                first_connect_timeout,
+                &last_error,
+                &first_server,
+                configured,
+            )
+            .await,
+        });
+    };
+    let client = connected.map_err(|error| Error::Connect {
+        url: url.to_owned(),
+        reason: error.to_string(),
+    })?;
     // `retry_on_initial_connect` returns before the handshake; wait for it.
     let deadline = tokio::time::Instant::now() + first_connect_timeout;
     while client.connection_state() != async_nats::connection::State::Connected {
         if tokio::time::Instant::now() >= deadline {
             return Err(Error::Connect {
                 url: url.to_owned(),
-                reason: format!(
-                    "no server answered within {}s (is nats-server running? `make run` starts one)",
-                    first_connect_timeout.as_secs()
-                ),
+                reason: not_connected_reason(
+                    first_connect_timeout,
+                    &last_error,
+                    &first_server,
+                    configured,
+                )
+                .await,
             });
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

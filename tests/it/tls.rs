@@ -1,0 +1,267 @@
+//! Client TLS to NATS (issue 16, item 5): a real nats-server on loopback
+//! with a `tls { ... }` block and certificates made for the test (a CA, a
+//! server certificate for 127.0.0.1, a client certificate). A connection
+//! through `zopu_core::nats` succeeds when it trusts the CA
+//! (`ZOPU_NATS_CA_FILE`) and fails with an error naming that variable when
+//! it does not; with `verify: true` it also needs the client certificate
+//! (`ZOPU_NATS_CERT_FILE`, `ZOPU_NATS_KEY_FILE`). A missing or invalid file
+//! is named before any connection is tried.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use zopu_core::local_server::LocalServer;
+use zopu_core::nats::{
+    CA_FILE_VARIABLE, CERT_FILE_VARIABLE, KEY_FILE_VARIABLE, connect_with_environment,
+};
+
+const CONNECT: Duration = Duration::from_secs(10);
+/// How long a connection that must fail is given before it reports why.
+const REFUSED: Duration = Duration::from_secs(3);
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, all
+/// signed by the CA, made with the `openssl` command.
+struct Certificates {
+    dir: tempfile::TempDir,
+}
+
+impl Certificates {
+    fn make() -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let run = |arguments: &[&str]| -> Result<()> {
+            let output = Command::new("openssl")
+                .args(arguments)
+                .current_dir(dir.path())
+                .output()
+                .context("running openssl (install the openssl package)")?;
+            ensure!(
+                output.status.success(),
+                "openssl {}: {}",
+                arguments.join(" "),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            Ok(())
+        };
+        let key = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        run(&[
+            &["req", "-x509"][..],
+            &key,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=zopu-test-ca",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        ]
+        .concat())?;
+        for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
+            let extensions = format!("{name}.ext");
+            std::fs::write(
+                dir.path().join(&extensions),
+                format!("subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"),
+            )?;
+            let (key_file, request, certificate) = (
+                format!("{name}.key"),
+                format!("{name}.csr"),
+                format!("{name}.pem"),
+            );
+            run(&[
+                &["req"][..],
+                &key,
+                &[
+                    "-keyout",
+                    &key_file,
+                    "-out",
+                    &request,
+                    "-subj",
+                    &format!("/CN=zopu-test-{name}"),
+                ],
+            ]
+            .concat())?;
+            run(&[
+                "x509",
+                "-req",
+                "-in",
+                &request,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &extensions,
+                "-out",
+                &certificate,
+            ])?;
+        }
+        Ok(Self { dir })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// A server requiring TLS with this CA's server certificate; `verify`
+    /// also requires a client certificate the CA signed.
+    fn server(&self, store: &Path, verify: bool) -> Result<LocalServer> {
+        let block = format!(
+            "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: {verify}\n  timeout: 2\n}}",
+            self.path("server.pem").display(),
+            self.path("server.key").display(),
+            self.path("ca.pem").display(),
+        );
+        Ok(LocalServer::start_with_config(store, &block)?)
+    }
+}
+
+/// An environment holding only `pairs`.
+fn environment(
+    pairs: Vec<(&'static str, PathBuf)>,
+) -> impl Fn(&str) -> Result<String, std::env::VarError> {
+    move |name| {
+        pairs
+            .iter()
+            .find(|(key, _)| *key == name)
+            .map(|(_, value)| value.display().to_string())
+            .ok_or(std::env::VarError::NotPresent)
+    }
+}
+
+async fn refusal(url: &str, pairs: Vec<(&'static str, PathBuf)>) -> Result<String> {
+    match connect_with_environment(url, "zopu-tls-test", REFUSED, environment(pairs)).await {
+        Ok(_) => bail!("connected to {url} although it should have been refused"),
+        Err(error) => Ok(error.to_string()),
+    }
+}
+
+#[tokio::test]
+async fn a_client_trusting_the_ca_connects_and_one_without_it_is_told_to_set_it() -> Result<()> {
+    let certificates = Certificates::make()?;
+    let store = tempfile::tempdir()?;
+    let server = certificates.server(store.path(), false)?;
+
+    let bus = connect_with_environment(
+        &server.url(),
+        "zopu-tls-test",
+        CONNECT,
+        environment(vec![(CA_FILE_VARIABLE, certificates.path("ca.pem"))]),
+    )
+    .await
+    .context("connecting with the CA configured")?;
+    ensure!(
+        bus.client.server_info().tls_required,
+        "the server did not require TLS"
+    );
+    bus.jetstream
+        .query_account()
+        .await
+        .context("JetStream over TLS")?;
+
+    // The same over a tls:// URL.
+    let tls_url = server.url().replacen("nats://", "tls://", 1);
+    connect_with_environment(
+        &tls_url,
+        "zopu-tls-test",
+        CONNECT,
+        environment(vec![(CA_FILE_VARIABLE, certificates.path("ca.pem"))]),
+    )
+    .await
+    .context("connecting over tls:// with the CA configured")?;
+
+    let error = refusal(&server.url(), vec![]).await?;
+    ensure!(
+        error.contains("TLS") && error.contains(CA_FILE_VARIABLE),
+        "the refusal does not say to trust the CA: {error}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_server_verifying_clients_needs_the_client_certificate() -> Result<()> {
+    let certificates = Certificates::make()?;
+    let store = tempfile::tempdir()?;
+    let server = certificates.server(store.path(), true)?;
+
+    let error = refusal(
+        &server.url(),
+        vec![(CA_FILE_VARIABLE, certificates.path("ca.pem"))],
+    )
+    .await?;
+    ensure!(
+        error.contains(CERT_FILE_VARIABLE),
+        "the refusal does not name the client certificate: {error}"
+    );
+
+    connect_with_environment(
+        &server.url(),
+        "zopu-tls-test",
+        CONNECT,
+        environment(vec![
+            (CA_FILE_VARIABLE, certificates.path("ca.pem")),
+            (CERT_FILE_VARIABLE, certificates.path("client.pem")),
+            (KEY_FILE_VARIABLE, certificates.path("client.key")),
+        ]),
+    )
+    .await
+    .context("connecting with the client certificate")?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_missing_or_invalid_tls_file_is_named_before_connecting() -> Result<()> {
+    let certificates = Certificates::make()?;
+    // Nothing listens here: each error must come from the files, at once.
+    let url = "nats://127.0.0.1:1";
+    let missing = certificates.path("absent.pem");
+    let error = refusal(url, vec![(CA_FILE_VARIABLE, missing.clone())]).await?;
+    ensure!(
+        error.contains(CA_FILE_VARIABLE) && error.contains(&missing.display().to_string()),
+        "{error}"
+    );
+    let error = refusal(
+        url,
+        vec![(CA_FILE_VARIABLE, certificates.path("server.ext"))],
+    )
+    .await?;
+    ensure!(
+        error.contains(CA_FILE_VARIABLE) && error.contains("no PEM certificate"),
+        "{error}"
+    );
+    let error = refusal(
+        url,
+        vec![
+            (CERT_FILE_VARIABLE, certificates.path("client.pem")),
+            (KEY_FILE_VARIABLE, certificates.path("client.pem")),
+        ],
+    )
+    .await?;
+    ensure!(
+        error.contains(KEY_FILE_VARIABLE) && error.contains("private key"),
+        "{error}"
+    );
+    let error = refusal(
+        url,
+        vec![(CERT_FILE_VARIABLE, certificates.path("client.pem"))],
+    )
+    .await?;
+    ensure!(error.contains("go together"), "{error}");
+    Ok(())
+}
