@@ -156,7 +156,7 @@ async fn two_instances_of_every_service_on_a_cluster_survive_kills_mid_run() -> 
         "sends failed: {failures:#?}\n{}",
         logs.join("\n")
     );
-    let violations = invariants::check(&bus, &org, &projects).await?;
+    let violations = invariants::check_settled(&bus, &org, &projects, LONG).await?;
     if !violations.is_empty() {
         let kept = dir.keep();
         let mut story = String::new();

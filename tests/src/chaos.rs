@@ -518,18 +518,9 @@ impl Chaos {
             errors.join("\n")
         );
         // Every promise, once the last turns and flows settled.
-        let deadline = Instant::now() + SETTLE_TIMEOUT;
-        loop {
-            let violations = invariants::check(&self.bus, &self.org, &self.projects).await?;
-            if violations.is_empty() {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("invariants broken:\n{violations}");
-            }
-            // Re-checking the stream while the last dispatches end.
-            tokio::time::sleep(Duration::from_secs(3)).await;
-        }
+        let violations =
+            invariants::check_settled(&self.bus, &self.org, &self.projects, SETTLE_TIMEOUT).await?;
+        ensure!(violations.is_empty(), "invariants broken:\n{violations}");
         let audit = self.cli(&["audit", "verify"]).await?;
         ensure!(
             audit.status.success(),

@@ -52,6 +52,28 @@ pub async fn check(bus: &Bus, org: &OrgId, projects: &[ProjectId]) -> Result<Vio
     Ok(violations)
 }
 
+/// [`check`] until every promise holds or `timeout` passed, whichever is
+/// first; returns the last violations (empty when they all hold). A turn
+/// whose final answer reached its sender may still be ending its dispatch,
+/// and a flow's result starts one more: the stream settles a little after
+/// the last send returns.
+pub async fn check_settled(
+    bus: &Bus,
+    org: &OrgId,
+    projects: &[ProjectId],
+    timeout: std::time::Duration,
+) -> Result<Violations> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut poll = tokio::time::interval(std::time::Duration::from_secs(2));
+    loop {
+        poll.tick().await;
+        let violations = check(bus, org, projects).await?;
+        if violations.is_empty() || tokio::time::Instant::now() > deadline {
+            return Ok(violations);
+        }
+    }
+}
+
 fn is_user_message(event: &Envelope) -> bool {
     event
         .decode::<pb::TimelineMessageSent>()
