@@ -417,9 +417,14 @@ pub async fn connect_with_environment(
         url: url.to_owned(),
         reason: error.to_string(),
     })?;
-    // `retry_on_initial_connect` returns before the handshake; wait for it.
+    // `retry_on_initial_connect` returns before the handshake; wait for it,
+    // and for the server's INFO, which the client publishes a moment after
+    // its state turns connected (an empty version read too early looked
+    // like a server too old).
     let deadline = tokio::time::Instant::now() + first_connect_timeout;
-    while client.connection_state() != async_nats::connection::State::Connected {
+    while client.connection_state() != async_nats::connection::State::Connected
+        || client.server_info().version.is_empty()
+    {
         if tokio::time::Instant::now() >= deadline {
             return Err(Error::Connect {
                 url: url.to_owned(),
