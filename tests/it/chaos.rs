@@ -29,11 +29,12 @@ async fn a_seeded_chaos_run_keeps_every_promise() -> Result<()> {
         }
         Err(error) => {
             let kept = chaos.keep();
-            Err(error.context(format!(
-                "chaos run with seed {seed} failed (replay: ZOPU_CHAOS_SEED={seed}); fleet logs in {}\n{}",
+            // The cause first: a long message is cut from its end.
+            Err(anyhow::anyhow!(
+                "chaos run with seed {seed} failed: {error:#}\n(replay: ZOPU_CHAOS_SEED={seed}); fleet logs in {}\n{}",
                 kept.join("fleet/logs").display(),
                 chaos.log_tails(8)
-            )))
+            ))
         }
     }
 }

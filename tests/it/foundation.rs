@@ -1178,3 +1178,64 @@ async fn a_connection_given_the_server_list_outlives_its_node() -> Result<()> {
     assert_eq!(message.payload.as_ref(), b"ping");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_reader_follows_on_without_gap_or_repeat_when_its_node_dies() -> Result<()> {
+    let mut cluster = NatsCluster::start()?;
+    bus(&cluster, Duration::from_secs(120)).await?;
+    let client =
+        zopu_core::nats::connect(&cluster.url(), "zopu-test-reader", Duration::from_secs(10))
+            .await?;
+    let first = client.client.server_info().server_name;
+    let node = (0..zopu_tests::CLUSTER_SIZE)
+        .find(|index| cluster.node_name(*index) == first)
+        .ok_or_else(|| anyhow::anyhow!("connected to {first:?}, not a cluster node"))?;
+    let (org, project) = (org("follow"), ProjectId::new());
+    let publisher = Publisher::new(client.clone(), "gateway", None);
+    let texts = |range: std::ops::Range<usize>| range.map(|i| format!("m{i}")).collect::<Vec<_>>();
+    for text in texts(0..3) {
+        publisher
+            .append(user_message(
+                &org,
+                project,
+                &text,
+                &format!("request:{text}"),
+            ))
+            .await?;
+    }
+    let mut reader = zopu_core::log::Reader::open(
+        &client,
+        subjects::project_events(&org, &project),
+        zopu_core::log::Start::Beginning,
+    )
+    .await?;
+    let mut read = Vec::new();
+    let next_text = async |reader: &mut zopu_core::log::Reader| -> Result<String> {
+        let logged = tokio::time::timeout(LONG, reader.next())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("the reader ended"))??;
+        Ok(logged.event?.decode::<pb::TimelineMessageSent>()?.text)
+    };
+    for _ in 0..3 {
+        read.push(next_text(&mut reader).await?);
+    }
+    // The node under the reader's connection dies; the follower's
+    // consumer is gone with it (its replica lived there, or the client
+    // recreates it on another node).
+    cluster.kill(node);
+    for text in texts(3..8) {
+        publisher
+            .append(user_message(
+                &org,
+                project,
+                &text,
+                &format!("request:{text}"),
+            ))
+            .await?;
+    }
+    for _ in 3..8 {
+        read.push(next_text(&mut reader).await?);
+    }
+    assert_eq!(read, texts(0..8), "the reader lost or repeated an event");
+    Ok(())
+}

@@ -54,6 +54,10 @@ const MODEL_KEY_VARIABLE: &str = "CHAOS_MODEL_KEY";
 const MESSAGE_TIMEOUT: Duration = Duration::from_secs(300);
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// How long an instance may take to reconnect once the faults are over
+/// (async-nats backs off up to a few seconds between attempts).
+const RECONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// What a run did.
 #[derive(Debug, Default, Clone)]
 pub struct Report {
@@ -528,7 +532,7 @@ impl Chaos {
             String::from_utf8_lossy(&audit.stdout),
             String::from_utf8_lossy(&audit.stderr)
         );
-        self.check_connections_were_proxied()?;
+        self.check_connections_were_proxied().await?;
         for own in self.proxies.values() {
             for proxy in own {
                 let (forwarded, refused) = proxy.counts();
@@ -564,9 +568,40 @@ impl Chaos {
     }
 
     /// Every connection of a service on every node came through one of its
-    /// proxies (the nodes advertise no URLs, so none could reconnect around).
-    fn check_connections_were_proxied(&mut self) -> Result<()> {
-        let proxied: BTreeSet<u16> = self
+    /// proxies (the nodes advertise no URLs, so none could reconnect
+    /// around), and every instance is connected through its own. An
+    /// instance whose cut ended a moment ago may still be in its reconnect
+    /// back-off, so that part is awaited (bounded); a bypass fails at once.
+    async fn check_connections_were_proxied(&mut self) -> Result<()> {
+        let deadline = Instant::now() + RECONNECT_TIMEOUT;
+        loop {
+            let unconnected = self.instances_without_a_proxied_connection()?;
+            if unconnected.is_empty() {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "instances with no connection through their proxies {}s after the faults ended: {unconnected:?}",
+                RECONNECT_TIMEOUT.as_secs()
+            );
+            // Polling the nodes' /connz while clients reconnect.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The instances with no live connection through their own proxies;
+    /// an error if any service connection bypassed its proxies.
+    fn instances_without_a_proxied_connection(&mut self) -> Result<Vec<String>> {
+        let owner: BTreeMap<u16, &Instance> = self
+            .proxies
+            .iter()
+            .flat_map(|(instance, own)| {
+                own.iter()
+                    .flat_map(proxy::Proxy::live_upstream_ports)
+                    .map(move |port| (port, instance))
+            })
+            .collect();
+        let ever_proxied: BTreeSet<u16> = self
             .proxies
             .values()
             .flatten()
@@ -577,7 +612,7 @@ impl Chaos {
             .map(|(service, _)| format!("zopu-{service}"))
             .collect();
         let cluster = self.cluster.as_mut().context("no cluster")?;
-        let mut through_proxies = 0;
+        let mut connected = BTreeSet::new();
         let mut bypassed = Vec::new();
         for node in 0..CLUSTER_SIZE {
             let connz = cluster
@@ -589,9 +624,9 @@ impl Chaos {
                     .as_u64()
                     .and_then(|port| u16::try_from(port).ok())
                     .unwrap_or(0);
-                if proxied.contains(&port) {
-                    through_proxies += 1;
-                } else if services.contains(name) {
+                if let Some(instance) = owner.get(&port) {
+                    connected.insert(instance.to_string());
+                } else if services.contains(name) && !ever_proxied.contains(&port) {
                     bypassed.push(format!("{name} from port {port} on node {node}"));
                 }
             }
@@ -600,12 +635,11 @@ impl Chaos {
             bypassed.is_empty(),
             "service connections bypassed their proxies: {bypassed:?}"
         );
-        let instances = instances().len();
-        ensure!(
-            through_proxies >= instances,
-            "only {through_proxies} connections came through the proxies for {instances} instances"
-        );
-        Ok(())
+        Ok(instances()
+            .iter()
+            .map(ToString::to_string)
+            .filter(|name| !connected.contains(name))
+            .collect())
     }
 
     /// The failing model's settings (for a report or a test).

@@ -42,8 +42,21 @@ pub struct Logged {
     pub event: Result<Envelope, DecodeError>,
 }
 
-/// An ordered, ephemeral reader of `filter`.
+/// An ordered, ephemeral reader of `filter`. When the server interrupts
+/// it (a node of a cluster dies under it and the client cannot recreate
+/// its consumer in time), it reopens after the last sequence it delivered,
+/// so a follower rides through a node fault without a gap or a repeat;
+/// only [`RESUME_ATTEMPTS`] interruptions in a row with nothing delivered
+/// between them end it with the error.
 pub struct Reader {
+    bus: Bus,
+    filters: Vec<String>,
+    /// Where the reader started, until it has delivered something.
+    start: Start,
+    /// The stream sequence of the last message delivered.
+    last_delivered: Option<u64>,
+    /// Interruptions since the last delivered message.
+    interruptions: u64,
     messages: push::Ordered,
 }
 
@@ -56,6 +69,10 @@ impl std::fmt::Debug for Reader {
 /// Tries to open a reader before giving up (a cluster electing leaders).
 const CREATE_ATTEMPTS: u64 = 6;
 
+/// Interruptions in a row (nothing delivered between them) a reader
+/// resumes from before it reports the last one.
+pub const RESUME_ATTEMPTS: u64 = 5;
+
 impl Reader {
     pub async fn open(bus: &Bus, filter: String, start: Start) -> Result<Self, Error> {
         Self::open_filters(bus, vec![filter], start).await
@@ -67,6 +84,19 @@ impl Reader {
         filters: Vec<String>,
         start: Start,
     ) -> Result<Self, Error> {
+        let messages = Self::ordered(bus, &filters, start).await?;
+        Ok(Self {
+            bus: bus.clone(),
+            filters,
+            start,
+            last_delivered: None,
+            interruptions: 0,
+            messages,
+        })
+    }
+
+    /// An ordered consumer of `filters` from `start`.
+    async fn ordered(bus: &Bus, filters: &[String], start: Start) -> Result<push::Ordered, Error> {
         let stream = bus
             .jetstream
             .get_stream_no_info(zopu_schema::subjects::EVENTS_STREAM)
@@ -87,7 +117,7 @@ impl Reader {
             let created = stream
                 .create_consumer(push::OrderedConfig {
                     deliver_subject: bus.client.new_inbox(),
-                    filter_subjects: filters.clone(),
+                    filter_subjects: filters.to_vec(),
                     deliver_policy,
                     ..Default::default()
                 })
@@ -101,7 +131,7 @@ impl Reader {
                 Err(error) => Err(error),
             };
             match opened {
-                Ok(messages) => return Ok(Self { messages }),
+                Ok(messages) => return Ok(messages),
                 Err(error) if attempt < CREATE_ATTEMPTS => {
                     tracing::debug!(%error, attempt, "opening a log reader failed; retrying");
                     tokio::time::sleep(Duration::from_millis(250 * attempt)).await;
@@ -113,20 +143,43 @@ impl Reader {
 
     /// The next message; `None` only if the server closed the reader.
     pub async fn next(&mut self) -> Option<Result<Logged, Error>> {
-        let message = match self.messages.next().await? {
-            Ok(message) => message,
-            Err(error) => return Some(Err(Error::jetstream("ordered consumer", error))),
+        let message = loop {
+            match self.messages.next().await? {
+                Ok(message) => break message,
+                Err(error) => {
+                    let error = Error::jetstream("ordered consumer", error);
+                    if let Err(error) = self.resume(error).await {
+                        return Some(Err(error));
+                    }
+                }
+            }
         };
         let (sequence, pending) = match message.info() {
             Ok(info) => (info.stream_sequence, info.pending),
             Err(error) => return Some(Err(Error::jetstream("message info", error))),
         };
+        self.last_delivered = Some(sequence);
+        self.interruptions = 0;
         Some(Ok(Logged {
             sequence,
             pending,
             subject: message.subject.to_string(),
             event: publish::decode_message(&message.message),
         }))
+    }
+
+    /// Reopens after the last delivered sequence once the server
+    /// interrupted the reader with `error`; gives `error` back when that
+    /// happened [`RESUME_ATTEMPTS`] times in a row or reopening fails.
+    async fn resume(&mut self, error: Error) -> Result<(), Error> {
+        self.interruptions += 1;
+        if self.interruptions > RESUME_ATTEMPTS {
+            return Err(error);
+        }
+        let from = self.last_delivered.map_or(self.start, Start::After);
+        tracing::warn!(%error, ?from, attempt = self.interruptions, "log reader interrupted; resuming");
+        self.messages = Self::ordered(&self.bus, &self.filters, from).await?;
+        Ok(())
     }
 
     /// The next message, or `None` when nothing arrives within `idle`.

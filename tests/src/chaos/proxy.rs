@@ -21,6 +21,8 @@ struct Shared {
     cut_until: Option<Instant>,
     /// The local ports of the proxy's connections to the node.
     upstream_ports: BTreeSet<u16>,
+    /// Those of the connections still open.
+    live_upstream_ports: BTreeSet<u16>,
     connections: u64,
     refused: u64,
 }
@@ -70,6 +72,11 @@ impl Proxy {
     /// Local ports of every connection this proxy opened to its node.
     pub fn upstream_ports(&self) -> BTreeSet<u16> {
         lock(&self.shared).upstream_ports.clone()
+    }
+
+    /// Local ports of the proxy's connections to its node still open.
+    pub fn live_upstream_ports(&self) -> BTreeSet<u16> {
+        lock(&self.shared).live_upstream_ports.clone()
     }
 
     /// (connections forwarded, connections refused during cuts).
@@ -132,9 +139,11 @@ async fn forward(
         // The node is down: the client sees its connection close.
         return;
     };
-    if let Ok(local) = server.local_addr() {
+    let local_port = server.local_addr().ok().map(|local| local.port());
+    if let Some(port) = local_port {
         let mut shared = lock(&shared);
-        shared.upstream_ports.insert(local.port());
+        shared.upstream_ports.insert(port);
+        shared.live_upstream_ports.insert(port);
         shared.connections += 1;
     }
     let _ = client.set_nodelay(true);
@@ -143,5 +152,8 @@ async fn forward(
     tokio::select! {
         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
         _ = cuts.changed() => {}
+    }
+    if let Some(port) = local_port {
+        lock(&shared).live_upstream_ports.remove(&port);
     }
 }
