@@ -54,13 +54,13 @@ pub(crate) struct Settings {
 #[derive(Debug, Clone)]
 pub struct Agent {
     settings: Arc<Settings>,
-    /// `None`: the offline rules.
-    provider: Option<Arc<dyn Provider>>,
+    /// The model, or the offline rules.
+    provider: Arc<dyn Provider>,
     fired: Arc<AtomicBool>,
 }
 
 impl Agent {
-    pub(crate) fn new(settings: Settings, provider: Option<Arc<dyn Provider>>) -> Self {
+    pub(crate) fn new(settings: Settings, provider: Arc<dyn Provider>) -> Self {
         Self {
             settings: Arc::new(settings),
             provider,
@@ -396,7 +396,7 @@ impl Turn<'_> {
                     reply_to_event_id: source.id.to_string(),
                     importance: pb::Importance::High as i32,
                     status: "paused".into(),
-                    provider: zopu_llm::offline::OFFLINE_LABEL.into(),
+                    provider: crate::offline::OFFLINE_LABEL.into(),
                 };
                 self.append(
                     self.new_event(&notice, schema_keys::agent_post(&self.dispatch, "paused")),
@@ -457,19 +457,17 @@ impl Turn<'_> {
         text: &str,
         view: &ProjectView,
     ) -> Result<(), HandlerError> {
-        let plan = match &self.agent.provider {
-            None => decide::offline_turn(text, view, &self.dispatch.to_string()),
-            Some(provider) => {
-                if let Some(reason) = self.budget_exhausted(source).await? {
-                    return self.visible_failure(source, reason).await;
-                }
-                match self.model_turn(provider.as_ref(), text, view).await? {
-                    Ok(plan) => plan,
-                    Err(reason) => return self.visible_failure(source, reason).await,
-                }
-            }
-        };
-        self.execute(plan, source, view).await
+        let provider = self.agent.provider.as_ref();
+        // Rules cost nothing: only a model's calls count against the budget.
+        if !provider.is_deterministic()
+            && let Some(reason) = self.budget_exhausted(source).await?
+        {
+            return self.visible_failure(source, reason).await;
+        }
+        match self.decide_turn(provider, text, view).await? {
+            Ok(plan) => self.execute(plan, source, view).await,
+            Err(reason) => self.visible_failure(source, reason).await,
+        }
     }
 
     /// The reason not to call the model when the organization's daily token
@@ -507,20 +505,29 @@ impl Turn<'_> {
         )))
     }
 
-    /// The model's decision: recorded replies first, then at most
-    /// `decision_attempts` calls; `Err` is the reason it could not decide.
-    async fn model_turn(
+    /// The provider's decision (the model's or the offline rules'): recorded
+    /// replies first, then at most `decision_attempts` calls, each reply
+    /// recorded before it is acted on unless the provider is deterministic;
+    /// `Err` is the reason it could not decide.
+    async fn decide_turn(
         &self,
         provider: &dyn Provider,
         text: &str,
         view: &ProjectView,
     ) -> Result<Result<TurnPlan, pb::FailureReason>, HandlerError> {
         let settings = &self.agent.settings;
-        let request = decide::decision_request(text, view);
+        let author = decide::Author::of(provider);
+        let records = !provider.is_deterministic();
+        let request = decide::decision_request(text, view, &self.dispatch.to_string());
         let mut last = failure("llm.failed", "The model gave no usable decision.", true);
         for attempt in 1..=settings.decision_attempts {
             let key = keys::llm_call(&self.dispatch, "decide", attempt);
-            if let Some(recorded) = self.ctx.publisher.recorded(&key).await? {
+            let recorded = if records {
+                self.ctx.publisher.recorded(&key).await?
+            } else {
+                None
+            };
+            if let Some(recorded) = recorded {
                 if recorded.is::<pb::AgentLlmCompleted>() {
                     let completed = recorded.decode::<pb::AgentLlmCompleted>()?;
                     let reply: ChatReply =
@@ -529,7 +536,7 @@ impl Turn<'_> {
                                 "recorded model reply does not parse: {error}"
                             ))
                         })?;
-                    match decide::turn_from_reply(&reply, text, settings.max_tool_calls) {
+                    match decide::turn_from_reply(&reply, text, settings.max_tool_calls, author) {
                         Ok(plan) => return Ok(Ok(plan)),
                         Err(invalid) => last = failure(invalid.code(), &invalid.to_string(), true),
                     }
@@ -556,50 +563,55 @@ impl Turn<'_> {
                 reply
             });
             match outcome {
-                Ok(reply) => match decide::turn_from_reply(&reply, text, settings.max_tool_calls) {
-                    Ok(plan) => {
-                        let reply_json = serde_json::to_string(&reply).map_err(|error| {
-                            HandlerError::Permanent(format!(
-                                "model reply does not serialize: {error}"
-                            ))
-                        })?;
-                        let completed = pb::AgentLlmCompleted {
-                            agent_id: self.agent_id(),
-                            provider: reply.provider_label.clone(),
-                            model: reply.model.clone(),
-                            step: "decide".into(),
-                            reply_json,
-                            reply_blob: None,
-                            prompt_tokens: reply.usage.prompt_tokens,
-                            completion_tokens: reply.usage.completion_tokens,
-                            attempts: reply.attempts,
-                            duration_ms,
-                        };
-                        self.append(self.new_event(&completed, key)).await?;
-                        self.agent
-                            .fail_point(FailPoint::AfterLlmRecorded, self.ctx)?;
-                        return Ok(Ok(plan));
-                    }
-                    Err(invalid) => {
-                        if matches!(invalid, decide::InvalidReply::TooManyToolCalls(_)) {
-                            self.guardrail(
-                                "tool_call_cap",
-                                &format!("decide:{attempt}"),
-                                invalid.to_string(),
-                                "refused",
-                            )
-                            .await?;
+                Ok(reply) => {
+                    match decide::turn_from_reply(&reply, text, settings.max_tool_calls, author) {
+                        Ok(plan) if !records => return Ok(Ok(plan)),
+                        Ok(plan) => {
+                            let reply_json = serde_json::to_string(&reply).map_err(|error| {
+                                HandlerError::Permanent(format!(
+                                    "model reply does not serialize: {error}"
+                                ))
+                            })?;
+                            let completed = pb::AgentLlmCompleted {
+                                agent_id: self.agent_id(),
+                                provider: reply.provider_label.clone(),
+                                model: reply.model.clone(),
+                                step: "decide".into(),
+                                reply_json,
+                                reply_blob: None,
+                                prompt_tokens: reply.usage.prompt_tokens,
+                                completion_tokens: reply.usage.completion_tokens,
+                                attempts: reply.attempts,
+                                duration_ms,
+                            };
+                            self.append(self.new_event(&completed, key)).await?;
+                            self.agent
+                                .fail_point(FailPoint::AfterLlmRecorded, self.ctx)?;
+                            return Ok(Ok(plan));
                         }
-                        last = failure(invalid.code(), &invalid.to_string(), true);
-                        self.record_llm_failure(
-                            key,
-                            &reply.provider_label,
-                            reply.attempts,
-                            last.clone(),
-                        )
-                        .await?;
+                        Err(invalid) => {
+                            if matches!(invalid, decide::InvalidReply::TooManyToolCalls(_)) {
+                                self.guardrail(
+                                    "tool_call_cap",
+                                    &format!("decide:{attempt}"),
+                                    invalid.to_string(),
+                                    "refused",
+                                )
+                                .await?;
+                            }
+                            last = failure(invalid.code(), &invalid.to_string(), true);
+                            if records {
+                                self.record_llm_failure(
+                                    key,
+                                    &reply.provider_label,
+                                    reply.attempts,
+                                    last.clone(),
+                                )
+                                .await?;
+                            }
+                        }
                     }
-                },
+                }
                 Err(error) => {
                     tracing::warn!(dispatch = %self.dispatch, attempt, %error, "model call failed");
                     last = llm_failure(&error);
@@ -607,8 +619,10 @@ impl Turn<'_> {
                         zopu_llm::Error::RetriesExhausted { attempts, .. } => *attempts,
                         _ => 1,
                     };
-                    self.record_llm_failure(key, provider.label(), attempts, last.clone())
-                        .await?;
+                    if records {
+                        self.record_llm_failure(key, provider.label(), attempts, last.clone())
+                            .await?;
+                    }
                 }
             }
         }
