@@ -43,6 +43,7 @@ pub mod client;
 pub mod decide;
 mod keys;
 pub mod offline;
+mod plan;
 pub mod state;
 
 use std::sync::Arc;
