@@ -3,8 +3,9 @@
 //! and writes what it learned as `summary.md`. Everything in the summary was
 //! read from the repository or is marked as inferred; nothing is run.
 
+mod summary;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use zopu_core::text::clip_chars;
 
 use zopu_sandbox::tools::{
@@ -19,6 +20,8 @@ use crate::results::{
 };
 use crate::stack;
 use crate::{grounding, guard};
+
+pub use summary::summary_markdown;
 
 /// Depth of the tree listing used to find manifests and entry points.
 const LIST_DEPTH: usize = 4;
@@ -746,161 +749,6 @@ pub fn merge_model(
     result.provenance.heuristic = false;
     result.summary_markdown = summary_markdown(&result);
     result
-}
-
-fn status_text(command: &CommandHint) -> String {
-    match command.status {
-        CommandStatus::Verified => format!("**verified** — {}", command.source),
-        CommandStatus::Inferred => format!("*inferred* — {}", command.source),
-    }
-}
-
-/// The `summary.md` document (section 29), redacted.
-pub fn summary_markdown(result: &OnboardingResult) -> String {
-    let mut md = String::new();
-    let commit = if result.provenance.repository_commit.is_empty() {
-        "unknown"
-    } else {
-        &result.provenance.repository_commit
-    };
-    let _ = writeln!(md, "# {} — repository summary\n", result.name);
-    let _ = writeln!(
-        md,
-        "_Written by the Zopu onboarding flow (provider: {}{}) at commit `{commit}`. Facts were read from the repository; anything not read is marked inferred._\n",
-        result.provenance.provider,
-        if result.provenance.heuristic {
-            ", heuristic"
-        } else {
-            ""
-        }
-    );
-    write_purpose(&mut md, result);
-    write_stack(&mut md, result);
-    write_shape(&mut md, result);
-    write_entry_points(&mut md, result);
-    let _ = writeln!(md, "\n## Important packages/directories\n");
-    for (dir, detail) in &result.important_directories {
-        let _ = writeln!(md, "- `{dir}/` — {detail}");
-    }
-    write_commands(&mut md, result);
-    let _ = writeln!(md, "\n## Root .env.example variable names\n");
-    if result.environment_variables.is_empty() {
-        let _ = writeln!(md, "- None found.");
-    }
-    for name in &result.environment_variables {
-        let _ = writeln!(md, "- `{name}`");
-    }
-    let _ = writeln!(md, "\n## Known constraints\n");
-    for constraint in &result.constraints {
-        let _ = writeln!(md, "- {constraint}");
-    }
-    let _ = writeln!(md, "\n## Useful starting areas\n");
-    for area in &result.starting_areas {
-        let _ = writeln!(md, "- {area}");
-    }
-    let _ = writeln!(md, "\n## Repository commit inspected\n\n`{commit}`");
-    zopu_secrets::redact(&md)
-}
-
-fn write_purpose(md: &mut String, result: &OnboardingResult) {
-    let _ = writeln!(md, "## Project purpose\n");
-    match &result.purpose {
-        Some(purpose) if !result.provenance.heuristic => {
-            let _ = writeln!(md, "{purpose}\n\n({})\n", result.purpose_source);
-        }
-        Some(purpose) => {
-            let _ = writeln!(
-                md,
-                "> {purpose}\n\n(quoted from `{}`)\n",
-                result.purpose_source
-            );
-        }
-        None => {
-            let _ = writeln!(
-                md,
-                "Not stated in the repository (no README paragraph or manifest description was found).\n"
-            );
-        }
-    }
-}
-
-fn write_stack(md: &mut String, result: &OnboardingResult) {
-    let _ = writeln!(md, "## Detected stack\n");
-    if result.stack.is_empty() {
-        let _ = writeln!(
-            md,
-            "- No known manifest was found (assumption: languages below come from file extensions only)."
-        );
-    }
-    for item in &result.stack {
-        let frameworks = if item.frameworks.is_empty() {
-            String::new()
-        } else {
-            format!("; libraries: {}", item.frameworks.join(", "))
-        };
-        let _ = writeln!(
-            md,
-            "- {} — {} (`{}`){frameworks}",
-            item.language, item.tool, item.manifest
-        );
-    }
-}
-
-fn write_shape(md: &mut String, result: &OnboardingResult) {
-    let _ = writeln!(md, "\n## Repository shape\n");
-    let languages: Vec<String> = result
-        .languages
-        .iter()
-        .take(6)
-        .map(|(language, files)| format!("{language} ({files})"))
-        .collect();
-    let _ = writeln!(
-        md,
-        "- {} files in {} directories",
-        result.files, result.directories
-    );
-    if !languages.is_empty() {
-        let _ = writeln!(md, "- Languages by file count: {}", languages.join(", "));
-    }
-    let top: Vec<String> = result
-        .top_level
-        .iter()
-        .take(30)
-        .map(|name| format!("`{name}`"))
-        .collect();
-    let _ = writeln!(md, "- Top level: {}", top.join(", "));
-}
-
-fn write_entry_points(md: &mut String, result: &OnboardingResult) {
-    let _ = writeln!(md, "\n## Primary entry points\n");
-    if result.entry_points.is_empty() {
-        let _ = writeln!(md, "- None found by convention or manifest.");
-    }
-    for entry in &result.entry_points {
-        let _ = writeln!(
-            md,
-            "- `{}` (line {}: `{}`)",
-            entry.path,
-            entry.start_line,
-            entry.snippet.replace('`', "'")
-        );
-    }
-}
-
-fn write_commands(md: &mut String, result: &OnboardingResult) {
-    let _ = writeln!(md, "\n## Likely run/build/test commands\n");
-    if result.commands.is_empty() {
-        let _ = writeln!(md, "- None could be derived.");
-    }
-    for command in &result.commands {
-        let _ = writeln!(
-            md,
-            "- `{}` — {} — {}",
-            command.command,
-            command.purpose,
-            status_text(command)
-        );
-    }
 }
 
 #[cfg(test)]
