@@ -1,6 +1,7 @@
 //! The reaction on `dispatch.created`: one turn of the project's conversation
-//! agent. I/O only: the decisions are in [`crate::decide`], the state in
-//! [`crate::state`].
+//! agent. I/O only: it reads the state ([`crate::state`]), asks the provider
+//! ([`crate::decide`] builds the request and validates the reply), and
+//! appends what the pure decisions of [`crate::plan`] return.
 //!
 //! Every write has a key derived from the dispatch (or the flow run), so a
 //! redelivered dispatch writes nothing twice; a model reply is recorded as
@@ -13,14 +14,13 @@ use std::time::Instant;
 
 use zopu_core::text::clip_chars;
 use zopu_core::{Appended, HandlerError, NewEvent, Reaction, ReactionContext};
-use zopu_llm::{ChatReply, Provider};
+use zopu_llm::{ChatReply, ChatRequest, Provider};
 use zopu_schema::envelope::EventContext;
-use zopu_schema::{
-    AgentId, DispatchId, Envelope, Event, FlowRunId, ThreadId, WorkId, keys as schema_keys, pb,
-};
+use zopu_schema::{DispatchId, Envelope, Event, keys as schema_keys, pb};
 
 use crate::decide::{self, Action, TurnPlan};
 use crate::keys;
+use crate::plan::{self, Gate, Guarded, Refusal, TurnIds, failure};
 use crate::state::{FlowView, ProjectView};
 
 /// Where a test can make the service stop as if it crashed (the handler
@@ -54,13 +54,13 @@ pub(crate) struct Settings {
 #[derive(Debug, Clone)]
 pub struct Agent {
     settings: Arc<Settings>,
-    /// `None`: the offline rules.
-    provider: Option<Arc<dyn Provider>>,
+    /// The model, or the offline rules.
+    provider: Arc<dyn Provider>,
     fired: Arc<AtomicBool>,
 }
 
 impl Agent {
-    pub(crate) fn new(settings: Settings, provider: Option<Arc<dyn Provider>>) -> Self {
+    pub(crate) fn new(settings: Settings, provider: Arc<dyn Provider>) -> Self {
         Self {
             settings: Arc::new(settings),
             provider,
@@ -171,24 +171,6 @@ fn is_terminal(ctx: &ReactionContext, dispatch: &DispatchId) -> Result<bool, Han
     Ok(false)
 }
 
-fn failure(code: &str, message: &str, retryable: bool) -> pb::FailureReason {
-    pb::FailureReason {
-        code: code.to_owned(),
-        message: message.to_owned(),
-        retryable,
-    }
-}
-
-/// The millisecond timestamp inside a UUIDv7 dispatch id: the base of every
-/// id the turn derives, the same on every delivery.
-fn id_ms(dispatch: &DispatchId) -> u64 {
-    let bytes = dispatch.as_uuid();
-    let bytes = bytes.as_bytes();
-    u64::from_be_bytes([
-        0, 0, bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5],
-    ])
-}
-
 /// A model failure as a stable code and a sentence.
 fn llm_failure(error: &zopu_llm::Error) -> pb::FailureReason {
     use zopu_llm::Error as E;
@@ -231,6 +213,14 @@ impl Turn<'_> {
         self.created.agent_id.clone()
     }
 
+    fn ids(&self) -> TurnIds {
+        TurnIds {
+            cause: self.cause.clone(),
+            dispatch: self.dispatch,
+            agent_id: self.agent_id(),
+        }
+    }
+
     fn new_event<E: Event>(&self, payload: &E, key: String) -> NewEvent {
         NewEvent::caused_by(&self.cause, payload, key).with_dispatch(self.dispatch)
     }
@@ -269,11 +259,12 @@ impl Turn<'_> {
     }
 
     /// A boundary check failed: the refused write is recorded, never made.
-    async fn reject(&self, attempted: &str, code: &str, message: &str) -> Result<(), HandlerError> {
+    async fn reject(&self, refused: Refusal) -> Result<(), HandlerError> {
+        let Refusal { code, message } = refused;
         tracing::warn!(dispatch = %self.dispatch, code, "boundary check failed; agent write refused");
         let rejected = pb::AgentRejected {
             agent_id: self.agent_id(),
-            attempted_type: attempted.to_owned(),
+            attempted_type: pb::AgentAcknowledged::TYPE.to_owned(),
             reason: Some(failure(code, message, false)),
         };
         self.append(self.new_event(&rejected, keys::rejected(&self.dispatch)))
@@ -307,36 +298,11 @@ impl Turn<'_> {
         view: Option<ProjectView>,
         source: Result<Envelope, HandlerError>,
     ) -> Result<(), HandlerError> {
-        let (org, project) = (&self.event.org_id, &self.event.project_id);
         // Boundary checks (section 63) before any write of the agent.
-        let Some(view) = view else {
-            return self
-                .reject(
-                    pb::AgentAcknowledged::TYPE,
-                    "agent.not_bound",
-                    "The project has no registered conversation agent.",
-                )
-                .await;
+        let view = match plan::check_binding(&self.created, &self.cause, view.as_ref()) {
+            Ok(view) => view,
+            Err(refused) => return self.reject(refused).await,
         };
-        let expected = AgentId::conversation(org, project);
-        if self.created.agent_id != expected.as_str() || view.agent_id != self.created.agent_id {
-            return self
-                .reject(
-                    pb::AgentAcknowledged::TYPE,
-                    "agent.wrong_project",
-                    "The dispatched agent does not belong to this project.",
-                )
-                .await;
-        }
-        if !view.timeline_id.is_empty() && self.created.global_timeline_id != view.timeline_id {
-            return self
-                .reject(
-                    pb::AgentAcknowledged::TYPE,
-                    "timeline.wrong_project",
-                    "The timeline does not belong to this project.",
-                )
-                .await;
-        }
         let source = source?;
         if source.id.to_string() != self.created.source_event_id {
             return Err(HandlerError::Permanent(format!(
@@ -344,84 +310,54 @@ impl Turn<'_> {
                 self.created.source_stream_sequence, self.created.source_event_id
             )));
         }
-        if &source.org_id != org || &source.project_id != project {
-            return self
-                .reject(
-                    pb::AgentAcknowledged::TYPE,
-                    "project.wrong_org",
-                    "The source event belongs to another organization or project.",
-                )
-                .await;
-        }
         let message = if source.is::<pb::TimelineMessageSent>() {
             Some(source.decode::<pb::TimelineMessageSent>()?)
         } else {
             None
         };
-        if let Some(message) = &message {
-            if !message.timeline_id.is_empty()
-                && !view.timeline_id.is_empty()
-                && message.timeline_id != view.timeline_id
-            {
+        let source_work_owned = match (&message, source.work_id) {
+            (Some(_), Some(work)) => self.owns_work(&work)?,
+            _ => true,
+        };
+        if let Err(refused) = plan::check_source(
+            &source,
+            message.as_ref(),
+            &self.cause,
+            view,
+            source_work_owned,
+        ) {
+            return self.reject(refused).await;
+        }
+        let settings = &self.agent.settings;
+        match plan::gate(
+            view,
+            &self.ids(),
+            &source,
+            message.is_some(),
+            settings.rejection_backoff,
+        ) {
+            Gate::Paused { notice } => {
+                if let Some(notice) = notice {
+                    let key = schema_keys::agent_post(&self.dispatch, "paused");
+                    self.append(self.new_event(&notice, key)).await?;
+                }
+                return self.complete("skipped_disabled").await;
+            }
+            Gate::BackedOff { streak } => {
+                // Polite failure: after repeated rejections, stay quiet on
+                // everything the user did not ask for directly.
+                let detail = format!("{streak} rejections in a row");
+                self.guardrail("repeated_rejections", "dispatch", detail, "backed_off")
+                    .await?;
                 return self
-                    .reject(
-                        pb::AgentAcknowledged::TYPE,
-                        "timeline.wrong_project",
-                        "The message was sent to another timeline.",
-                    )
+                    .fail(failure(
+                        "agent.backed_off",
+                        "The agent is backing off after repeated rejections.",
+                        true,
+                    ))
                     .await;
             }
-            if let Some(work) = source.work_id {
-                let owned = self
-                    .ctx
-                    .store
-                    .read(|conn| ProjectView::owns_work(conn, org, project, &work))?;
-                if !owned {
-                    return self
-                        .reject(
-                            pb::AgentAcknowledged::TYPE,
-                            "timeline.wrong_work",
-                            "The message names a Work outside this project.",
-                        )
-                        .await;
-                }
-            }
-        }
-        // Kill switch.
-        if !view.enabled {
-            if message.is_some() && !view.paused_notice_posted {
-                let notice = pb::AgentMessage {
-                    agent_id: self.agent_id(),
-                    text: decide::paused_notice(&view.disabled_reason),
-                    reply_to_event_id: source.id.to_string(),
-                    importance: pb::Importance::High as i32,
-                    status: "paused".into(),
-                    provider: zopu_llm::offline::OFFLINE_LABEL.into(),
-                };
-                self.append(
-                    self.new_event(&notice, schema_keys::agent_post(&self.dispatch, "paused")),
-                )
-                .await?;
-            }
-            return self.complete("skipped_disabled").await;
-        }
-        // Polite failure: after repeated rejections, stay quiet on
-        // everything the user did not ask for directly.
-        if view.rejection_streak >= self.agent.settings.rejection_backoff && message.is_none() {
-            self.guardrail(
-                "repeated_rejections",
-                "dispatch",
-                format!("{} rejections in a row", view.rejection_streak),
-                "backed_off",
-            )
-            .await?;
-            return self
-                .fail(failure(
-                    "agent.backed_off",
-                    "The agent is backing off after repeated rejections.",
-                    true,
-                ))
-                .await;
+            Gate::Proceed => {}
         }
         let accepted = pb::DispatchAccepted {
             agent_id: self.agent_id(),
@@ -432,15 +368,14 @@ impl Turn<'_> {
             schema_keys::dispatch_state(&self.dispatch, "accepted"),
         ))
         .await?;
-
         match source.event_type.as_str() {
             pb::TimelineMessageSent::TYPE => {
                 let text = message.map(|message| message.text).unwrap_or_default();
-                self.user_turn(&source, &text, &view).await
+                self.user_turn(&source, &text, view).await
             }
             pb::ProjectReady::TYPE => {
-                let plan = decide::onboarding_turn(&view);
-                self.execute(plan, &source, &view).await
+                let plan = decide::onboarding_turn(view);
+                self.execute(plan, &source, view).await
             }
             pb::FlowCompleted::TYPE
             | pb::FlowFailed::TYPE
@@ -451,25 +386,32 @@ impl Turn<'_> {
         }
     }
 
+    /// Whether `work` is a Work of this turn's project the agent created.
+    fn owns_work(&self, work: &zopu_schema::WorkId) -> Result<bool, HandlerError> {
+        let (org, project) = (&self.event.org_id, &self.event.project_id);
+        Ok(self
+            .ctx
+            .store
+            .read(|conn| ProjectView::owns_work(conn, org, project, work))?)
+    }
+
     async fn user_turn(
         &self,
         source: &Envelope,
         text: &str,
         view: &ProjectView,
     ) -> Result<(), HandlerError> {
-        let plan = match &self.agent.provider {
-            None => decide::offline_turn(text, view, &self.dispatch.to_string()),
-            Some(provider) => {
-                if let Some(reason) = self.budget_exhausted(source).await? {
-                    return self.visible_failure(source, reason).await;
-                }
-                match self.model_turn(provider.as_ref(), text, view).await? {
-                    Ok(plan) => plan,
-                    Err(reason) => return self.visible_failure(source, reason).await,
-                }
-            }
-        };
-        self.execute(plan, source, view).await
+        let provider = self.agent.provider.as_ref();
+        // Rules cost nothing: only a model's calls count against the budget.
+        if !provider.is_deterministic()
+            && let Some(reason) = self.budget_exhausted(source).await?
+        {
+            return self.visible_failure(source, reason).await;
+        }
+        match self.decide_turn(provider, text, view).await? {
+            Ok(plan) => self.execute(plan, source, view).await,
+            Err(reason) => self.visible_failure(source, reason).await,
+        }
     }
 
     /// The reason not to call the model when the organization's daily token
@@ -507,112 +449,151 @@ impl Turn<'_> {
         )))
     }
 
-    /// The model's decision: recorded replies first, then at most
-    /// `decision_attempts` calls; `Err` is the reason it could not decide.
-    async fn model_turn(
+    /// The provider's decision (the model's or the offline rules'): recorded
+    /// replies first, then at most `decision_attempts` calls, each reply
+    /// recorded before it is acted on unless the provider is deterministic;
+    /// `Err` is the reason it could not decide.
+    async fn decide_turn(
         &self,
         provider: &dyn Provider,
         text: &str,
         view: &ProjectView,
     ) -> Result<Result<TurnPlan, pb::FailureReason>, HandlerError> {
-        let settings = &self.agent.settings;
-        let request = decide::decision_request(text, view);
+        let request = decide::decision_request(text, view, &self.dispatch.to_string());
         let mut last = failure("llm.failed", "The model gave no usable decision.", true);
-        for attempt in 1..=settings.decision_attempts {
+        for attempt in 1..=self.agent.settings.decision_attempts {
             let key = keys::llm_call(&self.dispatch, "decide", attempt);
-            if let Some(recorded) = self.ctx.publisher.recorded(&key).await? {
-                if recorded.is::<pb::AgentLlmCompleted>() {
-                    let completed = recorded.decode::<pb::AgentLlmCompleted>()?;
-                    let reply: ChatReply =
-                        serde_json::from_str(&completed.reply_json).map_err(|error| {
-                            HandlerError::Permanent(format!(
-                                "recorded model reply does not parse: {error}"
-                            ))
-                        })?;
-                    match decide::turn_from_reply(&reply, text, settings.max_tool_calls) {
-                        Ok(plan) => return Ok(Ok(plan)),
-                        Err(invalid) => last = failure(invalid.code(), &invalid.to_string(), true),
-                    }
-                } else {
-                    let failed = recorded.decode::<pb::AgentLlmFailed>()?;
-                    last = failed.reason.unwrap_or(last);
-                }
-                continue;
-            }
-            self.agent.fail_point(FailPoint::BeforeLlmCall, self.ctx)?;
-            let started = Instant::now();
-            let outcome = tokio::select! {
-                outcome = provider.complete(request.clone()) => outcome,
-                () = self.ctx.shutdown.cancelled() => {
-                    return Err(HandlerError::Fatal("shutting down during a model call".into()));
-                }
+            let recorded = if provider.is_deterministic() {
+                None
+            } else {
+                self.ctx.publisher.recorded(&key).await?
             };
-            let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            // Everything the model said is redacted before it is stored or
-            // acted on: the recorded reply, the posts and the flow request
-            // built from it.
-            let outcome = outcome.map(|mut reply| {
-                reply.redact_secrets();
-                reply
-            });
+            let outcome = match recorded {
+                Some(recorded) => self.recorded_decision(&recorded, text, &last)?,
+                None => self.ask(provider, &request, text, attempt, key).await?,
+            };
             match outcome {
-                Ok(reply) => match decide::turn_from_reply(&reply, text, settings.max_tool_calls) {
-                    Ok(plan) => {
-                        let reply_json = serde_json::to_string(&reply).map_err(|error| {
-                            HandlerError::Permanent(format!(
-                                "model reply does not serialize: {error}"
-                            ))
-                        })?;
-                        let completed = pb::AgentLlmCompleted {
-                            agent_id: self.agent_id(),
-                            provider: reply.provider_label.clone(),
-                            model: reply.model.clone(),
-                            step: "decide".into(),
-                            reply_json,
-                            reply_blob: None,
-                            prompt_tokens: reply.usage.prompt_tokens,
-                            completion_tokens: reply.usage.completion_tokens,
-                            attempts: reply.attempts,
-                            duration_ms,
-                        };
-                        self.append(self.new_event(&completed, key)).await?;
-                        self.agent
-                            .fail_point(FailPoint::AfterLlmRecorded, self.ctx)?;
-                        return Ok(Ok(plan));
-                    }
-                    Err(invalid) => {
-                        if matches!(invalid, decide::InvalidReply::TooManyToolCalls(_)) {
-                            self.guardrail(
-                                "tool_call_cap",
-                                &format!("decide:{attempt}"),
-                                invalid.to_string(),
-                                "refused",
-                            )
-                            .await?;
-                        }
-                        last = failure(invalid.code(), &invalid.to_string(), true);
-                        self.record_llm_failure(
-                            key,
-                            &reply.provider_label,
-                            reply.attempts,
-                            last.clone(),
-                        )
-                        .await?;
-                    }
-                },
-                Err(error) => {
-                    tracing::warn!(dispatch = %self.dispatch, attempt, %error, "model call failed");
-                    last = llm_failure(&error);
-                    let attempts = match &error {
-                        zopu_llm::Error::RetriesExhausted { attempts, .. } => *attempts,
-                        _ => 1,
-                    };
-                    self.record_llm_failure(key, provider.label(), attempts, last.clone())
-                        .await?;
-                }
+                Ok(plan) => return Ok(Ok(plan)),
+                Err(reason) => last = reason,
             }
         }
         Ok(Err(last))
+    }
+
+    /// The decision a recorded reply (or recorded failure) of an earlier
+    /// delivery gives; `last` is the reason kept when a failure names none.
+    fn recorded_decision(
+        &self,
+        recorded: &Envelope,
+        text: &str,
+        last: &pb::FailureReason,
+    ) -> Result<Result<TurnPlan, pb::FailureReason>, HandlerError> {
+        if !recorded.is::<pb::AgentLlmCompleted>() {
+            let failed = recorded.decode::<pb::AgentLlmFailed>()?;
+            return Ok(Err(failed.reason.unwrap_or_else(|| last.clone())));
+        }
+        let completed = recorded.decode::<pb::AgentLlmCompleted>()?;
+        let reply: ChatReply = serde_json::from_str(&completed.reply_json).map_err(|error| {
+            HandlerError::Permanent(format!("recorded model reply does not parse: {error}"))
+        })?;
+        let max_tool_calls = self.agent.settings.max_tool_calls;
+        Ok(
+            decide::turn_from_reply(&reply, text, max_tool_calls, decide::Author::Model)
+                .map_err(|invalid| failure(invalid.code(), &invalid.to_string(), true)),
+        )
+    }
+
+    /// One call of the provider, its reply validated and (unless the
+    /// provider is deterministic) recorded under `key` before it is used.
+    async fn ask(
+        &self,
+        provider: &dyn Provider,
+        request: &ChatRequest,
+        text: &str,
+        attempt: u32,
+        key: String,
+    ) -> Result<Result<TurnPlan, pb::FailureReason>, HandlerError> {
+        let records = !provider.is_deterministic();
+        self.agent.fail_point(FailPoint::BeforeLlmCall, self.ctx)?;
+        let started = Instant::now();
+        let outcome = tokio::select! {
+            outcome = provider.complete(request.clone()) => outcome,
+            () = self.ctx.shutdown.cancelled() => {
+                return Err(HandlerError::Fatal("shutting down during a model call".into()));
+            }
+        };
+        let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let mut reply = match outcome {
+            Ok(reply) => reply,
+            Err(error) => {
+                tracing::warn!(dispatch = %self.dispatch, attempt, %error, "model call failed");
+                let reason = llm_failure(&error);
+                let attempts = match &error {
+                    zopu_llm::Error::RetriesExhausted { attempts, .. } => *attempts,
+                    _ => 1,
+                };
+                if records {
+                    self.record_llm_failure(key, provider.label(), attempts, reason.clone())
+                        .await?;
+                }
+                return Ok(Err(reason));
+            }
+        };
+        // Everything the provider said is redacted before it is stored or
+        // acted on: the recorded reply, the posts and the flow request
+        // built from it.
+        reply.redact_secrets();
+        let author = decide::Author::of(provider);
+        let max_tool_calls = self.agent.settings.max_tool_calls;
+        match decide::turn_from_reply(&reply, text, max_tool_calls, author) {
+            Ok(plan) => {
+                if records {
+                    self.record_llm_reply(key, &reply, duration_ms).await?;
+                    self.agent
+                        .fail_point(FailPoint::AfterLlmRecorded, self.ctx)?;
+                }
+                Ok(Ok(plan))
+            }
+            Err(invalid) => {
+                if matches!(invalid, decide::InvalidReply::TooManyToolCalls(_)) {
+                    let step = format!("decide:{attempt}");
+                    self.guardrail("tool_call_cap", &step, invalid.to_string(), "refused")
+                        .await?;
+                }
+                let reason = failure(invalid.code(), &invalid.to_string(), true);
+                if records {
+                    let label = reply.provider_label.clone();
+                    self.record_llm_failure(key, &label, reply.attempts, reason.clone())
+                        .await?;
+                }
+                Ok(Err(reason))
+            }
+        }
+    }
+
+    async fn record_llm_reply(
+        &self,
+        key: String,
+        reply: &ChatReply,
+        duration_ms: u64,
+    ) -> Result<(), HandlerError> {
+        let reply_json = serde_json::to_string(reply).map_err(|error| {
+            HandlerError::Permanent(format!("model reply does not serialize: {error}"))
+        })?;
+        let completed = pb::AgentLlmCompleted {
+            agent_id: self.agent_id(),
+            provider: reply.provider_label.clone(),
+            model: reply.model.clone(),
+            step: "decide".into(),
+            reply_json,
+            reply_blob: None,
+            prompt_tokens: reply.usage.prompt_tokens,
+            completion_tokens: reply.usage.completion_tokens,
+            attempts: reply.attempts,
+            duration_ms,
+        };
+        self.append(self.new_event(&completed, key)).await?;
+        Ok(())
     }
 
     async fn record_llm_failure(
@@ -658,179 +639,52 @@ impl Turn<'_> {
             .await?;
         self.fail(reason).await
     }
-
-    /// Posts `text` unless it nearly repeats a recent output; returns what was posted.
-    async fn guarded_text(
-        &self,
-        step: &str,
-        text: String,
-        view: &ProjectView,
-        plan: &TurnPlan,
-    ) -> Result<Option<String>, HandlerError> {
-        let settings = &self.agent.settings;
-        let recent = view.recent_outputs(settings.recent_outputs, &self.dispatch.to_string());
-        let Some((earlier, score)) =
-            decide::near_duplicate(&text, &recent, settings.similarity_threshold)
-        else {
-            return Ok(Some(text));
-        };
-        let detail = format!(
-            "{score:.2} similar to a recent output: {}",
-            clip_chars(earlier, 120)
-        );
-        if let Some(rephrased) = decide::rephrase(plan.action, &plan.title)
-            && decide::near_duplicate(&rephrased, &recent, settings.similarity_threshold).is_none()
-        {
-            self.guardrail("near_duplicate", step, detail, "rephrased")
-                .await?;
-            return Ok(Some(rephrased));
-        }
-        self.guardrail("near_duplicate", step, detail, "dropped")
-            .await?;
-        Ok(None)
-    }
-
+    /// Guards the turn's visible text, then appends the turn's events.
     async fn execute(
         &self,
         plan: TurnPlan,
         source: &Envelope,
         view: &ProjectView,
     ) -> Result<(), HandlerError> {
-        let reply_to = source.id.to_string();
-        let mut outcome = plan.action.outcome();
-        // 1. The quick visible reply.
-        match plan.action {
-            Action::Respond | Action::Clarify => {
-                let text = plan.reply.clone().unwrap_or_default();
-                match self.guarded_text("reply", text, view, &plan).await? {
-                    Some(text) if plan.action == Action::Respond => {
-                        let message = pb::AgentMessage {
-                            agent_id: self.agent_id(),
-                            text,
-                            reply_to_event_id: reply_to.clone(),
-                            importance: pb::Importance::Normal as i32,
-                            status: "done".into(),
-                            provider: plan.provider.clone(),
-                        };
-                        self.append(
-                            self.new_event(
-                                &message,
-                                schema_keys::agent_post(&self.dispatch, "reply"),
-                            ),
-                        )
-                        .await?;
-                    }
-                    Some(question) => {
-                        let blocked = pb::AgentBlocked {
-                            agent_id: self.agent_id(),
-                            question,
-                            reply_to_event_id: reply_to.clone(),
-                        };
-                        self.append(self.new_event(
-                            &blocked,
-                            schema_keys::agent_post(&self.dispatch, "question"),
-                        ))
-                        .await?;
-                    }
-                    None => outcome = "deduplicated",
-                }
-            }
+        let (step, text) = match plan.action {
+            Action::Respond | Action::Clarify => ("reply", plan.reply.clone()),
             Action::Explore | Action::CreateIssue | Action::Onboard => {
-                let text = plan.acknowledgement.clone().unwrap_or_default();
-                if let Some(text) = self.guarded_text("ack", text, view, &plan).await? {
-                    let ack = pb::AgentAcknowledged {
-                        agent_id: self.agent_id(),
-                        text,
-                        reply_to_event_id: reply_to.clone(),
-                        provider: plan.provider.clone(),
-                    };
-                    self.append(
-                        self.new_event(&ack, schema_keys::agent_post(&self.dispatch, "ack")),
-                    )
+                ("ack", plan.acknowledgement.clone())
+            }
+        };
+        let settings = &self.agent.settings;
+        let recent = view.recent_outputs(settings.recent_outputs, &self.dispatch.to_string());
+        let guarded = plan::guard(
+            text.unwrap_or_default(),
+            &recent,
+            settings.similarity_threshold,
+            &plan,
+        );
+        match &guarded {
+            Guarded::Unchanged(_) => {}
+            Guarded::Rephrased { detail, .. } => {
+                self.guardrail("near_duplicate", step, detail.clone(), "rephrased")
                     .await?;
-                }
+            }
+            Guarded::Dropped { detail } => {
+                self.guardrail("near_duplicate", step, detail.clone(), "dropped")
+                    .await?;
             }
         }
-        // 2. The decision record.
-        let decided = pb::AgentDecided {
-            agent_id: self.agent_id(),
-            decision: plan.action.decision() as i32,
-            rationale: clip_chars(&plan.rationale, 300),
-            provider: plan.provider.clone(),
+        let existing_work = match source.work_id {
+            Some(work) if plan.action.flow().is_some() && self.owns_work(&work)? => Some(work),
+            _ => None,
         };
-        self.append(self.new_event(&decided, keys::decision(&self.dispatch)))
-            .await?;
-        // 3. Work, Thread and the specialist flow.
-        if let Some((flow_type, flow_name, work_kind)) = plan.action.flow() {
-            let ms = id_ms(&self.dispatch);
-            let (org, project) = (&self.event.org_id, &self.event.project_id);
-            let existing = match source.work_id {
-                Some(work)
-                    if self
-                        .ctx
-                        .store
-                        .read(|conn| ProjectView::owns_work(conn, org, project, &work))? =>
-                {
-                    Some(work)
-                }
-                _ => None,
-            };
-            let work = match existing {
-                Some(work) => {
-                    let updated = pb::WorkUpdated {
-                        status: "working".into(),
-                        summary: clip_chars(&plan.title, 200),
-                    };
-                    self.append(
-                        self.new_event(&updated, keys::entity(&self.dispatch, "work-update"))
-                            .with_work(work),
-                    )
-                    .await?;
-                    work
-                }
-                None => {
-                    let work_key = keys::entity(&self.dispatch, "work");
-                    let work = WorkId::derived(ms, &work_key);
-                    let created = pb::WorkCreated {
-                        title: plan.title.clone(),
-                        summary: clip_chars(&plan.request_text, 500),
-                        kind: work_kind.into(),
-                        agent_id: self.agent_id(),
-                    };
-                    self.append(self.new_event(&created, work_key).with_work(work))
-                        .await?;
-                    work
-                }
-            };
-            let thread_key = keys::entity(&self.dispatch, "thread");
-            let thread = ThreadId::derived(ms, &thread_key);
-            let thread_created = pb::ThreadCreated {
-                title: plan.title.clone(),
-                flow_type: flow_name.into(),
-            };
-            self.append(
-                self.new_event(&thread_created, thread_key)
-                    .with_work(work)
-                    .with_thread(thread),
-            )
-            .await?;
-            let flow_key = schema_keys::flow_run(&source.id, flow_name, decide::FLOW_VERSION);
-            let flow_run = FlowRunId::derived(ms, &flow_key);
-            let requested = pb::FlowRequested {
-                flow_type: flow_type as i32,
-                flow_version: decide::FLOW_VERSION,
-                agent_id: self.agent_id(),
-                request_text: plan.request_text.clone(),
-                source_event_id: source.id.to_string(),
-                repository_commit: view.repository_commit.clone(),
-            };
-            self.append(
-                self.new_event(&requested, flow_key)
-                    .with_work(work)
-                    .with_thread(thread)
-                    .with_flow_run(flow_run),
-            )
-            .await?;
+        let (events, outcome) = plan::turn_events(
+            &plan,
+            guarded.text().map(str::to_owned),
+            &self.ids(),
+            source,
+            existing_work,
+            &view.repository_commit,
+        );
+        for event in events {
+            self.append(event).await?;
         }
         self.complete(outcome).await
     }
@@ -841,116 +695,19 @@ impl Turn<'_> {
             return self.complete("noted").await;
         };
         let (org, project) = (self.event.org_id.clone(), self.event.project_id);
-        let Some(flow) = self
+        let flow = self
             .ctx
             .store
             .query(move |conn| FlowView::load(conn, &org, &project, &flow_run))
-            .await?
-        else {
-            return self.complete("noted").await;
-        };
-        if flow.final_posted {
-            return self.complete("noted").await;
-        }
-        let artifact_failure = flow
-            .failed_artifacts
-            .first()
-            .map(|(_, reason)| reason.clone());
-        let (status, failure_reason) = match flow.status.as_str() {
-            "completed" if !flow.artifacts.is_empty() => ("completed", None),
-            "completed" if flow.artifact_build_id.is_empty() => ("completed", None),
-            "completed" => match artifact_failure {
-                Some(reason) => ("failed", Some(failure("artifact.failed", &reason, true))),
-                // The artifact is still being built: the final waits for it.
-                None => return self.complete("noted").await,
-            },
-            "failed" => (
-                "failed",
-                Some(failure(&flow.failure_code, &flow.failure_message, true)),
-            ),
-            "cancelled" => (
-                "cancelled",
-                Some(failure("flow.cancelled", &flow.failure_message, true)),
-            ),
-            _ => return self.complete("noted").await,
-        };
-        let message = failure_reason
-            .as_ref()
-            .map(|reason| reason.message.clone())
+            .await?;
+        let events = flow
+            .map(|flow| plan::final_events(&flow, &self.ids(), self.agent.settings.dry_run))
             .unwrap_or_default();
-        let text = decide::final_text(flow.flow_type, status, &flow.summary, &message);
-        let work = flow.work_id;
-        let thread = flow.thread_id;
-        let with_ids = |event: NewEvent| {
-            let event = event.with_flow_run(flow_run);
-            let event = match work {
-                Some(work) => event.with_work(work),
-                None => event,
-            };
-            match thread {
-                Some(thread) => event.with_thread(thread),
-                None => event,
-            }
-        };
-        let last = pb::AgentFinal {
-            agent_id: self.agent_id(),
-            text,
-            reply_to_event_id: flow.source_event_id.clone(),
-            artifact_ids: flow.artifacts.clone(),
-            failure: failure_reason,
-        };
-        self.append(with_ids(self.new_event(&last, keys::flow_final(&flow_run))))
-            .await?;
-        let thread_status = match status {
-            "completed" => "done",
-            other => other,
-        };
-        if thread.is_some() {
-            let updated = pb::ThreadUpdated {
-                status: thread_status.into(),
-                summary: decide::first_sentences(&flow.summary, 1, 30),
-            };
-            self.append(with_ids(self.new_event(
-                &updated,
-                keys::flow_update(&flow_run, "thread", thread_status),
-            )))
-            .await?;
+        if events.is_empty() {
+            return self.complete("noted").await;
         }
-        if work.is_some() {
-            // A Work is never complete merely because one Thread completed,
-            // except onboarding, whose only goal was the overview.
-            let work_status = match (status, flow.flow_type) {
-                ("completed", pb::FlowType::OnboardingExplore) => "done",
-                ("completed", _) => "waiting",
-                ("cancelled", _) => "cancelled",
-                _ => "blocked",
-            };
-            let updated = pb::WorkUpdated {
-                status: work_status.into(),
-                summary: String::new(),
-            };
-            self.append(with_ids(self.new_event(
-                &updated,
-                keys::flow_update(&flow_run, "work", work_status),
-            )))
-            .await?;
-        }
-        if status == "completed" && flow.flow_type == pb::FlowType::Issue {
-            // Publishing the issue outside the runtime is not built; in dry
-            // run it is recorded as what would have been done.
-            let approval = pb::ApprovalRequested {
-                approval_id: format!("approval:{flow_run}:issue.publish"),
-                action: "issue.publish".into(),
-                detail: format!(
-                    "Publish issue draft {} to the repository's tracker.",
-                    flow.artifacts.join(", ")
-                ),
-                dry_run: self.agent.settings.dry_run,
-            };
-            self.append(with_ids(
-                self.new_event(&approval, keys::approval(&flow_run, "issue.publish")),
-            ))
-            .await?;
+        for event in events {
+            self.append(event).await?;
         }
         self.complete("final_posted").await
     }

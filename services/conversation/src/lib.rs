@@ -5,7 +5,8 @@
 //! from this service's projection (binding, ready info, summary, env names,
 //! recent timeline, active Work, recent artifacts, kill switch) → decide among
 //! respond / clarify / explore / create issue (onboard after `project.ready`)
-//! with the offline rules or an OpenAI-compatible model → a short visible
+//! by one provider, the offline rules ([`offline::OfflineRules`]) or an
+//! OpenAI-compatible model, through one pipeline → a short visible
 //! reply (`agent.acknowledged`, or `agent.message` / `agent.blocked` when the
 //! reply is the whole turn) → `agent.decided` → for flow-starting actions
 //! `work.created`, `thread.created` and `flow.requested` → `dispatch.completed`.
@@ -20,6 +21,8 @@
 //! - A model reply is recorded (`agent.llm.completed`, or `agent.llm.failed`)
 //!   under `dispatch:<id>:llm:<step>:<attempt>` before it is acted on, and a
 //!   recorded reply is reused: the model is never asked twice for one step.
+//!   The offline rules' replies are deterministic and free, so they are
+//!   neither recorded nor counted against the model budget.
 //! - Model output is validated strictly (exactly one known tool, exact typed
 //!   arguments, short texts, no claims of changed/tested/shipped code);
 //!   invalid output gets a bounded number of further calls, then one visible
@@ -39,6 +42,8 @@ mod agent;
 pub mod client;
 pub mod decide;
 mod keys;
+pub mod offline;
+mod plan;
 pub mod state;
 
 use std::sync::Arc;
@@ -237,13 +242,13 @@ impl Config {
         Ok(())
     }
 
-    fn provider(&self) -> Result<Option<Arc<dyn Provider>>, Error> {
+    fn provider(&self) -> Result<Arc<dyn Provider>, Error> {
         match self.provider {
-            ProviderKind::Offline => Ok(None),
+            ProviderKind::Offline => Ok(Arc::new(offline::OfflineRules)),
             ProviderKind::Openai => {
                 let provider =
                     OpenAiProvider::new(self.openai.client_config()).map_err(Error::Llm)?;
-                Ok(Some(Arc::new(provider)))
+                Ok(Arc::new(provider))
             }
         }
     }

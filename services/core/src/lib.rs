@@ -17,6 +17,7 @@
 
 pub mod audit;
 pub mod config;
+pub mod keywords;
 pub mod lease;
 pub mod local_server;
 pub mod log;

@@ -1,6 +1,6 @@
-//! Model access for Zopu: one object-safe [`Provider`] trait with two implementations, the
-//! OpenAI-compatible chat-completions client ([`openai::OpenAiProvider`]) and the rule-based
-//! [`offline::OfflineProvider`], which needs no model so the whole product runs without one.
+//! Model access for Zopu: one object-safe [`Provider`] trait and the OpenAI-compatible
+//! chat-completions client ([`openai::OpenAiProvider`]). Product rules live with their product
+//! part: the conversation's offline rules are a `Provider` in the conversation crate.
 //!
 //! Invariants:
 //! - A [`ChatReply`] is only ever built from a fully validated response: a cut-off or garbled tool
@@ -12,12 +12,9 @@
 //! - The API key is read from its [`openai::KeySource`] before every attempt (rotation needs no
 //!   restart), is sent only as a sensitive `Authorization` header, and never appears in `Debug`,
 //!   `Display`, logs or errors.
-//! - The offline rules are pure and deterministic, and never claim code was changed, tested or
-//!   shipped.
 
 mod chat;
 mod error;
-pub mod offline;
 pub mod openai;
 #[cfg(feature = "test-support")]
 pub mod test_support;
@@ -30,17 +27,23 @@ pub use chat::{
     ToolSpec, Usage, redact_value,
 };
 pub use error::Error;
-pub use offline::OfflineProvider;
 pub use openai::{ApiKey, KeySource, OpenAiConfig, OpenAiProvider, RotatingKey};
 
 /// A boxed, sendable future, so that [`Provider`] stays object-safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Something that answers chat requests. Object-safe: hold it as `Arc<dyn Provider>` and inject
-/// [`OfflineProvider`] (or a test double) where no model is configured.
+/// the rules (or a test double) where no model is configured.
 pub trait Provider: Send + Sync + std::fmt::Debug {
     /// Recorded as `provider_label` in replies and cited by artifacts (`openai`, `offline`, ...).
     fn label(&self) -> &str;
+
+    /// True when a reply is a pure function of the request and costs nothing (rules, not a
+    /// model): such replies are not recorded as events, since a replay asks again and gets the
+    /// same answer, and they use no model budget.
+    fn is_deterministic(&self) -> bool {
+        false
+    }
 
     /// Answers `request`. Implementations validate the request first and never return a partial
     /// tool call.

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
 use zopu_llm::{
-    ApiKey, ChatMessage, ChatRequest, Error, FinishReason, KeySource, OpenAiConfig, OpenAiProvider,
-    Provider, RotatingKey, ToolSpec,
+    ApiKey, ChatMessage, ChatReply, ChatRequest, Error, FinishReason, KeySource, OpenAiConfig,
+    OpenAiProvider, Provider, RotatingKey, ToolSpec,
 };
 
 const KEY: &str = "sk-test-0123456789-secret";
@@ -487,19 +487,44 @@ async fn invalid_request_is_rejected_before_any_request() {
     assert_eq!(server.request_count(), 0);
 }
 
+/// A provider answering every request with the same text, as rules would.
+#[derive(Debug)]
+struct Canned;
+
+impl Provider for Canned {
+    fn label(&self) -> &str {
+        "canned"
+    }
+
+    fn is_deterministic(&self) -> bool {
+        true
+    }
+
+    fn complete(&self, request: ChatRequest) -> zopu_llm::BoxFuture<'_, Result<ChatReply, Error>> {
+        let reply = request.validate().map(|()| ChatReply {
+            content: Some("canned".into()),
+            tool_calls: Vec::new(),
+            finish_reason: FinishReason::Stop,
+            usage: zopu_llm::Usage::default(),
+            attempts: 1,
+            model: "canned".into(),
+            provider_label: "canned".into(),
+        });
+        Box::pin(std::future::ready(reply))
+    }
+}
+
 #[tokio::test]
 async fn works_through_the_object_safe_trait() {
     let server = start([Scripted::text("via trait")]).await;
-    let providers: Vec<Box<dyn Provider>> = vec![
-        Box::new(provider(&server)),
-        Box::new(zopu_llm::OfflineProvider::default()),
-    ];
+    let providers: Vec<Box<dyn Provider>> = vec![Box::new(provider(&server)), Box::new(Canned)];
     let mut labels = Vec::new();
     for provider in &providers {
         let reply = provider.complete(question()).await.expect("reply");
         assert_eq!(reply.provider_label, provider.label());
         labels.push(reply.provider_label);
     }
-    assert_eq!(labels, ["openai", "offline"]);
+    assert_eq!(labels, ["openai", "canned"]);
+    assert!(!providers[0].is_deterministic() && providers[1].is_deterministic());
     assert_eq!(server.request_count(), 1);
 }

@@ -53,7 +53,7 @@ const GENERIC: &[&str] = &[
 ];
 
 /// The search terms of a question: identifiers and paths quoted in it
-/// verbatim, then the offline provider's ranked keywords.
+/// verbatim, then the request's ranked subject words (`zopu_core::keywords`).
 pub fn keywords(question: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for quoted in question.split('`').skip(1).step_by(2) {
@@ -62,7 +62,7 @@ pub fn keywords(question: &str) -> Vec<String> {
             out.push(quoted.to_owned());
         }
     }
-    for keyword in zopu_llm::offline::keywords(question) {
+    for keyword in zopu_core::keywords::keywords(question) {
         if keyword.chars().count() >= 3
             && !GENERIC.contains(&keyword.as_str())
             && !out.iter().any(|k| k.eq_ignore_ascii_case(&keyword))

@@ -3,10 +3,15 @@
 //! and writes what it learned as `summary.md`. Everything in the summary was
 //! read from the repository or is marked as inferred; nothing is run.
 
+mod summary;
+
 use std::collections::{BTreeMap, BTreeSet};
 use zopu_core::text::clip_chars;
 
-use zopu_sandbox::tools::{ListFilesInput, ReadFileInput};
+use zopu_sandbox::tools::{
+    DescribeOutput, EntryKind, ListFilesInput, ListedEntry, ReadFileInput, ReadFileOutput,
+    TopLevelEntry,
+};
 use zopu_schema::pb::FlowPhase;
 
 use crate::port::{self, FlowError, Port};
@@ -15,6 +20,8 @@ use crate::results::{
 };
 use crate::stack;
 use crate::{grounding, guard};
+
+pub use summary::summary_markdown;
 
 /// Depth of the tree listing used to find manifests and entry points.
 const LIST_DEPTH: usize = 4;
@@ -157,6 +164,33 @@ pub fn entry_marker(content: &str) -> Option<(u32, String)> {
         .map(|index| (index as u32 + 1, clip_chars(lines[index].trim(), 160)))
 }
 
+/// What the plan phase learned about the tree.
+#[derive(Debug, Clone)]
+struct Survey {
+    described: DescribeOutput,
+    /// Listed files outside skipped directories, suspicious names and hard links left out.
+    files: Vec<String>,
+    /// Entries the listings returned.
+    listed_entries: usize,
+    /// A listing hit its cap.
+    truncated: bool,
+    /// Manifests to read, shallowest first.
+    manifests: Vec<String>,
+    /// The root README, if any.
+    readme: Option<String>,
+}
+
+/// What the manifests say besides the facts they add to the result.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct ManifestNotes {
+    /// Paths the manifests name as entry points.
+    entry_candidates: Vec<String>,
+    /// (manifest, description): a purpose when the README states none.
+    descriptions: Vec<(String, String)>,
+    /// Package names, the first of which names the repository.
+    names: Vec<String>,
+}
+
 /// Runs onboarding through `port` (plan, act, reflect of iteration 1).
 pub async fn onboard<P: Port>(
     port: &mut P,
@@ -164,11 +198,67 @@ pub async fn onboard<P: Port>(
 ) -> Result<OnboardingResult, FlowError> {
     port.phase(FlowPhase::Plan, 1, "Looking at the repository layout")
         .await?;
+    let survey = survey(port).await?;
+
+    port.phase(
+        FlowPhase::Act,
+        1,
+        "Reading manifests, docs and entry points",
+    )
+    .await?;
+    let mut result = initial_result(input, &survey.described);
+    let notes = read_manifests(port, &survey, &mut result).await?;
+    let candidates = entry_candidates(notes.entry_candidates.clone(), &survey.files);
+    result.entry_points = read_entry_points(port, &candidates).await?;
+    if let Some(readme) = &survey.readme {
+        read_readme(port, readme, &mut result).await?;
+    }
+    if result.purpose.is_none()
+        && let Some((path, description)) = notes.descriptions.first()
+    {
+        result.purpose = Some(clip_chars(description, 500));
+        result.purpose_source = path.clone();
+    }
+    result.environment_variables = environment_variables(port, input, &survey.files).await?;
+
+    port.phase(FlowPhase::Reflect, 1, "Checking what was found")
+        .await?;
+    ground(port, &mut result).await?;
+    result.name = notes
+        .names
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "this repository".to_owned());
+    let counts = directory_counts(&survey.files);
+    add_top_level_directories(&mut result, &survey.described.top_level, &counts);
+    add_tree_constraints(&mut result, &survey);
+    result.starting_areas = starting_areas(&result.entry_points, &counts, survey.readme.as_deref());
+    result.summary_markdown = summary_markdown(&result);
+    Ok(result)
+}
+
+/// The plan phase: the repository described, its tree listed, the
+/// manifests and the README picked.
+async fn survey<P: Port>(port: &mut P) -> Result<Survey, FlowError> {
     let described = port::describe(port, "describe")
         .await?
         .map_err(|f| FlowError::Workspace(f.message))?;
-    // The root first, then each top-level directory with its own budget, so
-    // one huge directory cannot hide the others.
+    let (entries, truncated) = list_tree(port).await?;
+    let files = listed_files(&entries);
+    Ok(Survey {
+        described,
+        listed_entries: entries.len(),
+        truncated,
+        manifests: manifest_paths(&files),
+        readme: root_readme(&files),
+        files,
+    })
+}
+
+/// The root first, then each top-level directory with its own budget, so
+/// one huge directory cannot hide the others. Returns the entries and
+/// whether a listing hit its cap.
+async fn list_tree<P: Port>(port: &mut P) -> Result<(Vec<ListedEntry>, bool), FlowError> {
     let root = port::list_files(
         port,
         "list:root",
@@ -182,17 +272,9 @@ pub async fn onboard<P: Port>(
     .map_err(|f| FlowError::Workspace(f.message))?;
     let mut truncated = root.truncated;
     let mut entries = root.entries;
-    let directories: Vec<String> = entries
-        .iter()
-        .filter(|entry| {
-            entry.kind == zopu_sandbox::tools::EntryKind::Directory && !skipped(&entry.path)
-        })
-        .map(|entry| entry.path.clone())
-        .take(DIRECTORIES_MAX)
-        .collect();
-    for (index, directory) in directories.iter().enumerate() {
+    for (index, directory) in top_directories(&entries).into_iter().enumerate() {
         let input = ListFilesInput {
-            path: directory.clone(),
+            path: directory,
             max_depth: Some(LIST_DEPTH - 1),
             max_entries: Some(PER_DIRECTORY_ENTRIES),
         };
@@ -201,39 +283,58 @@ pub async fn onboard<P: Port>(
             entries.extend(listing.entries);
         }
     }
-    let listed_entries = entries.len();
-    let files: Vec<String> = entries
+    Ok((entries, truncated))
+}
+
+/// The top-level directories listed one by one (skipped ones left out).
+fn top_directories(root: &[ListedEntry]) -> Vec<String> {
+    root.iter()
+        .filter(|entry| entry.kind == EntryKind::Directory && !skipped(&entry.path))
+        .map(|entry| entry.path.clone())
+        .take(DIRECTORIES_MAX)
+        .collect()
+}
+
+/// The files onboarding may read: not in a skipped directory, no suspicious
+/// name, no hard link.
+fn listed_files(entries: &[ListedEntry]) -> Vec<String> {
+    entries
         .iter()
         .filter(|entry| {
-            entry.kind == zopu_sandbox::tools::EntryKind::File
-                && !entry.suspicious_name
-                && !entry.hard_linked
+            entry.kind == EntryKind::File && !entry.suspicious_name && !entry.hard_linked
         })
         .map(|entry| entry.path.clone())
         .filter(|path| !skipped(path))
-        .collect();
-    let mut manifests: Vec<&String> = files
+        .collect()
+}
+
+/// The manifests to read: known ones up to the depth limit, shallowest first.
+fn manifest_paths(files: &[String]) -> Vec<String> {
+    let mut manifests: Vec<String> = files
         .iter()
         .filter(|path| {
             path.split('/').count() <= MANIFEST_DEPTH_MAX
                 && stack::is_manifest(path.rsplit('/').next().unwrap_or(path))
         })
+        .cloned()
         .collect();
-    manifests.sort_by_key(|path| (path.split('/').count(), path.to_string()));
+    manifests.sort_by_key(|path| (path.split('/').count(), path.clone()));
     manifests.truncate(MANIFESTS_MAX);
-    let readme = files
+    manifests
+}
+
+fn root_readme(files: &[String]) -> Option<String> {
+    files
         .iter()
         .filter(|path| !path.contains('/'))
         .find(|path| path.to_lowercase().starts_with("readme"))
-        .cloned();
+        .cloned()
+}
 
-    port.phase(
-        FlowPhase::Act,
-        1,
-        "Reading manifests, docs and entry points",
-    )
-    .await?;
-    let mut result = OnboardingResult {
+/// The result before anything is read: the description's counts and the
+/// provenance.
+fn initial_result(input: &OnboardingInput, described: &DescribeOutput) -> OnboardingResult {
+    OnboardingResult {
         provenance: Provenance {
             provider: input.provider.clone(),
             heuristic: true,
@@ -253,178 +354,212 @@ pub async fn onboard<P: Port>(
             .map(|entry| entry.name.clone())
             .collect(),
         ..Default::default()
-    };
-    let mut entry_candidates: Vec<String> = Vec::new();
-    let mut descriptions: Vec<(String, String)> = Vec::new();
-    let mut names: Vec<String> = Vec::new();
-    for (index, path) in manifests.iter().enumerate() {
-        let read = port::read_file(
-            port,
-            &format!("read:manifest:{index}"),
-            ReadFileInput {
-                path: (*path).clone(),
-                start_line: Some(1),
-                end_line: Some(READ_LINES),
-                ..Default::default()
-            },
-        )
-        .await?;
-        let Ok(read) = read else { continue };
+    }
+}
+
+fn read_lines(path: String) -> ReadFileInput {
+    ReadFileInput {
+        path,
+        start_line: Some(1),
+        end_line: Some(READ_LINES),
+        ..Default::default()
+    }
+}
+
+/// Reads the manifests into the result (stack, commands, constraints,
+/// workspace members) and returns what they say besides.
+async fn read_manifests<P: Port>(
+    port: &mut P,
+    survey: &Survey,
+    result: &mut OnboardingResult,
+) -> Result<ManifestNotes, FlowError> {
+    let mut notes = ManifestNotes::default();
+    for (index, path) in survey.manifests.iter().enumerate() {
+        let step = format!("read:manifest:{index}");
+        let Ok(read) = port::read_file(port, &step, read_lines(path.clone())).await? else {
+            continue;
+        };
         if read.binary {
             continue;
         }
-        let facts = stack::parse(path, &read.content, &files);
-        if let Some(stack) = facts.stack {
-            let first_line = read
-                .content
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("")
-                .trim();
-            result.evidence.push(EvidenceItem {
-                path: (*path).clone(),
-                start_line: 1,
-                end_line: read.end_line.min(u64::from(u32::MAX)) as u32,
-                snippet: clip_chars(first_line, 160),
-                note: format!("{} ({}) manifest", stack.language, stack.tool),
-                verified: false,
-            });
-            result.stack.push(stack);
-        }
-        if let Some(name) = facts.name {
-            names.push(name);
-        }
-        if let Some(description) = facts.description {
-            descriptions.push(((*path).clone(), description));
-        }
-        for command in facts.commands {
-            if !result
-                .commands
-                .iter()
-                .any(|known: &CommandHint| known.command == command.command)
-            {
-                result.commands.push(command);
-            }
-        }
-        entry_candidates.extend(facts.entry_candidates);
-        result.constraints.extend(facts.constraints);
-        for member in facts.members {
-            result
-                .important_directories
-                .push((member, "workspace member".to_owned()));
+        let facts = stack::parse(path, &read.content, &survey.files);
+        record_manifest(result, &mut notes, path, &read, facts);
+    }
+    Ok(notes)
+}
+
+/// Adds what one manifest says to the result and the notes.
+fn record_manifest(
+    result: &mut OnboardingResult,
+    notes: &mut ManifestNotes,
+    path: &str,
+    read: &ReadFileOutput,
+    facts: stack::ManifestFacts,
+) {
+    if let Some(stack) = facts.stack {
+        let first_line = read
+            .content
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .trim();
+        result.evidence.push(EvidenceItem {
+            path: path.to_owned(),
+            start_line: 1,
+            end_line: read.end_line.min(u64::from(u32::MAX)) as u32,
+            snippet: clip_chars(first_line, 160),
+            note: format!("{} ({}) manifest", stack.language, stack.tool),
+            verified: false,
+        });
+        result.stack.push(stack);
+    }
+    notes.names.extend(facts.name);
+    if let Some(description) = facts.description {
+        notes.descriptions.push((path.to_owned(), description));
+    }
+    for command in facts.commands {
+        if !result
+            .commands
+            .iter()
+            .any(|known: &CommandHint| known.command == command.command)
+        {
+            result.commands.push(command);
         }
     }
-    // Conventional entry points of ecosystems without a manifest entry.
-    for conventional in [
-        "main.py",
-        "app.py",
-        "manage.py",
-        "wsgi.py",
-        "asgi.py",
-        "app/main.py",
-        "src/main.py",
-        "main.go",
-        "index.js",
-        "server.js",
-    ] {
+    notes.entry_candidates.extend(facts.entry_candidates);
+    result.constraints.extend(facts.constraints);
+    for member in facts.members {
+        result
+            .important_directories
+            .push((member, "workspace member".to_owned()));
+    }
+}
+
+/// Conventional entry points of ecosystems without a manifest entry.
+const CONVENTIONAL_ENTRY_POINTS: &[&str] = &[
+    "main.py",
+    "app.py",
+    "manage.py",
+    "wsgi.py",
+    "asgi.py",
+    "app/main.py",
+    "src/main.py",
+    "main.go",
+    "index.js",
+    "server.js",
+];
+
+/// The entry points to read: the manifests' candidates, then the
+/// conventional ones, `__main__.py` and `src/bin/*.rs`; only listed files,
+/// each once, at most [`ENTRY_POINTS_MAX`].
+fn entry_candidates(mut candidates: Vec<String>, files: &[String]) -> Vec<String> {
+    for conventional in CONVENTIONAL_ENTRY_POINTS {
         if files.iter().any(|file| file == conventional) {
-            entry_candidates.push(conventional.to_owned());
+            candidates.push((*conventional).to_owned());
         }
     }
-    for file in &files {
+    for file in files {
         if file.ends_with("/__main__.py") && file.split('/').count() <= 3 {
-            entry_candidates.push(file.clone());
+            candidates.push(file.clone());
         }
         if file.starts_with("src/bin/") && file.ends_with(".rs") && file.split('/').count() == 3 {
-            entry_candidates.push(file.clone());
+            candidates.push(file.clone());
         }
     }
     let mut seen = BTreeSet::new();
-    entry_candidates
-        .retain(|candidate| files.contains(candidate) && seen.insert(candidate.clone()));
-    entry_candidates.truncate(ENTRY_POINTS_MAX);
-    for (index, path) in entry_candidates.iter().enumerate() {
-        let read = port::read_file(
-            port,
-            &format!("read:entry:{index}"),
-            ReadFileInput {
-                path: path.clone(),
-                start_line: Some(1),
-                end_line: Some(READ_LINES),
-                ..Default::default()
-            },
-        )
-        .await?;
-        let Ok(read) = read else { continue };
-        let Some((line, snippet)) = entry_marker(&read.content) else {
+    candidates.retain(|candidate| files.contains(candidate) && seen.insert(candidate.clone()));
+    candidates.truncate(ENTRY_POINTS_MAX);
+    candidates
+}
+
+/// An entry point's evidence: the line that makes `path` one.
+fn entry_point(path: &str, content: &str) -> Option<EvidenceItem> {
+    let (line, snippet) = entry_marker(content)?;
+    Some(EvidenceItem {
+        path: path.to_owned(),
+        start_line: line,
+        end_line: line,
+        snippet,
+        note: "entry point".to_owned(),
+        verified: false,
+    })
+}
+
+async fn read_entry_points<P: Port>(
+    port: &mut P,
+    candidates: &[String],
+) -> Result<Vec<EvidenceItem>, FlowError> {
+    let mut entry_points = Vec::new();
+    for (index, path) in candidates.iter().enumerate() {
+        let step = format!("read:entry:{index}");
+        let Ok(read) = port::read_file(port, &step, read_lines(path.clone())).await? else {
             continue;
         };
-        result.entry_points.push(EvidenceItem {
-            path: path.clone(),
-            start_line: line,
-            end_line: line,
-            snippet,
-            note: "entry point".to_owned(),
-            verified: false,
-        });
+        entry_points.extend(entry_point(path, &read.content));
     }
-    if let Some(readme) = &readme {
-        let read = port::read_file(
-            port,
-            "read:readme",
-            ReadFileInput {
-                path: readme.clone(),
-                start_line: Some(1),
-                end_line: Some(READ_LINES),
-                ..Default::default()
-            },
-        )
-        .await?;
-        if let Ok(read) = read {
-            let (purpose, injected) = readme_purpose(&read.content);
-            for (number, (line, text)) in injected.iter().enumerate() {
-                port.guardrail(
-                    &format!("readme:{number}"),
-                    "prompt_injection_suspected",
-                    &format!("{readme} line {line} reads like an instruction to the agent and was treated as data: {text}"),
-                    "dropped",
-                )
-                .await?;
-            }
-            if let Some(purpose) = purpose {
-                result.purpose = Some(purpose);
-                result.purpose_source = readme.clone();
-            }
-        }
-    }
-    if result.purpose.is_none()
-        && let Some((path, description)) = descriptions.first()
-    {
-        result.purpose = Some(clip_chars(description, 500));
-        result.purpose_source = path.clone();
-    }
-    let env_example = files.iter().find(|file| *file == ".env.example").cloned();
-    result.environment_variables = input.environment_variables.clone();
-    if result.environment_variables.is_empty()
-        && let Some(env_example) = env_example
-        && let Ok(read) = port::read_file(
-            port,
-            "read:env-example",
-            ReadFileInput {
-                path: env_example,
-                ..Default::default()
-            },
-        )
-        .await?
-    {
-        // Only names are kept; values never leave this function.
-        let manifest = zopu_sandbox::env_scan::parse_env_example(&read.content);
-        result.environment_variables = manifest.names().into_iter().map(str::to_owned).collect();
-    }
+    Ok(entry_points)
+}
 
-    port.phase(FlowPhase::Reflect, 1, "Checking what was found")
+/// The README's purpose; its lines that read like instructions to the
+/// agent are recorded as guardrails and left out.
+async fn read_readme<P: Port>(
+    port: &mut P,
+    readme: &str,
+    result: &mut OnboardingResult,
+) -> Result<(), FlowError> {
+    let Ok(read) = port::read_file(port, "read:readme", read_lines(readme.to_owned())).await?
+    else {
+        return Ok(());
+    };
+    let (purpose, injected) = readme_purpose(&read.content);
+    for (number, (line, text)) in injected.iter().enumerate() {
+        port.guardrail(
+            &format!("readme:{number}"),
+            "prompt_injection_suspected",
+            &format!("{readme} line {line} reads like an instruction to the agent and was treated as data: {text}"),
+            "dropped",
+        )
         .await?;
-    // Grounding: entry points and manifests are re-read and their quoted lines checked.
+    }
+    if let Some(purpose) = purpose {
+        result.purpose = Some(purpose);
+        result.purpose_source = readme.to_owned();
+    }
+    Ok(())
+}
+
+/// The root `.env.example` names setup recorded, or else read from the
+/// file. Only names are kept; values never leave this function.
+async fn environment_variables<P: Port>(
+    port: &mut P,
+    input: &OnboardingInput,
+    files: &[String],
+) -> Result<Vec<String>, FlowError> {
+    if !input.environment_variables.is_empty() {
+        return Ok(input.environment_variables.clone());
+    }
+    if !files.iter().any(|file| file == ".env.example") {
+        return Ok(Vec::new());
+    }
+    let input = ReadFileInput {
+        path: ".env.example".to_owned(),
+        ..Default::default()
+    };
+    Ok(
+        match port::read_file(port, "read:env-example", input).await? {
+            Ok(read) => zopu_sandbox::env_scan::parse_env_example(&read.content)
+                .names()
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            Err(_) => Vec::new(),
+        },
+    )
+}
+
+/// Grounding: entry points and manifests are re-read and their quoted
+/// lines checked; entry points that do not hold are dropped.
+async fn ground<P: Port>(port: &mut P, result: &mut OnboardingResult) -> Result<(), FlowError> {
     let entries = grounding::verify(
         port,
         "verify:entry",
@@ -443,19 +578,29 @@ pub async fn onboard<P: Port>(
     )
     .await?;
     result.evidence = manifests.kept;
-    result.name = names
-        .first()
-        .cloned()
-        .unwrap_or_else(|| "this repository".to_owned());
-    // Directories: top-level ones with their listed file counts.
+    Ok(())
+}
+
+/// Listed files per top-level directory.
+fn directory_counts(files: &[String]) -> BTreeMap<String, u64> {
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-    for file in &files {
+    for file in files {
         if let Some((top, _)) = file.split_once('/') {
             *counts.entry(top.to_owned()).or_default() += 1;
         }
     }
-    for entry in &described.top_level {
-        if entry.kind != zopu_sandbox::tools::EntryKind::Directory || skipped(&entry.name) {
+    counts
+}
+
+/// Top-level directories with their role and listed file count, after the
+/// workspace members; at most 20.
+fn add_top_level_directories(
+    result: &mut OnboardingResult,
+    top_level: &[TopLevelEntry],
+    counts: &BTreeMap<String, u64>,
+) {
+    for entry in top_level {
+        if entry.kind != EntryKind::Directory || skipped(&entry.name) {
             continue;
         }
         let count = counts.get(&entry.name).copied().unwrap_or(0);
@@ -475,12 +620,19 @@ pub async fn onboard<P: Port>(
         }
     }
     result.important_directories.truncate(20);
-    if truncated || described.truncated {
+}
+
+/// Constraints of the tree itself (capped listings, CI) and of onboarding
+/// (nothing was run), each once.
+fn add_tree_constraints(result: &mut OnboardingResult, survey: &Survey) {
+    if survey.truncated || survey.described.truncated {
+        let listed_entries = survey.listed_entries;
         result.constraints.push(format!(
             "Large tree: listings were capped ({listed_entries} entries, depth {LIST_DEPTH}, {PER_DIRECTORY_ENTRIES} per top-level directory); facts cover what was listed"
         ));
     }
-    if files
+    if survey
+        .files
         .iter()
         .any(|file| file.starts_with(".github/workflows/"))
     {
@@ -491,30 +643,31 @@ pub async fn onboard<P: Port>(
     result.constraints.push("No command was run during onboarding: commands marked verified are declared in the repository, inferred ones follow ecosystem conventions".to_owned());
     let mut dedup = BTreeSet::new();
     result.constraints.retain(|c| dedup.insert(c.clone()));
-    // Starting areas: entry points first, then the busiest directories.
-    for entry in &result.entry_points {
-        result.starting_areas.push(format!(
-            "{} (entry point, line {})",
-            entry.path, entry.start_line
-        ));
-    }
+}
+
+/// Starting areas: entry points first, then the three busiest directories,
+/// then the README.
+fn starting_areas(
+    entry_points: &[EvidenceItem],
+    counts: &BTreeMap<String, u64>,
+    readme: Option<&str>,
+) -> Vec<String> {
+    let mut areas: Vec<String> = entry_points
+        .iter()
+        .map(|entry| format!("{} (entry point, line {})", entry.path, entry.start_line))
+        .collect();
     let mut busiest: Vec<(&String, &u64)> = counts
         .iter()
         .filter(|(dir, _)| !skipped(dir) && !dir.starts_with('.'))
         .collect();
     busiest.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
     for (dir, count) in busiest.into_iter().take(3) {
-        result
-            .starting_areas
-            .push(format!("{dir}/ ({count} files listed)"));
+        areas.push(format!("{dir}/ ({count} files listed)"));
     }
-    if let Some(readme) = &readme {
-        result
-            .starting_areas
-            .push(format!("{readme} (project documentation)"));
+    if let Some(readme) = readme {
+        areas.push(format!("{readme} (project documentation)"));
     }
-    result.summary_markdown = summary_markdown(&result);
-    Ok(result)
+    areas
 }
 
 /// What the model is asked to do during onboarding.
@@ -596,142 +749,6 @@ pub fn merge_model(
     result.provenance.heuristic = false;
     result.summary_markdown = summary_markdown(&result);
     result
-}
-
-fn status_text(command: &CommandHint) -> String {
-    match command.status {
-        CommandStatus::Verified => format!("**verified** — {}", command.source),
-        CommandStatus::Inferred => format!("*inferred* — {}", command.source),
-    }
-}
-
-/// The `summary.md` document (section 29), redacted.
-pub fn summary_markdown(result: &OnboardingResult) -> String {
-    use std::fmt::Write as _;
-    let mut md = String::new();
-    let commit = if result.provenance.repository_commit.is_empty() {
-        "unknown"
-    } else {
-        &result.provenance.repository_commit
-    };
-    let _ = writeln!(md, "# {} — repository summary\n", result.name);
-    let _ = writeln!(
-        md,
-        "_Written by the Zopu onboarding flow (provider: {}{}) at commit `{commit}`. Facts were read from the repository; anything not read is marked inferred._\n",
-        result.provenance.provider,
-        if result.provenance.heuristic {
-            ", heuristic"
-        } else {
-            ""
-        }
-    );
-    let _ = writeln!(md, "## Project purpose\n");
-    match &result.purpose {
-        Some(purpose) if !result.provenance.heuristic => {
-            let _ = writeln!(md, "{purpose}\n\n({})\n", result.purpose_source);
-        }
-        Some(purpose) => {
-            let _ = writeln!(
-                md,
-                "> {purpose}\n\n(quoted from `{}`)\n",
-                result.purpose_source
-            );
-        }
-        None => {
-            let _ = writeln!(
-                md,
-                "Not stated in the repository (no README paragraph or manifest description was found).\n"
-            );
-        }
-    }
-    let _ = writeln!(md, "## Detected stack\n");
-    if result.stack.is_empty() {
-        let _ = writeln!(
-            md,
-            "- No known manifest was found (assumption: languages below come from file extensions only)."
-        );
-    }
-    for item in &result.stack {
-        let frameworks = if item.frameworks.is_empty() {
-            String::new()
-        } else {
-            format!("; libraries: {}", item.frameworks.join(", "))
-        };
-        let _ = writeln!(
-            md,
-            "- {} — {} (`{}`){frameworks}",
-            item.language, item.tool, item.manifest
-        );
-    }
-    let _ = writeln!(md, "\n## Repository shape\n");
-    let languages: Vec<String> = result
-        .languages
-        .iter()
-        .take(6)
-        .map(|(language, files)| format!("{language} ({files})"))
-        .collect();
-    let _ = writeln!(
-        md,
-        "- {} files in {} directories",
-        result.files, result.directories
-    );
-    if !languages.is_empty() {
-        let _ = writeln!(md, "- Languages by file count: {}", languages.join(", "));
-    }
-    let top: Vec<String> = result
-        .top_level
-        .iter()
-        .take(30)
-        .map(|name| format!("`{name}`"))
-        .collect();
-    let _ = writeln!(md, "- Top level: {}", top.join(", "));
-    let _ = writeln!(md, "\n## Primary entry points\n");
-    if result.entry_points.is_empty() {
-        let _ = writeln!(md, "- None found by convention or manifest.");
-    }
-    for entry in &result.entry_points {
-        let _ = writeln!(
-            md,
-            "- `{}` (line {}: `{}`)",
-            entry.path,
-            entry.start_line,
-            entry.snippet.replace('`', "'")
-        );
-    }
-    let _ = writeln!(md, "\n## Important packages/directories\n");
-    for (dir, detail) in &result.important_directories {
-        let _ = writeln!(md, "- `{dir}/` — {detail}");
-    }
-    let _ = writeln!(md, "\n## Likely run/build/test commands\n");
-    if result.commands.is_empty() {
-        let _ = writeln!(md, "- None could be derived.");
-    }
-    for command in &result.commands {
-        let _ = writeln!(
-            md,
-            "- `{}` — {} — {}",
-            command.command,
-            command.purpose,
-            status_text(command)
-        );
-    }
-    let _ = writeln!(md, "\n## Root .env.example variable names\n");
-    if result.environment_variables.is_empty() {
-        let _ = writeln!(md, "- None found.");
-    }
-    for name in &result.environment_variables {
-        let _ = writeln!(md, "- `{name}`");
-    }
-    let _ = writeln!(md, "\n## Known constraints\n");
-    for constraint in &result.constraints {
-        let _ = writeln!(md, "- {constraint}");
-    }
-    let _ = writeln!(md, "\n## Useful starting areas\n");
-    for area in &result.starting_areas {
-        let _ = writeln!(md, "- {area}");
-    }
-    let _ = writeln!(md, "\n## Repository commit inspected\n\n`{commit}`");
-    zopu_secrets::redact(&md)
 }
 
 #[cfg(test)]
@@ -826,5 +843,215 @@ mod tests {
             ..Default::default()
         };
         crate::manifest::check(&crate::manifest::project_setup(&result, &ids)).unwrap();
+    }
+
+    fn listed(path: &str, kind: EntryKind) -> ListedEntry {
+        ListedEntry {
+            path: path.to_owned(),
+            kind,
+            size_bytes: 1,
+            hard_linked: false,
+            suspicious_name: false,
+        }
+    }
+
+    fn paths(list: &[&str]) -> Vec<String> {
+        list.iter().map(|path| (*path).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_tree_is_listed_per_top_level_directory_without_dependencies() {
+        let root = [
+            listed("src", EntryKind::Directory),
+            listed("node_modules", EntryKind::Directory),
+            listed("README.md", EntryKind::File),
+            listed("docs", EntryKind::Directory),
+        ];
+        assert_eq!(top_directories(&root), paths(&["src", "docs"]));
+    }
+
+    #[test]
+    fn only_readable_files_outside_skipped_directories_are_considered() {
+        let mut linked = listed("src/linked.rs", EntryKind::File);
+        linked.hard_linked = true;
+        let mut odd = listed("src/odd\u{202e}.rs", EntryKind::File);
+        odd.suspicious_name = true;
+        let entries = [
+            listed("src/main.rs", EntryKind::File),
+            listed("src", EntryKind::Directory),
+            listed("target/debug/app", EntryKind::File),
+            listed("web/node_modules/x/package.json", EntryKind::File),
+            listed("link", EntryKind::Symlink),
+            linked,
+            odd,
+        ];
+        assert_eq!(listed_files(&entries), paths(&["src/main.rs"]));
+    }
+
+    #[test]
+    fn manifests_are_read_shallowest_first_within_the_depth_limit() {
+        let files = paths(&[
+            "services/api/Cargo.toml",
+            "Cargo.toml",
+            "web/package.json",
+            "a/b/c/Cargo.toml",
+            "src/main.rs",
+        ]);
+        assert_eq!(
+            manifest_paths(&files),
+            paths(&["Cargo.toml", "web/package.json", "services/api/Cargo.toml"])
+        );
+        assert_eq!(
+            root_readme(&paths(&["docs/README.md", "Readme.rst"])).as_deref(),
+            Some("Readme.rst")
+        );
+        assert_eq!(root_readme(&paths(&["docs/README.md"])), None);
+    }
+
+    #[test]
+    fn entry_candidates_are_listed_files_each_once_manifests_first() {
+        let files = paths(&[
+            "main.py",
+            "src/bin/tool.rs",
+            "src/bin/nested/deep.rs",
+            "pkg/__main__.py",
+            "src/main.rs",
+        ]);
+        let from_manifests = paths(&["src/main.rs", "main.py", "src/missing.rs"]);
+        assert_eq!(
+            entry_candidates(from_manifests, &files),
+            paths(&[
+                "src/main.rs",
+                "main.py",
+                "src/bin/tool.rs",
+                "pkg/__main__.py"
+            ])
+        );
+        let many: Vec<String> = (0..20).map(|i| format!("src/bin/b{i}.rs")).collect();
+        assert_eq!(entry_candidates(Vec::new(), &many).len(), ENTRY_POINTS_MAX);
+    }
+
+    #[test]
+    fn a_manifest_adds_its_stack_with_evidence_and_each_command_once() {
+        let content = "\n[package]\nname = \"ledger\"\ndescription = \"Books\"\n";
+        let read = ReadFileOutput {
+            path: "Cargo.toml".to_owned(),
+            size_bytes: content.len() as u64,
+            start_line: 1,
+            end_line: 4,
+            content: content.to_owned(),
+            truncated: false,
+            binary: false,
+            invalid_utf8: false,
+        };
+        let files = paths(&["Cargo.toml", "src/main.rs"]);
+        let (mut result, mut notes) = (OnboardingResult::default(), ManifestNotes::default());
+        for _ in 0..2 {
+            let facts = stack::parse("Cargo.toml", content, &files);
+            record_manifest(&mut result, &mut notes, "Cargo.toml", &read, facts);
+        }
+        assert_eq!(result.stack.len(), 2);
+        assert_eq!(result.evidence[0].snippet, "[package]");
+        assert_eq!(result.evidence[0].end_line, 4);
+        let mut commands: Vec<&str> = result.commands.iter().map(|c| c.command.as_str()).collect();
+        commands.dedup();
+        assert_eq!(commands.len(), result.commands.len(), "{commands:?}");
+        assert_eq!(notes.names, paths(&["ledger", "ledger"]));
+        assert_eq!(
+            notes.descriptions[0],
+            ("Cargo.toml".to_owned(), "Books".to_owned())
+        );
+        assert!(notes.entry_candidates.contains(&"src/main.rs".to_owned()));
+    }
+
+    #[test]
+    fn top_level_directories_get_their_role_and_count_after_the_members() {
+        let files = paths(&["src/a.rs", "src/b.rs", "crates/x/lib.rs", "misc/n.txt"]);
+        let counts = directory_counts(&files);
+        let top = |name: &str, kind| TopLevelEntry {
+            name: name.to_owned(),
+            kind,
+        };
+        let mut result = OnboardingResult {
+            important_directories: vec![("crates".to_owned(), "workspace member".to_owned())],
+            ..Default::default()
+        };
+        add_top_level_directories(
+            &mut result,
+            &[
+                top("crates", EntryKind::Directory),
+                top("src", EntryKind::Directory),
+                top("misc", EntryKind::Directory),
+                top("vendor", EntryKind::Directory),
+                top("Cargo.toml", EntryKind::File),
+            ],
+            &counts,
+        );
+        assert_eq!(
+            result.important_directories,
+            vec![
+                ("crates".to_owned(), "workspace member".to_owned()),
+                ("src".to_owned(), "source code, 2 files listed".to_owned()),
+                ("misc".to_owned(), "1 files listed".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn starting_areas_are_entry_points_then_the_busiest_directories_then_the_readme() {
+        let entry = EvidenceItem {
+            path: "src/main.rs".to_owned(),
+            start_line: 3,
+            end_line: 3,
+            ..Default::default()
+        };
+        let files = paths(&[
+            "src/a",
+            "src/b",
+            "lib/a",
+            "lib/b",
+            "docs/a",
+            ".github/a",
+            "tests/a",
+        ]);
+        assert_eq!(
+            starting_areas(&[entry], &directory_counts(&files), Some("README.md")),
+            paths(&[
+                "src/main.rs (entry point, line 3)",
+                "lib/ (2 files listed)",
+                "src/ (2 files listed)",
+                "docs/ (1 files listed)",
+                "README.md (project documentation)",
+            ])
+        );
+    }
+
+    #[test]
+    fn the_tree_adds_its_caps_and_ci_and_every_constraint_appears_once() {
+        let survey = Survey {
+            described: DescribeOutput {
+                top_level: Vec::new(),
+                files: 0,
+                directories: 0,
+                symlinks: 0,
+                languages: Vec::new(),
+                truncated: false,
+            },
+            files: paths(&[".github/workflows/ci.yml"]),
+            listed_entries: 5_000,
+            truncated: true,
+            manifests: Vec::new(),
+            readme: None,
+        };
+        let mut result = OnboardingResult {
+            constraints: paths(&["CI runs GitHub Actions workflows in .github/workflows"]),
+            ..Default::default()
+        };
+        add_tree_constraints(&mut result, &survey);
+        assert_eq!(result.constraints.len(), 3, "{:?}", result.constraints);
+        assert!(
+            result.constraints[1].starts_with("Large tree: listings were capped (5000 entries")
+        );
+        assert!(result.constraints[2].starts_with("No command was run"));
     }
 }

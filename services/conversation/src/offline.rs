@@ -1,23 +1,25 @@
-//! The offline provider: deterministic rules so the whole product runs with no model.
+//! The conversation's offline rules: which of the four actions a user message asks for, and the
+//! wording of the reply, so the whole product runs with no model. [`OfflineRules`] is a
+//! [`Provider`] like the model client: it answers the agent's decision request (the same request
+//! a model gets, see [`crate::decide::decision_request`]) by calling one of the same decision
+//! tools, so one turn pipeline decides for both.
 //!
-//! The pure helpers ([`decide`], [`acknowledgement`], [`clarifying_question`],
-//! [`direct_response`], [`keywords`]) are what the conversation agent calls directly. Same input,
-//! same output, on every machine and every run: variation comes from an FNV-1a hash of the
-//! input, never from randomness or the clock. Nothing here ever claims that code was changed,
-//! tested or shipped: change requests become issues.
+//! Same input, same output, on every machine and every run: variation comes from an FNV-1a hash
+//! of the input, never from randomness or the clock, so its replies need no recording
+//! ([`Provider::is_deterministic`]). Nothing here ever claims that code was changed, tested or
+//! shipped: change requests become issues.
 
 use serde_json::json;
+use zopu_core::keywords::{is_identifier, ranked_terms, tokens};
+use zopu_llm::{BoxFuture, ChatReply, ChatRequest, Error, FinishReason, Provider, ToolCall, Usage};
 
-use crate::chat::{ChatReply, ChatRequest, FinishReason, Role, Usage};
-use crate::{BoxFuture, Error, Provider};
+use crate::decide::{Action, DecisionPrompt, work_title};
 
 /// `provider_label` of offline replies.
 pub const OFFLINE_LABEL: &str = "offline";
 /// `model` of offline replies; bump when the rules change so recorded replies say which rules.
 pub const OFFLINE_MODEL: &str = "offline-rules-v1";
 
-/// Most keywords [`keywords`] returns.
-const KEYWORDS_MAX: usize = 16;
 /// Most words of the topic quoted back in an acknowledgement.
 const TOPIC_WORDS: usize = 3;
 /// Longest topic word / project name quoted back (characters).
@@ -72,36 +74,6 @@ impl Decision {
         }
     }
 }
-
-#[rustfmt::skip]
-const STOPWORDS: &[&str] = &[
-    "a", "about", "above", "after", "again", "all", "also", "am", "an", "and", "any", "anything",
-    "are", "as", "at", "be", "because", "been", "before", "being", "below", "between", "both",
-    "but", "by", "can", "could", "did", "do", "does", "doing", "don", "done", "down", "during",
-    "each", "else", "etc", "even", "ever", "every", "few", "for", "from", "further", "get", "gets",
-    "getting", "go", "goes", "going", "got", "had", "has", "have", "having", "he", "her", "here",
-    "hers", "him", "his", "how", "however", "i", "if", "im", "in", "into", "is", "isn", "it", "its",
-    "itself", "just", "know", "let", "lets", "like", "ll", "look", "looking", "make", "me", "might",
-    "more", "most", "much", "must", "my", "need", "needs", "no", "nor", "not", "now", "of", "off",
-    "ok", "okay", "on", "once", "one", "only", "or", "other", "our", "ours", "out", "over", "own",
-    "please", "pls", "quite", "re", "really", "same", "see", "she", "should", "show", "so", "some",
-    "something", "still", "such", "sure", "tell", "than", "that", "the", "their", "them", "then",
-    "there", "these", "they", "thing", "things", "this", "those", "through", "to", "too", "under",
-    "until", "up", "us", "ve", "very", "want", "was", "we", "were", "what", "whats", "when",
-    "where", "whether", "which", "while", "who", "whom", "why", "will", "with", "within", "would",
-    "yet", "you", "your", "yours", "explain", "understand", "help", "hey", "hi", "hello", "thanks",
-    "thank", "stuff", "way", "ways", "kind", "bit", "maybe", "actually", "basically",
-];
-
-/// Words that do not name a subject: a message made only of these (and stopwords) is vague.
-#[rustfmt::skip]
-const GENERIC_WORDS: &[&str] = &[
-    "fix", "fixe", "change", "update", "work", "works", "working", "broken", "break", "wrong",
-    "problem", "issue", "bug", "error", "code", "part", "better", "again", "asap", "quick",
-    "quickly", "please", "check", "take", "try", "do", "handle", "sort", "deal", "improve", "clean",
-    "create", "draft", "write", "open", "raise", "ticket", "report", "repo", "repository",
-    "project", "codebase",
-];
 
 #[rustfmt::skip]
 const GREETING_OR_THANKS: &[&str] = &[
@@ -403,106 +375,6 @@ fn salutation(text: &Normalized) -> String {
     })
 }
 
-/// Subject words of `text`: lower-cased, stopwords and generic request words removed, lightly
-/// stemmed, ranked by frequency (identifier-looking words count double), then first appearance.
-pub fn keywords(text: &str) -> Vec<String> {
-    ranked_terms(text)
-        .into_iter()
-        .map(|term| term.stem)
-        .collect()
-}
-
-#[derive(Debug)]
-struct Term {
-    stem: String,
-    weight: u32,
-    first: usize,
-}
-
-/// The tokens of `text` in order, each with its stem when it names a subject.
-fn tokens(text: &str) -> Vec<(&str, Option<String>)> {
-    text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
-        .filter(|token| !token.is_empty())
-        .map(|token| (token, subject_stem(token)))
-        .collect()
-}
-
-fn subject_stem(token: &str) -> Option<String> {
-    let lower = token.to_lowercase();
-    if lower.chars().count() < 2
-        || lower.chars().all(|c| c.is_ascii_digit())
-        || STOPWORDS.contains(&lower.as_str())
-        || GENERIC_WORDS.contains(&lower.as_str())
-    {
-        return None;
-    }
-    let stem = stem(&lower);
-    (!GENERIC_WORDS.contains(&stem.as_str())).then_some(stem)
-}
-
-/// `snake_case` or `camelCase` (not a capitalised or all-caps word).
-fn is_identifier(token: &str) -> bool {
-    token.contains('_')
-        || (token.chars().any(char::is_lowercase) && token.chars().skip(1).any(char::is_uppercase))
-}
-
-fn ranked_terms(text: &str) -> Vec<Term> {
-    let mut terms: Vec<Term> = Vec::new();
-    for (position, (token, stem)) in tokens(text).into_iter().enumerate() {
-        let Some(stem) = stem else { continue };
-        let weight = if is_identifier(token) { 2 } else { 1 };
-        match terms.iter_mut().find(|term| term.stem == stem) {
-            Some(term) => term.weight += weight,
-            None => terms.push(Term {
-                stem,
-                weight,
-                first: position,
-            }),
-        }
-    }
-    terms.sort_by(|a, b| b.weight.cmp(&a.weight).then(a.first.cmp(&b.first)));
-    terms.truncate(KEYWORDS_MAX);
-    terms
-}
-
-/// Light suffix stripping: plurals, `-ing`, `-ed`, with doubled consonants undone.
-fn stem(word: &str) -> String {
-    let len = word.chars().count();
-    let stripped = if len > 4 && word.ends_with("ies") {
-        format!("{}y", &word[..word.len() - 3])
-    } else if len > 5 && word.ends_with("ing") {
-        undouble(&word[..word.len() - 3])
-    } else if len > 4 && word.ends_with("ed") && !word.ends_with("eed") {
-        undouble(&word[..word.len() - 2])
-    } else if len > 3
-        && word.ends_with('s')
-        && !(word.ends_with("ss") || word.ends_with("us") || word.ends_with("is"))
-    {
-        word[..word.len() - 1].to_owned()
-    } else {
-        word.to_owned()
-    };
-    if stripped.chars().count() < 2 {
-        word.to_owned()
-    } else {
-        stripped
-    }
-}
-
-fn undouble(word: &str) -> String {
-    let bytes = word.as_bytes();
-    match bytes {
-        [.., a, b]
-            if a == b
-                && a.is_ascii_alphabetic()
-                && !matches!(a, b'l' | b's' | b'z' | b'e' | b'o') =>
-        {
-            word[..word.len() - 1].to_owned()
-        }
-        _ => word.to_owned(),
-    }
-}
-
 /// A message lower-cased into words, with the polite prefix separated from the first verb.
 struct Normalized {
     /// Words joined by single spaces, padded with a space on both sides.
@@ -757,51 +629,50 @@ fn fnv1a(parts: &[&str]) -> u64 {
     hash
 }
 
-/// The chat-trait face of the offline rules: answers the last user message with the
-/// acknowledgement [`decide`] leads to. Never calls tools. With `response_format_json` the content
-/// is `{"decision", "rationale", "message"}`.
-#[derive(Clone, Debug)]
-pub struct OfflineProvider {
-    project_name: String,
-}
+/// The offline rules as a [`Provider`]: answers a decision request with exactly one decision
+/// tool call (`respond`, `clarify`, `explore` or `create_issue`) carrying the rules' wording, and
+/// the rule that fired as its content. Never calls the network; fails only on a request that is
+/// not the agent's decision request.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OfflineRules;
 
-impl Default for OfflineProvider {
-    fn default() -> Self {
-        Self::new("the project")
-    }
-}
-
-impl OfflineProvider {
-    pub fn new(project_name: impl Into<String>) -> Self {
-        Self {
-            project_name: project_name.into(),
-        }
-    }
-
-    /// Deterministic reply to `request`; fails only on an invalid request.
+impl OfflineRules {
+    /// The deterministic reply to `request`.
     pub fn reply(&self, request: &ChatRequest) -> Result<ChatReply, Error> {
         request.validate()?;
-        let text = request.last_user_text().unwrap_or_default();
+        let prompt = DecisionPrompt::parse(request).ok_or_else(|| Error::InvalidRequest {
+            reason: "the offline rules answer only the conversation's decision request".to_owned(),
+        })?;
         let context = DecisionContext {
-            has_summary: false,
-            recent_clarification_asked: asked_just_before(request),
+            has_summary: prompt.summary.is_some(),
+            recent_clarification_asked: prompt.clarification_just_asked,
         };
+        let text = prompt.message.as_str();
         let decision = decide(text, &context);
-        let message = acknowledgement(&decision, text, &self.project_name);
-        let content = if request.response_format_json {
-            json!({
-                "decision": decision.kind.as_str(),
-                "rationale": decision.rationale,
-                "message": message,
-            })
-            .to_string()
-        } else {
-            message
+        let (name, arguments) = match decision.kind {
+            DecisionKind::Respond => (
+                "respond",
+                json!({"message": direct_response(text, prompt.summary.as_deref())}),
+            ),
+            DecisionKind::Clarify => ("clarify", json!({"question": clarifying_question(text)})),
+            DecisionKind::Explore | DecisionKind::CreateIssue => {
+                let action = Action::from_offline(decision.kind);
+                json_flow_call(
+                    decision.kind.as_str(),
+                    acknowledgement(&decision, text, &prompt.project),
+                    work_title(action, text),
+                    text.trim(),
+                )
+            }
         };
         Ok(ChatReply {
-            content: Some(content),
-            tool_calls: Vec::new(),
-            finish_reason: FinishReason::Stop,
+            content: Some(decision.rationale),
+            tool_calls: vec![ToolCall {
+                id: format!("{OFFLINE_LABEL}-{name}"),
+                name: name.to_owned(),
+                arguments,
+            }],
+            finish_reason: FinishReason::ToolCalls,
             usage: Usage::default(),
             attempts: 1,
             model: OFFLINE_MODEL.to_owned(),
@@ -810,40 +681,37 @@ impl OfflineProvider {
     }
 }
 
-/// Whether the assistant turn right before the last user message was a question.
-fn asked_just_before(request: &ChatRequest) -> bool {
-    let mut before_last_user = request
-        .messages
-        .iter()
-        .rev()
-        .skip_while(|message| message.role != Role::User)
-        .skip(1);
-    before_last_user
-        .find(|message| message.role != Role::System)
-        .is_some_and(|message| {
-            message.role == Role::Assistant
-                && message
-                    .content
-                    .as_deref()
-                    .is_some_and(|content| content.trim_end().ends_with('?'))
-        })
+fn json_flow_call(
+    name: &'static str,
+    acknowledgement: String,
+    title: String,
+    request: &str,
+) -> (&'static str, serde_json::Value) {
+    (
+        name,
+        json!({"acknowledgement": acknowledgement, "title": title, "request": request}),
+    )
 }
 
-impl Provider for OfflineProvider {
+impl Provider for OfflineRules {
     fn label(&self) -> &str {
         OFFLINE_LABEL
     }
 
+    fn is_deterministic(&self) -> bool {
+        true
+    }
+
     fn complete(&self, request: ChatRequest) -> BoxFuture<'_, Result<ChatReply, Error>> {
-        let reply = self.reply(&request);
-        Box::pin(std::future::ready(reply))
+        Box::pin(std::future::ready(self.reply(&request)))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat::ChatMessage;
+    use crate::decide::decision_request;
+    use crate::state::{ProjectView, TimelineEntry, entry};
     use DecisionKind::{Clarify, CreateIssue, Explore, Respond};
 
     const FRESH: DecisionContext = DecisionContext {
@@ -1030,69 +898,79 @@ mod tests {
         }
     }
 
-    #[test]
-    fn keywords_are_filtered_stemmed_and_ranked() {
-        assert_eq!(
-            keywords("Why are the payment tests failing? The payments retry is failing too"),
-            vec!["payment", "fail", "test", "retry"]
-        );
-        assert_eq!(
-            keywords("How does session_store handle sessions?")[0],
-            "session_store"
-        );
-        assert!(keywords("can you please help me with this thing?").is_empty());
-        assert_eq!(
-            keywords("stopped running queries"),
-            vec!["stop", "run", "query"]
-        );
-    }
-
-    #[test]
-    fn provider_answers_through_the_trait_deterministically() {
-        let provider = OfflineProvider::new("acme");
-        let request = ChatRequest::new(vec![
-            ChatMessage::system("You are Zopu."),
-            ChatMessage::user("How does auth work?"),
-        ]);
-        let reply = provider.reply(&request).expect("valid request");
-        assert_eq!(reply.provider_label, "offline");
-        assert_eq!(reply.model, OFFLINE_MODEL);
-        assert!(reply.tool_calls.is_empty());
-        assert_eq!(reply, provider.reply(&request).expect("valid request"));
-
-        let mut json_request = request.clone();
-        json_request.response_format_json = true;
-        let content = provider
-            .reply(&json_request)
-            .expect("valid")
-            .content
-            .unwrap_or_default();
-        let value: serde_json::Value = serde_json::from_str(&content).expect("JSON content");
-        assert_eq!(value["decision"], "explore");
-    }
-
-    #[test]
-    fn provider_does_not_clarify_twice() {
-        let provider = OfflineProvider::default();
-        let first = provider
-            .reply(&ChatRequest::new(vec![ChatMessage::user("fix it")]))
-            .expect("valid");
-        let question = first.content.unwrap_or_default();
-        assert!(question.ends_with('?'));
-        let second = ChatRequest {
-            response_format_json: true,
-            ..ChatRequest::new(vec![
-                ChatMessage::user("fix it"),
-                ChatMessage::assistant(question),
-                ChatMessage::user("the thing"),
-            ])
+    fn view(summary: Option<&str>, just_asked: bool) -> ProjectView {
+        let recent = if just_asked {
+            vec![TimelineEntry {
+                sequence: 1,
+                kind: entry::QUESTION.into(),
+                text: "Which part?".into(),
+                dispatch_id: "earlier".into(),
+            }]
+        } else {
+            Vec::new()
         };
-        let content = provider
-            .reply(&second)
-            .expect("valid")
-            .content
-            .unwrap_or_default();
-        let value: serde_json::Value = serde_json::from_str(&content).expect("JSON content");
-        assert_eq!(value["decision"], "explore");
+        ProjectView {
+            repository_url: "https://github.com/acme/acme-payments.git".into(),
+            summary: summary.map(str::to_owned),
+            recent,
+            enabled: true,
+            ..Default::default()
+        }
+    }
+
+    /// The provider's tool call carries exactly the rules' wording for every
+    /// message of the table, with and without a summary or a question just asked.
+    #[test]
+    fn the_provider_answers_a_decision_request_with_the_rules_wording() {
+        let summary = "# Acme\n\nAcme is a billing service written in Go. It talks to Stripe.";
+        for (has_summary, just_asked) in [(false, false), (true, false), (false, true)] {
+            let view = view(has_summary.then_some(summary), just_asked);
+            let context = DecisionContext {
+                has_summary,
+                recent_clarification_asked: just_asked,
+            };
+            for (message, _) in TABLE
+                .iter()
+                .chain(&[("what does this project do?", Respond)])
+            {
+                let request = decision_request(message, &view, "this-dispatch");
+                let reply = OfflineRules.reply(&request).expect("a decision request");
+                assert_eq!(
+                    reply,
+                    OfflineRules.reply(&request).expect("again"),
+                    "deterministic"
+                );
+                let decision = decide(message, &context);
+                assert_eq!(reply.content.as_deref(), Some(decision.rationale.as_str()));
+                assert_eq!(reply.provider_label, OFFLINE_LABEL);
+                let [call] = reply.tool_calls.as_slice() else {
+                    panic!("{message:?}: one tool call expected");
+                };
+                assert_eq!(call.name, decision.kind.as_str(), "{message:?}");
+                let expected = match decision.kind {
+                    Respond => {
+                        json!({"message": direct_response(message, view.summary.as_deref())})
+                    }
+                    Clarify => json!({"question": clarifying_question(message)}),
+                    Explore | CreateIssue => json!({
+                        "acknowledgement": acknowledgement(&decision, message, "acme-payments"),
+                        "title": work_title(Action::from_offline(decision.kind), message),
+                        "request": message.trim(),
+                    }),
+                };
+                assert_eq!(call.arguments, expected, "{message:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_provider_refuses_what_is_not_a_decision_request() {
+        let request = ChatRequest::new(vec![zopu_llm::ChatMessage::user("How does auth work?")]);
+        assert!(matches!(
+            OfflineRules.reply(&request),
+            Err(Error::InvalidRequest { .. })
+        ));
+        assert!(OfflineRules.is_deterministic());
+        assert_eq!(OfflineRules.label(), "offline");
     }
 }
