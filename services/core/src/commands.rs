@@ -212,10 +212,9 @@ pub fn request_setup(
         return Err(Invalid::Revision);
     }
     let connection = &setup.repository_connection_id;
-    if !connection.is_empty()
-        && !(connection.len() <= CONNECTION_ID_MAX_LEN
-            && connection.bytes().all(|b| b.is_ascii_graphic()))
-    {
+    let connection_ok = connection.len() <= CONNECTION_ID_MAX_LEN
+        && connection.bytes().all(|b| b.is_ascii_graphic());
+    if !connection_ok {
         return Err(Invalid::ConnectionId);
     }
     let payload = pb::ProjectSetupRequested {

@@ -176,8 +176,6 @@ pub(crate) async fn owned_project(
         .ok_or_else(|| ApiError::not_found("project"))
 }
 
-/// The idempotency key of an event a gateway request causes:
-
 /// The requester of a command the caller sends with this request: the
 /// token's organization and user, the request id as correlation id.
 fn requester(caller: &Caller, request: &RequestId) -> Requester {
