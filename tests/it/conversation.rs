@@ -112,7 +112,7 @@ async fn setup_project_with(bus: &Bus, org: &OrgId, project: ProjectId, ready: b
         agent_id: agent.clone(),
         agent_type: "conversation".into(),
         runtime_id: "runtime-1".into(),
-        global_timeline_id: format!("timeline-{project}"),
+        global_timeline_id: zopu_core::commands::GLOBAL_TIMELINE_ID.into(),
         setup_revision: 1,
     };
     publisher
@@ -148,21 +148,36 @@ async fn setup_project_with(bus: &Bus, org: &OrgId, project: ProjectId, ready: b
     Ok(())
 }
 
-async fn send(bus: &Bus, org: &OrgId, project: ProjectId, text: &str) -> Result<Appended> {
+/// A message stored by [`send`].
+struct Sent {
+    event_id: EventId,
+    sequence: u64,
+    /// Its request id: the correlation id of everything the turn stores.
+    request: EventId,
+}
+
+async fn send(bus: &Bus, org: &OrgId, project: ProjectId, text: &str) -> Result<Sent> {
     let publisher = Publisher::new(bus.clone(), "gateway", None);
-    Ok(zopu_conversation::send_message(
+    let request = EventId::new();
+    let appended = zopu_conversation::send_message(
         &publisher,
         org,
         &project,
         text,
         user(),
-        &EventId::new().to_string(),
+        &request.to_string(),
     )
-    .await?)
+    .await?;
+    Ok(Sent {
+        event_id: appended.event_id,
+        sequence: appended.sequence,
+        request,
+    })
 }
 
-fn of_message(event: &Envelope, message: EventId) -> bool {
-    event.correlation_id == CorrelationId::from(message)
+/// Whether `event` belongs to the turn of the message sent under `request`.
+fn of_message(event: &Envelope, request: EventId) -> bool {
+    event.correlation_id == CorrelationId::from(request)
 }
 
 /// Waits for the conversation's terminal dispatch event for a message.
@@ -229,28 +244,27 @@ async fn scenario_81_offline_exploration_request_up_to_the_flow_and_its_final() 
         "How does the checkout flow handle payments?",
     )
     .await?;
-    let end = turn_end(&bus, &org, project, message.event_id).await?;
+    let end = turn_end(&bus, &org, project, message.request).await?;
     assert_eq!(
         end.decode::<pb::DispatchCompleted>()?.outcome,
         "flow_requested"
     );
     let acks =
-        events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id)).await?;
+        events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.request)).await?;
     assert_eq!(acks.len(), 1);
     let ack = acks[0].decode::<pb::AgentAcknowledged>()?;
     assert!(ack.text.split_whitespace().count() < 50, "{}", ack.text);
     assert_eq!(ack.provider, "offline");
     assert_eq!(ack.reply_to_event_id, message.event_id.to_string());
-    let decided =
-        events_of::<pb::AgentDecided>(&bus, &org, project, Some(message.event_id)).await?;
+    let decided = events_of::<pb::AgentDecided>(&bus, &org, project, Some(message.request)).await?;
     assert_eq!(
         decided[0].decode::<pb::AgentDecided>()?.decision(),
         pb::agent_decided::Decision::Explore
     );
-    let work = &events_of::<pb::WorkCreated>(&bus, &org, project, Some(message.event_id)).await?[0];
+    let work = &events_of::<pb::WorkCreated>(&bus, &org, project, Some(message.request)).await?[0];
     let thread =
-        &events_of::<pb::ThreadCreated>(&bus, &org, project, Some(message.event_id)).await?[0];
-    let flows = events_of::<pb::FlowRequested>(&bus, &org, project, Some(message.event_id)).await?;
+        &events_of::<pb::ThreadCreated>(&bus, &org, project, Some(message.request)).await?[0];
+    let flows = events_of::<pb::FlowRequested>(&bus, &org, project, Some(message.request)).await?;
     assert_eq!(flows.len(), 1);
     let flow = &flows[0];
     let request = flow.decode::<pb::FlowRequested>()?;
@@ -307,7 +321,7 @@ async fn scenario_81_offline_exploration_request_up_to_the_flow_and_its_final() 
         &bus,
         &subjects::event(&org, &project, pb::AgentFinal::TYPE),
         LONG,
-        |event| of_message(event, message.event_id),
+        |event| of_message(event, message.request),
     )
     .await?;
     let last_payload = last.decode::<pb::AgentFinal>()?;
@@ -320,10 +334,10 @@ async fn scenario_81_offline_exploration_request_up_to_the_flow_and_its_final() 
     );
     assert_eq!(last.flow_run_id, Some(run));
     let updates =
-        events_of::<pb::ThreadUpdated>(&bus, &org, project, Some(message.event_id)).await?;
+        events_of::<pb::ThreadUpdated>(&bus, &org, project, Some(message.request)).await?;
     assert_eq!(updates.len(), 1);
     assert_eq!(
-        events_of::<pb::AgentFinal>(&bus, &org, project, Some(message.event_id))
+        events_of::<pb::AgentFinal>(&bus, &org, project, Some(message.request))
             .await?
             .len(),
         1
@@ -347,21 +361,21 @@ async fn scenario_81_with_an_openai_compatible_tool_call() -> Result<()> {
     let conversation = Running::conversation(&core, openai(&llm));
     setup_project(&bus, &org, project).await?;
     let message = send(&bus, &org, project, "How does checkout handle payments?").await?;
-    let end = turn_end(&bus, &org, project, message.event_id).await?;
+    let end = turn_end(&bus, &org, project, message.request).await?;
     assert_eq!(
         end.decode::<pb::DispatchCompleted>()?.outcome,
         "flow_requested"
     );
     let ack =
-        events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id)).await?;
+        events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.request)).await?;
     assert_eq!(ack.len(), 1);
     let ack = ack[0].decode::<pb::AgentAcknowledged>()?;
     assert_eq!(ack.text, "On it — tracing checkout payments now.");
     assert_eq!(ack.provider, "openai:fake-model");
     let recorded =
-        events_of::<pb::AgentLlmCompleted>(&bus, &org, project, Some(message.event_id)).await?;
+        events_of::<pb::AgentLlmCompleted>(&bus, &org, project, Some(message.request)).await?;
     assert_eq!(recorded.len(), 1);
-    let flows = events_of::<pb::FlowRequested>(&bus, &org, project, Some(message.event_id)).await?;
+    let flows = events_of::<pb::FlowRequested>(&bus, &org, project, Some(message.request)).await?;
     assert_eq!(flows.len(), 1);
     assert!(
         flows[0]
@@ -445,7 +459,7 @@ async fn scenario_83_one_dispatch_delivered_many_times_acts_once() -> Result<()>
         source_stream_sequence: message.sequence,
         agent_id: agent.to_string(),
         handler_version: zopu_dispatch::HANDLER_VERSION,
-        global_timeline_id: format!("timeline-{project}"),
+        global_timeline_id: zopu_core::commands::GLOBAL_TIMELINE_ID.into(),
     };
     let key = keys::dispatch(&source.id, &agent, zopu_dispatch::HANDLER_VERSION);
     let event = NewEvent::caused_by(&source.context(), &created, key.clone()).with_dispatch(id);
@@ -492,7 +506,7 @@ async fn scenario_83_one_dispatch_delivered_many_times_acts_once() -> Result<()>
         "stored once, and once more after the window"
     );
     let count = |events: Vec<Envelope>| events.len();
-    let m = Some(message.event_id);
+    let m = Some(message.request);
     assert_eq!(
         count(events_of::<pb::AgentAcknowledged>(&bus, &org, project, m).await?),
         1
@@ -555,14 +569,14 @@ async fn a_crash_at_any_point_leaves_exactly_one_acknowledgement() -> Result<()>
         let message = send(&bus, &org, project, "How does checkout handle payments?").await?;
         crashing.stopped().await?;
         let restarted = Running::conversation(&core, openai(&llm));
-        turn_end(&bus, &org, project, message.event_id).await?;
+        turn_end(&bus, &org, project, message.request).await?;
         restarted.stop().await?;
         dispatch.stop().await?;
         let acks =
-            events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id)).await?;
+            events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.request)).await?;
         assert_eq!(acks.len(), 1, "{point:?}");
         assert_eq!(
-            events_of::<pb::FlowRequested>(&bus, &org, project, Some(message.event_id))
+            events_of::<pb::FlowRequested>(&bus, &org, project, Some(message.request))
                 .await?
                 .len(),
             1,
@@ -666,7 +680,7 @@ async fn model_faults_end_in_exactly_one_outcome_per_dispatch() -> Result<()> {
             &format!("How does the {topic} module work?"),
         )
         .await?;
-        let end = turn_end(&bus, &org, project, message.event_id).await?;
+        let end = turn_end(&bus, &org, project, message.request).await?;
         assert_eq!(
             llm.request_count() - before,
             requests,
@@ -676,7 +690,7 @@ async fn model_faults_end_in_exactly_one_outcome_per_dispatch() -> Result<()> {
             None => {
                 assert!(end.is::<pb::DispatchCompleted>(), "{topic}");
                 assert_eq!(
-                    events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id))
+                    events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.request))
                         .await?
                         .len(),
                     1
@@ -686,8 +700,7 @@ async fn model_faults_end_in_exactly_one_outcome_per_dispatch() -> Result<()> {
                 let failed = end.decode::<pb::DispatchFailed>()?;
                 assert_eq!(failed.reason.context("reason")?.code, code, "{topic}");
                 let finals =
-                    events_of::<pb::AgentFinal>(&bus, &org, project, Some(message.event_id))
-                        .await?;
+                    events_of::<pb::AgentFinal>(&bus, &org, project, Some(message.request)).await?;
                 assert_eq!(finals.len(), 1, "{topic}: one visible failure");
                 assert_eq!(
                     finals[0]
@@ -745,7 +758,7 @@ async fn messages_sent_while_busy_are_handled_in_order_one_turn_at_a_time() -> R
     let conversation = Running::conversation(&core, openai(&llm));
     let first = send(&bus, &org, project, "How does the cart work?").await?;
     let second = send(&bus, &org, project, "How does the login work?").await?;
-    turn_end(&bus, &org, project, second.event_id).await?;
+    turn_end(&bus, &org, project, second.request).await?;
     conversation.stop().await?;
     dispatch.stop().await?;
     let all = history(&bus, &subjects::project_events(&org, &project)).await?;
@@ -755,7 +768,7 @@ async fn messages_sent_while_busy_are_handled_in_order_one_turn_at_a_time() -> R
             .map(|(sequence, _)| *sequence)
             .collect()
     };
-    let (a, b) = (turn(first.event_id), turn(second.event_id));
+    let (a, b) = (turn(first.request), turn(second.request));
     ensure!(!a.is_empty() && !b.is_empty(), "both turns ran");
     assert!(
         a.iter().max() < b.iter().min(),
@@ -820,7 +833,7 @@ async fn the_kill_switch_silences_the_agent_until_it_is_enabled() -> Result<()> 
         .await?;
     let first = send(&bus, &org, project, "How does the cart work?").await?;
     let second = send(&bus, &org, project, "How does the login work?").await?;
-    for message in [first.event_id, second.event_id] {
+    for message in [first.request, second.request] {
         let end = turn_end(&bus, &org, project, message).await?;
         assert_eq!(
             end.decode::<pb::DispatchCompleted>()?.outcome,
@@ -829,7 +842,7 @@ async fn the_kill_switch_silences_the_agent_until_it_is_enabled() -> Result<()> 
     }
     let enabled = zopu_conversation::enable_agent(&operator, &org, &project, actor).await?;
     let third = send(&bus, &org, project, "How does the search work?").await?;
-    turn_end(&bus, &org, project, third.event_id).await?;
+    turn_end(&bus, &org, project, third.request).await?;
     conversation.stop().await?;
     dispatch.stop().await?;
 
@@ -864,7 +877,7 @@ async fn the_kill_switch_silences_the_agent_until_it_is_enabled() -> Result<()> 
             .all(|(sequence, event)| *sequence <= halted.sequence || !event.is::<pb::AgentFinal>())
     );
     assert_eq!(
-        events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(third.event_id))
+        events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(third.request))
             .await?
             .len(),
         1
@@ -889,7 +902,7 @@ async fn a_dispatch_for_another_projects_agent_is_rejected_not_acted_on() -> Res
         source_stream_sequence: message.sequence,
         agent_id: stranger.to_string(),
         handler_version: 1,
-        global_timeline_id: format!("timeline-{project}"),
+        global_timeline_id: zopu_core::commands::GLOBAL_TIMELINE_ID.into(),
     };
     let id = zopu_dispatch::dispatch_id(&source, &stranger);
     Publisher::new(bus.clone(), "dispatch", None)
@@ -903,7 +916,7 @@ async fn a_dispatch_for_another_projects_agent_is_rejected_not_acted_on() -> Res
         )
         .await?;
     let conversation = Running::conversation(&core, zopu_conversation::Config::default());
-    let end = turn_end(&bus, &org, project, message.event_id).await?;
+    let end = turn_end(&bus, &org, project, message.request).await?;
     conversation.stop().await?;
     assert_eq!(
         end.decode::<pb::DispatchFailed>()?
@@ -913,10 +926,10 @@ async fn a_dispatch_for_another_projects_agent_is_rejected_not_acted_on() -> Res
         "agent.wrong_project"
     );
     let rejected =
-        events_of::<pb::AgentRejected>(&bus, &org, project, Some(message.event_id)).await?;
+        events_of::<pb::AgentRejected>(&bus, &org, project, Some(message.request)).await?;
     assert_eq!(rejected.len(), 1);
     assert!(
-        events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.event_id))
+        events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.request))
             .await?
             .is_empty()
     );
@@ -944,9 +957,9 @@ async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call
     setup_project(&bus, &acme, project).await?;
     // The first turn calls the model, which reports more tokens than the budget.
     let first = send(&bus, &acme, project, "Hi").await?;
-    let end = turn_end(&bus, &acme, project, first.event_id).await?;
+    let end = turn_end(&bus, &acme, project, first.request).await?;
     ensure!(end.is::<pb::DispatchCompleted>(), "first turn: {end:?}");
-    let used = events_of::<pb::AgentLlmCompleted>(&bus, &acme, project, Some(first.event_id))
+    let used = events_of::<pb::AgentLlmCompleted>(&bus, &acme, project, Some(first.request))
         .await?
         .iter()
         .map(|event| {
@@ -957,9 +970,9 @@ async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call
     assert!(used > 10, "the scripted reply reports {used} tokens");
     // The next message of the organization ends with a visible failure, and no call.
     let second = send(&bus, &acme, project, "Hi again").await?;
-    let end = turn_end(&bus, &acme, project, second.event_id).await?;
+    let end = turn_end(&bus, &acme, project, second.request).await?;
     ensure!(end.is::<pb::DispatchFailed>(), "second turn: {end:?}");
-    let finals = events_of::<pb::AgentFinal>(&bus, &acme, project, Some(second.event_id)).await?;
+    let finals = events_of::<pb::AgentFinal>(&bus, &acme, project, Some(second.request)).await?;
     assert_eq!(finals.len(), 1);
     let last = finals[0].decode::<pb::AgentFinal>()?;
     let failure = last.failure.context("the final carries the failure")?;
@@ -976,7 +989,7 @@ async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call
     // Another organization has its own budget.
     setup_project(&bus, &other, theirs).await?;
     let third = send(&bus, &other, theirs, "Hi").await?;
-    let end = turn_end(&bus, &other, theirs, third.event_id).await?;
+    let end = turn_end(&bus, &other, theirs, third.request).await?;
     ensure!(end.is::<pb::DispatchCompleted>(), "other org: {end:?}");
     assert_eq!(llm.request_count(), 2);
     conversation.stop().await?;

@@ -547,7 +547,8 @@ async fn a_secret_corpus_never_survives_from_repository_to_artifact() -> Result<
     ] {
         specialists_model.push(entry);
     }
-    let sent = zopu_conversation::send_message(
+    let request = CorrelationId::from(EventId::new());
+    zopu_conversation::send_message(
         &client,
         &org,
         &project,
@@ -556,12 +557,12 @@ async fn a_secret_corpus_never_survives_from_repository_to_artifact() -> Result<
             kind: pb::actor::Kind::User as i32,
             id: "ada".into(),
         },
-        &EventId::new().to_string(),
+        request.as_str(),
     )
     .await?;
-    let message = zopu_core::publish::get_event(&bus, sent.sequence).await?.id;
+    // Everything the turn stores carries the message's request id as its correlation id.
     let last = wait_for(&bus, &events, LONG, |event| {
-        event.correlation_id == CorrelationId::from(message) && event.is::<pb::AgentFinal>()
+        event.correlation_id == request && event.is::<pb::AgentFinal>()
     })
     .await?;
     let last: pb::AgentFinal = last.decode()?;

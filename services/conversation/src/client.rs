@@ -1,20 +1,19 @@
-//! The client API the CLI and the gateway call: store a user message, flip
-//! the kill switch, and render timeline events as concise lines. No printing.
+//! The conversation's client API for the CLI: store a user message, flip the
+//! kill switch (both built by `zopu_core::commands`, as the gateway's are),
+//! follow the replies to a message and render timeline events as concise
+//! lines. No printing.
 
-use zopu_core::{Appended, NewEvent, Publisher};
-use zopu_schema::{AgentId, CorrelationId, Envelope, EventId, OrgId, ProjectId, keys, pb};
+use zopu_core::commands::{self, Requester};
+use zopu_core::{Appended, Publisher};
+use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, pb};
 
 use crate::Error;
 
-/// Longest user message accepted (characters).
-pub const MESSAGE_MAX_CHARS: usize = 8000;
-/// Longest kill-switch reason accepted (characters).
-pub const REASON_MAX_CHARS: usize = 500;
-
-/// Stores a user's message on the project's timeline and returns at once with
-/// its event id (the agent reacts asynchronously). `request_id` makes a retry
-/// of the same request store nothing new; the event's correlation id is its
-/// own id, which every reply of the agent to it carries.
+/// Stores a user's message on the project's global timeline (built by
+/// [`commands::send_message`]) and returns at once with its event id (the
+/// agent reacts asynchronously). `request_id` is the message's correlation
+/// id, which every reply of the agent to it carries ([`reply_to`]), and makes
+/// a retry of the same request store nothing new.
 pub async fn send_message(
     publisher: &Publisher,
     org: &OrgId,
@@ -23,38 +22,14 @@ pub async fn send_message(
     author: pb::Actor,
     request_id: &str,
 ) -> Result<Appended, Error> {
-    let trimmed = text.trim();
-    if trimmed.is_empty() {
-        return Err(Error::Invalid("the message is empty".into()));
-    }
-    if trimmed.chars().count() > MESSAGE_MAX_CHARS {
-        return Err(Error::Invalid(format!(
-            "the message is longer than {MESSAGE_MAX_CHARS} characters"
-        )));
-    }
-    if author.kind() == pb::actor::Kind::Agent {
-        return Err(Error::Invalid(
-            "agents cannot send timeline messages".into(),
-        ));
-    }
-    let key = keys::request(request_id);
-    if request_id.is_empty() || key.len() > zopu_schema::envelope::MAX_IDEMPOTENCY_KEY_LEN {
-        return Err(Error::Invalid(
-            "the request id must be 1-200 characters".into(),
-        ));
-    }
-    let message = pb::TimelineMessageSent {
-        timeline_id: String::new(),
-        text: trimmed.to_owned(),
-        author: Some(author),
-        reply_to_event_id: String::new(),
-    };
-    let event = NewEvent::root(org.clone(), *project, &message, key, None);
-    Ok(publisher.append(event).await?)
+    let requester = requester(org, request_id, author)?;
+    let message = commands::send_message(&requester, *project, text, None).map_err(invalid)?;
+    Ok(publisher.append(message).await?)
 }
 
-/// The kill switch: the project's agent takes no new dispatch until
-/// [`enable_agent`]; running specialist flows halt at their next step.
+/// The kill switch ([`commands::disable_agent`]) under a new request id: the
+/// project's agent takes no new dispatch until [`enable_agent`]; running
+/// specialist flows halt at their next step.
 pub async fn disable_agent(
     publisher: &Publisher,
     org: &OrgId,
@@ -62,37 +37,35 @@ pub async fn disable_agent(
     reason: &str,
     actor: pb::Actor,
 ) -> Result<Appended, Error> {
-    if reason.chars().count() > REASON_MAX_CHARS {
-        return Err(Error::Invalid(format!(
-            "the reason is longer than {REASON_MAX_CHARS} characters"
-        )));
-    }
-    let disabled = pb::AgentDisabled {
-        agent_id: AgentId::conversation(org, project).to_string(),
-        reason: reason.trim().to_owned(),
-        by: Some(actor),
-    };
-    let key = keys::request(&format!("agent-disable:{}", EventId::new()));
-    Ok(publisher
-        .append(NewEvent::root(org.clone(), *project, &disabled, key, None))
-        .await?)
+    let requester = requester(org, &EventId::new().to_string(), actor)?;
+    let disabled = commands::disable_agent(&requester, *project, reason).map_err(invalid)?;
+    Ok(publisher.append(disabled).await?)
 }
 
-/// Turns the kill switch off again.
+/// Turns the kill switch off again ([`commands::enable_agent`]).
 pub async fn enable_agent(
     publisher: &Publisher,
     org: &OrgId,
     project: &ProjectId,
     actor: pb::Actor,
 ) -> Result<Appended, Error> {
-    let enabled = pb::AgentEnabled {
-        agent_id: AgentId::conversation(org, project).to_string(),
-        by: Some(actor),
-    };
-    let key = keys::request(&format!("agent-enable:{}", EventId::new()));
-    Ok(publisher
-        .append(NewEvent::root(org.clone(), *project, &enabled, key, None))
-        .await?)
+    let requester = requester(org, &EventId::new().to_string(), actor)?;
+    let enabled = commands::enable_agent(&requester, *project).map_err(invalid)?;
+    Ok(publisher.append(enabled).await?)
+}
+
+fn requester(org: &OrgId, request_id: &str, author: pb::Actor) -> Result<Requester, Error> {
+    let request_id = request_id.parse::<CorrelationId>().map_err(|_| {
+        Error::Invalid(format!(
+            "the request id must be 1-{} printable ASCII characters without spaces",
+            CorrelationId::MAX_LEN
+        ))
+    })?;
+    Ok(Requester::new(org.clone(), request_id, author))
+}
+
+fn invalid(problem: commands::Invalid) -> Error {
+    Error::Invalid(problem.to_string())
 }
 
 /// What an event means for someone waiting on a sent message.
@@ -111,10 +84,11 @@ pub enum Reply {
     Failed { code: String, message: String },
 }
 
-/// Classifies an event of the interaction started by the message `message_id`
-/// (same correlation id). `None`: not relevant to the waiting user.
-pub fn reply_to(event: &Envelope, message_id: &EventId) -> Option<Reply> {
-    if event.correlation_id != CorrelationId::from(*message_id) || event.id == *message_id {
+/// Classifies an event of the interaction started by the message sent under
+/// the request id `request` (its correlation id). `None`: not relevant to
+/// the waiting user.
+pub fn reply_to(event: &Envelope, request: &CorrelationId) -> Option<Reply> {
+    if event.correlation_id != *request {
         return None;
     }
     let failed = |reason: Option<pb::FailureReason>| {

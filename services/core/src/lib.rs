@@ -14,8 +14,12 @@
 //! correlation and causation ids and extends its project's hash chain; a
 //! projection's rows and its checkpoint are written in one transaction; a
 //! reaction acks a message only after its appends were acknowledged.
+//!
+//! `commands` builds every user command (create project, retry setup,
+//! message, card action, kill switch) for the gateway and the CLI alike.
 
 pub mod audit;
+pub mod commands;
 pub mod config;
 pub mod keywords;
 pub mod lease;

@@ -9,8 +9,10 @@
 //!
 //! Invariants: the gateway appends only root events a user asked for
 //! (`project.setup.requested`, `timeline.message.sent`, `timeline.action.sent`,
-//! `agent.disabled` / `agent.enabled`), each with the request id as its
-//! correlation id and an idempotency key derived from project and request id.
+//! `agent.disabled` / `agent.enabled`), each built by `zopu_core::commands`
+//! (as the CLI's are) with the request id as its correlation id and an
+//! idempotency key derived from project and request id. The routes live in
+//! `api`, one module per resource.
 //! Everything it reads comes from its own projection (rebuilt from the
 //! stream) or the artifact object store (digest verified before serving).
 //! Every request is authenticated by an operator-issued bearer token,

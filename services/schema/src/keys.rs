@@ -5,7 +5,7 @@
 //! (`Nats-Msg-Id`, inside its duplicate window) and the services' projections
 //! (beyond it) use to store the effect once.
 
-use crate::ids::{AgentId, DispatchId, EventId, FlowRunId, ProjectId};
+use crate::ids::{AgentId, CorrelationId, DispatchId, EventId, FlowRunId, ProjectId};
 
 /// Workspace (the seed's VM) creation: `project:<id>:vm:v1`.
 pub fn workspace(project: &ProjectId) -> String {
@@ -72,7 +72,9 @@ pub fn dead_letter(consumer: &str, stream_sequence: u64) -> String {
     format!("deadletter:{consumer}:{stream_sequence}")
 }
 
-/// An event caused by a user or operator request with its own id: `request:<requestId>`.
-pub fn request(request_id: &str) -> String {
-    format!("request:{request_id}")
+/// A user command other than a setup request (a message, a card action,
+/// the kill switch): `project:<id>:request:<requestId>:<what>`. Scoped to the
+/// project, so one tenant's request ids never collide with another's.
+pub fn user_request(project: &ProjectId, request: &CorrelationId, what: &str) -> String {
+    format!("project:{project}:request:{request}:{what}")
 }

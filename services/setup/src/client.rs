@@ -1,21 +1,22 @@
-//! The client side of setup, for the CLI and the gateway (no printing):
-//! [`request_setup`] validates a request and appends
-//! `project.setup.requested`; [`project_setup_events`] and [`StatusWatch`]
+//! The client side of setup, for the CLI (no printing): [`request_setup`]
+//! builds a request with `zopu_core::commands` (as the gateway does) and
+//! appends `project.setup.requested`; [`project_setup_events`] and [`StatusWatch`]
 //! read a project's setup events so a client can show the thin progression
 //! of [`SetupStatus`].
 
 use std::time::Duration;
 
-use zopu_core::Publisher;
+use zopu_core::commands::{self, Invalid, ProjectSetup, Requester};
 use zopu_core::log::{Reader, Start};
 use zopu_core::nats::Bus;
-use zopu_sandbox::git::{self, BranchName, BranchProblem, LocationProblem, RepositoryLocation};
+use zopu_core::{NewEvent, Publisher};
+use zopu_sandbox::git::{BranchProblem, LocationProblem};
 use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, pb, subjects};
 
 use crate::state::{SetupStatus, is_setup_event, status_from_events};
 
 /// The branch a client asks for when the user names none.
-pub const DEFAULT_BRANCH: &str = "main";
+pub use zopu_core::commands::DEFAULT_BRANCH;
 
 /// A request to set a project up (first setup: revision 1; a retry: the
 /// latest revision + 1).
@@ -31,6 +32,7 @@ pub struct SetupRequest {
     pub request_id: String,
     /// Accept local repository paths (`sandbox.allow_local_repositories`).
     pub allow_local_repositories: bool,
+    /// Empty: the repository's last path segment.
     pub project_name: String,
     pub requested_by: Option<pb::Actor>,
     /// Opaque id of a credential in the setup service's credential store.
@@ -81,6 +83,9 @@ pub enum RequestError {
         "repository connection id must be at most 128 printable ASCII characters without spaces"
     )]
     InvalidConnectionId,
+    /// Any other field (the project name).
+    #[error("{field}: {0}", field = .0.field())]
+    Invalid(Invalid),
     #[error(
         "setup revision {revision} of this project was already requested (event {event_id}); retry with the next revision"
     )]
@@ -89,73 +94,51 @@ pub enum RequestError {
     Append(#[from] zopu_core::Error),
 }
 
-fn is_token(text: &str, max: usize) -> bool {
-    !text.is_empty() && text.len() <= max && text.bytes().all(|b| b.is_ascii_graphic())
+/// The command this request is: `project.setup.requested`, built by
+/// [`commands::request_setup`] like the gateway's.
+pub fn build(request: &SetupRequest) -> Result<NewEvent, RequestError> {
+    let request_id: CorrelationId = request
+        .request_id
+        .parse()
+        .map_err(|_| RequestError::InvalidRequestId)?;
+    let author = request.requested_by.clone().unwrap_or_default();
+    let requester = Requester::new(request.org.clone(), request_id, author);
+    let mut setup = ProjectSetup::new(&request.repository).branch(&request.branch);
+    if !request.project_name.is_empty() {
+        setup = setup.name(&request.project_name);
+    }
+    setup.repository_connection_id = request.repository_connection_id.clone();
+    commands::request_setup(
+        &requester,
+        request.project,
+        &setup,
+        request.revision,
+        request.allow_local_repositories,
+    )
+    .map_err(|problem| match problem {
+        Invalid::Repository(problem) => RequestError::InvalidRepository(problem),
+        Invalid::Branch(problem) => RequestError::InvalidBranch(problem),
+        Invalid::Revision => RequestError::InvalidRevision,
+        Invalid::ConnectionId => RequestError::InvalidConnectionId,
+        other => RequestError::Invalid(other),
+    })
 }
 
 /// Checks a request without appending anything.
 pub fn validate(request: &SetupRequest) -> Result<(), RequestError> {
-    match RepositoryLocation::parse(&request.repository, request.allow_local_repositories) {
-        Ok(_) => {}
-        Err(git::Error::InvalidLocation(problem)) => {
-            return Err(RequestError::InvalidRepository(problem));
-        }
-        Err(_) => {
-            return Err(RequestError::InvalidRepository(
-                LocationProblem::InvalidPath,
-            ));
-        }
-    }
-    match BranchName::parse(&request.branch) {
-        Ok(_) => {}
-        Err(git::Error::InvalidBranch(problem)) => {
-            return Err(RequestError::InvalidBranch(problem));
-        }
-        Err(_) => return Err(RequestError::InvalidBranch(BranchProblem::ForbiddenShape)),
-    }
-    if request.revision == 0 {
-        return Err(RequestError::InvalidRevision);
-    }
-    if request.request_id.parse::<CorrelationId>().is_err() || !is_token(&request.request_id, 128) {
-        return Err(RequestError::InvalidRequestId);
-    }
-    if !request.repository_connection_id.is_empty()
-        && !is_token(&request.repository_connection_id, 128)
-    {
-        return Err(RequestError::InvalidConnectionId);
-    }
-    Ok(())
+    build(request).map(|_| ())
 }
 
-/// Validates the request (repository location and branch with the sandbox's
-/// parsers) and only then appends `project.setup.requested` under the key
-/// of the project's revision. Repeating the same request returns the stored
-/// event's id; a different request for a revision already taken is
-/// [`RequestError::RevisionTaken`].
+/// Validates and builds the request ([`build`]) and only then appends
+/// `project.setup.requested` under the key of the project's revision.
+/// Repeating the same request returns the stored event's id; a different
+/// request for a revision already taken is [`RequestError::RevisionTaken`].
 pub async fn request_setup(
     publisher: &Publisher,
     request: &SetupRequest,
 ) -> Result<EventId, RequestError> {
-    validate(request)?;
-    let payload = pb::ProjectSetupRequested {
-        repository_url: request.repository.clone(),
-        branch: request.branch.clone(),
-        setup_revision: request.revision,
-        project_name: request.project_name.clone(),
-        requested_by: request.requested_by.clone(),
-        repository_connection_id: request.repository_connection_id.clone(),
-    };
-    let correlation: CorrelationId = request
-        .request_id
-        .parse()
-        .map_err(|_| RequestError::InvalidRequestId)?;
-    let event = zopu_core::NewEvent::root(
-        request.org.clone(),
-        request.project,
-        &payload,
-        zopu_schema::keys::setup_request(&request.project, request.revision),
-        Some(correlation.clone()),
-    );
+    let event = build(request)?;
+    let correlation = event.context.correlation_id.clone();
     let appended = publisher.append(event).await?;
     if !appended.duplicate {
         return Ok(appended.event_id);

@@ -14,7 +14,7 @@ use zopu_schema::{Envelope, Event, pb};
 /// Agent type of the project's conversation agent (`agent.registered`).
 pub const CONVERSATION_AGENT_TYPE: &str = zopu_schema::AgentId::CONVERSATION;
 /// The project's one global timeline (`agent.registered.global_timeline_id`).
-pub const GLOBAL_TIMELINE_ID: &str = "global";
+pub use zopu_core::commands::GLOBAL_TIMELINE_ID;
 
 /// Step names used in `project.setup.failed.step`.
 pub mod step {

@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result};
 use zopu_conversation::Reply;
 use zopu_core::log::{Reader, Start};
 use zopu_core::publish::Publisher;
-use zopu_schema::{EventId, OrgId, ProjectId, pb, subjects};
+use zopu_schema::{CorrelationId, EventId, OrgId, ProjectId, pb, subjects};
 
 /// `zopu send PROJECT "message"`
 #[derive(Debug, clap::Args)]
@@ -98,14 +98,14 @@ async fn project_events(
 pub async fn run_send(ctx: &crate::Context, args: SendArgs) -> Result<ExitCode> {
     let bus = ctx.connect().await?;
     let publisher = Publisher::new(bus.clone(), "cli", None);
-    let request = EventId::new().to_string();
+    let request = CorrelationId::from(EventId::new());
     let sent = zopu_conversation::send_message(
         &publisher,
         &args.org,
         &args.project,
         &args.message,
         operator(),
-        &request,
+        request.as_str(),
     )
     .await?;
     print_line(
@@ -120,7 +120,7 @@ pub async fn run_send(ctx: &crate::Context, args: SendArgs) -> Result<ExitCode> 
             let Ok(event) = logged?.event else {
                 continue;
             };
-            match zopu_conversation::reply_to(&event, &sent.event_id) {
+            match zopu_conversation::reply_to(&event, &request) {
                 Some(Reply::Line(text)) => print_line(
                     ctx,
                     "agent",

@@ -115,19 +115,6 @@ fn repository_location(input: &str) -> String {
     input.to_owned()
 }
 
-fn project_name(repository: &str) -> String {
-    let last = repository
-        .trim_end_matches('/')
-        .rsplit(['/', '\\'])
-        .next()
-        .unwrap_or_default();
-    last.strip_suffix(".git")
-        .unwrap_or(last)
-        .chars()
-        .take(100)
-        .collect()
-}
-
 fn allow_local_repositories(ctx: &Context) -> bool {
     ctx.config.setup.allow_local_repositories
 }
@@ -148,7 +135,8 @@ pub async fn run_create(ctx: &Context, args: CreateArgs) -> anyhow::Result<ExitC
         request_id.as_str(),
     )
     .allow_local_repositories(allow_local_repositories(ctx));
-    request.project_name = args.name.unwrap_or_else(|| project_name(&repository));
+    // Empty: named after the repository (`zopu_core::commands::default_project_name`).
+    request.project_name = args.name.unwrap_or_default();
     // Validate before connecting, so bad input fails fast and offline.
     zopu_setup::client::validate(&request)?;
     if !ctx.json {

@@ -350,7 +350,7 @@ pub(super) async fn register_agent(
     let registered = pb::AgentRegistered {
         agent_id: AgentId::conversation(org, project).to_string(),
         agent_type: "conversation".into(),
-        global_timeline_id: format!("timeline-{project}"),
+        global_timeline_id: zopu_core::commands::GLOBAL_TIMELINE_ID.into(),
         setup_revision: 1,
         ..Default::default()
     };
@@ -500,7 +500,7 @@ async fn turn(
         let mut pending = pending
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let turn = pending.entry(sent.event_id.to_string()).or_default();
+        let turn = pending.entry(request).or_default();
         if turn.ended {
             return Ok(turn.latency());
         }

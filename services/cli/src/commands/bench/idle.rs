@@ -216,7 +216,7 @@ async fn idle_project(gateway: &Publisher, setup: &Publisher, org: &OrgId) -> an
         agent_id: agent.clone(),
         agent_type: "conversation".into(),
         runtime_id: "runtime-1".into(),
-        global_timeline_id: format!("timeline-{project}"),
+        global_timeline_id: zopu_core::commands::GLOBAL_TIMELINE_ID.into(),
         setup_revision: 1,
     };
     setup

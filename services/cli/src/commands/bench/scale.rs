@@ -475,23 +475,17 @@ impl Bench {
         })
     }
 
-    /// Stores a user message; returns its event id (the turn's correlation id).
+    /// Stores a user message; returns its request id (the turn's correlation id).
     async fn send(&self, project: ProjectId, text: &str) -> anyhow::Result<String> {
         let actor = pb::Actor {
             kind: pb::actor::Kind::User as i32,
             id: "bench".into(),
         };
         let request = zopu_schema::EventId::new().to_string();
-        let sent = zopu_conversation::send_message(
-            &self.gateway,
-            &self.org,
-            &project,
-            text,
-            actor,
-            &request,
-        )
-        .await?;
-        Ok(sent.event_id.to_string())
+        zopu_conversation::send_message(&self.gateway, &self.org, &project, text, actor, &request)
+            .await?;
+        // Replies carry the request id as their correlation id.
+        Ok(request)
     }
 
     /// Part 2: kills one of `instances` after the other (a fresh instance

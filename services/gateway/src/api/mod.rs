@@ -1,0 +1,222 @@
+//! The `/v1/` API: the router and the OpenAPI document generated from the
+//! handlers' annotations (so `/openapi.json` cannot drift from the routes),
+//! with one module per resource: `projects` (create, list, read, retry
+//! setup, summary), `timeline` (messages, card actions, timeline pages),
+//! `works` (Works, Threads and their timelines), `artifacts` (stored HTML and
+//! signed links), `agent` (the kill switch), `health`. Every write builds its
+//! event with `zopu_core::commands`, as the CLI does, and appends it through
+//! `append`.
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::Response;
+use axum::routing::get;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use zopu_core::commands::{Invalid, Requester};
+use zopu_schema::{OrgId, ProjectId};
+
+use crate::AppState;
+use crate::http::{ApiError, Caller, ErrorBody, RequestId};
+use crate::read_model::{ProjectView, queries};
+
+mod agent;
+mod append;
+mod artifacts;
+mod health;
+mod projects;
+mod timeline;
+mod works;
+
+pub use agent::{AgentSwitch, AgentSwitched};
+pub use append::Accepted;
+pub use artifacts::{ARTIFACT_CSP, ArtifactLink, ArtifactQuery, LinkQuery, sha256_hex};
+pub use projects::{CreateProject, PROJECTS_LIST_MAX, ProjectCreated, ProjectList, SetupRetried};
+pub use timeline::{SendAction, SendMessage, TimelinePage, TimelineQuery};
+pub use works::ThreadList;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts and the agent kill switch. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
+    modifiers(&BearerAuth),
+    components(schemas(ErrorBody))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    let (api, openapi) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(projects::list_projects, projects::create_project))
+        .routes(routes!(projects::get_project))
+        .routes(routes!(projects::retry_setup))
+        .routes(routes!(projects::get_summary))
+        .routes(routes!(timeline::send_message))
+        .routes(routes!(timeline::send_action))
+        .routes(routes!(timeline::global_timeline))
+        .routes(routes!(works::get_work))
+        .routes(routes!(works::list_threads))
+        .routes(routes!(works::work_timeline))
+        .routes(routes!(artifacts::get_artifact))
+        .routes(routes!(artifacts::artifact_link))
+        .routes(routes!(agent::disable_agent))
+        .routes(routes!(agent::enable_agent))
+        .routes(routes!(crate::sse::events))
+        .routes(routes!(crate::sse::ticket))
+        .split_for_parts();
+    let openapi_json = serde_json::to_string(&openapi).unwrap_or_else(|_| "{}".to_owned());
+    let body_max = state.config.body_max_bytes;
+    let cors = cors_layer(&state.config.cors_allowed_origins);
+    let api = api
+        .route(
+            "/openapi.json",
+            get(move || async move { ([(CONTENT_TYPE, "application/json")], openapi_json) }),
+        )
+        // The event contract (generated from the catalogue, checked in as proto/asyncapi.json).
+        .route(
+            "/asyncapi.json",
+            get(|| async {
+                (
+                    [(CONTENT_TYPE, "application/json")],
+                    zopu_schema::asyncapi::CHECKED_IN,
+                )
+            }),
+        )
+        .route("/healthz", get(health::healthz))
+        .layer(axum::middleware::map_response(api_headers));
+    let app = api
+        .merge(crate::web::routes())
+        .fallback(|| async { ApiError::not_found("route") })
+        .layer(DefaultBodyLimit::max(body_max))
+        .layer(axum::middleware::from_fn(crate::http::request_id))
+        .with_state(state);
+    match cors {
+        Some(cors) => app.layer(cors),
+        None => app,
+    }
+}
+
+fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let origins: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    Some(
+        tower_http::cors::CorsLayer::new()
+            .allow_origin(origins)
+            .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
+            .allow_headers([
+                axum::http::header::AUTHORIZATION,
+                CONTENT_TYPE,
+                crate::http::REQUEST_ID,
+            ])
+            .expose_headers([crate::http::REQUEST_ID]),
+    )
+}
+
+async fn api_headers(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    headers
+        .entry(CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    response
+}
+
+// ---------------------------------------------------------------- shared by the routes
+
+/// Runs a read-model query off the async threads.
+async fn read<T: Send + 'static>(
+    state: &AppState,
+    f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    let reads = state.reads.clone();
+    tokio::task::spawn_blocking(move || reads.with(f))
+        .await
+        .map_err(|error| ApiError::unavailable("read model", error))?
+        .map_err(|error| ApiError::unavailable("read model", error))
+}
+
+/// A project id from a path; anything that is not one is simply not found.
+fn project_id(raw: &str) -> Result<ProjectId, ApiError> {
+    raw.parse().map_err(|_| ApiError::not_found("project"))
+}
+
+/// The caller's project, or 404 (also for another organization's).
+pub(crate) async fn owned_project(
+    state: &AppState,
+    org: &OrgId,
+    raw: &str,
+) -> Result<(ProjectId, ProjectView), ApiError> {
+    let project = project_id(raw)?;
+    let org = org.clone();
+    let view = read(state, move |conn| queries::project(conn, &org, &project)).await?;
+    view.map(|view| (project, view))
+        .ok_or_else(|| ApiError::not_found("project"))
+}
+
+/// The requester of a command the caller sends with this request: the
+/// token's organization and user, the request id as correlation id.
+fn requester(caller: &Caller, request: &RequestId) -> Requester {
+    Requester::user(caller.0.org.clone(), request.0.clone(), &caller.0.user)
+}
+
+/// A command the request described wrongly: 422 naming the field.
+fn invalid(problem: Invalid) -> ApiError {
+    ApiError::invalid(problem.field(), problem.to_string())
+}
+
+fn query_error(rejection: QueryRejection) -> ApiError {
+    let text = rejection.body_text();
+    // "Failed to deserialize query string: limit: invalid digit found in string"
+    let detail = text.split_once(": ").map(|(_, rest)| rest).unwrap_or(&text);
+    let field = detail.split_once(": ").map(|(field, _)| field.to_owned());
+    let error = ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_query",
+        format!("invalid query string: {detail}"),
+    );
+    match field {
+        Some(field) if !field.contains(' ') => error.field(field),
+        _ => error.field("query"),
+    }
+}
+
+fn body_error(rejection: BytesRejection) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "the request body is larger than allowed",
+        )
+        .field("body")
+    } else {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "unreadable_body",
+            "the request body could not be read",
+        )
+        .field("body")
+    }
+}
