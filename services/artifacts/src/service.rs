@@ -338,15 +338,7 @@ impl Reaction for BuildReaction {
         let request = event.decode::<pb::ArtifactBuildRequested>()?;
         // Decide on everything already on the stream, including what an
         // earlier run of this request appended.
-        let last = zopu_core::publish::last_sequence(ctx.publisher.bus()).await?;
-        tokio::time::timeout(
-            self.settings.catch_up_timeout,
-            ctx.store.wait_for(last.max(ctx.stream_sequence)),
-        )
-        .await
-        .map_err(|_| {
-            HandlerError::Transient("the artifact catalogue did not catch up in time".into())
-        })?;
+        ctx.caught_up_to_end(self.settings.catch_up_timeout).await?;
         let (build_id, artifact_id) = (request.build_id.clone(), request.artifact_id.clone());
         let state = ctx
             .store

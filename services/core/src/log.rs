@@ -38,6 +38,8 @@ pub struct Logged {
     /// Messages on the filter still to come when this one was delivered.
     pub pending: u64,
     pub subject: String,
+    /// When the server stored it (its own clock, from the delivery's metadata).
+    pub stored_at: time::OffsetDateTime,
     /// The event, or why the message is not one.
     pub event: Result<Envelope, DecodeError>,
 }
@@ -154,8 +156,8 @@ impl Reader {
                 }
             }
         };
-        let (sequence, pending) = match message.info() {
-            Ok(info) => (info.stream_sequence, info.pending),
+        let (sequence, pending, stored_at) = match message.info() {
+            Ok(info) => (info.stream_sequence, info.pending, info.published),
             Err(error) => return Some(Err(Error::jetstream("message info", error))),
         };
         self.last_delivered = Some(sequence);
@@ -164,6 +166,7 @@ impl Reader {
             sequence,
             pending,
             subject: message.subject.to_string(),
+            stored_at,
             event: publish::decode_message(&message.message),
         }))
     }

@@ -186,17 +186,40 @@ pub struct ReactionContext {
     pub delivered: i64,
 }
 
+/// How long [`ReactionContext::caught_up`] waits for the store.
+pub const CATCH_UP_MAX: Duration = Duration::from_secs(60);
+
 impl ReactionContext {
     /// Waits until the service's store has applied `sequence`: a handler
     /// that decides on its projection calls this first. Shutdown interrupts
     /// the wait (the message is redelivered); a store that does not catch up
-    /// within a minute is a transient failure.
+    /// within [`CATCH_UP_MAX`] is a transient failure.
     pub async fn caught_up(&self, sequence: u64) -> Result<(), HandlerError> {
+        self.caught_up_within(sequence, CATCH_UP_MAX).await
+    }
+
+    /// Waits until the service's store has applied everything stored on the
+    /// stream when it is called (the stream's last sequence, read now, and
+    /// at least the handled message's): a handler that decides on what other
+    /// events may have changed since its own message (another project's
+    /// setup, an earlier run's appends, the kill switch) calls this first.
+    /// Returns the sequence it caught up to. Shutdown interrupts the wait;
+    /// a store that does not catch up within `timeout` is a transient
+    /// failure.
+    pub async fn caught_up_to_end(&self, timeout: Duration) -> Result<u64, HandlerError> {
+        let end = publish::last_sequence(self.publisher.bus())
+            .await?
+            .max(self.stream_sequence);
+        self.caught_up_within(end, timeout).await?;
+        Ok(end)
+    }
+
+    async fn caught_up_within(&self, sequence: u64, timeout: Duration) -> Result<(), HandlerError> {
         tokio::select! {
             () = self.store.wait_for(sequence) => Ok(()),
             () = self.shutdown.cancelled() => Err(HandlerError::Interrupted),
-            () = tokio::time::sleep(Duration::from_secs(60)) => Err(HandlerError::Transient(format!(
-                "the store did not reach sequence {sequence} within 60s (at {})", self.store.checkpoint()
+            () = tokio::time::sleep(timeout) => Err(HandlerError::Transient(format!(
+                "the store did not reach sequence {sequence} within {timeout:?} (at {})", self.store.checkpoint()
             ))),
         }
     }

@@ -1,4 +1,5 @@
-//! CloudEvents binary content mode on NATS headers.
+//! CloudEvents binary content mode on NATS headers, built on the
+//! cloudevents-sdk's transport-neutral binding traits.
 //!
 //! Each attribute travels in its own `ce-<name>` header, `datacontenttype`
 //! as `content-type`, the protobuf payload as the message body. Header values
@@ -6,8 +7,30 @@
 //! (space, `"`, `%` and everything outside printable ASCII), and decoded back
 //! into UTF-8. This module works on plain `(name, value)` pairs so it has no
 //! NATS dependency; `zopu-core` maps them onto `async_nats::HeaderMap`.
+//!
+//! The binding is the SDK's visitor pair, implemented for NATS headers:
+//! [`HeaderReader`] is a [`BinaryDeserializer`] (headers and body visit any
+//! [`BinarySerializer`]) and [`HeaderWriter`] a [`BinarySerializer`] (any
+//! event source writes headers into it). An [`Envelope`] is a source too, and
+//! [`EnvelopeBuilder`] the serializer that types and checks attributes into
+//! an envelope. So [`encode`] is envelope → header writer, [`decode`] header
+//! reader → envelope builder, and the same reader and writer turn headers
+//! into the SDK's [`cloudevents::Event`] and back ([`to_cloudevent`],
+//! [`from_cloudevent`]).
+//!
+//! One spelling differs between the wire and the SDK: `ce-dataschema` holds
+//! the protobuf message's full name (`zopu.v1.ProjectReady`), as every
+//! recorded event has it, which is not the absolute URI CloudEvents types
+//! `dataschema` as; the SDK's `Event` holds it as
+//! `urn:zopu:proto:zopu.v1.ProjectReady` ([`DATASCHEMA_URI_PREFIX`]), and the
+//! writer and the envelope builder take that prefix off again.
 
 use bytes::Bytes;
+use cloudevents::event::SpecVersion;
+use cloudevents::message::{
+    BinaryDeserializer, BinarySerializer, Error as BindingError, MessageAttributeValue,
+    Result as BindingResult,
+};
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 
 use crate::envelope::{self, Envelope, EventHash, InvalidEnvelope};
@@ -36,7 +59,8 @@ pub const IDEMPOTENCY_KEY: &str = "ce-idempotencykey";
 pub const PROJECT_VERSION: &str = "ce-projectversion";
 pub const PREVIOUS_HASH: &str = "ce-prevhash";
 
-/// Every header the codec reads and writes.
+/// Every header the codec reads and writes, in the order [`encode`] writes
+/// them (the required ones first).
 pub const KNOWN: &[&str] = &[
     SPECVERSION,
     ID,
@@ -44,20 +68,35 @@ pub const KNOWN: &[&str] = &[
     TYPE,
     SUBJECT,
     TIME,
-    DATASCHEMA,
     CONTENT_TYPE,
+    DATASCHEMA,
     CORRELATION_ID,
     CAUSATION_ID,
     ORG_ID,
     PROJECT_ID,
+    IDEMPOTENCY_KEY,
+    PROJECT_VERSION,
     WORK_ID,
     THREAD_ID,
     FLOW_RUN_ID,
     DISPATCH_ID,
     TRACEPARENT,
-    IDEMPOTENCY_KEY,
-    PROJECT_VERSION,
     PREVIOUS_HASH,
+];
+
+/// How the SDK's `Event` spells `dataschema`: this prefix and the protobuf
+/// message's full name (the wire carries the bare name).
+pub const DATASCHEMA_URI_PREFIX: &str = "urn:zopu:proto:";
+
+/// The CloudEvents context attributes (not extensions) among [`KNOWN`].
+const CORE_ATTRIBUTES: &[&str] = &[
+    "id",
+    "source",
+    "type",
+    "subject",
+    "time",
+    "datacontenttype",
+    "dataschema",
 ];
 
 /// Why a message is not a valid Zopu event. Names the header at fault.
@@ -89,6 +128,10 @@ pub enum DecodeError {
     WrongSubject { subject: String, claimed: String },
     #[error(transparent)]
     Envelope(#[from] InvalidEnvelope),
+    /// A CloudEvents SDK event that is not a Zopu event (e.g. an attribute
+    /// spelled in a way no Zopu header carries).
+    #[error("CloudEvents binding: {0}")]
+    Binding(String),
 }
 
 impl DecodeError {
@@ -98,63 +141,143 @@ impl DecodeError {
             reason: reason.to_string(),
         }
     }
-}
 
-fn encode_value(value: &str) -> String {
-    utf8_percent_encode(value, ENCODE).to_string()
-}
-
-/// The headers of an envelope, in a stable order. Panics (programmer error)
-/// if the envelope breaks its invariants: nothing invalid is ever written.
-pub fn encode(envelope: &Envelope) -> (Vec<(&'static str, String)>, Bytes) {
-    if let Err(error) = envelope.check() {
-        panic!("refusing to encode an invalid envelope: {error}");
+    /// Carries this error through the SDK's visitor traits.
+    fn into_binding(self) -> BindingError {
+        BindingError::Other {
+            source: Box::new(self),
+        }
     }
-    let mut headers: Vec<(&'static str, String)> = vec![
-        (SPECVERSION, envelope::SPEC_VERSION.to_owned()),
-        (ID, envelope.id.to_string()),
-        (SOURCE, encode_value(&envelope.source)),
-        (TYPE, envelope.event_type.clone()),
-        (SUBJECT, envelope.project_id.to_string()),
-        (TIME, envelope::format_time(envelope.time)),
-        (CONTENT_TYPE, envelope::CONTENT_TYPE.to_owned()),
-        (DATASCHEMA, envelope.data_schema.clone()),
-        (
-            CORRELATION_ID,
-            encode_value(envelope.correlation_id.as_str()),
-        ),
-        (CAUSATION_ID, envelope.causation_id.to_string()),
-        (ORG_ID, envelope.org_id.to_string()),
-        (PROJECT_ID, envelope.project_id.to_string()),
-        (IDEMPOTENCY_KEY, encode_value(&envelope.idempotency_key)),
-        (PROJECT_VERSION, envelope.project_version.to_string()),
-    ];
-    let optional = [
-        (WORK_ID, envelope.work_id.map(|id| id.to_string())),
-        (THREAD_ID, envelope.thread_id.map(|id| id.to_string())),
-        (FLOW_RUN_ID, envelope.flow_run_id.map(|id| id.to_string())),
-        (DISPATCH_ID, envelope.dispatch_id.map(|id| id.to_string())),
-        (TRACEPARENT, envelope.traceparent.clone()),
-        (
-            PREVIOUS_HASH,
-            envelope.previous_hash.map(|hash| hash.to_hex()),
-        ),
-    ];
-    headers.extend(
-        optional
-            .into_iter()
-            .filter_map(|(name, value)| value.map(|value| (name, value))),
-    );
-    (headers, envelope.data.clone())
+
+    /// Takes a [`DecodeError`] back out of the SDK's error.
+    fn from_binding(error: BindingError) -> Self {
+        match error {
+            BindingError::Other { source } => match source.downcast::<Self>() {
+                Ok(decode) => *decode,
+                Err(other) => Self::Binding(other.to_string()),
+            },
+            other => Self::Binding(other.to_string()),
+        }
+    }
 }
 
-/// Collected header values, one per known name.
-struct Headers<'a> {
+/// Index of a header in [`KNOWN`].
+fn index_of(header: &str) -> Option<usize> {
+    KNOWN.iter().position(|known| *known == header)
+}
+
+/// The CloudEvents attribute a header carries.
+fn attribute_of(header: &'static str) -> &'static str {
+    if header == CONTENT_TYPE {
+        "datacontenttype"
+    } else {
+        header.strip_prefix("ce-").unwrap_or(header)
+    }
+}
+
+/// Index in [`KNOWN`] of the header carrying `attribute`.
+fn index_of_attribute(attribute: &str) -> Option<usize> {
+    KNOWN
+        .iter()
+        .position(|header| attribute_of(header) == attribute)
+}
+
+/// An attribute value as the wire spells it (before percent-encoding):
+/// times in [`envelope::format_time`]'s one spelling, `dataschema` without
+/// the SDK's [`DATASCHEMA_URI_PREFIX`].
+fn wire_value(value: MessageAttributeValue) -> String {
+    match value {
+        MessageAttributeValue::DateTime(time) => {
+            time::OffsetDateTime::from_unix_timestamp(time.timestamp())
+                .ok()
+                .and_then(|seconds| {
+                    seconds
+                        .replace_nanosecond(time.timestamp_subsec_nanos())
+                        .ok()
+                })
+                // Beyond the years `time` represents: written as the SDK
+                // spells it, which `parse_time` then refuses.
+                .map_or_else(|| time.to_rfc3339(), envelope::format_time)
+        }
+        MessageAttributeValue::Uri(uri) => uri
+            .as_str()
+            .strip_prefix(DATASCHEMA_URI_PREFIX)
+            .unwrap_or(uri.as_str())
+            .to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// The headers and body [`encode`] gives.
+pub type Encoded = (Vec<(&'static str, String)>, Bytes);
+
+/// Writes an event's attributes into NATS headers: the SDK's
+/// [`BinarySerializer`] for this binding. Refuses attributes no Zopu header
+/// carries.
+#[derive(Debug, Default)]
+pub struct HeaderWriter {
+    values: [Option<String>; KNOWN.len()],
+}
+
+impl HeaderWriter {
+    fn set(mut self, attribute: &str, value: MessageAttributeValue) -> BindingResult<Self> {
+        let index =
+            index_of_attribute(attribute).ok_or_else(|| BindingError::UnknownAttribute {
+                name: attribute.to_owned(),
+            })?;
+        self.values[index] = Some(utf8_percent_encode(&wire_value(value), ENCODE).to_string());
+        Ok(self)
+    }
+
+    fn finish(self, body: Bytes) -> Encoded {
+        let headers = KNOWN
+            .iter()
+            .zip(self.values)
+            .filter_map(|(name, value)| value.map(|value| (*name, value)))
+            .collect();
+        (headers, body)
+    }
+}
+
+impl BinarySerializer<Encoded> for HeaderWriter {
+    fn set_spec_version(mut self, spec_version: SpecVersion) -> BindingResult<Self> {
+        self.values[0] = Some(spec_version.to_string());
+        Ok(self)
+    }
+
+    fn set_attribute(self, name: &str, value: MessageAttributeValue) -> BindingResult<Self> {
+        self.set(name, value)
+    }
+
+    fn set_extension(self, name: &str, value: MessageAttributeValue) -> BindingResult<Self> {
+        self.set(name, value)
+    }
+
+    fn end_with_data(self, bytes: Vec<u8>) -> BindingResult<Encoded> {
+        Ok(self.finish(Bytes::from(bytes)))
+    }
+
+    fn end(self) -> BindingResult<Encoded> {
+        Ok(self.finish(Bytes::new()))
+    }
+}
+
+/// NATS headers and body read as a CloudEvent: the SDK's
+/// [`BinaryDeserializer`] for this binding. Known headers are matched
+/// case-insensitively and percent-decoded; other headers (`Nats-Msg-Id`,
+/// ...) are not attributes and are skipped.
+#[derive(Debug)]
+pub struct HeaderReader<'a> {
     values: [Option<&'a str>; KNOWN.len()],
+    body: Bytes,
 }
 
-impl<'a> Headers<'a> {
-    fn collect(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Self, DecodeError> {
+impl<'a> HeaderReader<'a> {
+    /// Collects the known headers; a repeated one is an error.
+    pub fn new(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+        body: Bytes,
+    ) -> Result<Self, DecodeError> {
         let mut values = [None; KNOWN.len()];
         for (name, value) in pairs {
             let Some(index) = KNOWN
@@ -168,26 +291,140 @@ impl<'a> Headers<'a> {
             }
             values[index] = Some(value);
         }
-        Ok(Self { values })
+        Ok(Self { values, body })
     }
 
-    fn optional(&self, name: &'static str) -> Result<Option<String>, DecodeError> {
-        let index = KNOWN
-            .iter()
-            .position(|known| *known == name)
-            .unwrap_or_default();
+    fn decoded(&self, index: usize) -> BindingResult<Option<String>> {
         self.values[index]
             .map(|raw| {
                 percent_decode_str(raw)
                     .decode_utf8()
                     .map(|value| value.into_owned())
-                    .map_err(|_| DecodeError::Encoding { header: name })
+                    .map_err(|_| {
+                        DecodeError::Encoding {
+                            header: KNOWN[index],
+                        }
+                        .into_binding()
+                    })
             })
             .transpose()
     }
 
+    /// Visits `visitor` with the spec version, each present header's
+    /// attribute (in [`KNOWN`] order) and the body. The reader's own faults
+    /// come back as a [`DecodeError`] inside [`BindingError::Other`]; the
+    /// visitor's errors pass through as they are.
+    fn visit<R, V: BinarySerializer<R>>(self, visitor: V) -> BindingResult<R> {
+        let spec = self
+            .decoded(0)?
+            .ok_or(DecodeError::Missing(SPECVERSION).into_binding())?;
+        if spec != envelope::SPEC_VERSION {
+            return Err(DecodeError::SpecVersion(spec).into_binding());
+        }
+        let mut visitor = visitor.set_spec_version(SpecVersion::V10)?;
+        for (index, header) in KNOWN.iter().enumerate().skip(1) {
+            let Some(value) = self.decoded(index)? else {
+                continue;
+            };
+            let attribute = attribute_of(header);
+            let value = MessageAttributeValue::String(value);
+            visitor = if CORE_ATTRIBUTES.contains(&attribute) {
+                visitor.set_attribute(attribute, value)?
+            } else {
+                visitor.set_extension(attribute, value)?
+            };
+        }
+        visitor.end_with_data(self.body.to_vec())
+    }
+}
+
+impl BinaryDeserializer for HeaderReader<'_> {
+    fn deserialize_binary<R: Sized, V: BinarySerializer<R>>(self, visitor: V) -> BindingResult<R> {
+        self.visit(visitor)
+    }
+}
+
+/// An envelope visits a serializer with its attributes, extensions and body.
+impl BinaryDeserializer for &Envelope {
+    fn deserialize_binary<R: Sized, V: BinarySerializer<R>>(self, visitor: V) -> BindingResult<R> {
+        use MessageAttributeValue::{String as Text, UriRef};
+        let mut visitor = visitor
+            .set_spec_version(SpecVersion::V10)?
+            .set_attribute("id", Text(self.id.to_string()))?
+            .set_attribute("source", UriRef(self.source.clone()))?
+            .set_attribute("type", Text(self.event_type.clone()))?
+            .set_attribute("subject", Text(self.project_id.to_string()))?
+            .set_attribute("time", Text(envelope::format_time(self.time)))?
+            .set_attribute("datacontenttype", Text(envelope::CONTENT_TYPE.to_owned()))?
+            .set_attribute("dataschema", Text(self.data_schema.clone()))?
+            .set_extension(
+                "correlationid",
+                Text(self.correlation_id.as_str().to_owned()),
+            )?
+            .set_extension("causationid", Text(self.causation_id.to_string()))?
+            .set_extension("orgid", Text(self.org_id.to_string()))?
+            .set_extension("projectid", Text(self.project_id.to_string()))?
+            .set_extension("idempotencykey", Text(self.idempotency_key.clone()))?
+            .set_extension("projectversion", Text(self.project_version.to_string()))?;
+        let optional = [
+            ("workid", self.work_id.map(|id| id.to_string())),
+            ("threadid", self.thread_id.map(|id| id.to_string())),
+            ("flowrunid", self.flow_run_id.map(|id| id.to_string())),
+            ("dispatchid", self.dispatch_id.map(|id| id.to_string())),
+            ("traceparent", self.traceparent.clone()),
+            ("prevhash", self.previous_hash.map(|hash| hash.to_hex())),
+        ];
+        for (name, value) in optional {
+            if let Some(value) = value {
+                visitor = visitor.set_extension(name, Text(value))?;
+            }
+        }
+        visitor.end_with_data(self.data.to_vec())
+    }
+}
+
+/// Types and checks a visited event into an [`Envelope`]: the SDK's
+/// [`BinarySerializer`] whose result is a Zopu event. Attributes no Zopu
+/// header carries are ignored, as unknown headers are.
+#[derive(Debug, Default)]
+pub struct EnvelopeBuilder {
+    values: [Option<String>; KNOWN.len()],
+}
+
+impl BinarySerializer<Envelope> for EnvelopeBuilder {
+    fn set_spec_version(mut self, spec_version: SpecVersion) -> BindingResult<Self> {
+        self.values[0] = Some(spec_version.to_string());
+        Ok(self)
+    }
+
+    fn set_attribute(mut self, name: &str, value: MessageAttributeValue) -> BindingResult<Self> {
+        if let Some(index) = index_of_attribute(name) {
+            self.values[index] = Some(wire_value(value));
+        }
+        Ok(self)
+    }
+
+    fn set_extension(self, name: &str, value: MessageAttributeValue) -> BindingResult<Self> {
+        self.set_attribute(name, value)
+    }
+
+    fn end_with_data(self, bytes: Vec<u8>) -> BindingResult<Envelope> {
+        self.build(Bytes::from(bytes))
+            .map_err(DecodeError::into_binding)
+    }
+
+    fn end(self) -> BindingResult<Envelope> {
+        self.end_with_data(Vec::new())
+    }
+}
+
+impl EnvelopeBuilder {
+    fn optional(&self, name: &'static str) -> Option<String> {
+        index_of(name).and_then(|index| self.values[index].clone())
+    }
+
     fn required(&self, name: &'static str) -> Result<String, DecodeError> {
-        self.optional(name)?.ok_or(DecodeError::Missing(name))
+        self.optional(name).ok_or(DecodeError::Missing(name))
     }
 
     fn parsed<T, E: std::fmt::Display>(
@@ -195,7 +432,7 @@ impl<'a> Headers<'a> {
         name: &'static str,
         parse: impl Fn(&str) -> Result<T, E>,
     ) -> Result<Option<T>, DecodeError> {
-        self.optional(name)?
+        self.optional(name)
             .map(|value| parse(&value).map_err(|error| DecodeError::invalid(name, error)))
             .transpose()
     }
@@ -207,10 +444,78 @@ impl<'a> Headers<'a> {
     ) -> Result<T, DecodeError> {
         self.parsed(name, parse)?.ok_or(DecodeError::Missing(name))
     }
+
+    /// The envelope, checked in a fixed order so a message with one fault
+    /// always names the same one.
+    fn build(self, body: Bytes) -> Result<Envelope, DecodeError> {
+        let spec = self.required(SPECVERSION)?;
+        if spec != envelope::SPEC_VERSION {
+            return Err(DecodeError::SpecVersion(spec));
+        }
+        let content_type = self.required(CONTENT_TYPE)?;
+        if content_type != envelope::CONTENT_TYPE {
+            return Err(DecodeError::ContentType(content_type));
+        }
+        let project_id: crate::ids::ProjectId = self.required_parsed(PROJECT_ID, id)?;
+        let subject = self.required(SUBJECT)?;
+        if subject != project_id.to_string() {
+            return Err(DecodeError::SubjectMismatch {
+                subject,
+                project: project_id.to_string(),
+            });
+        }
+        let time = self.required_parsed(TIME, |value| {
+            envelope::parse_time(value).ok_or("not an RFC 3339 timestamp with a year in 0..=9999")
+        })?;
+        let project_version = self.required_parsed(PROJECT_VERSION, |value| {
+            if value.starts_with('+') || (value.len() > 1 && value.starts_with('0')) {
+                return Err("not a canonical decimal".to_owned());
+            }
+            value.parse::<u64>().map_err(|error| error.to_string())
+        })?;
+        let previous_hash = self.parsed(PREVIOUS_HASH, |value| {
+            EventHash::from_hex(value).ok_or("not 64 lowercase hex digits")
+        })?;
+        let envelope = Envelope {
+            id: self.required_parsed(ID, id)?,
+            source: self.required(SOURCE)?,
+            event_type: self.required(TYPE)?,
+            time,
+            data_schema: self.required(DATASCHEMA)?,
+            org_id: self.required_parsed(ORG_ID, id)?,
+            project_id,
+            correlation_id: self.required_parsed(CORRELATION_ID, id)?,
+            causation_id: self.required_parsed(CAUSATION_ID, id)?,
+            work_id: self.parsed(WORK_ID, id)?,
+            thread_id: self.parsed(THREAD_ID, id)?,
+            flow_run_id: self.parsed(FLOW_RUN_ID, id)?,
+            dispatch_id: self.parsed(DISPATCH_ID, id)?,
+            traceparent: self.optional(TRACEPARENT),
+            idempotency_key: self.required(IDEMPOTENCY_KEY)?,
+            project_version,
+            previous_hash,
+            data: body,
+        };
+        envelope.check()?;
+        Ok(envelope)
+    }
 }
 
 fn id<T: std::str::FromStr<Err = IdError>>(value: &str) -> Result<T, IdError> {
     value.parse()
+}
+
+/// The headers of an envelope, in a stable order. Panics (programmer error)
+/// if the envelope breaks its invariants: nothing invalid is ever written.
+pub fn encode(envelope: &Envelope) -> Encoded {
+    if let Err(error) = envelope.check() {
+        panic!("refusing to encode an invalid envelope: {error}");
+    }
+    match envelope.deserialize_binary(HeaderWriter::default()) {
+        Ok(encoded) => encoded,
+        // An envelope visits only attributes the writer has a header for.
+        Err(error) => panic!("an envelope attribute has no header: {error}"),
+    }
 }
 
 /// Rebuilds an envelope from headers and body. Never panics on any input.
@@ -218,57 +523,9 @@ pub fn decode<'a>(
     headers: impl IntoIterator<Item = (&'a str, &'a str)>,
     body: Bytes,
 ) -> Result<Envelope, DecodeError> {
-    let headers = Headers::collect(headers)?;
-    let spec = headers.required(SPECVERSION)?;
-    if spec != envelope::SPEC_VERSION {
-        return Err(DecodeError::SpecVersion(spec));
-    }
-    let content_type = headers.required(CONTENT_TYPE)?;
-    if content_type != envelope::CONTENT_TYPE {
-        return Err(DecodeError::ContentType(content_type));
-    }
-    let project_id: crate::ids::ProjectId = headers.required_parsed(PROJECT_ID, id)?;
-    let subject = headers.required(SUBJECT)?;
-    if subject != project_id.to_string() {
-        return Err(DecodeError::SubjectMismatch {
-            subject,
-            project: project_id.to_string(),
-        });
-    }
-    let time = headers.required_parsed(TIME, |value| {
-        envelope::parse_time(value).ok_or("not an RFC 3339 timestamp with a year in 0..=9999")
-    })?;
-    let project_version = headers.required_parsed(PROJECT_VERSION, |value| {
-        if value.starts_with('+') || (value.len() > 1 && value.starts_with('0')) {
-            return Err("not a canonical decimal".to_owned());
-        }
-        value.parse::<u64>().map_err(|error| error.to_string())
-    })?;
-    let previous_hash = headers.parsed(PREVIOUS_HASH, |value| {
-        EventHash::from_hex(value).ok_or("not 64 lowercase hex digits")
-    })?;
-    let envelope = Envelope {
-        id: headers.required_parsed(ID, id)?,
-        source: headers.required(SOURCE)?,
-        event_type: headers.required(TYPE)?,
-        time,
-        data_schema: headers.required(DATASCHEMA)?,
-        org_id: headers.required_parsed(ORG_ID, id)?,
-        project_id,
-        correlation_id: headers.required_parsed(CORRELATION_ID, id)?,
-        causation_id: headers.required_parsed(CAUSATION_ID, id)?,
-        work_id: headers.parsed(WORK_ID, id)?,
-        thread_id: headers.parsed(THREAD_ID, id)?,
-        flow_run_id: headers.parsed(FLOW_RUN_ID, id)?,
-        dispatch_id: headers.parsed(DISPATCH_ID, id)?,
-        traceparent: headers.optional(TRACEPARENT)?,
-        idempotency_key: headers.required(IDEMPOTENCY_KEY)?,
-        project_version,
-        previous_hash,
-        data: body,
-    };
-    envelope.check()?;
-    Ok(envelope)
+    HeaderReader::new(headers, body)?
+        .visit(EnvelopeBuilder::default())
+        .map_err(DecodeError::from_binding)
 }
 
 /// [`decode`] for a message read from the stream, where it was stored on
@@ -291,6 +548,63 @@ pub fn decode_stored<'a>(
         });
     }
     Ok(envelope)
+}
+
+/// Spells `dataschema` as the SDK's `Event` holds it (a URI) and passes
+/// everything else through to the serializer it wraps.
+#[derive(Debug)]
+struct SdkSpelling<V>(V);
+
+impl<R, V: BinarySerializer<R>> BinarySerializer<R> for SdkSpelling<V> {
+    fn set_spec_version(self, spec_version: SpecVersion) -> BindingResult<Self> {
+        Ok(Self(self.0.set_spec_version(spec_version)?))
+    }
+
+    fn set_attribute(self, name: &str, value: MessageAttributeValue) -> BindingResult<Self> {
+        let value = match value {
+            MessageAttributeValue::String(schema) if name == "dataschema" => {
+                MessageAttributeValue::String(format!("{DATASCHEMA_URI_PREFIX}{schema}"))
+            }
+            other => other,
+        };
+        Ok(Self(self.0.set_attribute(name, value)?))
+    }
+
+    fn set_extension(self, name: &str, value: MessageAttributeValue) -> BindingResult<Self> {
+        Ok(Self(self.0.set_extension(name, value)?))
+    }
+
+    fn end_with_data(self, bytes: Vec<u8>) -> BindingResult<R> {
+        self.0.end_with_data(bytes)
+    }
+
+    fn end(self) -> BindingResult<R> {
+        self.0.end()
+    }
+}
+
+/// A Zopu event source read as the SDK reads events ([`SdkSpelling`]).
+#[derive(Debug)]
+pub struct AsCloudEvent<S>(pub S);
+
+impl<S: BinaryDeserializer> BinaryDeserializer for AsCloudEvent<S> {
+    fn deserialize_binary<R: Sized, V: BinarySerializer<R>>(self, visitor: V) -> BindingResult<R> {
+        self.0.deserialize_binary(SdkSpelling(visitor))
+    }
+}
+
+/// The envelope as the SDK's [`cloudevents::Event`], built (and so checked)
+/// by the SDK's own event builder.
+pub fn to_cloudevent(envelope: &Envelope) -> Result<cloudevents::Event, BindingError> {
+    BinaryDeserializer::into_event(AsCloudEvent(envelope))
+}
+
+/// A [`cloudevents::Event`] as a Zopu envelope, with the checks [`decode`]
+/// applies to headers.
+pub fn from_cloudevent(event: cloudevents::Event) -> Result<Envelope, DecodeError> {
+    event
+        .deserialize_binary(EnvelopeBuilder::default())
+        .map_err(DecodeError::from_binding)
 }
 
 #[cfg(test)]
@@ -480,6 +794,194 @@ mod tests {
             round_trip(&envelope).unwrap().correlation_id.as_str(),
             "req-%41"
         );
+    }
+
+    /// An envelope of `kind`, with every optional attribute set or none.
+    fn of_kind(kind: &crate::catalogue::EventKind, full: bool) -> Envelope {
+        let mut envelope = sample();
+        envelope.event_type = kind.event_type.to_owned();
+        envelope.data_schema = kind.schema.to_owned();
+        envelope.correlation_id = "request:\"quoted\":100%".parse().unwrap();
+        envelope.data = Bytes::from(format!("\x0a\x05{}", kind.schema).into_bytes());
+        if full {
+            envelope.work_id = Some(WorkId::new());
+            envelope.thread_id = Some(ThreadId::new());
+            envelope.flow_run_id = Some(FlowRunId::new());
+            envelope.dispatch_id = Some(DispatchId::new());
+            envelope.traceparent =
+                Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
+            envelope.project_version = 7;
+            envelope.previous_hash = Some(EventHash([9; 32]));
+        }
+        envelope
+    }
+
+    fn reader(encoded: &Encoded) -> HeaderReader<'_> {
+        let pairs = encoded
+            .0
+            .iter()
+            .map(|(name, value)| (*name, value.as_str()));
+        HeaderReader::new(pairs, encoded.1.clone()).unwrap()
+    }
+
+    /// Headers to the SDK's event (built by the SDK's own builder), and the
+    /// event written back to headers through the binding.
+    fn through_the_sdk(encoded: &Encoded) -> (cloudevents::Event, Encoded) {
+        let event = BinaryDeserializer::into_event(AsCloudEvent(reader(encoded))).unwrap();
+        let written = event
+            .clone()
+            .deserialize_binary(HeaderWriter::default())
+            .unwrap();
+        (event, written)
+    }
+
+    #[test]
+    fn every_catalogue_event_is_a_cloudevent_and_writes_back_byte_for_byte() {
+        use cloudevents::AttributesReader;
+        for kind in crate::catalogue::ALL {
+            for full in [false, true] {
+                let envelope = of_kind(kind, full);
+                let encoded = encode(&envelope);
+                let (event, written) = through_the_sdk(&encoded);
+                assert_eq!(written, encoded, "{} (full: {full})", kind.event_type);
+
+                assert_eq!(event.specversion(), SpecVersion::V10);
+                assert_eq!(event.id(), envelope.id.to_string());
+                assert_eq!(event.ty(), kind.event_type);
+                assert_eq!(event.source(), &envelope.source);
+                let project = envelope.project_id.to_string();
+                assert_eq!(event.subject(), Some(project.as_str()));
+                assert_eq!(event.datacontenttype(), Some(envelope::CONTENT_TYPE));
+                assert_eq!(
+                    event.dataschema().map(|uri| uri.as_str().to_owned()),
+                    Some(format!("{DATASCHEMA_URI_PREFIX}{}", kind.schema))
+                );
+                assert_eq!(
+                    event
+                        .time()
+                        .map(|time| wire_value(MessageAttributeValue::DateTime(*time))),
+                    Some(envelope::format_time(envelope.time))
+                );
+                let extension = |name: &str| event.extension(name).map(ToString::to_string);
+                assert_eq!(extension("orgid"), Some(envelope.org_id.to_string()));
+                assert_eq!(
+                    extension("correlationid").as_deref(),
+                    Some(envelope.correlation_id.as_str())
+                );
+                assert_eq!(
+                    extension("projectversion"),
+                    Some(envelope.project_version.to_string())
+                );
+                assert_eq!(
+                    extension("prevhash"),
+                    envelope.previous_hash.map(|hash| hash.to_hex())
+                );
+                assert_eq!(
+                    event.data(),
+                    Some(&cloudevents::Data::Binary(envelope.data.to_vec()))
+                );
+
+                // The envelope converts to the same event, and back.
+                assert_eq!(to_cloudevent(&envelope).unwrap(), event);
+                assert_eq!(from_cloudevent(event.clone()).unwrap(), envelope);
+                // The SDK's structured JSON format keeps it too.
+                let json = serde_json::to_vec(&event).unwrap();
+                let parsed: cloudevents::Event = serde_json::from_slice(&json).unwrap();
+                assert_eq!(parsed, event, "{}", kind.event_type);
+            }
+        }
+    }
+
+    #[test]
+    fn the_wire_spelling_is_the_one_recorded_events_have() {
+        let envelope = Envelope {
+            id: "01890a5d-ac96-774b-bcce-b302099a8057".parse().unwrap(),
+            source: "zopu/setup".into(),
+            event_type: "project.ready".into(),
+            time: envelope::parse_time("2026-03-01T12:34:56.000000789Z").unwrap(),
+            data_schema: "zopu.v1.ProjectReady".into(),
+            org_id: "acme".parse().unwrap(),
+            project_id: "01890a5d-ac96-774b-bcce-b302099a8058".parse().unwrap(),
+            correlation_id: "req-%41\"x".parse().unwrap(),
+            causation_id: "01890a5d-ac96-774b-bcce-b302099a8059".parse().unwrap(),
+            work_id: Some("01890a5d-ac96-774b-bcce-b302099a805a".parse().unwrap()),
+            thread_id: None,
+            flow_run_id: None,
+            dispatch_id: None,
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            idempotency_key: "project:x:ready:1".into(),
+            project_version: 2,
+            previous_hash: Some(EventHash([0xab; 32])),
+            data: Bytes::from_static(b"\x08\x01"),
+        };
+        let project = "01890a5d-ac96-774b-bcce-b302099a8058";
+        let expected = vec![
+            (SPECVERSION, "1.0".to_owned()),
+            (ID, "01890a5d-ac96-774b-bcce-b302099a8057".to_owned()),
+            (SOURCE, "zopu/setup".to_owned()),
+            (TYPE, "project.ready".to_owned()),
+            (SUBJECT, project.to_owned()),
+            (TIME, "2026-03-01T12:34:56.000000789Z".to_owned()),
+            (CONTENT_TYPE, "application/protobuf".to_owned()),
+            (DATASCHEMA, "zopu.v1.ProjectReady".to_owned()),
+            (CORRELATION_ID, "req-%2541%22x".to_owned()),
+            (
+                CAUSATION_ID,
+                "01890a5d-ac96-774b-bcce-b302099a8059".to_owned(),
+            ),
+            (ORG_ID, "acme".to_owned()),
+            (PROJECT_ID, project.to_owned()),
+            (IDEMPOTENCY_KEY, "project:x:ready:1".to_owned()),
+            (PROJECT_VERSION, "2".to_owned()),
+            (WORK_ID, "01890a5d-ac96-774b-bcce-b302099a805a".to_owned()),
+            (
+                TRACEPARENT,
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+            ),
+            (PREVIOUS_HASH, "ab".repeat(32)),
+        ];
+        let (headers, body) = encode(&envelope);
+        assert_eq!(headers, expected);
+        assert_eq!(body, envelope.data);
+        assert_eq!(round_trip(&envelope).unwrap(), envelope);
+    }
+
+    #[test]
+    fn the_wire_dataschema_is_not_the_uri_the_sdk_requires() {
+        // Why `AsCloudEvent` spells it with DATASCHEMA_URI_PREFIX: the bare
+        // message name the wire carries is no absolute URI.
+        let encoded = encode(&sample());
+        let refused = BinaryDeserializer::into_event(reader(&encoded));
+        assert!(
+            matches!(refused, Err(BindingError::ParseUrlError { .. })),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn an_sdk_event_that_is_no_zopu_event_is_a_typed_error() {
+        use cloudevents::EventBuilder;
+        let bare = cloudevents::EventBuilderV10::new()
+            .id("1")
+            .ty("project.ready")
+            .source("zopu/setup")
+            .build()
+            .unwrap();
+        assert_eq!(
+            from_cloudevent(bare),
+            Err(DecodeError::Missing(CONTENT_TYPE))
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn any_envelope_converts_to_a_cloudevent_and_back(envelope in envelope()) {
+            let encoded = encode(&envelope);
+            let (event, written) = through_the_sdk(&encoded);
+            prop_assert_eq!(&written, &encoded);
+            prop_assert_eq!(to_cloudevent(&envelope).unwrap(), event.clone());
+            prop_assert_eq!(from_cloudevent(event).unwrap(), envelope);
+        }
     }
 
     #[test]

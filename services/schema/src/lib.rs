@@ -3,7 +3,7 @@
 //! This crate holds the prost types generated from `proto/` ([`pb`]), the
 //! event catalogue ([`catalogue`]: one event type, one message), the
 //! CloudEvents envelope and its NATS binary-mode header codec ([`envelope`],
-//! [`codec`]), typed ids ([`ids`]), subject and durable-name builders
+//! [`codec`], on the cloudevents-sdk's binding traits), typed ids ([`ids`]), subject and durable-name builders
 //! ([`subjects`]), deterministic idempotency keys ([`keys`]) and the
 //! contract as an AsyncAPI 3 document ([`asyncapi`]).
 //!

@@ -28,8 +28,9 @@ use crate::state::{self, Failure, Next, RevisionState, decide};
 
 /// Attempts to append `project.ready` while other events keep moving the project's head.
 const READY_ATTEMPTS_MAX: u32 = 20;
-/// Longest wait for this service's store to index the stream's end.
-const CATCH_UP_MAX: Duration = Duration::from_secs(30);
+/// Longest wait for this service's store to index the stream's end after
+/// `project.ready` lost the optimistic-concurrency race.
+const CATCH_UP_AFTER_CONFLICT_MAX: Duration = Duration::from_secs(30);
 /// Failures remembered between a transient error and the runner giving up.
 const PENDING_FAILURES_MAX: usize = 10_000;
 /// Budget for the `.env.example` part of an event (events stay far below 1 MB).
@@ -94,8 +95,8 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
         org: &OrgId,
         project: &ProjectId,
     ) -> Result<Option<Failure>, HandlerError> {
-        let last = zopu_core::publish::last_sequence(ctx.publisher.bus()).await?;
-        ctx.caught_up(last).await?;
+        ctx.caught_up_to_end(zopu_core::reaction::CATCH_UP_MAX)
+            .await?;
         let (others, started) = crate::projection::started_projects(&ctx.store, org, project)?;
         if started || others < u64::from(self.org_projects_max) {
             return Ok(None);
@@ -531,14 +532,7 @@ impl Steps {
                 }
                 Err(AppendAtError::Conflict { current_version }) => {
                     tracing::debug!(project = %self.project, attempt, current_version, "project moved on; re-reading before deciding again");
-                    let last = zopu_core::publish::last_sequence(ctx.publisher.bus()).await?;
-                    tokio::time::timeout(CATCH_UP_MAX, ctx.store.wait_for(last))
-                        .await
-                        .map_err(|_| {
-                            HandlerError::Transient(
-                                "the setup store did not catch up with the stream".to_owned(),
-                            )
-                        })?;
+                    ctx.caught_up_to_end(CATCH_UP_AFTER_CONFLICT_MAX).await?;
                     for key in [&ready_key, &failed_key] {
                         if ctx.publisher.recorded(key).await?.is_some() {
                             tracing::info!(project = %self.project, revision = self.revision, "setup revision was finished elsewhere");

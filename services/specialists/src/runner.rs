@@ -53,6 +53,8 @@ use lifecycle::{Ending, Start};
 pub const HANDLER_VERSION: u32 = 1;
 /// The context document kind onboarding publishes.
 pub const SUMMARY_KIND: &str = "repository_summary";
+/// Longest wait for the projection to apply the stream's end before a run decides.
+const CATCH_UP_MAX: Duration = Duration::from_secs(30);
 
 /// The name of a flow type as used in keys and results.
 pub fn flow_type_name(flow_type: FlowType) -> &'static str {
@@ -196,15 +198,7 @@ impl Shared {
     ) -> Result<(), HandlerError> {
         let ids = RunIds::of(event, request);
         // The projection must have seen everything up to now (kill switch, context, earlier runs).
-        let last = zopu_core::publish::last_sequence(ctx.publisher.bus()).await?;
-        if tokio::time::timeout(Duration::from_secs(30), ctx.store.wait_for(last))
-            .await
-            .is_err()
-        {
-            return Err(HandlerError::Transient(
-                "the projection is behind the stream".to_owned(),
-            ));
-        }
+        ctx.caught_up_to_end(CATCH_UP_MAX).await?;
         if ctx
             .publisher
             .recorded(&ids.step_key("terminal"))

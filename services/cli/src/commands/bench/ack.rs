@@ -28,13 +28,12 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use bytes::Bytes;
 use clap::Args;
-use futures::StreamExt;
 use tokio::sync::oneshot;
 use zopu_core::config::CoreConfig;
 use zopu_core::local_server::{LocalCluster, LocalServer, SyncPolicy};
+use zopu_core::log::{Reader, Start};
 use zopu_core::nats::Bus;
 use zopu_core::publish::{NewEvent, Publisher};
 use zopu_core::{Shutdown, streams};
@@ -366,30 +365,23 @@ pub(super) async fn register_agent(
     Ok(())
 }
 
-/// One ordered consumer sees messages, acknowledgements and turn ends as
+/// One log reader sees messages, acknowledgements and turn ends as
 /// stored, with the server's timestamps.
 async fn watch(bus: &Bus, pending: Pending) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
-    let start_sequence = zopu_core::publish::last_sequence(bus).await? + 1;
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            filter_subjects: vec![
-                subjects::events_of_type(pb::TimelineMessageSent::TYPE),
-                subjects::events_of_type(pb::AgentAcknowledged::TYPE),
-                subjects::events_of_type(pb::DispatchCompleted::TYPE),
-                subjects::events_of_type(pb::DispatchFailed::TYPE),
-            ],
-            deliver_policy: DeliverPolicy::ByStartSequence { start_sequence },
-            ..Default::default()
-        })
-        .await?;
-    let mut stored = consumer.messages().await?;
+    let last = zopu_core::publish::last_sequence(bus).await?;
+    let filters = [
+        pb::TimelineMessageSent::TYPE,
+        pb::AgentAcknowledged::TYPE,
+        pb::DispatchCompleted::TYPE,
+        pb::DispatchFailed::TYPE,
+    ]
+    .iter()
+    .map(|event_type| subjects::events_of_type(event_type))
+    .collect();
+    let mut stored = Reader::open_filters(bus, filters, Start::After(last)).await?;
     Ok(tokio::spawn(async move {
-        while let Some(Ok(message)) = stored.next().await {
-            let Ok(info) = message.info().map(|info| info.published) else {
-                continue;
-            };
-            let Ok(event) = zopu_core::publish::decode_message(&message.message) else {
+        while let Some(Ok(logged)) = stored.next().await {
+            let Ok(event) = logged.event else {
                 continue;
             };
             let mut pending = pending
@@ -399,9 +391,9 @@ async fn watch(bus: &Bus, pending: Pending) -> anyhow::Result<tokio::task::JoinH
                 .entry(event.correlation_id.as_str().to_owned())
                 .or_default();
             if event.is::<pb::TimelineMessageSent>() {
-                turn.sent = Some(info);
+                turn.sent = Some(logged.stored_at);
             } else if event.is::<pb::AgentAcknowledged>() {
-                turn.acknowledged = Some(info);
+                turn.acknowledged = Some(logged.stored_at);
             } else {
                 turn.ended = true;
                 if let Some(waiter) = turn.waiter.take() {
@@ -522,24 +514,19 @@ async fn turn(
 /// stored times (server timestamps) of the message and the events on its
 /// path, then on to the turn's end.
 async fn hops(bus: &Bus, from: u64, to: u64) -> anyhow::Result<Vec<(String, String, f64, f64)>> {
-    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: from,
-            },
-            ..Default::default()
-        })
-        .await?;
-    let mut messages = consumer.messages().await?;
+    let mut reader = Reader::open(
+        bus,
+        subjects::all_events(),
+        Start::After(from.saturating_sub(1)),
+    )
+    .await?;
     let mut sent = HashMap::new();
     let mut source_of = HashMap::new();
     let mut stored: HashMap<String, HashMap<String, time::OffsetDateTime>> = HashMap::new();
-    while let Some(message) = messages.next().await {
-        let message = message?;
-        let info = message.info().map_err(|error| anyhow::anyhow!("{error}"))?;
-        let (sequence, at) = (info.stream_sequence, info.published);
-        let event = zopu_core::publish::decode_message(&message.message)?;
+    while let Some(logged) = reader.next().await {
+        let logged = logged?;
+        let (sequence, at) = (logged.sequence, logged.stored_at);
+        let event = logged.event?;
         if event.is::<pb::TimelineMessageSent>() {
             sent.insert(event.id.to_string(), at);
         } else if let Some(dispatch) = event.dispatch_id {

@@ -34,13 +34,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use clap::Args;
 use futures::StreamExt;
 use serde_json::json;
 use time::OffsetDateTime;
 use zopu_core::config::{CoreConfig, ScaleConfig};
 use zopu_core::local_server::{LocalServer, SyncPolicy};
+use zopu_core::log::{Reader, Start};
 use zopu_core::nats::Bus;
 use zopu_core::publish::{NewEvent, Publisher};
 use zopu_core::{HandlerError, Reaction, ReactionContext, Shutdown, streams};
@@ -889,33 +889,24 @@ struct Watcher {
 
 impl Watcher {
     async fn start(bus: &Bus) -> anyhow::Result<Self> {
-        let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
-        let consumer = stream
-            .create_consumer(pull::OrderedConfig {
-                filter_subjects: [
-                    pb::TimelineMessageSent::TYPE,
-                    pb::DispatchAccepted::TYPE,
-                    pb::AgentAcknowledged::TYPE,
-                    pb::DispatchCompleted::TYPE,
-                    pb::DispatchFailed::TYPE,
-                ]
-                .iter()
-                .map(|event_type| subjects::events_of_type(event_type))
-                .collect(),
-                deliver_policy: DeliverPolicy::New,
-                ..Default::default()
-            })
-            .await?;
-        let mut stored = consumer.messages().await?;
+        let filters = [
+            pb::TimelineMessageSent::TYPE,
+            pb::DispatchAccepted::TYPE,
+            pb::AgentAcknowledged::TYPE,
+            pb::DispatchCompleted::TYPE,
+            pb::DispatchFailed::TYPE,
+        ]
+        .iter()
+        .map(|event_type| subjects::events_of_type(event_type))
+        .collect();
+        let mut stored = Reader::open_filters(bus, filters, Start::New).await?;
         let turns: Arc<Mutex<Turns>> = Arc::default();
         let (notify, changed) = tokio::sync::watch::channel(0u64);
         let recorded = turns.clone();
         let task = tokio::spawn(async move {
-            while let Some(Ok(message)) = stored.next().await {
-                let Ok(at) = message.info().map(|info| info.published) else {
-                    continue;
-                };
-                let Ok(event) = zopu_core::publish::decode_message(&message.message) else {
+            while let Some(Ok(logged)) = stored.next().await {
+                let at = logged.stored_at;
+                let Ok(event) = logged.event else {
                     continue;
                 };
                 {
