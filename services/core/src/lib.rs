@@ -6,7 +6,8 @@
 //! idempotency keys and the per-project version/hash chain; `store` is a
 //! service's SQLite projection file; `projection` and `reaction` are THE two
 //! consumer loops every service uses; `shutdown` is the process-wide
-//! cancellation token and task tracker; `runtime` bundles them for a service;
+//! cancellation token and task tracker; `clock` is the injected wall clock and
+//! fresh-id source; `runtime` bundles them for a service;
 //! `text` holds the length limits applied to text put into events.
 //!
 //! Invariants: no other crate reads a JetStream consumer directly; every
@@ -16,6 +17,7 @@
 //! reaction acks a message only after its appends were acknowledged.
 
 pub mod audit;
+pub mod clock;
 pub mod config;
 pub mod lease;
 pub mod local_server;
@@ -34,6 +36,7 @@ pub mod text;
 
 mod error;
 
+pub use clock::Clock;
 pub use error::Error;
 pub use publish::{Appended, NewEvent, Publisher};
 pub use reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};

@@ -106,7 +106,10 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::web::routes())
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::max(body_max))
-        .layer(axum::middleware::from_fn(crate::http::request_id))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::http::request_id,
+        ))
         .with_state(state);
     match cors {
         Some(cors) => app.layer(cors),
@@ -1003,7 +1006,7 @@ async fn artifact_caller(
         return Err(ApiError::unauthorized());
     };
     let org: OrgId = org.parse().map_err(|_| ApiError::unauthorized())?;
-    let now = time::OffsetDateTime::now_utc().unix_timestamp().max(0) as u64;
+    let now = state.runtime.clock.unix_seconds();
     if expires < now
         || !state
             .link_key
@@ -1116,8 +1119,7 @@ async fn artifact_link(
     .await?;
     let (record, view): (ArtifactRecord, ArtifactView) =
         found.ok_or_else(|| ApiError::not_found("artifact"))?;
-    let expires = time::OffsetDateTime::now_utc().unix_timestamp().max(0) as u64
-        + state.config.artifact_link_ttl.as_secs();
+    let expires = state.runtime.clock.unix_seconds() + state.config.artifact_link_ttl.as_secs();
     let org = &caller.0.org;
     let signature = state
         .link_key

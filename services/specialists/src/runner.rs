@@ -227,7 +227,7 @@ impl Shared {
                     tracing::info!(flow_run = %ids.flow_run_id, "a run for this source event and version exists; not starting another");
                     return Ok(());
                 }
-                let elapsed = time::OffsetDateTime::now_utc() - started.time;
+                let elapsed = ctx.publisher.clock().now() - started.time;
                 (Duration::try_from(elapsed).unwrap_or_default(), false)
             }
             None => {
@@ -492,7 +492,7 @@ impl Run<'_> {
         if budget == 0 {
             return Ok(());
         }
-        let day = model_usage::utc_day(time::OffsetDateTime::now_utc());
+        let day = model_usage::utc_day(self.ctx.publisher.clock().now());
         let (org, query_day) = (self.cause.org_id.clone(), day.clone());
         let used = self
             .ctx
