@@ -13,7 +13,7 @@ use zopu_core::config::CoreConfig;
 use zopu_core::nats::Bus;
 use zopu_core::publish::{NewEvent, Publisher};
 use zopu_core::{Appended, Shutdown};
-use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
+use zopu_llm::test_support::{FakeOpenAiServer, Gate, Scripted};
 use zopu_schema::{
     AgentId, CorrelationId, DispatchId, Envelope, Event, EventId, OrgId, ProjectId, keys, pb,
     subjects,
@@ -731,10 +731,12 @@ async fn messages_sent_while_busy_are_handled_in_order_one_turn_at_a_time() -> R
     let core = zopu_tests::core_config(&server, dir.path());
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let (org, project) = (org("busy"), ProjectId::new());
-    // The model is slow on the first message: the second waits for it.
+    // The model holds its answer to the first message until the second one
+    // is stored: the second arrives while the first turn is running.
+    let first_answer = Gate::new();
     let llm = FakeOpenAiServer::start([
-        Scripted::Delay(
-            Duration::from_millis(700),
+        Scripted::Gated(
+            first_answer.clone(),
             Box::new(explore_call("Tracing the cart now.")),
         ),
         explore_call("Tracing the login now."),
@@ -744,7 +746,11 @@ async fn messages_sent_while_busy_are_handled_in_order_one_turn_at_a_time() -> R
     let dispatch = Running::dispatch(&core);
     let conversation = Running::conversation(&core, openai(&llm));
     let first = send(&bus, &org, project, "How does the cart work?").await?;
+    tokio::time::timeout(LONG, llm.wait_for_requests(1))
+        .await
+        .context("the first turn never called the model")?;
     let second = send(&bus, &org, project, "How does the login work?").await?;
+    first_answer.open();
     turn_end(&bus, &org, project, second.event_id).await?;
     conversation.stop().await?;
     dispatch.stop().await?;

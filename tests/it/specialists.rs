@@ -772,14 +772,9 @@ async fn a_restarted_service_resumes_without_repeating_tool_or_model_calls() -> 
                 .unwrap_or(false)
     })
     .await?;
-    let deadline = tokio::time::Instant::now() + LONG;
-    while fake.request_count() < 3 {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "third model call never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tokio::time::timeout(LONG, fake.wait_for_requests(3))
+        .await
+        .context("third model call never arrived")?;
     service.stop().await?;
 
     fake.push(Scripted::text(&exploration_answer(
@@ -835,11 +830,8 @@ async fn timeouts_and_the_iteration_bound_fail_runs_with_a_reason() -> Result<()
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let data = tempfile::tempdir()?;
     let publisher = Publisher::new(bus.clone(), "test", None);
-    let fake = FakeOpenAiServer::start([Scripted::Delay(
-        Duration::from_secs(4),
-        Box::new(Scripted::text("{}")),
-    )])
-    .await?;
+    // The model never answers the first call: the act phase can only end by its timeout.
+    let fake = FakeOpenAiServer::start([Scripted::Hang]).await?;
     let mut config = model_config(&fake);
     config.flow.act_timeout = Duration::from_millis(1500);
     config.flow.max_iterations = 2;
