@@ -6,8 +6,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use zopu_core::publish::{NewEvent, Publisher};
 use zopu_core::clock::ManualClock;
+use zopu_core::publish::{NewEvent, Publisher};
 use zopu_core::{Appended, Clock, Shutdown};
 use zopu_gateway::AppState;
 use zopu_schema::{

@@ -167,7 +167,11 @@ mod tests {
         assert_eq!(clock.unix_ms(), 1_700_000_090_000);
         assert_eq!(clock.unix_seconds(), 1_700_000_090);
         manual.set(start() - Duration::from_secs(1));
-        assert_eq!(clock.now(), start() - Duration::from_secs(1), "set may go back");
+        assert_eq!(
+            clock.now(),
+            start() - Duration::from_secs(1),
+            "set may go back"
+        );
         assert!(clock.is_manual() && !Clock::system().is_manual());
     }
 

@@ -310,7 +310,7 @@ pub async fn request_id(
             .field("X-Request-Id")
             .into_response();
         }
-        None => match state.runtime.clock.fresh_uuid().hyphenated().to_string().parse() {
+        None => match state.runtime.clock.fresh_uuid().to_string().parse() {
             Ok(id) => id,
             Err(_) => {
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "request id")
