@@ -9,10 +9,11 @@ use futures::future::join_all;
 use serde_json::json;
 use tokio::task::JoinHandle;
 use zopu_conversation::{FailPoint, OpenAiSettings, ProviderKind};
+use zopu_core::clock::ManualClock;
 use zopu_core::config::CoreConfig;
 use zopu_core::nats::Bus;
 use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::{Appended, Shutdown};
+use zopu_core::{Appended, Clock, Shutdown};
 use zopu_llm::test_support::{FakeOpenAiServer, Gate, Scripted};
 use zopu_schema::{
     AgentId, CorrelationId, DispatchId, Envelope, Event, EventId, OrgId, ProjectId, keys, pb,
@@ -149,7 +150,18 @@ async fn setup_project_with(bus: &Bus, org: &OrgId, project: ProjectId, ready: b
 }
 
 async fn send(bus: &Bus, org: &OrgId, project: ProjectId, text: &str) -> Result<Appended> {
-    let publisher = Publisher::new(bus.clone(), "gateway", None);
+    send_at(bus, &Clock::system(), org, project, text).await
+}
+
+/// [`send`] with the message stamped by `clock`.
+async fn send_at(
+    bus: &Bus,
+    clock: &Clock,
+    org: &OrgId,
+    project: ProjectId,
+    text: &str,
+) -> Result<Appended> {
+    let publisher = Publisher::new(bus.clone(), "gateway", None).with_clock(clock.clone());
     Ok(zopu_conversation::send_message(
         &publisher,
         org,
@@ -620,7 +632,8 @@ async fn model_faults_end_in_exactly_one_outcome_per_dispatch() -> Result<()> {
         ),
         (
             vec![
-                Scripted::Delay(Duration::from_secs(3), Box::new(explore_call("late"))),
+                // Never answered: the call can only end by the client's timeout, then a retry.
+                Scripted::Hang,
                 explore_call("Tracing the login now."),
             ],
             2,
@@ -933,12 +946,28 @@ async fn a_dispatch_for_another_projects_agent_is_rejected_not_acted_on() -> Res
 async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call() -> Result<()> {
     let server = NatsServer::start()?;
     let dir = tempfile::tempdir()?;
-    let core = zopu_tests::core_config(&server, dir.path());
+    // Every service and the user read one manual clock, an hour before a UTC midnight.
+    let clock = ManualClock::starting_at(time::macros::datetime!(2030-03-01 23:00 UTC));
+    let core = CoreConfig {
+        clock: clock.clock(),
+        ..zopu_tests::core_config(&server, dir.path())
+    };
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let (acme, other) = (org("acme"), org("other"));
     let (project, theirs) = (ProjectId::new(), ProjectId::new());
-    let respond = || Scripted::tool_call("call_1", "respond", r#"{"message":"Hello there."}"#);
-    let llm = FakeOpenAiServer::start([respond(), respond()]).await?;
+    let respond = |message: &str| {
+        Scripted::tool_call(
+            "call_1",
+            "respond",
+            &json!({ "message": message }).to_string(),
+        )
+    };
+    let llm = FakeOpenAiServer::start([
+        respond("Hello there."),
+        respond("Good morning: a new day, a new budget."),
+        respond("Hello there."),
+    ])
+    .await?;
     let dispatch = Running::dispatch(&core);
     let conversation = Running::conversation(
         &core,
@@ -949,7 +978,7 @@ async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call
     );
     setup_project(&bus, &acme, project).await?;
     // The first turn calls the model, which reports more tokens than the budget.
-    let first = send(&bus, &acme, project, "Hi").await?;
+    let first = send_at(&bus, &core.clock, &acme, project, "Hi").await?;
     let end = turn_end(&bus, &acme, project, first.event_id).await?;
     ensure!(end.is::<pb::DispatchCompleted>(), "first turn: {end:?}");
     let used = events_of::<pb::AgentLlmCompleted>(&bus, &acme, project, Some(first.event_id))
@@ -962,7 +991,7 @@ async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call
         .sum::<Result<u32>>()?;
     assert!(used > 10, "the scripted reply reports {used} tokens");
     // The next message of the organization ends with a visible failure, and no call.
-    let second = send(&bus, &acme, project, "Hi again").await?;
+    let second = send_at(&bus, &core.clock, &acme, project, "Hi again").await?;
     let end = turn_end(&bus, &acme, project, second.event_id).await?;
     ensure!(end.is::<pb::DispatchFailed>(), "second turn: {end:?}");
     let finals = events_of::<pb::AgentFinal>(&bus, &acme, project, Some(second.event_id)).await?;
@@ -979,12 +1008,18 @@ async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call
         last.text
     );
     assert_eq!(llm.request_count(), 1);
+    // The budget is per UTC day: after midnight the organization may call the model again.
+    clock.advance(Duration::from_secs(2 * 3_600));
+    let next_day = send_at(&bus, &core.clock, &acme, project, "Good morning").await?;
+    let end = turn_end(&bus, &acme, project, next_day.event_id).await?;
+    ensure!(end.is::<pb::DispatchCompleted>(), "next day: {end:?}");
+    assert_eq!(llm.request_count(), 2);
     // Another organization has its own budget.
     setup_project(&bus, &other, theirs).await?;
-    let third = send(&bus, &other, theirs, "Hi").await?;
+    let third = send_at(&bus, &core.clock, &other, theirs, "Hi").await?;
     let end = turn_end(&bus, &other, theirs, third.event_id).await?;
     ensure!(end.is::<pb::DispatchCompleted>(), "other org: {end:?}");
-    assert_eq!(llm.request_count(), 2);
+    assert_eq!(llm.request_count(), 3);
     conversation.stop().await?;
     dispatch.stop().await?;
     Ok(())
