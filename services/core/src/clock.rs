@@ -88,7 +88,9 @@ impl std::fmt::Debug for Clock {
 
 /// A clock that stands still until it is moved: for tests of expiries,
 /// leases and daily budgets. Hand [`ManualClock::clock`] to the code under
-/// test and keep this handle to move its time.
+/// test and keep this handle to move its time. Every instance of a test
+/// should share one: partition heartbeats are compared across instances,
+/// and while the clock stands still none of them expires.
 #[derive(Clone, Debug)]
 pub struct ManualClock {
     state: Arc<Mutex<ManualState>>,
