@@ -9,11 +9,12 @@ use futures::future::join_all;
 use serde_json::json;
 use tokio::task::JoinHandle;
 use zopu_conversation::{FailPoint, OpenAiSettings, ProviderKind};
+use zopu_core::clock::ManualClock;
 use zopu_core::config::CoreConfig;
 use zopu_core::nats::Bus;
 use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::{Appended, Shutdown};
-use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
+use zopu_core::{Appended, Clock, Shutdown};
+use zopu_llm::test_support::{FakeOpenAiServer, Gate, Scripted};
 use zopu_schema::{
     AgentId, CorrelationId, DispatchId, Envelope, Event, EventId, OrgId, ProjectId, keys, pb,
     subjects,
@@ -157,7 +158,18 @@ struct Sent {
 }
 
 async fn send(bus: &Bus, org: &OrgId, project: ProjectId, text: &str) -> Result<Sent> {
-    let publisher = Publisher::new(bus.clone(), "gateway", None);
+    send_at(bus, &Clock::system(), org, project, text).await
+}
+
+/// [`send`] with the message stamped by `clock`.
+async fn send_at(
+    bus: &Bus,
+    clock: &Clock,
+    org: &OrgId,
+    project: ProjectId,
+    text: &str,
+) -> Result<Sent> {
+    let publisher = Publisher::new(bus.clone(), "gateway", None).with_clock(clock.clone());
     let request = EventId::new();
     let appended = zopu_conversation::send_message(
         &publisher,
@@ -634,7 +646,8 @@ async fn model_faults_end_in_exactly_one_outcome_per_dispatch() -> Result<()> {
         ),
         (
             vec![
-                Scripted::Delay(Duration::from_secs(3), Box::new(explore_call("late"))),
+                // Never answered: the call can only end by the client's timeout, then a retry.
+                Scripted::Hang,
                 explore_call("Tracing the login now."),
             ],
             2,
@@ -744,10 +757,12 @@ async fn messages_sent_while_busy_are_handled_in_order_one_turn_at_a_time() -> R
     let core = zopu_tests::core_config(&server, dir.path());
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let (org, project) = (org("busy"), ProjectId::new());
-    // The model is slow on the first message: the second waits for it.
+    // The model holds its answer to the first message until the second one
+    // is stored: the second arrives while the first turn is running.
+    let first_answer = Gate::new();
     let llm = FakeOpenAiServer::start([
-        Scripted::Delay(
-            Duration::from_millis(700),
+        Scripted::Gated(
+            first_answer.clone(),
             Box::new(explore_call("Tracing the cart now.")),
         ),
         explore_call("Tracing the login now."),
@@ -757,7 +772,11 @@ async fn messages_sent_while_busy_are_handled_in_order_one_turn_at_a_time() -> R
     let dispatch = Running::dispatch(&core);
     let conversation = Running::conversation(&core, openai(&llm));
     let first = send(&bus, &org, project, "How does the cart work?").await?;
+    tokio::time::timeout(LONG, llm.wait_for_requests(1))
+        .await
+        .context("the first turn never called the model")?;
     let second = send(&bus, &org, project, "How does the login work?").await?;
+    first_answer.open();
     turn_end(&bus, &org, project, second.request).await?;
     conversation.stop().await?;
     dispatch.stop().await?;
@@ -940,12 +959,28 @@ async fn a_dispatch_for_another_projects_agent_is_rejected_not_acted_on() -> Res
 async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call() -> Result<()> {
     let server = NatsServer::start()?;
     let dir = tempfile::tempdir()?;
-    let core = zopu_tests::core_config(&server, dir.path());
+    // Every service and the user read one manual clock, an hour before a UTC midnight.
+    let clock = ManualClock::starting_at(time::macros::datetime!(2030-03-01 23:00 UTC));
+    let core = CoreConfig {
+        clock: clock.clock(),
+        ..zopu_tests::core_config(&server, dir.path())
+    };
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let (acme, other) = (org("acme"), org("other"));
     let (project, theirs) = (ProjectId::new(), ProjectId::new());
-    let respond = || Scripted::tool_call("call_1", "respond", r#"{"message":"Hello there."}"#);
-    let llm = FakeOpenAiServer::start([respond(), respond()]).await?;
+    let respond = |message: &str| {
+        Scripted::tool_call(
+            "call_1",
+            "respond",
+            &json!({ "message": message }).to_string(),
+        )
+    };
+    let llm = FakeOpenAiServer::start([
+        respond("Hello there."),
+        respond("Good morning: a new day, a new budget."),
+        respond("Hello there."),
+    ])
+    .await?;
     let dispatch = Running::dispatch(&core);
     let conversation = Running::conversation(
         &core,
@@ -956,7 +991,7 @@ async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call
     );
     setup_project(&bus, &acme, project).await?;
     // The first turn calls the model, which reports more tokens than the budget.
-    let first = send(&bus, &acme, project, "Hi").await?;
+    let first = send_at(&bus, &core.clock, &acme, project, "Hi").await?;
     let end = turn_end(&bus, &acme, project, first.request).await?;
     ensure!(end.is::<pb::DispatchCompleted>(), "first turn: {end:?}");
     let used = events_of::<pb::AgentLlmCompleted>(&bus, &acme, project, Some(first.request))
@@ -969,7 +1004,7 @@ async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call
         .sum::<Result<u32>>()?;
     assert!(used > 10, "the scripted reply reports {used} tokens");
     // The next message of the organization ends with a visible failure, and no call.
-    let second = send(&bus, &acme, project, "Hi again").await?;
+    let second = send_at(&bus, &core.clock, &acme, project, "Hi again").await?;
     let end = turn_end(&bus, &acme, project, second.request).await?;
     ensure!(end.is::<pb::DispatchFailed>(), "second turn: {end:?}");
     let finals = events_of::<pb::AgentFinal>(&bus, &acme, project, Some(second.request)).await?;
@@ -986,12 +1021,18 @@ async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call
         last.text
     );
     assert_eq!(llm.request_count(), 1);
+    // The budget is per UTC day: after midnight the organization may call the model again.
+    clock.advance(Duration::from_secs(2 * 3_600));
+    let next_day = send_at(&bus, &core.clock, &acme, project, "Good morning").await?;
+    let end = turn_end(&bus, &acme, project, next_day.request).await?;
+    ensure!(end.is::<pb::DispatchCompleted>(), "next day: {end:?}");
+    assert_eq!(llm.request_count(), 2);
     // Another organization has its own budget.
     setup_project(&bus, &other, theirs).await?;
-    let third = send(&bus, &other, theirs, "Hi").await?;
+    let third = send_at(&bus, &core.clock, &other, theirs, "Hi").await?;
     let end = turn_end(&bus, &other, theirs, third.request).await?;
     ensure!(end.is::<pb::DispatchCompleted>(), "other org: {end:?}");
-    assert_eq!(llm.request_count(), 2);
+    assert_eq!(llm.request_count(), 3);
     conversation.stop().await?;
     dispatch.stop().await?;
     Ok(())

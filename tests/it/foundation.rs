@@ -9,6 +9,7 @@ use anyhow::Result;
 use bytes::Bytes;
 use futures::future::join_all;
 use rusqlite::params;
+use zopu_core::clock::ManualClock;
 use zopu_core::publish::{AppendAtError, NewEvent, Publisher};
 use zopu_core::reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};
 use zopu_core::store::{KeyIndex, Projection, Store};
@@ -65,6 +66,27 @@ async fn the_same_event_appended_1000_times_is_stored_once() -> Result<()> {
     }
     let stored = history(&bus, &subjects::project_events(&org, &project)).await?;
     assert_eq!(stored.len(), 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_stamps_its_events_with_its_clock() -> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let (org, project) = (org("clock"), ProjectId::new());
+    let start = time::OffsetDateTime::from_unix_timestamp(1_900_000_000)?;
+    let clock = ManualClock::starting_at(start);
+    let publisher = Publisher::new(bus.clone(), "test", None).with_clock(clock.clock());
+    publisher
+        .append(user_message(&org, project, "first", "request:clock-1"))
+        .await?;
+    clock.advance(Duration::from_secs(3_600));
+    publisher
+        .append(user_message(&org, project, "second", "request:clock-2"))
+        .await?;
+    let stored = history(&bus, &subjects::project_events(&org, &project)).await?;
+    let times: Vec<time::OffsetDateTime> = stored.iter().map(|(_, event)| event.time).collect();
+    assert_eq!(times, [start, start + Duration::from_secs(3_600)]);
     Ok(())
 }
 

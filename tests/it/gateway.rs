@@ -6,8 +6,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use zopu_core::clock::ManualClock;
 use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::{Appended, Shutdown};
+use zopu_core::{Appended, Clock, Shutdown};
 use zopu_gateway::AppState;
 use zopu_schema::{
     ArtifactId, Event, EventId, FlowRunId, OrgId, ProjectId, ThreadId, WorkId, pb, subjects,
@@ -43,7 +44,21 @@ impl Instance {
         config: zopu_gateway::Config,
         link_key: zopu_gateway::LinkKey,
     ) -> Result<Self> {
-        let core = zopu_tests::core_config(server, data_dir);
+        Self::start_with_clock(server, data_dir, config, link_key, Clock::system()).await
+    }
+
+    /// [`Instance::start`] reading the time and fresh ids from `clock`.
+    async fn start_with_clock(
+        server: &NatsServer,
+        data_dir: &std::path::Path,
+        config: zopu_gateway::Config,
+        link_key: zopu_gateway::LinkKey,
+        clock: Clock,
+    ) -> Result<Self> {
+        let core = zopu_core::config::CoreConfig {
+            clock,
+            ..zopu_tests::core_config(server, data_dir)
+        };
         let shutdown = Shutdown::new();
         let state = zopu_gateway::start(&core, config, link_key, shutdown.clone()).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -1411,6 +1426,84 @@ async fn tokens_work_on_every_instance_and_after_a_restart_until_revoked_or_expi
         );
     }
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_tickets_and_request_ids_follow_the_gateway_clock() -> Result<()> {
+    let server = NatsServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let start = time::OffsetDateTime::from_unix_timestamp(1_900_000_000)?;
+    let clock = ManualClock::starting_at(start);
+    let gw = Instance::start_with_clock(
+        &server,
+        dir.path(),
+        zopu_gateway::Config::default(),
+        link_key(),
+        clock.clock(),
+    )
+    .await?;
+    let http = reqwest::Client::builder().timeout(LONG).build()?;
+    let day = Duration::from_secs(86_400);
+    let token = gw.state.tokens.issue(&org("acme"), "ada", day).await?;
+    assert_eq!(
+        (token.info.created_at, token.info.expires_at),
+        (start, start + day)
+    );
+
+    // A request without an id gets one from the gateway's id source, at its time.
+    let response = http
+        .get(gw.url("/v1/projects"))
+        .bearer_auth(token.expose())
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    let request_id: uuid::Uuid = response
+        .headers()
+        .get("x-request-id")
+        .context("x-request-id")?
+        .to_str()?
+        .parse()?;
+    let (seconds, _) = request_id.get_timestamp().context("a v7 id")?.to_unix();
+    assert_eq!(seconds, 1_900_000_000);
+
+    // A stream ticket is valid for its TTL by the same clock, not the machine's.
+    let project = ProjectId::new();
+    let ticket = gw
+        .state
+        .tickets
+        .issue(&org("acme"), &project, &token.info.id)
+        .await?;
+    assert_eq!(ticket.expires_at, start + zopu_gateway::tickets::TICKET_TTL);
+    clock.advance(zopu_gateway::tickets::TICKET_TTL + Duration::from_secs(1));
+    assert!(
+        gw.state
+            .tickets
+            .redeem(ticket.expose(), &project)
+            .await?
+            .is_none(),
+        "an expired ticket is refused"
+    );
+
+    // The token stays valid until the clock reaches its expiry, however long the test takes.
+    clock.set(start + day - Duration::from_secs(1));
+    assert_eq!(
+        list_status(&http, &gw, token.expose()).await?,
+        StatusCode::OK
+    );
+    clock.set(start + day);
+    assert_eq!(
+        list_status(&http, &gw, token.expose()).await?,
+        StatusCode::UNAUTHORIZED
+    );
+    let listed = gw.state.tokens.list().await?;
+    assert_eq!(
+        listed
+            .iter()
+            .map(|info| info.status(clock.now()).as_str())
+            .collect::<Vec<_>>(),
+        ["expired"]
+    );
+    gw.stop().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

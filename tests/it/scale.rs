@@ -89,6 +89,8 @@ impl Reaction for Acknowledge {
         } else {
             self.step
         };
+        // The handler's duration is what these tests are about (progress acks
+        // while a long handler runs, kills mid-handler): not a synchronisation.
         tokio::time::sleep(delay).await;
         let ack = pb::AgentAcknowledged {
             text: message.text.clone(),

@@ -532,23 +532,36 @@ async fn a_service_stopped_mid_setup_and_started_again_emits_ready_once() -> Res
     service.stop().await
 }
 
-/// A git that waits before cloning, so a crash lands in the middle of the clone step.
-fn slow_git(dir: &Path) -> Result<PathBuf> {
+/// A git whose clone waits until the test releases it, so a crash lands
+/// inside the clone step however slow the machine is. Dropping the guard
+/// releases it (a clone left behind by a crash then runs to its end).
+fn held_git(dir: &Path) -> Result<(PathBuf, ReleaseOnDrop)> {
     use std::os::unix::fs::PermissionsExt;
     let output = Command::new("sh").args(["-c", "command -v git"]).output()?;
     let real = String::from_utf8(output.stdout)?.trim().to_owned();
     if real.is_empty() {
         bail!("git not found");
     }
-    let script = dir.join("slow-git");
+    let script = dir.join("held-git");
+    let release = dir.join("held-git-released");
     write(
         &script,
         &format!(
-            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = clone ] && sleep 5; done\nexec {real} \"$@\"\n"
+            "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = clone ] && while [ ! -e '{}' ]; do sleep 0.05; done; done\nexec {real} \"$@\"\n",
+            release.display()
         ),
     );
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
-    Ok(script)
+    Ok((script, ReleaseOnDrop(release)))
+}
+
+/// Releases [`held_git`]'s clones when dropped.
+struct ReleaseOnDrop(PathBuf);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        let _released = std::fs::write(&self.0, b"");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -562,8 +575,9 @@ async fn a_crash_in_the_middle_of_the_clone_resumes_and_emits_ready_once() -> Re
         .enable_all()
         .build()?;
     let config = config();
+    let (held_git, _release_clones) = held_git(fixture.dir.path())?;
     let options = GitOptions {
-        program: slow_git(fixture.dir.path())?,
+        program: held_git,
         ..config.git_options()
     };
     let core = zopu_tests::core_config(&fixture.server, &fixture.data());

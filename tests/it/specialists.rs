@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
+use zopu_core::clock::ManualClock;
 use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::{Shutdown, nats::Bus};
+use zopu_core::{Clock, Shutdown, nats::Bus};
 use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
 use zopu_schema::pb::flow_progress::Signal;
 use zopu_schema::{AgentId, Envelope, Event, OrgId, ProjectId, ThreadId, WorkId, pb, subjects};
@@ -90,11 +91,24 @@ struct Service {
 
 impl Service {
     fn start(server: &NatsServer, data_dir: &Path, config: Config) -> Self {
+        Self::start_with_clock(server, data_dir, config, Clock::system())
+    }
+
+    /// [`Service::start`] reading the time from `clock`.
+    fn start_with_clock(
+        server: &NatsServer,
+        data_dir: &Path,
+        config: Config,
+        clock: Clock,
+    ) -> Self {
         if std::env::var("ZOPU_TEST_LOG").is_ok() {
             zopu_core::telemetry::init(false);
         }
         let shutdown = Shutdown::new();
-        let core = zopu_tests::core_config(server, data_dir);
+        let core = zopu_core::config::CoreConfig {
+            clock,
+            ..zopu_tests::core_config(server, data_dir)
+        };
         let task = tokio::spawn(zopu_specialists::run(core, config, shutdown.clone()));
         Self { shutdown, task }
     }
@@ -772,14 +786,9 @@ async fn a_restarted_service_resumes_without_repeating_tool_or_model_calls() -> 
                 .unwrap_or(false)
     })
     .await?;
-    let deadline = tokio::time::Instant::now() + LONG;
-    while fake.request_count() < 3 {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "third model call never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tokio::time::timeout(LONG, fake.wait_for_requests(3))
+        .await
+        .context("third model call never arrived")?;
     service.stop().await?;
 
     fake.push(Scripted::text(&exploration_answer(
@@ -835,11 +844,8 @@ async fn timeouts_and_the_iteration_bound_fail_runs_with_a_reason() -> Result<()
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let data = tempfile::tempdir()?;
     let publisher = Publisher::new(bus.clone(), "test", None);
-    let fake = FakeOpenAiServer::start([Scripted::Delay(
-        Duration::from_secs(4),
-        Box::new(Scripted::text("{}")),
-    )])
-    .await?;
+    // The model never answers the first call: the act phase can only end by its timeout.
+    let fake = FakeOpenAiServer::start([Scripted::Hang]).await?;
     let mut config = model_config(&fake);
     config.flow.act_timeout = Duration::from_millis(1500);
     config.flow.max_iterations = 2;
@@ -1553,7 +1559,9 @@ async fn a_used_up_daily_model_budget_fails_the_run_visibly_without_a_model_call
     let server = NatsServer::start()?;
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let data = tempfile::tempdir()?;
-    let publisher = Publisher::new(bus.clone(), "test", None);
+    // The service and the test's writes read one manual clock, an hour before a UTC midnight.
+    let clock = ManualClock::starting_at(time::macros::datetime!(2030-03-01 23:00 UTC));
+    let publisher = Publisher::new(bus.clone(), "test", None).with_clock(clock.clock());
     let fake = FakeOpenAiServer::start([
         Scripted::tool_call("c1", "search", r#"{"pattern": "login", "literal": true}"#),
         Scripted::tool_call(
@@ -1568,7 +1576,7 @@ async fn a_used_up_daily_model_budget_fails_the_run_visibly_without_a_model_call
     .await?;
     let mut config = model_config(&fake);
     config.daily_model_tokens_per_org = 10;
-    let service = Service::start(&server, data.path(), config);
+    let service = Service::start_with_clock(&server, data.path(), config, clock.clock());
     let spent = Project::new();
     // Earlier today the organization's calls used 13 tokens (recorded as every call is).
     let earlier = pb::AgentLlmCompleted {
@@ -1589,7 +1597,8 @@ async fn a_used_up_daily_model_budget_fails_the_run_visibly_without_a_model_call
             None,
         ))
         .await?;
-    let repo = repository(data.path(), spent.id, RUST_REPO)?;
+    let repo_of_spent = repository(data.path(), spent.id, RUST_REPO)?;
+    let repo = &repo_of_spent;
     spent
         .ask(
             &publisher,
@@ -1634,5 +1643,21 @@ async fn a_used_up_daily_model_budget_fails_the_run_visibly_without_a_model_call
     assert_eq!(reason.code, "flow.budget_exceeded", "{reason:?}");
     assert!(reason.message.contains("19 of 10"), "{reason:?}");
     assert_eq!(fake.request_count(), 1);
+
+    // The budget is per UTC day: after midnight the spent organization calls the model again.
+    clock.advance(Duration::from_secs(2 * 3_600));
+    spent
+        .ask(
+            &publisher,
+            pb::FlowType::Explore,
+            "And how does logout work?",
+            &repo_of_spent.commit,
+        )
+        .await?;
+    let failed = failure_of(&terminal(&bus, &spent, 2).await?).context("flow.failed")?;
+    let reason = failed.reason.context("reason")?;
+    assert_eq!(reason.code, "flow.budget_exceeded", "{reason:?}");
+    assert!(reason.message.contains("19 of 10"), "{reason:?}");
+    assert_eq!(fake.request_count(), 2, "yesterday's usage does not count");
     service.stop().await
 }

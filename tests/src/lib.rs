@@ -356,6 +356,7 @@ fn apply_streams(url: String, replicas: usize) -> Result<()> {
                     Err(zopu_core::Error::JetStream { .. })
                         if tokio::time::Instant::now() < deadline =>
                     {
+                        // A retry's backoff while the leader is elected, not a synchronisation.
                         tokio::time::sleep(Duration::from_millis(250)).await;
                     }
                     result => break result.context("applying streams/"),

@@ -74,6 +74,7 @@ fn run(chromium: &Path, profile: &Path, args: &[String]) -> String {
             let _ = child.kill();
             panic!("chromium did not finish within {TIMEOUT:?}: {args:?}");
         }
+        // Polling the child's exit (std has no wait with a timeout); its exit is the condition.
         std::thread::sleep(Duration::from_millis(50));
     }
     let output = child.wait_with_output().expect("chromium output");

@@ -74,6 +74,7 @@ impl ZopuConfig {
             duplicate_window: self.duplicate_window,
             shutdown_grace: self.shutdown_grace,
             scale: self.scale.clone(),
+            clock: zopu_core::Clock::system(),
         }
     }
 

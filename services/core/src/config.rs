@@ -303,6 +303,11 @@ pub struct CoreConfig {
     pub shutdown_grace: std::time::Duration,
     /// How the instances of a service share its reactions (`[scale]`).
     pub scale: ScaleConfig,
+    /// The wall clock and fresh-id source of the services started with this
+    /// config (the machine's; tests inject a [`crate::clock::ManualClock`]).
+    /// Not a setting: never read from a file or the environment.
+    #[serde(skip)]
+    pub clock: crate::clock::Clock,
 }
 
 /// How several instances of one service share its reaction consumers
@@ -396,6 +401,7 @@ impl Default for CoreConfig {
             duplicate_window: std::time::Duration::from_secs(120),
             shutdown_grace: std::time::Duration::from_secs(10),
             scale: ScaleConfig::default(),
+            clock: crate::clock::Clock::system(),
         }
     }
 }

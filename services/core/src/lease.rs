@@ -36,6 +36,7 @@ use zopu_schema::pb;
 use zopu_schema::subjects::{self, LeaseKey};
 
 use crate::Error;
+use crate::clock::Clock;
 use crate::nats::Bus;
 
 /// What the bucket says about one reaction consumer.
@@ -142,6 +143,9 @@ pub struct Leases {
     /// When the last heartbeat was stored.
     last_beat: Option<Instant>,
     watch: Option<kv::Watch>,
+    /// Heartbeat expiries and claim times are wall-clock milliseconds
+    /// (compared across machines).
+    clock: Clock,
 }
 
 impl std::fmt::Debug for Leases {
@@ -173,6 +177,7 @@ impl Leases {
         instance: &str,
         partitions: u32,
         ttl: Duration,
+        clock: Clock,
     ) -> Result<Self, Error> {
         let kv = bus
             .jetstream
@@ -189,6 +194,7 @@ impl Leases {
             held: BTreeMap::new(),
             last_beat: None,
             watch: None,
+            clock,
         })
     }
 
@@ -267,7 +273,7 @@ impl Leases {
     /// handlers are still running: they are released on a later round.
     pub async fn step(&mut self, drained: &[u32]) -> Changes {
         let mut changes = Changes::default();
-        let now_ms = unix_ms();
+        let now_ms = self.clock.unix_ms();
         let beat = pb::InstanceHeartbeat {
             instance: self.instance.clone(),
             expires_unix_ms: now_ms + self.ttl.as_millis() as i64,
@@ -386,7 +392,7 @@ impl Leases {
         let key = subjects::lease_claim_key(&self.consumer, partition);
         let value = pb::PartitionClaim {
             instance: String::new(),
-            claimed_unix_ms: unix_ms(),
+            claimed_unix_ms: self.clock.unix_ms(),
         }
         .encode_to_vec();
         match bounded(self.ttl, self.kv.update(&key, value.into(), revision)).await {
@@ -427,14 +433,6 @@ async fn bounded<T, E: std::fmt::Display>(
             (ttl / 2).as_millis()
         )),
     }
-}
-
-/// Milliseconds since the Unix epoch by the wall clock (heartbeats are
-/// compared across machines).
-fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis() as i64)
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //! idempotency keys and the per-project version/hash chain; `store` is a
 //! service's SQLite projection file; `projection` and `reaction` are THE two
 //! consumer loops every service uses; `shutdown` is the process-wide
-//! cancellation token and task tracker; `runtime` bundles them for a service;
+//! cancellation token and task tracker; `clock` is the injected wall clock and
+//! fresh-id source; `runtime` bundles them for a service;
 //! `text` holds the length limits applied to text put into events.
 //!
 //! Invariants: no other crate reads a JetStream consumer directly; every
@@ -19,6 +20,7 @@
 //! message, card action, kill switch) for the gateway and the CLI alike.
 
 pub mod audit;
+pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod keywords;
@@ -39,6 +41,7 @@ pub mod text;
 
 mod error;
 
+pub use clock::Clock;
 pub use error::Error;
 pub use publish::{Appended, NewEvent, Publisher};
 pub use reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};

@@ -28,6 +28,7 @@ use zopu_schema::{
 };
 
 use crate::Error;
+use crate::clock::Clock;
 use crate::nats::Bus;
 use crate::store::Store;
 
@@ -167,6 +168,7 @@ pub struct Publisher {
     heads: Arc<Mutex<HashMap<ProjectKey, ProjectLane>>>,
     recent: Arc<Mutex<RecentKeys>>,
     retry: RetryPolicy,
+    clock: Clock,
 }
 
 /// The keys a publisher appended last, bounded (oldest forgotten first).
@@ -238,7 +240,19 @@ impl Publisher {
             heads: Arc::new(Mutex::new(HashMap::new())),
             recent: Arc::new(Mutex::new(RecentKeys::default())),
             retry: RetryPolicy::default(),
+            clock: Clock::system(),
         }
+    }
+
+    /// Stamps events with `clock`'s time instead of the machine's.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The clock that stamps this publisher's events (the service's clock).
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
@@ -263,7 +277,7 @@ impl Publisher {
         let project = (event.context.org_id.clone(), event.context.project_id);
         let lane = self.lane(&project);
         let mut head = lane.lock().await;
-        let time = OffsetDateTime::now_utc();
+        let time = self.clock.now();
         let mut conflicts = 0;
         loop {
             let current = match *head {
@@ -322,7 +336,7 @@ impl Publisher {
         let project = (event.context.org_id.clone(), event.context.project_id);
         let lane = self.lane(&project);
         let mut head = lane.lock().await;
-        let time = OffsetDateTime::now_utc();
+        let time = self.clock.now();
         let mut conflicts = 0;
         loop {
             let current = self.fetch_head(&project.0, &project.1).await?;

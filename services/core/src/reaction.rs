@@ -304,6 +304,7 @@ pub async fn run<R: Reaction>(
         publisher,
         shutdown,
         scale,
+        clock,
     } = runtime;
     let service = service.as_str();
     let stream = bus
@@ -325,6 +326,7 @@ pub async fn run<R: Reaction>(
         &instance,
         scale.partitions,
         scale.lease_ttl,
+        clock,
     )
     .await?;
     tracing::info!(service, durable = %config.durable, instance, partitions = scale.partitions, "reaction consuming");

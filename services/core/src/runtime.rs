@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::clock::Clock;
 use crate::config::{CoreConfig, ScaleConfig};
 use crate::nats::{self, Bus};
 use crate::publish::Publisher;
@@ -44,6 +45,8 @@ pub struct Runtime {
     pub shutdown: Shutdown,
     /// How this instance shares the service's reactions with the others.
     pub scale: ScaleConfig,
+    /// The wall clock and fresh-id source (the publisher stamps events with it).
+    pub clock: Clock,
 }
 
 impl Runtime {
@@ -87,7 +90,8 @@ impl Runtime {
         .await?;
         check_streams(&bus, config).await?;
         let store = Store::open_for_service(&config.data_dir, service)?;
-        let publisher = Publisher::new(bus.clone(), service, Some(store.clone()));
+        let publisher = Publisher::new(bus.clone(), service, Some(store.clone()))
+            .with_clock(config.clock.clone());
         Ok(Self {
             service: service.to_owned(),
             bus,
@@ -95,6 +99,7 @@ impl Runtime {
             publisher,
             shutdown,
             scale: config.scale.clone(),
+            clock: config.clock.clone(),
         })
     }
 

@@ -1,7 +1,7 @@
 //! HTTP plumbing: the error body, the JSON extractor that names the bad
 //! field, the request id, and the bearer-token extractor.
 
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
@@ -284,8 +284,12 @@ fn strip_position(message: &str) -> &str {
 #[derive(Debug, Clone)]
 pub struct RequestId(pub CorrelationId);
 
-/// Reads or creates the request id and echoes it on the response.
-pub async fn request_id(mut request: Request, next: Next) -> Response {
+/// Reads or creates (from the service's id source) the request id and echoes it on the response.
+pub async fn request_id(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let given = request.headers().get(&REQUEST_ID).map(|value| {
         value
             .to_str()
@@ -306,7 +310,7 @@ pub async fn request_id(mut request: Request, next: Next) -> Response {
             .field("X-Request-Id")
             .into_response();
         }
-        None => match uuid::Uuid::now_v7().hyphenated().to_string().parse() {
+        None => match state.runtime.clock.fresh_uuid().to_string().parse() {
             Ok(id) => id,
             Err(_) => {
                 return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "request id")

@@ -316,8 +316,12 @@ pub async fn start(
     let changes = changes::ProjectChanges::default();
     let projection = changes::NotifyingProjection::new(changes.clone());
     let runtime = Runtime::start_with("gateway", core, shutdown, projection).await?;
-    let tokens = TokenStore::open(&runtime.bus.jetstream).await?;
-    let tickets = tickets::TicketStore::open(&runtime.bus.jetstream).await?;
+    let tokens = TokenStore::open(&runtime.bus.jetstream)
+        .await?
+        .with_clock(runtime.clock.clone());
+    let tickets = tickets::TicketStore::open(&runtime.bus.jetstream)
+        .await?
+        .with_clock(runtime.clock.clone());
     let artifacts = runtime
         .bus
         .jetstream

@@ -225,8 +225,7 @@ async fn redeem(state: &AppState, id: &str, ticket: &str) -> Result<(OrgId, Stri
         .map_err(|_| ApiError::unavailable("token store", "read timed out"))?
         .map_err(|error| ApiError::unavailable("token store", error))?
         .filter(|info| {
-            info.org == grant.org
-                && info.status(time::OffsetDateTime::now_utc()) == TokenStatus::Active
+            info.org == grant.org && info.status(state.runtime.clock.now()) == TokenStatus::Active
         })
         .ok_or_else(ApiError::unauthorized)?;
     if !token.scopes.contains(Scope::Read) {

@@ -20,6 +20,7 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
+use zopu_core::Clock;
 use zopu_schema::{OrgId, ProjectId};
 
 use crate::tokens::TokenError;
@@ -112,6 +113,8 @@ fn admits(entry: &Entry, ticket: &str, project: &ProjectId, now: OffsetDateTime)
 #[derive(Clone)]
 pub struct TicketStore {
     bucket: kv::Store,
+    /// Ticket expiries are read from it.
+    clock: Clock,
 }
 
 impl std::fmt::Debug for TicketStore {
@@ -127,7 +130,16 @@ impl TicketStore {
             .get_key_value(zopu_schema::subjects::GATEWAY_TICKETS_BUCKET)
             .await
             .map_err(|error| store_error("open the bucket", error))?;
-        Ok(Self { bucket })
+        Ok(Self {
+            bucket,
+            clock: Clock::system(),
+        })
+    }
+
+    /// Reads the time from `clock` instead of the machine's clock.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// A new ticket for one stream of `project`, on behalf of `token_id`.
@@ -142,7 +154,7 @@ impl TicketStore {
         let ticket = format!("{TICKET_PREFIX}{}", hex::encode(random));
         let id = ticket_id(&ticket)
             .ok_or_else(|| store_error("make a ticket", "generated ticket is malformed"))?;
-        let expires_at = OffsetDateTime::now_utc() + TICKET_TTL;
+        let expires_at = self.clock.now() + TICKET_TTL;
         let entry = Entry {
             sha256: hex::encode(Sha256::digest(ticket.as_bytes())),
             org: org.to_string(),
@@ -183,7 +195,7 @@ impl TicketStore {
             tracing::warn!(ticket_id = id, "unreadable ticket entry; refusing it");
             return Ok(None);
         };
-        if !admits(&entry, ticket, project, OffsetDateTime::now_utc()) {
+        if !admits(&entry, ticket, project, self.clock.now()) {
             return Ok(None);
         }
         // Whoever removes the entry first owns the ticket.

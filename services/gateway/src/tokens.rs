@@ -30,6 +30,7 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
+use zopu_core::Clock;
 use zopu_schema::OrgId;
 
 /// Every token starts with this prefix (easy to spot in a leaked config).
@@ -441,6 +442,8 @@ fn resolve_id(given: &str, ids: &[String]) -> Result<String, TokenError> {
 #[derive(Clone)]
 pub struct TokenStore {
     bucket: kv::Store,
+    /// Issue, expiry and revocation times are read from it.
+    clock: Clock,
 }
 
 impl std::fmt::Debug for TokenStore {
@@ -456,7 +459,16 @@ impl TokenStore {
             .get_key_value(zopu_schema::subjects::GATEWAY_TOKENS_BUCKET)
             .await
             .map_err(|error| TokenError::store("open the bucket", error))?;
-        Ok(Self { bucket })
+        Ok(Self {
+            bucket,
+            clock: Clock::system(),
+        })
+    }
+
+    /// Reads the time from `clock` instead of the machine's clock.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Creates a token with every scope for `user` of `org`, valid for `ttl`.
@@ -477,7 +489,7 @@ impl TokenStore {
         ttl: Duration,
         scopes: Scopes,
     ) -> Result<IssuedToken, TokenError> {
-        self.issue_at(org, user, ttl, scopes, OffsetDateTime::now_utc())
+        self.issue_at(org, user, ttl, scopes, self.clock.now())
             .await
     }
 
@@ -536,7 +548,7 @@ impl TokenStore {
             return Ok(None);
         };
         let (entry, info) = Entry::decode(id, &bytes)?;
-        Ok(admit(token, &entry, &info, OffsetDateTime::now_utc()))
+        Ok(admit(token, &entry, &info, self.clock.now()))
     }
 
     /// The token with this id as it stands now (`None`: no such token).
@@ -591,7 +603,7 @@ impl TokenStore {
             if info.revoked_at.is_some() {
                 return Ok((info, false));
             }
-            entry.revoked_at = Some(zopu_schema::envelope::format_time(OffsetDateTime::now_utc()));
+            entry.revoked_at = Some(zopu_schema::envelope::format_time(self.clock.now()));
             match self
                 .bucket
                 .update(&id, entry.encode(), stored.revision)

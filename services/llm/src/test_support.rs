@@ -49,6 +49,35 @@ pub enum Scripted {
     Malformed(String),
     /// Never answer; the client must time out. Released when the server is dropped.
     Hang,
+    /// Hold the request until the test opens the gate, then answer with the inner entry: the
+    /// call stays in flight exactly as long as the test needs, with no delay to guess.
+    Gated(Gate, Box<Scripted>),
+}
+
+/// A gate a [`Scripted::Gated`] answer waits at. Clones share it; once opened it stays open.
+#[derive(Clone, Debug)]
+pub struct Gate(Arc<watch::Sender<bool>>);
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self(Arc::new(watch::channel(false).0))
+    }
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Lets every request held at this gate (and any later one) be answered.
+    pub fn open(&self) {
+        self.0.send_replace(true);
+    }
+
+    async fn opened(&self) {
+        let _opened_or_closed = self.0.subscribe().wait_for(|open| *open).await.is_ok();
+    }
 }
 
 impl Scripted {
@@ -131,10 +160,12 @@ impl RecordedRequest {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shared {
     script: VecDeque<Scripted>,
     requests: Vec<RecordedRequest>,
+    /// The number of requests received, for [`FakeOpenAiServer::wait_for_requests`].
+    arrived: watch::Sender<usize>,
 }
 
 #[derive(Clone)]
@@ -158,6 +189,7 @@ impl FakeOpenAiServer {
         let shared = Arc::new(Mutex::new(Shared {
             script: script.into_iter().collect(),
             requests: Vec::new(),
+            arrived: watch::channel(0).0,
         }));
         let (stop, stopped) = watch::channel(false);
         let app = Router::new().fallback(handle).with_state(AppState {
@@ -200,6 +232,13 @@ impl FakeOpenAiServer {
     /// How many requests arrived (including ones still hanging or delayed).
     pub fn request_count(&self) -> usize {
         lock(&self.shared).requests.len()
+    }
+
+    /// Resolves once `count` requests arrived (including ones still hanging or held); wrap it in
+    /// a timeout.
+    pub async fn wait_for_requests(&self, count: usize) {
+        let mut arrived = lock(&self.shared).arrived.subscribe();
+        let _arrived_or_closed = arrived.wait_for(|arrived| *arrived >= count).await.is_ok();
     }
 
     /// Every request received so far, in arrival order.
@@ -245,6 +284,8 @@ async fn handle(
                 .map(str::to_owned),
             body: String::from_utf8_lossy(&body).into_owned(),
         });
+        let arrived = shared.requests.len();
+        shared.arrived.send_replace(arrived);
         shared.script.pop_front()
     };
     match next {
@@ -284,6 +325,12 @@ fn respond(
             Scripted::Hang => {
                 until_stopped(stopped).await;
                 StatusCode::SERVICE_UNAVAILABLE.into_response()
+            }
+            Scripted::Gated(gate, then) => {
+                tokio::select! {
+                    () = gate.opened() => respond(*then, stopped).await,
+                    () = until_stopped(stopped.clone()) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+                }
             }
         }
     })

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
+use zopu_llm::test_support::{FakeOpenAiServer, Gate, Scripted};
 use zopu_llm::{
     ApiKey, ChatMessage, ChatReply, ChatRequest, Error, FinishReason, KeySource, OpenAiConfig,
     OpenAiProvider, Provider, RotatingKey, ToolSpec,
@@ -219,6 +219,26 @@ async fn slow_reply_within_timeout_succeeds() {
     .await;
     let reply = provider(&server).complete(question()).await.expect("reply");
     assert_eq!(reply.content.as_deref(), Some("late"));
+}
+
+#[tokio::test]
+async fn a_gated_reply_waits_for_its_gate_and_the_server_counts_the_held_call() {
+    let gate = Gate::new();
+    let server = start([Scripted::Gated(
+        gate.clone(),
+        Box::new(Scripted::text("released")),
+    )])
+    .await;
+    let call = tokio::spawn({
+        let provider = provider(&server);
+        async move { provider.complete(question()).await }
+    });
+    server.wait_for_requests(1).await;
+    assert!(!call.is_finished(), "answered before the gate opened");
+    gate.open();
+    let reply = call.await.expect("joined").expect("reply");
+    assert_eq!(reply.content.as_deref(), Some("released"));
+    assert_eq!(server.request_count(), 1);
 }
 
 #[tokio::test]

@@ -121,7 +121,7 @@ async fn artifact_caller(
         return Err(ApiError::unauthorized());
     };
     let org: OrgId = org.parse().map_err(|_| ApiError::unauthorized())?;
-    let now = time::OffsetDateTime::now_utc().unix_timestamp().max(0) as u64;
+    let now = state.runtime.clock.unix_seconds();
     if expires < now
         || !state
             .link_key
@@ -234,8 +234,7 @@ pub async fn artifact_link(
     .await?;
     let (record, view): (ArtifactRecord, ArtifactView) =
         found.ok_or_else(|| ApiError::not_found("artifact"))?;
-    let expires = time::OffsetDateTime::now_utc().unix_timestamp().max(0) as u64
-        + state.config.artifact_link_ttl.as_secs();
+    let expires = state.runtime.clock.unix_seconds() + state.config.artifact_link_ttl.as_secs();
     let org = &caller.0.org;
     let signature = state
         .link_key

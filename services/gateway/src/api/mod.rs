@@ -103,7 +103,10 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::web::routes())
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::max(body_max))
-        .layer(axum::middleware::from_fn(crate::http::request_id))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::http::request_id,
+        ))
         .with_state(state);
     match cors {
         Some(cors) => app.layer(cors),

@@ -190,7 +190,7 @@ impl Shared {
             .recorded(&ids.run_key)
             .await?
             .map(|started| (started.flow_run_id, started.time));
-        let start = decide_start(recorded, ids.flow_run_id, OffsetDateTime::now_utc());
+        let start = decide_start(recorded, ids.flow_run_id, ctx.publisher.clock().now());
         if start == Start::New {
             let started = pb::FlowStarted {
                 flow_type: request.flow_type,
@@ -262,7 +262,7 @@ impl Run<'_> {
         if budget == 0 {
             return Ok(());
         }
-        let day = model_usage::utc_day(OffsetDateTime::now_utc());
+        let day = model_usage::utc_day(self.ctx.publisher.clock().now());
         let (org, query_day) = (self.cause.org_id.clone(), day.clone());
         let used = self
             .ctx
