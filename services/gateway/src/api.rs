@@ -344,23 +344,16 @@ fn validate_repository(
     body: &CreateProject,
     allow_local: bool,
 ) -> Result<(String, String, String), ApiError> {
-    use zopu_sandbox::git::{BranchName, Error as GitError, RepositoryLocation};
-    let location =
-        RepositoryLocation::parse(&body.repository, allow_local).map_err(|error| match error {
-            GitError::InvalidLocation(problem) => {
-                ApiError::invalid("repository", problem.to_string())
-            }
-            other => ApiError::invalid("repository", other.to_string()),
-        })?;
+    use zopu_schema::repository::{BranchName, RepositoryLocation};
+    let location = RepositoryLocation::parse(&body.repository, allow_local)
+        .map_err(|problem| ApiError::invalid("repository", problem.to_string()))?;
     let repository = match &location {
         RepositoryLocation::Https { url, .. } => url.clone(),
         RepositoryLocation::Local { path, .. } => path.display().to_string(),
     };
     let branch = body.branch.clone().unwrap_or_else(|| "main".to_owned());
-    let branch = BranchName::parse(&branch).map_err(|error| match error {
-        GitError::InvalidBranch(problem) => ApiError::invalid("branch", problem.to_string()),
-        other => ApiError::invalid("branch", other.to_string()),
-    })?;
+    let branch = BranchName::parse(&branch)
+        .map_err(|problem| ApiError::invalid("branch", problem.to_string()))?;
     let name = match &body.name {
         Some(name) => {
             check_text("name", name, PROJECT_NAME_MAX_CHARS, true)?;

@@ -4,10 +4,14 @@
 //! event catalogue ([`catalogue`]: one event type, one message), the
 //! CloudEvents envelope and its NATS binary-mode header codec ([`envelope`],
 //! [`codec`]), typed ids ([`ids`]), subject and durable-name builders
-//! ([`subjects`]), deterministic idempotency keys ([`keys`]) and the
-//! contract as an AsyncAPI 3 document ([`asyncapi`]).
+//! ([`subjects`]), deterministic idempotency keys ([`keys`]), the
+//! repository location and branch a project is set up from, with their one
+//! validation ([`repository`]), and the contract as an AsyncAPI 3 document
+//! ([`asyncapi`]).
 //!
-//! Invariants: this crate does no I/O. It is the only place where a NATS
+//! Invariants: this crate does no I/O (the one exception: checking a local
+//! repository path reads that path's metadata, and only when the operator
+//! allows local repositories; see [`repository`]). It is the only place where a NATS
 //! subject, stream name or durable name is spelled. Every envelope that
 //! [`codec::decode`] accepts satisfies [`envelope::Envelope::check`], and
 //! [`codec::encode`] followed by [`codec::decode`] returns the same envelope.
@@ -18,6 +22,7 @@ pub mod codec;
 pub mod envelope;
 pub mod ids;
 pub mod keys;
+pub mod repository;
 pub mod subjects;
 
 /// Types generated from `proto/zopu/v1/*.proto`.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use zopu_core::Publisher;
 use zopu_core::log::{Reader, Start};
 use zopu_core::nats::Bus;
-use zopu_sandbox::git::{self, BranchName, BranchProblem, LocationProblem, RepositoryLocation};
+use zopu_schema::repository::{BranchName, BranchProblem, LocationProblem, RepositoryLocation};
 use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, pb, subjects};
 
 use crate::state::{SetupStatus, is_setup_event, status_from_events};
@@ -95,24 +95,9 @@ fn is_token(text: &str, max: usize) -> bool {
 
 /// Checks a request without appending anything.
 pub fn validate(request: &SetupRequest) -> Result<(), RequestError> {
-    match RepositoryLocation::parse(&request.repository, request.allow_local_repositories) {
-        Ok(_) => {}
-        Err(git::Error::InvalidLocation(problem)) => {
-            return Err(RequestError::InvalidRepository(problem));
-        }
-        Err(_) => {
-            return Err(RequestError::InvalidRepository(
-                LocationProblem::InvalidPath,
-            ));
-        }
-    }
-    match BranchName::parse(&request.branch) {
-        Ok(_) => {}
-        Err(git::Error::InvalidBranch(problem)) => {
-            return Err(RequestError::InvalidBranch(problem));
-        }
-        Err(_) => return Err(RequestError::InvalidBranch(BranchProblem::ForbiddenShape)),
-    }
+    RepositoryLocation::parse(&request.repository, request.allow_local_repositories)
+        .map_err(RequestError::InvalidRepository)?;
+    BranchName::parse(&request.branch).map_err(RequestError::InvalidBranch)?;
     if request.revision == 0 {
         return Err(RequestError::InvalidRevision);
     }
@@ -127,7 +112,7 @@ pub fn validate(request: &SetupRequest) -> Result<(), RequestError> {
     Ok(())
 }
 
-/// Validates the request (repository location and branch with the sandbox's
+/// Validates the request (repository location and branch with schema's
 /// parsers) and only then appends `project.setup.requested` under the key
 /// of the project's revision. Repeating the same request returns the stored
 /// event's id; a different request for a revision already taken is
