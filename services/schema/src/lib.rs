@@ -4,7 +4,8 @@
 //! event catalogue ([`catalogue`]: one event type, one message), the
 //! CloudEvents envelope and its NATS binary-mode header codec ([`envelope`],
 //! [`codec`]), typed ids ([`ids`]), subject and durable-name builders
-//! ([`subjects`]), deterministic idempotency keys ([`keys`]), the
+//! ([`subjects`]), deterministic idempotency keys ([`keys`]), the artifact
+//! manifest's limits and validation ([`manifest`]), the
 //! repository location and branch a project is set up from, with their one
 //! validation ([`repository`]), and the contract as an AsyncAPI 3 document
 //! ([`asyncapi`]).
@@ -22,6 +23,7 @@ pub mod codec;
 pub mod envelope;
 pub mod ids;
 pub mod keys;
+pub mod manifest;
 pub mod repository;
 pub mod subjects;
 
