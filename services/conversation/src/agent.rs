@@ -523,12 +523,11 @@ impl Turn<'_> {
             if let Some(recorded) = self.ctx.publisher.recorded(&key).await? {
                 if recorded.is::<pb::AgentLlmCompleted>() {
                     let completed = recorded.decode::<pb::AgentLlmCompleted>()?;
-                    let reply: ChatReply =
-                        serde_json::from_str(&completed.reply_json).map_err(|error| {
-                            HandlerError::Permanent(format!(
-                                "recorded model reply does not parse: {error}"
-                            ))
-                        })?;
+                    let reply = ChatReply::recorded_in(&completed).map_err(|error| {
+                        HandlerError::Permanent(format!(
+                            "recorded model reply does not parse: {error}"
+                        ))
+                    })?;
                     match decide::turn_from_reply(&reply, text, settings.max_tool_calls) {
                         Ok(plan) => return Ok(Ok(plan)),
                         Err(invalid) => last = failure(invalid.code(), &invalid.to_string(), true),
@@ -558,18 +557,14 @@ impl Turn<'_> {
             match outcome {
                 Ok(reply) => match decide::turn_from_reply(&reply, text, settings.max_tool_calls) {
                     Ok(plan) => {
-                        let reply_json = serde_json::to_string(&reply).map_err(|error| {
-                            HandlerError::Permanent(format!(
-                                "model reply does not serialize: {error}"
-                            ))
-                        })?;
                         let completed = pb::AgentLlmCompleted {
                             agent_id: self.agent_id(),
                             provider: reply.provider_label.clone(),
                             model: reply.model.clone(),
                             step: "decide".into(),
-                            reply_json,
+                            reply_json: String::new(),
                             reply_blob: None,
+                            reply: Some(reply.to_record()),
                             prompt_tokens: reply.usage.prompt_tokens,
                             completion_tokens: reply.usage.completion_tokens,
                             attempts: reply.attempts,

@@ -5,7 +5,8 @@
 //! CloudEvents envelope and its NATS binary-mode header codec ([`envelope`],
 //! [`codec`]), typed ids ([`ids`]), subject and durable-name builders
 //! ([`subjects`]), deterministic idempotency keys ([`keys`]), the artifact
-//! manifest's limits and validation ([`manifest`]), the
+//! manifest's limits and validation ([`manifest`]), the recorded model reply
+//! with its upcaster from earlier versions' JSON ([`model_reply`]), the
 //! repository location and branch a project is set up from, with their one
 //! validation ([`repository`]), and the contract as an AsyncAPI 3 document
 //! ([`asyncapi`]).
@@ -24,6 +25,7 @@ pub mod envelope;
 pub mod ids;
 pub mod keys;
 pub mod manifest;
+pub mod model_reply;
 pub mod repository;
 pub mod subjects;
 

@@ -1178,7 +1178,7 @@ impl Port for Run<'_> {
             let completed: pb::AgentLlmCompleted = recorded
                 .decode()
                 .map_err(|e| FlowError::Runtime(e.to_string()))?;
-            return serde_json::from_str(&completed.reply_json)
+            return ChatReply::recorded_in(&completed)
                 .map_err(|e| FlowError::Runtime(format!("recorded reply does not decode: {e}")));
         }
         self.check_halt()?;
@@ -1195,15 +1195,14 @@ impl Port for Run<'_> {
         match reply {
             Ok(mut reply) => {
                 reply.redact_secrets();
-                let value =
-                    serde_json::to_value(&reply).map_err(|e| FlowError::Runtime(e.to_string()))?;
                 let completed = pb::AgentLlmCompleted {
                     agent_id: self.agent_id.clone(),
                     provider: self.provider_label.clone(),
                     model: reply.model.clone(),
                     step: step.to_owned(),
-                    reply_json: value.to_string(),
+                    reply_json: String::new(),
                     reply_blob: None,
+                    reply: Some(reply.to_record()),
                     prompt_tokens: reply.usage.prompt_tokens,
                     completion_tokens: reply.usage.completion_tokens,
                     attempts: reply.attempts,
