@@ -1,8 +1,9 @@
 //! Hardened shallow clone and verification of a project's repository.
 //!
 //! User-supplied repository locations and branch names are validated before
-//! git runs ([`CloneSource::parse`]); only `https://` URLs without userinfo
-//! are accepted ([`zopu_schema::repository`] validates them), plus existing absolute local repositories when the operator
+//! git runs ([`CloneSource::parse`], with the one validation of
+//! [`zopu_schema::repository`]); only `https://` URLs without userinfo are
+//! accepted, plus existing absolute local repositories when the operator
 //! enables them ([`GitOptions::allow_local_repositories`], dev and tests),
 //! and then only under the configured roots and outside the runtime's own
 //! directories ([`GitOptions::local_repository_roots`],
