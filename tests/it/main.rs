@@ -17,4 +17,5 @@ mod scale;
 mod secrets;
 mod setup;
 mod specialists;
+mod tidy;
 mod tls;

@@ -404,7 +404,7 @@ async fn onboarding_summarises_rust_node_and_python_repositories() -> Result<()>
         assert_eq!(builds.len(), 1);
         let manifest = builds[0].manifest.clone().context("manifest")?;
         assert_eq!(manifest.kind, pb::ArtifactKind::ProjectSetup as i32);
-        zopu_artifacts::manifest::validate(&manifest)
+        zopu_schema::manifest::validate(&manifest)
             .map_err(|errors| anyhow::anyhow!("{errors:?}"))?;
         assert_eq!(completed.artifact_build_id, builds[0].build_id);
         assert!(
@@ -495,8 +495,7 @@ async fn offline_exploration_and_issue_are_grounded_and_labelled_heuristic() -> 
         .context("build")?;
     let manifest = build.manifest.context("manifest")?;
     assert_eq!(manifest.kind, pb::ArtifactKind::Exploration as i32);
-    zopu_artifacts::manifest::validate(&manifest)
-        .map_err(|errors| anyhow::anyhow!("{errors:?}"))?;
+    zopu_schema::manifest::validate(&manifest).map_err(|errors| anyhow::anyhow!("{errors:?}"))?;
     assert!(!manifest.work_id.is_empty() && !manifest.thread_id.is_empty());
     let exploration_run = of_type::<pb::FlowStarted>(&bus, &project).await?.len();
     assert_eq!(exploration_run, 1);
@@ -545,8 +544,7 @@ async fn offline_exploration_and_issue_are_grounded_and_labelled_heuristic() -> 
         .context("build")?;
     let manifest = build.manifest.context("manifest")?;
     assert_eq!(manifest.kind, pb::ArtifactKind::Issue as i32);
-    zopu_artifacts::manifest::validate(&manifest)
-        .map_err(|errors| anyhow::anyhow!("{errors:?}"))?;
+    zopu_schema::manifest::validate(&manifest).map_err(|errors| anyhow::anyhow!("{errors:?}"))?;
 
     // One source event starts at most one run: a repeated request is ignored.
     let messages = history(
@@ -671,8 +669,7 @@ async fn model_driven_exploration_and_issue_use_tools_and_drop_invented_evidence
             .iter()
             .all(|e| e.path != "src/session_store.rs")
     );
-    zopu_artifacts::manifest::validate(&manifest)
-        .map_err(|errors| anyhow::anyhow!("{errors:?}"))?;
+    zopu_schema::manifest::validate(&manifest).map_err(|errors| anyhow::anyhow!("{errors:?}"))?;
     let tools: Vec<String> = of_type::<pb::FlowProgress>(&bus, &project)
         .await?
         .into_iter()
@@ -735,8 +732,7 @@ async fn model_driven_exploration_and_issue_use_tools_and_drop_invented_evidence
         .manifest
         .context("manifest")?;
     assert_eq!(manifest.kind, pb::ArtifactKind::Issue as i32);
-    zopu_artifacts::manifest::validate(&manifest)
-        .map_err(|errors| anyhow::anyhow!("{errors:?}"))?;
+    zopu_schema::manifest::validate(&manifest).map_err(|errors| anyhow::anyhow!("{errors:?}"))?;
 
     // Still invalid after the repair: a visible failure.
     fake.push(Scripted::text("not json"));

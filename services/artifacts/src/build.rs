@@ -8,10 +8,11 @@
 
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
+use zopu_schema::manifest;
 use zopu_schema::pb::{ArtifactCard, ArtifactManifest};
 
 use crate::validate::{Code, Policy, Violation};
-use crate::{manifest, render, validate};
+use crate::{render, validate};
 
 /// Build inputs besides the manifest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

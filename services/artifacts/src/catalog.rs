@@ -145,7 +145,7 @@ impl Projection for Catalogue {
             tx.prepare_cached("UPDATE artifact_builds SET status = 'started' WHERE build_id = ?1 AND status = 'requested'")?.execute([started.build_id],
             )?;
         } else if let Ok(published) = event.decode::<pb::ArtifactPublished>() {
-            let kind = crate::manifest::kind_name(published.kind());
+            let kind = zopu_schema::manifest::kind_name(published.kind());
             let blob = published.html.unwrap_or_default();
             tx.prepare_cached("INSERT OR IGNORE INTO artifact_revisions
                  (artifact_id, revision, build_id, org_id, project_id, work_id, thread_id, kind, title,

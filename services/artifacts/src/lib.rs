@@ -1,7 +1,8 @@
 //! Zopu's artifact library: typed manifest in, validated static HTML out.
 //!
 //! A specialist's [`ArtifactManifest`](zopu_schema::pb::ArtifactManifest) is
-//! checked field by field ([`manifest`]), rendered with one of three curated
+//! checked field by field ([`zopu_schema::manifest`], the wire contract's own
+//! validation), rendered with one of three curated
 //! kits ([`render`]: project-setup, repository-exploration,
 //! issue-definition), and the page is validated before anything is stored
 //! ([`validate`]). [`build`] runs that pipeline with exactly one bounded
@@ -32,7 +33,6 @@
 pub mod build;
 pub mod catalog;
 pub mod fetch;
-pub mod manifest;
 pub mod render;
 pub mod service;
 pub mod storage;

@@ -155,7 +155,7 @@ static TEMPLATES: LazyLock<Result<Environment<'static>, String>> = LazyLock::new
 });
 
 /// Renders `manifest` with the kit for its kind. Assumes the manifest passed
-/// [`crate::manifest::validate`]; unvalidated input still renders safely.
+/// [`zopu_schema::manifest::validate`]; unvalidated input still renders safely.
 pub fn render(manifest: &ArtifactManifest, options: &Options) -> Result<String, Error> {
     let kind = ArtifactKind::try_from(manifest.kind).unwrap_or(ArtifactKind::Unspecified);
     let kit = Kit::for_kind(kind).ok_or(Error::UnspecifiedKind)?;

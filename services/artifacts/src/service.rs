@@ -18,10 +18,10 @@ use zopu_core::config::{ConfigError, CoreConfig};
 use zopu_core::{
     HandlerError, NewEvent, Reaction, ReactionConfig, ReactionContext, Runtime, Shutdown,
 };
-use zopu_schema::{ArtifactId, BuildId, Envelope, Event, keys, pb, subjects};
+use zopu_schema::{ArtifactId, BuildId, Envelope, Event, keys, manifest, pb, subjects};
 
 use crate::catalog::{self, BuildRow, BuildStatus, Catalogue, RevisionRow};
-use crate::{Error, build, manifest, storage, validate};
+use crate::{Error, build, storage, validate};
 
 /// The service name: `zopu/artifacts`, `<data_dir>/artifacts.sqlite`.
 pub const SERVICE: &str = "artifacts";

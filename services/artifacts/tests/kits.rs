@@ -4,8 +4,8 @@
 mod support;
 
 use zopu_artifacts::build::{Options, build};
-use zopu_artifacts::manifest;
 use zopu_artifacts::render::{self, Kit};
+use zopu_schema::manifest;
 use zopu_schema::pb::{ArtifactKind, ArtifactManifest};
 
 fn built(name: &str, m: &ArtifactManifest) -> String {

@@ -2,8 +2,8 @@
 
 mod support;
 
-use zopu_artifacts::manifest::{self, Error, check_ids};
 use zopu_schema::ids::{FlowRunId, ProjectId, WorkId};
+use zopu_schema::manifest::{self, Error, check_ids};
 use zopu_schema::pb::ArtifactManifest;
 
 fn errors(m: &ArtifactManifest) -> Vec<String> {

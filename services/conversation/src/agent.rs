@@ -493,7 +493,7 @@ impl Turn<'_> {
             return Ok(Err(failed.reason.unwrap_or_else(|| last.clone())));
         }
         let completed = recorded.decode::<pb::AgentLlmCompleted>()?;
-        let reply: ChatReply = serde_json::from_str(&completed.reply_json).map_err(|error| {
+        let reply = ChatReply::recorded_in(&completed).map_err(|error| {
             HandlerError::Permanent(format!("recorded model reply does not parse: {error}"))
         })?;
         let max_tool_calls = self.agent.settings.max_tool_calls;
@@ -577,16 +577,14 @@ impl Turn<'_> {
         reply: &ChatReply,
         duration_ms: u64,
     ) -> Result<(), HandlerError> {
-        let reply_json = serde_json::to_string(reply).map_err(|error| {
-            HandlerError::Permanent(format!("model reply does not serialize: {error}"))
-        })?;
         let completed = pb::AgentLlmCompleted {
             agent_id: self.agent_id(),
             provider: reply.provider_label.clone(),
             model: reply.model.clone(),
             step: "decide".into(),
-            reply_json,
+            reply_json: String::new(),
             reply_blob: None,
+            reply: Some(reply.to_record()),
             prompt_tokens: reply.usage.prompt_tokens,
             completion_tokens: reply.usage.completion_tokens,
             attempts: reply.attempts,

@@ -26,7 +26,7 @@
 //! (the project exists, the artifact has the action) is checked by the caller
 //! against its own view before it appends.
 
-use zopu_sandbox::git::{self, BranchName, BranchProblem, LocationProblem, RepositoryLocation};
+use zopu_schema::repository::{BranchName, BranchProblem, LocationProblem, RepositoryLocation};
 use zopu_schema::{AgentId, ArtifactId, CorrelationId, EventId, OrgId, ProjectId, keys, pb};
 
 use crate::NewEvent;
@@ -303,22 +303,17 @@ pub fn enable_agent(requester: &Requester, project: ProjectId) -> Result<NewEven
 
 /// The repository as stored: the parsed location's URL, or a local repository's canonical path.
 fn repository(input: &str, allow_local_repositories: bool) -> Result<String, Invalid> {
-    match RepositoryLocation::parse(input, allow_local_repositories) {
-        Ok(RepositoryLocation::Https { url, .. }) => Ok(url),
-        Ok(RepositoryLocation::Local { path, .. }) => Ok(path.display().to_string()),
-        Err(git::Error::InvalidLocation(problem)) => Err(Invalid::Repository(problem)),
-        // `parse` reports nothing else; a path it could not read is one it refuses.
-        Err(_) => Err(Invalid::Repository(LocationProblem::InvalidPath)),
+    match RepositoryLocation::parse(input, allow_local_repositories).map_err(Invalid::Repository)? {
+        RepositoryLocation::Https { url, .. } => Ok(url),
+        RepositoryLocation::Local { path, .. } => Ok(path.display().to_string()),
     }
 }
 
 fn branch(input: &str) -> Result<String, Invalid> {
-    match BranchName::parse(input) {
-        Ok(branch) => Ok(branch.as_str().to_owned()),
-        Err(git::Error::InvalidBranch(problem)) => Err(Invalid::Branch(problem)),
-        // `parse` reports nothing else.
-        Err(_) => Err(Invalid::Branch(BranchProblem::ForbiddenShape)),
-    }
+    Ok(BranchName::parse(input)
+        .map_err(Invalid::Branch)?
+        .as_str()
+        .to_owned())
 }
 
 /// A project's name when the user gives none: the repository's last path

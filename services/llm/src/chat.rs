@@ -1,9 +1,13 @@
-//! Provider-neutral chat types. `ChatRequest` and `ChatReply` are wire contracts: replies are
-//! recorded as events so that a replay reads the recorded reply instead of calling the model.
+//! Provider-neutral chat types. A reply is recorded in `agent.llm.completed` as schema's
+//! `ModelReply` ([`ChatReply::to_record`], [`ChatReply::from_record`]), so a replay reads the
+//! recorded reply instead of calling the model; the Rust types here are not the wire contract.
 
 use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
+
+use zopu_schema::model_reply::{FINISH_STOP, FINISH_TOOL_CALLS};
+use zopu_schema::pb;
 
 use crate::Error;
 
@@ -198,8 +202,7 @@ fn is_valid_tool_name(name: &str) -> bool {
 
 /// Why the model stopped. Replies only ever carry a successful reason: `length` and
 /// `content_filter` are turned into errors before a reply is built.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FinishReason {
     Stop,
     ToolCalls,
@@ -208,17 +211,16 @@ pub enum FinishReason {
 }
 
 /// Token accounting as reported by the provider (zero when it reports none).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
 }
 
 /// A validated reply. Never contains a partial tool call.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ChatReply {
     pub content: Option<String>,
-    #[serde(default)]
     pub tool_calls: Vec<ToolCall>,
     pub finish_reason: FinishReason,
     pub usage: Usage,
@@ -231,6 +233,93 @@ pub struct ChatReply {
 }
 
 impl ChatReply {
+    /// The reply as `agent.llm.completed` records it.
+    pub fn to_record(&self) -> pb::ModelReply {
+        let (finish_reason, finish_reason_other) = match &self.finish_reason {
+            FinishReason::Stop => (FINISH_STOP.to_owned(), false),
+            FinishReason::ToolCalls => (FINISH_TOOL_CALLS.to_owned(), false),
+            FinishReason::Other(reason) => (reason.clone(), true),
+        };
+        pb::ModelReply {
+            content: self.content.clone(),
+            tool_calls: self
+                .tool_calls
+                .iter()
+                .map(|call| pb::ModelToolCall {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments_json: call.arguments.to_string(),
+                })
+                .collect(),
+            finish_reason,
+            finish_reason_other,
+            prompt_tokens: self.usage.prompt_tokens,
+            completion_tokens: self.usage.completion_tokens,
+            attempts: self.attempts,
+            model: self.model.clone(),
+            provider_label: self.provider_label.clone(),
+        }
+    }
+
+    /// The reply an `agent.llm.completed` recorded, from its `reply` or,
+    /// for events of earlier versions, its `reply_json`
+    /// ([`zopu_schema::model_reply::recorded`]).
+    pub fn recorded_in(completed: &pb::AgentLlmCompleted) -> Result<Self, Error> {
+        let record = zopu_schema::model_reply::recorded(completed).map_err(|error| {
+            Error::MalformedResponse {
+                reason: error.to_string(),
+            }
+        })?;
+        Self::from_record(record)
+    }
+
+    /// A recorded reply back as the model client's type. A tool call whose
+    /// arguments are not a JSON object is [`Error::MalformedResponse`]: a
+    /// recorded reply was validated before it was stored.
+    pub fn from_record(record: pb::ModelReply) -> Result<Self, Error> {
+        let tool_calls = record
+            .tool_calls
+            .into_iter()
+            .map(|call| {
+                let arguments: serde_json::Value = serde_json::from_str(&call.arguments_json)
+                    .map_err(|error| Error::MalformedResponse {
+                        reason: format!("recorded tool call `{}`: {error}", call.name),
+                    })?;
+                if !arguments.is_object() {
+                    return Err(Error::MalformedResponse {
+                        reason: format!(
+                            "recorded tool call `{}`: arguments are not an object",
+                            call.name
+                        ),
+                    });
+                }
+                Ok(ToolCall {
+                    id: call.id,
+                    name: call.name,
+                    arguments,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let finish_reason = match (record.finish_reason.as_str(), record.finish_reason_other) {
+            (_, true) => FinishReason::Other(record.finish_reason),
+            (FINISH_STOP, false) => FinishReason::Stop,
+            (FINISH_TOOL_CALLS, false) => FinishReason::ToolCalls,
+            (_, false) => FinishReason::Other(record.finish_reason),
+        };
+        Ok(Self {
+            content: record.content,
+            tool_calls,
+            finish_reason,
+            usage: Usage {
+                prompt_tokens: record.prompt_tokens,
+                completion_tokens: record.completion_tokens,
+            },
+            attempts: record.attempts,
+            model: record.model,
+            provider_label: record.provider_label,
+        })
+    }
+
     /// Replaces every secret in the text the model returned (its content and
     /// every string inside its tool calls' arguments) with a
     /// `[redacted:<rule>]` marker, before the reply is stored or acted on.
@@ -320,7 +409,7 @@ mod tests {
             provider_label: "openai".into(),
         };
         reply.redact_secrets();
-        let json = serde_json::to_string(&reply).expect("serializes");
+        let json = format!("{:?}", reply.to_record());
         let mut answer = reply.clone();
         answer.content = Some(format!(
             "```json\n{}\n```",
@@ -373,7 +462,7 @@ mod tests {
     }
 
     #[test]
-    fn request_and_reply_round_trip_through_json() {
+    fn requests_round_trip_through_json_and_replies_through_their_record() {
         let request = ChatRequest::new(vec![
             ChatMessage::system("be brief"),
             ChatMessage::assistant_tool_calls(vec![ToolCall {
@@ -402,10 +491,49 @@ mod tests {
             model: "m".into(),
             provider_label: "openai".into(),
         };
-        let json = serde_json::to_string(&reply).expect("serializes");
         assert_eq!(
-            serde_json::from_str::<ChatReply>(&json).expect("parses"),
+            ChatReply::from_record(reply.to_record()).expect("decodes"),
             reply
         );
+        let tool_reply = ChatReply {
+            content: None,
+            tool_calls: vec![ToolCall {
+                id: "c1".into(),
+                name: "search".into(),
+                arguments: serde_json::json!({"q": "x", "n": [1, 2]}),
+            }],
+            finish_reason: FinishReason::ToolCalls,
+            ..reply.clone()
+        };
+        assert_eq!(
+            ChatReply::from_record(tool_reply.to_record()).expect("decodes"),
+            tool_reply
+        );
+        // A provider's own reason that happens to read `stop` stays its own.
+        let odd = ChatReply {
+            finish_reason: FinishReason::Other("stop".into()),
+            ..reply
+        };
+        assert_eq!(
+            ChatReply::from_record(odd.to_record()).expect("decodes"),
+            odd
+        );
+    }
+
+    #[test]
+    fn a_recorded_tool_call_without_an_object_is_refused() {
+        let record = pb::ModelReply {
+            tool_calls: vec![pb::ModelToolCall {
+                id: "c1".into(),
+                name: "search".into(),
+                arguments_json: "[1]".into(),
+            }],
+            finish_reason: FINISH_TOOL_CALLS.into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            ChatReply::from_record(record),
+            Err(Error::MalformedResponse { .. })
+        ));
     }
 }

@@ -3,11 +3,18 @@
 //! This crate holds the prost types generated from `proto/` ([`pb`]), the
 //! event catalogue ([`catalogue`]: one event type, one message), the
 //! CloudEvents envelope and its NATS binary-mode header codec ([`envelope`],
-//! [`codec`], on the cloudevents-sdk's binding traits), typed ids ([`ids`]), subject and durable-name builders
-//! ([`subjects`]), deterministic idempotency keys ([`keys`]) and the
-//! contract as an AsyncAPI 3 document ([`asyncapi`]).
+//! [`codec`], on the cloudevents-sdk's binding traits), typed ids ([`ids`]),
+//! subject and durable-name builders ([`subjects`]), deterministic
+//! idempotency keys ([`keys`]), the artifact manifest's limits and
+//! validation ([`manifest`]), the recorded model reply with its upcaster
+//! from earlier versions' JSON ([`model_reply`]), the repository location
+//! and branch a project is set up from, with their one validation
+//! ([`repository`]), and the contract as an AsyncAPI 3 document
+//! ([`asyncapi`]).
 //!
-//! Invariants: this crate does no I/O. It is the only place where a NATS
+//! Invariants: this crate does no I/O (the one exception: checking a local
+//! repository path reads that path's metadata, and only when the operator
+//! allows local repositories; see [`repository`]). It is the only place where a NATS
 //! subject, stream name or durable name is spelled. Every envelope that
 //! [`codec::decode`] accepts satisfies [`envelope::Envelope::check`], and
 //! [`codec::encode`] followed by [`codec::decode`] returns the same envelope.
@@ -18,6 +25,9 @@ pub mod codec;
 pub mod envelope;
 pub mod ids;
 pub mod keys;
+pub mod manifest;
+pub mod model_reply;
+pub mod repository;
 pub mod subjects;
 
 /// Types generated from `proto/zopu/v1/*.proto`.

@@ -16,6 +16,14 @@ pub const GATEWAY_TOKENS_BUCKET: &str = "zopu-gateway-tokens";
 pub const GATEWAY_TICKETS_BUCKET: &str = "zopu-gateway-tickets";
 /// Prefix of every event subject.
 const EVENT_PREFIX: &str = "zopu.evt";
+/// The first token of every Zopu subject.
+const NAMESPACE_PREFIX: &str = "zopu.";
+
+/// Whether a user's pattern is a whole subject filter (`zopu.evt.acme.>`)
+/// rather than an event type pattern (`artifact.>`).
+pub fn is_subject_filter(pattern: &str) -> bool {
+    pattern.starts_with(NAMESPACE_PREFIX)
+}
 
 /// `zopu.evt.>`: every event.
 pub fn all_events() -> String {
@@ -242,6 +250,14 @@ pub fn durable(service: &str, purpose: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_subject_filters_are_told_from_event_type_patterns() {
+        assert!(is_subject_filter(&org_events(&"acme".parse().unwrap())));
+        assert!(is_subject_filter(&all_events()));
+        assert!(!is_subject_filter("artifact.>"));
+        assert!(!is_subject_filter("project.ready"));
+    }
 
     #[test]
     fn event_subjects_round_trip() {

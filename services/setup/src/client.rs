@@ -10,7 +10,7 @@ use zopu_core::commands::{self, Invalid, ProjectSetup, Requester};
 use zopu_core::log::{Reader, Start};
 use zopu_core::nats::Bus;
 use zopu_core::{NewEvent, Publisher};
-use zopu_sandbox::git::{BranchProblem, LocationProblem};
+use zopu_schema::repository::{BranchProblem, LocationProblem};
 use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, pb, subjects};
 
 use crate::state::{SetupStatus, is_setup_event, status_from_events};

@@ -1,10 +1,10 @@
 //! Artifact manifests (main spec section 34) built from flow results. Every
 //! text is redacted and clipped to the artifact pipeline's limits; the
-//! manifest is checked with `zopu_artifacts::manifest::validate` before it is
+//! manifest is checked with `zopu_schema::manifest::validate` before it is
 //! handed over.
 
-use zopu_artifacts::manifest as limits;
 use zopu_core::text::clip_chars;
+use zopu_schema::manifest as limits;
 use zopu_schema::pb::{
     self, ArtifactCard, ArtifactKind, ArtifactManifest, ArtifactSection, CardAction, CardFact,
     DiagramEdge, DiagramNode,

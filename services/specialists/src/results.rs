@@ -433,6 +433,44 @@ mod tests {
         assert!(!value.to_string().contains(secret), "{value}");
     }
 
+    /// `result_json` of `flow.completed` events recorded by the previous
+    /// version (fixtures in `services/schema/tests/fixtures`) still reads
+    /// into today's result types, and they write it back unchanged: a
+    /// renamed or retyped field fails here instead of breaking replay.
+    #[test]
+    fn results_recorded_by_the_previous_version_read_back_unchanged() {
+        use prost::Message;
+        fn recorded(name: &str) -> (serde_json::Value, String) {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../schema/tests/fixtures")
+                .join(name);
+            let bytes = std::fs::read(&path).expect("fixture");
+            let event = zopu_schema::pb::FlowCompleted::decode(bytes.as_slice()).expect("decodes");
+            let value = serde_json::from_str(&event.result_json).expect("JSON");
+            (value, event.result_json)
+        }
+        fn round_trip<T: Serialize + for<'de> Deserialize<'de>>(name: &str) -> T {
+            let (value, text) = recorded(name);
+            let result: T = serde_json::from_str(&text).expect("reads into today's type");
+            assert_eq!(
+                serde_json::to_value(&result).expect("writes"),
+                value,
+                "{name}"
+            );
+            result
+        }
+        let exploration: ExplorationResult = round_trip("flow_completed_exploration.v1.pb");
+        assert_eq!(
+            exploration.findings[0].evidence[0].path,
+            "src/auth/login.rs"
+        );
+        let issue: IssueResult = round_trip("flow_completed_issue.v1.pb");
+        assert_eq!(issue.acceptance_criteria, ["the 6th attempt is refused"]);
+        let onboarding: OnboardingResult = round_trip("flow_completed_onboarding.v1.pb");
+        assert_eq!(onboarding.languages[0], ("Rust".to_owned(), 30));
+        assert_eq!(onboarding.commands[1].status, CommandStatus::Verified);
+    }
+
     #[test]
     fn json_object_tolerates_fences() {
         assert_eq!(json_object("```json\n{\"a\":1}\n```"), Some("{\"a\":1}"));

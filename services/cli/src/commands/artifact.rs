@@ -97,7 +97,7 @@ fn report(
             "revision": metadata.revision,
             "revisions": metadata.revisions,
             "superseded_by": metadata.superseded_by,
-            "kind": zopu_artifacts::manifest::kind_name(metadata.kind),
+            "kind": zopu_schema::manifest::kind_name(metadata.kind),
             "title": metadata.title,
             "org_id": metadata.org_id.to_string(),
             "project_id": metadata.project_id.to_string(),

@@ -96,7 +96,7 @@ fn print_event(context: &Context, sequence: u64, envelope: &Envelope) {
 pub async fn run_tail(context: &Context, args: TailArgs) -> anyhow::Result<ExitCode> {
     let bus = context.connect().await?;
     let filter = match (args.filter, scope_filter(args.project, args.org.as_ref())) {
-        (Some(filter), _) if filter.starts_with("zopu.") => filter,
+        (Some(filter), _) if subjects::is_subject_filter(&filter) => filter,
         (Some(pattern), _) => subjects::events_of_type(&pattern),
         (None, Some(project)) => project,
         (None, None) => subjects::all_events(),

@@ -16,7 +16,7 @@ use crate::port::{FlowError, Port, ToolRequest, ToolResult};
 /// A model call found in the record.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum RecordedModelCall {
-    Completed(pb::AgentLlmCompleted),
+    Completed(Box<pb::AgentLlmCompleted>),
     /// The model called a tool that was not offered.
     Failed(pb::AgentLlmFailed),
 }
@@ -27,7 +27,10 @@ impl RecordedModelCall {
         if recorded.is::<pb::AgentLlmFailed>() {
             return recorded.decode().map(Self::Failed).map_err(runtime);
         }
-        recorded.decode().map(Self::Completed).map_err(runtime)
+        recorded
+            .decode()
+            .map(|completed| Self::Completed(Box::new(completed)))
+            .map_err(runtime)
     }
 
     /// What the recorded call gives the flow: the same reply, or the same
@@ -37,7 +40,7 @@ impl RecordedModelCall {
             Self::Failed(failed) => Err(FlowError::ToolNotAllowed(
                 failed.reason.map(|r| r.message).unwrap_or_default(),
             )),
-            Self::Completed(completed) => serde_json::from_str(&completed.reply_json)
+            Self::Completed(completed) => ChatReply::recorded_in(&completed)
                 .map_err(|e| FlowError::Runtime(format!("recorded reply does not decode: {e}"))),
         }
     }
@@ -79,14 +82,14 @@ impl ModelCallSite<'_> {
         reply: &ChatReply,
         duration_ms: u64,
     ) -> Result<pb::AgentLlmCompleted, FlowError> {
-        let value = serde_json::to_value(reply).map_err(|e| FlowError::Runtime(e.to_string()))?;
         Ok(pb::AgentLlmCompleted {
             agent_id: self.agent_id.to_owned(),
             provider: self.provider.to_owned(),
             model: reply.model.clone(),
             step: self.step.to_owned(),
-            reply_json: value.to_string(),
+            reply_json: String::new(),
             reply_blob: None,
+            reply: Some(reply.to_record()),
             prompt_tokens: reply.usage.prompt_tokens,
             completion_tokens: reply.usage.completion_tokens,
             attempts: reply.attempts,
@@ -297,7 +300,7 @@ mod tests {
         assert_eq!((completed.attempts, completed.duration_ms), (2, 15));
         assert_eq!(completed.step, "model:llm:1");
         assert_eq!(
-            RecordedModelCall::Completed(completed).replay(),
+            RecordedModelCall::Completed(Box::new(completed)).replay(),
             Ok(reply())
         );
     }
@@ -319,7 +322,7 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(
-            RecordedModelCall::Completed(completed).replay(),
+            RecordedModelCall::Completed(Box::new(completed)).replay(),
             Err(FlowError::Runtime(_))
         ));
     }

@@ -1,4 +1,7 @@
-//! Validation of an [`ArtifactManifest`]'s own fields (main spec section 34).
+//! The artifact manifest (main spec section 34) is the wire contract of
+//! `artifact.build.requested`: the specialists write it, the artifacts
+//! service renders it. Its limits and its validation live here, beside the
+//! message, so both sides check the same rules.
 //!
 //! [`validate`] checks shape, sizes and ids and returns *every* problem, each
 //! naming the field it is about (`sections[3].kind: unknown kind "x"`).
@@ -9,8 +12,8 @@
 
 use std::collections::HashSet;
 
-use zopu_schema::ids::{EventId, FlowRunId, IdError, ProjectId, ThreadId, WorkId};
-use zopu_schema::pb::{ArtifactKind, ArtifactManifest, ArtifactSection, CardFact, Evidence};
+use crate::ids::{EventId, FlowRunId, IdError, ProjectId, ThreadId, WorkId};
+use crate::pb::{ArtifactKind, ArtifactManifest, ArtifactSection, CardFact, Evidence};
 
 /// Title length in characters.
 pub const TITLE_CHARS_MAX: usize = 160;

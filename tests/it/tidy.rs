@@ -1,0 +1,281 @@
+//! The README's invariants about the code's shape, checked on the sources
+//! and on `cargo metadata` (no nats-server needed):
+//!
+//! - only `schema` spells NATS subjects, stream, bucket and durable names;
+//! - dependencies flow one way: services → core → schema. A crate depends
+//!   only on crates of a lower layer ([`layer`]): no service crate depends
+//!   on another service crate, the shared library crates (secrets,
+//!   sandbox, llm) on no service and not on core, and the gateway on
+//!   neither sandbox nor llm.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use zopu_schema::subjects;
+
+/// Where a workspace crate sits; a crate may depend only on lower layers.
+/// Unknown crates fail the test: a new crate must be placed here.
+fn layer(crate_name: &str) -> Option<u8> {
+    Some(match crate_name {
+        "zopu-schema" | "zopu-secrets" => 0,
+        "zopu-core" | "zopu-sandbox" | "zopu-llm" => 1,
+        "zopu-setup" | "zopu-dispatch" | "zopu-conversation" | "zopu-specialists"
+        | "zopu-artifacts" | "zopu-gateway" => 2,
+        "zopu-cli" => 3,
+        _ => return None,
+    })
+}
+
+/// Crates a crate must not depend on even though they sit lower.
+const FORBIDDEN_EDGES: &[(&str, &str)] = &[
+    // The gateway speaks HTTP and events; repository checks come from schema.
+    ("zopu-gateway", "zopu-sandbox"),
+    ("zopu-gateway", "zopu-llm"),
+];
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the workspace")
+        .to_path_buf()
+}
+
+/// Every workspace crate (except the tests crate) and the workspace crates
+/// it depends on (normal and build dependencies; dev-dependencies are for
+/// its own tests).
+fn workspace_dependencies() -> BTreeMap<String, Vec<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let output = std::process::Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(workspace_root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        output.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON");
+    let packages = metadata["packages"].as_array().expect("packages");
+    let members: Vec<&str> = packages
+        .iter()
+        .filter_map(|package| package["name"].as_str())
+        .collect();
+    packages
+        .iter()
+        .filter(|package| package["name"] != "zopu-tests")
+        .map(|package| {
+            let name = package["name"].as_str().expect("name").to_owned();
+            let dependencies = package["dependencies"]
+                .as_array()
+                .expect("dependencies")
+                .iter()
+                .filter(|dependency| dependency["kind"] != "dev")
+                .filter_map(|dependency| dependency["name"].as_str())
+                .filter(|dependency| members.contains(dependency) && *dependency != name)
+                .map(str::to_owned)
+                .collect();
+            (name, dependencies)
+        })
+        .collect()
+}
+
+#[test]
+fn dependencies_flow_from_services_to_core_to_schema() {
+    let crates = workspace_dependencies();
+    assert!(crates.contains_key("zopu-gateway"), "{crates:?}");
+    let mut violations = Vec::new();
+    for (name, dependencies) in &crates {
+        let Some(own) = layer(name) else {
+            violations.push(format!("{name} is not placed in tidy::layer"));
+            continue;
+        };
+        for dependency in dependencies {
+            match layer(dependency) {
+                None => violations.push(format!("{dependency} is not placed in tidy::layer")),
+                Some(theirs) if theirs >= own => {
+                    violations.push(format!(
+                        "{name} (layer {own}) depends on {dependency} (layer {theirs})"
+                    ));
+                }
+                Some(_) => {}
+            }
+            if FORBIDDEN_EDGES.contains(&(name.as_str(), dependency.as_str())) {
+                violations.push(format!("{name} depends on {dependency}"));
+            }
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "dependency direction broken:\n{}",
+        violations.join("\n")
+    );
+}
+
+#[test]
+fn the_layering_rejects_the_edges_it_exists_to_prevent() {
+    let below = |from: &str, to: &str| layer(to) < layer(from);
+    assert!(below("zopu-gateway", "zopu-core"));
+    assert!(below("zopu-core", "zopu-schema"));
+    assert!(
+        !below("zopu-specialists", "zopu-artifacts"),
+        "service → service"
+    );
+    assert!(
+        !below("zopu-core", "zopu-sandbox"),
+        "core → a library beside it"
+    );
+    assert!(!below("zopu-schema", "zopu-core"));
+    assert!(FORBIDDEN_EDGES.contains(&("zopu-gateway", "zopu-sandbox")));
+}
+
+/// Names only `schema` may spell, as whole string literals.
+fn reserved_names() -> [&'static str; 5] {
+    [
+        subjects::EVENTS_STREAM,
+        subjects::ARTIFACTS_BUCKET,
+        subjects::GATEWAY_TOKENS_BUCKET,
+        subjects::GATEWAY_TICKETS_BUCKET,
+        subjects::LEASES_BUCKET,
+    ]
+}
+
+/// Whether a string literal's text spells a subject, a subject prefix, a
+/// JetStream API subject or a reserved stream or bucket name. Protobuf
+/// message names (`zopu.v1.ProjectReady`, a `dataschema`) are not subjects.
+fn spells_a_subject_or_name(literal: &str) -> bool {
+    let protobuf_name = literal
+        .strip_prefix("zopu.v")
+        .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()));
+    (literal.starts_with("zopu.") && !protobuf_name)
+        || literal.contains("zopu.evt")
+        || literal.starts_with("events.")
+        || literal.starts_with("$JS.")
+        || reserved_names().contains(&literal)
+}
+
+/// The string literals of one line of Rust (escapes kept as written).
+fn string_literals(line: &str) -> Vec<&str> {
+    let mut literals = Vec::new();
+    let mut rest = line;
+    while let Some(start) = rest.find('"') {
+        let after = &rest[start + 1..];
+        let mut end = None;
+        let mut escaped = false;
+        for (index, c) in after.char_indices() {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => {
+                    end = Some(index);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let Some(end) = end else { break };
+        literals.push(&after[..end]);
+        rest = &after[end + 1..];
+    }
+    literals
+}
+
+fn rust_files(directory: &Path, files: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(directory) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, files);
+        } else if path.extension().is_some_and(|extension| extension == "rs") {
+            files.push(path);
+        }
+    }
+}
+
+/// `file:line: literal` for every subject or reserved name spelled in the
+/// production sources of the crates other than schema (comments and
+/// `#[cfg(test)]` modules are not production code).
+fn subject_spellings_outside_schema() -> Vec<String> {
+    let services = workspace_root().join("services");
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(&services).expect("services/").flatten() {
+        if entry.file_name() != "schema" {
+            rust_files(&entry.path().join("src"), &mut files);
+        }
+    }
+    assert!(files.len() > 50, "found only {} source files", files.len());
+    let mut found = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("readable source");
+        let mut in_test_module = false;
+        for (number, line) in text.lines().enumerate() {
+            // A file's test modules are `#[cfg(test)]` at the top level and
+            // end at the first top-level `}`.
+            if line.starts_with("#[cfg(test)]") {
+                in_test_module = true;
+            } else if in_test_module && line == "}" {
+                in_test_module = false;
+            }
+            let code = line.trim_start();
+            if in_test_module || code.starts_with("//") {
+                continue;
+            }
+            let literals = string_literals(line);
+            if code.contains("durable_name") && !literals.is_empty() {
+                let relative = file.strip_prefix(workspace_root()).unwrap_or(&file);
+                found.push(format!(
+                    "{}:{}: a durable name spelled by hand",
+                    relative.display(),
+                    number + 1
+                ));
+            }
+            for literal in literals {
+                if spells_a_subject_or_name(literal) {
+                    let relative = file.strip_prefix(workspace_root()).unwrap_or(&file);
+                    found.push(format!(
+                        "{}:{}: \"{literal}\"",
+                        relative.display(),
+                        number + 1
+                    ));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn only_schema_spells_subjects_streams_and_durable_names() {
+    let found = subject_spellings_outside_schema();
+    assert!(
+        found.is_empty(),
+        "subjects and stream, bucket or durable names belong in schema::subjects:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_subject_scan_finds_what_it_looks_for() {
+    let line = r#"let s = format!("zopu.evt.{org}.>"); let d = "x\"y"; let n = "ZOPU_EVENTS";"#;
+    assert_eq!(
+        string_literals(line),
+        ["zopu.evt.{org}.>", r#"x\"y"#, "ZOPU_EVENTS"]
+    );
+    assert!(spells_a_subject_or_name("zopu.evt.*.*.artifact.>"));
+    assert!(spells_a_subject_or_name("zopu."));
+    assert!(spells_a_subject_or_name("$JS.API.STREAM.INFO.ZOPU_EVENTS"));
+    assert!(spells_a_subject_or_name(subjects::EVENTS_STREAM));
+    assert!(spells_a_subject_or_name(subjects::LEASES_BUCKET));
+    assert!(!spells_a_subject_or_name("zopu.v1.ProjectReady"));
+    assert!(!spells_a_subject_or_name("zopu-bench"));
+    assert!(!spells_a_subject_or_name("project.ready"));
+}
