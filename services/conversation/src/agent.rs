@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use zopu_core::text::clip_chars;
-use zopu_core::{Appended, HandlerError, NewEvent, Reaction, ReactionContext};
+use zopu_core::{Appended, HandlerError, NewEvent, Reaction, ReactionContext, metrics};
 use zopu_llm::{ChatReply, Provider};
 use zopu_schema::envelope::EventContext;
 use zopu_schema::{
@@ -458,7 +458,17 @@ impl Turn<'_> {
         view: &ProjectView,
     ) -> Result<(), HandlerError> {
         let plan = match &self.agent.provider {
-            None => decide::offline_turn(text, view, &self.dispatch.to_string()),
+            None => {
+                let started = Instant::now();
+                let plan = decide::offline_turn(text, view, &self.dispatch.to_string());
+                // The offline provider's decision is this turn's model call.
+                metrics::model_call(
+                    zopu_llm::offline::OFFLINE_LABEL,
+                    Ok(metrics::ModelTokens::default()),
+                    started.elapsed(),
+                );
+                plan
+            }
             Some(provider) => {
                 if let Some(reason) = self.budget_exhausted(source).await? {
                     return self.visible_failure(source, reason).await;
@@ -548,6 +558,17 @@ impl Turn<'_> {
                 }
             };
             let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            metrics::model_call(
+                provider.label(),
+                outcome
+                    .as_ref()
+                    .map(|reply| metrics::ModelTokens {
+                        input: u64::from(reply.usage.prompt_tokens),
+                        output: u64::from(reply.usage.completion_tokens),
+                    })
+                    .map_err(|_| ()),
+                started.elapsed(),
+            );
             // Everything the model said is redacted before it is stored or
             // acted on: the recorded reply, the posts and the flow request
             // built from it.

@@ -282,8 +282,11 @@ async fn next_event(mut cursor: Cursor) -> Option<(Result<Event, Infallible>, Cu
     }
 }
 
-/// Counts open streams against the cap.
-struct ClientGuard(Arc<AtomicUsize>);
+/// Counts open streams against the cap, and in the `zopu_sse_clients` gauge.
+struct ClientGuard {
+    open: Arc<AtomicUsize>,
+    _counted: zopu_core::metrics::SseClient,
+}
 
 impl ClientGuard {
     fn acquire(counter: &Arc<AtomicUsize>, max: usize) -> Option<Self> {
@@ -298,7 +301,12 @@ impl ClientGuard {
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Some(Self(counter.clone())),
+                Ok(_) => {
+                    return Some(Self {
+                        open: counter.clone(),
+                        _counted: zopu_core::metrics::SseClient::connected(),
+                    });
+                }
                 Err(actual) => current = actual,
             }
         }
@@ -307,6 +315,6 @@ impl ClientGuard {
 
 impl Drop for ClientGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.open.fetch_sub(1, Ordering::AcqRel);
     }
 }

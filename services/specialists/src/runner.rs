@@ -20,7 +20,7 @@ use zopu_core::text::clip_chars;
 
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
-use zopu_core::{HandlerError, NewEvent, Reaction, ReactionContext};
+use zopu_core::{HandlerError, NewEvent, Reaction, ReactionContext, metrics};
 use zopu_llm::{ChatReply, ChatRequest, Provider};
 use zopu_sandbox::git::CredentialStore;
 use zopu_sandbox::policy::WorkspaceRoot;
@@ -280,21 +280,44 @@ impl Shared {
             .map_err(runtime)?;
         }
         let outcome = run.execute(event, request).await;
-        let finished = match outcome {
-            Ok(()) => Ok(()),
+        let (finished, ended) = match outcome {
+            Ok(()) => (Ok(()), "completed"),
             Err(FlowError::Interrupted) => {
                 return Err(HandlerError::Interrupted);
             }
             Err(FlowError::Runtime(reason)) => return Err(HandlerError::Transient(reason)),
-            Err(FlowError::Halted(reason)) => run.cancel(&reason).await,
-            Err(error) => run.fail(&error).await,
+            Err(FlowError::Halted(reason)) => (run.cancel(&reason).await, "cancelled"),
+            Err(error) => (run.fail(&error).await, "failed"),
         };
         finished.map_err(runtime)?;
+        metrics::flow_finished(
+            flow_type_name(ids.flow_type),
+            ended,
+            started_at_elapsed + now.elapsed(),
+        );
         // The cache only serves resumes of this run.
         let _ = std::fs::remove_dir_all(&run.cache);
         tracing::info!(flow_run = %ids.flow_run_id, replayed = run.replayed, executed = run.executed, guardrails = run.guardrails, "flow run finished");
         Ok(())
     }
+}
+
+/// A model call in the metrics: its tokens, or an error (a timeout
+/// included); a call interrupted by shutdown is not counted.
+fn record_model_call(
+    provider: &str,
+    reply: &Result<Result<ChatReply, zopu_llm::Error>, FlowError>,
+    elapsed: Duration,
+) {
+    let result = match reply {
+        Err(FlowError::Interrupted) => return,
+        Ok(Ok(reply)) => Ok(metrics::ModelTokens {
+            input: u64::from(reply.usage.prompt_tokens),
+            output: u64::from(reply.usage.completion_tokens),
+        }),
+        Ok(Err(_)) | Err(_) => Err(()),
+    };
+    metrics::model_call(provider, result, elapsed);
 }
 
 fn runtime(error: FlowError) -> HandlerError {
@@ -1189,7 +1212,9 @@ impl Port for Run<'_> {
         })?;
         let started = std::time::Instant::now();
         let limit = self.shared.config.flow.llm_timeout;
-        let reply = self.bounded(limit, provider.complete(request)).await?;
+        let reply = self.bounded(limit, provider.complete(request)).await;
+        record_model_call(provider.label(), &reply, started.elapsed());
+        let reply = reply?;
         self.executed += 1;
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         match reply {
