@@ -636,7 +636,9 @@ pub async fn render() -> String {
     encode()
 }
 
-fn encode() -> String {
+/// The exposition as the registry holds it now, the consumer gauges as last
+/// read.
+pub fn encode() -> String {
     let mut text = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut text, &METRICS.registry);

@@ -318,3 +318,30 @@ impl Drop for ClientGuard {
         self.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn open_streams_gauge() -> f64 {
+        zopu_core::metrics::encode()
+            .lines()
+            .find_map(|line| line.strip_prefix("zopu_sse_clients "))
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn an_admitted_stream_counts_in_the_gauge_and_a_refused_one_does_not() {
+        let open = Arc::new(AtomicUsize::new(0));
+        let before = open_streams_gauge();
+        let admitted = ClientGuard::acquire(&open, 1).unwrap();
+        assert!(ClientGuard::acquire(&open, 1).is_none());
+        assert_eq!(open_streams_gauge(), before + 1.0);
+        drop(admitted);
+        assert_eq!(open_streams_gauge(), before);
+        assert_eq!(open.load(Ordering::Acquire), 0);
+    }
+}
