@@ -904,7 +904,6 @@ impl<R: Reaction> Runner<R> {
         let reason = zopu_secrets::redact(reason);
         let reason = reason.as_str();
         tracing::error!(%reason, kind, "giving up on message; recording a dead letter");
-        metrics::dead_letter(&self.service, &self.config.durable, kind);
         let record = pb::DeadLetterRecorded {
             service: self.service.clone(),
             consumer: self.config.durable.clone(),
@@ -933,6 +932,7 @@ impl<R: Reaction> Runner<R> {
             recorded &= self.publisher.append(failure).await.is_ok();
         }
         if recorded {
+            metrics::dead_letter(&self.service, &self.config.durable, kind);
             self.settle(lane_key, message, AckKind::Term).await;
         } else {
             // Could not record why: leave it for redelivery rather than lose it.
