@@ -858,6 +858,22 @@ async fn poison_messages_become_dead_letters_and_others_keep_flowing() -> Result
         )
         .await?;
     }
+    // The metrics counted them by reason: three undecodable (an unknown
+    // type, a missing header, a malformed schema name) and one invalid body
+    // of a known type. (One lane per project: the message after them was
+    // handled once they were settled.)
+    let dead_letters_counted = |reason: &str| -> f64 {
+        let series = format!(
+            r#"zopu_dead_letters_total{{service="reactor",consumer="reactor-poison",reason="{reason}"}} "#
+        );
+        zopu_core::metrics::encode()
+            .lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(dead_letters_counted("decode"), 3.0);
+    assert_eq!(dead_letters_counted("invalid"), 1.0);
     shutdown.cancel();
     shutdown.wait(LONG).await;
     Ok(())

@@ -12,6 +12,7 @@ mod evolution;
 mod forgery;
 mod foundation;
 mod gateway;
+mod metrics;
 mod permissions;
 mod scale;
 mod secrets;

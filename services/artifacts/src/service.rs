@@ -15,6 +15,7 @@ use std::time::Duration;
 use async_nats::jetstream::object_store::ObjectStore;
 use time::OffsetDateTime;
 use zopu_core::config::{ConfigError, CoreConfig};
+use zopu_core::metrics;
 use zopu_core::{
     HandlerError, NewEvent, Reaction, ReactionConfig, ReactionContext, Runtime, Shutdown,
 };
@@ -429,9 +430,25 @@ impl BuildReaction {
         })
         .await
         .map_err(|error| HandlerError::Transient(format!("build task: {error}")))?;
+        let kind_label = manifest::kind_name(
+            request
+                .manifest
+                .as_ref()
+                .map_or(pb::ArtifactKind::Unspecified, |manifest| manifest.kind()),
+        );
         let built = match built {
-            Ok(built) => built,
+            Ok(built) => {
+                if built.repaired {
+                    metrics::artifact_validation_failed(kind_label, "first_render");
+                }
+                built
+            }
             Err((failure, _)) => {
+                if matches!(failure, build::Error::InvalidHtml(_)) {
+                    metrics::artifact_validation_failed(kind_label, "first_render");
+                    metrics::artifact_validation_failed(kind_label, "after_repair");
+                }
+                metrics::artifact_build(kind_label, "failed");
                 tracing::warn!(%build_id, code = failure.code(), "artifact build failed");
                 let rejection = Rejection {
                     code: failure.code(),
@@ -481,6 +498,7 @@ impl BuildReaction {
                 keys::artifact_step(&build_id, "published"),
             ))
             .await?;
+        metrics::artifact_build(kind_label, "published");
         tracing::info!(
             %build_id, %artifact_id, revision = request.revision, object = %name, size = built.size,
             sha256 = %built.sha256, repaired = built.repaired, reused_object = (stored == storage::Stored::Reused),

@@ -18,6 +18,10 @@ pub struct ZopuConfig {
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
     pub scale: zopu_core::config::ScaleConfig,
+    /// Where this process serves `GET /metrics` (Prometheus/OpenMetrics
+    /// text), e.g. `0.0.0.0:9464`; unset (the default): no listener
+    /// (`ZOPU_METRICS_LISTEN`). `zopu dev` uses `127.0.0.1:9464` unless set.
+    pub metrics_listen: Option<std::net::SocketAddr>,
     pub sandbox: SandboxSection,
     pub setup: zopu_setup::Config,
     pub dispatch: zopu_dispatch::Config,
@@ -54,6 +58,7 @@ impl Default for ZopuConfig {
             duplicate_window: core.duplicate_window,
             shutdown_grace: core.shutdown_grace,
             scale: core.scale,
+            metrics_listen: None,
             sandbox: SandboxSection::default(),
             setup: Default::default(),
             dispatch: Default::default(),

@@ -1,7 +1,8 @@
-//! `zopu dev` prints its progress and banner (URL, token, where the logs
-//! are) on stdout with no service log line among them; the services' full
-//! logs go to `.zopu-local/dev.log`. Cargo builds the binary under test;
-//! `zopu dev` starts its own nats-server (from ./tools/bin or PATH).
+//! `zopu dev` prints its progress and banner (URL, token, metrics, where
+//! the logs are) on stdout with no service log line among them; the
+//! services' full logs go to `.zopu-local/dev.log`; the process's metrics
+//! listener answers on `metrics_listen`. Cargo builds the binary under
+//! test; `zopu dev` starts its own nats-server (from ./tools/bin or PATH).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -17,10 +18,24 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
+/// `GET /metrics` on the process's metrics listener: the raw response.
+async fn scrape_metrics(port: u16) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut response = String::new();
+    tokio::time::timeout(START, stream.read_to_string(&mut response))
+        .await
+        .context("no /metrics response in time")??;
+    Ok(response)
+}
+
 #[tokio::test]
 async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
     let cwd = tempfile::tempdir()?;
-    let (port, nats_port) = (free_port()?, free_port()?);
+    let (port, nats_port, metrics_port) = (free_port()?, free_port()?, free_port()?);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu"))
         .args(["dev", "--no-demo", "--port", &port.to_string()])
         .args(["--nats-port", &nats_port.to_string()])
@@ -29,6 +44,7 @@ async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
         .env_remove("ZOPU_DATA_DIR")
         .env_remove("ZOPU_NATS_URL")
         .env_remove("ZOPU_LOG")
+        .env("ZOPU_METRICS_LISTEN", format!("127.0.0.1:{metrics_port}"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -58,9 +74,18 @@ async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
         "web timeline  http://127.0.0.1:",
         "token ",
         "logs          .zopu-local/dev.log",
+        &format!("metrics       http://127.0.0.1:{metrics_port}/metrics"),
     ] {
         ensure!(text.contains(wanted), "no {wanted:?} in:\n{text}");
     }
+    let scraped = scrape_metrics(metrics_port).await?;
+    ensure!(
+        scraped.starts_with("HTTP/1.1 200")
+            && scraped.contains("application/openmetrics-text")
+            && scraped.contains("\nzopu_sse_clients 0\n")
+            && scraped.ends_with("# EOF\n"),
+        "the process's /metrics:\n{scraped}"
+    );
     ensure!(
         printed.len() <= 12
             && !printed

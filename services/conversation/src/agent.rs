@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use zopu_core::text::clip_chars;
-use zopu_core::{Appended, HandlerError, NewEvent, Reaction, ReactionContext};
+use zopu_core::{Appended, HandlerError, NewEvent, Reaction, ReactionContext, metrics};
 use zopu_llm::{ChatReply, ChatRequest, Provider};
 use zopu_schema::envelope::EventContext;
 use zopu_schema::{DispatchId, Envelope, Event, keys as schema_keys, pb};
@@ -522,6 +522,18 @@ impl Turn<'_> {
                 return Err(HandlerError::Fatal("shutting down during a model call".into()));
             }
         };
+        // The offline rules' decision is this turn's model call, too.
+        metrics::model_call(
+            provider.label(),
+            outcome
+                .as_ref()
+                .map(|reply| metrics::ModelTokens {
+                    input: u64::from(reply.usage.prompt_tokens),
+                    output: u64::from(reply.usage.completion_tokens),
+                })
+                .map_err(|_| ()),
+            started.elapsed(),
+        );
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let mut reply = match outcome {
             Ok(reply) => reply,

@@ -54,6 +54,11 @@ pub enum Error {
     Projection { projection: String, reason: String },
     #[error("the service was asked to shut down")]
     ShuttingDown,
+    #[error("metrics listener on {address}: {source} (setting metrics_listen)")]
+    MetricsListen {
+        address: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("I/O on {path}: {source}")]
     Io {
         path: PathBuf,

@@ -8,7 +8,8 @@
 //! consumer loops every service uses; `shutdown` is the process-wide
 //! cancellation token and task tracker; `clock` is the injected wall clock and
 //! fresh-id source; `runtime` bundles them for a service;
-//! `text` holds the length limits applied to text put into events.
+//! `text` holds the length limits applied to text put into events;
+//! `metrics` is the process's Prometheus registry and its `/metrics` listener.
 //!
 //! Invariants: no other crate reads a JetStream consumer directly; every
 //! append goes through [`publish::Publisher`], so every event carries
@@ -27,6 +28,7 @@ pub mod keywords;
 pub mod lease;
 pub mod local_server;
 pub mod log;
+pub mod metrics;
 pub mod model_usage;
 pub mod nats;
 pub mod projection;

@@ -27,10 +27,10 @@ use zopu_schema::{
     ThreadId, WorkId,
 };
 
-use crate::Error;
 use crate::clock::Clock;
 use crate::nats::Bus;
 use crate::store::Store;
+use crate::{Error, metrics};
 
 const MSG_ID: &str = "Nats-Msg-Id";
 const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
@@ -163,6 +163,8 @@ type ProjectLane = Arc<tokio::sync::Mutex<Option<Head>>>;
 #[derive(Clone, Debug)]
 pub struct Publisher {
     bus: Bus,
+    /// The service's name, as metrics label it.
+    service: String,
     source: String,
     store: Option<Store>,
     heads: Arc<Mutex<HashMap<ProjectKey, ProjectLane>>>,
@@ -235,6 +237,7 @@ impl Publisher {
     pub fn new(bus: Bus, service: &str, store: Option<Store>) -> Self {
         Self {
             bus,
+            service: service.to_owned(),
             source: format!("zopu/{service}"),
             store,
             heads: Arc::new(Mutex::new(HashMap::new())),
@@ -270,6 +273,28 @@ impl Publisher {
 
     /// Appends one event and waits for JetStream's acknowledgement.
     pub async fn append(&self, event: NewEvent) -> Result<Appended, Error> {
+        let (event_type, started) = (event.event_type, std::time::Instant::now());
+        let outcome = self.append_unmeasured(event).await;
+        self.measured(event_type, started, outcome.as_ref().ok());
+        outcome
+    }
+
+    /// Records one append's outcome in the metrics.
+    fn measured(
+        &self,
+        event_type: &'static str,
+        started: std::time::Instant,
+        appended: Option<&Appended>,
+    ) {
+        let outcome = match appended {
+            Some(appended) if appended.duplicate => metrics::AppendOutcome::Duplicate,
+            Some(_) => metrics::AppendOutcome::Stored,
+            None => metrics::AppendOutcome::Failed,
+        };
+        metrics::append_finished(&self.service, event_type, outcome, started.elapsed());
+    }
+
+    async fn append_unmeasured(&self, event: NewEvent) -> Result<Appended, Error> {
         let event_id = event.event_id();
         if let Some(duplicate) = self.known_duplicate(&event.idempotency_key).await? {
             return Ok(duplicate);
@@ -293,6 +318,7 @@ impl Publisher {
                 Err(PublishFailure::Conflict) => {
                     conflicts += 1;
                     *head = None;
+                    metrics::append_conflict_retried(&self.service);
                     if conflicts > self.retry.conflict_attempts {
                         return Err(Error::Publish {
                             event_type: event.event_type.to_owned(),
@@ -329,6 +355,20 @@ impl Publisher {
         event: NewEvent,
         expected_version: u64,
     ) -> Result<Appended, AppendAtError> {
+        let (event_type, started) = (event.event_type, std::time::Instant::now());
+        let outcome = self.append_at_unmeasured(event, expected_version).await;
+        // A refused decision wrote nothing: only appends that were tried count.
+        if !matches!(outcome, Err(AppendAtError::Conflict { .. })) {
+            self.measured(event_type, started, outcome.as_ref().ok());
+        }
+        outcome
+    }
+
+    async fn append_at_unmeasured(
+        &self,
+        event: NewEvent,
+        expected_version: u64,
+    ) -> Result<Appended, AppendAtError> {
         let event_id = event.event_id();
         if let Some(duplicate) = self.known_duplicate(&event.idempotency_key).await? {
             return Ok(duplicate);
@@ -357,6 +397,7 @@ impl Publisher {
                 Err(PublishFailure::Conflict) => {
                     *head = None;
                     conflicts += 1;
+                    metrics::append_conflict_retried(&self.service);
                     if conflicts > self.retry.conflict_attempts {
                         return Err(AppendAtError::Failed(Error::Publish {
                             event_type: event.event_type.to_owned(),

@@ -48,7 +48,7 @@ use crate::publish::{self, NewEvent, Publisher};
 use crate::runtime::Runtime;
 use crate::shutdown::Shutdown;
 use crate::store::Store;
-use crate::{Error, config};
+use crate::{Error, config, metrics};
 
 /// Messages handed back (shutdown, a fatal error) are redelivered after
 /// this delay, so a stopping instance does not receive them again and burn
@@ -330,6 +330,14 @@ pub async fn run<R: Reaction>(
     )
     .await?;
     tracing::info!(service, durable = %config.durable, instance, partitions = scale.partitions, "reaction consuming");
+    // Every partition's consumer, worked here or not: an operator sees a
+    // backlog even where no live instance holds the partition.
+    let _watch = metrics::watch_consumers(
+        &stream,
+        (0..scale.partitions).map(|partition| {
+            zopu_schema::subjects::partition_durable(&config.durable, partition, scale.partitions)
+        }),
+    );
     let handler_slots = usize::try_from(config.max_ack_pending).unwrap_or(1).max(1);
     let runner = Arc::new(Runner {
         service: service.to_owned(),
@@ -760,7 +768,16 @@ impl<R: Reaction> Runner<R> {
             }
             let mut attempt = 0usize;
             loop {
-                match self.run_handler(lane_key, &message, &envelope, &context, abort).await {
+                let started = std::time::Instant::now();
+                let outcome = self.run_handler(lane_key, &message, &envelope, &context, abort).await;
+                metrics::handler_finished(
+                    &self.service,
+                    &self.config.durable,
+                    &envelope.event_type,
+                    handler_outcome(&outcome),
+                    started.elapsed(),
+                );
+                match outcome {
                     Ok(()) => {
                         self.settle(lane_key, &message, AckKind::Ack).await;
                         return;
@@ -940,12 +957,23 @@ impl<R: Reaction> Runner<R> {
             recorded &= self.publisher.append(failure).await.is_ok();
         }
         if recorded {
+            metrics::dead_letter(&self.service, &self.config.durable, kind);
             self.settle(lane_key, message, AckKind::Term).await;
         } else {
             // Could not record why: leave it for redelivery rather than lose it.
             tracing::error!("dead letter not recorded; the message will be redelivered");
             nak(&self.newest_copy(lane_key, message), Duration::from_secs(5)).await;
         }
+    }
+}
+
+fn handler_outcome(outcome: &Result<(), HandlerError>) -> metrics::HandlerOutcome {
+    match outcome {
+        Ok(()) => metrics::HandlerOutcome::Ok,
+        Err(HandlerError::Transient(_)) => metrics::HandlerOutcome::Transient,
+        Err(HandlerError::Permanent(_)) => metrics::HandlerOutcome::Permanent,
+        Err(HandlerError::Fatal(_)) => metrics::HandlerOutcome::Fatal,
+        Err(HandlerError::Interrupted) => metrics::HandlerOutcome::Interrupted,
     }
 }
 

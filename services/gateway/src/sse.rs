@@ -281,8 +281,11 @@ async fn next_event(mut cursor: Cursor) -> Option<(Result<Event, Infallible>, Cu
     }
 }
 
-/// Counts open streams against the cap.
-struct ClientGuard(Arc<AtomicUsize>);
+/// Counts open streams against the cap, and in the `zopu_sse_clients` gauge.
+struct ClientGuard {
+    open: Arc<AtomicUsize>,
+    _counted: zopu_core::metrics::SseClient,
+}
 
 impl ClientGuard {
     fn acquire(counter: &Arc<AtomicUsize>, max: usize) -> Option<Self> {
@@ -297,7 +300,12 @@ impl ClientGuard {
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Some(Self(counter.clone())),
+                Ok(_) => {
+                    return Some(Self {
+                        open: counter.clone(),
+                        _counted: zopu_core::metrics::SseClient::connected(),
+                    });
+                }
                 Err(actual) => current = actual,
             }
         }
@@ -306,6 +314,33 @@ impl ClientGuard {
 
 impl Drop for ClientGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn open_streams_gauge() -> f64 {
+        zopu_core::metrics::encode()
+            .lines()
+            .find_map(|line| line.strip_prefix("zopu_sse_clients "))
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn an_admitted_stream_counts_in_the_gauge_and_a_refused_one_does_not() {
+        let open = Arc::new(AtomicUsize::new(0));
+        let before = open_streams_gauge();
+        let admitted = ClientGuard::acquire(&open, 1).unwrap();
+        assert!(ClientGuard::acquire(&open, 1).is_none());
+        assert_eq!(open_streams_gauge(), before + 1.0);
+        drop(admitted);
+        assert_eq!(open_streams_gauge(), before);
+        assert_eq!(open.load(Ordering::Acquire), 0);
     }
 }

@@ -34,7 +34,7 @@ use std::time::Duration;
 use zopu_core::text::clip_chars;
 
 use tokio::time::Instant;
-use zopu_core::{HandlerError, NewEvent, Reaction, ReactionContext};
+use zopu_core::{HandlerError, NewEvent, Reaction, ReactionContext, metrics};
 use zopu_llm::Provider;
 use zopu_sandbox::git::CredentialStore;
 use zopu_sandbox::tools::Sandbox;
@@ -233,8 +233,18 @@ impl Shared {
         if started_at_elapsed.is_some() {
             run.note_resume().await.map_err(runtime)?;
         }
+        let began = Instant::now();
         let outcome = run.execute(event, request).await;
-        run.finish(Ending::of(outcome)).await?;
+        let ending = Ending::of(outcome);
+        let metric_outcome = ending.metric_outcome();
+        run.finish(ending).await?;
+        if let Some(outcome) = metric_outcome {
+            metrics::flow_finished(
+                flow_type_name(ids.flow_type),
+                outcome,
+                started_at_elapsed.unwrap_or_default() + began.elapsed(),
+            );
+        }
         // The cache only serves resumes of this run.
         run.cache.remove();
         tracing::info!(flow_run = %ids.flow_run_id, replayed = run.replayed, executed = run.executed, guardrails = run.guardrails, "flow run finished");

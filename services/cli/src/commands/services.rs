@@ -113,10 +113,31 @@ pub(crate) async fn run_service(
     Ok(())
 }
 
+/// Where `zopu dev` serves `/metrics` unless `metrics_listen` says otherwise.
+const DEV_METRICS_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9464);
+
+/// Starts the process's `/metrics` listener on `address` as a tracked task;
+/// returns where it listens.
+async fn spawn_metrics(address: SocketAddr, shutdown: &Shutdown) -> anyhow::Result<SocketAddr> {
+    let server = zopu_core::metrics::Server::bind(address).await?;
+    let bound = server.local_addr()?;
+    let stop = shutdown.clone();
+    shutdown.spawn(async move {
+        if let Err(error) = server.serve(stop).await {
+            tracing::error!(%error, "metrics listener stopped");
+        }
+    });
+    Ok(bound)
+}
+
 pub async fn run(context: &Context, args: RunArgs) -> anyhow::Result<ExitCode> {
     let shutdown = Shutdown::new();
     shutdown.cancel_on_signals();
     tracing::info!(service = args.service.name(), nats = %context.config.nats_url, "starting");
+    if let Some(address) = context.config.metrics_listen {
+        spawn_metrics(address, &shutdown).await?;
+    }
     let outcome = run_service(args.service, &context.config, None, shutdown.clone()).await;
     shutdown.cancel();
     if !shutdown.wait(context.config.shutdown_grace).await {
@@ -210,6 +231,20 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
     }
 
     progress("  services      setup, dispatch, conversation, specialists, artifacts, gateway");
+    match config.metrics_listen {
+        Some(address) => {
+            let bound = spawn_metrics(address, &shutdown).await?;
+            progress(&format!("  metrics       http://{bound}/metrics"));
+        }
+        None if port_free(DEV_METRICS_LISTEN.port()) => {
+            let bound = spawn_metrics(DEV_METRICS_LISTEN, &shutdown).await?;
+            progress(&format!("  metrics       http://{bound}/metrics"));
+        }
+        None => progress(&format!(
+            "  metrics       off: port {} is in use (set ZOPU_METRICS_LISTEN)",
+            DEV_METRICS_LISTEN.port()
+        )),
+    }
     let org: OrgId = "demo".parse()?;
     let token = zopu_gateway::TokenStore::open(&bus.jetstream)
         .await?

@@ -74,6 +74,17 @@ pub(super) enum Ending {
 }
 
 impl Ending {
+    /// How the run ended, as the flow-duration metric names it; `None`
+    /// for an ending that leaves the run to a redelivery.
+    pub(super) fn metric_outcome(&self) -> Option<&'static str> {
+        match self {
+            Self::Completed => Some("completed"),
+            Self::Cancel(_) => Some("cancelled"),
+            Self::Fail(_) => Some("failed"),
+            Self::Interrupted | Self::Retry(_) => None,
+        }
+    }
+
     pub(super) fn of(outcome: Result<(), FlowError>) -> Self {
         match outcome {
             Ok(()) => Self::Completed,

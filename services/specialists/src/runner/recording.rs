@@ -4,8 +4,8 @@
 //! `agent.llm.failed`) instead of calling the model again; a new one is
 //! recorded once the model answered.
 
-use zopu_core::NewEvent;
 use zopu_core::text::clip_chars;
+use zopu_core::{NewEvent, metrics};
 use zopu_llm::{ChatReply, ChatRequest};
 use zopu_schema::pb::{self, FlowPhase, flow_progress::Signal};
 use zopu_schema::{Envelope, Event};
@@ -174,7 +174,9 @@ impl Run<'_> {
         })?;
         let started = std::time::Instant::now();
         let limit = self.shared.config.flow.llm_timeout;
-        let reply = self.bounded(limit, provider.complete(request)).await?;
+        let reply = self.bounded(limit, provider.complete(request)).await;
+        record_model_call(provider.label(), &reply, started.elapsed());
+        let reply = reply?;
         self.executed += 1;
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         match reply {
@@ -260,6 +262,24 @@ impl Port for Run<'_> {
     fn guardrails(&self) -> u32 {
         self.guardrails
     }
+}
+
+/// A model call in the metrics: its tokens, or an error (a timeout
+/// included); a call interrupted by shutdown is not counted.
+fn record_model_call(
+    provider: &str,
+    reply: &Result<Result<ChatReply, zopu_llm::Error>, FlowError>,
+    elapsed: std::time::Duration,
+) {
+    let result = match reply {
+        Err(FlowError::Interrupted) => return,
+        Ok(Ok(reply)) => Ok(metrics::ModelTokens {
+            input: u64::from(reply.usage.prompt_tokens),
+            output: u64::from(reply.usage.completion_tokens),
+        }),
+        Ok(Err(_)) | Err(_) => Err(()),
+    };
+    metrics::model_call(provider, result, elapsed);
 }
 
 #[cfg(test)]
