@@ -20,6 +20,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::context::PublishErrorKind;
 use bytes::Bytes;
 use time::OffsetDateTime;
+use tracing::Instrument as _;
 use zopu_schema::codec::{self, DecodeError};
 use zopu_schema::envelope::EventContext;
 use zopu_schema::{
@@ -30,6 +31,7 @@ use zopu_schema::{
 use crate::Error;
 use crate::nats::Bus;
 use crate::store::Store;
+use crate::telemetry::{TRACE_TARGET, propagation};
 
 const MSG_ID: &str = "Nats-Msg-Id";
 const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
@@ -125,6 +127,34 @@ impl NewEvent {
     pub fn event_id(&self) -> EventId {
         // Same cause (or, for a root, same request time) and key: same id.
         EventId::derived(self.context.cause_unix_ms, &self.idempotency_key)
+    }
+}
+
+/// `event`, carrying the current span's trace context when it is exported
+/// (otherwise the `traceparent` of its cause, if any).
+fn in_current_trace(mut event: NewEvent) -> NewEvent {
+    if let Some(traceparent) = propagation::current_traceparent() {
+        event.context.traceparent = Some(traceparent);
+    }
+    event
+}
+
+/// The span of one append: its subject and type, then its result.
+fn append_span(event: &NewEvent) -> tracing::Span {
+    tracing::info_span!(
+        target: TRACE_TARGET,
+        "append",
+        subject = %zopu_schema::subjects::event(&event.context.org_id, &event.context.project_id, event.event_type),
+        event_type = event.event_type,
+        result = tracing::field::Empty,
+    )
+}
+
+fn appended_result(appended: &Appended) -> &'static str {
+    if appended.duplicate {
+        "duplicate"
+    } else {
+        "stored"
     }
 }
 
@@ -256,6 +286,20 @@ impl Publisher {
 
     /// Appends one event and waits for JetStream's acknowledgement.
     pub async fn append(&self, event: NewEvent) -> Result<Appended, Error> {
+        let event = in_current_trace(event);
+        let span = append_span(&event);
+        let outcome = self.append_untraced(event).instrument(span.clone()).await;
+        span.record(
+            "result",
+            match &outcome {
+                Ok(appended) => appended_result(appended),
+                Err(_) => "failed",
+            },
+        );
+        outcome
+    }
+
+    async fn append_untraced(&self, event: NewEvent) -> Result<Appended, Error> {
         let event_id = event.event_id();
         if let Some(duplicate) = self.known_duplicate(&event.idempotency_key).await? {
             return Ok(duplicate);
@@ -311,6 +355,28 @@ impl Publisher {
     /// (0: no event yet). If the project moved on, nothing is written and
     /// `Conflict` says where it is now: re-read state and decide again.
     pub async fn append_at(
+        &self,
+        event: NewEvent,
+        expected_version: u64,
+    ) -> Result<Appended, AppendAtError> {
+        let event = in_current_trace(event);
+        let span = append_span(&event);
+        let outcome = self
+            .append_at_untraced(event, expected_version)
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "result",
+            match &outcome {
+                Ok(appended) => appended_result(appended),
+                Err(AppendAtError::Conflict { .. }) => "conflict",
+                Err(AppendAtError::Failed(_)) => "failed",
+            },
+        );
+        outcome
+    }
+
+    async fn append_at_untraced(
         &self,
         event: NewEvent,
         expected_version: u64,
