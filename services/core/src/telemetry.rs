@@ -12,8 +12,8 @@
 //! are exported — the handling of an event, each append, each model call,
 //! each tool call, each artifact build, each user command — never log
 //! lines. Their attributes are identifiers, counts and outcomes; free text
-//! from outside (a model's finish reason, an error) goes through
-//! [`attribute_text`] first. [`propagation`] carries the trace across
+//! from outside (a model's finish reason, a tool's outcome) goes through
+//! `zopu_secrets::redact_label` first. [`propagation`] carries the trace across
 //! services in each event's `traceparent`; [`otlp_sink`] is an OTLP/HTTP
 //! receiver for tests and the benchmark.
 
@@ -29,9 +29,6 @@ use tracing_subscriber::{EnvFilter, Layer as _};
 /// The target of every span exported to OpenTelemetry
 /// (`tracing::info_span!(target: TRACE_TARGET, "append", ...)`).
 pub const TRACE_TARGET: &str = "zopu::trace";
-
-/// Longest free-text attribute value, in bytes.
-const ATTRIBUTE_TEXT_BYTES_MAX: usize = 256;
 
 /// The process's span exporter, when one is configured. Dropping it (or
 /// [`Tracing::shutdown`]) flushes the spans not exported yet.
@@ -108,15 +105,6 @@ pub fn init_to_file(file: std::fs::File, default_filter: &str, service_name: &st
         .boxed();
     let layers: Vec<BoxedLayer> = [to_file, errors].into_iter().chain(exporter).collect();
     installed_or_none(tracing_subscriber::registry().with(layers).try_init(), tracing)
-}
-
-/// A value from outside (a model's finish reason, a reply's model name)
-/// fit for a span attribute: secrets redacted, control characters dropped,
-/// at most 256 bytes.
-pub fn attribute_text(value: &str) -> String {
-    let redacted = zopu_secrets::redact(value);
-    let cleaned: String = redacted.chars().filter(|c| !c.is_control()).collect();
-    crate::text::clip_bytes(&cleaned, ATTRIBUTE_TEXT_BYTES_MAX).to_owned()
 }
 
 fn log_filter(default_filter: &str) -> EnvFilter {
@@ -228,6 +216,11 @@ mod tests {
     }
 
     #[test]
+    fn the_model_call_span_is_exported() {
+        assert_eq!(zopu_llm::TRACE_TARGET, TRACE_TARGET);
+    }
+
+    #[test]
     fn export_needs_an_endpoint_and_honours_the_off_switches() {
         assert!(!export_configured(environment(&[])));
         assert!(export_configured(environment(&[(
@@ -250,15 +243,5 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
             ("OTEL_TRACES_EXPORTER", "none"),
         ])));
-    }
-
-    #[test]
-    fn secret_looking_text_never_becomes_an_attribute() {
-        let key = "sk-proj-Zx81bQ7uT0pL3mN5vR2sW9yA4cE6gH1jK8";
-        let value = attribute_text(&format!("stop\nwith key {key}"));
-        assert!(!value.contains(key), "{value}");
-        assert!(!value.contains('\n'));
-        assert!(value.starts_with("stop"));
-        assert!(attribute_text(&"x".repeat(1000)).len() <= ATTRIBUTE_TEXT_BYTES_MAX);
     }
 }

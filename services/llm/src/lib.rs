@@ -12,6 +12,8 @@
 //! - The API key is read from its [`openai::KeySource`] before every attempt (rotation needs no
 //!   restart), is sent only as a sensitive `Authorization` header, and never appears in `Debug`,
 //!   `Display`, logs or errors.
+//! - Callers call the model through [`complete_traced`], whose span carries the GenAI
+//!   attributes (models, tokens, finish reason) and nothing of the prompt or the reply.
 //! - The offline rules are pure and deterministic, and never claim code was changed, tested or
 //!   shipped.
 
@@ -21,6 +23,7 @@ pub mod offline;
 pub mod openai;
 #[cfg(feature = "test-support")]
 pub mod test_support;
+mod trace;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,6 +35,7 @@ pub use chat::{
 pub use error::Error;
 pub use offline::OfflineProvider;
 pub use openai::{ApiKey, KeySource, OpenAiConfig, OpenAiProvider, RotatingKey};
+pub use trace::{TRACE_TARGET, complete_traced};
 
 /// A boxed, sendable future, so that [`Provider`] stays object-safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -45,4 +49,10 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     /// Answers `request`. Implementations validate the request first and never return a partial
     /// tool call.
     fn complete(&self, request: ChatRequest) -> BoxFuture<'_, Result<ChatReply, Error>>;
+
+    /// The model requests name, when the provider has one (traced as
+    /// `gen_ai.request.model`; the label otherwise).
+    fn requested_model(&self) -> Option<&str> {
+        None
+    }
 }

@@ -1189,7 +1189,9 @@ impl Port for Run<'_> {
         })?;
         let started = std::time::Instant::now();
         let limit = self.shared.config.flow.llm_timeout;
-        let reply = self.bounded(limit, provider.complete(request)).await?;
+        let reply = self
+            .bounded(limit, zopu_llm::complete_traced(provider.as_ref(), request))
+            .await?;
         self.executed += 1;
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         match reply {
