@@ -18,3 +18,4 @@ mod secrets;
 mod setup;
 mod specialists;
 mod tls;
+mod traces;

@@ -131,9 +131,16 @@ impl NewEvent {
 }
 
 /// `event`, carrying the current span's trace context when it is exported
-/// (otherwise the `traceparent` of its cause, if any).
-fn in_current_trace(mut event: NewEvent) -> NewEvent {
-    if let Some(traceparent) = propagation::current_traceparent() {
+/// (otherwise the `traceparent` of its cause, if any). A root event (a user
+/// command) appended outside any trace starts one: its append span's.
+fn in_current_trace(mut event: NewEvent, append: &tracing::Span) -> NewEvent {
+    let traceparent = propagation::current_traceparent().or_else(|| {
+        event
+            .root
+            .then(|| propagation::traceparent_of(append))
+            .flatten()
+    });
+    if let Some(traceparent) = traceparent {
         event.context.traceparent = Some(traceparent);
     }
     event
@@ -286,8 +293,8 @@ impl Publisher {
 
     /// Appends one event and waits for JetStream's acknowledgement.
     pub async fn append(&self, event: NewEvent) -> Result<Appended, Error> {
-        let event = in_current_trace(event);
         let span = append_span(&event);
+        let event = in_current_trace(event, &span);
         let outcome = self.append_untraced(event).instrument(span.clone()).await;
         span.record(
             "result",
@@ -359,8 +366,8 @@ impl Publisher {
         event: NewEvent,
         expected_version: u64,
     ) -> Result<Appended, AppendAtError> {
-        let event = in_current_trace(event);
         let span = append_span(&event);
+        let event = in_current_trace(event, &span);
         let outcome = self
             .append_at_untraced(event, expected_version)
             .instrument(span.clone())

@@ -15,7 +15,12 @@ const TRACEPARENT: &str = "traceparent";
 
 /// The `traceparent` of the current span, when it is exported.
 pub fn current_traceparent() -> Option<String> {
-    let context = tracing::Span::current().context();
+    traceparent_of(&tracing::Span::current())
+}
+
+/// The `traceparent` of `span`, when it is exported.
+pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
+    let context = span.context();
     if !context.span().span_context().is_valid() {
         return None;
     }
