@@ -122,8 +122,7 @@ async fn one_trace_spans_a_turn_across_every_service_with_the_model_call() -> Re
         ],
     )
     .await?;
-    let first: serde_json::Value =
-        serde_json::from_str(created.lines().next().unwrap_or("{}"))?;
+    let first: serde_json::Value = serde_json::from_str(created.lines().next().unwrap_or("{}"))?;
     let project = first["project"]
         .as_str()
         .context("no project id")?
@@ -131,18 +130,28 @@ async fn one_trace_spans_a_turn_across_every_service_with_the_model_call() -> Re
     run_cli(
         &fleet,
         &[
-            "--json", "send", "--org", "acme", &project, QUESTION, "--timeout", "200",
+            "--json",
+            "send",
+            "--org",
+            "acme",
+            &project,
+            QUESTION,
+            "--timeout",
+            "200",
         ],
     )
     .await?;
 
     // The message's chain, from the stream: its trace is the CLI append's.
-    let sent = history(&bus, &subjects::events_of_type(pb::TimelineMessageSent::TYPE))
-        .await?
-        .into_iter()
-        .map(|(_, event)| event)
-        .find(|event| event.project_id.to_string() == project)
-        .context("the message is not stored")?;
+    let sent = history(
+        &bus,
+        &subjects::events_of_type(pb::TimelineMessageSent::TYPE),
+    )
+    .await?
+    .into_iter()
+    .map(|(_, event)| event)
+    .find(|event| event.project_id.to_string() == project)
+    .context("the message is not stored")?;
     let traceparent = sent
         .traceparent
         .clone()
@@ -256,17 +265,21 @@ async fn one_trace_spans_a_turn_across_every_service_with_the_model_call() -> Re
     );
 
     ensure!(
-        in_trace.iter().any(|span| span.service_name == "zopu-specialists"
-            && text(span, "gen_ai.operation.name").as_deref() == Some("execute_tool")
-            && text(span, "gen_ai.tool.name").is_some()
-            && text(span, "outcome").is_some()),
+        in_trace
+            .iter()
+            .any(|span| span.service_name == "zopu-specialists"
+                && text(span, "gen_ai.operation.name").as_deref() == Some("execute_tool")
+                && text(span, "gen_ai.tool.name").is_some()
+                && text(span, "outcome").is_some()),
         "no tool span of the specialists:\n{}",
         describe(&in_trace)
     );
     ensure!(
-        in_trace.iter().any(|span| span.service_name == "zopu-artifacts"
-            && span.name == "artifact.build"
-            && text(span, "outcome").as_deref() == Some("published")),
+        in_trace
+            .iter()
+            .any(|span| span.service_name == "zopu-artifacts"
+                && span.name == "artifact.build"
+                && text(span, "outcome").as_deref() == Some("published")),
         "no artifact build span:\n{}",
         describe(&in_trace)
     );

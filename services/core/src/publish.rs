@@ -146,11 +146,13 @@ fn in_current_trace(mut event: NewEvent, append: &tracing::Span) -> NewEvent {
     event
 }
 
-/// The span of one append: its subject and type, then its result.
-fn append_span(event: &NewEvent) -> tracing::Span {
+/// The span of one append by `source` (`zopu/<service>`): its subject
+/// and type, then its result.
+fn append_span(source: &str, event: &NewEvent) -> tracing::Span {
     tracing::info_span!(
         target: TRACE_TARGET,
         "append",
+        service = source.strip_prefix("zopu/").unwrap_or(source),
         subject = %zopu_schema::subjects::event(&event.context.org_id, &event.context.project_id, event.event_type),
         event_type = event.event_type,
         result = tracing::field::Empty,
@@ -293,7 +295,7 @@ impl Publisher {
 
     /// Appends one event and waits for JetStream's acknowledgement.
     pub async fn append(&self, event: NewEvent) -> Result<Appended, Error> {
-        let span = append_span(&event);
+        let span = append_span(&self.source, &event);
         let event = in_current_trace(event, &span);
         let outcome = self.append_untraced(event).instrument(span.clone()).await;
         span.record(
@@ -366,7 +368,7 @@ impl Publisher {
         event: NewEvent,
         expected_version: u64,
     ) -> Result<Appended, AppendAtError> {
-        let span = append_span(&event);
+        let span = append_span(&self.source, &event);
         let event = in_current_trace(event, &span);
         let outcome = self
             .append_at_untraced(event, expected_version)

@@ -18,6 +18,7 @@
 //! receiver for tests and the benchmark.
 
 pub mod otlp_sink;
+pub mod per_service;
 pub mod propagation;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -61,15 +62,34 @@ impl Drop for Tracing {
 
 /// Installs the global subscriber once; later calls are no-ops.
 pub fn init(json: bool) -> Tracing {
-    init_with_default(json, "info,async_nats=warn", "zopu")
+    init_with_default(json, "info,async_nats=warn", &Identity::one("zopu"))
+}
+
+/// Whose spans a process exports: the `service.name` of the process
+/// (`OTEL_SERVICE_NAME` wins when set), and the services it runs when it
+/// runs several (`zopu dev`): their spans are reported as `zopu-<service>`
+/// (see [`per_service`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Identity<'a> {
+    pub service_name: &'a str,
+    pub services: &'a [&'a str],
+}
+
+impl<'a> Identity<'a> {
+    /// A process that is one service (or a command).
+    pub fn one(service_name: &'a str) -> Self {
+        Self {
+            service_name,
+            services: &[],
+        }
+    }
 }
 
 /// [`init`] with another default filter (used when `ZOPU_LOG` is unset)
-/// and the `service.name` this process's spans report (`zopu-dispatch`;
-/// `OTEL_SERVICE_NAME` wins when set).
-pub fn init_with_default(json: bool, default_filter: &str, service_name: &str) -> Tracing {
+/// and the identity its spans report.
+pub fn init_with_default(json: bool, default_filter: &str, identity: &Identity<'_>) -> Tracing {
     let filter = log_filter(default_filter);
-    let (exporter, tracing) = exporter_layer(service_name);
+    let (exporter, tracing) = exporter_layer(identity);
     let logs = if json {
         tracing_subscriber::fmt::layer()
             .json()
@@ -84,15 +104,18 @@ pub fn init_with_default(json: bool, default_filter: &str, service_name: &str) -
             .boxed()
     };
     let layers: Vec<BoxedLayer> = std::iter::once(logs).chain(exporter).collect();
-    installed_or_none(tracing_subscriber::registry().with(layers).try_init(), tracing)
+    installed_or_none(
+        tracing_subscriber::registry().with(layers).try_init(),
+        tracing,
+    )
 }
 
 /// Installs the global subscriber with the full log (filtered as in
 /// [`init_with_default`]) appended to `file`, and errors also on stderr,
 /// so a failure is never only in the file.
-pub fn init_to_file(file: std::fs::File, default_filter: &str, service_name: &str) -> Tracing {
+pub fn init_to_file(file: std::fs::File, default_filter: &str, identity: &Identity<'_>) -> Tracing {
     let filter = log_filter(default_filter);
-    let (exporter, tracing) = exporter_layer(service_name);
+    let (exporter, tracing) = exporter_layer(identity);
     let to_file = tracing_subscriber::fmt::layer()
         .with_ansi(false)
         .with_writer(std::sync::Mutex::new(file))
@@ -104,7 +127,10 @@ pub fn init_to_file(file: std::fs::File, default_filter: &str, service_name: &st
         .with_filter(tracing_subscriber::filter::LevelFilter::ERROR)
         .boxed();
     let layers: Vec<BoxedLayer> = [to_file, errors].into_iter().chain(exporter).collect();
-    installed_or_none(tracing_subscriber::registry().with(layers).try_init(), tracing)
+    installed_or_none(
+        tracing_subscriber::registry().with(layers).try_init(),
+        tracing,
+    )
 }
 
 fn log_filter(default_filter: &str) -> EnvFilter {
@@ -131,11 +157,11 @@ type BoxedLayer = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry
 
 /// The OpenTelemetry layer (only [`TRACE_TARGET`] spans), or nothing when
 /// no endpoint is configured or the exporter cannot be built (logged).
-fn exporter_layer(service_name: &str) -> (Option<BoxedLayer>, Tracing) {
-    if !export_configured(|name| std::env::var(name).ok()) {
+fn exporter_layer(identity: &Identity<'_>) -> (Option<BoxedLayer>, Tracing) {
+    if !export_requested() {
         return (None, Tracing::default());
     }
-    let provider = match build_provider(service_name) {
+    let provider = match build_provider(identity) {
         Ok(provider) => provider,
         Err(error) => {
             eprintln!("warning: traces are not exported: {error}");
@@ -160,6 +186,12 @@ fn exporter_layer(service_name: &str) -> (Option<BoxedLayer>, Tracing) {
     )
 }
 
+/// Whether this process's environment asks for trace export (see
+/// [`init_with_default`]).
+pub fn export_requested() -> bool {
+    export_configured(|name| std::env::var(name).ok())
+}
+
 /// Whether the environment asks for trace export: an OTLP endpoint is set
 /// and neither `OTEL_SDK_DISABLED=true` nor `OTEL_TRACES_EXPORTER=none`.
 fn export_configured(variable: impl Fn(&str) -> Option<String>) -> bool {
@@ -173,29 +205,39 @@ fn export_configured(variable: impl Fn(&str) -> Option<String>) -> bool {
         && (set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") || set("OTEL_EXPORTER_OTLP_ENDPOINT"))
 }
 
-fn build_provider(service_name: &str) -> Result<SdkTracerProvider, String> {
+fn build_provider(identity: &Identity<'_>) -> Result<SdkTracerProvider, String> {
+    let named_by_environment = std::env::var("OTEL_SERVICE_NAME").is_ok();
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if !named_by_environment {
+        resource = resource.with_service_name(identity.service_name.to_owned());
+    }
+    let provider = SdkTracerProvider::builder().with_resource(resource.build());
+    let exporter = || {
+        opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .build()
+            .map_err(|error| error.to_string())
+    };
     // The blocking HTTP client owns a runtime of its own: build it off any
     // async worker thread (it is used and dropped on the batch processor's
     // thread).
-    let exporter = std::thread::scope(|scope| {
+    let built = std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                opentelemetry_otlp::SpanExporter::builder()
-                    .with_http()
-                    .build()
+                if identity.services.is_empty() || named_by_environment {
+                    exporter().map(|exporter| provider.with_batch_exporter(exporter))
+                } else {
+                    per_service::Routing::new(identity.services, exporter).map(|routing| {
+                        provider.with_span_processor(per_service::Attribution::new(
+                            opentelemetry_sdk::trace::BatchSpanProcessor::builder(routing).build(),
+                        ))
+                    })
+                }
             })
             .join()
     })
-    .map_err(|_| "building the OTLP exporter panicked".to_owned())?
-    .map_err(|error| error.to_string())?;
-    let mut resource = opentelemetry_sdk::Resource::builder();
-    if std::env::var("OTEL_SERVICE_NAME").is_err() {
-        resource = resource.with_service_name(service_name.to_owned());
-    }
-    Ok(SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .with_resource(resource.build())
-        .build())
+    .map_err(|_| "building the OTLP exporter panicked".to_owned())??;
+    Ok(built.build())
 }
 
 #[cfg(test)]

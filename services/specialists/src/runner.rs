@@ -1046,7 +1046,10 @@ impl Run<'_> {
             output_bytes = tracing::field::Empty,
             error.type = tracing::field::Empty,
         );
-        let outcome = self.run_tool_untraced(request).instrument(span.clone()).await;
+        let outcome = self
+            .run_tool_untraced(request)
+            .instrument(span.clone())
+            .await;
         match &outcome {
             Ok((result, call)) => {
                 span.record("outcome", call.outcome.as_str());

@@ -141,7 +141,10 @@ async fn export(
     let request = match ExportTraceServiceRequest::decode(body) {
         Ok(request) => request,
         Err(error) => {
-            return (StatusCode::BAD_REQUEST, format!("not an ExportTraceServiceRequest: {error}"))
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("not an ExportTraceServiceRequest: {error}"),
+            )
                 .into_response();
         }
     };
@@ -199,9 +202,12 @@ fn value_of(value: Option<&AnyValue>) -> AttributeValue {
         Some(any_value::Value::IntValue(number)) => AttributeValue::Integer(*number),
         Some(any_value::Value::DoubleValue(number)) => AttributeValue::Float(*number),
         Some(any_value::Value::BoolValue(flag)) => AttributeValue::Bool(*flag),
-        Some(any_value::Value::ArrayValue(list)) => {
-            AttributeValue::List(list.values.iter().map(|item| value_of(Some(item))).collect())
-        }
+        Some(any_value::Value::ArrayValue(list)) => AttributeValue::List(
+            list.values
+                .iter()
+                .map(|item| value_of(Some(item)))
+                .collect(),
+        ),
         _ => AttributeValue::Other,
     }
 }
