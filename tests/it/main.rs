@@ -20,3 +20,4 @@ mod setup;
 mod specialists;
 mod tidy;
 mod tls;
+mod traces;

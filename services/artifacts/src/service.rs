@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::object_store::ObjectStore;
 use time::OffsetDateTime;
+use tracing::Instrument as _;
 use zopu_core::config::{ConfigError, CoreConfig};
 use zopu_core::metrics;
 use zopu_core::{
@@ -370,8 +371,25 @@ impl Reaction for BuildReaction {
                 generated_at,
                 supersede,
             } => {
-                self.build_and_publish(event, &request, generated_at, ctx)
-                    .await?;
+                let span = tracing::info_span!(
+                    target: zopu_core::telemetry::TRACE_TARGET,
+                    "artifact.build",
+                    build_id = %clip(&request.build_id),
+                    artifact_id = %clip(&request.artifact_id),
+                    revision = request.revision,
+                    outcome = tracing::field::Empty,
+                    error.type = tracing::field::Empty,
+                    size_bytes = tracing::field::Empty,
+                    repaired = tracing::field::Empty,
+                );
+                let built = self
+                    .build_and_publish(event, &request, generated_at, ctx)
+                    .instrument(span.clone())
+                    .await;
+                if built.is_err() {
+                    span.record("outcome", "error");
+                }
+                built?;
                 self.supersede(event, &request, request.revision, &supersede, ctx)
                     .await
             }
@@ -450,6 +468,9 @@ impl BuildReaction {
                 }
                 metrics::artifact_build(kind_label, "failed");
                 tracing::warn!(%build_id, code = failure.code(), "artifact build failed");
+                tracing::Span::current()
+                    .record("outcome", "failed")
+                    .record("error.type", failure.code());
                 let rejection = Rejection {
                     code: failure.code(),
                     message: "The artifact could not be built into a valid page; the specialist's result stays stored.".into(),
@@ -499,6 +520,10 @@ impl BuildReaction {
             ))
             .await?;
         metrics::artifact_build(kind_label, "published");
+        tracing::Span::current()
+            .record("outcome", "published")
+            .record("size_bytes", built.size)
+            .record("repaired", built.repaired);
         tracing::info!(
             %build_id, %artifact_id, revision = request.revision, object = %name, size = built.size,
             sha256 = %built.sha256, repaired = built.repaired, reused_object = (stored == storage::Stored::Reused),

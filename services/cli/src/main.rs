@@ -141,7 +141,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     config.validate()?;
     // Services log their progress; one-shot commands only warnings.
     let long_running = matches!(cli.command, Command::Dev(_) | Command::Run(_));
-    if let Command::Dev(args) = &cli.command
+    // Each `zopu run` reports its service's name in its spans; `zopu dev`
+    // reports each service's spans under that service's name.
+    let service_name = match &cli.command {
+        Command::Run(args) => format!("zopu-{}", args.service().name()),
+        Command::Dev(_) => "zopu-dev".to_owned(),
+        _ => "zopu-cli".to_owned(),
+    };
+    let every_service = commands::services::Service::ALL.map(|service| service.name());
+    let identity = zopu_core::telemetry::Identity {
+        service_name: &service_name,
+        services: if matches!(cli.command, Command::Dev(_)) {
+            &every_service
+        } else {
+            &[]
+        },
+    };
+    // Dropped when the command returns: exports the spans still buffered.
+    let _tracing = if let Command::Dev(args) = &cli.command
         && !args.verbose
     {
         let path = commands::services::dev_log_file();
@@ -154,16 +171,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .append(true)
             .open(&path)
             .with_context(|| format!("opening the log file {}", path.display()))?;
-        zopu_core::telemetry::init_to_file(file, "info,async_nats=warn");
-    }
-    zopu_core::telemetry::init_with_default(
-        cli.json,
-        if long_running {
-            "info,async_nats=warn"
-        } else {
-            "warn,async_nats=error"
-        },
-    );
+        zopu_core::telemetry::init_to_file(file, "info,async_nats=warn", &identity)
+    } else {
+        zopu_core::telemetry::init_with_default(
+            cli.json,
+            if long_running {
+                "info,async_nats=warn"
+            } else {
+                "warn,async_nats=error"
+            },
+            &identity,
+        )
+    };
     let context = Context {
         config,
         json: cli.json,

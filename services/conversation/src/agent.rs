@@ -517,7 +517,7 @@ impl Turn<'_> {
         self.agent.fail_point(FailPoint::BeforeLlmCall, self.ctx)?;
         let started = Instant::now();
         let outcome = tokio::select! {
-            outcome = provider.complete(request.clone()) => outcome,
+            outcome = zopu_llm::complete_traced(provider, request.clone()) => outcome,
             () = self.ctx.shutdown.cancelled() => {
                 return Err(HandlerError::Fatal("shutting down during a model call".into()));
             }

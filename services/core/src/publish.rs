@@ -20,6 +20,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::context::PublishErrorKind;
 use bytes::Bytes;
 use time::OffsetDateTime;
+use tracing::Instrument as _;
 use zopu_schema::codec::{self, DecodeError};
 use zopu_schema::envelope::EventContext;
 use zopu_schema::{
@@ -30,6 +31,7 @@ use zopu_schema::{
 use crate::clock::Clock;
 use crate::nats::Bus;
 use crate::store::Store;
+use crate::telemetry::{TRACE_TARGET, propagation};
 use crate::{Error, metrics};
 
 const MSG_ID: &str = "Nats-Msg-Id";
@@ -126,6 +128,43 @@ impl NewEvent {
     pub fn event_id(&self) -> EventId {
         // Same cause (or, for a root, same request time) and key: same id.
         EventId::derived(self.context.cause_unix_ms, &self.idempotency_key)
+    }
+}
+
+/// `event`, carrying the current span's trace context when it is exported
+/// (otherwise the `traceparent` of its cause, if any). A root event (a user
+/// command) appended outside any trace starts one: its append span's.
+fn in_current_trace(mut event: NewEvent, append: &tracing::Span) -> NewEvent {
+    let traceparent = propagation::current_traceparent().or_else(|| {
+        event
+            .root
+            .then(|| propagation::traceparent_of(append))
+            .flatten()
+    });
+    if let Some(traceparent) = traceparent {
+        event.context.traceparent = Some(traceparent);
+    }
+    event
+}
+
+/// The span of one append by `source` (`zopu/<service>`): its subject
+/// and type, then its result.
+fn append_span(source: &str, event: &NewEvent) -> tracing::Span {
+    tracing::info_span!(
+        target: TRACE_TARGET,
+        "append",
+        service = source.strip_prefix("zopu/").unwrap_or(source),
+        subject = %zopu_schema::subjects::event(&event.context.org_id, &event.context.project_id, event.event_type),
+        event_type = event.event_type,
+        result = tracing::field::Empty,
+    )
+}
+
+fn appended_result(appended: &Appended) -> &'static str {
+    if appended.duplicate {
+        "duplicate"
+    } else {
+        "stored"
     }
 }
 
@@ -274,7 +313,16 @@ impl Publisher {
     /// Appends one event and waits for JetStream's acknowledgement.
     pub async fn append(&self, event: NewEvent) -> Result<Appended, Error> {
         let (event_type, started) = (event.event_type, std::time::Instant::now());
-        let outcome = self.append_unmeasured(event).await;
+        let span = append_span(&self.source, &event);
+        let event = in_current_trace(event, &span);
+        let outcome = self.append_untraced(event).instrument(span.clone()).await;
+        span.record(
+            "result",
+            match &outcome {
+                Ok(appended) => appended_result(appended),
+                Err(_) => "failed",
+            },
+        );
         self.measured(event_type, started, outcome.as_ref().ok());
         outcome
     }
@@ -294,7 +342,7 @@ impl Publisher {
         metrics::append_finished(&self.service, event_type, outcome, started.elapsed());
     }
 
-    async fn append_unmeasured(&self, event: NewEvent) -> Result<Appended, Error> {
+    async fn append_untraced(&self, event: NewEvent) -> Result<Appended, Error> {
         let event_id = event.event_id();
         if let Some(duplicate) = self.known_duplicate(&event.idempotency_key).await? {
             return Ok(duplicate);
@@ -356,7 +404,20 @@ impl Publisher {
         expected_version: u64,
     ) -> Result<Appended, AppendAtError> {
         let (event_type, started) = (event.event_type, std::time::Instant::now());
-        let outcome = self.append_at_unmeasured(event, expected_version).await;
+        let span = append_span(&self.source, &event);
+        let event = in_current_trace(event, &span);
+        let outcome = self
+            .append_at_untraced(event, expected_version)
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "result",
+            match &outcome {
+                Ok(appended) => appended_result(appended),
+                Err(AppendAtError::Conflict { .. }) => "conflict",
+                Err(AppendAtError::Failed(_)) => "failed",
+            },
+        );
         // A refused decision wrote nothing: only appends that were tried count.
         if !matches!(outcome, Err(AppendAtError::Conflict { .. })) {
             self.measured(event_type, started, outcome.as_ref().ok());
@@ -364,7 +425,7 @@ impl Publisher {
         outcome
     }
 
-    async fn append_at_unmeasured(
+    async fn append_at_untraced(
         &self,
         event: NewEvent,
         expected_version: u64,

@@ -40,7 +40,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use zopu_schema::envelope::PayloadError;
-use zopu_schema::{Envelope, OrgId, ProjectId, pb};
+use zopu_schema::{Envelope, OrgId, ProjectId, codec, pb};
 
 use crate::lease::Leases;
 use crate::nats::Bus;
@@ -48,6 +48,7 @@ use crate::publish::{self, NewEvent, Publisher};
 use crate::runtime::Runtime;
 use crate::shutdown::Shutdown;
 use crate::store::Store;
+use crate::telemetry::{TRACE_TARGET, propagation};
 use crate::{Error, config, metrics};
 
 /// Messages handed back (shutdown, a fatal error) are redelivered after
@@ -254,6 +255,16 @@ pub trait Reaction: Send + Sync + 'static {
 }
 
 type Message = async_nats::jetstream::Message;
+
+/// A header of a message as it arrived, for the handling span (read before
+/// decoding, so even an undecodable message is traced in its chain).
+fn traced_header<'m>(message: &'m Message, name: &str) -> Option<&'m str> {
+    message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(name))
+        .map(|value| value.as_str())
+}
 
 /// One project's queue: messages of the project are handled one at a time,
 /// in stream order. `copies` holds the newest delivery of each stream
@@ -726,7 +737,19 @@ impl<R: Reaction> Runner<R> {
             Ok(info) => (info.stream_sequence, info.delivered),
             Err(_) => (0, 1),
         };
-        let span = tracing::info_span!("handle", service = %self.service, subject = %message.subject, stream_sequence, delivered, event_id = tracing::field::Empty, correlation_id = tracing::field::Empty);
+        let span = tracing::info_span!(
+            target: TRACE_TARGET,
+            "handle",
+            service = %self.service,
+            consumer = %self.config.durable,
+            subject = %message.subject,
+            event_type = traced_header(&message, codec::TYPE).unwrap_or_default(),
+            stream_sequence,
+            delivered,
+            event_id = tracing::field::Empty,
+            correlation_id = tracing::field::Empty,
+        );
+        propagation::continue_trace(&span, traced_header(&message, codec::TRACEPARENT));
         async {
             let envelope = match publish::decode_message(&message.message)
                 .map_err(|error| error.to_string())

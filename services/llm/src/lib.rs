@@ -12,12 +12,15 @@
 //! - The API key is read from its [`openai::KeySource`] before every attempt (rotation needs no
 //!   restart), is sent only as a sensitive `Authorization` header, and never appears in `Debug`,
 //!   `Display`, logs or errors.
+//! - Callers call the model through [`complete_traced`], whose span carries the GenAI
+//!   attributes (models, tokens, finish reason) and nothing of the prompt or the reply.
 
 mod chat;
 mod error;
 pub mod openai;
 #[cfg(feature = "test-support")]
 pub mod test_support;
+mod trace;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,6 +31,7 @@ pub use chat::{
 };
 pub use error::Error;
 pub use openai::{ApiKey, KeySource, OpenAiConfig, OpenAiProvider, RotatingKey};
+pub use trace::{TRACE_TARGET, complete_traced};
 
 /// A boxed, sendable future, so that [`Provider`] stays object-safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -48,4 +52,10 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     /// Answers `request`. Implementations validate the request first and never return a partial
     /// tool call.
     fn complete(&self, request: ChatRequest) -> BoxFuture<'_, Result<ChatReply, Error>>;
+
+    /// The model requests name, when the provider has one (traced as
+    /// `gen_ai.request.model`; the label otherwise).
+    fn requested_model(&self) -> Option<&str> {
+        None
+    }
 }

@@ -152,6 +152,10 @@ impl Provider for OpenAiProvider {
     fn complete(&self, request: ChatRequest) -> BoxFuture<'_, Result<ChatReply, Error>> {
         Box::pin(OpenAiProvider::complete(self, request))
     }
+
+    fn requested_model(&self) -> Option<&str> {
+        Some(&self.config.model)
+    }
 }
 
 fn bearer(key: &ApiKey) -> Result<HeaderValue, Error> {

@@ -749,6 +749,25 @@ pub fn redact(text: &str) -> String {
     }
 }
 
+/// Longest value [`redact_label`] returns, in bytes.
+pub const LABEL_BYTES_MAX: usize = 256;
+
+/// A short value from outside (a model's finish reason, the model name a
+/// reply reports, a tool's outcome) fit for a trace attribute or a label:
+/// secrets redacted, control characters dropped, at most
+/// [`LABEL_BYTES_MAX`] bytes (cut on a character boundary).
+pub fn redact_label(value: &str) -> String {
+    let mut label: String = redact(value).chars().filter(|c| !c.is_control()).collect();
+    if label.len() > LABEL_BYTES_MAX {
+        let mut end = LABEL_BYTES_MAX;
+        while !label.is_char_boundary(end) {
+            end -= 1;
+        }
+        label.truncate(end);
+    }
+    label
+}
+
 fn redact_once(text: &str, findings: &[Finding]) -> String {
     let mut out = String::with_capacity(text.len());
     let mut cursor = 0;
@@ -1092,6 +1111,16 @@ mod tests {
     }
 
     const RANDOM40: &str = "wJalrXUtnFEMIK7MDENGbPxRfiCYzEXAMPLEKEY9";
+
+    #[test]
+    fn secret_looking_text_never_becomes_a_label() {
+        let key = "sk-proj-Zx81bQ7uT0pL3mN5vR2sW9yA4cE6gH1jK8";
+        let label = redact_label(&format!("stop\nwith key {key}"));
+        assert!(!label.contains(key), "{label}");
+        assert!(!label.contains('\n'));
+        assert!(label.starts_with("stop"));
+        assert!(redact_label(&"é".repeat(1000)).len() <= LABEL_BYTES_MAX);
+    }
 
     #[test]
     fn aws_access_key_id() {

@@ -34,7 +34,7 @@ impl Service {
         Service::Gateway,
     ];
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Service::Setup => "setup",
             Service::Dispatch => "dispatch",
@@ -53,6 +53,12 @@ impl Service {
 pub struct RunArgs {
     /// The service to run
     service: Service,
+}
+
+impl RunArgs {
+    pub(crate) fn service(&self) -> Service {
+        self.service
+    }
 }
 
 #[derive(Debug, Args)]

@@ -174,7 +174,9 @@ impl Run<'_> {
         })?;
         let started = std::time::Instant::now();
         let limit = self.shared.config.flow.llm_timeout;
-        let reply = self.bounded(limit, provider.complete(request)).await;
+        let reply = self
+            .bounded(limit, zopu_llm::complete_traced(provider.as_ref(), request))
+            .await;
         record_model_call(provider.label(), &reply, started.elapsed());
         let reply = reply?;
         self.executed += 1;

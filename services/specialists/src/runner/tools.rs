@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
+use tracing::Instrument as _;
 use zopu_core::text::clip_chars;
 use zopu_sandbox::tools::{Sandbox, ToolCallRecord, ToolOutcome};
 use zopu_schema::Envelope;
@@ -158,7 +159,43 @@ impl Run<'_> {
         Ok(result)
     }
 
+    /// Runs one tool in its span: the tool's name and outcome, never its
+    /// arguments or output (they may hold file contents).
     pub(super) async fn run_tool(
+        &mut self,
+        request: ToolRequest,
+    ) -> Result<(ToolResult, pb::ToolCall), FlowError> {
+        let span = tracing::info_span!(
+            target: zopu_core::telemetry::TRACE_TARGET,
+            "tool",
+            otel.name = format!("execute_tool {}", request.name()),
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = request.name(),
+            outcome = tracing::field::Empty,
+            output_bytes = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        let outcome = self
+            .run_tool_untraced(request)
+            .instrument(span.clone())
+            .await;
+        match &outcome {
+            Ok((result, call)) => {
+                span.record("outcome", call.outcome.as_str());
+                span.record("output_bytes", call.output_bytes);
+                if let Err(failure) = result {
+                    span.record("error.type", zopu_secrets::redact_label(&failure.code));
+                }
+            }
+            Err(error) => {
+                span.record("outcome", "error");
+                span.record("error.type", error.code());
+            }
+        }
+        outcome
+    }
+
+    async fn run_tool_untraced(
         &mut self,
         request: ToolRequest,
     ) -> Result<(ToolResult, pb::ToolCall), FlowError> {

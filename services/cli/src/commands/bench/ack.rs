@@ -36,6 +36,7 @@ use zopu_core::local_server::{LocalCluster, LocalServer, SyncPolicy};
 use zopu_core::log::{Reader, Start};
 use zopu_core::nats::Bus;
 use zopu_core::publish::{NewEvent, Publisher};
+use zopu_core::telemetry::otlp_sink::{OtlpSink, Retention};
 use zopu_core::{Shutdown, streams};
 use zopu_schema::{AgentId, Event, OrgId, ProjectId, keys, pb, subjects};
 
@@ -59,6 +60,12 @@ pub struct AckArgs {
     /// one server; the raw baseline runs on the same cluster
     #[arg(long)]
     cluster: bool,
+    /// Measure twice: with tracing off (this process), then with the OTLP
+    /// exporter on (a child `zopu bench ack`, exporting every span to a
+    /// loopback OTLP/HTTP receiver here that decodes and discards them),
+    /// and print both and their ratio
+    #[arg(long)]
+    otlp_sink: bool,
 }
 
 /// The server or cluster a benchmark starts (stopped when dropped).
@@ -120,10 +127,11 @@ const TOPICS: [&str; 10] = [
     "webhooks",
 ];
 
-#[derive(Debug, serde::Serialize)]
+/// One run's results; `--otlp-sink` reads its child's back from `--json`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Figures {
-    sync: &'static str,
-    servers: &'static str,
+    sync: String,
+    servers: String,
     load: String,
     /// Messages/s offered (open loop); none for the closed loop.
     offered_per_s: Option<f64>,
@@ -168,6 +176,100 @@ impl Turn {
 type Pending = Arc<Mutex<HashMap<String, Turn>>>;
 
 pub async fn run(context: &Context, args: AckArgs) -> anyhow::Result<ExitCode> {
+    if args.otlp_sink {
+        return tracing_overhead(context, &args).await;
+    }
+    let figures = measure(&args).await?;
+    if context.json {
+        println!("{}", serde_json::to_string(&figures)?);
+    } else {
+        print(&figures);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--otlp-sink`: the same run with tracing off, then on.
+async fn tracing_overhead(context: &Context, args: &AckArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        !zopu_core::telemetry::export_requested(),
+        "--otlp-sink compares against a run without export: unset OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    );
+    let off = measure(args).await?;
+    let sink = OtlpSink::start(Retention::CountOnly).await?;
+    let mut child = tokio::process::Command::new(std::env::current_exe()?);
+    child
+        .args(["--json", "bench", "ack", "--messages"])
+        .arg(args.messages.to_string())
+        .arg("--projects")
+        .arg(args.projects.to_string())
+        .arg("--sync")
+        .arg(match args.sync {
+            Sync::Always => "always",
+            Sync::Default => "default",
+        })
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint())
+        .env_remove("OTEL_SDK_DISABLED")
+        .env_remove("OTEL_TRACES_EXPORTER")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true);
+    if let Some(rate) = args.rate {
+        child.arg("--rate").arg(rate.to_string());
+    }
+    if args.cluster {
+        child.arg("--cluster");
+    }
+    let output = child.output().await?;
+    anyhow::ensure!(
+        output.status.success(),
+        "the run with the exporter on failed ({})",
+        output.status
+    );
+    let on: Figures = serde_json::from_slice(&output.stdout)?;
+    let overhead = TracingOverhead {
+        spans_exported: sink.span_count(),
+        export_requests: sink.request_count(),
+        dispatches_per_s_ratio: on.dispatches_per_s / off.dispatches_per_s,
+        ack_p50_ratio: on.ack_p50_ms / off.ack_p50_ms,
+        ack_p99_ratio: on.ack_p99_ms / off.ack_p99_ms,
+        off,
+        on,
+    };
+    if context.json {
+        println!("{}", serde_json::to_string(&overhead)?);
+    } else {
+        println!("tracing off:");
+        print(&overhead.off);
+        println!(
+            "tracing on (OTLP/HTTP to a loopback receiver that decodes and discards; {} spans in {} requests, {:.1} spans per turn):",
+            overhead.spans_exported,
+            overhead.export_requests,
+            overhead.spans_exported as f64 / overhead.on.messages.max(1) as f64
+        );
+        print(&overhead.on);
+        println!(
+            "tracing on / off: dispatches/s {:.3}x, acknowledgement p50 {:.3}x, p99 {:.3}x",
+            overhead.dispatches_per_s_ratio, overhead.ack_p50_ratio, overhead.ack_p99_ratio
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--otlp-sink`'s result: both runs and their ratios.
+#[derive(Debug, serde::Serialize)]
+struct TracingOverhead {
+    off: Figures,
+    on: Figures,
+    /// Spans the receiver got from the run with the exporter on (warm-up included).
+    spans_exported: u64,
+    export_requests: u64,
+    dispatches_per_s_ratio: f64,
+    ack_p50_ratio: f64,
+    ack_p99_ratio: f64,
+}
+
+/// One run: services in-process, the load, then the raw baseline.
+async fn measure(args: &AckArgs) -> anyhow::Result<Figures> {
     anyhow::ensure!(
         args.projects > 0 && args.messages >= args.projects,
         "--messages must be at least --projects, and --projects at least 1"
@@ -253,8 +355,8 @@ pub async fn run(context: &Context, args: AckArgs) -> anyhow::Result<ExitCode> {
     .await?;
     raw.sort_by(f64::total_cmp);
     let figures = Figures {
-        sync,
-        servers: server.label(),
+        sync: sync.to_owned(),
+        servers: server.label().to_owned(),
         load: args.rate.map_or("closed loop".into(), |rate| {
             format!("open loop at {rate:.0} messages/s")
         }),
@@ -277,12 +379,7 @@ pub async fn run(context: &Context, args: AckArgs) -> anyhow::Result<ExitCode> {
     drop(bus);
     tokio::time::sleep(Duration::from_millis(100)).await;
     drop(server);
-    if context.json {
-        println!("{}", serde_json::to_string(&figures)?);
-    } else {
-        print(&figures);
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(figures)
 }
 
 fn print(figures: &Figures) {
