@@ -1,15 +1,18 @@
 //! Schema evolution: events this version does not understand — a type or a
 //! dataschema a newer version wrote, a body that does not decode — are
 //! recorded by the projections that meet them, and the projections carry
-//! on with the events after them (README "Schema evolution").
+//! on with the events after them (README "Schema evolution"). Events
+//! recorded before `ce-dataschema` became a URI (the bare message name) are
+//! read as they always were, and a project's history mixing both spellings
+//! chains and audits clean.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use zopu_core::publish::{NewEvent, Publisher, get_event};
-use zopu_core::{Shutdown, Store, projection};
-use zopu_schema::{Envelope, OrgId, ProjectId, codec, pb, subjects};
+use zopu_core::{Shutdown, Store, audit, projection};
+use zopu_schema::{Envelope, Event, EventId, OrgId, ProjectId, codec, pb, subjects};
 use zopu_tests::{NatsServer, bus};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -150,5 +153,116 @@ async fn projections_record_events_they_do_not_understand_and_carry_on() -> Resu
     assert!(recorded[2].1.contains("does not decode"), "{recorded:?}");
     shutdown.cancel();
     running.await??;
+    Ok(())
+}
+
+/// Stores `envelope` the way a writer did before `ce-dataschema` became a
+/// URI: the bare protobuf message name in the header.
+async fn publish_as_recorded(bus: &zopu_core::nats::Bus, envelope: &Envelope) -> Result<u64> {
+    let (headers, body) = codec::encode(envelope);
+    let mut map = async_nats::HeaderMap::new();
+    for (name, value) in headers {
+        let value = match name {
+            codec::DATASCHEMA => envelope.data_schema.clone(),
+            _ => value,
+        };
+        map.insert(name, value.as_str());
+    }
+    map.insert("Nats-Msg-Id", envelope.idempotency_key.as_str());
+    Ok(bus
+        .jetstream
+        .publish_with_headers(envelope.subject(), map, body)
+        .await?
+        .await?
+        .sequence)
+}
+
+/// The `ce-dataschema` header as stored at `sequence`.
+async fn stored_dataschema(bus: &zopu_core::nats::Bus, sequence: u64) -> Result<String> {
+    let message = bus
+        .jetstream
+        .get_stream_no_info(subjects::EVENTS_STREAM)
+        .await?
+        .direct_get(sequence)
+        .await?;
+    let value = message
+        .headers
+        .get(codec::DATASCHEMA)
+        .context("no ce-dataschema header")?;
+    Ok(value.as_str().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_mixing_bare_and_uri_dataschemas_chains_and_audits_clean() -> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let (org, project): (OrgId, ProjectId) = ("mixed".parse()?, ProjectId::new());
+    let agent = "agent-mixed";
+    let publisher = Publisher::new(bus.clone(), "gateway", None);
+    let disabled = |reason: &str| pb::AgentDisabled {
+        agent_id: agent.into(),
+        reason: reason.into(),
+        ..Default::default()
+    };
+    // Version 1, written now.
+    let first = publisher
+        .append(NewEvent::root(
+            org.clone(),
+            project,
+            &disabled("first"),
+            "disable-1",
+            None,
+        ))
+        .await?;
+    let first_event = get_event(&bus, first.sequence).await?;
+    // Version 2, as an older writer stored it.
+    let recorded = Envelope {
+        id: EventId::new(),
+        event_type: pb::AgentEnabled::TYPE.into(),
+        data_schema: pb::AgentEnabled::SCHEMA.into(),
+        idempotency_key: "enable-recorded".into(),
+        project_version: 2,
+        previous_hash: Some(first_event.hash()),
+        data: prost::Message::encode_to_vec(&pb::AgentEnabled {
+            agent_id: agent.into(),
+            ..Default::default()
+        })
+        .into(),
+        ..first_event.clone()
+    };
+    let recorded_sequence = publish_as_recorded(&bus, &recorded).await?;
+    // Version 3, written now on top of the recorded event.
+    let third = publisher
+        .append(NewEvent::root(
+            org.clone(),
+            project,
+            &disabled("third"),
+            "disable-3",
+            None,
+        ))
+        .await?;
+
+    assert_eq!(
+        stored_dataschema(&bus, first.sequence).await?,
+        "urn:zopu:proto:zopu.v1.AgentDisabled"
+    );
+    assert_eq!(
+        stored_dataschema(&bus, recorded_sequence).await?,
+        "zopu.v1.AgentEnabled"
+    );
+    assert_eq!(
+        stored_dataschema(&bus, third.sequence).await?,
+        "urn:zopu:proto:zopu.v1.AgentDisabled"
+    );
+    let read_back = get_event(&bus, recorded_sequence).await?;
+    assert_eq!(read_back, recorded);
+    assert_eq!(read_back.hash(), recorded.hash());
+    let third_event = get_event(&bus, third.sequence).await?;
+    assert_eq!(third_event.project_version, 3);
+    assert_eq!(third_event.previous_hash, Some(recorded.hash()));
+
+    let report = audit::verify(&bus, None).await?;
+    assert!(report.is_clean(), "{:?}", report.findings);
+    assert_eq!((report.events, report.projects), (3, 1));
     Ok(())
 }

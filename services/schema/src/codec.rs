@@ -18,12 +18,13 @@
 //! into the SDK's [`cloudevents::Event`] and back ([`to_cloudevent`],
 //! [`from_cloudevent`]).
 //!
-//! One spelling differs between the wire and the SDK: `ce-dataschema` holds
-//! the protobuf message's full name (`zopu.v1.ProjectReady`), as every
-//! recorded event has it, which is not the absolute URI CloudEvents types
-//! `dataschema` as; the SDK's `Event` holds it as
-//! `urn:zopu:proto:zopu.v1.ProjectReady` ([`DATASCHEMA_URI_PREFIX`]), and the
-//! writer and the envelope builder take that prefix off again.
+//! `ce-dataschema` is an absolute URI, as CloudEvents types `dataschema`:
+//! [`DATASCHEMA_URI_PREFIX`] and the protobuf message's full name
+//! (`urn:zopu:proto:zopu.v1.ProjectReady`), so the SDK reads the headers as
+//! they are. Events recorded before carry the bare name
+//! (`zopu.v1.ProjectReady`); both spellings decode to the same [`Envelope`],
+//! whose `data_schema` is the bare name (what the hash chain covers), and
+//! anything else is refused naming the header.
 
 use bytes::Bytes;
 use cloudevents::event::SpecVersion;
@@ -84,9 +85,28 @@ pub const KNOWN: &[&str] = &[
     PREVIOUS_HASH,
 ];
 
-/// How the SDK's `Event` spells `dataschema`: this prefix and the protobuf
-/// message's full name (the wire carries the bare name).
+/// `dataschema` is this prefix and the protobuf message's full name.
 pub const DATASCHEMA_URI_PREFIX: &str = "urn:zopu:proto:";
+
+/// The `dataschema` URI of a protobuf message (`zopu.v1.ProjectReady` →
+/// `urn:zopu:proto:zopu.v1.ProjectReady`).
+pub fn dataschema_uri(message: &str) -> String {
+    format!("{DATASCHEMA_URI_PREFIX}{message}")
+}
+
+/// The protobuf message a `ce-dataschema` value names: the URI every new
+/// event carries, or the bare full name of an event recorded before the
+/// header became a URI.
+fn message_of_dataschema(value: &str) -> Result<String, String> {
+    let message = value.strip_prefix(DATASCHEMA_URI_PREFIX).unwrap_or(value);
+    if envelope::is_schema_name(message) {
+        Ok(message.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is neither {DATASCHEMA_URI_PREFIX}<protobuf message> nor a full protobuf message name"
+        ))
+    }
+}
 
 /// The CloudEvents context attributes (not extensions) among [`KNOWN`].
 const CORE_ATTRIBUTES: &[&str] = &[
@@ -183,8 +203,7 @@ fn index_of_attribute(attribute: &str) -> Option<usize> {
 }
 
 /// An attribute value as the wire spells it (before percent-encoding):
-/// times in [`envelope::format_time`]'s one spelling, `dataschema` without
-/// the SDK's [`DATASCHEMA_URI_PREFIX`].
+/// times in [`envelope::format_time`]'s one spelling.
 fn wire_value(value: MessageAttributeValue) -> String {
     match value {
         MessageAttributeValue::DateTime(time) => {
@@ -199,11 +218,6 @@ fn wire_value(value: MessageAttributeValue) -> String {
                 // spells it, which `parse_time` then refuses.
                 .map_or_else(|| time.to_rfc3339(), envelope::format_time)
         }
-        MessageAttributeValue::Uri(uri) => uri
-            .as_str()
-            .strip_prefix(DATASCHEMA_URI_PREFIX)
-            .unwrap_or(uri.as_str())
-            .to_owned(),
         other => other.to_string(),
     }
 }
@@ -356,7 +370,7 @@ impl BinaryDeserializer for &Envelope {
             .set_attribute("subject", Text(self.project_id.to_string()))?
             .set_attribute("time", Text(envelope::format_time(self.time)))?
             .set_attribute("datacontenttype", Text(envelope::CONTENT_TYPE.to_owned()))?
-            .set_attribute("dataschema", Text(self.data_schema.clone()))?
+            .set_attribute("dataschema", Text(dataschema_uri(&self.data_schema)))?
             .set_extension(
                 "correlationid",
                 Text(self.correlation_id.as_str().to_owned()),
@@ -481,7 +495,7 @@ impl EnvelopeBuilder {
             source: self.required(SOURCE)?,
             event_type: self.required(TYPE)?,
             time,
-            data_schema: self.required(DATASCHEMA)?,
+            data_schema: self.required_parsed(DATASCHEMA, message_of_dataschema)?,
             org_id: self.required_parsed(ORG_ID, id)?,
             project_id,
             correlation_id: self.required_parsed(CORRELATION_ID, id)?,
@@ -550,53 +564,10 @@ pub fn decode_stored<'a>(
     Ok(envelope)
 }
 
-/// Spells `dataschema` as the SDK's `Event` holds it (a URI) and passes
-/// everything else through to the serializer it wraps.
-#[derive(Debug)]
-struct SdkSpelling<V>(V);
-
-impl<R, V: BinarySerializer<R>> BinarySerializer<R> for SdkSpelling<V> {
-    fn set_spec_version(self, spec_version: SpecVersion) -> BindingResult<Self> {
-        Ok(Self(self.0.set_spec_version(spec_version)?))
-    }
-
-    fn set_attribute(self, name: &str, value: MessageAttributeValue) -> BindingResult<Self> {
-        let value = match value {
-            MessageAttributeValue::String(schema) if name == "dataschema" => {
-                MessageAttributeValue::String(format!("{DATASCHEMA_URI_PREFIX}{schema}"))
-            }
-            other => other,
-        };
-        Ok(Self(self.0.set_attribute(name, value)?))
-    }
-
-    fn set_extension(self, name: &str, value: MessageAttributeValue) -> BindingResult<Self> {
-        Ok(Self(self.0.set_extension(name, value)?))
-    }
-
-    fn end_with_data(self, bytes: Vec<u8>) -> BindingResult<R> {
-        self.0.end_with_data(bytes)
-    }
-
-    fn end(self) -> BindingResult<R> {
-        self.0.end()
-    }
-}
-
-/// A Zopu event source read as the SDK reads events ([`SdkSpelling`]).
-#[derive(Debug)]
-pub struct AsCloudEvent<S>(pub S);
-
-impl<S: BinaryDeserializer> BinaryDeserializer for AsCloudEvent<S> {
-    fn deserialize_binary<R: Sized, V: BinarySerializer<R>>(self, visitor: V) -> BindingResult<R> {
-        self.0.deserialize_binary(SdkSpelling(visitor))
-    }
-}
-
 /// The envelope as the SDK's [`cloudevents::Event`], built (and so checked)
 /// by the SDK's own event builder.
 pub fn to_cloudevent(envelope: &Envelope) -> Result<cloudevents::Event, BindingError> {
-    BinaryDeserializer::into_event(AsCloudEvent(envelope))
+    BinaryDeserializer::into_event(envelope)
 }
 
 /// A [`cloudevents::Event`] as a Zopu envelope, with the checks [`decode`]
@@ -827,7 +798,7 @@ mod tests {
     /// Headers to the SDK's event (built by the SDK's own builder), and the
     /// event written back to headers through the binding.
     fn through_the_sdk(encoded: &Encoded) -> (cloudevents::Event, Encoded) {
-        let event = BinaryDeserializer::into_event(AsCloudEvent(reader(encoded))).unwrap();
+        let event = BinaryDeserializer::into_event(reader(encoded)).unwrap();
         let written = event
             .clone()
             .deserialize_binary(HeaderWriter::default())
@@ -854,7 +825,7 @@ mod tests {
                 assert_eq!(event.datacontenttype(), Some(envelope::CONTENT_TYPE));
                 assert_eq!(
                     event.dataschema().map(|uri| uri.as_str().to_owned()),
-                    Some(format!("{DATASCHEMA_URI_PREFIX}{}", kind.schema))
+                    Some(dataschema_uri(kind.schema))
                 );
                 assert_eq!(
                     event
@@ -892,9 +863,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_wire_spelling_is_the_one_recorded_events_have() {
-        let envelope = Envelope {
+    /// The event the wire-spelling tests write and read.
+    fn golden() -> Envelope {
+        Envelope {
             id: "01890a5d-ac96-774b-bcce-b302099a8057".parse().unwrap(),
             source: "zopu/setup".into(),
             event_type: "project.ready".into(),
@@ -913,9 +884,13 @@ mod tests {
             project_version: 2,
             previous_hash: Some(EventHash([0xab; 32])),
             data: Bytes::from_static(b"\x08\x01"),
-        };
+        }
+    }
+
+    /// [`golden`]'s headers, written out, with `ce-dataschema` as given.
+    fn golden_headers(dataschema: &str) -> Vec<(&'static str, String)> {
         let project = "01890a5d-ac96-774b-bcce-b302099a8058";
-        let expected = vec![
+        vec![
             (SPECVERSION, "1.0".to_owned()),
             (ID, "01890a5d-ac96-774b-bcce-b302099a8057".to_owned()),
             (SOURCE, "zopu/setup".to_owned()),
@@ -923,7 +898,7 @@ mod tests {
             (SUBJECT, project.to_owned()),
             (TIME, "2026-03-01T12:34:56.000000789Z".to_owned()),
             (CONTENT_TYPE, "application/protobuf".to_owned()),
-            (DATASCHEMA, "zopu.v1.ProjectReady".to_owned()),
+            (DATASCHEMA, dataschema.to_owned()),
             (CORRELATION_ID, "req-%2541%22x".to_owned()),
             (
                 CAUSATION_ID,
@@ -939,23 +914,82 @@ mod tests {
                 "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
             ),
             (PREVIOUS_HASH, "ab".repeat(32)),
-        ];
-        let (headers, body) = encode(&envelope);
-        assert_eq!(headers, expected);
-        assert_eq!(body, envelope.data);
-        assert_eq!(round_trip(&envelope).unwrap(), envelope);
+        ]
+    }
+
+    /// [`golden`]'s hash. `Envelope::hash` covers the bare message name, so
+    /// the spelling of `ce-dataschema` on the wire never moves it.
+    const GOLDEN_HASH: &str = "0cbd3b07c832a04afb41320e45ba4cf78853adecd80f91083d594319b0db34c7";
+
+    fn decode_pairs(headers: &[(&'static str, String)]) -> Result<Envelope, DecodeError> {
+        decode(
+            headers.iter().map(|(name, value)| (*name, value.as_str())),
+            Bytes::from_static(b"\x08\x01"),
+        )
     }
 
     #[test]
-    fn the_wire_dataschema_is_not_the_uri_the_sdk_requires() {
-        // Why `AsCloudEvent` spells it with DATASCHEMA_URI_PREFIX: the bare
-        // message name the wire carries is no absolute URI.
-        let encoded = encode(&sample());
-        let refused = BinaryDeserializer::into_event(reader(&encoded));
-        assert!(
-            matches!(refused, Err(BindingError::ParseUrlError { .. })),
-            "{refused:?}"
+    fn new_events_carry_the_dataschema_uri() {
+        let envelope = golden();
+        let (headers, body) = encode(&envelope);
+        assert_eq!(
+            headers,
+            golden_headers("urn:zopu:proto:zopu.v1.ProjectReady")
         );
+        assert_eq!(body, envelope.data);
+        let decoded = round_trip(&envelope).unwrap();
+        assert_eq!(decoded, envelope);
+        assert_eq!(decoded.hash().to_hex(), GOLDEN_HASH);
+    }
+
+    #[test]
+    fn recorded_events_with_the_bare_message_name_decode_to_the_same_envelope_and_hash() {
+        let recorded = decode_pairs(&golden_headers("zopu.v1.ProjectReady")).unwrap();
+        assert_eq!(recorded, golden());
+        assert_eq!(recorded.data_schema, "zopu.v1.ProjectReady");
+        assert_eq!(recorded.hash().to_hex(), GOLDEN_HASH);
+        // Written again, it carries the URI, and converts to the SDK's event.
+        let (rewritten, _) = encode(&recorded);
+        assert_eq!(
+            rewritten,
+            golden_headers("urn:zopu:proto:zopu.v1.ProjectReady")
+        );
+        let event = to_cloudevent(&recorded).unwrap();
+        assert_eq!(
+            cloudevents::AttributesReader::dataschema(&event).map(|uri| uri.as_str()),
+            Some("urn:zopu:proto:zopu.v1.ProjectReady")
+        );
+    }
+
+    #[test]
+    fn a_dataschema_that_names_no_protobuf_message_is_refused_naming_the_header() {
+        for value in [
+            "",
+            "ProjectReady",
+            "urn:zopu:proto:",
+            "urn:zopu:proto:ProjectReady",
+            "urn:zopu:proto:urn:zopu:proto:zopu.v1.ProjectReady",
+            "urn:other:zopu.v1.ProjectReady",
+            "https://zopu.example/zopu.v1.ProjectReady",
+            "zopu.v1.Project-Ready",
+        ] {
+            let refused = decode_pairs(&golden_headers(value));
+            assert!(
+                matches!(
+                    &refused,
+                    Err(DecodeError::Invalid { header: DATASCHEMA, reason }) if reason.contains(&format!("{value:?}"))
+                ),
+                "{value:?}: {refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_sdk_reads_the_wire_headers_as_they_are() {
+        let encoded = encode(&golden());
+        let event = BinaryDeserializer::into_event(reader(&encoded)).unwrap();
+        assert_eq!(event, to_cloudevent(&golden()).unwrap());
+        assert_eq!(from_cloudevent(event).unwrap(), golden());
     }
 
     #[test]

@@ -266,7 +266,7 @@ pub fn unix_ms(time: OffsetDateTime) -> u64 {
     u64::try_from(time.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
 }
 
-fn is_schema_name(value: &str) -> bool {
+pub(crate) fn is_schema_name(value: &str) -> bool {
     let tokens: Vec<&str> = value.split('.').collect();
     tokens.len() >= 2
         && value.len() <= 128
