@@ -22,11 +22,11 @@ use zopu_schema::{AgentId, Event, EventId, OrgId, ProjectId, keys, pb, subjects}
 use crate::AppState;
 use crate::http::{ApiError, ApiJson, Caller, ErrorBody, RequestId, parse_json};
 use crate::quotas::Action;
-use crate::read_model::{
+use crate::tokens::Scope;
+use crate::views::{
     ArtifactRecord, ArtifactView, ProjectView, SummaryView, ThreadView, TimelineItem, WorkView,
     queries, setup_state,
 };
-use crate::tokens::Scope;
 
 /// Content-Security-Policy of stored artifact HTML: no scripts at all, and
 /// `sandbox` (with no `allow-*` token): the page runs in an opaque origin,
