@@ -85,8 +85,8 @@ CREATE TABLE gw_timeline_environment_names (
 );
 ";
 
-/// What a timeline item shows. Its name (snake case) is both the stored
-/// value and the API's.
+// Its name (snake case) is both the stored value and the API's.
+/// What a timeline item shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ItemKind {
