@@ -259,7 +259,6 @@ mod tests {
                 &pb::ThreadCreated {
                     title: "Read the login path".into(),
                     flow_type: "explore".into(),
-                    ..Default::default()
                 },
                 1,
             )),
@@ -269,7 +268,6 @@ mod tests {
                 &pb::ThreadUpdated {
                     status: "done".into(),
                     summary: "found it".into(),
-                    ..Default::default()
                 },
                 2,
             )),
