@@ -5,8 +5,12 @@
 //! only marks it superseded). A card is keyed by the stream sequence of the
 //! event that published it, which is also the sequence of its timeline item.
 
+use std::collections::HashMap;
+
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use zopu_schema::{Envelope, Event, OrgId, pb};
+
+use super::sequence_keys;
 
 pub(super) const TABLES: &[&str] = &[
     "gw_artifacts",
@@ -227,53 +231,74 @@ pub fn find(
 
 /// The card published by the event at `sequence`, if it is the organization's.
 pub fn card(conn: &Connection, org: &OrgId, sequence: u64) -> rusqlite::Result<Option<CardRow>> {
-    let sequence = sequence as i64;
-    let Some(mut card) = conn
-        .prepare_cached(
-            "SELECT artifact_id, revision, kind, title, summary, label, provider FROM gw_artifact_cards
-             WHERE sequence = ?1 AND org = ?2",
-        )?
-        .query_row(params![sequence, org.as_str()], |row| {
-            Ok(CardRow {
-                artifact_id: row.get(0)?,
-                revision: row.get(1)?,
-                kind: row.get(2)?,
-                title: row.get(3)?,
-                summary: row.get(4)?,
-                label: row.get(5)?,
-                facts: Vec::new(),
-                actions: Vec::new(),
-                provider: row.get(6)?,
-            })
-        })
-        .optional()?
-    else {
-        return Ok(None);
-    };
-    card.facts = conn
-        .prepare_cached(
-            "SELECT label, value FROM gw_artifact_card_facts WHERE sequence = ?1 ORDER BY position",
-        )?
-        .query_map([sequence], |row| {
-            Ok(CardFactRow {
-                label: row.get(0)?,
-                value: row.get(1)?,
-            })
-        })?
-        .collect::<rusqlite::Result<_>>()?;
-    card.actions = conn
-        .prepare_cached(
-            "SELECT action_id, label, style FROM gw_artifact_card_actions WHERE sequence = ?1 ORDER BY position",
-        )?
-        .query_map([sequence], |row| {
-            Ok(CardActionRow {
-                action_id: row.get(0)?,
+    Ok(cards(conn, org, &[sequence])?.remove(&sequence))
+}
+
+/// The cards published by the events at `sequences` that are the
+/// organization's, by sequence: three queries (cards, facts, actions)
+/// however many sequences.
+pub fn cards(
+    conn: &Connection,
+    org: &OrgId,
+    sequences: &[u64],
+) -> rusqlite::Result<HashMap<u64, CardRow>> {
+    let mut cards = HashMap::new();
+    if sequences.is_empty() {
+        return Ok(cards);
+    }
+    let mut select = conn.prepare_cached(
+        "SELECT sequence, artifact_id, revision, kind, title, summary, label, provider FROM gw_artifact_cards
+         WHERE org = ?1 AND sequence IN (SELECT value FROM json_each(?2))",
+    )?;
+    let mut rows = select.query(params![org.as_str(), sequence_keys(sequences)])?;
+    while let Some(row) = rows.next()? {
+        let card = CardRow {
+            artifact_id: row.get(1)?,
+            revision: row.get(2)?,
+            kind: row.get(3)?,
+            title: row.get(4)?,
+            summary: row.get(5)?,
+            label: row.get(6)?,
+            facts: Vec::new(),
+            actions: Vec::new(),
+            provider: row.get(7)?,
+        };
+        cards.insert(row.get::<_, i64>(0)?.max(0) as u64, card);
+    }
+    if cards.is_empty() {
+        return Ok(cards);
+    }
+    // Only the organization's cards: their sequences, not the ones asked for.
+    let found: Vec<u64> = cards.keys().copied().collect();
+    let found = sequence_keys(&found);
+    let mut facts = conn.prepare_cached(
+        "SELECT sequence, label, value FROM gw_artifact_card_facts
+         WHERE sequence IN (SELECT value FROM json_each(?1)) ORDER BY sequence, position",
+    )?;
+    let mut rows = facts.query([&found])?;
+    while let Some(row) = rows.next()? {
+        if let Some(card) = cards.get_mut(&(row.get::<_, i64>(0)?.max(0) as u64)) {
+            card.facts.push(CardFactRow {
                 label: row.get(1)?,
-                style: row.get(2)?,
-            })
-        })?
-        .collect::<rusqlite::Result<_>>()?;
-    Ok(Some(card))
+                value: row.get(2)?,
+            });
+        }
+    }
+    let mut actions = conn.prepare_cached(
+        "SELECT sequence, action_id, label, style FROM gw_artifact_card_actions
+         WHERE sequence IN (SELECT value FROM json_each(?1)) ORDER BY sequence, position",
+    )?;
+    let mut rows = actions.query([&found])?;
+    while let Some(row) = rows.next()? {
+        if let Some(card) = cards.get_mut(&(row.get::<_, i64>(0)?.max(0) as u64)) {
+            card.actions.push(CardActionRow {
+                action_id: row.get(1)?,
+                label: row.get(2)?,
+                style: row.get(3)?,
+            });
+        }
+    }
+    Ok(cards)
 }
 
 #[cfg(test)]

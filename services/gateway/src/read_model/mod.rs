@@ -14,6 +14,8 @@
 //! a table bumps [`SCHEMA_VERSION`]: core's store then drops every table in
 //! [`GatewayProjection`]'s list and replays the stream into the new ones.
 
+use std::collections::HashMap;
+
 use rusqlite::Transaction;
 use zopu_schema::{Envelope, pb};
 
@@ -141,6 +143,39 @@ fn read_list(
     ))?
     .query_map([key], |row| row.get(0))?
     .collect()
+}
+
+/// The sequences `keys` as one SQL parameter: a JSON array that a query
+/// reads with `IN (SELECT value FROM json_each(?))`, so a page's child rows
+/// come in one cached statement however many keys the page has.
+fn sequence_keys(keys: &[u64]) -> String {
+    let keys: Vec<String> = keys.iter().map(u64::to_string).collect();
+    format!("[{}]", keys.join(","))
+}
+
+/// The ordered lists stored under each of the sequences `keys` in a child
+/// table `(sequence, position, <value column>)` written by [`replace_list`],
+/// by sequence (one query); a sequence with no values is absent.
+fn read_lists(
+    conn: &rusqlite::Connection,
+    table: &str,
+    value_column: &str,
+    keys: &[u64],
+) -> rusqlite::Result<HashMap<u64, Vec<String>>> {
+    let mut lists: HashMap<u64, Vec<String>> = HashMap::new();
+    if keys.is_empty() {
+        return Ok(lists);
+    }
+    let mut select = conn.prepare_cached(&format!(
+        "SELECT sequence, {value_column} FROM {table}
+         WHERE sequence IN (SELECT value FROM json_each(?1)) ORDER BY sequence, position"
+    ))?;
+    let mut rows = select.query([sequence_keys(keys)])?;
+    while let Some(row) = rows.next()? {
+        let sequence = row.get::<_, i64>(0)?.max(0) as u64;
+        lists.entry(sequence).or_default().push(row.get(1)?);
+    }
+    Ok(lists)
 }
 
 /// The gateway projection.

@@ -19,7 +19,7 @@ use zopu_schema::{Envelope, Event, OrgId, ProjectId, pb};
 use super::artifacts::{self, CardRow};
 use super::projects::{self, SetupRow};
 use super::works::{self, OPEN, WorkRow};
-use super::{FailureRow, empty_to_none, flow_type_name, read_list, replace_list};
+use super::{FailureRow, empty_to_none, flow_type_name, read_lists, replace_list};
 
 pub(super) const TABLES: &[&str] = &[
     "gw_timeline",
@@ -619,32 +619,38 @@ fn item_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ItemRow> {
     })
 }
 
-/// Fills what an item keeps outside its row: the artifact ids of a final
-/// answer, a setup's environment names, an artifact's card.
-fn with_lists(conn: &Connection, org: &OrgId, mut item: ItemRow) -> rusqlite::Result<ItemRow> {
-    let sequence = item.sequence as i64;
-    if item.kind == ItemKind::AgentFinal {
-        item.artifact_ids = read_list(
-            conn,
-            "gw_timeline_artifact_ids",
-            "sequence",
-            "artifact_id",
-            &sequence,
-        )?;
+/// Fills what the page's items keep outside their rows: the artifact ids of
+/// a final answer, a setup's environment names, an artifact's card. One query
+/// per child table for the whole page, never one per item.
+fn with_children(
+    conn: &Connection,
+    org: &OrgId,
+    mut page: Vec<ItemRow>,
+) -> rusqlite::Result<Vec<ItemRow>> {
+    let sequences_where = |shows: fn(&ItemRow) -> bool| -> Vec<u64> {
+        page.iter()
+            .filter(|item| shows(item))
+            .map(|item| item.sequence)
+            .collect()
+    };
+    let finals = sequences_where(|item| item.kind == ItemKind::AgentFinal);
+    let setups = sequences_where(|item| item.setup.is_some());
+    let artifact_items = sequences_where(|item| item.kind == ItemKind::Artifact);
+    let mut artifact_ids = read_lists(conn, "gw_timeline_artifact_ids", "artifact_id", &finals)?;
+    let mut environment_names = read_lists(conn, "gw_timeline_environment_names", "name", &setups)?;
+    let mut cards = artifacts::cards(conn, org, &artifact_items)?;
+    for item in &mut page {
+        if item.kind == ItemKind::AgentFinal {
+            item.artifact_ids = artifact_ids.remove(&item.sequence).unwrap_or_default();
+        }
+        if let Some(setup) = item.setup.as_mut() {
+            setup.environment_names = environment_names.remove(&item.sequence).unwrap_or_default();
+        }
+        if item.kind == ItemKind::Artifact {
+            item.artifact = cards.remove(&item.sequence);
+        }
     }
-    if let Some(setup) = item.setup.as_mut() {
-        setup.environment_names = read_list(
-            conn,
-            "gw_timeline_environment_names",
-            "sequence",
-            "name",
-            &sequence,
-        )?;
-    }
-    if item.kind == ItemKind::Artifact {
-        item.artifact = artifacts::card(conn, org, item.sequence)?;
-    }
-    Ok(item)
+    Ok(page)
 }
 
 /// The project's items after `after`, oldest first; `work` narrows to one Work.
@@ -677,9 +683,7 @@ pub fn items(
             )?
             .collect::<rusqlite::Result<_>>()?,
     };
-    rows.into_iter()
-        .map(|item| with_lists(conn, org, item))
-        .collect()
+    with_children(conn, org, rows)
 }
 
 #[cfg(test)]
