@@ -937,6 +937,332 @@ mod tests {
         );
     }
 
+    fn published_with_card(
+        artifact_id: &str,
+        facts: &[&str],
+        actions: &[&str],
+    ) -> pb::ArtifactPublished {
+        pb::ArtifactPublished {
+            artifact_id: artifact_id.into(),
+            revision: 1,
+            kind: pb::ArtifactKind::Issue as i32,
+            title: format!("{artifact_id} title"),
+            summary: format!("{artifact_id} summary"),
+            card: Some(pb::ArtifactCard {
+                label: format!("{artifact_id} label"),
+                facts: facts
+                    .iter()
+                    .map(|fact| pb::CardFact {
+                        label: format!("{fact} label"),
+                        value: format!("{fact} value"),
+                    })
+                    .collect(),
+                actions: actions
+                    .iter()
+                    .map(|action| pb::CardAction {
+                        id: (*action).into(),
+                        label: format!("{action} label"),
+                        style: "secondary".into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            }),
+            provider: "offline".into(),
+            ..Default::default()
+        }
+    }
+
+    /// A page mixing every kind of item, with several items of each kind
+    /// that keeps child rows (cards, artifact ids, environment names) and
+    /// another project's items in between, reads back exactly as each item
+    /// was built when its event was applied, whole and in pages.
+    #[test]
+    fn a_page_of_every_kind_reads_back_exactly_as_built_item_by_item() {
+        let mut store = TestStore::new();
+        let org: OrgId = "acme".parse().unwrap();
+        let project = ProjectId::new();
+        let elsewhere = ProjectId::new();
+        let work = WorkId::new();
+        let flow = FlowRunId::new();
+        let in_flow = |mut event: Envelope| {
+            event.work_id = Some(work);
+            event.flow_run_id = Some(flow);
+            event
+        };
+        let final_answer = |text: &str, artifact_ids: &[&str]| pb::AgentFinal {
+            text: text.into(),
+            agent_id: "agent-1".into(),
+            artifact_ids: artifact_ids.iter().map(|id| (*id).into()).collect(),
+            ..Default::default()
+        };
+        let ours: Vec<Envelope> = vec![
+            envelope(
+                "acme",
+                project,
+                &pb::ProjectSetupRequested {
+                    repository_url: "https://example.com/r.git".into(),
+                    branch: "main".into(),
+                    setup_revision: 1,
+                    ..Default::default()
+                },
+                1,
+            ),
+            envelope(
+                "acme",
+                project,
+                &pb::ProjectReady {
+                    setup_revision: 1,
+                    repository_commit: "abc".into(),
+                    environment_variable_names: vec!["API_URL".into(), "TOKEN_NAME".into()],
+                    ..Default::default()
+                },
+                2,
+            ),
+            envelope(
+                "acme",
+                project,
+                &pb::TimelineMessageSent {
+                    text: "explore the login".into(),
+                    ..Default::default()
+                },
+                3,
+            ),
+            envelope(
+                "acme",
+                project,
+                &pb::AgentAcknowledged {
+                    text: "On it".into(),
+                    agent_id: "agent-1".into(),
+                    provider: "offline".into(),
+                    ..Default::default()
+                },
+                4,
+            ),
+            envelope(
+                "acme",
+                project,
+                &pb::AgentMessage {
+                    text: "Looking".into(),
+                    agent_id: "agent-1".into(),
+                    status: "working".into(),
+                    ..Default::default()
+                },
+                5,
+            ),
+            envelope(
+                "acme",
+                project,
+                &pb::AgentBlocked {
+                    question: "Which login?".into(),
+                    agent_id: "agent-1".into(),
+                    ..Default::default()
+                },
+                6,
+            ),
+            in_flow(envelope(
+                "acme",
+                project,
+                &pb::WorkCreated {
+                    title: "Explore login".into(),
+                    kind: "explore".into(),
+                    summary: "s".into(),
+                    ..Default::default()
+                },
+                7,
+            )),
+            in_flow(envelope(
+                "acme",
+                project,
+                &pb::FlowRequested {
+                    flow_type: pb::FlowType::Explore as i32,
+                    ..Default::default()
+                },
+                8,
+            )),
+            in_flow(envelope(
+                "acme",
+                project,
+                &pb::FlowProgress {
+                    visible: true,
+                    note: "reading auth.rs".into(),
+                    ..Default::default()
+                },
+                9,
+            )),
+            in_flow(envelope(
+                "acme",
+                project,
+                &published_with_card("art-1", &["files", "risk"], &["create_issue"]),
+                10,
+            )),
+            envelope("acme", project, &final_answer("found it", &["art-1"]), 11),
+            envelope(
+                "acme",
+                project,
+                &pb::TimelineActionSent {
+                    action_id: "create_issue".into(),
+                    artifact_id: "art-1".into(),
+                    ..Default::default()
+                },
+                12,
+            ),
+            in_flow(envelope(
+                "acme",
+                project,
+                &published_with_card("art-2", &["steps"], &["open", "dismiss"]),
+                13,
+            )),
+            in_flow(envelope(
+                "acme",
+                project,
+                &pb::WorkUpdated {
+                    status: "done".into(),
+                    ..Default::default()
+                },
+                14,
+            )),
+            envelope(
+                "acme",
+                project,
+                &pb::AgentFinal {
+                    failure: Some(pb::FailureReason {
+                        code: "model.unavailable".into(),
+                        message: "try later".into(),
+                        retryable: true,
+                    }),
+                    ..final_answer("drafted", &["art-2", "art-1"])
+                },
+                15,
+            ),
+            envelope(
+                "acme",
+                project,
+                &pb::AgentDisabled {
+                    reason: "paused".into(),
+                    ..Default::default()
+                },
+                16,
+            ),
+            envelope("acme", project, &pb::AgentEnabled::default(), 17),
+            envelope(
+                "acme",
+                project,
+                &pb::ProjectSetupRequested {
+                    repository_url: "https://example.com/r.git".into(),
+                    branch: "main".into(),
+                    setup_revision: 2,
+                    ..Default::default()
+                },
+                18,
+            ),
+            envelope(
+                "acme",
+                project,
+                &pb::ProjectReady {
+                    setup_revision: 2,
+                    repository_commit: "def".into(),
+                    environment_variable_names: vec!["DATABASE_URL".into()],
+                    ..Default::default()
+                },
+                19,
+            ),
+        ];
+        let mut built = Vec::new();
+        for (index, event) in ours.iter().enumerate() {
+            // Another project's items with child rows sit between ours.
+            let theirs = if index % 2 == 0 {
+                envelope(
+                    "acme",
+                    elsewhere,
+                    &published_with_card("theirs", &["x"], &["y"]),
+                    index as u64 + 1,
+                )
+            } else {
+                envelope(
+                    "acme",
+                    elsewhere,
+                    &final_answer("theirs", &["theirs"]),
+                    index as u64 + 1,
+                )
+            };
+            store.apply(&[theirs]);
+            let sequence = store.apply(std::slice::from_ref(event));
+            let conn = &store.connection;
+            let item = if SETUP_TYPES.contains(&event.event_type.as_str()) {
+                setup_item(conn, event, sequence).unwrap()
+            } else {
+                let stored_work = match event.work_id {
+                    Some(work) if event.event_type == pb::WorkUpdated::TYPE => {
+                        works::find(conn, &org, &project, &work.to_string()).unwrap()
+                    }
+                    _ => None,
+                };
+                item_of(event, sequence, stored_work.as_ref()).map(|mut item| {
+                    if item.kind == ItemKind::Artifact {
+                        item.artifact = artifacts::card(conn, &org, sequence).unwrap();
+                    }
+                    item
+                })
+            };
+            built.push(item.unwrap());
+        }
+        let mut kinds: Vec<&str> = built.iter().map(|item| item.kind.name()).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        let mut every_kind: Vec<&str> = ItemKind::ALL.iter().map(|kind| kind.name()).collect();
+        every_kind.sort_unstable();
+        assert_eq!(kinds, every_kind, "the page mixes every kind of item");
+        assert!(built.iter().all(|item| {
+            match item.kind {
+                ItemKind::Artifact => item
+                    .artifact
+                    .as_ref()
+                    .is_some_and(|card| !card.facts.is_empty()),
+                ItemKind::AgentFinal => !item.artifact_ids.is_empty(),
+                _ => true,
+            }
+        }));
+        assert_eq!(
+            built
+                .last()
+                .unwrap()
+                .setup
+                .as_ref()
+                .unwrap()
+                .environment_names,
+            vec!["DATABASE_URL".to_owned()]
+        );
+
+        let whole = items(&store.connection, &org, &project, None, 0, 200).unwrap();
+        assert_eq!(whole, built);
+        let mut paged = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = items(&store.connection, &org, &project, None, after, 4).unwrap();
+            let Some(last) = page.last() else { break };
+            after = last.sequence;
+            paged.extend(page);
+        }
+        assert_eq!(paged, built);
+        let of_work: Vec<ItemRow> = built
+            .iter()
+            .filter(|item| item.work_id == Some(work.to_string()))
+            .cloned()
+            .collect();
+        assert_eq!(
+            items(
+                &store.connection,
+                &org,
+                &project,
+                Some(&work.to_string()),
+                0,
+                200
+            )
+            .unwrap(),
+            of_work
+        );
+    }
+
     #[test]
     fn setup_items_keep_the_status_they_showed() {
         let mut store = TestStore::new();
