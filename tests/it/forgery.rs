@@ -16,7 +16,7 @@ use zopu_core::{
     HandlerError, Projection, Reaction, ReactionConfig, ReactionContext, Runtime, Shutdown, Store,
     projection,
 };
-use zopu_gateway::read_model::{GatewayProjection, queries};
+use zopu_gateway::read_model::{GatewayProjection, artifacts, timeline};
 use zopu_schema::{CorrelationId, Envelope, Event, EventId, OrgId, ProjectId, codec, pb, subjects};
 use zopu_tests::{NatsServer, bus, wait_for};
 
@@ -197,14 +197,14 @@ async fn projections_refuse_an_event_whose_headers_claim_another_org() -> Result
 
     // Nothing of the forgery is filed, under the victim or anywhere.
     for org in [&victim, &attacker] {
-        let found = store.read(|conn| queries::artifact(conn, org, "art-forged", None))?;
+        let found = store.read(|conn| artifacts::find(conn, org, "art-forged", None))?;
         assert!(
             found.is_none(),
             "forged artifact filed under {org}: {found:?}"
         );
     }
     let victim_timeline =
-        store.read(|conn| queries::timeline(conn, &victim, &victim_project, None, 0, 100))?;
+        store.read(|conn| timeline::items(conn, &victim, &victim_project, None, 0, 100))?;
     assert!(
         victim_timeline
             .iter()
@@ -212,7 +212,7 @@ async fn projections_refuse_an_event_whose_headers_claim_another_org() -> Result
         "forged event on the victim's timeline: {victim_timeline:?}"
     );
     let attacker_timeline =
-        store.read(|conn| queries::timeline(conn, &attacker, &attacker_project, None, 0, 100))?;
+        store.read(|conn| timeline::items(conn, &attacker, &attacker_project, None, 0, 100))?;
     assert!(
         attacker_timeline
             .iter()
@@ -227,7 +227,7 @@ async fn projections_refuse_an_event_whose_headers_claim_another_org() -> Result
 
     // The genuine event after it is applied.
     let (record, _) = store
-        .read(|conn| queries::artifact(conn, &attacker, "art-genuine", None))?
+        .read(|conn| artifacts::find(conn, &attacker, "art-genuine", None))?
         .context("the genuine artifact after the forgery was not applied")?;
     assert_eq!(record.project_id, attacker_project.to_string());
     assert_eq!(

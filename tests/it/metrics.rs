@@ -286,8 +286,10 @@ async fn a_turn_moves_the_counters_a_scrape_shows() -> Result<()> {
         first.event_type
     );
 
-    // One user message, decided by the offline provider.
-    let sent = zopu_conversation::send_message(
+    // One user message, decided by the offline provider; its request id is
+    // the correlation id of everything its turn stores.
+    let request = EventId::new();
+    zopu_conversation::send_message(
         &client_publisher,
         &org,
         &project,
@@ -296,14 +298,13 @@ async fn a_turn_moves_the_counters_a_scrape_shows() -> Result<()> {
             kind: pb::actor::Kind::User as i32,
             id: "ada".into(),
         },
-        &EventId::new().to_string(),
+        &request.to_string(),
     )
     .await?;
-    let message = zopu_core::publish::get_event(&bus, sent.sequence).await?.id;
     // The turn ends with its dispatch completed (whether the agent
     // answered, asked back or started a flow).
     wait_or_explain(&bus, &events, |event| {
-        event.correlation_id == CorrelationId::from(message) && event.is::<pb::DispatchCompleted>()
+        event.correlation_id == CorrelationId::from(request) && event.is::<pb::DispatchCompleted>()
     })
     .await?;
 

@@ -271,7 +271,9 @@ impl Store {
 
     /// Prepares a projection: creates its tables, or drops and recreates them
     /// when its schema version changed. Returns the sequence to resume after.
-    pub(crate) fn prepare(&self, projection: &dyn Projection) -> Result<u64, Error> {
+    /// (Public so a projection's own tests can check its schema upgrade
+    /// without a server.)
+    pub fn prepare(&self, projection: &dyn Projection) -> Result<u64, Error> {
         let checkpoint = self.create_or_rebuild(projection)?;
         self.progress
             .lock()

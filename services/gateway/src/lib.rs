@@ -42,6 +42,7 @@ pub mod read_model;
 pub mod sse;
 pub mod tickets;
 pub mod tokens;
+pub mod views;
 pub mod web;
 
 pub use api::router;

@@ -30,8 +30,8 @@ use zopu_schema::{OrgId, ProjectId};
 use crate::AppState;
 use crate::changes::ProjectWatch;
 use crate::http::{ApiError, Caller, ErrorBody};
-use crate::read_model::{TimelineItem, queries};
 use crate::tokens::{Scope, TokenStatus};
+use crate::views::{TimelineItem, queries};
 
 /// Items read per query while catching up.
 const BATCH: usize = 200;

@@ -2,7 +2,7 @@
 //! the `service.name` of the service it ran in (`zopu-dispatch`, ...), as if
 //! every service ran alone. A span knows its service from its own `service`
 //! attribute (the handling and append spans carry one) or from its local
-//! parent; [`Attribution`] writes it as `zopu.service`, and [`Routing`]
+//! parent; [`Attribution`] writes it as `zopu_service`, and [`Routing`]
 //! exports each span with the resource of that service (spans of no service
 //! keep the process's resource).
 
@@ -17,7 +17,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 
 /// The span attribute naming the service a span ran in.
-pub const SERVICE_ATTRIBUTE: &str = "zopu.service";
+pub const SERVICE_ATTRIBUTE: &str = "zopu_service";
 /// The field the handling and append spans name their service with.
 const SERVICE_FIELD: &str = "service";
 
@@ -86,7 +86,7 @@ impl<P: SpanProcessor> SpanProcessor for Attribution<P> {
     }
 }
 
-/// Exports each span through the exporter of its service (`zopu.service`),
+/// Exports each span through the exporter of its service (`zopu_service`),
 /// whose resource names it `zopu-<service>`; other spans through `fallback`.
 #[derive(Debug)]
 pub struct Routing<E> {

@@ -15,8 +15,8 @@ use zopu_schema::{OrgId, subjects};
 use super::{query_error, read};
 use crate::AppState;
 use crate::http::{ApiError, Caller, ErrorBody};
-use crate::read_model::{ArtifactRecord, ArtifactView, queries};
 use crate::tokens::Scope;
+use crate::views::{ArtifactRecord, ArtifactView, queries};
 
 /// Content-Security-Policy of stored artifact HTML: no scripts at all, and
 /// `sandbox` (with no `allow-*` token): the page runs in an opaque origin,

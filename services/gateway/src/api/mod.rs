@@ -23,7 +23,7 @@ use zopu_schema::{OrgId, ProjectId};
 
 use crate::AppState;
 use crate::http::{ApiError, Caller, ErrorBody, RequestId};
-use crate::read_model::{ProjectView, queries};
+use crate::views::{ProjectView, queries};
 
 mod agent;
 mod append;

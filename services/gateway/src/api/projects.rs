@@ -15,8 +15,8 @@ use super::{invalid, owned_project, read, requester};
 use crate::AppState;
 use crate::http::{ApiError, ApiJson, Caller, ErrorBody, RequestId};
 use crate::quotas::Action;
-use crate::read_model::{ProjectView, SummaryView, queries, setup_state};
 use crate::tokens::Scope;
+use crate::views::{ProjectView, SummaryView, queries, setup_state};
 
 /// Most projects one list returns.
 pub const PROJECTS_LIST_MAX: usize = 500;

@@ -14,8 +14,8 @@ use super::{invalid, owned_project, project_id, query_error, read, requester};
 use crate::AppState;
 use crate::http::{ApiError, ApiJson, Caller, ErrorBody, RequestId};
 use crate::quotas::Action;
-use crate::read_model::{TimelineItem, queries};
 use crate::tokens::Scope;
+use crate::views::{TimelineItem, queries};
 
 /// `POST /v1/projects/{id}/messages` body.
 #[derive(Debug, Deserialize, ToSchema)]

@@ -10,8 +10,8 @@ use super::timeline::{TimelinePage, TimelineQuery, timeline_page};
 use super::{owned_project, project_id, query_error, read};
 use crate::AppState;
 use crate::http::{ApiError, Caller, ErrorBody};
-use crate::read_model::{ProjectView, ThreadView, WorkView, queries};
 use crate::tokens::Scope;
+use crate::views::{ProjectView, ThreadView, WorkView, queries};
 
 async fn owned_work(
     state: &AppState,

@@ -1,0 +1,556 @@
+//! What the API answers with: the JSON views of the read model's rows,
+//! built here at the HTTP edge, and the queries the handlers run, which read
+//! rows (`read_model`) and turn them into views.
+//!
+//! Invariants: a view is built only from rows, never stored; renaming a
+//! field here changes the API (and its `/openapi.json`), never what the
+//! projection stores.
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::read_model::FailureRow;
+use crate::read_model::artifacts::{CardActionRow, CardFactRow, CardRow};
+use crate::read_model::projects::{ProjectRow, SetupRow, SummaryRow};
+use crate::read_model::timeline::{ActionRow, FlowRow, ItemRow, WorkCardRow};
+use crate::read_model::works::{ThreadRow, WorkRow};
+
+pub use crate::read_model::artifacts::ArtifactRecord;
+pub use crate::read_model::projects::setup_state;
+pub use crate::read_model::timeline::ItemKind;
+
+/// A failure as users see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Failure {
+    pub code: String,
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl From<FailureRow> for Failure {
+    fn from(row: FailureRow) -> Self {
+        Self {
+            code: row.code,
+            message: row.message,
+            retryable: row.retryable,
+        }
+    }
+}
+
+/// Setup status of a project.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct SetupStatus {
+    /// `creating_workspace`, `cloning`, `checking`, `ready` or `failed`.
+    pub state: String,
+    pub revision: u32,
+    /// The step that failed, when `state` is `failed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_step: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+    /// Names from the repository's `.env.example` (optional configuration).
+    pub environment_names: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repository_commit: Option<String>,
+}
+
+impl From<SetupRow> for SetupStatus {
+    fn from(row: SetupRow) -> Self {
+        Self {
+            state: row.state,
+            revision: row.revision,
+            failed_step: row.failed_step,
+            failure: row.failure.map(Failure::from),
+            environment_names: row.environment_names,
+            repository_commit: row.repository_commit,
+        }
+    }
+}
+
+/// A project as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ProjectView {
+    pub project_id: String,
+    pub name: String,
+    pub repository: String,
+    pub branch: String,
+    pub created_at: String,
+    pub setup: SetupStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    pub agent_enabled: bool,
+    /// True while a specialist flow runs (the subtle running indicator).
+    pub running: bool,
+}
+
+impl From<ProjectRow> for ProjectView {
+    fn from(row: ProjectRow) -> Self {
+        Self {
+            project_id: row.project_id,
+            name: row.name,
+            repository: row.repository_url,
+            branch: row.branch,
+            created_at: row.created_at,
+            setup: row.setup.into(),
+            agent_id: row.agent_id,
+            agent_enabled: row.agent_enabled,
+            running: row.running,
+        }
+    }
+}
+
+/// A Work: a durable responsibility on the timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct WorkView {
+    pub work_id: String,
+    pub project_id: String,
+    pub title: String,
+    pub summary: String,
+    /// `explore`, `issue`, `onboarding`.
+    pub kind: String,
+    /// `open`, `working`, `blocked`, `waiting`, `done`, `failed`, `cancelled`.
+    pub status: String,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<WorkRow> for WorkView {
+    fn from(row: WorkRow) -> Self {
+        Self {
+            work_id: row.work_id,
+            project_id: row.project_id,
+            title: row.title,
+            summary: row.summary,
+            kind: row.kind,
+            status: row.status,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        }
+    }
+}
+
+/// A Thread beneath a Work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ThreadView {
+    pub thread_id: String,
+    pub work_id: Option<String>,
+    pub title: String,
+    pub flow_type: String,
+    pub status: String,
+    pub summary: String,
+    pub created_at: String,
+}
+
+impl From<ThreadRow> for ThreadView {
+    fn from(row: ThreadRow) -> Self {
+        Self {
+            thread_id: row.thread_id,
+            work_id: row.work_id,
+            title: row.title,
+            flow_type: row.flow_type,
+            status: row.status,
+            summary: row.summary,
+            created_at: row.created_at,
+        }
+    }
+}
+
+/// One fact on an artifact card.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct CardFactView {
+    pub label: String,
+    pub value: String,
+}
+
+/// One action on an artifact card.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct CardActionView {
+    pub id: String,
+    pub label: String,
+    pub style: String,
+}
+
+/// An artifact card on the timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ArtifactView {
+    pub artifact_id: String,
+    pub revision: u32,
+    /// `project_setup`, `exploration`, `issue`.
+    pub kind: String,
+    pub title: String,
+    pub summary: String,
+    pub label: String,
+    pub facts: Vec<CardFactView>,
+    pub actions: Vec<CardActionView>,
+    pub provider: String,
+    /// Where the HTML is served (needs the bearer token or a signed link).
+    pub href: String,
+}
+
+/// The API path of an artifact revision.
+pub fn artifact_href(artifact_id: &str, revision: u32) -> String {
+    format!("/v1/artifacts/{artifact_id}?revision={revision}")
+}
+
+impl From<CardRow> for ArtifactView {
+    /// A card without a label of its own is labelled with the title.
+    fn from(row: CardRow) -> Self {
+        Self {
+            href: artifact_href(&row.artifact_id, row.revision),
+            artifact_id: row.artifact_id,
+            revision: row.revision,
+            kind: row.kind,
+            label: if row.label.is_empty() {
+                row.title.clone()
+            } else {
+                row.label
+            },
+            title: row.title,
+            summary: row.summary,
+            facts: row
+                .facts
+                .into_iter()
+                .map(|CardFactRow { label, value }| CardFactView { label, value })
+                .collect(),
+            actions: row
+                .actions
+                .into_iter()
+                .map(
+                    |CardActionRow {
+                         action_id,
+                         label,
+                         style,
+                     }| CardActionView {
+                        id: action_id,
+                        label,
+                        style,
+                    },
+                )
+                .collect(),
+            provider: row.provider,
+        }
+    }
+}
+
+/// A Work as a card on the timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct WorkRef {
+    pub work_id: String,
+    pub title: String,
+    pub kind: String,
+    pub status: String,
+    pub summary: String,
+}
+
+impl From<WorkCardRow> for WorkRef {
+    fn from(row: WorkCardRow) -> Self {
+        Self {
+            work_id: row.work_id,
+            title: row.title,
+            kind: row.kind,
+            status: row.status,
+            summary: row.summary,
+        }
+    }
+}
+
+/// A specialist flow's state (the running indicator).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct FlowRef {
+    pub flow_run_id: String,
+    /// `onboarding_explore`, `explore`, `issue`.
+    pub flow_type: String,
+    /// `requested`, `running`, `progress`, `completed`, `failed`, `cancelled`.
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl From<FlowRow> for FlowRef {
+    fn from(row: FlowRow) -> Self {
+        Self {
+            flow_run_id: row.flow_run_id,
+            flow_type: row.flow_type,
+            state: row.state,
+            note: row.note,
+        }
+    }
+}
+
+/// A card action a user sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ActionRef {
+    pub action_id: String,
+    pub artifact_id: String,
+}
+
+impl From<ActionRow> for ActionRef {
+    fn from(row: ActionRow) -> Self {
+        Self {
+            action_id: row.action_id,
+            artifact_id: row.artifact_id,
+        }
+    }
+}
+
+/// One item of a timeline. `sequence` is the stream sequence of the event
+/// it shows: the SSE `id:` and the `after` cursor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct TimelineItem {
+    pub sequence: u64,
+    pub kind: ItemKind,
+    pub event_id: String,
+    pub event_type: String,
+    pub time: String,
+    pub project_id: String,
+    pub correlation_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to_event_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifact_ids: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work: Option<WorkRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow: Option<FlowRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<ArtifactView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<ActionRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<SetupStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+}
+
+impl From<ItemRow> for TimelineItem {
+    fn from(row: ItemRow) -> Self {
+        Self {
+            sequence: row.sequence,
+            kind: row.kind,
+            event_id: row.event_id,
+            event_type: row.event_type,
+            time: row.time,
+            project_id: row.project_id,
+            correlation_id: row.correlation_id,
+            work_id: row.work_id,
+            thread_id: row.thread_id,
+            text: row.text,
+            author: row.author,
+            reply_to_event_id: row.reply_to_event_id,
+            status: row.status,
+            provider: row.provider,
+            artifact_ids: row.artifact_ids,
+            work: row.work.map(WorkRef::from),
+            flow: row.flow.map(FlowRef::from),
+            artifact: row.artifact.map(ArtifactView::from),
+            action: row.action.map(ActionRef::from),
+            setup: row.setup.map(SetupStatus::from),
+            failure: row.failure.map(Failure::from),
+        }
+    }
+}
+
+/// The current project summary document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct SummaryView {
+    pub document_id: String,
+    pub revision: u32,
+    pub title: String,
+    pub content_type: String,
+    pub body: String,
+    pub repository_commit: String,
+}
+
+/// The summary's view and, when its body is not inline, where it lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SummaryRecord {
+    pub view: SummaryView,
+    pub blob: Option<zopu_schema::pb::BlobRef>,
+}
+
+impl From<SummaryRow> for SummaryRecord {
+    fn from(row: SummaryRow) -> Self {
+        Self {
+            view: SummaryView {
+                document_id: row.document_id,
+                revision: row.revision,
+                title: row.title,
+                content_type: row.content_type,
+                body: row.body,
+                repository_commit: row.repository_commit,
+            },
+            blob: row.blob,
+        }
+    }
+}
+
+/// The handlers' read-only queries: rows from the read model, as views.
+/// Every one is scoped to an organization.
+pub mod queries {
+    use rusqlite::Connection;
+    use zopu_schema::{OrgId, ProjectId};
+
+    use super::{
+        ArtifactRecord, ArtifactView, ProjectView, SummaryRecord, ThreadView, TimelineItem,
+        WorkView,
+    };
+    use crate::read_model::{artifacts, projects, timeline, works};
+
+    pub fn projects(
+        conn: &Connection,
+        org: &OrgId,
+        limit: usize,
+    ) -> rusqlite::Result<Vec<ProjectView>> {
+        Ok(projects::list(conn, org, limit)?
+            .into_iter()
+            .map(ProjectView::from)
+            .collect())
+    }
+
+    pub fn project(
+        conn: &Connection,
+        org: &OrgId,
+        project: &ProjectId,
+    ) -> rusqlite::Result<Option<ProjectView>> {
+        Ok(projects::find(conn, org, project)?.map(ProjectView::from))
+    }
+
+    /// Items after `after`, oldest first; `work` narrows to one Work.
+    pub fn timeline(
+        conn: &Connection,
+        org: &OrgId,
+        project: &ProjectId,
+        work: Option<&str>,
+        after: u64,
+        limit: usize,
+    ) -> rusqlite::Result<Vec<TimelineItem>> {
+        Ok(timeline::items(conn, org, project, work, after, limit)?
+            .into_iter()
+            .map(TimelineItem::from)
+            .collect())
+    }
+
+    pub fn work(
+        conn: &Connection,
+        org: &OrgId,
+        project: &ProjectId,
+        work: &str,
+    ) -> rusqlite::Result<Option<WorkView>> {
+        Ok(works::find(conn, org, project, work)?.map(WorkView::from))
+    }
+
+    pub fn threads(
+        conn: &Connection,
+        org: &OrgId,
+        project: &ProjectId,
+        work: &str,
+    ) -> rusqlite::Result<Vec<ThreadView>> {
+        Ok(works::threads(conn, org, project, work)?
+            .into_iter()
+            .map(ThreadView::from)
+            .collect())
+    }
+
+    /// An artifact revision (the newest when `revision` is `None`) and its card.
+    pub fn artifact(
+        conn: &Connection,
+        org: &OrgId,
+        artifact: &str,
+        revision: Option<u32>,
+    ) -> rusqlite::Result<Option<(ArtifactRecord, ArtifactView)>> {
+        Ok(artifacts::find(conn, org, artifact, revision)?
+            .map(|(record, card)| (record, ArtifactView::from(card))))
+    }
+
+    pub fn summary(
+        conn: &Connection,
+        org: &OrgId,
+        project: &ProjectId,
+    ) -> rusqlite::Result<Option<SummaryRecord>> {
+        Ok(projects::summary(conn, org, project)?.map(SummaryRecord::from))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_card_without_a_label_is_labelled_with_its_title_and_links_its_revision() {
+        let card = CardRow {
+            artifact_id: "art-1".into(),
+            revision: 2,
+            kind: "issue".into(),
+            title: "Add SSO".into(),
+            summary: String::new(),
+            label: String::new(),
+            facts: vec![CardFactRow {
+                label: "Scope".into(),
+                value: "auth".into(),
+            }],
+            actions: vec![CardActionRow {
+                action_id: "approve".into(),
+                label: "Approve".into(),
+                style: "primary".into(),
+            }],
+            provider: "offline".into(),
+        };
+        let view = ArtifactView::from(card.clone());
+        assert_eq!(view.label, "Add SSO");
+        assert_eq!(view.href, "/v1/artifacts/art-1?revision=2");
+        assert_eq!(view.actions[0].id, "approve");
+        let labelled = ArtifactView::from(CardRow {
+            label: "Issue".into(),
+            ..card
+        });
+        assert_eq!(labelled.label, "Issue");
+    }
+
+    #[test]
+    fn a_timeline_item_serializes_only_the_parts_it_shows() {
+        let item = TimelineItem::from(ItemRow {
+            sequence: 4,
+            kind: ItemKind::AgentBlocked,
+            event_id: "e".into(),
+            event_type: "agent.blocked".into(),
+            time: "t".into(),
+            project_id: "p".into(),
+            correlation_id: "c".into(),
+            work_id: None,
+            thread_id: None,
+            text: Some("Which branch?".into()),
+            author: Some("agent-1".into()),
+            reply_to_event_id: None,
+            status: Some("blocked".into()),
+            provider: None,
+            artifact_ids: Vec::new(),
+            work: None,
+            flow: None,
+            artifact: None,
+            action: None,
+            setup: None,
+            failure: None,
+        });
+        assert_eq!(
+            serde_json::to_value(item).unwrap(),
+            serde_json::json!({
+                "sequence": 4, "kind": "agent_blocked", "event_id": "e", "event_type": "agent.blocked",
+                "time": "t", "project_id": "p", "correlation_id": "c", "text": "Which branch?",
+                "author": "agent-1", "status": "blocked"
+            })
+        );
+    }
+}
