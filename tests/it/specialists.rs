@@ -13,7 +13,7 @@ use serde_json::Value;
 use zopu_core::clock::ManualClock;
 use zopu_core::publish::{NewEvent, Publisher};
 use zopu_core::{Clock, Shutdown, nats::Bus};
-use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
+use zopu_llm::test_support::{FakeOpenAiServer, Gate, Scripted};
 use zopu_schema::pb::flow_progress::Signal;
 use zopu_schema::{AgentId, Envelope, Event, OrgId, ProjectId, ThreadId, WorkId, pb, subjects};
 use zopu_specialists::config::{Config, ProviderKind};
@@ -899,10 +899,14 @@ async fn the_kill_switch_cancels_a_running_flow() -> Result<()> {
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let data = tempfile::tempdir()?;
     let publisher = Publisher::new(bus.clone(), "test", None);
+    // The model holds its second reply until the service's projection has
+    // applied `agent.disabled`: the switch is flipped while a step is in
+    // flight, and the next step is the first to see it.
+    let second_reply = Gate::new();
     let fake = FakeOpenAiServer::start([
         Scripted::tool_call("c1", "list_files", "{}"),
-        Scripted::Delay(
-            Duration::from_secs(2),
+        Scripted::Gated(
+            second_reply.clone(),
             Box::new(Scripted::tool_call(
                 "c2",
                 "read_file",
@@ -922,10 +926,9 @@ async fn the_kill_switch_cancels_a_running_flow() -> Result<()> {
             &repo.commit,
         )
         .await?;
-    wait_for(&bus, &project.events(), LONG, |e| {
-        e.is::<pb::AgentLlmCompleted>()
-    })
-    .await?;
+    tokio::time::timeout(LONG, fake.wait_for_requests(2))
+        .await
+        .context("the flow never made its second model call")?;
     let disabled = pb::AgentDisabled {
         agent_id: project.agent.to_string(),
         reason: "operator stop".into(),
@@ -940,6 +943,9 @@ async fn the_kill_switch_cancels_a_running_flow() -> Result<()> {
             None,
         ))
         .await?;
+    let applied = until_the_projection_disables(data.path(), &project.agent).await?;
+    assert_eq!(applied, "operator stop");
+    second_reply.open();
     let done = terminal(&bus, &project, 1).await?;
     let cancelled: pb::FlowCancelled = done
         .decode()
@@ -953,11 +959,40 @@ async fn the_kill_switch_cancels_a_running_flow() -> Result<()> {
             .any(|p| p.tool_call.as_ref().is_some_and(|t| t.tool == "read_file")),
         "no step after the halt"
     );
-    assert!(
-        fake.request_count() <= 2,
+    assert_eq!(
+        of_type::<pb::AgentLlmCompleted>(&bus, &project)
+            .await?
+            .len(),
+        2,
+        "the held reply is recorded, then the run stops before its tool call"
+    );
+    assert_eq!(
+        fake.request_count(),
+        2,
         "no model call after the halt was seen"
     );
     service.stop().await
+}
+
+/// Waits until the specialists service's projection (its SQLite file in
+/// `data_dir`) records `agent` as disabled, the state the runner's kill
+/// switch reads before each step; returns the recorded reason. The service
+/// announces nothing when it applies an event, so the file is polled.
+async fn until_the_projection_disables(data_dir: &Path, agent: &AgentId) -> Result<String> {
+    let store = zopu_core::Store::open_for_service(data_dir, zopu_specialists::SERVICE)?;
+    let agent = agent.to_string();
+    let deadline = tokio::time::Instant::now() + LONG;
+    loop {
+        if let Some(reason) = zopu_specialists::state::disabled(&store, &agent)? {
+            return Ok(reason);
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the specialists projection did not apply agent.disabled for {agent} within {LONG:?}"
+        );
+        // Polling the file between checks, not a margin: the loop ends on the state.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
