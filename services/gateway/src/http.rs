@@ -171,24 +171,28 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
         }
         let bytes = bytes::Bytes::from_request(request, state)
             .await
-            .map_err(|rejection| {
-                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::new(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "body_too_large",
-                        "the request body is larger than allowed",
-                    )
-                    .field("body")
-                } else {
-                    ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        "unreadable_body",
-                        "the request body could not be read",
-                    )
-                    .field("body")
-                }
-            })?;
+            .map_err(body_error)?;
         parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// The error for a body that could not be read: too large (413) or broken
+/// off (400), naming the body.
+pub fn body_error(rejection: axum::extract::rejection::BytesRejection) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            "the request body is larger than allowed",
+        )
+        .field("body")
+    } else {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "unreadable_body",
+            "the request body could not be read",
+        )
+        .field("body")
     }
 }
 

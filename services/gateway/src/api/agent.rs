@@ -10,8 +10,9 @@ use utoipa::ToSchema;
 use zopu_core::commands;
 
 use super::append::append;
-use super::{body_error, invalid, owned_project, project_id, requester};
+use super::{invalid, owned_project, project_id, requester};
 use crate::AppState;
+use crate::http::body_error;
 use crate::http::{ApiError, Caller, ErrorBody, RequestId, parse_json};
 use crate::tokens::Scope;
 

@@ -9,7 +9,7 @@
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
@@ -203,23 +203,5 @@ fn query_error(rejection: QueryRejection) -> ApiError {
     match field {
         Some(field) if !field.contains(' ') => error.field(field),
         _ => error.field("query"),
-    }
-}
-
-fn body_error(rejection: BytesRejection) -> ApiError {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            "the request body is larger than allowed",
-        )
-        .field("body")
-    } else {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "unreadable_body",
-            "the request body could not be read",
-        )
-        .field("body")
     }
 }
