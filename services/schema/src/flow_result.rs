@@ -388,7 +388,7 @@ mod tests {
             "{error:?}"
         );
         assert!(matches!(
-            decode::<IssueResult>("[]").unwrap_err(),
+            decode::<IssueResult>(r#""not an object""#).unwrap_err(),
             Error::Malformed { .. }
         ));
     }
