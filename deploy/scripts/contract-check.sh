@@ -2,6 +2,8 @@
 # `make contract-check`: the checked-in AsyncAPI document (proto/asyncapi.json)
 #   1. is what the code generates now (`zopu contract asyncapi --check`:
 #      an event type, header or consumer added without regenerating fails);
+#      and so is the JSON Schema of flow.completed's result_json
+#      (proto/flow-result.schema.json, `zopu contract flow-result --check`);
 #   2. is valid AsyncAPI by the AsyncAPI project's parser (@asyncapi/parser
 #      from the npm registry, installed into tools/asyncapi, never committed).
 set -euo pipefail
@@ -15,4 +17,5 @@ if [ "$installed" != "$parser_version" ]; then
   npm install --silent --no-audit --no-fund --no-save --prefix "$dir" "@asyncapi/parser@$parser_version"
 fi
 ${CARGO:-cargo} run -q -p zopu-cli --bin zopu -- contract asyncapi --check
+${CARGO:-cargo} run -q -p zopu-cli --bin zopu -- contract flow-result --check
 node deploy/scripts/asyncapi-validate.cjs "$dir" proto/asyncapi.json

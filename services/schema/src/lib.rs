@@ -9,8 +9,9 @@
 //! validation ([`manifest`]), the recorded model reply with its upcaster
 //! from earlier versions' JSON ([`model_reply`]), the repository location
 //! and branch a project is set up from, with their one validation
-//! ([`repository`]), and the contract as an AsyncAPI 3 document
-//! ([`asyncapi`]).
+//! ([`repository`]), the flows' results as versioned JSON with a generated
+//! JSON Schema ([`flow_result`]), and the contract as an AsyncAPI 3
+//! document ([`asyncapi`]).
 //!
 //! Invariants: this crate does no I/O (the one exception: checking a local
 //! repository path reads that path's metadata, and only when the operator
@@ -23,6 +24,7 @@ pub mod asyncapi;
 pub mod catalogue;
 pub mod codec;
 pub mod envelope;
+pub mod flow_result;
 pub mod ids;
 pub mod keys;
 pub mod manifest;

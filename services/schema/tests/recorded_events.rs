@@ -92,3 +92,82 @@ fn the_v1_flow_results_still_decode() {
         assert!(result.is_object(), "{name}");
     }
 }
+
+/// `result_json` of `flow.completed` events recorded before results carried a
+/// version: each validates against the checked-in schema of its flow type's
+/// result, reads into today's type as version 1, and writes back unchanged
+/// but for the version it now carries. A renamed or retyped field fails here
+/// (the schema forbids fields the types do not have) instead of breaking
+/// replay.
+#[test]
+fn the_v1_flow_results_validate_against_the_schema_and_round_trip() {
+    use zopu_schema::flow_result::{
+        self, CommandStatus, ExplorationResult, FlowResult, IssueResult, OnboardingResult,
+        ResultVersion,
+    };
+
+    fn recorded<T: FlowResult>(name: &str) -> T {
+        let event = pb::FlowCompleted::decode(fixture(name).as_slice()).expect("decodes");
+        assert_eq!(event.flow_type(), T::FLOW_TYPE, "{name}");
+        let recorded: serde_json::Value =
+            serde_json::from_str(&event.result_json).expect("result_json is JSON");
+        assert!(
+            recorded.get("version").is_none(),
+            "{name} predates versions"
+        );
+
+        let checked_in: serde_json::Value =
+            serde_json::from_str(flow_result::CHECKED_IN).expect("the checked-in schema is JSON");
+        assert_eq!(
+            checked_in,
+            flow_result::schema_document(),
+            "run `zopu contract flow-result`"
+        );
+        let schema = flow_result::schema_of(T::FLOW_TYPE).expect("the flow type has a result");
+        let validator = jsonschema::validator_for(&schema).expect("the schema compiles");
+        let errors: Vec<String> = validator
+            .iter_errors(&recorded)
+            .map(|error| format!("{} at {}", error, error.instance_path()))
+            .collect();
+        assert!(errors.is_empty(), "{name}: {errors:?}");
+
+        let result: T = flow_result::decode(&event.result_json).expect("reads into today's type");
+        assert_eq!(result.version(), ResultVersion(1), "{name}");
+        let mut expected = recorded;
+        expected["version"] = serde_json::json!(1);
+        let written = serde_json::to_value(&result).expect("writes");
+        assert_eq!(written, expected, "{name}");
+        assert!(
+            validator.is_valid(&written),
+            "{name}: the written result validates"
+        );
+        result
+    }
+
+    let exploration: ExplorationResult = recorded("flow_completed_exploration.v1.pb");
+    assert_eq!(
+        exploration.findings[0].evidence[0].path,
+        "src/auth/login.rs"
+    );
+    let issue: IssueResult = recorded("flow_completed_issue.v1.pb");
+    assert_eq!(issue.acceptance_criteria, ["the 6th attempt is refused"]);
+    let onboarding: OnboardingResult = recorded("flow_completed_onboarding.v1.pb");
+    assert_eq!(onboarding.languages[0], ("Rust".to_owned(), 30));
+    assert_eq!(onboarding.commands[1].status, CommandStatus::Verified);
+}
+
+#[test]
+fn a_recorded_result_with_a_renamed_field_fails_the_schema() {
+    let event = pb::FlowCompleted::decode(fixture("flow_completed_issue.v1.pb").as_slice())
+        .expect("decodes");
+    let mut renamed: serde_json::Value =
+        serde_json::from_str(&event.result_json).expect("result_json is JSON");
+    let criteria = renamed
+        .as_object_mut()
+        .and_then(|object| object.remove("acceptance_criteria"))
+        .expect("the fixture has acceptance criteria");
+    renamed["acceptance"] = criteria;
+    let schema = zopu_schema::flow_result::schema_of(pb::FlowType::Issue).expect("issue result");
+    let validator = jsonschema::validator_for(&schema).expect("the schema compiles");
+    assert!(!validator.is_valid(&renamed));
+}

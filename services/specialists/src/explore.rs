@@ -14,7 +14,8 @@ use zopu_schema::pb::FlowPhase;
 use crate::grounding;
 use crate::port::{self, FlowError, Port};
 use crate::results::{
-    EvidenceItem, ExplorationResult, Finding, MapEdge, MapNode, Provenance, SystemMap,
+    EvidenceItem, ExplorationResult, Finding, MapEdge, MapNode, Provenance, ResultVersion,
+    SystemMap,
 };
 
 /// Most keywords searched.
@@ -599,6 +600,7 @@ pub async fn explore<P: Port>(
         )
     };
     Ok(ExplorationResult {
+        version: ResultVersion::CURRENT,
         question: input.question.clone(),
         summary,
         system_map: system_map(&input.question, &gathered, TOP_FILES),

@@ -12,7 +12,7 @@ use zopu_schema::pb::FlowPhase;
 use crate::explore::{self, Gathered};
 use crate::grounding;
 use crate::port::{FlowError, Port};
-use crate::results::{EvidenceItem, ExplorationResult, IssueResult, Provenance};
+use crate::results::{EvidenceItem, ExplorationResult, IssueResult, Provenance, ResultVersion};
 
 /// Files cited by an offline issue.
 const TOP_FILES: usize = 4;
@@ -204,6 +204,7 @@ pub async fn define<P: Port>(port: &mut P, input: &IssueInput) -> Result<IssueRe
             .unwrap_or_default()
     );
     Ok(IssueResult {
+        version: ResultVersion::CURRENT,
         title,
         summary,
         current_world,

@@ -1,5 +1,7 @@
-//! The typed results of the three flows (main spec sections 29–31), as they
-//! travel in `flow.completed.result_json`, and their validation.
+//! The typed results of the three flows (main spec sections 29–31) and their
+//! validation. The result types are wire types owned by
+//! [`zopu_schema::flow_result`] (versioned JSON with a checked-in schema);
+//! they are re-exported here, where the flows build them.
 //!
 //! Evidence is only ever `verified: true` after [`crate::grounding`] checked
 //! it against the workspace; everything a flow emits passes through
@@ -7,6 +9,11 @@
 
 use serde::{Deserialize, Serialize};
 use zopu_core::text::clip_chars;
+use zopu_schema::flow_result::FlowResult;
+pub use zopu_schema::flow_result::{
+    CommandHint, CommandStatus, EvidenceItem, ExplorationResult, Finding, IssueResult, MapEdge,
+    MapNode, OnboardingResult, Provenance, ResultVersion, StackItem, SystemMap,
+};
 
 /// Most findings kept in one result.
 pub const FINDINGS_MAX: usize = 12;
@@ -18,163 +25,6 @@ pub const LIST_MAX: usize = 20;
 pub const TEXT_CHARS_MAX: usize = 1_500;
 /// Characters kept in one snippet.
 pub const SNIPPET_CHARS_MAX: usize = 300;
-
-/// A repository location cited for a claim.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct EvidenceItem {
-    pub path: String,
-    pub start_line: u32,
-    pub end_line: u32,
-    /// Text quoted from the file (verified to be there when `verified`).
-    pub snippet: String,
-    pub note: String,
-    /// Checked against the workspace at the inspected commit.
-    pub verified: bool,
-}
-
-/// One claim with its evidence.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Finding {
-    pub claim: String,
-    pub detail: String,
-    pub evidence: Vec<EvidenceItem>,
-    /// No evidence could be verified: an assumption, not a fact.
-    pub assumption: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct MapNode {
-    pub id: String,
-    pub label: String,
-    pub detail: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct MapEdge {
-    pub from: String,
-    pub to: String,
-    pub label: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct SystemMap {
-    pub nodes: Vec<MapNode>,
-    pub edges: Vec<MapEdge>,
-}
-
-/// What produced a result and from which state of the repository.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Provenance {
-    /// `offline` or `openai:<model>`.
-    pub provider: String,
-    /// True for the offline provider's keyword/manifest heuristics.
-    pub heuristic: bool,
-    pub repository_commit: String,
-    /// Guardrails triggered during the run.
-    pub guardrails_triggered: u32,
-    pub generated_files: Vec<String>,
-}
-
-/// Section 30.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct ExplorationResult {
-    pub question: String,
-    pub summary: String,
-    pub findings: Vec<Finding>,
-    pub system_map: SystemMap,
-    pub risks: Vec<String>,
-    pub unknowns: Vec<String>,
-    pub next_actions: Vec<String>,
-    /// Search terms used (offline) or named by the model.
-    pub keywords: Vec<String>,
-    pub provenance: Provenance,
-}
-
-/// Section 31.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct IssueResult {
-    pub title: String,
-    pub summary: String,
-    pub current_world: String,
-    pub desired_world: String,
-    pub scope: Vec<String>,
-    pub non_goals: Vec<String>,
-    pub acceptance_criteria: Vec<String>,
-    pub evidence: Vec<EvidenceItem>,
-    pub risks: Vec<String>,
-    pub open_questions: Vec<String>,
-    pub suggested_implementation_shape: Vec<String>,
-    /// The exploration run whose result was reused, if any.
-    pub based_on_flow_run: String,
-    pub provenance: Provenance,
-}
-
-/// How sure a command is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CommandStatus {
-    /// Declared in a repository file (script, make target, console script) that was read.
-    Verified,
-    /// Derived from an ecosystem convention; not declared and not run.
-    Inferred,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CommandHint {
-    /// `install`, `build`, `test`, `run`, `lint`, `other`.
-    pub purpose: String,
-    pub command: String,
-    pub status: CommandStatus,
-    /// Where it was declared, or the convention it was inferred from.
-    pub source: String,
-}
-
-/// A detected ecosystem.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StackItem {
-    /// e.g. `Rust`, `JavaScript/TypeScript`, `Python`.
-    pub language: String,
-    /// e.g. `Cargo`, `npm`, `pnpm`, `Poetry`.
-    pub tool: String,
-    /// The manifest it was detected from.
-    pub manifest: String,
-    /// Frameworks and notable libraries named in the manifest.
-    pub frameworks: Vec<String>,
-}
-
-/// Section 29: what onboarding learned, from which `summary.md` is written.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct OnboardingResult {
-    pub name: String,
-    /// From the README or a manifest description; `None` when nothing says.
-    pub purpose: Option<String>,
-    pub purpose_source: String,
-    pub stack: Vec<StackItem>,
-    pub files: u64,
-    pub directories: u64,
-    pub languages: Vec<(String, u64)>,
-    pub top_level: Vec<String>,
-    /// Entry points found in the tree, with the line that makes them one.
-    pub entry_points: Vec<EvidenceItem>,
-    pub important_directories: Vec<(String, String)>,
-    pub commands: Vec<CommandHint>,
-    pub environment_variables: Vec<String>,
-    pub constraints: Vec<String>,
-    pub starting_areas: Vec<String>,
-    /// Manifests and docs read.
-    pub evidence: Vec<EvidenceItem>,
-    pub summary_markdown: String,
-    pub provenance: Provenance,
-}
 
 /// A directory named by a model's onboarding answer.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -213,8 +63,9 @@ pub fn redact_value(value: &mut serde_json::Value) {
     zopu_llm::redact_value(value);
 }
 
-/// Serializes a result with every string redacted.
-pub fn to_redacted_json<T: Serialize>(result: &T) -> String {
+/// Serializes a result for `flow.completed.result_json`, with every string
+/// redacted.
+pub fn to_redacted_json<T: FlowResult>(result: &T) -> String {
     let mut value = serde_json::to_value(result).unwrap_or(serde_json::Value::Null);
     redact_value(&mut value);
     value.to_string()
@@ -243,6 +94,7 @@ fn clip_evidence(evidence: &mut Vec<EvidenceItem>) {
 /// problem. Over-long fields are clipped, not rejected.
 pub fn validate_exploration(result: &mut ExplorationResult) -> Result<(), Vec<String>> {
     let mut problems = Vec::new();
+    result.version = ResultVersion::CURRENT;
     if result.summary.trim().is_empty() {
         problems.push("summary: required".to_owned());
     }
@@ -289,6 +141,7 @@ pub fn validate_exploration(result: &mut ExplorationResult) -> Result<(), Vec<St
 /// Checks a model's issue answer against the schema.
 pub fn validate_issue(result: &mut IssueResult) -> Result<(), Vec<String>> {
     let mut problems = Vec::new();
+    result.version = ResultVersion::CURRENT;
     for (name, value) in [
         ("title", &result.title),
         ("summary", &result.summary),
@@ -433,42 +286,18 @@ mod tests {
         assert!(!value.to_string().contains(secret), "{value}");
     }
 
-    /// `result_json` of `flow.completed` events recorded by the previous
-    /// version (fixtures in `services/schema/tests/fixtures`) still reads
-    /// into today's result types, and they write it back unchanged: a
-    /// renamed or retyped field fails here instead of breaking replay.
     #[test]
-    fn results_recorded_by_the_previous_version_read_back_unchanged() {
-        use prost::Message;
-        fn recorded(name: &str) -> (serde_json::Value, String) {
-            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../schema/tests/fixtures")
-                .join(name);
-            let bytes = std::fs::read(&path).expect("fixture");
-            let event = zopu_schema::pb::FlowCompleted::decode(bytes.as_slice()).expect("decodes");
-            let value = serde_json::from_str(&event.result_json).expect("JSON");
-            (value, event.result_json)
-        }
-        fn round_trip<T: Serialize + for<'de> Deserialize<'de>>(name: &str) -> T {
-            let (value, text) = recorded(name);
-            let result: T = serde_json::from_str(&text).expect("reads into today's type");
-            assert_eq!(
-                serde_json::to_value(&result).expect("writes"),
-                value,
-                "{name}"
-            );
-            result
-        }
-        let exploration: ExplorationResult = round_trip("flow_completed_exploration.v1.pb");
-        assert_eq!(
-            exploration.findings[0].evidence[0].path,
-            "src/auth/login.rs"
-        );
-        let issue: IssueResult = round_trip("flow_completed_issue.v1.pb");
-        assert_eq!(issue.acceptance_criteria, ["the 6th attempt is refused"]);
-        let onboarding: OnboardingResult = round_trip("flow_completed_onboarding.v1.pb");
-        assert_eq!(onboarding.languages[0], ("Rust".to_owned(), 30));
-        assert_eq!(onboarding.commands[1].status, CommandStatus::Verified);
+    fn a_model_answer_is_stamped_with_the_current_version() {
+        let mut result = ExplorationResult {
+            version: ResultVersion(9),
+            summary: "s".into(),
+            ..Default::default()
+        };
+        validate_exploration(&mut result).expect("valid");
+        assert_eq!(result.version, ResultVersion::CURRENT);
+        let written: serde_json::Value =
+            serde_json::from_str(&to_redacted_json(&result)).expect("JSON");
+        assert_eq!(written["version"], ResultVersion::CURRENT.0);
     }
 
     #[test]

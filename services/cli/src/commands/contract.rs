@@ -1,9 +1,11 @@
 //! `zopu contract asyncapi`: writes the event contract as an AsyncAPI 3
-//! document (`proto/asyncapi.json`), or with `--check` says whether the
-//! checked-in file is what the catalogue and the services' consumers give
-//! now. The document itself is built by `zopu_schema::asyncapi`; this module
-//! only hands it the reaction consumers each service declares (with their
-//! shipped defaults) and does the file I/O.
+//! document (`proto/asyncapi.json`); `zopu contract flow-result`: writes the
+//! JSON Schema of `flow.completed.result_json`
+//! (`proto/flow-result.schema.json`). With `--check` each says whether the
+//! checked-in file is what this build generates. The documents themselves
+//! are built by `zopu_schema::asyncapi` and `zopu_schema::flow_result`; this
+//! module only hands the first the reaction consumers each service declares
+//! (with their shipped defaults) and does the file I/O.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,6 +14,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use zopu_core::ReactionConfig;
 use zopu_schema::asyncapi::{self, Consumer};
+use zopu_schema::flow_result;
 
 use crate::Context;
 
@@ -21,14 +24,19 @@ pub enum ContractCommand {
     #[command(
         after_help = "Examples:\n  zopu contract asyncapi            # regenerate proto/asyncapi.json\n  zopu contract asyncapi --check    # exit 1 if proto/asyncapi.json is stale\n  zopu contract asyncapi --file -   # print it\n\nExit code with --check: 0 current, 1 stale or missing (the differences are listed)."
     )]
-    Asyncapi(AsyncapiArgs),
+    Asyncapi(DocumentArgs),
+    /// Generate the JSON Schema of flow.completed's result_json (or check the checked-in one)
+    #[command(
+        after_help = "Examples:\n  zopu contract flow-result            # regenerate proto/flow-result.schema.json\n  zopu contract flow-result --check    # exit 1 if it is stale\n\nExit code with --check: 0 current, 1 stale or missing (the differences are listed)."
+    )]
+    FlowResult(DocumentArgs),
 }
 
 #[derive(Debug, Args)]
-pub struct AsyncapiArgs {
-    /// The document's path (`-`: standard output)
-    #[arg(long, default_value = asyncapi::CHECKED_IN_PATH)]
-    file: PathBuf,
+pub struct DocumentArgs {
+    /// The document's path (`-`: standard output; default: its checked-in path)
+    #[arg(long)]
+    file: Option<PathBuf>,
     /// Compare with the file instead of writing it; exit 1 when it differs
     #[arg(long)]
     check: bool,
@@ -76,37 +84,58 @@ pub fn generated() -> serde_json::Value {
 }
 
 pub async fn run(context: &Context, command: ContractCommand) -> anyhow::Result<ExitCode> {
-    let ContractCommand::Asyncapi(args) = command;
-    let document = generated();
+    let (document, args, checked_in_path, regenerate) = match command {
+        ContractCommand::Asyncapi(args) => (
+            generated(),
+            args,
+            asyncapi::CHECKED_IN_PATH,
+            "zopu contract asyncapi",
+        ),
+        ContractCommand::FlowResult(args) => (
+            flow_result::schema_document(),
+            args,
+            flow_result::CHECKED_IN_PATH,
+            "zopu contract flow-result",
+        ),
+    };
+    let file = args
+        .file
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(checked_in_path));
+    let target = Target {
+        file: &file,
+        check: args.check,
+        regenerate,
+    };
     let text = asyncapi::render(&document);
-    let to_stdout = args.file.as_os_str() == "-";
+    let to_stdout = file.as_os_str() == "-";
     if !args.check {
         if to_stdout {
             print!("{text}");
         } else {
-            std::fs::write(&args.file, &text)
-                .with_context(|| format!("cannot write {}", args.file.display()))?;
-            report(context, &args, &[]);
+            std::fs::write(&file, &text)
+                .with_context(|| format!("cannot write {}", file.display()))?;
+            report(context, &target, &[]);
         }
         return Ok(ExitCode::SUCCESS);
     }
     if to_stdout {
         anyhow::bail!("--check compares with a file: give --file PATH, not -");
     }
-    let differences = match std::fs::read_to_string(&args.file) {
+    let differences = match std::fs::read_to_string(&file) {
         Ok(checked_in) => {
             let checked_in: serde_json::Value = serde_json::from_str(&checked_in)
-                .with_context(|| format!("{} is not JSON", args.file.display()))?;
+                .with_context(|| format!("{} is not JSON", file.display()))?;
             asyncapi::differences(&checked_in, &document, 20)
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            vec![format!("{} does not exist", args.file.display())]
+            vec![format!("{} does not exist", file.display())]
         }
         Err(error) => {
-            return Err(error).with_context(|| format!("cannot read {}", args.file.display()));
+            return Err(error).with_context(|| format!("cannot read {}", file.display()));
         }
     };
-    report(context, &args, &differences);
+    report(context, &target, &differences);
     Ok(if differences.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -114,7 +143,14 @@ pub async fn run(context: &Context, command: ContractCommand) -> anyhow::Result<
     })
 }
 
-fn report(context: &Context, args: &AsyncapiArgs, differences: &[String]) {
+/// The file a run writes or checks, and the command that regenerates it.
+struct Target<'a> {
+    file: &'a std::path::Path,
+    check: bool,
+    regenerate: &'static str,
+}
+
+fn report(context: &Context, args: &Target, differences: &[String]) {
     let file = args.file.display();
     if context.json {
         println!(
@@ -127,7 +163,7 @@ fn report(context: &Context, args: &AsyncapiArgs, differences: &[String]) {
     } else if differences.is_empty() {
         println!("{file} is current");
     } else {
-        println!("{file} is stale; regenerate it with `zopu contract asyncapi`:");
+        println!("{file} is stale; regenerate it with `{}`:", args.regenerate);
         for difference in differences {
             println!("  {difference}");
         }
@@ -149,6 +185,18 @@ mod tests {
             differences.is_empty(),
             "{} is stale; run `zopu contract asyncapi`: {differences:?}",
             asyncapi::CHECKED_IN_PATH
+        );
+    }
+
+    #[test]
+    fn the_checked_in_flow_result_schema_is_current() {
+        let checked_in: serde_json::Value =
+            serde_json::from_str(flow_result::CHECKED_IN).unwrap_or_default();
+        let differences = asyncapi::differences(&checked_in, &flow_result::schema_document(), 20);
+        assert!(
+            differences.is_empty(),
+            "{} is stale; run `zopu contract flow-result`: {differences:?}",
+            flow_result::CHECKED_IN_PATH
         );
     }
 

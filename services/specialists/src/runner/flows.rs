@@ -59,7 +59,7 @@ pub(super) fn stored_exploration(
     previous: Option<(String, String)>,
 ) -> Option<(String, ExplorationResult)> {
     previous.and_then(|(run, json)| {
-        serde_json::from_str::<ExplorationResult>(&json)
+        zopu_schema::flow_result::decode::<ExplorationResult>(&json)
             .ok()
             .map(|result| (run, result))
     })
