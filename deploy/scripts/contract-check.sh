@@ -12,7 +12,7 @@ parser_version=3.6.6
 dir=tools/asyncapi
 installed=$(node -p "require('./$dir/node_modules/@asyncapi/parser/package.json').version" 2>/dev/null || true)
 if [ "$installed" != "$parser_version" ]; then
-  command -v npm >/dev/null 2>&1 || { echo "FAIL: npm not found (apt-get install nodejs npm)" >&2; exit 1; }
+  ./deploy/scripts/install-test-deps.sh node=nodejs npm=npm
   mkdir -p "$dir"
   npm install --silent --no-audit --no-fund --no-save --prefix "$dir" "@asyncapi/parser@$parser_version"
 fi

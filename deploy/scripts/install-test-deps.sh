@@ -9,13 +9,24 @@
 set -euo pipefail
 [ "${ZOPU_SKIP_TEST_DEPS:-}" = 1 ] && exit 0
 
+#
+# With arguments, `COMMAND=PACKAGE ...`, it checks and installs those
+# instead, all required (`make contract-check` asks for node=nodejs
+# npm=npm this way).
+
 required=()
-command -v git >/dev/null 2>&1 || required+=(git)
-command -v chromium >/dev/null 2>&1 || required+=(chromium)
-command -v chromedriver >/dev/null 2>&1 || required+=(chromium-driver)
-command -v openssl >/dev/null 2>&1 || required+=(openssl)
 optional=()
-command -v bwrap >/dev/null 2>&1 || optional+=(bubblewrap)
+if [ $# -gt 0 ]; then
+  for pair in "$@"; do
+    command -v "${pair%%=*}" >/dev/null 2>&1 || required+=("${pair#*=}")
+  done
+else
+  command -v git >/dev/null 2>&1 || required+=(git)
+  command -v chromium >/dev/null 2>&1 || required+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || required+=(chromium-driver)
+  command -v openssl >/dev/null 2>&1 || required+=(openssl)
+  command -v bwrap >/dev/null 2>&1 || optional+=(bubblewrap)
+fi
 wanted=("${required[@]}" "${optional[@]}")
 [ ${#wanted[@]} -eq 0 ] && exit 0
 

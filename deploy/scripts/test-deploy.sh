@@ -31,6 +31,8 @@ need=()
 docker info >/dev/null 2>&1 || command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 \
     || die "missing ${need[*]}: install them (Debian: apt-get install ${need[*]})"
@@ -89,13 +91,11 @@ secret() { printf 'z'; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
   echo "ZOPU_SMOKE_REPOS=$work/repos"
   echo "ZOPU_SMOKE_SANDBOX_ENV=$work/sandbox.env"
 } >"$work/deploy.env"
-# Local repositories allowed, under the smoke repositories' directory (a
-# TOML list) where this tree's services have `local_repository_roots`.
+# Local repositories allowed, under the smoke repositories' directory only
+# (a TOML list).
 {
   echo "ZOPU_SANDBOX__ALLOW_LOCAL_REPOSITORIES=true"
-  if grep -rqs 'local_repository_roots' services/sandbox/src; then
-    echo "ZOPU_SANDBOX__LOCAL_REPOSITORY_ROOTS=[\"$work/repos\"]"
-  fi
+  echo "ZOPU_SANDBOX__LOCAL_REPOSITORY_ROOTS=[\"$work/repos\"]"
 } >"$work/sandbox.env"
 # A leftover stack of an interrupted run goes first.
 "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true

@@ -297,6 +297,22 @@ async fn every_identity_is_refused_what_it_does_not_own() -> Result<()> {
                     .await?;
             }
         }
+        // The user's commands (the kill switch, messages, setup requests)
+        // come only from the gateway and the operator; the agent's
+        // registration only from setup.
+        let commands = ["agent.disabled", "agent.enabled", "timeline.message.sent", "project.setup.requested"];
+        if !matches!(*user, "gateway" | "operator") {
+            for event_type in commands {
+                identity
+                    .refused_publish(&event_subject(event_type)?)
+                    .await?;
+            }
+        }
+        if *user != "setup" {
+            identity
+                .refused_publish(&event_subject("agent.registered")?)
+                .await?;
+        }
         // Another service's durables: not read, inspected, deleted or recreated.
         for (owner, purpose, _) in SERVICES {
             if owner == *user {

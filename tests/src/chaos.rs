@@ -515,12 +515,14 @@ impl Chaos {
         let _aborted = supervisor.await;
         self.heal(&exits)?;
         report.exited = exits.lock().map(|exits| exits.clone()).unwrap_or_default();
-        ensure!(
-            errors.is_empty(),
-            "{} messages failed to be sent or to end:\n{}",
-            errors.len(),
-            errors.join("\n")
-        );
+        if !errors.is_empty() {
+            let diagnosis = diagnose_unended(&self.bus, &self.org, &tracker.unended()).await;
+            bail!(
+                "{} messages failed to be sent or to end:\n{}\n{diagnosis}",
+                errors.len(),
+                errors.join("\n")
+            );
+        }
         // Every promise, once the last turns and flows settled.
         let violations =
             invariants::check_settled(&self.bus, &self.org, &self.projects, SETTLE_TIMEOUT).await?;
@@ -646,6 +648,47 @@ impl Chaos {
     pub fn model_faults(&self) -> llm::Faults {
         self.faults
     }
+}
+
+/// What the stream holds of each message that got no ending: where it is
+/// stored, the events it caused, and its project's last events, so a red
+/// run says where a message stopped without its fleet logs.
+async fn diagnose_unended(bus: &Bus, org: &OrgId, unended: &[String]) -> String {
+    use std::fmt::Write as _;
+    let history = match crate::history(bus, &zopu_schema::subjects::org_events(org)).await {
+        Ok(history) => history,
+        Err(error) => return format!("diagnosis: the history is unreadable: {error:#}"),
+    };
+    let mut out = String::from("diagnosis of the messages with no ending:\n");
+    for message in unended {
+        let Some((sequence, stored)) = history
+            .iter()
+            .find(|(_, event)| event.id.to_string() == *message)
+        else {
+            let _ = writeln!(out, "  {message}: not on the stream");
+            continue;
+        };
+        let caused: Vec<String> = history
+            .iter()
+            .filter(|(_, event)| event.correlation_id == stored.correlation_id && event.id != stored.id)
+            .map(|(sequence, event)| format!("{}@{sequence}", event.event_type))
+            .collect();
+        let project: Vec<String> = history
+            .iter()
+            .filter(|(_, event)| event.project_id == stored.project_id)
+            .map(|(sequence, event)| format!("{}@{sequence}", event.event_type))
+            .collect();
+        let tail = &project[project.len().saturating_sub(6)..];
+        let _ = writeln!(
+            out,
+            "  {message}: {} at {sequence} of project {}; caused: [{}]; the project's last events: [{}]",
+            stored.event_type,
+            stored.project_id,
+            caused.join(", "),
+            tail.join(", ")
+        );
+    }
+    out
 }
 
 /// One message to send.

@@ -156,6 +156,67 @@ impl Reaction for Agent {
             .with_dispatch(dispatch),
         )
     }
+
+    /// A turn given up on still ends the user's message visibly: a failed
+    /// final answer to it, under the key the turn's own final would have
+    /// used, unless that final is already stored (at most one per message).
+    async fn failure_notice(
+        &self,
+        event: &Envelope,
+        reason: &str,
+        ctx: &ReactionContext,
+    ) -> Option<NewEvent> {
+        let dispatch = event.dispatch_id?;
+        let created = event.decode::<pb::DispatchCreated>().ok()?;
+        let (key, reply_to, flow_run) = match created.source_event_type.as_str() {
+            pb::TimelineMessageSent::TYPE => (
+                schema_keys::agent_post(&dispatch, "final"),
+                created.source_event_id.clone(),
+                None,
+            ),
+            pb::FlowCompleted::TYPE
+            | pb::FlowFailed::TYPE
+            | pb::FlowCancelled::TYPE
+            | pb::ArtifactPublished::TYPE
+            | pb::ArtifactFailed::TYPE => {
+                let flow_run = event.flow_run_id?;
+                let (org, project) = (event.org_id.clone(), event.project_id);
+                let flow = ctx
+                    .store
+                    .query(move |conn| FlowView::load(conn, &org, &project, &flow_run))
+                    .await
+                    .ok()
+                    .flatten()?;
+                (keys::flow_final(&flow_run), flow.source_event_id.clone(), Some(flow))
+            }
+            _ => return None,
+        };
+        if ctx.store.key_sequence(&key).ok().flatten().is_some() {
+            return None;
+        }
+        let last = pb::AgentFinal {
+            agent_id: created.agent_id,
+            text: "I could not finish this after several attempts. Please send it again.".into(),
+            reply_to_event_id: reply_to,
+            artifact_ids: Vec::new(),
+            failure: Some(failure("dispatch.gave_up", &clip_chars(reason, 400), true)),
+        };
+        let notice = NewEvent::caused_by(&event.context(), &last, key).with_dispatch(dispatch);
+        Some(match flow_run {
+            Some(flow) => {
+                let notice = notice.with_flow_run(flow.flow_run_id);
+                let notice = match flow.work_id {
+                    Some(work) => notice.with_work(work),
+                    None => notice,
+                };
+                match flow.thread_id {
+                    Some(thread) => notice.with_thread(thread),
+                    None => notice,
+                }
+            }
+            None => notice,
+        })
+    }
 }
 
 fn is_terminal(ctx: &ReactionContext, dispatch: &DispatchId) -> Result<bool, HandlerError> {

@@ -19,10 +19,15 @@
 //! behind a long handler; a redelivery of a message still in its lane
 //! replaces the held copy instead of running twice. Transient failures are
 //! retried in place with backoff (a later message of the same project can
-//! never overtake it); permanent failures and messages that crashed the
-//! service `max_deliver` times (unless the reaction finds their effects
-//! already stored) end as a dead-letter event with the reason, plus the
-//! handler's own visible failure event, and are terminated. Reasons are
+//! never overtake it); permanent failures, messages whose handler ran
+//! `max_deliver` times without settling them, and messages delivered
+//! [`DELIVERIES_PER_RUN`] × `max_deliver` times however often they reached
+//! the handler (a message that crashes every instance), unless the reaction
+//! finds their effects already stored, end as a dead-letter event with the
+//! reason, plus the handler's own visible failure event, and are
+//! terminated. Deliveries spent while a message only waited (handed back
+//! when its partition moved, refused during an election) are not handler
+//! runs, so a cluster fault never dead-letters work it did not try. Reasons are
 //! passed through `zopu_secrets::redact` before they are logged or stored.
 //! A message is acked only after the handler returned, i.e. after its
 //! appends were acknowledged by JetStream; every ack's outcome is checked.
@@ -51,6 +56,13 @@ use crate::store::Store;
 use crate::telemetry::{TRACE_TARGET, propagation};
 use crate::{Error, config, metrics};
 
+/// The server stops redelivering a message after this many deliveries per
+/// allowed handler run (`max_deliver`): deliveries that never reached the
+/// handler (handed back at a partition move, refused while the cluster
+/// elected a leader) do not count as runs, and this bound still ends a
+/// message that keeps crashing every instance it reaches.
+pub const DELIVERIES_PER_RUN: i64 = 4;
+
 /// Messages handed back (shutdown, a fatal error) are redelivered after
 /// this delay, so a stopping instance does not receive them again and burn
 /// their delivery attempts.
@@ -64,7 +76,11 @@ pub struct ReactionConfig {
     pub durable: String,
     /// Subjects this consumer takes (from `zopu_schema::subjects`).
     pub filter_subjects: Vec<String>,
-    /// Deliveries (crashes included) before a message is dead-lettered.
+    /// Handler runs of one message, in the instance that holds it, that may
+    /// end unsettled before it is dead-lettered. Deliveries that never
+    /// reached the handler (handed back when its partition moved, refused
+    /// while the cluster elected a leader) are not runs; the server stops
+    /// after [`DELIVERIES_PER_RUN`] × this many deliveries, crashes included.
     pub max_deliver: i64,
     /// Waits between in-place retries of a transient failure.
     #[serde(with = "crate::config::durations")]
@@ -252,6 +268,19 @@ pub trait Reaction: Send + Sync + 'static {
     fn failure_event(&self, _event: &Envelope, _reason: &str) -> Option<NewEvent> {
         None
     }
+
+    /// What the user is told about an event this reaction gave up on, where
+    /// the `*.failed` record is not shown to them (the conversation agent's
+    /// failed final answer to the message), read from the store when it
+    /// needs to; appended after the failure event. The default: nothing.
+    fn failure_notice(
+        &self,
+        _event: &Envelope,
+        _reason: &str,
+        _context: &ReactionContext,
+    ) -> impl Future<Output = Option<NewEvent>> + Send {
+        std::future::ready(None)
+    }
 }
 
 type Message = async_nats::jetstream::Message;
@@ -297,6 +326,9 @@ struct Runner<R> {
     /// (`max_ack_pending`): what one instance can carry, so more instances
     /// carry more.
     handlers: tokio::sync::Semaphore,
+    /// Handler runs of a stream sequence in this process that ended without
+    /// settling it (an interrupted run does not count), until it is settled.
+    runs: Mutex<HashMap<u64, i64>>,
 }
 
 /// Runs `reaction` until shutdown: claims its share of the reaction's
@@ -363,6 +395,7 @@ pub async fn run<R: Reaction>(
         lanes: Mutex::new(HashMap::new()),
         lane_ended: tokio::sync::Notify::new(),
         handlers: tokio::sync::Semaphore::new(handler_slots),
+        runs: Mutex::new(HashMap::new()),
     });
     // Per partition: stop pulling (lost, surrendered or shutdown) and abort
     // the handlers in hand (lost only).
@@ -494,8 +527,9 @@ impl<R: Reaction> Runner<R> {
             deliver_policy: DeliverPolicy::All,
             ack_policy: AckPolicy::Explicit,
             ack_wait: self.config.ack_wait,
-            // One more than ours, so the runner sees the last delivery and dead-letters it.
-            max_deliver: self.config.max_deliver + 1,
+            // One more than the runner's bound, so it sees the last
+            // delivery and dead-letters it.
+            max_deliver: self.delivery_bound() + 1,
             max_ack_pending: self.config.max_ack_pending,
             ..Default::default()
         };
@@ -757,7 +791,7 @@ impl<R: Reaction> Runner<R> {
             {
                 Ok(envelope) => envelope,
                 Err(reason) => {
-                    self.give_up(lane_key, &message, None, stream_sequence, delivered, "decode", &reason).await;
+                    self.give_up(lane_key, &message, None, delivered, "decode", &reason).await;
                     return;
                 }
             };
@@ -774,21 +808,26 @@ impl<R: Reaction> Runner<R> {
                 stream_sequence,
                 delivered,
             };
-            if delivered > self.config.max_deliver {
-                // Done before give up: the last attempt may have stored its
+            let runs = self.runs_of(stream_sequence);
+            if exhausted(runs, delivered, self.config.max_deliver) {
+                // Done before give up: the last run may have stored its
                 // effects and died before its ack.
                 match self.reaction.already_handled(&envelope, &context).await {
                     Ok(true) => {
-                        tracing::info!("redelivered past max_deliver, but its effects are stored; settling");
+                        tracing::info!("redelivered past its bound, but its effects are stored; settling");
                         self.settle(lane_key, &message, AckKind::Ack).await;
                     }
                     Ok(false) | Err(_) => {
-                        let reason = format!("delivered {delivered} times without being settled (max_deliver {})", self.config.max_deliver);
-                        self.give_up(lane_key, &message, Some(&envelope), stream_sequence, delivered, "handler", &reason).await;
+                        let reason = format!(
+                            "delivered {delivered} times, {runs} handler runs without being settled (max_deliver {})",
+                            self.config.max_deliver
+                        );
+                        self.give_up(lane_key, &message, Some((&envelope, &context)), delivered, "handler", &reason).await;
                     }
                 }
                 return;
             }
+            self.count_run(stream_sequence, 1);
             let mut attempt = 0usize;
             loop {
                 let started = std::time::Instant::now();
@@ -818,14 +857,16 @@ impl<R: Reaction> Runner<R> {
                     }
                     Err(HandlerError::Transient(reason)) => {
                         let reason = format!("gave up after {} attempts: {reason}", attempt + 1);
-                        self.give_up(lane_key, &message, Some(&envelope), stream_sequence, delivered, "handler", &reason).await;
+                        self.give_up(lane_key, &message, Some((&envelope, &context)), delivered, "handler", &reason).await;
                         return;
                     }
                     Err(HandlerError::Permanent(reason)) => {
-                        self.give_up(lane_key, &message, Some(&envelope), stream_sequence, delivered, "invalid", &reason).await;
+                        self.give_up(lane_key, &message, Some((&envelope, &context)), delivered, "invalid", &reason).await;
                         return;
                     }
                     Err(HandlerError::Interrupted) => {
+                        // Not the message's failure: the run does not count.
+                        self.count_run(stream_sequence, -1);
                         tracing::info!("handler interrupted (shutdown, or its partition was lost); handing the message back");
                         hand_back(&self.newest_copy(lane_key, &message)).await;
                         return;
@@ -842,6 +883,31 @@ impl<R: Reaction> Runner<R> {
         }
         .instrument(span)
         .await;
+    }
+
+    /// The deliveries after which the runner gives up whatever the runs.
+    fn delivery_bound(&self) -> i64 {
+        delivery_bound(self.config.max_deliver)
+    }
+
+    fn lock_runs(&self) -> std::sync::MutexGuard<'_, HashMap<u64, i64>> {
+        self.runs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Handler runs of `sequence` here that ended without settling it.
+    fn runs_of(&self, sequence: u64) -> i64 {
+        self.lock_runs().get(&sequence).copied().unwrap_or(0)
+    }
+
+    fn count_run(&self, sequence: u64, change: i64) {
+        let mut runs = self.lock_runs();
+        let count = runs.entry(sequence).or_insert(0);
+        *count += change;
+        if *count <= 0 {
+            runs.remove(&sequence);
+        }
     }
 
     /// A redelivery: make sure the store has seen what an earlier attempt may
@@ -922,7 +988,12 @@ impl<R: Reaction> Runner<R> {
         let newest = self.newest_copy(lane_key, message);
         for attempt in 1..=5u64 {
             match newest.double_ack_with(kind).await {
-                Ok(()) => return,
+                Ok(()) => {
+                    if let Ok(info) = newest.info() {
+                        self.lock_runs().remove(&info.stream_sequence);
+                    }
+                    return;
+                }
                 Err(error) => {
                     tracing::warn!(%error, attempt, "ack not confirmed; retrying");
                     tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
@@ -934,14 +1005,14 @@ impl<R: Reaction> Runner<R> {
         );
     }
 
-    /// Records a dead letter (and the handler's visible failure), then terminates.
-    #[allow(clippy::too_many_arguments)]
+    /// Records a dead letter (and the handler's visible failure and notice),
+    /// then terminates. `handled`: the decoded event and the handler's
+    /// context, unless the message did not decode.
     async fn give_up(
         &self,
         lane_key: &str,
         message: &Message,
-        envelope: Option<&Envelope>,
-        stream_sequence: u64,
+        handled: Option<(&Envelope, &ReactionContext)>,
         delivered: i64,
         kind: &str,
         reason: &str,
@@ -951,6 +1022,8 @@ impl<R: Reaction> Runner<R> {
         // reaches the log or the stream.
         let reason = zopu_secrets::redact(reason);
         let reason = reason.as_str();
+        let envelope = handled.map(|(envelope, _)| envelope);
+        let stream_sequence = message.info().map_or(0, |info| info.stream_sequence);
         tracing::error!(%reason, kind, "giving up on message; recording a dead letter");
         let record = pb::DeadLetterRecorded {
             service: self.service.clone(),
@@ -979,6 +1052,12 @@ impl<R: Reaction> Runner<R> {
         {
             recorded &= self.publisher.append(failure).await.is_ok();
         }
+        if recorded
+            && let Some((envelope, context)) = handled
+            && let Some(notice) = self.reaction.failure_notice(envelope, reason, context).await
+        {
+            recorded &= self.publisher.append(notice).await.is_ok();
+        }
         if recorded {
             metrics::dead_letter(&self.service, &self.config.durable, kind);
             self.settle(lane_key, message, AckKind::Term).await;
@@ -988,6 +1067,17 @@ impl<R: Reaction> Runner<R> {
             nak(&self.newest_copy(lane_key, message), Duration::from_secs(5)).await;
         }
     }
+}
+
+/// The deliveries after which a message is given up whatever its runs.
+fn delivery_bound(max_deliver: i64) -> i64 {
+    max_deliver.saturating_mul(DELIVERIES_PER_RUN)
+}
+
+/// Whether a message delivered `delivered` times, whose handler already ran
+/// `runs` times here without settling it, is given up on instead of run.
+fn exhausted(runs: i64, delivered: i64, max_deliver: i64) -> bool {
+    runs >= max_deliver || delivered > delivery_bound(max_deliver)
 }
 
 fn handler_outcome(outcome: &Result<(), HandlerError>) -> metrics::HandlerOutcome {
@@ -1047,5 +1137,24 @@ fn clipped_with_mark(text: &str, max: usize) -> String {
         format!("{clipped}…")
     } else {
         clipped.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deliveries_that_never_reached_the_handler_are_not_runs() {
+        // Handed back at partition moves and refused during elections: six
+        // deliveries, no run yet, so the handler still gets its turn.
+        assert!(!exhausted(0, 6, 5));
+        assert!(!exhausted(4, 6, 5));
+        // max_deliver runs that ended unsettled: given up.
+        assert!(exhausted(5, 5, 5));
+        // A message that crashes every instance it reaches (no run is ever
+        // counted): the delivery bound still ends it.
+        assert!(!exhausted(0, 5 * DELIVERIES_PER_RUN, 5));
+        assert!(exhausted(0, 5 * DELIVERIES_PER_RUN + 1, 5));
     }
 }

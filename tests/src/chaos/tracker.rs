@@ -19,6 +19,8 @@ pub type Ending = Option<String>;
 struct Seen {
     finals: HashMap<String, Ending>,
     events: u64,
+    /// Messages whose wait ran out, for the run's diagnosis.
+    unended: Vec<String>,
 }
 
 /// The tracker; its reader stops when it is dropped.
@@ -56,6 +58,11 @@ impl Tracker {
         lock(&self.seen).events
     }
 
+    /// Messages whose [`Tracker::wait_ending`] ran out, in that order.
+    pub fn unended(&self) -> Vec<String> {
+        lock(&self.seen).unended.clone()
+    }
+
     /// Waits until `message` has a final message or failure.
     pub async fn wait_ending(&self, message: &str, timeout: Duration) -> Result<Ending> {
         let mut changed = self.changed.clone();
@@ -72,10 +79,13 @@ impl Tracker {
         };
         match tokio::time::timeout(timeout, waiting).await {
             Ok(ending) => Ok(ending),
-            Err(_) => bail!(
+            Err(_) => {
+                lock(&self.seen).unended.push(message.to_owned());
+                bail!(
                 "message {message} got no final message or failure within {}s",
                 timeout.as_secs()
-            ),
+                )
+            }
         }
     }
 }
