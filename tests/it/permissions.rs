@@ -300,7 +300,12 @@ async fn every_identity_is_refused_what_it_does_not_own() -> Result<()> {
         // The user's commands (the kill switch, messages, setup requests)
         // come only from the gateway and the operator; the agent's
         // registration only from setup.
-        let commands = ["agent.disabled", "agent.enabled", "timeline.message.sent", "project.setup.requested"];
+        let commands = [
+            "agent.disabled",
+            "agent.enabled",
+            "timeline.message.sent",
+            "project.setup.requested",
+        ];
         if !matches!(*user, "gateway" | "operator") {
             for event_type in commands {
                 identity

@@ -670,7 +670,9 @@ async fn diagnose_unended(bus: &Bus, org: &OrgId, unended: &[String]) -> String 
         };
         let caused: Vec<String> = history
             .iter()
-            .filter(|(_, event)| event.correlation_id == stored.correlation_id && event.id != stored.id)
+            .filter(|(_, event)| {
+                event.correlation_id == stored.correlation_id && event.id != stored.id
+            })
             .map(|(sequence, event)| format!("{}@{sequence}", event.event_type))
             .collect();
         let project: Vec<String> = history

@@ -187,7 +187,11 @@ impl Reaction for Agent {
                     .await
                     .ok()
                     .flatten()?;
-                (keys::flow_final(&flow_run), flow.source_event_id.clone(), Some(flow))
+                (
+                    keys::flow_final(&flow_run),
+                    flow.source_event_id.clone(),
+                    Some(flow),
+                )
             }
             _ => return None,
         };

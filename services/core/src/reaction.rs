@@ -1054,7 +1054,10 @@ impl<R: Reaction> Runner<R> {
         }
         if recorded
             && let Some((envelope, context)) = handled
-            && let Some(notice) = self.reaction.failure_notice(envelope, reason, context).await
+            && let Some(notice) = self
+                .reaction
+                .failure_notice(envelope, reason, context)
+                .await
         {
             recorded &= self.publisher.append(notice).await.is_ok();
         }

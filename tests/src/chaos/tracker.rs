@@ -82,8 +82,8 @@ impl Tracker {
             Err(_) => {
                 lock(&self.seen).unended.push(message.to_owned());
                 bail!(
-                "message {message} got no final message or failure within {}s",
-                timeout.as_secs()
+                    "message {message} got no final message or failure within {}s",
+                    timeout.as_secs()
                 )
             }
         }
