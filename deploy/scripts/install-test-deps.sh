@@ -41,16 +41,26 @@ fi
 if [ "${as_root[*]}" != none ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${wanted[*]} (apt-get) for the tests" >&2
   export DEBIAN_FRONTEND=noninteractive
-  if "${as_root[@]}" apt-get update -qq \
-    && "${as_root[@]}" apt-get install -y -qq --no-install-recommends "${wanted[@]}" >/dev/null; then
+  install() {
+    "${as_root[@]}" apt-get update -qq \
+      && "${as_root[@]}" apt-get install -y -qq --no-install-recommends "${wanted[@]}" >/dev/null
+  }
+  if install; then
+    exit 0
+  fi
+  # An earlier install that was interrupted leaves dpkg half-configured:
+  # finish it and try once more.
+  echo "install-test-deps: apt-get failed; running dpkg --configure -a and trying again" >&2
+  if "${as_root[@]}" dpkg --configure -a && install; then
     exit 0
   fi
   echo "install-test-deps: apt-get could not install ${wanted[*]}" >&2
 fi
 if [ ${#required[@]} -gt 0 ]; then
   cat >&2 <<MESSAGE
-install-test-deps: the tests need ${required[*]}, which are not installed, and
-this user cannot install them (not root, no password-less sudo, or no apt-get).
+install-test-deps: the tests need ${required[*]}, which are not installed and
+could not be installed here (apt-get failed, or this user is not root, has no
+password-less sudo, or the machine has no apt-get).
 Install them, e.g.:
     sudo apt-get install ${wanted[*]}
 then run \`make test\` again (ZOPU_SKIP_TEST_DEPS=1 skips this check).
