@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use bytes::Bytes;
 use futures::future::join_all;
 use rusqlite::params;
@@ -535,7 +535,14 @@ async fn a_service_publisher_follows_the_heads_its_store_sees() -> Result<()> {
 #[derive(Debug, Clone, Default)]
 struct Acknowledger {
     crash_first_delivery: bool,
-    handled: Arc<AtomicUsize>,
+    /// Handler runs so far; a test waits on it.
+    handled: Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+impl Acknowledger {
+    fn handled(&self) -> usize {
+        *self.handled.borrow()
+    }
 }
 
 impl Reaction for Acknowledger {
@@ -545,7 +552,7 @@ impl Reaction for Acknowledger {
         context: &ReactionContext,
     ) -> Result<(), HandlerError> {
         let message: pb::TimelineMessageSent = event.decode()?;
-        self.handled.fetch_add(1, Ordering::SeqCst);
+        self.handled.send_modify(|runs| *runs += 1);
         let ack = pb::AgentAcknowledged {
             text: format!("got: {}", message.text),
             ..Default::default()
@@ -658,14 +665,10 @@ async fn redelivery_after_the_duplicate_window_emits_no_second_reaction() -> Res
     let second = Acknowledger::default();
     runtime.spawn_reaction(reaction_config("reactor-acks"), second.clone());
     // Wait until the redelivery was handled (the runner settles it).
-    let deadline = tokio::time::Instant::now() + LONG;
-    while second.handled.load(Ordering::SeqCst) == 0 {
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "message was not redelivered"
-        );
-        tokio::task::yield_now().await;
-    }
+    let mut runs = second.handled.subscribe();
+    tokio::time::timeout(LONG, runs.wait_for(|runs| *runs > 0))
+        .await
+        .context("message was not redelivered")??;
     // A marker event after the source proves the consumer moved past it.
     Publisher::new(bus.clone(), "gateway", None)
         .append(user_message(&org, project, "marker", "request:r2"))
@@ -690,8 +693,8 @@ async fn redelivery_after_the_duplicate_window_emits_no_second_reaction() -> Res
     assert_eq!(acks.len(), 1, "the reaction was emitted twice");
     // The crashing run handled it once; the second run handled the
     // redelivery (recognised) and the marker.
-    assert_eq!(crashing.handled.load(Ordering::SeqCst), 1);
-    assert_eq!(second.handled.load(Ordering::SeqCst), 2);
+    assert_eq!(crashing.handled(), 1);
+    assert_eq!(second.handled(), 2);
     Ok(())
 }
 
