@@ -194,38 +194,10 @@ async fn tracing_overhead(context: &Context, args: &AckArgs) -> anyhow::Result<E
         !zopu_core::telemetry::export_requested(),
         "--otlp-sink compares against a run without export: unset OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
     );
-    let off = measure(args).await?;
+    // Both runs in a child process of their own, alike but for the exporter.
+    let off = measure_in_child(args, None).await?;
     let sink = OtlpSink::start(Retention::CountOnly).await?;
-    let mut child = tokio::process::Command::new(std::env::current_exe()?);
-    child
-        .args(["--json", "bench", "ack", "--messages"])
-        .arg(args.messages.to_string())
-        .arg("--projects")
-        .arg(args.projects.to_string())
-        .arg("--sync")
-        .arg(match args.sync {
-            Sync::Always => "always",
-            Sync::Default => "default",
-        })
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", sink.endpoint())
-        .env_remove("OTEL_SDK_DISABLED")
-        .env_remove("OTEL_TRACES_EXPORTER")
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true);
-    if let Some(rate) = args.rate {
-        child.arg("--rate").arg(rate.to_string());
-    }
-    if args.cluster {
-        child.arg("--cluster");
-    }
-    let output = child.output().await?;
-    anyhow::ensure!(
-        output.status.success(),
-        "the run with the exporter on failed ({})",
-        output.status
-    );
-    let on: Figures = serde_json::from_slice(&output.stdout)?;
+    let on = measure_in_child(args, Some(&sink.endpoint())).await?;
     let overhead = TracingOverhead {
         spans_exported: sink.span_count(),
         export_requests: sink.request_count(),
@@ -253,6 +225,46 @@ async fn tracing_overhead(context: &Context, args: &AckArgs) -> anyhow::Result<E
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One `zopu --json bench ack` run in a child process, exporting its spans
+/// to `endpoint` when one is given and exporting nothing otherwise.
+async fn measure_in_child(args: &AckArgs, endpoint: Option<&str>) -> anyhow::Result<Figures> {
+    let mut child = tokio::process::Command::new(std::env::current_exe()?);
+    child
+        .args(["--json", "bench", "ack", "--messages"])
+        .arg(args.messages.to_string())
+        .arg("--projects")
+        .arg(args.projects.to_string())
+        .arg("--sync")
+        .arg(match args.sync {
+            Sync::Always => "always",
+            Sync::Default => "default",
+        })
+        .env_remove("OTEL_SDK_DISABLED")
+        .env_remove("OTEL_TRACES_EXPORTER")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true);
+    if let Some(endpoint) = endpoint {
+        child.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint);
+    }
+    if let Some(rate) = args.rate {
+        child.arg("--rate").arg(rate.to_string());
+    }
+    if args.cluster {
+        child.arg("--cluster");
+    }
+    let output = child.output().await?;
+    let which = if endpoint.is_some() { "on" } else { "off" };
+    anyhow::ensure!(
+        output.status.success(),
+        "the run with the exporter {which} failed ({})",
+        output.status
+    );
+    Ok(serde_json::from_slice(&output.stdout)?)
 }
 
 /// `--otlp-sink`'s result: both runs and their ratios.
