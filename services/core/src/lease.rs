@@ -96,6 +96,17 @@ pub fn plan(
             _ => plan.lost.push(partition),
         }
     }
+    // Claims that still name this instance although it no longer works
+    // them (it stopped everything when its heartbeat lapsed, and the bucket
+    // kept them): taken back whatever the fair share, since no other
+    // instance will take a partition a live instance claims; any beyond
+    // the share are surrendered on a later round like the rest.
+    plan.claim = view
+        .claims
+        .iter()
+        .filter(|(partition, (owner, _))| owner == instance && !working.contains_key(partition))
+        .map(|(partition, _)| *partition)
+        .collect();
     if kept > fair {
         plan.surrender = working
             .keys()
@@ -115,7 +126,7 @@ pub fn plan(
             break;
         }
         let partition = (offset + step) % partitions;
-        if working.contains_key(&partition) {
+        if working.contains_key(&partition) || plan.claim.contains(&partition) {
             continue;
         }
         // Free: never claimed, released, ours from before (a restart with
@@ -498,6 +509,31 @@ mod tests {
         let mut claimed = plan(&released, "b", 4, &BTreeMap::new(), NOW).claim;
         claimed.sort_unstable();
         assert_eq!(claimed, vec![2, 3]);
+    }
+
+    #[test]
+    fn claims_still_naming_an_instance_that_stopped_them_are_taken_back() {
+        // a's heartbeat lapsed: it stopped all three of its partitions, then
+        // claimed 0 and 1 again, its fair share. The bucket still says a
+        // owns 2, so b and c never take it: a must, or nobody works it.
+        let bucket = view(
+            &[("a", NOW + 3000), ("b", NOW + 3000), ("c", NOW + 3000)],
+            &[
+                (0, "a", 1),
+                (1, "a", 2),
+                (2, "a", 3),
+                (3, "b", 4),
+                (4, "b", 5),
+                (5, "c", 6),
+            ],
+        );
+        let held = working(&[(0, 1), (1, 2)]);
+        assert_eq!(plan(&bucket, "a", 6, &held, NOW).claim, vec![2]);
+        assert!(
+            plan(&bucket, "c", 6, &working(&[(5, 6)]), NOW)
+                .claim
+                .is_empty()
+        );
     }
 
     #[test]
