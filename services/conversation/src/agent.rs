@@ -174,11 +174,7 @@ impl Reaction for Agent {
                 created.source_event_id.clone(),
                 None,
             ),
-            pb::FlowCompleted::TYPE
-            | pb::FlowFailed::TYPE
-            | pb::FlowCancelled::TYPE
-            | pb::ArtifactPublished::TYPE
-            | pb::ArtifactFailed::TYPE => {
+            source if is_flow_outcome(source) => {
                 let flow_run = event.flow_run_id?;
                 let (org, project) = (event.org_id.clone(), event.project_id);
                 let flow = ctx
@@ -207,20 +203,23 @@ impl Reaction for Agent {
         };
         let notice = NewEvent::caused_by(&event.context(), &last, key).with_dispatch(dispatch);
         Some(match flow_run {
-            Some(flow) => {
-                let notice = notice.with_flow_run(flow.flow_run_id);
-                let notice = match flow.work_id {
-                    Some(work) => notice.with_work(work),
-                    None => notice,
-                };
-                match flow.thread_id {
-                    Some(thread) => notice.with_thread(thread),
-                    None => notice,
-                }
-            }
+            Some(flow) => plan::with_flow_ids(notice, &flow),
             None => notice,
         })
     }
+}
+
+/// Whether a dispatch's source is a specialist's or an artifact's outcome
+/// of a flow run the agent requested.
+fn is_flow_outcome(event_type: &str) -> bool {
+    matches!(
+        event_type,
+        pb::FlowCompleted::TYPE
+            | pb::FlowFailed::TYPE
+            | pb::FlowCancelled::TYPE
+            | pb::ArtifactPublished::TYPE
+            | pb::ArtifactFailed::TYPE
+    )
 }
 
 fn is_terminal(ctx: &ReactionContext, dispatch: &DispatchId) -> Result<bool, HandlerError> {
@@ -442,11 +441,7 @@ impl Turn<'_> {
                 let plan = decide::onboarding_turn(view);
                 self.execute(plan, &source, view).await
             }
-            pb::FlowCompleted::TYPE
-            | pb::FlowFailed::TYPE
-            | pb::FlowCancelled::TYPE
-            | pb::ArtifactPublished::TYPE
-            | pb::ArtifactFailed::TYPE => self.flow_outcome(&source).await,
+            source_type if is_flow_outcome(source_type) => self.flow_outcome(&source).await,
             _ => self.complete("noted").await,
         }
     }

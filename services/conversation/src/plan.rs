@@ -326,6 +326,19 @@ pub(crate) fn turn_events(
 /// status, and for a completed issue the approval its publication needs.
 /// Empty when there is nothing to say yet (the run is still going, its
 /// artifact is still being built, or the final was already posted).
+/// `event` carrying the flow run's id and its Work and Thread, where it has them.
+pub(crate) fn with_flow_ids(event: NewEvent, flow: &FlowView) -> NewEvent {
+    let event = event.with_flow_run(flow.flow_run_id);
+    let event = match flow.work_id {
+        Some(work) => event.with_work(work),
+        None => event,
+    };
+    match flow.thread_id {
+        Some(thread) => event.with_thread(thread),
+        None => event,
+    }
+}
+
 pub(crate) fn final_events(flow: &FlowView, ids: &TurnIds, dry_run: bool) -> Vec<NewEvent> {
     if flow.final_posted {
         return Vec::new();
@@ -339,18 +352,7 @@ pub(crate) fn final_events(flow: &FlowView, ids: &TurnIds, dry_run: bool) -> Vec
         .map(|reason| reason.message.clone())
         .unwrap_or_default();
     let text = decide::final_text(flow.flow_type, status, &flow.summary, &message);
-    let (work, thread) = (flow.work_id, flow.thread_id);
-    let with_ids = |event: NewEvent| {
-        let event = event.with_flow_run(flow_run);
-        let event = match work {
-            Some(work) => event.with_work(work),
-            None => event,
-        };
-        match thread {
-            Some(thread) => event.with_thread(thread),
-            None => event,
-        }
-    };
+    let with_ids = |event: NewEvent| with_flow_ids(event, flow);
     let last = pb::AgentFinal {
         agent_id: ids.agent_id.clone(),
         text,
@@ -363,7 +365,7 @@ pub(crate) fn final_events(flow: &FlowView, ids: &TurnIds, dry_run: bool) -> Vec
         "completed" => "done",
         other => other,
     };
-    if thread.is_some() {
+    if flow.thread_id.is_some() {
         let updated = pb::ThreadUpdated {
             status: thread_status.into(),
             summary: decide::first_sentences(&flow.summary, 1, 30),
@@ -373,7 +375,7 @@ pub(crate) fn final_events(flow: &FlowView, ids: &TurnIds, dry_run: bool) -> Vec
             keys::flow_update(&flow_run, "thread", thread_status),
         )));
     }
-    if work.is_some() {
+    if flow.work_id.is_some() {
         // A Work is never complete merely because one Thread completed,
         // except onboarding, whose only goal was the overview.
         let work_status = match (status, flow.flow_type) {

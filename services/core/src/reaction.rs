@@ -529,7 +529,7 @@ impl<R: Reaction> Runner<R> {
             ack_wait: self.config.ack_wait,
             // One more than the runner's bound, so it sees the last
             // delivery and dead-letters it.
-            max_deliver: self.delivery_bound() + 1,
+            max_deliver: delivery_bound(self.config.max_deliver) + 1,
             max_ack_pending: self.config.max_ack_pending,
             ..Default::default()
         };
@@ -883,11 +883,6 @@ impl<R: Reaction> Runner<R> {
         }
         .instrument(span)
         .await;
-    }
-
-    /// The deliveries after which the runner gives up whatever the runs.
-    fn delivery_bound(&self) -> i64 {
-        delivery_bound(self.config.max_deliver)
     }
 
     fn lock_runs(&self) -> std::sync::MutexGuard<'_, HashMap<u64, i64>> {
