@@ -480,5 +480,44 @@ async fn a_parallel_rebuild_writes_the_same_file_as_following_live() -> Result<(
     let keys: i64 = rebuilt
         .read(|conn| conn.query_row("SELECT COUNT(*) FROM zopu_keys", [], |row| row.get(0)))?;
     assert_eq!(keys as usize, projects.len() * per_project);
+
+    // The chunks read over several connections reach the projection in
+    // stream order, each event once.
+    let ordered = zopu_core::Store::open(&dir.path().join("ordered.sqlite"))?;
+    zopu_core::projection::catch_up(&bus, &ordered, ArrivalOrder).await?;
+    let arrived: Vec<u64> = ordered.read(|conn| {
+        conn.prepare("SELECT sequence FROM test_arrival ORDER BY rowid")?
+            .query_map([], |row| row.get::<_, i64>(0).map(|s| s as u64))?
+            .collect()
+    })?;
+    assert_eq!(arrived, (1..=last).collect::<Vec<_>>());
     Ok(())
+}
+
+/// Records the sequence of every event in the order it is applied.
+struct ArrivalOrder;
+
+impl zopu_core::store::Projection for ArrivalOrder {
+    fn name(&self) -> &'static str {
+        "test_arrival"
+    }
+    fn schema_version(&self) -> u32 {
+        1
+    }
+    fn tables(&self) -> &'static [&'static str] {
+        &["test_arrival"]
+    }
+    fn migrate(&self, tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+        tx.execute_batch("CREATE TABLE test_arrival (sequence INTEGER NOT NULL)")
+    }
+    fn apply(
+        &mut self,
+        tx: &rusqlite::Transaction<'_>,
+        _event: &Envelope,
+        sequence: u64,
+    ) -> rusqlite::Result<()> {
+        tx.prepare_cached("INSERT INTO test_arrival (sequence) VALUES (?1)")?
+            .execute([sequence as i64])
+            .map(|_| ())
+    }
 }

@@ -205,55 +205,83 @@ async fn read_ordered(
 
 /// Below this many events to apply, a catch-up reads with one consumer.
 const PARALLEL_REPLAY_MIN: u64 = 20_000;
-/// Connections of a parallel replay, each reading one range of sequences.
+/// Connections of a parallel replay, each reading its share of the chunks.
 pub const REPLAY_READERS: u64 = 4;
-/// Decoded events a range reader may hold ahead of the applier.
-const REPLAY_RANGE_BUFFER: usize = 256;
+/// Sequences one chunk of a parallel replay spans. A reader holds at most
+/// one decoded chunk ahead of the applier, so a replay holds at most
+/// [`REPLAY_READERS`] chunks whatever the history's length.
+const REPLAY_CHUNK: u64 = 2_048;
 
-/// Reads `(from, to]` over [`REPLAY_READERS`] connections at once, each
-/// receiving and decoding one contiguous range, and passes the events on
-/// in stream order: a rebuild is bounded by one connection's parsing no
-/// more. Each range waits in a bounded buffer until the ones before it
-/// are passed on.
+/// What a range reader passes to the forwarder: an event of its current
+/// chunk, or the end of that chunk (read completely).
+type Chunked = Option<(u64, Result<Envelope, String>)>;
+
+/// Reads `(from, to]` over [`REPLAY_READERS`] connections at once and
+/// passes the events on in stream order: a rebuild is bounded by one
+/// connection's parsing no more. The range is cut into chunks of
+/// [`REPLAY_CHUNK`] sequences dealt out in turn (reader `r` reads chunks
+/// `r`, `r + R`, …), so every reader works while the applier takes the
+/// chunk before its own, and none waits long for the ones before it.
 async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<(), Error> {
-    let span = (to - from).div_ceil(REPLAY_READERS);
-    let mut ranges = Vec::new();
-    let mut start = from;
-    while start < to {
-        let end = (start + span).min(to);
-        ranges.push((start, end));
-        start = end;
-    }
+    let chunks = chunks(from, to, REPLAY_CHUNK);
+    let readers = (REPLAY_READERS as usize).min(chunks.len());
+    let replay = uuid::Uuid::new_v4().simple().to_string();
     let mut buffers = Vec::new();
-    let mut readers = futures::stream::FuturesUnordered::new();
-    for (index, (after, end)) in ranges.into_iter().enumerate() {
-        // Small: a range that waits for the ones before it holds little.
-        let (sender, receiver) = tokio::sync::mpsc::channel(REPLAY_RANGE_BUFFER);
+    let mut reading = futures::stream::FuturesUnordered::new();
+    for index in 0..readers {
+        // One whole chunk and its end: a reader reads its next chunk while
+        // the applier takes the ones before.
+        let (sender, receiver) = tokio::sync::mpsc::channel::<Chunked>(REPLAY_CHUNK as usize + 1);
         buffers.push(receiver);
-        let url = bus.url.clone();
-        readers.push(async move {
+        let own_chunks: Vec<(u64, u64)> = chunks
+            .iter()
+            .copied()
+            .skip(index)
+            .step_by(readers)
+            .collect();
+        let (url, replay) = (bus.url.clone(), replay.clone());
+        reading.push(async move {
             let own = crate::nats::connect(
                 &url,
                 &format!("zopu-replay-{index}"),
                 Duration::from_secs(10),
             )
             .await?;
-            let messages = open(&own, after).await?;
-            read_ordered(messages, sender, after, Some(end), None).await
+            let stream = own
+                .jetstream
+                .get_stream(zopu_schema::subjects::EVENTS_STREAM)
+                .await
+                .map_err(|e| Error::jetstream("get stream", e))?;
+            for (after, end) in own_chunks {
+                let name = format!("zopu-replay-{replay}-{after}");
+                read_chunk(&stream, &name, after, end, &sender).await?;
+                if sender.send(None).await.is_err() {
+                    return Ok(());
+                }
+            }
+            Ok::<_, Error>(())
         });
     }
     let forward = async {
-        for mut buffer in buffers {
-            while let Some(event) = buffer.recv().await {
-                if events.send(event).await.is_err() {
-                    return Ok(());
+        for chunk in 0..chunks.len() {
+            let buffer = &mut buffers[chunk % readers];
+            loop {
+                match buffer.recv().await {
+                    Some(Some(event)) => {
+                        if events.send(event).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                    Some(None) => break,
+                    // The reader failed; its error ends the replay.
+                    None => return Ok(()),
                 }
             }
         }
         Ok::<_, Error>(())
     };
     let read_all = async {
-        while let Some(outcome) = readers.next().await {
+        while let Some(outcome) = reading.next().await {
             outcome?;
         }
         Ok::<_, Error>(())
@@ -261,6 +289,82 @@ async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<()
     let (read, forwarded) = tokio::join!(read_all, forward);
     read?;
     forwarded
+}
+
+/// The read half of a rebuild alone: the stream's first `to` events read
+/// and decoded over [`REPLAY_READERS`] connections in stream order, then
+/// dropped. Returns how many arrived (`zopu bench scale` compares it with
+/// a whole rebuild to tell reading from writing).
+pub async fn replay_without_applying(bus: &Bus, to: u64) -> Result<u64, Error> {
+    let (events, mut received) = tokio::sync::mpsc::channel(MAX_BATCH * 2);
+    let count = async {
+        let mut count = 0u64;
+        while received.recv().await.is_some() {
+            count += 1;
+        }
+        count
+    };
+    let (read, count) = tokio::join!(read_parallel(bus, events, 0, to), count);
+    read.map(|()| count)
+}
+
+/// `(from, to]` cut into consecutive `(after, end]` spans of at most `span`.
+fn chunks(from: u64, to: u64, span: u64) -> Vec<(u64, u64)> {
+    (from..to)
+        .step_by(span as usize)
+        .map(|after| (after, (after + span).min(to)))
+        .collect()
+}
+
+/// Reads the events of `(after, end]` with an ordered consumer named
+/// `name` (deleted when done; one that outlives a failure expires on the
+/// server), decoding each. Ends at `end` or at the stream's end.
+async fn read_chunk(
+    stream: &async_nats::jetstream::stream::Stream,
+    name: &str,
+    after: u64,
+    end: u64,
+    events: &tokio::sync::mpsc::Sender<Chunked>,
+) -> Result<(), Error> {
+    let consumer = stream
+        .create_consumer(pull::OrderedConfig {
+            name: Some(name.to_owned()),
+            filter_subjects: vec![zopu_schema::subjects::all_events()],
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: after + 1,
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| Error::jetstream("create ordered consumer", e))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| Error::jetstream("ordered consumer messages", e))?;
+    loop {
+        let Some(message) = messages.next().await else {
+            return Err(Error::jetstream("ordered consumer", "message stream ended"));
+        };
+        let message = message.map_err(|e| Error::jetstream("ordered consumer", e))?;
+        let info = message
+            .info()
+            .map_err(|e| Error::jetstream("ordered consumer", e))?;
+        let (sequence, pending) = (info.stream_sequence, info.pending);
+        if sequence > end {
+            // Past a gap (deleted messages) into the next chunk: its reader has it.
+            break;
+        }
+        let decoded = publish::decode_message(&message.message).map_err(|error| error.to_string());
+        if events.send(Some((sequence, decoded))).await.is_err() || sequence == end || pending == 0
+        {
+            break;
+        }
+    }
+    drop(messages);
+    if let Err(error) = stream.delete_consumer(name).await {
+        tracing::debug!(consumer = name, %error, "replay consumer not deleted; it expires on the server");
+    }
+    Ok(())
 }
 
 /// Applies what `fill` sends, batch by batch, while `fill` goes on reading
@@ -556,5 +660,15 @@ impl Set {
             reason: error.to_string(),
         })??;
         Ok(last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn chunks_cover_the_range_exactly_once() {
+        assert_eq!(super::chunks(0, 5, 2), vec![(0, 2), (2, 4), (4, 5)]);
+        assert_eq!(super::chunks(10, 14, 4), vec![(10, 14)]);
+        assert!(super::chunks(7, 7, 4).is_empty());
     }
 }

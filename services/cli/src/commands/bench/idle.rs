@@ -59,6 +59,8 @@ pub(super) struct RebuildFigures {
     /// The same raw replay of the same events over the rebuild's
     /// connections and ranges: the most any rebuild could reach here.
     raw_events_parallel_per_s: f64,
+    /// The rebuild's reading and decoding alone (events dropped, nothing written).
+    read_only_per_s: f64,
     rebuild_per_s: f64,
     /// Rebuild over raw header-less ordered replay (target >= 0.5).
     ratio: f64,
@@ -127,6 +129,10 @@ pub(super) fn print(rebuild: &RebuildFigures, idle: &IdleFigures) {
         rebuild.readers,
         rebuild.ceiling_ratio,
         rebuild.of_ceiling
+    );
+    println!(
+        "  the rebuild's reading and decoding alone (nothing written): {:.0}/s",
+        rebuild.read_only_per_s
     );
     println!(
         "{} idle projects ({} events): every service in one process, caught up and idle after {:.1} s: VmRSS {:.1} MB (target < 200), peak {:.1} MB, {:.1} MB before the services started",
@@ -314,6 +320,13 @@ async fn rebuild(
     let raw_events = super::ordered_replay(&events_stream, events).await?;
     let readers = zopu_core::projection::REPLAY_READERS;
     let raw_events_parallel = raw_parallel_replay(bus, events as u64, readers).await?;
+    let started = Instant::now();
+    let read = zopu_core::projection::replay_without_applying(bus, events as u64).await?;
+    anyhow::ensure!(
+        read == events as u64,
+        "the read-only replay passed on {read} of {events} events"
+    );
+    let read_only = events as f64 / started.elapsed().as_secs_f64();
     let store = Store::open(&dir.join("rebuild.sqlite"))?;
     let started = Instant::now();
     zopu_core::projection::catch_up(bus, &store, KeyIndex::all()).await?;
@@ -323,6 +336,7 @@ async fn rebuild(
         raw_replay_per_s: raw_replay,
         raw_events_per_s: raw_events,
         raw_events_parallel_per_s: raw_events_parallel,
+        read_only_per_s: read_only,
         rebuild_per_s: rebuild,
         ratio: rebuild / raw_replay,
         ceiling_ratio: raw_events_parallel / raw_replay,

@@ -79,13 +79,30 @@ pub struct ScaleArgs {
     /// Idle projects whose memory is measured (and whose events the rebuild replays)
     #[arg(long, default_value_t = 10_000)]
     idle_projects: usize,
+    /// Measure only one part: `scale-out` (turns/s and failover) or
+    /// `projections` (rebuild and idle memory); both when absent
+    #[arg(long, value_enum)]
+    only: Option<Part>,
     /// Internal: run every service against --nats/--data-dir, wait until
     /// they caught up and idle, print their resident memory
     #[arg(long, hide = true)]
     idle_probe: bool,
 }
 
+/// The two halves of `zopu bench scale`, each on servers of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Part {
+    /// Turns/s with 1 vs 3 conversation instances, then failover.
+    ScaleOut,
+    /// Projection rebuild vs raw replay, then idle memory.
+    Projections,
+}
+
 impl ScaleArgs {
+    fn measures(&self, part: Part) -> bool {
+        self.only.is_none_or(|only| only == part)
+    }
+
     pub(super) fn idle_projects(&self) -> usize {
         self.idle_projects
     }
@@ -99,10 +116,10 @@ const LONG: Duration = Duration::from_secs(180);
 
 #[derive(Debug, serde::Serialize)]
 struct Report {
-    throughput: ThroughputFigures,
-    failover: FailoverFigures,
-    rebuild: super::idle::RebuildFigures,
-    idle: super::idle::IdleFigures,
+    throughput: Option<ThroughputFigures>,
+    failover: Option<FailoverFigures>,
+    rebuild: Option<super::idle::RebuildFigures>,
+    idle: Option<super::idle::IdleFigures>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -170,8 +187,18 @@ pub async fn run(context: &Context, args: ScaleArgs) -> anyhow::Result<ExitCode>
         args.lease_ttl_ms >= 500 && args.model_latency_ms <= 10_000,
         "--lease-ttl-ms must be at least 500 and --model-latency-ms at most 10000"
     );
-    let (throughput, failover) = scale_out(&args).await?;
-    let (rebuild, idle) = super::idle::measure(&args).await?;
+    let (throughput, failover) = if args.measures(Part::ScaleOut) {
+        let (throughput, failover) = scale_out(&args).await?;
+        (Some(throughput), Some(failover))
+    } else {
+        (None, None)
+    };
+    let (rebuild, idle) = if args.measures(Part::Projections) {
+        let (rebuild, idle) = super::idle::measure(&args).await?;
+        (Some(rebuild), Some(idle))
+    } else {
+        (None, None)
+    };
     let report = Report {
         throughput,
         failover,
@@ -187,7 +214,15 @@ pub async fn run(context: &Context, args: ScaleArgs) -> anyhow::Result<ExitCode>
 }
 
 fn print(report: &Report) {
-    let t = &report.throughput;
+    if let (Some(throughput), Some(failover)) = (&report.throughput, &report.failover) {
+        print_scale_out(throughput, failover);
+    }
+    if let (Some(rebuild), Some(idle)) = (&report.rebuild, &report.idle) {
+        super::idle::print(rebuild, idle);
+    }
+}
+
+fn print_scale_out(t: &ThroughputFigures, f: &FailoverFigures) {
     println!(
         "turns/s, model I/O-bound ({} ms per call): {} turns over {} projects, {} partitions, sync_interval always",
         t.model_latency_ms, t.turns, t.projects, t.partitions
@@ -217,7 +252,6 @@ fn print(report: &Report) {
             comparison.ratio
         );
     }
-    let f = &report.failover;
     println!(
         "failover (lease_ttl {} ms, {} kills, {} messages): kill -> first acknowledgement on a killed instance's partition p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (target <= 5000); messages in hand at the kill acknowledged after p50 {:.0} ms, max {:.0} ms",
         f.lease_ttl_ms,
@@ -229,7 +263,6 @@ fn print(report: &Report) {
         f.in_hand_p50_ms,
         f.in_hand_max_ms
     );
-    super::idle::print(&report.rebuild, &report.idle);
 }
 
 /// Parts 1 and 2: throughput with 1 vs 3 conversation instances, then
