@@ -157,6 +157,80 @@ struct Run {
     waited_p50_ms: f64,
     decided_p50_ms: f64,
     finished_p50_ms: f64,
+    /// The conversation's and dispatch's appends during the run.
+    appends: AppendFigures,
+}
+
+/// Appends of the conversation and dispatch services in this process,
+/// from the metrics registry they share: their mean time and the lost
+/// optimistic-concurrency races per turn (each costs a head read and a
+/// second publish).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+struct AppendFigures {
+    conversation_mean_ms: f64,
+    conversation_conflicts_per_turn: f64,
+    dispatch_mean_ms: f64,
+    dispatch_conflicts_per_turn: f64,
+    #[serde(skip)]
+    totals: [f64; 6],
+}
+
+impl AppendFigures {
+    /// The registry's running totals: per service, seconds spent appending,
+    /// appends, and conflicts retried.
+    fn now() -> Self {
+        let exposition = zopu_core::metrics::encode();
+        let mut totals = [0.0; 6];
+        for (index, service) in ["conversation", "dispatch"].into_iter().enumerate() {
+            let label = format!("{{service=\"{service}\"}}");
+            for (offset, suffix) in [
+                "append_duration_seconds_sum",
+                "append_duration_seconds_count",
+                "append_conflict_retries_total",
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                totals[index * 3 + offset] = exposition
+                    .lines()
+                    .filter_map(|line| line.split_once(' '))
+                    .filter(|(name, _)| {
+                        name.strip_suffix(label.as_str())
+                            .is_some_and(|metric| metric.ends_with(suffix))
+                    })
+                    .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
+                    .sum();
+            }
+        }
+        Self {
+            totals,
+            ..Self::default()
+        }
+    }
+
+    fn since(&self, before: &Self, turns: usize) -> Self {
+        let delta: Vec<f64> = self
+            .totals
+            .iter()
+            .zip(before.totals)
+            .map(|(now, then)| now - then)
+            .collect();
+        let mean_ms = |seconds: f64, count: f64| {
+            if count > 0.0 {
+                seconds / count * 1000.0
+            } else {
+                0.0
+            }
+        };
+        let turns = turns.max(1) as f64;
+        Self {
+            conversation_mean_ms: mean_ms(delta[0], delta[1]),
+            conversation_conflicts_per_turn: delta[2] / turns,
+            dispatch_mean_ms: mean_ms(delta[3], delta[4]),
+            dispatch_conflicts_per_turn: delta[5] / turns,
+            totals: self.totals,
+        }
+    }
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -245,6 +319,13 @@ fn print_scale_out(t: &ThroughputFigures, f: &FailoverFigures) {
                 run.waited_p50_ms,
                 run.decided_p50_ms,
                 run.finished_p50_ms
+            );
+            println!(
+                "      appends: conversation mean {:.1} ms, {:.2} lost races a turn; dispatch mean {:.1} ms, {:.2} lost races a turn",
+                run.appends.conversation_mean_ms,
+                run.appends.conversation_conflicts_per_turn,
+                run.appends.dispatch_mean_ms,
+                run.appends.dispatch_conflicts_per_turn
             );
         }
         println!(
@@ -459,6 +540,7 @@ impl Bench {
     /// after the other, as appends of one project are); waits for every
     /// turn's end.
     async fn load(&self, instances: usize, messages: usize) -> anyhow::Result<Run> {
+        let appends_before = AppendFigures::now();
         let sends = self.projects().into_iter().map(|project| async move {
             let mut ids = Vec::with_capacity(messages);
             for n in 0..messages {
@@ -496,9 +578,11 @@ impl Bench {
             gaps
         };
         let durations = gaps(|t| t.sent, |t| t.ended);
+        let appends = AppendFigures::now().since(&appends_before, ids.len());
         Ok(Run {
             instances,
             seconds,
+            appends,
             turns_per_s: ids.len() as f64 / seconds,
             turn_p50_ms: percentile(&durations, 0.50),
             turn_p99_ms: percentile(&durations, 0.99),
