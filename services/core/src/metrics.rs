@@ -677,6 +677,17 @@ pub fn sample_names(exposition: &str) -> BTreeSet<String> {
     names
 }
 
+/// The value of the first sample of an exposition whose line starts with
+/// `series` (a name, with its labels for an exact series:
+/// `zopu_append_conflict_retries_total{service="dispatch"}`).
+pub fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find(|line| line.starts_with(series))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}
+
 /// A bound `/metrics` listener.
 #[derive(Debug)]
 pub struct Server {
@@ -725,14 +736,6 @@ async fn scrape() -> impl axum::response::IntoResponse {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    fn sample(exposition: &str, prefix: &str) -> Option<f64> {
-        exposition
-            .lines()
-            .find(|line| line.starts_with(prefix))
-            .and_then(|line| line.rsplit(' ').next())
-            .and_then(|value| value.parse().ok())
-    }
 
     #[test]
     fn every_metric_is_declared_before_anything_is_recorded() {

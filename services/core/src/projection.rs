@@ -106,11 +106,23 @@ fn names(projections: &[Box<dyn Projection>]) -> String {
 type Messages = pull::Ordered;
 
 async fn open(bus: &Bus, checkpoint: u64) -> Result<Messages, Error> {
-    let stream = bus
-        .jetstream
+    open_on(&events_stream(bus).await?, checkpoint, None).await
+}
+
+async fn events_stream(bus: &Bus) -> Result<async_nats::jetstream::stream::Stream, Error> {
+    bus.jetstream
         .get_stream(zopu_schema::subjects::EVENTS_STREAM)
         .await
-        .map_err(|e| Error::jetstream("get stream", e))?;
+        .map_err(|e| Error::jetstream("get stream", e))
+}
+
+/// An ordered consumer of every event after `checkpoint` on `stream`,
+/// named `name` when given (so it can be deleted once done with).
+async fn open_on(
+    stream: &async_nats::jetstream::stream::Stream,
+    checkpoint: u64,
+    name: Option<&str>,
+) -> Result<Messages, Error> {
     let deliver_policy = if checkpoint == 0 {
         DeliverPolicy::All
     } else {
@@ -120,6 +132,7 @@ async fn open(bus: &Bus, checkpoint: u64) -> Result<Messages, Error> {
     };
     let consumer = stream
         .create_consumer(pull::OrderedConfig {
+            name: name.map(str::to_owned),
             filter_subjects: vec![zopu_schema::subjects::all_events()],
             deliver_policy,
             ..Default::default()
@@ -247,11 +260,7 @@ async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<()
                 Duration::from_secs(10),
             )
             .await?;
-            let stream = own
-                .jetstream
-                .get_stream(zopu_schema::subjects::EVENTS_STREAM)
-                .await
-                .map_err(|e| Error::jetstream("get stream", e))?;
+            let stream = events_stream(&own).await?;
             for (after, end) in own_chunks {
                 let name = format!("zopu-replay-{replay}-{after}");
                 read_chunk(&stream, &name, after, end, &sender).await?;
@@ -326,21 +335,7 @@ async fn read_chunk(
     end: u64,
     events: &tokio::sync::mpsc::Sender<Chunked>,
 ) -> Result<(), Error> {
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            name: Some(name.to_owned()),
-            filter_subjects: vec![zopu_schema::subjects::all_events()],
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: after + 1,
-            },
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| Error::jetstream("create ordered consumer", e))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| Error::jetstream("ordered consumer messages", e))?;
+    let mut messages = open_on(stream, after, Some(name)).await?;
     loop {
         let Some(message) = messages.next().await else {
             return Err(Error::jetstream("ordered consumer", "message stream ended"));

@@ -161,76 +161,64 @@ struct Run {
     appends: AppendFigures,
 }
 
-/// Appends of the conversation and dispatch services in this process,
-/// from the metrics registry they share: their mean time and the lost
-/// optimistic-concurrency races per turn (each costs a head read and a
-/// second publish).
-#[derive(Debug, Clone, Default, serde::Serialize)]
+/// Appends of the conversation and dispatch services during one run, from
+/// the metrics registry they share in this process.
+#[derive(Debug, serde::Serialize)]
 struct AppendFigures {
-    conversation_mean_ms: f64,
-    conversation_conflicts_per_turn: f64,
-    dispatch_mean_ms: f64,
-    dispatch_conflicts_per_turn: f64,
-    #[serde(skip)]
-    totals: [f64; 6],
+    conversation: ServiceAppends,
+    dispatch: ServiceAppends,
 }
 
-impl AppendFigures {
-    /// The registry's running totals: per service, seconds spent appending,
-    /// appends, and conflicts retried.
-    fn now() -> Self {
-        let exposition = zopu_core::metrics::encode();
-        let mut totals = [0.0; 6];
-        for (index, service) in ["conversation", "dispatch"].into_iter().enumerate() {
-            let label = format!("{{service=\"{service}\"}}");
-            for (offset, suffix) in [
-                "append_duration_seconds_sum",
-                "append_duration_seconds_count",
-                "append_conflict_retries_total",
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                totals[index * 3 + offset] = exposition
-                    .lines()
-                    .filter_map(|line| line.split_once(' '))
-                    .filter(|(name, _)| {
-                        name.strip_suffix(label.as_str())
-                            .is_some_and(|metric| metric.ends_with(suffix))
-                    })
-                    .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
-                    .sum();
-            }
-        }
+/// One service's appends: their mean time, and the lost
+/// optimistic-concurrency races per turn (each costs a head read and a
+/// second publish).
+#[derive(Debug, serde::Serialize)]
+struct ServiceAppends {
+    mean_ms: f64,
+    conflicts_per_turn: f64,
+}
+
+/// The registry's running totals of one service's appends.
+#[derive(Debug, Clone, Copy)]
+struct AppendTotals {
+    seconds: f64,
+    appends: f64,
+    conflicts: f64,
+}
+
+impl AppendTotals {
+    fn of(exposition: &str, service: &str) -> Self {
+        let series = |name: &str| {
+            zopu_core::metrics::sample(exposition, &format!("zopu_{name}{{service=\"{service}\"}}"))
+                .unwrap_or(0.0)
+        };
         Self {
-            totals,
-            ..Self::default()
+            seconds: series("append_duration_seconds_sum"),
+            appends: series("append_duration_seconds_count"),
+            conflicts: series("append_conflict_retries_total"),
         }
     }
 
-    fn since(&self, before: &Self, turns: usize) -> Self {
-        let delta: Vec<f64> = self
-            .totals
-            .iter()
-            .zip(before.totals)
-            .map(|(now, then)| now - then)
-            .collect();
-        let mean_ms = |seconds: f64, count: f64| {
-            if count > 0.0 {
-                seconds / count * 1000.0
+    fn since(self, before: Self, turns: usize) -> ServiceAppends {
+        let appends = self.appends - before.appends;
+        ServiceAppends {
+            mean_ms: if appends > 0.0 {
+                (self.seconds - before.seconds) / appends * 1000.0
             } else {
                 0.0
-            }
-        };
-        let turns = turns.max(1) as f64;
-        Self {
-            conversation_mean_ms: mean_ms(delta[0], delta[1]),
-            conversation_conflicts_per_turn: delta[2] / turns,
-            dispatch_mean_ms: mean_ms(delta[3], delta[4]),
-            dispatch_conflicts_per_turn: delta[5] / turns,
-            totals: self.totals,
+            },
+            conflicts_per_turn: (self.conflicts - before.conflicts) / turns.max(1) as f64,
         }
     }
+}
+
+/// Both services' totals now: `(conversation, dispatch)`.
+fn append_totals() -> (AppendTotals, AppendTotals) {
+    let exposition = zopu_core::metrics::encode();
+    (
+        AppendTotals::of(&exposition, "conversation"),
+        AppendTotals::of(&exposition, "dispatch"),
+    )
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -322,10 +310,10 @@ fn print_scale_out(t: &ThroughputFigures, f: &FailoverFigures) {
             );
             println!(
                 "      appends: conversation mean {:.1} ms, {:.2} lost races a turn; dispatch mean {:.1} ms, {:.2} lost races a turn",
-                run.appends.conversation_mean_ms,
-                run.appends.conversation_conflicts_per_turn,
-                run.appends.dispatch_mean_ms,
-                run.appends.dispatch_conflicts_per_turn
+                run.appends.conversation.mean_ms,
+                run.appends.conversation.conflicts_per_turn,
+                run.appends.dispatch.mean_ms,
+                run.appends.dispatch.conflicts_per_turn
             );
         }
         println!(
@@ -540,7 +528,7 @@ impl Bench {
     /// after the other, as appends of one project are); waits for every
     /// turn's end.
     async fn load(&self, instances: usize, messages: usize) -> anyhow::Result<Run> {
-        let appends_before = AppendFigures::now();
+        let appends_before = append_totals();
         let sends = self.projects().into_iter().map(|project| async move {
             let mut ids = Vec::with_capacity(messages);
             for n in 0..messages {
@@ -578,7 +566,11 @@ impl Bench {
             gaps
         };
         let durations = gaps(|t| t.sent, |t| t.ended);
-        let appends = AppendFigures::now().since(&appends_before, ids.len());
+        let (conversation, dispatch) = append_totals();
+        let appends = AppendFigures {
+            conversation: conversation.since(appends_before.0, ids.len()),
+            dispatch: dispatch.since(appends_before.1, ids.len()),
+        };
         Ok(Run {
             instances,
             seconds,
