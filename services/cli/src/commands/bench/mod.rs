@@ -9,6 +9,7 @@
 
 mod ack;
 mod idle;
+mod raw_turns;
 mod scale;
 
 use std::process::ExitCode;

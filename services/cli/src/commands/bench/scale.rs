@@ -7,9 +7,10 @@
 //!    ([`FakeModel`]) that answers every call after `--model-latency-ms`
 //!    with an `explore` tool call (a turn: message → dispatch → one model
 //!    call → acknowledgement → flow request → `dispatch.completed`). Each
-//!    conversation instance runs on its own tokio runtime with one worker
-//!    thread, its own connection, data directory and instance id, as on
-//!    separate machines. Every project sends `--messages` messages at once;
+//!    conversation instance runs on its own tokio runtime (as many worker
+//!    threads as `zopu run` gives a service, or `--instance-threads`), its
+//!    own connection, data directory and instance id, as on separate
+//!    machines. Every project sends `--messages` messages at once;
 //!    turns/s = turns / (first message stored → last `dispatch.completed`
 //!    stored), both by the server's timestamps. The projects are spread
 //!    evenly over the partitions (the same number in each), so the figure
@@ -17,7 +18,10 @@
 //!    shipped (an instance runs as many turns at once as its partitions'
 //!    `max_ack_pending` allow), and with each instance capped at
 //!    `--turns-per-instance` turns at once (a semaphore around the agent
-//!    reaction, standing in for a machine's capacity).
+//!    reaction, standing in for a machine's capacity). The capped
+//!    comparison has its ceiling measured in the same run
+//!    ([`super::raw_turns`]): the same turns' appends on raw JetStream, 1 vs
+//!    3 workers with the same slots and no runtime.
 //! 2. Failover: with three instances working, one is killed (its runtime
 //!    dropped mid-turn, a kill -9 as the server sees it: one message of each
 //!    of its partitions in hand); right after, a message goes to other
@@ -70,6 +74,10 @@ pub struct ScaleArgs {
     /// three capped instances must stay below what the machine sustains, or it measures the machine
     #[arg(long, default_value_t = 4)]
     turns_per_instance: usize,
+    /// Worker threads of each conversation instance's runtime (0: one per
+    /// core, as `zopu run` gives a service; 1: a one-core machine each)
+    #[arg(long, default_value_t = 0)]
+    instance_threads: usize,
     /// Instances killed, one after the other, in the failover measurement
     #[arg(long, default_value_t = 3)]
     kills: usize,
@@ -141,6 +149,23 @@ struct Comparison {
     three: Run,
     /// Turns/s of three instances over turns/s of one (target >= 2.7).
     ratio: f64,
+    /// The same turns' appends on raw JetStream, in the same run.
+    ceiling: Option<Ceiling>,
+}
+
+/// The comparison's same-run ceiling ([`super::raw_turns`]): the turns'
+/// appends with no runtime, 1 vs 3 workers with the same slots.
+#[derive(Debug, serde::Serialize)]
+struct Ceiling {
+    /// Appends "dispatch" and a turn made for each message, as counted in
+    /// the one-instance run.
+    dispatch_appends: usize,
+    turn_appends: usize,
+    one_turns_per_s: f64,
+    three_turns_per_s: f64,
+    ratio: f64,
+    /// The runtime's ratio over the ceiling's.
+    reached: f64,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -175,6 +200,7 @@ struct AppendFigures {
 #[derive(Debug, serde::Serialize)]
 struct ServiceAppends {
     mean_ms: f64,
+    per_turn: f64,
     conflicts_per_turn: f64,
 }
 
@@ -207,6 +233,7 @@ impl AppendTotals {
             } else {
                 0.0
             },
+            per_turn: appends / turns.max(1) as f64,
             conflicts_per_turn: (self.conflicts - before.conflicts) / turns.max(1) as f64,
         }
     }
@@ -320,6 +347,17 @@ fn print_scale_out(t: &ThroughputFigures, f: &FailoverFigures) {
             "    3 vs 1 instance: {:.2}x (target >= 2.7)",
             comparison.ratio
         );
+        if let Some(c) = &comparison.ceiling {
+            println!(
+                "    ceiling, same run: the same turns on raw JetStream ({} dispatch append(s) a message, {} appends a turn in its slot, no runtime): {:.1} -> {:.1} turns/s = {:.2}x; the runtime reaches {:.2} of it",
+                c.dispatch_appends,
+                c.turn_appends,
+                c.one_turns_per_s,
+                c.three_turns_per_s,
+                c.ratio,
+                c.reached
+            );
+        }
     }
     println!(
         "failover (lease_ttl {} ms, {} kills, {} messages): kill -> first acknowledgement on a killed instance's partition p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (target <= 5000); messages in hand at the kill acknowledged after p50 {:.0} ms, max {:.0} ms",
@@ -371,6 +409,7 @@ async fn scale_out(args: &ScaleArgs) -> anyhow::Result<(ThroughputFigures, Failo
         by_partition,
         watcher,
         dir: dir.path().to_owned(),
+        instance_threads: args.instance_threads,
     };
     let turns = bench.projects().len() * args.messages;
 
@@ -378,7 +417,13 @@ async fn scale_out(args: &ScaleArgs) -> anyhow::Result<(ThroughputFigures, Failo
         let cap = Some(args.turns_per_instance);
         let one = bench.throughput("cap1", 1, cap, args.messages).await?;
         let three = bench.throughput("cap3", SCALED, cap, args.messages).await?;
-        Some(comparison(cap, one, three))
+        let ceiling = bench
+            .ceiling(&one, &three, args.turns_per_instance, args)
+            .await?;
+        Some(Comparison {
+            ceiling: Some(ceiling),
+            ..comparison(cap, one, three)
+        })
     } else {
         None
     };
@@ -421,6 +466,7 @@ fn comparison(cap: Option<usize>, one: Run, three: Run) -> Comparison {
         ratio: three.turns_per_s / one.turns_per_s,
         one,
         three,
+        ceiling: None,
     }
 }
 
@@ -452,6 +498,8 @@ struct Bench {
     by_partition: BTreeMap<u32, Vec<ProjectId>>,
     watcher: Watcher,
     dir: std::path::PathBuf,
+    /// Worker threads of each instance's runtime (0: one per core).
+    instance_threads: usize,
 }
 
 impl Bench {
@@ -468,7 +516,7 @@ impl Bench {
             },
             ..self.core.clone()
         };
-        Instance::start(id, core, self.conversation.clone(), cap)
+        Instance::start(id, core, self.conversation.clone(), cap, self.instance_threads)
     }
 
     fn durable() -> String {
@@ -581,6 +629,56 @@ impl Bench {
             waited_p50_ms: percentile(&gaps(|t| t.sent, |t| t.accepted), 0.50),
             decided_p50_ms: percentile(&gaps(|t| t.accepted, |t| t.acknowledged), 0.50),
             finished_p50_ms: percentile(&gaps(|t| t.acknowledged, |t| t.ended), 0.50),
+        })
+    }
+
+    /// The capped comparison's ceiling: the turns of `one` (its appends a
+    /// turn, rounded) on raw JetStream, 1 vs 3 workers of `slots` slots,
+    /// the projects shared as the partitions are; `reached` is `one` vs
+    /// `three`'s ratio over it.
+    async fn ceiling(
+        &self,
+        one: &Run,
+        three: &Run,
+        slots: usize,
+        args: &ScaleArgs,
+    ) -> anyhow::Result<Ceiling> {
+        let shape = super::raw_turns::TurnShape {
+            dispatch_appends: one.appends.dispatch.per_turn.round() as usize,
+            turn_appends: (one.appends.conversation.per_turn.round() as usize).max(1),
+            model_latency: Duration::from_millis(args.model_latency_ms),
+            slots,
+        };
+        let mut rates = [0.0; 2];
+        for (rate, workers) in rates.iter_mut().zip([1, SCALED]) {
+            // Project n's partition is the n-th of `by_partition`'s keys
+            // in turn; partition p's worker, p modulo the workers.
+            let owners: Vec<usize> = self
+                .by_partition
+                .iter()
+                .flat_map(|(partition, projects)| {
+                    projects.iter().map(move |_| *partition as usize % workers)
+                })
+                .collect();
+            *rate = super::raw_turns::turns_per_s(
+                &self.bus,
+                &format!("w{workers}"),
+                &owners,
+                workers,
+                args.messages,
+                shape,
+            )
+            .await?;
+        }
+        let [raw_one, raw_three] = rates;
+        let ratio = raw_three / raw_one;
+        Ok(Ceiling {
+            dispatch_appends: shape.dispatch_appends,
+            turn_appends: shape.turn_appends,
+            one_turns_per_s: raw_one,
+            three_turns_per_s: raw_three,
+            ratio,
+            reached: three.turns_per_s / one.turns_per_s / ratio,
         })
     }
 
@@ -778,7 +876,7 @@ async fn wait_for_shares(
         .map_err(|_| anyhow::anyhow!("claims never spread over {instances:?}: {owners:?}"))?
 }
 
-/// One conversation instance on its own runtime (one worker thread), as on
+/// One conversation instance on its own runtime, as on
 /// its own machine.
 struct Instance {
     id: String,
@@ -787,14 +885,20 @@ struct Instance {
 }
 
 impl Instance {
+    /// `threads`: its runtime's worker threads (0: one per core, as `zopu
+    /// run` gives a service).
     fn start(
         id: &str,
         core: CoreConfig,
         config: zopu_conversation::Config,
         cap: Option<usize>,
+        threads: usize,
     ) -> anyhow::Result<Self> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
+        let mut runtime = tokio::runtime::Builder::new_multi_thread();
+        if threads > 0 {
+            runtime.worker_threads(threads);
+        }
+        let runtime = runtime
             .thread_name(format!("zopu-{id}"))
             .enable_all()
             .build()?;
