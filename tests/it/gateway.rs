@@ -2161,3 +2161,142 @@ async fn a_live_stream_wakes_only_for_its_own_project() -> Result<()> {
     reader.abort();
     Ok(())
 }
+
+// ---------------------------------------------------------------- approvals
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_approve_token_of_the_org_decides_an_approval_and_only_once() -> Result<()> {
+    let gw = gateway(zopu_gateway::Config::default()).await?;
+    let project = gw.create_project("governed").await?;
+    gw.make_ready(project).await?;
+    let request = |id: &str| pb::ApprovalRequested {
+        approval_id: id.into(),
+        action: "issue.publish".into(),
+        detail: "Publish issue draft to the repository's tracker.".into(),
+        dry_run: true,
+    };
+    for id in ["approval:one", "approval:two"] {
+        gw.append(project, &request(id), Scope::default()).await?;
+    }
+    let member = scoped_token(&gw, "ada2", "read,write,admin").await?;
+    let lead = scoped_token(&gw, "lead", "read,approve").await?;
+    let approvals = format!("/v1/projects/{project}/approvals");
+
+    let (status, listed) = gw
+        .get(&member, &format!("{approvals}?status=pending"))
+        .await?;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    let ids: Vec<&str> = listed["approvals"]
+        .as_array()
+        .context("approvals")?
+        .iter()
+        .filter_map(|a| a["approval_id"].as_str())
+        .collect();
+    assert_eq!(ids, ["approval:one", "approval:two"]);
+    let (status, body) = gw
+        .get(&member, &format!("{approvals}?status=maybe"))
+        .await?;
+    assert_eq!(
+        (status, error_of(&body).0.as_str()),
+        (StatusCode::BAD_REQUEST, "invalid_query")
+    );
+
+    // Without the scope: 403 naming it; another organization: not found.
+    let approve_one = format!("{approvals}/approval:one/approve");
+    let (status, body) = gw.post(&member, &approve_one, json!({})).await?;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(error_of(&body).1.contains("`approve`"), "{body}");
+    let (status, body) = gw.post(&gw.other, &approve_one, json!({})).await?;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = gw.get(&gw.other, &approvals).await?;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = gw
+        .post(
+            &lead,
+            &format!("{approvals}/approval:none/approve"),
+            json!({}),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+
+    // The reviewer's decision is stored once, with who decided.
+    let (status, decided) = gw.post(&lead, &approve_one, json!({})).await?;
+    assert_eq!(status, StatusCode::ACCEPTED, "{decided}");
+    assert_eq!(decided["status"], "approved");
+    gw.projected(decided["sequence"].as_u64().context("sequence")?)
+        .await?;
+    let (status, body) = gw
+        .post(
+            &lead,
+            &format!("{approvals}/approval:one/reject"),
+            json!({"reason": "no"}),
+        )
+        .await?;
+    assert_eq!(
+        (status, error_of(&body).0.as_str()),
+        (StatusCode::CONFLICT, "approval_decided"),
+        "{body}"
+    );
+    let (status, rejected) = gw
+        .post(
+            &lead,
+            &format!("{approvals}/approval:two/reject"),
+            json!({"reason": "Not this sprint."}),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::ACCEPTED, "{rejected}");
+    gw.projected(rejected["sequence"].as_u64().context("sequence")?)
+        .await?;
+
+    let (_, listed) = gw.get(&member, &approvals).await?;
+    let rows = listed["approvals"].as_array().context("approvals")?;
+    let seen: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|a| {
+            (
+                a["status"].as_str().unwrap_or(""),
+                a["decided_by"].as_str().unwrap_or(""),
+                a["reason"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("approved", "lead", ""),
+            ("rejected", "lead", "Not this sprint.")
+        ]
+    );
+    assert!(rows.iter().all(|a| a["decided_at"].is_string()));
+    let stored = history(
+        &gw.state.runtime.bus,
+        &subjects::project_events(&org("acme"), &project),
+    )
+    .await?;
+    let decisions: Vec<String> = stored
+        .iter()
+        .filter_map(|(_, event)| {
+            if let Ok(granted) = event.decode::<pb::ApprovalGranted>() {
+                Some(format!(
+                    "granted {} by {}",
+                    granted.approval_id, granted.by?.id
+                ))
+            } else if let Ok(denied) = event.decode::<pb::ApprovalDenied>() {
+                Some(format!(
+                    "denied {} by {}",
+                    denied.approval_id, denied.by?.id
+                ))
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            "granted approval:one by lead",
+            "denied approval:two by lead"
+        ]
+    );
+    Ok(())
+}

@@ -1,5 +1,6 @@
 //! The one builder of every user command: create a project (and retry its
-//! setup), send a message, send a card action, flip the kill switch. The
+//! setup), send a message, send a card action, flip the kill switch, decide
+//! an approval (keyed by the approval, not the request: one decision). The
 //! gateway and the CLI both call these functions and append what they return,
 //! so a command has one validation, one trimming, one idempotency key and one
 //! timeline id whichever client sent it.
@@ -43,6 +44,8 @@ pub const REASON_MAX_CHARS: usize = 500;
 pub const PROJECT_NAME_MAX_CHARS: usize = 100;
 /// Longest card action id, in characters.
 pub const ACTION_ID_MAX_CHARS: usize = 100;
+/// Longest approval id.
+pub const APPROVAL_ID_MAX_CHARS: usize = 200;
 /// Longest repository connection id, in bytes of printable ASCII.
 pub const CONNECTION_ID_MAX_LEN: usize = 128;
 /// The name of a project whose repository gives none.
@@ -291,6 +294,40 @@ pub fn disable_agent(
     requester.root(project, &payload, key)
 }
 
+/// How a reviewer decides an approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Approve,
+    Reject { reason: String },
+}
+
+/// A reviewer's decision on an approval the project's agent requested:
+/// `approval.granted` or `approval.denied`, by the requester's author, under
+/// the approval's one decision key ([`keys::approval_decision`]), so only
+/// the first decision is ever stored.
+pub fn decide_approval(
+    requester: &Requester,
+    project: ProjectId,
+    approval_id: &str,
+    decision: &Decision,
+) -> Result<NewEvent, Invalid> {
+    let approval_id = text("approval_id", approval_id, APPROVAL_ID_MAX_CHARS, true)?;
+    let key = keys::approval_decision(&project, &approval_id);
+    let by = Some(requester.author.clone());
+    match decision {
+        Decision::Approve => requester.root(project, &pb::ApprovalGranted { approval_id, by }, key),
+        Decision::Reject { reason } => {
+            let reason = text("reason", reason, REASON_MAX_CHARS, false)?;
+            let denied = pb::ApprovalDenied {
+                approval_id,
+                by,
+                reason,
+            };
+            requester.root(project, &denied, key)
+        }
+    }
+}
+
 /// Turns the kill switch off again: `agent.enabled`.
 pub fn enable_agent(requester: &Requester, project: ProjectId) -> Result<NewEvent, Invalid> {
     let payload = pb::AgentEnabled {
@@ -368,6 +405,58 @@ mod tests {
 
     fn decode<E: Event + Default>(event: &NewEvent) -> E {
         E::decode(event.data.clone()).unwrap()
+    }
+
+    #[test]
+    fn both_decisions_on_an_approval_share_one_key_whoever_sends_them() {
+        let project = ProjectId::new();
+        let approve = decide_approval(
+            &requester("r1"),
+            project,
+            " approval:f:issue.publish ",
+            &Decision::Approve,
+        )
+        .unwrap();
+        let reject = Decision::Reject {
+            reason: "Not now.".into(),
+        };
+        let denied = decide_approval(
+            &requester("r2"),
+            project,
+            "approval:f:issue.publish",
+            &reject,
+        )
+        .unwrap();
+        assert_eq!(approve.idempotency_key, denied.idempotency_key);
+        assert_eq!(
+            approve.idempotency_key,
+            format!("project:{project}:approval:approval:f:issue.publish:decision")
+        );
+        let granted: pb::ApprovalGranted = decode(&approve);
+        assert_eq!(
+            (
+                granted.approval_id.as_str(),
+                granted.by.unwrap().id.as_str()
+            ),
+            ("approval:f:issue.publish", "ada")
+        );
+        assert_eq!(decode::<pb::ApprovalDenied>(&denied).reason, "Not now.");
+        assert!(matches!(
+            decide_approval(&requester("r3"), project, "  ", &Decision::Approve),
+            Err(Invalid::Empty {
+                field: "approval_id"
+            })
+        ));
+        let long = Decision::Reject {
+            reason: "x".repeat(REASON_MAX_CHARS + 1),
+        };
+        assert!(matches!(
+            decide_approval(&requester("r4"), project, "a", &long),
+            Err(Invalid::TooLong {
+                field: "reason",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -12,8 +12,11 @@
 //!
 //! A token carries scopes: `read` (every query, the live timeline), `write`
 //! (create projects, retry setup, send messages and card actions) and
-//! `admin` (the agent kill switch). Entries stored before scopes existed
-//! have none recorded and keep the full access they were issued with.
+//! `admin` (the agent kill switch) and `approve` (decide the approvals the
+//! organization's agents request: only a token with it may let an action
+//! outside the runtime go ahead). Entries stored before scopes existed have
+//! none recorded and keep the access they were issued with (`read`, `write`,
+//! `admin`; never `approve`, which did not exist then).
 //!
 //! A token is accepted while it is neither revoked nor expired. Revocation
 //! is a compare-and-set update of the entry (kept, so `list` shows it);
@@ -68,7 +71,9 @@ pub enum TokenError {
     Corrupt { id: String, reason: String },
     #[error("user id must be 1-{USER_MAX_LEN} characters of letters, digits, '.', '_', '@' or '-'")]
     BadUser,
-    #[error("unknown scope {0:?}: scopes are read, write and admin, e.g. --scope read,write")]
+    #[error(
+        "unknown scope {0:?}: scopes are read, write, admin and approve, e.g. --scope read,write"
+    )]
     BadScope(String),
     #[error("token lifetime: {0}")]
     BadTtl(String),
@@ -101,16 +106,20 @@ pub enum Scope {
     Write,
     /// The agent kill switch.
     Admin,
+    /// Approve or reject what the organization's agents ask to do outside
+    /// the runtime.
+    Approve,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 3] = [Scope::Read, Scope::Write, Scope::Admin];
+    pub const ALL: [Scope; 4] = [Scope::Read, Scope::Write, Scope::Admin, Scope::Approve];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Read => "read",
             Self::Write => "write",
             Self::Admin => "admin",
+            Self::Approve => "approve",
         }
     }
 }
@@ -123,6 +132,7 @@ impl std::str::FromStr for Scope {
             "read" => Ok(Self::Read),
             "write" => Ok(Self::Write),
             "admin" => Ok(Self::Admin),
+            "approve" => Ok(Self::Approve),
             other => Err(TokenError::BadScope(other.chars().take(32).collect())),
         }
     }
@@ -134,12 +144,19 @@ pub struct Scopes {
     read: bool,
     write: bool,
     admin: bool,
+    approve: bool,
 }
 
 impl Scopes {
-    /// Every scope (what `zopu dev` and tokens stored before scopes existed have).
+    /// Every scope (what `zopu dev`'s token has).
     pub fn all() -> Self {
         Self::from_iter(Scope::ALL)
+    }
+
+    /// What an entry stored before scopes existed keeps: every scope there
+    /// was then (`read`, `write`, `admin`), never `approve`.
+    pub fn before_scopes() -> Self {
+        Self::from_iter([Scope::Read, Scope::Write, Scope::Admin])
     }
 
     /// `read` and `write`: the default of `zopu token create`.
@@ -152,6 +169,7 @@ impl Scopes {
             Scope::Read => self.read,
             Scope::Write => self.write,
             Scope::Admin => self.admin,
+            Scope::Approve => self.approve,
         }
     }
 
@@ -192,6 +210,7 @@ impl FromIterator<Scope> for Scopes {
                 Scope::Read => scopes.read = true,
                 Scope::Write => scopes.write = true,
                 Scope::Admin => scopes.admin = true,
+                Scope::Approve => scopes.approve = true,
             }
         }
         scopes
@@ -320,7 +339,7 @@ impl Entry {
             expires_at: time(&entry.expires_at)?,
             revoked_at: entry.revoked_at.as_deref().map(time).transpose()?,
             scopes: match &entry.scopes {
-                None => Scopes::all(),
+                None => Scopes::before_scopes(),
                 Some(names) => names
                     .iter()
                     .map(|name| name.parse::<Scope>())
@@ -780,7 +799,8 @@ mod tests {
         let legacy = Entry::decode(token_id(TOKEN).unwrap(), &entry.encode())
             .unwrap()
             .1;
-        assert_eq!(legacy.scopes, Scopes::all());
+        assert_eq!(legacy.scopes, Scopes::before_scopes());
+        assert!(!legacy.scopes.contains(Scope::Approve));
         entry.scopes = Some(vec!["root".into()]);
         assert!(matches!(
             Entry::decode(token_id(TOKEN).unwrap(), &entry.encode()),

@@ -72,6 +72,13 @@ pub fn dead_letter(consumer: &str, stream_sequence: u64) -> String {
     format!("deadletter:{consumer}:{stream_sequence}")
 }
 
+/// The one decision on an approval (granted or denied, whoever sends it):
+/// `project:<id>:approval:<approvalId>:decision`. One key for both
+/// outcomes, so a second decision is a duplicate of the first.
+pub fn approval_decision(project: &ProjectId, approval_id: &str) -> String {
+    format!("project:{project}:approval:{approval_id}:decision")
+}
+
 /// A user command other than a setup request (a message, a card action,
 /// the kill switch): `project:<id>:request:<requestId>:<what>`. Scoped to the
 /// project, so one tenant's request ids never collide with another's.

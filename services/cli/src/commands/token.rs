@@ -17,7 +17,7 @@ use zopu_gateway::tokens::{Scopes, TokenInfo, parse_ttl};
 /// Manage gateway access tokens.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  zopu token create --org acme --user ada\n  zopu token create --org acme --user ci-bot --ttl 30d --scope read\n  zopu token create --org acme --user ops --scope read,write,admin\n  zopu token list\n  zopu token revoke 3f2a9c01"
+    after_help = "Examples:\n  zopu token create --org acme --user ada\n  zopu token create --org acme --user ci-bot --ttl 30d --scope read\n  zopu token create --org acme --user ops --scope read,write,admin\n  zopu token create --org acme --user lead --scope read,approve\n  zopu token list\n  zopu token revoke 3f2a9c01"
 )]
 pub struct TokenArgs {
     #[command(subcommand)]
@@ -47,7 +47,8 @@ pub struct CreateTokenArgs {
     pub ttl: String,
     /// What the token may do, comma-separated: `read` (queries, live
     /// timeline), `write` (create projects, retry setup, messages, card
-    /// actions), `admin` (the agent kill switch)
+    /// actions), `admin` (the agent kill switch), `approve` (decide the
+    /// approvals the organization's agents request)
     #[arg(long, default_value = "read,write")]
     pub scope: String,
 }

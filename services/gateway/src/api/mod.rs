@@ -3,7 +3,8 @@
 //! with one module per resource: `projects` (create, list, read, retry
 //! setup, summary), `timeline` (messages, card actions, timeline pages),
 //! `works` (Works, Threads and their timelines), `artifacts` (stored HTML and
-//! signed links), `agent` (the kill switch), `health`. Every write builds its
+//! signed links), `agent` (the kill switch), `approvals` (list, approve,
+//! reject), `health`. Every write builds its
 //! event with `zopu_core::commands`, as the CLI does, and appends it through
 //! `append`.
 
@@ -27,6 +28,7 @@ use crate::views::{ProjectView, queries};
 
 mod agent;
 mod append;
+mod approvals;
 mod artifacts;
 mod health;
 mod projects;
@@ -35,6 +37,7 @@ mod works;
 
 pub use agent::{AgentSwitch, AgentSwitched};
 pub use append::Accepted;
+pub use approvals::{ApprovalDecided, ApprovalList, ApprovalView, Rejection};
 pub use artifacts::{ARTIFACT_CSP, ArtifactLink, ArtifactQuery, LinkQuery, sha256_hex};
 pub use projects::{CreateProject, PROJECTS_LIST_MAX, ProjectCreated, ProjectList, SetupRetried};
 pub use timeline::{SendAction, SendMessage, TimelinePage, TimelineQuery};
@@ -42,7 +45,7 @@ pub use works::ThreadList;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts and the agent kill switch. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
+    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch and approvals. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
     modifiers(&BearerAuth),
     components(schemas(ErrorBody))
 )]
@@ -76,6 +79,9 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(artifacts::artifact_link))
         .routes(routes!(agent::disable_agent))
         .routes(routes!(agent::enable_agent))
+        .routes(routes!(approvals::list_approvals))
+        .routes(routes!(approvals::approve))
+        .routes(routes!(approvals::reject))
         .routes(routes!(crate::sse::events))
         .routes(routes!(crate::sse::ticket))
         .split_for_parts();

@@ -3,7 +3,8 @@
 //! queries over them: [`projects`] (projects, setup status, agent state,
 //! running flows, the summary document), [`works`] (Works and their
 //! Threads), [`artifacts`] (stored revisions and their cards) and
-//! [`timeline`] (one item per event a user sees). Rows are plain columns and
+//! [`timeline`] (one item per event a user sees) and [`approvals`] (what
+//! the agents asked to do outside the runtime, and the decisions). Rows are plain columns and
 //! child tables, never serialized API types: the JSON the API answers with is
 //! built from them at the HTTP edge (`crate::views`).
 //!
@@ -19,6 +20,7 @@ use std::collections::HashMap;
 use rusqlite::Transaction;
 use zopu_schema::{Envelope, pb};
 
+pub mod approvals;
 pub mod artifacts;
 mod pool;
 pub mod projects;
@@ -28,11 +30,14 @@ pub mod works;
 pub use pool::ReadPool;
 
 /// Bump to rebuild the projection (tables are dropped and the stream replayed).
-/// 1: API types stored as JSON; 2: rows as columns.
-const SCHEMA_VERSION: u32 = 2;
+/// 1: API types stored as JSON; 2: rows as columns; 3: approvals.
+const SCHEMA_VERSION: u32 = 3;
 
-const TABLE_COUNT: usize =
-    projects::TABLES.len() + works::TABLES.len() + artifacts::TABLES.len() + timeline::TABLES.len();
+const TABLE_COUNT: usize = projects::TABLES.len()
+    + works::TABLES.len()
+    + artifacts::TABLES.len()
+    + timeline::TABLES.len()
+    + approvals::TABLES.len();
 
 /// Every aggregate's tables: the ones a rebuild drops. Version 1's tables
 /// (`gw_projects`, `gw_timeline`, `gw_works`, `gw_threads`, `gw_flows`,
@@ -43,9 +48,10 @@ static TABLES: [&str; TABLE_COUNT] = concat_tables([
     works::TABLES,
     artifacts::TABLES,
     timeline::TABLES,
+    approvals::TABLES,
 ]);
 
-const fn concat_tables<const N: usize>(parts: [&[&'static str]; 4]) -> [&'static str; N] {
+const fn concat_tables<const N: usize>(parts: [&[&'static str]; 5]) -> [&'static str; N] {
     let mut tables = [""; N];
     let mut filled = 0;
     let mut part = 0;
@@ -199,6 +205,7 @@ impl zopu_core::Projection for GatewayProjection {
         tx.execute_batch(projects::SCHEMA)?;
         tx.execute_batch(works::SCHEMA)?;
         tx.execute_batch(artifacts::SCHEMA)?;
+        tx.execute_batch(approvals::SCHEMA)?;
         tx.execute_batch(timeline::SCHEMA)
     }
 
@@ -213,6 +220,7 @@ impl zopu_core::Projection for GatewayProjection {
         projects::apply(tx, event, sequence)?;
         works::apply(tx, event)?;
         artifacts::apply(tx, event, sequence)?;
+        approvals::apply(tx, event, sequence)?;
         timeline::apply(tx, event, sequence)
     }
 }

@@ -516,7 +516,13 @@ impl Bench {
             },
             ..self.core.clone()
         };
-        Instance::start(id, core, self.conversation.clone(), cap, self.instance_threads)
+        Instance::start(
+            id,
+            core,
+            self.conversation.clone(),
+            cap,
+            self.instance_threads,
+        )
     }
 
     fn durable() -> String {
