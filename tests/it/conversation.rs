@@ -1037,3 +1037,165 @@ async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call
     dispatch.stop().await?;
     Ok(())
 }
+
+/// Clicks `action_id` on `artifact` as a user would (through the command
+/// the gateway and CLI share); returns the click's request id.
+async fn click(
+    bus: &Bus,
+    org: &OrgId,
+    project: ProjectId,
+    artifact: &zopu_schema::ArtifactId,
+    action_id: &str,
+) -> Result<EventId> {
+    let request = EventId::new();
+    let requester = zopu_core::commands::Requester::new(org.clone(), request.into(), user());
+    let event =
+        zopu_core::commands::send_action(&requester, project, &artifact.to_string(), action_id)?;
+    Publisher::new(bus.clone(), "gateway", None)
+        .append(event)
+        .await?;
+    Ok(request)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_on_an_issue_draft_requests_one_approval_which_expires_undecided() -> Result<()> {
+    let server = NatsServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let core = zopu_tests::core_config(&server, dir.path());
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let (org, project) = (org("acme"), ProjectId::new());
+    setup_project_with(&bus, &org, project, false).await?;
+    // An issue flow the agent requested and its published draft, and an
+    // exploration's report (whose card has no publish).
+    let agent = Publisher::new(bus.clone(), "conversation", None);
+    let artifacts = Publisher::new(bus.clone(), "artifacts", None);
+    let mut drafts = Vec::new();
+    for flow_type in [pb::FlowType::Issue, pb::FlowType::Explore] {
+        let flow_run = zopu_schema::FlowRunId::new();
+        let requested = pb::FlowRequested {
+            flow_type: flow_type as i32,
+            source_event_id: EventId::new().to_string(),
+            ..Default::default()
+        };
+        agent
+            .append(
+                NewEvent::root(
+                    org.clone(),
+                    project,
+                    &requested,
+                    format!("test:flow:{flow_run}"),
+                    None,
+                )
+                .with_flow_run(flow_run),
+            )
+            .await?;
+        let artifact = zopu_schema::ArtifactId::new();
+        let published = pb::ArtifactPublished {
+            artifact_id: artifact.to_string(),
+            revision: 1,
+            kind: if flow_type == pb::FlowType::Issue {
+                pb::ArtifactKind::Issue
+            } else {
+                pb::ArtifactKind::Exploration
+            } as i32,
+            title: "Retry failed payments".into(),
+            ..Default::default()
+        };
+        artifacts
+            .append(
+                NewEvent::root(
+                    org.clone(),
+                    project,
+                    &published,
+                    format!("test:artifact:{artifact}"),
+                    None,
+                )
+                .with_flow_run(flow_run),
+            )
+            .await?;
+        drafts.push(artifact);
+    }
+    let ttl = Duration::from_secs(2);
+    let dispatch = Running::dispatch(&core);
+    let conversation = Running::conversation(
+        &core,
+        zopu_conversation::Config {
+            approval_ttl: ttl,
+            approval_sweep_interval: Duration::from_millis(200),
+            ..zopu_conversation::Config::default()
+        },
+    );
+
+    // Two clicks on the draft's publish, one on the report's: one approval.
+    let clicks = [
+        (
+            click(&bus, &org, project, &drafts[0], "publish").await?,
+            "approval_requested",
+        ),
+        (
+            click(&bus, &org, project, &drafts[0], "publish").await?,
+            "approval_requested",
+        ),
+        (
+            click(&bus, &org, project, &drafts[1], "publish").await?,
+            "noted",
+        ),
+    ];
+    for (request, outcome) in clicks {
+        let end = turn_end(&bus, &org, project, request).await?;
+        assert_eq!(end.decode::<pb::DispatchCompleted>()?.outcome, outcome);
+    }
+    let expired = wait_for(
+        &bus,
+        &subjects::event(&org, &project, pb::ApprovalExpired::TYPE),
+        LONG,
+        |_| true,
+    )
+    .await?;
+    let requests = events_of::<pb::ApprovalRequested>(&bus, &org, project, None).await?;
+    assert_eq!(requests.len(), 1, "one approval per draft: {requests:?}");
+    let requested = requests[0].decode::<pb::ApprovalRequested>()?;
+    assert_eq!(requested.action, "issue.publish");
+    assert_eq!(
+        requested.approval_id,
+        format!("approval:{}:issue.publish", drafts[0])
+    );
+    let click_event = history(
+        &bus,
+        &subjects::event(&org, &project, pb::TimelineActionSent::TYPE),
+    )
+    .await?
+    .into_iter()
+    .map(|(_, event)| event)
+    .next()
+    .context("the first click")?;
+    assert_eq!(
+        requested.expires_at,
+        zopu_schema::envelope::format_time(click_event.time + ttl),
+        "the expiry is the click's time plus approval_ttl"
+    );
+    assert!(requested.evidence.contains(&drafts[0].to_string()));
+    let parameters: serde_json::Value = serde_json::from_str(&requested.parameters_json)?;
+    assert_eq!(parameters["artifact_id"], drafts[0].to_string());
+    assert_eq!(requests[0].causation_id, click_event.id);
+    // It closed as expired once, under the one decision key, caused by the request.
+    assert_eq!(
+        expired.decode::<pb::ApprovalExpired>()?.approval_id,
+        requested.approval_id
+    );
+    assert_eq!(expired.causation_id, requests[0].id);
+    assert_eq!(
+        expired.idempotency_key,
+        keys::approval_decision(&project, &requested.approval_id)
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        events_of::<pb::ApprovalExpired>(&bus, &org, project, None)
+            .await?
+            .len(),
+        1
+    );
+    conversation.stop().await?;
+    dispatch.stop().await?;
+    Ok(())
+}

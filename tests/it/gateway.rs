@@ -2174,10 +2174,17 @@ async fn only_an_approve_token_of_the_org_decides_an_approval_and_only_once() ->
         action: "issue.publish".into(),
         detail: "Publish issue draft to the repository's tracker.".into(),
         dry_run: true,
+        expires_at: "2999-01-01T00:00:00Z".into(),
+        ..Default::default()
     };
     for id in ["approval:one", "approval:two"] {
         gw.append(project, &request(id), Scope::default()).await?;
     }
+    let lapsed = pb::ApprovalRequested {
+        expires_at: "2001-01-01T00:00:00Z".into(),
+        ..request("approval:lapsed")
+    };
+    gw.append(project, &lapsed, Scope::default()).await?;
     let member = scoped_token(&gw, "ada2", "read,write,admin").await?;
     let lead = scoped_token(&gw, "lead", "read,approve").await?;
     let approvals = format!("/v1/projects/{project}/approvals");
@@ -2192,7 +2199,7 @@ async fn only_an_approve_token_of_the_org_decides_an_approval_and_only_once() ->
         .iter()
         .filter_map(|a| a["approval_id"].as_str())
         .collect();
-    assert_eq!(ids, ["approval:one", "approval:two"]);
+    assert_eq!(ids, ["approval:one", "approval:two", "approval:lapsed"]);
     let (status, body) = gw
         .get(&member, &format!("{approvals}?status=maybe"))
         .await?;
@@ -2237,6 +2244,21 @@ async fn only_an_approve_token_of_the_org_decides_an_approval_and_only_once() ->
         (StatusCode::CONFLICT, "approval_decided"),
         "{body}"
     );
+    // Past its expiry, before the agent's sweep closed it: refused all the same.
+    let (status, body) = gw
+        .post(
+            &lead,
+            &format!("{approvals}/approval:lapsed/approve"),
+            json!({}),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(error_of(&body).1.contains("expired"), "{body}");
+    let expired = pb::ApprovalExpired {
+        approval_id: "approval:lapsed".into(),
+        expires_at: lapsed.expires_at.clone(),
+    };
+    gw.append(project, &expired, Scope::default()).await?;
     let (status, rejected) = gw
         .post(
             &lead,
@@ -2264,10 +2286,12 @@ async fn only_an_approve_token_of_the_org_decides_an_approval_and_only_once() ->
         seen,
         [
             ("approved", "lead", ""),
-            ("rejected", "lead", "Not this sprint.")
+            ("rejected", "lead", "Not this sprint."),
+            ("expired", "", "")
         ]
     );
     assert!(rows.iter().all(|a| a["decided_at"].is_string()));
+    assert_eq!(rows[0]["expires_at"], "2999-01-01T00:00:00Z");
     let stored = history(
         &gw.state.runtime.bus,
         &subjects::project_events(&org("acme"), &project),

@@ -47,6 +47,8 @@ pub(crate) struct Settings {
     pub rejection_backoff: u32,
     /// Model tokens per organization and UTC day (0: no budget).
     pub daily_model_tokens_per_org: u64,
+    /// How long an approval the agent requests stays open.
+    pub approval_ttl: std::time::Duration,
     pub fail_point: Option<FailPoint>,
 }
 
@@ -442,6 +444,7 @@ impl Turn<'_> {
                 self.execute(plan, &source, view).await
             }
             source_type if is_flow_outcome(source_type) => self.flow_outcome(&source).await,
+            pb::TimelineActionSent::TYPE => self.card_action(&source).await,
             _ => self.complete("noted").await,
         }
     }
@@ -759,6 +762,40 @@ impl Turn<'_> {
         self.complete(outcome).await
     }
 
+    /// A card action: "Publish to tracker" on one of the project's issue
+    /// drafts requests the approval publishing needs (once per draft);
+    /// anything else is noted.
+    async fn card_action(&self, source: &Envelope) -> Result<(), HandlerError> {
+        let action = source.decode::<pb::TimelineActionSent>()?;
+        if action.action_id != zopu_schema::manifest::PUBLISH_ISSUE_ACTION {
+            return self.complete("noted").await;
+        }
+        let (org, project, artifact) = (
+            self.event.org_id.clone(),
+            self.event.project_id,
+            action.artifact_id.clone(),
+        );
+        let issue = self
+            .ctx
+            .store
+            .query(move |conn| crate::approvals::issue_artifact(conn, &org, &project, &artifact))
+            .await?;
+        let Some((flow_run, title)) = issue else {
+            tracing::info!(artifact_id = %action.artifact_id, "publish clicked on no issue draft of this project; noted");
+            return self.complete("noted").await;
+        };
+        let settings = &self.agent.settings;
+        let request = crate::approvals::publish_request(
+            source,
+            &action.artifact_id,
+            (&flow_run, &title),
+            settings.approval_ttl,
+            settings.dry_run,
+        );
+        self.append(request).await?;
+        self.complete("approval_requested").await
+    }
+
     /// A specialist's or artifact's outcome for a flow run the agent requested.
     async fn flow_outcome(&self, source: &Envelope) -> Result<(), HandlerError> {
         let Some(flow_run) = source.flow_run_id else {
@@ -771,7 +808,7 @@ impl Turn<'_> {
             .query(move |conn| FlowView::load(conn, &org, &project, &flow_run))
             .await?;
         let events = flow
-            .map(|flow| plan::final_events(&flow, &self.ids(), self.agent.settings.dry_run))
+            .map(|flow| plan::final_events(&flow, &self.ids()))
             .unwrap_or_default();
         if events.is_empty() {
             return self.complete("noted").await;

@@ -41,8 +41,8 @@ pub fn flow_update(flow_run: &FlowRunId, entity: &str, status: &str) -> String {
     format!("flow:{flow_run}:agent:{entity}:{status}")
 }
 
-/// A dry-run approval record for an external action of a flow run:
-/// `flow:<id>:approval:<action>`.
-pub fn approval(flow_run: &FlowRunId, action: &str) -> String {
-    format!("flow:{flow_run}:approval:{action}")
+/// The approval a click on an artifact's action requests (one per artifact
+/// and action, however often it is clicked): `artifact:<id>:approval:<action>`.
+pub fn approval_of_artifact(artifact_id: &str, action: &str) -> String {
+    format!("artifact:{artifact_id}:approval:{action}")
 }

@@ -39,6 +39,7 @@
 //!   handle a project's dispatches one by one, in stream order.
 
 mod agent;
+mod approvals;
 pub mod client;
 pub mod decide;
 mod keys;
@@ -158,6 +159,13 @@ pub struct Config {
     /// UTC day. Once used up, a message gets a visible failure
     /// (`budget.exceeded`) instead of a model call. 0: no budget.
     pub daily_model_tokens_per_org: u64,
+    /// How long an approval the agent requests (publishing a drafted issue)
+    /// stays open; past it, it closes as `approval.expired`.
+    #[serde(with = "zopu_core::config::duration")]
+    pub approval_ttl: Duration,
+    /// How often this instance closes approvals past their expiry.
+    #[serde(with = "zopu_core::config::duration")]
+    pub approval_sweep_interval: Duration,
     /// Test-only crash injection; never read from configuration.
     #[serde(skip)]
     pub fail_point: Option<FailPoint>,
@@ -178,6 +186,8 @@ impl Default for Config {
             max_deliver: 5,
             handler_timeout: Duration::from_secs(300),
             daily_model_tokens_per_org: 2_000_000,
+            approval_ttl: Duration::from_secs(72 * 3600),
+            approval_sweep_interval: Duration::from_secs(15),
             fail_point: None,
         }
     }
@@ -208,6 +218,16 @@ impl Config {
                 "daily_model_tokens_per_org",
                 "must be at most 1000000000000 (0 turns the budget off)",
             );
+        }
+        if self.approval_ttl < Duration::from_secs(1)
+            || self.approval_ttl > Duration::from_secs(90 * 24 * 3600)
+        {
+            return bad("approval_ttl", "must be between 1s and 90d");
+        }
+        if self.approval_sweep_interval < Duration::from_millis(100)
+            || self.approval_sweep_interval > Duration::from_secs(3600)
+        {
+            return bad("approval_sweep_interval", "must be between 100ms and 1h");
         }
         self.reaction().validate(SERVICE)?;
         if self.handler_timeout < Duration::from_secs(1)
@@ -278,6 +298,7 @@ impl Config {
                 similarity_threshold: self.similarity_threshold,
                 rejection_backoff: self.rejection_backoff,
                 daily_model_tokens_per_org: self.daily_model_tokens_per_org,
+                approval_ttl: self.approval_ttl,
                 fail_point: self.fail_point,
             },
             self.provider()?,
@@ -306,6 +327,10 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     let runtime =
         zopu_core::Runtime::start_with(SERVICE, &core, shutdown.clone(), ConversationState).await?;
     runtime.spawn_reaction(config.reaction(), agent);
+    shutdown.spawn(approvals::sweep_expired(
+        runtime.clone(),
+        config.approval_sweep_interval,
+    ));
     tracing::info!(provider = ?config.provider, dry_run = config.dry_run, "conversation agent running");
     shutdown.cancelled().await;
     Ok(())

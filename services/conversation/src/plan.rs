@@ -321,11 +321,6 @@ pub(crate) fn turn_events(
     (events, outcome)
 }
 
-/// The events that end a flow run the agent requested: one `agent.final`
-/// (its artifacts, or the visible failure), the Thread's and the Work's
-/// status, and for a completed issue the approval its publication needs.
-/// Empty when there is nothing to say yet (the run is still going, its
-/// artifact is still being built, or the final was already posted).
 /// `event` carrying the flow run's id and its Work and Thread, where it has them.
 pub(crate) fn with_flow_ids(event: NewEvent, flow: &FlowView) -> NewEvent {
     let event = event.with_flow_run(flow.flow_run_id);
@@ -339,7 +334,13 @@ pub(crate) fn with_flow_ids(event: NewEvent, flow: &FlowView) -> NewEvent {
     }
 }
 
-pub(crate) fn final_events(flow: &FlowView, ids: &TurnIds, dry_run: bool) -> Vec<NewEvent> {
+/// The events that end a flow run the agent requested: one `agent.final`
+/// (its artifacts, or the visible failure), the Thread's and the Work's
+/// status. Empty when there is nothing to say yet (the run is still going,
+/// its artifact is still being built, or the final was already posted). A
+/// drafted issue is published only when its card's "Publish to tracker" is
+/// clicked and a reviewer approves ([`crate::approvals`]).
+pub(crate) fn final_events(flow: &FlowView, ids: &TurnIds) -> Vec<NewEvent> {
     if flow.final_posted {
         return Vec::new();
     }
@@ -390,22 +391,6 @@ pub(crate) fn final_events(flow: &FlowView, ids: &TurnIds, dry_run: bool) -> Vec
         };
         events.push(with_ids(
             ids.event(&updated, keys::flow_update(&flow_run, "work", work_status)),
-        ));
-    }
-    if status == "completed" && flow.flow_type == pb::FlowType::Issue {
-        // Publishing the issue outside the runtime is not built; in dry
-        // run it is recorded as what would have been done.
-        let approval = pb::ApprovalRequested {
-            approval_id: format!("approval:{flow_run}:issue.publish"),
-            action: "issue.publish".into(),
-            detail: format!(
-                "Publish issue draft {} to the repository's tracker.",
-                flow.artifacts.join(", ")
-            ),
-            dry_run,
-        };
-        events.push(with_ids(
-            ids.event(&approval, keys::approval(&flow_run, "issue.publish")),
         ));
     }
     events
@@ -717,11 +702,11 @@ mod tests {
     }
 
     #[test]
-    fn a_flow_ends_in_one_final_with_thread_work_and_approval() {
+    fn a_flow_ends_in_one_final_with_thread_and_work_and_requests_no_approval() {
         let ids = ids(ProjectId::new());
         let explore = flow(pb::FlowType::Explore, "completed");
         assert_eq!(
-            types(&final_events(&explore, &ids, true)),
+            types(&final_events(&explore, &ids)),
             [
                 pb::AgentFinal::TYPE,
                 pb::ThreadUpdated::TYPE,
@@ -729,10 +714,10 @@ mod tests {
             ]
         );
         let issue = flow(pb::FlowType::Issue, "completed");
-        let events = final_events(&issue, &ids, true);
-        assert_eq!(types(&events).last(), Some(&pb::ApprovalRequested::TYPE));
+        let events = final_events(&issue, &ids);
+        assert_eq!(types(&events).last(), Some(&pb::WorkUpdated::TYPE));
         let failed = flow(pb::FlowType::Explore, "failed");
-        let events = final_events(&failed, &ids, true);
+        let events = final_events(&failed, &ids);
         let last: pb::AgentFinal =
             prost::Message::decode(events[0].data.clone()).expect("an agent.final");
         assert_eq!(
@@ -746,15 +731,15 @@ mod tests {
         let ids = ids(ProjectId::new());
         let mut building = flow(pb::FlowType::Explore, "completed");
         building.artifacts.clear();
-        assert!(final_events(&building, &ids, true).is_empty());
+        assert!(final_events(&building, &ids).is_empty());
         building.failed_artifacts = vec![("a1".into(), "too large".into())];
         assert_eq!(
-            types(&final_events(&building, &ids, true))[0],
+            types(&final_events(&building, &ids))[0],
             pb::AgentFinal::TYPE
         );
         let mut posted = flow(pb::FlowType::Explore, "completed");
         posted.final_posted = true;
-        assert!(final_events(&posted, &ids, true).is_empty());
-        assert!(final_events(&flow(pb::FlowType::Explore, "started"), &ids, true).is_empty());
+        assert!(final_events(&posted, &ids).is_empty());
+        assert!(final_events(&flow(pb::FlowType::Explore, "started"), &ids).is_empty());
     }
 }

@@ -1,6 +1,7 @@
 //! The agent's state, rebuilt from events: one SQLite projection with the
 //! project binding and ready info, the summary, the kill switch history, the
-//! recent timeline, Work, Threads, flow runs and artifacts.
+//! recent timeline, Work, Threads, flow runs, artifacts and the approvals it
+//! requested (`crate::approvals`).
 //!
 //! Reads take the dispatch's stream sequence (`before`) and look only at what
 //! was true before it, so a redelivered dispatch decides exactly as the first
@@ -40,8 +41,9 @@ impl zopu_core::Projection for ConversationState {
         "conversation_state"
     }
 
+    /// 4: approvals.
     fn schema_version(&self) -> u32 {
-        3
+        4
     }
 
     fn tables(&self) -> &'static [&'static str] {
@@ -54,6 +56,7 @@ impl zopu_core::Projection for ConversationState {
             "cv_flows",
             "cv_artifacts",
             "cv_outcomes",
+            crate::approvals::TABLE,
             zopu_core::model_usage::TABLE,
         ]
     }
@@ -99,6 +102,7 @@ impl zopu_core::Projection for ConversationState {
                 org TEXT NOT NULL, project TEXT NOT NULL, sequence INTEGER NOT NULL, outcome TEXT NOT NULL,
                 PRIMARY KEY (org, project, sequence));",
         )?;
+        tx.execute_batch(crate::approvals::SCHEMA)?;
         tx.execute_batch(zopu_core::model_usage::SCHEMA)
     }
 
@@ -109,6 +113,7 @@ impl zopu_core::Projection for ConversationState {
         sequence: u64,
     ) -> rusqlite::Result<()> {
         zopu_core::model_usage::apply(tx, event, sequence)?;
+        crate::approvals::apply(tx, event, sequence as i64)?;
         apply(tx, event, sequence as i64)
     }
 }

@@ -84,6 +84,7 @@ catalogue! {
     ApprovalRequested => "approval.requested",
     ApprovalGranted => "approval.granted",
     ApprovalDenied => "approval.denied",
+    ApprovalExpired => "approval.expired",
     DeadLetterRecorded => "runtime.deadletter.recorded",
 }
 

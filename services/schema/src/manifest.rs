@@ -64,6 +64,10 @@ pub const SECTION_KINDS: &[&str] = &[
 
 /// The only event type a card action may emit in this slice.
 pub const ACTION_EVENT_TYPE: &str = "client.action";
+/// The issue card's action that publishes the drafted issue to the
+/// tracker: the conversation agent turns a click into an
+/// `approval.requested`, and nothing is published before it is granted.
+pub const PUBLISH_ISSUE_ACTION: &str = "publish";
 
 /// One problem with a manifest. Every variant names the field it is about.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

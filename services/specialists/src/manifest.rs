@@ -483,7 +483,13 @@ pub fn issue(result: &IssueResult, ids: &ManifestIds) -> ArtifactManifest {
                 ),
             ),
         ],
-        vec![],
+        // Publishing asks the agent for an approval first; nothing is
+        // published before a reviewer grants it.
+        vec![action(
+            limits::PUBLISH_ISSUE_ACTION,
+            "Publish to tracker",
+            true,
+        )],
     );
     let mut affected: Vec<String> = Vec::new();
     for e in result.evidence.iter().filter(|e| e.verified) {

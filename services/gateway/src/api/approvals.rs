@@ -33,7 +33,9 @@ pub struct ApprovalView {
     /// The stream sequence of the request (its timeline position).
     pub requested_sequence: u64,
     pub requested_at: String,
-    /// `pending`, `approved` or `rejected`.
+    /// Past it, nobody can decide it any more (it closes as `expired`).
+    pub expires_at: Option<String>,
+    /// `pending`, `approved`, `rejected` or `expired`.
     pub status: String,
     /// The reviewer's user id, once decided.
     pub decided_by: Option<String>,
@@ -51,6 +53,7 @@ impl From<ApprovalRow> for ApprovalView {
             dry_run: row.dry_run,
             requested_sequence: row.requested_sequence,
             requested_at: row.requested_at,
+            expires_at: row.expires_at,
             status: row.status,
             decided_by: row.decided_by,
             decided_at: row.decided_at,
@@ -68,7 +71,7 @@ pub struct ApprovalList {
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalQuery {
-    /// Only approvals with this status: `pending`, `approved` or `rejected`.
+    /// Only approvals with this status: `pending`, `approved`, `rejected` or `expired`.
     pub status: Option<String>,
 }
 
@@ -107,12 +110,12 @@ pub async fn list_approvals(
     caller.require(Scope::Read, "listing approvals")?;
     let Query(query) = query.map_err(query_error)?;
     if let Some(status) = &query.status
-        && ![PENDING, approvals::APPROVED, approvals::REJECTED].contains(&status.as_str())
+        && !approvals::STATUSES.contains(&status.as_str())
     {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_query",
-            "status must be pending, approved or rejected",
+            "status must be pending, approved, rejected or expired",
         )
         .field("status"));
     }
@@ -199,6 +202,16 @@ async fn decide(
     .ok_or_else(|| ApiError::not_found("approval"))?;
     if found.status != PENDING {
         return Err(decided(&found.approval_id, &found.status));
+    }
+    let now = state.runtime.clock.now();
+    if let Some(expires) = found
+        .expires_at
+        .as_deref()
+        .and_then(zopu_schema::envelope::parse_time)
+        && expires <= now
+    {
+        // Past its expiry, not yet closed by the agent's sweep: refused all the same.
+        return Err(decided(&found.approval_id, approvals::EXPIRED));
     }
     let status = match decision {
         Decision::Approve => approvals::APPROVED,

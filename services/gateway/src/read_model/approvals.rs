@@ -5,7 +5,8 @@
 //! changes nothing); the first `approval.granted` or `approval.denied` of a
 //! pending approval decides it and nothing changes it afterwards (a later
 //! decision, which the one decision key makes a duplicate anyway, is
-//! ignored). The reviewer and the decision's time are the event's.
+//! ignored); `approval.expired` closes a pending one the same way. The
+//! reviewer and the decision's time are the event's.
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use zopu_schema::envelope::format_time;
@@ -23,6 +24,7 @@ CREATE TABLE gw_approvals (
     dry_run INTEGER NOT NULL,
     requested_sequence INTEGER NOT NULL,
     requested_at TEXT NOT NULL,
+    expires_at TEXT,
     status TEXT NOT NULL,
     decided_by TEXT,
     decided_at TEXT,
@@ -38,6 +40,10 @@ pub const PENDING: &str = "pending";
 pub const APPROVED: &str = "approved";
 /// After `approval.denied`.
 pub const REJECTED: &str = "rejected";
+/// After `approval.expired`.
+pub const EXPIRED: &str = "expired";
+/// Every status, for a query's filter.
+pub const STATUSES: [&str; 4] = [PENDING, APPROVED, REJECTED, EXPIRED];
 
 /// An approval as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +54,9 @@ pub struct ApprovalRow {
     pub dry_run: bool,
     pub requested_sequence: u64,
     pub requested_at: String,
-    /// [`PENDING`], [`APPROVED`] or [`REJECTED`].
+    /// RFC 3339; `None` for approvals recorded before expiry existed.
+    pub expires_at: Option<String>,
+    /// [`PENDING`], [`APPROVED`], [`REJECTED`] or [`EXPIRED`].
     pub status: String,
     /// The reviewer's actor id.
     pub decided_by: Option<String>,
@@ -66,8 +74,8 @@ pub(super) fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> ru
         t if t == pb::ApprovalRequested::TYPE => {
             if let Ok(m) = event.decode::<pb::ApprovalRequested>() {
                 tx.prepare_cached(
-                    "INSERT OR IGNORE INTO gw_approvals (org, project_id, approval_id, action, detail, dry_run, requested_sequence, requested_at, status)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                    "INSERT OR IGNORE INTO gw_approvals (org, project_id, approval_id, action, detail, dry_run, requested_sequence, requested_at, expires_at, status)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULLIF(?9, ''), ?10)",
                 )?
                 .execute(params![
                     org,
@@ -78,6 +86,7 @@ pub(super) fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> ru
                     m.dry_run,
                     sequence as i64,
                     time,
+                    m.expires_at,
                     PENDING
                 ])?;
             }
@@ -98,6 +107,18 @@ pub(super) fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> ru
                     by,
                     &time,
                     &m.reason,
+                )?;
+            }
+        }
+        t if t == pb::ApprovalExpired::TYPE => {
+            if let Ok(m) = event.decode::<pb::ApprovalExpired>() {
+                decide(
+                    tx,
+                    (org, &project, &m.approval_id),
+                    EXPIRED,
+                    None,
+                    &time,
+                    "",
                 )?;
             }
         }
@@ -123,7 +144,7 @@ fn decide(
     Ok(())
 }
 
-const COLUMNS: &str = "approval_id, action, detail, dry_run, requested_sequence, requested_at, status, decided_by, decided_at, reason";
+const COLUMNS: &str = "approval_id, action, detail, dry_run, requested_sequence, requested_at, expires_at, status, decided_by, decided_at, reason";
 
 fn row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRow> {
     Ok(ApprovalRow {
@@ -133,10 +154,11 @@ fn row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRow> {
         dry_run: row.get(3)?,
         requested_sequence: row.get::<_, i64>(4)?.max(0) as u64,
         requested_at: row.get(5)?,
-        status: row.get(6)?,
-        decided_by: row.get(7)?,
-        decided_at: row.get(8)?,
-        reason: row.get(9)?,
+        expires_at: row.get(6)?,
+        status: row.get(7)?,
+        decided_by: row.get(8)?,
+        decided_at: row.get(9)?,
+        reason: row.get(10)?,
     })
 }
 
@@ -192,6 +214,7 @@ mod tests {
             action: "issue.publish".into(),
             detail: "Publish the issue.".into(),
             dry_run: true,
+            ..Default::default()
         };
         let granted = pb::ApprovalGranted {
             approval_id: requested.approval_id.clone(),

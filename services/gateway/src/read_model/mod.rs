@@ -30,8 +30,8 @@ pub mod works;
 pub use pool::ReadPool;
 
 /// Bump to rebuild the projection (tables are dropped and the stream replayed).
-/// 1: API types stored as JSON; 2: rows as columns; 3: approvals.
-const SCHEMA_VERSION: u32 = 3;
+/// 1: API types stored as JSON; 2: rows as columns; 3: approvals; 4: their expiry.
+const SCHEMA_VERSION: u32 = 4;
 
 const TABLE_COUNT: usize = projects::TABLES.len()
     + works::TABLES.len()
