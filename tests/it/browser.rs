@@ -30,6 +30,7 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const INSTALL_HINT: &str = "apt-get install -y chromium chromium-driver";
 const QUESTION: &str = "How does the event envelope work?";
+const ISSUE_REQUEST: &str = "Draft an issue for validating the event envelope's headers";
 
 /// How long a single step may take (the offline provider answers in seconds).
 const STEP: Duration = Duration::from_secs(90);
@@ -236,6 +237,7 @@ async fn journey(client: &Client, dev: &mut ZopuDev, shots: &Screenshots) -> Res
     shots.both(client, "06-answered").await?;
 
     open_newest_artifact(client, token, shots).await?;
+    approve_a_published_issue(client, shots).await?;
 
     // The setup screen through the web form: a second project from the same
     // repository reaching ready, then one whose clone fails (the form's
@@ -273,6 +275,52 @@ async fn journey(client: &Client, dev: &mut ZopuDev, shots: &Screenshots) -> Res
         setup_states,
         second_setup_states: second,
     })
+}
+
+/// An issue drafted on request; its card's "Publish to tracker" brings an
+/// approval card with Approve / Reject; approving it (the dev token has
+/// every scope) shows the decision on the card, without its buttons, and on
+/// the timeline.
+async fn approve_a_published_issue(client: &Client, shots: &Screenshots) -> Result<()> {
+    let cards = counts(client).await?["li.card.artifact"];
+    let input = wait_for(client, "form.composer textarea#message").await?;
+    input.send_keys(ISSUE_REQUEST).await?;
+    wait_for(client, "form.composer button[type=submit]")
+        .await?
+        .click()
+        .await?;
+    let publish = "[...document.querySelectorAll('li.card.artifact .actions button')].find((button) => button.textContent === 'Publish to tracker')";
+    wait_for_js(
+        client,
+        "the issue draft's card with its publish button",
+        &format!(
+            "return document.querySelectorAll('li.card.artifact').length > {cards} && {publish} !== undefined"
+        ),
+    )
+    .await?;
+    client
+        .execute(&format!("{publish}.click(); return true"), vec![])
+        .await?;
+    wait_for_js(
+        client,
+        "the approval card with Approve and Reject",
+        "const card = document.querySelector('li.card.approval'); return card !== null && [...card.querySelectorAll('.actions button')].map((b) => b.textContent).join() === 'Approve,Reject'",
+    )
+    .await?;
+    shots.both(client, "07-approval").await?;
+    client
+        .execute(
+            "document.querySelector('li.card.approval .actions button').click(); return true",
+            vec![],
+        )
+        .await?;
+    wait_for_js(
+        client,
+        "the decision on the approval card and on the timeline",
+        "const card = document.querySelector('li.card.approval'); return card.querySelector('.status').textContent.startsWith('approved') && card.querySelector('.actions') === null && document.querySelectorAll('li.approval-decision').length === 1",
+    )
+    .await?;
+    shots.both(client, "07-approved").await
 }
 
 /// A function body fragment: whether `node`'s box is inside the viewport and

@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 use crate::read_model::FailureRow;
 use crate::read_model::artifacts::{CardActionRow, CardFactRow, CardRow};
 use crate::read_model::projects::{ProjectRow, SetupRow, SummaryRow};
-use crate::read_model::timeline::{ActionRow, FlowRow, ItemRow, WorkCardRow};
+use crate::read_model::timeline::{ActionRow, ApprovalRefRow, FlowRow, ItemRow, WorkCardRow};
 use crate::read_model::works::{ThreadRow, WorkRow};
 
 pub use crate::read_model::artifacts::ArtifactRecord;
@@ -293,6 +293,28 @@ impl From<ActionRow> for ActionRef {
     }
 }
 
+/// The approval an item is about (answer it with
+/// `POST /v1/projects/{id}/approvals/{approval_id}/approve` or `/reject`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ApprovalRef {
+    pub approval_id: String,
+    /// What would be done (`issue.publish`); absent on a decision.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub action: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+}
+
+impl From<ApprovalRefRow> for ApprovalRef {
+    fn from(row: ApprovalRefRow) -> Self {
+        Self {
+            approval_id: row.approval_id,
+            action: row.action,
+            expires_at: row.expires_at,
+        }
+    }
+}
+
 /// One item of a timeline. `sequence` is the stream sequence of the event
 /// it shows: the SSE `id:` and the `after` cursor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
@@ -329,6 +351,8 @@ pub struct TimelineItem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<ActionRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub setup: Option<SetupStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
@@ -356,6 +380,7 @@ impl From<ItemRow> for TimelineItem {
             flow: row.flow.map(FlowRef::from),
             artifact: row.artifact.map(ArtifactView::from),
             action: row.action.map(ActionRef::from),
+            approval: row.approval.map(ApprovalRef::from),
             setup: row.setup.map(SetupStatus::from),
             failure: row.failure.map(Failure::from),
         }
@@ -541,6 +566,7 @@ mod tests {
             flow: None,
             artifact: None,
             action: None,
+            approval: None,
             setup: None,
             failure: None,
         });

@@ -1,6 +1,6 @@
 //! The timeline: one item per event a user sees — messages and card actions,
-//! the agent's posts and state, Work cards, flow state, artifact cards and
-//! setup progress.
+//! the agent's posts and state, Work cards, flow state, artifact cards,
+//! setup progress, approvals the agent requested and their decisions.
 //!
 //! Invariants: an item's id is the stream sequence of the event it shows.
 //! Which event becomes which item is decided by [`item_of`] (pure) or, for a
@@ -61,6 +61,10 @@ CREATE TABLE gw_timeline (
     -- The card action a user sent; action_id NULL when none.
     action_id TEXT,
     action_artifact_id TEXT,
+    -- The approval an approval item or its decision is about; NULL when none.
+    approval_id TEXT,
+    approval_action TEXT,
+    approval_expires_at TEXT,
     -- The setup status after the event (its failure: failure_*); setup_state NULL when none.
     setup_state TEXT,
     setup_revision INTEGER,
@@ -102,10 +106,14 @@ pub enum ItemKind {
     Flow,
     Artifact,
     Setup,
+    /// What the agent asks to do outside the runtime (`approval.requested`).
+    Approval,
+    /// The one decision on it: `approval.granted`, `.denied` or `.expired`.
+    ApprovalDecision,
 }
 
 impl ItemKind {
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 14] = [
         Self::UserMessage,
         Self::UserAction,
         Self::Acknowledgement,
@@ -118,6 +126,8 @@ impl ItemKind {
         Self::Flow,
         Self::Artifact,
         Self::Setup,
+        Self::Approval,
+        Self::ApprovalDecision,
     ];
 
     pub fn name(self) -> &'static str {
@@ -134,6 +144,8 @@ impl ItemKind {
             Self::Flow => "flow",
             Self::Artifact => "artifact",
             Self::Setup => "setup",
+            Self::Approval => "approval",
+            Self::ApprovalDecision => "approval_decision",
         }
     }
 }
@@ -173,8 +185,19 @@ pub struct ItemRow {
     /// Filled by [`items`] from the artifacts aggregate; [`item_of`] leaves it empty.
     pub artifact: Option<CardRow>,
     pub action: Option<ActionRow>,
+    pub approval: Option<ApprovalRefRow>,
     pub setup: Option<SetupRow>,
     pub failure: Option<FailureRow>,
+}
+
+/// The approval an item is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalRefRow {
+    pub approval_id: String,
+    /// What would be done (`issue.publish`); empty on a decision item.
+    pub action: String,
+    /// On a request item: past it, it can no longer be decided.
+    pub expires_at: Option<String>,
 }
 
 /// A Work as a card on the timeline.
@@ -225,6 +248,7 @@ impl ItemRow {
             flow: None,
             artifact: None,
             action: None,
+            approval: None,
             setup: None,
             failure: None,
         }
@@ -241,6 +265,8 @@ pub fn item_of(event: &Envelope, sequence: u64, work: Option<&WorkRow>) -> Optio
         work_item(event, sequence, work)
     } else if t == pb::FlowProgress::TYPE || projects::flow_state(t).is_some() {
         flow_item(event, sequence)
+    } else if t.starts_with("approval.") {
+        approval_item(event, sequence)
     } else if t == pb::ArtifactPublished::TYPE {
         // The card itself is the artifacts aggregate's (same sequence).
         event
@@ -249,6 +275,59 @@ pub fn item_of(event: &Envelope, sequence: u64, work: Option<&WorkRow>) -> Optio
             .map(|_| ItemRow::new(ItemKind::Artifact, event, sequence))
     } else {
         agent_item(event, sequence)
+    }
+}
+
+/// An approval's request (pending as it showed then) or its decision.
+fn approval_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
+    let about = |approval_id: String, action: String, expires_at: &str| {
+        Some(ApprovalRefRow {
+            approval_id,
+            action,
+            expires_at: empty_to_none(expires_at),
+        })
+    };
+    let decision =
+        |status: &str, approval_id: String, by: Option<pb::Actor>, reason: &str| ItemRow {
+            status: Some(status.to_owned()),
+            author: by.map(|by| by.id),
+            text: empty_to_none(reason),
+            approval: about(approval_id, String::new(), ""),
+            ..ItemRow::new(ItemKind::ApprovalDecision, event, sequence)
+        };
+    match event.event_type.as_str() {
+        pb::ApprovalRequested::TYPE => {
+            let m = event.decode::<pb::ApprovalRequested>().ok()?;
+            Some(ItemRow {
+                text: Some(m.detail),
+                status: Some(super::approvals::PENDING.to_owned()),
+                approval: about(m.approval_id, m.action, &m.expires_at),
+                ..ItemRow::new(ItemKind::Approval, event, sequence)
+            })
+        }
+        pb::ApprovalGranted::TYPE => {
+            let m = event.decode::<pb::ApprovalGranted>().ok()?;
+            Some(decision(
+                super::approvals::APPROVED,
+                m.approval_id,
+                m.by,
+                "",
+            ))
+        }
+        pb::ApprovalDenied::TYPE => {
+            let m = event.decode::<pb::ApprovalDenied>().ok()?;
+            Some(decision(
+                super::approvals::REJECTED,
+                m.approval_id,
+                m.by,
+                &m.reason,
+            ))
+        }
+        pb::ApprovalExpired::TYPE => {
+            let m = event.decode::<pb::ApprovalExpired>().ok()?;
+            Some(decision(super::approvals::EXPIRED, m.approval_id, None, ""))
+        }
+        _ => None,
     }
 }
 
@@ -482,12 +561,13 @@ fn insert(tx: &Transaction<'_>, org: &str, item: &ItemRow) -> rusqlite::Result<(
     let work = item.work.as_ref();
     let flow = item.flow.as_ref();
     let action = item.action.as_ref();
+    let approval = item.approval.as_ref();
     let setup = item.setup.as_ref();
     let inserted = tx
         .prepare_cached(&format!(
             "INSERT OR IGNORE INTO gw_timeline ({ITEM_COLUMNS}, org)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20,
-                     ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32)"
+                     ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34, ?35)"
         ))?
         .execute(params![
             sequence,
@@ -521,6 +601,9 @@ fn insert(tx: &Transaction<'_>, org: &str, item: &ItemRow) -> rusqlite::Result<(
             setup.map(|s| s.revision),
             setup.and_then(|s| s.failed_step.as_ref()),
             setup.and_then(|s| s.repository_commit.as_ref()),
+            approval.map(|a| &a.approval_id),
+            approval.map(|a| &a.action),
+            approval.and_then(|a| a.expires_at.as_ref()),
             org,
         ])?;
     if inserted == 0 {
@@ -552,7 +635,8 @@ fn insert(tx: &Transaction<'_>, org: &str, item: &ItemRow) -> rusqlite::Result<(
 const ITEM_COLUMNS: &str = "sequence, kind, event_id, event_type, time, project_id, correlation_id, work_id, thread_id,
     text, author, reply_to_event_id, status, provider, failure_code, failure_message, failure_retryable,
     work_title, work_kind, work_status, work_summary, flow_run_id, flow_type, flow_state, flow_note,
-    action_id, action_artifact_id, setup_state, setup_revision, setup_failed_step, setup_repository_commit";
+    action_id, action_artifact_id, setup_state, setup_revision, setup_failed_step, setup_repository_commit,
+    approval_id, approval_action, approval_expires_at";
 
 fn item_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ItemRow> {
     let work_id: Option<String> = row.get(7)?;
@@ -594,6 +678,14 @@ fn item_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ItemRow> {
         }),
         None => None,
     };
+    let approval = match row.get::<_, Option<String>>(31)? {
+        Some(approval_id) => Some(ApprovalRefRow {
+            approval_id,
+            action: row.get::<_, Option<String>>(32)?.unwrap_or_default(),
+            expires_at: row.get(33)?,
+        }),
+        None => None,
+    };
     Ok(ItemRow {
         sequence: row.get::<_, i64>(0)?.max(0) as u64,
         kind: row.get(1)?,
@@ -614,6 +706,7 @@ fn item_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ItemRow> {
         flow,
         artifact: None,
         action,
+        approval,
         setup,
         failure,
     })
@@ -1144,6 +1237,31 @@ mod tests {
                 16,
             ),
             envelope("acme", project, &pb::AgentEnabled::default(), 17),
+            envelope(
+                "acme",
+                project,
+                &pb::ApprovalRequested {
+                    approval_id: "approval:art-1:issue.publish".into(),
+                    action: "issue.publish".into(),
+                    detail: "Publish the issue.".into(),
+                    expires_at: "2999-01-01T00:00:00.000000000Z".into(),
+                    ..Default::default()
+                },
+                17,
+            ),
+            envelope(
+                "acme",
+                project,
+                &pb::ApprovalDenied {
+                    approval_id: "approval:art-1:issue.publish".into(),
+                    by: Some(pb::Actor {
+                        kind: pb::actor::Kind::User as i32,
+                        id: "lead".into(),
+                    }),
+                    reason: "Not yet.".into(),
+                },
+                17,
+            ),
             envelope(
                 "acme",
                 project,

@@ -152,6 +152,9 @@
       this.pending = new Map();
       this.flows = new Map();
       this.works = new Map();
+      // Approval cards by approval id, and the decisions already seen.
+      this.approvals = new Map();
+      this.decided = new Map();
       this.heading = el("h1", { tabindex: "-1" }, project.name);
       this.setup = el("section", { class: "panel setup", "aria-labelledby": "setup-title" });
       this.timeline = el("ol", { class: "timeline", role: "log", "aria-label": "Timeline", "aria-live": "polite" });
@@ -358,8 +361,57 @@
         case "flow": return el("li", { class: "item note" + (item.flow.state === "failed" ? " error" : "") },
           item.flow.state === "failed" ? "A step failed: " + ((item.failure && item.failure.message) || "") : item.flow.note);
         case "artifact": return this.artifactCard(item.artifact);
+        case "approval": return this.approvalCard(item);
+        case "approval_decision": {
+          this.decide(item.approval.approval_id, item.status, item.author);
+          const outcome = { approved: "Approved", rejected: "Rejected", expired: "Expired: nobody decided in time" }[item.status] || item.status;
+          const who = item.author ? " by " + item.author : "";
+          const why = item.text ? " — " + item.text : "";
+          return el("li", { class: "item note approval-decision" }, outcome + who + why);
+        }
         default: return null;
       }
+    }
+
+    // What the agent asks to do outside the runtime, with Approve / Reject
+    // (the gateway refuses them without the approve scope, or once decided).
+    approvalCard(item) {
+      const approval = item.approval;
+      const status = el("span", { class: "status" }, "pending");
+      const error = el("p", { class: "error", role: "alert" });
+      const decide = (verb, payload) => {
+        const button = el("button", { type: "button", class: verb === "approve" ? "" : "secondary" }, verb === "approve" ? "Approve" : "Reject");
+        button.addEventListener("click", async () => {
+          for (const other of buttons.querySelectorAll("button")) other.disabled = true;
+          error.textContent = "";
+          try { await api("POST", `/v1/projects/${this.project.project_id}/approvals/${encodeURIComponent(approval.approval_id)}/${verb}`, payload); }
+          catch (failure) {
+            error.textContent = failure.message;
+            for (const other of buttons.querySelectorAll("button")) other.disabled = false;
+          }
+        });
+        return button;
+      };
+      const buttons = el("div", { class: "actions" }, decide("approve", {}), decide("reject", {}));
+      const card = el("li", { class: "item card approval" },
+        el("p", { class: "kicker" }, "Approval needed · " + approval.action),
+        el("p", {}, item.text),
+        approval.expires_at ? el("p", { class: "small" }, "Open until " + new Date(approval.expires_at).toLocaleString()) : null,
+        el("p", { class: "small" }, "Status: ", status),
+        buttons, error);
+      this.approvals.set(approval.approval_id, card);
+      const earlier = this.decided.get(approval.approval_id);
+      if (earlier) this.decide(approval.approval_id, earlier.status, earlier.author);
+      return card;
+    }
+
+    decide(approvalId, status, author) {
+      this.decided.set(approvalId, { status, author });
+      const card = this.approvals.get(approvalId);
+      if (!card) return;
+      card.querySelector(".status").textContent = status + (author ? " by " + author : "");
+      const buttons = card.querySelector(".actions");
+      if (buttons) buttons.remove();
     }
 
     artifactCard(artifact) {
