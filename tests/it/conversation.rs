@@ -1199,3 +1199,129 @@ async fn publish_on_an_issue_draft_requests_one_approval_which_expires_undecided
     dispatch.stop().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_lists_approvals_and_decides_a_pending_one_only_once() -> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let (org, project) = (org("acme"), ProjectId::new());
+    let agent = Publisher::new(bus.clone(), "conversation", None);
+    for id in ["approval:a", "approval:b", "approval:lapsed"] {
+        let requested = pb::ApprovalRequested {
+            approval_id: id.into(),
+            action: "issue.publish".into(),
+            detail: format!("Publish {id}."),
+            dry_run: true,
+            expires_at: if id == "approval:lapsed" {
+                "2001-01-01T00:00:00Z"
+            } else {
+                "2999-01-01T00:00:00Z"
+            }
+            .into(),
+            ..Default::default()
+        };
+        agent
+            .append(NewEvent::root(
+                org.clone(),
+                project,
+                &requested,
+                format!("test:{id}"),
+                None,
+            ))
+            .await?;
+    }
+    let zopu = zopu_tests::zopu_binary(&zopu_tests::workspace_root())?;
+    let url = server.url();
+    let project_arg = project.to_string();
+    let cli = |args: &[&str]| {
+        let mut command = std::process::Command::new(&zopu);
+        command
+            .args(["--nats", url.as_str(), "--json", "approvals"])
+            .args(args)
+            .args(["--org", "acme"])
+            .env("USER", "lead");
+        command.output()
+    };
+    let approved = cli(&["approve", &project_arg, "approval:a"])?;
+    ensure!(
+        approved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&approved.stderr)
+    );
+    let again = cli(&[
+        "reject",
+        &project_arg,
+        "approval:a",
+        "--reason",
+        "changed my mind",
+    ])?;
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already approved"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let lapsed = cli(&["approve", &project_arg, "approval:lapsed"])?;
+    assert!(!lapsed.status.success());
+    assert!(String::from_utf8_lossy(&lapsed.stderr).contains("expired"));
+    let unknown = cli(&["approve", &project_arg, "approval:none"])?;
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("has no approval"));
+    let rejected = cli(&[
+        "reject",
+        &project_arg,
+        "approval:b",
+        "--reason",
+        "Not this sprint.",
+    ])?;
+    ensure!(
+        rejected.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rejected.stderr)
+    );
+
+    let listed = cli(&["list", &project_arg])?;
+    ensure!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let seen: Vec<(&str, &str, &str, &str)> = rows
+        .iter()
+        .map(|row| {
+            (
+                row["approval_id"].as_str().unwrap_or(""),
+                row["status"].as_str().unwrap_or(""),
+                row["decided_by"].as_str().unwrap_or(""),
+                row["reason"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("approval:a", "approved", "lead", ""),
+            ("approval:b", "rejected", "lead", "Not this sprint."),
+            ("approval:lapsed", "pending", "", ""),
+        ]
+    );
+    let pending = cli(&["list", &project_arg, "--status", "approved"])?;
+    assert_eq!(String::from_utf8_lossy(&pending.stdout).lines().count(), 1);
+    // One decision each, stored with the reviewer.
+    assert_eq!(
+        events_of::<pb::ApprovalGranted>(&bus, &org, project, None)
+            .await?
+            .len(),
+        1
+    );
+    assert_eq!(
+        events_of::<pb::ApprovalDenied>(&bus, &org, project, None)
+            .await?
+            .len(),
+        1
+    );
+    Ok(())
+}

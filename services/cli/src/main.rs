@@ -61,6 +61,8 @@ enum Command {
     Agent(commands::conversation::AgentArgs),
     /// Print a project's timeline (optionally following it live)
     Timeline(commands::conversation::TimelineArgs),
+    /// List, approve or reject what a project's agent asks to do outside the runtime
+    Approvals(commands::approvals::ApprovalsArgs),
     /// Read published artifacts (verified against their digest)
     Artifact {
         #[command(subcommand)]
@@ -200,6 +202,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Send(args) => commands::conversation::run_send(&context, args).await,
         Command::Agent(args) => commands::conversation::run_agent(&context, args).await,
         Command::Timeline(args) => commands::conversation::run_timeline(&context, args).await,
+        Command::Approvals(args) => commands::approvals::run(&context, args).await,
         Command::Artifact { command } => commands::artifact::run(&context, command).await,
         Command::Token(args) => commands::token::run_token(&context, args).await,
         Command::Streams { command } => commands::streams::run(&context, command).await,

@@ -60,7 +60,7 @@ pub struct TimelineArgs {
     pub follow: bool,
 }
 
-fn operator() -> pb::Actor {
+pub(super) fn operator() -> pb::Actor {
     let id = std::env::var("USER").unwrap_or_else(|_| "cli".into());
     pb::Actor {
         kind: pb::actor::Kind::User as i32,
@@ -68,7 +68,7 @@ fn operator() -> pb::Actor {
     }
 }
 
-fn print_line(ctx: &crate::Context, kind: &str, text: &str, extra: serde_json::Value) {
+pub(super) fn print_line(ctx: &crate::Context, kind: &str, text: &str, extra: serde_json::Value) {
     if ctx.json {
         let mut object = serde_json::json!({"kind": kind, "text": text});
         if let (Some(map), serde_json::Value::Object(more)) = (object.as_object_mut(), extra) {
