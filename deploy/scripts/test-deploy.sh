@@ -251,6 +251,11 @@ step "fault: six messages in flight, then kill -9 of $victim (the stream leader)
 cli_urls=$(for node in nats-1 nats-2 nats-3; do
   [ "$node" = "$victim" ] || echo "nats://$(host_port "$node" 4222)"
 done | paste -sd, -)
+# What the smoke left, read before the sends: six offline turns can all end
+# before a slow `compose ps` returns, so reading it after them races.
+victim_id=$("${compose[@]}" ps -q "$victim")
+before=$(stream_state nats-1 | cut -d' ' -f3)
+case $before in ''|*[!0-9]*) die "cannot read ZOPU_EVENTS' last sequence from nats-1 ('$before')" ;; esac
 pids=()
 for n in 1 2 3 4 5 6; do
   cli send --org smoke "$project" "Question $n: where is the greeting read from the environment?" --timeout 240 \
@@ -261,8 +266,6 @@ unset cli_urls
 # Mid-run: once the stream has grown past what the smoke left (the first
 # messages are stored; a project's turns run one at a time, so the others
 # are still to come).
-victim_id=$("${compose[@]}" ps -q "$victim")
-before=$(stream_state nats-1 | cut -d' ' -f3)
 grow_deadline=$((SECONDS + 60))
 until [ "$(stream_state nats-1 | cut -d' ' -f3)" -gt "$before" ]; do
   [ "$SECONDS" -lt "$grow_deadline" ] || die "no new event within 60s of the sends"

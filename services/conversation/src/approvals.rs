@@ -20,8 +20,9 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use time::OffsetDateTime;
 use zopu_core::{NewEvent, Runtime};
+use zopu_schema::approval::{self, Status};
 use zopu_schema::envelope::{format_time, parse_time};
-use zopu_schema::{Envelope, Event, FlowRunId, OrgId, ProjectId, keys, pb};
+use zopu_schema::{Envelope, FlowRunId, OrgId, ProjectId, keys, pb};
 
 pub(crate) const TABLE: &str = "cv_approvals";
 
@@ -39,38 +40,31 @@ pub const PUBLISH_ISSUE: &str = "issue.publish";
 /// Applies what `event` changes of an approval.
 pub(crate) fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Result<()> {
     let (org, project) = (event.org_id.as_str(), event.project_id.to_string());
-    let (approval_id, status) = match event.event_type.as_str() {
-        pb::ApprovalRequested::TYPE => {
-            let Ok(requested) = event.decode::<pb::ApprovalRequested>() else {
-                return Ok(());
-            };
-            let expires = parse_time(&requested.expires_at).map(|time| time.unix_timestamp());
-            tx.prepare_cached(
-                "INSERT OR IGNORE INTO cv_approvals (org, project, approval_id, status, expires_unix, requested_sequence)
-                 VALUES (?1, ?2, ?3, 'pending', ?4, ?5)",
-            )?
-            .execute(params![org, project, requested.approval_id, expires, sequence])?;
-            return Ok(());
-        }
-        pb::ApprovalGranted::TYPE => (
-            event.decode::<pb::ApprovalGranted>().map(|m| m.approval_id),
-            "approved",
-        ),
-        pb::ApprovalDenied::TYPE => (
-            event.decode::<pb::ApprovalDenied>().map(|m| m.approval_id),
-            "rejected",
-        ),
-        pb::ApprovalExpired::TYPE => (
-            event.decode::<pb::ApprovalExpired>().map(|m| m.approval_id),
-            "expired",
-        ),
-        _ => return Ok(()),
-    };
-    if let Ok(approval_id) = approval_id {
+    if let Ok(requested) = event.decode::<pb::ApprovalRequested>() {
+        let expires = parse_time(&requested.expires_at).map(|time| time.unix_timestamp());
         tx.prepare_cached(
-            "UPDATE cv_approvals SET status = ?4 WHERE org = ?1 AND project = ?2 AND approval_id = ?3 AND status = 'pending'",
+            "INSERT OR IGNORE INTO cv_approvals (org, project, approval_id, status, expires_unix, requested_sequence)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?
-        .execute(params![org, project, approval_id, status])?;
+        .execute(params![
+            org,
+            project,
+            requested.approval_id,
+            Status::Pending.as_str(),
+            expires,
+            sequence
+        ])?;
+    } else if let Some(decided) = approval::decision_of(event) {
+        tx.prepare_cached(
+            "UPDATE cv_approvals SET status = ?4 WHERE org = ?1 AND project = ?2 AND approval_id = ?3 AND status = ?5",
+        )?
+        .execute(params![
+            org,
+            project,
+            decided.approval_id,
+            decided.status.as_str(),
+            Status::Pending.as_str()
+        ])?;
     }
     Ok(())
 }
@@ -150,18 +144,21 @@ pub(crate) fn due(
 ) -> rusqlite::Result<Vec<Due>> {
     conn.prepare_cached(
         "SELECT org, project, approval_id, expires_unix, requested_sequence FROM cv_approvals
-         WHERE status = 'pending' AND expires_unix IS NOT NULL AND expires_unix <= ?1
+         WHERE status = ?3 AND expires_unix IS NOT NULL AND expires_unix <= ?1
          ORDER BY expires_unix LIMIT ?2",
     )?
-    .query_map(params![now.unix_timestamp(), limit], |row| {
-        Ok(Due {
-            org: row.get(0)?,
-            project: row.get(1)?,
-            approval_id: row.get(2)?,
-            expires_unix: row.get(3)?,
-            requested_sequence: row.get::<_, i64>(4)?.max(0) as u64,
-        })
-    })?
+    .query_map(
+        params![now.unix_timestamp(), limit, Status::Pending.as_str()],
+        |row| {
+            Ok(Due {
+                org: row.get(0)?,
+                project: row.get(1)?,
+                approval_id: row.get(2)?,
+                expires_unix: row.get(3)?,
+                requested_sequence: row.get::<_, i64>(4)?.max(0) as u64,
+            })
+        },
+    )?
     .collect()
 }
 

@@ -9,7 +9,8 @@
 //! validation ([`manifest`]), the recorded model reply with its upcaster
 //! from earlier versions' JSON ([`model_reply`]), the repository location
 //! and branch a project is set up from, with their one validation
-//! ([`repository`]), the flows' results as versioned JSON with a generated
+//! ([`repository`]), an approval's lifecycle as every reader folds it
+//! ([`approval`]), the flows' results as versioned JSON with a generated
 //! JSON Schema ([`flow_result`]), and the contract as an AsyncAPI 3
 //! document ([`asyncapi`]).
 //!
@@ -20,6 +21,7 @@
 //! [`codec::decode`] accepts satisfies [`envelope::Envelope::check`], and
 //! [`codec::encode`] followed by [`codec::decode`] returns the same envelope.
 
+pub mod approval;
 pub mod asyncapi;
 pub mod catalogue;
 pub mod codec;

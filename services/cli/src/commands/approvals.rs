@@ -11,6 +11,7 @@ use anyhow::{Context as _, Result, bail};
 use zopu_core::commands::{Decision, Requester};
 use zopu_core::log::{Reader, Start};
 use zopu_core::publish::Publisher;
+use zopu_schema::approval::{self, Status};
 use zopu_schema::envelope::parse_time;
 use zopu_schema::{Envelope, Event, EventId, OrgId, ProjectId, pb, subjects};
 
@@ -89,7 +90,9 @@ pub async fn run(ctx: &crate::Context, args: ApprovalsArgs) -> Result<ExitCode> 
                     continue;
                 }
                 let decided = match approval.status {
-                    "pending" => format!("open until {}", approval.expires_at),
+                    status if status == Status::Pending.as_str() => {
+                        format!("open until {}", approval.expires_at)
+                    }
                     status if approval.decided_by.is_empty() => status.to_owned(),
                     status => format!("{status} by {}", approval.decided_by),
                 };
@@ -128,7 +131,7 @@ async fn decide_one(
             args.project
         );
     };
-    if approval.status != "pending" {
+    if approval.status != Status::Pending.as_str() {
         bail!(
             "approval {} is already {}",
             approval.approval_id,
@@ -155,9 +158,10 @@ async fn decide_one(
         );
     }
     let status = match decision {
-        Decision::Approve => "approved",
-        Decision::Reject { .. } => "rejected",
-    };
+        Decision::Approve => Status::Approved,
+        Decision::Reject { .. } => Status::Rejected,
+    }
+    .as_str();
     print_line(
         ctx,
         status,
@@ -202,19 +206,6 @@ async fn read(
 }
 
 fn fold(approvals: &mut BTreeMap<String, Approval>, event: &Envelope, sequence: u64) {
-    let decided = |approvals: &mut BTreeMap<String, Approval>,
-                   id: String,
-                   status: &'static str,
-                   by: Option<pb::Actor>,
-                   reason: String| {
-        if let Some(approval) = approvals.get_mut(&id)
-            && approval.status == "pending"
-        {
-            approval.status = status;
-            approval.decided_by = by.map(|by| by.id).unwrap_or_default();
-            approval.reason = reason;
-        }
-    };
     if let Ok(m) = event.decode::<pb::ApprovalRequested>() {
         approvals.entry(m.approval_id.clone()).or_insert(Approval {
             approval_id: m.approval_id,
@@ -223,15 +214,16 @@ fn fold(approvals: &mut BTreeMap<String, Approval>, event: &Envelope, sequence: 
             dry_run: m.dry_run,
             expires_at: m.expires_at,
             requested_sequence: sequence,
-            status: "pending",
+            status: Status::Pending.as_str(),
             decided_by: String::new(),
             reason: String::new(),
         });
-    } else if let Ok(m) = event.decode::<pb::ApprovalGranted>() {
-        decided(approvals, m.approval_id, "approved", m.by, String::new());
-    } else if let Ok(m) = event.decode::<pb::ApprovalDenied>() {
-        decided(approvals, m.approval_id, "rejected", m.by, m.reason);
-    } else if let Ok(m) = event.decode::<pb::ApprovalExpired>() {
-        decided(approvals, m.approval_id, "expired", None, String::new());
+    } else if let Some(decided) = approval::decision_of(event)
+        && let Some(approval) = approvals.get_mut(&decided.approval_id)
+        && approval.status == Status::Pending.as_str()
+    {
+        approval.status = decided.status.as_str();
+        approval.decided_by = decided.by.unwrap_or_default();
+        approval.reason = decided.reason;
     }
 }

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use zopu_core::commands::{self, Decision};
-use zopu_schema::Event;
+use zopu_schema::approval::{self, Status};
 
 use super::append::append;
 use super::{invalid, owned_project, query_error, read, requester};
@@ -110,7 +110,7 @@ pub async fn list_approvals(
     caller.require(Scope::Read, "listing approvals")?;
     let Query(query) = query.map_err(query_error)?;
     if let Some(status) = &query.status
-        && !approvals::STATUSES.contains(&status.as_str())
+        && zopu_schema::approval::Status::parse(status).is_none()
     {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -211,11 +211,11 @@ async fn decide(
         && expires <= now
     {
         // Past its expiry, not yet closed by the agent's sweep: refused all the same.
-        return Err(decided(&found.approval_id, approvals::EXPIRED));
+        return Err(decided(&found.approval_id, Status::Expired.as_str()));
     }
     let status = match decision {
-        Decision::Approve => approvals::APPROVED,
-        Decision::Reject { .. } => approvals::REJECTED,
+        Decision::Approve => Status::Approved,
+        Decision::Reject { .. } => Status::Rejected,
     };
     let event_type = event.event_type;
     let accepted = append(&state, event, &request).await?;
@@ -225,17 +225,14 @@ async fn decide(
             .await
             .map_err(|error| ApiError::unavailable("event log", error))?;
         if stored.correlation_id != request.0 || stored.event_type != event_type {
-            let stored_status = if stored.event_type == zopu_schema::pb::ApprovalGranted::TYPE {
-                approvals::APPROVED
-            } else {
-                approvals::REJECTED
-            };
+            let stored_status =
+                approval::decision_of(&stored).map_or("decided", |decided| decided.status.as_str());
             return Err(decided(&found.approval_id, stored_status));
         }
     }
     let body = ApprovalDecided {
         approval_id: found.approval_id,
-        status: status.to_owned(),
+        status: status.as_str().to_owned(),
         event_id: accepted.event_id,
         sequence: accepted.sequence,
         duplicate: accepted.duplicate,

@@ -10,7 +10,7 @@
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use zopu_schema::envelope::format_time;
-use zopu_schema::{Envelope, Event, OrgId, ProjectId, pb};
+use zopu_schema::{Envelope, Event, OrgId, ProjectId, approval, pb};
 
 pub(super) const TABLES: &[&str] = &["gw_approvals"];
 
@@ -34,16 +34,8 @@ CREATE TABLE gw_approvals (
 CREATE INDEX gw_approvals_project ON gw_approvals (project_id, requested_sequence);
 ";
 
-/// The status of an approval nobody decided yet.
+/// The stored status of an approval nobody decided yet.
 pub const PENDING: &str = "pending";
-/// After `approval.granted`.
-pub const APPROVED: &str = "approved";
-/// After `approval.denied`.
-pub const REJECTED: &str = "rejected";
-/// After `approval.expired`.
-pub const EXPIRED: &str = "expired";
-/// Every status, for a query's filter.
-pub const STATUSES: [&str; 4] = [PENDING, APPROVED, REJECTED, EXPIRED];
 
 /// An approval as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +48,7 @@ pub struct ApprovalRow {
     pub requested_at: String,
     /// RFC 3339; `None` for approvals recorded before expiry existed.
     pub expires_at: Option<String>,
-    /// [`PENDING`], [`APPROVED`], [`REJECTED`] or [`EXPIRED`].
+    /// An [`approval::Status`]'s name.
     pub status: String,
     /// The reviewer's actor id.
     pub decided_by: Option<String>,
@@ -91,56 +83,36 @@ pub(super) fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> ru
                 ])?;
             }
         }
-        t if t == pb::ApprovalGranted::TYPE => {
-            if let Ok(m) = event.decode::<pb::ApprovalGranted>() {
-                let by = m.by.map(|by| by.id);
-                decide(tx, (org, &project, &m.approval_id), APPROVED, by, &time, "")?;
+        _ => {
+            if let Some(decided) = approval::decision_of(event) {
+                decide(tx, (org, &project), &decided, &time)?;
             }
         }
-        t if t == pb::ApprovalDenied::TYPE => {
-            if let Ok(m) = event.decode::<pb::ApprovalDenied>() {
-                let by = m.by.map(|by| by.id);
-                decide(
-                    tx,
-                    (org, &project, &m.approval_id),
-                    REJECTED,
-                    by,
-                    &time,
-                    &m.reason,
-                )?;
-            }
-        }
-        t if t == pb::ApprovalExpired::TYPE => {
-            if let Ok(m) = event.decode::<pb::ApprovalExpired>() {
-                decide(
-                    tx,
-                    (org, &project, &m.approval_id),
-                    EXPIRED,
-                    None,
-                    &time,
-                    "",
-                )?;
-            }
-        }
-        _ => {}
     }
     Ok(())
 }
 
-/// Records the decision on a pending approval `(org, project, approval)`.
+/// Records `decided` on a pending approval of `(org, project)`.
 fn decide(
     tx: &Transaction<'_>,
-    (org, project, approval): (&str, &str, &str),
-    status: &str,
-    by: Option<String>,
+    (org, project): (&str, &str),
+    decided: &approval::Decision,
     time: &str,
-    reason: &str,
 ) -> rusqlite::Result<()> {
     tx.prepare_cached(
         "UPDATE gw_approvals SET status = ?1, decided_by = ?2, decided_at = ?3, reason = NULLIF(?4, '')
          WHERE org = ?5 AND project_id = ?6 AND approval_id = ?7 AND status = ?8",
     )?
-    .execute(params![status, by, time, reason, org, project, approval, PENDING])?;
+    .execute(params![
+        decided.status.as_str(),
+        decided.by,
+        time,
+        decided.reason,
+        org,
+        project,
+        decided.approval_id,
+        PENDING
+    ])?;
     Ok(())
 }
 
@@ -246,7 +218,7 @@ mod tests {
                 decided.decided_by.as_deref(),
                 decided.reason
             ),
-            (APPROVED, Some("lead"), None)
+            ("approved", Some("lead"), None)
         );
         assert!(decided.decided_at.is_some());
         let other: OrgId = "other".parse().unwrap();

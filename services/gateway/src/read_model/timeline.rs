@@ -14,7 +14,7 @@ use rusqlite::{Connection, Transaction, params};
 use serde::Serialize;
 use utoipa::ToSchema;
 use zopu_schema::envelope::format_time;
-use zopu_schema::{Envelope, Event, OrgId, ProjectId, pb};
+use zopu_schema::{Envelope, Event, OrgId, ProjectId, approval, pb};
 
 use super::artifacts::{self, CardRow};
 use super::projects::{self, SetupRow};
@@ -280,55 +280,30 @@ pub fn item_of(event: &Envelope, sequence: u64, work: Option<&WorkRow>) -> Optio
 
 /// An approval's request (pending as it showed then) or its decision.
 fn approval_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
-    let about = |approval_id: String, action: String, expires_at: &str| {
-        Some(ApprovalRefRow {
-            approval_id,
-            action,
-            expires_at: empty_to_none(expires_at),
-        })
-    };
-    let decision =
-        |status: &str, approval_id: String, by: Option<pb::Actor>, reason: &str| ItemRow {
-            status: Some(status.to_owned()),
-            author: by.map(|by| by.id),
-            text: empty_to_none(reason),
-            approval: about(approval_id, String::new(), ""),
-            ..ItemRow::new(ItemKind::ApprovalDecision, event, sequence)
-        };
-    match event.event_type.as_str() {
-        pb::ApprovalRequested::TYPE => {
-            let m = event.decode::<pb::ApprovalRequested>().ok()?;
-            Some(ItemRow {
-                text: Some(m.detail),
-                status: Some(super::approvals::PENDING.to_owned()),
-                approval: about(m.approval_id, m.action, &m.expires_at),
-                ..ItemRow::new(ItemKind::Approval, event, sequence)
-            })
-        }
-        pb::ApprovalGranted::TYPE => {
-            let m = event.decode::<pb::ApprovalGranted>().ok()?;
-            Some(decision(
-                super::approvals::APPROVED,
-                m.approval_id,
-                m.by,
-                "",
-            ))
-        }
-        pb::ApprovalDenied::TYPE => {
-            let m = event.decode::<pb::ApprovalDenied>().ok()?;
-            Some(decision(
-                super::approvals::REJECTED,
-                m.approval_id,
-                m.by,
-                &m.reason,
-            ))
-        }
-        pb::ApprovalExpired::TYPE => {
-            let m = event.decode::<pb::ApprovalExpired>().ok()?;
-            Some(decision(super::approvals::EXPIRED, m.approval_id, None, ""))
-        }
-        _ => None,
+    if let Ok(m) = event.decode::<pb::ApprovalRequested>() {
+        return Some(ItemRow {
+            text: Some(m.detail),
+            status: Some(approval::Status::Pending.as_str().to_owned()),
+            approval: Some(ApprovalRefRow {
+                approval_id: m.approval_id,
+                action: m.action,
+                expires_at: empty_to_none(&m.expires_at),
+            }),
+            ..ItemRow::new(ItemKind::Approval, event, sequence)
+        });
     }
+    let decided = approval::decision_of(event)?;
+    Some(ItemRow {
+        status: Some(decided.status.as_str().to_owned()),
+        author: decided.by,
+        text: empty_to_none(&decided.reason),
+        approval: Some(ApprovalRefRow {
+            approval_id: decided.approval_id,
+            action: String::new(),
+            expires_at: None,
+        }),
+        ..ItemRow::new(ItemKind::ApprovalDecision, event, sequence)
+    })
 }
 
 fn user_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
