@@ -23,7 +23,7 @@ impl Status {
     pub const ALL: [Status; 4] = [Self::Pending, Self::Approved, Self::Rejected, Self::Expired];
 
     /// The name projections store and the API shows.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "pending",
             Self::Approved => "approved",

@@ -18,7 +18,7 @@ use super::append::append;
 use super::{invalid, owned_project, query_error, read, requester};
 use crate::AppState;
 use crate::http::{ApiError, Caller, ErrorBody, RequestId, body_error, parse_json};
-use crate::read_model::approvals::{self, ApprovalRow, PENDING};
+use crate::read_model::approvals::{self, ApprovalRow};
 use crate::tokens::Scope;
 
 /// An approval as the API shows it.
@@ -200,7 +200,7 @@ async fn decide(
     })
     .await?
     .ok_or_else(|| ApiError::not_found("approval"))?;
-    if found.status != PENDING {
+    if found.status != Status::Pending.as_str() {
         return Err(decided(&found.approval_id, &found.status));
     }
     let now = state.runtime.clock.now();

@@ -35,7 +35,7 @@ CREATE INDEX gw_approvals_project ON gw_approvals (project_id, requested_sequenc
 ";
 
 /// The stored status of an approval nobody decided yet.
-pub const PENDING: &str = "pending";
+const PENDING: &str = approval::Status::Pending.as_str();
 
 /// An approval as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
