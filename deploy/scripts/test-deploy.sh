@@ -83,7 +83,7 @@ cleanup() {
 # and a hex string starting with a digit is read as a broken number.
 secret() { printf 'z'; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 {
-  for user in setup dispatch conversation specialists artifacts gateway operator reader admin; do
+  for user in setup dispatch conversation specialists artifacts executor gateway operator reader admin; do
     echo "ZOPU_$(echo "$user" | tr a-z A-Z)_PASSWORD=$(secret)"
   done
   echo "ZOPU_GATEWAY_LINK_KEY=$(secret)$(secret)"
@@ -132,7 +132,7 @@ expected() { # service replicas
 }
 expected nats-1 1; expected nats-2 1; expected nats-3 1
 expected setup 2; expected dispatch 3; expected conversation 3
-expected specialists 3; expected artifacts 3; expected gateway 2
+expected specialists 3; expected artifacts 3; expected executor 2; expected gateway 2
 ready_deadline=$((SECONDS + 180))
 while :; do
   not_ready=()

@@ -97,7 +97,7 @@ fi
 # 3. Consistency.
 grep -q 'sync_interval: always' nats/cluster.conf && grep -q 'sync_interval: always' nats/cluster-kubernetes.conf \
   || fail "a NATS config lacks sync_interval: always"
-for service in setup dispatch conversation specialists artifacts gateway; do
+for service in setup dispatch conversation specialists artifacts executor gateway; do
   echo "$users" | grep -qx "$service" || fail "accounts.conf has no user $service"
   grep -q "ZOPU_NATS_USER, value: $service }" kubernetes/zopu.yaml || fail "kubernetes/zopu.yaml: $service does not log in as $service"
   grep -q "ZOPU_NATS_USER: $service\b" compose.yaml || fail "compose.yaml: $service does not log in as $service"
@@ -112,7 +112,7 @@ for user in $users; do
 done
 # Secrets per service: each service's Deployment references only its own
 # Secrets (zopu-nats-<service>, and zopu-llm-<service> or zopu-gateway).
-for service in setup dispatch conversation specialists artifacts gateway; do
+for service in setup dispatch conversation specialists artifacts executor gateway; do
   deployment=$(sed -n "/^  name: zopu-$service\$/,/^---/p" kubernetes/zopu.yaml)
   foreign=$(echo "$deployment" | grep -o 'secretKeyRef: { name: [a-z-]*' | sed 's/.*name: //' \
     | grep -vx "zopu-nats-$service\|zopu-llm-$service\|zopu-$service" || true)
@@ -129,7 +129,7 @@ done < <(grep -o 'subjects::durable(SERVICE, "[a-z]*")' -r "$root/services" --in
   | sed 's/:subjects::durable(SERVICE, "\([a-z]*\)")/ \1/' | sort -u)
 ./scripts/accounts-durables.sh --check || fail "accounts.conf: the denials of other services' durables are stale"
 grep -q "{ user: admin," nats/accounts.conf || fail "accounts.conf has no admin identity (zopu streams apply)"
-for service in setup dispatch conversation specialists artifacts gateway; do
+for service in setup dispatch conversation specialists artifacts executor gateway; do
   sed -n "/{ user: $service,/,/subscribe:/p" nats/accounts.conf | grep -q 'STREAM\.\(CREATE\|UPDATE\|DELETE\)\|\$JS\.API\.>' \
     && fail "accounts.conf: $service may create, update or delete a stream"
 done

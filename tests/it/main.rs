@@ -9,6 +9,7 @@ mod conversation;
 #[cfg(feature = "docker")]
 mod docker;
 mod evolution;
+mod executor;
 mod forgery;
 mod foundation;
 mod gateway;

@@ -20,7 +20,7 @@ fn layer(crate_name: &str) -> Option<u8> {
         "zopu-schema" | "zopu-secrets" => 0,
         "zopu-core" | "zopu-sandbox" | "zopu-llm" => 1,
         "zopu-setup" | "zopu-dispatch" | "zopu-conversation" | "zopu-specialists"
-        | "zopu-artifacts" | "zopu-gateway" => 2,
+        | "zopu-artifacts" | "zopu-gateway" | "zopu-executor" => 2,
         "zopu-cli" => 3,
         _ => return None,
     })

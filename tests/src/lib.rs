@@ -31,6 +31,7 @@ pub mod chaos;
 pub mod fixtures;
 pub mod fleet;
 pub mod invariants;
+pub mod tracker;
 
 /// A nats-server on a temp store: a child process (see
 /// `zopu_core::local_server`) or, with `ZOPU_TEST_NATS=docker`, the same

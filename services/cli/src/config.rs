@@ -28,6 +28,7 @@ pub struct ZopuConfig {
     pub conversation: zopu_conversation::Config,
     pub specialists: zopu_specialists::Config,
     pub artifacts: zopu_artifacts::service::Config,
+    pub executor: zopu_executor::Config,
     pub gateway: zopu_gateway::Config,
 }
 
@@ -65,6 +66,7 @@ impl Default for ZopuConfig {
             conversation: Default::default(),
             specialists: Default::default(),
             artifacts: Default::default(),
+            executor: Default::default(),
             gateway: Default::default(),
         }
     }
@@ -131,6 +133,7 @@ impl ZopuConfig {
         self.conversation.validate()?;
         self.specialists.validate()?;
         self.artifacts.validate()?;
+        self.executor.validate()?;
         self.gateway.validate()?;
         Ok(())
     }

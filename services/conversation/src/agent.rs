@@ -780,7 +780,7 @@ impl Turn<'_> {
             .store
             .query(move |conn| crate::approvals::issue_artifact(conn, &org, &project, &artifact))
             .await?;
-        let Some((flow_run, title)) = issue else {
+        let Some(draft) = issue else {
             tracing::info!(artifact_id = %action.artifact_id, "publish clicked on no issue draft of this project; noted");
             return self.complete("noted").await;
         };
@@ -788,7 +788,7 @@ impl Turn<'_> {
         let request = crate::approvals::publish_request(
             source,
             &action.artifact_id,
-            (&flow_run, &title),
+            &draft,
             settings.approval_ttl,
             settings.dry_run,
         );

@@ -20,7 +20,8 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use time::OffsetDateTime;
 use zopu_core::{NewEvent, Runtime};
-use zopu_schema::approval::{self, Status};
+use zopu_schema::approval::{self, PUBLISH_ISSUE, PublishIssue, Status};
+use zopu_schema::flow_result::{self, IssueResult};
 use zopu_schema::envelope::{format_time, parse_time};
 use zopu_schema::{Envelope, FlowRunId, OrgId, ProjectId, keys, pb};
 
@@ -33,9 +34,6 @@ CREATE TABLE cv_approvals (
     PRIMARY KEY (org, project, approval_id));
 CREATE INDEX cv_approvals_due ON cv_approvals (status, expires_unix);
 ";
-
-/// The action a published issue's approval asks for.
-pub const PUBLISH_ISSUE: &str = "issue.publish";
 
 /// Applies what `event` changes of an approval.
 pub(crate) fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Result<()> {
@@ -69,15 +67,48 @@ pub(crate) fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> ru
     Ok(())
 }
 
-/// A published issue artifact of the project: its flow run and title.
+/// A published issue draft of the project, as "Publish to tracker" sends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IssueDraft {
+    pub flow_run: String,
+    pub title: String,
+    /// The issue flow's result (`IssueResult` JSON; empty if unknown).
+    pub result_json: String,
+    pub repository_url: String,
+}
+
+impl IssueDraft {
+    /// The approval's parameters: the issue exactly as it will be sent. The
+    /// body comes from the flow's result, or from the card's title alone
+    /// when the result is unreadable.
+    pub fn parameters(&self, artifact_id: &str) -> PublishIssue {
+        let result = flow_result::decode::<IssueResult>(&self.result_json).ok();
+        let title = result
+            .as_ref()
+            .map(|issue| issue.title.trim())
+            .filter(|title| !title.is_empty())
+            .unwrap_or(&self.title);
+        let body = result.as_ref().map(IssueResult::markdown).unwrap_or_default();
+        PublishIssue {
+            artifact_id: artifact_id.to_owned(),
+            repository: approval::tracker_repository(&self.repository_url).unwrap_or_default(),
+            title: zopu_core::text::clip_chars(title, approval::ISSUE_TITLE_MAX_CHARS),
+            body: zopu_core::text::clip_chars(&body, approval::ISSUE_BODY_MAX_CHARS),
+        }
+    }
+}
+
+/// A published issue draft of the project, by its artifact id.
 pub(crate) fn issue_artifact(
     conn: &Connection,
     org: &OrgId,
     project: &ProjectId,
     artifact_id: &str,
-) -> rusqlite::Result<Option<(String, String)>> {
+) -> rusqlite::Result<Option<IssueDraft>> {
     conn.prepare_cached(
-        "SELECT a.flow_run_id, a.title FROM cv_artifacts a JOIN cv_flows f ON f.flow_run_id = a.flow_run_id
+        "SELECT a.flow_run_id, a.title, f.result_json, COALESCE(p.repository_url, '')
+         FROM cv_artifacts a JOIN cv_flows f ON f.flow_run_id = a.flow_run_id
+         LEFT JOIN cv_projects p ON p.org = a.org AND p.project = a.project
          WHERE a.artifact_id = ?1 AND a.org = ?2 AND a.project = ?3 AND a.status = 'published' AND f.flow_type = ?4
          ORDER BY a.revision DESC LIMIT 1",
     )?
@@ -88,7 +119,14 @@ pub(crate) fn issue_artifact(
             project.to_string(),
             pb::FlowType::Issue as i32
         ],
-        |row| Ok((row.get(0)?, row.get(1)?)),
+        |row| {
+            Ok(IssueDraft {
+                flow_run: row.get(0)?,
+                title: row.get(1)?,
+                result_json: row.get(2)?,
+                repository_url: row.get(3)?,
+            })
+        },
     )
     .optional()
 }
@@ -98,20 +136,28 @@ pub(crate) fn issue_artifact(
 pub(crate) fn publish_request(
     action: &Envelope,
     artifact_id: &str,
-    (flow_run, title): (&str, &str),
+    draft: &IssueDraft,
     ttl: Duration,
     dry_run: bool,
 ) -> NewEvent {
     let approval_id = format!("approval:{artifact_id}:{PUBLISH_ISSUE}");
-    let parameters = serde_json::json!({ "artifact_id": artifact_id, "title": title });
+    let parameters = draft.parameters(artifact_id);
     let expires = action.time + ttl;
+    let destination = if parameters.repository.is_empty() {
+        "the repository's tracker".to_owned()
+    } else {
+        parameters.repository.clone()
+    };
     let requested = pb::ApprovalRequested {
         approval_id,
         action: PUBLISH_ISSUE.into(),
-        detail: format!("Publish the issue \u{201c}{title}\u{201d} to the repository's tracker."),
+        detail: format!(
+            "Publish the issue \u{201c}{}\u{201d} to {destination}.",
+            parameters.title
+        ),
         dry_run,
         expires_at: format_time(expires),
-        parameters_json: parameters.to_string(),
+        parameters_json: serde_json::to_string(&parameters).unwrap_or_default(),
         evidence: vec![artifact_id.to_owned(), action.id.to_string()],
     };
     let mut event = NewEvent::caused_by(
@@ -119,7 +165,7 @@ pub(crate) fn publish_request(
         &requested,
         crate::keys::approval_of_artifact(artifact_id, PUBLISH_ISSUE),
     );
-    if let Ok(flow_run) = flow_run.parse::<FlowRunId>() {
+    if let Ok(flow_run) = draft.flow_run.parse::<FlowRunId>() {
         event = event.with_flow_run(flow_run);
     }
     event

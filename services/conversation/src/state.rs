@@ -43,7 +43,7 @@ impl zopu_core::Projection for ConversationState {
 
     /// 4: approvals.
     fn schema_version(&self) -> u32 {
-        4
+        5
     }
 
     fn tables(&self) -> &'static [&'static str] {
@@ -89,7 +89,8 @@ impl zopu_core::Projection for ConversationState {
                 work_id TEXT NOT NULL, thread_id TEXT NOT NULL, flow_type INTEGER NOT NULL,
                 source_event_id TEXT NOT NULL, status TEXT NOT NULL, summary TEXT NOT NULL DEFAULT '',
                 artifact_build_id TEXT NOT NULL DEFAULT '', failure_code TEXT NOT NULL DEFAULT '',
-                failure_message TEXT NOT NULL DEFAULT '', final_posted INTEGER NOT NULL DEFAULT 0);
+                failure_message TEXT NOT NULL DEFAULT '', final_posted INTEGER NOT NULL DEFAULT 0,
+                result_json TEXT NOT NULL DEFAULT '');
             CREATE TABLE cv_artifacts (
                 artifact_id TEXT NOT NULL, revision INTEGER NOT NULL, org TEXT NOT NULL, project TEXT NOT NULL,
                 flow_run_id TEXT NOT NULL, work_id TEXT NOT NULL, title TEXT NOT NULL, status TEXT NOT NULL,
@@ -303,6 +304,13 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
                 &completed.artifact_build_id,
                 None,
             )?;
+            // An issue's result is what "Publish to tracker" will send.
+            if completed.flow_type == pb::FlowType::Issue as i32
+                && let Some(flow_run) = event.flow_run_id
+            {
+                tx.prepare_cached("UPDATE cv_flows SET result_json = ?2 WHERE flow_run_id = ?1")?
+                    .execute(params![flow_run.to_string(), completed.result_json])?;
+            }
         }
         pb::FlowFailed::TYPE => {
             let failed = decode!(pb::FlowFailed);

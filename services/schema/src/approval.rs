@@ -4,8 +4,18 @@
 //! [`crate::keys::approval_decision`], so a second one is a duplicate on the
 //! stream, and a reader that sees one anyway ignores it).
 
+use serde::{Deserialize, Serialize};
+
 use crate::envelope::Envelope;
 use crate::pb;
+
+/// The action a published issue's approval asks for.
+pub const PUBLISH_ISSUE: &str = "issue.publish";
+
+/// Longest issue title the tracker is sent (GitHub allows 256).
+pub const ISSUE_TITLE_MAX_CHARS: usize = 256;
+/// Longest issue body the tracker is sent (GitHub allows 65,536).
+pub const ISSUE_BODY_MAX_CHARS: usize = 60_000;
 
 /// Where an approval stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -75,5 +85,172 @@ pub fn decision_of(event: &Envelope) -> Option<Decision> {
         ))
     } else {
         None
+    }
+}
+
+/// The parameters of a [`PUBLISH_ISSUE`] approval (its `parameters_json`):
+/// everything the executor sends, fixed when the approval is requested, so
+/// the reviewer approves exactly what will be published.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PublishIssue {
+    pub artifact_id: String,
+    /// `owner/name` on the tracker (from the project's repository URL).
+    pub repository: String,
+    pub title: String,
+    /// Markdown.
+    pub body: String,
+}
+
+/// Why an approval's parameters cannot be executed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParametersProblem {
+    #[error("the parameters are not a JSON object of artifact_id, repository, title and body: {0}")]
+    Shape(String),
+    #[error("the parameters name no tracker repository (owner/name): the project's repository URL has no owner/name path")]
+    NoRepository,
+    #[error("the repository is not owner/name (letters, digits, '.', '-', '_')")]
+    BadRepository,
+    #[error("the issue has no title")]
+    NoTitle,
+    #[error("the issue title is longer than {ISSUE_TITLE_MAX_CHARS} characters")]
+    TitleTooLong,
+    #[error("the issue body is longer than {ISSUE_BODY_MAX_CHARS} characters")]
+    BodyTooLong,
+}
+
+impl PublishIssue {
+    /// Reads and validates an approval's `parameters_json`.
+    pub fn parse(parameters_json: &str) -> Result<Self, ParametersProblem> {
+        let parameters: Self = serde_json::from_str(parameters_json)
+            .map_err(|error| ParametersProblem::Shape(error.to_string()))?;
+        parameters.validate()?;
+        Ok(parameters)
+    }
+
+    pub fn validate(&self) -> Result<(), ParametersProblem> {
+        if self.repository.is_empty() {
+            return Err(ParametersProblem::NoRepository);
+        }
+        if !is_repository_slug(&self.repository) {
+            return Err(ParametersProblem::BadRepository);
+        }
+        if self.title.trim().is_empty() {
+            return Err(ParametersProblem::NoTitle);
+        }
+        if self.title.chars().count() > ISSUE_TITLE_MAX_CHARS {
+            return Err(ParametersProblem::TitleTooLong);
+        }
+        if self.body.chars().count() > ISSUE_BODY_MAX_CHARS {
+            return Err(ParametersProblem::BodyTooLong);
+        }
+        Ok(())
+    }
+}
+
+/// `owner/name`, each part of letters, digits, `.`, `-` and `_`, neither
+/// `.` nor `..` (so it is safe as two URL path segments).
+pub fn is_repository_slug(slug: &str) -> bool {
+    let part = |part: &str| {
+        !part.is_empty()
+            && part.len() <= 100
+            && part != "."
+            && part != ".."
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    };
+    matches!(slug.split_once('/'), Some((owner, name)) if part(owner) && part(name))
+}
+
+/// The tracker repository (`owner/name`) of a repository URL: its last two
+/// path segments, `.git` stripped; `None` when they are not a slug.
+pub fn tracker_repository(repository_url: &str) -> Option<String> {
+    let path = repository_url
+        .split_once("://")
+        .map_or(repository_url, |(_, rest)| {
+            rest.split_once('/').map_or("", |(_, path)| path)
+        });
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    let mut segments = path.trim_end_matches('/').rsplit('/');
+    let name = segments.next()?;
+    let name = name.strip_suffix(".git").unwrap_or(name);
+    let owner = segments.next()?;
+    let slug = format!("{owner}/{name}");
+    is_repository_slug(&slug).then_some(slug)
+}
+
+/// The marker the executor writes into a published issue's body, by which
+/// a retry finds the issue an earlier attempt created.
+pub fn issue_marker(approval_id: &str) -> String {
+    format!("<!-- zopu-approval: {approval_id} -->")
+}
+
+/// How an approved action's execution ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Execution {
+    /// Recorded, not sent: the request it would have sent.
+    DryRun { method: String, url: String },
+    /// The issue exists on the tracker.
+    IssueCreated { url: String, number: u64, artifact_id: String },
+    Failed { code: String, message: String },
+}
+
+/// The execution outcome `event` records, with its approval id.
+pub fn execution_of(event: &Envelope) -> Option<(String, Execution)> {
+    if let Ok(m) = event.decode::<pb::ExecutionDryRun>() {
+        Some((m.approval_id, Execution::DryRun { method: m.method, url: m.url }))
+    } else if let Ok(m) = event.decode::<pb::TrackerIssueCreated>() {
+        Some((m.approval_id, Execution::IssueCreated { url: m.url, number: m.number, artifact_id: m.artifact_id }))
+    } else if let Ok(m) = event.decode::<pb::ExecutionFailed>() {
+        let reason = m.reason.unwrap_or_default();
+        Some((m.approval_id, Execution::Failed { code: reason.code, message: reason.message }))
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tracker_repository_is_the_urls_owner_and_name() {
+        for (url, slug) in [
+            ("https://github.com/acme/widgets", Some("acme/widgets")),
+            ("https://github.com/acme/widgets.git", Some("acme/widgets")),
+            ("https://ghe.example/org/sub/repo.git/", Some("sub/repo")),
+            ("file:///tmp/work/demo", Some("work/demo")),
+            ("https://github.com/widgets", None),
+            ("https://github.com/", None),
+            ("https://github.com/a/..", None),
+        ] {
+            assert_eq!(tracker_repository(url).as_deref(), slug, "{url}");
+        }
+    }
+
+    #[test]
+    fn parameters_are_validated_naming_the_problem() {
+        let good = PublishIssue {
+            artifact_id: "a".into(),
+            repository: "acme/widgets".into(),
+            title: "Retry failed payments".into(),
+            body: "## Summary".into(),
+        };
+        let json = serde_json::to_string(&good).unwrap();
+        assert_eq!(PublishIssue::parse(&json).unwrap(), good);
+        let bad = |change: fn(&mut PublishIssue)| {
+            let mut parameters = good.clone();
+            change(&mut parameters);
+            PublishIssue::parse(&serde_json::to_string(&parameters).unwrap()).unwrap_err()
+        };
+        assert_eq!(bad(|p| p.repository.clear()), ParametersProblem::NoRepository);
+        assert_eq!(bad(|p| p.repository = "a/../b".into()), ParametersProblem::BadRepository);
+        assert_eq!(bad(|p| p.title = " ".into()), ParametersProblem::NoTitle);
+        assert_eq!(bad(|p| p.body = "x".repeat(ISSUE_BODY_MAX_CHARS + 1)), ParametersProblem::BodyTooLong);
+        assert!(matches!(
+            PublishIssue::parse(r#"{"artifact_id":"a","extra":1}"#).unwrap_err(),
+            ParametersProblem::Shape(_)
+        ));
     }
 }

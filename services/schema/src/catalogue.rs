@@ -85,6 +85,9 @@ catalogue! {
     ApprovalGranted => "approval.granted",
     ApprovalDenied => "approval.denied",
     ApprovalExpired => "approval.expired",
+    ExecutionDryRun => "execution.dry_run",
+    ExecutionFailed => "execution.failed",
+    TrackerIssueCreated => "tracker.issue.created",
     DeadLetterRecorded => "runtime.deadletter.recorded",
 }
 

@@ -350,10 +350,93 @@ impl FlowResult for IssueResult {
     }
 }
 
+impl IssueResult {
+    /// The issue as a tracker's Markdown body: the sections of the drafted
+    /// issue in the card's order, evidence as `path:lines` references.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let mut paragraph = |heading: &str, text: &str| {
+            if !text.trim().is_empty() {
+                out.push_str(&format!("## {heading}\n\n{}\n\n", text.trim()));
+            }
+        };
+        paragraph("Summary", &self.summary);
+        paragraph("Current behaviour", &self.current_world);
+        paragraph("Desired behaviour", &self.desired_world);
+        let list = |out: &mut String, heading: &str, items: &[String], checkbox: bool| {
+            let items: Vec<&String> = items.iter().filter(|item| !item.trim().is_empty()).collect();
+            if items.is_empty() {
+                return;
+            }
+            out.push_str(&format!("## {heading}\n\n"));
+            for item in items {
+                let bullet = if checkbox { "- [ ] " } else { "- " };
+                out.push_str(&format!("{bullet}{}\n", item.trim()));
+            }
+            out.push('\n');
+        };
+        list(&mut out, "Scope", &self.scope, false);
+        list(&mut out, "Non-goals", &self.non_goals, false);
+        list(&mut out, "Acceptance criteria", &self.acceptance_criteria, true);
+        list(
+            &mut out,
+            "Suggested implementation",
+            &self.suggested_implementation_shape,
+            false,
+        );
+        list(&mut out, "Risks", &self.risks, false);
+        list(&mut out, "Open questions", &self.open_questions, false);
+        let evidence: Vec<String> = self
+            .evidence
+            .iter()
+            .filter(|item| !item.path.is_empty())
+            .map(|item| {
+                let lines = if item.start_line == 0 {
+                    String::new()
+                } else if item.end_line > item.start_line {
+                    format!(":{}-{}", item.start_line, item.end_line)
+                } else {
+                    format!(":{}", item.start_line)
+                };
+                let note = if item.note.trim().is_empty() {
+                    String::new()
+                } else {
+                    format!(" \u{2014} {}", item.note.trim())
+                };
+                format!("`{}{lines}`{note}", item.path)
+            })
+            .collect();
+        list(&mut out, "Evidence", &evidence, false);
+        out.truncate(out.trim_end().len());
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::asyncapi;
+
+    #[test]
+    fn an_issue_renders_as_markdown_sections() {
+        let issue = IssueResult {
+            title: "Retry failed payments".into(),
+            summary: "Payments that fail are lost.".into(),
+            acceptance_criteria: vec!["A failed payment is retried".into(), " ".into()],
+            evidence: vec![EvidenceItem {
+                path: "src/pay.rs".into(),
+                start_line: 3,
+                end_line: 9,
+                note: "no retry".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            issue.markdown(),
+            "## Summary\n\nPayments that fail are lost.\n\n## Acceptance criteria\n\n- [ ] A failed payment is retried\n\n## Evidence\n\n- `src/pay.rs:3-9` \u{2014} no retry"
+        );
+    }
 
     #[test]
     fn the_checked_in_schema_is_current() {

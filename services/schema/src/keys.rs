@@ -79,6 +79,13 @@ pub fn approval_decision(project: &ProjectId, approval_id: &str) -> String {
     format!("project:{project}:approval:{approval_id}:decision")
 }
 
+/// The one outcome of executing an approved action (`execution.dry_run`,
+/// `execution.failed` or the action's own result event, such as
+/// `tracker.issue.created`): an approval is executed at most once.
+pub fn approval_execution(project: &ProjectId, approval_id: &str) -> String {
+    format!("project:{project}:approval:{approval_id}:execution")
+}
+
 /// A user command other than a setup request (a message, a card action,
 /// the kill switch): `project:<id>:request:<requestId>:<what>`. Scoped to the
 /// project, so one tenant's request ids never collide with another's.

@@ -44,7 +44,7 @@ pub struct DocumentArgs {
 
 /// The durable consumers every service runs, as shipped.
 pub fn consumers() -> Vec<Consumer> {
-    let reactions: [(&str, ReactionConfig); 5] = [
+    let reactions: [(&str, ReactionConfig); 6] = [
         (
             zopu_setup::SERVICE,
             zopu_setup::Config::default().reaction_config(),
@@ -64,6 +64,10 @@ pub fn consumers() -> Vec<Consumer> {
         (
             zopu_artifacts::service::SERVICE,
             zopu_artifacts::service::Config::default().reaction_config(),
+        ),
+        (
+            zopu_executor::SERVICE,
+            zopu_executor::Config::default().reaction(),
         ),
     ];
     reactions

@@ -21,16 +21,18 @@ pub enum Service {
     Conversation,
     Specialists,
     Artifacts,
+    Executor,
     Gateway,
 }
 
 impl Service {
-    pub const ALL: [Service; 6] = [
+    pub const ALL: [Service; 7] = [
         Service::Setup,
         Service::Dispatch,
         Service::Conversation,
         Service::Specialists,
         Service::Artifacts,
+        Service::Executor,
         Service::Gateway,
     ];
 
@@ -41,6 +43,7 @@ impl Service {
             Service::Conversation => "conversation",
             Service::Specialists => "specialists",
             Service::Artifacts => "artifacts",
+            Service::Executor => "executor",
             Service::Gateway => "gateway",
         }
     }
@@ -109,6 +112,7 @@ pub(crate) async fn run_service(
         Service::Artifacts => {
             zopu_artifacts::service::run(core, config.artifacts.clone(), shutdown).await?
         }
+        Service::Executor => zopu_executor::run(core, config.executor.clone(), shutdown).await?,
         Service::Gateway => match link_key {
             Some(link_key) => {
                 zopu_gateway::run_with(core, config.gateway.clone(), link_key, shutdown).await?
@@ -236,7 +240,7 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
         });
     }
 
-    progress("  services      setup, dispatch, conversation, specialists, artifacts, gateway");
+    progress("  services      setup, dispatch, conversation, specialists, artifacts, executor (dry-run), gateway");
     match config.metrics_listen {
         Some(address) => {
             let bound = spawn_metrics(address, &shutdown).await?;

@@ -42,6 +42,13 @@ pub struct ApprovalView {
     pub decided_at: Option<String>,
     /// A rejection's reason.
     pub reason: Option<String>,
+    /// How the executor carried out an approved action: `dry_run` (recorded,
+    /// nothing sent), `created` or `failed`; absent until it did.
+    pub execution: Option<String>,
+    /// The request a dry run recorded, the created issue's URL, or the
+    /// failure's reason.
+    pub execution_detail: Option<String>,
+    pub executed_at: Option<String>,
 }
 
 impl From<ApprovalRow> for ApprovalView {
@@ -58,6 +65,9 @@ impl From<ApprovalRow> for ApprovalView {
             decided_by: row.decided_by,
             decided_at: row.decided_at,
             reason: row.reason,
+            execution: row.execution,
+            execution_detail: row.execution_detail,
+            executed_at: row.executed_at,
         }
     }
 }

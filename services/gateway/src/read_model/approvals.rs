@@ -29,6 +29,9 @@ CREATE TABLE gw_approvals (
     decided_by TEXT,
     decided_at TEXT,
     reason TEXT,
+    execution TEXT,
+    execution_detail TEXT,
+    executed_at TEXT,
     PRIMARY KEY (org, project_id, approval_id)
 );
 CREATE INDEX gw_approvals_project ON gw_approvals (project_id, requested_sequence);
@@ -55,6 +58,12 @@ pub struct ApprovalRow {
     pub decided_at: Option<String>,
     /// A rejection's reason.
     pub reason: Option<String>,
+    /// How a granted approval was carried out: `dry_run`, `created` or
+    /// `failed` (`None` until the executor recorded it).
+    pub execution: Option<String>,
+    /// The request a dry run recorded, the issue URL, or the failure.
+    pub execution_detail: Option<String>,
+    pub executed_at: Option<String>,
 }
 
 /// Applies what `event` changes of an approval.
@@ -86,6 +95,13 @@ pub(super) fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> ru
         _ => {
             if let Some(decided) = approval::decision_of(event) {
                 decide(tx, (org, &project), &decided, &time)?;
+            } else if let Some((approval_id, execution)) = approval::execution_of(event) {
+                let (status, detail) = super::timeline::execution_summary(&execution);
+                tx.prepare_cached(
+                    "UPDATE gw_approvals SET execution = ?1, execution_detail = ?2, executed_at = ?3
+                     WHERE org = ?4 AND project_id = ?5 AND approval_id = ?6 AND execution IS NULL",
+                )?
+                .execute(params![status, detail, time, org, project, approval_id])?;
             }
         }
     }
@@ -116,7 +132,7 @@ fn decide(
     Ok(())
 }
 
-const COLUMNS: &str = "approval_id, action, detail, dry_run, requested_sequence, requested_at, expires_at, status, decided_by, decided_at, reason";
+const COLUMNS: &str = "approval_id, action, detail, dry_run, requested_sequence, requested_at, expires_at, status, decided_by, decided_at, reason, execution, execution_detail, executed_at";
 
 fn row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRow> {
     Ok(ApprovalRow {
@@ -131,6 +147,9 @@ fn row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRow> {
         decided_by: row.get(8)?,
         decided_at: row.get(9)?,
         reason: row.get(10)?,
+        execution: row.get(11)?,
+        execution_detail: row.get(12)?,
+        executed_at: row.get(13)?,
     })
 }
 
@@ -231,6 +250,28 @@ mod tests {
             list(&store.connection, &org, &project, Some(PENDING))
                 .unwrap()
                 .is_empty()
+        );
+        // The executor's one outcome is shown on it; a second is ignored.
+        let created = pb::TrackerIssueCreated {
+            approval_id: requested.approval_id.clone(),
+            url: "http://127.0.0.1:9/acme/widgets/issues/7".into(),
+            number: 7,
+            ..Default::default()
+        };
+        let failed = pb::ExecutionFailed {
+            approval_id: requested.approval_id.clone(),
+            ..Default::default()
+        };
+        store.apply(&[
+            envelope("acme", project, &created, 5),
+            envelope("acme", project, &failed, 6),
+        ]);
+        let executed = find(&store.connection, &org, &project, &requested.approval_id)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (executed.execution.as_deref(), executed.execution_detail.as_deref()),
+            (Some("created"), Some("http://127.0.0.1:9/acme/widgets/issues/7"))
         );
     }
 }

@@ -31,7 +31,7 @@ pub use pool::ReadPool;
 
 /// Bump to rebuild the projection (tables are dropped and the stream replayed).
 /// 1: API types stored as JSON; 2: rows as columns; 3: approvals; 4: their expiry.
-const SCHEMA_VERSION: u32 = 4;
+const SCHEMA_VERSION: u32 = 5;
 
 const TABLE_COUNT: usize = projects::TABLES.len()
     + works::TABLES.len()

@@ -110,10 +110,14 @@ pub enum ItemKind {
     Approval,
     /// The one decision on it: `approval.granted`, `.denied` or `.expired`.
     ApprovalDecision,
+    /// How a granted approval was carried out: `execution.dry_run`,
+    /// `execution.failed` or `tracker.issue.created` (status `dry_run`,
+    /// `failed`, `created`; text the request, the reason or the issue URL).
+    Execution,
 }
 
 impl ItemKind {
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::UserMessage,
         Self::UserAction,
         Self::Acknowledgement,
@@ -128,6 +132,7 @@ impl ItemKind {
         Self::Setup,
         Self::Approval,
         Self::ApprovalDecision,
+        Self::Execution,
     ];
 
     pub fn name(self) -> &'static str {
@@ -146,6 +151,7 @@ impl ItemKind {
             Self::Setup => "setup",
             Self::Approval => "approval",
             Self::ApprovalDecision => "approval_decision",
+            Self::Execution => "execution",
         }
     }
 }
@@ -267,6 +273,8 @@ pub fn item_of(event: &Envelope, sequence: u64, work: Option<&WorkRow>) -> Optio
         flow_item(event, sequence)
     } else if t.starts_with("approval.") {
         approval_item(event, sequence)
+    } else if t.starts_with("execution.") || t == pb::TrackerIssueCreated::TYPE {
+        execution_item(event, sequence)
     } else if t == pb::ArtifactPublished::TYPE {
         // The card itself is the artifacts aggregate's (same sequence).
         event
@@ -304,6 +312,43 @@ fn approval_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
         }),
         ..ItemRow::new(ItemKind::ApprovalDecision, event, sequence)
     })
+}
+
+/// Items whose artifact ids are kept: a final answer's artifacts, and the
+/// issue a published approval created.
+fn lists_artifacts(kind: ItemKind) -> bool {
+    matches!(kind, ItemKind::AgentFinal | ItemKind::Execution)
+}
+
+/// How a granted approval was carried out.
+fn execution_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
+    let (approval_id, execution) = approval::execution_of(event)?;
+    let (status, text) = execution_summary(&execution);
+    let artifact_ids = match &execution {
+        approval::Execution::IssueCreated { artifact_id, .. } if !artifact_id.is_empty() => vec![artifact_id.clone()],
+        _ => Vec::new(),
+    };
+    Some(ItemRow {
+        artifact_ids,
+        status: Some(status.to_owned()),
+        text: Some(text),
+        approval: Some(ApprovalRefRow {
+            approval_id,
+            action: String::new(),
+            expires_at: None,
+        }),
+        ..ItemRow::new(ItemKind::Execution, event, sequence)
+    })
+}
+
+/// An execution's status name and its one line: the request a dry run
+/// recorded, the issue's URL, or the failure's reason.
+pub(crate) fn execution_summary(execution: &approval::Execution) -> (&'static str, String) {
+    match execution {
+        approval::Execution::DryRun { method, url } => ("dry_run", format!("{method} {url}")),
+        approval::Execution::IssueCreated { url, .. } => ("created", url.clone()),
+        approval::Execution::Failed { code, message } => ("failed", format!("{message} ({code})")),
+    }
 }
 
 fn user_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
@@ -701,14 +746,14 @@ fn with_children(
             .map(|item| item.sequence)
             .collect()
     };
-    let finals = sequences_where(|item| item.kind == ItemKind::AgentFinal);
+    let finals = sequences_where(|item| lists_artifacts(item.kind));
     let setups = sequences_where(|item| item.setup.is_some());
     let artifact_items = sequences_where(|item| item.kind == ItemKind::Artifact);
     let mut artifact_ids = read_lists(conn, "gw_timeline_artifact_ids", "artifact_id", &finals)?;
     let mut environment_names = read_lists(conn, "gw_timeline_environment_names", "name", &setups)?;
     let mut cards = artifacts::cards(conn, org, &artifact_items)?;
     for item in &mut page {
-        if item.kind == ItemKind::AgentFinal {
+        if lists_artifacts(item.kind) {
             item.artifact_ids = artifact_ids.remove(&item.sequence).unwrap_or_default();
         }
         if let Some(setup) = item.setup.as_mut() {
@@ -1234,6 +1279,18 @@ mod tests {
                         id: "lead".into(),
                     }),
                     reason: "Not yet.".into(),
+                },
+                17,
+            ),
+            envelope(
+                "acme",
+                project,
+                &pb::TrackerIssueCreated {
+                    approval_id: "approval:art-1:issue.publish".into(),
+                    artifact_id: "art-1".into(),
+                    url: "https://tracker.example/acme/r/issues/3".into(),
+                    number: 3,
+                    ..Default::default()
                 },
                 17,
             ),

@@ -154,6 +154,8 @@
       this.works = new Map();
       // Approval cards by approval id, and the decisions already seen.
       this.approvals = new Map();
+      // Artifact cards by artifact id (a published issue links from its card).
+      this.artifactCards = new Map();
       this.decided = new Map();
       this.heading = el("h1", { tabindex: "-1" }, project.name);
       this.setup = el("section", { class: "panel setup", "aria-labelledby": "setup-title" });
@@ -369,6 +371,7 @@
           const why = item.text ? " — " + item.text : "";
           return el("li", { class: "item note approval-decision" }, outcome + who + why);
         }
+        case "execution": return this.execution(item);
         default: return null;
       }
     }
@@ -414,6 +417,30 @@
       if (buttons) buttons.remove();
     }
 
+    // How an approved action was carried out: shown under its approval and,
+    // for a published issue, as a link on the issue's artifact card.
+    execution(item) {
+      const link = (url) => /^https?:\/\//.test(url)
+        ? el("a", { href: url, target: "_blank", rel: "noopener noreferrer", class: "tracker-link" }, url)
+        : el("span", {}, url);
+      const line = () => {
+        switch (item.status) {
+          case "created": return el("p", { class: "small execution" }, "Published: ", link(item.text));
+          case "dry_run": return el("p", { class: "small execution" }, "Dry run (nothing sent): " + item.text);
+          default: return el("p", { class: "small execution error" }, "Not carried out: " + item.text);
+        }
+      };
+      const card = this.approvals.get(item.approval.approval_id);
+      if (card) card.append(line());
+      if (item.status === "created") {
+        for (const id of item.artifact_ids || []) {
+          const artifact = this.artifactCards.get(id);
+          if (artifact) artifact.append(line());
+        }
+      }
+      return el("li", { class: "item note execution" + (item.status === "failed" ? " error" : "") }, line());
+    }
+
     artifactCard(artifact) {
       // A plain link with rel="noopener noreferrer": the artifact's tab gets
       // no handle on this window and no copy of its sessionStorage (the
@@ -447,12 +474,14 @@
         });
         return button;
       });
-      return el("li", { class: "item card artifact" },
+      const card = el("li", { class: "item card artifact" },
         el("p", { class: "kicker" }, "Artifact · revision " + artifact.revision),
         el("h3", {}, artifact.title),
         artifact.summary ? el("p", {}, artifact.summary) : null,
         facts,
         el("div", { class: "actions" }, open, actions));
+      this.artifactCards.set(artifact.artifact_id, card);
+      return card;
     }
   }
 
