@@ -21,12 +21,13 @@ use zopu_tests::fleet::{Fleet, FleetConfig};
 use zopu_tests::{fixtures, workspace_root, zopu_binary};
 
 /// Every identity of accounts.conf.
-const IDENTITIES: [&str; 9] = [
+const IDENTITIES: [&str; 10] = [
     "setup",
     "dispatch",
     "conversation",
     "specialists",
     "artifacts",
+    "executor",
     "gateway",
     "operator",
     "reader",
@@ -35,12 +36,13 @@ const IDENTITIES: [&str; 9] = [
 
 /// Each reaction service, its durable's purpose (`subjects::durable(service,
 /// purpose)`) and one event type it owns.
-const SERVICES: [(&str, &str, &str); 5] = [
+const SERVICES: [(&str, &str, &str); 6] = [
     ("setup", "requests", "project.ready"),
     ("dispatch", "sources", "dispatch.created"),
     ("conversation", "dispatches", "agent.final"),
     ("specialists", "flows", "flow.completed"),
     ("artifacts", "builds", "artifact.published"),
+    ("executor", "grants", "tracker.issue.created"),
 ];
 
 /// A durable's consumer names: unpartitioned, and partition 3 of 12 (the
@@ -511,7 +513,7 @@ async fn the_flow_runs_with_every_service_as_its_own_identity() -> Result<()> {
     // No service stopped on a refused operation, and none was refused one.
     let running = fleet.running();
     ensure!(
-        running.len() == 6,
+        running.len() == SERVICES.len() + 1,
         "only {running:?} still run\n{}",
         logs(&fleet)
     );
