@@ -280,7 +280,7 @@ async fn journey(client: &Client, dev: &mut ZopuDev, shots: &Screenshots) -> Res
 /// An issue drafted on request; its card's "Publish to tracker" brings an
 /// approval card with Approve / Reject; approving it (the dev token has
 /// every scope) shows the decision on the card, without its buttons, and on
-/// the timeline.
+/// the timeline, and then the executor's dry run on the card.
 async fn approve_a_published_issue(client: &Client, shots: &Screenshots) -> Result<()> {
     let cards = counts(client).await?["li.card.artifact"];
     let input = wait_for(client, "form.composer textarea#message").await?;
@@ -318,6 +318,14 @@ async fn approve_a_published_issue(client: &Client, shots: &Screenshots) -> Resu
         client,
         "the decision on the approval card and on the timeline",
         "const card = document.querySelector('li.card.approval'); return card.querySelector('.status').textContent.startsWith('approved') && card.querySelector('.actions') === null && document.querySelectorAll('li.approval-decision').length === 1",
+    )
+    .await?;
+    // The executor (dry-run under `zopu dev`) records the request it would
+    // send; the card shows it, naming the tracker's issues URL.
+    wait_for_js(
+        client,
+        "the executor's dry run on the approval card",
+        "const line = document.querySelector('li.card.approval p.execution'); return line !== null && line.textContent.startsWith('Dry run (nothing sent): POST https://api.github.com/repos/') && line.textContent.endsWith('/issues')",
     )
     .await?;
     shots.both(client, "07-approved").await
