@@ -280,7 +280,7 @@ async fn journey(client: &Client, dev: &mut ZopuDev, shots: &Screenshots) -> Res
 /// An issue drafted on request; its card's "Publish to tracker" brings an
 /// approval card with Approve / Reject; approving it (the dev token has
 /// every scope) shows the decision on the card, without its buttons, and on
-/// the timeline, and then the executor's dry run on the card.
+/// the timeline, and then the executor's outcome on the card.
 async fn approve_a_published_issue(client: &Client, shots: &Screenshots) -> Result<()> {
     let cards = counts(client).await?["li.card.artifact"];
     let input = wait_for(client, "form.composer textarea#message").await?;
@@ -320,12 +320,13 @@ async fn approve_a_published_issue(client: &Client, shots: &Screenshots) -> Resu
         "const card = document.querySelector('li.card.approval'); return card.querySelector('.status').textContent.startsWith('approved') && card.querySelector('.actions') === null && document.querySelectorAll('li.approval-decision').length === 1",
     )
     .await?;
-    // The executor (dry-run under `zopu dev`) records the request it would
-    // send; the card shows it, naming the tracker's issues URL.
+    // The executor's outcome shows on the card: the demo repository is a
+    // local one, not on the tracker's host, so there is nowhere to publish
+    // it, and the card says so (nothing is sent).
     wait_for_js(
         client,
-        "the executor's dry run on the approval card",
-        "const line = document.querySelector('li.card.approval p.execution'); return line !== null && line.textContent.startsWith('Dry run (nothing sent): POST https://api.github.com/repos/') && line.textContent.endsWith('/issues')",
+        "the executor's outcome on the approval card",
+        "const line = document.querySelector('li.card.approval p.execution'); return line !== null && line.textContent.startsWith('Not carried out: ') && line.textContent.includes('no tracker repository') && line.textContent.endsWith('(executor.invalid_parameters)')",
     )
     .await?;
     shots.both(client, "07-approved").await

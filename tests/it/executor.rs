@@ -104,15 +104,20 @@ async fn dry_run_by_default_records_the_request_and_sends_nothing() -> Result<()
     assert!(body["body"].as_str().unwrap_or_default().contains(&approval::issue_marker(&approval_id)));
     assert!(tracker.requests().is_empty(), "a dry run sends nothing: {:?}", tracker.requests());
 
-    // A rejected approval never executes: nothing is recorded for it.
+    // A grant that is not the approval's decision (stored after its
+    // rejection under another key, as a faulty producer could) executes
+    // nothing and says so.
     let rejected = request_publish(&bus, &org, project, "Another").await?;
     decide(&bus, &org, project, &rejected, &Decision::Reject { reason: "not now".into() }).await?;
-    let approved = request_publish(&bus, &org, project, "Third").await?;
-    decide(&bus, &org, project, &approved, &Decision::Approve).await?;
-    outcome(&bus, &org, project, &approved).await?;
-    let rejected_key = keys::approval_execution(&project, &rejected);
-    let events = history(&bus, &subjects::project_events(&org, &project)).await?;
-    ensure!(!events.iter().any(|(_, event)| event.idempotency_key == rejected_key), "a rejected approval was executed");
+    let late = pb::ApprovalGranted {
+        approval_id: rejected.clone(),
+        by: Some(pb::Actor { kind: pb::actor::Kind::User as i32, id: "mallory".into() }),
+    };
+    Publisher::new(bus.clone(), "gateway", None)
+        .append(NewEvent::root(org.clone(), project, &late, format!("test:late-grant:{rejected}"), None))
+        .await?;
+    let refused = outcome(&bus, &org, project, &rejected).await?.decode::<pb::ExecutionFailed>()?;
+    assert_eq!(refused.reason.unwrap_or_default().code, "executor.not_granted");
     assert!(tracker.requests().is_empty());
     shutdown.cancel();
     handle.await??;

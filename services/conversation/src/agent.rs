@@ -49,6 +49,8 @@ pub(crate) struct Settings {
     pub daily_model_tokens_per_org: u64,
     /// How long an approval the agent requests stays open.
     pub approval_ttl: std::time::Duration,
+    /// Where projects' issues are published (`Config::tracker_host`).
+    pub tracker_host: String,
     pub fail_point: Option<FailPoint>,
 }
 
@@ -789,7 +791,7 @@ impl Turn<'_> {
             source,
             &action.artifact_id,
             &draft,
-            settings.approval_ttl,
+            (settings.approval_ttl, &settings.tracker_host),
             settings.dry_run,
         );
         self.append(request).await?;

@@ -81,7 +81,7 @@ impl IssueDraft {
     /// The approval's parameters: the issue exactly as it will be sent. The
     /// body comes from the flow's result, or from the card's title alone
     /// when the result is unreadable.
-    pub fn parameters(&self, artifact_id: &str) -> PublishIssue {
+    pub fn parameters(&self, artifact_id: &str, tracker_host: &str) -> PublishIssue {
         let result = flow_result::decode::<IssueResult>(&self.result_json).ok();
         let title = result
             .as_ref()
@@ -91,7 +91,8 @@ impl IssueDraft {
         let body = result.as_ref().map(IssueResult::markdown).unwrap_or_default();
         PublishIssue {
             artifact_id: artifact_id.to_owned(),
-            repository: approval::tracker_repository(&self.repository_url).unwrap_or_default(),
+            repository: approval::tracker_repository(&self.repository_url, tracker_host)
+                .unwrap_or_default(),
             title: zopu_core::text::clip_chars(title, approval::ISSUE_TITLE_MAX_CHARS),
             body: zopu_core::text::clip_chars(&body, approval::ISSUE_BODY_MAX_CHARS),
         }
@@ -137,16 +138,16 @@ pub(crate) fn publish_request(
     action: &Envelope,
     artifact_id: &str,
     draft: &IssueDraft,
-    ttl: Duration,
+    (ttl, tracker_host): (Duration, &str),
     dry_run: bool,
 ) -> NewEvent {
     let approval_id = format!("approval:{artifact_id}:{PUBLISH_ISSUE}");
-    let parameters = draft.parameters(artifact_id);
+    let parameters = draft.parameters(artifact_id, tracker_host);
     let expires = action.time + ttl;
     let destination = if parameters.repository.is_empty() {
-        "the repository's tracker".to_owned()
+        format!("a tracker (the project's repository is not on {tracker_host}, so there is none to publish to)")
     } else {
-        parameters.repository.clone()
+        format!("{} on {tracker_host}", parameters.repository)
     };
     let requested = pb::ApprovalRequested {
         approval_id,

@@ -166,6 +166,12 @@ pub struct Config {
     /// How often this instance closes approvals past their expiry.
     #[serde(with = "zopu_core::config::duration")]
     pub approval_sweep_interval: Duration,
+    /// The host whose repositories have a tracker to publish issues to
+    /// (`github.com`, or a GitHub Enterprise host): a project whose
+    /// repository URL is `https://<tracker_host>/<owner>/<name>` publishes
+    /// there; any other project's publish approval names no repository and
+    /// fails visibly when executed.
+    pub tracker_host: String,
     /// Test-only crash injection; never read from configuration.
     #[serde(skip)]
     pub fail_point: Option<FailPoint>,
@@ -188,6 +194,7 @@ impl Default for Config {
             daily_model_tokens_per_org: 2_000_000,
             approval_ttl: Duration::from_secs(72 * 3600),
             approval_sweep_interval: Duration::from_secs(15),
+            tracker_host: "github.com".into(),
             fail_point: None,
         }
     }
@@ -228,6 +235,15 @@ impl Config {
             || self.approval_sweep_interval > Duration::from_secs(3600)
         {
             return bad("approval_sweep_interval", "must be between 100ms and 1h");
+        }
+        let host_ok = !self.tracker_host.is_empty()
+            && self.tracker_host.len() <= 253
+            && self
+                .tracker_host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".-:".contains(c));
+        if !host_ok {
+            return bad("tracker_host", "must be a host name such as github.com (an optional :port)");
         }
         self.reaction().validate(SERVICE)?;
         if self.handler_timeout < Duration::from_secs(1)
@@ -299,6 +315,7 @@ impl Config {
                 rejection_backoff: self.rejection_backoff,
                 daily_model_tokens_per_org: self.daily_model_tokens_per_org,
                 approval_ttl: self.approval_ttl,
+                tracker_host: self.tracker_host.to_ascii_lowercase(),
                 fail_point: self.fail_point,
             },
             self.provider()?,

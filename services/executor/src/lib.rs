@@ -9,18 +9,22 @@
 //! configurable) and recorded as `tracker.issue.created` with its URL.
 //!
 //! Invariants:
-//! - Nothing executes without an `approval.granted`; a rejected or expired
-//!   approval is never granted (one decision key per approval), so it never
-//!   reaches this service.
+//! - Nothing executes without an `approval.granted` that is the approval's
+//!   first decision, made before its expiry (the projection folds the
+//!   decisions as every reader does); anything else is refused visibly
+//!   (`executor.not_granted`).
 //! - At most one outcome per approval: `execution.dry_run`,
 //!   `execution.failed` and `tracker.issue.created` share the key
 //!   [`keys::approval_execution`], and an approval already executed is
 //!   skipped on redelivery or replay.
-//! - At most one issue per approval on the tracker, even when the executor
-//!   dies between the tracker's answer and storing the event: the issue's
-//!   body carries [`approval::issue_marker`], and every attempt first looks
-//!   the marker up among the newest issues (a found issue is recorded with
-//!   `found_existing`).
+//! - One issue per approval on the tracker, even when the executor dies
+//!   between the tracker's answer and storing the event: the issue's body
+//!   carries [`approval::issue_marker`], and every attempt first looks the
+//!   marker up among the issues updated since shortly before the grant (a
+//!   found issue is recorded with `found_existing`). What this cannot
+//!   close: two instances creating at the same instant (one partition is
+//!   worked by one instance at a time, so only a stalled owner whose lease
+//!   expired mid-request can), and a tracker whose listing lags its creates.
 //! - Dry-run is the default (`executor.dry_run = true`): the request it
 //!   would have sent is recorded (`execution.dry_run`: method, URL, body)
 //!   and nothing is sent. An approval requested in dry-run
@@ -28,10 +32,13 @@
 //! - The kill switch holds here too: a grant for a project whose agent is
 //!   disabled ends as `execution.failed` (`executor.kill_switch`), nothing
 //!   sent.
-//! - Bounded retries: a transient tracker failure (network, timeout, 429,
-//!   5xx) is retried `max_attempts` times with doubling backoff, each
-//!   attempt looking the marker up first; a refusal (401, 403, 404, 422) ends
-//!   at once. Either way the failure is a visible `execution.failed`.
+//! - Bounded retries: a transient tracker failure (network, timeout, 408,
+//!   429, 5xx, GitHub's 403 rate limit, an unreadable 2xx) is retried
+//!   `max_attempts` times with doubling backoff, each attempt looking the
+//!   marker up first; past them (or without a token) the grant goes back to
+//!   the reaction, which retries it later and, past `max_deliver`, records
+//!   `execution.failed` (`executor.gave_up`). A refusal (401, 403, 404, 422)
+//!   ends at once as `execution.failed` (`executor.tracker_refused`).
 //! - The token is read from the environment variable (or file) named in
 //!   config, checked at start in real mode, and sent only in the
 //!   `Authorization` header; it never enters an event or a log line.
@@ -107,7 +114,7 @@ impl Default for Config {
             retry_backoff: Duration::from_secs(1),
             max_ack_pending: 64,
             max_deliver: 10,
-            handler_timeout: Duration::from_secs(300),
+            handler_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -139,6 +146,16 @@ impl Config {
         let tracker = &self.tracker;
         check_base_url(&tracker.base_url)
             .map_err(|reason| ConfigError::setting("executor.tracker.base_url", reason))?;
+        let worst = self.worst_case();
+        if worst > self.handler_timeout {
+            return Err(ConfigError::setting(
+                "executor.handler_timeout",
+                format!(
+                    "must cover every attempt: max_attempts × (lookup_pages + 1) × tracker.request_timeout plus the backoffs is {}s",
+                    worst.as_secs()
+                ),
+            ));
+        }
         if tracker.token_file.is_empty() && tracker.token_env.trim().is_empty() {
             return Err(ConfigError::setting(
                 "executor.tracker.token_env",
@@ -155,6 +172,24 @@ impl Config {
             return Err(ConfigError::setting("executor.tracker.lookup_pages", "must be between 1 and 20"));
         }
         Ok(())
+    }
+
+    /// The longest one approval's attempts can take.
+    fn worst_case(&self) -> Duration {
+        let requests = self.max_attempts * (self.tracker.lookup_pages + 1);
+        let backoffs = (1..self.max_attempts).fold(Duration::ZERO, |sum, n| {
+            sum + self.retry_backoff.saturating_mul(1 << (n - 1))
+        });
+        self.tracker.request_timeout.saturating_mul(requests) + backoffs
+    }
+
+    /// The key naming where the token comes from.
+    fn token_key(&self) -> &'static str {
+        if self.tracker.token_file.is_empty() {
+            "executor.tracker.token_env"
+        } else {
+            "executor.tracker.token_file"
+        }
     }
 
     /// The consumer of granted approvals.
@@ -180,29 +215,28 @@ impl Config {
 }
 
 /// `https://…`, or `http://` to a loopback host (a token never crosses a
-/// network in clear text); no userinfo, query or fragment.
+/// network in clear text); no credentials, query or fragment.
 fn check_base_url(url: &str) -> Result<(), String> {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return Err("must be an http(s) URL".into());
-    };
-    let authority = rest.split('/').next().unwrap_or_default();
-    if authority.is_empty() || authority.contains('@') || rest.contains(['?', '#']) {
-        return Err("must be scheme://host[:port][/path] with no userinfo, query or fragment".into());
+    let parsed = reqwest::Url::parse(url).map_err(|error| format!("not a URL: {error}"))?;
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err("must not carry credentials (the token comes from executor.tracker.token_env)".into());
     }
-    let host = authority
-        .rsplit_once(':')
-        .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
-        .map_or(authority, |(host, _)| host);
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err("must not have a query or fragment".into());
+    }
+    let Some(host) = parsed.host_str() else {
+        return Err("names no host".into());
+    };
     let loopback = host == "localhost"
         || host
             .trim_matches(['[', ']'])
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback());
-    match scheme {
+    match parsed.scheme() {
         "https" => Ok(()),
         "http" if loopback => Ok(()),
         "http" => Err("must be https:// (http:// only to a loopback host)".into()),
-        _ => Err("must be an http(s) URL".into()),
+        other => Err(format!("scheme must be https, not {other}")),
     }
 }
 
@@ -225,7 +259,7 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
         // Real mode needs its token now, not at the first approval.
         key_source.load().await.map_err(|error| {
             ConfigError::setting(
-                "executor.tracker.token_env",
+                config.token_key(),
                 format!("real mode (executor.dry_run = false) needs the tracker token: {error}"),
             )
         })?;
@@ -292,6 +326,13 @@ impl Executor {
                 "The granted approval was never requested in this project; nothing was done.".into(), 0, false));
         };
         let action = requested.action.as_str();
+        let expired = zopu_schema::envelope::parse_time(&requested.expires_at)
+            .is_some_and(|expires| event.time > expires);
+        if requested.status != approval::Status::Approved || expired {
+            return Ok(failed(approval_id, action, "executor.not_granted",
+                format!("This grant is not the approval's decision (it stands {}); nothing was done.",
+                    if expired { "past the expiry".to_owned() } else { format!("as {}", requested.status.as_str()) }), 0, false));
+        }
         if disabled {
             return Ok(failed(approval_id, action, "executor.kill_switch",
                 "The project's agent is disabled (kill switch); the approved action was not carried out.".into(), 0, false));
@@ -328,19 +369,26 @@ impl Executor {
                 body_json: body.to_string(),
             }));
         }
-        self.publish(approval_id, &parameters, &body, ctx).await
+        self.publish(event, approval_id, &parameters, &body, ctx).await
     }
 
     /// Creates the issue unless an earlier attempt did, retrying transient
     /// failures.
-    async fn publish(&self, approval_id: &str, parameters: &PublishIssue, body: &serde_json::Value, ctx: &ReactionContext) -> Result<Outcome, HandlerError> {
+    async fn publish(&self, granted: &Envelope, approval_id: &str, parameters: &PublishIssue, body: &serde_json::Value, ctx: &ReactionContext) -> Result<Outcome, HandlerError> {
+        // Transient: the reaction retries later, and past max_deliver records
+        // executor.gave_up.
         let token = match self.key_source.load().await {
             Ok(Some(token)) => token,
             Ok(None) | Err(_) => {
-                return Ok(failed(approval_id, PUBLISH_ISSUE, "executor.no_token",
-                    "The tracker token is not available (see executor.tracker.token_env); nothing was sent.".into(), 0, true));
+                return Err(HandlerError::Transient(format!(
+                    "the tracker token is not available ({}); nothing was sent",
+                    self.config.token_key()
+                )));
             }
         };
+        // An earlier attempt created its issue after the grant, so it was
+        // updated since (a margin for clock skew between us and the tracker).
+        let since = lookup_since(granted.time);
         let marker = approval::issue_marker(approval_id);
         let repository = parameters.repository.as_str();
         let mut backoff = self.config.retry_backoff;
@@ -353,7 +401,7 @@ impl Executor {
                 }
                 backoff = backoff.saturating_mul(2);
             }
-            match self.attempt(&token, repository, &marker, body).await {
+            match self.attempt(&token, repository, (&marker, &since), body, ctx).await? {
                 Ok((issue, found_existing)) => {
                     tracing::info!(approval_id, repository, number = issue.number, found_existing, "tracker answered: the issue exists");
                     return Ok(Outcome::Created(pb::TrackerIssueCreated {
@@ -369,24 +417,53 @@ impl Executor {
                     return Ok(failed(approval_id, PUBLISH_ISSUE, "executor.tracker_refused", reason, attempt, false));
                 }
                 Err(TrackerError::Transient(reason)) => {
+                    let reason = zopu_secrets::redact(&reason);
                     tracing::warn!(approval_id, attempt, %reason, "tracker attempt failed");
                     last = reason;
                 }
             }
         }
-        Ok(failed(approval_id, PUBLISH_ISSUE, "executor.tracker_unavailable",
-            format!("The tracker failed {} times; the last: {last}", self.config.max_attempts), self.config.max_attempts, true))
+        Err(HandlerError::Transient(format!(
+            "the tracker failed {} attempts; the last: {last}",
+            self.config.max_attempts
+        )))
     }
 
     /// One attempt: the marker's issue if an earlier attempt created it,
     /// else a new one.
-    async fn attempt(&self, token: &ApiKey, repository: &str, marker: &str, body: &serde_json::Value) -> Result<(tracker::Issue, bool), TrackerError> {
-        if let Some(found) = self.tracker.find(token, repository, marker, self.config.tracker.lookup_pages).await? {
-            return Ok((tracker::checked(found)?, true));
+    async fn attempt(
+        &self,
+        token: &ApiKey,
+        repository: &str,
+        (marker, since): (&str, &str),
+        body: &serde_json::Value,
+        ctx: &ReactionContext,
+    ) -> Result<Result<(tracker::Issue, bool), TrackerError>, HandlerError> {
+        let pages = self.config.tracker.lookup_pages;
+        match self.tracker.find(token, repository, marker, (since, pages)).await {
+            Ok(Some(found)) => return Ok(tracker::checked(found).map(|issue| (issue, true))),
+            Ok(None) => {}
+            Err(error) => return Ok(Err(error)),
         }
-        let created = self.tracker.create(token, repository, body).await?;
-        Ok((tracker::checked(created)?, false))
+        // A stopping instance creates nothing: the grant goes back whole.
+        if ctx.shutdown.is_cancelled() {
+            return Err(HandlerError::Interrupted);
+        }
+        Ok(self
+            .tracker
+            .create(token, repository, body)
+            .await
+            .and_then(tracker::checked)
+            .map(|issue| (issue, false)))
     }
+}
+
+/// `since` of the marker lookup: five minutes before the grant, whole
+/// seconds (`YYYY-MM-DDTHH:MM:SSZ`, as GitHub documents it).
+fn lookup_since(granted: time::OffsetDateTime) -> String {
+    let since = (granted - Duration::from_secs(300)).to_offset(time::UtcOffset::UTC);
+    let format = time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
+    since.format(&format).unwrap_or_default()
 }
 
 impl Reaction for Executor {

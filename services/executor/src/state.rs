@@ -1,8 +1,11 @@
 //! The executor's projection: the approvals requested (their action and
-//! parameters, fixed at request time) and each project's kill switch.
+//! parameters, fixed at request time, and expiry), the first decision on
+//! each (folded by `zopu_schema::approval`, as every reader does), and each
+//! project's kill switch.
 
 use rusqlite::{OptionalExtension, Transaction, params};
 use zopu_core::Projection;
+use zopu_schema::approval::{self, Status};
 use zopu_schema::{Envelope, pb};
 
 /// An approval as requested: what a grant of it executes.
@@ -12,6 +15,10 @@ pub struct Requested {
     pub parameters_json: String,
     /// The request itself was made in dry-run (`conversation.dry_run`).
     pub dry_run: bool,
+    /// RFC 3339; empty: it never expires.
+    pub expires_at: String,
+    /// The first decision on it (only [`Status::Approved`] executes).
+    pub status: Status,
 }
 
 /// Approvals and kill switches, folded from the stream.
@@ -33,6 +40,7 @@ impl Projection for ExecutorState {
             "CREATE TABLE ex_approvals (
                 org TEXT NOT NULL, project TEXT NOT NULL, approval_id TEXT NOT NULL,
                 action TEXT NOT NULL, parameters_json TEXT NOT NULL, dry_run INTEGER NOT NULL,
+                expires_at TEXT NOT NULL, status TEXT NOT NULL,
                 PRIMARY KEY (org, project, approval_id));
             CREATE TABLE ex_switch (
                 org TEXT NOT NULL, project TEXT NOT NULL, enabled INTEGER NOT NULL,
@@ -55,8 +63,8 @@ impl Projection for ExecutorState {
             };
             // The first request of an id is the one reviewed.
             tx.prepare_cached(
-                "INSERT OR IGNORE INTO ex_approvals (org, project, approval_id, action, parameters_json, dry_run)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT OR IGNORE INTO ex_approvals (org, project, approval_id, action, parameters_json, dry_run, expires_at, status)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             )?
             .execute(params![
                 org,
@@ -64,7 +72,21 @@ impl Projection for ExecutorState {
                 requested.approval_id,
                 requested.action,
                 requested.parameters_json,
-                requested.dry_run
+                requested.dry_run,
+                requested.expires_at,
+                Status::Pending.as_str()
+            ])?;
+        } else if let Some(decided) = approval::decision_of(event) {
+            // The first decision stands; a later one (a duplicate) changes nothing.
+            tx.prepare_cached(
+                "UPDATE ex_approvals SET status = ?4 WHERE org = ?1 AND project = ?2 AND approval_id = ?3 AND status = ?5",
+            )?
+            .execute(params![
+                org,
+                project,
+                decided.approval_id,
+                decided.status.as_str(),
+                Status::Pending.as_str()
             ])?;
         } else if event.is::<pb::AgentDisabled>() {
             switch(false)?;
@@ -83,13 +105,16 @@ pub fn requested(
     approval_id: &str,
 ) -> rusqlite::Result<Option<Requested>> {
     conn.prepare_cached(
-        "SELECT action, parameters_json, dry_run FROM ex_approvals WHERE org = ?1 AND project = ?2 AND approval_id = ?3",
+        "SELECT action, parameters_json, dry_run, expires_at, status FROM ex_approvals WHERE org = ?1 AND project = ?2 AND approval_id = ?3",
     )?
     .query_row(params![org, project, approval_id], |row| {
+        let status: String = row.get(4)?;
         Ok(Requested {
             action: row.get(0)?,
             parameters_json: row.get(1)?,
             dry_run: row.get(2)?,
+            expires_at: row.get(3)?,
+            status: Status::parse(&status).unwrap_or(Status::Pending),
         })
     })
     .optional()

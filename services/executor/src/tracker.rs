@@ -14,8 +14,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use zopu_llm::ApiKey;
 
-/// Longest tracker answer read.
-const RESPONSE_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Longest tracker answer read (a page of 100 issues of long bodies fits).
+const RESPONSE_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// Issues per listing page (GitHub's maximum).
 const PAGE_SIZE: u32 = 100;
 
@@ -26,6 +26,9 @@ pub struct Issue {
     pub html_url: String,
     #[serde(default)]
     pub body: Option<String>,
+    /// Set on pull requests, which GitHub's issue listing includes.
+    #[serde(default)]
+    pub pull_request: Option<serde_json::Value>,
 }
 
 /// Why a tracker call failed.
@@ -67,14 +70,16 @@ impl Tracker {
         format!("{}/repos/{repository}/issues", self.base_url)
     }
 
-    /// The newest issue among the first `pages` listing pages whose body
-    /// holds `marker`.
+    /// The oldest issue (not a pull request) updated since `since` (RFC
+    /// 3339) among the first `pages` listing pages whose body holds
+    /// `marker`: an earlier attempt for the same approval created it after
+    /// the grant, so it was updated since.
     pub async fn find(
         &self,
         token: &ApiKey,
         repository: &str,
         marker: &str,
-        pages: u32,
+        (since, pages): (&str, u32),
     ) -> Result<Option<Issue>, TrackerError> {
         for page in 1..=pages {
             let request = self
@@ -82,17 +87,18 @@ impl Tracker {
                 .get(self.issues_url(repository))
                 .query(&[
                     ("state", "all".to_owned()),
+                    ("since", since.to_owned()),
                     ("sort", "created".to_owned()),
-                    ("direction", "desc".to_owned()),
+                    ("direction", "asc".to_owned()),
                     ("per_page", PAGE_SIZE.to_string()),
                     ("page", page.to_string()),
                 ]);
             let issues: Vec<Issue> = self.send(request, token, "listing the issues").await?;
             let full = issues.len() >= PAGE_SIZE as usize;
-            if let Some(found) = issues
-                .into_iter()
-                .find(|issue| issue.body.as_deref().is_some_and(|body| body.contains(marker)))
-            {
+            if let Some(found) = issues.into_iter().find(|issue| {
+                issue.pull_request.is_none()
+                    && issue.body.as_deref().is_some_and(|body| body.contains(marker))
+            }) {
                 return Ok(Some(found));
             }
             if !full {
@@ -126,12 +132,19 @@ impl Tracker {
             .send()
             .await
             .map_err(|error| {
-                TrackerError::Transient(format!(
-                    "{doing}: the tracker did not answer ({})",
-                    describe(&error)
-                ))
+                let text = format!("{doing}: the tracker did not answer ({})", describe(&error));
+                if error.is_builder() {
+                    TrackerError::Refused(text)
+                } else {
+                    TrackerError::Transient(text)
+                }
             })?;
         let status = response.status();
+        let rate_limited = response.headers().contains_key("retry-after")
+            || response
+                .headers()
+                .get("x-ratelimit-remaining")
+                .is_some_and(|remaining| remaining.as_bytes() == b"0");
         let bytes = read_capped(response).await.map_err(|error| {
             TrackerError::Transient(format!("{doing}: reading the tracker's answer failed ({error})"))
         })?;
@@ -145,20 +158,39 @@ impl Tracker {
                 if message.is_empty() {
                     String::new()
                 } else {
-                    format!(": {}", zopu_core::text::clip_chars(&message, 300))
+                    format!(": {}", scrub(&message, token))
                 }
             );
-            let transient = status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408;
-            return Err(if transient {
+            return Err(if is_transient(status.as_u16(), rate_limited) {
                 TrackerError::Transient(text)
             } else {
                 TrackerError::Refused(text)
             });
         }
+        // A 2xx that does not read as the API's answer is retried: after a
+        // create, the issue may exist, and the next attempt's lookup finds it.
         serde_json::from_slice(&bytes).map_err(|error| {
-            TrackerError::Refused(format!("{doing}: the tracker's answer ({status}) is not what the API returns: {error}"))
+            TrackerError::Transient(format!("{doing}: the tracker's answer ({status}) is not what the API returns: {error}"))
         })
     }
+}
+
+/// Whether a failed status is worth another attempt: 408, 429, 5xx, and a
+/// 403 that is GitHub's rate limit (`Retry-After` or no requests remaining).
+pub fn is_transient(status: u16, rate_limited: bool) -> bool {
+    matches!(status, 408 | 429 | 500..=599) || (status == 403 && rate_limited)
+}
+
+/// A tracker's message as it may be logged and stored: clipped, the token
+/// removed wherever it was echoed, anything secret-looking redacted.
+fn scrub(message: &str, token: &ApiKey) -> String {
+    let clipped = zopu_core::text::clip_chars(message, 300);
+    let without_token = if token.expose().is_empty() {
+        clipped
+    } else {
+        clipped.replace(token.expose(), "[redacted]")
+    };
+    zopu_secrets::redact(&without_token)
 }
 
 /// A transport error without its URL's query or anything from the request.
@@ -192,9 +224,46 @@ pub fn checked(issue: Issue) -> Result<Issue, TrackerError> {
         && issue.html_url.len() <= 2048
         && !issue.html_url.chars().any(|c| c.is_control() || c.is_whitespace());
     if issue.number == 0 || !url_ok {
-        return Err(TrackerError::Refused(
+        return Err(TrackerError::Transient(
             "the tracker's issue has no number or no http(s) html_url".into(),
         ));
     }
     Ok(issue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_failures_are_the_ones_worth_retrying() {
+        for status in [408, 429, 500, 502, 503] {
+            assert!(is_transient(status, false), "{status}");
+        }
+        assert!(is_transient(403, true), "GitHub's rate limit");
+        for status in [400, 401, 403, 404, 410, 422] {
+            assert!(!is_transient(status, false), "{status}");
+        }
+    }
+
+    #[test]
+    fn an_echoed_token_never_reaches_a_message() {
+        let token = ApiKey::new("tok_0123456789abcdefXYZ");
+        let text = scrub("bad credentials: Bearer tok_0123456789abcdefXYZ", &token);
+        assert!(!text.contains("tok_0123456789abcdefXYZ"), "{text}");
+    }
+
+    #[test]
+    fn an_issue_the_tracker_returns_is_checked() {
+        let issue = |number, html_url: &str| Issue {
+            number,
+            html_url: html_url.into(),
+            body: None,
+            pull_request: None,
+        };
+        assert!(checked(issue(7, "https://github.com/a/b/issues/7")).is_ok());
+        assert!(checked(issue(0, "https://github.com/a/b/issues/0")).is_err());
+        assert!(checked(issue(7, "javascript:alert(1)")).is_err());
+        assert!(checked(issue(7, "https://x/\nEvil")).is_err(), "a control character");
+    }
 }

@@ -107,7 +107,7 @@ pub struct PublishIssue {
 pub enum ParametersProblem {
     #[error("the parameters are not a JSON object of artifact_id, repository, title and body: {0}")]
     Shape(String),
-    #[error("the parameters name no tracker repository (owner/name): the project's repository URL has no owner/name path")]
+    #[error("the parameters name no tracker repository: the project's repository is not https://<conversation.tracker_host>/<owner>/<name>")]
     NoRepository,
     #[error("the repository is not owner/name (letters, digits, '.', '-', '_')")]
     BadRepository,
@@ -163,19 +163,20 @@ pub fn is_repository_slug(slug: &str) -> bool {
     matches!(slug.split_once('/'), Some((owner, name)) if part(owner) && part(name))
 }
 
-/// The tracker repository (`owner/name`) of a repository URL: its last two
-/// path segments, `.git` stripped; `None` when they are not a slug.
-pub fn tracker_repository(repository_url: &str) -> Option<String> {
-    let path = repository_url
-        .split_once("://")
-        .map_or(repository_url, |(_, rest)| {
-            rest.split_once('/').map_or("", |(_, path)| path)
-        });
-    let path = path.split(['?', '#']).next().unwrap_or_default();
-    let mut segments = path.trim_end_matches('/').rsplit('/');
-    let name = segments.next()?;
+/// The tracker repository (`owner/name`) of a repository URL on the
+/// tracker's host: `https://<host>/<owner>/<name>[.git]`, exactly two path
+/// segments, the host matched without case; `None` for any other URL (a
+/// local path, another host, a nested group), so an issue is never sent to
+/// a repository that merely shares a name.
+pub fn tracker_repository(repository_url: &str, tracker_host: &str) -> Option<String> {
+    let rest = repository_url.strip_prefix("https://")?;
+    let (host, path) = rest.split_once('/')?;
+    if !host.eq_ignore_ascii_case(tracker_host) {
+        return None;
+    }
+    let path = path.trim_end_matches('/');
+    let (owner, name) = path.split_once('/')?;
     let name = name.strip_suffix(".git").unwrap_or(name);
-    let owner = segments.next()?;
     let slug = format!("{owner}/{name}");
     is_repository_slug(&slug).then_some(slug)
 }
@@ -218,15 +219,19 @@ mod tests {
     fn the_tracker_repository_is_the_urls_owner_and_name() {
         for (url, slug) in [
             ("https://github.com/acme/widgets", Some("acme/widgets")),
-            ("https://github.com/acme/widgets.git", Some("acme/widgets")),
-            ("https://ghe.example/org/sub/repo.git/", Some("sub/repo")),
-            ("file:///tmp/work/demo", Some("work/demo")),
+            ("https://GitHub.com/acme/widgets.git/", Some("acme/widgets")),
+            ("https://ghe.example/org/sub/repo.git", None),
+            ("https://gitlab.com/acme/widgets", None),
+            ("file:///tmp/work/demo", None),
+            ("/tmp/work/demo", None),
+            ("http://github.com/acme/widgets", None),
             ("https://github.com/widgets", None),
             ("https://github.com/", None),
             ("https://github.com/a/..", None),
         ] {
-            assert_eq!(tracker_repository(url).as_deref(), slug, "{url}");
+            assert_eq!(tracker_repository(url, "github.com").as_deref(), slug, "{url}");
         }
+        assert_eq!(tracker_repository("https://ghe.example/org/repo", "ghe.example").as_deref(), Some("org/repo"));
     }
 
     #[test]
