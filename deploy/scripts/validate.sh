@@ -109,6 +109,8 @@ for user in $users; do
   grep -q "{ name: ZOPU_${upper}_PASSWORD, valueFrom: { secretKeyRef: { name: zopu-nats-$user, key: password } } }" kubernetes/nats.yaml \
     || fail "kubernetes/nats.yaml does not pass the $user password from the Secret zopu-nats-$user"
   grep -q "^ZOPU_${upper}_PASSWORD=" .env.example || fail ".env.example has no ZOPU_${upper}_PASSWORD"
+  grep -q "^    ZOPU_${upper}_PASSWORD: \"\${ZOPU_${upper}_PASSWORD:?" compose.yaml \
+    || fail "compose.yaml does not pass ZOPU_${upper}_PASSWORD to the NATS nodes (accounts.conf reads it)"
 done
 # Secrets per service: each service's Deployment references only its own
 # Secrets (zopu-nats-<service>, and zopu-llm-<service> or zopu-gateway).
