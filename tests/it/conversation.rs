@@ -1359,13 +1359,37 @@ async fn issue_draft(
     let artifacts = Publisher::new(bus.clone(), "artifacts", None);
     let root = |payload: &dyn Fn() -> NewEvent| payload().with_flow_run(flow_run);
     agent
-        .append(root(&|| NewEvent::root(org.clone(), project, &requested, format!("test:flow:{flow_run}"), None)))
+        .append(root(&|| {
+            NewEvent::root(
+                org.clone(),
+                project,
+                &requested,
+                format!("test:flow:{flow_run}"),
+                None,
+            )
+        }))
         .await?;
     specialists
-        .append(root(&|| NewEvent::root(org.clone(), project, &completed, format!("test:flow:{flow_run}:completed"), None)))
+        .append(root(&|| {
+            NewEvent::root(
+                org.clone(),
+                project,
+                &completed,
+                format!("test:flow:{flow_run}:completed"),
+                None,
+            )
+        }))
         .await?;
     artifacts
-        .append(root(&|| NewEvent::root(org.clone(), project, &published, format!("test:artifact:{artifact}"), None)))
+        .append(root(&|| {
+            NewEvent::root(
+                org.clone(),
+                project,
+                &published,
+                format!("test:artifact:{artifact}"),
+                None,
+            )
+        }))
         .await?;
     Ok(artifact)
 }
@@ -1392,10 +1416,15 @@ async fn an_approved_issue_draft_is_published_to_the_tracker_once_and_the_kill_s
         ..Default::default()
     };
     let published = issue_draft(&bus, &org, project, &issue).await?;
-    let paused = issue_draft(&bus, &org, project, &zopu_schema::flow_result::IssueResult {
-        title: "Add a refund endpoint".into(),
-        ..Default::default()
-    })
+    let paused = issue_draft(
+        &bus,
+        &org,
+        project,
+        &zopu_schema::flow_result::IssueResult {
+            title: "Add a refund endpoint".into(),
+            ..Default::default()
+        },
+    )
     .await?;
     let dispatch = Running::dispatch(&core);
     let conversation = Running::conversation(
@@ -1418,7 +1447,9 @@ async fn an_approved_issue_draft_is_published_to_the_tracker_once_and_the_kill_s
     let shutdown = Shutdown::new();
     let executor = {
         let (core, stop) = (core.clone(), shutdown.clone());
-        tokio::spawn(async move { Ok::<_, anyhow::Error>(zopu_executor::run(core, executor_config, stop).await?) })
+        tokio::spawn(async move {
+            Ok::<_, anyhow::Error>(zopu_executor::run(core, executor_config, stop).await?)
+        })
     };
     let reviewer = Requester::new(org.clone(), EventId::new().into(), user());
     let gateway = Publisher::new(bus.clone(), "gateway", None);
@@ -1427,7 +1458,13 @@ async fn an_approved_issue_draft_is_published_to_the_tracker_once_and_the_kill_s
         let org = org.clone();
         async move {
             let key = keys::approval_execution(&project, &approval_id);
-            wait_for(&bus, &subjects::project_events(&org, &project), LONG, |event| event.idempotency_key == key).await
+            wait_for(
+                &bus,
+                &subjects::project_events(&org, &project),
+                LONG,
+                |event| event.idempotency_key == key,
+            )
+            .await
         }
     };
 
@@ -1435,42 +1472,94 @@ async fn an_approved_issue_draft_is_published_to_the_tracker_once_and_the_kill_s
     for _ in 0..2 {
         let request = click(&bus, &org, project, &published, "publish").await?;
         let end = turn_end(&bus, &org, project, request).await?;
-        assert_eq!(end.decode::<pb::DispatchCompleted>()?.outcome, "approval_requested");
+        assert_eq!(
+            end.decode::<pb::DispatchCompleted>()?.outcome,
+            "approval_requested"
+        );
     }
     let approval_id = format!("approval:{published}:issue.publish");
     let requests = events_of::<pb::ApprovalRequested>(&bus, &org, project, None).await?;
     assert_eq!(requests.len(), 1, "two clicks, one approval");
     let requested = requests[0].decode::<pb::ApprovalRequested>()?;
     let parameters = PublishIssue::parse(&requested.parameters_json)?;
-    assert_eq!(parameters.repository, "acme/shop", "from the project's repository URL");
+    assert_eq!(
+        parameters.repository, "acme/shop",
+        "from the project's repository URL"
+    );
     assert_eq!(parameters.title, "Retry failed payments");
     assert_eq!(parameters.body, issue.markdown());
     assert!(!requested.dry_run);
 
     // Approved by a reviewer: one issue, after one transient failure.
-    gateway.append(decide_approval(&reviewer, project, &approval_id, &Decision::Approve)?).await?;
-    let created = outcome(approval_id.clone()).await?.decode::<pb::TrackerIssueCreated>()?;
+    gateway
+        .append(decide_approval(
+            &reviewer,
+            project,
+            &approval_id,
+            &Decision::Approve,
+        )?)
+        .await?;
+    let created = outcome(approval_id.clone())
+        .await?
+        .decode::<pb::TrackerIssueCreated>()?;
     let issues = tracker.issues();
     assert_eq!(issues.len(), 1, "{issues:?}");
-    assert_eq!((issues[0].repository.as_str(), issues[0].title.as_str()), ("acme/shop", "Retry failed payments"));
+    assert_eq!(
+        (issues[0].repository.as_str(), issues[0].title.as_str()),
+        ("acme/shop", "Retry failed payments")
+    );
     assert!(issues[0].body.starts_with(&issue.markdown()));
-    assert!(issues[0].body.ends_with(&approval::issue_marker(&approval_id)));
-    assert_eq!(created.url, format!("{}/acme/shop/issues/1", tracker.base_url()));
+    assert!(
+        issues[0]
+            .body
+            .ends_with(&approval::issue_marker(&approval_id))
+    );
+    assert_eq!(
+        created.url,
+        format!("{}/acme/shop/issues/1", tracker.base_url())
+    );
     assert_eq!((created.number, created.found_existing), (1, false));
     assert_eq!(created.artifact_id, published.to_string());
-    let posts = tracker.requests().into_iter().filter(|r| r.method == "POST").count();
+    let posts = tracker
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .count();
     assert_eq!(posts, 2, "the first create answered 502 and was retried");
 
     // The kill switch: a draft approved while the agent is disabled is not published.
     let request = click(&bus, &org, project, &paused, "publish").await?;
     turn_end(&bus, &org, project, request).await?;
-    gateway.append(disable_agent(&reviewer, project, "maintenance")?).await?;
+    gateway
+        .append(disable_agent(&reviewer, project, "maintenance")?)
+        .await?;
     let paused_id = format!("approval:{paused}:issue.publish");
-    gateway.append(decide_approval(&reviewer, project, &paused_id, &Decision::Approve)?).await?;
+    gateway
+        .append(decide_approval(
+            &reviewer,
+            project,
+            &paused_id,
+            &Decision::Approve,
+        )?)
+        .await?;
     let refused = outcome(paused_id).await?.decode::<pb::ExecutionFailed>()?;
-    assert_eq!(refused.reason.unwrap_or_default().code, "executor.kill_switch");
-    assert_eq!(tracker.issues().len(), 1, "nothing published while disabled");
-    assert_eq!(tracker.requests().iter().filter(|r| r.method == "POST").count(), 2);
+    assert_eq!(
+        refused.reason.unwrap_or_default().code,
+        "executor.kill_switch"
+    );
+    assert_eq!(
+        tracker.issues().len(),
+        1,
+        "nothing published while disabled"
+    );
+    assert_eq!(
+        tracker
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST")
+            .count(),
+        2
+    );
 
     shutdown.cancel();
     executor.await??;

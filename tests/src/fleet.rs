@@ -143,7 +143,9 @@ impl Fleet {
 
     /// The process id of instance `n` of `service`, while it runs.
     pub fn pid(&self, service: &str, n: usize) -> Option<u32> {
-        self.children.get(&Self::instance(service, n)).map(Child::id)
+        self.children
+            .get(&Self::instance(service, n))
+            .map(Child::id)
     }
 
     /// SIGTERM and wait: the instance finishes what it holds and releases

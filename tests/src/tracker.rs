@@ -97,7 +97,10 @@ impl FakeTracker {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.shared.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.shared
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -107,8 +110,16 @@ impl Drop for FakeTracker {
     }
 }
 
-fn record<'a>(shared: &'a Shared, method: &str, path: String, headers: &HeaderMap) -> std::sync::MutexGuard<'a, Inner> {
-    let mut inner = shared.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+fn record<'a>(
+    shared: &'a Shared,
+    method: &str,
+    path: String,
+    headers: &HeaderMap,
+) -> std::sync::MutexGuard<'a, Inner> {
+    let mut inner = shared
+        .inner
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     inner.requests.push(TrackerRequest {
         method: method.into(),
         path,
@@ -136,9 +147,21 @@ async fn list(
     headers: HeaderMap,
 ) -> Response {
     let repository = format!("{owner}/{repo}");
-    let inner = record(&shared, "GET", format!("/repos/{repository}/issues"), &headers);
-    let per_page: usize = query.get("per_page").and_then(|v| v.parse().ok()).unwrap_or(30);
-    let page: usize = query.get("page").and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
+    let inner = record(
+        &shared,
+        "GET",
+        format!("/repos/{repository}/issues"),
+        &headers,
+    );
+    let per_page: usize = query
+        .get("per_page")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    let page: usize = query
+        .get("page")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let newest_first: Vec<Value> = inner
         .issues
         .iter()
@@ -159,26 +182,49 @@ async fn create(
 ) -> Response {
     let repository = format!("{owner}/{repo}");
     let (answer, stop) = {
-        let mut inner = record(&shared, "POST", format!("/repos/{repository}/issues"), &headers);
+        let mut inner = record(
+            &shared,
+            "POST",
+            format!("/repos/{repository}/issues"),
+            &headers,
+        );
         if inner.failing_creates > 0 {
             inner.failing_creates -= 1;
-            return (StatusCode::BAD_GATEWAY, Json(json!({"message": "upstream hiccup"}))).into_response();
+            return (
+                StatusCode::BAD_GATEWAY,
+                Json(json!({"message": "upstream hiccup"})),
+            )
+                .into_response();
         }
-        let Some(title) = body.get("title").and_then(Value::as_str).filter(|t| !t.is_empty()) else {
-            return (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"message": "Validation Failed: title"}))).into_response();
+        let Some(title) = body
+            .get("title")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+        else {
+            return (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Json(json!({"message": "Validation Failed: title"})),
+            )
+                .into_response();
         };
         let issue = TrackerIssue {
             repository,
             number: inner.issues.len() as u64 + 1,
             title: title.to_owned(),
-            body: body.get("body").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            body: body
+                .get("body")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
         };
         let answer = issue_json(&shared, &issue);
         inner.issues.push(issue);
         (answer, inner.stop_after_create.take())
     };
     if let Some(pid) = stop {
-        let _ = std::process::Command::new("kill").args(["-STOP", &pid.to_string()]).status();
+        let _ = std::process::Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status();
     }
     (StatusCode::CREATED, Json(answer)).into_response()
 }

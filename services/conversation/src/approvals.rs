@@ -21,8 +21,8 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use time::OffsetDateTime;
 use zopu_core::{NewEvent, Runtime};
 use zopu_schema::approval::{self, PUBLISH_ISSUE, PublishIssue, Status};
-use zopu_schema::flow_result::{self, IssueResult};
 use zopu_schema::envelope::{format_time, parse_time};
+use zopu_schema::flow_result::{self, IssueResult};
 use zopu_schema::{Envelope, FlowRunId, OrgId, ProjectId, keys, pb};
 
 pub(crate) const TABLE: &str = "cv_approvals";
@@ -88,7 +88,10 @@ impl IssueDraft {
             .map(|issue| issue.title.trim())
             .filter(|title| !title.is_empty())
             .unwrap_or(&self.title);
-        let body = result.as_ref().map(IssueResult::markdown).unwrap_or_default();
+        let body = result
+            .as_ref()
+            .map(IssueResult::markdown)
+            .unwrap_or_default();
         PublishIssue {
             artifact_id: artifact_id.to_owned(),
             repository: approval::tracker_repository(&self.repository_url, tracker_host)
@@ -145,7 +148,9 @@ pub(crate) fn publish_request(
     let parameters = draft.parameters(artifact_id, tracker_host);
     let expires = action.time + ttl;
     let destination = if parameters.repository.is_empty() {
-        format!("a tracker (the project's repository is not on {tracker_host}, so there is none to publish to)")
+        format!(
+            "a tracker (the project's repository is not on {tracker_host}, so there is none to publish to)"
+        )
     } else {
         format!("{} on {tracker_host}", parameters.repository)
     };

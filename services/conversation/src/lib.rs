@@ -243,7 +243,10 @@ impl Config {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || ".-:".contains(c));
         if !host_ok {
-            return bad("tracker_host", "must be a host name such as github.com (an optional :port)");
+            return bad(
+                "tracker_host",
+                "must be a host name such as github.com (an optional :port)",
+            );
         }
         self.reaction().validate(SERVICE)?;
         if self.handler_timeout < Duration::from_secs(1)

@@ -135,13 +135,22 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.reaction().validate(SERVICE)?;
         if !(1..=10).contains(&self.max_attempts) {
-            return Err(ConfigError::setting("executor.max_attempts", "must be between 1 and 10"));
+            return Err(ConfigError::setting(
+                "executor.max_attempts",
+                "must be between 1 and 10",
+            ));
         }
         if self.retry_backoff > Duration::from_secs(60) {
-            return Err(ConfigError::setting("executor.retry_backoff", "must be at most 1m"));
+            return Err(ConfigError::setting(
+                "executor.retry_backoff",
+                "must be at most 1m",
+            ));
         }
         if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&self.handler_timeout) {
-            return Err(ConfigError::setting("executor.handler_timeout", "must be between 1s and 1h"));
+            return Err(ConfigError::setting(
+                "executor.handler_timeout",
+                "must be between 1s and 1h",
+            ));
         }
         let tracker = &self.tracker;
         check_base_url(&tracker.base_url)
@@ -169,7 +178,10 @@ impl Config {
             ));
         }
         if !(1..=20).contains(&tracker.lookup_pages) {
-            return Err(ConfigError::setting("executor.tracker.lookup_pages", "must be between 1 and 20"));
+            return Err(ConfigError::setting(
+                "executor.tracker.lookup_pages",
+                "must be between 1 and 20",
+            ));
         }
         Ok(())
     }
@@ -219,7 +231,9 @@ impl Config {
 fn check_base_url(url: &str) -> Result<(), String> {
     let parsed = reqwest::Url::parse(url).map_err(|error| format!("not a URL: {error}"))?;
     if !parsed.username().is_empty() || parsed.password().is_some() {
-        return Err("must not carry credentials (the token comes from executor.tracker.token_env)".into());
+        return Err(
+            "must not carry credentials (the token comes from executor.tracker.token_env)".into(),
+        );
     }
     if parsed.query().is_some() || parsed.fragment().is_some() {
         return Err("must not have a query or fragment".into());
@@ -266,7 +280,8 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     }
     let tracker = Tracker::new(&config.tracker.base_url, config.tracker.request_timeout)
         .map_err(Error::Tracker)?;
-    let runtime = zopu_core::Runtime::start_with(SERVICE, &core, shutdown.clone(), ExecutorState).await?;
+    let runtime =
+        zopu_core::Runtime::start_with(SERVICE, &core, shutdown.clone(), ExecutorState).await?;
     tracing::info!(dry_run = config.dry_run, tracker = %config.tracker.base_url, "executor running");
     runtime.spawn_reaction(
         config.reaction(),
@@ -296,11 +311,32 @@ enum Outcome {
     Failed(pb::ExecutionFailed),
 }
 
-fn failed(approval_id: &str, action: &str, code: &str, message: String, attempts: u32, retryable: bool) -> Outcome {
-    Outcome::Failed(failure(approval_id, action, code, message, attempts, retryable))
+fn failed(
+    approval_id: &str,
+    action: &str,
+    code: &str,
+    message: String,
+    attempts: u32,
+    retryable: bool,
+) -> Outcome {
+    Outcome::Failed(failure(
+        approval_id,
+        action,
+        code,
+        message,
+        attempts,
+        retryable,
+    ))
 }
 
-fn failure(approval_id: &str, action: &str, code: &str, message: String, attempts: u32, retryable: bool) -> pb::ExecutionFailed {
+fn failure(
+    approval_id: &str,
+    action: &str,
+    code: &str,
+    message: String,
+    attempts: u32,
+    retryable: bool,
+) -> pb::ExecutionFailed {
     pb::ExecutionFailed {
         approval_id: approval_id.to_owned(),
         action: action.to_owned(),
@@ -314,38 +350,81 @@ fn failure(approval_id: &str, action: &str, code: &str, message: String, attempt
 }
 
 impl Executor {
-    async fn execute(&self, event: &Envelope, approval_id: &str, ctx: &ReactionContext) -> Result<Outcome, HandlerError> {
+    async fn execute(
+        &self,
+        event: &Envelope,
+        approval_id: &str,
+        ctx: &ReactionContext,
+    ) -> Result<Outcome, HandlerError> {
         let (org, project) = (event.org_id.to_string(), event.project_id.to_string());
         let id = approval_id.to_owned();
         let (requested, disabled) = ctx
             .store
-            .query(move |conn| Ok((state::requested(conn, &org, &project, &id)?, state::is_disabled(conn, &org, &project)?)))
+            .query(move |conn| {
+                Ok((
+                    state::requested(conn, &org, &project, &id)?,
+                    state::is_disabled(conn, &org, &project)?,
+                ))
+            })
             .await?;
         let Some(requested) = requested else {
-            return Ok(failed(approval_id, "", "executor.unknown_approval",
-                "The granted approval was never requested in this project; nothing was done.".into(), 0, false));
+            return Ok(failed(
+                approval_id,
+                "",
+                "executor.unknown_approval",
+                "The granted approval was never requested in this project; nothing was done."
+                    .into(),
+                0,
+                false,
+            ));
         };
         let action = requested.action.as_str();
         let expired = zopu_schema::envelope::parse_time(&requested.expires_at)
             .is_some_and(|expires| event.time > expires);
         if requested.status != approval::Status::Approved || expired {
-            return Ok(failed(approval_id, action, "executor.not_granted",
-                format!("This grant is not the approval's decision (it stands {}); nothing was done.",
-                    if expired { "past the expiry".to_owned() } else { format!("as {}", requested.status.as_str()) }), 0, false));
+            return Ok(failed(
+                approval_id,
+                action,
+                "executor.not_granted",
+                format!(
+                    "This grant is not the approval's decision (it stands {}); nothing was done.",
+                    if expired {
+                        "past the expiry".to_owned()
+                    } else {
+                        format!("as {}", requested.status.as_str())
+                    }
+                ),
+                0,
+                false,
+            ));
         }
         if disabled {
             return Ok(failed(approval_id, action, "executor.kill_switch",
                 "The project's agent is disabled (kill switch); the approved action was not carried out.".into(), 0, false));
         }
         if action != PUBLISH_ISSUE {
-            return Ok(failed(approval_id, action, "executor.unknown_action",
-                format!("The executor cannot carry out {action:?}; it knows only {PUBLISH_ISSUE:?}."), 0, false));
+            return Ok(failed(
+                approval_id,
+                action,
+                "executor.unknown_action",
+                format!(
+                    "The executor cannot carry out {action:?}; it knows only {PUBLISH_ISSUE:?}."
+                ),
+                0,
+                false,
+            ));
         }
         let parameters = match PublishIssue::parse(&requested.parameters_json) {
             Ok(parameters) => parameters,
             Err(problem) => {
-                return Ok(failed(approval_id, action, "executor.invalid_parameters",
-                    format!("The approved parameters cannot be published: {problem}."), 0, false));
+                return Ok(failed(
+                    approval_id,
+                    action,
+                    "executor.invalid_parameters",
+                    format!("The approved parameters cannot be published: {problem}."),
+                    0,
+                    false,
+                ));
             }
         };
         let body = serde_json::json!({
@@ -369,12 +448,20 @@ impl Executor {
                 body_json: body.to_string(),
             }));
         }
-        self.publish(event, approval_id, &parameters, &body, ctx).await
+        self.publish(event, approval_id, &parameters, &body, ctx)
+            .await
     }
 
     /// Creates the issue unless an earlier attempt did, retrying transient
     /// failures.
-    async fn publish(&self, granted: &Envelope, approval_id: &str, parameters: &PublishIssue, body: &serde_json::Value, ctx: &ReactionContext) -> Result<Outcome, HandlerError> {
+    async fn publish(
+        &self,
+        granted: &Envelope,
+        approval_id: &str,
+        parameters: &PublishIssue,
+        body: &serde_json::Value,
+        ctx: &ReactionContext,
+    ) -> Result<Outcome, HandlerError> {
         // Transient: the reaction retries later, and past max_deliver records
         // executor.gave_up.
         let token = match self.key_source.load().await {
@@ -401,9 +488,18 @@ impl Executor {
                 }
                 backoff = backoff.saturating_mul(2);
             }
-            match self.attempt(&token, repository, (&marker, &since), body, ctx).await? {
+            match self
+                .attempt(&token, repository, (&marker, &since), body, ctx)
+                .await?
+            {
                 Ok((issue, found_existing)) => {
-                    tracing::info!(approval_id, repository, number = issue.number, found_existing, "tracker answered: the issue exists");
+                    tracing::info!(
+                        approval_id,
+                        repository,
+                        number = issue.number,
+                        found_existing,
+                        "tracker answered: the issue exists"
+                    );
                     return Ok(Outcome::Created(pb::TrackerIssueCreated {
                         approval_id: approval_id.to_owned(),
                         artifact_id: parameters.artifact_id.clone(),
@@ -414,7 +510,14 @@ impl Executor {
                     }));
                 }
                 Err(TrackerError::Refused(reason)) => {
-                    return Ok(failed(approval_id, PUBLISH_ISSUE, "executor.tracker_refused", reason, attempt, false));
+                    return Ok(failed(
+                        approval_id,
+                        PUBLISH_ISSUE,
+                        "executor.tracker_refused",
+                        reason,
+                        attempt,
+                        false,
+                    ));
                 }
                 Err(TrackerError::Transient(reason)) => {
                     let reason = zopu_secrets::redact(&reason);
@@ -440,7 +543,11 @@ impl Executor {
         ctx: &ReactionContext,
     ) -> Result<Result<(tracker::Issue, bool), TrackerError>, HandlerError> {
         let pages = self.config.tracker.lookup_pages;
-        match self.tracker.find(token, repository, marker, (since, pages)).await {
+        match self
+            .tracker
+            .find(token, repository, marker, (since, pages))
+            .await
+        {
             Ok(Some(found)) => return Ok(tracker::checked(found).map(|issue| (issue, true))),
             Ok(None) => {}
             Err(error) => return Ok(Err(error)),
@@ -462,7 +569,8 @@ impl Executor {
 /// seconds (`YYYY-MM-DDTHH:MM:SSZ`, as GitHub documents it).
 fn lookup_since(granted: time::OffsetDateTime) -> String {
     let since = (granted - Duration::from_secs(300)).to_offset(time::UtcOffset::UTC);
-    let format = time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
+    let format =
+        time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
     since.format(&format).unwrap_or_default()
 }
 
@@ -471,7 +579,8 @@ impl Reaction for Executor {
         let granted = event.decode::<pb::ApprovalGranted>()?;
         let key = keys::approval_execution(&event.project_id, &granted.approval_id);
         // The request precedes its grant; the kill switch may have flipped since.
-        ctx.caught_up_to_end(zopu_core::reaction::CATCH_UP_MAX).await?;
+        ctx.caught_up_to_end(zopu_core::reaction::CATCH_UP_MAX)
+            .await?;
         if ctx.store.key_sequence(&key)?.is_some() {
             tracing::debug!(approval_id = %granted.approval_id, "already executed");
             return Ok(());
@@ -480,27 +589,56 @@ impl Reaction for Executor {
         let appended = match outcome {
             Outcome::DryRun(dry_run) => {
                 tracing::info!(approval_id = %granted.approval_id, url = %dry_run.url, "dry run: recorded, nothing sent");
-                ctx.publisher.append(NewEvent::caused_by(&event.context(), &dry_run, key)).await?
+                ctx.publisher
+                    .append(NewEvent::caused_by(&event.context(), &dry_run, key))
+                    .await?
             }
-            Outcome::Created(created) => ctx.publisher.append(NewEvent::caused_by(&event.context(), &created, key)).await?,
+            Outcome::Created(created) => {
+                ctx.publisher
+                    .append(NewEvent::caused_by(&event.context(), &created, key))
+                    .await?
+            }
             Outcome::Failed(failure) => {
                 tracing::warn!(approval_id = %granted.approval_id, reason = ?failure.reason, "execution failed");
-                ctx.publisher.append(NewEvent::caused_by(&event.context(), &failure, key)).await?
+                ctx.publisher
+                    .append(NewEvent::caused_by(&event.context(), &failure, key))
+                    .await?
             }
         };
         tracing::debug!(event = %appended.event_id, duplicate = appended.duplicate, "execution recorded");
         Ok(())
     }
 
-    async fn already_handled(&self, event: &Envelope, ctx: &ReactionContext) -> Result<bool, HandlerError> {
+    async fn already_handled(
+        &self,
+        event: &Envelope,
+        ctx: &ReactionContext,
+    ) -> Result<bool, HandlerError> {
         let granted = event.decode::<pb::ApprovalGranted>()?;
-        Ok(ctx.store.key_sequence(&keys::approval_execution(&event.project_id, &granted.approval_id))?.is_some())
+        Ok(ctx
+            .store
+            .key_sequence(&keys::approval_execution(
+                &event.project_id,
+                &granted.approval_id,
+            ))?
+            .is_some())
     }
 
     fn failure_event(&self, event: &Envelope, reason: &str) -> Option<NewEvent> {
         let granted = event.decode::<pb::ApprovalGranted>().ok()?;
-        let gave_up = failure(&granted.approval_id, "", "executor.gave_up", reason.to_owned(), 0, true);
-        Some(NewEvent::caused_by(&event.context(), &gave_up, keys::approval_execution(&event.project_id, &granted.approval_id)))
+        let gave_up = failure(
+            &granted.approval_id,
+            "",
+            "executor.gave_up",
+            reason.to_owned(),
+            0,
+            true,
+        );
+        Some(NewEvent::caused_by(
+            &event.context(),
+            &gave_up,
+            keys::approval_execution(&event.project_id, &granted.approval_id),
+        ))
     }
 }
 
@@ -517,18 +655,36 @@ mod tests {
             config.validate().unwrap_err().to_string()
         };
         assert!(bad(|c| c.max_attempts = 0).contains("executor.max_attempts"));
-        assert!(bad(|c| c.tracker.base_url = "http://tracker.example".into()).contains("executor.tracker.base_url"));
-        assert!(bad(|c| c.tracker.base_url = "https://user:pw@ghe.example".into()).contains("executor.tracker.base_url"));
+        assert!(
+            bad(|c| c.tracker.base_url = "http://tracker.example".into())
+                .contains("executor.tracker.base_url")
+        );
+        assert!(
+            bad(|c| c.tracker.base_url = "https://user:pw@ghe.example".into())
+                .contains("executor.tracker.base_url")
+        );
         assert!(bad(|c| c.tracker.lookup_pages = 0).contains("executor.tracker.lookup_pages"));
         assert!(bad(|c| c.tracker.token_env = " ".into()).contains("executor.tracker.token_env"));
     }
 
     #[test]
     fn the_base_url_is_https_or_loopback_http() {
-        for ok in ["https://api.github.com", "https://ghe.example/api/v3", "http://127.0.0.1:8080", "http://[::1]:9/x", "http://localhost:1"] {
+        for ok in [
+            "https://api.github.com",
+            "https://ghe.example/api/v3",
+            "http://127.0.0.1:8080",
+            "http://[::1]:9/x",
+            "http://localhost:1",
+        ] {
             assert!(check_base_url(ok).is_ok(), "{ok}");
         }
-        for bad in ["http://10.0.0.1", "ftp://x", "api.github.com", "https://h/?q", "https://"] {
+        for bad in [
+            "http://10.0.0.1",
+            "ftp://x",
+            "api.github.com",
+            "https://h/?q",
+            "https://",
+        ] {
             assert!(check_base_url(bad).is_err(), "{bad}");
         }
     }

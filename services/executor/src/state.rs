@@ -47,7 +47,12 @@ impl Projection for ExecutorState {
                 PRIMARY KEY (org, project));",
         )
     }
-    fn apply(&mut self, tx: &Transaction<'_>, event: &Envelope, _sequence: u64) -> rusqlite::Result<()> {
+    fn apply(
+        &mut self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        _sequence: u64,
+    ) -> rusqlite::Result<()> {
         let (org, project) = (event.org_id.as_str(), event.project_id.to_string());
         let switch = |enabled: bool| {
             tx.prepare_cached(
@@ -121,7 +126,11 @@ pub fn requested(
 }
 
 /// Whether the project's agent is disabled (the kill switch is on).
-pub fn is_disabled(conn: &rusqlite::Connection, org: &str, project: &str) -> rusqlite::Result<bool> {
+pub fn is_disabled(
+    conn: &rusqlite::Connection,
+    org: &str,
+    project: &str,
+) -> rusqlite::Result<bool> {
     let enabled: Option<bool> = conn
         .prepare_cached("SELECT enabled FROM ex_switch WHERE org = ?1 AND project = ?2")?
         .query_row(params![org, project], |row| row.get(0))

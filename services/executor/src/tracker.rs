@@ -82,22 +82,22 @@ impl Tracker {
         (since, pages): (&str, u32),
     ) -> Result<Option<Issue>, TrackerError> {
         for page in 1..=pages {
-            let request = self
-                .http
-                .get(self.issues_url(repository))
-                .query(&[
-                    ("state", "all".to_owned()),
-                    ("since", since.to_owned()),
-                    ("sort", "created".to_owned()),
-                    ("direction", "asc".to_owned()),
-                    ("per_page", PAGE_SIZE.to_string()),
-                    ("page", page.to_string()),
-                ]);
+            let request = self.http.get(self.issues_url(repository)).query(&[
+                ("state", "all".to_owned()),
+                ("since", since.to_owned()),
+                ("sort", "created".to_owned()),
+                ("direction", "asc".to_owned()),
+                ("per_page", PAGE_SIZE.to_string()),
+                ("page", page.to_string()),
+            ]);
             let issues: Vec<Issue> = self.send(request, token, "listing the issues").await?;
             let full = issues.len() >= PAGE_SIZE as usize;
             if let Some(found) = issues.into_iter().find(|issue| {
                 issue.pull_request.is_none()
-                    && issue.body.as_deref().is_some_and(|body| body.contains(marker))
+                    && issue
+                        .body
+                        .as_deref()
+                        .is_some_and(|body| body.contains(marker))
             }) {
                 return Ok(Some(found));
             }
@@ -146,12 +146,19 @@ impl Tracker {
                 .get("x-ratelimit-remaining")
                 .is_some_and(|remaining| remaining.as_bytes() == b"0");
         let bytes = read_capped(response).await.map_err(|error| {
-            TrackerError::Transient(format!("{doing}: reading the tracker's answer failed ({error})"))
+            TrackerError::Transient(format!(
+                "{doing}: reading the tracker's answer failed ({error})"
+            ))
         })?;
         if !status.is_success() {
             let message = serde_json::from_slice::<serde_json::Value>(&bytes)
                 .ok()
-                .and_then(|value| value.get("message").and_then(|m| m.as_str()).map(str::to_owned))
+                .and_then(|value| {
+                    value
+                        .get("message")
+                        .and_then(|m| m.as_str())
+                        .map(str::to_owned)
+                })
                 .unwrap_or_default();
             let text = format!(
                 "{doing}: the tracker answered {status}{}",
@@ -170,7 +177,9 @@ impl Tracker {
         // A 2xx that does not read as the API's answer is retried: after a
         // create, the issue may exist, and the next attempt's lookup finds it.
         serde_json::from_slice(&bytes).map_err(|error| {
-            TrackerError::Transient(format!("{doing}: the tracker's answer ({status}) is not what the API returns: {error}"))
+            TrackerError::Transient(format!(
+                "{doing}: the tracker's answer ({status}) is not what the API returns: {error}"
+            ))
         })
     }
 }
@@ -208,7 +217,11 @@ fn describe(error: &reqwest::Error) -> &'static str {
 
 async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|error| describe(&error).to_owned())? {
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|error| describe(&error).to_owned())?
+    {
         if body.len() + chunk.len() > RESPONSE_BYTES_MAX {
             return Err(format!("longer than {RESPONSE_BYTES_MAX} bytes"));
         }
@@ -222,7 +235,10 @@ async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, String>
 pub fn checked(issue: Issue) -> Result<Issue, TrackerError> {
     let url_ok = (issue.html_url.starts_with("https://") || issue.html_url.starts_with("http://"))
         && issue.html_url.len() <= 2048
-        && !issue.html_url.chars().any(|c| c.is_control() || c.is_whitespace());
+        && !issue
+            .html_url
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace());
     if issue.number == 0 || !url_ok {
         return Err(TrackerError::Transient(
             "the tracker's issue has no number or no http(s) html_url".into(),
@@ -264,6 +280,9 @@ mod tests {
         assert!(checked(issue(7, "https://github.com/a/b/issues/7")).is_ok());
         assert!(checked(issue(0, "https://github.com/a/b/issues/0")).is_err());
         assert!(checked(issue(7, "javascript:alert(1)")).is_err());
-        assert!(checked(issue(7, "https://x/\nEvil")).is_err(), "a control character");
+        assert!(
+            checked(issue(7, "https://x/\nEvil")).is_err(),
+            "a control character"
+        );
     }
 }

@@ -107,7 +107,9 @@ pub struct PublishIssue {
 pub enum ParametersProblem {
     #[error("the parameters are not a JSON object of artifact_id, repository, title and body: {0}")]
     Shape(String),
-    #[error("the parameters name no tracker repository: the project's repository is not https://<conversation.tracker_host>/<owner>/<name>")]
+    #[error(
+        "the parameters name no tracker repository: the project's repository is not https://<conversation.tracker_host>/<owner>/<name>"
+    )]
     NoRepository,
     #[error("the repository is not owner/name (letters, digits, '.', '-', '_')")]
     BadRepository,
@@ -191,21 +193,50 @@ pub fn issue_marker(approval_id: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Execution {
     /// Recorded, not sent: the request it would have sent.
-    DryRun { method: String, url: String },
+    DryRun {
+        method: String,
+        url: String,
+    },
     /// The issue exists on the tracker.
-    IssueCreated { url: String, number: u64, artifact_id: String },
-    Failed { code: String, message: String },
+    IssueCreated {
+        url: String,
+        number: u64,
+        artifact_id: String,
+    },
+    Failed {
+        code: String,
+        message: String,
+    },
 }
 
 /// The execution outcome `event` records, with its approval id.
 pub fn execution_of(event: &Envelope) -> Option<(String, Execution)> {
     if let Ok(m) = event.decode::<pb::ExecutionDryRun>() {
-        Some((m.approval_id, Execution::DryRun { method: m.method, url: m.url }))
+        Some((
+            m.approval_id,
+            Execution::DryRun {
+                method: m.method,
+                url: m.url,
+            },
+        ))
     } else if let Ok(m) = event.decode::<pb::TrackerIssueCreated>() {
-        Some((m.approval_id, Execution::IssueCreated { url: m.url, number: m.number, artifact_id: m.artifact_id }))
+        Some((
+            m.approval_id,
+            Execution::IssueCreated {
+                url: m.url,
+                number: m.number,
+                artifact_id: m.artifact_id,
+            },
+        ))
     } else if let Ok(m) = event.decode::<pb::ExecutionFailed>() {
         let reason = m.reason.unwrap_or_default();
-        Some((m.approval_id, Execution::Failed { code: reason.code, message: reason.message }))
+        Some((
+            m.approval_id,
+            Execution::Failed {
+                code: reason.code,
+                message: reason.message,
+            },
+        ))
     } else {
         None
     }
@@ -229,9 +260,16 @@ mod tests {
             ("https://github.com/", None),
             ("https://github.com/a/..", None),
         ] {
-            assert_eq!(tracker_repository(url, "github.com").as_deref(), slug, "{url}");
+            assert_eq!(
+                tracker_repository(url, "github.com").as_deref(),
+                slug,
+                "{url}"
+            );
         }
-        assert_eq!(tracker_repository("https://ghe.example/org/repo", "ghe.example").as_deref(), Some("org/repo"));
+        assert_eq!(
+            tracker_repository("https://ghe.example/org/repo", "ghe.example").as_deref(),
+            Some("org/repo")
+        );
     }
 
     #[test]
@@ -249,10 +287,19 @@ mod tests {
             change(&mut parameters);
             PublishIssue::parse(&serde_json::to_string(&parameters).unwrap()).unwrap_err()
         };
-        assert_eq!(bad(|p| p.repository.clear()), ParametersProblem::NoRepository);
-        assert_eq!(bad(|p| p.repository = "a/../b".into()), ParametersProblem::BadRepository);
+        assert_eq!(
+            bad(|p| p.repository.clear()),
+            ParametersProblem::NoRepository
+        );
+        assert_eq!(
+            bad(|p| p.repository = "a/../b".into()),
+            ParametersProblem::BadRepository
+        );
         assert_eq!(bad(|p| p.title = " ".into()), ParametersProblem::NoTitle);
-        assert_eq!(bad(|p| p.body = "x".repeat(ISSUE_BODY_MAX_CHARS + 1)), ParametersProblem::BodyTooLong);
+        assert_eq!(
+            bad(|p| p.body = "x".repeat(ISSUE_BODY_MAX_CHARS + 1)),
+            ParametersProblem::BodyTooLong
+        );
         assert!(matches!(
             PublishIssue::parse(r#"{"artifact_id":"a","extra":1}"#).unwrap_err(),
             ParametersProblem::Shape(_)

@@ -364,7 +364,10 @@ impl IssueResult {
         paragraph("Current behaviour", &self.current_world);
         paragraph("Desired behaviour", &self.desired_world);
         let list = |out: &mut String, heading: &str, items: &[String], checkbox: bool| {
-            let items: Vec<&String> = items.iter().filter(|item| !item.trim().is_empty()).collect();
+            let items: Vec<&String> = items
+                .iter()
+                .filter(|item| !item.trim().is_empty())
+                .collect();
             if items.is_empty() {
                 return;
             }
@@ -377,7 +380,12 @@ impl IssueResult {
         };
         list(&mut out, "Scope", &self.scope, false);
         list(&mut out, "Non-goals", &self.non_goals, false);
-        list(&mut out, "Acceptance criteria", &self.acceptance_criteria, true);
+        list(
+            &mut out,
+            "Acceptance criteria",
+            &self.acceptance_criteria,
+            true,
+        );
         list(
             &mut out,
             "Suggested implementation",

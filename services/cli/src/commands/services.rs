@@ -240,7 +240,9 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
         });
     }
 
-    progress("  services      setup, dispatch, conversation, specialists, artifacts, executor (dry-run), gateway");
+    progress(
+        "  services      setup, dispatch, conversation, specialists, artifacts, executor (dry-run), gateway",
+    );
     match config.metrics_listen {
         Some(address) => {
             let bound = spawn_metrics(address, &shutdown).await?;

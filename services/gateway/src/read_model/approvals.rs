@@ -270,8 +270,14 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(
-            (executed.execution.as_deref(), executed.execution_detail.as_deref()),
-            (Some("created"), Some("http://127.0.0.1:9/acme/widgets/issues/7"))
+            (
+                executed.execution.as_deref(),
+                executed.execution_detail.as_deref()
+            ),
+            (
+                Some("created"),
+                Some("http://127.0.0.1:9/acme/widgets/issues/7")
+            )
         );
     }
 }

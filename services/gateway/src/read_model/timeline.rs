@@ -325,7 +325,9 @@ fn execution_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
     let (approval_id, execution) = approval::execution_of(event)?;
     let (status, text) = execution_summary(&execution);
     let artifact_ids = match &execution {
-        approval::Execution::IssueCreated { artifact_id, .. } if !artifact_id.is_empty() => vec![artifact_id.clone()],
+        approval::Execution::IssueCreated { artifact_id, .. } if !artifact_id.is_empty() => {
+            vec![artifact_id.clone()]
+        }
         _ => Vec::new(),
     };
     Some(ItemRow {
