@@ -3,7 +3,9 @@
 #   1. is what the code generates now (`zopu contract asyncapi --check`:
 #      an event type, header or consumer added without regenerating fails);
 #      and so is the JSON Schema of flow.completed's result_json
-#      (proto/flow-result.schema.json, `zopu contract flow-result --check`);
+#      (proto/flow-result.schema.json, `zopu contract flow-result --check`)
+#      and of the agent registry file (proto/agent-registry.schema.json,
+#      `zopu contract agent-registry --check`);
 #   2. is valid AsyncAPI by the AsyncAPI project's parser (@asyncapi/parser
 #      from the npm registry, installed into tools/asyncapi, never committed).
 set -euo pipefail
@@ -18,4 +20,5 @@ if [ "$installed" != "$parser_version" ]; then
 fi
 ${CARGO:-cargo} run -q -p zopu-cli --bin zopu -- contract asyncapi --check
 ${CARGO:-cargo} run -q -p zopu-cli --bin zopu -- contract flow-result --check
+${CARGO:-cargo} run -q -p zopu-cli --bin zopu -- contract agent-registry --check
 node deploy/scripts/asyncapi-validate.cjs "$dir" proto/asyncapi.json

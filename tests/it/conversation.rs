@@ -21,9 +21,9 @@ use zopu_schema::{
 };
 use zopu_tests::{NatsServer, bus, history, wait_for};
 
-const LONG: Duration = Duration::from_secs(60);
+pub(crate) const LONG: Duration = Duration::from_secs(60);
 
-fn org(name: &str) -> OrgId {
+pub(crate) fn org(name: &str) -> OrgId {
     name.parse().expect("valid org")
 }
 
@@ -35,13 +35,13 @@ fn user() -> pb::Actor {
 }
 
 /// A service started in-process with its own shutdown.
-struct Running {
+pub(crate) struct Running {
     shutdown: Shutdown,
     handle: JoinHandle<Result<()>>,
 }
 
 impl Running {
-    fn dispatch(core: &CoreConfig) -> Self {
+    pub(crate) fn dispatch(core: &CoreConfig) -> Self {
         let shutdown = Shutdown::new();
         let (core, stop) = (core.clone(), shutdown.clone());
         let handle = tokio::spawn(async move {
@@ -50,7 +50,7 @@ impl Running {
         Self { shutdown, handle }
     }
 
-    fn conversation(core: &CoreConfig, config: zopu_conversation::Config) -> Self {
+    pub(crate) fn conversation(core: &CoreConfig, config: zopu_conversation::Config) -> Self {
         let shutdown = Shutdown::new();
         let (core, stop) = (core.clone(), shutdown.clone());
         let handle =
@@ -58,7 +58,16 @@ impl Running {
         Self { shutdown, handle }
     }
 
-    async fn stop(self) -> Result<()> {
+    pub(crate) fn specialists(core: &CoreConfig) -> Self {
+        let shutdown = Shutdown::new();
+        let (core, stop) = (core.clone(), shutdown.clone());
+        let handle = tokio::spawn(async move {
+            Ok(zopu_specialists::run(core, zopu_specialists::Config::default(), stop).await?)
+        });
+        Self { shutdown, handle }
+    }
+
+    pub(crate) async fn stop(self) -> Result<()> {
         self.shutdown.cancel();
         self.handle.await??;
         ensure!(
@@ -101,12 +110,17 @@ fn explore_call(ack: &str) -> Scripted {
 }
 
 /// The setup events (agent.registered and project.ready), appended directly.
-async fn setup_project(bus: &Bus, org: &OrgId, project: ProjectId) -> Result<()> {
+pub(crate) async fn setup_project(bus: &Bus, org: &OrgId, project: ProjectId) -> Result<()> {
     setup_project_with(bus, org, project, true).await
 }
 
 /// `ready: false` registers the agent only (no onboarding turn).
-async fn setup_project_with(bus: &Bus, org: &OrgId, project: ProjectId, ready: bool) -> Result<()> {
+pub(crate) async fn setup_project_with(
+    bus: &Bus,
+    org: &OrgId,
+    project: ProjectId,
+    ready: bool,
+) -> Result<()> {
     let publisher = Publisher::new(bus.clone(), "setup", None);
     let agent = AgentId::conversation(org, &project).to_string();
     let registered = pb::AgentRegistered {
@@ -150,14 +164,14 @@ async fn setup_project_with(bus: &Bus, org: &OrgId, project: ProjectId, ready: b
 }
 
 /// A message stored by [`send`].
-struct Sent {
-    event_id: EventId,
-    sequence: u64,
+pub(crate) struct Sent {
+    pub(crate) event_id: EventId,
+    pub(crate) sequence: u64,
     /// Its request id: the correlation id of everything the turn stores.
-    request: EventId,
+    pub(crate) request: EventId,
 }
 
-async fn send(bus: &Bus, org: &OrgId, project: ProjectId, text: &str) -> Result<Sent> {
+pub(crate) async fn send(bus: &Bus, org: &OrgId, project: ProjectId, text: &str) -> Result<Sent> {
     send_at(bus, &Clock::system(), org, project, text).await
 }
 
@@ -188,12 +202,12 @@ async fn send_at(
 }
 
 /// Whether `event` belongs to the turn of the message sent under `request`.
-fn of_message(event: &Envelope, request: EventId) -> bool {
+pub(crate) fn of_message(event: &Envelope, request: EventId) -> bool {
     event.correlation_id == CorrelationId::from(request)
 }
 
 /// Waits for the conversation's terminal dispatch event for a message.
-async fn turn_end(
+pub(crate) async fn turn_end(
     bus: &Bus,
     org: &OrgId,
     project: ProjectId,
@@ -212,7 +226,7 @@ async fn turn_end(
     .await
 }
 
-async fn events_of<E: Event>(
+pub(crate) async fn events_of<E: Event>(
     bus: &Bus,
     org: &OrgId,
     project: ProjectId,

@@ -1692,3 +1692,92 @@ async fn a_used_up_daily_model_budget_fails_the_run_visibly_without_a_model_call
     assert_eq!(fake.request_count(), 2, "yesterday's usage does not count");
     service.stop().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_flow_run_is_in_the_run_log_with_its_definition_and_its_note_is_never_on_the_timeline()
+-> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let data = tempfile::tempdir()?;
+    let publisher = Publisher::new(bus.clone(), "test", None);
+    let service = Service::start(&server, data.path(), Config::default());
+    let project = Project::new();
+    crate::registry::request_setup(&bus, &project.org, project.id).await?;
+    let repo = repository(data.path(), project.id, RUST_REPO)?;
+    project
+        .ask(
+            &publisher,
+            pb::FlowType::Explore,
+            "Explore the `login` flow and how sessions are created",
+            &repo.commit,
+        )
+        .await?;
+    let (completed, _) = finished(&terminal(&bus, &project, 1).await?)?;
+    assert_eq!(completed.provider, "offline");
+
+    // The run records the registered explorer it ran under.
+    let started = of_type::<pb::FlowStarted>(&bus, &project)
+        .await?
+        .pop()
+        .context("flow.started")?;
+    let definition = started.definition.context("the run's definition")?;
+    let registry = zopu_core::registry::Registry::load(None, None)?;
+    let explorer = registry.agent("explorer").context("built-in explorer")?;
+    assert_eq!(definition.agent_key, "explorer");
+    assert_eq!(definition.definition_hash, explorer.definition_hash);
+    assert_eq!(definition.knowledge_hash, explorer.package.knowledge_hash);
+    assert_eq!(definition.prompt_package_version, explorer.package.version);
+    assert_eq!(definition.model, "offline");
+    let created_by = definition.created_by.context("created by")?;
+    assert_eq!(created_by.id, project.agent.to_string());
+    let note = wait_for(&bus, &project.events(), LONG, |event| {
+        event.is::<pb::AgentNoteRecorded>()
+    })
+    .await?
+    .decode::<pb::AgentNoteRecorded>()?;
+    assert_eq!(note.agent_key, "explorer");
+    assert!(note.text.starts_with("Run summary:"), "{}", note.text);
+
+    // The run log over HTTP: the run with the plan's fields, its note, and
+    // nothing of the note on the user's timeline.
+    let gateway = crate::registry::Gateway::start(&server, &data.path().join("gateway")).await?;
+    gateway.caught_up(&bus).await?;
+    let (status, list) = gateway
+        .get("/v1/runs?agent=explorer&status=completed")
+        .await?;
+    assert_eq!(status, reqwest::StatusCode::OK, "{list}");
+    let runs = list["runs"].as_array().context("runs")?;
+    assert_eq!(runs.len(), 1, "{list}");
+    let run = &runs[0];
+    assert_eq!(run["run_id"], note.run_id);
+    assert_eq!(run["kind"], "flow");
+    assert_eq!(run["project_id"], project.id.to_string());
+    assert_eq!(run["prompt_package_version"], explorer.package.version);
+    assert_eq!(run["knowledge_hash"], explorer.package.knowledge_hash);
+    assert_eq!(run["created_by"], format!("agent:{}", project.agent));
+    assert!(
+        run["output"]["findings"].is_array(),
+        "the validated result: {run}"
+    );
+    assert!(run["completed_at"].is_string());
+    let (status, detail) = gateway.get(&format!("/v1/runs/{}", note.run_id)).await?;
+    assert_eq!(status, reqwest::StatusCode::OK, "{detail}");
+    assert_eq!(detail["notes"][0]["text"], note.text);
+    let (status, bad) = gateway.get("/v1/runs?status=sleeping").await?;
+    assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{bad}");
+    assert_eq!(bad["error"]["field"], "status", "{bad}");
+    let (status, missing) = gateway.get("/v1/runs/not-a-run").await?;
+    assert_eq!(status, reqwest::StatusCode::NOT_FOUND, "{missing}");
+    let (status, timeline) = gateway
+        .get(&format!("/v1/projects/{}/timeline?limit=200", project.id))
+        .await?;
+    assert_eq!(status, reqwest::StatusCode::OK, "{timeline}");
+    let items = timeline["items"].as_array().context("items")?;
+    assert!(!items.is_empty(), "{timeline}");
+    assert!(
+        !timeline.to_string().contains("Run summary:"),
+        "an internal note reached the timeline: {timeline}"
+    );
+    gateway.stop().await?;
+    service.stop().await
+}

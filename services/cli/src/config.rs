@@ -18,6 +18,9 @@ pub struct ZopuConfig {
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
     pub scale: zopu_core::config::ScaleConfig,
+    /// The agents directory (`registry.toml` and knowledge files); unset:
+    /// the built-in registry (`ZOPU_AGENTS_DIR`).
+    pub agents_dir: Option<PathBuf>,
     /// Where this process serves `GET /metrics` (Prometheus/OpenMetrics
     /// text), e.g. `0.0.0.0:9464`; unset (the default): no listener
     /// (`ZOPU_METRICS_LISTEN`). `zopu dev` uses `127.0.0.1:9464` unless set.
@@ -59,6 +62,7 @@ impl Default for ZopuConfig {
             duplicate_window: core.duplicate_window,
             shutdown_grace: core.shutdown_grace,
             scale: core.scale,
+            agents_dir: core.agents_dir,
             metrics_listen: None,
             sandbox: SandboxSection::default(),
             setup: Default::default(),
@@ -81,6 +85,7 @@ impl ZopuConfig {
             duplicate_window: self.duplicate_window,
             shutdown_grace: self.shutdown_grace,
             scale: self.scale.clone(),
+            agents_dir: self.agents_dir.clone(),
             clock: zopu_core::Clock::system(),
         }
     }
@@ -90,6 +95,11 @@ impl ZopuConfig {
         // Services hand paths to child processes (git) that run elsewhere.
         if let Ok(absolute) = std::path::absolute(&self.data_dir) {
             self.data_dir = absolute;
+        }
+        if let Some(dir) = &self.agents_dir
+            && let Ok(absolute) = std::path::absolute(dir)
+        {
+            self.agents_dir = Some(absolute);
         }
         if self.sandbox.allow_local_repositories {
             self.setup.allow_local_repositories = true;

@@ -57,8 +57,13 @@ enum Command {
     /// Send a message to a project's agent and print its acknowledgement and final answer
     #[command(after_help = "Example:\n  zopu send 0190... \"How does the event envelope work?\"")]
     Send(commands::conversation::SendArgs),
-    /// Pause or resume a project's agent (the kill switch)
+    /// The agent registry (list, show) and a project's kill switch (disable, enable)
+    #[command(
+        after_help = "Examples:\n  zopu agent list\n  zopu agent show explorer --package\n  zopu agent disable 0190... --reason \"maintenance\""
+    )]
     Agent(commands::conversation::AgentArgs),
+    /// The AgentRun log: every run of every agent (conversation turns, specialist flows)
+    Runs(commands::runs::RunsArgs),
     /// Print a project's timeline (optionally following it live)
     Timeline(commands::conversation::TimelineArgs),
     /// List, approve or reject what a project's agent asks to do outside the runtime
@@ -203,6 +208,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Agent(args) => commands::conversation::run_agent(&context, args).await,
         Command::Timeline(args) => commands::conversation::run_timeline(&context, args).await,
         Command::Approvals(args) => commands::approvals::run(&context, args).await,
+        Command::Runs(args) => commands::runs::run(&context, args).await,
         Command::Artifact { command } => commands::artifact::run(&context, command).await,
         Command::Token(args) => commands::token::run_token(&context, args).await,
         Command::Streams { command } => commands::streams::run(&context, command).await,

@@ -63,8 +63,8 @@ async fn run_bench(extra: &[&str]) -> Result<Value> {
         assert!(value > 0.0, "{key} = {value}: {figures}");
     }
     assert!(figures["ack_p50_ms"].as_f64() <= figures["ack_p99_ms"].as_f64());
-    // An explore turn stores 9 events (message, dispatch states, ack, decision, Work, Thread, flow request).
-    assert_eq!(figures["events_per_turn"].as_f64(), Some(9.0), "{figures}");
+    // An explore turn stores 10 events (message, dispatch states, ack, decision, Work, Thread, flow request, handoff).
+    assert_eq!(figures["events_per_turn"].as_f64(), Some(10.0), "{figures}");
     let hops = figures["hops"].as_array().context("hops")?;
     let path: Vec<&str> = hops.iter().filter_map(|hop| hop[1].as_str()).collect();
     assert_eq!(

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use zopu_core::registry::{RegisteredAgent, Registry};
 use zopu_core::text::clip_chars;
 use zopu_core::{Appended, HandlerError, NewEvent, Reaction, ReactionContext, metrics};
 use zopu_llm::{ChatReply, ChatRequest, Provider};
@@ -58,15 +59,23 @@ pub(crate) struct Settings {
 #[derive(Debug, Clone)]
 pub struct Agent {
     settings: Arc<Settings>,
+    /// The registry: the conversation agent's definition and prompt
+    /// package, and the specialists work is handed to.
+    registry: Arc<Registry>,
     /// The model, or the offline rules.
     provider: Arc<dyn Provider>,
     fired: Arc<AtomicBool>,
 }
 
 impl Agent {
-    pub(crate) fn new(settings: Settings, provider: Arc<dyn Provider>) -> Self {
+    pub(crate) fn new(
+        registry: Arc<Registry>,
+        settings: Settings,
+        provider: Arc<dyn Provider>,
+    ) -> Self {
         Self {
             settings: Arc::new(settings),
+            registry,
             provider,
             fired: Arc::new(AtomicBool::new(false)),
         }
@@ -215,6 +224,18 @@ impl Reaction for Agent {
 
 /// Whether a dispatch's source is a specialist's or an artifact's outcome
 /// of a flow run the agent requested.
+/// Who caused a dispatched event: the author of a message or a card action;
+/// `None` for the runtime's own events.
+fn author_of(source: &Envelope) -> Option<pb::Actor> {
+    if source.is::<pb::TimelineMessageSent>() {
+        return source.decode::<pb::TimelineMessageSent>().ok()?.author;
+    }
+    if source.is::<pb::TimelineActionSent>() {
+        return source.decode::<pb::TimelineActionSent>().ok()?.author;
+    }
+    None
+}
+
 fn is_flow_outcome(event_type: &str) -> bool {
     matches!(
         event_type,
@@ -427,9 +448,29 @@ impl Turn<'_> {
             }
             Gate::Proceed => {}
         }
+        // Dispatch refuses every source event while the registry lets no
+        // conversation agent run; one that slipped through (a registry
+        // changed between the two services' starts) is refused here too.
+        let definition = match self.agent.registry.conversation() {
+            Ok(definition) => definition,
+            Err(not_runnable) => {
+                return self
+                    .fail(failure(
+                        not_runnable.code(),
+                        &not_runnable.to_string(),
+                        false,
+                    ))
+                    .await;
+            }
+        };
         let accepted = pb::DispatchAccepted {
             agent_id: self.agent_id(),
             attempt: u32::try_from(self.ctx.delivered).unwrap_or(u32::MAX),
+            definition: Some(definition.run_definition(
+                self.agent.provider.label(),
+                &source.id.to_string(),
+                author_of(&source),
+            )),
         };
         self.append(self.new_event(
             &accepted,
@@ -439,14 +480,14 @@ impl Turn<'_> {
         match source.event_type.as_str() {
             pb::TimelineMessageSent::TYPE => {
                 let text = message.map(|message| message.text).unwrap_or_default();
-                self.user_turn(&source, &text, view).await
+                self.user_turn(&source, &text, view, definition).await
             }
             pb::ProjectReady::TYPE => {
                 let plan = decide::onboarding_turn(view);
                 self.execute(plan, &source, view).await
             }
             source_type if is_flow_outcome(source_type) => self.flow_outcome(&source).await,
-            pb::TimelineActionSent::TYPE => self.card_action(&source).await,
+            pb::TimelineActionSent::TYPE => self.card_action(&source, definition).await,
             _ => self.complete("noted").await,
         }
     }
@@ -465,6 +506,7 @@ impl Turn<'_> {
         source: &Envelope,
         text: &str,
         view: &ProjectView,
+        definition: &RegisteredAgent,
     ) -> Result<(), HandlerError> {
         let provider = self.agent.provider.as_ref();
         // Rules cost nothing: only a model's calls count against the budget.
@@ -473,7 +515,7 @@ impl Turn<'_> {
         {
             return self.visible_failure(source, reason).await;
         }
-        match self.decide_turn(provider, text, view).await? {
+        match self.decide_turn(provider, text, view, definition).await? {
             Ok(plan) => self.execute(plan, source, view).await,
             Err(reason) => self.visible_failure(source, reason).await,
         }
@@ -523,8 +565,9 @@ impl Turn<'_> {
         provider: &dyn Provider,
         text: &str,
         view: &ProjectView,
+        definition: &RegisteredAgent,
     ) -> Result<Result<TurnPlan, pb::FailureReason>, HandlerError> {
-        let request = decide::decision_request(text, view, &self.dispatch.to_string());
+        let request = decide::decision_request(text, view, &self.dispatch.to_string(), definition);
         let mut last = failure("llm.failed", "The model gave no usable decision.", true);
         for attempt in 1..=self.agent.settings.decision_attempts {
             let key = keys::llm_call(&self.dispatch, "decide", attempt);
@@ -757,6 +800,7 @@ impl Turn<'_> {
             source,
             existing_work,
             &view.repository_commit,
+            &self.agent.registry,
         );
         for event in events {
             self.append(event).await?;
@@ -767,10 +811,30 @@ impl Turn<'_> {
     /// A card action: "Publish to tracker" on one of the project's issue
     /// drafts requests the approval publishing needs (once per draft);
     /// anything else is noted.
-    async fn card_action(&self, source: &Envelope) -> Result<(), HandlerError> {
+    async fn card_action(
+        &self,
+        source: &Envelope,
+        definition: &RegisteredAgent,
+    ) -> Result<(), HandlerError> {
         let action = source.decode::<pb::TimelineActionSent>()?;
         if action.action_id != zopu_schema::manifest::PUBLISH_ISSUE_ACTION {
             return self.complete("noted").await;
+        }
+        if !definition.may_recommend(zopu_schema::approval::PUBLISH_ISSUE) {
+            let detail = format!(
+                "the registry does not let agent {:?} recommend {}",
+                definition.definition.key,
+                zopu_schema::approval::PUBLISH_ISSUE
+            );
+            self.guardrail("action_not_registered", "approval", detail, "refused")
+                .await?;
+            return self
+                .fail(failure(
+                    "agent.action_not_registered",
+                    "Publishing issues is not among the actions this agent may recommend.",
+                    false,
+                ))
+                .await;
         }
         let (org, project, artifact) = (
             self.event.org_id.clone(),

@@ -51,6 +51,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use zopu_core::config::{ConfigError, CoreConfig};
+use zopu_core::registry::{Registry, RegistryError};
 use zopu_core::{ReactionConfig, Shutdown};
 use zopu_llm::{KeySource, OpenAiConfig, OpenAiProvider, Provider};
 use zopu_schema::{Event, pb, subjects};
@@ -306,9 +307,11 @@ impl Config {
         }
     }
 
-    /// The agent reaction for these settings (benchmarks and tests run it directly).
-    pub fn agent(&self) -> Result<Agent, Error> {
+    /// The agent reaction for these settings under `registry`'s conversation
+    /// agent definition (benchmarks and tests run it directly).
+    pub fn agent(&self, registry: Arc<Registry>) -> Result<Agent, Error> {
         Ok(Agent::new(
+            registry,
             agent::Settings {
                 dry_run: self.dry_run,
                 decision_attempts: self.decision_attempts,
@@ -335,6 +338,8 @@ pub enum Error {
     Core(#[from] zopu_core::Error),
     #[error("model provider: {0}")]
     Llm(zopu_llm::Error),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
     /// A client request that cannot be stored as given.
     #[error("invalid request: {0}")]
     Invalid(String),
@@ -343,7 +348,7 @@ pub enum Error {
 /// Runs the conversation service until `shutdown`.
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
-    let agent = config.agent()?;
+    let agent = config.agent(Arc::new(core.registry()?))?;
     let runtime =
         zopu_core::Runtime::start_with(SERVICE, &core, shutdown.clone(), ConversationState).await?;
     runtime.spawn_reaction(config.reaction(), agent);

@@ -933,7 +933,12 @@ mod tests {
                 .iter()
                 .chain(&[("what does this project do?", Respond)])
             {
-                let request = decision_request(message, &view, "this-dispatch");
+                let request = decision_request(
+                    message,
+                    &view,
+                    "this-dispatch",
+                    &crate::decide::built_in_definition(),
+                );
                 let reply = OfflineRules.reply(&request).expect("a decision request");
                 assert_eq!(
                     reply,

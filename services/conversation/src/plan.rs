@@ -6,7 +6,9 @@
 //! return, in order.
 
 use zopu_core::NewEvent;
+use zopu_core::registry::Registry;
 use zopu_core::text::clip_chars;
+use zopu_schema::agent_registry::RoutedFlow;
 use zopu_schema::envelope::EventContext;
 use zopu_schema::{
     AgentId, DispatchId, Envelope, Event, FlowRunId, ThreadId, WorkId, keys as schema_keys, pb,
@@ -209,8 +211,9 @@ pub(crate) fn guard(text: String, recent: &[String], threshold: f64, plan: &Turn
 /// The events of a decided turn, in order: the visible reply (`posted`, the
 /// guarded text; `None` when it was dropped), the decision record, and for a
 /// flow-starting action the Work (updated when the source names one of the
-/// project's, `existing_work`), the Thread and the flow request. Returns
-/// them with the dispatch's outcome.
+/// project's, `existing_work`), the Thread, the flow request and the
+/// handoff to the specialist the registry routes the flow to. Returns them
+/// with the dispatch's outcome.
 pub(crate) fn turn_events(
     plan: &TurnPlan,
     posted: Option<String>,
@@ -218,6 +221,7 @@ pub(crate) fn turn_events(
     source: &Envelope,
     existing_work: Option<WorkId>,
     repository_commit: &str,
+    registry: &Registry,
 ) -> (Vec<NewEvent>, &'static str) {
     let reply_to = source.id.to_string();
     let mut outcome = plan.action.outcome();
@@ -313,6 +317,35 @@ pub(crate) fn turn_events(
         };
         events.push(
             ids.event(&requested, flow_key)
+                .with_work(work)
+                .with_thread(thread)
+                .with_flow_run(flow_run),
+        );
+        // A flow routed to no specialist (or a disabled one) is still
+        // requested: the specialists refuse it visibly. The handoff names
+        // the routed agent, or none.
+        let target = registry
+            .routed_specialist(flow_type)
+            .map(|agent| agent.definition.key.clone())
+            .unwrap_or_default();
+        let handoff_key = schema_keys::agent_handoff(&ids.dispatch.to_string(), &target, 0);
+        let handoff = pb::AgentHandoffCreated {
+            handoff_id: handoff_key.clone(),
+            source_run_id: ids.dispatch.to_string(),
+            source_agent_key: registry
+                .conversation()
+                .map(|agent| agent.definition.key.clone())
+                .unwrap_or_default(),
+            target_agent_key: target,
+            flow: RoutedFlow::of(flow_type)
+                .map(|flow| flow.as_str().to_owned())
+                .unwrap_or_default(),
+            brief: clip_chars(&plan.request_text, 500),
+            supersedes_handoff_id: String::new(),
+            correction: String::new(),
+        };
+        events.push(
+            ids.event(&handoff, handoff_key)
                 .with_work(work)
                 .with_thread(thread)
                 .with_flow_run(flow_run),
@@ -422,6 +455,7 @@ fn flow_status(flow: &FlowView) -> Option<(&'static str, Option<pb::FailureReaso
 
 #[cfg(test)]
 mod tests {
+    use prost::Message;
     use zopu_schema::{CorrelationId, EventId, OrgId, ProjectId};
 
     use super::*;
@@ -622,8 +656,15 @@ mod tests {
         let ids = ids(ProjectId::new());
         let (source, _) = message_event(ids.cause.project_id, None);
         let explore = plan(Action::Explore);
-        let (events, outcome) =
-            turn_events(&explore, Some("On it.".into()), &ids, &source, None, "abc");
+        let (events, outcome) = turn_events(
+            &explore,
+            Some("On it.".into()),
+            &ids,
+            &source,
+            None,
+            "abc",
+            &registry(),
+        );
         assert_eq!(
             types(&events),
             [
@@ -632,10 +673,26 @@ mod tests {
                 pb::WorkCreated::TYPE,
                 pb::ThreadCreated::TYPE,
                 pb::FlowRequested::TYPE,
+                pb::AgentHandoffCreated::TYPE,
             ]
         );
         assert_eq!(outcome, "flow_requested");
-        let again = turn_events(&explore, Some("On it.".into()), &ids, &source, None, "abc").0;
+        let handoff = pb::AgentHandoffCreated::decode(events[5].data.as_ref()).unwrap();
+        assert_eq!(
+            (handoff.target_agent_key.as_str(), handoff.flow.as_str()),
+            ("explorer", "explore")
+        );
+        assert_eq!(handoff.source_run_id, ids.dispatch.to_string());
+        let again = turn_events(
+            &explore,
+            Some("On it.".into()),
+            &ids,
+            &source,
+            None,
+            "abc",
+            &registry(),
+        )
+        .0;
         let keys = |events: &[NewEvent]| -> Vec<String> {
             events
                 .iter()
@@ -648,7 +705,15 @@ mod tests {
             "a redelivery writes the same keys"
         );
         let work = WorkId::new();
-        let (events, _) = turn_events(&explore, None, &ids, &source, Some(work), "abc");
+        let (events, _) = turn_events(
+            &explore,
+            None,
+            &ids,
+            &source,
+            Some(work),
+            "abc",
+            &registry(),
+        );
         assert_eq!(
             types(&events)[..2],
             [pb::AgentDecided::TYPE, pb::WorkUpdated::TYPE]
@@ -665,7 +730,15 @@ mod tests {
     fn a_dropped_reply_leaves_only_the_decision() {
         let ids = ids(ProjectId::new());
         let (source, _) = message_event(ids.cause.project_id, None);
-        let (events, outcome) = turn_events(&plan(Action::Respond), None, &ids, &source, None, "");
+        let (events, outcome) = turn_events(
+            &plan(Action::Respond),
+            None,
+            &ids,
+            &source,
+            None,
+            "",
+            &registry(),
+        );
         assert_eq!(types(&events), [pb::AgentDecided::TYPE]);
         assert_eq!(outcome, "deduplicated");
         let (events, outcome) = turn_events(
@@ -675,12 +748,17 @@ mod tests {
             &source,
             None,
             "",
+            &registry(),
         );
         assert_eq!(
             types(&events),
             [pb::AgentBlocked::TYPE, pb::AgentDecided::TYPE]
         );
         assert_eq!(outcome, "clarified");
+    }
+
+    fn registry() -> Registry {
+        Registry::load(None, None).expect("the built-in registry loads")
     }
 
     fn flow(flow_type: pb::FlowType, status: &str) -> FlowView {

@@ -303,6 +303,10 @@ pub struct CoreConfig {
     pub shutdown_grace: std::time::Duration,
     /// How the instances of a service share its reactions (`[scale]`).
     pub scale: ScaleConfig,
+    /// The agents directory (`registry.toml` and its knowledge files,
+    /// README "Agents"); unset (the default): the registry built into the
+    /// binary, `deploy/agents` (`ZOPU_AGENTS_DIR`).
+    pub agents_dir: Option<PathBuf>,
     /// The wall clock and fresh-id source of the services started with this
     /// config (the machine's; tests inject a [`crate::clock::ManualClock`]).
     /// Not a setting: never read from a file or the environment.
@@ -401,12 +405,19 @@ impl Default for CoreConfig {
             duplicate_window: std::time::Duration::from_secs(120),
             shutdown_grace: std::time::Duration::from_secs(10),
             scale: ScaleConfig::default(),
+            agents_dir: None,
             clock: crate::clock::Clock::system(),
         }
     }
 }
 
 impl CoreConfig {
+    /// The agent registry of `agents_dir`, its prompt packages cached under
+    /// `data_dir/knowledge`.
+    pub fn registry(&self) -> Result<crate::registry::Registry, crate::registry::RegistryError> {
+        crate::registry::Registry::load(self.agents_dir.as_deref(), Some(&self.data_dir))
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if let Err(reason) = crate::nats::server_list(&self.nats_url) {
             return Err(ConfigError::setting("nats_url", reason));

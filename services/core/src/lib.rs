@@ -34,6 +34,7 @@ pub mod nats;
 pub mod projection;
 pub mod publish;
 pub mod reaction;
+pub mod registry;
 pub mod runtime;
 pub mod shutdown;
 pub mod store;

@@ -24,14 +24,24 @@
 //!   (telling the user once that it is paused), so the decision is taken in
 //!   stream order on the agent's own state and every source event keeps a
 //!   visible, terminal dispatch record.
+//! - The agent registry gates every dispatch: when the registry has no
+//!   conversation agent, or disables it, the source event ends as a visible
+//!   `dispatch.failed` (`agent.not_registered` / `agent.disabled_in_registry`).
+//!   Before a project's first dispatch under a definition, that definition is
+//!   recorded for the project as `agent.definition.changed` (one per agent of
+//!   the registry whose definition the project has not recorded yet, keyed by
+//!   the previous and the new hash), so a project's history names every
+//!   definition its agents ran under.
 //! - Single flight: the conversation service consumes `dispatch.created` with
 //!   the core reaction runner, one event per project at a time in stream
 //!   order, so two turns of one agent never run at once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use rusqlite::{OptionalExtension, Transaction, params};
 use zopu_core::config::{ConfigError, CoreConfig};
+use zopu_core::registry::{NotRunnable, Registry, RegistryError};
 use zopu_core::{
     HandlerError, NewEvent, Projection, Reaction, ReactionConfig, ReactionContext, Shutdown, Store,
 };
@@ -115,14 +125,17 @@ pub enum Error {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Core(#[from] zopu_core::Error),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
 }
 
 /// Runs the dispatch service until `shutdown`.
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
+    let registry = Arc::new(core.registry()?);
     let runtime =
         zopu_core::Runtime::start_with(SERVICE, &core, shutdown.clone(), Bindings).await?;
-    runtime.spawn_reaction(config.reaction(), Dispatcher);
+    runtime.spawn_reaction(config.reaction(), Dispatcher { registry });
     shutdown.cancelled().await;
     Ok(())
 }
@@ -134,7 +147,8 @@ pub struct Binding {
     pub global_timeline_id: String,
 }
 
-/// The projection of agent bindings (`agent.registered`).
+/// The projection of agent bindings (`agent.registered`) and of the
+/// registry definitions recorded per project (`agent.definition.changed`).
 #[derive(Debug, Default)]
 pub struct Bindings;
 
@@ -143,10 +157,10 @@ impl Projection for Bindings {
         "dispatch_bindings"
     }
     fn schema_version(&self) -> u32 {
-        1
+        2
     }
     fn tables(&self) -> &'static [&'static str] {
-        &["dispatch_bindings"]
+        &["dispatch_bindings", "dispatch_definitions"]
     }
     fn migrate(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
         tx.execute_batch(
@@ -156,6 +170,13 @@ impl Projection for Bindings {
                 agent_id TEXT NOT NULL,
                 global_timeline_id TEXT NOT NULL,
                 PRIMARY KEY (org, project)
+            );
+            CREATE TABLE dispatch_definitions (
+                org TEXT NOT NULL,
+                project TEXT NOT NULL,
+                agent_key TEXT NOT NULL,
+                definition_hash TEXT NOT NULL,
+                PRIMARY KEY (org, project, agent_key)
             );",
         )
     }
@@ -165,6 +186,25 @@ impl Projection for Bindings {
         event: &Envelope,
         _sequence: u64,
     ) -> rusqlite::Result<()> {
+        if event.is::<pb::AgentDefinitionChanged>() {
+            // Undecodable: the runtime's dead-letter path reports it; this
+            // projection keeps the definitions it could read.
+            let Ok(changed) = event.decode::<pb::AgentDefinitionChanged>() else {
+                return Ok(());
+            };
+            return tx
+                .prepare_cached(
+                    "INSERT INTO dispatch_definitions (org, project, agent_key, definition_hash) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT(org, project, agent_key) DO UPDATE SET definition_hash = excluded.definition_hash",
+                )?
+                .execute(params![
+                    event.org_id.as_str(),
+                    event.project_id.to_string(),
+                    changed.agent_key,
+                    changed.definition_hash
+                ])
+                .map(|_| ());
+        }
         if !event.is::<pb::AgentRegistered>() {
             return Ok(());
         }
@@ -187,12 +227,58 @@ fn binding(store: &Store, event: &Envelope) -> Result<Option<Binding>, zopu_core
     })
 }
 
+/// The definition hash recorded for each agent of the event's project.
+fn recorded_definitions(
+    store: &Store,
+    event: &Envelope,
+) -> Result<std::collections::BTreeMap<String, String>, zopu_core::Error> {
+    store.read(|conn| {
+        let mut statement = conn.prepare_cached(
+            "SELECT agent_key, definition_hash FROM dispatch_definitions WHERE org = ?1 AND project = ?2",
+        )?;
+        let rows = statement.query_map(
+            params![event.org_id.as_str(), event.project_id.to_string()],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )?;
+        rows.collect()
+    })
+}
+
+/// The `agent.definition.changed` events that bring the project's recorded
+/// definitions up to the registry's (`recorded`: agent key → hash). Pure.
+pub fn definition_changes(
+    source: &Envelope,
+    registry: &Registry,
+    recorded: &std::collections::BTreeMap<String, String>,
+) -> Vec<NewEvent> {
+    registry
+        .agents()
+        .filter_map(|agent| {
+            let previous = recorded
+                .get(&agent.definition.key)
+                .map_or("", String::as_str);
+            (previous != agent.definition_hash).then(|| {
+                NewEvent::caused_by(
+                    &source.context(),
+                    &agent.definition_changed(previous),
+                    keys::agent_definition(
+                        &source.project_id,
+                        &agent.definition.key,
+                        previous,
+                        &agent.definition_hash,
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
 /// What to do with one source event.
 #[derive(Debug)]
 pub enum Plan {
     /// Append this `dispatch.created`.
     Dispatch(NewEvent),
-    /// The project has no agent: append this `dispatch.failed`.
+    /// The project has no agent, or the registry lets none run: append this `dispatch.failed`.
     NoAgent(NewEvent),
     /// Not for the agent (with the reason, for the log).
     Skip(&'static str),
@@ -211,6 +297,7 @@ pub fn plan(
     source: &Envelope,
     sequence: u64,
     binding: Option<&Binding>,
+    registered: Result<(), &NotRunnable>,
 ) -> Result<Plan, HandlerError> {
     if !SOURCE_TYPES.contains(&source.event_type.as_str()) {
         return Ok(Plan::Skip("not a dispatched event type"));
@@ -230,25 +317,39 @@ pub fn plan(
     let expected = AgentId::conversation(&source.org_id, &source.project_id);
     let id = dispatch_id(source, &expected);
     let key = keys::dispatch(&source.id, &expected, HANDLER_VERSION);
-    let Some(binding) = binding else {
-        let failed = pb::DispatchFailed {
-            agent_id: expected.to_string(),
-            reason: Some(pb::FailureReason {
-                code: "dispatch.agent_not_registered".into(),
-                message: "This project has no conversation agent yet; finish project setup first."
-                    .into(),
-                retryable: false,
-            }),
-            attempts: 0,
-        };
-        return Ok(Plan::NoAgent(
-            NewEvent::caused_by(
-                &source.context(),
-                &failed,
-                keys::dispatch_state(&id, "failed"),
-            )
-            .with_dispatch(id),
-        ));
+    let binding = match (binding, registered) {
+        (Some(binding), Ok(())) => binding,
+        (_, refused) => {
+            let reason = match refused {
+                Err(not_runnable) => pb::FailureReason {
+                    code: not_runnable.code().into(),
+                    message: format!(
+                        "The agent registry lets no conversation agent run ({not_runnable}); nothing was dispatched."
+                    ),
+                    retryable: false,
+                },
+                Ok(()) => pb::FailureReason {
+                    code: "dispatch.agent_not_registered".into(),
+                    message:
+                        "This project has no conversation agent yet; finish project setup first."
+                            .into(),
+                    retryable: false,
+                },
+            };
+            let failed = pb::DispatchFailed {
+                agent_id: expected.to_string(),
+                reason: Some(reason),
+                attempts: 0,
+            };
+            return Ok(Plan::NoAgent(
+                NewEvent::caused_by(
+                    &source.context(),
+                    &failed,
+                    keys::dispatch_state(&id, "failed"),
+                )
+                .with_dispatch(id),
+            ));
+        }
     };
     let created = pb::DispatchCreated {
         source_event_id: source.id.to_string(),
@@ -264,8 +365,10 @@ pub fn plan(
 }
 
 /// The reaction: one `dispatch.created` per source event.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Dispatcher;
+#[derive(Debug, Clone)]
+pub struct Dispatcher {
+    pub registry: Arc<Registry>,
+}
 
 impl Reaction for Dispatcher {
     async fn handle(&self, event: &Envelope, ctx: &ReactionContext) -> Result<(), HandlerError> {
@@ -276,13 +379,24 @@ impl Reaction for Dispatcher {
             ctx.caught_up(ctx.stream_sequence).await?;
             bound = binding(&ctx.store, event)?;
         }
-        match plan(event, ctx.stream_sequence, bound.as_ref())? {
+        let registered = self.registry.conversation().map(|_| ());
+        match plan(
+            event,
+            ctx.stream_sequence,
+            bound.as_ref(),
+            registered.as_ref().map(|_| ()),
+        )? {
             Plan::Dispatch(created) => {
+                let recorded = recorded_definitions(&ctx.store, event)?;
+                for change in definition_changes(event, &self.registry, &recorded) {
+                    let appended = ctx.publisher.append(change).await?;
+                    tracing::info!(project = %event.project_id, event_id = %appended.event_id, duplicate = appended.duplicate, "agent definition recorded for the project");
+                }
                 let appended = ctx.publisher.append(created).await?;
                 tracing::debug!(source_event = %event.id, dispatch_event = %appended.event_id, duplicate = appended.duplicate, "dispatched");
             }
             Plan::NoAgent(failed) => {
-                tracing::warn!(source_event = %event.id, project = %event.project_id, "no conversation agent registered; dispatch failed");
+                tracing::warn!(source_event = %event.id, project = %event.project_id, "no conversation agent may run; dispatch failed");
                 ctx.publisher.append(failed).await?;
             }
             Plan::Skip(reason) => {
@@ -378,8 +492,8 @@ mod tests {
             ..Default::default()
         });
         let binding = bound(&source);
-        let first = plan(&source, 7, Some(&binding)).unwrap();
-        let second = plan(&source, 7, Some(&binding)).unwrap();
+        let first = plan(&source, 7, Some(&binding), Ok(())).unwrap();
+        let second = plan(&source, 7, Some(&binding), Ok(())).unwrap();
         let (Plan::Dispatch(first), Plan::Dispatch(second)) = (first, second) else {
             panic!("not dispatched")
         };
@@ -403,7 +517,8 @@ mod tests {
         let thread = zopu_schema::ThreadId::new();
         source.work_id = Some(work);
         source.thread_id = Some(thread);
-        let Plan::Dispatch(created) = plan(&source, 1, Some(&bound(&source))).unwrap() else {
+        let Plan::Dispatch(created) = plan(&source, 1, Some(&bound(&source)), Ok(())).unwrap()
+        else {
             panic!()
         };
         assert_eq!(created.context.work_id, Some(work));
@@ -421,12 +536,12 @@ mod tests {
             ..Default::default()
         });
         assert!(matches!(
-            plan(&source, 1, Some(&bound(&source))).unwrap(),
+            plan(&source, 1, Some(&bound(&source)), Ok(())).unwrap(),
             Plan::Skip(_)
         ));
         let other = envelope(&pb::AgentMessage::default());
         assert!(matches!(
-            plan(&other, 1, Some(&bound(&other))).unwrap(),
+            plan(&other, 1, Some(&bound(&other)), Ok(())).unwrap(),
             Plan::Skip(_)
         ));
     }
@@ -437,11 +552,60 @@ mod tests {
             text: "hi".into(),
             ..Default::default()
         });
-        let Plan::NoAgent(failed) = plan(&source, 1, None).unwrap() else {
+        let Plan::NoAgent(failed) = plan(&source, 1, None, Ok(())).unwrap() else {
             panic!()
         };
         assert_eq!(failed.event_type, pb::DispatchFailed::TYPE);
         assert!(failed.idempotency_key.ends_with(":state:failed"));
+    }
+
+    #[test]
+    fn a_conversation_agent_the_registry_disables_is_a_visible_failure() {
+        let source = envelope(&pb::TimelineMessageSent {
+            text: "hi".into(),
+            ..Default::default()
+        });
+        let disabled = NotRunnable::Disabled("conversation".to_owned());
+        let Plan::NoAgent(failed) =
+            plan(&source, 1, Some(&bound(&source)), Err(&disabled)).unwrap()
+        else {
+            panic!("refused")
+        };
+        let reason = pb::DispatchFailed::decode(failed.data.as_ref())
+            .unwrap()
+            .reason
+            .unwrap();
+        assert_eq!(reason.code, "agent.disabled_in_registry");
+        assert!(!reason.retryable);
+    }
+
+    #[test]
+    fn a_definition_is_recorded_until_the_project_has_it() {
+        let registry = Registry::load(None, None).unwrap();
+        let source = envelope(&pb::ProjectReady::default());
+        let mut recorded = std::collections::BTreeMap::new();
+        let first = definition_changes(&source, &registry, &recorded);
+        assert_eq!(first.len(), registry.agents().count());
+        assert!(
+            first
+                .iter()
+                .all(|e| e.event_type == pb::AgentDefinitionChanged::TYPE)
+        );
+        for agent in registry.agents() {
+            recorded.insert(agent.definition.key.clone(), agent.definition_hash.clone());
+        }
+        assert!(definition_changes(&source, &registry, &recorded).is_empty());
+        recorded.insert("explorer".to_owned(), "older".to_owned());
+        let changed = definition_changes(&source, &registry, &recorded);
+        assert_eq!(changed.len(), 1);
+        let message = pb::AgentDefinitionChanged::decode(changed[0].data.as_ref()).unwrap();
+        assert_eq!(
+            (
+                message.agent_key.as_str(),
+                message.previous_definition_hash.as_str()
+            ),
+            ("explorer", "older")
+        );
     }
 
     #[test]

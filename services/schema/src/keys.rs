@@ -86,6 +86,30 @@ pub fn approval_execution(project: &ProjectId, approval_id: &str) -> String {
     format!("project:{project}:approval:{approval_id}:execution")
 }
 
+/// A registry definition coming into force for a project:
+/// `project:<id>:agent:<key>:definition:<previous>:<new>`. A definition
+/// changed back to an earlier one is a new fact (its previous differs).
+pub fn agent_definition(
+    project: &ProjectId,
+    agent_key: &str,
+    previous_hash: &str,
+    definition_hash: &str,
+) -> String {
+    format!("project:{project}:agent:{agent_key}:definition:{previous_hash}:{definition_hash}")
+}
+
+/// A handoff from one run to another agent:
+/// `run:<runId>:handoff:<targetAgent>:<revision>` (revision 0 the first,
+/// each correction the next).
+pub fn agent_handoff(run_id: &str, target_agent_key: &str, revision: u32) -> String {
+    format!("run:{run_id}:handoff:{target_agent_key}:{revision}")
+}
+
+/// An internal note of a run: `run:<runId>:note:<step>`.
+pub fn agent_note(run_id: &str, step: &str) -> String {
+    format!("run:{run_id}:note:{step}")
+}
+
 /// A user command other than a setup request (a message, a card action,
 /// the kill switch): `project:<id>:request:<requestId>:<what>`. Scoped to the
 /// project, so one tenant's request ids never collide with another's.

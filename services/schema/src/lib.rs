@@ -21,6 +21,7 @@
 //! [`codec::decode`] accepts satisfies [`envelope::Envelope::check`], and
 //! [`codec::encode`] followed by [`codec::decode`] returns the same envelope.
 
+pub mod agent_registry;
 pub mod approval;
 pub mod asyncapi;
 pub mod catalogue;

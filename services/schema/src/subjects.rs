@@ -86,6 +86,11 @@ pub fn events_of_type(event_type: &str) -> String {
     format!("{EVENT_PREFIX}.*.*.{event_type}")
 }
 
+/// Every event of one type across one organization's projects.
+pub fn org_events_of_type(org: &OrgId, event_type: &str) -> String {
+    format!("{EVENT_PREFIX}.{org}.*.{event_type}")
+}
+
 /// The key-value bucket saying which instance works which partition of a
 /// reaction's consumers (coordination state, never history).
 pub const LEASES_BUCKET: &str = "zopu-leases";

@@ -8,8 +8,9 @@ use zopu_core::text::clip_chars;
 
 use regex::Regex;
 
-/// The tools a model may call. Everything else is refused.
-pub const MODEL_TOOLS: &[&str] = &["describe", "list_files", "read_file", "search"];
+/// The tools a model may be offered (each agent's definition names its
+/// subset). Everything else is refused.
+pub use zopu_schema::agent_registry::MODEL_TOOLS;
 
 static INJECTION: LazyLock<Regex> = LazyLock::new(|| {
     // A fixed pattern covered by the tests below; failing to compile it is a

@@ -60,6 +60,8 @@ pub enum Error {
     Provider(#[from] zopu_llm::Error),
     #[error(transparent)]
     Runtime(#[from] zopu_core::Error),
+    #[error(transparent)]
+    Registry(#[from] zopu_core::registry::RegistryError),
 }
 
 /// The service's name (store file, durable consumer, event source).
@@ -107,6 +109,7 @@ pub fn reaction_config(config: &Config) -> ReactionConfig {
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
     let provider = provider(&config)?;
+    let registry = Arc::new(core.registry()?);
     let runtime = Runtime::start_with(SERVICE, &core, shutdown.clone(), state::State).await?;
     let reaction = reaction_config(&config);
     // Which kernel layers confine programs the tools run, reported once at start.
@@ -129,7 +132,13 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     );
     runtime.spawn_reaction(
         reaction,
-        runner::FlowRunner::new(config, core.data_dir.clone(), provider, credentials),
+        runner::FlowRunner::new(
+            config,
+            registry,
+            core.data_dir.clone(),
+            provider,
+            credentials,
+        ),
     );
     shutdown.cancelled().await;
     Ok(())

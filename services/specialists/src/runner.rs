@@ -34,6 +34,7 @@ use std::time::Duration;
 use zopu_core::text::clip_chars;
 
 use tokio::time::Instant;
+use zopu_core::registry::{NotRunnable, RegisteredAgent, Registry};
 use zopu_core::{HandlerError, NewEvent, Reaction, ReactionContext, metrics};
 use zopu_llm::Provider;
 use zopu_sandbox::git::CredentialStore;
@@ -119,6 +120,8 @@ impl RunIds {
 #[derive(Debug)]
 struct Shared {
     config: Config,
+    /// Which specialist runs which flow, with what tools and knowledge.
+    registry: Arc<Registry>,
     workspaces: Arc<Workspaces>,
     cache_root: PathBuf,
     provider: Option<Arc<dyn Provider>>,
@@ -136,6 +139,7 @@ impl FlowRunner {
     /// `credentials` resolves the connection ids setup recorded.
     pub fn new(
         config: Config,
+        registry: Arc<Registry>,
         data_dir: PathBuf,
         provider: Option<Arc<dyn Provider>>,
         credentials: Arc<dyn CredentialStore>,
@@ -150,6 +154,7 @@ impl FlowRunner {
         Self {
             shared: Arc::new(Shared {
                 config,
+                registry,
                 workspaces: Arc::new(workspaces),
                 cache_root,
                 provider,
@@ -209,9 +214,14 @@ impl Shared {
             return Ok(());
         }
         let cause = event.context();
+        // Only a registered, enabled specialist runs a flow.
+        let definition = match self.registry.specialist(ids.flow_type) {
+            Ok(definition) => definition,
+            Err(not_runnable) => return self.refuse(&ids, &cause, &not_runnable, ctx).await,
+        };
         let provider_label = self.provider_label(ids.flow_type);
         let started_at_elapsed = match self
-            .start(&ids, request, &cause, &provider_label, ctx)
+            .start(&ids, request, &cause, &provider_label, definition, ctx)
             .await?
         {
             Start::New => None,
@@ -227,6 +237,7 @@ impl Shared {
             cause,
             ids.clone(),
             request.agent_id.clone(),
+            definition,
             provider_label,
             started_at_elapsed.unwrap_or_default(),
         );
@@ -237,7 +248,11 @@ impl Shared {
         let outcome = run.execute(event, request).await;
         let ending = Ending::of(outcome);
         let metric_outcome = ending.metric_outcome();
+        let ended = metric_outcome.is_some();
         run.finish(ending).await?;
+        if ended {
+            run.record_internal_note().await.map_err(runtime)?;
+        }
         if let Some(outcome) = metric_outcome {
             metrics::flow_finished(
                 flow_type_name(ids.flow_type),
@@ -248,6 +263,36 @@ impl Shared {
         // The cache only serves resumes of this run.
         run.cache.remove();
         tracing::info!(flow_run = %ids.flow_run_id, replayed = run.replayed, executed = run.executed, guardrails = run.guardrails, "flow run finished");
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// A flow no registered specialist may run ends before it starts, as a
+    /// visible `flow.failed` the conversation agent reports.
+    async fn refuse(
+        &self,
+        ids: &RunIds,
+        cause: &EventContext,
+        not_runnable: &NotRunnable,
+        ctx: &ReactionContext,
+    ) -> Result<(), HandlerError> {
+        tracing::warn!(flow_run = %ids.flow_run_id, reason = %not_runnable, "flow refused by the agent registry");
+        let failed = pb::FlowFailed {
+            flow_type: ids.flow_type as i32,
+            phase: FlowPhase::Init as i32,
+            reason: Some(pb::FailureReason {
+                code: not_runnable.code().to_owned(),
+                message: format!("Nothing was run: {not_runnable}."),
+                retryable: false,
+            }),
+        };
+        ctx.publisher
+            .append(
+                NewEvent::caused_by(cause, &failed, ids.step_key("terminal"))
+                    .with_flow_run(ids.flow_run_id),
+            )
+            .await?;
         Ok(())
     }
 }
@@ -266,6 +311,8 @@ struct Run<'a> {
     cause: EventContext,
     ids: RunIds,
     agent_id: String,
+    /// The registered specialist the run runs under.
+    definition: &'a RegisteredAgent,
     provider_label: String,
     sandbox: Option<Arc<Sandbox>>,
     /// The prepared workspace; holds the project's workspace lock shared.
@@ -293,6 +340,7 @@ impl<'a> Run<'a> {
         cause: EventContext,
         ids: RunIds,
         agent_id: String,
+        definition: &'a RegisteredAgent,
         provider_label: String,
         started_at_elapsed: Duration,
     ) -> Self {
@@ -303,6 +351,7 @@ impl<'a> Run<'a> {
             ctx,
             cause,
             agent_id,
+            definition,
             provider_label,
             sandbox: None,
             workspace: None,
@@ -318,6 +367,53 @@ impl<'a> Run<'a> {
             heartbeats: 0,
             scope: None,
         }
+    }
+
+    /// The model settings of the run's agent definition, for a model input.
+    fn agent_model_input(&self) -> crate::model::ModelInput {
+        let definition = &self.definition.definition;
+        crate::model::ModelInput {
+            tools: definition.tools.clone(),
+            knowledge: self.definition.package.prompt().to_owned(),
+            temperature: definition.model.temperature.unwrap_or(0.0),
+            ..crate::model::ModelInput::default()
+        }
+    }
+
+    /// The most tokens one model answer may have: the definition's, or the provider's setting.
+    fn max_output_tokens(&self) -> u32 {
+        self.definition
+            .definition
+            .model
+            .max_output_tokens
+            .unwrap_or(self.shared.config.provider.max_tokens)
+    }
+
+    /// The run's internal note for operators (`agent.note.recorded`): how it
+    /// went inside, never shown on the user's timeline.
+    async fn record_internal_note(&self) -> Result<(), FlowError> {
+        let run_id = self.ids.flow_run_id.to_string();
+        let note = pb::AgentNoteRecorded {
+            run_id: run_id.clone(),
+            agent_key: self.definition.definition.key.clone(),
+            text: format!(
+                "Run summary: {} step(s) replayed, {} executed, {} guardrail(s), {} heartbeat(s); provider {}; prompt package {}",
+                self.replayed,
+                self.executed,
+                self.guardrails,
+                self.heartbeats,
+                self.provider_label,
+                self.definition.package.version
+            ),
+        };
+        self.ctx
+            .publisher
+            .append(
+                NewEvent::caused_by(&self.cause, &note, keys::agent_note(&run_id, "finished"))
+                    .with_flow_run(self.ids.flow_run_id),
+            )
+            .await?;
+        Ok(())
     }
 
     /// `step` inside the current scope.

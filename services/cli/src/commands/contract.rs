@@ -1,7 +1,9 @@
 //! `zopu contract asyncapi`: writes the event contract as an AsyncAPI 3
 //! document (`proto/asyncapi.json`); `zopu contract flow-result`: writes the
 //! JSON Schema of `flow.completed.result_json`
-//! (`proto/flow-result.schema.json`). With `--check` each says whether the
+//! (`proto/flow-result.schema.json`); `zopu contract agent-registry`: the
+//! JSON Schema of the agent registry file (`proto/agent-registry.schema.json`).
+//! With `--check` each says whether the
 //! checked-in file is what this build generates. The documents themselves
 //! are built by `zopu_schema::asyncapi` and `zopu_schema::flow_result`; this
 //! module only hands the first the reaction consumers each service declares
@@ -14,7 +16,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use zopu_core::ReactionConfig;
 use zopu_schema::asyncapi::{self, Consumer};
-use zopu_schema::flow_result;
+use zopu_schema::{agent_registry, flow_result};
 
 use crate::Context;
 
@@ -30,6 +32,11 @@ pub enum ContractCommand {
         after_help = "Examples:\n  zopu contract flow-result            # regenerate proto/flow-result.schema.json\n  zopu contract flow-result --check    # exit 1 if it is stale\n\nExit code with --check: 0 current, 1 stale or missing (the differences are listed)."
     )]
     FlowResult(DocumentArgs),
+    /// Generate the JSON Schema of the agent registry file (or check the checked-in one)
+    #[command(
+        after_help = "Examples:\n  zopu contract agent-registry            # regenerate proto/agent-registry.schema.json\n  zopu contract agent-registry --check    # exit 1 if it is stale\n\nExit code with --check: 0 current, 1 stale or missing (the differences are listed)."
+    )]
+    AgentRegistry(DocumentArgs),
 }
 
 #[derive(Debug, Args)]
@@ -100,6 +107,12 @@ pub async fn run(context: &Context, command: ContractCommand) -> anyhow::Result<
             args,
             flow_result::CHECKED_IN_PATH,
             "zopu contract flow-result",
+        ),
+        ContractCommand::AgentRegistry(args) => (
+            agent_registry::schema_document(),
+            args,
+            agent_registry::CHECKED_IN_PATH,
+            "zopu contract agent-registry",
         ),
     };
     let file = args

@@ -37,6 +37,19 @@ pub enum AgentAction {
     Disable(SwitchArgs),
     /// Lets the agent work again.
     Enable(SwitchArgs),
+    /// The registered agents (`agents_dir`, or the built-in registry) with their versions and prompt packages
+    List,
+    /// One registered agent's definition and prompt package
+    Show(ShowArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ShowArgs {
+    /// The agent's registry key, e.g. `explorer`.
+    pub key: String,
+    /// Also print the prompt package's text.
+    #[arg(long)]
+    pub package: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -182,10 +195,19 @@ pub async fn run_send(ctx: &crate::Context, args: SendArgs) -> Result<ExitCode> 
 }
 
 pub async fn run_agent(ctx: &crate::Context, args: AgentArgs) -> Result<ExitCode> {
+    match args.action {
+        AgentAction::List => super::agents::list(ctx),
+        AgentAction::Show(show) => super::agents::show(ctx, &show.key, show.package),
+        AgentAction::Disable(switch) => kill_switch(ctx, switch, true).await,
+        AgentAction::Enable(switch) => kill_switch(ctx, switch, false).await,
+    }
+}
+
+async fn kill_switch(ctx: &crate::Context, switch: SwitchArgs, disable: bool) -> Result<ExitCode> {
     let bus = ctx.connect().await?;
     let publisher = Publisher::new(bus, "cli", None);
-    let (kind, appended) = match args.action {
-        AgentAction::Disable(switch) => (
+    let (kind, appended) = if disable {
+        (
             "disabled",
             zopu_conversation::disable_agent(
                 &publisher,
@@ -195,12 +217,13 @@ pub async fn run_agent(ctx: &crate::Context, args: AgentArgs) -> Result<ExitCode
                 operator(),
             )
             .await?,
-        ),
-        AgentAction::Enable(switch) => (
+        )
+    } else {
+        (
             "enabled",
             zopu_conversation::enable_agent(&publisher, &switch.org, &switch.project, operator())
                 .await?,
-        ),
+        )
     };
     print_line(
         ctx,

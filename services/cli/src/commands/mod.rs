@@ -1,6 +1,7 @@
 //! One module per command group. Each exposes clap argument types and a
 //! `run_*` function returning the process exit code.
 
+pub mod agents;
 pub mod approvals;
 pub mod artifact;
 pub mod bench;
@@ -8,6 +9,7 @@ pub mod contract;
 pub mod conversation;
 pub mod log;
 pub mod project;
+pub mod runs;
 pub mod services;
 pub mod status;
 pub mod streams;

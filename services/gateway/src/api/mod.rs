@@ -4,7 +4,7 @@
 //! setup, summary), `timeline` (messages, card actions, timeline pages),
 //! `works` (Works, Threads and their timelines), `artifacts` (stored HTML and
 //! signed links), `agent` (the kill switch), `approvals` (list, approve,
-//! reject), `health`. Every write builds its
+//! reject), `runs` (the AgentRun log), `health`. Every write builds its
 //! event with `zopu_core::commands`, as the CLI does, and appends it through
 //! `append`.
 
@@ -32,6 +32,7 @@ mod approvals;
 mod artifacts;
 mod health;
 mod projects;
+mod runs;
 mod timeline;
 mod works;
 
@@ -40,12 +41,13 @@ pub use append::Accepted;
 pub use approvals::{ApprovalDecided, ApprovalList, ApprovalView, Rejection};
 pub use artifacts::{ARTIFACT_CSP, ArtifactLink, ArtifactQuery, LinkQuery, sha256_hex};
 pub use projects::{CreateProject, PROJECTS_LIST_MAX, ProjectCreated, ProjectList, SetupRetried};
+pub use runs::{HandoffView, NoteView, RunDetail, RunList, RunView};
 pub use timeline::{SendAction, SendMessage, TimelinePage, TimelineQuery};
 pub use works::ThreadList;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch and approvals. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
+    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, approvals and the agent run log. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
     modifiers(&BearerAuth),
     components(schemas(ErrorBody))
 )]
@@ -82,6 +84,8 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(approvals::list_approvals))
         .routes(routes!(approvals::approve))
         .routes(routes!(approvals::reject))
+        .routes(routes!(runs::list_runs))
+        .routes(routes!(runs::get_run))
         .routes(routes!(crate::sse::events))
         .routes(routes!(crate::sse::ticket))
         .split_for_parts();

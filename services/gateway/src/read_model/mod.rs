@@ -3,8 +3,10 @@
 //! queries over them: [`projects`] (projects, setup status, agent state,
 //! running flows, the summary document), [`works`] (Works and their
 //! Threads), [`artifacts`] (stored revisions and their cards) and
-//! [`timeline`] (one item per event a user sees) and [`approvals`] (what
-//! the agents asked to do outside the runtime, and the decisions). Rows are plain columns and
+//! [`timeline`] (one item per event a user sees), [`approvals`] (what
+//! the agents asked to do outside the runtime, and the decisions) and
+//! [`runs`] (the AgentRun log: every run of every agent, its internal
+//! notes and the handoffs between agents, none of it on the timeline). Rows are plain columns and
 //! child tables, never serialized API types: the JSON the API answers with is
 //! built from them at the HTTP edge (`crate::views`).
 //!
@@ -24,20 +26,23 @@ pub mod approvals;
 pub mod artifacts;
 mod pool;
 pub mod projects;
+pub mod runs;
 pub mod timeline;
 pub mod works;
 
 pub use pool::ReadPool;
 
 /// Bump to rebuild the projection (tables are dropped and the stream replayed).
-/// 1: API types stored as JSON; 2: rows as columns; 3: approvals; 4: their expiry.
-const SCHEMA_VERSION: u32 = 5;
+/// 1: API types stored as JSON; 2: rows as columns; 3: approvals; 4: their
+/// expiry; 5: their execution; 6: the run log.
+const SCHEMA_VERSION: u32 = 6;
 
 const TABLE_COUNT: usize = projects::TABLES.len()
     + works::TABLES.len()
     + artifacts::TABLES.len()
     + timeline::TABLES.len()
-    + approvals::TABLES.len();
+    + approvals::TABLES.len()
+    + runs::TABLES.len();
 
 /// Every aggregate's tables: the ones a rebuild drops. Version 1's tables
 /// (`gw_projects`, `gw_timeline`, `gw_works`, `gw_threads`, `gw_flows`,
@@ -49,9 +54,10 @@ static TABLES: [&str; TABLE_COUNT] = concat_tables([
     artifacts::TABLES,
     timeline::TABLES,
     approvals::TABLES,
+    runs::TABLES,
 ]);
 
-const fn concat_tables<const N: usize>(parts: [&[&'static str]; 5]) -> [&'static str; N] {
+const fn concat_tables<const N: usize>(parts: [&[&'static str]; 6]) -> [&'static str; N] {
     let mut tables = [""; N];
     let mut filled = 0;
     let mut part = 0;
@@ -206,6 +212,7 @@ impl zopu_core::Projection for GatewayProjection {
         tx.execute_batch(works::SCHEMA)?;
         tx.execute_batch(artifacts::SCHEMA)?;
         tx.execute_batch(approvals::SCHEMA)?;
+        tx.execute_batch(runs::SCHEMA)?;
         tx.execute_batch(timeline::SCHEMA)
     }
 
@@ -221,6 +228,7 @@ impl zopu_core::Projection for GatewayProjection {
         works::apply(tx, event)?;
         artifacts::apply(tx, event, sequence)?;
         approvals::apply(tx, event, sequence)?;
+        runs::apply(tx, event, sequence)?;
         timeline::apply(tx, event, sequence)
     }
 }

@@ -419,6 +419,21 @@ fn agent_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
                 ..item(ItemKind::AgentFinal)
             })
         }
+        t if t == pb::DispatchFailed::TYPE => {
+            // Only the agent registry's refusals are the user's to see (the
+            // other failures of a turn come with the agent's own final).
+            let m = event.decode::<pb::DispatchFailed>().ok()?;
+            let reason = m.reason.filter(|reason| {
+                zopu_core::registry::REFUSAL_CODES.contains(&reason.code.as_str())
+            })?;
+            Some(ItemRow {
+                text: Some(reason.message.clone()),
+                author: Some(m.agent_id),
+                reply_to_event_id: Some(event.causation_id.to_string()),
+                failure: Some(FailureRow::from(&reason)),
+                ..item(ItemKind::AgentFinal)
+            })
+        }
         t if t == pb::AgentDisabled::TYPE => {
             let m = event.decode::<pb::AgentDisabled>().ok()?;
             Some(ItemRow {

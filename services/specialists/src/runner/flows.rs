@@ -173,7 +173,8 @@ impl Run<'_> {
             repository_commit: request.repository_commit.clone(),
             context,
             exploration,
-            max_tokens: self.shared.config.provider.max_tokens,
+            max_tokens: self.max_output_tokens(),
+            ..self.agent_model_input()
         })
     }
 
@@ -212,7 +213,8 @@ impl Run<'_> {
             repository_commit: request.repository_commit.clone(),
             context: Some(onboarding::seed(&offline)),
             exploration: None,
-            max_tokens: self.shared.config.provider.max_tokens,
+            max_tokens: self.max_output_tokens(),
+            ..self.agent_model_input()
         };
         self.scope = Some("model".to_owned());
         let outcome = model::run(self, model::Goal::Onboarding, &input).await;

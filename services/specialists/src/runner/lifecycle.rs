@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 use tokio::time::Instant;
+use zopu_core::registry::RegisteredAgent;
 use zopu_core::text::clip_chars;
 use zopu_core::{HandlerError, NewEvent, ReactionContext};
 use zopu_schema::FlowRunId;
@@ -194,6 +195,7 @@ impl Shared {
         request: &pb::FlowRequested,
         cause: &EventContext,
         provider_label: &str,
+        definition: &RegisteredAgent,
         ctx: &ReactionContext,
     ) -> Result<Start, HandlerError> {
         let recorded = ctx
@@ -208,6 +210,14 @@ impl Shared {
                 flow_version: ids.version,
                 attempt: u32::try_from(ctx.delivered).unwrap_or(1),
                 provider: provider_label.to_owned(),
+                definition: Some(definition.run_definition(
+                    provider_label,
+                    &request.source_event_id,
+                    Some(pb::Actor {
+                        kind: pb::actor::Kind::Agent as i32,
+                        id: request.agent_id.clone(),
+                    }),
+                )),
             };
             ctx.publisher
                 .append(

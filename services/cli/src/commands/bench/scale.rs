@@ -970,7 +970,7 @@ async fn conversation(
     )
     .await?;
     let capped = Capped {
-        inner: config.agent()?,
+        inner: config.agent(Arc::new(core.registry()?))?,
         permits: Arc::new(tokio::sync::Semaphore::new(cap)),
     };
     runtime.spawn_reaction(config.reaction(), capped);

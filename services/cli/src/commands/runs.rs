@@ -1,0 +1,180 @@
+//! `zopu runs`: the AgentRun log — every run of every agent of an
+//! organization (conversation turns and specialist flows) with the fields
+//! the Numu plan names — read from the stream and folded by the gateway's
+//! own run-log projection (`zopu_gateway::read_model::runs`) into a
+//! throwaway SQLite file, so the CLI and `GET /v1/runs` never disagree.
+
+use std::process::ExitCode;
+
+use anyhow::{Context as _, Result, bail};
+use zopu_gateway::read_model::runs::{self, RunFilter, RunRow};
+use zopu_schema::{OrgId, ProjectId, agent_registry, subjects};
+
+use super::conversation::print_line;
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  zopu runs\n  zopu runs --project 0190... --agent explorer --status failed\n  zopu runs --run 0191...   # one run with its internal notes and handoffs"
+)]
+pub struct RunsArgs {
+    #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
+    pub org: OrgId,
+    /// Only this project's runs.
+    #[arg(long)]
+    pub project: Option<ProjectId>,
+    /// Only this agent's runs (a registry key, e.g. `explorer`).
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// Only runs with this status.
+    #[arg(long, value_parser = runs::STATUSES)]
+    pub status: Option<String>,
+    /// Show one run (a dispatch id or a flow run id) with its notes and handoffs.
+    #[arg(long, conflicts_with_all = ["project", "agent", "status"])]
+    pub run: Option<String>,
+    /// At most this many runs (the latest).
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+}
+
+fn row_json(row: &RunRow) -> serde_json::Value {
+    serde_json::json!({
+        "run_id": row.run_id,
+        "project_id": row.project_id,
+        "kind": row.kind,
+        "agent_key": row.agent_key,
+        "agent_version": row.agent_version,
+        "definition_hash": row.definition_hash,
+        "prompt_package_version": row.prompt_package_version,
+        "knowledge_hash": row.knowledge_hash,
+        "model": row.model,
+        "input_event_id": row.input_event_id,
+        "created_by": row.created_by,
+        "status": row.status,
+        "output": row.output,
+        "recommendation": row.recommendation,
+        "approval_id": row.approval_id,
+        "approval_status": row.approval_status,
+        "error_code": row.error_code,
+        "error_message": row.error_message,
+        "created_at": row.created_at,
+        "completed_at": row.completed_at,
+    })
+}
+
+pub async fn run(ctx: &crate::Context, args: RunsArgs) -> Result<ExitCode> {
+    if let Some(agent) = &args.agent
+        && !agent_registry::is_agent_key(agent)
+    {
+        bail!("--agent {agent:?} is not a registry key (lowercase letters, digits and -)");
+    }
+    if args.limit == 0 {
+        bail!("--limit must be at least 1");
+    }
+    let bus = ctx.connect().await?;
+    let filters = runs::EVENT_TYPES
+        .iter()
+        .map(|event_type| match &args.project {
+            Some(project) => subjects::event(&args.org, project, event_type),
+            None => subjects::org_events_of_type(&args.org, event_type),
+        })
+        .collect();
+    let history = zopu_core::log::history_of(&bus, filters)
+        .await
+        .context("reading the run events")?;
+    let dir = tempfile::tempdir().context("a temporary directory for the run log")?;
+    let mut conn = rusqlite::Connection::open(dir.path().join("runs.sqlite"))?;
+    let tx = conn.transaction()?;
+    tx.execute_batch(runs::SCHEMA)?;
+    let mut undecodable = 0usize;
+    for logged in &history {
+        match &logged.event {
+            Ok(event) => runs::apply(&tx, event, logged.sequence)?,
+            Err(_) => undecodable += 1,
+        }
+    }
+    tx.commit()?;
+    if undecodable > 0 {
+        tracing::warn!(
+            undecodable,
+            "messages on the run subjects that are not events were skipped"
+        );
+    }
+    if let Some(run_id) = &args.run {
+        let Some(row) = runs::get(&conn, &args.org, run_id)? else {
+            bail!("organization {} has no run {run_id:?}", args.org);
+        };
+        let mut detail = row_json(&row);
+        let notes = runs::notes(&conn, &args.org, &row.project_id, &row.run_id)?;
+        let handoffs = runs::handoffs(&conn, &args.org, &row.project_id, &row.run_id)?;
+        if let Some(map) = detail.as_object_mut() {
+            map.insert(
+                "notes".to_owned(),
+                notes
+                    .iter()
+                    .map(|note| serde_json::json!({"agent_key": note.agent_key, "text": note.text, "recorded_at": note.recorded_at}))
+                    .collect(),
+            );
+            map.insert(
+                "handoffs".to_owned(),
+                handoffs
+                    .iter()
+                    .map(|handoff| {
+                        serde_json::json!({
+                            "handoff_id": handoff.handoff_id,
+                            "source_run_id": handoff.source_run_id,
+                            "source_agent_key": handoff.source_agent_key,
+                            "target_agent_key": handoff.target_agent_key,
+                            "flow": handoff.flow,
+                            "brief": handoff.brief,
+                            "target_run_id": handoff.target_run_id,
+                            "superseded_by": handoff.superseded_by,
+                            "correction": handoff.correction,
+                        })
+                    })
+                    .collect(),
+            );
+        }
+        if ctx.json {
+            println!("{detail}");
+        } else {
+            println!("{}", serde_json::to_string_pretty(&detail)?);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let filter = RunFilter {
+        project_id: args.project.map(|project| project.to_string()),
+        agent_key: args.agent.clone(),
+        status: args.status.clone(),
+        after: 0,
+        limit: u32::MAX,
+    };
+    let rows = runs::list(&conn, &args.org, &filter)?;
+    let skip = rows.len().saturating_sub(args.limit as usize);
+    for row in &rows[skip..] {
+        let outcome = match (&row.error_code, &row.recommendation) {
+            (Some(code), _) => format!("  {code}"),
+            (None, Some(action)) => format!(
+                "  recommends {action} ({})",
+                row.approval_status.as_deref().unwrap_or("pending")
+            ),
+            (None, None) => String::new(),
+        };
+        print_line(
+            ctx,
+            "run",
+            &format!(
+                "{}  {}  {:<17} {:<13} {:<9} {:<26} {}{}",
+                row.created_at,
+                row.run_id,
+                row.kind,
+                row.agent_key,
+                row.status,
+                row.prompt_package_version,
+                row.model,
+                outcome
+            ),
+            row_json(row),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
