@@ -1779,5 +1779,61 @@ async fn every_flow_run_is_in_the_run_log_with_its_definition_and_its_note_is_ne
         "an internal note reached the timeline: {timeline}"
     );
     gateway.stop().await?;
+
+    // The CLI folds the same log with the gateway's projection.
+    let zopu = zopu_tests::zopu_binary(&zopu_tests::workspace_root())?;
+    let cli = |args: &[&str], env: &[(&str, &str)]| {
+        let mut command = Command::new(&zopu);
+        command
+            .args(["--nats", &server.url(), "--json"])
+            .args(args)
+            .env("ZOPU_DATA_DIR", data.path().join("cli"));
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        command.output()
+    };
+    let listed = cli(&["runs", "--org", "acme", "--agent", "explorer"], &[])?;
+    ensure!(
+        listed.status.success(),
+        "zopu runs: {}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(listed.stdout)?
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["run_id"], note.run_id);
+    assert_eq!(lines[0]["status"], "completed");
+    assert_eq!(lines[0]["prompt_package_version"], explorer.package.version);
+    let one = cli(&["runs", "--org", "acme", "--run", &note.run_id], &[])?;
+    ensure!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
+    let detail: Value = serde_json::from_slice(&one.stdout)?;
+    assert_eq!(detail["notes"][0]["text"], note.text);
+    let shown = cli(&["agent", "show", "explorer"], &[])?;
+    ensure!(
+        shown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&shown.stdout)?;
+    assert_eq!(shown["definition_hash"], explorer.definition_hash);
+    let missing = data.path().join("no-agents");
+    let refused = cli(
+        &["agent", "list"],
+        &[("ZOPU_AGENTS_DIR", &missing.display().to_string())],
+    )?;
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains(&missing.join("registry.toml").display().to_string())
+            && stderr.contains("does not exist"),
+        "the refusal names the file and the reason: {stderr}"
+    );
     service.stop().await
 }

@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 use zopu_schema::agent_registry::{self, AgentDefinition, AgentKind, RegistryFile, RoutedFlow};
@@ -270,7 +271,7 @@ impl Registry {
                 None => {
                     let text = compile(&definition, &version, &knowledge_hash, &sources);
                     if let Some((cache, file)) = &cached {
-                        write_cache(cache, file, &text)?;
+                        write_cache(cache, file, &text);
                     }
                     compiled.push(definition.key.clone());
                     text
@@ -366,16 +367,25 @@ fn read_file(path: &Path) -> Result<String, RegistryError> {
     })
 }
 
-fn write_cache(dir: &Path, path: &Path, text: &str) -> Result<(), RegistryError> {
-    let refused = |error: std::io::Error| RegistryError {
-        path: path.to_path_buf(),
-        reason: format!("the prompt package cannot be cached: {error}"),
-    };
-    std::fs::create_dir_all(dir).map_err(refused)?;
-    // Written beside and renamed, so a reader never sees half a package.
-    let partial = path.with_extension("md.partial");
-    std::fs::write(&partial, text).map_err(refused)?;
-    std::fs::rename(&partial, path).map_err(refused)
+/// Writes a compiled package into the cache. Several services of one
+/// process (or of one host) may compile the same package at once: each
+/// writes its own partial file and renames it over the final one, so a
+/// reader sees one whole package or none. A cache that cannot be written
+/// costs a recompilation at the next start, nothing else.
+fn write_cache(dir: &Path, path: &Path, text: &str) {
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let partial = path.with_extension(format!(
+        "md.{}-{}.partial",
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&partial, text))
+        .and_then(|()| std::fs::rename(&partial, path));
+    if let Err(error) = written {
+        let _ = std::fs::remove_file(&partial);
+        tracing::warn!(path = %path.display(), %error, "the prompt package could not be cached; it is compiled again at the next start");
+    }
 }
 
 /// A Markdown heading (any level) whose text is `section`.
@@ -506,6 +516,25 @@ knowledge = [{ path = "knowledge/issue.md" }]
                 .compiled()
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn services_loading_one_cache_at_once_all_load() {
+        let agents = directory();
+        let cache = tempfile::tempdir().expect("cache");
+        let loads: Vec<_> = (0..8)
+            .map(|_| {
+                let (agents, cache) = (agents.path().to_owned(), cache.path().to_owned());
+                std::thread::spawn(move || Registry::load(Some(&agents), Some(&cache)))
+            })
+            .collect();
+        for load in loads {
+            load.join().expect("no panic").expect("loads");
+        }
+        let files = std::fs::read_dir(cache.path().join("knowledge"))
+            .expect("cache dir")
+            .count();
+        assert_eq!(files, 2, "one package per agent, no partial file left");
     }
 
     #[test]
