@@ -2,12 +2,14 @@
 //! organization (conversation turns and specialist flows) with the fields
 //! the Numu plan names — read from the stream and folded by the gateway's
 //! own run-log projection (`zopu_gateway::read_model::runs`) into a
-//! throwaway SQLite file, so the CLI and `GET /v1/runs` never disagree.
+//! throwaway SQLite file, and printed as the gateway's own views, so the
+//! CLI and `GET /v1/runs` never disagree.
 
 use std::process::ExitCode;
 
 use anyhow::{Context as _, Result, bail};
-use zopu_gateway::read_model::runs::{self, RunFilter, RunRow};
+use zopu_gateway::api::{HandoffView, NoteView, RunDetail, RunView};
+use zopu_gateway::read_model::runs::{self, RunFilter};
 use zopu_schema::{OrgId, ProjectId, agent_registry, subjects};
 
 use super::conversation::print_line;
@@ -34,31 +36,6 @@ pub struct RunsArgs {
     /// At most this many runs (the latest).
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
-}
-
-fn row_json(row: &RunRow) -> serde_json::Value {
-    serde_json::json!({
-        "run_id": row.run_id,
-        "project_id": row.project_id,
-        "kind": row.kind,
-        "agent_key": row.agent_key,
-        "agent_version": row.agent_version,
-        "definition_hash": row.definition_hash,
-        "prompt_package_version": row.prompt_package_version,
-        "knowledge_hash": row.knowledge_hash,
-        "model": row.model,
-        "input_event_id": row.input_event_id,
-        "created_by": row.created_by,
-        "status": row.status,
-        "output": row.output,
-        "recommendation": row.recommendation,
-        "approval_id": row.approval_id,
-        "approval_status": row.approval_status,
-        "error_code": row.error_code,
-        "error_message": row.error_message,
-        "created_at": row.created_at,
-        "completed_at": row.completed_at,
-    })
 }
 
 pub async fn run(ctx: &crate::Context, args: RunsArgs) -> Result<ExitCode> {
@@ -103,37 +80,13 @@ pub async fn run(ctx: &crate::Context, args: RunsArgs) -> Result<ExitCode> {
         let Some(row) = runs::get(&conn, &args.org, run_id)? else {
             bail!("organization {} has no run {run_id:?}", args.org);
         };
-        let mut detail = row_json(&row);
         let notes = runs::notes(&conn, &args.org, &row.project_id, &row.run_id)?;
         let handoffs = runs::handoffs(&conn, &args.org, &row.project_id, &row.run_id)?;
-        if let Some(map) = detail.as_object_mut() {
-            map.insert(
-                "notes".to_owned(),
-                notes
-                    .iter()
-                    .map(|note| serde_json::json!({"agent_key": note.agent_key, "text": note.text, "recorded_at": note.recorded_at}))
-                    .collect(),
-            );
-            map.insert(
-                "handoffs".to_owned(),
-                handoffs
-                    .iter()
-                    .map(|handoff| {
-                        serde_json::json!({
-                            "handoff_id": handoff.handoff_id,
-                            "source_run_id": handoff.source_run_id,
-                            "source_agent_key": handoff.source_agent_key,
-                            "target_agent_key": handoff.target_agent_key,
-                            "flow": handoff.flow,
-                            "brief": handoff.brief,
-                            "target_run_id": handoff.target_run_id,
-                            "superseded_by": handoff.superseded_by,
-                            "correction": handoff.correction,
-                        })
-                    })
-                    .collect(),
-            );
-        }
+        let detail = serde_json::to_value(RunDetail {
+            run: row.into(),
+            notes: notes.into_iter().map(NoteView::from).collect(),
+            handoffs: handoffs.into_iter().map(HandoffView::from).collect(),
+        })?;
         if ctx.json {
             println!("{detail}");
         } else {
@@ -173,7 +126,7 @@ pub async fn run(ctx: &crate::Context, args: RunsArgs) -> Result<ExitCode> {
                 row.model,
                 outcome
             ),
-            row_json(row),
+            serde_json::to_value(RunView::from(row.clone()))?,
         );
     }
     Ok(ExitCode::SUCCESS)
