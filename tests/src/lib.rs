@@ -350,19 +350,10 @@ fn apply_streams(url: String, replicas: usize) -> Result<()> {
                 duplicate_window: DUPLICATE_WINDOW,
             };
             // A cluster may still be electing the stream's leader: the
-            // apply is retried like a starting service retries its check.
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            loop {
-                match zopu_core::streams::apply(&bus, &settings).await {
-                    Err(zopu_core::Error::JetStream { .. })
-                        if tokio::time::Instant::now() < deadline =>
-                    {
-                        // A retry's backoff while the leader is elected, not a synchronisation.
-                        tokio::time::sleep(Duration::from_millis(250)).await;
-                    }
-                    result => break result.context("applying streams/"),
-                }
-            }?;
+            // apply is retried as `zopu streams apply` retries it.
+            zopu_core::streams::apply_within(&bus, &settings, Duration::from_secs(60), |_| {})
+                .await
+                .context("applying streams/")?;
             bus.client.flush().await.context("flush")?;
             Ok(())
         })

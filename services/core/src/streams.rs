@@ -217,6 +217,31 @@ pub async fn apply(bus: &Bus, settings: &StreamSettings) -> Result<(), Error> {
     Ok(())
 }
 
+/// [`apply`], retried while the server answers with a JetStream error for
+/// up to `wait`: a cluster that just formed may refuse a replicated stream
+/// for a moment ("no suitable peers for placement") even though every node
+/// reports healthy. `on_retry` hears each refusal (for progress output);
+/// the last one is returned once `wait` is spent. Any other error is
+/// returned at once.
+pub async fn apply_within(
+    bus: &Bus,
+    settings: &StreamSettings,
+    wait: std::time::Duration,
+    mut on_retry: impl FnMut(&Error),
+) -> Result<(), Error> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match apply(bus, settings).await {
+            Err(error @ Error::JetStream { .. }) if tokio::time::Instant::now() < deadline => {
+                on_retry(&error);
+                // A retry's backoff while the cluster settles, not a synchronisation.
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
 /// Checks, without changing anything, that every stream and bucket exists
 /// as `streams/` defines it: what a service does at start.
 pub async fn check(bus: &Bus, settings: &StreamSettings) -> Result<(), Error> {

@@ -6,10 +6,23 @@ use clap::Subcommand;
 
 use crate::Context;
 
+fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
+    zopu_core::config::duration::parse(text)
+}
+
 #[derive(Debug, Subcommand)]
 pub enum StreamsCommand {
     /// Create or update ZOPU_EVENTS and the zopu-artifacts bucket from streams/ (idempotent)
-    Apply,
+    #[command(
+        after_help = "Examples:\n  zopu streams apply\n  zopu streams apply --wait 2m   # a cluster that is still forming"
+    )]
+    Apply {
+        /// How long to keep retrying while the server refuses with a JetStream
+        /// error (a cluster that just formed may refuse a replicated stream
+        /// for a moment); `0s`: one attempt
+        #[arg(long, default_value = "60s", value_parser = parse_wait)]
+        wait: std::time::Duration,
+    },
     /// Print the event stream's state (messages, bytes, sequences)
     Show,
 }
@@ -18,9 +31,21 @@ pub async fn run(context: &Context, command: StreamsCommand) -> anyhow::Result<E
     let bus = context.connect().await?;
     let core = context.config.core();
     match command {
-        StreamsCommand::Apply => {
-            zopu_core::streams::apply(&bus, &zopu_core::streams::StreamSettings::from(&core))
-                .await?;
+        StreamsCommand::Apply { wait } => {
+            let mut refusals = 0u32;
+            zopu_core::streams::apply_within(
+                &bus,
+                &zopu_core::streams::StreamSettings::from(&core),
+                wait,
+                |error| {
+                    // One line every 5 s of retrying, so a stuck cluster is visible.
+                    if refusals % 20 == 0 {
+                        eprintln!("streams: not applied yet, retrying: {error}");
+                    }
+                    refusals += 1;
+                },
+            )
+            .await?;
             if context.json {
                 println!(
                     "{}",
