@@ -407,6 +407,18 @@ impl Gateway {
         Ok((status, response.json().await.unwrap_or(Value::Null)))
     }
 
+    pub(crate) async fn post(&self, path: &str, body: Value) -> Result<(StatusCode, Value)> {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await?;
+        let status = response.status();
+        Ok((status, response.json().await.unwrap_or(Value::Null)))
+    }
+
     pub(crate) async fn stop(self) -> Result<()> {
         self.shutdown.cancel();
         ensure!(self.shutdown.wait(LONG).await, "the gateway did not stop");

@@ -200,6 +200,32 @@ impl Project {
         text: &str,
         commit: &str,
     ) -> Result<()> {
+        self.ask_in(publisher, flow_type, text, commit, None).await
+    }
+
+    /// [`Project::ask`] with the run id the conversation agent gives the
+    /// flows it requests, so the agent knows the run when it ends.
+    async fn ask_as_agent(
+        &self,
+        publisher: &Publisher,
+        flow_type: pb::FlowType,
+        text: &str,
+        commit: &str,
+    ) -> Result<zopu_schema::FlowRunId> {
+        let flow_run = zopu_schema::FlowRunId::new();
+        self.ask_in(publisher, flow_type, text, commit, Some(flow_run))
+            .await?;
+        Ok(flow_run)
+    }
+
+    async fn ask_in(
+        &self,
+        publisher: &Publisher,
+        flow_type: pb::FlowType,
+        text: &str,
+        commit: &str,
+        flow_run: Option<zopu_schema::FlowRunId>,
+    ) -> Result<()> {
         let message = pb::TimelineMessageSent {
             timeline_id: "global".into(),
             text: text.into(),
@@ -224,13 +250,16 @@ impl Project {
             source_event_id: stored.id.to_string(),
             repository_commit: commit.to_owned(),
         };
-        let event = NewEvent::caused_by(
+        let mut event = NewEvent::caused_by(
             &stored.context(),
             &request,
             format!("test:flow:{}", stored.id),
         )
         .with_work(WorkId::new())
         .with_thread(ThreadId::new());
+        if let Some(flow_run) = flow_run {
+            event = event.with_flow_run(flow_run);
+        }
         publisher.append(event).await?;
         Ok(())
     }
@@ -901,7 +930,7 @@ async fn the_kill_switch_cancels_a_running_flow() -> Result<()> {
     let publisher = Publisher::new(bus.clone(), "test", None);
     // The model holds its second reply until the service's projection has
     // applied `agent.disabled`: the switch is flipped while a step is in
-    // flight, and the next step is the first to see it.
+    // flight, and the run drops that step at once.
     let second_reply = Gate::new();
     let fake = FakeOpenAiServer::start([
         Scripted::tool_call("c1", "list_files", "{}"),
@@ -963,14 +992,157 @@ async fn the_kill_switch_cancels_a_running_flow() -> Result<()> {
         of_type::<pb::AgentLlmCompleted>(&bus, &project)
             .await?
             .len(),
-        2,
-        "the held reply is recorded, then the run stops before its tool call"
+        1,
+        "the held call is aborted when the switch lands, and never recorded"
     );
     assert_eq!(
         fake.request_count(),
         2,
         "no model call after the halt was seen"
     );
+    service.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_flow_aborts_its_model_call_and_ends_once() -> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("specialists");
+    let publisher = Publisher::new(bus.clone(), "test", None);
+    // The model takes 30 s to answer: only an abort ends the call sooner.
+    let fake = FakeOpenAiServer::start([Scripted::Delay(
+        Duration::from_secs(30),
+        Box::new(Scripted::text(&exploration_answer("fn main() {"))),
+    )])
+    .await?;
+    let mut config = model_config(&fake);
+    config.provider.request_timeout = Duration::from_secs(60);
+    let service = Service::start(&server, &data, config);
+    let others = zopu_tests::core_config(&server, &dir.path().join("others"));
+    let dispatch = crate::conversation::Running::dispatch(&others);
+    let conversation =
+        crate::conversation::Running::conversation(&others, zopu_conversation::Config::default());
+    let project = Project::new();
+    crate::registry::request_setup(&bus, &project.org, project.id).await?;
+    crate::conversation::setup_project_with(&bus, &project.org, project.id, false).await?;
+    let repo = repository(&data, project.id, RUST_REPO)?;
+    let flow = project
+        .ask_as_agent(
+            &publisher,
+            pb::FlowType::Explore,
+            "How does login work?",
+            &repo.commit,
+        )
+        .await?;
+    tokio::time::timeout(LONG, fake.wait_for_requests(1))
+        .await
+        .context("the flow never called the model")?;
+
+    let gateway = crate::registry::Gateway::start(&server, &dir.path().join("gateway")).await?;
+    gateway.caught_up(&bus).await?;
+    let cancel = format!("/v1/projects/{}/flows/{flow}/cancel", project.id);
+    let (status, accepted) = gateway
+        .post(&cancel, serde_json::json!({"reason": "Wrong question."}))
+        .await?;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{accepted}");
+    assert_eq!(accepted["status"], "cancel_requested", "{accepted}");
+    let cancelled = terminal(&bus, &project, 1).await?;
+    let ended: pb::FlowCancelled = cancelled
+        .decode()
+        .with_context(|| format!("expected flow.cancelled, got {}", cancelled.event_type))?;
+    assert_eq!(ended.reason, "Cancelled by ada: Wrong question.");
+    let requests = of_type::<pb::FlowCancelRequested>(&bus, &project).await?;
+    assert_eq!(requests.len(), 1);
+    // The event times say how long the cancel took (the note reports it).
+    let requested_at = history(
+        &bus,
+        &subjects::event(&project.org, &project.id, pb::FlowCancelRequested::TYPE),
+    )
+    .await?
+    .first()
+    .map(|(_, event)| event.time)
+    .context("the cancel request")?;
+    let took = cancelled.time - requested_at;
+    eprintln!("cancel request to flow.cancelled: {took}");
+    assert!(
+        took < time::Duration::seconds(10),
+        "the flow ended {took} after the request, not by aborting the 30 s model call"
+    );
+    tokio::time::timeout(LONG, fake.wait_for_abandoned(1))
+        .await
+        .context("the model request was never aborted")?;
+
+    // The user is told once; nothing of the flow ran after it ended.
+    let told = wait_for(&bus, &project.events(), LONG, |event| {
+        event.is::<pb::AgentFinal>() && event.flow_run_id == Some(flow)
+    })
+    .await?;
+    let text = told.decode::<pb::AgentFinal>()?.text;
+    assert!(text.starts_with("I stopped the exploration."), "{text}");
+    assert!(
+        of_type::<pb::AgentLlmCompleted>(&bus, &project)
+            .await?
+            .is_empty()
+    );
+    let after: Vec<Envelope> = history(&bus, &project.events())
+        .await?
+        .into_iter()
+        .map(|(_, event)| event)
+        .filter(|event| event.flow_run_id == Some(flow) && event.source == "zopu/specialists")
+        .skip_while(|event| !event.is::<pb::FlowCancelled>())
+        .skip(1)
+        .collect();
+    assert!(
+        after
+            .iter()
+            .all(|event| event.is::<pb::AgentNoteRecorded>()),
+        "only the run's internal note follows flow.cancelled: {:?}",
+        after
+            .iter()
+            .map(|event| &event.event_type)
+            .collect::<Vec<_>>()
+    );
+
+    // A retried cancel, through the API or the CLI, changes nothing.
+    gateway.caught_up(&bus).await?;
+    let (status, again) = gateway.post(&cancel, serde_json::json!({})).await?;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{again}");
+    assert_eq!(again["status"], "cancelled", "{again}");
+    let zopu = zopu_tests::zopu_binary(&zopu_tests::workspace_root())?;
+    let output = Command::new(&zopu)
+        .args(["--nats", server.url().as_str(), "flow", "cancel"])
+        .args([project.id.to_string(), flow.to_string()])
+        .args(["--org", "acme"])
+        .output()?;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("already cancelled"));
+    let (status, unknown) = gateway
+        .post(
+            &format!(
+                "/v1/projects/{}/flows/{}/cancel",
+                project.id,
+                zopu_schema::FlowRunId::new()
+            ),
+            serde_json::json!({}),
+        )
+        .await?;
+    assert_eq!(status, reqwest::StatusCode::NOT_FOUND, "{unknown}");
+    assert_eq!(
+        of_type::<pb::FlowCancelRequested>(&bus, &project)
+            .await?
+            .len(),
+        1
+    );
+    let finals = of_type::<pb::AgentFinal>(&bus, &project).await?;
+    assert_eq!(finals.len(), 1, "{finals:?}");
+    gateway.stop().await?;
+    conversation.stop().await?;
+    dispatch.stop().await?;
     service.stop().await
 }
 

@@ -68,6 +68,8 @@ enum Command {
     Timeline(commands::conversation::TimelineArgs),
     /// List, approve or reject what a project's agent asks to do outside the runtime
     Approvals(commands::approvals::ApprovalsArgs),
+    /// Cancel a running specialist flow
+    Flow(commands::flow::FlowArgs),
     /// Read published artifacts (verified against their digest)
     Artifact {
         #[command(subcommand)]
@@ -208,6 +210,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Agent(args) => commands::conversation::run_agent(&context, args).await,
         Command::Timeline(args) => commands::conversation::run_timeline(&context, args).await,
         Command::Approvals(args) => commands::approvals::run(&context, args).await,
+        Command::Flow(args) => commands::flow::run(&context, args).await,
         Command::Runs(args) => commands::runs::run(&context, args).await,
         Command::Artifact { command } => commands::artifact::run(&context, command).await,
         Command::Token(args) => commands::token::run_token(&context, args).await,

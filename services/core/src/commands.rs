@@ -1,6 +1,7 @@
 //! The one builder of every user command: create a project (and retry its
 //! setup), send a message, send a card action, flip the kill switch, decide
-//! an approval (keyed by the approval, not the request: one decision). The
+//! an approval (keyed by the approval, not the request: one decision), cancel
+//! a flow (keyed by the flow: one request). The
 //! gateway and the CLI both call these functions and append what they return,
 //! so a command has one validation, one trimming, one idempotency key and one
 //! timeline id whichever client sent it.
@@ -28,7 +29,9 @@
 //! against its own view before it appends.
 
 use zopu_schema::repository::{BranchName, BranchProblem, LocationProblem, RepositoryLocation};
-use zopu_schema::{AgentId, ArtifactId, CorrelationId, EventId, OrgId, ProjectId, keys, pb};
+use zopu_schema::{
+    AgentId, ArtifactId, CorrelationId, EventId, FlowRunId, OrgId, ProjectId, keys, pb,
+};
 
 use crate::NewEvent;
 
@@ -328,6 +331,27 @@ pub fn decide_approval(
     }
 }
 
+/// A user's request that a running flow stop: `flow.cancel.requested`,
+/// under the flow's one cancel key ([`keys::flow_cancel`]), so a retried,
+/// repeated or concurrent cancel stores one request. The flow run id is also
+/// the event's `flowrunid`.
+pub fn cancel_flow(
+    requester: &Requester,
+    project: ProjectId,
+    flow_run: FlowRunId,
+    reason: &str,
+) -> Result<NewEvent, Invalid> {
+    let reason = text("reason", reason, REASON_MAX_CHARS, false)?;
+    let payload = pb::FlowCancelRequested {
+        flow_run_id: flow_run.to_string(),
+        reason,
+        by: Some(requester.author.clone()),
+    };
+    Ok(requester
+        .root(project, &payload, keys::flow_cancel(&flow_run))?
+        .with_flow_run(flow_run))
+}
+
 /// Turns the kill switch off again: `agent.enabled`.
 pub fn enable_agent(requester: &Requester, project: ProjectId) -> Result<NewEvent, Invalid> {
     let payload = pb::AgentEnabled {
@@ -405,6 +429,28 @@ mod tests {
 
     fn decode<E: Event + Default>(event: &NewEvent) -> E {
         E::decode(event.data.clone()).unwrap()
+    }
+
+    #[test]
+    fn every_cancel_of_a_flow_shares_its_one_key_and_names_the_flow() {
+        let project = ProjectId::new();
+        let flow = FlowRunId::new();
+        let first = cancel_flow(&requester("r1"), project, flow, " Too slow. ").unwrap();
+        let again = cancel_flow(&requester("r2"), project, flow, "").unwrap();
+        assert_eq!(first.idempotency_key, again.idempotency_key);
+        assert_eq!(first.idempotency_key, format!("flow:{flow}:cancel"));
+        assert_eq!(first.context.flow_run_id, Some(flow));
+        let request: pb::FlowCancelRequested = decode(&first);
+        assert_eq!(request.flow_run_id, flow.to_string());
+        assert_eq!(request.reason, "Too slow.");
+        assert_eq!(request.by.unwrap().id, "ada");
+        assert!(matches!(
+            cancel_flow(&requester("r3"), project, flow, &"x".repeat(501)),
+            Err(Invalid::TooLong {
+                field: "reason",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -54,6 +54,9 @@ const BUILT_IN: &[(&str, &str)] = &[
 /// Where the built-in registry is said to come from in messages and views.
 pub const BUILT_IN_LABEL: &str = "<built-in>/deploy/agents";
 
+/// Reads one file of the registry directory by its relative path.
+type ReadFile = dyn Fn(&str) -> Result<String, RegistryError>;
+
 /// Why a registry was refused: the file and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("agent registry {}: {reason}", path.display())]
@@ -194,29 +197,28 @@ impl Registry {
         agents_dir: Option<&Path>,
         cache_dir: Option<&Path>,
     ) -> Result<Self, RegistryError> {
-        let (source, read): (String, Box<dyn Fn(&str) -> Result<String, RegistryError>>) =
-            match agents_dir {
-                Some(dir) => {
-                    let dir = dir.to_path_buf();
-                    (
-                        dir.display().to_string(),
-                        Box::new(move |relative: &str| read_file(&dir.join(relative))),
-                    )
-                }
-                None => (
-                    BUILT_IN_LABEL.to_owned(),
-                    Box::new(|relative: &str| {
-                        BUILT_IN
-                            .iter()
-                            .find(|(path, _)| *path == relative)
-                            .map(|(_, text)| (*text).to_owned())
-                            .ok_or_else(|| RegistryError {
-                                path: Path::new(BUILT_IN_LABEL).join(relative),
-                                reason: "not in the built-in registry".to_owned(),
-                            })
-                    }),
-                ),
-            };
+        let (source, read): (String, Box<ReadFile>) = match agents_dir {
+            Some(dir) => {
+                let dir = dir.to_path_buf();
+                (
+                    dir.display().to_string(),
+                    Box::new(move |relative: &str| read_file(&dir.join(relative))),
+                )
+            }
+            None => (
+                BUILT_IN_LABEL.to_owned(),
+                Box::new(|relative: &str| {
+                    BUILT_IN
+                        .iter()
+                        .find(|(path, _)| *path == relative)
+                        .map(|(_, text)| (*text).to_owned())
+                        .ok_or_else(|| RegistryError {
+                            path: Path::new(BUILT_IN_LABEL).join(relative),
+                            reason: "not in the built-in registry".to_owned(),
+                        })
+                }),
+            ),
+        };
         let registry_path = Path::new(&source).join(agent_registry::FILE_NAME);
         let text = read(agent_registry::FILE_NAME)?;
         let file: RegistryFile = toml::from_str(&text).map_err(|error| RegistryError {

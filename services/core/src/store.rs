@@ -235,6 +235,13 @@ impl Store {
         *self.checkpoints.borrow()
     }
 
+    /// A receiver that changes whenever the projections applied more of the
+    /// stream: a long wait can re-check its projection rows (a cancel
+    /// request, the kill switch) as they land instead of polling.
+    pub fn applied(&self) -> watch::Receiver<u64> {
+        self.checkpoints.subscribe()
+    }
+
     /// Waits until every projection in the file has applied `sequence`.
     pub async fn wait_for(&self, sequence: u64) {
         let mut receiver = self.checkpoints.subscribe();

@@ -166,6 +166,24 @@ struct Shared {
     requests: Vec<RecordedRequest>,
     /// The number of requests received, for [`FakeOpenAiServer::wait_for_requests`].
     arrived: watch::Sender<usize>,
+    /// The number of requests whose client went away before the answer was
+    /// ready (hyper drops the handler when the connection closes).
+    abandoned: watch::Sender<usize>,
+}
+
+/// Counts a request as abandoned unless its answer was produced.
+struct AnswerGuard {
+    shared: Arc<Mutex<Shared>>,
+    answered: bool,
+}
+
+impl Drop for AnswerGuard {
+    fn drop(&mut self) {
+        if !self.answered {
+            let shared = lock(&self.shared);
+            shared.abandoned.send_modify(|abandoned| *abandoned += 1);
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -190,6 +208,7 @@ impl FakeOpenAiServer {
             script: script.into_iter().collect(),
             requests: Vec::new(),
             arrived: watch::channel(0).0,
+            abandoned: watch::channel(0).0,
         }));
         let (stop, stopped) = watch::channel(false);
         let app = Router::new().fallback(handle).with_state(AppState {
@@ -241,6 +260,21 @@ impl FakeOpenAiServer {
         let _arrived_or_closed = arrived.wait_for(|arrived| *arrived >= count).await.is_ok();
     }
 
+    /// Resolves once `count` requests were abandoned by their client (the
+    /// connection closed before the answer); wrap it in a timeout.
+    pub async fn wait_for_abandoned(&self, count: usize) {
+        let mut abandoned = lock(&self.shared).abandoned.subscribe();
+        let _abandoned_or_closed = abandoned
+            .wait_for(|abandoned| *abandoned >= count)
+            .await
+            .is_ok();
+    }
+
+    /// How many requests their client abandoned before the answer.
+    pub fn abandoned_count(&self) -> usize {
+        *lock(&self.shared).abandoned.borrow()
+    }
+
     /// Every request received so far, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.shared).requests.clone()
@@ -288,10 +322,16 @@ async fn handle(
         shared.arrived.send_replace(arrived);
         shared.script.pop_front()
     };
-    match next {
+    let mut guard = AnswerGuard {
+        shared: Arc::clone(&state.shared),
+        answered: false,
+    };
+    let response = match next {
         Some(entry) => respond(entry, state.stopped).await,
         None => (StatusCode::BAD_REQUEST, SCRIPT_EXHAUSTED).into_response(),
-    }
+    };
+    guard.answered = true;
+    response
 }
 
 fn respond(

@@ -38,9 +38,9 @@ use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use landlock::{
@@ -75,6 +75,8 @@ pub enum ConfineError {
     TempDir(#[source] std::io::Error),
     #[error("waiting for the child failed: {0}")]
     Wait(#[source] std::io::Error),
+    #[error("the run was aborted; no program is started after an abort")]
+    Aborted,
 }
 
 /// Which layer set is used to run programs.
@@ -405,6 +407,58 @@ pub struct ExecOutput {
 pub struct Confinement {
     report: ConfinementReport,
     limits: SandboxLimits,
+    /// The process groups of the programs running now; clones share them.
+    running: RunningGroups,
+}
+
+/// The process groups a [`Confinement`] is running, so an abort can kill
+/// them; once aborted it starts nothing more.
+#[derive(Debug, Clone, Default)]
+struct RunningGroups(Arc<Mutex<Groups>>);
+
+#[derive(Debug, Default)]
+struct Groups {
+    aborted: bool,
+    pids: Vec<Pid>,
+}
+
+impl RunningGroups {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Groups> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Spawns `command` unless aborted, and keeps its group until it ends.
+    fn spawn(&self, command: &mut Command, program: &Path) -> Result<Child, ConfineError> {
+        let mut groups = self.lock();
+        if groups.aborted {
+            return Err(ConfineError::Aborted);
+        }
+        let child = command.spawn().map_err(|source| ConfineError::Spawn {
+            program: program.to_owned(),
+            source,
+        })?;
+        if let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) {
+            groups.pids.push(pid);
+        }
+        Ok(child)
+    }
+
+    fn finished(&self, pid: Option<Pid>) {
+        if let Some(pid) = pid {
+            self.lock().pids.retain(|running| *running != pid);
+        }
+    }
+
+    /// Kills every running group and refuses later spawns.
+    fn abort(&self) {
+        let mut groups = self.lock();
+        groups.aborted = true;
+        for pid in groups.pids.drain(..) {
+            kill_group(Some(pid));
+        }
+    }
 }
 
 impl Confinement {
@@ -429,10 +483,7 @@ impl Confinement {
             mode,
         };
         tracing::info!(mode = ?report.mode, layers = ?report.active_layers(), "sandbox confinement probed");
-        Self {
-            report,
-            limits: limits.clone(),
-        }
+        Self::with_report(report, limits)
     }
 
     /// A confinement with a given report, e.g. to pin a mode the operator
@@ -442,7 +493,15 @@ impl Confinement {
         Self {
             report,
             limits: limits.clone(),
+            running: RunningGroups::default(),
         }
+    }
+
+    /// Kills every program this confinement (and its clones) is running and
+    /// refuses to start another: a cancelled run stops its tool at once
+    /// instead of at the tool's timeout.
+    pub fn abort(&self) {
+        self.running.abort();
     }
 
     /// The probe result.
@@ -524,7 +583,7 @@ impl Confinement {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        supervise(command, cmd)
+        supervise(command, cmd, &self.running)
     }
 
     fn landlock_ruleset(
@@ -669,13 +728,14 @@ fn kill_group(pid: Option<Pid>) {
     }
 }
 
-fn supervise(mut command: Command, cmd: &ConfinedCommand) -> Result<ExecOutput, ConfineError> {
+fn supervise(
+    mut command: Command,
+    cmd: &ConfinedCommand,
+    running: &RunningGroups,
+) -> Result<ExecOutput, ConfineError> {
     let start = Instant::now();
     let deadline = start + cmd.timeout;
-    let mut child = command.spawn().map_err(|source| ConfineError::Spawn {
-        program: cmd.program.clone(),
-        source,
-    })?;
+    let mut child = running.spawn(&mut command, &cmd.program)?;
     let pid = i32::try_from(child.id()).ok().and_then(Pid::from_raw);
     let (out_tx, out_rx) = mpsc::channel::<(bool, Capture)>();
     let spawn_reader = |stream: Option<Box<dyn Read + Send>>, is_stdout: bool| {
@@ -740,6 +800,7 @@ fn supervise(mut command: Command, cmd: &ConfinedCommand) -> Result<ExecOutput, 
     .map_err(ConfineError::Wait)?;
     // Kill anything the program left behind in its group.
     kill_group(pid);
+    running.finished(pid);
 
     let mut stdout = Capture {
         bytes: Vec::new(),

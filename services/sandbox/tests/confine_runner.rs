@@ -68,6 +68,35 @@ fn hanging_command_is_killed_with_its_group() {
 }
 
 #[test]
+fn an_abort_kills_the_running_program_and_refuses_the_next() {
+    let dir = tempfile::tempdir().expect("tmp");
+    for c in confinements() {
+        let mut cmd = command(
+            bash(),
+            &["-c", "sleep 30 & sleep 30"],
+            dir.path(),
+            Duration::from_secs(60),
+        );
+        cmd.exec_paths.push(find_program("sleep").expect("sleep"));
+        let runner = c.clone();
+        let running = std::thread::spawn(move || runner.run(&cmd));
+        // Abort once the program is under way (well before its 60 s timeout).
+        std::thread::sleep(Duration::from_millis(500));
+        let aborted_at = std::time::Instant::now();
+        c.abort();
+        let out = running.join().expect("joins").expect("runs");
+        assert!(
+            aborted_at.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            aborted_at.elapsed()
+        );
+        assert!(!out.timed_out && out.signal == Some(9), "{out:?}");
+        let next = command(bash(), &["-c", "true"], dir.path(), Duration::from_secs(5));
+        assert!(matches!(c.run(&next), Err(ConfineError::Aborted)));
+    }
+}
+
+#[test]
 fn output_is_capped_and_the_writer_killed() {
     let dir = tempfile::tempdir().expect("tmp");
     for c in confinements() {

@@ -77,6 +77,7 @@ catalogue! {
     FlowProgress => "flow.progress",
     FlowCompleted => "flow.completed",
     FlowFailed => "flow.failed",
+    FlowCancelRequested => "flow.cancel.requested",
     FlowCancelled => "flow.cancelled",
     ContextPublished => "context.published",
     ArtifactBuildRequested => "artifact.build.requested",

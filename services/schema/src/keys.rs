@@ -57,6 +57,12 @@ pub fn flow_step(flow_run: &FlowRunId, step: &str) -> String {
     format!("flow:{flow_run}:step:{step}")
 }
 
+/// The one cancel request of a flow run: `flow:<flowRunId>:cancel`, so a
+/// retried or repeated cancel stores nothing new.
+pub fn flow_cancel(flow_run: &FlowRunId) -> String {
+    format!("flow:{flow_run}:cancel")
+}
+
 /// Artifact build: `flow:<flowRunId>:artifact:<kind>:revision:<revision>`.
 pub fn artifact_build(flow_run: &FlowRunId, kind: &str, revision: u32) -> String {
     format!("flow:{flow_run}:artifact:{kind}:revision:{revision}")

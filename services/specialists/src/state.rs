@@ -3,7 +3,7 @@
 //! repository each setup revision cloned (location, branch, connection id and
 //! commit, so any instance can materialize the workspace), the current
 //! context document per project and kind, the latest exploration result per
-//! project and artifact revisions. Deterministic; deleting the file rebuilds
+//! project, artifact revisions and the flows a user asked to cancel. Deterministic; deleting the file rebuilds
 //! it from the stream.
 
 use rusqlite::{OptionalExtension, Transaction, params};
@@ -21,6 +21,7 @@ const TABLES: &[&str] = &[
     "specialist_results",
     "specialist_artifacts",
     "specialist_repositories",
+    "specialist_cancels",
     zopu_core::model_usage::TABLE,
 ];
 
@@ -30,7 +31,7 @@ impl Projection for State {
     }
 
     fn schema_version(&self) -> u32 {
-        3
+        4
     }
 
     fn tables(&self) -> &'static [&'static str] {
@@ -49,7 +50,8 @@ impl Projection for State {
              CREATE TABLE specialist_artifacts (artifact_id TEXT PRIMARY KEY, revision INTEGER NOT NULL, flow_run_id TEXT NOT NULL, sequence INTEGER NOT NULL);
              CREATE TABLE specialist_repositories (project_id TEXT NOT NULL, setup_revision INTEGER NOT NULL,
                  repository_url TEXT NOT NULL, branch TEXT NOT NULL, connection_id TEXT NOT NULL,
-                 repository_commit TEXT NOT NULL, sequence INTEGER NOT NULL, PRIMARY KEY (project_id, setup_revision));",
+                 repository_commit TEXT NOT NULL, sequence INTEGER NOT NULL, PRIMARY KEY (project_id, setup_revision));
+             CREATE TABLE specialist_cancels (flow_run_id TEXT PRIMARY KEY, reason TEXT NOT NULL, requested_by TEXT NOT NULL, sequence INTEGER NOT NULL);",
         )?;
         tx.execute_batch(zopu_core::model_usage::SCHEMA)
     }
@@ -78,6 +80,13 @@ impl Projection for State {
                 tx.prepare_cached("INSERT INTO specialist_agents (agent_id, disabled, reason, sequence) VALUES (?1, 0, '', ?2)
                      ON CONFLICT (agent_id) DO UPDATE SET disabled = 0, reason = '', sequence = ?2")?.execute(params![payload.agent_id, sequence],
                 )?;
+            }
+            t if t == pb::FlowCancelRequested::TYPE => {
+                let payload: pb::FlowCancelRequested = event.decode().map_err(decode_error)?;
+                let by = payload.by.map(|actor| actor.id).unwrap_or_default();
+                // The first request stands (one key per flow; a later copy changes nothing).
+                tx.prepare_cached("INSERT INTO specialist_cancels (flow_run_id, reason, requested_by, sequence) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (flow_run_id) DO NOTHING")?.execute(params![payload.flow_run_id, payload.reason, by, sequence])?;
             }
             t if t == pb::ProjectSetupRequested::TYPE => {
                 let payload: pb::ProjectSetupRequested = event.decode().map_err(decode_error)?;
@@ -229,6 +238,32 @@ pub fn disabled(store: &Store, agent_id: &str) -> Result<Option<String>, zopu_co
             "SELECT reason FROM specialist_agents WHERE agent_id = ?1 AND disabled = 1",
         )?
         .query_row([agent_id], |row| row.get::<_, String>(0))
+        .optional()
+    })
+}
+
+/// A user's request to cancel a flow run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancelRequest {
+    pub reason: String,
+    pub requested_by: String,
+}
+
+/// The cancel request of `flow_run_id`, when a user asked for one.
+pub fn cancel_requested(
+    store: &Store,
+    flow_run_id: &str,
+) -> Result<Option<CancelRequest>, zopu_core::Error> {
+    store.read(|conn| {
+        conn.prepare_cached(
+            "SELECT reason, requested_by FROM specialist_cancels WHERE flow_run_id = ?1",
+        )?
+        .query_row([flow_run_id], |row| {
+            Ok(CancelRequest {
+                reason: row.get(0)?,
+                requested_by: row.get(1)?,
+            })
+        })
         .optional()
     })
 }

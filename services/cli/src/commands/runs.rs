@@ -38,24 +38,22 @@ pub struct RunsArgs {
     pub limit: u32,
 }
 
-pub async fn run(ctx: &crate::Context, args: RunsArgs) -> Result<ExitCode> {
-    if let Some(agent) = &args.agent
-        && !agent_registry::is_agent_key(agent)
-    {
-        bail!("--agent {agent:?} is not a registry key (lowercase letters, digits and -)");
-    }
-    if args.limit == 0 {
-        bail!("--limit must be at least 1");
-    }
-    let bus = ctx.connect().await?;
+/// The organization's run log (or one project's), folded from the stream by
+/// the gateway's run-log projection into a throwaway SQLite file (kept while
+/// the returned directory lives).
+pub async fn fold_run_log(
+    bus: &zopu_core::nats::Bus,
+    org: &OrgId,
+    project: Option<&ProjectId>,
+) -> Result<(tempfile::TempDir, rusqlite::Connection)> {
     let filters = runs::EVENT_TYPES
         .iter()
-        .map(|event_type| match &args.project {
-            Some(project) => subjects::event(&args.org, project, event_type),
-            None => subjects::org_events_of_type(&args.org, event_type),
+        .map(|event_type| match project {
+            Some(project) => subjects::event(org, project, event_type),
+            None => subjects::org_events_of_type(org, event_type),
         })
         .collect();
-    let history = zopu_core::log::history_of(&bus, filters)
+    let history = zopu_core::log::history_of(bus, filters)
         .await
         .context("reading the run events")?;
     let dir = tempfile::tempdir().context("a temporary directory for the run log")?;
@@ -76,6 +74,20 @@ pub async fn run(ctx: &crate::Context, args: RunsArgs) -> Result<ExitCode> {
             "messages on the run subjects that are not events were skipped"
         );
     }
+    Ok((dir, conn))
+}
+
+pub async fn run(ctx: &crate::Context, args: RunsArgs) -> Result<ExitCode> {
+    if let Some(agent) = &args.agent
+        && !agent_registry::is_agent_key(agent)
+    {
+        bail!("--agent {agent:?} is not a registry key (lowercase letters, digits and -)");
+    }
+    if args.limit == 0 {
+        bail!("--limit must be at least 1");
+    }
+    let bus = ctx.connect().await?;
+    let (_dir, conn) = fold_run_log(&bus, &args.org, args.project.as_ref()).await?;
     if let Some(run_id) = &args.run {
         let Some(row) = runs::get(&conn, &args.org, run_id)? else {
             bail!("organization {} has no run {run_id:?}", args.org);

@@ -39,7 +39,7 @@ pub async fn run(context: &Context, command: StreamsCommand) -> anyhow::Result<E
                 wait,
                 |error| {
                     // One line every 5 s of retrying, so a stuck cluster is visible.
-                    if refusals % 20 == 0 {
+                    if refusals.is_multiple_of(20) {
                         eprintln!("streams: not applied yet, retrying: {error}");
                     }
                     refusals += 1;

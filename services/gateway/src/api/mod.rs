@@ -3,7 +3,7 @@
 //! with one module per resource: `projects` (create, list, read, retry
 //! setup, summary), `timeline` (messages, card actions, timeline pages),
 //! `works` (Works, Threads and their timelines), `artifacts` (stored HTML and
-//! signed links), `agent` (the kill switch), `approvals` (list, approve,
+//! signed links), `agent` (the kill switch), `flows` (cancel a running flow), `approvals` (list, approve,
 //! reject), `runs` (the AgentRun log), `health`. Every write builds its
 //! event with `zopu_core::commands`, as the CLI does, and appends it through
 //! `append`.
@@ -30,6 +30,7 @@ mod agent;
 mod append;
 mod approvals;
 mod artifacts;
+mod flows;
 mod health;
 mod projects;
 mod runs;
@@ -40,6 +41,7 @@ pub use agent::{AgentSwitch, AgentSwitched};
 pub use append::Accepted;
 pub use approvals::{ApprovalDecided, ApprovalList, ApprovalView, Rejection};
 pub use artifacts::{ARTIFACT_CSP, ArtifactLink, ArtifactQuery, LinkQuery, sha256_hex};
+pub use flows::{CancelFlow, FlowCancelAccepted};
 pub use projects::{CreateProject, PROJECTS_LIST_MAX, ProjectCreated, ProjectList, SetupRetried};
 pub use runs::{HandoffView, NoteView, RunDetail, RunList, RunView};
 pub use timeline::{SendAction, SendMessage, TimelinePage, TimelineQuery};
@@ -47,7 +49,7 @@ pub use works::ThreadList;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, approvals and the agent run log. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
+    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, cancelling a flow, approvals and the agent run log. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
     modifiers(&BearerAuth),
     components(schemas(ErrorBody))
 )]
@@ -84,6 +86,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(approvals::list_approvals))
         .routes(routes!(approvals::approve))
         .routes(routes!(approvals::reject))
+        .routes(routes!(flows::cancel_flow))
         .routes(routes!(runs::list_runs))
         .routes(routes!(runs::get_run))
         .routes(routes!(crate::sse::events))

@@ -95,7 +95,10 @@ pub const EVENT_TYPES: &[&str] = &[
 
 /// A run's status as stored.
 pub const RUNNING: &str = "running";
-pub const STATUSES: [&str; 4] = [RUNNING, "completed", "failed", "cancelled"];
+pub const CANCELLED: &str = "cancelled";
+pub const STATUSES: [&str; 4] = [RUNNING, "completed", "failed", CANCELLED];
+/// The kind of a specialist flow's run (a conversation turn's is `conversation_turn`).
+pub const FLOW: &str = "flow";
 
 /// Characters of a run's output kept in the log (a flow's result beyond
 /// this stays in its `flow.completed`).
@@ -301,13 +304,7 @@ pub fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite:
         }
         t if t == pb::FlowStarted::TYPE => {
             if let (Some(run), Ok(m)) = (&flow_run, event.decode::<pb::FlowStarted>()) {
-                start(
-                    tx,
-                    event,
-                    sequence,
-                    (run, "flow", ""),
-                    m.definition.as_ref(),
-                )?;
+                start(tx, event, sequence, (run, FLOW, ""), m.definition.as_ref())?;
             }
         }
         t if t == pb::FlowCompleted::TYPE => {
@@ -328,7 +325,7 @@ pub fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> rusqlite:
                     message: m.reason,
                     retryable: false,
                 };
-                end(tx, event, run, "cancelled", None, Some(&reason))?;
+                end(tx, event, run, CANCELLED, None, Some(&reason))?;
             }
         }
         t if t == pb::ApprovalRequested::TYPE => {

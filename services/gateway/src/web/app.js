@@ -160,7 +160,10 @@
       this.heading = el("h1", { tabindex: "-1" }, project.name);
       this.setup = el("section", { class: "panel setup", "aria-labelledby": "setup-title" });
       this.timeline = el("ol", { class: "timeline", role: "log", "aria-label": "Timeline", "aria-live": "polite" });
-      this.running = el("p", { class: "running", role: "status", hidden: true }, el("span", { class: "dots", "aria-hidden": "true" }), "The agent is working");
+      // Cancel stops the running flows (their model call is aborted, their tool killed).
+      this.cancelButton = el("button", { type: "button", class: "secondary small cancel", hidden: true, onclick: () => this.cancelFlows() }, "Cancel");
+      this.cancelError = el("span", { class: "error", role: "alert" });
+      this.running = el("p", { class: "running", role: "status", hidden: true }, el("span", { class: "dots", "aria-hidden": "true" }), "The agent is working", this.cancelButton, this.cancelError);
       this.agentButton = el("button", { type: "button", class: "secondary", onclick: () => this.toggleAgent() });
       this.composer = this.buildComposer();
       this.main = el("section", { class: "timeline-view", hidden: true, "aria-label": "Global timeline" }, this.timeline, this.running, this.composer);
@@ -305,6 +308,27 @@
 
     setRunning(running) {
       this.running.hidden = !running;
+      const cancellable = this.runningFlows().length > 0;
+      this.cancelButton.hidden = !cancellable;
+      if (!cancellable) { this.cancelButton.disabled = false; this.cancelButton.textContent = "Cancel"; }
+    }
+
+    runningFlows() {
+      return [...this.flows].filter(([, state]) => state === "requested" || state === "running" || state === "progress").map(([id]) => id);
+    }
+
+    async cancelFlows() {
+      this.cancelButton.disabled = true;
+      this.cancelError.textContent = "";
+      try {
+        for (const flow of this.runningFlows()) {
+          await api("POST", `/v1/projects/${this.project.project_id}/flows/${encodeURIComponent(flow)}/cancel`, {});
+        }
+        this.cancelButton.textContent = "Cancelling…";
+      } catch (failure) {
+        this.cancelError.textContent = "Not cancelled: " + failure.message;
+        this.cancelButton.disabled = false;
+      }
     }
 
     bubble(kind, who, text) {
@@ -321,7 +345,7 @@
       }
       if (item.kind === "flow") {
         this.flows.set(item.flow.flow_run_id, item.flow.state);
-        this.setRunning([...this.flows.values()].some((state) => state === "requested" || state === "running" || state === "progress"));
+        this.setRunning(this.runningFlows().length > 0);
         if (item.flow.state !== "progress" && item.flow.state !== "failed") return;
       }
       if (item.kind === "work_updated") {

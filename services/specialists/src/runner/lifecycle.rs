@@ -154,6 +154,22 @@ pub(super) fn halt_of(disabled: Option<String>) -> Option<FlowError> {
     })
 }
 
+/// A user's cancel request, as a halt: "cancelled by <who>[: <reason>]".
+pub(super) fn halt_of_cancel(request: Option<state::CancelRequest>) -> Option<FlowError> {
+    request.map(|request| {
+        let by = if request.requested_by.is_empty() {
+            "a user"
+        } else {
+            request.requested_by.as_str()
+        };
+        FlowError::Halted(if request.reason.is_empty() {
+            format!("Cancelled by {by}.")
+        } else {
+            format!("Cancelled by {by}: {}", request.reason)
+        })
+    })
+}
+
 /// The `flow.failed` of a run that failed with `error` in `phase`.
 pub(super) fn flow_failed(
     flow_type: FlowType,
@@ -302,9 +318,15 @@ impl Run<'_> {
         )))
     }
 
+    /// Whether the run must stop: shutdown, a user's cancel request of this
+    /// flow, or the agent's kill switch.
     pub(super) fn check_halt(&self) -> Result<(), FlowError> {
         if self.ctx.shutdown.is_cancelled() {
             return Err(FlowError::Interrupted);
+        }
+        let flow_run = self.ids.flow_run_id.to_string();
+        if let Some(halt) = halt_of_cancel(state::cancel_requested(&self.ctx.store, &flow_run)?) {
+            return Err(halt);
         }
         if self.agent_id.is_empty() {
             return Ok(());
@@ -325,7 +347,10 @@ impl Run<'_> {
     }
 
     /// Awaits `work` within the phase and total deadlines (and `limit`),
-    /// sending heartbeats while it waits.
+    /// sending heartbeats while it waits. A halt (a cancel request, the kill
+    /// switch, shutdown) that lands meanwhile drops `work` at once: an
+    /// in-flight model request is aborted with it, and a running tool
+    /// program is killed through the sandbox.
     pub(super) async fn bounded<T>(
         &mut self,
         limit: Duration,
@@ -336,12 +361,27 @@ impl Run<'_> {
         tokio::pin!(work);
         let interval = self.shared.config.flow.heartbeat_interval;
         let mut heartbeat = tokio::time::interval_at(Instant::now() + interval, interval);
+        let mut applied = self.ctx.store.applied();
+        let mut store_open = true;
         loop {
             tokio::select! {
                 outcome = &mut work => {
                     return outcome.map_err(|_| if Instant::now() >= self.deadline() { self.timeout_error() } else {
                         FlowError::PhaseTimeout { phase: phase_name(self.phase), seconds: limit.as_secs() }
                     });
+                }
+                changed = applied.changed(), if store_open => {
+                    if changed.is_err() {
+                        // The store is gone: only the deadline is left to watch.
+                        store_open = false;
+                        continue;
+                    }
+                    if let Err(halt) = self.check_halt() {
+                        if let Some(sandbox) = &self.sandbox {
+                            sandbox.runner().abort();
+                        }
+                        return Err(halt);
+                    }
                 }
                 _ = heartbeat.tick() => {
                     self.heartbeats += 1;
@@ -502,6 +542,27 @@ mod tests {
         assert_eq!(
             check_phase_entry(&flow, 1, true),
             Err(FlowError::TotalTimeout { seconds: 60 })
+        );
+    }
+
+    #[test]
+    fn a_cancel_request_halts_the_run_naming_who_asked() {
+        assert_eq!(halt_of_cancel(None), None);
+        let request = |reason: &str, by: &str| {
+            Some(state::CancelRequest {
+                reason: reason.into(),
+                requested_by: by.into(),
+            })
+        };
+        assert_eq!(
+            halt_of_cancel(request("", "ada")),
+            Some(FlowError::Halted("Cancelled by ada.".into()))
+        );
+        assert_eq!(
+            halt_of_cancel(request("Wrong question.", "")),
+            Some(FlowError::Halted(
+                "Cancelled by a user: Wrong question.".into()
+            ))
         );
     }
 
