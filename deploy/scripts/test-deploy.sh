@@ -87,6 +87,7 @@ secret() { printf 'z'; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
     echo "ZOPU_$(echo "$user" | tr a-z A-Z)_PASSWORD=$(secret)"
   done
   echo "ZOPU_GATEWAY_LINK_KEY=$(secret)$(secret)"
+  echo "ZOPU_SECRETS_KEY=$(secret)$(secret)"
   echo "ZOPU_LLM_API_KEY="
   echo "ZOPU_SMOKE_REPOS=$work/repos"
   echo "ZOPU_SMOKE_SANDBOX_ENV=$work/sandbox.env"

@@ -307,6 +307,8 @@ async fn every_identity_is_refused_what_it_does_not_own() -> Result<()> {
             "agent.enabled",
             "timeline.message.sent",
             "project.setup.requested",
+            "flow.cancel.requested",
+            "project.environment.value.set",
         ];
         if !matches!(*user, "gateway" | "operator") {
             for event_type in commands {
@@ -314,6 +316,16 @@ async fn every_identity_is_refused_what_it_does_not_own() -> Result<()> {
                     .refused_publish(&event_subject(event_type)?)
                     .await?;
             }
+            // The secret store's sealed values: neither read nor written.
+            identity
+                .refused_publish("$KV.zopu-secrets.env.acme.p1.DATABASE_URL")
+                .await?;
+            identity
+                .refused_request(
+                    "$JS.API.DIRECT.GET.KV_zopu-secrets.$KV.zopu-secrets.env.acme.p1.DATABASE_URL",
+                    "",
+                )
+                .await?;
         }
         if *user != "setup" {
             identity
@@ -454,6 +466,7 @@ async fn the_flow_runs_with_every_service_as_its_own_identity() -> Result<()> {
     let mut gateway_env = secured.login("gateway");
     gateway_env.extend([
         ("ZOPU_GATEWAY_LINK_KEY".into(), "ab".repeat(32)),
+        ("ZOPU_SECRETS_KEY".into(), SECRETS_KEY.into()),
         (
             "ZOPU_GATEWAY__LISTEN".into(),
             format!("127.0.0.1:{gateway_port}"),
@@ -510,6 +523,44 @@ async fn the_flow_runs_with_every_service_as_its_own_identity() -> Result<()> {
         text(&sent),
         logs(&fleet)
     );
+    // The operator stores an environment value (the secret store's entries
+    // and the value's event) and lists it.
+    let mut set = cli(
+        &fleet,
+        &secured,
+        "operator",
+        &["env", "set", "--org", "acme", &project, "GREETING"],
+    );
+    set.env("ZOPU_SECRETS_KEY", SECRETS_KEY)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = set.spawn()?;
+    {
+        use tokio::io::AsyncWriteExt as _;
+        let mut stdin = child.stdin.take().context("stdin")?;
+        stdin.write_all(b"bonjour\n").await?;
+    }
+    let stored = tokio::time::timeout(LONG, child.wait_with_output())
+        .await
+        .context("zopu env set did not finish in time")??;
+    ensure!(
+        stored.status.success(),
+        "env set as operator: {}",
+        text(&stored)
+    );
+    let listed = run(cli(
+        &fleet,
+        &secured,
+        "operator",
+        &["env", "list", "--org", "acme", &project],
+    ))
+    .await?;
+    ensure!(
+        listed.status.success() && text(&listed).contains("GREETING  set"),
+        "env list as operator: {}",
+        text(&listed)
+    );
     // No service stopped on a refused operation, and none was refused one.
     let running = fleet.running();
     ensure!(
@@ -531,6 +582,9 @@ async fn the_flow_runs_with_every_service_as_its_own_identity() -> Result<()> {
     Ok(())
 }
 
+/// The deployment's secrets key in this test (gateway and operator share it).
+const SECRETS_KEY: &str = "permissions-test-secrets-key-0123456789abcdef";
+
 /// A `zopu` command with the fleet's settings, logged in as `user`.
 fn cli(fleet: &Fleet, secured: &Secured, user: &str, args: &[&str]) -> tokio::process::Command {
     let mut command = tokio::process::Command::from(fleet.command());
@@ -542,9 +596,10 @@ fn cli(fleet: &Fleet, secured: &Secured, user: &str, args: &[&str]) -> tokio::pr
 }
 
 async fn run(mut command: tokio::process::Command) -> Result<std::process::Output> {
+    let what = format!("{:?}", command.as_std().get_args().collect::<Vec<_>>());
     tokio::time::timeout(LONG, command.output())
         .await
-        .context("zopu did not finish in time")?
+        .with_context(|| format!("zopu {what} did not finish in time"))?
         .context("running zopu")
 }
 

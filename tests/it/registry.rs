@@ -359,7 +359,11 @@ pub(crate) struct Gateway {
 
 impl Gateway {
     pub(crate) async fn start(server: &NatsServer, data_dir: &Path) -> Result<Self> {
-        let core = zopu_tests::core_config(server, data_dir);
+        Self::start_with(zopu_tests::core_config(server, data_dir)).await
+    }
+
+    /// [`Gateway::start`] with this core configuration (a secrets key, say).
+    pub(crate) async fn start_with(core: CoreConfig) -> Result<Self> {
         let shutdown = Shutdown::new();
         let key = zopu_gateway::LinkKey::new(
             b"registry-tests-link-key-0123456789abcdef".to_vec(),
@@ -408,13 +412,22 @@ impl Gateway {
     }
 
     pub(crate) async fn post(&self, path: &str, body: Value) -> Result<(StatusCode, Value)> {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .json(&body)
-            .send()
-            .await?;
+        self.send(self.http.post(format!("{}{path}", self.base)).json(&body))
+            .await
+    }
+
+    pub(crate) async fn put(&self, path: &str, body: Value) -> Result<(StatusCode, Value)> {
+        self.send(self.http.put(format!("{}{path}", self.base)).json(&body))
+            .await
+    }
+
+    pub(crate) async fn delete(&self, path: &str) -> Result<(StatusCode, Value)> {
+        self.send(self.http.delete(format!("{}{path}", self.base)))
+            .await
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<(StatusCode, Value)> {
+        let response = request.bearer_auth(&self.token).send().await?;
         let status = response.status();
         Ok((status, response.json().await.unwrap_or(Value::Null)))
     }

@@ -630,3 +630,236 @@ async fn a_secret_corpus_never_survives_from_repository_to_artifact() -> Result<
     );
     Ok(())
 }
+
+/// Every stored message of the secret store's bucket, raw.
+async fn secret_bucket_payloads(bus: &Bus) -> Result<Vec<Vec<u8>>> {
+    let stream = bus
+        .jetstream
+        .get_stream(format!("KV_{}", subjects::SECRETS_BUCKET))
+        .await?;
+    let info = stream.get_info().await?.state;
+    let mut payloads = Vec::new();
+    for sequence in info.first_sequence..=info.last_sequence {
+        // A rotated or purged value's message is gone (history 1).
+        if let Ok(message) = stream.get_raw_message(sequence).await {
+            payloads.push(message.payload.to_vec());
+        }
+    }
+    Ok(payloads)
+}
+
+fn contains(haystack: &[u8], needle: &str) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle.as_bytes())
+}
+
+/// Issue 18 item 4: an environment value set through the API (and rotated
+/// through the CLI) is kept sealed in the secret store, read back by the
+/// runtime with the deployment's key, listed as set, and its raw value is
+/// in no event, no secret-store message, no response and no CLI output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_environment_value_is_kept_sealed_and_appears_nowhere_else() -> Result<()> {
+    use zopu_core::secret_store::{SecretKey, SecretStore, environment_entry};
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let dir = tempfile::tempdir()?;
+    let org: OrgId = "acme".parse()?;
+    let project = ProjectId::new();
+    crate::registry::request_setup(&bus, &org, project).await?;
+    // `.env.example` named DATABASE_URL only.
+    crate::conversation::setup_project(&bus, &org, project).await?;
+    let key_text = "test-secrets-key-0123456789abcdef-0123456789";
+    let key = SecretKey::new(key_text.as_bytes(), "test")?;
+    let core = zopu_core::config::CoreConfig {
+        secrets_key: Some(key.clone()),
+        ..zopu_tests::core_config(&server, &dir.path().join("gateway"))
+    };
+    let gateway = crate::registry::Gateway::start_with(core).await?;
+    gateway.caught_up(&bus).await?;
+    let value = ["postgres://app:Zq7", "vR2pL9xK@db.internal:5432/app"].concat();
+    let rotated = ["postgres://app:Wm4", "tY8nQ1sJ@db.internal:5432/app"].concat();
+    let path = format!("/v1/projects/{project}/environment");
+    let mut responses = Vec::new();
+
+    // Only the names of .env.example, and a usable value.
+    let (status, refused) = gateway
+        .put(&format!("{path}/API_TOKEN"), json!({"value": value}))
+        .await?;
+    assert_eq!(
+        status,
+        reqwest::StatusCode::UNPROCESSABLE_ENTITY,
+        "{refused}"
+    );
+    assert_eq!(refused["error"]["field"], "name", "{refused}");
+    let (status, refused) = gateway
+        .put(&format!("{path}/DATABASE_URL"), json!({"value": ""}))
+        .await?;
+    assert_eq!(
+        status,
+        reqwest::StatusCode::UNPROCESSABLE_ENTITY,
+        "{refused}"
+    );
+    assert_eq!(refused["error"]["field"], "value", "{refused}");
+    responses.push(refused.to_string());
+
+    let (status, set) = gateway
+        .put(&format!("{path}/DATABASE_URL"), json!({"value": value}))
+        .await?;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{set}");
+    responses.push(set.to_string());
+    let version = set["version"].as_u64().context("a version")?;
+
+    // The runtime reads it back with the deployment's key, and only with it.
+    let entry = environment_entry(&org, &project, "DATABASE_URL");
+    let store = SecretStore::open(&bus, key.clone()).await?;
+    let (opened, stored_version) = store.get(&entry).await?.context("the stored value")?;
+    assert_eq!((opened.expose(), stored_version), (value.as_str(), version));
+    let stranger = SecretStore::open(
+        &bus,
+        SecretKey::new(b"another-deployment-key-0123456789abcdef", "other")?,
+    )
+    .await?;
+    ensure!(
+        stranger.get(&entry).await.is_err(),
+        "another key opens nothing"
+    );
+
+    gateway.caught_up(&bus).await?;
+    let (status, listed) = gateway.get(&path).await?;
+    assert_eq!(status, reqwest::StatusCode::OK, "{listed}");
+    assert_eq!(listed["names"][0]["name"], "DATABASE_URL", "{listed}");
+    assert_eq!(listed["names"][0]["set"], true, "{listed}");
+    assert_eq!(
+        listed["names"][0]["value"]["fingerprint"],
+        set["fingerprint"]
+    );
+    responses.push(listed.to_string());
+    let (_, view) = gateway.get(&format!("/v1/projects/{project}")).await?;
+    assert_eq!(
+        view["setup"]["environment_values"][0]["version"], version,
+        "{view}"
+    );
+    responses.push(view.to_string());
+
+    // Rotation through the CLI: the value from standard input, the key from the environment.
+    let zopu = zopu_tests::zopu_binary(&zopu_tests::workspace_root())?;
+    let cli = |args: &[&str], input: Option<&str>| -> Result<std::process::Output> {
+        use std::io::Write as _;
+        let mut child = Command::new(&zopu)
+            .args(["--nats", server.url().as_str(), "env"])
+            .args(args)
+            .args(["--org", "acme"])
+            .env("ZOPU_SECRETS_KEY", key_text)
+            .env("ZOPU_LOG", "debug")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        if let Some(input) = input {
+            child
+                .stdin
+                .take()
+                .context("stdin")?
+                .write_all(input.as_bytes())?;
+        }
+        drop(child.stdin.take());
+        Ok(child.wait_with_output()?)
+    };
+    let project_arg = project.to_string();
+    let output = cli(
+        &["set", &project_arg, "DATABASE_URL"],
+        Some(&format!("{rotated}\n")),
+    )?;
+    ensure!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let listed = cli(&["list", &project_arg], None)?;
+    ensure!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let listing = String::from_utf8_lossy(&listed.stdout).into_owned();
+    ensure!(listing.contains("DATABASE_URL  set (version"), "{listing}");
+    for output in [&output, &listed] {
+        responses.push(String::from_utf8_lossy(&output.stdout).into_owned());
+        responses.push(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    let (opened, rotated_version) = store.get(&entry).await?.context("the rotated value")?;
+    assert_eq!(opened.expose(), rotated);
+    assert!(rotated_version > version);
+    let recorded: Vec<pb::ProjectEnvironmentValueSet> = zopu_tests::history(
+        &bus,
+        &subjects::event(
+            &org,
+            &project,
+            <pb::ProjectEnvironmentValueSet as zopu_schema::Event>::TYPE,
+        ),
+    )
+    .await?
+    .iter()
+    .map(|(_, event)| event.decode::<pb::ProjectEnvironmentValueSet>())
+    .collect::<Result<_, _>>()?;
+    assert_eq!(recorded.len(), 2);
+    assert_eq!(
+        (recorded[0].version, recorded[1].version),
+        (version, rotated_version)
+    );
+    assert_ne!(recorded[0].fingerprint, recorded[1].fingerprint);
+    let sealed = secret_bucket_payloads(&bus).await?;
+    assert_eq!(
+        sealed.len(),
+        1,
+        "history 1: the first value's ciphertext is gone"
+    );
+    ensure!(
+        !contains(&sealed[0], &rotated) && !contains(&sealed[0], "Wm4"),
+        "the bucket holds the value sealed, never in the clear"
+    );
+    assert_eq!(
+        recorded[1].by.as_ref().map(|by| by.kind),
+        Some(pb::actor::Kind::User as i32)
+    );
+
+    // Deleting it leaves nothing to open; a second delete finds nothing.
+    let (status, deleted) = gateway.delete(&format!("{path}/DATABASE_URL")).await?;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{deleted}");
+    responses.push(deleted.to_string());
+    ensure!(
+        store.get(&entry).await?.is_none(),
+        "a deleted value is gone"
+    );
+    let (status, _) = gateway.delete(&format!("{path}/DATABASE_URL")).await?;
+    assert_eq!(status, reqwest::StatusCode::NOT_FOUND);
+    gateway.caught_up(&bus).await?;
+    let (_, listed) = gateway.get(&path).await?;
+    assert_eq!(listed["names"][0]["set"], false, "{listed}");
+
+    // Neither value is anywhere: events, the bucket's messages, responses, CLI output and logs.
+    for (sequence, text) in stream_texts(&bus).await? {
+        for secret in [&value, &rotated] {
+            ensure!(
+                !text.contains(secret.as_str()),
+                "event {sequence} holds an environment value"
+            );
+        }
+    }
+    let payloads = secret_bucket_payloads(&bus).await?;
+    ensure!(
+        payloads.iter().all(|payload| payload.is_empty()),
+        "only the purge marker is left of the value ({} message(s))",
+        payloads.len()
+    );
+    for text in &responses {
+        for secret in [&value, &rotated] {
+            ensure!(
+                !text.contains(secret.as_str()),
+                "a response or CLI output holds a value: {text}"
+            );
+        }
+    }
+    gateway.stop().await
+}

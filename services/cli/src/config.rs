@@ -87,6 +87,7 @@ impl ZopuConfig {
             scale: self.scale.clone(),
             agents_dir: self.agents_dir.clone(),
             clock: zopu_core::Clock::system(),
+            secrets_key: None,
         }
     }
 

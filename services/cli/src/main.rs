@@ -70,6 +70,8 @@ enum Command {
     Approvals(commands::approvals::ApprovalsArgs),
     /// Cancel a running specialist flow
     Flow(commands::flow::FlowArgs),
+    /// A project's environment values (kept sealed in the secret store; never printed)
+    Env(commands::env::EnvArgs),
     /// Read published artifacts (verified against their digest)
     Artifact {
         #[command(subcommand)]
@@ -211,6 +213,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Timeline(args) => commands::conversation::run_timeline(&context, args).await,
         Command::Approvals(args) => commands::approvals::run(&context, args).await,
         Command::Flow(args) => commands::flow::run(&context, args).await,
+        Command::Env(args) => commands::env::run(&context, args).await,
         Command::Runs(args) => commands::runs::run(&context, args).await,
         Command::Artifact { command } => commands::artifact::run(&context, command).await,
         Command::Token(args) => commands::token::run_token(&context, args).await,

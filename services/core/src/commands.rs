@@ -82,6 +82,8 @@ pub enum Invalid {
     ArtifactId,
     #[error("agents cannot send user commands")]
     AgentAuthor,
+    #[error("name is not an environment variable name (a letter or _, then letters, digits or _)")]
+    EnvironmentName,
 }
 
 impl Invalid {
@@ -98,6 +100,7 @@ impl Invalid {
             Self::ReplyTo => "reply_to_event_id",
             Self::ArtifactId => "artifact_id",
             Self::AgentAuthor => "author",
+            Self::EnvironmentName => "name",
         }
     }
 }
@@ -350,6 +353,43 @@ pub fn cancel_flow(
     Ok(requester
         .root(project, &payload, keys::flow_cancel(&flow_run))?
         .with_flow_run(flow_run))
+}
+
+/// The record of a value the caller stored in the secret store for one of
+/// the project's environment names: `project.environment.value.set` with the
+/// name, the store's version and the keyed fingerprint — never the value.
+/// Keyed by the write ([`keys::environment_value`]).
+pub fn record_environment_value(
+    requester: &Requester,
+    project: ProjectId,
+    name: &str,
+    stored: &crate::secret_store::Stored,
+) -> Result<NewEvent, Invalid> {
+    crate::secret_store::check_name(name).map_err(|_| Invalid::EnvironmentName)?;
+    let payload = pb::ProjectEnvironmentValueSet {
+        name: name.to_owned(),
+        version: stored.version,
+        fingerprint: stored.fingerprint.clone(),
+        by: Some(requester.author.clone()),
+    };
+    let key = keys::environment_value(&project, name, stored.version);
+    requester.root(project, &payload, key)
+}
+
+/// The record of an environment value the caller removed:
+/// `project.environment.value.deleted`, keyed by the request.
+pub fn record_environment_deletion(
+    requester: &Requester,
+    project: ProjectId,
+    name: &str,
+) -> Result<NewEvent, Invalid> {
+    crate::secret_store::check_name(name).map_err(|_| Invalid::EnvironmentName)?;
+    let payload = pb::ProjectEnvironmentValueDeleted {
+        name: name.to_owned(),
+        by: Some(requester.author.clone()),
+    };
+    let key = requester.key(&project, &format!("environment.delete:{name}"));
+    requester.root(project, &payload, key)
 }
 
 /// Turns the kill switch off again: `agent.enabled`.

@@ -18,6 +18,7 @@ pub const NON_SETTING_VARIABLES: &[&str] = &[
     "ZOPU_LOG",
     "ZOPU_LLM_API_KEY",
     "ZOPU_GATEWAY_LINK_KEY",
+    crate::secret_store::SECRETS_KEY_VARIABLE,
     "ZOPU_NATS_SERVER",
     // Read by the test harness (the chaos run, the binary under test, where
     // its nats-server runs).
@@ -312,6 +313,11 @@ pub struct CoreConfig {
     /// Not a setting: never read from a file or the environment.
     #[serde(skip)]
     pub clock: crate::clock::Clock,
+    /// The secret store's key (from `ZOPU_SECRETS_KEY`, set by `zopu run` and
+    /// `zopu dev`); `None`: environment values cannot be stored or read.
+    /// Not a setting: a secret never comes from a file or a config value.
+    #[serde(skip)]
+    pub secrets_key: Option<crate::secret_store::SecretKey>,
 }
 
 /// How several instances of one service share its reaction consumers
@@ -407,6 +413,7 @@ impl Default for CoreConfig {
             scale: ScaleConfig::default(),
             agents_dir: None,
             clock: crate::clock::Clock::system(),
+            secrets_key: None,
         }
     }
 }

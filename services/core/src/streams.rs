@@ -31,6 +31,11 @@ const KEY_VALUE_DEFINITIONS: &[(&str, &str, &str)] = &[
         zopu_schema::subjects::GATEWAY_TOKENS_BUCKET,
     ),
     (
+        "streams/zopu-secrets.kv.json",
+        include_str!("../../../streams/zopu-secrets.kv.json"),
+        zopu_schema::subjects::SECRETS_BUCKET,
+    ),
+    (
         "streams/zopu-gateway-tickets.kv.json",
         include_str!("../../../streams/zopu-gateway-tickets.kv.json"),
         zopu_schema::subjects::GATEWAY_TICKETS_BUCKET,

@@ -265,6 +265,9 @@ pub struct AppState {
     pub sse_reads: Arc<std::sync::atomic::AtomicU64>,
     /// The key of signed artifact links, shared by every gateway instance.
     pub(crate) link_key: LinkKey,
+    /// The secret store of environment values; `None` when the process has
+    /// no `ZOPU_SECRETS_KEY` (the environment routes answer 503, naming it).
+    pub secrets: Option<zopu_core::secret_store::SecretStore>,
     sse_clients: Arc<AtomicUsize>,
 }
 
@@ -300,6 +303,7 @@ impl AppState {
             sse_reads: Arc::default(),
             config: Arc::new(config),
             link_key,
+            secrets: None,
             sse_clients: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -329,7 +333,21 @@ pub async fn start(
         .get_object_store(zopu_schema::subjects::ARTIFACTS_BUCKET)
         .await
         .map_err(|error| zopu_core::Error::jetstream("open the artifact bucket", error))?;
-    Ok(AppState::new(
+    let secrets = match &core.secrets_key {
+        Some(key) => Some(
+            zopu_core::secret_store::SecretStore::open(&runtime.bus, key.clone())
+                .await
+                .map_err(|error| zopu_core::Error::jetstream("open the secret store", error))?,
+        ),
+        None => {
+            tracing::warn!(
+                variable = zopu_core::secret_store::SECRETS_KEY_VARIABLE,
+                "no secrets key: environment values cannot be stored (the environment routes answer 503)"
+            );
+            None
+        }
+    };
+    let mut state = AppState::new(
         runtime,
         ArtifactBucket(artifacts),
         tokens,
@@ -337,7 +355,9 @@ pub async fn start(
         changes,
         link_key,
         config,
-    ))
+    );
+    state.secrets = secrets;
+    Ok(state)
 }
 
 /// Serves the router on `listener` until shutdown (open SSE streams end on shutdown).

@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hmac::{Hmac, Mac};
-use rand::RngCore;
 use sha2::Sha256;
 use zopu_schema::OrgId;
 
@@ -91,22 +90,11 @@ impl LinkKey {
     }
 
     fn dev_file(path: &Path) -> Result<Self, LinkKeyError> {
-        let file_error = |source| LinkKeyError::File {
-            path: path.to_owned(),
-            source,
-        };
-        match std::fs::read_to_string(path) {
-            Ok(text) => return Self::new(text.trim().as_bytes(), &path.display().to_string()),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(file_error(error)),
-        }
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(file_error)?;
-        }
-        let mut random = [0u8; 32];
-        rand::rng().fill_bytes(&mut random);
-        let text = hex::encode(random);
-        write_private(path, text.as_bytes()).map_err(file_error)?;
+        let text =
+            zopu_core::key_file::read_or_generate(path).map_err(|source| LinkKeyError::File {
+                path: path.to_owned(),
+                source,
+            })?;
         Self::new(text.into_bytes(), &path.display().to_string())
     }
 
@@ -143,23 +131,6 @@ impl LinkKey {
         mac.update(format!("{org}\n{artifact}\n{revision}\n{expires}").as_bytes());
         mac
     }
-}
-
-#[cfg(unix)]
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(bytes)
-}
-
-#[cfg(not(unix))]
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::write(path, bytes)
 }
 
 #[cfg(test)]

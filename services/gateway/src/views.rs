@@ -50,8 +50,36 @@ pub struct SetupStatus {
     pub failure: Option<Failure>,
     /// Names from the repository's `.env.example` (optional configuration).
     pub environment_names: Vec<String>,
+    /// The names a value is stored for (`PUT …/environment/{name}`), with
+    /// its version and keyed fingerprint; never a value.
+    pub environment_values: Vec<EnvironmentValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repository_commit: Option<String>,
+}
+
+/// An environment name with a stored value (the value stays in the secret store).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct EnvironmentValue {
+    pub name: String,
+    /// The secret store's revision of the write; a rotation has a higher one.
+    pub version: u64,
+    /// HMAC-SHA256 of the value under the deployment's key (32 hex digits).
+    pub fingerprint: String,
+    pub updated_at: String,
+    /// The user who stored it.
+    pub updated_by: String,
+}
+
+impl From<crate::read_model::projects::EnvironmentValueRow> for EnvironmentValue {
+    fn from(row: crate::read_model::projects::EnvironmentValueRow) -> Self {
+        Self {
+            name: row.name,
+            version: row.version,
+            fingerprint: row.fingerprint,
+            updated_at: row.updated_at,
+            updated_by: row.updated_by,
+        }
+    }
 }
 
 impl From<SetupRow> for SetupStatus {
@@ -62,6 +90,11 @@ impl From<SetupRow> for SetupStatus {
             failed_step: row.failed_step,
             failure: row.failure.map(Failure::from),
             environment_names: row.environment_names,
+            environment_values: row
+                .environment_values
+                .into_iter()
+                .map(EnvironmentValue::from)
+                .collect(),
             repository_commit: row.repository_commit,
         }
     }

@@ -45,6 +45,8 @@ catalogue! {
     ProjectRuntimeCreated => "project.runtime.created",
     ProjectRepositoryCloned => "project.repository.cloned",
     ProjectEnvironmentScanned => "project.environment.scanned",
+    ProjectEnvironmentValueSet => "project.environment.value.set",
+    ProjectEnvironmentValueDeleted => "project.environment.value.deleted",
     ProjectReady => "project.ready",
     ProjectSetupFailed => "project.setup.failed",
     AgentRegistered => "agent.registered",

@@ -57,6 +57,12 @@ pub fn flow_step(flow_run: &FlowRunId, step: &str) -> String {
     format!("flow:{flow_run}:step:{step}")
 }
 
+/// One write of an environment value: `project:<p>:environment:<NAME>:version:<v>`
+/// (the secret store's revision), so each stored value is recorded once.
+pub fn environment_value(project: &ProjectId, name: &str, version: u64) -> String {
+    format!("project:{project}:environment:{name}:version:{version}")
+}
+
 /// The one cancel request of a flow run: `flow:<flowRunId>:cancel`, so a
 /// retried or repeated cancel stores nothing new.
 pub fn flow_cancel(flow_run: &FlowRunId) -> String {

@@ -12,6 +12,8 @@ pub const EVENTS_STREAM: &str = "ZOPU_EVENTS";
 pub const ARTIFACTS_BUCKET: &str = "zopu-artifacts";
 /// The key-value bucket holding gateway access tokens (hashed), keyed by token id.
 pub const GATEWAY_TOKENS_BUCKET: &str = "zopu-gateway-tokens";
+/// The secret store: sealed environment values (`core::secret_store`).
+pub const SECRETS_BUCKET: &str = "zopu-secrets";
 /// The key-value bucket holding single-use live-timeline tickets (hashed), keyed by ticket id.
 pub const GATEWAY_TICKETS_BUCKET: &str = "zopu-gateway-tickets";
 /// Prefix of every event subject.

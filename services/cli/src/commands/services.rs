@@ -10,6 +10,7 @@ use clap::{Args, ValueEnum};
 use zopu_core::Shutdown;
 use zopu_core::config::CoreConfig;
 use zopu_core::local_server::{LocalServer, SyncPolicy};
+use zopu_core::secret_store::SecretKey;
 use zopu_schema::{OrgId, ProjectId};
 
 use crate::{Context, ZopuConfig};
@@ -92,14 +93,19 @@ pub fn dev_log_file() -> PathBuf {
 }
 
 /// Runs one service. The gateway takes `link_key` when given (`zopu dev`),
-/// otherwise it reads its key from the environment and refuses to start without it.
+/// otherwise it reads its key from the environment and refuses to start
+/// without it; `secrets_key` opens the secret store of environment values.
 pub(crate) async fn run_service(
     service: Service,
     config: &ZopuConfig,
     link_key: Option<zopu_gateway::LinkKey>,
+    secrets_key: Option<SecretKey>,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    let core = config.core();
+    let core = CoreConfig {
+        secrets_key,
+        ..config.core()
+    };
     match service {
         Service::Setup => zopu_setup::run(core, config.setup.clone(), shutdown).await?,
         Service::Dispatch => zopu_dispatch::run(core, config.dispatch.clone(), shutdown).await?,
@@ -141,6 +147,17 @@ async fn spawn_metrics(address: SocketAddr, shutdown: &Shutdown) -> anyhow::Resu
     Ok(bound)
 }
 
+/// The secret store's key of `zopu run` and the operator's commands: from
+/// `ZOPU_SECRETS_KEY`, or none (environment values cannot be stored); a key
+/// that is set but unusable is an error naming the variable.
+pub(crate) fn secrets_key_from_env() -> anyhow::Result<Option<SecretKey>> {
+    match SecretKey::from_env() {
+        Ok(key) => Ok(Some(key)),
+        Err(zopu_core::secret_store::SecretStoreError::KeyMissing) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
 pub async fn run(context: &Context, args: RunArgs) -> anyhow::Result<ExitCode> {
     let shutdown = Shutdown::new();
     shutdown.cancel_on_signals();
@@ -148,7 +165,14 @@ pub async fn run(context: &Context, args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(address) = context.config.metrics_listen {
         spawn_metrics(address, &shutdown).await?;
     }
-    let outcome = run_service(args.service, &context.config, None, shutdown.clone()).await;
+    let outcome = run_service(
+        args.service,
+        &context.config,
+        None,
+        secrets_key_from_env()?,
+        shutdown.clone(),
+    )
+    .await;
     shutdown.cancel();
     if !shutdown.wait(context.config.shutdown_grace).await {
         tracing::warn!("in-flight work did not finish within the grace period");
@@ -229,11 +253,14 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
 
     let shutdown = Shutdown::new();
     shutdown.cancel_on_signals();
+    // Environment values stay readable across dev restarts: the same key.
+    let secrets_key = SecretKey::from_env_or_dev_file(&config.data_dir)?;
     for service in Service::ALL {
         let (config, child, stopper) = (config.clone(), shutdown.child(), shutdown.clone());
         let link_key = Some(link_key.clone());
+        let secrets_key = Some(secrets_key.clone());
         shutdown.spawn(async move {
-            if let Err(error) = run_service(service, &config, link_key, child).await {
+            if let Err(error) = run_service(service, &config, link_key, secrets_key, child).await {
                 tracing::error!(service = service.name(), error = %format!("{error:#}"), "service stopped; stopping everything");
                 stopper.cancel();
             }

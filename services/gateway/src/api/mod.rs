@@ -3,7 +3,8 @@
 //! with one module per resource: `projects` (create, list, read, retry
 //! setup, summary), `timeline` (messages, card actions, timeline pages),
 //! `works` (Works, Threads and their timelines), `artifacts` (stored HTML and
-//! signed links), `agent` (the kill switch), `flows` (cancel a running flow), `approvals` (list, approve,
+//! signed links), `agent` (the kill switch), `flows` (cancel a running flow), `environment`
+//! (environment values into the secret store), `approvals` (list, approve,
 //! reject), `runs` (the AgentRun log), `health`. Every write builds its
 //! event with `zopu_core::commands`, as the CLI does, and appends it through
 //! `append`.
@@ -30,6 +31,7 @@ mod agent;
 mod append;
 mod approvals;
 mod artifacts;
+mod environment;
 mod flows;
 mod health;
 mod projects;
@@ -41,6 +43,7 @@ pub use agent::{AgentSwitch, AgentSwitched};
 pub use append::Accepted;
 pub use approvals::{ApprovalDecided, ApprovalList, ApprovalView, Rejection};
 pub use artifacts::{ARTIFACT_CSP, ArtifactLink, ArtifactQuery, LinkQuery, sha256_hex};
+pub use environment::{EnvironmentChanged, EnvironmentList, EnvironmentName, SetEnvironmentValue};
 pub use flows::{CancelFlow, FlowCancelAccepted};
 pub use projects::{CreateProject, PROJECTS_LIST_MAX, ProjectCreated, ProjectList, SetupRetried};
 pub use runs::{HandoffView, NoteView, RunDetail, RunList, RunView};
@@ -49,7 +52,7 @@ pub use works::ThreadList;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, cancelling a flow, approvals and the agent run log. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
+    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, cancelling a flow, environment values (kept in the secret store, never returned), approvals and the agent run log. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
     modifiers(&BearerAuth),
     components(schemas(ErrorBody))
 )]
@@ -87,6 +90,11 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(approvals::approve))
         .routes(routes!(approvals::reject))
         .routes(routes!(flows::cancel_flow))
+        .routes(routes!(environment::list_environment))
+        .routes(routes!(
+            environment::set_environment_value,
+            environment::delete_environment_value
+        ))
         .routes(routes!(runs::list_runs))
         .routes(routes!(runs::get_run))
         .routes(routes!(crate::sse::events))
@@ -138,7 +146,12 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     Some(
         tower_http::cors::CorsLayer::new()
             .allow_origin(origins)
-            .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
+            .allow_methods([
+                axum::http::Method::GET,
+                axum::http::Method::POST,
+                axum::http::Method::PUT,
+                axum::http::Method::DELETE,
+            ])
             .allow_headers([
                 axum::http::header::AUTHORIZATION,
                 CONTENT_TYPE,

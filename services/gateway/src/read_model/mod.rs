@@ -35,7 +35,7 @@ pub use pool::ReadPool;
 /// Bump to rebuild the projection (tables are dropped and the stream replayed).
 /// 1: API types stored as JSON; 2: rows as columns; 3: approvals; 4: their
 /// expiry; 5: their execution; 6: the run log.
-const SCHEMA_VERSION: u32 = 6;
+const SCHEMA_VERSION: u32 = 7;
 
 const TABLE_COUNT: usize = projects::TABLES.len()
     + works::TABLES.len()

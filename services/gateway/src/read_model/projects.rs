@@ -24,6 +24,7 @@ pub mod setup_state {
 pub(super) const TABLES: &[&str] = &[
     "gw_projects",
     "gw_project_environment_names",
+    "gw_environment_values",
     "gw_flows",
     "gw_summaries",
 ];
@@ -56,6 +57,17 @@ CREATE TABLE gw_project_environment_names (
     position INTEGER NOT NULL,
     name TEXT NOT NULL,
     PRIMARY KEY (project_id, position)
+);
+-- The environment names a user stored a value for (the value is only in the secret store).
+CREATE TABLE gw_environment_values (
+    project_id TEXT NOT NULL,
+    org TEXT NOT NULL,
+    name TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    fingerprint TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    updated_by TEXT NOT NULL,
+    PRIMARY KEY (project_id, name)
 );
 CREATE TABLE gw_flows (
     flow_run_id TEXT PRIMARY KEY,
@@ -107,7 +119,19 @@ pub struct SetupRow {
     pub failed_step: Option<String>,
     pub failure: Option<FailureRow>,
     pub environment_names: Vec<String>,
+    /// The names a value is stored for, by name.
+    pub environment_values: Vec<EnvironmentValueRow>,
     pub repository_commit: Option<String>,
+}
+
+/// A stored environment value, as its events tell it (never the value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvironmentValueRow {
+    pub name: String,
+    pub version: u64,
+    pub fingerprint: String,
+    pub updated_at: String,
+    pub updated_by: String,
 }
 
 /// The current repository summary document; its body is inline or in a blob.
@@ -156,6 +180,35 @@ pub(super) fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> ru
             if let Ok(m) = event.decode::<pb::ProjectEnvironmentScanned>() {
                 let names: Vec<&str> = m.variables.iter().map(|v| v.name.as_str()).collect();
                 set_environment_names(tx, &at, m.setup_revision, &names)?;
+            }
+        }
+        t if t == pb::ProjectEnvironmentValueSet::TYPE => {
+            if let Ok(m) = event.decode::<pb::ProjectEnvironmentValueSet>() {
+                // A value's events may arrive out of their writes' order only
+                // across requests; the higher version is the current value.
+                tx.prepare_cached(
+                    "INSERT INTO gw_environment_values (project_id, org, name, version, fingerprint, updated_at, updated_by)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                     ON CONFLICT (project_id, name) DO UPDATE SET version = ?4, fingerprint = ?5, updated_at = ?6, updated_by = ?7
+                     WHERE ?4 > gw_environment_values.version",
+                )?
+                .execute(params![
+                    at.project,
+                    at.org,
+                    m.name,
+                    i64::try_from(m.version).unwrap_or(i64::MAX),
+                    m.fingerprint,
+                    zopu_schema::envelope::format_time(event.time),
+                    m.by.map(|by| by.id).unwrap_or_default()
+                ])?;
+            }
+        }
+        t if t == pb::ProjectEnvironmentValueDeleted::TYPE => {
+            if let Ok(m) = event.decode::<pb::ProjectEnvironmentValueDeleted>() {
+                tx.prepare_cached(
+                    "DELETE FROM gw_environment_values WHERE project_id = ?1 AND org = ?2 AND name = ?3",
+                )?
+                .execute(params![at.project, at.org, m.name])?;
             }
         }
         t if t == pb::AgentRegistered::TYPE => {
@@ -396,6 +449,7 @@ fn project_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ProjectRow> {
             failed_step: row.get(7)?,
             failure: FailureRow::from_columns(row, 8)?,
             environment_names: Vec::new(),
+            environment_values: Vec::new(),
             repository_commit: row.get::<_, Option<String>>(11)?.filter(|c| !c.is_empty()),
         },
         agent_id: row.get(12)?,
@@ -415,6 +469,21 @@ fn with_environment_names(
         "name",
         &project.project_id,
     )?;
+    project.setup.environment_values = conn
+        .prepare_cached(
+            "SELECT name, version, fingerprint, updated_at, updated_by FROM gw_environment_values
+             WHERE project_id = ?1 ORDER BY name",
+        )?
+        .query_map([&project.project_id], |row| {
+            Ok(EnvironmentValueRow {
+                name: row.get(0)?,
+                version: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
+                fingerprint: row.get(2)?,
+                updated_at: row.get(3)?,
+                updated_by: row.get(4)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
     Ok(project)
 }
 

@@ -711,6 +711,7 @@ fn item_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ItemRow> {
             failed_step: row.get(29)?,
             failure: failure.clone(),
             environment_names: Vec::new(),
+            environment_values: Vec::new(),
             repository_commit: row.get(30)?,
         }),
         None => None,

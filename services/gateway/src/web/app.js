@@ -266,7 +266,11 @@
       if (setup.environment_names && setup.environment_names.length) {
         parts.push(el("h3", {}, "Optional configuration"),
           el("p", { class: "muted small" }, "Detected in .env.example. Nothing is required to continue."),
-          el("ul", { class: "env" }, setup.environment_names.map((name) => el("li", {}, el("code", {}, name)))));
+          el("ul", { class: "env" }, setup.environment_names.map((name) => {
+            // Which names hold a value (stored in the secret store; never shown).
+            const stored = (setup.environment_values || []).find((value) => value.name === name);
+            return el("li", {}, el("code", {}, name), stored ? el("span", { class: "muted small" }, " — set (version " + stored.version + ")") : el("span", { class: "muted small" }, " — not set"));
+          })));
       }
       this.setup.replaceChildren(...parts);
     }

@@ -156,7 +156,7 @@ async fn prime(nats_url: &str, data_dir: &std::path::Path) -> anyhow::Result<()>
         }
         let (config, child, stopper) = (config.clone(), shutdown.child(), shutdown.clone());
         shutdown.spawn(async move {
-            if let Err(error) = services::run_service(service, &config, None, child).await {
+            if let Err(error) = services::run_service(service, &config, None, None, child).await {
                 tracing::error!(error = %format!("{error:#}"), "a service stopped while priming");
                 stopper.cancel();
             }
@@ -442,7 +442,9 @@ pub(super) async fn probe(context: &Context) -> anyhow::Result<ExitCode> {
         let (config, child, stopper) = (config.clone(), shutdown.child(), shutdown.clone());
         let link_key = Some(link_key.clone());
         shutdown.spawn(async move {
-            if let Err(error) = services::run_service(service, &config, link_key, child).await {
+            if let Err(error) =
+                services::run_service(service, &config, link_key, None, child).await
+            {
                 tracing::error!(error = %format!("{error:#}"), "a service stopped in the idle probe");
                 stopper.cancel();
             }

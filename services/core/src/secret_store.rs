@@ -1,0 +1,445 @@
+//! The secret store: values that must never enter an event, a log, a prompt
+//! or an artifact — a project's environment values (the names of its
+//! `.env.example`).
+//!
+//! Each value is sealed with XChaCha20-Poly1305 (a random 192-bit nonce per
+//! write, the entry's name as associated data, so a sealed value moved to
+//! another entry does not open) under a key derived with HKDF-SHA256 from the
+//! deployment's secret, and kept in the replicated `zopu-secrets` key-value
+//! bucket (history 1: a rotated or deleted value's ciphertext is gone). The
+//! deployment's secret is the same on every instance, read from
+//! `ZOPU_SECRETS_KEY` (only `zopu dev` falls back to one it generates into
+//! its data directory). Events name an entry, a version (the bucket's
+//! revision of the write) and a keyed fingerprint — HMAC-SHA256 under a
+//! second derived key, so two values can be compared without either, and a
+//! fingerprint says nothing about a value to anyone without the key.
+//!
+//! Invariants: no type here prints a value or a key (`Debug` shows `***`);
+//! errors name the entry and what failed, never the value.
+
+use std::path::{Path, PathBuf};
+
+use async_nats::jetstream::kv;
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use futures::StreamExt as _;
+use hmac::{Hmac, Mac};
+use rand::RngCore;
+use sha2::Sha256;
+use zopu_schema::{OrgId, ProjectId, subjects};
+
+use crate::nats::Bus;
+
+/// The environment variable holding the deployment's secret.
+pub const SECRETS_KEY_VARIABLE: &str = "ZOPU_SECRETS_KEY";
+/// Where `zopu dev` keeps the secret it generated, under the data directory.
+pub const DEV_SECRETS_KEY_FILE: &str = "secrets.key";
+/// Shortest accepted secret (bytes of the variable's value).
+pub const SECRETS_KEY_MIN_BYTES: usize = 32;
+/// Longest value, in bytes.
+pub const VALUE_MAX_BYTES: usize = 8192;
+/// Longest environment variable name.
+pub const NAME_MAX_BYTES: usize = 128;
+/// The format byte in front of every sealed value.
+const SEALED_V1: u8 = 1;
+const NONCE_BYTES: usize = 24;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretStoreError {
+    #[error(
+        "the secrets key is not set: set {SECRETS_KEY_VARIABLE} to the same random secret of at least {SECRETS_KEY_MIN_BYTES} bytes on every instance, e.g. `export {SECRETS_KEY_VARIABLE}=$(openssl rand -hex 32)`"
+    )]
+    KeyMissing,
+    #[error(
+        "the secrets key in {origin} is too short: use at least {SECRETS_KEY_MIN_BYTES} bytes, e.g. `openssl rand -hex 32`"
+    )]
+    KeyTooShort { origin: String },
+    #[error("the secrets key in {origin} is not valid UTF-8")]
+    KeyNotUnicode { origin: String },
+    #[error("the dev secrets key file {path}: {source}")]
+    KeyFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{name:?} is not an environment variable name (a letter or _, then letters, digits or _, at most {NAME_MAX_BYTES})"
+    )]
+    Name { name: String },
+    #[error("the value must be 1 to {VALUE_MAX_BYTES} bytes without NUL characters")]
+    Value,
+    #[error("secret entry {entry}: {action} failed: {reason}")]
+    Bucket {
+        entry: String,
+        action: &'static str,
+        reason: String,
+    },
+    #[error(
+        "secret entry {entry} does not open with this key (sealed under another ZOPU_SECRETS_KEY, or damaged)"
+    )]
+    Unsealable { entry: String },
+}
+
+/// A secret value. `Debug` and `Display` print `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretValue(String);
+
+impl SecretValue {
+    /// Checks a value: 1 to [`VALUE_MAX_BYTES`] bytes, no NUL.
+    pub fn new(value: impl Into<String>) -> Result<Self, SecretStoreError> {
+        let value = value.into();
+        if value.is_empty() || value.len() > VALUE_MAX_BYTES || value.contains('\0') {
+            return Err(SecretStoreError::Value);
+        }
+        Ok(Self(value))
+    }
+
+    /// The value; call only where it is handed to its consumer.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl std::fmt::Display for SecretValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// Checks an environment variable name: `[A-Za-z_][A-Za-z0-9_]*`, at most
+/// [`NAME_MAX_BYTES`].
+pub fn check_name(name: &str) -> Result<(), SecretStoreError> {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if !first_ok
+        || name.len() > NAME_MAX_BYTES
+        || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        return Err(SecretStoreError::Name {
+            name: crate::text::clip_chars(name, 64),
+        });
+    }
+    Ok(())
+}
+
+/// The entry of a project's environment value: `env.<org>.<project>.<NAME>`.
+pub fn environment_entry(org: &OrgId, project: &ProjectId, name: &str) -> String {
+    format!("env.{org}.{project}.{name}")
+}
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The keys derived from the deployment's secret. `Debug` prints `***`.
+#[derive(Clone)]
+pub struct SecretKey {
+    cipher: XChaCha20Poly1305,
+    fingerprint: [u8; 32],
+}
+
+impl std::fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretKey(***)")
+    }
+}
+
+impl SecretKey {
+    /// The keys of a secret; `origin` names where it came from in the error.
+    pub fn new(secret: &[u8], origin: &str) -> Result<Self, SecretStoreError> {
+        if secret.len() < SECRETS_KEY_MIN_BYTES {
+            return Err(SecretStoreError::KeyTooShort {
+                origin: origin.to_owned(),
+            });
+        }
+        let hkdf = hkdf::Hkdf::<Sha256>::new(Some(b"zopu secret store"), secret);
+        let mut encryption = [0u8; 32];
+        let mut fingerprint = [0u8; 32];
+        // Cannot fail: 32 bytes is far below HKDF-SHA256's output limit.
+        let _ = hkdf.expand(b"v1 encryption", &mut encryption);
+        let _ = hkdf.expand(b"v1 fingerprint", &mut fingerprint);
+        Ok(Self {
+            cipher: XChaCha20Poly1305::new(&encryption.into()),
+            fingerprint,
+        })
+    }
+
+    /// The secret in `ZOPU_SECRETS_KEY` (a service's start).
+    pub fn from_env() -> Result<Self, SecretStoreError> {
+        match std::env::var(SECRETS_KEY_VARIABLE) {
+            // Empty is unset (a compose file's `${VAR:-}`).
+            Ok(value) if value.is_empty() => Err(SecretStoreError::KeyMissing),
+            Ok(value) => Self::new(value.as_bytes(), SECRETS_KEY_VARIABLE),
+            Err(std::env::VarError::NotPresent) => Err(SecretStoreError::KeyMissing),
+            Err(std::env::VarError::NotUnicode(_)) => Err(SecretStoreError::KeyNotUnicode {
+                origin: SECRETS_KEY_VARIABLE.to_owned(),
+            }),
+        }
+    }
+
+    /// For `zopu dev` only: `ZOPU_SECRETS_KEY` if set, otherwise the secret
+    /// kept in `<data_dir>/secrets.key` (generated on first use, readable by
+    /// its owner only), so stored values open after a dev restart.
+    pub fn from_env_or_dev_file(data_dir: &Path) -> Result<Self, SecretStoreError> {
+        match Self::from_env() {
+            Err(SecretStoreError::KeyMissing) => {
+                let path = data_dir.join(DEV_SECRETS_KEY_FILE);
+                let text = crate::key_file::read_or_generate(&path).map_err(|source| {
+                    SecretStoreError::KeyFile {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+                Self::new(text.as_bytes(), &path.display().to_string())
+            }
+            other => other,
+        }
+    }
+
+    /// `[1] ++ nonce ++ ciphertext` of `value` in `entry`.
+    fn seal(&self, entry: &str, value: &SecretValue) -> Result<Vec<u8>, SecretStoreError> {
+        let mut nonce = [0u8; NONCE_BYTES];
+        rand::rng().fill_bytes(&mut nonce);
+        let sealed = self
+            .cipher
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: value.expose().as_bytes(),
+                    aad: entry.as_bytes(),
+                },
+            )
+            .map_err(|_| SecretStoreError::Unsealable {
+                entry: entry.to_owned(),
+            })?;
+        let mut out = Vec::with_capacity(1 + NONCE_BYTES + sealed.len());
+        out.push(SEALED_V1);
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&sealed);
+        Ok(out)
+    }
+
+    fn open(&self, entry: &str, sealed: &[u8]) -> Result<SecretValue, SecretStoreError> {
+        let unsealable = || SecretStoreError::Unsealable {
+            entry: entry.to_owned(),
+        };
+        let (format, rest) = sealed.split_first().ok_or_else(unsealable)?;
+        if *format != SEALED_V1 || rest.len() < NONCE_BYTES {
+            return Err(unsealable());
+        }
+        let (nonce, ciphertext) = rest.split_at(NONCE_BYTES);
+        let plain = self
+            .cipher
+            .decrypt(
+                XNonce::from_slice(nonce),
+                Payload {
+                    msg: ciphertext,
+                    aad: entry.as_bytes(),
+                },
+            )
+            .map_err(|_| unsealable())?;
+        String::from_utf8(plain)
+            .map(SecretValue)
+            .map_err(|_| unsealable())
+    }
+
+    /// The keyed fingerprint of `value` in `entry` (32 hex digits).
+    pub fn fingerprint(&self, entry: &str, value: &SecretValue) -> String {
+        // Cannot fail: HMAC accepts a key of any length.
+        #[allow(clippy::expect_used)]
+        let mut mac = <HmacSha256 as Mac>::new_from_slice(&self.fingerprint)
+            .expect("HMAC accepts keys of any length");
+        mac.update(entry.as_bytes());
+        mac.update(&[0]);
+        mac.update(value.expose().as_bytes());
+        hex::encode(&mac.finalize().into_bytes()[..16])
+    }
+}
+
+/// A value as stored: its version and fingerprint (never the value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The bucket's revision of the write; a later write has a higher one.
+    pub version: u64,
+    pub fingerprint: String,
+}
+
+/// The `zopu-secrets` bucket with the deployment's key. Cloning shares both.
+#[derive(Clone)]
+pub struct SecretStore {
+    bucket: kv::Store,
+    key: SecretKey,
+}
+
+impl std::fmt::Debug for SecretStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(subjects::SECRETS_BUCKET)
+    }
+}
+
+impl SecretStore {
+    /// Opens the bucket (`zopu streams apply` creates it).
+    pub async fn open(bus: &Bus, key: SecretKey) -> Result<Self, SecretStoreError> {
+        let bucket = bus
+            .jetstream
+            .get_key_value(subjects::SECRETS_BUCKET)
+            .await
+            .map_err(|error| SecretStoreError::Bucket {
+                entry: subjects::SECRETS_BUCKET.to_owned(),
+                action: "open",
+                reason: error.to_string(),
+            })?;
+        Ok(Self { bucket, key })
+    }
+
+    /// Seals `value` into `entry`, replacing any earlier value.
+    pub async fn put(&self, entry: &str, value: &SecretValue) -> Result<Stored, SecretStoreError> {
+        let sealed = self.key.seal(entry, value)?;
+        let version = self
+            .bucket
+            .put(entry, sealed.into())
+            .await
+            .map_err(|error| bucket_error(entry, "put", error))?;
+        Ok(Stored {
+            version,
+            fingerprint: self.key.fingerprint(entry, value),
+        })
+    }
+
+    /// The value of `entry` and its version, if one is stored.
+    pub async fn get(&self, entry: &str) -> Result<Option<(SecretValue, u64)>, SecretStoreError> {
+        let stored = self
+            .bucket
+            .entry(entry)
+            .await
+            .map_err(|error| bucket_error(entry, "get", error))?;
+        match stored {
+            Some(stored) if stored.operation == kv::Operation::Put => {
+                let value = self.key.open(entry, &stored.value)?;
+                Ok(Some((value, stored.revision)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Removes the value of `entry` (its ciphertext with it); whether one was stored.
+    pub async fn delete(&self, entry: &str) -> Result<bool, SecretStoreError> {
+        if self.get(entry).await?.is_none() {
+            return Ok(false);
+        }
+        self.bucket
+            .purge(entry)
+            .await
+            .map_err(|error| bucket_error(entry, "delete", error))?;
+        Ok(true)
+    }
+
+    /// The entries under `prefix` (e.g. `env.<org>.<project>.`) that hold a value.
+    pub async fn entries(&self, prefix: &str) -> Result<Vec<String>, SecretStoreError> {
+        let mut keys = self
+            .bucket
+            .keys()
+            .await
+            .map_err(|error| bucket_error(prefix, "list", error))?;
+        let mut found = Vec::new();
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(|error| bucket_error(prefix, "list", error))?;
+            if key.starts_with(prefix) {
+                found.push(key);
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+}
+
+fn bucket_error(
+    entry: &str,
+    action: &'static str,
+    error: impl std::fmt::Display,
+) -> SecretStoreError {
+    SecretStoreError::Bucket {
+        entry: entry.to_owned(),
+        action,
+        reason: error.to_string(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn key(secret: &str) -> SecretKey {
+        SecretKey::new(secret.as_bytes(), "test").unwrap()
+    }
+
+    #[test]
+    fn a_sealed_value_opens_only_with_its_key_in_its_entry() {
+        let key = key("0123456789abcdef0123456789abcdef");
+        let value = SecretValue::new("postgres://u:hunter2@db/app").unwrap();
+        let sealed = key.seal("env.o.p.DATABASE_URL", &value).unwrap();
+        assert!(
+            !sealed.windows(7).any(|window| window == b"hunter2"),
+            "the value is not in the sealed bytes"
+        );
+        assert_eq!(key.open("env.o.p.DATABASE_URL", &sealed).unwrap(), value);
+        assert!(key.open("env.o.p.OTHER", &sealed).is_err());
+        let other = self::key("another secret of thirty-two bytes!!");
+        assert!(other.open("env.o.p.DATABASE_URL", &sealed).is_err());
+        // Two seals of one value differ (fresh nonces); the fingerprint does not.
+        assert_ne!(sealed, key.seal("env.o.p.DATABASE_URL", &value).unwrap());
+        let fingerprint = key.fingerprint("env.o.p.DATABASE_URL", &value);
+        assert_eq!(fingerprint.len(), 32);
+        assert_eq!(fingerprint, key.fingerprint("env.o.p.DATABASE_URL", &value));
+        assert_ne!(
+            fingerprint,
+            other.fingerprint("env.o.p.DATABASE_URL", &value)
+        );
+        assert_ne!(fingerprint, key.fingerprint("env.o.p.OTHER", &value));
+    }
+
+    #[test]
+    fn nothing_prints_a_value_or_a_key() {
+        let key = key("0123456789abcdef0123456789abcdef");
+        let value = SecretValue::new("hunter2").unwrap();
+        let printed = format!("{key:?} {value:?} {value}");
+        assert!(!printed.contains("hunter2") && !printed.contains("0123"));
+    }
+
+    #[test]
+    fn names_values_and_keys_are_checked() {
+        assert!(check_name("DATABASE_URL").is_ok());
+        assert!(check_name("_x1").is_ok());
+        for bad in ["", "1X", "A-B", "A.B", "A B", &"A".repeat(129)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(SecretValue::new("").is_err());
+        assert!(SecretValue::new("a\0b").is_err());
+        assert!(SecretValue::new("x".repeat(VALUE_MAX_BYTES + 1)).is_err());
+        assert!(matches!(
+            SecretKey::new(b"short", "ZOPU_SECRETS_KEY"),
+            Err(SecretStoreError::KeyTooShort { .. })
+        ));
+    }
+
+    #[test]
+    fn the_dev_key_file_is_generated_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let value = SecretValue::new("v").unwrap();
+        let path = dir.path().join(DEV_SECRETS_KEY_FILE);
+        let first = crate::key_file::read_or_generate(&path).unwrap();
+        let again = crate::key_file::read_or_generate(&path).unwrap();
+        assert_eq!(first, again);
+        let (a, b) = (
+            SecretKey::new(first.as_bytes(), "a").unwrap(),
+            SecretKey::new(again.as_bytes(), "b").unwrap(),
+        );
+        assert_eq!(a.fingerprint("e", &value), b.fingerprint("e", &value));
+    }
+}
