@@ -68,8 +68,11 @@ impl std::fmt::Debug for Reader {
     }
 }
 
-/// Tries to open a reader before giving up (a cluster electing leaders).
-const CREATE_ATTEMPTS: u64 = 6;
+/// How long opening a reader is retried before giving up: a cluster whose
+/// stream or meta leader was just killed answers "JetStream system
+/// temporarily unavailable" until it elected another, which can take
+/// several seconds on a loaded machine.
+const CREATE_WITHIN: Duration = Duration::from_secs(30);
 
 /// Interruptions in a row (nothing delivered between them) a reader
 /// resumes from before it reports the last one.
@@ -113,6 +116,7 @@ impl Reader {
         };
         // On a cluster, a new consumer may be placed on a node that just
         // died and not answer until the others mark it offline: try again.
+        let give_up_at = tokio::time::Instant::now() + CREATE_WITHIN;
         let mut attempt = 0u64;
         loop {
             attempt += 1;
@@ -134,9 +138,9 @@ impl Reader {
             };
             match opened {
                 Ok(messages) => return Ok(messages),
-                Err(error) if attempt < CREATE_ATTEMPTS => {
+                Err(error) if tokio::time::Instant::now() < give_up_at => {
                     tracing::debug!(%error, attempt, "opening a log reader failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(250 * attempt)).await;
+                    tokio::time::sleep(Duration::from_millis(250 * attempt.min(4))).await;
                 }
                 Err(error) => return Err(error),
             }

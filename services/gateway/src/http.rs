@@ -196,6 +196,14 @@ pub fn body_error(rejection: axum::extract::rejection::BytesRejection) -> ApiErr
     }
 }
 
+/// An optional body: `T::default()` when it is empty or blank, else [`parse_json`].
+pub fn parse_optional_json<T: DeserializeOwned + Default>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    parse_json(bytes)
+}
+
 /// Deserializes `bytes`, naming the field at fault.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);

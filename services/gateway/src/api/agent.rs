@@ -13,7 +13,7 @@ use super::append::append;
 use super::{invalid, owned_project, project_id, requester};
 use crate::AppState;
 use crate::http::body_error;
-use crate::http::{ApiError, Caller, ErrorBody, RequestId, parse_json};
+use crate::http::{ApiError, Caller, ErrorBody, RequestId, parse_optional_json};
 use crate::tokens::Scope;
 
 /// `POST /v1/projects/{id}/agent/disable` body (optional).
@@ -51,11 +51,7 @@ async fn switch_agent(
         },
     )?;
     let body = body.map_err(body_error)?;
-    let switch: AgentSwitch = if body.iter().all(u8::is_ascii_whitespace) {
-        AgentSwitch::default()
-    } else {
-        parse_json(&body)?
-    };
+    let switch: AgentSwitch = parse_optional_json(&body)?;
     let project = project_id(&id)?;
     let requester = requester(&caller, &request);
     let event = if enable {

@@ -17,7 +17,7 @@ use zopu_schema::approval::{self, Status};
 use super::append::append;
 use super::{invalid, owned_project, query_error, read, requester};
 use crate::AppState;
-use crate::http::{ApiError, Caller, ErrorBody, RequestId, body_error, parse_json};
+use crate::http::{ApiError, Caller, ErrorBody, RequestId, body_error, parse_optional_json};
 use crate::read_model::approvals::{self, ApprovalRow};
 use crate::tokens::Scope;
 
@@ -168,11 +168,7 @@ pub async fn reject(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
-    let rejection: Rejection = if body.iter().all(u8::is_ascii_whitespace) {
-        Rejection::default()
-    } else {
-        parse_json(&body)?
-    };
+    let rejection: Rejection = parse_optional_json(&body)?;
     let reason = rejection.reason.unwrap_or_default();
     decide(
         state,

@@ -18,7 +18,7 @@ use zopu_schema::FlowRunId;
 use super::append::append;
 use super::{invalid, owned_project, read, requester};
 use crate::AppState;
-use crate::http::{ApiError, Caller, ErrorBody, RequestId, body_error, parse_json};
+use crate::http::{ApiError, Caller, ErrorBody, RequestId, body_error, parse_optional_json};
 use crate::read_model::runs;
 use crate::tokens::Scope;
 
@@ -63,11 +63,7 @@ pub async fn cancel_flow(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Write, "cancelling a flow")?;
     let body = body.map_err(body_error)?;
-    let cancel: CancelFlow = if body.iter().all(u8::is_ascii_whitespace) {
-        CancelFlow::default()
-    } else {
-        parse_json(&body)?
-    };
+    let cancel: CancelFlow = parse_optional_json(&body)?;
     let (project, _) = owned_project(&state, &caller.0.org, &id).await?;
     let flow_run: FlowRunId = flow.parse().map_err(|_| ApiError::not_found("flow"))?;
     let event = commands::cancel_flow(
