@@ -1041,6 +1041,20 @@ async fn a_cancelled_flow_aborts_its_model_call_and_ends_once() -> Result<()> {
 
     let gateway = crate::registry::Gateway::start(&server, &dir.path().join("gateway")).await?;
     gateway.caught_up(&bus).await?;
+    // The Cancel control appears once the run log shows the flow running.
+    let deadline = tokio::time::Instant::now() + LONG;
+    loop {
+        let (status, run) = gateway.get(&format!("/v1/runs/{flow}")).await?;
+        if status == reqwest::StatusCode::OK && run["status"] == "running" {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the gateway's run log never showed flow {flow} running: {status} {run}"
+        );
+        // Polling the read model between checks, not a margin: the loop ends on the state.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let cancel = format!("/v1/projects/{}/flows/{flow}/cancel", project.id);
     let (status, accepted) = gateway
         .post(&cancel, serde_json::json!({"reason": "Wrong question."}))
