@@ -15,6 +15,7 @@ mod foundation;
 mod gateway;
 mod metrics;
 mod permissions;
+mod private_repositories;
 mod registry;
 mod scale;
 mod secrets;

@@ -192,6 +192,25 @@ impl Identity {
         self.violation_on(subject).await
     }
 
+    /// A request the server lets through: some answer (a JetStream status
+    /// included) arrives, where a refused one would get none.
+    async fn answered_request(&self, subject: &str) -> Result<()> {
+        let answer = tokio::time::timeout(
+            WAIT,
+            self.bus.client.request(subject.to_owned(), Bytes::new()),
+        )
+        .await
+        .with_context(|| format!("{} got no answer to {subject}", self.user))?;
+        if let Err(error) = answer {
+            ensure!(
+                error.kind() != async_nats::RequestErrorKind::TimedOut,
+                "{} got no answer to {subject}: {error}",
+                self.user
+            );
+        }
+        Ok(())
+    }
+
     /// A publish the server must refuse.
     async fn refused_publish(&mut self, subject: &str) -> Result<()> {
         self.bus
@@ -326,6 +345,17 @@ async fn every_identity_is_refused_what_it_does_not_own() -> Result<()> {
                     "",
                 )
                 .await?;
+            // Repository tokens: never written, and read (one entry at a
+            // time) only by the two services that clone.
+            identity
+                .refused_publish("$KV.zopu-secrets.repo.acme.6769746875622e636f6d")
+                .await?;
+            let repository_token = "$JS.API.DIRECT.GET.KV_zopu-secrets.$KV.zopu-secrets.repo.acme.6769746875622e636f6d";
+            if matches!(*user, "setup" | "specialists") {
+                identity.answered_request(repository_token).await?;
+            } else {
+                identity.refused_request(repository_token, "").await?;
+            }
         }
         if *user != "setup" {
             identity

@@ -352,7 +352,7 @@ fn percent_decode(text: &str) -> String {
 
 /// Every stored message of the events stream as text: subject, decoded
 /// headers and the raw payload (protobuf keeps strings verbatim).
-async fn stream_texts(bus: &Bus) -> Result<Vec<(u64, String)>> {
+pub(crate) async fn stream_texts(bus: &Bus) -> Result<Vec<(u64, String)>> {
     let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
     let last = stream.get_info().await?.state.last_sequence;
     let mut texts = Vec::new();
@@ -632,7 +632,7 @@ async fn a_secret_corpus_never_survives_from_repository_to_artifact() -> Result<
 }
 
 /// Every stored message of the secret store's bucket, raw.
-async fn secret_bucket_payloads(bus: &Bus) -> Result<Vec<Vec<u8>>> {
+pub(crate) async fn secret_bucket_payloads(bus: &Bus) -> Result<Vec<Vec<u8>>> {
     let stream = bus
         .jetstream
         .get_stream(format!("KV_{}", subjects::SECRETS_BUCKET))
@@ -648,7 +648,7 @@ async fn secret_bucket_payloads(bus: &Bus) -> Result<Vec<Vec<u8>>> {
     Ok(payloads)
 }
 
-fn contains(haystack: &[u8], needle: &str) -> bool {
+pub(crate) fn contains(haystack: &[u8], needle: &str) -> bool {
     haystack
         .windows(needle.len())
         .any(|window| window == needle.as_bytes())
@@ -745,26 +745,15 @@ async fn an_environment_value_is_kept_sealed_and_appears_nowhere_else() -> Resul
     // Rotation through the CLI: the value from standard input, the key from the environment.
     let zopu = zopu_tests::zopu_binary(&zopu_tests::workspace_root())?;
     let cli = |args: &[&str], input: Option<&str>| -> Result<std::process::Output> {
-        use std::io::Write as _;
-        let mut child = Command::new(&zopu)
-            .args(["--nats", server.url().as_str(), "env"])
-            .args(args)
-            .args(["--org", "acme"])
-            .env("ZOPU_SECRETS_KEY", key_text)
-            .env("ZOPU_LOG", "debug")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()?;
-        if let Some(input) = input {
-            child
-                .stdin
-                .take()
-                .context("stdin")?
-                .write_all(input.as_bytes())?;
-        }
-        drop(child.stdin.take());
-        Ok(child.wait_with_output()?)
+        zopu_tests::fixtures::output_with_input(
+            Command::new(&zopu)
+                .args(["--nats", server.url().as_str(), "env"])
+                .args(args)
+                .args(["--org", "acme"])
+                .env("ZOPU_SECRETS_KEY", key_text)
+                .env("ZOPU_LOG", "debug"),
+            input,
+        )
     };
     let project_arg = project.to_string();
     let output = cli(

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use zopu_core::nats::Bus;
 use zopu_core::{NewEvent, Publisher, Shutdown};
-use zopu_sandbox::git::{Git, GitOptions, InMemoryCredentialStore};
+use zopu_sandbox::git::{Git, GitOptions};
 use zopu_sandbox::workspace::LocalWorkspaces;
 use zopu_schema::{AgentId, Envelope, Event, OrgId, ProjectId, pb, subjects};
 use zopu_setup::client::{RequestError, SetupRequest, StatusWatch, request_setup};
@@ -585,7 +585,7 @@ async fn a_crash_in_the_middle_of_the_clone_resumes_and_emits_ready_once() -> Re
         LocalWorkspaces::new(fixture.data()).with_git_options(options.clone()),
         "local",
         Git::new(options),
-        Arc::new(InMemoryCredentialStore::new()),
+        None,
     );
     let shutdown = Shutdown::new();
     let reaction_config = config.reaction_config();

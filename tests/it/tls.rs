@@ -8,7 +8,6 @@
 //! is named before any connection is tried.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -16,109 +15,18 @@ use zopu_core::local_server::LocalServer;
 use zopu_core::nats::{
     CA_FILE_VARIABLE, CERT_FILE_VARIABLE, KEY_FILE_VARIABLE, connect_with_environment,
 };
+use zopu_tests::certificates::Certificates;
 
 const CONNECT: Duration = Duration::from_secs(10);
 /// How long a connection that must fail is given before it reports why.
 const REFUSED: Duration = Duration::from_secs(3);
 
-/// A CA, a server certificate for 127.0.0.1 and a client certificate, all
-/// signed by the CA, made with the `openssl` command.
-struct Certificates {
-    dir: tempfile::TempDir,
+/// The nats-server side of a test's certificates.
+trait TlsServer {
+    fn server(&self, store: &Path, verify: bool) -> Result<LocalServer>;
 }
 
-impl Certificates {
-    fn make() -> Result<Self> {
-        let dir = tempfile::tempdir()?;
-        let run = |arguments: &[&str]| -> Result<()> {
-            let output = Command::new("openssl")
-                .args(arguments)
-                .current_dir(dir.path())
-                .output()
-                .context("running openssl (install the openssl package)")?;
-            ensure!(
-                output.status.success(),
-                "openssl {}: {}",
-                arguments.join(" "),
-                String::from_utf8_lossy(&output.stderr)
-            );
-            Ok(())
-        };
-        let key = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
-        run(&[
-            &["req", "-x509"][..],
-            &key,
-            &[
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=zopu-test-ca",
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-            ],
-        ]
-        .concat())?;
-        for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
-            let extensions = format!("{name}.ext");
-            std::fs::write(
-                dir.path().join(&extensions),
-                format!("subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"),
-            )?;
-            let (key_file, request, certificate) = (
-                format!("{name}.key"),
-                format!("{name}.csr"),
-                format!("{name}.pem"),
-            );
-            run(&[
-                &["req"][..],
-                &key,
-                &[
-                    "-keyout",
-                    &key_file,
-                    "-out",
-                    &request,
-                    "-subj",
-                    &format!("/CN=zopu-test-{name}"),
-                ],
-            ]
-            .concat())?;
-            run(&[
-                "x509",
-                "-req",
-                "-in",
-                &request,
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                &extensions,
-                "-out",
-                &certificate,
-            ])?;
-        }
-        Ok(Self { dir })
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
+impl TlsServer for Certificates {
     /// A server requiring TLS with this CA's server certificate; `verify`
     /// also requires a client certificate the CA signed.
     fn server(&self, store: &Path, verify: bool) -> Result<LocalServer> {

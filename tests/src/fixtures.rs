@@ -67,6 +67,31 @@ pub fn git(repo: &Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Runs `command` with `input` (if any) on its standard input and its
+/// output captured: how a test feeds a secret to the CLI.
+pub fn output_with_input(
+    command: &mut std::process::Command,
+    input: Option<&str>,
+) -> Result<std::process::Output> {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the command")?;
+    if let Some(input) = input {
+        child
+            .stdin
+            .take()
+            .context("stdin")?
+            .write_all(input.as_bytes())?;
+    }
+    drop(child.stdin.take());
+    Ok(child.wait_with_output()?)
+}
+
 /// A port nothing listens on now (loopback).
 pub fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?

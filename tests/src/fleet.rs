@@ -120,9 +120,10 @@ impl Fleet {
         self.configure(&mut command, &self.root.join("data").join(&name));
         command
             .args(["run", service])
+            // An instance's own variables may set another level.
+            .env("ZOPU_LOG", "info")
             .envs(self.instance_env.get(&name).cloned().unwrap_or_default())
             .env("ZOPU_SCALE__INSTANCE_ID", &name)
-            .env("ZOPU_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);

@@ -27,9 +27,11 @@ use zopu_schema::Envelope;
 
 pub use zopu_core::local_server::SyncPolicy as Sync;
 
+pub mod certificates;
 pub mod chaos;
 pub mod fixtures;
 pub mod fleet;
+pub mod git_server;
 pub mod invariants;
 pub mod tracker;
 

@@ -50,6 +50,10 @@ pub struct SandboxSection {
     pub clone_bytes_max: Option<u64>,
     /// Clone file cap for setup and specialists (unset: each section's own).
     pub clone_files_max: Option<u64>,
+    /// An absolute path to a PEM bundle of the certificate authorities https
+    /// repositories are verified against instead of the system's (setup and
+    /// specialists; a private git server with its own CA).
+    pub repository_ca_file: Option<PathBuf>,
 }
 
 impl Default for ZopuConfig {
@@ -119,6 +123,10 @@ impl ZopuConfig {
         if let Some(bytes) = sandbox.clone_bytes_max {
             self.setup.clone_bytes_max = bytes;
             self.specialists.clone_bytes_max = bytes;
+        }
+        if let Some(bundle) = &sandbox.repository_ca_file {
+            self.setup.repository_ca_file = Some(bundle.clone());
+            self.specialists.repository_ca_file = Some(bundle.clone());
         }
         if let Some(files) = sandbox.clone_files_max {
             self.setup.clone_files_max = files;

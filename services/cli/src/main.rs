@@ -72,6 +72,8 @@ enum Command {
     Flow(commands::flow::FlowArgs),
     /// A project's environment values (kept sealed in the secret store; never printed)
     Env(commands::env::EnvArgs),
+    /// An organization's repository tokens, per host, for private repositories (sealed in the secret store; never printed)
+    Credentials(commands::credentials::CredentialsArgs),
     /// Read published artifacts (verified against their digest)
     Artifact {
         #[command(subcommand)]
@@ -214,6 +216,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Approvals(args) => commands::approvals::run(&context, args).await,
         Command::Flow(args) => commands::flow::run(&context, args).await,
         Command::Env(args) => commands::env::run(&context, args).await,
+        Command::Credentials(args) => commands::credentials::run(&context, args).await,
         Command::Runs(args) => commands::runs::run(&context, args).await,
         Command::Artifact { command } => commands::artifact::run(&context, command).await,
         Command::Token(args) => commands::token::run_token(&context, args).await,

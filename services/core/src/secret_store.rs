@@ -1,6 +1,9 @@
 //! The secret store: values that must never enter an event, a log, a prompt
 //! or an artifact — a project's environment values (the names of its
-//! `.env.example`).
+//! `.env.example`, entries `env.<org>.<project>.<NAME>`) and an
+//! organization's repository credentials (a user name and token per
+//! repository host, entries `repo.<org>.<hex of host>`), which only the
+//! hardened clone uses.
 //!
 //! Each value is sealed with XChaCha20-Poly1305 (a random 192-bit nonce per
 //! write, the entry's name as associated data, so a sealed value moved to
@@ -27,6 +30,7 @@ use hmac::{Hmac, Mac};
 use rand::RngCore;
 use sha2::Sha256;
 use zopu_schema::{OrgId, ProjectId, subjects};
+use zopu_secrets::{Credential, Secret};
 
 use crate::nats::Bus;
 
@@ -40,6 +44,11 @@ pub const SECRETS_KEY_MIN_BYTES: usize = 32;
 pub const VALUE_MAX_BYTES: usize = 8192;
 /// Longest environment variable name.
 pub const NAME_MAX_BYTES: usize = 128;
+/// The user name a repository token is sent with when none is given
+/// (GitHub's and Gitea's convention for tokens; GitLab accepts any).
+pub const TOKEN_USERNAME_DEFAULT: &str = "x-access-token";
+/// Longest repository user name.
+const USERNAME_MAX_BYTES: usize = 256;
 /// The format byte in front of every sealed value.
 const SEALED_V1: u8 = 1;
 const NONCE_BYTES: usize = 24;
@@ -67,6 +76,14 @@ pub enum SecretStoreError {
     Name { name: String },
     #[error("the value must be 1 to {VALUE_MAX_BYTES} bytes without NUL characters")]
     Value,
+    #[error(
+        "{host:?} is not a repository host (host or host:port, as in the repository's https URL): {problem}"
+    )]
+    Host { host: String, problem: String },
+    #[error(
+        "the user name must be 1 to {USERNAME_MAX_BYTES} printable characters without ':' or spaces"
+    )]
+    Username,
     #[error("secret entry {entry}: {action} failed: {reason}")]
     Bucket {
         entry: String,
@@ -79,9 +96,9 @@ pub enum SecretStoreError {
     Unsealable { entry: String },
 }
 
-/// A secret value. `Debug` and `Display` print `***`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SecretValue(String);
+/// A secret value checked for the store. `Debug` and `Display` print `***`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretValue(Secret);
 
 impl SecretValue {
     /// Checks a value: 1 to [`VALUE_MAX_BYTES`] bytes, no NUL.
@@ -90,24 +107,18 @@ impl SecretValue {
         if value.is_empty() || value.len() > VALUE_MAX_BYTES || value.contains('\0') {
             return Err(SecretStoreError::Value);
         }
-        Ok(Self(value))
+        Ok(Self(Secret::new(value)))
     }
 
     /// The value; call only where it is handed to its consumer.
     pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for SecretValue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("***")
+        self.0.expose()
     }
 }
 
 impl std::fmt::Display for SecretValue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("***")
+        self.0.fmt(f)
     }
 }
 
@@ -132,6 +143,62 @@ pub fn check_name(name: &str) -> Result<(), SecretStoreError> {
 /// The entry of a project's environment value: `env.<org>.<project>.<NAME>`.
 pub fn environment_entry(org: &OrgId, project: &ProjectId, name: &str) -> String {
     format!("env.{org}.{project}.{name}")
+}
+
+/// Checks a repository host as a user names it and spells it the way the
+/// clone looks it up (`zopu_schema::repository::parse_repository_host`).
+pub fn check_repository_host(host: &str) -> Result<String, SecretStoreError> {
+    zopu_schema::repository::parse_repository_host(host).map_err(|problem| SecretStoreError::Host {
+        host: crate::text::clip_chars(host, 64),
+        problem: problem.to_string(),
+    })
+}
+
+/// The entry of an organization's credential for a repository host (as
+/// [`check_repository_host`] spells it): `repo.<org>.<hex of host>`, since
+/// a host's dots and colon are not key characters.
+pub fn repository_entry(org: &OrgId, host: &str) -> String {
+    format!("{}{}", repository_prefix(org), hex::encode(host))
+}
+
+/// The prefix of an organization's repository credential entries.
+pub fn repository_prefix(org: &OrgId) -> String {
+    format!("repo.{org}.")
+}
+
+/// The host of a [`repository_entry`] under `org`, if it is one.
+pub fn host_of_repository_entry(org: &OrgId, entry: &str) -> Option<String> {
+    let encoded = entry.strip_prefix(&repository_prefix(org))?;
+    String::from_utf8(hex::decode(encoded).ok()?).ok()
+}
+
+/// A repository credential as kept: `username:token` (RFC 7617: a user
+/// name holds no colon), sealed like every value.
+fn credential_value(credential: &Credential) -> Result<SecretValue, SecretStoreError> {
+    let username = &credential.username;
+    if username.is_empty()
+        || username.len() > USERNAME_MAX_BYTES
+        || username
+            .chars()
+            .any(|c| c == ':' || c.is_whitespace() || c.is_control())
+    {
+        return Err(SecretStoreError::Username);
+    }
+    SecretValue::new(format!("{username}:{}", credential.password.expose()))
+}
+
+fn credential_of(entry: &str, value: &SecretValue) -> Result<Credential, SecretStoreError> {
+    let (username, token) =
+        value
+            .expose()
+            .split_once(':')
+            .ok_or_else(|| SecretStoreError::Unsealable {
+                entry: entry.to_owned(),
+            })?;
+    Ok(Credential {
+        username: username.to_owned(),
+        password: Secret::new(token),
+    })
 }
 
 type HmacSha256 = Hmac<Sha256>;
@@ -244,7 +311,7 @@ impl SecretKey {
             )
             .map_err(|_| unsealable())?;
         String::from_utf8(plain)
-            .map(SecretValue)
+            .map(|text| SecretValue(Secret::new(text)))
             .map_err(|_| unsealable())
     }
 
@@ -329,7 +396,12 @@ impl SecretStore {
 
     /// Removes the value of `entry` (its ciphertext with it); whether one was stored.
     pub async fn delete(&self, entry: &str) -> Result<bool, SecretStoreError> {
-        if self.get(entry).await?.is_none() {
+        let stored = self
+            .bucket
+            .entry(entry)
+            .await
+            .map_err(|error| bucket_error(entry, "get", error))?;
+        if !stored.is_some_and(|stored| stored.operation == kv::Operation::Put) {
             return Ok(false);
         }
         self.bucket
@@ -355,6 +427,66 @@ impl SecretStore {
         }
         found.sort();
         Ok(found)
+    }
+}
+
+/// The service's secret store when its configuration has a key
+/// (`CoreConfig::secrets_key`); otherwise `None`, with a warning saying what
+/// the service does `without` one.
+pub async fn open_configured(
+    bus: &Bus,
+    core: &crate::config::CoreConfig,
+    without: &str,
+) -> Result<Option<SecretStore>, crate::Error> {
+    let Some(key) = &core.secrets_key else {
+        tracing::warn!(variable = SECRETS_KEY_VARIABLE, "no secrets key: {without}");
+        return Ok(None);
+    };
+    SecretStore::open(bus, key.clone())
+        .await
+        .map(Some)
+        .map_err(|error| crate::Error::jetstream("open the secret store", error))
+}
+
+impl SecretStore {
+    /// Seals `credential` as `org`'s credential for `host` (spelled by
+    /// [`check_repository_host`]), replacing any earlier one.
+    pub async fn put_repository_credential(
+        &self,
+        org: &OrgId,
+        host: &str,
+        credential: &Credential,
+    ) -> Result<Stored, SecretStoreError> {
+        let value = credential_value(credential)?;
+        self.put(&repository_entry(org, host), &value).await
+    }
+
+    /// `org`'s credential for `host` and its version, if one is stored.
+    pub async fn repository_credential(
+        &self,
+        org: &OrgId,
+        host: &str,
+    ) -> Result<Option<(Credential, Stored)>, SecretStoreError> {
+        let entry = repository_entry(org, host);
+        let Some((value, version)) = self.get(&entry).await? else {
+            return Ok(None);
+        };
+        let stored = Stored {
+            version,
+            fingerprint: self.key.fingerprint(&entry, &value),
+        };
+        Ok(Some((credential_of(&entry, &value)?, stored)))
+    }
+
+    /// The hosts `org` holds a repository credential for, sorted.
+    pub async fn repository_hosts(&self, org: &OrgId) -> Result<Vec<String>, SecretStoreError> {
+        let entries = self.entries(&repository_prefix(org)).await?;
+        let mut hosts: Vec<String> = entries
+            .iter()
+            .filter_map(|entry| host_of_repository_entry(org, entry))
+            .collect();
+        hosts.sort();
+        Ok(hosts)
     }
 }
 
@@ -426,6 +558,41 @@ mod tests {
             SecretKey::new(b"short", "ZOPU_SECRETS_KEY"),
             Err(SecretStoreError::KeyTooShort { .. })
         ));
+    }
+
+    #[test]
+    fn repository_entries_name_their_host_and_keep_user_and_token_apart() {
+        let org: OrgId = "acme".parse().unwrap();
+        let host = check_repository_host("Git.Example.com:8443").unwrap();
+        assert_eq!(host, "git.example.com:8443");
+        let entry = repository_entry(&org, &host);
+        assert!(
+            entry.starts_with("repo.acme.") && !entry[10..].contains(['.', ':']),
+            "{entry}"
+        );
+        assert_eq!(
+            host_of_repository_entry(&org, &entry).as_deref(),
+            Some(host.as_str())
+        );
+        let other: OrgId = "other".parse().unwrap();
+        assert_eq!(host_of_repository_entry(&other, &entry), None);
+        let credential = Credential {
+            username: "x-access-token".to_owned(),
+            password: Secret::new("tok:en:with:colons"),
+        };
+        let value = credential_value(&credential).unwrap();
+        assert_eq!(credential_of(&entry, &value).unwrap(), credential);
+        for username in ["", "a:b", "a b"] {
+            let bad = Credential {
+                username: username.to_owned(),
+                ..credential.clone()
+            };
+            assert!(matches!(
+                credential_value(&bad),
+                Err(SecretStoreError::Username)
+            ));
+        }
+        assert!(check_repository_host("https://x.com").is_err());
     }
 
     #[test]

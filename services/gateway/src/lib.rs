@@ -333,20 +333,12 @@ pub async fn start(
         .get_object_store(zopu_schema::subjects::ARTIFACTS_BUCKET)
         .await
         .map_err(|error| zopu_core::Error::jetstream("open the artifact bucket", error))?;
-    let secrets = match &core.secrets_key {
-        Some(key) => Some(
-            zopu_core::secret_store::SecretStore::open(&runtime.bus, key.clone())
-                .await
-                .map_err(|error| zopu_core::Error::jetstream("open the secret store", error))?,
-        ),
-        None => {
-            tracing::warn!(
-                variable = zopu_core::secret_store::SECRETS_KEY_VARIABLE,
-                "no secrets key: environment values cannot be stored (the environment routes answer 503)"
-            );
-            None
-        }
-    };
+    let secrets = zopu_core::secret_store::open_configured(
+        &runtime.bus,
+        core,
+        "environment values and repository credentials cannot be stored (their routes answer 503)",
+    )
+    .await?;
     let mut state = AppState::new(
         runtime,
         ArtifactBucket(artifacts),

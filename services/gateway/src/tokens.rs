@@ -104,7 +104,7 @@ pub enum Scope {
     Read,
     /// Create projects, retry setup, send messages and card actions.
     Write,
-    /// The agent kill switch.
+    /// The agent kill switch and the organization's repository credentials.
     Admin,
     /// Approve or reject what the organization's agents ask to do outside
     /// the runtime.

@@ -46,6 +46,9 @@ pub struct CloneSettings {
     pub clone_bytes_max: u64,
     /// Most files in a clone's tree.
     pub clone_files_max: u64,
+    /// An absolute path to a PEM bundle of the certificate authorities
+    /// https repositories are verified against instead of the system's.
+    pub repository_ca_file: Option<PathBuf>,
 }
 
 impl Default for CloneSettings {
@@ -56,6 +59,7 @@ impl Default for CloneSettings {
             allowed_repository_hosts: Vec::new(),
             clone_bytes_max: CLONE_BYTES_MAX_DEFAULT,
             clone_files_max: CLONE_FILES_MAX_DEFAULT,
+            repository_ca_file: None,
         }
     }
 }
@@ -104,7 +108,11 @@ impl CloneSettings {
                 format!("must be between 1 and {CLONE_FILES_LIMIT}"),
             ));
         }
+        if let Some(bundle) = &self.repository_ca_file {
+            check_ca_file(bundle).map_err(|reason| problem("repository_ca_file", reason))?;
+        }
         Ok(GitOptions {
+            repository_ca_file: self.repository_ca_file.clone(),
             allow_local_repositories: self.allow_local_repositories,
             local_repository_roots: self.local_repository_roots.clone(),
             egress,
@@ -113,6 +121,23 @@ impl CloneSettings {
             ..options
         })
     }
+}
+
+/// A CA bundle must be an absolute path to a readable file that holds a
+/// PEM certificate: a typo fails at start, not at the first clone.
+fn check_ca_file(path: &std::path::Path) -> Result<(), String> {
+    if !path.is_absolute() {
+        return Err(format!("'{}' is not an absolute path", path.display()));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| format!("'{}' cannot be read: {error}", path.display()))?;
+    if !text.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(format!(
+            "'{}' holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -164,6 +189,20 @@ mod tests {
                 },
                 "clone_files_max",
             ),
+            (
+                CloneSettings {
+                    repository_ca_file: Some(PathBuf::from("ca.pem")),
+                    ..CloneSettings::default()
+                },
+                "repository_ca_file",
+            ),
+            (
+                CloneSettings {
+                    repository_ca_file: Some(PathBuf::from("/nonexistent/zopu/ca.pem")),
+                    ..CloneSettings::default()
+                },
+                "repository_ca_file",
+            ),
         ];
         for (settings, key) in cases {
             let error = settings.apply(GitOptions::default()).unwrap_err();
@@ -176,5 +215,26 @@ mod tests {
         .apply(GitOptions::default())
         .unwrap_err();
         assert!(error.reason.contains("git.internal:http"), "{error}");
+        let dir = tempfile::tempdir().unwrap();
+        let (empty, bundle) = (dir.path().join("empty.pem"), dir.path().join("ca.pem"));
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        std::fs::write(
+            &bundle,
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let with = |path: &PathBuf| CloneSettings {
+            repository_ca_file: Some(path.clone()),
+            ..CloneSettings::default()
+        };
+        assert!(
+            with(&empty)
+                .apply(GitOptions::default())
+                .unwrap_err()
+                .reason
+                .contains("no PEM")
+        );
+        let options = with(&bundle).apply(GitOptions::default()).unwrap();
+        assert_eq!(options.repository_ca_file, Some(bundle));
     }
 }

@@ -255,6 +255,37 @@ impl RepositoryLocation {
     pub fn is_local(&self) -> bool {
         matches!(self, Self::Local { .. })
     }
+
+    /// The repository host a stored credential is kept under: `host`, or
+    /// `host:port` when the port is not 443. `None` for a local repository.
+    pub fn credential_host(&self) -> Option<String> {
+        match self {
+            Self::Https {
+                host, port: 443, ..
+            } => Some(host.clone()),
+            Self::Https { host, port, .. } => Some(format!("{host}:{port}")),
+            Self::Local { .. } => None,
+        }
+    }
+}
+
+/// Validates a repository host as a user names it for a credential
+/// (`git.example.com`, `git.example.com:8443`) and returns it as
+/// [`RepositoryLocation::credential_host`] spells it, so `host:443` and
+/// `HOST` name the same entry as the URLs that reach it.
+pub fn parse_repository_host(input: &str) -> Result<String, LocationProblem> {
+    if input.is_empty() {
+        return Err(LocationProblem::Empty);
+    }
+    if input.contains(['/', '?', '#']) || input.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(LocationProblem::InvalidHost);
+    }
+    parse_https(&format!("{input}/")).map(|location| {
+        location
+            .credential_host()
+            .unwrap_or_else(|| input.to_owned())
+    })
 }
 
 fn parse_https(rest: &str) -> Result<RepositoryLocation, LocationProblem> {
@@ -413,6 +444,41 @@ mod tests {
         match RepositoryLocation::parse(input, allow_local) {
             Err(problem) => problem,
             Ok(location) => panic!("{input:?} was not rejected: {location:?}"),
+        }
+    }
+
+    #[test]
+    fn credential_hosts_are_normalised_like_the_urls_that_reach_them() {
+        let location =
+            RepositoryLocation::parse("https://Git.Example.com:443/o/r.git", false).unwrap();
+        assert_eq!(
+            location.credential_host().as_deref(),
+            Some("git.example.com")
+        );
+        let location = RepositoryLocation::parse("https://127.0.0.1:8443/o/r.git", false).unwrap();
+        assert_eq!(
+            location.credential_host().as_deref(),
+            Some("127.0.0.1:8443")
+        );
+        assert_eq!(
+            parse_repository_host("GIT.example.com:443").unwrap(),
+            "git.example.com"
+        );
+        assert_eq!(
+            parse_repository_host("127.0.0.1:8443").unwrap(),
+            "127.0.0.1:8443"
+        );
+        for bad in [
+            "",
+            "a/b",
+            "user@host",
+            "host:0",
+            "host:http",
+            "127.1",
+            "a b",
+            "-x.com",
+        ] {
+            assert!(parse_repository_host(bad).is_err(), "{bad:?}");
         }
     }
 

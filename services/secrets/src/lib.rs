@@ -5,7 +5,8 @@
 //! [`scan`] runs a fixed, named rule set over free text and returns byte
 //! ranges; [`redact`] replaces every range with `[redacted:<rule>]`;
 //! [`is_placeholder`] decides whether an example value is so obviously fake
-//! that it may be shown to users and models.
+//! that it may be shown to users and models. [`Secret`] and [`Credential`]
+//! hold a secret on its way to its consumer without ever printing it.
 //!
 //! Invariants:
 //! - a [`Finding`] holds a rule name and a byte range, never the matched text,
@@ -15,10 +16,14 @@
 //! - the output of [`redact`] contains no finding;
 //! - a value [`scan`] flags, or a high-entropy value, is never a placeholder.
 
+mod held;
+
 use std::ops::Range;
 use std::sync::LazyLock;
 
 use regex::Regex;
+
+pub use held::{Credential, Secret};
 
 /// One detected secret: which rule matched and where (byte range into the
 /// scanned text). Deliberately carries no text, so `Debug` is safe to log.

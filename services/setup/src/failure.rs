@@ -96,15 +96,78 @@ pub fn workspace(error: &workspace::Error) -> Outcome {
             "The workspace could not be created on the setup host (storage error). Retry; if it persists, ask the operator to check the data directory.",
             true,
         )),
-        workspace::Error::Git(error) => clone(error, ""),
+        workspace::Error::Git(error) => clone(error, "", &Access::Anonymous { host: None }),
     }
 }
 
 /// What a user reads for every host that could not be used.
 const UNREACHABLE_MESSAGE: &str = "The repository host could not be reached in time, or is not one this runtime may connect to. Check the repository URL, then retry; a server on an internal network must be allowed by the operator (setup.allowed_repository_hosts).";
 
-/// A clone (or its verification) that failed. `branch` was validated.
-pub fn clone(error: &git::Error, branch: &str) -> Outcome {
+/// How a clone authenticated to its repository host: what an
+/// authentication failure tells the user to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    /// This instance has no secret store (no `ZOPU_SECRETS_KEY`): no stored
+    /// credential can be used.
+    NoStore { host: String },
+    /// A local repository (no host), or no credential stored for the host.
+    Anonymous { host: Option<String> },
+    /// The organization's stored credential for the host, at `version`.
+    Stored { host: String, version: u64 },
+}
+
+/// How a user stores a token for `host`.
+fn store_token_hint(host: &str) -> String {
+    format!(
+        "store a token for {host} (PUT /v1/repository-credentials/{host}, or `zopu credentials set {host}` with the token on standard input)"
+    )
+}
+
+/// The organization's stored credentials could not be read.
+pub fn credentials_unavailable() -> Outcome {
+    Outcome::Transient(Failure::new(
+        step::CLONE,
+        "clone.credentials_unavailable",
+        "The organization's stored repository credentials could not be read. Retry; if it persists, ask the operator to check the secret store (ZOPU_SECRETS_KEY, the zopu-secrets bucket).",
+        true,
+    ))
+}
+
+/// What a repository that refused access tells the user.
+fn authentication_failure(access: &Access) -> Failure {
+    let (code, message) = match access {
+        Access::Stored { host, version } => (
+            "clone.credential_refused",
+            format!(
+                "The repository host {host} refused the organization's stored token (version {version}): it is wrong, expired or lacks read access to this repository. Replace it — {} — then retry.",
+                store_token_hint(host)
+            ),
+        ),
+        Access::Anonymous { host: Some(host) } => (
+            "clone.authentication_required",
+            format!(
+                "The repository is private or refused anonymous access. To clone it, {}, then retry.",
+                store_token_hint(host)
+            ),
+        ),
+        Access::NoStore { host } => (
+            "clone.authentication_required",
+            format!(
+                "The repository on {host} is private or refused anonymous access, and this runtime has no secret store for repository tokens. Ask the operator to set ZOPU_SECRETS_KEY on the setup and gateway services, then {}, and retry.",
+                store_token_hint(host)
+            ),
+        ),
+        Access::Anonymous { host: None } => (
+            "clone.authentication_required",
+            "The repository requires authentication or refused access. Check the repository, then retry.".to_owned(),
+        ),
+    };
+    Failure::new(step::CLONE, code, message, true)
+}
+
+/// A clone (or its verification) that failed. `branch` was validated;
+/// `access` says how the clone authenticated.
+pub fn clone(error: &git::Error, branch: &str, access: &Access) -> Outcome {
     use git::Error as E;
     let terminal = |step: &str, code: &str, message: String| {
         Outcome::Terminal(Failure::new(step, code, message, true))
@@ -141,16 +204,18 @@ pub fn clone(error: &git::Error, branch: &str) -> Outcome {
             "clone.branch_not_found",
             format!("Branch '{branch}' does not exist in the repository. Push it (or retry with an existing branch)."),
         ),
-        E::AuthenticationRequired => terminal(
-            step::CLONE,
-            "clone.authentication_required",
-            "The repository requires authentication or refused access. Check the repository connection, then retry.".to_owned(),
-        ),
+        E::AuthenticationRequired => Outcome::Terminal(authentication_failure(access)),
         E::RepositoryNotFound => terminal(
             step::CLONE,
             "clone.repository_not_found",
-            "The repository was not found, or the connection has no access to it. Check the URL and the connection, then retry."
-                .to_owned(),
+            match access {
+                // Hosts answer "not found" to a private repository asked for anonymously.
+                Access::Anonymous { host: Some(host) } => format!(
+                    "The repository was not found. Check the URL; if the repository is private, {}, then retry.",
+                    store_token_hint(host)
+                ),
+                _ => "The repository was not found, or the stored token has no access to it. Check the URL and the organization's repository credentials, then retry.".to_owned(),
+            },
         ),
         E::Mismatched { .. } => terminal(
             step::CLONE,
@@ -190,40 +255,84 @@ mod tests {
 
     use super::*;
 
+    const ANONYMOUS: Access = Access::Anonymous { host: None };
+
+    #[test]
+    fn an_authentication_failure_says_how_to_store_or_replace_the_token() {
+        let refused = git::Error::AuthenticationRequired;
+        let host = "git.example.com".to_owned();
+        let failure = |access: Access| clone(&refused, "main", &access).failure().clone();
+        let missing = failure(Access::Anonymous {
+            host: Some(host.clone()),
+        });
+        assert_eq!(missing.code, "clone.authentication_required");
+        assert!(
+            missing
+                .message
+                .contains("zopu credentials set git.example.com"),
+            "{}",
+            missing.message
+        );
+        assert!(
+            missing
+                .message
+                .contains("/v1/repository-credentials/git.example.com")
+        );
+        let stale = failure(Access::Stored {
+            host: host.clone(),
+            version: 7,
+        });
+        assert_eq!(stale.code, "clone.credential_refused");
+        assert!(stale.message.contains("version 7") && stale.message.contains("Replace it"));
+        let no_store = failure(Access::NoStore { host });
+        assert!(
+            no_store.message.contains("ZOPU_SECRETS_KEY"),
+            "{}",
+            no_store.message
+        );
+        assert!(missing.retryable && stale.retryable && no_store.retryable);
+    }
+
     #[test]
     fn network_failures_are_transient_and_the_rest_terminal() {
         let unreachable = git::Error::Unreachable {
             detail: "connection refused".into(),
         };
         assert!(
-            matches!(clone(&unreachable, "main"), Outcome::Transient(f) if f.code == "clone.unreachable" && f.retryable)
+            matches!(clone(&unreachable, "main", &ANONYMOUS), Outcome::Transient(f) if f.code == "clone.unreachable" && f.retryable)
         );
         let timeout = git::Error::TimedOut {
             operation: "clone",
             after: Duration::from_secs(300),
         };
-        assert_eq!(clone(&timeout, "main"), clone(&unreachable, "main"));
+        assert_eq!(
+            clone(&timeout, "main", &ANONYMOUS),
+            clone(&unreachable, "main", &ANONYMOUS)
+        );
         let refused = git::Error::Unreachable {
             detail: "the host resolves only to private addresses".into(),
         };
-        assert_eq!(clone(&refused, "main"), clone(&unreachable, "main"));
+        assert_eq!(
+            clone(&refused, "main", &ANONYMOUS),
+            clone(&unreachable, "main", &ANONYMOUS)
+        );
         let too_large = git::Error::TooLarge {
             limit: git::CloneLimit::Files(10),
         };
         assert!(
-            matches!(clone(&too_large, "main"), Outcome::Terminal(f) if f.code == "clone.too_large" && f.message.contains("10 files"))
+            matches!(clone(&too_large, "main", &ANONYMOUS), Outcome::Terminal(f) if f.code == "clone.too_large" && f.message.contains("10 files"))
         );
         let missing = git::Error::BranchNotFound {
             branch: "dev".into(),
         };
         assert!(
-            matches!(clone(&missing, "dev"), Outcome::Terminal(f) if f.code == "clone.branch_not_found" && f.message.contains("'dev'") && f.retryable)
+            matches!(clone(&missing, "dev", &ANONYMOUS), Outcome::Terminal(f) if f.code == "clone.branch_not_found" && f.message.contains("'dev'") && f.retryable)
         );
         let corrupt = git::Error::Corrupt {
             path: PathBuf::from("/secret/place"),
             reason: "x".into(),
         };
-        let outcome = clone(&corrupt, "main");
+        let outcome = clone(&corrupt, "main", &ANONYMOUS);
         assert!(
             matches!(&outcome, Outcome::Terminal(f) if f.retryable && !f.message.contains("/secret"))
         );
@@ -232,7 +341,10 @@ mod tests {
             path: PathBuf::from("/w"),
             reason: "the branch has no tracked files".into(),
         };
-        assert_eq!(clone(&unreadable, "main").failure().step, step::VERIFY);
+        assert_eq!(
+            clone(&unreadable, "main", &ANONYMOUS).failure().step,
+            step::VERIFY
+        );
     }
 
     #[test]

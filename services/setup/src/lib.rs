@@ -28,13 +28,13 @@ pub mod reaction;
 pub mod state;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use zopu_core::config::{ConfigError, CoreConfig};
+use zopu_core::secret_store::SecretStore;
 use zopu_core::{ReactionConfig, Runtime, Shutdown};
 use zopu_sandbox::clone_settings::CloneSettings;
-use zopu_sandbox::git::{CredentialStore, Git, GitOptions, InMemoryCredentialStore};
+use zopu_sandbox::git::{Git, GitOptions};
 use zopu_sandbox::workspace::LocalWorkspaces;
 use zopu_schema::{Event, pb, subjects};
 
@@ -67,6 +67,10 @@ pub struct Config {
     pub clone_bytes_max: u64,
     /// Most files in a clone (100,000).
     pub clone_files_max: u64,
+    /// An absolute path to a PEM bundle of the certificate authorities
+    /// https repositories are verified against instead of the system's (a
+    /// private git server with its own CA; `sandbox.repository_ca_file`).
+    pub repository_ca_file: Option<PathBuf>,
     /// Most projects one organization may have (a project counts once its
     /// setup started); the next create fails with `request.project_limit`.
     pub org_projects_max: u32,
@@ -89,6 +93,7 @@ impl Default for Config {
             allowed_repository_hosts: Vec::new(),
             clone_bytes_max: zopu_sandbox::git::CLONE_BYTES_MAX_DEFAULT,
             clone_files_max: zopu_sandbox::git::CLONE_FILES_MAX_DEFAULT,
+            repository_ca_file: None,
             org_projects_max: ORG_PROJECTS_MAX_DEFAULT,
             clone_timeout: Duration::from_secs(300),
             git_command_timeout: Duration::from_secs(30),
@@ -219,6 +224,7 @@ impl Config {
             allowed_repository_hosts: self.allowed_repository_hosts.clone(),
             clone_bytes_max: self.clone_bytes_max,
             clone_files_max: self.clone_files_max,
+            repository_ca_file: self.repository_ca_file.clone(),
         }
     }
 
@@ -262,12 +268,12 @@ pub enum Error {
 /// The reaction `run` uses, for callers that embed setup differently. No
 /// local repository is ever cloned from inside `workspace_root` (other
 /// projects' workspaces) or the extra `runtime_directories` (the data
-/// directory).
+/// directory). `credentials` holds the organizations' repository tokens.
 pub fn local_reaction(
     config: &Config,
     workspace_root: &Path,
     runtime_directories: &[PathBuf],
-    credentials: Arc<dyn CredentialStore>,
+    credentials: Option<SecretStore>,
 ) -> SetupReaction<LocalWorkspaces> {
     let mut options = config.git_options();
     options.local_repository_excluded = std::iter::once(workspace_root.to_path_buf())
@@ -282,9 +288,13 @@ pub fn local_reaction(
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
     let runtime = Runtime::start_with(SERVICE, &core, shutdown.clone(), SetupProjection).await?;
-    // Repository connections are not configured yet: https repositories are
-    // cloned anonymously (credentials never come from the URL).
-    let credentials: Arc<dyn CredentialStore> = Arc::new(InMemoryCredentialStore::new());
+    // Credentials never come from the URL: only from the secret store.
+    let credentials = zopu_core::secret_store::open_configured(
+        &runtime.bus,
+        &core,
+        "no stored repository credential can be used; https repositories are cloned anonymously",
+    )
+    .await?;
     let root = config.workspace_root(&core);
     tracing::info!(service = SERVICE, workspace_root = %root.display(), allow_local_repositories = config.allow_local_repositories, "setup service started");
     runtime.spawn_reaction(

@@ -11,18 +11,19 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use zopu_core::publish::AppendAtError;
+use zopu_core::secret_store::SecretStore;
 use zopu_core::{HandlerError, NewEvent, Reaction, ReactionContext};
 use zopu_sandbox::env_scan::{self, EnvManifest, EnvStatus};
-use zopu_sandbox::git::{CloneSource, CredentialStore, Git};
+use zopu_sandbox::git::{CloneSource, Git};
 use zopu_sandbox::workspace::WorkspaceProvider;
 use zopu_schema::envelope::EventContext;
 use zopu_schema::{AgentId, Envelope, EventId, OrgId, ProjectId, pb};
 
-use crate::failure::{self, Outcome};
+use crate::failure::{self, Access, Outcome};
 use crate::keys;
 use crate::state::{self, Failure, Next, RevisionState, decide};
 
@@ -41,7 +42,9 @@ pub struct SetupReaction<W> {
     workspaces: W,
     provider: &'static str,
     git: Git,
-    credentials: Arc<dyn CredentialStore>,
+    /// The organizations' repository credentials (`None`: this instance has
+    /// no secrets key, so every https clone is anonymous).
+    credentials: Option<SecretStore>,
     /// Per request event: the failure to record if the runner gives up.
     pending: Mutex<HashMap<EventId, Failure>>,
     /// Most projects per organization.
@@ -62,12 +65,14 @@ impl<W> std::fmt::Debug for SetupReaction<W> {
 }
 
 impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
-    /// `provider` names the workspace provider in `project.runtime.created` (e.g. `local`).
+    /// `provider` names the workspace provider in `project.runtime.created`
+    /// (e.g. `local`); `credentials` holds the organizations' repository
+    /// tokens.
     pub fn new(
         workspaces: W,
         provider: &'static str,
         git: Git,
-        credentials: Arc<dyn CredentialStore>,
+        credentials: Option<SecretStore>,
     ) -> Self {
         Self {
             workspaces,
@@ -139,14 +144,10 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
             return Ok(());
         }
         // Validated again here: the request may not come from `request_setup`.
-        let credential = match request.repository_connection_id.as_str() {
-            "" => None,
-            id => self.credentials.resolve(id),
-        };
         let source = match CloneSource::parse(
             &request.repository_url,
             &request.branch,
-            credential,
+            None,
             self.git.options(),
         ) {
             Ok(source) => source,
@@ -212,6 +213,12 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
                             .map(|runtime| runtime.repository_path.as_str())
                             .unwrap_or_default(),
                     );
+                    let (source, access) = match self.authenticated(&org, &source).await {
+                        Ok(authenticated) => authenticated,
+                        Err(outcome) => {
+                            return self.step_failed(&steps, ctx, event.id, outcome).await;
+                        }
+                    };
                     let mut outcome = self.git.ensure_clone(&source, &path).await;
                     if revision > 1
                         && matches!(&outcome, Err(error) if failure::needs_repair(error))
@@ -232,6 +239,14 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
                                 repository_commit: clone.repository.commit,
                                 tracked_files: clone.repository.tracked_files as u64,
                                 reused: clone.reused,
+                                credential_host: match &access {
+                                    Access::Stored { host, .. } => host.clone(),
+                                    _ => String::new(),
+                                },
+                                credential_version: match &access {
+                                    Access::Stored { version, .. } => *version,
+                                    _ => 0,
+                                },
                             },
                             keys::cloned(&project, revision),
                         ),
@@ -242,7 +257,7 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
                                     &steps,
                                     ctx,
                                     event.id,
-                                    failure::clone(&error, source.branch.as_str()),
+                                    failure::clone(&error, source.branch.as_str(), &access),
                                 )
                                 .await;
                         }
@@ -296,6 +311,41 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
             steps.append(ctx, &mut state, new_event).await?;
             // The started event is in the stream: the next count sees it.
             drop(start_guard.take());
+        }
+    }
+
+    /// `source` with `org`'s stored credential for its host, if there is
+    /// one, and how the clone authenticates. The credential stays in memory
+    /// (a [`zopu_secrets::Secret`]); only its host and version are recorded.
+    async fn authenticated(
+        &self,
+        org: &OrgId,
+        source: &CloneSource,
+    ) -> Result<(CloneSource, Access), Outcome> {
+        let Some(host) = source.location.credential_host() else {
+            return Ok((source.clone(), Access::Anonymous { host: None }));
+        };
+        let Some(store) = &self.credentials else {
+            return Ok((source.clone(), Access::NoStore { host }));
+        };
+        match store.repository_credential(org, &host).await {
+            Ok(Some((credential, stored))) => {
+                let mut source = source.clone();
+                source.credential = Some(credential);
+                tracing::debug!(%org, %host, version = stored.version, "cloning with the stored repository credential");
+                Ok((
+                    source,
+                    Access::Stored {
+                        host,
+                        version: stored.version,
+                    },
+                ))
+            }
+            Ok(None) => Ok((source.clone(), Access::Anonymous { host: Some(host) })),
+            Err(error) => {
+                tracing::warn!(%org, %host, %error, "repository credentials unavailable");
+                Err(failure::credentials_unavailable())
+            }
         }
     }
 

@@ -38,6 +38,10 @@ pub struct Config {
     pub clone_bytes_max: u64,
     /// Most files in the tree.
     pub clone_files_max: u64,
+    /// An absolute path to a PEM bundle of the certificate authorities
+    /// https repositories are verified against instead of the system's
+    /// (`sandbox.repository_ca_file`).
+    pub repository_ca_file: Option<PathBuf>,
     /// Wall-clock limit of one fetch or clone when materializing a workspace.
     #[serde(with = "duration")]
     pub clone_timeout: Duration,
@@ -67,6 +71,7 @@ impl Default for Config {
             allowed_repository_hosts: Vec::new(),
             clone_bytes_max: zopu_sandbox::git::CLONE_BYTES_MAX_DEFAULT,
             clone_files_max: zopu_sandbox::git::CLONE_FILES_MAX_DEFAULT,
+            repository_ca_file: None,
             clone_timeout: Duration::from_secs(300),
             git_command_timeout: Duration::from_secs(30),
             max_deliver: 5,
@@ -296,6 +301,7 @@ impl Config {
             allowed_repository_hosts: self.allowed_repository_hosts.clone(),
             clone_bytes_max: self.clone_bytes_max,
             clone_files_max: self.clone_files_max,
+            repository_ca_file: self.repository_ca_file.clone(),
         }
     }
 

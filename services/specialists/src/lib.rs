@@ -48,7 +48,6 @@ use std::sync::Arc;
 pub use config::Config;
 use zopu_core::config::{ConfigError, CoreConfig};
 use zopu_core::{ReactionConfig, Runtime, Shutdown};
-use zopu_sandbox::git::{CredentialStore, InMemoryCredentialStore};
 use zopu_schema::{Event, pb, subjects};
 
 /// Why the service could not run.
@@ -122,9 +121,13 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
         "sandbox confinement"
     );
     tracing::info!(provider = %config.provider_label(), "specialists starting");
-    // Repository connections are not configured yet (as in setup): https
-    // repositories are fetched anonymously, never with a URL's userinfo.
-    let credentials: Arc<dyn CredentialStore> = Arc::new(InMemoryCredentialStore::new());
+    // As in setup: credentials come from the secret store, never a URL.
+    let credentials = zopu_core::secret_store::open_configured(
+        &runtime.bus,
+        &core,
+        "no stored repository credential can be used; https repositories are fetched anonymously",
+    )
+    .await?;
     tracing::info!(
         workspaces_root = %config.workspaces_root(&core.data_dir).display(),
         allow_local_repositories = config.allow_local_repositories,

@@ -35,9 +35,9 @@ use zopu_core::text::clip_chars;
 
 use tokio::time::Instant;
 use zopu_core::registry::{NotRunnable, RegisteredAgent, Registry};
+use zopu_core::secret_store::SecretStore;
 use zopu_core::{HandlerError, NewEvent, Reaction, ReactionContext, metrics};
 use zopu_llm::Provider;
-use zopu_sandbox::git::CredentialStore;
 use zopu_sandbox::tools::Sandbox;
 use zopu_schema::envelope::EventContext;
 use zopu_schema::pb::{self, FlowPhase, FlowType};
@@ -136,13 +136,13 @@ pub struct FlowRunner {
 impl FlowRunner {
     /// `data_dir` holds the tool-output cache and, unless configured
     /// elsewhere, this instance's `specialists/workspaces/<project>`;
-    /// `credentials` resolves the connection ids setup recorded.
+    /// `credentials` holds the organizations' repository tokens.
     pub fn new(
         config: Config,
         registry: Arc<Registry>,
         data_dir: PathBuf,
         provider: Option<Arc<dyn Provider>>,
-        credentials: Arc<dyn CredentialStore>,
+        credentials: Option<SecretStore>,
     ) -> Self {
         // No local repository is read from this instance's own directories
         // (other projects' workspaces, the data directory).

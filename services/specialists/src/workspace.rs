@@ -23,9 +23,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+use zopu_core::secret_store::SecretStore;
 use zopu_sandbox::checkout::{self, CommitId, Method};
-use zopu_sandbox::git::{CloneSource, CredentialStore, Git, GitOptions};
+use zopu_sandbox::git::{CloneSource, Git, GitOptions};
 use zopu_sandbox::workspace::{self as sandbox_workspace, LocalWorkspaces, ProjectId};
+use zopu_schema::OrgId;
 
 use crate::state::RecordedRepository;
 
@@ -38,6 +40,9 @@ pub enum Error {
     /// Nothing on disk fits and nothing recorded says where to get it.
     #[error("{0}")]
     Unavailable(String),
+    /// The organization's repository credentials could not be read.
+    #[error("the stored repository credentials could not be read: {0}")]
+    Credentials(String),
     #[error(transparent)]
     Workspace(#[from] sandbox_workspace::Error),
     #[error(transparent)]
@@ -49,6 +54,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Unavailable(_) => false,
+            Self::Credentials(_) => true,
             Self::Workspace(error) => error.is_retryable(),
             Self::Checkout(error) => error.is_retryable(),
         }
@@ -112,7 +118,8 @@ pub struct Prepared {
 pub struct Workspaces {
     local: LocalWorkspaces,
     git: Git,
-    credentials: Arc<dyn CredentialStore>,
+    /// The organizations' repository tokens (`None`: no secrets key).
+    credentials: Option<SecretStore>,
     locks: Mutex<HashMap<ProjectId, Arc<RwLock<()>>>>,
 }
 
@@ -126,9 +133,9 @@ impl std::fmt::Debug for Workspaces {
 }
 
 impl Workspaces {
-    /// Workspaces under `root`; git runs with `options`; credentials of
-    /// recorded connection ids come from `credentials`.
-    pub fn new(root: PathBuf, options: GitOptions, credentials: Arc<dyn CredentialStore>) -> Self {
+    /// Workspaces under `root`; git runs with `options`; a clone of a
+    /// repository host the organization stored a token for uses it.
+    pub fn new(root: PathBuf, options: GitOptions, credentials: Option<SecretStore>) -> Self {
         Self {
             local: LocalWorkspaces::new(root).with_git_options(options.clone()),
             git: Git::new(options),
@@ -151,6 +158,7 @@ impl Workspaces {
     /// The project's workspace at the commit the flow needs (module docs).
     pub async fn prepare(
         &self,
+        org: &OrgId,
         project_id: &str,
         requested_commit: &str,
         recorded: Option<RecordedRepository>,
@@ -173,17 +181,22 @@ impl Workspaces {
                     return Err(Error::Unavailable("no recorded repository".to_owned()));
                 };
                 let commit = CommitId::parse(&commit)?;
-                let credential = match recorded.connection_id.as_str() {
-                    "" => None,
-                    id => self.credentials.resolve(id),
-                };
-                let source = CloneSource::parse(
+                let mut source = CloneSource::parse(
                     &recorded.repository_url,
                     &recorded.branch,
-                    credential,
+                    None,
                     self.git.options(),
                 )
                 .map_err(checkout::Error::from)?;
+                if let (Some(store), Some(host)) =
+                    (&self.credentials, source.location.credential_host())
+                {
+                    source.credential = store
+                        .repository_credential(org, &host)
+                        .await
+                        .map_err(|error| Error::Credentials(error.to_string()))?
+                        .map(|(credential, _)| credential);
+                }
                 let workspace =
                     sandbox_workspace::WorkspaceProvider::ensure(&self.local, project_id).await?;
                 let checkout = self

@@ -84,13 +84,7 @@ pub async fn run(ctx: &crate::Context, args: EnvArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         EnvAction::Set(args) => {
-            let mut input = String::new();
-            std::io::stdin()
-                .read_to_string(&mut input)
-                .context("reading the value from standard input")?;
-            let input = input.strip_suffix('\n').unwrap_or(&input);
-            let input = input.strip_suffix('\r').unwrap_or(input);
-            let value = SecretValue::new(input)?;
+            let value = SecretValue::new(read_secret("the value")?)?;
             let store = open_store(&bus).await?;
             known_name(&bus, &args).await?;
             let entry = secret_store::environment_entry(&args.org, &args.project, &args.name);
@@ -147,7 +141,21 @@ fn requester(org: &OrgId) -> Requester {
     Requester::new(org.clone(), EventId::new().into(), operator())
 }
 
-async fn open_store(bus: &zopu_core::nats::Bus) -> Result<SecretStore> {
+/// A secret read from standard input (never an argument, so it stays out
+/// of shell history and the process list), one trailing newline dropped;
+/// `what` names it in the error.
+pub(crate) fn read_secret(what: &str) -> Result<String> {
+    let mut input = String::new();
+    std::io::stdin()
+        .read_to_string(&mut input)
+        .with_context(|| format!("reading {what} from standard input"))?;
+    let trimmed = input.strip_suffix('\n').unwrap_or(&input);
+    let trimmed = trimmed.strip_suffix('\r').unwrap_or(trimmed);
+    Ok(trimmed.to_owned())
+}
+
+/// The secret store with the key in `ZOPU_SECRETS_KEY`.
+pub(crate) async fn open_store(bus: &zopu_core::nats::Bus) -> Result<SecretStore> {
     let Some(key) = super::services::secrets_key_from_env()? else {
         bail!(
             "{} is not set: it must hold the deployment's secrets key (the gateway's)",
@@ -161,7 +169,7 @@ async fn open_store(bus: &zopu_core::nats::Bus) -> Result<SecretStore> {
 async fn known_name(bus: &zopu_core::nats::Bus, args: &NameArgs) -> Result<()> {
     secret_store::check_name(&args.name)?;
     let environment = read(bus, &args.org, &args.project).await?;
-    if !environment.names.iter().any(|name| *name == args.name) {
+    if !environment.names.contains(&args.name) {
         bail!(
             "{} is not among the names in project {}'s .env.example ({})",
             args.name,

@@ -7,6 +7,7 @@ pub mod artifact;
 pub mod bench;
 pub mod contract;
 pub mod conversation;
+pub mod credentials;
 pub mod env;
 pub mod flow;
 pub mod log;

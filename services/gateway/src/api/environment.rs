@@ -13,10 +13,10 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use zopu_core::commands;
-use zopu_core::secret_store::{self, SecretStore, SecretValue};
+use zopu_core::secret_store::{self, SecretValue};
 
 use super::append::append;
-use super::{invalid, owned_project, requester};
+use super::{invalid, owned_project, requester, secret_store as store};
 use crate::AppState;
 use crate::http::{ApiError, Caller, ErrorBody, RequestId, body_error, parse_json};
 use crate::tokens::Scope;
@@ -208,17 +208,4 @@ fn known_name(view: &ProjectView, name: &str) -> Result<(), ApiError> {
             view.setup.environment_names.join(", ")
         ),
     ))
-}
-
-fn store(state: &AppState) -> Result<&SecretStore, ApiError> {
-    state.secrets.as_ref().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "secrets_unavailable",
-            format!(
-                "this gateway has no secrets key: set {} (the same on every instance) to store environment values",
-                secret_store::SECRETS_KEY_VARIABLE
-            ),
-        )
-    })
 }

@@ -35,6 +35,7 @@ mod environment;
 mod flows;
 mod health;
 mod projects;
+mod repository_credentials;
 mod runs;
 mod timeline;
 mod works;
@@ -46,13 +47,17 @@ pub use artifacts::{ARTIFACT_CSP, ArtifactLink, ArtifactQuery, LinkQuery, sha256
 pub use environment::{EnvironmentChanged, EnvironmentList, EnvironmentName, SetEnvironmentValue};
 pub use flows::{CancelFlow, FlowCancelAccepted};
 pub use projects::{CreateProject, PROJECTS_LIST_MAX, ProjectCreated, ProjectList, SetupRetried};
+pub use repository_credentials::{
+    RepositoryCredentialChanged, RepositoryCredentialList, RepositoryCredentialView,
+    SetRepositoryCredential,
+};
 pub use runs::{HandoffView, NoteView, RunDetail, RunList, RunView};
 pub use timeline::{SendAction, SendMessage, TimelinePage, TimelineQuery};
 pub use works::ThreadList;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, cancelling a flow, environment values (kept in the secret store, never returned), approvals and the agent run log. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
+    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, cancelling a flow, environment values and repository credentials (kept in the secret store, never returned), approvals and the agent run log. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
     modifiers(&BearerAuth),
     components(schemas(ErrorBody))
 )]
@@ -94,6 +99,11 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(
             environment::set_environment_value,
             environment::delete_environment_value
+        ))
+        .routes(routes!(repository_credentials::list_repository_credentials))
+        .routes(routes!(
+            repository_credentials::set_repository_credential,
+            repository_credentials::delete_repository_credential
         ))
         .routes(routes!(runs::list_runs))
         .routes(routes!(runs::get_run))
@@ -209,6 +219,21 @@ pub(crate) async fn owned_project(
 /// token's organization and user, the request id as correlation id.
 fn requester(caller: &Caller, request: &RequestId) -> Requester {
     Requester::user(caller.0.org.clone(), request.0.clone(), &caller.0.user)
+}
+
+/// The secret store, or 503 `secrets_unavailable` when this gateway has
+/// no secrets key.
+fn secret_store(state: &AppState) -> Result<&zopu_core::secret_store::SecretStore, ApiError> {
+    state.secrets.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "secrets_unavailable",
+            format!(
+                "this gateway has no secrets key: set {} (the same on every instance) to store environment values and repository credentials",
+                zopu_core::secret_store::SECRETS_KEY_VARIABLE
+            ),
+        )
+    })
 }
 
 /// A command the request described wrongly: 422 naming the field.

@@ -141,6 +141,13 @@ impl Git {
         for (key, value) in settings {
             command.arg("-c").arg(format!("{key}={value}"));
         }
+        if let Some(bundle) = &self.options.repository_ca_file {
+            // Replaces the system bundle for https remotes (a private git
+            // server with its own CA).
+            command
+                .arg("-c")
+                .arg(format!("http.sslCAInfo={}", bundle.display()));
+        }
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -387,6 +394,27 @@ mod tests {
             command.as_std().get_current_dir(),
             Some(home.0.as_path()),
             "a clone runs in the empty home"
+        );
+    }
+
+    #[test]
+    fn a_configured_ca_bundle_replaces_the_system_one() {
+        let home = EmptyHome::create().unwrap();
+        let plain = Git::new(GitOptions::default()).command(&home, Target::None, false);
+        assert!(
+            !settings(&plain)
+                .iter()
+                .any(|s| s.starts_with("http.sslCAInfo="))
+        );
+        let git = Git::new(GitOptions {
+            repository_ca_file: Some("/etc/zopu/git-ca.pem".into()),
+            ..GitOptions::default()
+        });
+        let command = git.command(&home, Target::None, false);
+        assert!(
+            settings(&command)
+                .iter()
+                .any(|s| s == "http.sslCAInfo=/etc/zopu/git-ca.pem")
         );
     }
 

@@ -1,83 +1,14 @@
-//! Repository credentials: held in a [`Secret`] that never prints, resolved
-//! from a [`CredentialStore`] by connection id, and handed to git only as an
-//! `http.<origin>.extraHeader` in `GIT_CONFIG_*` environment variables —
-//! never argv, never the URL, never an event or a log.
-
-use std::collections::HashMap;
+//! Repository credentials: held in a [`Secret`] that never prints (the
+//! caller resolves them, e.g. from the secret store by organization and
+//! host), and handed to git only as an `http.<origin>.extraHeader` in
+//! `GIT_CONFIG_*` environment variables — never argv, never the URL, never
+//! an event or a log.
 
 use base64::Engine as _;
 use tokio::process::Command;
+pub use zopu_secrets::{Credential, Secret};
 
 use super::{CloneSource, RepositoryLocation};
-
-/// A string that never prints: `Debug` and `Display` show `***`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    /// The secret value; call only where it is handed to its consumer.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("***")
-    }
-}
-
-impl std::fmt::Display for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("***")
-    }
-}
-
-/// HTTP basic credentials for a repository host (for GitHub tokens the user
-/// name is `x-access-token`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Credential {
-    /// User name (not secret).
-    pub username: String,
-    /// Password or token.
-    pub password: Secret,
-}
-
-/// Resolves a repository connection id to its credential.
-pub trait CredentialStore: Send + Sync {
-    /// The credential of `connection_id`, if the store has one.
-    fn resolve(&self, connection_id: &str) -> Option<Credential>;
-}
-
-/// A [`CredentialStore`] held in memory (tests, dev, or filled at startup
-/// from a protected configuration).
-#[derive(Debug, Default, Clone)]
-pub struct InMemoryCredentialStore {
-    credentials: HashMap<String, Credential>,
-}
-
-impl InMemoryCredentialStore {
-    /// An empty store.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds or replaces the credential of `connection_id`.
-    pub fn insert(&mut self, connection_id: impl Into<String>, credential: Credential) {
-        self.credentials.insert(connection_id.into(), credential);
-    }
-}
-
-impl CredentialStore for InMemoryCredentialStore {
-    fn resolve(&self, connection_id: &str) -> Option<Credential> {
-        self.credentials.get(connection_id).cloned()
-    }
-}
 
 /// Hands `source`'s credential (https only) to git through `GIT_CONFIG_*`
 /// environment variables: never argv, never the URL.
@@ -102,6 +33,8 @@ fn authorization_header(credential: &Credential) -> String {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
     use crate::git::BranchName;
 
@@ -110,18 +43,6 @@ mod tests {
             username: "x-access-token".to_owned(),
             password: Secret::new(password),
         }
-    }
-
-    #[test]
-    fn secret_never_prints() {
-        let credential = credential("hunter2-token");
-        let text = format!("{credential:?} {}", credential.password);
-        assert!(!text.contains("hunter2"));
-        let mut store = InMemoryCredentialStore::new();
-        store.insert("conn-1", credential.clone());
-        assert_eq!(store.resolve("conn-1"), Some(credential));
-        assert_eq!(store.resolve("conn-2"), None);
-        assert!(!format!("{store:?}").contains("hunter2"));
     }
 
     #[test]

@@ -29,8 +29,8 @@
 //! repository whose `.git/config` sets hooks, fsmonitor, a pager or
 //! `core.sshCommand` therefore runs none of them.
 //!
-//! Credentials come from a [`CredentialStore`], are held in a [`Secret`] that
-//! never prints, and reach git only through `GIT_CONFIG_*` environment
+//! Credentials come with the [`CloneSource`] (its caller resolves them), are
+//! held in a [`Secret`] that never prints, and reach git only through `GIT_CONFIG_*` environment
 //! variables (an `http.<origin>.extraHeader`), never argv or the URL. Error
 //! messages never contain the user input verbatim nor credentials; git's
 //! stderr is passed through `zopu_secrets::redact` and truncated.
@@ -62,7 +62,7 @@ pub(crate) use clone::{
 };
 pub(crate) use command::{EmptyHome, Target};
 pub(crate) use credentials::with_credential;
-pub use credentials::{Credential, CredentialStore, InMemoryCredentialStore, Secret};
+pub use credentials::{Credential, Secret};
 pub(crate) use failure::{classify_clone_failure, detail};
 pub use options::{CLONE_BYTES_MAX_DEFAULT, CLONE_FILES_MAX_DEFAULT, GitOptions};
 pub use zopu_schema::repository::{BranchName, BranchProblem, LocationProblem, RepositoryLocation};

@@ -37,6 +37,9 @@ pub struct GitOptions {
     pub command_timeout: Duration,
     /// The git program, looked up in the minimal `PATH` when relative.
     pub program: PathBuf,
+    /// A PEM bundle of the certificate authorities https remotes are
+    /// verified against instead of the system's (a private git server).
+    pub repository_ca_file: Option<PathBuf>,
 }
 
 impl Default for GitOptions {
@@ -51,6 +54,7 @@ impl Default for GitOptions {
             clone_timeout: Duration::from_secs(300),
             command_timeout: Duration::from_secs(30),
             program: PathBuf::from("git"),
+            repository_ca_file: None,
         }
     }
 }

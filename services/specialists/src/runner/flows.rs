@@ -145,10 +145,11 @@ impl Run<'_> {
         self.phase_deadline = self.phase_deadline.max(Instant::now() + limit);
         let workspaces = Arc::clone(&self.shared.workspaces);
         let requested = request.repository_commit.clone();
+        let org = event.org_id.clone();
         // Boxed: the checkout's future is large and the run's is already.
         let prepared = self
             .bounded(limit, async move {
-                Box::pin(workspaces.prepare(&project, &requested, recorded)).await
+                Box::pin(workspaces.prepare(&org, &project, &requested, recorded)).await
             })
             .await?;
         prepared.map_err(|error| {
