@@ -113,11 +113,19 @@ for user in $users; do
     || fail "compose.yaml does not pass ZOPU_${upper}_PASSWORD to the NATS nodes (accounts.conf reads it)"
 done
 # Secrets per service: each service's Deployment references only its own
-# Secrets (zopu-nats-<service>, and zopu-llm-<service> or zopu-gateway).
+# Secrets (zopu-nats-<service>, and zopu-llm-<service> or zopu-gateway), and
+# zopu-secrets-key only the services that open the secret store.
+secret_store_readers="setup specialists gateway"
 for service in setup dispatch conversation specialists artifacts executor gateway; do
   deployment=$(sed -n "/^  name: zopu-$service\$/,/^---/p" kubernetes/zopu.yaml)
+  own="zopu-nats-$service\|zopu-llm-$service\|zopu-$service"
+  if echo " $secret_store_readers " | grep -q " $service "; then
+    own="$own\|zopu-secrets-key"
+    echo "$deployment" | grep -q "secretKeyRef: { name: zopu-secrets-key, key: key }" \
+      || fail "kubernetes/zopu.yaml: zopu-$service does not read ZOPU_SECRETS_KEY from zopu-secrets-key"
+  fi
   foreign=$(echo "$deployment" | grep -o 'secretKeyRef: { name: [a-z-]*' | sed 's/.*name: //' \
-    | grep -vx "zopu-nats-$service\|zopu-llm-$service\|zopu-$service" || true)
+    | grep -vx "$own" || true)
   [ -z "$foreign" ] || fail "kubernetes/zopu.yaml: zopu-$service references another identity's Secret: $foreign"
   echo "$deployment" | grep -q "secretKeyRef: { name: zopu-nats-$service, key: password }" \
     || fail "kubernetes/zopu.yaml: zopu-$service does not read its password from zopu-nats-$service"
