@@ -72,6 +72,8 @@ enum Command {
     Flow(commands::flow::FlowArgs),
     /// A project's environment values (kept sealed in the secret store; never printed)
     Env(commands::env::EnvArgs),
+    /// What a project's agent remembers (the preferences the user stated): list, set, forget, clear
+    Memory(commands::memory::MemoryArgs),
     /// An organization's repository tokens, per host, for private repositories (sealed in the secret store; never printed)
     Credentials(commands::credentials::CredentialsArgs),
     /// Read published artifacts (verified against their digest)
@@ -215,6 +217,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Timeline(args) => commands::conversation::run_timeline(&context, args).await,
         Command::Approvals(args) => commands::approvals::run(&context, args).await,
         Command::Flow(args) => commands::flow::run(&context, args).await,
+        Command::Memory(args) => commands::memory::run(&context, args).await,
         Command::Env(args) => commands::env::run(&context, args).await,
         Command::Credentials(args) => commands::credentials::run(&context, args).await,
         Command::Runs(args) => commands::runs::run(&context, args).await,

@@ -122,9 +122,11 @@ impl Reaction for Agent {
         let head = head?.map_or(0, |head| head.sequence);
         ctx.caught_up(head.max(ctx.stream_sequence)).await?;
         let (org, project) = (event.org_id.clone(), event.project_id);
+        // Memory expires by the dispatch's time, so a redelivery reads the same.
+        let at_ms = zopu_core::memory::unix_ms(event.time);
         let view = ctx
             .store
-            .query(move |conn| ProjectView::load(conn, &org, &project, u64::MAX))
+            .query(move |conn| ProjectView::load(conn, &org, &project, u64::MAX, at_ms))
             .await?;
         let turn = Turn {
             agent: self,
@@ -764,8 +766,21 @@ impl Turn<'_> {
         source: &Envelope,
         view: &ProjectView,
     ) -> Result<(), HandlerError> {
+        // Mesh rules: a flow goes only to a specialist the agent's
+        // definition lets it delegate to; otherwise the user is told why.
+        let plan = match plan::delegation_refused(&plan, &self.agent.registry) {
+            Some(target) => {
+                let detail = format!(
+                    "the conversation agent's mesh rules do not let it hand work to {target:?}"
+                );
+                self.guardrail("mesh_denied", "handoff", detail, "refused")
+                    .await?;
+                decide::delegation_refused_turn(plan, &target)
+            }
+            None => plan,
+        };
         let (step, text) = match plan.action {
-            Action::Respond | Action::Clarify => ("reply", plan.reply.clone()),
+            Action::Respond | Action::Clarify | Action::Remember => ("reply", plan.reply.clone()),
             Action::Explore | Action::CreateIssue | Action::Onboard => {
                 ("ack", plan.acknowledgement.clone())
             }
@@ -799,7 +814,7 @@ impl Turn<'_> {
             &self.ids(),
             source,
             existing_work,
-            &view.repository_commit,
+            view,
             &self.agent.registry,
         );
         for event in events {

@@ -13,7 +13,7 @@ use serde_json::json;
 use zopu_core::keywords::{is_identifier, ranked_terms, tokens};
 use zopu_llm::{BoxFuture, ChatReply, ChatRequest, Error, FinishReason, Provider, ToolCall, Usage};
 
-use crate::decide::{Action, DecisionPrompt, work_title};
+use crate::decide::{Action, DecisionPrompt, Remembered, work_title};
 
 /// `provider_label` of offline replies.
 pub const OFFLINE_LABEL: &str = "offline";
@@ -46,6 +46,8 @@ pub enum DecisionKind {
     Clarify,
     Explore,
     CreateIssue,
+    /// Keep a preference the user stated.
+    Remember,
 }
 
 impl DecisionKind {
@@ -55,6 +57,7 @@ impl DecisionKind {
             DecisionKind::Clarify => "clarify",
             DecisionKind::Explore => "explore",
             DecisionKind::CreateIssue => "create_issue",
+            DecisionKind::Remember => "remember",
         }
     }
 }
@@ -162,11 +165,85 @@ const OVERVIEW_PHRASES: &[&str] = &[
     "overview of this repo", "what is zopu",
 ];
 
+/// Phrases that make a statement a lasting instruction to the agent.
+#[rustfmt::skip]
+const PREFERENCE_MARKERS: &[&str] = &[
+    "from now on", "going forward", "in future", "in the future", "for future", "always",
+    "never", "remember that", "remember to", "please remember", "i prefer", "my preference",
+    "by default", "every time", "each time",
+];
+#[rustfmt::skip]
+const LANGUAGES: &[&str] = &[
+    "english", "german", "french", "spanish", "italian", "portuguese", "dutch", "polish",
+    "swedish", "danish", "norwegian", "finnish", "czech", "turkish", "greek", "russian",
+    "ukrainian", "japanese", "chinese", "korean", "hindi", "arabic", "hebrew",
+];
+const REPLY_VERBS: &[&str] = &["answer", "reply", "respond", "write", "talk", "speak"];
+const OMIT_WORDS: &[&str] = &[
+    "skip", "no", "without", "omit", "leave", "drop", "don't", "dont", "never", "exclude",
+];
+
+/// A lasting preference stated in `message_text` ("From now on, answer in
+/// German", "Always skip tests in issue drafts"), as the agent keeps it:
+/// a known topic gets its own key, so a later statement replaces it; any
+/// other is kept in the user's words. `None` for anything else, questions
+/// included ("do you always answer in German?").
+pub fn stated_preference(message_text: &str) -> Option<Remembered> {
+    let text = Normalized::new(message_text);
+    if text.question_mark || !text.contains_any(PREFERENCE_MARKERS) || text.is_plain_question() {
+        return None;
+    }
+    let has = |words: &[&str]| text.words.iter().any(|word| words.contains(&word.as_str()));
+    let language = text.words.windows(3).find_map(|window| {
+        (REPLY_VERBS.contains(&window[0].as_str())
+            && window[1] == "in"
+            && LANGUAGES.contains(&window[2].as_str()))
+        .then(|| window[2].clone())
+    });
+    if let Some(language) = language {
+        let mut name = language;
+        name[..1].make_ascii_uppercase();
+        return Some(Remembered {
+            key: "preference.language".to_owned(),
+            value: format!("Answer in {name}"),
+        });
+    }
+    let about_tests = has(&["test", "tests", "testing"]);
+    let about_issues = has(&["issue", "issues", "ticket", "tickets", "draft", "drafts"]);
+    if about_tests && about_issues && has(OMIT_WORDS) {
+        return Some(Remembered {
+            key: "preference.issue-tests".to_owned(),
+            value: "Skip tests in issue drafts".to_owned(),
+        });
+    }
+    let value = clip_chars(message_text.trim(), zopu_core::memory::VALUE_MAX_CHARS);
+    // A secret is never kept (the user is answered by the other rules).
+    zopu_core::memory::check_value(&value).ok()?;
+    Some(Remembered {
+        key: format!("preference.{:08x}", fnv1a(&[&text.padded]) as u32),
+        value,
+    })
+}
+
+/// The one-sentence confirmation of a kept preference.
+pub fn preference_acknowledgement(remembered: &Remembered) -> String {
+    match remembered.key.as_str() {
+        "preference.language" => format!(
+            "Noted: I'll answer in {} from now on.",
+            remembered.value.trim_start_matches("Answer in ")
+        ),
+        "preference.issue-tests" => {
+            "Noted: I'll leave tests out of issue drafts from now on.".to_owned()
+        }
+        _ => "Noted. I'll keep that in mind from now on; you can see and clear what I remember in the project's memory.".to_owned(),
+    }
+}
+
 /// Picks one of the four actions for a user message. Rules, in order: greetings and thanks,
 /// status questions, explicit issue requests, project-overview questions, vague requests,
 /// change/delivery requests, questions, then any other statement with a subject (explore).
 pub fn decide(message_text: &str, context: &DecisionContext) -> Decision {
-    use DecisionKind::{Clarify, CreateIssue, Explore, Respond};
+    use DecisionKind::{Clarify, CreateIssue, Explore, Remember, Respond};
     let text = Normalized::new(message_text);
     let vague_kind = if context.recent_clarification_asked {
         Explore
@@ -181,6 +258,9 @@ pub fn decide(message_text: &str, context: &DecisionContext) -> Decision {
 
     if text.words.is_empty() {
         return Decision::new(vague_kind, vague_rationale);
+    }
+    if stated_preference(message_text).is_some() {
+        return Decision::new(Remember, "a lasting preference: keep it in memory");
     }
     if text.is_pleasantry() {
         return Decision::new(Respond, "greeting or thanks");
@@ -242,6 +322,10 @@ pub fn acknowledgement(decision: &Decision, message_text: &str, project_name: &s
     match decision.kind {
         DecisionKind::Respond => direct_response(message_text, None),
         DecisionKind::Clarify => clarifying_question(message_text),
+        DecisionKind::Remember => stated_preference(message_text).map_or_else(
+            || direct_response(message_text, None),
+            |remembered| preference_acknowledgement(&remembered),
+        ),
         DecisionKind::Explore => fill(pick(
             seed,
             &[
@@ -655,6 +739,16 @@ impl OfflineRules {
                 json!({"message": direct_response(text, prompt.summary.as_deref())}),
             ),
             DecisionKind::Clarify => ("clarify", json!({"question": clarifying_question(text)})),
+            DecisionKind::Remember => {
+                let remembered = stated_preference(text).ok_or_else(|| Error::InvalidRequest {
+                    reason: "the remember rule fired on a message without a preference".to_owned(),
+                })?;
+                let acknowledgement = preference_acknowledgement(&remembered);
+                (
+                    "remember",
+                    json!({"key": remembered.key, "preference": remembered.value, "acknowledgement": acknowledgement}),
+                )
+            }
             DecisionKind::Explore | DecisionKind::CreateIssue => {
                 let action = Action::from_offline(decision.kind);
                 json_flow_call(
@@ -780,6 +874,51 @@ mod tests {
                 decision.rationale
             );
             assert!(!decision.rationale.is_empty());
+        }
+    }
+
+    #[test]
+    fn lasting_preferences_are_kept_under_their_topic_and_questions_are_not() {
+        let kept = |text: &str| stated_preference(text).map(|kept| (kept.key, kept.value));
+        assert_eq!(
+            kept("From now on, answer in German please."),
+            Some(("preference.language".into(), "Answer in German".into()))
+        );
+        assert_eq!(
+            kept("Always reply in french"),
+            Some(("preference.language".into(), "Answer in French".into()))
+        );
+        assert_eq!(
+            kept("Going forward, skip tests in issue drafts"),
+            Some((
+                "preference.issue-tests".into(),
+                "Skip tests in issue drafts".into()
+            ))
+        );
+        let (key, value) = kept("Remember that our staging branch is called develop").unwrap();
+        assert!(key.starts_with("preference.") && key.len() == "preference.".len() + 8);
+        assert_eq!(value, "Remember that our staging branch is called develop");
+        zopu_core::memory::check_key(&key).unwrap();
+        for not_one in [
+            "do you always answer in German?",
+            "How does the retry logic work?",
+            "answer in German",
+            "From now on use token ghp_0123456789abcdefghijklmnopqrstuvwxyzAB",
+            "Create an issue for the flaky payment tests",
+        ] {
+            assert_eq!(kept(not_one), None, "{not_one}");
+        }
+        assert_eq!(
+            decide("From now on, answer in German", &FRESH).kind,
+            DecisionKind::Remember
+        );
+        for text in [
+            "From now on, answer in German",
+            "Always skip tests in issue drafts",
+            "Remember that CI is slow",
+        ] {
+            let ack = preference_acknowledgement(&stated_preference(text).unwrap());
+            crate::decide::check_agent_text(&ack, crate::decide::ACK_MAX_WORDS).unwrap();
         }
     }
 
@@ -957,6 +1096,10 @@ mod tests {
                         json!({"message": direct_response(message, view.summary.as_deref())})
                     }
                     Clarify => json!({"question": clarifying_question(message)}),
+                    DecisionKind::Remember => {
+                        let kept = stated_preference(message).unwrap();
+                        json!({"key": kept.key, "preference": kept.value, "acknowledgement": preference_acknowledgement(&kept)})
+                    }
                     Explore | CreateIssue => json!({
                         "acknowledgement": acknowledgement(&decision, message, "acme-payments"),
                         "title": work_title(Action::from_offline(decision.kind), message),

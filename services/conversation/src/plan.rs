@@ -5,9 +5,9 @@
 //! ([`crate::agent`]) reads the state, calls these, and appends what they
 //! return, in order.
 
-use zopu_core::NewEvent;
 use zopu_core::registry::Registry;
 use zopu_core::text::clip_chars;
+use zopu_core::{NewEvent, memory};
 use zopu_schema::agent_registry::RoutedFlow;
 use zopu_schema::envelope::EventContext;
 use zopu_schema::{
@@ -212,15 +212,17 @@ pub(crate) fn guard(text: String, recent: &[String], threshold: f64, plan: &Turn
 /// guarded text; `None` when it was dropped), the decision record, and for a
 /// flow-starting action the Work (updated when the source names one of the
 /// project's, `existing_work`), the Thread, the flow request and the
-/// handoff to the specialist the registry routes the flow to. Returns them
-/// with the dispatch's outcome.
+/// handoff to the specialist the registry routes the flow to, which gets
+/// the user's `preferences` when the agent's mesh rules let it share its
+/// memory with that specialist; for a remember turn the memory write.
+/// Returns them with the dispatch's outcome.
 pub(crate) fn turn_events(
     plan: &TurnPlan,
     posted: Option<String>,
     ids: &TurnIds,
     source: &Envelope,
     existing_work: Option<WorkId>,
-    repository_commit: &str,
+    view: &ProjectView,
     registry: &Registry,
 ) -> (Vec<NewEvent>, &'static str) {
     let reply_to = source.id.to_string();
@@ -231,7 +233,7 @@ pub(crate) fn turn_events(
             outcome = "deduplicated";
         }
         (_, None) => {}
-        (Action::Respond, Some(text)) => {
+        (Action::Respond | Action::Remember, Some(text)) => {
             let message = pb::AgentMessage {
                 agent_id: ids.agent_id.clone(),
                 text,
@@ -267,6 +269,25 @@ pub(crate) fn turn_events(
         provider: plan.provider.clone(),
     };
     events.push(ids.event(&decided, keys::decision(&ids.dispatch)));
+    if let Some(remembered) = &plan.remember {
+        let by = pb::Actor {
+            kind: pb::actor::Kind::Agent as i32,
+            id: ids.agent_id.clone(),
+        };
+        match memory::set_payload(
+            &ids.agent_id,
+            &remembered.key,
+            &remembered.value,
+            memory::Write::LONG_TERM,
+            memory::unix_ms(source.time),
+            by,
+        ) {
+            Ok(set) => events.push(ids.event(&set, keys::entity(&ids.dispatch, "memory"))),
+            // The reply was validated against the same rules; a value that
+            // fails them is not kept.
+            Err(error) => tracing::warn!(%error, "preference not kept"),
+        }
+    }
     if let Some((flow_type, flow_name, work_kind)) = plan.action.flow() {
         let ms = ids.id_ms();
         let work = match existing_work {
@@ -305,6 +326,13 @@ pub(crate) fn turn_events(
                 .with_work(work)
                 .with_thread(thread),
         );
+        // A flow routed to no specialist (or a disabled one) is still
+        // requested: the specialists refuse it visibly. The handoff names
+        // the routed agent, or none.
+        let target = registry
+            .routed_specialist(flow_type)
+            .map(|agent| agent.definition.key.clone())
+            .unwrap_or_default();
         let flow_key = schema_keys::flow_run(&source.id, flow_name, decide::FLOW_VERSION);
         let flow_run = FlowRunId::derived(ms, &flow_key);
         let requested = pb::FlowRequested {
@@ -313,7 +341,8 @@ pub(crate) fn turn_events(
             agent_id: ids.agent_id.clone(),
             request_text: plan.request_text.clone(),
             source_event_id: source.id.to_string(),
-            repository_commit: repository_commit.to_owned(),
+            repository_commit: view.repository_commit.clone(),
+            preferences: shared_preferences(view, registry, &target),
         };
         events.push(
             ids.event(&requested, flow_key)
@@ -321,13 +350,6 @@ pub(crate) fn turn_events(
                 .with_thread(thread)
                 .with_flow_run(flow_run),
         );
-        // A flow routed to no specialist (or a disabled one) is still
-        // requested: the specialists refuse it visibly. The handoff names
-        // the routed agent, or none.
-        let target = registry
-            .routed_specialist(flow_type)
-            .map(|agent| agent.definition.key.clone())
-            .unwrap_or_default();
         let handoff_key = schema_keys::agent_handoff(&ids.dispatch.to_string(), &target, 0);
         let handoff = pb::AgentHandoffCreated {
             handoff_id: handoff_key.clone(),
@@ -352,6 +374,38 @@ pub(crate) fn turn_events(
         );
     }
     (events, outcome)
+}
+
+/// Most preferences a flow request carries.
+const SHARED_PREFERENCES_MAX: usize = 16;
+
+/// The user's preferences the conversation agent may share with
+/// specialist `target` (its mesh rules), at most 16.
+fn shared_preferences(view: &ProjectView, registry: &Registry, target: &str) -> Vec<String> {
+    let shares = registry
+        .conversation()
+        .is_ok_and(|agent| !target.is_empty() && agent.definition.mesh.allows(target));
+    if !shares {
+        return Vec::new();
+    }
+    view.preferences
+        .iter()
+        .take(SHARED_PREFERENCES_MAX)
+        .map(|entry| entry.value.clone())
+        .collect()
+}
+
+/// The specialist a flow-starting plan would hand work to when the
+/// conversation agent's mesh rules do not let it: `Some(key)` to refuse.
+pub(crate) fn delegation_refused(plan: &TurnPlan, registry: &Registry) -> Option<String> {
+    let (flow_type, _, _) = plan.action.flow()?;
+    let target = registry
+        .routed_specialist(flow_type)?
+        .definition
+        .key
+        .clone();
+    let conversation = registry.conversation().ok()?;
+    (!conversation.definition.mesh.allows(&target)).then_some(target)
 }
 
 /// `event` carrying the flow run's id and its Work and Thread, where it has them.
@@ -535,6 +589,15 @@ mod tests {
             request_text: "How does checkout work?".into(),
             rationale: "question about the code".into(),
             provider: "offline".into(),
+            remember: None,
+        }
+    }
+
+    /// [`view`] at repository commit `abc`.
+    fn committed(ids: &TurnIds) -> ProjectView {
+        ProjectView {
+            repository_commit: "abc".into(),
+            ..view(ids)
         }
     }
 
@@ -662,7 +725,7 @@ mod tests {
             &ids,
             &source,
             None,
-            "abc",
+            &committed(&ids),
             &registry(),
         );
         assert_eq!(
@@ -689,7 +752,7 @@ mod tests {
             &ids,
             &source,
             None,
-            "abc",
+            &committed(&ids),
             &registry(),
         )
         .0;
@@ -711,7 +774,7 @@ mod tests {
             &ids,
             &source,
             Some(work),
-            "abc",
+            &committed(&ids),
             &registry(),
         );
         assert_eq!(
@@ -736,7 +799,7 @@ mod tests {
             &ids,
             &source,
             None,
-            "",
+            &view(&ids),
             &registry(),
         );
         assert_eq!(types(&events), [pb::AgentDecided::TYPE]);
@@ -747,7 +810,7 @@ mod tests {
             &ids,
             &source,
             None,
-            "",
+            &view(&ids),
             &registry(),
         );
         assert_eq!(

@@ -41,9 +41,9 @@ impl zopu_core::Projection for ConversationState {
         "conversation_state"
     }
 
-    /// 4: approvals.
+    /// 4: approvals; 6: memory.
     fn schema_version(&self) -> u32 {
-        5
+        6
     }
 
     fn tables(&self) -> &'static [&'static str] {
@@ -58,6 +58,7 @@ impl zopu_core::Projection for ConversationState {
             "cv_outcomes",
             crate::approvals::TABLE,
             zopu_core::model_usage::TABLE,
+            zopu_core::memory::TABLE,
         ]
     }
 
@@ -104,7 +105,8 @@ impl zopu_core::Projection for ConversationState {
                 PRIMARY KEY (org, project, sequence));",
         )?;
         tx.execute_batch(crate::approvals::SCHEMA)?;
-        tx.execute_batch(zopu_core::model_usage::SCHEMA)
+        tx.execute_batch(zopu_core::model_usage::SCHEMA)?;
+        tx.execute_batch(zopu_core::memory::SCHEMA)
     }
 
     fn apply(
@@ -114,6 +116,7 @@ impl zopu_core::Projection for ConversationState {
         sequence: u64,
     ) -> rusqlite::Result<()> {
         zopu_core::model_usage::apply(tx, event, sequence)?;
+        zopu_core::memory::apply(tx, event, sequence)?;
         crate::approvals::apply(tx, event, sequence as i64)?;
         apply(tx, event, sequence as i64)
     }
@@ -449,17 +452,24 @@ pub struct ProjectView {
     pub recent_artifacts: Vec<(String, String)>,
     /// `agent.rejected` since the last completed dispatch or re-enable.
     pub rejection_streak: u32,
+    /// The agent's long-term memory in the project (the preferences the
+    /// user stated), unexpired at the load's time, by key.
+    pub preferences: Vec<zopu_core::memory::Entry>,
 }
 
 impl ProjectView {
-    /// The project's state before stream sequence `before`; `None` when no
-    /// event of the project bound an agent or made it ready.
+    /// The project's state before stream sequence `before`, its memory as
+    /// unexpired at `at_ms` (Unix ms); `None` when no event of the project
+    /// bound an agent or made it ready.
     pub fn load(
         conn: &Connection,
         org: &OrgId,
         project: &ProjectId,
         before: u64,
+        at_ms: i64,
     ) -> rusqlite::Result<Option<Self>> {
+        let org_id = org;
+        let project_id = project;
         let (org, project) = (org.as_str(), project.to_string());
         let before = i64::try_from(before).unwrap_or(i64::MAX);
         let row = conn
@@ -546,6 +556,14 @@ impl ProjectView {
             .iter()
             .take_while(|outcome| outcome.as_str() == "rejected")
             .count() as u32;
+        view.preferences =
+            zopu_core::memory::entries(conn, org_id, project_id, Some(&view.agent_id), at_ms)?
+                .into_iter()
+                .filter(|entry| {
+                    entry.tier == zopu_core::memory::Tier::LongTerm
+                        && (entry.sequence as i64) < before
+                })
+                .collect();
         Ok(Some(view))
     }
 

@@ -29,6 +29,7 @@ pub mod keywords;
 pub mod lease;
 pub mod local_server;
 pub mod log;
+pub mod memory;
 pub mod metrics;
 pub mod model_usage;
 pub mod nats;

@@ -134,6 +134,31 @@ pub struct AgentDefinition {
     /// Knowledge files compiled into its prompt package, in order.
     #[serde(default)]
     pub knowledge: Vec<KnowledgeSource>,
+    /// The other agents it may delegate work to and share its memory with.
+    #[serde(default)]
+    pub mesh: Mesh,
+}
+
+/// Mesh rules: which agents an agent may hand work to and share what it
+/// remembers with. An agent in `deny` never may; with a non-empty `allow`,
+/// only those listed may; with neither, every agent of the registry may.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Mesh {
+    /// Agent keys it may delegate to and share memory with (empty: all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    /// Agent keys it may never delegate to nor share memory with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
+}
+
+impl Mesh {
+    /// Whether the agent may delegate to, and share memory with, `key`.
+    pub fn allows(&self, key: &str) -> bool {
+        !self.deny.iter().any(|denied| denied == key)
+            && (self.allow.is_empty() || self.allow.iter().any(|allowed| allowed == key))
+    }
 }
 
 fn enabled_by_default() -> bool {
@@ -297,6 +322,21 @@ impl RegistryFile {
                 }
             }
         }
+        for (index, agent) in self.agents.iter().enumerate() {
+            for (field, listed) in [
+                ("mesh.allow", &agent.mesh.allow),
+                ("mesh.deny", &agent.mesh.deny),
+            ] {
+                for key in listed {
+                    if !keys.contains(key.as_str()) {
+                        problems.push(DefinitionProblem {
+                            at: format!("agent[{index}] ({}).{field}", agent.key),
+                            reason: format!("{key:?} is not an agent of this registry"),
+                        });
+                    }
+                }
+            }
+        }
         if conversation_agents > 1 {
             problems.push(DefinitionProblem {
                 at: "agent".to_owned(),
@@ -405,7 +445,34 @@ mod tests {
                 path: "knowledge/explorer.md".to_owned(),
                 required_sections: vec!["Role".to_owned()],
             }],
+            mesh: Mesh::default(),
         }
+    }
+
+    #[test]
+    fn mesh_rules_allow_denied_and_unlisted_agents_as_written() {
+        let open = Mesh::default();
+        assert!(open.allows("explorer"));
+        let listed = Mesh {
+            allow: vec!["explorer".to_owned()],
+            deny: Vec::new(),
+        };
+        assert!(listed.allows("explorer") && !listed.allows("issue-writer"));
+        let denied = Mesh {
+            allow: Vec::new(),
+            deny: vec!["explorer".to_owned()],
+        };
+        assert!(!denied.allows("explorer") && denied.allows("issue-writer"));
+        let mut agent = specialist("explorer", RoutedFlow::Explore);
+        agent.mesh.allow = vec!["nobody".to_owned()];
+        let file = RegistryFile {
+            format: FORMAT_VERSION,
+            agents: vec![agent],
+        };
+        let problems = file.validate();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].at, "agent[0] (explorer).mesh.allow");
+        assert!(problems[0].reason.contains("\"nobody\" is not an agent"));
     }
 
     #[test]

@@ -41,6 +41,25 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/zopu.v1.rs"));
 }
 
+/// An actor as `<kind>:<id>` (`user:ada`, `agent:conversation:acme:p`), or
+/// the kind alone when it has no id; `system` when there is none.
+pub fn actor_label(actor: Option<&pb::Actor>) -> String {
+    let Some(actor) = actor else {
+        return "system".to_owned();
+    };
+    let kind = match actor.kind() {
+        pb::actor::Kind::User => "user",
+        pb::actor::Kind::Agent => "agent",
+        pb::actor::Kind::Operator => "operator",
+        pb::actor::Kind::System | pb::actor::Kind::Unspecified => "system",
+    };
+    if actor.id.is_empty() {
+        kind.to_owned()
+    } else {
+        format!("{kind}:{}", actor.id)
+    }
+}
+
 /// The compiled descriptor set of `proto/`, for dynamic decoding (JSON views).
 pub const DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/zopu_descriptor.bin"));
 

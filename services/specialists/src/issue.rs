@@ -27,6 +27,28 @@ pub struct IssueInput {
     pub exploration: Option<(String, ExplorationResult)>,
     /// The test command from the project's summary, if known.
     pub test_command: Option<String>,
+    /// The user's stated preferences the conversation agent shared
+    /// (`flow.requested`'s `preferences`), e.g. "Skip tests in issue drafts".
+    pub preferences: Vec<String>,
+}
+
+/// Phrases of a preference that keeps tests out of issue drafts.
+const SKIP_TESTS: &[&str] = &[
+    "skip tests",
+    "no tests",
+    "without tests",
+    "omit tests",
+    "leave out tests",
+    "leave tests out",
+    "exclude tests",
+];
+
+/// Whether the user asked for issue drafts without tests.
+pub fn skips_tests(preferences: &[String]) -> bool {
+    preferences.iter().any(|preference| {
+        let preference = preference.to_lowercase();
+        SKIP_TESTS.iter().any(|phrase| preference.contains(phrase))
+    })
 }
 
 /// The request without the "create an issue" wrapper, as a title.
@@ -161,22 +183,30 @@ pub async fn define<P: Port>(port: &mut P, input: &IssueInput) -> Result<IssueRe
         .take(4)
         .map(|p| format!("Changes in `{p}` and the code it calls"))
         .collect();
-    scope.push("Tests covering the new or changed behaviour".to_owned());
-    let non_goals = vec![
+    let with_tests = !skips_tests(&input.preferences);
+    if with_tests {
+        scope.push("Tests covering the new or changed behaviour".to_owned());
+    }
+    let mut non_goals = vec![
         "Publishing the issue to an external tracker".to_owned(),
         "Refactoring the touched files beyond what the change needs".to_owned(),
         "Changes outside the areas listed in scope".to_owned(),
     ];
+    if !with_tests {
+        non_goals.push("Tests: the user asked to leave them out of issue drafts".to_owned());
+    }
     let test = input.test_command.clone().map_or_else(
         || "the project's test suite".to_owned(),
         |c| format!("`{c}`"),
     );
-    let acceptance_criteria = vec![
-        format!("{} works as described in the request", title),
-        format!("Automated tests cover the new behaviour and {test} passes"),
-        "Existing behaviour outside the scope is unchanged".to_owned(),
-        "User-visible changes are documented".to_owned(),
-    ];
+    let mut acceptance_criteria = vec![format!("{} works as described in the request", title)];
+    if with_tests {
+        acceptance_criteria.push(format!(
+            "Automated tests cover the new behaviour and {test} passes"
+        ));
+    }
+    acceptance_criteria.push("Existing behaviour outside the scope is unchanged".to_owned());
+    acceptance_criteria.push("User-visible changes are documented".to_owned());
     let mut risks = vec!["Heuristic: the affected code was located by keyword search; confirm the scope before implementing.".to_owned()];
     if paths.len() > 2 {
         risks.push(format!(
@@ -195,7 +225,9 @@ pub async fn define<P: Port>(port: &mut P, input: &IssueInput) -> Result<IssueRe
         .take(3)
         .map(|e| format!("Start in `{}` near line {}", e.path, e.start_line))
         .collect();
-    shape.push("Add or extend tests next to the existing ones".to_owned());
+    if with_tests {
+        shape.push("Add or extend tests next to the existing ones".to_owned());
+    }
     let summary = format!(
         "{title}. Grounded in {} verified repository location(s){}.",
         verified.len(),
@@ -229,6 +261,17 @@ pub async fn define<P: Port>(port: &mut P, input: &IssueInput) -> Result<IssueRe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_preference_to_skip_tests_is_recognized() {
+        assert!(skips_tests(&["Skip tests in issue drafts".to_owned()]));
+        assert!(skips_tests(&[
+            "Answer in German".to_owned(),
+            "Please write issues WITHOUT TESTS".to_owned()
+        ]));
+        assert!(!skips_tests(&["Answer in German".to_owned()]));
+        assert!(!skips_tests(&[]));
+    }
 
     #[test]
     fn titles_drop_the_request_wrapper() {

@@ -48,6 +48,8 @@ pub struct ModelInput {
     pub knowledge: String,
     /// The agent's sampling temperature.
     pub temperature: f32,
+    /// The user's stated preferences the conversation agent shared.
+    pub preferences: Vec<String>,
 }
 
 /// The tools offered to the model: those of [`MODEL_TOOLS`] the agent's
@@ -145,6 +147,12 @@ fn user_prompt(goal: Goal, input: &ModelInput) -> String {
     };
     if !input.repository_commit.is_empty() {
         text.push_str(&format!("Repository commit: {}\n", input.repository_commit));
+    }
+    if !input.preferences.is_empty() {
+        let quoted = json!({"user_preferences": input.preferences});
+        text.push_str(&format!(
+            "Preferences the user stated (follow them unless they conflict with your rules): {quoted}\n"
+        ));
     }
     if let Some(context) = &input.context {
         let quoted =

@@ -11,6 +11,7 @@ pub mod credentials;
 pub mod env;
 pub mod flow;
 pub mod log;
+pub mod memory;
 pub mod project;
 pub mod runs;
 pub mod services;

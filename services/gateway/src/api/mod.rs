@@ -4,7 +4,8 @@
 //! setup, summary), `timeline` (messages, card actions, timeline pages),
 //! `works` (Works, Threads and their timelines), `artifacts` (stored HTML and
 //! signed links), `agent` (the kill switch), `flows` (cancel a running flow), `environment`
-//! (environment values into the secret store), `approvals` (list, approve,
+//! (environment values into the secret store), `memory` (what the agent
+//! remembers: list, search, write, forget, clear), `approvals` (list, approve,
 //! reject), `runs` (the AgentRun log), `health`. Every write builds its
 //! event with `zopu_core::commands`, as the CLI does, and appends it through
 //! `append`.
@@ -34,6 +35,7 @@ mod artifacts;
 mod environment;
 mod flows;
 mod health;
+mod memory;
 mod projects;
 mod repository_credentials;
 mod runs;
@@ -46,6 +48,7 @@ pub use approvals::{ApprovalDecided, ApprovalList, ApprovalView, Rejection};
 pub use artifacts::{ARTIFACT_CSP, ArtifactLink, ArtifactQuery, LinkQuery, sha256_hex};
 pub use environment::{EnvironmentChanged, EnvironmentList, EnvironmentName, SetEnvironmentValue};
 pub use flows::{CancelFlow, FlowCancelAccepted};
+pub use memory::{MemoryEntry, MemoryList, MemoryRemoved, SetMemory};
 pub use projects::{CreateProject, PROJECTS_LIST_MAX, ProjectCreated, ProjectList, SetupRetried};
 pub use repository_credentials::{
     RepositoryCredentialChanged, RepositoryCredentialList, RepositoryCredentialView,
@@ -57,7 +60,7 @@ pub use works::ThreadList;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, cancelling a flow, environment values and repository credentials (kept in the secret store, never returned), approvals and the agent run log. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
+    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, cancelling a flow, environment values and repository credentials (kept in the secret store, never returned), the agent's memory, approvals and the agent run log. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
     modifiers(&BearerAuth),
     components(schemas(ErrorBody))
 )]
@@ -100,6 +103,8 @@ pub fn router(state: AppState) -> Router {
             environment::set_environment_value,
             environment::delete_environment_value
         ))
+        .routes(routes!(memory::list_memory, memory::clear_memory))
+        .routes(routes!(memory::set_memory, memory::delete_memory))
         .routes(routes!(repository_credentials::list_repository_credentials))
         .routes(routes!(
             repository_credentials::set_repository_credential,

@@ -34,15 +34,16 @@ pub use pool::ReadPool;
 
 /// Bump to rebuild the projection (tables are dropped and the stream replayed).
 /// 1: API types stored as JSON; 2: rows as columns; 3: approvals; 4: their
-/// expiry; 5: their execution; 6: the run log.
-const SCHEMA_VERSION: u32 = 7;
+/// expiry; 5: their execution; 6: the run log; 8: the agents' memory.
+const SCHEMA_VERSION: u32 = 8;
 
 const TABLE_COUNT: usize = projects::TABLES.len()
     + works::TABLES.len()
     + artifacts::TABLES.len()
     + timeline::TABLES.len()
     + approvals::TABLES.len()
-    + runs::TABLES.len();
+    + runs::TABLES.len()
+    + 1;
 
 /// Every aggregate's tables: the ones a rebuild drops. Version 1's tables
 /// (`gw_projects`, `gw_timeline`, `gw_works`, `gw_threads`, `gw_flows`,
@@ -55,9 +56,10 @@ static TABLES: [&str; TABLE_COUNT] = concat_tables([
     timeline::TABLES,
     approvals::TABLES,
     runs::TABLES,
+    &[zopu_core::memory::TABLE],
 ]);
 
-const fn concat_tables<const N: usize>(parts: [&[&'static str]; 6]) -> [&'static str; N] {
+const fn concat_tables<const N: usize>(parts: [&[&'static str]; 7]) -> [&'static str; N] {
     let mut tables = [""; N];
     let mut filled = 0;
     let mut part = 0;
@@ -213,6 +215,7 @@ impl zopu_core::Projection for GatewayProjection {
         tx.execute_batch(artifacts::SCHEMA)?;
         tx.execute_batch(approvals::SCHEMA)?;
         tx.execute_batch(runs::SCHEMA)?;
+        tx.execute_batch(zopu_core::memory::SCHEMA)?;
         tx.execute_batch(timeline::SCHEMA)
     }
 
@@ -229,6 +232,7 @@ impl zopu_core::Projection for GatewayProjection {
         artifacts::apply(tx, event, sequence)?;
         approvals::apply(tx, event, sequence)?;
         runs::apply(tx, event, sequence)?;
+        zopu_core::memory::apply(tx, event, sequence)?;
         timeline::apply(tx, event, sequence)
     }
 }

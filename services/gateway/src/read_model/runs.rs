@@ -169,25 +169,6 @@ pub struct RunFilter {
     pub limit: u32,
 }
 
-fn actor_name(actor: Option<&pb::Actor>) -> String {
-    match actor {
-        Some(actor) => {
-            let kind = match actor.kind() {
-                pb::actor::Kind::User => "user",
-                pb::actor::Kind::Agent => "agent",
-                pb::actor::Kind::Operator => "operator",
-                pb::actor::Kind::System | pb::actor::Kind::Unspecified => "system",
-            };
-            if actor.id.is_empty() {
-                kind.to_owned()
-            } else {
-                format!("{kind}:{}", actor.id)
-            }
-        }
-        None => "system".to_owned(),
-    }
-}
-
 fn start(
     tx: &Transaction<'_>,
     event: &Envelope,
@@ -219,7 +200,7 @@ fn start(
         d.knowledge_hash,
         d.model,
         d.input_event_id,
-        actor_name(d.created_by.as_ref()),
+        zopu_schema::actor_label(d.created_by.as_ref()),
         RUNNING,
         sequence as i64,
         format_time(event.time),

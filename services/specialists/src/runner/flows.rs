@@ -175,6 +175,7 @@ impl Run<'_> {
             context,
             exploration,
             max_tokens: self.max_output_tokens(),
+            preferences: request.preferences.clone(),
             ..self.agent_model_input()
         })
     }
@@ -326,6 +327,7 @@ impl Run<'_> {
             repository_commit: request.repository_commit.clone(),
             exploration: stored_exploration(previous),
             test_command: summary.and_then(|doc| test_command(&doc.body)),
+            preferences: request.preferences.clone(),
         };
         issue::define(self, &input).await
     }
