@@ -86,7 +86,7 @@ impl Running {
     }
 }
 
-fn openai(server: &FakeOpenAiServer) -> zopu_conversation::Config {
+pub(crate) fn openai(server: &FakeOpenAiServer) -> zopu_conversation::Config {
     zopu_conversation::Config {
         provider: ProviderKind::Openai,
         openai: OpenAiSettings {
@@ -409,7 +409,7 @@ async fn scenario_81_with_an_openai_compatible_tool_call() -> Result<()> {
             .request_text
             .contains("How does checkout handle payments?")
     );
-    // One call, offering the four decision tools, with the message as data.
+    // One call, offering the decision tools, with the message as data.
     assert_eq!(llm.request_count(), 1);
     let body = llm.requests()[0].json();
     let tools: Vec<String> = body["tools"]
@@ -418,7 +418,10 @@ async fn scenario_81_with_an_openai_compatible_tool_call() -> Result<()> {
         .iter()
         .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
         .collect();
-    assert_eq!(tools, ["respond", "clarify", "explore", "create_issue"]);
+    assert_eq!(
+        tools,
+        ["respond", "clarify", "remember", "explore", "create_issue"]
+    );
     assert!(body.to_string().contains("<user_message>"));
     conversation.stop().await?;
     dispatch.stop().await?;

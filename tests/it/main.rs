@@ -13,6 +13,7 @@ mod executor;
 mod forgery;
 mod foundation;
 mod gateway;
+mod memory;
 mod metrics;
 mod permissions;
 mod private_repositories;

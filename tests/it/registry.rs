@@ -20,7 +20,7 @@ use crate::conversation::{LONG, Running, events_of, org, send, setup_project, tu
 
 /// A copy of the built-in agents directory under `root`, its registry
 /// changed by `edit`.
-fn agents_dir(root: &Path, edit: impl FnOnce(&mut RegistryFile)) -> Result<PathBuf> {
+pub(crate) fn agents_dir(root: &Path, edit: impl FnOnce(&mut RegistryFile)) -> Result<PathBuf> {
     let source = zopu_tests::workspace_root().join("deploy/agents");
     let dir = root.join("agents");
     std::fs::create_dir_all(dir.join("knowledge"))?;

@@ -181,6 +181,7 @@ impl Project {
             request_text: String::new(),
             source_event_id: stored.id.to_string(),
             repository_commit: commit.to_owned(),
+            preferences: Vec::new(),
         };
         publisher
             .append(NewEvent::caused_by(
@@ -200,7 +201,22 @@ impl Project {
         text: &str,
         commit: &str,
     ) -> Result<()> {
-        self.ask_in(publisher, flow_type, text, commit, None).await
+        self.ask_in(publisher, flow_type, text, commit, None, &[])
+            .await
+    }
+
+    /// [`Project::ask`] carrying the user's stated preferences, as the
+    /// conversation agent shares them.
+    async fn ask_preferring(
+        &self,
+        publisher: &Publisher,
+        flow_type: pb::FlowType,
+        text: &str,
+        commit: &str,
+        preferences: &[&str],
+    ) -> Result<()> {
+        self.ask_in(publisher, flow_type, text, commit, None, preferences)
+            .await
     }
 
     /// [`Project::ask`] with the run id the conversation agent gives the
@@ -213,7 +229,7 @@ impl Project {
         commit: &str,
     ) -> Result<zopu_schema::FlowRunId> {
         let flow_run = zopu_schema::FlowRunId::new();
-        self.ask_in(publisher, flow_type, text, commit, Some(flow_run))
+        self.ask_in(publisher, flow_type, text, commit, Some(flow_run), &[])
             .await?;
         Ok(flow_run)
     }
@@ -225,6 +241,7 @@ impl Project {
         text: &str,
         commit: &str,
         flow_run: Option<zopu_schema::FlowRunId>,
+        preferences: &[&str],
     ) -> Result<()> {
         let message = pb::TimelineMessageSent {
             timeline_id: "global".into(),
@@ -249,6 +266,7 @@ impl Project {
             request_text: text.into(),
             source_event_id: stored.id.to_string(),
             repository_commit: commit.to_owned(),
+            preferences: preferences.iter().map(|p| (*p).to_owned()).collect(),
         };
         let mut event = NewEvent::caused_by(
             &stored.context(),
@@ -575,6 +593,55 @@ async fn offline_exploration_and_issue_are_grounded_and_labelled_heuristic() -> 
     assert_eq!(manifest.kind, pb::ArtifactKind::Issue as i32);
     zopu_schema::manifest::validate(&manifest).map_err(|errors| anyhow::anyhow!("{errors:?}"))?;
 
+    let mentions_tests = |issue: &Value| {
+        [
+            "scope",
+            "acceptance_criteria",
+            "suggested_implementation_shape",
+        ]
+        .iter()
+        .flat_map(|field| issue[*field].as_array().cloned().unwrap_or_default())
+        .any(|item| {
+            let item = item.as_str().unwrap_or("");
+            [
+                "Tests covering",
+                "Automated tests cover",
+                "Add or extend tests",
+            ]
+            .iter()
+            .any(|planned| item.contains(planned))
+        })
+    };
+    assert!(
+        mentions_tests(&issue),
+        "a draft plans tests by default: {issue}"
+    );
+
+    // The user said to skip tests in issue drafts: the next draft plans none
+    // and says why among its non-goals.
+    project
+        .ask_preferring(
+            &publisher,
+            pb::FlowType::Issue,
+            "Create an issue to add rate limiting to login",
+            &repo.commit,
+            &["Skip tests in issue drafts"],
+        )
+        .await?;
+    let (_, preferring) = finished(&terminal(&bus, &project, 3).await?)?;
+    assert!(!mentions_tests(&preferring), "{preferring}");
+    assert!(
+        preferring["non_goals"]
+            .as_array()
+            .context("non_goals")?
+            .iter()
+            .any(|goal| goal
+                .as_str()
+                .unwrap_or("")
+                .contains("asked to leave them out")),
+        "{preferring}"
+    );
+
     // One source event starts at most one run: a repeated request is ignored.
     let messages = history(
         &bus,
@@ -596,10 +663,10 @@ async fn offline_exploration_and_issue_are_grounded_and_labelled_heuristic() -> 
             &repo.commit,
         )
         .await?;
-    finished(&terminal(&bus, &project, 3).await?)?;
+    finished(&terminal(&bus, &project, 4).await?)?;
     assert_eq!(
         of_type::<pb::FlowStarted>(&bus, &project).await?.len(),
-        3,
+        4,
         "the repeated request did not start a run"
     );
     service.stop().await

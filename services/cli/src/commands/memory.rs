@@ -87,6 +87,7 @@ async fn open(ctx: &crate::Context, org: &OrgId, project: ProjectId) -> Result<F
     let bus = ctx.connect().await?;
     let dir = tempfile::tempdir().context("a temporary directory for the memory projection")?;
     let store = Store::open(&dir.path().join("memory.sqlite"))?;
+    store.prepare(&MemoryProjection)?;
     let last = zopu_core::publish::last_sequence(&bus).await?;
     let shutdown = Shutdown::new();
     tokio::spawn(zopu_core::projection::run(
