@@ -5,7 +5,8 @@
 //! The test signs in with the printed token, watches the setup screen reach
 //! ready, waits for the onboarding artifact card, sends a question, waits
 //! for the acknowledgement, a new artifact card and the final message, opens
-//! the artifact through its signed link, and stops `zopu dev` with SIGTERM
+//! the artifact through its signed link, tells the agent a lasting preference
+//! and forgets it under "What the agent remembers", and stops `zopu dev` with SIGTERM
 //! (which must also stop the nats-server it started). Screenshots of every
 //! step, at desktop (1280 px) and phone (390 px) widths, and the `zopu dev`
 //! log are written to `target/e2e-screenshots/`.
@@ -31,6 +32,7 @@ const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const INSTALL_HINT: &str = "apt-get install -y chromium chromium-driver";
 const QUESTION: &str = "How does the event envelope work?";
 const ISSUE_REQUEST: &str = "Draft an issue for validating the event envelope's headers";
+const PREFERENCE: &str = "From now on, answer in German";
 
 /// How long a single step may take (the offline provider answers in seconds).
 const STEP: Duration = Duration::from_secs(90);
@@ -238,6 +240,7 @@ async fn journey(client: &Client, dev: &mut ZopuDev, shots: &Screenshots) -> Res
 
     open_newest_artifact(client, token, shots).await?;
     approve_a_published_issue(client, shots).await?;
+    remember_and_forget_a_preference(client, shots).await?;
 
     // The setup screen through the web form: a second project from the same
     // repository reaching ready, then one whose clone fails (the form's
@@ -330,6 +333,48 @@ async fn approve_a_published_issue(client: &Client, shots: &Screenshots) -> Resu
     )
     .await?;
     shots.both(client, "07-approved").await
+}
+
+/// A lasting preference told on the timeline is confirmed there and listed
+/// under "What the agent remembers"; its Forget button removes it.
+async fn remember_and_forget_a_preference(client: &Client, shots: &Screenshots) -> Result<()> {
+    let input = wait_for(client, "form.composer textarea#message").await?;
+    input.send_keys(PREFERENCE).await?;
+    wait_for(client, "form.composer button[type=submit]")
+        .await?
+        .click()
+        .await?;
+    wait_for_js(
+        client,
+        "the agent confirming the preference on the timeline",
+        "return [...document.querySelectorAll('ol.timeline li')].some((node) => node.textContent.includes(\"Noted: I'll answer in German from now on.\"))",
+    )
+    .await?;
+    client
+        .execute(
+            "const memory = document.querySelector('details.memory'); memory.querySelector('summary').click(); memory.scrollIntoView(); return true",
+            vec![],
+        )
+        .await?;
+    wait_for_js(
+        client,
+        "the preference under What the agent remembers",
+        "return [...document.querySelectorAll('details.memory .memory-value')].some((node) => node.textContent === 'Answer in German')",
+    )
+    .await?;
+    shots.both(client, "11-memory").await?;
+    client
+        .execute(
+            "document.querySelector('details.memory button[aria-label=\"Forget preference.language\"]').click(); return true",
+            vec![],
+        )
+        .await?;
+    wait_for_js(
+        client,
+        "the memory empty after Forget",
+        "const list = document.querySelector('details.memory .memory-list'); return list.querySelector('.memory-value') === null && list.textContent.startsWith('Nothing yet')",
+    )
+    .await
 }
 
 /// A function body fragment: whether `node`'s box is inside the viewport and

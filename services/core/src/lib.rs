@@ -9,7 +9,8 @@
 //! cancellation token and task tracker; `clock` is the injected wall clock and
 //! fresh-id source; `runtime` bundles them for a service;
 //! `text` holds the length limits applied to text put into events;
-//! `metrics` is the process's Prometheus registry and its `/metrics` listener.
+//! `metrics` is the process's Prometheus registry and its `/metrics` listener;
+//! `memory` is the agents' memory on the event log (the OSSA interface).
 //!
 //! Invariants: no other crate reads a JetStream consumer directly; every
 //! append goes through [`publish::Publisher`], so every event carries

@@ -167,10 +167,16 @@
       this.agentButton = el("button", { type: "button", class: "secondary", onclick: () => this.toggleAgent() });
       this.composer = this.buildComposer();
       this.main = el("section", { class: "timeline-view", hidden: true, "aria-label": "Global timeline" }, this.timeline, this.running, this.composer);
+      // What the agent remembers (the preferences the user stated): shown
+      // when opened, each entry forgettable, all of it clearable.
+      this.memoryList = el("ul", { class: "memory-list" });
+      this.memoryError = el("p", { class: "error", role: "alert" });
+      this.memory = el("details", { class: "panel memory", ontoggle: () => { if (this.memory.open) this.loadMemory(); } },
+        el("summary", {}, "What the agent remembers"), this.memoryList, this.memoryError);
       app.replaceChildren(
         el("div", { class: "title-row" }, this.heading, this.agentButton),
         el("p", { class: "muted small" }, project.repository + " · " + project.branch),
-        this.setup, this.main);
+        this.setup, this.memory, this.main);
       this.renderAgent();
       this.renderSetup(project.setup);
       this.setRunning(project.running);
@@ -217,6 +223,29 @@
       this.backoff = Math.min(30000, (this.backoff || 500) * 2);
       clearTimeout(this.reconnect);
       this.reconnect = setTimeout(() => this.listen(), this.backoff);
+    }
+
+    async loadMemory() {
+      const base = `/v1/projects/${this.project.project_id}/memory`;
+      this.memoryError.textContent = "";
+      let listed;
+      try { listed = await api("GET", base); } catch (failure) { this.memoryError.textContent = failure.message; return; }
+      if (!listed.entries.length) {
+        this.memoryList.replaceChildren(el("li", { class: "muted" }, "Nothing yet. Tell the agent a lasting preference, such as “From now on, answer in German”."));
+        return;
+      }
+      const act = async (method, path) => {
+        try { await api(method, path); } catch (failure) { this.memoryError.textContent = failure.message; }
+        await this.loadMemory();
+      };
+      const items = listed.entries.map((entry) => el("li", {},
+        el("span", { class: "memory-value" }, entry.value),
+        el("span", { class: "muted small" }, ` ${entry.key} · ${entry.set_by.startsWith("agent:") ? "from the conversation" : entry.set_by}` +
+          (entry.expires_at_unix_ms ? " · until " + new Date(entry.expires_at_unix_ms).toLocaleString() : "")),
+        el("button", { type: "button", class: "secondary small", "aria-label": "Forget " + entry.key,
+          onclick: () => act("DELETE", `${base}/${encodeURIComponent(entry.key)}`) }, "Forget")));
+      items.push(el("li", {}, el("button", { type: "button", class: "secondary small", onclick: () => act("DELETE", base) }, "Clear all")));
+      this.memoryList.replaceChildren(...items);
     }
 
     renderAgent() {
