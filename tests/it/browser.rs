@@ -172,12 +172,7 @@ async fn journey(client: &Client, dev: &mut ZopuDev, shots: &Screenshots) -> Res
     // A question: the message at once, then acknowledgement, artifact, final.
     let before = counts(client).await?;
     let asked = Instant::now();
-    let input = wait_for(client, "form.composer textarea#message").await?;
-    input.send_keys(QUESTION).await?;
-    wait_for(client, "form.composer button[type=submit]")
-        .await?
-        .click()
-        .await?;
+    send_from_composer(client, QUESTION).await?;
     wait_for_js(
         client,
         "the user's message on the timeline, clear of the composer",
@@ -286,12 +281,7 @@ async fn journey(client: &Client, dev: &mut ZopuDev, shots: &Screenshots) -> Res
 /// the timeline, and then the executor's outcome on the card.
 async fn approve_a_published_issue(client: &Client, shots: &Screenshots) -> Result<()> {
     let cards = counts(client).await?["li.card.artifact"];
-    let input = wait_for(client, "form.composer textarea#message").await?;
-    input.send_keys(ISSUE_REQUEST).await?;
-    wait_for(client, "form.composer button[type=submit]")
-        .await?
-        .click()
-        .await?;
+    send_from_composer(client, ISSUE_REQUEST).await?;
     let publish = "[...document.querySelectorAll('li.card.artifact .actions button')].find((button) => button.textContent === 'Publish to tracker')";
     wait_for_js(
         client,
@@ -335,15 +325,21 @@ async fn approve_a_published_issue(client: &Client, shots: &Screenshots) -> Resu
     shots.both(client, "07-approved").await
 }
 
-/// A lasting preference told on the timeline is confirmed there and listed
-/// under "What the agent remembers"; its Forget button removes it.
-async fn remember_and_forget_a_preference(client: &Client, shots: &Screenshots) -> Result<()> {
+/// Types `text` into the composer and sends it.
+async fn send_from_composer(client: &Client, text: &str) -> Result<()> {
     let input = wait_for(client, "form.composer textarea#message").await?;
-    input.send_keys(PREFERENCE).await?;
+    input.send_keys(text).await?;
     wait_for(client, "form.composer button[type=submit]")
         .await?
         .click()
         .await?;
+    Ok(())
+}
+
+/// A lasting preference told on the timeline is confirmed there and listed
+/// under "What the agent remembers"; its Forget button removes it.
+async fn remember_and_forget_a_preference(client: &Client, shots: &Screenshots) -> Result<()> {
+    send_from_composer(client, PREFERENCE).await?;
     wait_for_js(
         client,
         "the agent confirming the preference on the timeline",

@@ -224,6 +224,21 @@ async fn the_memory_interface_sets_reads_searches_expires_and_clears_on_the_even
     Ok(())
 }
 
+/// Sends `text`, waits for its turn, and returns the preferences of the one
+/// flow it requested.
+async fn preferences_handed_on(
+    bus: &zopu_core::nats::Bus,
+    org: &OrgId,
+    project: ProjectId,
+    text: &str,
+) -> Result<Vec<String>> {
+    let sent = send(bus, org, project, text).await?;
+    turn_end(bus, org, project, sent.request).await?;
+    let flows = events_of::<pb::FlowRequested>(bus, org, project, Some(sent.request)).await?;
+    ensure!(flows.len() == 1, "{text:?} requested {} flows", flows.len());
+    Ok(flows[0].decode::<pb::FlowRequested>()?.preferences)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stated_preference_reaches_later_work_until_the_user_clears_it() -> Result<()> {
     let server = NatsServer::start()?;
@@ -267,18 +282,14 @@ async fn a_stated_preference_reaches_later_work_until_the_user_clears_it() -> Re
     ensure!(reply.contains("leave tests out of issue drafts"), "{reply}");
 
     // A later issue request hands it to the issue writer.
-    let asked = send(
-        &bus,
-        &org,
-        project,
-        "Create an issue for the flaky payment tests",
-    )
-    .await?;
-    turn_end(&bus, &org, project, asked.request).await?;
-    let flows = events_of::<pb::FlowRequested>(&bus, &org, project, Some(asked.request)).await?;
-    assert_eq!(flows.len(), 1);
     assert_eq!(
-        flows[0].decode::<pb::FlowRequested>()?.preferences,
+        preferences_handed_on(
+            &bus,
+            &org,
+            project,
+            "Create an issue for the flaky payment tests"
+        )
+        .await?,
         ["Skip tests in issue drafts"]
     );
 
@@ -379,22 +390,14 @@ async fn a_stated_preference_reaches_later_work_until_the_user_clears_it() -> Re
     );
 
     // Later work no longer gets it.
-    let again = send(
+    let handed = preferences_handed_on(
         &bus,
         &org,
         project,
         "Create an issue for the slow CSV export",
     )
     .await?;
-    turn_end(&bus, &org, project, again.request).await?;
-    let flows = events_of::<pb::FlowRequested>(&bus, &org, project, Some(again.request)).await?;
-    assert_eq!(flows.len(), 1);
-    assert!(
-        flows[0]
-            .decode::<pb::FlowRequested>()?
-            .preferences
-            .is_empty()
-    );
+    assert!(handed.is_empty(), "{handed:?}");
 
     // A gateway projection rebuilt from the stream holds nothing of it.
     let rebuilt_dir = dir.path().join("rebuilt");
@@ -526,12 +529,8 @@ async fn a_model_sees_the_stated_preference_and_mesh_rules_limit_delegation_and_
     );
 
     // An allowed specialist gets the work and the preference.
-    let explored = send(&bus, &org, project, "How does checkout work?").await?;
-    turn_end(&bus, &org, project, explored.request).await?;
-    let flows = events_of::<pb::FlowRequested>(&bus, &org, project, Some(explored.request)).await?;
-    assert_eq!(flows.len(), 1);
     assert_eq!(
-        flows[0].decode::<pb::FlowRequested>()?.preferences,
+        preferences_handed_on(&bus, &org, project, "How does checkout work?").await?,
         ["Answer in German"]
     );
     conversation.stop().await?;

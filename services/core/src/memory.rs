@@ -231,15 +231,15 @@ pub fn set_payload(
         Tier::Working => WORKING_TTL_MAX,
         Tier::LongTerm => LONG_TERM_TTL_MAX,
     };
-    if let Some(ttl) = ttl {
-        if ttl.is_zero() || ttl > max {
-            return Err(MemoryError::Ttl(format!(
-                "a {} entry lives 1 second to {} seconds, not {} seconds",
-                write.tier.as_str(),
-                max.as_secs(),
-                ttl.as_secs()
-            )));
-        }
+    if let Some(ttl) = ttl
+        && (ttl.is_zero() || ttl > max)
+    {
+        return Err(MemoryError::Ttl(format!(
+            "a {} entry lives 1 second to {} seconds, not {} seconds",
+            write.tier.as_str(),
+            max.as_secs(),
+            ttl.as_secs()
+        )));
     }
     let expires_at_unix_ms = ttl.map_or(0, |ttl| {
         now_ms.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
@@ -400,7 +400,7 @@ pub fn search(entries: Vec<Entry>, query: &str) -> Vec<Entry> {
             words.iter().all(|word| text.contains(word.as_str()))
         })
         .collect();
-    found.sort_by(|a, b| b.sequence.cmp(&a.sequence));
+    found.sort_by_key(|entry| std::cmp::Reverse(entry.sequence));
     found
 }
 
