@@ -102,6 +102,8 @@ async fn only_registered_agents_run_and_a_changed_knowledge_file_is_recorded_and
     let agents = agents_dir(dir.path(), |file| {
         file.agents.retain(|agent| agent.key != "onboarding");
         for agent in &mut file.agents {
+            // Mesh rules may name only agents of the registry.
+            agent.mesh.allow.retain(|key| key != "onboarding");
             if agent.key == "explorer" {
                 agent.enabled = false;
             }
