@@ -340,9 +340,13 @@ async fn a_stated_preference_reaches_later_work_until_the_user_clears_it() -> Re
     assert_eq!(status, reqwest::StatusCode::OK, "{written}");
     assert_eq!(written["set_by"], "user:ada", "{written}");
     assert!(written["expires_at_unix_ms"].is_i64(), "{written}");
-    let (status, forgotten) = gateway.delete(&format!("{path}/preference.tone")).await?;
+    // Forgotten once; a retry of the same request answers the same, a new request 404.
+    let tone = format!("{path}/preference.tone");
+    let (status, forgotten) = gateway.delete_as(&tone, "forget-tone-1").await?;
     assert_eq!(status, reqwest::StatusCode::OK, "{forgotten}");
-    let (status, _) = gateway.delete(&format!("{path}/preference.tone")).await?;
+    let (status, retried) = gateway.delete_as(&tone, "forget-tone-1").await?;
+    assert_eq!(status, reqwest::StatusCode::OK, "{retried}");
+    let (status, _) = gateway.delete(&tone).await?;
     assert_eq!(status, reqwest::StatusCode::NOT_FOUND);
     let (status, _) = gateway
         .get(&format!("/v1/projects/{}/memory", ProjectId::new()))

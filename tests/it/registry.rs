@@ -428,6 +428,20 @@ impl Gateway {
             .await
     }
 
+    /// A DELETE under the caller's request id (`X-Request-Id`), as a retry sends it.
+    pub(crate) async fn delete_as(
+        &self,
+        path: &str,
+        request_id: &str,
+    ) -> Result<(StatusCode, Value)> {
+        self.send(
+            self.http
+                .delete(format!("{}{path}", self.base))
+                .header("x-request-id", request_id),
+        )
+        .await
+    }
+
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<(StatusCode, Value)> {
         let response = request.bearer_auth(&self.token).send().await?;
         let status = response.status();

@@ -477,15 +477,20 @@ impl Memory {
             .await?)
     }
 
+    /// The idempotency key of this request's `what`.
+    fn request_key(&self, what: &str) -> String {
+        keys::user_request(
+            &self.namespace.project,
+            &self.requester.request_id,
+            &format!("memory:{}:{what}", self.namespace.agent_id),
+        )
+    }
+
     async fn append<E: Event>(&self, payload: &E, what: &str) -> Result<u64, MemoryError> {
         if self.requester.author.kind() == pb::actor::Kind::Agent {
             return Err(crate::commands::Invalid::AgentAuthor.into());
         }
-        let key = keys::user_request(
-            &self.namespace.project,
-            &self.requester.request_id,
-            &format!("memory:{}:{what}", self.namespace.agent_id),
-        );
+        let key = self.request_key(what);
         let event = NewEvent::root(
             self.namespace.org.clone(),
             self.namespace.project,
@@ -537,6 +542,17 @@ impl MemoryProvider for Memory {
     }
 
     async fn delete(&self, key: &str) -> Result<bool, MemoryError> {
+        // A retried request answers as the first did (when this service
+        // indexes keys: the gateway does).
+        let what = format!("delete:{key}");
+        if self
+            .publisher
+            .recorded(&self.request_key(&what))
+            .await?
+            .is_some()
+        {
+            return Ok(true);
+        }
         if !self.exists(key).await? {
             return Ok(false);
         }
@@ -545,7 +561,7 @@ impl MemoryProvider for Memory {
             key: key.to_owned(),
             by: Some(self.requester.author.clone()),
         };
-        self.append(&payload, &format!("delete:{key}")).await?;
+        self.append(&payload, &what).await?;
         Ok(true)
     }
 
