@@ -236,9 +236,11 @@ impl Shared {
             ctx,
             cause,
             ids.clone(),
-            request.agent_id.clone(),
-            definition,
-            provider_label,
+            RunAgent {
+                id: request.agent_id.clone(),
+                definition,
+                provider_label,
+            },
             started_at_elapsed.unwrap_or_default(),
         );
         if started_at_elapsed.is_some() {
@@ -331,6 +333,14 @@ struct Run<'a> {
     scope: Option<String>,
 }
 
+/// The agent a run runs as: its id, its registry definition, the provider
+/// label its steps record.
+struct RunAgent<'a> {
+    id: String,
+    definition: &'a RegisteredAgent,
+    provider_label: String,
+}
+
 impl<'a> Run<'a> {
     /// A run in its init phase; `started_at_elapsed` is the time a resumed
     /// run already spent, taken from its total timeout.
@@ -339,11 +349,14 @@ impl<'a> Run<'a> {
         ctx: &'a ReactionContext,
         cause: EventContext,
         ids: RunIds,
-        agent_id: String,
-        definition: &'a RegisteredAgent,
-        provider_label: String,
+        agent: RunAgent<'a>,
         started_at_elapsed: Duration,
     ) -> Self {
+        let RunAgent {
+            id: agent_id,
+            definition,
+            provider_label,
+        } = agent;
         let now = Instant::now();
         let total = shared.config.flow.total_timeout;
         Self {
