@@ -1,6 +1,7 @@
 //! The workspace's one integration-test binary. Every test starts its own
 //! nats-server (see `zopu_tests::NatsServer`).
 
+mod agent_api;
 mod artifacts;
 mod browser;
 mod chaos;

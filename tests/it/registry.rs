@@ -428,6 +428,26 @@ impl Gateway {
             .await
     }
 
+    /// A GET with another bearer credential (an agent key, say); `None`: none at all.
+    pub(crate) async fn get_as(
+        &self,
+        path: &str,
+        bearer: Option<&str>,
+    ) -> Result<(StatusCode, Value)> {
+        let mut request = self.http.get(format!("{}{path}", self.base));
+        if let Some(bearer) = bearer {
+            request = request.bearer_auth(bearer);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        Ok((status, response.json().await.unwrap_or(Value::Null)))
+    }
+
+    /// The user token this gateway issued for the tests.
+    pub(crate) fn user_token(&self) -> &str {
+        &self.token
+    }
+
     /// A DELETE under the caller's request id (`X-Request-Id`), as a retry sends it.
     pub(crate) async fn delete_as(
         &self,

@@ -91,6 +91,14 @@ impl ApiError {
         )
     }
 
+    pub fn agent_unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid agent key is required (Authorization: Bearer zak_...; ask the operator: zopu agent key create)",
+        )
+    }
+
     pub fn unauthorized() -> Self {
         Self::new(
             StatusCode::UNAUTHORIZED,
@@ -357,6 +365,41 @@ impl<S: Send + Sync> FromRequestParts<S> for RequestId {
 #[derive(Debug, Clone)]
 pub struct Caller(pub Principal);
 
+/// An external agent calling the Agent API, from `Authorization: Bearer zak_...`.
+#[derive(Debug, Clone)]
+pub struct AgentCaller(pub crate::agent_keys::AgentPrincipal);
+
+impl FromRequestParts<AppState> for AgentCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let key = bearer(parts).ok_or_else(ApiError::agent_unauthorized)?;
+        if key.starts_with(crate::tokens::TOKEN_PREFIX) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "user_token",
+                "the Agent API takes an agent key (Authorization: Bearer zak_...; zopu agent key create), not a user token",
+            ));
+        }
+        let api = state.agent_api.as_ref().ok_or_else(|| {
+            ApiError::unavailable(
+                "agent api",
+                "this gateway was started without the Agent API",
+            )
+        })?;
+        let verified = tokio::time::timeout(state.config.request_timeout, api.keys.verify(&key))
+            .await
+            .map_err(|_| ApiError::unavailable("token store", "read timed out"))?
+            .map_err(|error| ApiError::unavailable("token store", error))?;
+        verified
+            .map(AgentCaller)
+            .ok_or_else(ApiError::agent_unauthorized)
+    }
+}
+
 impl Caller {
     /// 403 unless the caller's token has `scope`; `what` names the action
     /// in the error ("sending a message").
@@ -382,6 +425,13 @@ impl FromRequestParts<AppState> for Caller {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         let token = bearer(parts).ok_or_else(ApiError::unauthorized)?;
+        if token.starts_with(crate::agent_keys::KEY_PREFIX) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "agent_key",
+                "an agent key works only on the Agent API (/v1/agent/...); this route takes a user token (zpt_...)",
+            ));
+        }
         authenticate(state, &token).await.map(Caller)
     }
 }

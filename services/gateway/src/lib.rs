@@ -33,6 +33,7 @@ use std::time::Duration;
 use zopu_core::config::{ConfigError, CoreConfig, duration};
 use zopu_core::{Runtime, Shutdown};
 
+pub mod agent_keys;
 pub mod api;
 pub mod changes;
 pub mod http;
@@ -237,6 +238,10 @@ pub enum Error {
     Tokens(#[from] tokens::TokenError),
     #[error(transparent)]
     LinkKey(#[from] links::LinkKeyError),
+    #[error(transparent)]
+    AgentKeys(#[from] agent_keys::AgentKeyError),
+    #[error(transparent)]
+    Registry(#[from] zopu_core::registry::RegistryError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -268,7 +273,18 @@ pub struct AppState {
     /// The secret store of environment values; `None` when the process has
     /// no `ZOPU_SECRETS_KEY` (the environment routes answer 503, naming it).
     pub secrets: Option<zopu_core::secret_store::SecretStore>,
+    /// The Agent API's keys and the registry its agents are defined in;
+    /// `None` in a state built without them (its routes answer 503).
+    pub agent_api: Option<AgentApi>,
     sse_clients: Arc<AtomicUsize>,
+}
+
+/// What the Agent API (`/v1/agent/...`) checks its callers against.
+#[derive(Debug, Clone)]
+pub struct AgentApi {
+    pub keys: agent_keys::AgentKeyStore,
+    /// The agent registry as this gateway loaded it at start.
+    pub registry: Arc<zopu_core::registry::Registry>,
 }
 
 /// The opened `zopu-artifacts` object store.
@@ -304,6 +320,7 @@ impl AppState {
             config: Arc::new(config),
             link_key,
             secrets: None,
+            agent_api: None,
             sse_clients: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -349,6 +366,14 @@ pub async fn start(
         config,
     );
     state.secrets = secrets;
+    let registry = zopu_core::registry::Registry::load(core.agents_dir.as_deref(), None)?;
+    let keys = agent_keys::AgentKeyStore::open(&state.runtime.bus.jetstream)
+        .await?
+        .with_clock(state.runtime.clock.clone());
+    state.agent_api = Some(AgentApi {
+        keys,
+        registry: Arc::new(registry),
+    });
     Ok(state)
 }
 

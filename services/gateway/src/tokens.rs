@@ -358,7 +358,48 @@ impl Entry {
 
 /// The id part of a well-formed token, or `None`.
 pub fn token_id(token: &str) -> Option<&str> {
-    let body = token.strip_prefix(TOKEN_PREFIX)?;
+    credential_id(token, TOKEN_PREFIX)
+}
+
+pub(crate) fn is_token_id(id: &str) -> bool {
+    id.len() == TOKEN_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Whether `secret` hashes to `sha256` (lowercase hex), compared in
+/// constant time (CtOutput's PartialEq is constant-time).
+pub(crate) fn digest_matches(secret: &str, sha256: &str) -> bool {
+    use hmac::digest::CtOutput;
+    let given = CtOutput::<Sha256>::new(Sha256::digest(secret.as_bytes()));
+    let Some(stored) = hex::decode(sha256)
+        .ok()
+        .and_then(|stored| <[u8; 32]>::try_from(stored).ok())
+    else {
+        return false;
+    };
+    given == CtOutput::new(stored.into())
+}
+
+/// The lowercase hex SHA-256 of `secret` (what a bucket entry stores).
+pub(crate) fn digest_hex(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// A fresh credential: `prefix`, [`TOKEN_ID_LEN`] hex digits of id and 64
+/// of secret, with its id.
+pub(crate) fn fresh_credential(prefix: &str) -> (String, String) {
+    let mut random = [0u8; TOKEN_ID_LEN / 2 + SECRET_LEN / 2];
+    rand::rng().fill_bytes(&mut random);
+    let body = hex::encode(random);
+    let id = body[..TOKEN_ID_LEN].to_owned();
+    (format!("{prefix}{body}"), id)
+}
+
+/// The id of a credential `prefix` + id + secret, if it is well formed.
+pub(crate) fn credential_id<'a>(credential: &'a str, prefix: &str) -> Option<&'a str> {
+    let body = credential.strip_prefix(prefix)?;
     let well_formed = body.len() == TOKEN_ID_LEN + SECRET_LEN
         && body
             .bytes()
@@ -366,21 +407,9 @@ pub fn token_id(token: &str) -> Option<&str> {
     well_formed.then(|| &body[..TOKEN_ID_LEN])
 }
 
-fn is_token_id(id: &str) -> bool {
-    id.len() == TOKEN_ID_LEN
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
 /// The principal of `token` if `entry` (read under the token's id) accepts it at `now`.
 fn admit(token: &str, entry: &Entry, info: &TokenInfo, now: OffsetDateTime) -> Option<Principal> {
-    use hmac::digest::CtOutput;
-    // Compare digests in constant time (CtOutput's PartialEq is constant-time).
-    let given = CtOutput::<Sha256>::new(Sha256::digest(token.as_bytes()));
-    let stored = hex::decode(&entry.sha256).ok()?;
-    let stored: [u8; 32] = stored.try_into().ok()?;
-    if given != CtOutput::new(stored.into()) {
+    if !digest_matches(token, &entry.sha256) {
         return None;
     }
     (info.status(now) == TokenStatus::Active).then(|| Principal {
@@ -421,7 +450,7 @@ pub fn parse_ttl(text: &str) -> Result<Duration, TokenError> {
     Ok(ttl)
 }
 
-fn check_ttl(ttl: Duration) -> Result<(), TokenError> {
+pub(crate) fn check_ttl(ttl: Duration) -> Result<(), TokenError> {
     if (TTL_MIN..=TTL_MAX).contains(&ttl) {
         Ok(())
     } else {
@@ -526,17 +555,12 @@ impl TokenStore {
         if scopes.is_empty() {
             return Err(TokenError::BadScope(String::new()));
         }
-        let mut random = [0u8; TOKEN_ID_LEN / 2 + SECRET_LEN / 2];
-        rand::rng().fill_bytes(&mut random);
-        let token = format!("{TOKEN_PREFIX}{}", hex::encode(random));
-        let id = token_id(&token)
-            .ok_or_else(|| TokenError::store("make a token", "generated token is malformed"))?
-            .to_owned();
+        let (token, id) = fresh_credential(TOKEN_PREFIX);
         let expires_at = now + ttl;
         let format = zopu_schema::envelope::format_time;
         let entry = Entry {
             format: ENTRY_FORMAT,
-            sha256: hex::encode(Sha256::digest(token.as_bytes())),
+            sha256: digest_hex(&token),
             org: org.to_string(),
             user: user.to_owned(),
             created_at: format(now),
@@ -649,6 +673,8 @@ impl TokenStore {
             .try_collect()
             .await
             .map_err(|error| TokenError::store("list tokens", error))?;
+        // Agent API keys share the bucket under `agent-<id>` (crate::agent_keys).
+        ids.retain(|id| is_token_id(id));
         ids.sort();
         Ok(ids)
     }

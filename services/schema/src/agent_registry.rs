@@ -37,6 +37,18 @@ pub const MODEL_TOOLS: &[&str] = &["describe", "list_files", "read_file", "searc
 /// an approval before the executor acts).
 pub const RECOMMENDABLE_ACTIONS: &[&str] = &[approval::PUBLISH_ISSUE];
 
+/// What an external agent may do through the Agent API (`/v1/agent/...`):
+/// read the timeline, read its candidates, post a message, open a Work,
+/// request a flow, propose an artifact.
+pub const AGENT_API_CAPABILITIES: &[&str] = &[
+    "read_timeline",
+    "read_candidates",
+    "post_message",
+    "open_work",
+    "request_flow",
+    "propose_artifact",
+];
+
 /// The registry format version this build reads.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -62,6 +74,9 @@ pub enum AgentKind {
     Conversation,
     /// A specialist: runs the flows its routing names.
     Specialist,
+    /// An agent running on someone else's infrastructure: it calls the
+    /// Agent API with its keys, within its `capabilities`.
+    External,
 }
 
 impl AgentKind {
@@ -69,6 +84,7 @@ impl AgentKind {
         match self {
             Self::Conversation => "conversation",
             Self::Specialist => "specialist",
+            Self::External => "external",
         }
     }
 }
@@ -137,6 +153,11 @@ pub struct AgentDefinition {
     /// The other agents it may delegate work to and share its memory with.
     #[serde(default)]
     pub mesh: Mesh,
+    /// An external agent: what it may do through the Agent API (a subset
+    /// of `read_timeline`, `read_candidates`, `post_message`, `open_work`,
+    /// `request_flow`, `propose_artifact`); empty for the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
 }
 
 /// Mesh rules: which agents an agent may hand work to and share what it
@@ -289,7 +310,30 @@ impl RegistryFile {
                     format!("{tokens} is outside 1 to 32768"),
                 );
             }
+            for capability in &agent.capabilities {
+                if !AGENT_API_CAPABILITIES.contains(&capability.as_str()) {
+                    problem(
+                        "capabilities",
+                        format!(
+                            "unknown capability {capability:?} (known: {})",
+                            AGENT_API_CAPABILITIES.join(", ")
+                        ),
+                    );
+                }
+            }
+            match (agent.kind, agent.capabilities.is_empty()) {
+                (AgentKind::External, true) => problem(
+                    "capabilities",
+                    "an external agent needs at least one capability".to_owned(),
+                ),
+                (AgentKind::Conversation | AgentKind::Specialist, false) => problem(
+                    "capabilities",
+                    "only an external agent has Agent API capabilities".to_owned(),
+                ),
+                _ => {}
+            }
             match agent.kind {
+                AgentKind::External => {}
                 AgentKind::Conversation => conversation_agents += 1,
                 AgentKind::Specialist => {
                     if agent.routing.flows.is_empty() {
@@ -446,7 +490,42 @@ mod tests {
                 required_sections: vec!["Role".to_owned()],
             }],
             mesh: Mesh::default(),
+            capabilities: Vec::new(),
         }
+    }
+
+    #[test]
+    fn external_agents_need_known_capabilities_and_only_they_have_any() {
+        let mut external = specialist("partner-bot", RoutedFlow::Explore);
+        external.kind = AgentKind::External;
+        let mut with_one = external.clone();
+        with_one.capabilities = vec!["read_candidates".to_owned(), "post_message".to_owned()];
+        let file = |agents| RegistryFile {
+            format: FORMAT_VERSION,
+            agents,
+        };
+        assert_eq!(file(vec![with_one.clone()]).validate(), Vec::new());
+        let problems = file(vec![external]).validate();
+        assert_eq!(problems[0].at, "agent[0] (partner-bot).capabilities");
+        let mut unknown = with_one.clone();
+        unknown.capabilities.push("deploy".to_owned());
+        assert!(
+            file(vec![unknown]).validate()[0]
+                .reason
+                .contains("unknown capability \"deploy\"")
+        );
+        let mut specialist_with = specialist("explorer", RoutedFlow::Explore);
+        specialist_with.capabilities = vec!["post_message".to_owned()];
+        assert!(
+            file(vec![specialist_with]).validate()[0]
+                .reason
+                .contains("only an external agent")
+        );
+        // An external agent's flows do not count as routed to it.
+        assert_eq!(
+            file(vec![with_one, specialist("explorer", RoutedFlow::Explore)]).validate(),
+            Vec::new()
+        );
     }
 
     #[test]

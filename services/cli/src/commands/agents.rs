@@ -27,6 +27,8 @@ fn summary(agent: &RegisteredAgent) -> serde_json::Value {
         "tools": definition.tools,
         "flows": definition.routing.flows.iter().map(|flow| flow.as_str()).collect::<Vec<_>>(),
         "recommends": definition.recommends,
+        "capabilities": definition.capabilities,
+        "mesh": {"allow": definition.mesh.allow, "deny": definition.mesh.deny},
         "knowledge": definition.knowledge.iter().map(|source| source.path.as_str()).collect::<Vec<_>>(),
         "definition_hash": agent.definition_hash,
         "prompt_package_version": agent.package.version,

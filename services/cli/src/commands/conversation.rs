@@ -41,6 +41,8 @@ pub enum AgentAction {
     List,
     /// One registered agent's definition and prompt package
     Show(ShowArgs),
+    /// The Agent API keys of external agents: create, list, rotate, revoke
+    Key(super::agent_key::KeyArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -198,6 +200,7 @@ pub async fn run_agent(ctx: &crate::Context, args: AgentArgs) -> Result<ExitCode
     match args.action {
         AgentAction::List => super::agents::list(ctx),
         AgentAction::Show(show) => super::agents::show(ctx, &show.key, show.package),
+        AgentAction::Key(key) => super::agent_key::run(ctx, key).await,
         AgentAction::Disable(switch) => kill_switch(ctx, switch, true).await,
         AgentAction::Enable(switch) => kill_switch(ctx, switch, false).await,
     }

@@ -1,6 +1,7 @@
 //! One module per command group. Each exposes clap argument types and a
 //! `run_*` function returning the process exit code.
 
+pub mod agent_key;
 pub mod agents;
 pub mod approvals;
 pub mod artifact;

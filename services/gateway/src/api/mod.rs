@@ -29,6 +29,7 @@ use crate::http::{ApiError, Caller, ErrorBody, RequestId};
 use crate::views::{ProjectView, queries};
 
 mod agent;
+mod agent_api;
 mod append;
 mod approvals;
 mod artifacts;
@@ -60,7 +61,7 @@ pub use works::ThreadList;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, cancelling a flow, environment values and repository credentials (kept in the secret store, never returned), the agent's memory, approvals and the agent run log. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
+    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, cancelling a flow, environment values and repository credentials (kept in the secret store, never returned), the agent's memory, approvals, the Agent API for external agents (`/v1/agent/...` with an agent key `zak_...`), and the agent run log. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
     modifiers(&BearerAuth),
     components(schemas(ErrorBody))
 )]
@@ -73,6 +74,11 @@ impl Modify for BearerAuth {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+        // The Agent API's keys (`zak_...`), a bearer credential of their own.
+        components.add_security_scheme(
+            "agent_key",
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
     }
@@ -103,6 +109,8 @@ pub fn router(state: AppState) -> Router {
             environment::set_environment_value,
             environment::delete_environment_value
         ))
+        .routes(routes!(agent_api::agent_config))
+        .routes(routes!(agent_api::agent_candidates))
         .routes(routes!(memory::list_memory, memory::clear_memory))
         .routes(routes!(memory::set_memory, memory::delete_memory))
         .routes(routes!(repository_credentials::list_repository_credentials))

@@ -817,6 +817,36 @@ pub fn items(
     with_children(conn, org, rows)
 }
 
+/// The users' messages of `projects` after stream sequence `after`, oldest
+/// first (an external agent's candidates).
+pub fn user_messages(
+    conn: &Connection,
+    org: &OrgId,
+    projects: &[ProjectId],
+    after: u64,
+    limit: usize,
+) -> rusqlite::Result<Vec<ItemRow>> {
+    let after = i64::try_from(after).unwrap_or(i64::MAX);
+    let projects: Vec<String> = projects.iter().map(ToString::to_string).collect();
+    let projects = serde_json::to_string(&projects).unwrap_or_else(|_| "[]".to_owned());
+    conn.prepare_cached(&format!(
+        "SELECT {ITEM_COLUMNS} FROM gw_timeline
+         WHERE org = ?1 AND kind = ?2 AND sequence > ?3
+         AND project_id IN (SELECT value FROM json_each(?4)) ORDER BY sequence LIMIT ?5"
+    ))?
+    .query_map(
+        params![
+            org.as_str(),
+            ItemKind::UserMessage.name(),
+            after,
+            projects,
+            limit as i64
+        ],
+        item_row,
+    )?
+    .collect()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

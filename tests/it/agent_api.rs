@@ -1,0 +1,308 @@
+//! The Agent API's keys, config and candidates (issue 18 item 1, first part)
+//! against a real nats-server and the gateway over HTTP: a scoped key
+//! issued by the CLI and the store, the user-token / agent-key separation,
+//! candidates paged by cursor within the key's projects and capabilities,
+//! rotation with an overlap in which both keys work, revocation, and an
+//! agent the registry disables.
+
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use reqwest::StatusCode;
+use zopu_core::clock::ManualClock;
+use zopu_gateway::agent_keys::{AgentGrant, AgentKeyStore};
+use zopu_schema::ProjectId;
+use zopu_schema::agent_registry::{AgentDefinition, AgentKind, Routing};
+use zopu_tests::{NatsServer, bus};
+
+use crate::conversation::{org, send, setup_project};
+use crate::registry::{Gateway, agents_dir, request_setup};
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+fn external(key: &str, enabled: bool) -> AgentDefinition {
+    AgentDefinition {
+        key: key.to_owned(),
+        kind: AgentKind::External,
+        version: "1.0.0".to_owned(),
+        description: "A partner's triage bot that answers on the timeline.".to_owned(),
+        enabled,
+        tools: Vec::new(),
+        model: Default::default(),
+        routing: Routing::default(),
+        recommends: Vec::new(),
+        knowledge: Vec::new(),
+        mesh: Default::default(),
+        capabilities: vec!["read_candidates".to_owned(), "post_message".to_owned()],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatable_key()
+-> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let dir = tempfile::tempdir()?;
+    let agents = agents_dir(dir.path(), |file| {
+        file.agents.push(external("partner-bot", true));
+        file.agents.push(external("sleeper", false));
+    })?;
+    let clock = ManualClock::starting_at(time::OffsetDateTime::now_utc());
+    let core = zopu_core::config::CoreConfig {
+        agents_dir: Some(agents.clone()),
+        clock: clock.clock(),
+        ..zopu_tests::core_config(&server, &dir.path().join("gateway"))
+    };
+    let gateway = Gateway::start_with(core).await?;
+    let acme = org("acme");
+    let (project, other) = (ProjectId::new(), ProjectId::new());
+    for id in [project, other] {
+        request_setup(&bus, &acme, id).await?;
+        setup_project(&bus, &acme, id).await?;
+    }
+    let first = send(&bus, &acme, project, "Why does the nightly build fail?").await?;
+    send(
+        &bus,
+        &acme,
+        project,
+        "Can someone look at the flaky login test?",
+    )
+    .await?;
+    send(
+        &bus,
+        &acme,
+        other,
+        "A message in a project the key does not cover",
+    )
+    .await?;
+    gateway.caught_up(&bus).await?;
+
+    // The operator issues a key through the CLI: printed once, then listed without it.
+    let zopu = zopu_tests::zopu_binary(&zopu_tests::workspace_root())?;
+    let cli = |args: &[&str]| -> Result<std::process::Output> {
+        Ok(Command::new(&zopu)
+            .args(["--nats", server.url().as_str(), "agent", "key"])
+            .args(args)
+            .env("ZOPU_AGENTS_DIR", &agents)
+            .output()?)
+    };
+    let project_arg = project.to_string();
+    let created = cli(&[
+        "create",
+        "partner-bot",
+        "--org",
+        "acme",
+        "--project",
+        &project_arg,
+    ])?;
+    ensure!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let key = String::from_utf8(created.stdout)?.trim().to_owned();
+    ensure!(key.starts_with("zak_") && key.len() == 84, "{key}");
+    let refused = cli(&[
+        "create",
+        "explorer",
+        "--org",
+        "acme",
+        "--project",
+        &project_arg,
+    ])?;
+    ensure!(!refused.status.success());
+    let reason = String::from_utf8_lossy(&refused.stderr);
+    ensure!(reason.contains("kind external"), "{reason}");
+    let refused = cli(&[
+        "create",
+        "partner-bot",
+        "--org",
+        "acme",
+        "--project",
+        &project_arg,
+        "--capability",
+        "open_work",
+    ])?;
+    ensure!(!refused.status.success());
+    ensure!(
+        String::from_utf8_lossy(&refused.stderr)
+            .contains("registered with read_candidates, post_message")
+    );
+    let listed = cli(&["list"])?;
+    let listing = String::from_utf8(listed.stdout)?;
+    ensure!(
+        listing.contains("partner-bot") && listing.contains("active"),
+        "{listing}"
+    );
+    ensure!(!listing.contains(&key[4..]), "the list shows no key");
+
+    // Config: what the key's agent may do.
+    let (status, config) = gateway.get_as("/v1/agent/config", Some(&key)).await?;
+    assert_eq!(status, StatusCode::OK, "{config}");
+    assert_eq!(config["agent"], "partner-bot");
+    assert_eq!(config["enabled"], true);
+    assert_eq!(
+        config["capabilities"],
+        serde_json::json!(["read_candidates", "post_message"])
+    );
+    assert_eq!(config["projects"], serde_json::json!([project_arg]));
+    assert!(
+        config["rate_limits"]["actions_per_minute"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0
+    );
+
+    // Keys and user tokens each open only their own routes.
+    let (status, body) = gateway
+        .get_as("/v1/agent/config", Some(gateway.user_token()))
+        .await?;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("user_token"))
+    );
+    let (status, body) = gateway.get_as("/v1/projects", Some(&key)).await?;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("agent_key"))
+    );
+    let (status, _) = gateway.get_as("/v1/agent/config", None).await?;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let forged = format!("zak_{}", "0".repeat(80));
+    let (status, _) = gateway.get_as("/v1/agent/config", Some(&forged)).await?;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // Candidates: the covered project's user messages, by cursor.
+    let (status, page) = gateway
+        .get_as("/v1/agent/candidates?limit=1", Some(&key))
+        .await?;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(
+        page["candidates"][0]["text"],
+        "Why does the nightly build fail?"
+    );
+    assert_eq!(
+        page["candidates"][0]["event_id"],
+        first.event_id.to_string()
+    );
+    assert_eq!(page["more"], true);
+    let after = page["next_after"].as_u64().context("next_after")?;
+    let (_, page) = gateway
+        .get_as(&format!("/v1/agent/candidates?after={after}"), Some(&key))
+        .await?;
+    let texts: Vec<&str> = page["candidates"]
+        .as_array()
+        .context("candidates")?
+        .iter()
+        .filter_map(|c| c["text"].as_str())
+        .collect();
+    assert_eq!(texts, ["Can someone look at the flaky login test?"]);
+    assert_eq!(page["more"], false);
+    let (status, body) = gateway
+        .get_as(&format!("/v1/agent/candidates?project={other}"), Some(&key))
+        .await?;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("project_outside_scope"))
+    );
+    let (status, body) = gateway
+        .get_as("/v1/agent/candidates?limit=0", Some(&key))
+        .await?;
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("limit"))
+    );
+
+    // A key narrower than the definition: no candidates for it.
+    let keys = AgentKeyStore::open(&bus.jetstream)
+        .await?
+        .with_clock(clock.clock());
+    let poster = keys
+        .issue(
+            &acme,
+            AgentGrant {
+                agent: "partner-bot".into(),
+                projects: vec![project],
+                capabilities: vec!["post_message".into()],
+            },
+            DAY,
+        )
+        .await?;
+    let (status, body) = gateway
+        .get_as("/v1/agent/candidates", Some(poster.expose()))
+        .await?;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("capability_missing"))
+    );
+
+    // Rotation: both keys work during the overlap, only the new one after it.
+    let id = created_id(&keys, &key).await?;
+    let (rotated, old) = keys.rotate(&id, Duration::from_secs(60)).await?;
+    assert_eq!(old.rotated_to.as_deref(), Some(rotated.info.id.as_str()));
+    for credential in [key.as_str(), rotated.expose()] {
+        let (status, _) = gateway
+            .get_as("/v1/agent/candidates", Some(credential))
+            .await?;
+        assert_eq!(status, StatusCode::OK);
+    }
+    clock.advance(Duration::from_secs(61));
+    let (status, _) = gateway.get_as("/v1/agent/candidates", Some(&key)).await?;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = gateway
+        .get_as("/v1/agent/candidates", Some(rotated.expose()))
+        .await?;
+    assert_eq!(status, StatusCode::OK);
+
+    // Revoked: refused at once.
+    let revoked = cli(&["revoke", &rotated.info.id])?;
+    ensure!(
+        revoked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoked.stderr)
+    );
+    let (status, _) = gateway
+        .get_as("/v1/agent/config", Some(rotated.expose()))
+        .await?;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // An agent the registry disables sees so in its config and may not read.
+    let sleeper = keys
+        .issue(
+            &acme,
+            AgentGrant {
+                agent: "sleeper".into(),
+                projects: vec![project],
+                capabilities: vec!["read_candidates".into()],
+            },
+            DAY,
+        )
+        .await?;
+    let (status, config) = gateway
+        .get_as("/v1/agent/config", Some(sleeper.expose()))
+        .await?;
+    assert_eq!(
+        (status, config["enabled"].as_bool()),
+        (StatusCode::OK, Some(false))
+    );
+    let (status, body) = gateway
+        .get_as("/v1/agent/candidates", Some(sleeper.expose()))
+        .await?;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("agent_disabled"))
+    );
+
+    // User tokens are listed as before, without the agent keys in the same bucket.
+    let tokens = zopu_gateway::tokens::TokenStore::open(&bus.jetstream).await?;
+    assert_eq!(tokens.list().await?.len(), 1);
+    gateway.stop().await
+}
+
+/// The id of the stored key `key` (its first 16 hex digits after the prefix).
+async fn created_id(keys: &AgentKeyStore, key: &str) -> Result<String> {
+    let id = key.get(4..20).context("a key id")?.to_owned();
+    keys.info(&id).await?.context("the created key is stored")?;
+    Ok(id)
+}
