@@ -12,8 +12,8 @@ use anyhow::{Context, Result, ensure};
 use reqwest::StatusCode;
 use zopu_core::clock::ManualClock;
 use zopu_gateway::agent_keys::{AgentGrant, AgentKeyStore};
-use zopu_schema::ProjectId;
 use zopu_schema::agent_registry::{AgentDefinition, AgentKind, Routing};
+use zopu_schema::{ProjectId, pb};
 use zopu_tests::{NatsServer, bus};
 
 use crate::conversation::{org, send, setup_project};
@@ -214,6 +214,134 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
         (StatusCode::BAD_REQUEST, Some("limit"))
     );
 
+    // A reply: an agent.message of the external agent, caused by the candidate.
+    let reply = |candidate: &str, text: &str| serde_json::json!({"type": "reply", "project": project_arg, "candidate": candidate, "text": text});
+    let first_id = first.event_id.to_string();
+    let answer = "The nightly build fails because the cache key changed; see ci.yml.";
+    let (status, accepted, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &key,
+            "reply-1",
+            reply(&first_id, answer),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let stored =
+        zopu_core::publish::get_event(&bus, accepted["sequence"].as_u64().context("sequence")?)
+            .await?;
+    let message = stored.decode::<pb::AgentMessage>()?;
+    assert_eq!(message.agent_id, "external:partner-bot");
+    assert_eq!(message.reply_to_event_id, first_id);
+    assert_eq!(stored.causation_id, first.event_id);
+    let (status, again, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &key,
+            "reply-1",
+            reply(&first_id, answer),
+        )
+        .await?;
+    assert_eq!(
+        (status, again["duplicate"].as_bool()),
+        (StatusCode::ACCEPTED, Some(true))
+    );
+    gateway.caught_up(&bus).await?;
+
+    // Typed refusals: a near-duplicate, another project, an unknown candidate,
+    // a credential, an action it has no capability for.
+    let second_id = page["candidates"][0]["event_id"]
+        .as_str()
+        .context("second")?
+        .to_owned();
+    let refusals = [
+        (
+            reply(&second_id, answer),
+            StatusCode::CONFLICT,
+            "near_duplicate",
+        ),
+        (
+            serde_json::json!({"type": "reply", "project": other.to_string(), "candidate": second_id, "text": "Hi"}),
+            StatusCode::FORBIDDEN,
+            "project_outside_scope",
+        ),
+    ];
+    for (n, (body, status, code)) in refusals.into_iter().enumerate() {
+        let (got, refused, _) = gateway
+            .post_as("/v1/agent/actions", &key, &format!("refused-{n}"), body)
+            .await?;
+        assert_eq!(
+            (got, refused["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{refused}"
+        );
+    }
+    // An accepted action ends the streak of rejections.
+    let (status, _, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &key,
+            "reply-2",
+            reply(
+                &second_id,
+                "The login test waits on a fixed sleep; it needs a retry.",
+            ),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let unknown = zopu_schema::EventId::new().to_string();
+    let (status, _, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &key,
+            "refused-3",
+            reply(&unknown, "Something new"),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let leaked = ["my token is ghp_0123456789", "abcdefghijklmnopqrstuvwxyzAB"].concat();
+    let (status, refused, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &key,
+            "refused-4",
+            reply(&second_id, &leaked),
+        )
+        .await?;
+    assert_eq!(
+        (status, refused["error"]["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("text"))
+    );
+    ensure!(!refused.to_string().contains("ghp_"), "{refused}");
+    let (status, _, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &key,
+            "refused-5",
+            serde_json::json!({"type": "deploy", "project": project_arg, "candidate": second_id, "text": "x"}),
+        )
+        .await?;
+    assert_eq!(
+        status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "an action the API does not perform"
+    );
+    // Three rejections in a row: backed off, with Retry-After, even for a good action.
+    let (status, refused, retry_after) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &key,
+            "refused-6",
+            reply(&second_id, "A fresh thought"),
+        )
+        .await?;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, Some("backed_off")),
+        "{refused}"
+    );
+    assert_eq!(retry_after.as_deref(), Some("30"));
+
     // A key narrower than the definition: no candidates for it.
     let keys = AgentKeyStore::open(&bus.jetstream)
         .await?
@@ -292,6 +420,42 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
     assert_eq!(
         (status, body["error"]["code"].as_str()),
         (StatusCode::FORBIDDEN, Some("agent_disabled"))
+    );
+
+    let (status, body, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            sleeper.expose(),
+            "sleeper-1",
+            reply(&second_id, "Hello"),
+        )
+        .await?;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("agent_disabled"))
+    );
+
+    // The project's kill switch stops external agents too.
+    let (status, _) = gateway
+        .post(
+            &format!("/v1/projects/{project}/agent/disable"),
+            serde_json::json!({"reason": "maintenance"}),
+        )
+        .await?;
+    assert!(status.is_success(), "{status}");
+    gateway.caught_up(&bus).await?;
+    let (status, body, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            poster.expose(),
+            "paused-1",
+            reply(&second_id, "Anything at all"),
+        )
+        .await?;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("agent_paused")),
+        "{body}"
     );
 
     // User tokens are listed as before, without the agent keys in the same bucket.

@@ -443,6 +443,36 @@ impl Gateway {
         Ok((status, response.json().await.unwrap_or(Value::Null)))
     }
 
+    /// A POST with another bearer credential and request id; also returns
+    /// the `Retry-After` header.
+    pub(crate) async fn post_as(
+        &self,
+        path: &str,
+        bearer: &str,
+        request_id: &str,
+        body: Value,
+    ) -> Result<(StatusCode, Value, Option<String>)> {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(bearer)
+            .header("x-request-id", request_id)
+            .json(&body)
+            .send()
+            .await?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        Ok((
+            status,
+            response.json().await.unwrap_or(Value::Null),
+            retry_after,
+        ))
+    }
+
     /// The user token this gateway issued for the tests.
     pub(crate) fn user_token(&self) -> &str {
         &self.token

@@ -27,6 +27,50 @@ pub fn clip_chars(text: &str, max: usize) -> String {
     }
 }
 
+fn words(text: &str) -> Vec<String> {
+    text.to_lowercase()
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|token| !token.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Similarity of two texts (the near-duplicate guardrail every agent
+/// output passes, the built-in agent's and external agents' alike) in `[0, 1]`: Jaccard over word bigrams (words for
+/// one-word texts), after lowercasing and dropping punctuation.
+pub fn similarity(a: &str, b: &str) -> f64 {
+    fn grams(text: &str) -> std::collections::BTreeSet<String> {
+        let words = words(text);
+        if words.len() < 2 {
+            return words.into_iter().collect();
+        }
+        words
+            .windows(2)
+            .map(|pair| format!("{} {}", pair[0], pair[1]))
+            .collect()
+    }
+    let (a, b) = (grams(a), grams(b));
+    if a.is_empty() && b.is_empty() {
+        return 1.0;
+    }
+    let shared = a.intersection(&b).count() as f64;
+    let all = a.union(&b).count() as f64;
+    shared / all
+}
+
+/// The most similar earlier output, when it is at least `threshold` similar.
+pub fn near_duplicate<'a>(
+    candidate: &str,
+    recent: &'a [String],
+    threshold: f64,
+) -> Option<(&'a str, f64)> {
+    recent
+        .iter()
+        .map(|earlier| (earlier.as_str(), similarity(candidate, earlier)))
+        .filter(|(_, score)| *score >= threshold)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::{clip_bytes, clip_chars};

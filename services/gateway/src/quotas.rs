@@ -134,7 +134,22 @@ pub struct Quotas {
     /// Open live-timeline streams per token id.
     streams: Arc<Mutex<HashMap<String, usize>>>,
     streams_per_token_max: usize,
+    /// Agent API keys' rejection streaks and back-off deadlines.
+    rejections: Mutex<HashMap<String, Rejections>>,
 }
+
+/// An agent key's run of rejected actions.
+#[derive(Debug, Clone, Copy, Default)]
+struct Rejections {
+    streak: u32,
+    backed_off_until: Option<Instant>,
+}
+
+/// Rejections in a row after which an agent key is backed off.
+pub const REJECTIONS_BEFORE_BACKOFF: u32 = 3;
+/// The first back-off; each further rejection doubles it, up to [`BACKOFF_MAX`].
+pub const BACKOFF_FIRST: Duration = Duration::from_secs(30);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(600);
 
 impl Quotas {
     pub fn new(config: &crate::Config) -> Self {
@@ -148,13 +163,67 @@ impl Quotas {
             projects_per_org: rate(config.projects_per_hour_per_org, hour),
             streams: Arc::new(Mutex::new(HashMap::new())),
             streams_per_token_max: config.sse_clients_per_token_max,
+            rejections: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// 429 with `Retry-After` while agent key `key_id` is backed off.
+    pub fn agent_backoff(&self, key_id: &str, now: Instant) -> Result<(), ApiError> {
+        let rejections = self.rejections.lock().unwrap_or_else(|p| p.into_inner());
+        match rejections.get(key_id).and_then(|r| r.backed_off_until) {
+            Some(until) if until > now => Err(too_many(
+                "backed_off",
+                format!(
+                    "this agent's last {} actions were rejected; it is backed off for {} s",
+                    rejections.get(key_id).map_or(0, |r| r.streak),
+                    retry_seconds(until - now)
+                ),
+                until - now,
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts a rejected action of agent key `key_id`: from the
+    /// [`REJECTIONS_BEFORE_BACKOFF`]th in a row on, the key is backed off.
+    pub fn agent_rejected(&self, key_id: &str, now: Instant) {
+        let mut rejections = self.rejections.lock().unwrap_or_else(|p| p.into_inner());
+        if rejections.len() >= BUCKETS_MAX && !rejections.contains_key(key_id) {
+            rejections.retain(|_, r| r.backed_off_until.is_some_and(|until| until > now));
+        }
+        let entry = rejections.entry(key_id.to_owned()).or_default();
+        entry.streak += 1;
+        if entry.streak >= REJECTIONS_BEFORE_BACKOFF {
+            let doublings = (entry.streak - REJECTIONS_BEFORE_BACKOFF).min(10);
+            let wait = (BACKOFF_FIRST * 2u32.pow(doublings)).min(BACKOFF_MAX);
+            entry.backed_off_until = Some(now + wait);
+        }
+    }
+
+    /// An accepted action of agent key `key_id` ends its streak.
+    pub fn agent_accepted(&self, key_id: &str) {
+        self.rejections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key_id);
     }
 
     /// Admits one `action` of `caller` at `now`, or a 429 naming the limit
     /// and when to retry. Both the token's and the organization's buckets
     /// must have room; only then is one taken from each.
     pub fn admit(&self, caller: &Principal, action: Action, now: Instant) -> Result<(), ApiError> {
+        self.admit_for(caller.org.as_str(), &caller.token_id, action, now)
+    }
+
+    /// [`Quotas::admit`] for the credential `token_id` of organization `org`
+    /// (a user token's id or an agent key's).
+    pub fn admit_for(
+        &self,
+        org: &str,
+        token_id: &str,
+        action: Action,
+        now: Instant,
+    ) -> Result<(), ApiError> {
         let (per_token, per_org, token_setting, org_setting) = match action {
             Action::Message => (
                 &self.messages_per_token,
@@ -169,11 +238,10 @@ impl Quotas {
                 "gateway.projects_per_hour_per_org",
             ),
         };
-        let org = caller.org.as_str();
-        let token_wait = per_token.wait(&caller.token_id, now);
+        let token_wait = per_token.wait(token_id, now);
         let org_wait = per_org.wait(org, now);
         if token_wait.is_zero() && org_wait.is_zero() {
-            per_token.take(&caller.token_id, now);
+            per_token.take(token_id, now);
             per_org.take(org, now);
             return Ok(());
         }

@@ -2,27 +2,45 @@
 //! an agent key `zak_...`, never a user token): `GET /v1/agent/config`
 //! says what the key's agent may do — its capabilities (the key's, within
 //! the registry definition's), projects, flows, rate limits and whether the
-//! registry lets it run — and `GET /v1/agent/candidates` pages the user
-//! messages of its projects (the `read_candidates` capability).
+//! registry lets it run — `GET /v1/agent/candidates` pages the user
+//! messages of its projects (the `read_candidates` capability), and `POST
+//! /v1/agent/actions` performs one action on a candidate: a `reply`
+//! (`post_message`), stored as an `agent.message` attributed to the agent
+//! (`external:<agent>`) and caused by the candidate.
+//!
+//! Every action passes the platform's checks, the ones the built-in agent's
+//! writes pass: the registry lets the agent run (403 `agent_disabled`), the
+//! project's kill switch is off (403 `agent_paused`), the capability (403
+//! `capability_missing`) and the project (403 `project_outside_scope`) are
+//! the key's, the candidate is a user message of that project (404), the
+//! text is short and holds no secret (422), it is not a near-duplicate of
+//! the agent's recent outputs there (409 `near_duplicate`), and the rate
+//! limit holds (429). After three rejections in a row the key is backed
+//! off — 429 `backed_off` with `Retry-After`, 30 s doubling up to 10 min —
+//! until an accepted action; the counters are this gateway instance's.
 //!
 //! Every call checks the agent against the registry this gateway loaded: an
 //! agent that is not registered as `external` is refused (403
 //! `agent_not_registered`), a disabled one too (403 `agent_disabled`), so
 //! disabling it in the registry stops its runtime at its next call.
 
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use zopu_core::registry::RegisteredAgent;
 use zopu_schema::ProjectId;
 use zopu_schema::agent_registry::AgentKind;
 
+use super::append::append;
 use super::{query_error, read};
 use crate::AppState;
-use crate::http::{AgentCaller, ApiError, ErrorBody};
+use crate::http::{AgentCaller, ApiError, ErrorBody, RequestId, body_error, parse_json};
+use crate::quotas;
 use crate::read_model::timeline;
+use crate::views::queries;
 
 /// Most candidates one page returns.
 pub const CANDIDATES_LIMIT_MAX: u32 = 200;
@@ -283,4 +301,222 @@ pub async fn agent_candidates(
         next_after,
         more,
     }))
+}
+
+/// Longest reply an external agent may post, in characters.
+pub const REPLY_MAX_CHARS: usize = 2000;
+/// How similar to one of its recent outputs a reply may be.
+pub const NEAR_DUPLICATE_THRESHOLD: f64 = 0.85;
+/// How many of its recent outputs a reply is compared with.
+const RECENT_OUTPUTS: usize = 10;
+
+/// `POST /v1/agent/actions` body.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentAction {
+    /// `reply` (the `post_message` capability).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// One of the key's projects.
+    pub project: String,
+    /// The candidate's event id (`GET /v1/agent/candidates`).
+    pub candidate: String,
+    /// The reply: 1 to 2000 characters, no credentials.
+    pub text: String,
+}
+
+/// An action the platform accepted.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentActionAccepted {
+    /// The stored event's id and stream sequence.
+    pub event_id: String,
+    pub sequence: u64,
+    /// True when the same request (`X-Request-Id`) was already stored.
+    pub duplicate: bool,
+    pub request_id: String,
+}
+
+/// The agent id an external agent's events carry.
+pub fn external_agent_id(agent: &str) -> String {
+    format!("external:{agent}")
+}
+
+/// Perform one action on a candidate, within the agent's capabilities.
+#[utoipa::path(post, path = "/v1/agent/actions", tag = "agent-api",
+    request_body = AgentAction,
+    responses((status = 202, body = AgentActionAccepted), (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody, description = "Disabled, paused, without the capability, or a project outside the key"),
+        (status = 404, body = ErrorBody, description = "No such candidate in the project"),
+        (status = 409, body = ErrorBody, description = "A near-duplicate of the agent's recent output"),
+        (status = 422, body = ErrorBody), (status = 429, body = ErrorBody, description = "Rate limited, or backed off after repeated rejections")),
+    security(("agent_key" = [])))]
+pub async fn agent_action(
+    State(state): State<AppState>,
+    caller: AgentCaller,
+    request: RequestId,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, axum::Json<AgentActionAccepted>), ApiError> {
+    let key_id = caller.0.key_id.clone();
+    state
+        .quotas
+        .agent_backoff(&key_id, std::time::Instant::now())?;
+    match checked_action(&state, &caller, &request, body).await {
+        Ok(accepted) => {
+            state.quotas.agent_accepted(&key_id);
+            Ok((StatusCode::ACCEPTED, axum::Json(accepted)))
+        }
+        Err(error) => {
+            // A refusal of the platform's checks counts towards the back-off;
+            // an outage of ours does not.
+            if error.status.is_client_error() {
+                state
+                    .quotas
+                    .agent_rejected(&key_id, std::time::Instant::now());
+                tracing::info!(agent = %caller.0.grant.agent, key_id = %key_id, code = error.code, "agent action rejected");
+            }
+            Err(error)
+        }
+    }
+}
+
+async fn checked_action(
+    state: &AppState,
+    caller: &AgentCaller,
+    request: &RequestId,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<AgentActionAccepted, ApiError> {
+    let body = body.map_err(body_error)?;
+    let action: AgentAction = parse_json(&body)?;
+    let definition = runnable(state, caller)?;
+    if action.kind != "reply" {
+        return Err(ApiError::invalid(
+            "type",
+            format!(
+                "{:?} is not an action the Agent API performs yet (known: reply)",
+                action.kind
+            ),
+        ));
+    }
+    require(caller, definition, "post_message")?;
+    let project = action
+        .project
+        .parse::<ProjectId>()
+        .ok()
+        .filter(|project| caller.0.grant.projects.contains(project))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                "project_outside_scope",
+                format!("this agent key does not cover project {:?}", action.project),
+            )
+            .field("project")
+        })?;
+    let text = action.text.trim().to_owned();
+    if text.is_empty() || text.chars().count() > REPLY_MAX_CHARS {
+        return Err(ApiError::invalid(
+            "text",
+            format!("a reply is 1 to {REPLY_MAX_CHARS} characters"),
+        ));
+    }
+    if let Some(finding) = zopu_secrets::scan(&text).first() {
+        return Err(ApiError::invalid(
+            "text",
+            format!(
+                "the reply looks like it holds a credential ({}); it was not posted",
+                finding.rule
+            ),
+        ));
+    }
+    let org = caller.0.org.clone();
+    let author = external_agent_id(&caller.0.grant.agent);
+    let (candidate, paused, recent) = {
+        let (org, author, candidate) = (org.clone(), author.clone(), action.candidate.clone());
+        read(state, move |conn| {
+            let item = timeline::item_of_event(conn, &org, &project, &candidate)?;
+            let paused =
+                queries::project(conn, &org, &project)?.is_some_and(|view| !view.agent_enabled);
+            let recent = timeline::recent_texts_of(conn, &org, &project, &author, RECENT_OUTPUTS)?;
+            Ok((item, paused, recent))
+        })
+        .await?
+    };
+    let candidate = candidate
+        .filter(|item| item.kind == timeline::ItemKind::UserMessage)
+        .ok_or_else(|| ApiError::not_found("candidate"))?;
+    if paused {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "agent_paused",
+            "the project's agents are paused (its kill switch); nothing may be posted until it is resumed",
+        ));
+    }
+    // A retried request answers with what the first stored (before the
+    // near-duplicate guard, which would see the first's reply).
+    let key = zopu_schema::keys::user_request(
+        &project,
+        &request.0,
+        &format!(
+            "agent:{}:reply:{}",
+            caller.0.grant.agent, candidate.event_id
+        ),
+    );
+    if let Some(stored) = state
+        .runtime
+        .publisher
+        .recorded(&key)
+        .await
+        .map_err(|error| ApiError::unavailable("event log", error))?
+    {
+        let sequence = state
+            .runtime
+            .store
+            .key_sequence(&key)
+            .ok()
+            .flatten()
+            .unwrap_or(0);
+        return Ok(AgentActionAccepted {
+            event_id: stored.id.to_string(),
+            sequence,
+            duplicate: true,
+            request_id: request.0.to_string(),
+        });
+    }
+    if let Some((earlier, score)) =
+        zopu_core::text::near_duplicate(&text, &recent, NEAR_DUPLICATE_THRESHOLD)
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "near_duplicate",
+            format!(
+                "the reply is {:.0}% like this agent's earlier \"{}\"; say something new",
+                score * 100.0,
+                zopu_core::text::clip_chars(earlier, 80)
+            ),
+        ));
+    }
+    state.quotas.admit_for(
+        org.as_str(),
+        &caller.0.key_id,
+        quotas::Action::Message,
+        std::time::Instant::now(),
+    )?;
+    let source = zopu_core::publish::get_event(&state.runtime.bus, candidate.sequence)
+        .await
+        .map_err(|error| ApiError::unavailable("event log", error))?;
+    let message = zopu_schema::pb::AgentMessage {
+        agent_id: author,
+        text,
+        reply_to_event_id: candidate.event_id.clone(),
+        importance: zopu_schema::pb::Importance::Normal as i32,
+        status: "done".into(),
+        provider: format!("external:{}", caller.0.key_id),
+    };
+    let event = zopu_core::NewEvent::caused_by(&source.context(), &message, key);
+    let accepted = append(state, event, request).await?;
+    Ok(AgentActionAccepted {
+        event_id: accepted.event_id,
+        sequence: accepted.sequence,
+        duplicate: accepted.duplicate,
+        request_id: accepted.request_id,
+    })
 }

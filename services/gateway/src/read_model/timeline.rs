@@ -10,7 +10,7 @@
 //! sequence.
 
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ValueRef};
-use rusqlite::{Connection, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use serde::Serialize;
 use utoipa::ToSchema;
 use zopu_schema::envelope::format_time;
@@ -843,6 +843,46 @@ pub fn user_messages(
             limit as i64
         ],
         item_row,
+    )?
+    .collect()
+}
+
+/// The item of event `event_id` in `project`, if the timeline shows it.
+pub fn item_of_event(
+    conn: &Connection,
+    org: &OrgId,
+    project: &ProjectId,
+    event_id: &str,
+) -> rusqlite::Result<Option<ItemRow>> {
+    conn.prepare_cached(&format!(
+        "SELECT {ITEM_COLUMNS} FROM gw_timeline WHERE org = ?1 AND project_id = ?2 AND event_id = ?3"
+    ))?
+    .query_row(params![org.as_str(), project.to_string(), event_id], item_row)
+    .optional()
+}
+
+/// The newest `limit` texts `author` posted as agent messages in `project`,
+/// newest first (the near-duplicate guard's memory).
+pub fn recent_texts_of(
+    conn: &Connection,
+    org: &OrgId,
+    project: &ProjectId,
+    author: &str,
+    limit: usize,
+) -> rusqlite::Result<Vec<String>> {
+    conn.prepare_cached(
+        "SELECT text FROM gw_timeline WHERE org = ?1 AND project_id = ?2 AND kind = ?3 AND author = ?4
+         AND text IS NOT NULL ORDER BY sequence DESC LIMIT ?5",
+    )?
+    .query_map(
+        params![
+            org.as_str(),
+            project.to_string(),
+            ItemKind::AgentMessage.name(),
+            author,
+            limit as i64
+        ],
+        |row| row.get(0),
     )?
     .collect()
 }
