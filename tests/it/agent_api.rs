@@ -470,3 +470,169 @@ async fn created_id(keys: &AgentKeyStore, key: &str) -> Result<String> {
     keys.info(&id).await?.context("the created key is stored")?;
     Ok(id)
 }
+
+/// Runs `zopu agent <args>` with the runtime's key in its environment.
+fn runtime_cli(args: &[&str], key: &str) -> Result<std::process::Output> {
+    let zopu = zopu_tests::zopu_binary(&zopu_tests::workspace_root())?;
+    Ok(Command::new(zopu)
+        .arg("agent")
+        .args(args)
+        .env("ZOPU_AGENT_KEY", key)
+        .output()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_runtime_dry_runs_smokes_and_posts_once_per_candidate() -> Result<()> {
+    use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let dir = tempfile::tempdir()?;
+    let agents = agents_dir(dir.path(), |file| {
+        file.agents.push(external("partner-bot", true))
+    })?;
+    let core = zopu_core::config::CoreConfig {
+        agents_dir: Some(agents),
+        ..zopu_tests::core_config(&server, &dir.path().join("gateway"))
+    };
+    let gateway = Gateway::start_with(core).await?;
+    let acme = org("acme");
+    let project = ProjectId::new();
+    request_setup(&bus, &acme, project).await?;
+    setup_project(&bus, &acme, project).await?;
+    let asked = send(&bus, &acme, project, "Where are the API routes defined?").await?;
+    gateway.caught_up(&bus).await?;
+    let keys = AgentKeyStore::open(&bus.jetstream).await?;
+    let grant = AgentGrant {
+        agent: "partner-bot".into(),
+        projects: vec![project],
+        capabilities: vec!["read_candidates".into(), "post_message".into()],
+    };
+    let key = keys.issue(&acme, grant, DAY).await?;
+    let model = FakeOpenAiServer::start([
+        Scripted::text("They are in src/routes.rs, one module per resource."),
+        Scripted::text("Smoke draft: src/routes.rs holds them."),
+        Scripted::text("The routes live in src/routes.rs."),
+    ])
+    .await?;
+    let config = |dry_run: bool, key_env: &str| {
+        format!(
+            "gateway_url = \"{}\"\nkey_env = \"{key_env}\"\ninterval = \"1s\"\nmax_work_per_run = 5\ndry_run = {dry_run}\n[model]\nbase_url = \"{}\"\nmodel = \"fake-model\"\n",
+            gateway.base(),
+            model.base_url()
+        )
+    };
+    let dry = dir.path().join("dry.toml");
+    std::fs::write(&dry, config(true, "ZOPU_AGENT_KEY"))?;
+    let live = dir.path().join("live.toml");
+    std::fs::write(&live, config(false, "ZOPU_AGENT_KEY"))?;
+    let broken = dir.path().join("broken.toml");
+    std::fs::write(
+        &broken,
+        config(true, "ZOPU_AGENT_KEY").replace("interval = \"1s\"", "interval = \"2d\""),
+    )?;
+    let text = |output: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    };
+    let replies = || async {
+        let sequences = zopu_tests::history(
+            &bus,
+            &zopu_schema::subjects::event(&acme, &project, "agent.message"),
+        )
+        .await?;
+        anyhow::Ok(sequences.len())
+    };
+
+    // The configuration is validated before anything runs.
+    let refused = runtime_cli(
+        &["run-external", broken.to_str().context("path")?, "--once"],
+        key.expose(),
+    )?;
+    ensure!(
+        !refused.status.success() && text(&refused).contains("interval = \"2d\""),
+        "{}",
+        text(&refused)
+    );
+    let refused = runtime_cli(&["smoke", dry.to_str().context("path")?], "not-a-key")?;
+    ensure!(
+        !refused.status.success() && text(&refused).contains("does not hold an agent key"),
+        "{}",
+        text(&refused)
+    );
+
+    // Dry-run (the default): prints what it would post, posts nothing.
+    let ran = runtime_cli(
+        &["run-external", dry.to_str().context("path")?, "--once"],
+        key.expose(),
+    )?;
+    ensure!(ran.status.success(), "{}", text(&ran));
+    let printed = String::from_utf8_lossy(&ran.stdout).into_owned();
+    ensure!(
+        printed.contains(&format!(
+            "would reply to \"{}\": They are in src/routes.rs",
+            asked.event_id
+        )),
+        "{printed}"
+    );
+    assert_eq!(replies().await?, 0, "a dry run posts nothing");
+
+    // Smoke: auth, one candidate, one draft, nothing written.
+    let smoked = runtime_cli(&["smoke", dry.to_str().context("path")?], key.expose())?;
+    ensure!(smoked.status.success(), "{}", text(&smoked));
+    ensure!(
+        text(&smoked).contains("Smoke draft: src/routes.rs holds them. (not posted)"),
+        "{}",
+        text(&smoked)
+    );
+    assert_eq!(replies().await?, 0, "smoke posts nothing");
+
+    // Posting: one reply per candidate, and a restarted runtime posts none again.
+    let posted = runtime_cli(
+        &["run-external", live.to_str().context("path")?, "--once"],
+        key.expose(),
+    )?;
+    ensure!(posted.status.success(), "{}", text(&posted));
+    ensure!(
+        String::from_utf8_lossy(&posted.stdout).contains("replied to"),
+        "{}",
+        text(&posted)
+    );
+    assert_eq!(replies().await?, 1);
+    model.push(Scripted::text("The routes live in src/routes.rs."));
+    let again = runtime_cli(
+        &["run-external", live.to_str().context("path")?, "--once"],
+        key.expose(),
+    )?;
+    ensure!(again.status.success(), "{}", text(&again));
+    assert_eq!(
+        replies().await?,
+        1,
+        "the restarted runtime's retry stored nothing new"
+    );
+    let stored = zopu_tests::history(
+        &bus,
+        &zopu_schema::subjects::event(&acme, &project, "agent.message"),
+    )
+    .await?;
+    let message = stored[0].1.decode::<pb::AgentMessage>()?;
+    assert_eq!(
+        (message.agent_id.as_str(), message.text.as_str()),
+        ("external:partner-bot", "The routes live in src/routes.rs.")
+    );
+
+    // A revoked key stops the runtime with the reason.
+    keys.revoke(&key.info.id).await?;
+    let stopped = runtime_cli(
+        &["run-external", live.to_str().context("path")?, "--once"],
+        key.expose(),
+    )?;
+    ensure!(
+        !stopped.status.success() && text(&stopped).contains("401"),
+        "{}",
+        text(&stopped)
+    );
+    gateway.stop().await
+}

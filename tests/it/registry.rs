@@ -473,6 +473,11 @@ impl Gateway {
         ))
     }
 
+    /// The gateway's base URL (`http://127.0.0.1:<port>`).
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
     /// The user token this gateway issued for the tests.
     pub(crate) fn user_token(&self) -> &str {
         &self.token

@@ -18,6 +18,8 @@ pub const NON_SETTING_VARIABLES: &[&str] = &[
     "ZOPU_LOG",
     "ZOPU_LLM_API_KEY",
     "ZOPU_GATEWAY_LINK_KEY",
+    // The reference external runtime's agent key (`zopu agent run-external`'s `key_env`).
+    "ZOPU_AGENT_KEY",
     crate::secret_store::SECRETS_KEY_VARIABLE,
     "ZOPU_NATS_SERVER",
     // Read by the test harness (the chaos run, the binary under test, where

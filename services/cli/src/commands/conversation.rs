@@ -43,6 +43,10 @@ pub enum AgentAction {
     Show(ShowArgs),
     /// The Agent API keys of external agents: create, list, rotate, revoke
     Key(super::agent_key::KeyArgs),
+    /// The reference external runtime: drafts replies to its candidates with an OpenAI-compatible model (dry-run by default)
+    RunExternal(super::agent_runtime::RunExternalArgs),
+    /// Checks an external runtime's key, fetches one candidate and drafts one reply, writing nothing
+    Smoke(super::agent_runtime::SmokeArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -201,6 +205,8 @@ pub async fn run_agent(ctx: &crate::Context, args: AgentArgs) -> Result<ExitCode
         AgentAction::List => super::agents::list(ctx),
         AgentAction::Show(show) => super::agents::show(ctx, &show.key, show.package),
         AgentAction::Key(key) => super::agent_key::run(ctx, key).await,
+        AgentAction::RunExternal(args) => super::agent_runtime::run(ctx, args).await,
+        AgentAction::Smoke(args) => super::agent_runtime::smoke(ctx, args).await,
         AgentAction::Disable(switch) => kill_switch(ctx, switch, true).await,
         AgentAction::Enable(switch) => kill_switch(ctx, switch, false).await,
     }

@@ -2,6 +2,7 @@
 //! `run_*` function returning the process exit code.
 
 pub mod agent_key;
+pub mod agent_runtime;
 pub mod agents;
 pub mod approvals;
 pub mod artifact;
