@@ -248,6 +248,16 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
     );
     gateway.caught_up(&bus).await?;
 
+    // An answered message is no longer a candidate.
+    let (_, page_after_reply) = gateway.get_as("/v1/agent/candidates", Some(&key)).await?;
+    let left: Vec<&str> = page_after_reply["candidates"]
+        .as_array()
+        .context("candidates")?
+        .iter()
+        .filter_map(|c| c["event_id"].as_str())
+        .collect();
+    ensure!(!left.contains(&first_id.as_str()) && left.len() == 1, "{page_after_reply}");
+
     // Typed refusals: a near-duplicate, another project, an unknown candidate,
     // a credential, an action it has no capability for.
     let second_id = page["candidates"][0]["event_id"]

@@ -3,7 +3,8 @@
 //! says what the key's agent may do — its capabilities (the key's, within
 //! the registry definition's), projects, flows, rate limits and whether the
 //! registry lets it run — `GET /v1/agent/candidates` pages the user
-//! messages of its projects (the `read_candidates` capability), and `POST
+//! messages of its projects it has not answered yet (the `read_candidates`
+//! capability), and `POST
 //! /v1/agent/actions` performs one action on a candidate: a `reply`
 //! (`post_message`), stored as an `agent.message` attributed to the agent
 //! (`external:<agent>`) and caused by the candidate.
@@ -233,7 +234,7 @@ pub async fn agent_config(
     }))
 }
 
-/// The user messages of the agent's projects after a cursor.
+/// The user messages of the agent's projects after a cursor that it has not answered.
 #[utoipa::path(get, path = "/v1/agent/candidates", tag = "agent-api",
     params(CandidatesQuery),
     responses((status = 200, body = Candidates), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
@@ -276,8 +277,9 @@ pub async fn agent_candidates(
     };
     let org = caller.0.org.clone();
     let after = query.after;
+    let replier = external_agent_id(&caller.0.grant.agent);
     let mut rows = read(&state, move |conn| {
-        timeline::user_messages(conn, &org, &projects, after, limit as usize + 1)
+        timeline::unanswered_messages(conn, &org, &projects, &replier, after, limit as usize + 1)
     })
     .await?;
     let more = rows.len() > limit as usize;

@@ -817,12 +817,13 @@ pub fn items(
     with_children(conn, org, rows)
 }
 
-/// The users' messages of `projects` after stream sequence `after`, oldest
-/// first (an external agent's candidates).
-pub fn user_messages(
+/// The users' messages of `projects` after stream sequence `after` that
+/// `replier` has not answered yet, oldest first (an external agent's candidates).
+pub fn unanswered_messages(
     conn: &Connection,
     org: &OrgId,
     projects: &[ProjectId],
+    replier: &str,
     after: u64,
     limit: usize,
 ) -> rusqlite::Result<Vec<ItemRow>> {
@@ -830,9 +831,13 @@ pub fn user_messages(
     let projects: Vec<String> = projects.iter().map(ToString::to_string).collect();
     let projects = serde_json::to_string(&projects).unwrap_or_else(|_| "[]".to_owned());
     conn.prepare_cached(&format!(
-        "SELECT {ITEM_COLUMNS} FROM gw_timeline
+        "SELECT {ITEM_COLUMNS} FROM gw_timeline AS item
          WHERE org = ?1 AND kind = ?2 AND sequence > ?3
-         AND project_id IN (SELECT value FROM json_each(?4)) ORDER BY sequence LIMIT ?5"
+         AND project_id IN (SELECT value FROM json_each(?4))
+         AND NOT EXISTS (SELECT 1 FROM gw_timeline AS reply WHERE reply.org = ?1
+             AND reply.project_id = item.project_id AND reply.reply_to_event_id = item.event_id
+             AND reply.author = ?6)
+         ORDER BY sequence LIMIT ?5"
     ))?
     .query_map(
         params![
@@ -840,7 +845,8 @@ pub fn user_messages(
             ItemKind::UserMessage.name(),
             after,
             projects,
-            limit as i64
+            limit as i64,
+            replier
         ],
         item_row,
     )?
