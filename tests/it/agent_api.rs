@@ -256,7 +256,10 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
         .iter()
         .filter_map(|c| c["event_id"].as_str())
         .collect();
-    ensure!(!left.contains(&first_id.as_str()) && left.len() == 1, "{page_after_reply}");
+    ensure!(
+        !left.contains(&first_id.as_str()) && left.len() == 1,
+        "{page_after_reply}"
+    );
 
     // Typed refusals: a near-duplicate, another project, an unknown candidate,
     // a credential, an action it has no capability for.
@@ -356,17 +359,7 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
     let keys = AgentKeyStore::open(&bus.jetstream)
         .await?
         .with_clock(clock.clock());
-    let poster = keys
-        .issue(
-            &acme,
-            AgentGrant {
-                agent: "partner-bot".into(),
-                projects: vec![project],
-                capabilities: vec!["post_message".into()],
-            },
-            DAY,
-        )
-        .await?;
+    let poster = key_for(&keys, "partner-bot", project, &["post_message"]).await?;
     let (status, body) = gateway
         .get_as("/v1/agent/candidates", Some(poster.expose()))
         .await?;
@@ -406,17 +399,7 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 
     // An agent the registry disables sees so in its config and may not read.
-    let sleeper = keys
-        .issue(
-            &acme,
-            AgentGrant {
-                agent: "sleeper".into(),
-                projects: vec![project],
-                capabilities: vec!["read_candidates".into()],
-            },
-            DAY,
-        )
-        .await?;
+    let sleeper = key_for(&keys, "sleeper", project, &["read_candidates"]).await?;
     let (status, config) = gateway
         .get_as("/v1/agent/config", Some(sleeper.expose()))
         .await?;
@@ -474,6 +457,21 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
     gateway.stop().await
 }
 
+/// A key of `agent` for `project` with `capabilities`, valid a day.
+async fn key_for(
+    keys: &AgentKeyStore,
+    agent: &str,
+    project: ProjectId,
+    capabilities: &[&str],
+) -> Result<zopu_gateway::agent_keys::IssuedAgentKey> {
+    let grant = AgentGrant {
+        agent: agent.into(),
+        projects: vec![project],
+        capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
+    };
+    Ok(keys.issue(&org("acme"), grant, DAY).await?)
+}
+
 /// The id of the stored key `key` (its first 16 hex digits after the prefix).
 async fn created_id(keys: &AgentKeyStore, key: &str) -> Result<String> {
     let id = key.get(4..20).context("a key id")?.to_owned();
@@ -512,12 +510,13 @@ async fn the_reference_runtime_dry_runs_smokes_and_posts_once_per_candidate() ->
     let asked = send(&bus, &acme, project, "Where are the API routes defined?").await?;
     gateway.caught_up(&bus).await?;
     let keys = AgentKeyStore::open(&bus.jetstream).await?;
-    let grant = AgentGrant {
-        agent: "partner-bot".into(),
-        projects: vec![project],
-        capabilities: vec!["read_candidates".into(), "post_message".into()],
-    };
-    let key = keys.issue(&acme, grant, DAY).await?;
+    let key = key_for(
+        &keys,
+        "partner-bot",
+        project,
+        &["read_candidates", "post_message"],
+    )
+    .await?;
     let model = FakeOpenAiServer::start([
         Scripted::text("They are in src/routes.rs, one module per resource."),
         Scripted::text("Smoke draft: src/routes.rs holds them."),

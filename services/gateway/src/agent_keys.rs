@@ -132,28 +132,8 @@ impl AgentKeyInfo {
     }
 }
 
-/// A key just created: the only value holding the key. `Debug` hides it.
-#[derive(Clone)]
-pub struct IssuedAgentKey {
-    key: String,
-    pub info: AgentKeyInfo,
-}
-
-impl IssuedAgentKey {
-    /// The key; hand it to the agent's operator once, never log it.
-    pub fn expose(&self) -> &str {
-        &self.key
-    }
-}
-
-impl std::fmt::Debug for IssuedAgentKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IssuedAgentKey")
-            .field("key", &"***")
-            .field("info", &self.info)
-            .finish()
-    }
-}
+/// An agent key just created (printed once; `Debug` hides it).
+pub type IssuedAgentKey = crate::tokens::Issued<AgentKeyInfo>;
 
 /// The bucket entry of one key (JSON under `agent-<id>`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -280,7 +260,7 @@ impl AgentKeyStore {
             .await
             .map_err(|error| store_error("store an agent key", error))?;
         let (_, info) = Entry::decode(&id, &entry.encode())?;
-        Ok(IssuedAgentKey { key, info })
+        Ok(crate::tokens::Issued::new(key, info))
     }
 
     /// The agent of `key`, if it is well formed, known, unrevoked and unexpired.

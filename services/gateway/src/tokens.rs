@@ -227,25 +227,33 @@ pub struct Principal {
     pub scopes: Scopes,
 }
 
-/// A token just created: the only value that holds the token itself.
+/// A credential just created (a user token or an agent key) with what an
+/// operator may see of it: the only value that holds the credential itself.
 /// `Debug` does not print it.
 #[derive(Clone)]
-pub struct IssuedToken {
-    token: String,
-    pub info: TokenInfo,
+pub struct Issued<I> {
+    secret: String,
+    pub info: I,
 }
 
-impl IssuedToken {
-    /// The bearer token; hand it to the operator once, never log it.
+/// A user token just created.
+pub type IssuedToken = Issued<TokenInfo>;
+
+impl<I> Issued<I> {
+    pub(crate) fn new(secret: String, info: I) -> Self {
+        Self { secret, info }
+    }
+
+    /// The credential; hand it to the operator once, never log it.
     pub fn expose(&self) -> &str {
-        &self.token
+        &self.secret
     }
 }
 
-impl std::fmt::Debug for IssuedToken {
+impl<I: std::fmt::Debug> std::fmt::Debug for Issued<I> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IssuedToken")
-            .field("token", &"***")
+        f.debug_struct("Issued")
+            .field("secret", &"***")
             .field("info", &self.info)
             .finish()
     }
@@ -574,7 +582,7 @@ impl TokenStore {
             .await
             .map_err(|error| TokenError::store("store a token", error))?;
         let (_, info) = Entry::decode(&id, &entry.encode())?;
-        Ok(IssuedToken { token, info })
+        Ok(Issued::new(token, info))
     }
 
     /// The owner of `token`, if it is well formed, known, unrevoked and unexpired.
@@ -837,10 +845,7 @@ mod tests {
     #[test]
     fn issued_tokens_do_not_print() {
         let now = OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
-        let issued = IssuedToken {
-            token: TOKEN.into(),
-            info: entry_for(TOKEN, now, DEFAULT_TTL).1,
-        };
+        let issued: IssuedToken = Issued::new(TOKEN.into(), entry_for(TOKEN, now, DEFAULT_TTL).1);
         assert!(!format!("{issued:?}").contains(&TOKEN[20..]));
         assert_eq!(issued.expose(), TOKEN);
     }
