@@ -47,6 +47,9 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
     let agents = agents_dir(dir.path(), |file| {
         file.agents.push(external("partner-bot", true));
         file.agents.push(external("sleeper", false));
+        let mut triage = external("triage-bot", true);
+        triage.capabilities.push("open_work".to_owned());
+        file.agents.push(triage);
     })?;
     let clock = ManualClock::starting_at(time::OffsetDateTime::now_utc());
     let core = zopu_core::config::CoreConfig {
@@ -357,6 +360,60 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
     ensure!(
         (1..=30).contains(&wait),
         "the first back-off is 30 s, not {wait}"
+    );
+
+    // open_work: a Work of the agent, started from the candidate; retried, the same Work.
+    let keys_for_work = AgentKeyStore::open(&bus.jetstream).await?;
+    let triage = key_for(&keys_for_work, "triage-bot", project, &["open_work"]).await?;
+    let open = serde_json::json!({"type": "open_work", "project": project_arg, "candidate": second_id,
+        "title": "Flaky login test", "summary": "Waits on a fixed sleep."});
+    let (status, opened, _) = gateway
+        .post_as("/v1/agent/actions", triage.expose(), "work-1", open.clone())
+        .await?;
+    assert_eq!(status, StatusCode::ACCEPTED, "{opened}");
+    let work_id = opened["work_id"].as_str().context("work_id")?.to_owned();
+    let stored =
+        zopu_core::publish::get_event(&bus, opened["sequence"].as_u64().context("sequence")?)
+            .await?;
+    let created = stored.decode::<pb::WorkCreated>()?;
+    assert_eq!(
+        (
+            created.agent_id.as_str(),
+            created.kind.as_str(),
+            created.title.as_str()
+        ),
+        ("external:triage-bot", "external", "Flaky login test")
+    );
+    assert_eq!(stored.work_id.map(|w| w.to_string()), Some(work_id.clone()));
+    gateway.caught_up(&bus).await?;
+    let (status, again, _) = gateway
+        .post_as("/v1/agent/actions", triage.expose(), "work-1", open.clone())
+        .await?;
+    assert_eq!(
+        (status, again["work_id"].as_str()),
+        (StatusCode::ACCEPTED, Some(work_id.as_str()))
+    );
+    let (status, work) = gateway.get(&format!("/v1/projects/{project}/works/{work_id}")).await?;
+    assert_eq!(
+        (status, work["title"].as_str()),
+        (StatusCode::OK, Some("Flaky login test")),
+        "{work}"
+    );
+    let (status, body, _) = gateway
+        .post_as("/v1/agent/actions", triage.expose(), "work-2",
+            serde_json::json!({"type": "open_work", "project": project_arg, "candidate": second_id}))
+        .await?;
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("title"))
+    );
+    let (status, body, _) = gateway
+        .post_as("/v1/agent/actions", triage.expose(), "work-3",
+            serde_json::json!({"type": "reply", "project": project_arg, "candidate": second_id, "text": "Hi there"}))
+        .await?;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("capability_missing"))
     );
 
     // A key narrower than the definition: no candidates for it.

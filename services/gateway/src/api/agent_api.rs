@@ -6,8 +6,9 @@
 //! messages of its projects it has not answered yet (the `read_candidates`
 //! capability), and `POST
 //! /v1/agent/actions` performs one action on a candidate: a `reply`
-//! (`post_message`), stored as an `agent.message` attributed to the agent
-//! (`external:<agent>`) and caused by the candidate.
+//! (`post_message`), stored as an `agent.message`, or `open_work`
+//! (`open_work`), stored as a `work.created` of kind `external` — each
+//! attributed to the agent (`external:<agent>`) and caused by the candidate.
 //!
 //! Every action passes the platform's checks, the ones the built-in agent's
 //! writes pass: the registry lets the agent run (403 `agent_disabled`), the
@@ -312,19 +313,31 @@ pub const NEAR_DUPLICATE_THRESHOLD: f64 = 0.85;
 /// How many of its recent outputs a reply is compared with.
 const RECENT_OUTPUTS: usize = 10;
 
+/// Longest title of a Work an external agent opens.
+pub const WORK_TITLE_MAX_CHARS: usize = 120;
+/// Longest summary of a Work an external agent opens.
+pub const WORK_SUMMARY_MAX_CHARS: usize = 500;
+
 /// `POST /v1/agent/actions` body.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentAction {
-    /// `reply` (the `post_message` capability).
+    /// `reply` (the `post_message` capability) or `open_work` (`open_work`).
     #[serde(rename = "type")]
     pub kind: String,
     /// One of the key's projects.
     pub project: String,
     /// The candidate's event id (`GET /v1/agent/candidates`).
     pub candidate: String,
-    /// The reply: 1 to 2000 characters, no credentials.
-    pub text: String,
+    /// `reply`: 1 to 2000 characters, no credentials.
+    #[serde(default)]
+    pub text: Option<String>,
+    /// `open_work`: the Work's title, 1 to 120 characters.
+    #[serde(default)]
+    pub title: Option<String>,
+    /// `open_work`: an optional summary, at most 500 characters.
+    #[serde(default)]
+    pub summary: Option<String>,
 }
 
 /// An action the platform accepted.
@@ -336,6 +349,9 @@ pub struct AgentActionAccepted {
     /// True when the same request (`X-Request-Id`) was already stored.
     pub duplicate: bool,
     pub request_id: String,
+    /// `open_work`: the Work it opened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub work_id: Option<String>,
 }
 
 /// The agent id an external agent's events carry.
@@ -381,6 +397,79 @@ pub async fn agent_action(
     }
 }
 
+/// What an action does, once its fields are checked.
+enum Act {
+    /// `reply`: an `agent.message` answering the candidate.
+    Reply { text: String },
+    /// `open_work`: a `work.created` of the agent, started from the candidate.
+    OpenWork { title: String, summary: String },
+}
+
+impl Act {
+    fn of(action: &AgentAction) -> Result<Self, ApiError> {
+        let field = |name: &str, value: &Option<String>, max: usize| {
+            let text = value.as_deref().unwrap_or_default().trim().to_owned();
+            if text.is_empty() || text.chars().count() > max {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("{} needs `{name}`: 1 to {max} characters", action.kind),
+                ));
+            }
+            if let Some(finding) = zopu_secrets::scan(&text).first() {
+                return Err(ApiError::invalid(
+                    name,
+                    format!(
+                        "`{name}` looks like it holds a credential ({}); nothing was stored",
+                        finding.rule
+                    ),
+                ));
+            }
+            Ok(text)
+        };
+        let unused = |name: &str, value: &Option<String>| match value {
+            Some(_) => Err(ApiError::invalid(
+                name,
+                format!("{} takes no `{name}`", action.kind),
+            )),
+            None => Ok(()),
+        };
+        match action.kind.as_str() {
+            "reply" => {
+                unused("title", &action.title)?;
+                unused("summary", &action.summary)?;
+                Ok(Act::Reply {
+                    text: field("text", &action.text, REPLY_MAX_CHARS)?,
+                })
+            }
+            "open_work" => {
+                unused("text", &action.text)?;
+                let summary = match &action.summary {
+                    Some(_) => field("summary", &action.summary, WORK_SUMMARY_MAX_CHARS)?,
+                    None => String::new(),
+                };
+                Ok(Act::OpenWork {
+                    title: field("title", &action.title, WORK_TITLE_MAX_CHARS)?,
+                    summary,
+                })
+            }
+            other => Err(ApiError::invalid(
+                "type",
+                format!(
+                    "{other:?} is not an action the Agent API performs yet (known: reply, open_work)"
+                ),
+            )),
+        }
+    }
+
+    /// The capability it needs, and the word its idempotency key uses.
+    fn capability(&self) -> (&'static str, &'static str) {
+        match self {
+            Act::Reply { .. } => ("post_message", "reply"),
+            Act::OpenWork { .. } => ("open_work", "work"),
+        }
+    }
+}
+
 async fn checked_action(
     state: &AppState,
     caller: &AgentCaller,
@@ -390,16 +479,9 @@ async fn checked_action(
     let body = body.map_err(body_error)?;
     let action: AgentAction = parse_json(&body)?;
     let definition = runnable(state, caller)?;
-    if action.kind != "reply" {
-        return Err(ApiError::invalid(
-            "type",
-            format!(
-                "{:?} is not an action the Agent API performs yet (known: reply)",
-                action.kind
-            ),
-        ));
-    }
-    require(caller, definition, "post_message")?;
+    let act = Act::of(&action)?;
+    let (capability, what) = act.capability();
+    require(caller, definition, capability)?;
     let project = action
         .project
         .parse::<ProjectId>()
@@ -413,22 +495,6 @@ async fn checked_action(
             )
             .field("project")
         })?;
-    let text = action.text.trim().to_owned();
-    if text.is_empty() || text.chars().count() > REPLY_MAX_CHARS {
-        return Err(ApiError::invalid(
-            "text",
-            format!("a reply is 1 to {REPLY_MAX_CHARS} characters"),
-        ));
-    }
-    if let Some(finding) = zopu_secrets::scan(&text).first() {
-        return Err(ApiError::invalid(
-            "text",
-            format!(
-                "the reply looks like it holds a credential ({}); it was not posted",
-                finding.rule
-            ),
-        ));
-    }
     let org = caller.0.org.clone();
     let author = external_agent_id(&caller.0.grant.agent);
     let (candidate, paused, recent) = {
@@ -458,7 +524,7 @@ async fn checked_action(
         &project,
         &request.0,
         &format!(
-            "agent:{}:reply:{}",
+            "agent:{}:{what}:{}",
             caller.0.grant.agent, candidate.event_id
         ),
     );
@@ -481,10 +547,12 @@ async fn checked_action(
             sequence,
             duplicate: true,
             request_id: request.0.to_string(),
+            work_id: stored.work_id.map(|work| work.to_string()),
         });
     }
-    if let Some((earlier, score)) =
-        zopu_core::text::near_duplicate(&text, &recent, NEAR_DUPLICATE_THRESHOLD)
+    if let Act::Reply { text } = &act
+        && let Some((earlier, score)) =
+            zopu_core::text::near_duplicate(text, &recent, NEAR_DUPLICATE_THRESHOLD)
     {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -505,20 +573,40 @@ async fn checked_action(
     let source = zopu_core::publish::get_event(&state.runtime.bus, candidate.sequence)
         .await
         .map_err(|error| ApiError::unavailable("event log", error))?;
-    let message = zopu_schema::pb::AgentMessage {
-        agent_id: author,
-        text,
-        reply_to_event_id: candidate.event_id.clone(),
-        importance: zopu_schema::pb::Importance::Normal as i32,
-        status: "done".into(),
-        provider: format!("external:{}", caller.0.key_id),
+    let (event, work_id) = match act {
+        Act::Reply { text } => {
+            let message = zopu_schema::pb::AgentMessage {
+                agent_id: author,
+                text,
+                reply_to_event_id: candidate.event_id.clone(),
+                importance: zopu_schema::pb::Importance::Normal as i32,
+                status: "done".into(),
+                provider: format!("external:{}", caller.0.key_id),
+            };
+            (
+                zopu_core::NewEvent::caused_by(&source.context(), &message, key),
+                None,
+            )
+        }
+        Act::OpenWork { title, summary } => {
+            let work = zopu_schema::WorkId::new();
+            let created = zopu_schema::pb::WorkCreated {
+                title,
+                summary,
+                kind: "external".into(),
+                agent_id: author,
+            };
+            let event =
+                zopu_core::NewEvent::caused_by(&source.context(), &created, key).with_work(work);
+            (event, Some(work.to_string()))
+        }
     };
-    let event = zopu_core::NewEvent::caused_by(&source.context(), &message, key);
     let accepted = append(state, event, request).await?;
     Ok(AgentActionAccepted {
         event_id: accepted.event_id,
         sequence: accepted.sequence,
         duplicate: accepted.duplicate,
         request_id: accepted.request_id,
+        work_id,
     })
 }
