@@ -393,7 +393,9 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
         (status, again["work_id"].as_str()),
         (StatusCode::ACCEPTED, Some(work_id.as_str()))
     );
-    let (status, work) = gateway.get(&format!("/v1/projects/{project}/works/{work_id}")).await?;
+    let (status, work) = gateway
+        .get(&format!("/v1/projects/{project}/works/{work_id}"))
+        .await?;
     assert_eq!(
         (status, work["title"].as_str()),
         (StatusCode::OK, Some("Flaky login test")),
