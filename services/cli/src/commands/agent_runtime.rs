@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use super::conversation::print_line;
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -340,27 +341,21 @@ pub async fn run(ctx: &crate::Context, args: RunExternalArgs) -> Result<ExitCode
                 }
             };
             if runtime.dry_run {
-                let line = json!({"kind": "would_reply", "project": candidate["project_id"], "candidate": candidate["event_id"], "text": draft});
-                println!(
-                    "{}",
-                    if ctx.json {
-                        line.to_string()
-                    } else {
-                        format!("would reply to {}: {draft}", candidate["event_id"])
-                    }
+                print_line(
+                    ctx,
+                    "would_reply",
+                    &format!("would reply to {}: {draft}", candidate["event_id"]),
+                    json!({"project": candidate["project_id"], "candidate": candidate["event_id"], "text": draft}),
                 );
             } else if let Some(accepted) = runtime.post(&candidate, &draft).await? {
-                let line = json!({"kind": "replied", "candidate": candidate["event_id"], "event_id": accepted["event_id"]});
-                println!(
-                    "{}",
-                    if ctx.json {
-                        line.to_string()
-                    } else {
-                        format!(
-                            "replied to {} ({})",
-                            candidate["event_id"], accepted["event_id"]
-                        )
-                    }
+                print_line(
+                    ctx,
+                    "replied",
+                    &format!(
+                        "replied to {} ({})",
+                        candidate["event_id"], accepted["event_id"]
+                    ),
+                    json!({"candidate": candidate["event_id"], "event_id": accepted["event_id"]}),
                 );
             }
         }
@@ -382,32 +377,26 @@ pub async fn smoke(ctx: &crate::Context, args: SmokeArgs) -> Result<ExitCode> {
         .and_then(|c| c.first())
         .cloned()
     else {
-        println!(
-            "{}",
-            if ctx.json {
-                json!({"kind": "smoke", "auth": "ok", "candidate": null}).to_string()
-            } else {
-                format!(
-                    "smoke: key accepted for agent {}; no candidate to draft for",
-                    config["agent"]
-                )
-            }
+        print_line(
+            ctx,
+            "smoke",
+            &format!(
+                "smoke: key accepted for agent {}; no candidate to draft for",
+                config["agent"]
+            ),
+            json!({"auth": "ok", "candidate": null}),
         );
         return Ok(ExitCode::SUCCESS);
     };
     let draft = runtime.draft(&candidate).await?;
-    let line =
-        json!({"kind": "smoke", "auth": "ok", "candidate": candidate["event_id"], "draft": draft});
-    println!(
-        "{}",
-        if ctx.json {
-            line.to_string()
-        } else {
-            format!(
-                "smoke: key accepted for agent {}; draft for {}: {draft} (not posted)",
-                config["agent"], candidate["event_id"]
-            )
-        }
+    print_line(
+        ctx,
+        "smoke",
+        &format!(
+            "smoke: key accepted for agent {}; draft for {}: {draft} (not posted)",
+            config["agent"], candidate["event_id"]
+        ),
+        json!({"auth": "ok", "candidate": candidate["event_id"], "draft": draft}),
     );
     Ok(ExitCode::SUCCESS)
 }
