@@ -201,7 +201,7 @@ impl Project {
         text: &str,
         commit: &str,
     ) -> Result<()> {
-        self.ask_in(publisher, flow_type, text, commit, None, &[])
+        self.ask_in(publisher, flow_type, (text, text), commit, None, &[])
             .await
     }
 
@@ -215,37 +215,55 @@ impl Project {
         commit: &str,
         preferences: &[&str],
     ) -> Result<()> {
-        self.ask_in(publisher, flow_type, text, commit, None, preferences)
-            .await
+        self.ask_in(
+            publisher,
+            flow_type,
+            (text, text),
+            commit,
+            None,
+            preferences,
+        )
+        .await
     }
 
-    /// [`Project::ask`] with the run id the conversation agent gives the
-    /// flows it requests, so the agent knows the run when it ends.
+    /// A flow requested as the conversation agent would, with the run id it
+    /// gives the flows it requests, so the agent knows the run when it ends.
+    /// The user's `message` is one the running conversation agent answers
+    /// itself: were it a question, the agent would request its own flow for
+    /// the same message, and the specialists run one flow per source event.
     async fn ask_as_agent(
         &self,
         publisher: &Publisher,
         flow_type: pb::FlowType,
-        text: &str,
+        (message, request): (&str, &str),
         commit: &str,
     ) -> Result<zopu_schema::FlowRunId> {
         let flow_run = zopu_schema::FlowRunId::new();
-        self.ask_in(publisher, flow_type, text, commit, Some(flow_run), &[])
-            .await?;
+        self.ask_in(
+            publisher,
+            flow_type,
+            (message, request),
+            commit,
+            Some(flow_run),
+            &[],
+        )
+        .await?;
         Ok(flow_run)
     }
 
+    /// The user's `message`, then a `flow.requested` for `request` caused by it.
     async fn ask_in(
         &self,
         publisher: &Publisher,
         flow_type: pb::FlowType,
-        text: &str,
+        (message, request): (&str, &str),
         commit: &str,
         flow_run: Option<zopu_schema::FlowRunId>,
         preferences: &[&str],
     ) -> Result<()> {
         let message = pb::TimelineMessageSent {
             timeline_id: "global".into(),
-            text: text.into(),
+            text: message.into(),
             ..Default::default()
         };
         let key = format!("test:message:{}", uuid_like());
@@ -263,7 +281,7 @@ impl Project {
             flow_type: flow_type as i32,
             flow_version: 1,
             agent_id: self.agent.to_string(),
-            request_text: text.into(),
+            request_text: request.into(),
             source_event_id: stored.id.to_string(),
             repository_commit: commit.to_owned(),
             preferences: preferences.iter().map(|p| (*p).to_owned()).collect(),
@@ -1098,7 +1116,7 @@ async fn a_cancelled_flow_aborts_its_model_call_and_ends_once() -> Result<()> {
         .ask_as_agent(
             &publisher,
             pb::FlowType::Explore,
-            "How does login work?",
+            ("Thanks!", "How does login work?"),
             &repo.commit,
         )
         .await?;

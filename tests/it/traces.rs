@@ -176,6 +176,27 @@ async fn one_trace_spans_a_turn_across_every_service_with_the_model_call() -> Re
         "the artifact of the turn is not in the message's trace: {:?} vs {traceparent}",
         published.traceparent
     );
+    // Every flow the conversation agent requested (onboarding, then the
+    // exploration) started exactly once: its `flow.started`, which records
+    // the run's definition, is not taken for the request.
+    let in_project = |event: &zopu_schema::Envelope| event.project_id.to_string() == project;
+    let flows_of = |events: Vec<(u64, zopu_schema::Envelope)>| -> Vec<String> {
+        let mut flows: Vec<String> = events
+            .into_iter()
+            .map(|(_, event)| event)
+            .filter(in_project)
+            .filter_map(|event| event.flow_run_id.map(|flow| flow.to_string()))
+            .collect();
+        flows.sort();
+        flows
+    };
+    let requested =
+        flows_of(history(&bus, &subjects::events_of_type(pb::FlowRequested::TYPE)).await?);
+    let started = flows_of(history(&bus, &subjects::events_of_type(pb::FlowStarted::TYPE)).await?);
+    ensure!(
+        requested.len() == 2 && started == requested,
+        "each requested flow starts once: requested {requested:?}, started {started:?}"
+    );
 
     // Stopping every service flushes what its exporter still holds.
     for service in SERVICES {

@@ -5,14 +5,12 @@
 //! ([`crate::agent`]) reads the state, calls these, and appends what they
 //! return, in order.
 
+use zopu_core::delegation::{Delegation, DelegationKeys, delegate};
 use zopu_core::registry::Registry;
 use zopu_core::text::clip_chars;
 use zopu_core::{NewEvent, memory};
-use zopu_schema::agent_registry::RoutedFlow;
 use zopu_schema::envelope::EventContext;
-use zopu_schema::{
-    AgentId, DispatchId, Envelope, Event, FlowRunId, ThreadId, WorkId, keys as schema_keys, pb,
-};
+use zopu_schema::{AgentId, DispatchId, Envelope, Event, WorkId, keys as schema_keys, pb};
 
 use crate::decide::{self, Action, TurnPlan};
 use crate::keys;
@@ -288,44 +286,7 @@ pub(crate) fn turn_events(
             Err(error) => tracing::warn!(%error, "preference not kept"),
         }
     }
-    if let Some((flow_type, flow_name, work_kind)) = plan.action.flow() {
-        let ms = ids.id_ms();
-        let work = match existing_work {
-            Some(work) => {
-                let updated = pb::WorkUpdated {
-                    status: "working".into(),
-                    summary: clip_chars(&plan.title, 200),
-                };
-                events.push(
-                    ids.event(&updated, keys::entity(&ids.dispatch, "work-update"))
-                        .with_work(work),
-                );
-                work
-            }
-            None => {
-                let work_key = keys::entity(&ids.dispatch, "work");
-                let work = WorkId::derived(ms, &work_key);
-                let created = pb::WorkCreated {
-                    title: plan.title.clone(),
-                    summary: clip_chars(&plan.request_text, 500),
-                    kind: work_kind.into(),
-                    agent_id: ids.agent_id.clone(),
-                };
-                events.push(ids.event(&created, work_key).with_work(work));
-                work
-            }
-        };
-        let thread_key = keys::entity(&ids.dispatch, "thread");
-        let thread = ThreadId::derived(ms, &thread_key);
-        let thread_created = pb::ThreadCreated {
-            title: plan.title.clone(),
-            flow_type: flow_name.into(),
-        };
-        events.push(
-            ids.event(&thread_created, thread_key)
-                .with_work(work)
-                .with_thread(thread),
-        );
+    if let Some((flow_type, _, _)) = plan.action.flow() {
         // A flow routed to no specialist (or a disabled one) is still
         // requested: the specialists refuse it visibly. The handoff names
         // the routed agent, or none.
@@ -333,44 +294,38 @@ pub(crate) fn turn_events(
             .routed_specialist(flow_type)
             .map(|agent| agent.definition.key.clone())
             .unwrap_or_default();
-        let flow_key = schema_keys::flow_run(&source.id, flow_name, decide::FLOW_VERSION);
-        let flow_run = FlowRunId::derived(ms, &flow_key);
-        let requested = pb::FlowRequested {
-            flow_type: flow_type as i32,
+        let source_agent_key = registry
+            .conversation()
+            .map(|agent| agent.definition.key.clone())
+            .unwrap_or_default();
+        let dispatch = ids.dispatch.to_string();
+        let delegation = Delegation {
+            agent_id: &ids.agent_id,
+            source_agent_key: &source_agent_key,
+            source_run_id: &dispatch,
+            target_agent_key: &target,
+            flow_type,
             flow_version: decide::FLOW_VERSION,
-            agent_id: ids.agent_id.clone(),
-            request_text: plan.request_text.clone(),
-            source_event_id: source.id.to_string(),
-            repository_commit: view.repository_commit.clone(),
+            title: &plan.title,
+            request_text: &plan.request_text,
+            source_event: source.id,
+            repository_commit: &view.repository_commit,
             preferences: shared_preferences(view, registry, &target),
+            existing_work,
         };
-        events.push(
-            ids.event(&requested, flow_key)
-                .with_work(work)
-                .with_thread(thread)
-                .with_flow_run(flow_run),
-        );
-        let handoff_key = schema_keys::agent_handoff(&ids.dispatch.to_string(), &target, 0);
-        let handoff = pb::AgentHandoffCreated {
-            handoff_id: handoff_key.clone(),
-            source_run_id: ids.dispatch.to_string(),
-            source_agent_key: registry
-                .conversation()
-                .map(|agent| agent.definition.key.clone())
-                .unwrap_or_default(),
-            target_agent_key: target,
-            flow: RoutedFlow::of(flow_type)
-                .map(|flow| flow.as_str().to_owned())
-                .unwrap_or_default(),
-            brief: clip_chars(&plan.request_text, 500),
-            supersedes_handoff_id: String::new(),
-            correction: String::new(),
+        let keys = DelegationKeys {
+            work: keys::entity(&ids.dispatch, "work"),
+            work_update: keys::entity(&ids.dispatch, "work-update"),
+            thread: keys::entity(&ids.dispatch, "thread"),
+            flow: keys::entity(&ids.dispatch, "flow"),
+            handoff: schema_keys::agent_handoff(&dispatch, &target, 0),
         };
-        events.push(
-            ids.event(&handoff, handoff_key)
-                .with_work(work)
-                .with_thread(thread)
-                .with_flow_run(flow_run),
+        let delegated = delegate(&ids.cause, ids.id_ms(), &delegation, &keys);
+        events.extend(
+            delegated
+                .events
+                .into_iter()
+                .map(|event| event.with_dispatch(ids.dispatch)),
         );
     }
     (events, outcome)
@@ -510,7 +465,7 @@ fn flow_status(flow: &FlowView) -> Option<(&'static str, Option<pb::FailureReaso
 #[cfg(test)]
 mod tests {
     use prost::Message;
-    use zopu_schema::{CorrelationId, EventId, OrgId, ProjectId};
+    use zopu_schema::{CorrelationId, EventId, FlowRunId, OrgId, ProjectId, ThreadId};
 
     use super::*;
 

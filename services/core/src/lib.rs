@@ -19,12 +19,15 @@
 //! reaction acks a message only after its appends were acknowledged.
 //!
 //! `commands` builds every user command (create project, retry setup,
-//! message, card action, kill switch) for the gateway and the CLI alike.
+//! message, card action, kill switch) for the gateway and the CLI alike;
+//! `delegation` builds the events that hand a request to a specialist, for
+//! the conversation agent and for external agents alike.
 
 pub mod audit;
 pub mod clock;
 pub mod commands;
 pub mod config;
+pub mod delegation;
 pub mod key_file;
 pub mod keywords;
 pub mod lease;

@@ -120,6 +120,20 @@ impl RoutedFlow {
             Self::Issue => "issue",
         }
     }
+
+    /// The flow named `name` (`onboarding`, `explore`, `issue`).
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|flow| flow.as_str() == name)
+    }
+
+    /// The request type that starts this flow.
+    pub const fn flow_type(self) -> FlowType {
+        match self {
+            Self::Onboarding => FlowType::OnboardingExplore,
+            Self::Explore => FlowType::Explore,
+            Self::Issue => FlowType::Issue,
+        }
+    }
 }
 
 /// One agent's definition.

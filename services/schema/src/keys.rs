@@ -6,6 +6,7 @@
 //! (beyond it) use to store the effect once.
 
 use crate::ids::{AgentId, CorrelationId, DispatchId, EventId, FlowRunId, ProjectId};
+use crate::pb::FlowType;
 
 /// Workspace (the seed's VM) creation: `project:<id>:vm:v1`.
 pub fn workspace(project: &ProjectId) -> String {
@@ -50,6 +51,39 @@ pub fn agent_post(dispatch: &DispatchId, logical_step: &str) -> String {
 /// Flow run: `event:<eventId>:flow:<flowType>:version:<version>`.
 pub fn flow_run(source_event: &EventId, flow_type: &str, version: u32) -> String {
     format!("event:{source_event}:flow:{flow_type}:version:{version}")
+}
+
+/// The prefix of the agent id an external agent's events carry (`external:<registry key>`).
+pub const EXTERNAL_AGENT_PREFIX: &str = "external:";
+
+/// The run key of a requested flow. A request of the project's own agents
+/// runs under the seed's [`flow_run`] key, one run per message, flow and
+/// version. An external agent's request (its `agent_id` is
+/// `external:<key>`) is a run of its own,
+/// `event:<eventId>:flow:<flowType>:version:<version>:agent:<key>`, so it
+/// neither takes the place of the conversation agent's flow about the same
+/// message nor is taken for it.
+pub fn requested_flow_run(
+    source_event: &EventId,
+    flow_type: FlowType,
+    version: u32,
+    requester_agent_id: &str,
+) -> String {
+    let run = flow_run(source_event, flow_type_name(flow_type), version);
+    match requester_agent_id.strip_prefix(EXTERNAL_AGENT_PREFIX) {
+        Some(agent) => format!("{run}:agent:{agent}"),
+        None => run,
+    }
+}
+
+/// The name of a flow type in keys, Threads and results.
+pub fn flow_type_name(flow_type: FlowType) -> &'static str {
+    match flow_type {
+        FlowType::OnboardingExplore => "onboarding_explore",
+        FlowType::Explore => "explore",
+        FlowType::Issue => "issue",
+        FlowType::Unspecified => "unspecified",
+    }
 }
 
 /// A step of a flow run: `flow:<flowRunId>:step:<step>`.

@@ -57,16 +57,6 @@ pub const SUMMARY_KIND: &str = "repository_summary";
 /// Longest wait for the projection to apply the stream's end before a run decides.
 const CATCH_UP_MAX: Duration = Duration::from_secs(30);
 
-/// The name of a flow type as used in keys and results.
-pub fn flow_type_name(flow_type: FlowType) -> &'static str {
-    match flow_type {
-        FlowType::OnboardingExplore => "onboarding_explore",
-        FlowType::Explore => "explore",
-        FlowType::Issue => "issue",
-        FlowType::Unspecified => "unspecified",
-    }
-}
-
 fn unix_ms_of(id: &EventId) -> Option<u64> {
     id.as_uuid().get_timestamp().map(|ts| {
         let (secs, nanos) = ts.to_unix();
@@ -97,7 +87,8 @@ impl RunIds {
             .source_event_id
             .parse::<EventId>()
             .unwrap_or(event.id);
-        let run_key = keys::flow_run(&source_event, flow_type_name(flow_type), version);
+        let run_key =
+            keys::requested_flow_run(&source_event, flow_type, version, &request.agent_id);
         let source_ms = unix_ms_of(&source_event).unwrap_or(event.context().cause_unix_ms);
         let flow_run_id = event
             .flow_run_id
@@ -257,7 +248,7 @@ impl Shared {
         }
         if let Some(outcome) = metric_outcome {
             metrics::flow_finished(
-                flow_type_name(ids.flow_type),
+                keys::flow_type_name(ids.flow_type),
                 outcome,
                 started_at_elapsed.unwrap_or_default() + began.elapsed(),
             );

@@ -111,12 +111,9 @@ impl FailureRow {
 
 /// The stored name of a flow type (the names the API shows).
 pub fn flow_type_name(value: i32) -> &'static str {
-    match pb::FlowType::try_from(value) {
-        Ok(pb::FlowType::OnboardingExplore) => "onboarding_explore",
-        Ok(pb::FlowType::Explore) => "explore",
-        Ok(pb::FlowType::Issue) => "issue",
-        _ => "unspecified",
-    }
+    zopu_schema::keys::flow_type_name(
+        pb::FlowType::try_from(value).unwrap_or(pb::FlowType::Unspecified),
+    )
 }
 
 fn empty_to_none(value: &str) -> Option<String> {
