@@ -708,3 +708,438 @@ async fn the_reference_runtime_dry_runs_smokes_and_posts_once_per_candidate() ->
     );
     gateway.stop().await
 }
+
+/// Polls `GET path` with `key` until `done` holds of the answer.
+async fn poll_until(
+    gateway: &Gateway,
+    path: &str,
+    key: &str,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> Result<serde_json::Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, body) = gateway.get_as(path, Some(key)).await?;
+        if status == StatusCode::OK && done(&body) {
+            return Ok(body);
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{what} never showed: {status} {body}"
+        );
+        // Polling the read model between checks: the loop ends on the state.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_artifact()
+-> Result<()> {
+    use zopu_schema::Event;
+    use zopu_schema::agent_registry::{Mesh, RoutedFlow};
+    use zopu_tests::fleet::{Fleet, FleetConfig};
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let dir = tempfile::tempdir()?;
+    let agents = agents_dir(dir.path(), |file| {
+        let mut scout = external("scout", true);
+        scout.capabilities = [
+            "read_timeline",
+            "read_candidates",
+            "post_message",
+            "request_flow",
+            "propose_artifact",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        scout.routing = Routing {
+            flows: vec![RoutedFlow::Explore],
+        };
+        scout.mesh = Mesh {
+            allow: vec!["explorer".to_owned()],
+            deny: Vec::new(),
+        };
+        file.agents.push(scout);
+        let mut fenced = external("fenced", true);
+        fenced.capabilities = vec!["read_candidates".to_owned(), "request_flow".to_owned()];
+        fenced.routing = Routing {
+            flows: vec![RoutedFlow::Explore, RoutedFlow::Issue],
+        };
+        fenced.mesh = Mesh {
+            allow: Vec::new(),
+            deny: vec!["issue-writer".to_owned()],
+        };
+        file.agents.push(fenced);
+    })?;
+    // The product runs as processes, all reading the same registry.
+    let zopu = zopu_tests::zopu_binary(&zopu_tests::workspace_root())?;
+    let mut fleet = Fleet::new(
+        &zopu,
+        &dir.path().join("fleet"),
+        FleetConfig {
+            nats_url: server.url(),
+            stream_replicas: 1,
+            partitions: 1,
+            lease_ttl: Duration::from_secs(3),
+            env: [(
+                "ZOPU_AGENTS_DIR".to_owned(),
+                agents.to_string_lossy().into_owned(),
+            )]
+            .into_iter()
+            .collect(),
+        },
+    )?;
+    for service in [
+        "setup",
+        "dispatch",
+        "conversation",
+        "specialists",
+        "artifacts",
+    ] {
+        fleet.start(service, 1)?;
+    }
+    let core = zopu_core::config::CoreConfig {
+        agents_dir: Some(agents.clone()),
+        ..zopu_tests::core_config(&server, &dir.path().join("gateway"))
+    };
+    let gateway = Gateway::start_with(core).await?;
+    let repo = zopu_tests::fixtures::demo_repository(dir.path())?;
+    let created = fleet
+        .command()
+        .args(["--json", "project", "create", "--org", "acme", "--repo"])
+        .arg(&repo)
+        .output()?;
+    ensure!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let first: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&created.stdout)
+            .lines()
+            .next()
+            .unwrap_or("{}"),
+    )?;
+    let project: ProjectId = first["project"]
+        .as_str()
+        .context("no project id")?
+        .parse()?;
+    let acme = org("acme");
+    zopu_tests::wait_for(
+        &bus,
+        &zopu_schema::subjects::event(&acme, &project, pb::ProjectReady::TYPE),
+        Duration::from_secs(120),
+        |_| true,
+    )
+    .await?;
+    let question = send(&bus, &acme, project, "How does main print the greeting?").await?;
+    let keys = AgentKeyStore::open(&bus.jetstream).await?;
+    let scout = key_for(
+        &keys,
+        "scout",
+        project,
+        &[
+            "read_timeline",
+            "read_candidates",
+            "post_message",
+            "request_flow",
+            "propose_artifact",
+        ],
+    )
+    .await?
+    .expose()
+    .to_owned();
+    let project_arg = project.to_string();
+    let candidates = format!("/v1/agent/candidates?project={project_arg}");
+    let page = poll_until(&gateway, &candidates, &scout, "the question", |page| {
+        page["candidates"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["event_id"] == question.event_id.to_string())
+        })
+    })
+    .await?;
+    let asked = page["candidates"]
+        .as_array()
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c["event_id"] == question.event_id.to_string())
+        })
+        .context("the question")?;
+    assert_eq!(asked["kind"], "message");
+
+    // Refusals first: a flow outside its routing, and a malformed request.
+    let request = |flow: &str, text: &str| {
+        serde_json::json!({"type": "request_flow", "project": project_arg,
+            "candidate": question.event_id.to_string(), "flow": flow, "text": text})
+    };
+    let (status, refused, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &scout,
+            "flow-0",
+            request("issue", "Draft an issue about the greeting."),
+        )
+        .await?;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("flow_outside_routing")),
+        "{refused}"
+    );
+    let (status, refused, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &scout,
+            "flow-1",
+            request("explore", ""),
+        )
+        .await?;
+    assert_eq!(
+        (status, refused["error"]["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("text")),
+        "{refused}"
+    );
+    // A flow its mesh rules do not let it hand over.
+    let fenced = key_for(
+        &keys,
+        "fenced",
+        project,
+        &["read_candidates", "request_flow"],
+    )
+    .await?
+    .expose()
+    .to_owned();
+    let (status, refused, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &fenced,
+            "fenced-1",
+            request("issue", "Draft an issue about the greeting."),
+        )
+        .await?;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("mesh_denied")),
+        "{refused}"
+    );
+
+    // The request: the events the conversation agent writes, attributed to the agent.
+    let (status, accepted, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &scout,
+            "flow-2",
+            request("explore", "Trace how main prints the greeting."),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let flow_run = accepted["flow_run_id"]
+        .as_str()
+        .context("a flow run id")?
+        .to_owned();
+    ensure!(accepted["work_id"].is_string() && accepted["thread_id"].is_string());
+    // Another request for the same flow of the same candidate is that run.
+    let (status, again, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &scout,
+            "flow-3",
+            request("explore", "Trace it again, please."),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::ACCEPTED, "{again}");
+    assert_eq!(
+        (again["duplicate"].as_bool(), again["flow_run_id"].as_str()),
+        (Some(true), Some(flow_run.as_str()))
+    );
+
+    // The flow runs as its own run (the conversation agent may explore the
+    // same message too) and ends; its ending awaits the agent.
+    let ended = poll_until(&gateway, &candidates, &scout, "the flow's ending", |page| {
+        page["candidates"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["flow_run_id"] == flow_run.as_str()))
+    })
+    .await?;
+    let ending = ended["candidates"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["flow_run_id"] == flow_run.as_str()))
+        .context("the ending")?
+        .clone();
+    assert_eq!(
+        (ending["kind"].as_str(), ending["flow_state"].as_str()),
+        (Some("flow_ended"), Some("completed")),
+        "{ending}"
+    );
+    let all = |event_type: &'static str| {
+        let bus = bus.clone();
+        let acme = acme.clone();
+        async move {
+            zopu_tests::history(
+                &bus,
+                &zopu_schema::subjects::event(&acme, &project, event_type),
+            )
+            .await
+        }
+    };
+    let requests = all(pb::FlowRequested::TYPE).await?;
+    let ours: Vec<_> = requests
+        .iter()
+        .filter(|(_, event)| event.flow_run_id.map(|f| f.to_string()) == Some(flow_run.clone()))
+        .collect();
+    assert_eq!(ours.len(), 1, "one request stored");
+    let (_, stored) = ours[0];
+    let requested = stored.decode::<pb::FlowRequested>()?;
+    assert_eq!(
+        (requested.agent_id.as_str(), stored.causation_id),
+        ("external:scout", question.event_id)
+    );
+    let started = all(pb::FlowStarted::TYPE).await?;
+    ensure!(
+        started
+            .iter()
+            .filter(|(_, event)| event.flow_run_id == stored.flow_run_id)
+            .count()
+            == 1,
+        "the agent's flow started once"
+    );
+    let handoffs = all(pb::AgentHandoffCreated::TYPE).await?;
+    ensure!(
+        handoffs.iter().any(|(_, event)| {
+            event.flow_run_id == stored.flow_run_id
+                && event.decode::<pb::AgentHandoffCreated>().is_ok_and(|h| {
+                    h.source_agent_key == "scout" && h.target_agent_key == "explorer"
+                })
+        }),
+        "the handoff names the agent and the explorer"
+    );
+    // The conversation agent does not report the agent's flow.
+    let finals = all(pb::AgentFinal::TYPE).await?;
+    ensure!(
+        finals
+            .iter()
+            .all(|(_, event)| event.flow_run_id != stored.flow_run_id),
+        "the conversation agent posted a final for the external agent's flow"
+    );
+
+    // It answers the ending, which then no longer awaits it.
+    let (status, replied, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &scout,
+            "reply-ending",
+            serde_json::json!({"type": "reply", "project": project_arg,
+                "candidate": ending["event_id"], "text": "The explorer traced it: main calls println!."}),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::ACCEPTED, "{replied}");
+    gateway.caught_up(&bus).await?;
+    let (_, page) = gateway.get_as(&candidates, Some(&scout)).await?;
+    ensure!(
+        page["candidates"]
+            .as_array()
+            .is_some_and(|c| c.iter().all(|c| c["event_id"] != ending["event_id"])),
+        "{page}"
+    );
+
+    // A proposed artifact: refused when invalid, built and carded when valid.
+    let propose = |artifact: serde_json::Value| {
+        serde_json::json!({"type": "propose_artifact", "project": project_arg,
+            "candidate": question.event_id.to_string(), "artifact": artifact})
+    };
+    let (status, refused, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &scout,
+            "artifact-0",
+            propose(
+                serde_json::json!({"kind": "issue", "title": "Greeting", "summary": "s",
+                "sections": [{"kind": "prose", "body": "No current and desired world."}]}),
+            ),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+    ensure!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("current_desired")),
+        "{refused}"
+    );
+    let leaked = ["token ghp_0123456789", "abcdefghijklmnopqrstuvwxyzAB"].concat();
+    let (status, refused, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &scout,
+            "artifact-1",
+            propose(
+                serde_json::json!({"kind": "exploration", "title": "Greeting",
+                "summary": "How main prints it", "sections": [{"kind": "prose", "body": leaked}]}),
+            ),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+    ensure!(!refused.to_string().contains("ghp_"), "{refused}");
+    let (status, proposed, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &scout,
+            "artifact-2",
+            propose(serde_json::json!({"kind": "exploration", "title": "How the greeting is printed",
+                "summary": "main prints the greeting with println!.",
+                "sections": [
+                    {"kind": "prose", "title": "Answer", "body": "src/main.rs calls println! once."},
+                    {"kind": "files", "title": "Files", "items": ["src/main.rs"]}
+                ]})),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::ACCEPTED, "{proposed}");
+    let artifact = proposed["artifact_id"]
+        .as_str()
+        .context("an artifact id")?
+        .to_owned();
+    let timeline = format!("/v1/agent/timeline?project={project_arg}");
+    let shown = poll_until(
+        &gateway,
+        &timeline,
+        &scout,
+        "the proposed artifact's card",
+        |page| {
+            page["items"].as_array().is_some_and(|items| {
+                items.iter().any(|item| {
+                    item["kind"] == "artifact" && item.to_string().contains(artifact.as_str())
+                })
+            })
+        },
+    )
+    .await?;
+    ensure!(shown.to_string().contains("Proposed by scout"), "{shown}");
+    let published = all(pb::ArtifactPublished::TYPE).await?;
+    let card = published
+        .iter()
+        .filter_map(|(_, event)| event.decode::<pb::ArtifactPublished>().ok())
+        .find(|p| p.artifact_id == artifact)
+        .context("the artifact is published")?;
+    assert_eq!(card.provider, "external:scout");
+    // A retried proposal is the same artifact.
+    let (status, again, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &scout,
+            "artifact-2",
+            propose(serde_json::json!({"kind": "exploration", "title": "How the greeting is printed",
+                "summary": "main prints the greeting with println!.",
+                "sections": [{"kind": "prose", "title": "Answer", "body": "src/main.rs calls println! once."}]})),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(
+        (again["duplicate"].as_bool(), again["artifact_id"].as_str()),
+        (Some(true), Some(artifact.as_str()))
+    );
+    // The timeline needs its capability.
+    let (status, refused) = gateway.get_as(&timeline, Some(&fenced)).await?;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("capability_missing"))
+    );
+    gateway.stop().await
+}

@@ -283,7 +283,12 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
         }
         pb::FlowRequested::TYPE => {
             let requested = decode!(pb::FlowRequested);
-            if let Some(flow_run) = event.flow_run_id {
+            // An external agent's flow is its own: this agent neither
+            // reports its outcome nor counts it as its work in progress.
+            let external = requested
+                .agent_id
+                .starts_with(zopu_schema::keys::EXTERNAL_AGENT_PREFIX);
+            if let Some(flow_run) = event.flow_run_id.filter(|_| !external) {
                 tx.prepare_cached("INSERT OR IGNORE INTO cv_flows (flow_run_id, org, project, work_id, thread_id, flow_type, source_event_id, status)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'requested')")?.execute(params![
                         flow_run.to_string(),

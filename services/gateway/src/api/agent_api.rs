@@ -2,19 +2,31 @@
 //! an agent key `zak_...`, never a user token): `GET /v1/agent/config`
 //! says what the key's agent may do — its capabilities (the key's, within
 //! the registry definition's), projects, flows, rate limits and whether the
-//! registry lets it run — `GET /v1/agent/candidates` pages the user
-//! messages of its projects it has not answered yet (the `read_candidates`
-//! capability), and `POST
-//! /v1/agent/actions` performs one action on a candidate: a `reply`
-//! (`post_message`), stored as an `agent.message`, or `open_work`
-//! (`open_work`), stored as a `work.created` of kind `external` — each
-//! attributed to the agent (`external:<agent>`) and caused by the candidate.
+//! registry lets it run; `GET /v1/agent/timeline` (`read_timeline`) reads a
+//! project's timeline; `GET /v1/agent/candidates` (`read_candidates`) pages
+//! what awaits it: the users' messages it has not answered and the endings
+//! of the flows it requested; and `POST /v1/agent/actions` performs one
+//! action on a candidate, attributed to the agent (`external:<agent>`) and
+//! caused by the candidate:
+//! - `reply` (`post_message`): an `agent.message`;
+//! - `open_work` (`open_work`): a `work.created` of kind `external`;
+//! - `request_flow` (`request_flow`): the Work (the candidate's, continued,
+//!   or a new one), Thread, `flow.requested` and handoff the conversation
+//!   agent would write ([`zopu_core::delegation`]), for a flow its
+//!   definition routes and a specialist its mesh rules allow. One run per
+//!   candidate, flow and agent: its keys do not depend on the request, and
+//!   the specialists key its run apart from the conversation agent's
+//!   ([`zopu_schema::keys::requested_flow_run`]);
+//! - `propose_artifact` (`propose_artifact`): an `artifact.build.requested`
+//!   of a manifest built from the agent's typed content, checked as every
+//!   manifest is, in a run of its own within the candidate's Work and
+//!   Thread; the artifact pipeline renders, validates and publishes it.
 //!
 //! Every action passes the platform's checks, the ones the built-in agent's
 //! writes pass: the registry lets the agent run (403 `agent_disabled`), the
 //! project's kill switch is off (403 `agent_paused`), the capability (403
 //! `capability_missing`) and the project (403 `project_outside_scope`) are
-//! the key's, the candidate is a user message of that project (404), the
+//! the key's, the candidate awaits the agent in that project (404), the
 //! text is short and holds no secret (422), it is not a near-duplicate of
 //! the agent's recent outputs there (409 `near_duplicate`), and the rate
 //! limit holds (429). After three rejections in a row the key is backed
@@ -32,17 +44,21 @@ use axum::http::StatusCode;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
+use zopu_core::NewEvent;
+use zopu_core::delegation::{Delegation, DelegationKeys, delegate};
 use zopu_core::registry::RegisteredAgent;
-use zopu_schema::ProjectId;
-use zopu_schema::agent_registry::AgentKind;
+use zopu_schema::agent_registry::{AgentKind, RoutedFlow};
+use zopu_schema::{
+    ArtifactId, BuildId, Envelope, Event, FlowRunId, ProjectId, ThreadId, WorkId, pb,
+};
 
 use super::append::append;
-use super::{query_error, read};
+use super::timeline::{TimelinePage, TimelineQuery, timeline_page};
+use super::{owned_project, query_error, read};
 use crate::AppState;
 use crate::http::{AgentCaller, ApiError, ErrorBody, RequestId, body_error, parse_json};
 use crate::quotas;
-use crate::read_model::timeline;
-use crate::views::queries;
+use crate::read_model::{projects, timeline};
 
 /// Most candidates one page returns.
 pub const CANDIDATES_LIMIT_MAX: u32 = 200;
@@ -91,18 +107,64 @@ pub struct CandidatesQuery {
     pub limit: Option<u32>,
 }
 
-/// One user message an external agent may answer.
+/// What awaits an external agent: a user's message it has not answered, or
+/// the ending of a flow it requested (its Thread's result) that it has not
+/// answered either.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Candidate {
+    /// `message` or `flow_ended`.
+    pub kind: String,
     pub project_id: String,
-    /// The message's event id (what an action names as its candidate).
+    /// The event id (what an action names as its candidate).
     pub event_id: String,
     pub sequence: u64,
     pub time: String,
+    /// The message; for a flow ending its summary, or why it failed or was cancelled.
     pub text: String,
+    /// The message's author.
     pub author: Option<String>,
     pub work_id: Option<String>,
     pub thread_id: Option<String>,
+    /// A flow ending: its run, flow type and state (`completed`, `failed`, `cancelled`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flow_run_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flow_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flow_state: Option<String>,
+}
+
+impl Candidate {
+    fn of(row: timeline::ItemRow) -> Self {
+        let flow = row.flow;
+        let kind = if flow.is_some() {
+            "flow_ended"
+        } else {
+            "message"
+        };
+        let text = match &flow {
+            Some(flow) => flow
+                .note
+                .clone()
+                .or_else(|| row.failure.as_ref().map(|failure| failure.message.clone()))
+                .unwrap_or_default(),
+            None => row.text.unwrap_or_default(),
+        };
+        Self {
+            kind: kind.to_owned(),
+            project_id: row.project_id,
+            event_id: row.event_id,
+            sequence: row.sequence,
+            time: row.time,
+            text,
+            author: if flow.is_some() { None } else { row.author },
+            work_id: row.work_id,
+            thread_id: row.thread_id,
+            flow_run_id: flow.as_ref().map(|flow| flow.flow_run_id.clone()),
+            flow_type: flow.as_ref().map(|flow| flow.flow_type.clone()),
+            flow_state: flow.map(|flow| flow.state),
+        }
+    }
 }
 
 /// `GET /v1/agent/candidates`.
@@ -235,7 +297,62 @@ pub async fn agent_config(
     }))
 }
 
-/// The user messages of the agent's projects after a cursor that it has not answered.
+/// The project named `text`, if the key covers it (403 `project_outside_scope`).
+fn scoped_project(caller: &AgentCaller, text: &str) -> Result<ProjectId, ApiError> {
+    text.parse::<ProjectId>()
+        .ok()
+        .filter(|project| caller.0.grant.projects.contains(project))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                "project_outside_scope",
+                format!("this agent key does not cover project {text:?}"),
+            )
+            .field("project")
+        })
+}
+
+/// `GET /v1/agent/timeline` query.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct AgentTimelineQuery {
+    /// One of the key's projects.
+    pub project: String,
+    /// Items after this stream sequence (exclusive); absent: from the start.
+    pub after: Option<u64>,
+    /// Most items to return (default and maximum: the gateway's page size).
+    pub limit: Option<usize>,
+}
+
+/// A project's timeline as its users see it: messages, agent posts, Work
+/// cards, flow states (a flow request names its requester) and artifact
+/// cards, paged by cursor (the `read_timeline` capability).
+#[utoipa::path(get, path = "/v1/agent/timeline", tag = "agent-api",
+    params(AgentTimelineQuery),
+    responses((status = 200, body = TimelinePage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody, description = "Disabled, unregistered, without read_timeline, or a project outside the key"),
+        (status = 404, body = ErrorBody, description = "No such project")),
+    security(("agent_key" = [])))]
+pub async fn agent_timeline(
+    State(state): State<AppState>,
+    caller: AgentCaller,
+    query: Result<Query<AgentTimelineQuery>, QueryRejection>,
+) -> Result<axum::Json<TimelinePage>, ApiError> {
+    let Query(query) = query.map_err(query_error)?;
+    let definition = runnable(&state, &caller)?;
+    require(&caller, definition, "read_timeline")?;
+    let project = scoped_project(&caller, &query.project)?;
+    let (project, view) = owned_project(&state, &caller.0.org, &project.to_string()).await?;
+    let page = TimelineQuery {
+        after: query.after,
+        limit: query.limit,
+    };
+    timeline_page(&state, &caller.0.org, project, view.running, None, page).await
+}
+
+/// What awaits the agent in its projects after a cursor: the users'
+/// messages it has not answered, and the endings of the flows it requested
+/// that it has not answered either.
 #[utoipa::path(get, path = "/v1/agent/candidates", tag = "agent-api",
     params(CandidatesQuery),
     responses((status = 200, body = Candidates), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
@@ -258,47 +375,21 @@ pub async fn agent_candidates(
         )
         .field("limit"));
     }
-    let granted = &caller.0.grant.projects;
     let projects: Vec<ProjectId> = match query.project.as_deref() {
-        None => granted.clone(),
-        Some(text) => {
-            let project = text
-                .parse::<ProjectId>()
-                .ok()
-                .filter(|p| granted.contains(p));
-            vec![project.ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "project_outside_scope",
-                    format!("this agent key does not cover project {text:?}"),
-                )
-                .field("project")
-            })?]
-        }
+        None => caller.0.grant.projects.clone(),
+        Some(text) => vec![scoped_project(&caller, text)?],
     };
     let org = caller.0.org.clone();
     let after = query.after;
     let replier = external_agent_id(&caller.0.grant.agent);
     let mut rows = read(&state, move |conn| {
-        timeline::unanswered_messages(conn, &org, &projects, &replier, after, limit as usize + 1)
+        timeline::awaiting(conn, &org, &projects, &replier, after, limit as usize + 1)
     })
     .await?;
     let more = rows.len() > limit as usize;
     rows.truncate(limit as usize);
     let next_after = rows.last().map_or(after, |row| row.sequence);
-    let candidates = rows
-        .into_iter()
-        .map(|row| Candidate {
-            project_id: row.project_id,
-            event_id: row.event_id,
-            sequence: row.sequence,
-            time: row.time,
-            text: row.text.unwrap_or_default(),
-            author: row.author,
-            work_id: row.work_id,
-            thread_id: row.thread_id,
-        })
-        .collect();
+    let candidates = rows.into_iter().map(Candidate::of).collect();
     Ok(axum::Json(Candidates {
         candidates,
         next_after,
@@ -317,46 +408,176 @@ const RECENT_OUTPUTS: usize = 10;
 pub const WORK_TITLE_MAX_CHARS: usize = 120;
 /// Longest summary of a Work an external agent opens.
 pub const WORK_SUMMARY_MAX_CHARS: usize = 500;
+/// The version of the flows an external agent requests.
+pub const REQUESTED_FLOW_VERSION: u32 = 1;
 
 /// `POST /v1/agent/actions` body.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentAction {
-    /// `reply` (the `post_message` capability) or `open_work` (`open_work`).
+    /// `reply` (the `post_message` capability), `open_work` (`open_work`),
+    /// `request_flow` (`request_flow`) or `propose_artifact` (`propose_artifact`).
     #[serde(rename = "type")]
     pub kind: String,
     /// One of the key's projects.
     pub project: String,
     /// The candidate's event id (`GET /v1/agent/candidates`).
     pub candidate: String,
-    /// `reply`: 1 to 2000 characters, no credentials.
+    /// `reply`: 1 to 2000 characters, no credentials. `request_flow`: what
+    /// the specialist is asked, 1 to 2000 characters.
     #[serde(default)]
     pub text: Option<String>,
-    /// `open_work`: the Work's title, 1 to 120 characters.
+    /// `open_work`: the Work's title, 1 to 120 characters. `request_flow`:
+    /// optional, the Work's and Thread's title (default: the text's start).
     #[serde(default)]
     pub title: Option<String>,
     /// `open_work`: an optional summary, at most 500 characters.
     #[serde(default)]
     pub summary: Option<String>,
+    /// `request_flow`: `explore` or `issue`, one of the flows the agent's
+    /// definition routes (`GET /v1/agent/config` `flows`).
+    #[serde(default)]
+    pub flow: Option<String>,
+    /// `propose_artifact`: the artifact's content, built into validated
+    /// static HTML by the artifact pipeline.
+    #[serde(default)]
+    pub artifact: Option<ProposedArtifact>,
+}
+
+/// An artifact an external agent proposes: its typed content, which the
+/// platform renders with its own kit and validates like every artifact.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProposedArtifact {
+    /// `exploration` or `issue`.
+    pub kind: String,
+    pub title: String,
+    pub summary: String,
+    /// At least one; an issue needs a `current_desired` section.
+    pub sections: Vec<ProposedSection>,
+}
+
+/// One section of a proposed artifact.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProposedSection {
+    /// `prose`, `facts`, `checklist`, `list`, `files`, `risks`, `commands` or `current_desired`.
+    pub kind: String,
+    #[serde(default)]
+    pub title: String,
+    /// Paragraph text for `prose`; an introduction for the others.
+    #[serde(default)]
+    pub body: String,
+    #[serde(default)]
+    pub items: Vec<String>,
+    #[serde(default)]
+    pub facts: Vec<ProposedFact>,
+    /// `current_desired`: the world today and the one wanted.
+    #[serde(default)]
+    pub current_world: String,
+    #[serde(default)]
+    pub desired_world: String,
+}
+
+/// A label and its value.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProposedFact {
+    pub label: String,
+    pub value: String,
 }
 
 /// An action the platform accepted.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AgentActionAccepted {
-    /// The stored event's id and stream sequence.
+    /// The stored event's id and stream sequence (`request_flow`: the
+    /// `flow.requested`; `propose_artifact`: the `artifact.build.requested`).
     pub event_id: String,
     pub sequence: u64,
-    /// True when the same request (`X-Request-Id`) was already stored.
+    /// True when the same request was already stored: the same
+    /// `X-Request-Id`, or for `request_flow` the same flow of the same
+    /// candidate (one run per candidate, flow and agent).
     pub duplicate: bool,
     pub request_id: String,
-    /// `open_work`: the Work it opened.
+    /// `open_work`, `request_flow`: the Work it opened (or continued).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub work_id: Option<String>,
+    /// `request_flow`: the Thread and the flow run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thread_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flow_run_id: Option<String>,
+    /// `propose_artifact`: the artifact, whose card appears once it is built.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub artifact_id: Option<String>,
+}
+
+/// What the answer to an action names of the event it stored.
+struct StoredAction<'a> {
+    event_type: &'a str,
+    data: &'a [u8],
+    work: Option<WorkId>,
+    thread: Option<ThreadId>,
+    flow_run: Option<FlowRunId>,
+}
+
+impl<'a> StoredAction<'a> {
+    fn of_envelope(event: &'a Envelope) -> Self {
+        Self {
+            event_type: &event.event_type,
+            data: &event.data,
+            work: event.work_id,
+            thread: event.thread_id,
+            flow_run: event.flow_run_id,
+        }
+    }
+
+    fn of_new(event: &'a NewEvent) -> Self {
+        Self {
+            event_type: event.event_type,
+            data: &event.data,
+            work: event.context.work_id,
+            thread: event.context.thread_id,
+            flow_run: event.context.flow_run_id,
+        }
+    }
+
+    fn answer(
+        &self,
+        event_id: String,
+        sequence: u64,
+        duplicate: bool,
+        request: &RequestId,
+    ) -> AgentActionAccepted {
+        use prost::Message;
+        let is = |event_type: &str| self.event_type == event_type;
+        let artifact_id = is(pb::ArtifactBuildRequested::TYPE)
+            .then(|| pb::ArtifactBuildRequested::decode(self.data).ok())
+            .flatten()
+            .map(|build| build.artifact_id);
+        let with_work = is(pb::WorkCreated::TYPE) || is(pb::FlowRequested::TYPE);
+        AgentActionAccepted {
+            event_id,
+            sequence,
+            duplicate,
+            request_id: request.0.to_string(),
+            work_id: self.work.filter(|_| with_work).map(|work| work.to_string()),
+            thread_id: self
+                .thread
+                .filter(|_| is(pb::FlowRequested::TYPE))
+                .map(|thread| thread.to_string()),
+            flow_run_id: self
+                .flow_run
+                .filter(|_| is(pb::FlowRequested::TYPE))
+                .map(|flow| flow.to_string()),
+            artifact_id,
+        }
+    }
 }
 
 /// The agent id an external agent's events carry.
 pub fn external_agent_id(agent: &str) -> String {
-    format!("external:{agent}")
+    format!("{}{agent}", zopu_schema::keys::EXTERNAL_AGENT_PREFIX)
 }
 
 /// Perform one action on a candidate, within the agent's capabilities.
@@ -403,46 +624,79 @@ enum Act {
     Reply { text: String },
     /// `open_work`: a `work.created` of the agent, started from the candidate.
     OpenWork { title: String, summary: String },
+    /// `request_flow`: a Work (or the candidate's, continued), a Thread,
+    /// the `flow.requested` and the handoff to the specialist.
+    RequestFlow {
+        flow: RoutedFlow,
+        text: String,
+        title: String,
+    },
+    /// `propose_artifact`: an `artifact.build.requested` of the agent's manifest.
+    ProposeArtifact { artifact: ProposedArtifact },
+}
+
+/// `text` trimmed: 1 to `max` characters, and no credential.
+fn checked_text(
+    kind: &str,
+    name: &str,
+    value: Option<&str>,
+    max: usize,
+) -> Result<String, ApiError> {
+    let text = value.unwrap_or_default().trim().to_owned();
+    if text.is_empty() || text.chars().count() > max {
+        return Err(ApiError::invalid(
+            name,
+            format!("{kind} needs `{name}`: 1 to {max} characters"),
+        ));
+    }
+    refuse_credentials(name, &text)?;
+    Ok(text)
+}
+
+/// 422 when `text` holds what looks like a credential (the message names
+/// the rule, never the text).
+fn refuse_credentials(name: &str, text: &str) -> Result<(), ApiError> {
+    match zopu_secrets::scan(text).first() {
+        Some(finding) => Err(ApiError::invalid(
+            name,
+            format!(
+                "`{name}` looks like it holds a credential ({}); nothing was stored",
+                finding.rule
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 impl Act {
     fn of(action: &AgentAction) -> Result<Self, ApiError> {
+        let kind = action.kind.as_str();
         let field = |name: &str, value: &Option<String>, max: usize| {
-            let text = value.as_deref().unwrap_or_default().trim().to_owned();
-            if text.is_empty() || text.chars().count() > max {
-                return Err(ApiError::invalid(
-                    name,
-                    format!("{} needs `{name}`: 1 to {max} characters", action.kind),
-                ));
-            }
-            if let Some(finding) = zopu_secrets::scan(&text).first() {
-                return Err(ApiError::invalid(
-                    name,
-                    format!(
-                        "`{name}` looks like it holds a credential ({}); nothing was stored",
-                        finding.rule
-                    ),
-                ));
-            }
-            Ok(text)
+            checked_text(kind, name, value.as_deref(), max)
         };
-        let unused = |name: &str, value: &Option<String>| match value {
-            Some(_) => Err(ApiError::invalid(
-                name,
-                format!("{} takes no `{name}`", action.kind),
-            )),
+        let present = [
+            ("text", action.text.is_some()),
+            ("title", action.title.is_some()),
+            ("summary", action.summary.is_some()),
+            ("flow", action.flow.is_some()),
+            ("artifact", action.artifact.is_some()),
+        ];
+        let only = |allowed: &[&str]| match present
+            .iter()
+            .find(|(name, given)| *given && !allowed.contains(name))
+        {
+            Some((name, _)) => Err(ApiError::invalid(name, format!("{kind} takes no `{name}`"))),
             None => Ok(()),
         };
-        match action.kind.as_str() {
+        match kind {
             "reply" => {
-                unused("title", &action.title)?;
-                unused("summary", &action.summary)?;
+                only(&["text"])?;
                 Ok(Act::Reply {
                     text: field("text", &action.text, REPLY_MAX_CHARS)?,
                 })
             }
             "open_work" => {
-                unused("text", &action.text)?;
+                only(&["title", "summary"])?;
                 let summary = match &action.summary {
                     Some(_) => field("summary", &action.summary, WORK_SUMMARY_MAX_CHARS)?,
                     None => String::new(),
@@ -452,10 +706,35 @@ impl Act {
                     summary,
                 })
             }
+            "request_flow" => {
+                only(&["flow", "text", "title"])?;
+                let name = action.flow.as_deref().unwrap_or_default();
+                let flow = RoutedFlow::named(name)
+                    .filter(|flow| *flow != RoutedFlow::Onboarding)
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "flow",
+                            format!("request_flow needs `flow`: explore or issue (got {name:?})"),
+                        )
+                    })?;
+                let text = field("text", &action.text, REPLY_MAX_CHARS)?;
+                let title = match &action.title {
+                    Some(_) => field("title", &action.title, WORK_TITLE_MAX_CHARS)?,
+                    None => zopu_core::text::clip_chars(&text, 80),
+                };
+                Ok(Act::RequestFlow { flow, text, title })
+            }
+            "propose_artifact" => {
+                only(&["artifact"])?;
+                let artifact = action.artifact.clone().ok_or_else(|| {
+                    ApiError::invalid("artifact", "propose_artifact needs `artifact`")
+                })?;
+                Ok(Act::ProposeArtifact { artifact })
+            }
             other => Err(ApiError::invalid(
                 "type",
                 format!(
-                    "{other:?} is not an action the Agent API performs yet (known: reply, open_work)"
+                    "{other:?} is not an Agent API action (known: reply, open_work, request_flow, propose_artifact)"
                 ),
             )),
         }
@@ -466,8 +745,31 @@ impl Act {
         match self {
             Act::Reply { .. } => ("post_message", "reply"),
             Act::OpenWork { .. } => ("open_work", "work"),
+            Act::RequestFlow { .. } => ("request_flow", "flow"),
+            Act::ProposeArtifact { .. } => ("propose_artifact", "artifact"),
         }
     }
+}
+
+/// The keys of an external agent's flow request: one run per candidate,
+/// flow and agent, whichever request asks for it.
+fn flow_request_keys(agent: &str, candidate: &str, flow: RoutedFlow) -> DelegationKeys {
+    let base = format!("agent:{agent}:candidate:{candidate}:flow:{}", flow.as_str());
+    DelegationKeys {
+        work: format!("{base}:work"),
+        work_update: format!("{base}:work-update"),
+        thread: format!("{base}:thread"),
+        flow: format!("{base}:request"),
+        handoff: format!("{base}:handoff"),
+    }
+}
+
+/// What the checks read of the project for one action.
+struct ProjectFacts {
+    candidate: timeline::ItemRow,
+    paused: bool,
+    repository_commit: Option<String>,
+    recent: Vec<String>,
 }
 
 async fn checked_action(
@@ -482,52 +784,55 @@ async fn checked_action(
     let act = Act::of(&action)?;
     let (capability, what) = act.capability();
     require(caller, definition, capability)?;
-    let project = action
-        .project
-        .parse::<ProjectId>()
-        .ok()
-        .filter(|project| caller.0.grant.projects.contains(project))
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::FORBIDDEN,
-                "project_outside_scope",
-                format!("this agent key does not cover project {:?}", action.project),
-            )
-            .field("project")
-        })?;
+    let agent = caller.0.grant.agent.clone();
+    let project = scoped_project(caller, &action.project)?;
+    let target = match &act {
+        Act::RequestFlow { flow, .. } => Some(routed_target(state, definition, *flow)?),
+        _ => None,
+    };
     let org = caller.0.org.clone();
-    let author = external_agent_id(&caller.0.grant.agent);
-    let (candidate, paused, recent) = {
+    let author = external_agent_id(&agent);
+    let facts = {
         let (org, author, candidate) = (org.clone(), author.clone(), action.candidate.clone());
         read(state, move |conn| {
-            let item = timeline::item_of_event(conn, &org, &project, &candidate)?;
-            let paused =
-                queries::project(conn, &org, &project)?.is_some_and(|view| !view.agent_enabled);
+            let Some(item) = timeline::item_of_event(conn, &org, &project, &candidate)? else {
+                return Ok(None);
+            };
+            if !timeline::awaits(conn, &org, &item, &author)? {
+                return Ok(None);
+            }
+            let row = projects::find(conn, &org, &project)?;
+            let paused = row.as_ref().is_some_and(|row| !row.agent_enabled);
+            let repository_commit = row.and_then(|row| row.setup.repository_commit);
             let recent = timeline::recent_texts_of(conn, &org, &project, &author, RECENT_OUTPUTS)?;
-            Ok((item, paused, recent))
+            Ok(Some(ProjectFacts {
+                candidate: item,
+                paused,
+                repository_commit,
+                recent,
+            }))
         })
         .await?
+        .ok_or_else(|| ApiError::not_found("candidate"))?
     };
-    let candidate = candidate
-        .filter(|item| item.kind == timeline::ItemKind::UserMessage)
-        .ok_or_else(|| ApiError::not_found("candidate"))?;
-    if paused {
+    if facts.paused {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "agent_paused",
             "the project's agents are paused (its kill switch); nothing may be posted until it is resumed",
         ));
     }
+    let candidate = &facts.candidate;
     // A retried request answers with what the first stored (before the
     // near-duplicate guard, which would see the first's reply).
-    let key = zopu_schema::keys::user_request(
-        &project,
-        &request.0,
-        &format!(
-            "agent:{}:{what}:{}",
-            caller.0.grant.agent, candidate.event_id
+    let key = match &act {
+        Act::RequestFlow { flow, .. } => flow_request_keys(&agent, &candidate.event_id, *flow).flow,
+        _ => zopu_schema::keys::user_request(
+            &project,
+            &request.0,
+            &format!("agent:{agent}:{what}:{}", candidate.event_id),
         ),
-    );
+    };
     if let Some(stored) = state
         .runtime
         .publisher
@@ -542,17 +847,16 @@ async fn checked_action(
             .ok()
             .flatten()
             .unwrap_or(0);
-        return Ok(AgentActionAccepted {
-            event_id: stored.id.to_string(),
+        return Ok(StoredAction::of_envelope(&stored).answer(
+            stored.id.to_string(),
             sequence,
-            duplicate: true,
-            request_id: request.0.to_string(),
-            work_id: stored.work_id.map(|work| work.to_string()),
-        });
+            true,
+            request,
+        ));
     }
     if let Act::Reply { text } = &act
         && let Some((earlier, score)) =
-            zopu_core::text::near_duplicate(text, &recent, NEAR_DUPLICATE_THRESHOLD)
+            zopu_core::text::near_duplicate(text, &facts.recent, NEAR_DUPLICATE_THRESHOLD)
     {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -564,6 +868,18 @@ async fn checked_action(
             ),
         ));
     }
+    let needs_commit = matches!(act, Act::RequestFlow { .. } | Act::ProposeArtifact { .. });
+    let repository_commit = match (&facts.repository_commit, needs_commit) {
+        (Some(commit), _) => commit.clone(),
+        (None, false) => String::new(),
+        (None, true) => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "project_not_ready",
+                "the project's repository is not set up yet (no commit to work on); try again once it is ready",
+            ));
+        }
+    };
     state.quotas.admit_for(
         org.as_str(),
         &caller.0.key_id,
@@ -573,40 +889,264 @@ async fn checked_action(
     let source = zopu_core::publish::get_event(&state.runtime.bus, candidate.sequence)
         .await
         .map_err(|error| ApiError::unavailable("event log", error))?;
-    let (event, work_id) = match act {
+    let cause = source.context();
+    let id_ms = u64::try_from(zopu_core::memory::unix_ms(source.time)).unwrap_or_default();
+    let events = match act {
         Act::Reply { text } => {
-            let message = zopu_schema::pb::AgentMessage {
+            let message = pb::AgentMessage {
                 agent_id: author,
                 text,
                 reply_to_event_id: candidate.event_id.clone(),
-                importance: zopu_schema::pb::Importance::Normal as i32,
+                importance: pb::Importance::Normal as i32,
                 status: "done".into(),
                 provider: format!("external:{}", caller.0.key_id),
             };
-            (
-                zopu_core::NewEvent::caused_by(&source.context(), &message, key),
-                None,
-            )
+            vec![NewEvent::caused_by(&cause, &message, key.clone())]
         }
         Act::OpenWork { title, summary } => {
-            let work = zopu_schema::WorkId::new();
-            let created = zopu_schema::pb::WorkCreated {
+            let created = pb::WorkCreated {
                 title,
                 summary,
                 kind: "external".into(),
                 agent_id: author,
             };
-            let event =
-                zopu_core::NewEvent::caused_by(&source.context(), &created, key).with_work(work);
-            (event, Some(work.to_string()))
+            vec![NewEvent::caused_by(&cause, &created, key.clone()).with_work(WorkId::new())]
+        }
+        Act::RequestFlow { flow, text, title } => {
+            let keys = flow_request_keys(&agent, &candidate.event_id, flow);
+            let request_id = request.0.to_string();
+            let delegation = Delegation {
+                agent_id: &author,
+                source_agent_key: &agent,
+                source_run_id: &request_id,
+                target_agent_key: target.as_deref().unwrap_or_default(),
+                flow_type: flow.flow_type(),
+                flow_version: REQUESTED_FLOW_VERSION,
+                title: &title,
+                request_text: &text,
+                source_event: source.id,
+                repository_commit: &repository_commit,
+                // An external agent's memory is not the platform's to share.
+                preferences: Vec::new(),
+                existing_work: candidate.work_id.as_deref().and_then(|id| id.parse().ok()),
+            };
+            delegate(&cause, id_ms, &delegation, &keys).events
+        }
+        Act::ProposeArtifact { artifact } => {
+            let flow_run = FlowRunId::derived(id_ms, &key);
+            let manifest = proposed_manifest(
+                &artifact,
+                &ProposalIds {
+                    project,
+                    flow_run,
+                    work: candidate.work_id.as_deref().and_then(|id| id.parse().ok()),
+                    thread: candidate
+                        .thread_id
+                        .as_deref()
+                        .and_then(|id| id.parse().ok()),
+                    source: source.id,
+                    agent: &agent,
+                    repository_commit: &repository_commit,
+                },
+            )?;
+            let requested = pb::ArtifactBuildRequested {
+                build_id: BuildId::derived(id_ms, &key).to_string(),
+                artifact_id: ArtifactId::derived(id_ms, &format!("{key}:artifact")).to_string(),
+                revision: 1,
+                manifest: Some(manifest),
+            };
+            let mut event =
+                NewEvent::caused_by(&cause, &requested, key.clone()).with_flow_run(flow_run);
+            if let Some(work) = candidate.work_id.as_deref().and_then(|id| id.parse().ok()) {
+                event = event.with_work(work);
+            }
+            if let Some(thread) = candidate
+                .thread_id
+                .as_deref()
+                .and_then(|id| id.parse().ok())
+            {
+                event = event.with_thread(thread);
+            }
+            vec![event]
         }
     };
-    let accepted = append(state, event, request).await?;
-    Ok(AgentActionAccepted {
-        event_id: accepted.event_id,
-        sequence: accepted.sequence,
-        duplicate: accepted.duplicate,
-        request_id: accepted.request_id,
-        work_id,
-    })
+    // In order; each is keyed, so a retry after a partial write stores the
+    // rest. The answer names the action's own event (the one keyed `key`).
+    let mut answer = None;
+    for event in events {
+        let built = event.clone();
+        let accepted = append(state, event, request).await?;
+        if built.idempotency_key == key {
+            answer = Some(StoredAction::of_new(&built).answer(
+                accepted.event_id,
+                accepted.sequence,
+                accepted.duplicate,
+                request,
+            ));
+        }
+    }
+    answer.ok_or_else(|| ApiError::unavailable("agent api", "the action built no event to store"))
+}
+
+/// The specialist the registry routes `flow` to, when the agent may ask
+/// for it: the flow is among its definition's (403 `flow_outside_routing`)
+/// and its mesh rules let it delegate to that specialist (403 `mesh_denied`).
+/// Empty when no specialist runs the flow: the specialists then refuse the
+/// request visibly, as they do the conversation agent's.
+fn routed_target(
+    state: &AppState,
+    definition: &RegisteredAgent,
+    flow: RoutedFlow,
+) -> Result<String, ApiError> {
+    let agent = &definition.definition;
+    if !agent.routing.flows.contains(&flow) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "flow_outside_routing",
+            format!(
+                "agent {:?} may not request {} flows (its definition routes: {})",
+                agent.key,
+                flow.as_str(),
+                agent
+                    .routing
+                    .flows
+                    .iter()
+                    .map(|flow| flow.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+        .field("flow"));
+    }
+    let target = state
+        .agent_api
+        .as_ref()
+        .and_then(|api| api.registry.routed_specialist(flow.flow_type()))
+        .map(|specialist| specialist.definition.key.clone())
+        .unwrap_or_default();
+    if !target.is_empty() && !agent.mesh.allows(&target) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "mesh_denied",
+            format!(
+                "agent {:?} may not hand work to {target:?} (its mesh rules)",
+                agent.key
+            ),
+        ));
+    }
+    Ok(target)
+}
+
+/// Where a proposed artifact belongs.
+struct ProposalIds<'a> {
+    project: ProjectId,
+    /// The proposal's own run.
+    flow_run: FlowRunId,
+    /// The candidate's Work and Thread, if it is in one.
+    work: Option<WorkId>,
+    thread: Option<ThreadId>,
+    source: zopu_schema::EventId,
+    agent: &'a str,
+    repository_commit: &'a str,
+}
+
+/// The manifest of a proposed artifact, checked as every manifest is (422
+/// naming the first field at fault, and listing every problem).
+fn proposed_manifest(
+    artifact: &ProposedArtifact,
+    ids: &ProposalIds<'_>,
+) -> Result<pb::ArtifactManifest, ApiError> {
+    let kind = match artifact.kind.as_str() {
+        "exploration" => pb::ArtifactKind::Exploration,
+        "issue" => pb::ArtifactKind::Issue,
+        other => {
+            return Err(ApiError::invalid(
+                "artifact.kind",
+                format!("an artifact is an exploration or an issue (got {other:?})"),
+            ));
+        }
+    };
+    let section_texts = artifact.sections.iter().flat_map(|section| {
+        [
+            section.title.as_str(),
+            section.body.as_str(),
+            section.current_world.as_str(),
+            section.desired_world.as_str(),
+        ]
+        .into_iter()
+        .chain(section.items.iter().map(String::as_str))
+        .chain(
+            section
+                .facts
+                .iter()
+                .flat_map(|fact| [fact.label.as_str(), fact.value.as_str()]),
+        )
+        .map(|text| ("artifact.sections", text))
+    });
+    let texts = [
+        ("artifact.title", artifact.title.as_str()),
+        ("artifact.summary", artifact.summary.as_str()),
+    ]
+    .into_iter()
+    .chain(section_texts);
+    for (name, text) in texts {
+        refuse_credentials(name, text)?;
+    }
+    let fact = |label: &str, value: &str| pb::CardFact {
+        label: label.to_owned(),
+        value: value.to_owned(),
+    };
+    let manifest = pb::ArtifactManifest {
+        kind: kind as i32,
+        title: artifact.title.trim().to_owned(),
+        summary: artifact.summary.trim().to_owned(),
+        project_id: ids.project.to_string(),
+        work_id: ids.work.map(|work| work.to_string()).unwrap_or_default(),
+        thread_id: ids
+            .thread
+            .filter(|_| ids.work.is_some())
+            .map(|thread| thread.to_string())
+            .unwrap_or_default(),
+        flow_run_id: ids.flow_run.to_string(),
+        source_event_ids: vec![ids.source.to_string()],
+        card: Some(pb::ArtifactCard {
+            label: zopu_core::text::clip_chars(&format!("Proposed by {}", ids.agent), 60),
+            facts: vec![fact("Proposed by", &external_agent_id(ids.agent))],
+            actions: Vec::new(),
+        }),
+        sections: artifact
+            .sections
+            .iter()
+            .map(|section| pb::ArtifactSection {
+                kind: section.kind.clone(),
+                title: section.title.clone(),
+                body: section.body.clone(),
+                items: section.items.clone(),
+                facts: section
+                    .facts
+                    .iter()
+                    .map(|f| fact(&f.label, &f.value))
+                    .collect(),
+                current_world: section.current_world.clone(),
+                desired_world: section.desired_world.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        provider: external_agent_id(ids.agent),
+        repository_commit: ids.repository_commit.to_owned(),
+        ..Default::default()
+    };
+    zopu_schema::manifest::validate(&manifest).map_err(|errors| {
+        let first = errors.first().map_or_else(
+            || "artifact".to_owned(),
+            |error| format!("artifact.{}", error.field()),
+        );
+        let all = errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        ApiError::invalid(&first, format!("the proposed artifact is not valid: {all}"))
+    })?;
+    Ok(manifest)
 }

@@ -111,6 +111,7 @@ pub fn router(state: AppState) -> Router {
         ))
         .routes(routes!(agent_api::agent_config))
         .routes(routes!(agent_api::agent_candidates))
+        .routes(routes!(agent_api::agent_timeline))
         .routes(routes!(agent_api::agent_action))
         .routes(routes!(memory::list_memory, memory::clear_memory))
         .routes(routes!(memory::set_memory, memory::delete_memory))

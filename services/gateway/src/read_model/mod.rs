@@ -34,8 +34,9 @@ pub use pool::ReadPool;
 
 /// Bump to rebuild the projection (tables are dropped and the stream replayed).
 /// 1: API types stored as JSON; 2: rows as columns; 3: approvals; 4: their
-/// expiry; 5: their execution; 6: the run log; 8: the agents' memory.
-const SCHEMA_VERSION: u32 = 8;
+/// expiry; 5: their execution; 6: the run log; 8: the agents' memory;
+/// 9: a flow request's item names its requester (`author`).
+const SCHEMA_VERSION: u32 = 9;
 
 const TABLE_COUNT: usize = projects::TABLES.len()
     + works::TABLES.len()

@@ -493,6 +493,7 @@ fn work_item(event: &Envelope, sequence: u64, stored: Option<&WorkRow>) -> Optio
 
 fn flow_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
     let t = event.event_type.as_str();
+    let mut requester = None;
     let (flow_type, state, note, failure) = if t == pb::FlowProgress::TYPE {
         let m = event.decode::<pb::FlowProgress>().ok()?;
         if !m.visible || m.note.is_empty() {
@@ -504,6 +505,7 @@ fn flow_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
         match t {
             t if t == pb::FlowRequested::TYPE => {
                 let m = event.decode::<pb::FlowRequested>().ok()?;
+                requester = empty_to_none(&m.agent_id);
                 (flow_type_name(m.flow_type), state, None, None)
             }
             t if t == pb::FlowStarted::TYPE => {
@@ -539,6 +541,7 @@ fn flow_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
             note,
         }),
         failure,
+        author: requester,
         ..ItemRow::new(ItemKind::Flow, event, sequence)
     })
 }
@@ -817,9 +820,14 @@ pub fn items(
     with_children(conn, org, rows)
 }
 
-/// The users' messages of `projects` after stream sequence `after` that
-/// `replier` has not answered yet, oldest first (an external agent's candidates).
-pub fn unanswered_messages(
+/// The flow states that end a flow.
+const FLOW_ENDINGS: [&str; 3] = ["completed", "failed", "cancelled"];
+
+/// What awaits `replier` (an external agent's id) in `projects` after
+/// stream sequence `after`, oldest first: the users' messages it has not
+/// answered, and the endings of the flows it requested that it has not
+/// answered either (its candidates).
+pub fn awaiting(
     conn: &Connection,
     org: &OrgId,
     projects: &[ProjectId],
@@ -832,8 +840,13 @@ pub fn unanswered_messages(
     let projects = serde_json::to_string(&projects).unwrap_or_else(|_| "[]".to_owned());
     conn.prepare_cached(&format!(
         "SELECT {ITEM_COLUMNS} FROM gw_timeline AS item
-         WHERE org = ?1 AND kind = ?2 AND sequence > ?3
+         WHERE org = ?1 AND sequence > ?3
          AND project_id IN (SELECT value FROM json_each(?4))
+         AND (kind = ?2 OR (kind = ?7 AND flow_state IN (?8, ?9, ?10) AND EXISTS (
+             SELECT 1 FROM gw_timeline AS request WHERE request.org = ?1
+             AND request.project_id = item.project_id AND request.kind = ?7
+             AND request.flow_run_id = item.flow_run_id AND request.flow_state = 'requested'
+             AND request.author = ?6)))
          AND NOT EXISTS (SELECT 1 FROM gw_timeline AS reply WHERE reply.org = ?1
              AND reply.project_id = item.project_id AND reply.reply_to_event_id = item.event_id
              AND reply.author = ?6)
@@ -846,11 +859,54 @@ pub fn unanswered_messages(
             after,
             projects,
             limit as i64,
-            replier
+            replier,
+            ItemKind::Flow.name(),
+            FLOW_ENDINGS[0],
+            FLOW_ENDINGS[1],
+            FLOW_ENDINGS[2],
         ],
         item_row,
     )?
     .collect()
+}
+
+/// Whether `item` is something `agent` may act on: a user's message, or
+/// the ending of a flow `agent` requested.
+pub fn awaits(
+    conn: &Connection,
+    org: &OrgId,
+    item: &ItemRow,
+    agent: &str,
+) -> rusqlite::Result<bool> {
+    match item.kind {
+        ItemKind::UserMessage => Ok(true),
+        ItemKind::Flow => {
+            let Some(flow) = item
+                .flow
+                .as_ref()
+                .filter(|flow| FLOW_ENDINGS.contains(&flow.state.as_str()))
+            else {
+                return Ok(false);
+            };
+            conn.prepare_cached(
+                "SELECT 1 FROM gw_timeline WHERE org = ?1 AND project_id = ?2 AND kind = ?3
+                 AND flow_run_id = ?4 AND flow_state = 'requested' AND author = ?5",
+            )?
+            .query_row(
+                params![
+                    org.as_str(),
+                    item.project_id,
+                    ItemKind::Flow.name(),
+                    flow.flow_run_id,
+                    agent
+                ],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|found| found.is_some())
+        }
+        _ => Ok(false),
+    }
 }
 
 /// The item of event `event_id` in `project`, if the timeline shows it.
