@@ -1021,6 +1021,40 @@ async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_ar
         "the conversation agent posted a final for the external agent's flow"
     );
 
+    // A comment on the ending answers nothing: it still awaits the agent.
+    let (status, commented, _) = gateway
+        .post_as(
+            "/v1/agent/actions",
+            &scout,
+            "comment-ending",
+            serde_json::json!({"type": "comment", "project": project_arg,
+                "candidate": ending["event_id"], "text": "Reading the explorer's findings now."}),
+        )
+        .await?;
+    assert_eq!(status, StatusCode::ACCEPTED, "{commented}");
+    gateway.caught_up(&bus).await?;
+    let (_, page) = gateway.get_as(&candidates, Some(&scout)).await?;
+    ensure!(
+        page["candidates"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["event_id"] == ending["event_id"])),
+        "a comment leaves the candidate awaiting: {page}"
+    );
+    let messages = all(pb::AgentMessage::TYPE).await?;
+    let comment = messages
+        .iter()
+        .find(|(_, event)| event.id.to_string() == commented["event_id"].as_str().unwrap_or(""))
+        .context("the comment is stored")?;
+    let stored_comment = comment.1.decode::<pb::AgentMessage>()?;
+    assert_eq!(
+        (
+            stored_comment.status.as_str(),
+            stored_comment.reply_to_event_id.as_str(),
+            comment.1.flow_run_id
+        ),
+        ("comment", "", stored.flow_run_id)
+    );
+
     // It answers the ending, which then no longer awaits it.
     let (status, replied, _) = gateway
         .post_as(

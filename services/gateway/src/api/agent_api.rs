@@ -8,7 +8,9 @@
 //! of the flows it requested; and `POST /v1/agent/actions` performs one
 //! action on a candidate, attributed to the agent (`external:<agent>`) and
 //! caused by the candidate:
-//! - `reply` (`post_message`): an `agent.message`;
+//! - `reply` (`post_message`): an `agent.message` answering the candidate;
+//!   `comment` (`post_message`): one in the candidate's Work and Thread
+//!   that answers nothing, so the candidate still awaits the agent;
 //! - `open_work` (`open_work`): a `work.created` of kind `external`;
 //! - `request_flow` (`request_flow`): the Work (the candidate's, continued,
 //!   or a new one), Thread, `flow.requested` and handoff the conversation
@@ -415,7 +417,7 @@ pub const REQUESTED_FLOW_VERSION: u32 = 1;
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentAction {
-    /// `reply` (the `post_message` capability), `open_work` (`open_work`),
+    /// `reply` or `comment` (the `post_message` capability), `open_work` (`open_work`),
     /// `request_flow` (`request_flow`) or `propose_artifact` (`propose_artifact`).
     #[serde(rename = "type")]
     pub kind: String,
@@ -423,7 +425,7 @@ pub struct AgentAction {
     pub project: String,
     /// The candidate's event id (`GET /v1/agent/candidates`).
     pub candidate: String,
-    /// `reply`: 1 to 2000 characters, no credentials. `request_flow`: what
+    /// `reply`, `comment`: 1 to 2000 characters, no credentials. `request_flow`: what
     /// the specialist is asked, 1 to 2000 characters.
     #[serde(default)]
     pub text: Option<String>,
@@ -620,8 +622,10 @@ pub async fn agent_action(
 
 /// What an action does, once its fields are checked.
 enum Act {
-    /// `reply`: an `agent.message` answering the candidate.
-    Reply { text: String },
+    /// `reply`: an `agent.message` answering the candidate; `comment`: one
+    /// in the candidate's Work and Thread that answers nothing, so the
+    /// candidate still awaits the agent (`answers` false).
+    Reply { text: String, answers: bool },
     /// `open_work`: a `work.created` of the agent, started from the candidate.
     OpenWork { title: String, summary: String },
     /// `request_flow`: a Work (or the candidate's, continued), a Thread,
@@ -689,10 +693,11 @@ impl Act {
             None => Ok(()),
         };
         match kind {
-            "reply" => {
+            "reply" | "comment" => {
                 only(&["text"])?;
                 Ok(Act::Reply {
                     text: field("text", &action.text, REPLY_MAX_CHARS)?,
+                    answers: kind == "reply",
                 })
             }
             "open_work" => {
@@ -734,7 +739,7 @@ impl Act {
             other => Err(ApiError::invalid(
                 "type",
                 format!(
-                    "{other:?} is not an Agent API action (known: reply, open_work, request_flow, propose_artifact)"
+                    "{other:?} is not an Agent API action (known: reply, comment, open_work, request_flow, propose_artifact)"
                 ),
             )),
         }
@@ -743,7 +748,8 @@ impl Act {
     /// The capability it needs, and the word its idempotency key uses.
     fn capability(&self) -> (&'static str, &'static str) {
         match self {
-            Act::Reply { .. } => ("post_message", "reply"),
+            Act::Reply { answers: true, .. } => ("post_message", "reply"),
+            Act::Reply { answers: false, .. } => ("post_message", "comment"),
             Act::OpenWork { .. } => ("open_work", "work"),
             Act::RequestFlow { .. } => ("request_flow", "flow"),
             Act::ProposeArtifact { .. } => ("propose_artifact", "artifact"),
@@ -854,7 +860,7 @@ async fn checked_action(
             request,
         ));
     }
-    if let Act::Reply { text } = &act
+    if let Act::Reply { text, .. } = &act
         && let Some((earlier, score)) =
             zopu_core::text::near_duplicate(text, &facts.recent, NEAR_DUPLICATE_THRESHOLD)
     {
@@ -892,13 +898,17 @@ async fn checked_action(
     let cause = source.context();
     let id_ms = u64::try_from(zopu_core::memory::unix_ms(source.time)).unwrap_or_default();
     let events = match act {
-        Act::Reply { text } => {
+        Act::Reply { text, answers } => {
             let message = pb::AgentMessage {
                 agent_id: author,
                 text,
-                reply_to_event_id: candidate.event_id.clone(),
+                reply_to_event_id: if answers {
+                    candidate.event_id.clone()
+                } else {
+                    String::new()
+                },
                 importance: pb::Importance::Normal as i32,
-                status: "done".into(),
+                status: if answers { "done" } else { "comment" }.into(),
                 provider: format!("external:{}", caller.0.key_id),
             };
             vec![NewEvent::caused_by(&cause, &message, key.clone())]
