@@ -291,8 +291,17 @@ pub struct StackItem {
     pub tool: String,
     /// The manifest it was detected from.
     pub manifest: String,
-    /// Frameworks and notable libraries named in the manifest.
+    /// Frameworks and notable libraries named in the manifests.
     pub frameworks: Vec<String>,
+    /// How many manifests of this ecosystem were read (a workspace's root
+    /// and its members count once each; `manifest` is the shallowest). 0
+    /// in results recorded before they were counted (and then not written).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub packages: u32,
+}
+
+fn is_zero(count: &u32) -> bool {
+    *count == 0
 }
 
 /// Section 29: what onboarding learned, from which `summary.md` is written.

@@ -185,7 +185,10 @@ pub fn project_setup(result: &OnboardingResult, ids: &ManifestIds) -> ArtifactMa
         .stack
         .iter()
         .filter(|s| s.language != "Containers" && s.language != "Make")
-        .map(|s| format!("{} ({})", s.language, s.tool))
+        .map(|s| match s.packages {
+            0 | 1 => format!("{} ({})", s.language, s.tool),
+            n => format!("{} ({}, {n} packages)", s.language, s.tool),
+        })
         .collect();
     let stack_text = if stack.is_empty() {
         "no known manifest".to_owned()
@@ -244,7 +247,12 @@ pub fn project_setup(result: &OnboardingResult, ids: &ManifestIds) -> ArtifactMa
             };
             fact(
                 &s.language,
-                &format!("{} — {}{libraries}", s.tool, s.manifest),
+                &format!(
+                    "{} — {}{}{libraries}",
+                    s.tool,
+                    s.manifest,
+                    crate::onboarding::more_manifests(s.packages)
+                ),
             )
         })
         .collect();

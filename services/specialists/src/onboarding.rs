@@ -17,11 +17,12 @@ use zopu_schema::pb::FlowPhase;
 use crate::port::{self, FlowError, Port};
 use crate::results::{
     CommandHint, CommandStatus, EvidenceItem, OnboardingAnswer, OnboardingResult, Provenance,
+    StackItem,
 };
 use crate::stack;
 use crate::{grounding, guard};
 
-pub use summary::summary_markdown;
+pub use summary::{more_manifests, summary_markdown};
 
 /// Depth of the tree listing used to find manifests and entry points.
 const LIST_DEPTH: usize = 4;
@@ -187,8 +188,8 @@ struct ManifestNotes {
     entry_candidates: Vec<String>,
     /// (manifest, description): a purpose when the README states none.
     descriptions: Vec<(String, String)>,
-    /// Package names, the first of which names the repository.
-    names: Vec<String>,
+    /// (manifest, package name), shallowest manifest first.
+    names: Vec<(String, String)>,
 }
 
 /// Runs onboarding through `port` (plan, act, reflect of iteration 1).
@@ -210,9 +211,10 @@ pub async fn onboard<P: Port>(
     let notes = read_manifests(port, &survey, &mut result).await?;
     let candidates = entry_candidates(notes.entry_candidates.clone(), &survey.files);
     result.entry_points = read_entry_points(port, &candidates).await?;
-    if let Some(readme) = &survey.readme {
-        read_readme(port, readme, &mut result).await?;
-    }
+    let readme_title = match &survey.readme {
+        Some(readme) => read_readme(port, readme, &mut result).await?,
+        None => None,
+    };
     if result.purpose.is_none()
         && let Some((path, description)) = notes.descriptions.first()
     {
@@ -224,11 +226,7 @@ pub async fn onboard<P: Port>(
     port.phase(FlowPhase::Reflect, 1, "Checking what was found")
         .await?;
     ground(port, &mut result).await?;
-    result.name = notes
-        .names
-        .first()
-        .cloned()
-        .unwrap_or_else(|| "this repository".to_owned());
+    result.name = project_name(&notes.names, readme_title.as_deref());
     let counts = directory_counts(&survey.files);
     add_top_level_directories(&mut result, &survey.described.top_level, &counts);
     add_tree_constraints(&mut result, &survey);
@@ -411,9 +409,11 @@ fn record_manifest(
             note: format!("{} ({}) manifest", stack.language, stack.tool),
             verified: false,
         });
-        result.stack.push(stack);
+        add_stack(&mut result.stack, stack);
     }
-    notes.names.extend(facts.name);
+    notes
+        .names
+        .extend(facts.name.map(|name| (path.to_owned(), name)));
     if let Some(description) = facts.description {
         notes.descriptions.push((path.to_owned(), description));
     }
@@ -502,14 +502,15 @@ async fn read_entry_points<P: Port>(
 
 /// The README's purpose; its lines that read like instructions to the
 /// agent are recorded as guardrails and left out.
+/// Reads the README's purpose into the result; returns its title.
 async fn read_readme<P: Port>(
     port: &mut P,
     readme: &str,
     result: &mut OnboardingResult,
-) -> Result<(), FlowError> {
+) -> Result<Option<String>, FlowError> {
     let Ok(read) = port::read_file(port, "read:readme", read_lines(readme.to_owned())).await?
     else {
-        return Ok(());
+        return Ok(None);
     };
     let (purpose, injected) = readme_purpose(&read.content);
     for (number, (line, text)) in injected.iter().enumerate() {
@@ -525,7 +526,97 @@ async fn read_readme<P: Port>(
         result.purpose = Some(purpose);
         result.purpose_source = readme.to_owned();
     }
-    Ok(())
+    Ok(readme_title(&read.content))
+}
+
+/// Longest project name taken from a README title, in characters.
+const TITLE_NAME_MAX_CHARS: usize = 60;
+
+/// The README's first level-one heading, without markup and without what
+/// follows a dash or colon ("Zopu — an event-sourced runtime" is "Zopu").
+pub fn readme_title(content: &str) -> Option<String> {
+    let mut in_fence = false;
+    for line in content.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with("```") {
+            in_fence = !in_fence;
+            continue;
+        }
+        let Some(heading) = trimmed.strip_prefix("# ").filter(|_| !in_fence) else {
+            continue;
+        };
+        let plain: String = heading
+            .chars()
+            .filter(|c| !matches!(c, '*' | '_' | '`' | '[' | ']'))
+            .collect();
+        let name = [" — ", " – ", " - ", ": "]
+            .iter()
+            .fold(plain.as_str(), |name, separator| {
+                name.split(separator).next().unwrap_or(name)
+            })
+            .trim();
+        return (!name.is_empty() && name.chars().count() <= TITLE_NAME_MAX_CHARS)
+            .then(|| name.to_owned());
+    }
+    None
+}
+
+/// The repository's name: the root manifest's package, else the README's
+/// title, else what the packages' names share ("acme-core", "acme-cli":
+/// "acme"), else the shallowest package, else "this repository". A
+/// workspace's member is never taken for the whole when something better
+/// names it.
+pub fn project_name(names: &[(String, String)], readme_title: Option<&str>) -> String {
+    if let Some((_, root)) = names.iter().find(|(path, _)| !path.contains('/')) {
+        return root.clone();
+    }
+    if let Some(title) = readme_title {
+        return title.to_owned();
+    }
+    let words = |name: &str| -> Vec<String> {
+        name.split(['-', '_', '.', '/'])
+            .map(str::to_owned)
+            .collect()
+    };
+    if names.len() >= 2 {
+        let first = words(&names[0].1);
+        let shared = names.iter().skip(1).fold(first.len(), |shared, (_, name)| {
+            let other = words(name);
+            first
+                .iter()
+                .zip(&other)
+                .take(shared)
+                .take_while(|(a, b)| a == b)
+                .count()
+        });
+        if shared > 0 {
+            return first[..shared].join("-");
+        }
+    }
+    names
+        .first()
+        .map_or_else(|| "this repository".to_owned(), |(_, name)| name.clone())
+}
+
+/// Adds `item` to `stack`, once per ecosystem (language and tool): a
+/// workspace's members add to the count of the one entry and to its
+/// frameworks; the entry keeps the shallowest manifest (they are read
+/// shallowest first).
+fn add_stack(stack: &mut Vec<StackItem>, item: StackItem) {
+    match stack
+        .iter_mut()
+        .find(|known| known.language == item.language && known.tool == item.tool)
+    {
+        Some(known) => {
+            known.packages += item.packages.max(1);
+            for framework in item.frameworks {
+                if !known.frameworks.contains(&framework) {
+                    known.frameworks.push(framework);
+                }
+            }
+        }
+        None => stack.push(item),
+    }
 }
 
 /// The root `.env.example` names setup recorded, or else read from the
@@ -950,18 +1041,57 @@ mod tests {
             let facts = stack::parse("Cargo.toml", content, &files);
             record_manifest(&mut result, &mut notes, "Cargo.toml", &read, facts);
         }
-        assert_eq!(result.stack.len(), 2);
+        assert_eq!(result.stack.len(), 1, "one entry per ecosystem");
+        assert_eq!(result.stack[0].packages, 2);
         assert_eq!(result.evidence[0].snippet, "[package]");
         assert_eq!(result.evidence[0].end_line, 4);
         let mut commands: Vec<&str> = result.commands.iter().map(|c| c.command.as_str()).collect();
         commands.dedup();
         assert_eq!(commands.len(), result.commands.len(), "{commands:?}");
-        assert_eq!(notes.names, paths(&["ledger", "ledger"]));
+        let named = ("Cargo.toml".to_owned(), "ledger".to_owned());
+        assert_eq!(notes.names, vec![named.clone(), named]);
         assert_eq!(
             notes.descriptions[0],
             ("Cargo.toml".to_owned(), "Books".to_owned())
         );
         assert!(notes.entry_candidates.contains(&"src/main.rs".to_owned()));
+    }
+
+    #[test]
+    fn a_workspace_is_named_for_its_root_its_title_or_what_its_members_share() {
+        let named = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(path, name)| ((*path).to_owned(), (*name).to_owned()))
+                .collect()
+        };
+        let members = named(&[
+            ("tests/Cargo.toml", "zopu-tests"),
+            ("services/core/Cargo.toml", "zopu-core"),
+            ("services/cli/Cargo.toml", "zopu-cli"),
+        ]);
+        assert_eq!(project_name(&members, None), "zopu");
+        assert_eq!(project_name(&members, Some("Zopu")), "Zopu");
+        let mut rooted = named(&[("Cargo.toml", "ledger")]);
+        rooted.extend(members.clone());
+        assert_eq!(project_name(&rooted, Some("The Ledger")), "ledger");
+        assert_eq!(
+            project_name(
+                &named(&[("a/package.json", "web"), ("b/go.mod", "api")]),
+                None
+            ),
+            "web"
+        );
+        assert_eq!(project_name(&[], None), "this repository");
+        assert_eq!(
+            readme_title("```\n# not a title\n```\n# Zopu — an event-sourced runtime\n").as_deref(),
+            Some("Zopu")
+        );
+        assert_eq!(readme_title("## Only a subheading\n"), None);
+        assert_eq!(
+            readme_title("# **Shop**: sells things").as_deref(),
+            Some("Shop")
+        );
     }
 
     #[test]

@@ -186,6 +186,7 @@ pub fn parse(path: &str, content: &str, files: &[String]) -> ManifestFacts {
                     tool: "Docker Compose".into(),
                     manifest: path.into(),
                     frameworks: vec![],
+                    packages: 1,
                 }),
                 commands: vec![hint(
                     "run",
@@ -224,6 +225,7 @@ pub fn parse(path: &str, content: &str, files: &[String]) -> ManifestFacts {
                 tool: "Pipenv".into(),
                 manifest: path.into(),
                 frameworks: vec![],
+                packages: 1,
             }),
             commands: vec![hint(
                 "install",
@@ -299,6 +301,7 @@ fn cargo(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> Ma
         tool: "Cargo".into(),
         manifest: path.into(),
         frameworks: frameworks_in(deps.into_iter(), RUST_FRAMEWORKS),
+        packages: 1,
     });
     let convention = "Cargo convention; not run";
     let workspace_flag = if workspace.is_some() {
@@ -401,6 +404,7 @@ fn node(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> Man
         tool: manager.to_owned(),
         manifest: path.to_owned(),
         frameworks: frameworks_in(deps.iter().map(String::as_str), NODE_FRAMEWORKS),
+        packages: 1,
     });
     if let Some(engine) = json
         .get("engines")
@@ -579,6 +583,7 @@ fn pyproject(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -
         tool: tool.into(),
         manifest: path.into(),
         frameworks: frameworks_in(deps.iter().map(String::as_str), PYTHON_FRAMEWORKS),
+        packages: 1,
     });
     let (install, runner) = match tool {
         "Poetry" => ("poetry install", "poetry run "),
@@ -654,6 +659,7 @@ fn requirements(path: &str, dir: &str, content: &str, files: &[String]) -> Manif
             tool: "pip (requirements)".into(),
             manifest: path.into(),
             frameworks: frameworks_in(names.iter().map(String::as_str), PYTHON_FRAMEWORKS),
+            packages: 1,
         }),
         ..Default::default()
     };
@@ -702,6 +708,7 @@ fn setup_py(path: &str, dir: &str, content: &str) -> ManifestFacts {
             tool: "setuptools".into(),
             manifest: path.into(),
             frameworks: vec![],
+            packages: 1,
         }),
         ..Default::default()
     };
@@ -735,6 +742,7 @@ fn go_mod(path: &str, dir: &str, content: &str, files: &[String]) -> ManifestFac
             tool: "Go modules".into(),
             manifest: path.into(),
             frameworks: vec![],
+            packages: 1,
         }),
         ..Default::default()
     };
@@ -793,6 +801,7 @@ fn maven(path: &str, dir: &str, content: &str) -> ManifestFacts {
             tool: "Maven".into(),
             manifest: path.into(),
             frameworks: vec![],
+            packages: 1,
         }),
         ..Default::default()
     };
@@ -853,6 +862,7 @@ fn gradle(path: &str, dir: &str, has: &dyn Fn(&str) -> bool) -> ManifestFacts {
             tool: "Gradle".into(),
             manifest: path.into(),
             frameworks: vec![],
+            packages: 1,
         }),
         commands: vec![
             hint(
@@ -899,6 +909,7 @@ fn makefile(path: &str, dir: &str, content: &str) -> ManifestFacts {
             tool: "make".into(),
             manifest: path.into(),
             frameworks: vec![],
+            packages: 1,
         }),
         ..Default::default()
     };
@@ -928,6 +939,7 @@ fn dockerfile(path: &str, dir: &str, content: &str) -> ManifestFacts {
             tool: "Docker".into(),
             manifest: path.into(),
             frameworks: vec![],
+            packages: 1,
         }),
         commands: vec![hint(
             "build",

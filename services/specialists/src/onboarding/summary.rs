@@ -98,9 +98,21 @@ fn write_stack(md: &mut String, result: &OnboardingResult) {
         };
         let _ = writeln!(
             md,
-            "- {} — {} (`{}`){frameworks}",
-            item.language, item.tool, item.manifest
+            "- {} — {} (`{}`{}){frameworks}",
+            item.language,
+            item.tool,
+            item.manifest,
+            more_manifests(item.packages)
         );
+    }
+}
+
+/// ` and N more manifests` when a workspace has members.
+pub fn more_manifests(packages: u32) -> String {
+    match packages {
+        0 | 1 => String::new(),
+        2 => " and 1 more manifest".to_owned(),
+        n => format!(" and {} more manifests", n - 1),
     }
 }
 
@@ -195,6 +207,7 @@ mod tests {
                 tool: "Cargo".to_owned(),
                 manifest: "Cargo.toml".to_owned(),
                 frameworks: vec!["axum".to_owned()],
+                packages: 1,
             }],
             provenance: Provenance {
                 provider: "offline".to_owned(),
