@@ -5,6 +5,9 @@
 //! separate, later action.
 
 use std::collections::BTreeSet;
+use std::sync::LazyLock;
+
+use regex::Regex;
 use zopu_core::text::clip_chars;
 
 use zopu_schema::pb::FlowPhase;
@@ -51,42 +54,82 @@ pub fn skips_tests(preferences: &[String]) -> bool {
     })
 }
 
-/// The request without the "create an issue" wrapper, as a title.
+/// A request's wrapper: politeness, then "write/create/file… an issue
+/// (to/for/about/:)"; what follows is the issue's subject.
+static REQUEST_WRAPPER: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?ix)^\s*
+        (?:(?:please|pls|hey|ok|okay)[,\s]+)*
+        (?:(?:can|could|would|will)\s+you\s+(?:please\s+)?)?
+        (?:(?:create|make|file|open|write|draft|raise|add|log|prepare|submit)\s+
+           (?:me\s+)?(?:an?\s+|the\s+|one\s+)?(?:new\s+)?(?:github\s+|tracker\s+)?
+           (?:issue|ticket|bug\s+report|bug|task|story)s?
+           (?:\s+(?:to|for|about|that|on|regarding|describing))?
+           \s*[:\-–—]?\s*
+        |(?:issue|ticket|task)\s*[:\-–—]\s*)",
+    )
+    .expect("the wrapper pattern compiles")
+});
+
+/// The request without its "write an issue" wrapper, as a title.
 pub fn title_of(request: &str) -> String {
-    let mut text = request.trim().trim_end_matches(['.', '!', '?']).to_owned();
-    let lower = text.to_lowercase();
-    for prefix in [
-        "please ",
-        "can you ",
-        "could you ",
-        "create an issue to ",
-        "create an issue for ",
-        "create an issue about ",
-        "create issue: ",
-        "make an issue to ",
-        "make an issue for ",
-        "file an issue to ",
-        "file an issue for ",
-        "file an issue about ",
-        "open an issue to ",
-        "open an issue for ",
-        "write an issue to ",
-        "write an issue for ",
-        "draft an issue to ",
-        "draft an issue for ",
-        "issue: ",
-    ] {
-        if lower.starts_with(prefix) {
-            text = text[prefix.len()..].to_owned();
-            break;
-        }
-    }
-    let mut chars = text.trim().chars();
+    let trimmed = request.trim().trim_end_matches(['.', '!', '?']);
+    let subject = REQUEST_WRAPPER
+        .find(trimmed)
+        .map_or(trimmed, |wrapper| &trimmed[wrapper.end()..]);
+    let subject = subject
+        .trim()
+        .trim_start_matches(['"', '\''])
+        .trim_end_matches(['"', '\'']);
+    let mut chars = subject.chars();
     let title: String = match chars.next() {
         Some(first) => first.to_uppercase().chain(chars).collect(),
         None => "Untitled issue".to_owned(),
     };
     clip_chars(&title, 100)
+}
+
+/// What the world looks like once the titled change is made, from the
+/// title's intent (its leading verb) rather than its wording: "Add a
+/// revoke command" becomes "a revoke command exists".
+pub fn desired_world_of(title: &str) -> String {
+    let (verb, rest) = title.split_once(' ').unwrap_or((title, ""));
+    let object = rest.trim();
+    let outcome = match verb.to_lowercase().as_str() {
+        _ if object.is_empty() => None,
+        "add" | "create" | "introduce" | "implement" | "build" | "provide" => {
+            Some(format!("{object} exists and is part of the product"))
+        }
+        "support" | "enable" => Some(format!("{object} is supported")),
+        "allow" | "let" => Some(format!("the product allows {object}")),
+        "fix" | "repair" | "resolve" | "correct" => Some(format!(
+            "{object} no longer occurs; the behaviour is correct"
+        )),
+        "remove" | "delete" | "drop" | "deprecate" => Some(format!("{object} is gone")),
+        "improve" | "optimize" | "optimise" | "speed" => {
+            Some(format!("{object} is measurably better than today"))
+        }
+        "document" => Some(format!("{object} is documented")),
+        "update" | "upgrade" | "bump" => Some(format!("{object} is up to date")),
+        "rename" => Some(format!("the rename is done: {object}")),
+        "refactor" | "simplify" | "clean" => {
+            Some(format!("{object} is simpler, with its behaviour unchanged"))
+        }
+        "test" => Some(format!("{object} is covered by automated tests")),
+        _ => None,
+    };
+    match outcome {
+        Some(outcome) => format!("After this change, {outcome}."),
+        None => format!("After this change: {}.", lower_first(title)),
+    }
+}
+
+fn lower_first(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
 }
 
 fn relevant(exploration: &ExplorationResult, keywords: &[String]) -> bool {
@@ -174,10 +217,7 @@ pub async fn define<P: Port>(port: &mut P, input: &IssueInput) -> Result<IssueRe
         }
         text
     };
-    let desired_world = format!(
-        "After this change: {}.",
-        clip_chars(input.request.trim().trim_end_matches('.'), 600)
-    );
+    let desired_world = desired_world_of(&title);
     let mut scope: Vec<String> = paths
         .iter()
         .take(4)
@@ -280,5 +320,46 @@ mod tests {
             "Add rate limiting to the login endpoint"
         );
         assert_eq!(title_of(""), "Untitled issue");
+        for (request, title) in [
+            (
+                "Write an issue: add a zopu token revoke command",
+                "Add a zopu token revoke command",
+            ),
+            (
+                "Please write an issue for supporting private registries.",
+                "Supporting private registries",
+            ),
+            (
+                "Could you file a bug report about the login page crashing?",
+                "The login page crashing",
+            ),
+            (
+                "Issue - remove the legacy importer",
+                "Remove the legacy importer",
+            ),
+            (
+                "Add dark mode to the dashboard",
+                "Add dark mode to the dashboard",
+            ),
+            ("Create issue: \"fix the flaky test\"", "Fix the flaky test"),
+        ] {
+            assert_eq!(title_of(request), title, "{request}");
+        }
+    }
+
+    #[test]
+    fn the_desired_world_says_what_is_true_after_the_change() {
+        assert_eq!(
+            desired_world_of("Add a zopu token revoke command"),
+            "After this change, a zopu token revoke command exists and is part of the product."
+        );
+        assert_eq!(
+            desired_world_of("Fix the flaky login test"),
+            "After this change, the flaky login test is fixed."
+        );
+        assert_eq!(
+            desired_world_of("The login page crashing"),
+            "After this change: the login page crashing."
+        );
     }
 }

@@ -319,6 +319,10 @@ struct Run<'a> {
     replayed: u32,
     executed: u32,
     heartbeats: u32,
+    /// The stream sequence of the run's last recorded model usage: the
+    /// budget check waits for the store to apply it, so a run under load
+    /// never calls past a budget its own calls used up.
+    usage_recorded: u64,
     /// The prefix of the step names of a sub-flow or sub-step in progress
     /// (`sub:explore`, `model`), so its keys never collide with the parent's.
     scope: Option<String>,
@@ -369,6 +373,7 @@ impl<'a> Run<'a> {
             replayed: 0,
             executed: 0,
             heartbeats: 0,
+            usage_recorded: 0,
             scope: None,
         }
     }

@@ -299,6 +299,16 @@ impl Run<'_> {
         if budget == 0 {
             return Ok(());
         }
+        // Read our own writes: the usage this run recorded counts.
+        if self.usage_recorded > 0 {
+            self.ctx
+                .caught_up(self.usage_recorded)
+                .await
+                .map_err(|error| match error {
+                    HandlerError::Interrupted => FlowError::Interrupted,
+                    other => FlowError::Runtime(other.to_string()),
+                })?;
+        }
         let day = model_usage::utc_day(self.ctx.publisher.clock().now());
         let (org, query_day) = (self.cause.org_id.clone(), day.clone());
         let used = self

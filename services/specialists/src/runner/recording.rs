@@ -185,7 +185,7 @@ impl Run<'_> {
             Ok(mut reply) => {
                 reply.redact_secrets();
                 let completed = self.model_call_site(step).completed(&reply, duration_ms)?;
-                self.append(&completed, step).await?;
+                self.usage_recorded = self.append(&completed, step).await?.sequence;
                 Ok(reply)
             }
             Err(error) => match ModelFailure::of(&error) {
