@@ -222,9 +222,37 @@ async fn create(
         (answer, inner.stop_after_create.take())
     };
     if let Some(pid) = stop {
-        let _ = std::process::Command::new("kill")
-            .args(["-STOP", &pid.to_string()])
-            .status();
+        stop_process(pid);
     }
     (StatusCode::CREATED, Json(answer)).into_response()
+}
+
+/// SIGSTOPs `pid` and waits until the kernel reports it stopped, so the
+/// answer that follows can only be read once it is continued (or never,
+/// once killed). A stop that does not take panics: the test's premise
+/// would not hold.
+fn stop_process(pid: u32) {
+    let target = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .unwrap_or_else(|| panic!("{pid} is not a process id"));
+    if let Err(error) = rustix::process::kill_process(target, rustix::process::Signal::STOP) {
+        panic!("SIGSTOP {pid}: {error}");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        // /proc/<pid>/stat: "pid (comm) state ..."; the state follows the last ')'.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        if matches!(state, Some('T' | 't')) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} never stopped (state {state:?})"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }

@@ -23,7 +23,8 @@ const STOPWORDS: &[&str] = &[
     "until", "up", "us", "ve", "very", "want", "was", "we", "were", "what", "whats", "when",
     "where", "whether", "which", "while", "who", "whom", "why", "will", "with", "within", "would",
     "yet", "you", "your", "yours", "explain", "understand", "help", "hey", "hi", "hello", "thanks",
-    "thank", "stuff", "way", "ways", "kind", "bit", "maybe", "actually", "basically",
+    "thank", "stuff", "way", "ways", "kind", "bit", "maybe", "actually", "basically", "two",
+    "three", "never", "always", "ensure", "guarantee", "sure", "happen", "happens",
 ];
 
 /// Words that do not name a subject: a message made only of these (and stopwords) is vague.
@@ -102,6 +103,24 @@ pub fn ranked_terms(text: &str) -> Vec<Term> {
 }
 
 /// Light suffix stripping: plurals, `-ing`, `-ed`, with doubled consonants undone.
+/// The root a subject word's stem shares with its other forms in code, for
+/// searching: agent and action suffixes cut while at least four letters
+/// remain ("publisher" finds `publish`, `Publisher`, `published`; "writer"
+/// finds `write`). Anything but lowercase letters (an identifier) is kept.
+pub fn search_root(stem: &str) -> String {
+    if !stem.chars().all(|c| c.is_ascii_lowercase()) {
+        return stem.to_owned();
+    }
+    for suffix in ["ations", "ation", "ments", "ment", "ers", "er"] {
+        if let Some(root) = stem.strip_suffix(suffix)
+            && root.len() >= 4
+        {
+            return root.to_owned();
+        }
+    }
+    stem.to_owned()
+}
+
 fn stem(word: &str) -> String {
     let len = word.chars().count();
     let stripped = if len > 4 && word.ends_with("ies") {
@@ -142,6 +161,17 @@ fn undouble(word: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn search_roots_find_other_forms_and_leave_identifiers() {
+        assert_eq!(search_root("publisher"), "publish");
+        assert_eq!(search_root("writer"), "writ");
+        assert_eq!(search_root("user"), "user");
+        assert_eq!(search_root("deployment"), "deploy");
+        assert_eq!(search_root("fork"), "fork");
+        assert_eq!(search_root("parse_config"), "parse_config");
+        assert_eq!(search_root("SessionStore"), "SessionStore");
+    }
 
     #[test]
     fn keywords_are_filtered_stemmed_and_ranked() {

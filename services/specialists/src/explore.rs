@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
+use zopu_core::keywords::search_root;
 use zopu_core::text::clip_chars;
 
 use regex::Regex;
@@ -109,27 +110,127 @@ pub struct Gathered {
     pub windows: BTreeMap<String, (u64, String)>,
 }
 
-fn weight_of(path: &str) -> f64 {
+/// What a file is, for ranking: what answers a behaviour question is
+/// source; tests, docs and changelogs mention it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileRole {
+    Lock,
+    Changelog,
+    Docs,
+    Tests,
+    Source,
+}
+
+fn role_of(path: &str) -> FileRole {
     let lower = path.to_lowercase();
+    let name = lower.rsplit('/').next().unwrap_or(&lower);
     if lower.ends_with(".lock")
         || lower.ends_with("-lock.json")
         || lower.ends_with("lock.yaml")
         || lower.contains(".min.")
     {
-        0.2
-    } else if lower.ends_with(".md") || lower.ends_with(".txt") || lower.starts_with("docs/") {
-        0.6
-    } else if lower
-        .split('/')
-        .any(|c| matches!(c, "test" | "tests" | "spec" | "__tests__" | "fixtures"))
+        FileRole::Lock
+    } else if ["changelog", "changes", "history", "news", "releases"]
+        .iter()
+        .any(|stem| name.starts_with(stem))
     {
-        0.8
+        FileRole::Changelog
+    } else if lower.ends_with(".md")
+        || lower.ends_with(".txt")
+        || lower.ends_with(".rst")
+        || lower.starts_with("docs/")
+    {
+        FileRole::Docs
+    } else if lower.split('/').any(|c| {
+        matches!(
+            c,
+            "test" | "tests" | "spec" | "__tests__" | "fixtures" | "it"
+        )
+    }) || name.ends_with("_test.go")
+        || name.starts_with("test_")
+        || name.contains(".test.")
+        || name.contains(".spec.")
+    {
+        FileRole::Tests
     } else {
-        1.0
+        FileRole::Source
     }
 }
 
-/// Ranks files by keyword coverage, match density and path relevance.
+/// What the question asks about besides behaviour: tests, docs, changes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Asks {
+    pub tests: bool,
+    pub docs: bool,
+    pub changes: bool,
+}
+
+impl Asks {
+    /// From the question's keywords.
+    pub fn of(keywords: &[String]) -> Self {
+        let any = |words: &[&str]| {
+            keywords
+                .iter()
+                .any(|k| words.iter().any(|w| k.eq_ignore_ascii_case(w)))
+        };
+        Self {
+            tests: any(&[
+                "test", "tests", "testing", "spec", "specs", "flaky", "fixture", "fixtures",
+            ]),
+            docs: any(&[
+                "doc",
+                "docs",
+                "documentation",
+                "readme",
+                "documented",
+                "guide",
+            ]),
+            changes: any(&[
+                "changelog",
+                "release",
+                "releases",
+                "changes",
+                "history",
+                "version",
+            ]),
+        }
+    }
+}
+
+fn weight_of(path: &str, asks: Asks) -> f64 {
+    match role_of(path) {
+        FileRole::Lock => 0.2,
+        FileRole::Changelog if asks.changes => 1.0,
+        FileRole::Changelog => 0.3,
+        FileRole::Docs if asks.docs => 1.0,
+        FileRole::Docs => 0.45,
+        FileRole::Tests if asks.tests => 1.0,
+        FileRole::Tests => 0.55,
+        FileRole::Source => 1.0,
+    }
+}
+
+/// How many of a file's keywords it defines: a matching line declares a
+/// name that contains the keyword's search root.
+fn defined_keywords(matches: &[(u64, String, String)]) -> usize {
+    let Some(re) = DEFINITION.as_ref() else {
+        return 0;
+    };
+    let defined: BTreeSet<&str> = matches
+        .iter()
+        .filter(|(_, text, keyword)| {
+            let keyword = search_root(&keyword.to_lowercase());
+            re.captures_iter(text)
+                .any(|captures| captures[2].to_lowercase().contains(&keyword))
+        })
+        .map(|(_, _, keyword)| keyword.as_str())
+        .collect();
+    defined.len()
+}
+
+/// Ranks files by keyword coverage, what they define, match density and
+/// path relevance; tests, docs and changelogs count for less unless the
+/// question asks about them.
 pub fn rank(
     keywords: &[String],
     hits: &[(String, u64, String)],
@@ -155,7 +256,7 @@ pub fn rank(
         let lower = path.to_lowercase();
         let hits = keywords
             .iter()
-            .filter(|k| lower.contains(&k.to_lowercase()))
+            .filter(|k| lower.contains(&search_root(&k.to_lowercase())))
             .count() as u32;
         if hits > 0 {
             files
@@ -167,6 +268,7 @@ pub fn rank(
                 .path_hits = hits;
         }
     }
+    let asks = Asks::of(keywords);
     let mut ranked: Vec<RankedFile> = files
         .into_values()
         .map(|mut file| {
@@ -175,11 +277,15 @@ pub fn rank(
             let count = file.matches.len() as f64;
             let density = (count / lines).min(1.0);
             let coverage = file.keywords.len() as f64;
+            // What the file defines (a function, type, ... named after a
+            // keyword) weighs more than what it only mentions.
+            let defined = defined_keywords(&file.matches) as f64;
             file.score = (3.0 * coverage
                 + 1.5 * (1.0 + count).ln()
                 + 4.0 * density
-                + 2.0 * f64::from(file.path_hits))
-                * weight_of(&file.path);
+                + 2.0 * f64::from(file.path_hits)
+                + 4.0 * defined)
+                * weight_of(&file.path, asks);
             file.matches.sort_by_key(|(line, _, _)| *line);
             file
         })
@@ -304,7 +410,7 @@ pub async fn gather<P: Port>(
 }
 
 static DEFINITION: LazyLock<Option<Regex>> = LazyLock::new(|| {
-    Regex::new(r"\b(fn|def|class|struct|func|function|interface|type|enum|trait|const|let|var|async function)\s+([A-Za-z_][A-Za-z0-9_]*)").ok()
+    Regex::new(r"\b(fn|def|class|struct|func|function|interface|type|enum|trait|const|let|var|impl|mod|async function)\s+([A-Za-z_][A-Za-z0-9_]*)").ok()
 });
 
 /// Definitions in a window whose names contain a keyword: (line, name, line text).
@@ -318,7 +424,10 @@ pub fn definitions(window: &(u64, String), keywords: &[String]) -> Vec<(u64, Str
         for captures in re.captures_iter(line) {
             let name = captures[2].to_owned();
             let lower = name.to_lowercase();
-            if keywords.iter().any(|k| lower.contains(&k.to_lowercase())) {
+            if keywords
+                .iter()
+                .any(|k| lower.contains(&search_root(&k.to_lowercase())))
+            {
                 out.push((first + offset as u64, name, clip_chars(line.trim(), 200)));
             }
         }
@@ -631,6 +740,49 @@ mod tests {
             "{words:?}"
         );
         assert!(words.len() >= 3, "{words:?}");
+    }
+
+    #[test]
+    fn the_defining_source_outranks_tests_and_docs_that_mention_it() {
+        let keywords = vec!["publisher".to_owned(), "fork".to_owned()];
+        let hit = |k: &str, path: &str, line: u64, text: &str| {
+            (k.to_owned(), line, format!("{path}\u{0}{text}"))
+        };
+        let mut hits = vec![
+            hit("publisher", "src/publish.rs", 10, "pub struct Publisher {"),
+            hit("fork", "src/publish.rs", 40, "// never fork the chain"),
+        ];
+        for line in 1..30 {
+            hits.push(hit(
+                "publisher",
+                "tests/it/foundation.rs",
+                line,
+                "let p = publisher();",
+            ));
+            hits.push(hit(
+                "fork",
+                "tests/it/foundation.rs",
+                100 + line,
+                "assert no fork",
+            ));
+        }
+        hits.push(hit("publisher", "CHANGELOG.md", 3, "Publisher never forks"));
+        hits.push(hit("fork", "CHANGELOG.md", 4, "fork"));
+        let sizes = BTreeMap::from([
+            ("src/publish.rs".to_owned(), 40_000),
+            ("tests/it/foundation.rs".to_owned(), 40_000),
+            ("CHANGELOG.md".to_owned(), 2_000),
+        ]);
+        let ranked = rank(&keywords, &hits, &sizes, &[]);
+        assert_eq!(ranked[0].path, "src/publish.rs", "{ranked:?}");
+        // Asked about the tests, the tests come first.
+        let keywords = vec![
+            "publisher".to_owned(),
+            "fork".to_owned(),
+            "tests".to_owned(),
+        ];
+        let ranked = rank(&keywords, &hits, &sizes, &[]);
+        assert_eq!(ranked[0].path, "tests/it/foundation.rs");
     }
 
     #[test]

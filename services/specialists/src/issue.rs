@@ -102,9 +102,7 @@ pub fn desired_world_of(title: &str) -> String {
         }
         "support" | "enable" => Some(format!("{object} is supported")),
         "allow" | "let" => Some(format!("the product allows {object}")),
-        "fix" | "repair" | "resolve" | "correct" => Some(format!(
-            "{object} no longer occurs; the behaviour is correct"
-        )),
+        "fix" | "repair" | "resolve" | "correct" => Some(format!("{object} is fixed")),
         "remove" | "delete" | "drop" | "deprecate" => Some(format!("{object} is gone")),
         "improve" | "optimize" | "optimise" | "speed" => {
             Some(format!("{object} is measurably better than today"))
