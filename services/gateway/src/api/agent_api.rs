@@ -943,17 +943,23 @@ async fn checked_action(
             delegate(&cause, id_ms, &delegation, &keys).events
         }
         Act::ProposeArtifact { artifact } => {
+            // The proposal's run of its own, in the candidate's Work and
+            // Thread (a Thread only within a Work): the manifest and its
+            // request name the same ones, as the artifact pipeline checks.
             let flow_run = FlowRunId::derived(id_ms, &key);
+            let work: Option<WorkId> = candidate.work_id.as_deref().and_then(|id| id.parse().ok());
+            let thread: Option<ThreadId> = candidate
+                .thread_id
+                .as_deref()
+                .and_then(|id| id.parse().ok())
+                .filter(|_| work.is_some());
             let manifest = proposed_manifest(
                 &artifact,
                 &ProposalIds {
                     project,
                     flow_run,
-                    work: candidate.work_id.as_deref().and_then(|id| id.parse().ok()),
-                    thread: candidate
-                        .thread_id
-                        .as_deref()
-                        .and_then(|id| id.parse().ok()),
+                    work,
+                    thread,
                     source: source.id,
                     agent: &agent,
                     repository_commit: &repository_commit,
@@ -967,16 +973,8 @@ async fn checked_action(
             };
             let mut event =
                 NewEvent::caused_by(&cause, &requested, key.clone()).with_flow_run(flow_run);
-            if let Some(work) = candidate.work_id.as_deref().and_then(|id| id.parse().ok()) {
-                event = event.with_work(work);
-            }
-            if let Some(thread) = candidate
-                .thread_id
-                .as_deref()
-                .and_then(|id| id.parse().ok())
-            {
-                event = event.with_thread(thread);
-            }
+            event.context.work_id = work;
+            event.context.thread_id = thread;
             vec![event]
         }
     };
