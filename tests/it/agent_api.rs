@@ -709,6 +709,19 @@ async fn the_reference_runtime_dry_runs_smokes_and_posts_once_per_candidate() ->
     gateway.stop().await
 }
 
+/// `POST /v1/agent/actions` with `key` under request id `request_id`.
+async fn act(
+    gateway: &Gateway,
+    key: &str,
+    request_id: &str,
+    body: serde_json::Value,
+) -> Result<(StatusCode, serde_json::Value)> {
+    let (status, answer, _) = gateway
+        .post_as("/v1/agent/actions", key, request_id, body)
+        .await?;
+    Ok((status, answer))
+}
+
 /// Polls `GET path` with `key` until `done` holds of the answer.
 async fn poll_until(
     gateway: &Gateway,
@@ -776,18 +789,15 @@ async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_ar
     let mut fleet = Fleet::new(
         &zopu,
         &dir.path().join("fleet"),
-        FleetConfig {
-            nats_url: server.url(),
-            stream_replicas: 1,
-            partitions: 1,
-            lease_ttl: Duration::from_secs(3),
-            env: [(
+        FleetConfig::single_node(
+            server.url(),
+            [(
                 "ZOPU_AGENTS_DIR".to_owned(),
                 agents.to_string_lossy().into_owned(),
             )]
             .into_iter()
             .collect(),
-        },
+        ),
     )?;
     for service in [
         "setup",
@@ -872,27 +882,19 @@ async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_ar
         serde_json::json!({"type": "request_flow", "project": project_arg,
             "candidate": question.event_id.to_string(), "flow": flow, "text": text})
     };
-    let (status, refused, _) = gateway
-        .post_as(
-            "/v1/agent/actions",
-            &scout,
-            "flow-0",
-            request("issue", "Draft an issue about the greeting."),
-        )
-        .await?;
+    let (status, refused) = act(
+        &gateway,
+        &scout,
+        "flow-0",
+        request("issue", "Draft an issue about the greeting."),
+    )
+    .await?;
     assert_eq!(
         (status, refused["error"]["code"].as_str()),
         (StatusCode::FORBIDDEN, Some("flow_outside_routing")),
         "{refused}"
     );
-    let (status, refused, _) = gateway
-        .post_as(
-            "/v1/agent/actions",
-            &scout,
-            "flow-1",
-            request("explore", ""),
-        )
-        .await?;
+    let (status, refused) = act(&gateway, &scout, "flow-1", request("explore", "")).await?;
     assert_eq!(
         (status, refused["error"]["field"].as_str()),
         (StatusCode::UNPROCESSABLE_ENTITY, Some("text")),
@@ -908,14 +910,13 @@ async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_ar
     .await?
     .expose()
     .to_owned();
-    let (status, refused, _) = gateway
-        .post_as(
-            "/v1/agent/actions",
-            &fenced,
-            "fenced-1",
-            request("issue", "Draft an issue about the greeting."),
-        )
-        .await?;
+    let (status, refused) = act(
+        &gateway,
+        &fenced,
+        "fenced-1",
+        request("issue", "Draft an issue about the greeting."),
+    )
+    .await?;
     assert_eq!(
         (status, refused["error"]["code"].as_str()),
         (StatusCode::FORBIDDEN, Some("mesh_denied")),
@@ -923,14 +924,13 @@ async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_ar
     );
 
     // The request: the events the conversation agent writes, attributed to the agent.
-    let (status, accepted, _) = gateway
-        .post_as(
-            "/v1/agent/actions",
-            &scout,
-            "flow-2",
-            request("explore", "Trace how main prints the greeting."),
-        )
-        .await?;
+    let (status, accepted) = act(
+        &gateway,
+        &scout,
+        "flow-2",
+        request("explore", "Trace how main prints the greeting."),
+    )
+    .await?;
     assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
     let flow_run = accepted["flow_run_id"]
         .as_str()
@@ -938,14 +938,13 @@ async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_ar
         .to_owned();
     ensure!(accepted["work_id"].is_string() && accepted["thread_id"].is_string());
     // Another request for the same flow of the same candidate is that run.
-    let (status, again, _) = gateway
-        .post_as(
-            "/v1/agent/actions",
-            &scout,
-            "flow-3",
-            request("explore", "Trace it again, please."),
-        )
-        .await?;
+    let (status, again) = act(
+        &gateway,
+        &scout,
+        "flow-3",
+        request("explore", "Trace it again, please."),
+    )
+    .await?;
     assert_eq!(status, StatusCode::ACCEPTED, "{again}");
     assert_eq!(
         (again["duplicate"].as_bool(), again["flow_run_id"].as_str()),
@@ -1022,15 +1021,14 @@ async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_ar
     );
 
     // A comment on the ending answers nothing: it still awaits the agent.
-    let (status, commented, _) = gateway
-        .post_as(
-            "/v1/agent/actions",
-            &scout,
-            "comment-ending",
-            serde_json::json!({"type": "comment", "project": project_arg,
+    let (status, commented) = act(
+        &gateway,
+        &scout,
+        "comment-ending",
+        serde_json::json!({"type": "comment", "project": project_arg,
                 "candidate": ending["event_id"], "text": "Reading the explorer's findings now."}),
-        )
-        .await?;
+    )
+    .await?;
     assert_eq!(status, StatusCode::ACCEPTED, "{commented}");
     gateway.caught_up(&bus).await?;
     let (_, page) = gateway.get_as(&candidates, Some(&scout)).await?;
@@ -1056,15 +1054,8 @@ async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_ar
     );
 
     // It answers the ending, which then no longer awaits it.
-    let (status, replied, _) = gateway
-        .post_as(
-            "/v1/agent/actions",
-            &scout,
-            "reply-ending",
-            serde_json::json!({"type": "reply", "project": project_arg,
-                "candidate": ending["event_id"], "text": "The explorer traced it: main calls println!."}),
-        )
-        .await?;
+    let (status, replied) = act(&gateway, &scout, "reply-ending", serde_json::json!({"type": "reply", "project": project_arg,
+                "candidate": ending["event_id"], "text": "The explorer traced it: main calls println!."})).await?;
     assert_eq!(status, StatusCode::ACCEPTED, "{replied}");
     gateway.caught_up(&bus).await?;
     let (_, page) = gateway.get_as(&candidates, Some(&scout)).await?;
@@ -1080,17 +1071,16 @@ async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_ar
         serde_json::json!({"type": "propose_artifact", "project": project_arg,
             "candidate": question.event_id.to_string(), "artifact": artifact})
     };
-    let (status, refused, _) = gateway
-        .post_as(
-            "/v1/agent/actions",
-            &scout,
-            "artifact-0",
-            propose(
-                serde_json::json!({"kind": "issue", "title": "Greeting", "summary": "s",
+    let (status, refused) = act(
+        &gateway,
+        &scout,
+        "artifact-0",
+        propose(
+            serde_json::json!({"kind": "issue", "title": "Greeting", "summary": "s",
                 "sections": [{"kind": "prose", "body": "No current and desired world."}]}),
-            ),
-        )
-        .await?;
+        ),
+    )
+    .await?;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
     ensure!(
         refused["error"]["message"]
@@ -1099,32 +1089,32 @@ async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_ar
         "{refused}"
     );
     let leaked = ["token ghp_0123456789", "abcdefghijklmnopqrstuvwxyzAB"].concat();
-    let (status, refused, _) = gateway
-        .post_as(
-            "/v1/agent/actions",
-            &scout,
-            "artifact-1",
-            propose(
-                serde_json::json!({"kind": "exploration", "title": "Greeting",
+    let (status, refused) = act(
+        &gateway,
+        &scout,
+        "artifact-1",
+        propose(
+            serde_json::json!({"kind": "exploration", "title": "Greeting",
                 "summary": "How main prints it", "sections": [{"kind": "prose", "body": leaked}]}),
-            ),
-        )
-        .await?;
+        ),
+    )
+    .await?;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
     ensure!(!refused.to_string().contains("ghp_"), "{refused}");
-    let (status, proposed, _) = gateway
-        .post_as(
-            "/v1/agent/actions",
-            &scout,
-            "artifact-2",
-            propose(serde_json::json!({"kind": "exploration", "title": "How the greeting is printed",
-                "summary": "main prints the greeting with println!.",
-                "sections": [
-                    {"kind": "prose", "title": "Answer", "body": "src/main.rs calls println! once."},
-                    {"kind": "files", "title": "Files", "items": ["src/main.rs"]}
-                ]})),
-        )
-        .await?;
+    let (status, proposed) = act(
+        &gateway,
+        &scout,
+        "artifact-2",
+        propose(
+            serde_json::json!({"kind": "exploration", "title": "How the greeting is printed",
+            "summary": "main prints the greeting with println!.",
+            "sections": [
+                {"kind": "prose", "title": "Answer", "body": "src/main.rs calls println! once."},
+                {"kind": "files", "title": "Files", "items": ["src/main.rs"]}
+            ]}),
+        ),
+    )
+    .await?;
     assert_eq!(status, StatusCode::ACCEPTED, "{proposed}");
     let artifact = proposed["artifact_id"]
         .as_str()
@@ -1154,16 +1144,9 @@ async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_ar
         .context("the artifact is published")?;
     assert_eq!(card.provider, "external:scout");
     // A retried proposal is the same artifact.
-    let (status, again, _) = gateway
-        .post_as(
-            "/v1/agent/actions",
-            &scout,
-            "artifact-2",
-            propose(serde_json::json!({"kind": "exploration", "title": "How the greeting is printed",
+    let (status, again) = act(&gateway, &scout, "artifact-2", propose(serde_json::json!({"kind": "exploration", "title": "How the greeting is printed",
                 "summary": "main prints the greeting with println!.",
-                "sections": [{"kind": "prose", "title": "Answer", "body": "src/main.rs calls println! once."}]})),
-        )
-        .await?;
+                "sections": [{"kind": "prose", "title": "Answer", "body": "src/main.rs calls println! once."}]}))).await?;
     assert_eq!(status, StatusCode::ACCEPTED);
     assert_eq!(
         (again["duplicate"].as_bool(), again["artifact_id"].as_str()),

@@ -113,12 +113,9 @@ async fn a_private_repository_clones_with_the_stored_token_and_fails_clearly_wit
     let mut fleet = Fleet::new(
         &zopu,
         &fleet_root,
-        FleetConfig {
-            nats_url: server.url(),
-            stream_replicas: 1,
-            partitions: 1,
-            lease_ttl: Duration::from_secs(3),
-            env: vec![
+        FleetConfig::single_node(
+            server.url(),
+            vec![
                 ("ZOPU_SECRETS_KEY".into(), SECRETS_KEY.into()),
                 (
                     "ZOPU_SANDBOX__ALLOWED_REPOSITORY_HOSTS".into(),
@@ -129,7 +126,7 @@ async fn a_private_repository_clones_with_the_stored_token_and_fails_clearly_wit
                     certificates.path("ca.pem").display().to_string(),
                 ),
             ],
-        },
+        ),
     )?;
     fleet.set_instance_env("setup", 1, vec![("ZOPU_LOG".into(), "debug".into())]);
     fleet.start("setup", 1)?;

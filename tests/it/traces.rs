@@ -94,16 +94,12 @@ async fn one_trace_spans_a_turn_across_every_service_with_the_model_call() -> Re
     let mut fleet = Fleet::new(
         &zopu_binary(&workspace_root())?,
         &dir.path().join("fleet"),
-        FleetConfig {
-            nats_url: server.url(),
-            stream_replicas: 1,
-            partitions: 1,
-            lease_ttl: Duration::from_secs(3),
-            env: env
-                .into_iter()
+        FleetConfig::single_node(
+            server.url(),
+            env.into_iter()
                 .map(|(name, value)| (name.to_owned(), value))
                 .collect(),
-        },
+        ),
     )?;
     for service in SERVICES {
         fleet.start(service, 1)?;

@@ -23,6 +23,20 @@ pub struct FleetConfig {
     pub env: Vec<(String, String)>,
 }
 
+impl FleetConfig {
+    /// One instance of each service on one nats-server: R1 streams, one
+    /// partition, 3 s leases, and `env` for every process.
+    pub fn single_node(nats_url: String, env: Vec<(String, String)>) -> Self {
+        Self {
+            nats_url,
+            stream_replicas: 1,
+            partitions: 1,
+            lease_ttl: Duration::from_secs(3),
+            env,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Fleet {
     zopu: PathBuf,
