@@ -394,6 +394,16 @@ fn record_manifest(
     read: &ReadFileOutput,
     facts: stack::ManifestFacts,
 ) {
+    // A member of an ecosystem the root manifest already covers (a Cargo
+    // or npm workspace): its conventional commands repeat the root's.
+    let covered_by_root = path.contains('/')
+        && facts.stack.as_ref().is_some_and(|item| {
+            result.stack.iter().any(|known| {
+                known.language == item.language
+                    && known.tool == item.tool
+                    && !known.manifest.contains('/')
+            })
+        });
     if let Some(stack) = facts.stack {
         let first_line = read
             .content
@@ -418,10 +428,12 @@ fn record_manifest(
         notes.descriptions.push((path.to_owned(), description));
     }
     for command in facts.commands {
-        if !result
-            .commands
-            .iter()
-            .any(|known: &CommandHint| known.command == command.command)
+        let repeats_root = covered_by_root && command.status == CommandStatus::Inferred;
+        if !repeats_root
+            && !result
+                .commands
+                .iter()
+                .any(|known: &CommandHint| known.command == command.command)
         {
             result.commands.push(command);
         }
@@ -1055,6 +1067,44 @@ mod tests {
             ("Cargo.toml".to_owned(), "Books".to_owned())
         );
         assert!(notes.entry_candidates.contains(&"src/main.rs".to_owned()));
+    }
+
+    #[test]
+    fn a_workspace_member_adds_its_declared_commands_not_the_conventional_ones() {
+        let read = |content: &str| ReadFileOutput {
+            path: String::new(),
+            size_bytes: content.len() as u64,
+            start_line: 1,
+            end_line: 4,
+            content: content.to_owned(),
+            truncated: false,
+            binary: false,
+            invalid_utf8: false,
+        };
+        let root = "[workspace]\nmembers = [\"crates/app\"]\n";
+        let member =
+            "[package]\nname = \"app\"\n\n[[bin]]\nname = \"app\"\npath = \"src/main.rs\"\n";
+        let files = paths(&[
+            "Cargo.toml",
+            "crates/app/Cargo.toml",
+            "crates/app/src/main.rs",
+        ]);
+        let (mut result, mut notes) = (OnboardingResult::default(), ManifestNotes::default());
+        for (path, content) in [("Cargo.toml", root), ("crates/app/Cargo.toml", member)] {
+            let facts = stack::parse(path, content, &files);
+            record_manifest(&mut result, &mut notes, path, &read(content), facts);
+        }
+        let commands: Vec<&str> = result.commands.iter().map(|c| c.command.as_str()).collect();
+        assert!(
+            commands
+                .iter()
+                .all(|c| !c.starts_with("(cd crates/app && cargo build)")
+                    && !c.starts_with("(cd crates/app && cargo test)")),
+            "{commands:?}"
+        );
+        assert!(commands.contains(&"cargo test --workspace"), "{commands:?}");
+        assert_eq!(result.stack.len(), 1);
+        assert_eq!(result.stack[0].packages, 2);
     }
 
     #[test]
