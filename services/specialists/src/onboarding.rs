@@ -1034,11 +1034,10 @@ mod tests {
         assert_eq!(entry_candidates(Vec::new(), &many).len(), ENTRY_POINTS_MAX);
     }
 
-    #[test]
-    fn a_manifest_adds_its_stack_with_evidence_and_each_command_once() {
-        let content = "\n[package]\nname = \"ledger\"\ndescription = \"Books\"\n";
-        let read = ReadFileOutput {
-            path: "Cargo.toml".to_owned(),
+    /// What reading lines 1 to 4 of `path` gives when it holds `content`.
+    fn read_of(path: &str, content: &str) -> ReadFileOutput {
+        ReadFileOutput {
+            path: path.to_owned(),
             size_bytes: content.len() as u64,
             start_line: 1,
             end_line: 4,
@@ -1046,7 +1045,13 @@ mod tests {
             truncated: false,
             binary: false,
             invalid_utf8: false,
-        };
+        }
+    }
+
+    #[test]
+    fn a_manifest_adds_its_stack_with_evidence_and_each_command_once() {
+        let content = "\n[package]\nname = \"ledger\"\ndescription = \"Books\"\n";
+        let read = read_of("Cargo.toml", content);
         let files = paths(&["Cargo.toml", "src/main.rs"]);
         let (mut result, mut notes) = (OnboardingResult::default(), ManifestNotes::default());
         for _ in 0..2 {
@@ -1071,16 +1076,6 @@ mod tests {
 
     #[test]
     fn a_workspace_member_adds_its_declared_commands_not_the_conventional_ones() {
-        let read = |content: &str| ReadFileOutput {
-            path: String::new(),
-            size_bytes: content.len() as u64,
-            start_line: 1,
-            end_line: 4,
-            content: content.to_owned(),
-            truncated: false,
-            binary: false,
-            invalid_utf8: false,
-        };
         let root = "[workspace]\nmembers = [\"crates/app\"]\n";
         let member =
             "[package]\nname = \"app\"\n\n[[bin]]\nname = \"app\"\npath = \"src/main.rs\"\n";
@@ -1092,7 +1087,13 @@ mod tests {
         let (mut result, mut notes) = (OnboardingResult::default(), ManifestNotes::default());
         for (path, content) in [("Cargo.toml", root), ("crates/app/Cargo.toml", member)] {
             let facts = stack::parse(path, content, &files);
-            record_manifest(&mut result, &mut notes, path, &read(content), facts);
+            record_manifest(
+                &mut result,
+                &mut notes,
+                path,
+                &read_of(path, content),
+                facts,
+            );
         }
         let commands: Vec<&str> = result.commands.iter().map(|c| c.command.as_str()).collect();
         assert!(

@@ -897,6 +897,8 @@ async fn checked_action(
         .map_err(|error| ApiError::unavailable("event log", error))?;
     let cause = source.context();
     let id_ms = u64::try_from(zopu_core::memory::unix_ms(source.time)).unwrap_or_default();
+    let candidate_work: Option<WorkId> =
+        candidate.work_id.as_deref().and_then(|id| id.parse().ok());
     let events = match act {
         Act::Reply { text, answers } => {
             let message = pb::AgentMessage {
@@ -938,7 +940,7 @@ async fn checked_action(
                 repository_commit: &repository_commit,
                 // An external agent's memory is not the platform's to share.
                 preferences: Vec::new(),
-                existing_work: candidate.work_id.as_deref().and_then(|id| id.parse().ok()),
+                existing_work: candidate_work,
             };
             delegate(&cause, id_ms, &delegation, &keys).events
         }
@@ -947,7 +949,7 @@ async fn checked_action(
             // Thread (a Thread only within a Work): the manifest and its
             // request name the same ones, as the artifact pipeline checks.
             let flow_run = FlowRunId::derived(id_ms, &key);
-            let work: Option<WorkId> = candidate.work_id.as_deref().and_then(|id| id.parse().ok());
+            let work = candidate_work;
             let thread: Option<ThreadId> = candidate
                 .thread_id
                 .as_deref()
@@ -1050,7 +1052,7 @@ struct ProposalIds<'a> {
     project: ProjectId,
     /// The proposal's own run.
     flow_run: FlowRunId,
-    /// The candidate's Work and Thread, if it is in one.
+    /// The candidate's Work and Thread, if it is in one (a Thread only within a Work).
     work: Option<WorkId>,
     thread: Option<ThreadId>,
     source: zopu_schema::EventId,
@@ -1112,7 +1114,6 @@ fn proposed_manifest(
         work_id: ids.work.map(|work| work.to_string()).unwrap_or_default(),
         thread_id: ids
             .thread
-            .filter(|_| ids.work.is_some())
             .map(|thread| thread.to_string())
             .unwrap_or_default(),
         flow_run_id: ids.flow_run.to_string(),
