@@ -100,6 +100,9 @@ pub(crate) fn openai(server: &FakeOpenAiServer) -> zopu_conversation::Config {
             ..OpenAiSettings::default()
         },
         handler_timeout: Duration::from_secs(60),
+        // The holding acknowledgement has its own test; here every
+        // acknowledgement is the model's (or the fallback's).
+        acknowledgement_deadline: Duration::from_secs(60),
         ..zopu_conversation::Config::default()
     }
 }
@@ -428,6 +431,91 @@ async fn scenario_81_with_an_openai_compatible_tool_call() -> Result<()> {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_model_never_holds_up_the_acknowledgement() -> Result<()> {
+    let server = NatsServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let core = zopu_tests::core_config(&server, dir.path());
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let (org, project) = (org("slow-model"), ProjectId::new());
+    // The model answers only when the test says so.
+    let answer = Gate::new();
+    let llm = FakeOpenAiServer::start([Scripted::Gated(
+        answer.clone(),
+        Box::new(explore_call("On it — tracing checkout payments now.")),
+    )])
+    .await?;
+    let dispatch = Running::dispatch(&core);
+    let conversation = Running::conversation(
+        &core,
+        zopu_conversation::Config {
+            acknowledgement_deadline: Duration::from_millis(300),
+            openai: OpenAiSettings {
+                request_timeout: Duration::from_secs(5),
+                ..openai(&llm).openai
+            },
+            ..openai(&llm)
+        },
+    );
+    setup_project(&bus, &org, project).await?;
+    let text = "How does checkout handle payments?";
+    let message = send(&bus, &org, project, text).await?;
+    let holding = wait_for(
+        &bus,
+        &subjects::project_events(&org, &project),
+        LONG,
+        |event| event.is::<pb::AgentAcknowledged>() && of_message(event, message.request),
+    )
+    .await?
+    .decode::<pb::AgentAcknowledged>()?;
+    // Posted while the model still holds its answer.
+    assert_eq!(llm.request_count(), 1);
+    assert!(
+        events_of::<pb::AgentLlmCompleted>(&bus, &org, project, Some(message.request))
+            .await?
+            .is_empty()
+    );
+    assert_eq!(
+        holding.text,
+        zopu_conversation::offline::holding_acknowledgement(text)
+    );
+    assert_eq!(holding.provider, "offline");
+    assert_eq!(holding.reply_to_event_id, message.event_id.to_string());
+    answer.open();
+    let end = turn_end(&bus, &org, project, message.request).await?;
+    assert_eq!(
+        end.decode::<pb::DispatchCompleted>()?.outcome,
+        "flow_requested"
+    );
+    let m = Some(message.request);
+    assert_eq!(
+        events_of::<pb::AgentAcknowledged>(&bus, &org, project, m)
+            .await?
+            .len(),
+        1,
+        "one acknowledgement"
+    );
+    // The model's own acknowledgement follows as an update.
+    let updates: Vec<pb::AgentMessage> = events_of::<pb::AgentMessage>(&bus, &org, project, m)
+        .await?
+        .iter()
+        .filter_map(|event| event.decode::<pb::AgentMessage>().ok())
+        .collect();
+    assert_eq!(updates.len(), 1);
+    assert_eq!(updates[0].status, "update");
+    assert_eq!(updates[0].text, "On it — tracing checkout payments now.");
+    assert_eq!(updates[0].provider, "openai:fake-model");
+    assert_eq!(
+        events_of::<pb::FlowRequested>(&bus, &org, project, m)
+            .await?
+            .len(),
+        1
+    );
+    conversation.stop().await?;
+    dispatch.stop().await?;
+    Ok(())
+}
+
 /// Polls the conversation's durable consumer until it has settled everything
 /// up to `sequence`. (A restarted instance that takes over unsettled
 /// messages recreates the consumer at its ack floor: briefly, it is missing.)
@@ -627,7 +715,8 @@ fn tool_calls(calls: usize) -> Scripted {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn model_faults_end_in_exactly_one_outcome_per_dispatch() -> Result<()> {
+async fn model_faults_end_in_exactly_one_outcome_per_dispatch_or_the_offline_fallback() -> Result<()>
+{
     let server = NatsServer::start()?;
     let dir = tempfile::tempdir()?;
     let core = zopu_tests::core_config(&server, dir.path());
@@ -727,18 +816,47 @@ async fn model_faults_end_in_exactly_one_outcome_per_dispatch() -> Result<()> {
                 );
             }
             Some(code) => {
-                let failed = end.decode::<pb::DispatchFailed>()?;
-                assert_eq!(failed.reason.context("reason")?.code, code, "{topic}");
-                let finals =
-                    events_of::<pb::AgentFinal>(&bus, &org, project, Some(message.request)).await?;
-                assert_eq!(finals.len(), 1, "{topic}: one visible failure");
+                // No usable decision after every attempt: the offline rules
+                // decide instead, and the acknowledgement says so.
+                assert!(end.is::<pb::DispatchCompleted>(), "{topic}: fell back");
+                let m = Some(message.request);
+                let acks = events_of::<pb::AgentAcknowledged>(&bus, &org, project, m).await?;
+                assert_eq!(acks.len(), 1, "{topic}");
+                let ack = acks[0].decode::<pb::AgentAcknowledged>()?;
+                assert_eq!(ack.provider, "offline", "{topic}");
+                assert!(
+                    ack.text
+                        .ends_with(&zopu_conversation::offline::fallback_note(code)),
+                    "{topic}: {}",
+                    ack.text
+                );
+                let fallbacks: Vec<_> =
+                    events_of::<pb::AgentGuardrailTriggered>(&bus, &org, project, m)
+                        .await?
+                        .iter()
+                        .filter_map(|event| event.decode::<pb::AgentGuardrailTriggered>().ok())
+                        .filter(|g| g.rule == "model_fallback")
+                        .collect();
+                assert_eq!(fallbacks.len(), 1, "{topic}");
+                assert!(fallbacks[0].detail.starts_with(code), "{topic}");
+                assert!(
+                    !events_of::<pb::AgentLlmFailed>(&bus, &org, project, m)
+                        .await?
+                        .is_empty(),
+                    "{topic}: the model's failures are recorded"
+                );
                 assert_eq!(
-                    finals[0]
-                        .decode::<pb::AgentFinal>()?
-                        .failure
-                        .context("failure")?
-                        .code,
-                    code
+                    events_of::<pb::FlowRequested>(&bus, &org, project, m)
+                        .await?
+                        .len(),
+                    1,
+                    "{topic}: the offline decision's exploration"
+                );
+                assert!(
+                    events_of::<pb::AgentFinal>(&bus, &org, project, m)
+                        .await?
+                        .is_empty(),
+                    "{topic}: no visible failure"
                 );
             }
         }

@@ -50,6 +50,9 @@ pub(crate) struct Settings {
     pub daily_model_tokens_per_org: u64,
     /// How long an approval the agent requests stays open.
     pub approval_ttl: std::time::Duration,
+    /// When the agent posts its own holding acknowledgement while a model
+    /// decides (`Config::acknowledgement_deadline`).
+    pub acknowledgement_deadline: std::time::Duration,
     /// Where projects' issues are published (`Config::tracker_host`).
     pub tracker_host: String,
     pub fail_point: Option<FailPoint>,
@@ -517,9 +520,84 @@ impl Turn<'_> {
         {
             return self.visible_failure(source, reason).await;
         }
-        match self.decide_turn(provider, text, view, definition).await? {
-            Ok(plan) => self.execute(plan, source, view).await,
+        let decided = self.decide_turn(provider, text, view, definition);
+        let (decided, acknowledged) = if provider.is_deterministic() {
+            (decided.await?, false)
+        } else {
+            self.acknowledged_while(decided, source, text).await?
+        };
+        match decided {
+            Ok(plan) => {
+                let plan = TurnPlan {
+                    acknowledged,
+                    ..plan
+                };
+                self.execute(plan, source, view).await
+            }
+            Err(reason) if !provider.is_deterministic() => {
+                self.offline_fallback(reason, acknowledged, source, text, view, definition)
+                    .await
+            }
             Err(reason) => self.visible_failure(source, reason).await,
+        }
+    }
+
+    /// Awaits the model's `decision`, and posts the agent's own holding
+    /// acknowledgement when it takes longer than
+    /// `conversation.acknowledgement_deadline`. The holding one is keyed as
+    /// the turn's acknowledgement, so a redelivery's is the same event,
+    /// never a second one. Returns the decision and whether it was posted.
+    async fn acknowledged_while<F, T>(
+        &self,
+        decision: F,
+        source: &Envelope,
+        text: &str,
+    ) -> Result<(T, bool), HandlerError>
+    where
+        F: std::future::Future<Output = Result<T, HandlerError>>,
+    {
+        let mut decision = std::pin::pin!(decision);
+        tokio::select! {
+            decided = &mut decision => return Ok((decided?, false)),
+            () = tokio::time::sleep(self.agent.settings.acknowledgement_deadline) => {}
+        }
+        let holding = pb::AgentAcknowledged {
+            agent_id: self.agent_id(),
+            text: crate::offline::holding_acknowledgement(text),
+            reply_to_event_id: source.id.to_string(),
+            provider: crate::offline::OFFLINE_LABEL.to_owned(),
+        };
+        let key = schema_keys::agent_post(&self.dispatch, "ack");
+        self.append(self.new_event(&holding, key)).await?;
+        Ok((decision.await?, true))
+    }
+
+    /// The model gave no usable decision after its attempts (each recorded):
+    /// the offline rules decide instead, the reply says so, and a
+    /// `model_fallback` guardrail records why. Only a turn the rules cannot
+    /// decide either ends in a visible failure.
+    async fn offline_fallback(
+        &self,
+        reason: pb::FailureReason,
+        acknowledged: bool,
+        source: &Envelope,
+        text: &str,
+        view: &ProjectView,
+        definition: &RegisteredAgent,
+    ) -> Result<(), HandlerError> {
+        let rules = crate::offline::OfflineRules;
+        match self.decide_turn(&rules, text, view, definition).await? {
+            Ok(plan) => {
+                let detail = format!("{}: {}", reason.code, reason.message);
+                self.guardrail("model_fallback", "decide", detail, "offline_rules")
+                    .await?;
+                let plan = TurnPlan {
+                    acknowledged,
+                    ..plan.fallen_back(&reason.code)
+                };
+                self.execute(plan, source, view).await
+            }
+            Err(_) => self.visible_failure(source, reason).await,
         }
     }
 

@@ -100,6 +100,28 @@ pub struct TurnPlan {
     pub provider: String,
     /// What a remember turn keeps in the agent's memory.
     pub remember: Option<Remembered>,
+    /// The agent already posted its holding acknowledgement
+    /// (`conversation.acknowledgement_deadline`): a flow's acknowledgement
+    /// then follows as an update message.
+    pub acknowledged: bool,
+}
+
+impl TurnPlan {
+    /// This plan (the offline rules') as the fallback for a model that gave
+    /// no usable decision (`code`): its visible text says so.
+    pub fn fallen_back(mut self, code: &str) -> Self {
+        let note = offline::fallback_note(code);
+        let visible = match self.action {
+            Action::Explore | Action::CreateIssue | Action::Onboard => &mut self.acknowledgement,
+            Action::Respond | Action::Clarify | Action::Remember => &mut self.reply,
+        };
+        if let Some(text) = visible {
+            text.push(' ');
+            text.push_str(&note);
+        }
+        self.rationale = format!("model fallback after {code}: {}", self.rationale);
+        self
+    }
 }
 
 /// A preference the user stated, as the agent keeps it.
@@ -125,6 +147,7 @@ pub fn onboarding_turn(view: &ProjectView) -> TurnPlan {
         rationale: "project ready: onboarding exploration".to_owned(),
         provider: offline::OFFLINE_LABEL.to_owned(),
         remember: None,
+        acknowledged: false,
     }
 }
 
@@ -142,6 +165,7 @@ pub fn delegation_refused_turn(plan: TurnPlan, target: &str) -> TurnPlan {
         rationale: format!("mesh rules refuse delegation to {target}"),
         provider: plan.provider,
         remember: None,
+        acknowledged: false,
     }
 }
 
@@ -465,6 +489,7 @@ pub fn turn_from_reply(
                 rationale: rationale("model chose respond".into()),
                 provider,
                 remember: None,
+                acknowledged: false,
             })
         }
         "clarify" => {
@@ -483,6 +508,7 @@ pub fn turn_from_reply(
                 rationale: rationale("model chose clarify".into()),
                 provider,
                 remember: None,
+                acknowledged: false,
             })
         }
         name @ ("explore" | "create_issue") => {
@@ -523,6 +549,7 @@ pub fn turn_from_reply(
                 rationale: rationale(format!("model chose {name}")),
                 provider,
                 remember: None,
+                acknowledged: false,
             })
         }
         "remember" => {
@@ -544,6 +571,7 @@ pub fn turn_from_reply(
                     key,
                     value: preference,
                 }),
+                acknowledged: false,
             })
         }
         other => Err(InvalidReply::UnknownTool(other.to_owned())),

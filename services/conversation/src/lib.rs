@@ -155,6 +155,12 @@ pub struct Config {
     /// Upper bound of one turn (model calls included).
     #[serde(with = "zopu_core::config::duration")]
     pub handler_timeout: Duration,
+    /// How long a model's decision may take before the agent posts a short
+    /// holding acknowledgement of its own, so the user is never left waiting
+    /// on the model (the model's reply follows; a decision within it is
+    /// posted as the model wrote it). Only with a model provider.
+    #[serde(with = "zopu_core::config::duration")]
+    pub acknowledgement_deadline: Duration,
     /// Model tokens (prompt + completion, as the provider reports them, of
     /// the agent's and the specialists' calls) one organization may use per
     /// UTC day. Once used up, a message gets a visible failure
@@ -192,6 +198,7 @@ impl Default for Config {
             max_ack_pending: 512,
             max_deliver: 5,
             handler_timeout: Duration::from_secs(300),
+            acknowledgement_deadline: Duration::from_millis(1500),
             daily_model_tokens_per_org: 2_000_000,
             approval_ttl: Duration::from_secs(72 * 3600),
             approval_sweep_interval: Duration::from_secs(15),
@@ -254,6 +261,11 @@ impl Config {
             || self.handler_timeout > Duration::from_secs(3600)
         {
             return bad("handler_timeout", "must be between 1s and 1h");
+        }
+        if self.acknowledgement_deadline < Duration::from_millis(100)
+            || self.acknowledgement_deadline > Duration::from_secs(60)
+        {
+            return bad("acknowledgement_deadline", "must be between 100ms and 60s");
         }
         if self.provider == ProviderKind::Openai {
             if let Err(zopu_llm::Error::InvalidConfig { field, reason }) =
@@ -321,6 +333,7 @@ impl Config {
                 rejection_backoff: self.rejection_backoff,
                 daily_model_tokens_per_org: self.daily_model_tokens_per_org,
                 approval_ttl: self.approval_ttl,
+                acknowledgement_deadline: self.acknowledgement_deadline,
                 tracker_host: self.tracker_host.to_ascii_lowercase(),
                 fail_point: self.fail_point,
             },

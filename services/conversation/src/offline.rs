@@ -354,6 +354,28 @@ pub fn acknowledgement(decision: &Decision, message_text: &str, project_name: &s
     }
 }
 
+/// The agent's own short acknowledgement while a model is still deciding
+/// (`conversation.acknowledgement_deadline`): it promises nothing about
+/// what comes next, only that the answer follows on the timeline.
+pub fn holding_acknowledgement(message_text: &str) -> String {
+    let seed = fnv1a(&["holding", message_text]);
+    pick(
+        seed,
+        &[
+            "Got it — I'm working on this now and will answer here shortly.",
+            "On it. I'm reading your message and the project now; the answer follows here.",
+            "Thanks — looking into this now. I'll post what I find right here.",
+        ],
+    )
+    .to_owned()
+}
+
+/// The sentence a fallback turn adds to its visible text: the model gave
+/// no usable decision (`code`), so the offline rules decided.
+pub fn fallback_note(code: &str) -> String {
+    format!("(The model gave no usable answer ({code}), so the built-in rules answered.)")
+}
+
 /// One question asking for the missing subject; quotes short messages back.
 pub fn clarifying_question(message_text: &str) -> String {
     let quote = quote(message_text);

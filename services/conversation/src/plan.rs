@@ -250,6 +250,19 @@ pub(crate) fn turn_events(
             };
             events.push(ids.event(&blocked, schema_keys::agent_post(&ids.dispatch, "question")));
         }
+        (Action::Explore | Action::CreateIssue | Action::Onboard, Some(text))
+            if plan.acknowledged =>
+        {
+            let update = pb::AgentMessage {
+                agent_id: ids.agent_id.clone(),
+                text,
+                reply_to_event_id: reply_to.clone(),
+                importance: pb::Importance::Normal as i32,
+                status: "update".into(),
+                provider: plan.provider.clone(),
+            };
+            events.push(ids.event(&update, schema_keys::agent_post(&ids.dispatch, "update")));
+        }
         (Action::Explore | Action::CreateIssue | Action::Onboard, Some(text)) => {
             let ack = pb::AgentAcknowledged {
                 agent_id: ids.agent_id.clone(),
@@ -545,6 +558,7 @@ mod tests {
             rationale: "question about the code".into(),
             provider: "offline".into(),
             remember: None,
+            acknowledged: false,
         }
     }
 
