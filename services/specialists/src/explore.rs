@@ -113,7 +113,7 @@ pub struct Gathered {
 /// What a file is, for ranking: what answers a behaviour question is
 /// source; tests, docs and changelogs mention it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FileRole {
+pub enum FileRole {
     Lock,
     Changelog,
     Docs,
@@ -121,7 +121,8 @@ enum FileRole {
     Source,
 }
 
-fn role_of(path: &str) -> FileRole {
+/// The role of the file at `path` (repository-relative), from its path only.
+pub fn role_of(path: &str) -> FileRole {
     let lower = path.to_lowercase();
     let name = lower.rsplit('/').next().unwrap_or(&lower);
     if lower.ends_with(".lock")

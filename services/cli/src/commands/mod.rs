@@ -11,6 +11,7 @@ pub mod contract;
 pub mod conversation;
 pub mod credentials;
 pub mod env;
+pub mod eval;
 pub mod flow;
 pub mod log;
 pub mod memory;
