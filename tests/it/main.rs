@@ -14,6 +14,7 @@ mod executor;
 mod forgery;
 mod foundation;
 mod gateway;
+mod llama;
 mod memory;
 mod metrics;
 mod permissions;
