@@ -70,6 +70,26 @@ fn skipped(path: &str) -> bool {
         .any(|component| SKIPPED_DIRS.contains(&component))
 }
 
+/// Directories whose manifests and programs are not the project's own
+/// stack or entry points: examples, samples and test fixtures.
+const EXAMPLE_DIRS: &[&str] = &[
+    "examples",
+    "example",
+    "_examples",
+    "samples",
+    "testdata",
+    "fixtures",
+    "__fixtures__",
+];
+
+fn in_examples(path: &str) -> bool {
+    let mut components: Vec<&str> = path.split('/').collect();
+    components.pop();
+    components
+        .iter()
+        .any(|component| EXAMPLE_DIRS.contains(component))
+}
+
 fn describe_dir(name: &str) -> &'static str {
     match name {
         "src" | "lib" | "app" => "source code",
@@ -312,6 +332,7 @@ fn manifest_paths(files: &[String]) -> Vec<String> {
         .iter()
         .filter(|path| {
             path.split('/').count() <= MANIFEST_DEPTH_MAX
+                && !in_examples(path)
                 && stack::is_manifest(path.rsplit('/').next().unwrap_or(path))
         })
         .cloned()
@@ -479,7 +500,9 @@ fn entry_candidates(mut candidates: Vec<String>, files: &[String]) -> Vec<String
         }
     }
     let mut seen = BTreeSet::new();
-    candidates.retain(|candidate| files.contains(candidate) && seen.insert(candidate.clone()));
+    candidates.retain(|candidate| {
+        files.contains(candidate) && !in_examples(candidate) && seen.insert(candidate.clone())
+    });
     candidates.truncate(ENTRY_POINTS_MAX);
     candidates
 }
@@ -580,7 +603,23 @@ pub fn readme_title(content: &str) -> Option<String> {
 /// names it.
 pub fn project_name(names: &[(String, String)], readme_title: Option<&str>) -> String {
     if let Some((_, root)) = names.iter().find(|(path, _)| !path.contains('/')) {
-        return root.clone();
+        // The README's title is how the maintainers write the same name
+        // (`Commander.js` for the package `commander`, `JavaPoet` for
+        // `javapoet`).
+        let letters = |text: &str| -> String {
+            text.chars()
+                .filter(|c| c.is_alphanumeric())
+                .flat_map(char::to_lowercase)
+                .collect()
+        };
+        return match readme_title {
+            Some(title)
+                if !letters(root).is_empty() && letters(title).starts_with(&letters(root)) =>
+            {
+                title.to_owned()
+            }
+            _ => root.clone(),
+        };
     }
     if let Some(title) = readme_title {
         return title.to_owned();

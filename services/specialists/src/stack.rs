@@ -118,6 +118,21 @@ const RUST_FRAMEWORKS: &[&str] = &[
     "tonic",
     "bevy",
     "tauri",
+    "askama",
+    "bincode",
+    "reqwest",
+    "rayon",
+    "ratatui",
+    "crossterm",
+    "indicatif",
+    "tracing",
+    "nom",
+    "pest",
+    "wasm-bindgen",
+    "leptos",
+    "yew",
+    "egui",
+    "rusqlite",
 ];
 const NODE_FRAMEWORKS: &[&str] = &[
     "react",
@@ -138,6 +153,18 @@ const NODE_FRAMEWORKS: &[&str] = &[
     "mocha",
     "electron",
     "prisma",
+    "esbuild",
+    "rollup",
+    "webpack",
+    "cac",
+    "commander",
+    "yargs",
+    "@angular/core",
+    "solid-js",
+    "astro",
+    "graphql",
+    "socket.io",
+    "mongoose",
 ];
 const PYTHON_FRAMEWORKS: &[&str] = &[
     "django",
@@ -152,7 +179,70 @@ const PYTHON_FRAMEWORKS: &[&str] = &[
     "pandas",
     "click",
     "typer",
+    "requests",
+    "httpx",
+    "aiohttp",
+    "uvicorn",
+    "tornado",
+    "jinja2",
+    "rich",
+    "attrs",
+    "scipy",
+    "torch",
 ];
+/// Go modules by path, and the name they are known by.
+const GO_FRAMEWORKS: &[(&str, &str)] = &[
+    ("github.com/spf13/cobra", "cobra"),
+    ("github.com/spf13/viper", "viper"),
+    ("github.com/urfave/cli", "urfave/cli"),
+    ("github.com/charmbracelet/bubbletea", "bubbletea"),
+    ("github.com/charmbracelet/lipgloss", "lipgloss"),
+    ("github.com/gin-gonic/gin", "gin"),
+    ("github.com/labstack/echo", "echo"),
+    ("github.com/gofiber/fiber", "fiber"),
+    ("github.com/go-chi/chi", "chi"),
+    ("github.com/gorilla/mux", "gorilla/mux"),
+    ("google.golang.org/grpc", "grpc"),
+    ("github.com/stretchr/testify", "testify"),
+    ("go.uber.org/zap", "zap"),
+    ("github.com/sirupsen/logrus", "logrus"),
+    ("gorm.io/gorm", "gorm"),
+];
+/// JVM libraries by artifact id (prefix), and the name they are known by.
+const JVM_FRAMEWORKS: &[(&str, &str)] = &[
+    ("spring-boot", "spring-boot"),
+    ("junit-jupiter", "JUnit"),
+    ("junit", "JUnit"),
+    ("truth", "Truth"),
+    ("mockito", "Mockito"),
+    ("jmh-core", "JMH"),
+    ("guava", "Guava"),
+    ("jackson-databind", "Jackson"),
+    ("lombok", "Lombok"),
+    ("slf4j-api", "SLF4J"),
+    ("hibernate-core", "Hibernate"),
+    ("micronaut", "Micronaut"),
+    ("quarkus", "Quarkus"),
+    ("netty", "Netty"),
+    ("assertj-core", "AssertJ"),
+    ("kotlinx-coroutines", "kotlinx.coroutines"),
+];
+
+/// The names of the known libraries `text` (a manifest's dependency section)
+/// names, in the known list's order, each once.
+fn named_in(
+    text: &str,
+    known: &[(&str, &str)],
+    boundary: &dyn Fn(&str, &str) -> bool,
+) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (needle, name) in known {
+        if boundary(text, needle) && !out.iter().any(|known| known == name) {
+            out.push((*name).to_owned());
+        }
+    }
+    out
+}
 
 fn frameworks_in<'a>(names: impl Iterator<Item = &'a str>, known: &[&str]) -> Vec<String> {
     let names: Vec<String> = names.map(|name| name.to_lowercase()).collect();
@@ -176,7 +266,7 @@ pub fn parse(path: &str, content: &str, files: &[String]) -> ManifestFacts {
         "setup.py" => setup_py(path, dir, content),
         "go.mod" => go_mod(path, dir, content, files),
         "pom.xml" => maven(path, dir, content),
-        "build.gradle" | "build.gradle.kts" => gradle(path, dir, &has),
+        "build.gradle" | "build.gradle.kts" => gradle(path, dir, content, &has),
         "Makefile" | "makefile" | "GNUmakefile" => makefile(path, dir, content),
         "Dockerfile" => dockerfile(path, dir, content),
         "docker-compose.yml" | "docker-compose.yaml" | "compose.yml" | "compose.yaml" => {
@@ -454,23 +544,25 @@ fn node(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> Man
             ));
         }
     }
-    if let Some(main) = json.get("main").and_then(|v| v.as_str()) {
-        facts
-            .entry_candidates
-            .push(join(dir, main.trim_start_matches("./")));
-    }
+    let mut declared_entries: Vec<&str> = Vec::new();
     match json.get("bin") {
-        Some(serde_json::Value::String(bin)) => facts
-            .entry_candidates
-            .push(join(dir, bin.trim_start_matches("./"))),
+        Some(serde_json::Value::String(bin)) => declared_entries.push(bin),
         Some(serde_json::Value::Object(bins)) => {
-            facts.entry_candidates.extend(
-                bins.values()
-                    .filter_map(|v| v.as_str())
-                    .map(|bin| join(dir, bin.trim_start_matches("./"))),
-            );
+            declared_entries.extend(bins.values().filter_map(|v| v.as_str()));
         }
         _ => {}
+    }
+    declared_entries.extend(json.get("main").and_then(|v| v.as_str()));
+    for entry in declared_entries {
+        let entry = entry.trim_start_matches("./");
+        let source = if has(entry) {
+            Some(entry.to_owned())
+        } else {
+            built_from(entry, has)
+        };
+        facts
+            .entry_candidates
+            .extend(source.map(|source| join(dir, &source)));
     }
     for conventional in [
         "index.js",
@@ -498,6 +590,23 @@ fn node(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> Man
             .collect();
     }
     facts
+}
+
+/// The source file a build output (`dist/cli.js`, `lib/index.mjs`) is
+/// built from, when the repository has it (`src/cli.ts`, `src/index.js`);
+/// both relative to the manifest's directory.
+fn built_from(output: &str, has: &dyn Fn(&str) -> bool) -> Option<String> {
+    let rest = ["dist/", "lib/", "build/", "out/"]
+        .iter()
+        .find_map(|prefix| output.strip_prefix(prefix))?;
+    let stem = rest
+        .strip_suffix(".js")
+        .or_else(|| rest.strip_suffix(".mjs"))
+        .or_else(|| rest.strip_suffix(".cjs"))?;
+    ["ts", "mts", "tsx", "js", "mjs"]
+        .iter()
+        .map(|extension| format!("src/{stem}.{extension}"))
+        .find(|candidate| has(candidate))
 }
 
 fn python_module_path(dir: &str, module: &str, has: &dyn Fn(&str) -> bool) -> Option<String> {
@@ -636,6 +745,12 @@ fn pyproject(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -
             }
         }
     }
+    // A library's import root: the package named after the project.
+    if let Some(package) = facts.name.as_deref().map(|name| name.replace('-', "_")) {
+        facts
+            .entry_candidates
+            .extend(python_module_path(dir, &package.to_lowercase(), has));
+    }
     facts
 }
 
@@ -731,17 +846,43 @@ fn setup_py(path: &str, dir: &str, content: &str) -> ManifestFacts {
     facts
 }
 
+/// What a Go module is called: the last element of its path, without a
+/// major-version suffix (`github.com/go-chi/chi/v5` is `chi`).
+pub fn go_module_name(module: &str) -> Option<String> {
+    let mut elements = module.trim().trim_matches('"').rsplit('/');
+    let last = elements.next()?;
+    let is_major = |element: &str| {
+        element.len() > 1
+            && element.starts_with('v')
+            && element[1..].chars().all(|c| c.is_ascii_digit())
+    };
+    let name = if is_major(last) {
+        elements.next()?
+    } else {
+        last
+    };
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
 fn go_mod(path: &str, dir: &str, content: &str, files: &[String]) -> ManifestFacts {
+    let module = content
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("module "));
+    // A required module is named on its own (`require x v1`, or a line of
+    // a `require ( … )` block): its path then a space.
+    let required = |text: &str, module: &str| {
+        text.lines().any(|line| {
+            let line = line.trim().trim_start_matches("require").trim();
+            line.starts_with(module) && line[module.len()..].starts_with([' ', '/', '\t'])
+        })
+    };
     let mut facts = ManifestFacts {
-        name: content
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("module "))
-            .map(|m| m.trim().to_owned()),
+        name: module.and_then(go_module_name),
         stack: Some(StackItem {
             language: "Go".into(),
             tool: "Go modules".into(),
             manifest: path.into(),
-            frameworks: vec![],
+            frameworks: named_in(content, GO_FRAMEWORKS, &required),
             packages: 1,
         }),
         ..Default::default()
@@ -765,6 +906,13 @@ fn go_mod(path: &str, dir: &str, content: &str, files: &[String]) -> ManifestFac
         convention,
     ));
     let cmd_prefix = join(dir, "cmd/");
+    // A library's root package: the file named after the module.
+    if let Some(name) = &facts.name {
+        let root = join(dir, &format!("{name}.go"));
+        if files.contains(&root) && !files.contains(&join(dir, "main.go")) {
+            facts.entry_candidates.push(root);
+        }
+    }
     for file in files {
         if *file == join(dir, "main.go") {
             facts.entry_candidates.push(file.clone());
@@ -789,6 +937,22 @@ fn go_mod(path: &str, dir: &str, content: &str, files: &[String]) -> ManifestFac
     facts
 }
 
+/// The blocks of a `pom.xml` whose tags are not the project's own.
+static OTHER_POM_BLOCKS: LazyLock<Vec<Regex>> = LazyLock::new(|| {
+    [
+        "parent",
+        "dependencies",
+        "dependencyManagement",
+        "build",
+        "profiles",
+        "reporting",
+        "modules",
+    ]
+    .iter()
+    .filter_map(|tag| Regex::new(&format!(r"(?s)<{tag}>.*?</{tag}>")).ok())
+    .collect()
+});
+
 static XML_TAG: LazyLock<Option<Regex>> = LazyLock::new(|| {
     Regex::new(r"<(artifactId|description|java\.version|maven\.compiler\.source)>([^<]{1,200})</")
         .ok()
@@ -805,8 +969,19 @@ fn maven(path: &str, dir: &str, content: &str) -> ManifestFacts {
         }),
         ..Default::default()
     };
+    // The project's own tags: those of its parent, dependencies and build
+    // plugins are cut out first.
+    let own = OTHER_POM_BLOCKS
+        .iter()
+        .fold(content.to_owned(), |text, block| {
+            block.replace_all(&text, "").into_owned()
+        });
+    let artifact = |text: &str, id: &str| text.contains(&format!("<artifactId>{id}"));
+    if let Some(stack) = facts.stack.as_mut() {
+        stack.frameworks = named_in(content, JVM_FRAMEWORKS, &artifact);
+    }
     if let Some(re) = XML_TAG.as_ref() {
-        for captures in re.captures_iter(content) {
+        for captures in re.captures_iter(&own) {
             match &captures[1] {
                 "artifactId" if facts.name.is_none() => {
                     facts.name = Some(captures[2].trim().to_owned())
@@ -820,11 +995,6 @@ fn maven(path: &str, dir: &str, content: &str) -> ManifestFacts {
                 _ => {}
             }
         }
-    }
-    if content.contains("spring-boot")
-        && let Some(stack) = facts.stack.as_mut()
-    {
-        stack.frameworks.push("spring-boot".into());
     }
     let convention = "Maven convention; not run";
     facts.commands.push(hint(
@@ -842,7 +1012,9 @@ fn maven(path: &str, dir: &str, content: &str) -> ManifestFacts {
     facts
 }
 
-fn gradle(path: &str, dir: &str, has: &dyn Fn(&str) -> bool) -> ManifestFacts {
+fn gradle(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> ManifestFacts {
+    // A dependency is named `group:artifact:version`.
+    let artifact = |text: &str, id: &str| text.contains(&format!(":{id}"));
     let gradle = if has("gradlew") {
         "./gradlew"
     } else {
@@ -861,7 +1033,7 @@ fn gradle(path: &str, dir: &str, has: &dyn Fn(&str) -> bool) -> ManifestFacts {
             language: "Java/JVM".into(),
             tool: "Gradle".into(),
             manifest: path.into(),
-            frameworks: vec![],
+            frameworks: named_in(content, JVM_FRAMEWORKS, &artifact),
             packages: 1,
         }),
         commands: vec![

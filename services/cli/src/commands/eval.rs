@@ -175,6 +175,8 @@ struct Fact {
     fact: String,
     expected: String,
     found: bool,
+    /// What the onboarding reported for this kind of fact.
+    reported: String,
 }
 
 /// One case's outcome.
@@ -613,6 +615,31 @@ fn ranked_files(result: &ExplorationResult) -> Vec<String> {
         .collect()
 }
 
+/// The words of a label, lower case.
+fn words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|word| !word.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// A command without the environment runner it is typed through
+/// (`uv run pytest` is `pytest` run in the project's environment).
+fn without_runner(command: &str) -> &str {
+    [
+        "uv run ",
+        "poetry run ",
+        "pdm run ",
+        "pipenv run ",
+        "hatch run ",
+        "npx ",
+        "pnpm exec ",
+    ]
+    .iter()
+    .find_map(|runner| command.strip_prefix(runner))
+    .unwrap_or(command)
+}
+
 /// Letters and digits only, lower case: how facts are compared.
 fn normalized(text: &str) -> String {
     text.chars()
@@ -621,62 +648,94 @@ fn normalized(text: &str) -> String {
         .collect()
 }
 
-fn command_found(expected: &[String], result: &OnboardingResult, purpose: &str) -> bool {
-    result.commands.iter().any(|hint| {
-        hint.purpose == purpose
-            && expected
-                .iter()
-                .any(|want| normalized(want) == normalized(&hint.command))
-    })
-}
-
 /// The onboarding facts of `expected` checked against `result`.
 fn facts(expected: &Facts, result: &OnboardingResult) -> Vec<Fact> {
-    let fact = |fact: &str, expected: &str, found: bool| Fact {
+    let languages: Vec<&str> = result
+        .stack
+        .iter()
+        .map(|item| item.language.as_str())
+        .collect();
+    let frameworks: Vec<&str> = result
+        .stack
+        .iter()
+        .flat_map(|item| &item.frameworks)
+        .map(String::as_str)
+        .collect();
+    let entry_points: Vec<&str> = result
+        .entry_points
+        .iter()
+        .map(|p| p.path.as_str())
+        .collect();
+    let commands = |purposes: &[&str]| -> Vec<&str> {
+        result
+            .commands
+            .iter()
+            .filter(|hint| purposes.contains(&hint.purpose.as_str()))
+            .map(|hint| hint.command.as_str())
+            .collect()
+    };
+    let facts_entry = |fact: &str, expected: &str, found: bool, reported: &[&str]| Fact {
         fact: fact.to_owned(),
         expected: expected.to_owned(),
         found,
+        reported: reported.join(", "),
+    };
+    let fact = |fact: &str, expected: &str, reported: &[&str]| {
+        let found = reported
+            .iter()
+            .any(|seen| normalized(seen) == normalized(expected));
+        facts_entry(fact, expected, found, reported)
     };
     let mut out = vec![fact(
         "project name",
         &expected.project_name,
-        normalized(&result.name) == normalized(&expected.project_name),
+        &[result.name.as_str()],
     )];
-    for language in &expected.languages {
-        let found = result
-            .stack
+    // A language is found when the stack names it, in its own label
+    // (`TypeScript/JavaScript (Node.js)` names JavaScript/TypeScript).
+    out.extend(expected.languages.iter().map(|language| {
+        let found = languages.iter().any(|label| {
+            let label = words(label);
+            words(language).iter().all(|word| label.contains(word))
+        });
+        facts_entry("language", language, found, &languages)
+    }));
+    out.extend(
+        expected
+            .frameworks
             .iter()
-            .any(|item| normalized(&item.language) == normalized(language));
-        out.push(fact("language", language, found));
-    }
-    for framework in &expected.frameworks {
-        let found = result
-            .stack
+            .map(|f| fact("framework", f, &frameworks)),
+    );
+    out.extend(
+        expected
+            .entry_points
             .iter()
-            .flat_map(|item| &item.frameworks)
-            .any(|named| normalized(named) == normalized(framework));
-        out.push(fact("framework", framework, found));
-    }
-    for entry in &expected.entry_points {
-        let found = result.entry_points.iter().any(|point| &point.path == entry);
-        out.push(fact("entry point", entry, found));
-    }
-    if !expected.build_commands.is_empty() {
-        let found = command_found(&expected.build_commands, result, "build")
-            || command_found(&expected.build_commands, result, "install");
-        out.push(fact(
+            .map(|e| fact("entry point", e, &entry_points)),
+    );
+    // One fact each: any of the commands a maintainer would type.
+    for (name, wanted, purposes) in [
+        (
             "build command",
-            &expected.build_commands.join(" | "),
+            &expected.build_commands,
+            &["build", "install"][..],
+        ),
+        ("test command", &expected.test_commands, &["test"][..]),
+    ] {
+        if wanted.is_empty() {
+            continue;
+        }
+        let reported = commands(purposes);
+        let found = wanted.iter().any(|want| {
+            reported
+                .iter()
+                .any(|seen| normalized(without_runner(seen)) == normalized(want))
+        });
+        out.push(Fact {
+            fact: name.to_owned(),
+            expected: wanted.join(" | "),
             found,
-        ));
-    }
-    if !expected.test_commands.is_empty() {
-        let found = command_found(&expected.test_commands, result, "test");
-        out.push(fact(
-            "test command",
-            &expected.test_commands.join(" | "),
-            found,
-        ));
+            reported: reported.join(", "),
+        });
     }
     out
 }
@@ -730,7 +789,10 @@ fn print_reports(context: &Context, args: &EvalArgs, reports: &[CaseReport]) {
                 );
             }
             for fact in report.onboarding.iter().filter(|f| !f.found) {
-                println!("    onboarding missed {}: {}", fact.fact, fact.expected);
+                println!(
+                    "    onboarding missed {}: {} (reported: {})",
+                    fact.fact, fact.expected, fact.reported
+                );
             }
             for answer in &report.answers {
                 let mark = if answer.top1() { "hit " } else { "miss" };

@@ -1,9 +1,9 @@
-//! `search`: ripgrep's engine (grep-regex + grep-searcher) over a parallel,
-//! gitignore-aware walk. Every file is opened through the path policy (no
+//! `search`: ripgrep's engine (grep-regex + grep-searcher) over a
+//! gitignore-aware walk in path order. Every file is opened through the path policy (no
 //! symlink, no hard link); binary files, files over `max_file_bytes` and
 //! files with suspicious names are skipped and counted. With a match cap the
-//! set of returned matches depends on walk order; they are sorted by path and
-//! line.
+//! matches of the files first in path order are kept, so a search is
+//! deterministic; they are returned sorted by path and line.
 
 use std::fs::File;
 use std::sync::Mutex;
@@ -26,8 +26,6 @@ const MAX_LINE_BYTES: usize = 300;
 const REGEX_SIZE_LIMIT: usize = 10 * 1024 * 1024;
 /// Searcher heap limit (bounds memory on a huge single line).
 const HEAP_LIMIT: usize = 16 * 1024 * 1024;
-/// Most walker threads.
-const MAX_THREADS: usize = 8;
 
 /// Input of `search`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -154,7 +152,7 @@ pub(crate) fn search(
         .line_terminator(Some(b'\n'))
         .build(&input.pattern)
         .map_err(|e| Error::InvalidInput(format!("bad pattern: {e}")))?;
-    let searcher = SearcherBuilder::new()
+    let mut searcher = SearcherBuilder::new()
         .binary_detection(BinaryDetection::quit(0))
         .line_number(true)
         .memory_map(MmapChoice::never())
@@ -166,19 +164,15 @@ pub(crate) fn search(
         .clamp(1, limits.max_matches);
     let repo_fd = root.open_repo_dir()?;
     let shared = Shared::default();
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .min(MAX_THREADS);
+    // One walk in path order: with a match cap, which matches are kept
+    // depends on the order files are visited, so the same repository and
+    // question always give the same matches (and the same ranking).
     let mut builder = walker(&dir, limits.max_depth);
-    builder.threads(threads);
-
-    builder.build_parallel().run(|| {
-        let matcher = matcher.clone();
-        let mut searcher = searcher.clone();
-        let shared = &shared;
-        let repo_fd = &repo_fd;
-        Box::new(move |entry| {
+    builder.sort_by_file_path(|a, b| a.cmp(b));
+    let (shared_ref, repo_fd_ref) = (&shared, &repo_fd);
+    let visit =
+        |entry: Result<ignore::DirEntry, ignore::Error>, searcher: &mut Searcher| -> WalkState {
+            let (shared, repo_fd) = (shared_ref, repo_fd_ref);
             if shared.truncated.load(Ordering::Relaxed) {
                 return WalkState::Quit;
             }
@@ -242,8 +236,12 @@ pub(crate) fn search(
                 return WalkState::Continue;
             }
             commit(shared, sink.local, max_matches, limits.max_response_bytes)
-        })
-    });
+        };
+    for entry in builder.build() {
+        if matches!(visit(entry, &mut searcher), WalkState::Quit) {
+            break;
+        }
+    }
 
     let mut matches = shared
         .matches
