@@ -23,6 +23,9 @@ use crate::results::{
 const KEYWORDS_MAX: usize = 6;
 /// Matches asked for per keyword.
 const MATCHES_PER_KEYWORD: usize = 300;
+/// Matches kept per file and keyword: a keyword that many files mention
+/// still reaches them all before the cap.
+const MATCHES_PER_FILE: usize = 12;
 /// Files read and reported.
 const TOP_FILES: usize = 5;
 /// Lines read around the first match.
@@ -118,6 +121,11 @@ pub enum FileRole {
     Changelog,
     Docs,
     Tests,
+    /// Examples, samples and demos of using the project.
+    Examples,
+    /// Data and configuration (JSON, YAML, XML, TOML), generated shell
+    /// completions and manual pages.
+    Auxiliary,
     Source,
 }
 
@@ -140,6 +148,7 @@ pub fn role_of(path: &str) -> FileRole {
         || lower.ends_with(".txt")
         || lower.ends_with(".rst")
         || lower.starts_with("docs/")
+        || lower.starts_with("doc/")
     {
         FileRole::Docs
     } else if lower.split('/').any(|c| {
@@ -153,6 +162,22 @@ pub fn role_of(path: &str) -> FileRole {
         || name.contains(".spec.")
     {
         FileRole::Tests
+    } else if lower.split('/').rev().skip(1).any(|c| {
+        matches!(
+            c,
+            "examples" | "example" | "_examples" | "samples" | "sample" | "demo" | "demos"
+        )
+    }) {
+        FileRole::Examples
+    } else if [".json", ".yaml", ".yml", ".xml", ".toml", ".ini", ".cfg"]
+        .iter()
+        .any(|extension| lower.ends_with(extension))
+        || lower.split('/').any(|c| c == "man" || c == "completions")
+        || name
+            .rsplit_once('.')
+            .is_some_and(|(_, extension)| matches!(extension, "1" | "5" | "7" | "8"))
+    {
+        FileRole::Auxiliary
     } else {
         FileRole::Source
     }
@@ -164,6 +189,7 @@ pub struct Asks {
     pub tests: bool,
     pub docs: bool,
     pub changes: bool,
+    pub examples: bool,
 }
 
 impl Asks {
@@ -186,6 +212,7 @@ impl Asks {
                 "documented",
                 "guide",
             ]),
+            examples: any(&["example", "examples", "sample", "samples", "demo"]),
             changes: any(&[
                 "changelog",
                 "release",
@@ -207,6 +234,9 @@ fn weight_of(path: &str, asks: Asks) -> f64 {
         FileRole::Docs => 0.45,
         FileRole::Tests if asks.tests => 1.0,
         FileRole::Tests => 0.55,
+        FileRole::Examples if asks.examples => 1.0,
+        FileRole::Examples => 0.45,
+        FileRole::Auxiliary => 0.5,
         FileRole::Source => 1.0,
     }
 }
@@ -270,6 +300,26 @@ pub fn rank(
         }
     }
     let asks = Asks::of(keywords);
+    // A keyword few files mention says more about a file than one most
+    // files mention: coverage counts each keyword by its rarity (inverse
+    // document frequency, 1 on average over the question's keywords).
+    let total = files.len().max(paths.len()).max(1) as f64;
+    let rarity: BTreeMap<&String, f64> = keywords
+        .iter()
+        .map(|keyword| {
+            let mentioning = files
+                .values()
+                .filter(|file| file.keywords.contains(keyword))
+                .count()
+                .max(1) as f64;
+            (keyword, (1.0 + total / mentioning).ln())
+        })
+        .collect();
+    let mean_rarity = if rarity.is_empty() {
+        1.0
+    } else {
+        rarity.values().sum::<f64>() / rarity.len() as f64
+    };
     let mut ranked: Vec<RankedFile> = files
         .into_values()
         .map(|mut file| {
@@ -277,7 +327,12 @@ pub fn rank(
             let lines = (file.size_bytes / 40).max(10) as f64;
             let count = file.matches.len() as f64;
             let density = (count / lines).min(1.0);
-            let coverage = file.keywords.len() as f64;
+            let coverage: f64 = file
+                .keywords
+                .iter()
+                .map(|keyword| rarity.get(keyword).copied().unwrap_or(mean_rarity))
+                .sum::<f64>()
+                / mean_rarity;
             // What the file defines (a function, type, ... named after a
             // keyword) weighs more than what it only mentions.
             let defined = defined_keywords(&file.matches) as f64;
@@ -318,6 +373,7 @@ pub async fn gather<P: Port>(
             case_insensitive: true,
             path: String::new(),
             max_matches: Some(MATCHES_PER_KEYWORD),
+            max_matches_per_file: Some(MATCHES_PER_FILE),
         };
         let output = match port::search(port, &format!("{step}:search:{index}"), input).await? {
             Ok(output) => output,

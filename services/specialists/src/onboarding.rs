@@ -957,7 +957,8 @@ mod tests {
             ..Default::default()
         };
         let result = onboard(&mut port, &input).await.unwrap();
-        assert_eq!(result.name, "ledger");
+        // The README's title spells the package's name the maintainers' way.
+        assert_eq!(result.name, "Ledger");
         assert_eq!(
             result.purpose.as_deref(),
             Some("Ledger keeps double-entry books.")
@@ -1165,6 +1166,7 @@ mod tests {
         let mut rooted = named(&[("Cargo.toml", "ledger")]);
         rooted.extend(members.clone());
         assert_eq!(project_name(&rooted, Some("The Ledger")), "ledger");
+        assert_eq!(project_name(&rooted, Some("Ledger.js")), "Ledger.js");
         assert_eq!(
             project_name(
                 &named(&[("a/package.json", "web"), ("b/go.mod", "api")]),

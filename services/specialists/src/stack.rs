@@ -1208,6 +1208,48 @@ mod tests {
     }
 
     #[test]
+    fn module_names_artifacts_frameworks_and_built_entry_points() {
+        assert_eq!(
+            go_module_name("github.com/go-chi/chi/v5").as_deref(),
+            Some("chi")
+        );
+        assert_eq!(go_module_name("example.com/tool").as_deref(), Some("tool"));
+        let go = parse(
+            "go.mod",
+            "module github.com/acme/tool/v2\n\nrequire (\n\tgithub.com/spf13/cobra v1.8.0\n\tgithub.com/spf13/cobra-cli v1\n)\n",
+            &files(&["go.mod", "tool.go"]),
+        );
+        assert_eq!(go.name.as_deref(), Some("tool"));
+        assert_eq!(
+            go.stack.as_ref().map(|s| s.frameworks.clone()),
+            Some(vec!["cobra".to_owned()])
+        );
+        assert_eq!(go.entry_candidates, ["tool.go"], "a library's root file");
+        let pom = "<project><parent><artifactId>oss-parent</artifactId></parent>\n<artifactId>javapoet</artifactId>\n<dependencies><dependency><artifactId>junit</artifactId></dependency></dependencies></project>";
+        let maven = parse("pom.xml", pom, &files(&["pom.xml"]));
+        assert_eq!(maven.name.as_deref(), Some("javapoet"));
+        assert_eq!(
+            maven.stack.as_ref().map(|s| s.frameworks.clone()),
+            Some(vec!["JUnit".to_owned()])
+        );
+        let node = parse(
+            "package.json",
+            r#"{"name": "tsup", "bin": {"tsup": "dist/cli-default.js"}, "main": "dist/index.js", "dependencies": {"esbuild": "1"}}"#,
+            &files(&["package.json", "src/cli-default.ts", "src/index.ts"]),
+        );
+        // The declared ones first (built from src/), then the conventional.
+        assert_eq!(
+            node.entry_candidates[..2],
+            ["src/cli-default.ts", "src/index.ts"]
+        );
+        assert!(
+            node.stack
+                .as_ref()
+                .is_some_and(|s| s.frameworks == ["esbuild"])
+        );
+    }
+
+    #[test]
     fn go_make_and_docker() {
         let go = parse(
             "go.mod",

@@ -43,6 +43,10 @@ pub struct SearchInput {
     /// Most matches (capped by `sandbox.max_matches`).
     #[serde(default)]
     pub max_matches: Option<usize>,
+    /// Most matches kept per file (none: no per-file limit), so a cap
+    /// reached early still covers many files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_matches_per_file: Option<usize>,
 }
 
 /// One matching line.
@@ -93,6 +97,7 @@ struct Collector<'a> {
     path: &'a str,
     shared: &'a Shared,
     max_matches: usize,
+    per_file: usize,
     local: Vec<SearchMatch>,
     binary: bool,
     /// The match cap stopped the search before the end of the file.
@@ -105,6 +110,10 @@ impl Sink for Collector<'_> {
     fn matched(&mut self, _searcher: &Searcher, m: &SinkMatch<'_>) -> Result<bool, Self::Error> {
         if self.shared.count.load(Ordering::Relaxed) + self.local.len() >= self.max_matches {
             self.shared.truncated.store(true, Ordering::Relaxed);
+            self.stopped = true;
+            return Ok(false);
+        }
+        if self.local.len() >= self.per_file {
             self.stopped = true;
             return Ok(false);
         }
@@ -213,6 +222,7 @@ pub(crate) fn search(
                 path: &path,
                 shared,
                 max_matches,
+                per_file: input.max_matches_per_file.unwrap_or(usize::MAX).max(1),
                 local: Vec::new(),
                 binary: false,
                 stopped: false,
