@@ -9,6 +9,7 @@ mod cluster;
 mod conversation;
 #[cfg(feature = "docker")]
 mod docker;
+mod eval;
 mod evolution;
 mod executor;
 mod forgery;
