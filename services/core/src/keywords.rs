@@ -102,6 +102,45 @@ pub fn ranked_terms(text: &str) -> Vec<Term> {
     terms
 }
 
+/// Words code usually abbreviates, and how: a question says "environment
+/// variables" where the code says `env`.
+const ABBREVIATIONS: &[(&str, &[&str])] = &[
+    ("environment", &["env"]),
+    ("directory", &["dir"]),
+    ("configuration", &["config", "cfg"]),
+    ("parameter", &["param"]),
+    ("argument", &["args"]),
+    ("database", &["db"]),
+    ("message", &["msg"]),
+    ("repository", &["repo"]),
+    ("application", &["app"]),
+    ("initialize", &["init"]),
+    ("initialization", &["init"]),
+    ("authentication", &["auth"]),
+    ("temporary", &["tmp", "temp"]),
+    ("request", &["req"]),
+    ("response", &["resp"]),
+    ("command", &["cmd"]),
+    ("error", &["err"]),
+    ("attribute", &["attr"]),
+    ("package", &["pkg"]),
+    ("expression", &["expr"]),
+    ("regular", &["regex", "regexp"]),
+    ("context", &["ctx"]),
+    ("utility", &["util"]),
+    ("synchronize", &["sync"]),
+];
+
+/// The forms of a subject word's stem to look for in code, in paths and in
+/// definitions: its [`search_root`] and the abbreviations code uses for it.
+pub fn code_forms(stem: &str) -> Vec<String> {
+    let mut forms = vec![search_root(stem)];
+    if let Some((_, short)) = ABBREVIATIONS.iter().find(|(word, _)| *word == stem) {
+        forms.extend(short.iter().map(|form| (*form).to_owned()));
+    }
+    forms
+}
+
 /// Light suffix stripping: plurals, `-ing`, `-ed`, with doubled consonants undone.
 /// The root a subject word's stem shares with its other forms in code, for
 /// searching: agent and action suffixes cut while at least four letters
@@ -161,6 +200,12 @@ fn undouble(word: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn code_forms_add_the_abbreviations_code_uses() {
+        assert_eq!(code_forms("environment"), ["environment", "env"]);
+        assert_eq!(code_forms("publisher"), ["publish"]);
+    }
 
     #[test]
     fn search_roots_find_other_forms_and_leave_identifiers() {

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
-use zopu_core::keywords::search_root;
+use zopu_core::keywords::code_forms;
 use zopu_core::text::clip_chars;
 
 use regex::Regex;
@@ -250,9 +250,11 @@ fn defined_keywords(matches: &[(u64, String, String)]) -> usize {
     let defined: BTreeSet<&str> = matches
         .iter()
         .filter(|(_, text, keyword)| {
-            let keyword = search_root(&keyword.to_lowercase());
-            re.captures_iter(text)
-                .any(|captures| captures[2].to_lowercase().contains(&keyword))
+            let forms = code_forms(&keyword.to_lowercase());
+            re.captures_iter(text).any(|captures| {
+                let name = captures[2].to_lowercase();
+                forms.iter().any(|form| name.contains(form.as_str()))
+            })
         })
         .map(|(_, _, keyword)| keyword.as_str())
         .collect();
@@ -287,7 +289,11 @@ pub fn rank(
         let lower = path.to_lowercase();
         let hits = keywords
             .iter()
-            .filter(|k| lower.contains(&search_root(&k.to_lowercase())))
+            .filter(|k| {
+                code_forms(&k.to_lowercase())
+                    .iter()
+                    .any(|form| lower.contains(form.as_str()))
+            })
             .count() as u32;
         if hits > 0 {
             files
@@ -367,9 +373,10 @@ pub async fn gather<P: Port>(
     };
     let mut hits: Vec<(String, u64, String)> = Vec::new();
     for (index, keyword) in keywords.iter().enumerate() {
+        let (pattern, literal) = search_pattern(keyword);
         let input = SearchInput {
-            pattern: keyword.clone(),
-            literal: true,
+            pattern,
+            literal,
             case_insensitive: true,
             path: String::new(),
             max_matches: Some(MATCHES_PER_KEYWORD),
@@ -466,6 +473,20 @@ pub async fn gather<P: Port>(
     Ok(gathered)
 }
 
+/// What to search for a keyword: the keyword itself, literally, or with
+/// the abbreviations code uses for it (`environment|env`), as a regex.
+fn search_pattern(keyword: &str) -> (String, bool) {
+    let forms = code_forms(&keyword.to_lowercase());
+    if forms.len() == 1 {
+        return (keyword.to_owned(), true);
+    }
+    let alternatives: Vec<String> = std::iter::once(keyword.to_owned())
+        .chain(forms.into_iter().skip(1))
+        .map(|form| regex::escape(&form))
+        .collect();
+    (alternatives.join("|"), false)
+}
+
 static DEFINITION: LazyLock<Option<Regex>> = LazyLock::new(|| {
     Regex::new(r"\b(fn|def|class|struct|func|function|interface|type|enum|trait|const|let|var|impl|mod|async function)\s+([A-Za-z_][A-Za-z0-9_]*)").ok()
 });
@@ -481,10 +502,11 @@ pub fn definitions(window: &(u64, String), keywords: &[String]) -> Vec<(u64, Str
         for captures in re.captures_iter(line) {
             let name = captures[2].to_owned();
             let lower = name.to_lowercase();
-            if keywords
-                .iter()
-                .any(|k| lower.contains(&search_root(&k.to_lowercase())))
-            {
+            if keywords.iter().any(|k| {
+                code_forms(&k.to_lowercase())
+                    .iter()
+                    .any(|form| lower.contains(form.as_str()))
+            }) {
                 out.push((first + offset as u64, name, clip_chars(line.trim(), 200)));
             }
         }
