@@ -203,7 +203,7 @@ mod tests {
 
     #[test]
     fn code_forms_add_the_abbreviations_code_uses() {
-        assert_eq!(code_forms("environment"), ["environment", "env"]);
+        assert_eq!(code_forms("environment"), ["environ", "env"]);
         assert_eq!(code_forms("publisher"), ["publish"]);
     }
 
