@@ -52,9 +52,9 @@ pub struct Config {
     pub max_deliver: i64,
     /// Model tokens (prompt + completion, as recorded in `agent.llm.completed`
     /// by the agent and the specialists) one organization may use per UTC
-    /// day; once used up, a run's next model call fails the run visibly
-    /// (`flow.budget_exceeded`; onboarding falls back to its offline
-    /// summary). Set it like `conversation.daily_model_tokens_per_org`.
+    /// day; once used up, a run's next model call is not made and the run
+    /// falls back to its offline result, with a visible note naming the
+    /// budget. Set it like `conversation.daily_model_tokens_per_org`.
     /// 0: no budget.
     pub daily_model_tokens_per_org: u64,
 }

@@ -20,17 +20,20 @@ use crate::results::{self, ExplorationResult, IssueResult, OnboardingAnswer, Onb
 use crate::workspace::Prepared;
 use crate::{explore, issue, model, onboarding, state};
 
-/// What model-driven onboarding gives: the model's answer, or the reason
-/// the offline summary is kept. A model that misbehaves (invalid output
-/// after the repair, a failed call, the budget, the iteration bound, a
-/// timeout, a tool that was not offered) does not fail onboarding; a halt,
-/// a shutdown or a runtime failure still ends the run.
-pub(super) fn onboarding_answer(
+/// The provider label of what the offline heuristics produce.
+const OFFLINE_PROVIDER: &str = "offline";
+
+/// A model run's result, or the reason the offline one is kept. A model
+/// that misbehaves (invalid output after the repair, a failed call, the
+/// budget, the iteration bound, a timeout, a tool that was not offered)
+/// does not fail the flow: onboarding keeps its offline summary, an
+/// exploration or an issue is drafted offline. A halt, a shutdown or a
+/// runtime failure still ends the run.
+pub(super) fn fallback_reason(
     outcome: Result<model::ModelResult, FlowError>,
-) -> Result<Result<OnboardingAnswer, String>, FlowError> {
+) -> Result<Result<model::ModelResult, String>, FlowError> {
     match outcome {
-        Ok(model::ModelResult::Onboarding(answer)) => Ok(Ok(answer)),
-        Ok(_) => Ok(Err("the model returned the wrong kind of result".to_owned())),
+        Ok(result) => Ok(Ok(result)),
         Err(
             error @ (FlowError::InvalidOutput(_)
             | FlowError::Llm { .. }
@@ -190,7 +193,7 @@ impl Run<'_> {
         let input = onboarding::OnboardingInput {
             repository_commit: request.repository_commit.clone(),
             environment_variables: state::environment_names(&self.ctx.store, project)?,
-            provider: "offline".to_owned(),
+            provider: OFFLINE_PROVIDER.to_owned(),
         };
         let mut result = onboarding::onboard(self, &input).await?;
         if self.uses_model() {
@@ -202,8 +205,7 @@ impl Run<'_> {
     }
 
     /// Onboarding driven by the model, seeded with the offline findings; the
-    /// offline summary is kept, and the fallback recorded, when the model
-    /// misbehaves (see [`onboarding_answer`]).
+    /// offline summary is kept when the model misbehaves.
     async fn onboard_with_model(
         &mut self,
         request: &pb::FlowRequested,
@@ -218,21 +220,56 @@ impl Run<'_> {
             max_tokens: self.max_output_tokens(),
             ..self.agent_model_input()
         };
+        // Its steps are scoped: the offline onboarding's came first.
         self.scope = Some("model".to_owned());
-        let outcome = model::run(self, model::Goal::Onboarding, &input).await;
+        let answer = self
+            .model_or_fallback(
+                model::Goal::Onboarding,
+                &input,
+                "summary",
+                |result| match result {
+                    model::ModelResult::Onboarding(answer) => Some(answer),
+                    _ => None,
+                },
+            )
+            .await;
         self.scope = None;
-        let reason = match onboarding_answer(outcome)? {
-            Ok(answer) => return Ok(onboarding::merge_model(&offline, answer, &input.provider)),
-            Err(reason) => reason,
-        };
-        let note = format!("Fell back to the offline summary: {reason}");
-        tracing::warn!(flow_run = %self.ids.flow_run_id, %note, "model onboarding fell back");
-        self.progress(Signal::Phase, "model:fallback", &note, true, None)
-            .await?;
-        Ok(offline)
+        let answer = answer?;
+        Ok(match answer {
+            Some(answer) => onboarding::merge_model(&offline, answer, &input.provider),
+            None => offline,
+        })
     }
 
-    /// Exploration with the configured provider.
+    /// The model's result for `goal` (what `extract` takes from it), or
+    /// `None` when the model misbehaved (see [`fallback_reason`]): the run
+    /// then records, visibly, that it keeps the offline `kept` instead, and
+    /// names the offline provider as the result's author.
+    async fn model_or_fallback<T>(
+        &mut self,
+        goal: model::Goal,
+        input: &model::ModelInput,
+        kept: &str,
+        extract: fn(model::ModelResult) -> Option<T>,
+    ) -> Result<Option<T>, FlowError> {
+        let outcome = model::run(self, goal, input).await;
+        let reason = match fallback_reason(outcome)? {
+            Ok(result) => match extract(result) {
+                Some(extracted) => return Ok(Some(extracted)),
+                None => "the model returned the wrong kind of result".to_owned(),
+            },
+            Err(reason) => reason,
+        };
+        let note = format!("Fell back to the offline {kept}: {reason}");
+        tracing::warn!(flow_run = %self.ids.flow_run_id, %note, "model run fell back");
+        self.progress(Signal::Phase, "model:fallback", &note, true, None)
+            .await?;
+        self.provider_label = OFFLINE_PROVIDER.to_owned();
+        Ok(None)
+    }
+
+    /// Exploration with the configured provider; the offline one when the
+    /// model misbehaves.
     async fn run_exploration(
         &mut self,
         request: &pb::FlowRequested,
@@ -240,20 +277,24 @@ impl Run<'_> {
     ) -> Result<ExplorationResult, FlowError> {
         if self.uses_model() {
             let input = self.model_input(request, project, None)?;
-            match model::run(self, model::Goal::Explore, &input).await? {
-                model::ModelResult::Explore(result) => Ok(result),
-                _ => Err(FlowError::InvalidOutput(
-                    "expected an exploration".to_owned(),
-                )),
+            let explored = self
+                .model_or_fallback(model::Goal::Explore, &input, "exploration", |result| {
+                    match result {
+                        model::ModelResult::Explore(result) => Some(result),
+                        _ => None,
+                    }
+                })
+                .await?;
+            if let Some(result) = explored {
+                return Ok(result);
             }
-        } else {
-            let input = explore::ExploreInput {
-                question: request.request_text.clone(),
-                provider: self.provider_label.clone(),
-                repository_commit: request.repository_commit.clone(),
-            };
-            explore::explore(self, &input).await
         }
+        let input = explore::ExploreInput {
+            question: request.request_text.clone(),
+            provider: self.provider_label.clone(),
+            repository_commit: request.repository_commit.clone(),
+        };
+        explore::explore(self, &input).await
     }
 
     /// Delegation to an exploration sub-flow (for an issue with no earlier
@@ -314,11 +355,18 @@ impl Run<'_> {
             previous = Some(self.delegate_exploration(request, project).await?);
         }
         if self.uses_model() {
-            let input = self.model_input(request, project, previous)?;
-            return match model::run(self, model::Goal::Issue, &input).await? {
-                model::ModelResult::Issue(result) => Ok(result),
-                _ => Err(FlowError::InvalidOutput("expected an issue".to_owned())),
-            };
+            let input = self.model_input(request, project, previous.clone())?;
+            let defined =
+                self.model_or_fallback(model::Goal::Issue, &input, "issue draft", |result| {
+                    match result {
+                        model::ModelResult::Issue(result) => Some(result),
+                        _ => None,
+                    }
+                })
+                .await?;
+            if let Some(result) = defined {
+                return Ok(result);
+            }
         }
         let summary = state::current_document(&self.ctx.store, project, SUMMARY_KIND)?;
         let input = issue::IssueInput {
@@ -338,20 +386,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_model_answer_is_merged_and_a_misbehaving_model_falls_back() {
+    fn a_model_result_is_used_and_a_misbehaving_model_falls_back() {
         let answer = OnboardingAnswer {
             purpose: "keeps books".to_owned(),
             ..Default::default()
         };
-        assert_eq!(
-            onboarding_answer(Ok(model::ModelResult::Onboarding(answer.clone()))),
-            Ok(Ok(answer))
-        );
-        let wrong = onboarding_answer(Ok(model::ModelResult::Issue(IssueResult::default())));
-        assert_eq!(
-            wrong,
-            Ok(Err("the model returned the wrong kind of result".to_owned()))
-        );
+        assert!(matches!(
+            fallback_reason(Ok(model::ModelResult::Onboarding(answer.clone()))),
+            Ok(Ok(model::ModelResult::Onboarding(used))) if used == answer
+        ));
         for error in [
             FlowError::InvalidOutput("no json".into()),
             FlowError::Llm {
@@ -366,10 +409,10 @@ mod tests {
             },
             FlowError::ToolNotAllowed("exec".into()),
         ] {
-            assert_eq!(
-                onboarding_answer(Err(error.clone())),
-                Ok(Err(error.to_string()))
-            );
+            assert!(matches!(
+                fallback_reason(Err(error.clone())),
+                Ok(Err(reason)) if reason == error.to_string()
+            ));
         }
     }
 
@@ -382,7 +425,7 @@ mod tests {
             FlowError::TotalTimeout { seconds: 5 },
             FlowError::Workspace("gone".into()),
         ] {
-            assert_eq!(onboarding_answer(Err(error.clone())), Err(error));
+            assert!(matches!(fallback_reason(Err(error.clone())), Err(kept) if kept == error));
         }
     }
 
