@@ -129,6 +129,13 @@ async fn run_cli(fleet: &Fleet, args: &[&str], codes: &[i32]) -> Result<String> 
     Ok(stdout)
 }
 
+/// A flow's progress about its model: a call, or the fallback.
+fn is_model_step(event: &Envelope) -> bool {
+    event
+        .decode::<pb::FlowProgress>()
+        .is_ok_and(|p| p.step.contains("llm") || p.step.contains("model"))
+}
+
 /// One line per event for the test's output: type, and what a reader of
 /// the note needs (model, duration, reason, text).
 fn describe(event: &Envelope) -> String {
@@ -156,6 +163,10 @@ fn describe(event: &Envelope) -> String {
         && event.is::<pb::AgentGuardrailTriggered>()
     {
         format!("{}: {}", rule.rule, rule.detail)
+    } else if let Ok(progress) = event.decode::<pb::FlowProgress>()
+        && event.is::<pb::FlowProgress>()
+    {
+        format!("{} {}", progress.step, progress.note)
     } else if let Ok(failed) = event.decode::<pb::FlowFailed>()
         && event.is::<pb::FlowFailed>()
     {
@@ -350,7 +361,7 @@ async fn a_real_llama_server_answers_a_turn_and_an_exploration_or_the_product_fa
             .filter(|event| {
                 event.correlation_id == message.correlation_id
                     && event.flow_run_id.is_some()
-                    && !event.is::<pb::FlowProgress>()
+                    && (!event.is::<pb::FlowProgress>() || is_model_step(event))
             })
             .collect();
         eprintln!("the exploration:");
@@ -361,6 +372,20 @@ async fn a_real_llama_server_answers_a_turn_and_an_exploration_or_the_product_fa
             .iter()
             .find(|event| event.is::<pb::FlowCompleted>() || event.is::<pb::FlowFailed>())
             .context("no flow.completed or flow.failed")?;
+        // An offline result after a model run says why it fell back.
+        if let Ok(done) = terminal.decode::<pb::FlowCompleted>()
+            && terminal.is::<pb::FlowCompleted>()
+            && done.provider == "offline"
+        {
+            ensure!(
+                flow.iter()
+                    .any(|event| event
+                        .decode::<pb::FlowProgress>()
+                        .is_ok_and(|p| event.is::<pb::FlowProgress>()
+                            && p.step.ends_with("model:fallback"))),
+                "an offline exploration without its fallback note"
+            );
+        }
         if let Ok(failed) = terminal.decode::<pb::FlowFailed>()
             && terminal.is::<pb::FlowFailed>()
         {
