@@ -3,7 +3,7 @@
 //! valid `explore` tool call for the user's message — or, as the seed
 //! decides per (message, attempt), with a 500 or only after a delay. A
 //! share of messages ("poisoned") gets a 500 on every attempt, so the turn
-//! ends in a visible failure. The answer depends on the seed and the
+//! falls back to the offline rules (and a flow to the offline heuristics). The answer depends on the seed and the
 //! request alone, never on arrival order.
 
 use std::collections::HashMap;
@@ -115,8 +115,8 @@ fn roll(seed: u64, parts: &[&str]) -> u64 {
     u64::from_be_bytes(bytes)
 }
 
-/// Whether every model call for `message` fails (the turn must end in a
-/// visible failure).
+/// Whether every model call for `message` fails (the turn falls back to
+/// the offline rules).
 pub fn is_poisoned(faults: &Faults, message: &str) -> bool {
     roll(faults.seed, &["poison", message]) % 100 < faults.poison_percent
 }

@@ -92,7 +92,7 @@ pub struct Scale {
     /// The instance faults (kills, cuts) are spread over this window.
     pub window: Duration,
     /// Percent of model calls answered 500, answered slowly, and of
-    /// messages whose every model call fails (a visible failure).
+    /// messages whose every model call fails (the offline fallback answers).
     pub llm_error_percent: u64,
     pub llm_slow_percent: u64,
     pub llm_poison_percent: u64,
