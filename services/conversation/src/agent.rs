@@ -568,8 +568,26 @@ impl Turn<'_> {
             provider: crate::offline::OFFLINE_LABEL.to_owned(),
         };
         let key = schema_keys::agent_post(&self.dispatch, "ack");
-        self.append(self.new_event(&holding, key)).await?;
-        Ok((decision.await?, true))
+        // The decision goes on while the acknowledgement is stored: it may
+        // be in the middle of an append of its own (its recorded reply),
+        // which the acknowledgement's append would otherwise wait behind.
+        let acknowledgement = self.append(self.new_event(&holding, key));
+        let mut acknowledgement = std::pin::pin!(acknowledgement);
+        let mut decided = None;
+        loop {
+            tokio::select! {
+                outcome = &mut decision, if decided.is_none() => decided = Some(outcome),
+                stored = &mut acknowledgement => {
+                    stored?;
+                    break;
+                }
+            }
+        }
+        let decided = match decided {
+            Some(decided) => decided,
+            None => decision.await,
+        };
+        Ok((decided?, true))
     }
 
     /// The model gave no usable decision after its attempts (each recorded):

@@ -16,7 +16,7 @@ use super::handoff::Outcome;
 use super::{Run, SUMMARY_KIND, test_command};
 use crate::config::ProviderKind;
 use crate::port::{FlowError, Port};
-use crate::results::{self, ExplorationResult, IssueResult, OnboardingAnswer, OnboardingResult};
+use crate::results::{self, ExplorationResult, IssueResult, OnboardingResult};
 use crate::workspace::Prepared;
 use crate::{explore, issue, model, onboarding, state};
 
@@ -384,6 +384,7 @@ impl Run<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::results::OnboardingAnswer;
 
     #[test]
     fn a_model_result_is_used_and_a_misbehaving_model_falls_back() {
