@@ -11,34 +11,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use zopu_schema::{Event, OrgId, ProjectId, pb, subjects};
-use zopu_tests::fleet::{Fleet, FleetConfig};
+use zopu_tests::fleet::{Fleet, FleetConfig, REACTION_SERVICES};
 use zopu_tests::{
     NatsCluster, bus, fixtures, invariants, wait_for_count, workspace_root, zopu_binary,
 };
 
-const SERVICES: [&str; 5] = [
-    "setup",
-    "dispatch",
-    "conversation",
-    "specialists",
-    "artifacts",
-];
 const LONG: Duration = Duration::from_secs(240);
-
-async fn run_cli(fleet: &Fleet, args: &[&str]) -> Result<std::process::Output> {
-    let mut command = tokio::process::Command::from(fleet.command());
-    command.args(args).kill_on_drop(true);
-    tokio::time::timeout(LONG, command.output())
-        .await
-        .with_context(|| {
-            format!(
-                "zopu {} did not finish within {}s",
-                args.join(" "),
-                LONG.as_secs()
-            )
-        })?
-        .context("running zopu")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_of_every_service_on_a_cluster_survive_kills_mid_run() -> Result<()> {
@@ -58,37 +36,17 @@ async fn two_instances_of_every_service_on_a_cluster_survive_kills_mid_run() -> 
             env: Vec::new(),
         },
     )?;
-    for service in SERVICES {
+    for service in REACTION_SERVICES {
         for n in 1..=2 {
             fleet.start(service, n)?;
         }
     }
     let org: OrgId = "acme".parse()?;
-    let repo_arg = repo.to_string_lossy().into_owned();
 
     // Three projects, created as an operator would (each waits for ready).
     let mut projects: Vec<ProjectId> = Vec::new();
     for _ in 0..3 {
-        let output = run_cli(
-            &fleet,
-            &[
-                "--json", "project", "create", "--org", "acme", "--repo", &repo_arg,
-            ],
-        )
-        .await?;
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        ensure!(
-            output.status.success(),
-            "project create failed: {stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let first: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap_or("{}"))?;
-        projects.push(
-            first["project"]
-                .as_str()
-                .context("no project id")?
-                .parse()?,
-        );
+        projects.push(fleet.create_project("acme", &repo, LONG).await?.parse()?);
     }
 
     // Five messages to each project at once.
@@ -128,7 +86,7 @@ async fn two_instances_of_every_service_on_a_cluster_survive_kills_mid_run() -> 
         |event| event.correlation_id.to_string() != event.id.to_string(),
     )
     .await?;
-    for service in SERVICES {
+    for service in REACTION_SERVICES {
         fleet.kill(service, 1);
     }
     let leader = cluster.kill_stream_leader(&bus, LONG).await?;

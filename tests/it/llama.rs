@@ -20,16 +20,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use zopu_schema::{Envelope, pb};
-use zopu_tests::fleet::{Fleet, FleetConfig};
+use zopu_tests::fleet::{Fleet, FleetConfig, REACTION_SERVICES};
 use zopu_tests::{NatsServer, bus, fixtures, history, wait_for, workspace_root, zopu_binary};
 
-const SERVICES: [&str; 5] = [
-    "setup",
-    "dispatch",
-    "conversation",
-    "specialists",
-    "artifacts",
-];
 const LONG: Duration = Duration::from_secs(420);
 const QUESTION: &str = "Where does main print the greeting?";
 /// The variable holding the model's key (not a `ZOPU_` setting).
@@ -105,28 +98,6 @@ impl Drop for LlamaServer {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
     }
-}
-
-/// Runs `zopu ARGS`; its standard output when it exits with one of `codes`.
-async fn run_cli(fleet: &Fleet, args: &[&str], codes: &[i32]) -> Result<String> {
-    let mut command = tokio::process::Command::from(fleet.command());
-    command.args(args).kill_on_drop(true);
-    let output = tokio::time::timeout(LONG, command.output())
-        .await
-        .with_context(|| format!("zopu {} did not finish", args.join(" ")))?
-        .context("running zopu")?;
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    ensure!(
-        output
-            .status
-            .code()
-            .is_some_and(|code| codes.contains(&code)),
-        "zopu {} exited with {}: {stdout}\n{}",
-        args.join(" "),
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(stdout)
 }
 
 /// A flow's progress about its model: a call, or the fallback.
@@ -222,28 +193,10 @@ async fn a_real_llama_server_answers_a_turn_and_an_exploration_or_the_product_fa
                 .collect(),
         ),
     )?;
-    for service in SERVICES {
+    for service in REACTION_SERVICES {
         fleet.start(service, 1)?;
     }
-    let created = run_cli(
-        &fleet,
-        &[
-            "--json",
-            "project",
-            "create",
-            "--org",
-            "acme",
-            "--repo",
-            &repo.to_string_lossy(),
-        ],
-        &[0],
-    )
-    .await?;
-    let first: serde_json::Value = serde_json::from_str(created.lines().next().unwrap_or("{}"))?;
-    let project = first["project"]
-        .as_str()
-        .context("no project id")?
-        .to_owned();
+    let project = fleet.create_project("acme", &repo, LONG).await?;
     let events = format!("zopu.evt.acme.{project}.>");
     // Onboarding ends, with the model's summary or the offline one.
     let onboarding = wait_for(&bus, &events, LONG, |event| event.is::<pb::AgentFinal>())
@@ -259,22 +212,23 @@ async fn a_real_llama_server_answers_a_turn_and_an_exploration_or_the_product_fa
 
     // One turn: `zopu send` prints the acknowledgement and the final.
     let sent_at = Instant::now();
-    let sent = run_cli(
-        &fleet,
-        &[
-            "--json",
-            "send",
-            "--org",
-            "acme",
-            &project,
-            QUESTION,
-            "--timeout",
-            "400",
-        ],
-        // 1: the answer was a visible failure (checked below).
-        &[0, 1],
-    )
-    .await?;
+    let sent = fleet
+        .cli_exiting(
+            &[
+                "--json",
+                "send",
+                "--org",
+                "acme",
+                &project,
+                QUESTION,
+                "--timeout",
+                "400",
+            ],
+            // 1: the answer was a visible failure (checked below).
+            &[0, 1],
+            LONG,
+        )
+        .await?;
     let turn_took = sent_at.elapsed();
     let all = history(&bus, &events).await?;
     let message = all
@@ -400,7 +354,7 @@ async fn a_real_llama_server_answers_a_turn_and_an_exploration_or_the_product_fa
     // Nothing crashed.
     let exited = fleet.reap_exited();
     ensure!(exited.is_empty(), "services exited: {exited:?}");
-    for service in SERVICES {
+    for service in REACTION_SERVICES {
         fleet.stop(service, 1)?;
     }
     drop(llama);

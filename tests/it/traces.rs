@@ -16,37 +16,13 @@ use serde_json::json;
 use zopu_core::telemetry::otlp_sink::{AttributeValue, OtlpSink, ReceivedSpan, Retention};
 use zopu_llm::test_support::{FAKE_MODEL, FakeOpenAiServer, Scripted};
 use zopu_schema::{Event, pb, subjects};
-use zopu_tests::fleet::{Fleet, FleetConfig};
+use zopu_tests::fleet::{Fleet, FleetConfig, REACTION_SERVICES};
 use zopu_tests::{NatsServer, bus, fixtures, history, wait_for, workspace_root, zopu_binary};
 
-const SERVICES: [&str; 5] = [
-    "setup",
-    "dispatch",
-    "conversation",
-    "specialists",
-    "artifacts",
-];
 const LONG: Duration = Duration::from_secs(240);
 const QUESTION: &str = "How does main handle the greeting?";
 /// The variable holding the fake model's key (not a `ZOPU_` setting).
 const MODEL_KEY_VARIABLE: &str = "TRACES_MODEL_KEY";
-
-async fn run_cli(fleet: &Fleet, args: &[&str]) -> Result<String> {
-    let mut command = tokio::process::Command::from(fleet.command());
-    command.args(args).kill_on_drop(true);
-    let output = tokio::time::timeout(LONG, command.output())
-        .await
-        .with_context(|| format!("zopu {} did not finish", args.join(" ")))?
-        .context("running zopu")?;
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    ensure!(
-        output.status.success(),
-        "zopu {} failed: {stdout}\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(stdout)
-}
 
 fn text(span: &ReceivedSpan, key: &str) -> Option<String> {
     match span.attribute(key) {
@@ -101,42 +77,27 @@ async fn one_trace_spans_a_turn_across_every_service_with_the_model_call() -> Re
                 .collect(),
         ),
     )?;
-    for service in SERVICES {
+    for service in REACTION_SERVICES {
         fleet.start(service, 1)?;
     }
 
-    let created = run_cli(
-        &fleet,
-        &[
-            "--json",
-            "project",
-            "create",
-            "--org",
-            "acme",
-            "--repo",
-            &repo.to_string_lossy(),
-        ],
-    )
-    .await?;
-    let first: serde_json::Value = serde_json::from_str(created.lines().next().unwrap_or("{}"))?;
-    let project = first["project"]
-        .as_str()
-        .context("no project id")?
-        .to_owned();
-    run_cli(
-        &fleet,
-        &[
-            "--json",
-            "send",
-            "--org",
-            "acme",
-            &project,
-            QUESTION,
-            "--timeout",
-            "200",
-        ],
-    )
-    .await?;
+    let project = fleet.create_project("acme", &repo, LONG).await?;
+    fleet
+        .cli_exiting(
+            &[
+                "--json",
+                "send",
+                "--org",
+                "acme",
+                &project,
+                QUESTION,
+                "--timeout",
+                "200",
+            ],
+            &[0],
+            LONG,
+        )
+        .await?;
 
     // The message's chain, from the stream: its trace is the CLI append's.
     let sent = history(
@@ -195,7 +156,7 @@ async fn one_trace_spans_a_turn_across_every_service_with_the_model_call() -> Re
     );
 
     // Stopping every service flushes what its exporter still holds.
-    for service in SERVICES {
+    for service in REACTION_SERVICES {
         ensure!(
             fleet.stop(service, 1)?,
             "{service} did not stop cleanly:\n{}",

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 
 /// How the fleet's processes are configured (environment, as an operator
 /// would set it).
@@ -49,6 +49,16 @@ pub struct Fleet {
 
 /// `ZOPU_*` variables the tests themselves read: not settings, so a child
 /// must not inherit them (it would refuse them as unknown keys).
+/// The services a message's whole path runs through (no gateway, no
+/// executor): what most fleets start one or more instances of.
+pub const REACTION_SERVICES: [&str; 5] = [
+    "setup",
+    "dispatch",
+    "conversation",
+    "specialists",
+    "artifacts",
+];
+
 const TEST_VARIABLES: &[&str] = &[
     "ZOPU_BIN",
     "ZOPU_CHAOS_SEED",
@@ -92,6 +102,64 @@ impl Fleet {
         self.configure(&mut command, &self.root.join("data/cli"));
         command.env("ZOPU_LOG", "warn");
         command
+    }
+
+    /// Runs `zopu ARGS` with the fleet's settings; its output, whatever its
+    /// exit status, within `timeout`.
+    pub async fn cli(&self, args: &[&str], timeout: Duration) -> Result<std::process::Output> {
+        let mut command = tokio::process::Command::from(self.command());
+        command.args(args).kill_on_drop(true);
+        tokio::time::timeout(timeout, command.output())
+            .await
+            .with_context(|| {
+                format!(
+                    "zopu {} did not finish within {}s",
+                    args.join(" "),
+                    timeout.as_secs()
+                )
+            })?
+            .context("running zopu")
+    }
+
+    /// Runs `zopu ARGS`; its standard output when it exits with one of `codes`.
+    pub async fn cli_exiting(
+        &self,
+        args: &[&str],
+        codes: &[i32],
+        timeout: Duration,
+    ) -> Result<String> {
+        let output = self.cli(args, timeout).await?;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        ensure!(
+            output
+                .status
+                .code()
+                .is_some_and(|code| codes.contains(&code)),
+            "zopu {} exited with {}: {stdout}\n{}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(stdout)
+    }
+
+    /// Creates a project of `org` from the local repository `repo` with
+    /// `zopu project create` (which waits for its setup); its id.
+    pub async fn create_project(
+        &self,
+        org: &str,
+        repo: &Path,
+        timeout: Duration,
+    ) -> Result<String> {
+        let repo = repo.to_string_lossy();
+        let args = ["--json", "project", "create", "--org", org, "--repo", &repo];
+        let created = self.cli_exiting(&args, &[0], timeout).await?;
+        let first: serde_json::Value =
+            serde_json::from_str(created.lines().next().unwrap_or("{}"))?;
+        Ok(first["project"]
+            .as_str()
+            .context("no project id")?
+            .to_owned())
     }
 
     fn configure(&self, command: &mut Command, data_dir: &Path) {

@@ -206,6 +206,24 @@ pub(crate) fn guard(text: String, recent: &[String], threshold: f64, plan: &Turn
     }
 }
 
+/// The turn's `agent.message` with `text` answering `reply_to`.
+fn agent_message(
+    ids: &TurnIds,
+    plan: &TurnPlan,
+    text: String,
+    reply_to: &str,
+    status: &str,
+) -> pb::AgentMessage {
+    pb::AgentMessage {
+        agent_id: ids.agent_id.clone(),
+        text,
+        reply_to_event_id: reply_to.to_owned(),
+        importance: pb::Importance::Normal as i32,
+        status: status.to_owned(),
+        provider: plan.provider.clone(),
+    }
+}
+
 /// The events of a decided turn, in order: the visible reply (`posted`, the
 /// guarded text; `None` when it was dropped), the decision record, and for a
 /// flow-starting action the Work (updated when the source names one of the
@@ -232,14 +250,7 @@ pub(crate) fn turn_events(
         }
         (_, None) => {}
         (Action::Respond | Action::Remember, Some(text)) => {
-            let message = pb::AgentMessage {
-                agent_id: ids.agent_id.clone(),
-                text,
-                reply_to_event_id: reply_to.clone(),
-                importance: pb::Importance::Normal as i32,
-                status: "done".into(),
-                provider: plan.provider.clone(),
-            };
+            let message = agent_message(ids, plan, text, &reply_to, "done");
             events.push(ids.event(&message, schema_keys::agent_post(&ids.dispatch, "reply")));
         }
         (Action::Clarify, Some(question)) => {
@@ -253,14 +264,7 @@ pub(crate) fn turn_events(
         (Action::Explore | Action::CreateIssue | Action::Onboard, Some(text))
             if plan.acknowledged =>
         {
-            let update = pb::AgentMessage {
-                agent_id: ids.agent_id.clone(),
-                text,
-                reply_to_event_id: reply_to.clone(),
-                importance: pb::Importance::Normal as i32,
-                status: "update".into(),
-                provider: plan.provider.clone(),
-            };
+            let update = agent_message(ids, plan, text, &reply_to, "update");
             events.push(ids.event(&update, schema_keys::agent_post(&ids.dispatch, "update")));
         }
         (Action::Explore | Action::CreateIssue | Action::Onboard, Some(text)) => {
