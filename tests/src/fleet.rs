@@ -65,6 +65,7 @@ const TEST_VARIABLES: &[&str] = &[
     "ZOPU_CHAOS_SCALE",
     "ZOPU_TEST_NATS",
     "ZOPU_TEST_NATS_IMAGE",
+    "ZOPU_REQUIRE_LLAMA_SERVER",
 ];
 
 impl Fleet {

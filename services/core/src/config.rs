@@ -29,6 +29,8 @@ pub const NON_SETTING_VARIABLES: &[&str] = &[
     "ZOPU_CHAOS_SCALE",
     "ZOPU_TEST_NATS",
     "ZOPU_TEST_NATS_IMAGE",
+    // Turns the real-model peer test's skip into a failure (`.ci/run`).
+    "ZOPU_REQUIRE_LLAMA_SERVER",
     // Read by deploy/scripts (make images, make test-deploy), which run zopu.
     "ZOPU_KEEP_DEPLOY",
     "ZOPU_REBUILD_BASE",
