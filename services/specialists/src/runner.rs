@@ -54,6 +54,8 @@ use lifecycle::{Ending, Start};
 pub const HANDLER_VERSION: u32 = 1;
 /// The context document kind onboarding publishes.
 pub const SUMMARY_KIND: &str = "repository_summary";
+/// The provider label of what the offline heuristics produce.
+pub(crate) const OFFLINE_PROVIDER: &str = "offline";
 /// Longest wait for the projection to apply the stream's end before a run decides.
 const CATCH_UP_MAX: Duration = Duration::from_secs(30);
 

@@ -494,6 +494,7 @@ async fn evaluate(
         &project,
         None,
         FlowType::OnboardingExplore,
+        0,
         timeout,
     )
     .await
@@ -506,7 +507,7 @@ async fn evaluate(
     report.onboarding = facts(&case.onboarding, &onboarding);
     for question in &case.questions {
         let correlation = CorrelationId::from(EventId::new());
-        zopu_conversation::send_message(
+        let sent = zopu_conversation::send_message(
             &publisher,
             &org,
             &project,
@@ -524,6 +525,7 @@ async fn evaluate(
             &project,
             Some(&correlation),
             FlowType::Explore,
+            sent.sequence,
             timeout,
         )
         .await
@@ -550,22 +552,24 @@ async fn evaluate(
 }
 
 /// The result JSON of the first completed `flow_type` flow of the project
-/// (of the message `correlation`, when given); `Err` says what happened
-/// instead (the flow failed, or the turn ended without one).
+/// stored after sequence `after` (0: from the start) and of the message
+/// `correlation`, when given; `Err` says what happened instead (the flow
+/// failed, or the turn ended without one).
 async fn completed_flow(
     bus: &Bus,
     org: &OrgId,
     project: &ProjectId,
     correlation: Option<&CorrelationId>,
     flow_type: FlowType,
+    after: u64,
     timeout: Duration,
 ) -> anyhow::Result<Result<String, String>> {
-    let mut reader = Reader::open(
-        bus,
-        subjects::project_events(org, project),
-        Start::Beginning,
-    )
-    .await?;
+    let start = if after == 0 {
+        Start::Beginning
+    } else {
+        Start::After(after)
+    };
+    let mut reader = Reader::open(bus, subjects::project_events(org, project), start).await?;
     let waiting = async {
         while let Some(logged) = reader.next().await {
             let Ok(event) = logged?.event else { continue };

@@ -13,15 +13,12 @@ use zopu_schema::Envelope;
 use zopu_schema::pb::{self, FlowPhase, FlowType, flow_progress::Signal};
 
 use super::handoff::Outcome;
-use super::{Run, SUMMARY_KIND, test_command};
+use super::{OFFLINE_PROVIDER, Run, SUMMARY_KIND, test_command};
 use crate::config::ProviderKind;
 use crate::port::{FlowError, Port};
 use crate::results::{self, ExplorationResult, IssueResult, OnboardingResult};
 use crate::workspace::Prepared;
 use crate::{explore, issue, model, onboarding, state};
-
-/// The provider label of what the offline heuristics produce.
-const OFFLINE_PROVIDER: &str = "offline";
 
 /// A model run's result, or the reason the offline one is kept. A model
 /// that misbehaves (invalid output after the repair, a failed call, the

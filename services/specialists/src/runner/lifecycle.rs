@@ -198,7 +198,7 @@ impl Shared {
     /// The provider a run names: onboarding runs offline without a model.
     pub(super) fn provider_label(&self, flow_type: FlowType) -> String {
         if flow_type == FlowType::OnboardingExplore && self.provider.is_none() {
-            "offline".to_owned()
+            super::OFFLINE_PROVIDER.to_owned()
         } else {
             self.config.provider_label()
         }
