@@ -5,6 +5,7 @@ mod agent_api;
 mod artifacts;
 mod browser;
 mod chaos;
+mod checks;
 mod cluster;
 mod conversation;
 #[cfg(feature = "docker")]

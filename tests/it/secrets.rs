@@ -376,7 +376,7 @@ pub(crate) async fn stream_texts(bus: &Bus) -> Result<Vec<(u64, String)>> {
 
 /// Every object of the artifact store: its name and its HTML, entities
 /// decoded so an escaped secret is found too.
-async fn artifact_texts(bus: &Bus) -> Result<Vec<(String, String)>> {
+pub(crate) async fn artifact_texts(bus: &Bus) -> Result<Vec<(String, String)>> {
     let bucket = zopu_artifacts::storage::bucket(bus).await?;
     let mut list = bucket.list().await?;
     let mut names = Vec::new();

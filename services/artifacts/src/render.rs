@@ -56,6 +56,7 @@ pub enum Kit {
     ProjectSetup,
     RepositoryExploration,
     IssueDefinition,
+    CheckReport,
 }
 
 impl Kit {
@@ -65,16 +66,19 @@ impl Kit {
             ArtifactKind::ProjectSetup => Some(Kit::ProjectSetup),
             ArtifactKind::Exploration => Some(Kit::RepositoryExploration),
             ArtifactKind::Issue => Some(Kit::IssueDefinition),
+            ArtifactKind::CheckReport => Some(Kit::CheckReport),
             ArtifactKind::Unspecified => None,
         }
     }
 
-    /// Stable name: `project-setup`, `repository-exploration`, `issue-definition`.
+    /// Stable name: `project-setup`, `repository-exploration`,
+    /// `issue-definition`, `check-report`.
     pub fn name(self) -> &'static str {
         match self {
             Kit::ProjectSetup => "project-setup",
             Kit::RepositoryExploration => "repository-exploration",
             Kit::IssueDefinition => "issue-definition",
+            Kit::CheckReport => "check-report",
         }
     }
 
@@ -83,6 +87,7 @@ impl Kit {
             Kit::ProjectSetup => "project_setup.html",
             Kit::RepositoryExploration => "exploration.html",
             Kit::IssueDefinition => "issue.html",
+            Kit::CheckReport => "check.html",
         }
     }
 
@@ -91,6 +96,7 @@ impl Kit {
             Kit::ProjectSetup => "Project setup",
             Kit::RepositoryExploration => "Repository exploration",
             Kit::IssueDefinition => "Issue",
+            Kit::CheckReport => "Check",
         }
     }
 
@@ -120,6 +126,12 @@ impl Kit {
                 "risks" => 8,
                 _ => 5,
             },
+            Kit::CheckReport => match kind {
+                "prose" => 0,
+                "facts" => 1,
+                "commands" => 2,
+                _ => 5,
+            },
         }
     }
 }
@@ -146,6 +158,7 @@ static TEMPLATES: LazyLock<Result<Environment<'static>, String>> = LazyLock::new
             include_str!("../templates/exploration.html"),
         ),
         ("issue.html", include_str!("../templates/issue.html")),
+        ("check.html", include_str!("../templates/check.html")),
     ];
     for (name, source) in templates {
         env.add_template(name, source)

@@ -877,7 +877,7 @@ impl Turn<'_> {
         };
         let (step, text) = match plan.action {
             Action::Respond | Action::Clarify | Action::Remember => ("reply", plan.reply.clone()),
-            Action::Explore | Action::CreateIssue | Action::Onboard => {
+            Action::Explore | Action::CreateIssue | Action::Onboard | Action::Check => {
                 ("ack", plan.acknowledgement.clone())
             }
         };

@@ -48,6 +48,8 @@ pub enum DecisionKind {
     CreateIssue,
     /// Keep a preference the user stated.
     Remember,
+    /// Run the project's verified test command.
+    Check,
 }
 
 impl DecisionKind {
@@ -58,6 +60,7 @@ impl DecisionKind {
             DecisionKind::Explore => "explore",
             DecisionKind::CreateIssue => "create_issue",
             DecisionKind::Remember => "remember",
+            DecisionKind::Check => "check",
         }
     }
 }
@@ -156,13 +159,35 @@ const INTERROGATIVES: &[&str] = &[
     "summarise", "review", "analyze", "analyse", "audit", "compare", "list",
 ];
 #[rustfmt::skip]
+/// Requests to run the project's tests (a check flow), unless the message
+/// asks how, where or why (a question about them is explored).
+const CHECK_PHRASES: &[&str] = &[
+    "run the tests", "run tests", "run the test", "run the test suite", "run the checks",
+    "run its tests", "run make test", "execute the tests", "run the unit tests", "rerun the tests",
+    "re run the tests", "do the tests pass", "are the tests passing", "does the test suite pass",
+    "check the tests", "check that the tests pass",
+];
+
 const OVERVIEW_PHRASES: &[&str] = &[
-    "what does this project do", "what is this project", "what's this project",
-    "whats this project", "what does this repo do", "what is this repo", "what's this repo",
-    "whats this repo", "what does the project do", "what is the project",
-    "what does this codebase do", "what is this codebase", "summarize the project",
-    "summarise the project", "project overview", "give me an overview", "overview of the project",
-    "overview of this repo", "what is zopu",
+    "what does this project do",
+    "what is this project",
+    "what's this project",
+    "whats this project",
+    "what does this repo do",
+    "what is this repo",
+    "what's this repo",
+    "whats this repo",
+    "what does the project do",
+    "what is the project",
+    "what does this codebase do",
+    "what is this codebase",
+    "summarize the project",
+    "summarise the project",
+    "project overview",
+    "give me an overview",
+    "overview of the project",
+    "overview of this repo",
+    "what is zopu",
 ];
 
 /// Phrases that make a statement a lasting instruction to the agent.
@@ -243,7 +268,7 @@ pub fn preference_acknowledgement(remembered: &Remembered) -> String {
 /// status questions, explicit issue requests, project-overview questions, vague requests,
 /// change/delivery requests, questions, then any other statement with a subject (explore).
 pub fn decide(message_text: &str, context: &DecisionContext) -> Decision {
-    use DecisionKind::{Clarify, CreateIssue, Explore, Remember, Respond};
+    use DecisionKind::{Check, Clarify, CreateIssue, Explore, Remember, Respond};
     let text = Normalized::new(message_text);
     let vague_kind = if context.recent_clarification_asked {
         Explore
@@ -270,6 +295,12 @@ pub fn decide(message_text: &str, context: &DecisionContext) -> Decision {
     }
     if text.is_issue_request() {
         return Decision::new(CreateIssue, "explicit request for an issue or bug report");
+    }
+    if text.is_check_request() {
+        return Decision::new(
+            Check,
+            "a request to run the project's tests: run its verified test command",
+        );
     }
     if text.contains_any(OVERVIEW_PHRASES) {
         return if context.has_summary {
@@ -333,6 +364,14 @@ pub fn acknowledgement(decision: &Decision, message_text: &str, project_name: &s
                 "On it. I'm reading through {project} for {topic} and will link what I find.",
                 "Looking into {topic} now. I'll come back with the key files and how they connect.",
                 "Sure — exploring {topic} in {project}. Expect a short summary with the evidence attached.",
+            ],
+        )),
+        DecisionKind::Check => fill(pick(
+            seed,
+            &[
+                "On it — I'm running {project}'s declared test command in a sandboxed copy now. I'll post how it ended.",
+                "Running the test command onboarding found for {project}, confined and offline. The report follows here.",
+                "Sure — {project}'s own test command is starting in a scratch copy, without network. I'll report its exit here.",
             ],
         )),
         DecisionKind::CreateIssue if normalized.is_issue_request() => fill(pick(
@@ -564,6 +603,17 @@ impl Normalized {
     }
 
     /// A question that does not start as a polite request ("how does X work?").
+    fn is_check_request(&self) -> bool {
+        const ASKS_ABOUT: &[&str] = &[
+            "how", "where", "why", "what", "whats", "what's", "which", "who", "when",
+        ];
+        self.contains_any(CHECK_PHRASES)
+            && !self
+                .words
+                .first()
+                .is_some_and(|word| ASKS_ABOUT.contains(&word.as_str()))
+    }
+
     fn is_plain_question(&self) -> bool {
         !self.polite
             && self
@@ -771,7 +821,7 @@ impl OfflineRules {
                     json!({"key": remembered.key, "preference": remembered.value, "acknowledgement": acknowledgement}),
                 )
             }
-            DecisionKind::Explore | DecisionKind::CreateIssue => {
+            DecisionKind::Explore | DecisionKind::CreateIssue | DecisionKind::Check => {
                 let action = Action::from_offline(decision.kind);
                 json_flow_call(
                     decision.kind.as_str(),
@@ -828,7 +878,7 @@ mod tests {
     use super::*;
     use crate::decide::decision_request;
     use crate::state::{ProjectView, TimelineEntry, entry};
-    use DecisionKind::{Clarify, CreateIssue, Explore, Respond};
+    use DecisionKind::{Check, Clarify, CreateIssue, Explore, Respond};
 
     const FRESH: DecisionContext = DecisionContext {
         has_summary: false,
@@ -877,6 +927,11 @@ mod tests {
         ("commit and push", CreateIssue),
         ("deploy it to staging", CreateIssue),
         ("can you open a PR that bumps tokio", CreateIssue),
+        ("run the tests", Check),
+        ("how do I run the tests?", Explore),
+        ("Can you run the tests please?", Check),
+        ("Write an issue: run tests in CI", CreateIssue),
+        ("do the tests pass?", Check),
         ("fix it", Clarify),
         ("help", Clarify),
         ("it's broken", Clarify),
@@ -1122,7 +1177,7 @@ mod tests {
                         let kept = stated_preference(message).unwrap();
                         json!({"key": kept.key, "preference": kept.value, "acknowledgement": preference_acknowledgement(&kept)})
                     }
-                    Explore | CreateIssue => json!({
+                    Explore | CreateIssue | Check => json!({
                         "acknowledgement": acknowledgement(&decision, message, "acme-payments"),
                         "title": work_title(Action::from_offline(decision.kind), message),
                         "request": message.trim(),

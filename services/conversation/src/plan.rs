@@ -261,13 +261,13 @@ pub(crate) fn turn_events(
             };
             events.push(ids.event(&blocked, schema_keys::agent_post(&ids.dispatch, "question")));
         }
-        (Action::Explore | Action::CreateIssue | Action::Onboard, Some(text))
+        (Action::Explore | Action::CreateIssue | Action::Onboard | Action::Check, Some(text))
             if plan.acknowledged =>
         {
             let update = agent_message(ids, plan, text, &reply_to, "update");
             events.push(ids.event(&update, schema_keys::agent_post(&ids.dispatch, "update")));
         }
-        (Action::Explore | Action::CreateIssue | Action::Onboard, Some(text)) => {
+        (Action::Explore | Action::CreateIssue | Action::Onboard | Action::Check, Some(text)) => {
             let ack = pb::AgentAcknowledged {
                 agent_id: ids.agent_id.clone(),
                 text,
@@ -437,9 +437,9 @@ pub(crate) fn final_events(flow: &FlowView, ids: &TurnIds) -> Vec<NewEvent> {
     }
     if flow.work_id.is_some() {
         // A Work is never complete merely because one Thread completed,
-        // except onboarding, whose only goal was the overview.
+        // except onboarding and a check, whose only goal was their report.
         let work_status = match (status, flow.flow_type) {
-            ("completed", pb::FlowType::OnboardingExplore) => "done",
+            ("completed", pb::FlowType::OnboardingExplore | pb::FlowType::Check) => "done",
             ("completed", _) => "waiting",
             ("cancelled", _) => "cancelled",
             _ => "blocked",

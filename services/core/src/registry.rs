@@ -49,6 +49,10 @@ const BUILT_IN: &[(&str, &str)] = &[
         "knowledge/issue-writer.md",
         include_str!("../../../deploy/agents/knowledge/issue-writer.md"),
     ),
+    (
+        "knowledge/checker.md",
+        include_str!("../../../deploy/agents/knowledge/checker.md"),
+    ),
 ];
 
 /// Where the built-in registry is said to come from in messages and views.
@@ -608,6 +612,7 @@ knowledge = [{ path = "knowledge/issue.md" }]
             pb::FlowType::OnboardingExplore,
             pb::FlowType::Explore,
             pb::FlowType::Issue,
+            pb::FlowType::Check,
         ] {
             assert!(registry.specialist(flow_type).is_ok(), "{flow_type:?}");
         }

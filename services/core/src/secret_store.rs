@@ -478,6 +478,27 @@ impl SecretStore {
         Ok(Some((credential_of(&entry, &value)?, stored)))
     }
 
+    /// The values stored for `names` (a project's `.env.example` names), in
+    /// the order of `names`; names with no value are left out. For the one
+    /// consumer that hands them to a program (the check flow's sandbox).
+    pub async fn environment_values(
+        &self,
+        org: &OrgId,
+        project: &ProjectId,
+        names: &[String],
+    ) -> Result<Vec<(String, Secret)>, SecretStoreError> {
+        let mut values = Vec::new();
+        for name in names {
+            if check_name(name).is_err() {
+                continue;
+            }
+            if let Some((value, _)) = self.get(&environment_entry(org, project, name)).await? {
+                values.push((name.clone(), value.0));
+            }
+        }
+        Ok(values)
+    }
+
     /// The hosts `org` holds a repository credential for, sorted.
     pub async fn repository_hosts(&self, org: &OrgId) -> Result<Vec<String>, SecretStoreError> {
         let entries = self.entries(&repository_prefix(org)).await?;

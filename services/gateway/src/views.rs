@@ -208,7 +208,7 @@ pub struct CardActionView {
 pub struct ArtifactView {
     pub artifact_id: String,
     pub revision: u32,
-    /// `project_setup`, `exploration`, `issue`.
+    /// `project_setup`, `exploration`, `issue`, `check_report`.
     pub kind: String,
     pub title: String,
     pub summary: String,
@@ -291,7 +291,7 @@ impl From<WorkCardRow> for WorkRef {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct FlowRef {
     pub flow_run_id: String,
-    /// `onboarding_explore`, `explore`, `issue`.
+    /// `onboarding_explore`, `explore`, `issue`, `check`.
     pub flow_type: String,
     /// `requested`, `running`, `progress`, `completed`, `failed`, `cancelled`.
     pub state: String,

@@ -13,7 +13,8 @@
 //!   program and the dynamic loader, no TCP bind/connect (ABI ≥ 4), no
 //!   signals or abstract unix sockets outside the domain (ABI ≥ 6).
 //! - **bubblewrap** mode (when landlock is missing, or preferred by config):
-//!   `bwrap --unshare-all --die-with-parent --clearenv` with read-only binds
+//!   `bwrap --unshare-all --die-with-parent` (its own environment, cleared and
+//!   set by the parent, is the program's) with read-only binds
 //!   of system directories and the workspace, a writable `.zopu/` bind and a
 //!   tmpfs `/tmp`.
 //! - otherwise programs are refused, unless the operator sets
@@ -504,6 +505,16 @@ impl Confinement {
         self.running.abort();
     }
 
+    /// The same confinement with other limits (a check's larger CPU
+    /// budget); an abort of either kills the programs of both.
+    pub fn with_limits(&self, limits: &SandboxLimits) -> Self {
+        Self {
+            report: self.report.clone(),
+            limits: limits.clone(),
+            running: self.running.clone(),
+        }
+    }
+
     /// The probe result.
     pub fn report(&self) -> &ConfinementReport {
         &self.report
@@ -559,8 +570,10 @@ impl Confinement {
                     .clone()
                     .unwrap_or_else(|| PathBuf::from("/usr/bin/bwrap"));
                 let mut command = Command::new(bwrap);
-                command.args(bwrap_args(cmd, &env, tmp.path()));
-                command.env_clear();
+                command.args(bwrap_args(cmd, tmp.path()));
+                // bubblewrap hands its own environment to the program: the
+                // values never travel on its argv (readable in /proc).
+                command.env_clear().envs(env);
                 child::install(&mut command, child::Setup::full(rlimits, false, None, None));
                 command
             }
@@ -632,11 +645,10 @@ impl Confinement {
     }
 }
 
-fn bwrap_args(cmd: &ConfinedCommand, env: &[(String, String)], tmp: &Path) -> Vec<OsString> {
+fn bwrap_args(cmd: &ConfinedCommand, tmp: &Path) -> Vec<OsString> {
     let mut args: Vec<OsString> = [
         "--unshare-all",
         "--die-with-parent",
-        "--clearenv",
         "--dev",
         "/dev",
         "--proc",
@@ -670,13 +682,6 @@ fn bwrap_args(cmd: &ConfinedCommand, env: &[(String, String)], tmp: &Path) -> Ve
         bind("--bind", path);
     }
     bind("--bind", tmp);
-    for (key, value) in env {
-        args.extend([
-            OsString::from("--setenv"),
-            OsString::from(key),
-            OsString::from(value),
-        ]);
-    }
     args.extend([
         OsString::from("--chdir"),
         cmd.cwd.as_os_str().to_owned(),

@@ -167,6 +167,16 @@ pub struct SandboxLimits {
     pub allow_unconfined_exec: bool,
     /// Use bubblewrap even when landlock is available.
     pub prefer_bubblewrap: bool,
+    /// Wall-clock limit of a check (the project's test command, `run_check`).
+    pub check_timeout_ms: u64,
+    /// RLIMIT_CPU of a check's processes (each process; tests need more
+    /// than a read-only tool).
+    pub check_cpu_seconds: u64,
+    /// The most bytes of a check's output (standard output and error
+    /// together, redacted) its result keeps: the tail, where failures show.
+    pub check_output_tail_bytes: usize,
+    /// Largest repository tree a check copies into its scratch directory.
+    pub check_copy_bytes: u64,
 }
 
 impl Default for SandboxLimits {
@@ -188,6 +198,10 @@ impl Default for SandboxLimits {
             max_write_bytes: 4 * 1024 * 1024,
             allow_unconfined_exec: false,
             prefer_bubblewrap: false,
+            check_timeout_ms: 300_000,
+            check_cpu_seconds: 300,
+            check_output_tail_bytes: 6 * 1024,
+            check_copy_bytes: 512 * 1024 * 1024,
         }
     }
 }
@@ -250,6 +264,15 @@ impl SandboxLimits {
             1,
             256 * 1024 * 1024,
         )?;
+        range("check_timeout_ms", self.check_timeout_ms, 1_000, 3_600_000)?;
+        range("check_cpu_seconds", self.check_cpu_seconds, 1, 3_600)?;
+        range(
+            "check_output_tail_bytes",
+            self.check_output_tail_bytes as u64,
+            256,
+            1024 * 1024,
+        )?;
+        range("check_copy_bytes", self.check_copy_bytes, 1024, 16 * GIB)?;
         Ok(())
     }
 }

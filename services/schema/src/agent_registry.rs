@@ -98,10 +98,11 @@ pub enum RoutedFlow {
     Onboarding,
     Explore,
     Issue,
+    Check,
 }
 
 impl RoutedFlow {
-    pub const ALL: [Self; 3] = [Self::Onboarding, Self::Explore, Self::Issue];
+    pub const ALL: [Self; 4] = [Self::Onboarding, Self::Explore, Self::Issue, Self::Check];
 
     /// The flow a request of this type starts.
     pub fn of(flow_type: FlowType) -> Option<Self> {
@@ -109,6 +110,7 @@ impl RoutedFlow {
             FlowType::OnboardingExplore => Some(Self::Onboarding),
             FlowType::Explore => Some(Self::Explore),
             FlowType::Issue => Some(Self::Issue),
+            FlowType::Check => Some(Self::Check),
             FlowType::Unspecified => None,
         }
     }
@@ -118,10 +120,11 @@ impl RoutedFlow {
             Self::Onboarding => "onboarding",
             Self::Explore => "explore",
             Self::Issue => "issue",
+            Self::Check => "check",
         }
     }
 
-    /// The flow named `name` (`onboarding`, `explore`, `issue`).
+    /// The flow named `name` (`onboarding`, `explore`, `issue`, `check`).
     pub fn named(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|flow| flow.as_str() == name)
     }
@@ -132,6 +135,7 @@ impl RoutedFlow {
             Self::Onboarding => FlowType::OnboardingExplore,
             Self::Explore => FlowType::Explore,
             Self::Issue => FlowType::Issue,
+            Self::Check => FlowType::Check,
         }
     }
 }

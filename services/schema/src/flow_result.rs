@@ -1,4 +1,5 @@
-//! The results of the three flows (main spec sections 29–31) as they travel
+//! The results of the four flows (main spec sections 29–31, and the check
+//! flow that runs the project's tests) as they travel
 //! in `flow.completed.result_json`: versioned JSON whose shape is this
 //! module's types, described by a JSON Schema generated from them and checked
 //! in at [`CHECKED_IN_PATH`].
@@ -107,6 +108,10 @@ pub fn schema_document() -> Value {
         (
             IssueResult::FLOW_TYPE,
             generator.subschema_for::<IssueResult>(),
+        ),
+        (
+            CheckResult::FLOW_TYPE,
+            generator.subschema_for::<CheckResult>(),
         ),
     ];
     let flow_types: serde_json::Map<String, Value> = results
@@ -260,6 +265,66 @@ pub struct IssueResult {
     pub provenance: Provenance,
 }
 
+/// How a check ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckStatus {
+    /// The command exited 0.
+    Passed,
+    /// The command exited non-zero or was ended by a signal.
+    Failed,
+    /// The command ran past its wall-clock limit and was killed.
+    TimedOut,
+    /// Nothing was run: onboarding verified no test command, or programs
+    /// cannot run confined on this instance (`detail` says which).
+    #[default]
+    NotRun,
+}
+
+impl CheckStatus {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Passed => "passed",
+            Self::Failed => "failed",
+            Self::TimedOut => "timed_out",
+            Self::NotRun => "not_run",
+        }
+    }
+}
+
+/// The check flow's result: the project's verified test command run in the
+/// confined sandbox with the project's environment values. Only the values'
+/// names are recorded; the output is the redacted tail (every value replaced
+/// by `[redacted:env NAME]`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+#[serde(default)]
+pub struct CheckResult {
+    #[serde(default = "ResultVersion::unversioned")]
+    pub version: ResultVersion,
+    /// The command run (`make test`), empty when nothing was run.
+    pub command: String,
+    /// Where the command came from (`Makefile`, `package.json`).
+    pub command_source: String,
+    pub status: CheckStatus,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub duration_ms: u64,
+    /// The names of the environment values the program was given.
+    pub environment: Vec<String>,
+    /// The confinement layers the program ran under (`landlock`, `seccomp`, ...).
+    pub confinement: Vec<String>,
+    /// The last lines of standard output and standard error, redacted.
+    pub output_tail: String,
+    /// Whether the output was longer than what is kept.
+    pub output_truncated: bool,
+    /// How many occurrences of environment values were taken out of the output.
+    pub values_redacted: u32,
+    /// One sentence: what was run and how it ended, or why nothing ran.
+    pub summary: String,
+    pub provenance: Provenance,
+}
+
 /// How sure a command is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -353,6 +418,14 @@ impl FlowResult for ExplorationResult {
 
 impl FlowResult for IssueResult {
     const FLOW_TYPE: FlowType = FlowType::Issue;
+
+    fn version(&self) -> ResultVersion {
+        self.version
+    }
+}
+
+impl FlowResult for CheckResult {
+    const FLOW_TYPE: FlowType = FlowType::Check;
 
     fn version(&self) -> ResultVersion {
         self.version

@@ -82,6 +82,7 @@ pub fn flow_type_name(flow_type: FlowType) -> &'static str {
         FlowType::OnboardingExplore => "onboarding_explore",
         FlowType::Explore => "explore",
         FlowType::Issue => "issue",
+        FlowType::Check => "check",
         FlowType::Unspecified => "unspecified",
     }
 }

@@ -119,13 +119,14 @@ impl Error {
 }
 
 /// The manifest's kind as the stable snake-case name used in file names and
-/// the spec (`project_setup`, `exploration`, `issue`).
+/// the spec (`project_setup`, `exploration`, `issue`, `check_report`).
 pub fn kind_name(kind: ArtifactKind) -> &'static str {
     match kind {
         ArtifactKind::Unspecified => "unspecified",
         ArtifactKind::ProjectSetup => "project_setup",
         ArtifactKind::Exploration => "exploration",
         ArtifactKind::Issue => "issue",
+        ArtifactKind::CheckReport => "check_report",
     }
 }
 
@@ -139,7 +140,7 @@ pub fn validate(manifest: &ArtifactManifest) -> Result<(), Vec<Error>> {
         e.push(Error::Invalid {
             field: "kind".into(),
             reason: format!(
-                "must be project_setup, exploration or issue (got {})",
+                "must be project_setup, exploration, issue or check_report (got {})",
                 manifest.kind
             ),
         });

@@ -1,6 +1,8 @@
 //! The specialists service: the flows a project agent hands work to —
-//! onboarding exploration (after `project.ready`), repository exploration and
-//! issue definition (main spec Part VIII, sections 29–31).
+//! onboarding exploration (after `project.ready`), repository exploration,
+//! issue definition (main spec Part VIII, sections 29–31) and checks (the
+//! project's verified test command run confined with its environment values,
+//! section 62).
 //!
 //! It consumes `flow.requested` and emits `flow.started`, `flow.progress`
 //! (phases, tool calls, heartbeats, halts), `flow.completed` / `flow.failed`
@@ -28,6 +30,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod check;
 pub mod config;
 pub mod explore;
 pub mod grounding;

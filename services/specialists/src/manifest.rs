@@ -11,7 +11,8 @@ use zopu_schema::pb::{
 };
 
 use crate::results::{
-    CommandStatus, EvidenceItem, ExplorationResult, IssueResult, OnboardingResult, SystemMap,
+    CheckResult, CommandStatus, EvidenceItem, ExplorationResult, IssueResult, OnboardingResult,
+    SystemMap,
 };
 
 /// The ids a manifest carries.
@@ -539,6 +540,79 @@ pub fn issue(result: &IssueResult, ids: &ManifestIds) -> ArtifactManifest {
         .collect();
     manifest.evidence = evidence(&result.evidence);
     manifest.generated_files = result.provenance.generated_files.clone();
+    manifest
+}
+
+/// The `check_report` manifest: what ran, how it ended, with which values
+/// (names only) and the last lines of its redacted output.
+pub fn check_report(result: &CheckResult, ids: &ManifestIds) -> ArtifactManifest {
+    let title = if result.command.is_empty() {
+        "Check: nothing to run".to_owned()
+    } else {
+        format!("Check: {}", result.command)
+    };
+    let mut manifest = base(
+        ArtifactKind::CheckReport,
+        &title,
+        &result.summary,
+        ids,
+        &result.provenance.provider,
+    );
+    let status = result.status.as_str().replace('_', " ");
+    let exit = match (result.exit_code, result.signal) {
+        (Some(code), _) => code.to_string(),
+        (None, Some(signal)) => format!("signal {signal}"),
+        (None, None) => "—".to_owned(),
+    };
+    let environment = if result.environment.is_empty() {
+        "none".to_owned()
+    } else {
+        result.environment.join(", ")
+    };
+    manifest.card = card(
+        "Check",
+        vec![
+            fact("Status", &status),
+            fact("Exit", &exit),
+            fact(
+                "Duration",
+                &format!("{:.1} s", result.duration_ms as f64 / 1000.0),
+            ),
+            fact("Environment values", &environment),
+        ],
+        Vec::new(),
+    );
+    let lines: Vec<String> = result.output_tail.lines().map(str::to_owned).collect();
+    let skipped = lines.len().saturating_sub(limits::ITEMS_MAX);
+    let output_title = if result.output_truncated || skipped > 0 {
+        "Output (the last lines; environment values redacted)"
+    } else {
+        "Output (environment values redacted)"
+    };
+    let sections = vec![
+        prose("Summary", &result.summary),
+        Some(ArtifactSection {
+            facts: vec![
+                fact("Command", &result.command),
+                fact("Declared in", &result.command_source),
+                fact("Status", &status),
+                fact("Exit", &exit),
+                fact("Environment values given", &environment),
+                fact(
+                    "Values taken out of the output",
+                    &result.values_redacted.to_string(),
+                ),
+                fact("Confinement", &result.confinement.join(", ")),
+                fact(
+                    "Commit",
+                    &short_commit(&result.provenance.repository_commit),
+                ),
+            ],
+            ..section("facts", "What ran")
+        }),
+        list("commands", output_title, &lines[skipped..]),
+    ];
+    manifest.sections = sections.into_iter().flatten().collect();
     manifest
 }
 

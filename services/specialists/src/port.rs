@@ -14,11 +14,14 @@ use serde::de::DeserializeOwned;
 use zopu_llm::{ChatReply, ChatRequest};
 use zopu_sandbox::tools::{
     DescribeInput, DescribeOutput, ListFilesInput, ListFilesOutput, ReadFileInput, ReadFileOutput,
-    Sandbox, SearchInput, SearchOutput, WriteGeneratedFileInput, WriteGeneratedFileOutput,
+    RunCheckInput, Sandbox, SearchInput, SearchOutput, WriteGeneratedFileInput,
+    WriteGeneratedFileOutput,
 };
 use zopu_schema::pb::FlowPhase;
 
-/// The tools a flow may call (the allowlist).
+/// The tools a flow may call (the allowlist). `RunCheck` is the check
+/// flow's own step: no model is ever offered it (`model` maps only the
+/// registry's `MODEL_TOOLS`).
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "tool", content = "input", rename_all = "snake_case")]
 pub enum ToolRequest {
@@ -27,6 +30,7 @@ pub enum ToolRequest {
     ReadFile(ReadFileInput),
     Search(SearchInput),
     WriteGeneratedFile(WriteGeneratedFileInput),
+    RunCheck(RunCheckInput),
 }
 
 impl ToolRequest {
@@ -37,6 +41,7 @@ impl ToolRequest {
             Self::ReadFile(_) => "read_file",
             Self::Search(_) => "search",
             Self::WriteGeneratedFile(_) => "write_generated_file",
+            Self::RunCheck(_) => "run_check",
         }
     }
 }
@@ -246,6 +251,7 @@ pub fn execute(sandbox: &Sandbox, request: &ToolRequest) -> Result<Vec<u8>, Tool
         ToolRequest::ReadFile(input) => out(sandbox.read_file(input)),
         ToolRequest::Search(input) => out(sandbox.search(input)),
         ToolRequest::WriteGeneratedFile(input) => out(sandbox.write_generated_file(input)),
+        ToolRequest::RunCheck(input) => out(sandbox.run_check(input)),
     }
 }
 

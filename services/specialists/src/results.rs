@@ -1,4 +1,4 @@
-//! The typed results of the three flows (main spec sections 29–31) and their
+//! The typed results of the four flows (main spec sections 29–31, and checks) and their
 //! validation. The result types are wire types owned by
 //! [`zopu_schema::flow_result`] (versioned JSON with a checked-in schema);
 //! they are re-exported here, where the flows build them.
@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 use zopu_core::text::clip_chars;
 use zopu_schema::flow_result::FlowResult;
 pub use zopu_schema::flow_result::{
-    CommandHint, CommandStatus, EvidenceItem, ExplorationResult, Finding, IssueResult, MapEdge,
-    MapNode, OnboardingResult, Provenance, ResultVersion, StackItem, SystemMap,
+    CheckResult, CheckStatus, CommandHint, CommandStatus, EvidenceItem, ExplorationResult, Finding,
+    IssueResult, MapEdge, MapNode, OnboardingResult, Provenance, ResultVersion, StackItem,
+    SystemMap,
 };
 
 /// Most findings kept in one result.

@@ -118,6 +118,9 @@ struct Shared {
     workspaces: Arc<Workspaces>,
     cache_root: PathBuf,
     provider: Option<Arc<dyn Provider>>,
+    /// The organizations' secrets: the project's environment values a
+    /// check's program gets (`None` without `ZOPU_SECRETS_KEY`).
+    secrets: Option<SecretStore>,
 }
 
 /// The `flow.requested` reaction.
@@ -142,6 +145,7 @@ impl FlowRunner {
         let mut options = config.git_options();
         options.local_repository_excluded =
             vec![config.workspaces_root(&data_dir), data_dir.clone()];
+        let secrets = credentials.clone();
         let workspaces = Workspaces::new(config.workspaces_root(&data_dir), options, credentials);
         let cache_root = data_dir.join("specialists-cache");
         Self {
@@ -151,6 +155,7 @@ impl FlowRunner {
                 workspaces: Arc::new(workspaces),
                 cache_root,
                 provider,
+                secrets,
             }),
         }
     }

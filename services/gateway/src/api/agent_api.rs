@@ -719,7 +719,9 @@ impl Act {
                     .ok_or_else(|| {
                         ApiError::invalid(
                             "flow",
-                            format!("request_flow needs `flow`: explore or issue (got {name:?})"),
+                            format!(
+                                "request_flow needs `flow`: explore, issue or check (got {name:?})"
+                            ),
                         )
                     })?;
                 let text = field("text", &action.text, REPLY_MAX_CHARS)?;

@@ -112,12 +112,7 @@ pub struct CardActionRow {
 
 /// The stored name of an artifact kind (the names the API shows).
 fn kind_name(value: i32) -> &'static str {
-    match pb::ArtifactKind::try_from(value) {
-        Ok(pb::ArtifactKind::ProjectSetup) => "project_setup",
-        Ok(pb::ArtifactKind::Exploration) => "exploration",
-        Ok(pb::ArtifactKind::Issue) => "issue",
-        _ => "unspecified",
-    }
+    pb::ArtifactKind::try_from(value).map_or("unspecified", zopu_schema::manifest::kind_name)
 }
 
 /// Applies what `event` changes of an artifact.

@@ -1,5 +1,6 @@
 //! The agent's sandbox tools: `describe`, `list_files`, `read_file`,
-//! `search`, `exec_safe` and `write_generated_file`.
+//! `search`, `exec_safe` and `write_generated_file`, and the check flow's
+//! `run_check` (the project's test command, never offered to a model).
 //!
 //! Each tool takes a typed input and returns a typed output (both serde, so
 //! they double as LLM tool schemas and as JSON on `flow.progress` events).
@@ -11,6 +12,7 @@
 //! `<workspace>/.zopu`, and stay within [`SandboxLimits`]. Tools are
 //! synchronous and blocking; async callers use `spawn_blocking`.
 
+mod check;
 mod exec;
 mod files;
 mod record;
@@ -22,6 +24,9 @@ use std::time::Instant;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+pub use check::{
+    ProgramEnvironment, REDACTED_VALUE_CHARS_MIN, RunCheckInput, RunCheckOutput, validate_command,
+};
 pub use exec::{ExecSafeInput, ExecSafeOutput, GitSubcommand};
 pub use files::{
     DescribeInput, DescribeOutput, EntryKind, LanguageCount, ListFilesInput, ListFilesOutput,
@@ -98,6 +103,8 @@ pub struct Sandbox {
     limits: SandboxLimits,
     confinement: Confinement,
     recorder: ToolRecorder,
+    /// The project's environment values, for `run_check` only.
+    environment: ProgramEnvironment,
 }
 
 impl Sandbox {
@@ -110,7 +117,15 @@ impl Sandbox {
             limits,
             confinement,
             recorder: ToolRecorder::default(),
+            environment: ProgramEnvironment::default(),
         })
+    }
+
+    /// The same sandbox whose `run_check` hands the program `environment`.
+    #[must_use]
+    pub fn with_program_environment(mut self, environment: ProgramEnvironment) -> Self {
+        self.environment = environment;
+        self
     }
 
     pub fn root(&self) -> &WorkspaceRoot {
@@ -119,6 +134,11 @@ impl Sandbox {
 
     pub fn limits(&self) -> &SandboxLimits {
         &self.limits
+    }
+
+    /// The environment values `run_check` hands its program (names only print).
+    pub fn program_environment(&self) -> &ProgramEnvironment {
+        &self.environment
     }
 
     /// Which confinement layers are active.
@@ -168,6 +188,21 @@ impl Sandbox {
     pub fn exec_safe(&self, input: &ExecSafeInput) -> Result<ExecSafeOutput, Error> {
         self.recorded("exec_safe", input, || {
             exec::exec_safe(&self.root, &self.limits, &self.confinement, input)
+        })
+    }
+
+    /// Runs the project's test command in a scratch copy of the
+    /// repository, confined, with the project's environment values; the
+    /// output comes back with every value redacted.
+    pub fn run_check(&self, input: &RunCheckInput) -> Result<RunCheckOutput, Error> {
+        self.recorded("run_check", input, || {
+            check::run_check(
+                &self.root,
+                &self.limits,
+                &self.confinement,
+                &self.environment,
+                input,
+            )
         })
     }
 

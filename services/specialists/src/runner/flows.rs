@@ -1,14 +1,15 @@
 //! Which flow a run drives and with what: the workspace opened in the init
 //! phase, then onboarding (offline findings, refined by the model when one
 //! is configured, falling back to the offline summary when it misbehaves),
-//! exploration, or an issue (reusing the latest exploration, or delegating
-//! to an exploration sub-flow when there is none).
+//! exploration, an issue (reusing the latest exploration, or delegating
+//! to an exploration sub-flow when there is none), or a check (the sandbox
+//! opened with the project's environment values).
 
 use std::sync::Arc;
 
 use tokio::time::Instant;
 use zopu_sandbox::policy::WorkspaceRoot;
-use zopu_sandbox::tools::Sandbox;
+use zopu_sandbox::tools::{ProgramEnvironment, Sandbox};
 use zopu_schema::Envelope;
 use zopu_schema::pb::{self, FlowPhase, FlowType, flow_progress::Signal};
 
@@ -16,9 +17,9 @@ use super::handoff::Outcome;
 use super::{OFFLINE_PROVIDER, Run, SUMMARY_KIND, test_command};
 use crate::config::ProviderKind;
 use crate::port::{FlowError, Port};
-use crate::results::{self, ExplorationResult, IssueResult, OnboardingResult};
+use crate::results::{self, CheckResult, ExplorationResult, IssueResult, OnboardingResult};
 use crate::workspace::Prepared;
-use crate::{explore, issue, model, onboarding, state};
+use crate::{check, explore, issue, model, onboarding, state};
 
 /// A model run's result, or the reason the offline one is kept. A model
 /// that misbehaves (invalid output after the repair, a failed call, the
@@ -90,6 +91,10 @@ impl Run<'_> {
                 let result = self.define_issue(request, &project).await?;
                 self.terminate_result(event, Outcome::Issue(result)).await
             }
+            FlowType::Check => {
+                let result = self.run_check(request, &project).await?;
+                self.terminate_result(event, Outcome::Check(result)).await
+            }
             FlowType::Unspecified => Err(FlowError::InvalidOutput(
                 "flow.requested names no flow type".to_owned(),
             )),
@@ -111,12 +116,19 @@ impl Run<'_> {
         }
         let workspace = prepared.path.clone();
         self.workspace = Some(prepared);
+        let environment = if self.ids.flow_type == FlowType::Check {
+            self.program_environment(event).await?
+        } else {
+            ProgramEnvironment::default()
+        };
         let limits = self.shared.config.sandbox.clone();
         let opened = self
             .bounded(self.shared.config.flow.tool_timeout, async move {
                 tokio::task::spawn_blocking(move || {
                     let root = WorkspaceRoot::open(&workspace).map_err(|e| e.to_string())?;
-                    Sandbox::new(root, limits).map_err(|e| e.to_string())
+                    Sandbox::new(root, limits)
+                        .map(|sandbox| sandbox.with_program_environment(environment))
+                        .map_err(|e| e.to_string())
                 })
                 .await
             })
@@ -127,6 +139,37 @@ impl Run<'_> {
         self.sandbox = Some(Arc::new(sandbox));
         self.progress(Signal::Ready, "ready", "Workspace ready", false, None)
             .await
+    }
+
+    /// The project's stored environment values for the names of its
+    /// `.env.example`, for a check's program; none when this instance has no
+    /// secrets key (said once on the run's progress).
+    async fn program_environment(
+        &mut self,
+        event: &Envelope,
+    ) -> Result<ProgramEnvironment, FlowError> {
+        let names = state::environment_names(&self.ctx.store, &event.project_id.to_string())?;
+        if names.is_empty() {
+            return Ok(ProgramEnvironment::default());
+        }
+        let Some(store) = self.shared.secrets.clone() else {
+            self.progress(
+                Signal::Ready,
+                "environment",
+                "No secrets key on this instance: the check runs without the project's environment values",
+                false,
+                None,
+            )
+            .await?;
+            return Ok(ProgramEnvironment::default());
+        };
+        let values = store
+            .environment_values(&event.org_id, &event.project_id, &names)
+            .await
+            .map_err(|error| {
+                FlowError::Runtime(format!("the environment values could not be read: {error}"))
+            })?;
+        Ok(ProgramEnvironment::new(values))
     }
 
     /// This instance's workspace of the project at the flow's commit,
@@ -331,6 +374,31 @@ impl Run<'_> {
             self.ids.flow_run_id.to_string(),
             results::to_redacted_json(&result),
         ))
+    }
+
+    /// The check flow: the verified test command of the project's latest
+    /// onboarding, run with the environment values the sandbox holds.
+    async fn run_check(
+        &mut self,
+        request: &pb::FlowRequested,
+        project: &str,
+    ) -> Result<CheckResult, FlowError> {
+        let onboarding =
+            state::latest_result(&self.ctx.store, project, FlowType::OnboardingExplore)?.and_then(
+                |(_, json)| zopu_schema::flow_result::decode::<OnboardingResult>(&json).ok(),
+            );
+        let given = self.sandbox()?.program_environment().names();
+        let unset_environment = state::environment_names(&self.ctx.store, project)?
+            .into_iter()
+            .filter(|name| !given.contains(name))
+            .collect();
+        let input = check::CheckInput {
+            provider: self.provider_label.clone(),
+            repository_commit: request.repository_commit.clone(),
+            onboarding,
+            unset_environment,
+        };
+        check::check(self, &input).await
     }
 
     /// The issue flow: the latest exploration of the project (or a delegated

@@ -11,7 +11,7 @@ use zopu_schema::{ArtifactId, BuildId, Envelope, EventId, FlowRunId, keys};
 use super::{Run, RunIds, SUMMARY_KIND, unix_ms_of};
 use crate::manifest::{self, ManifestIds};
 use crate::port::{self, FlowError, Port};
-use crate::results::{self, ExplorationResult, IssueResult, OnboardingResult};
+use crate::results::{self, CheckResult, ExplorationResult, IssueResult, OnboardingResult};
 use crate::state::{self, CurrentDocument};
 
 trait LossyEventId {
@@ -36,16 +36,17 @@ pub fn test_command(summary: &str) -> Option<String> {
     })
 }
 
-/// The result of an exploration or an issue flow.
+/// The result of an exploration, an issue or a check flow.
 pub(super) enum Outcome {
     Explore(ExplorationResult),
     Issue(IssueResult),
+    Check(CheckResult),
 }
 
 /// What a flow's result hands to the artifact pipeline and `flow.completed`.
 pub(super) struct Handoff {
     pub flow_type: FlowType,
-    /// The artifact kind (`exploration`, `issue`).
+    /// The artifact kind (`exploration`, `issue`, `check_report`).
     pub kind: &'static str,
     pub summary: String,
     pub result_json: String,
@@ -74,6 +75,16 @@ impl Outcome {
                     summary: clip_chars(&result.title, 600),
                     result_json: results::to_redacted_json(&result),
                     manifest: manifest::issue(&result, ids),
+                }
+            }
+            Self::Check(mut result) => {
+                result.provenance.guardrails_triggered = guardrails;
+                Handoff {
+                    flow_type: FlowType::Check,
+                    kind: "check_report",
+                    summary: clip_chars(&result.summary, 600),
+                    result_json: results::to_redacted_json(&result),
+                    manifest: manifest::check_report(&result, ids),
                 }
             }
         }

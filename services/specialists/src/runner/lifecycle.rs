@@ -195,9 +195,12 @@ pub(super) fn finished_note(replayed: u32, executed: u32, guardrails: u32) -> St
 }
 
 impl Shared {
-    /// The provider a run names: onboarding runs offline without a model.
+    /// The provider a run names: onboarding runs offline without a model,
+    /// and a check never asks one.
     pub(super) fn provider_label(&self, flow_type: FlowType) -> String {
-        if flow_type == FlowType::OnboardingExplore && self.provider.is_none() {
+        if (flow_type == FlowType::OnboardingExplore && self.provider.is_none())
+            || flow_type == FlowType::Check
+        {
             super::OFFLINE_PROVIDER.to_owned()
         } else {
             self.config.provider_label()

@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tracing::Instrument as _;
@@ -17,6 +18,10 @@ use zopu_schema::pb;
 
 use super::Run;
 use crate::port::{self, FlowError, ToolFailure, ToolRequest, ToolResult};
+
+/// What a check's tool call may take beyond the check's own limit (copying
+/// the tree, killing the program, reading its output).
+const CHECK_GRACE: Duration = Duration::from_secs(30);
 
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -126,7 +131,7 @@ pub(super) fn tool_result(output: Result<Vec<u8>, ToolFailure>) -> ToolResult {
 }
 
 impl Run<'_> {
-    fn sandbox(&self) -> Result<Arc<Sandbox>, FlowError> {
+    pub(super) fn sandbox(&self) -> Result<Arc<Sandbox>, FlowError> {
         self.sandbox
             .clone()
             .ok_or_else(|| FlowError::Workspace("the workspace is not open".to_owned()))
@@ -201,7 +206,17 @@ impl Run<'_> {
     ) -> Result<(ToolResult, pb::ToolCall), FlowError> {
         let sandbox = self.sandbox()?;
         let cache = self.cache.clone();
-        let limit = self.shared.config.flow.tool_timeout;
+        let limit = match &request {
+            // A check runs the project's tests: its own, longer limit.
+            ToolRequest::RunCheck(_) => {
+                Duration::from_millis(self.shared.config.sandbox.check_timeout_ms) + CHECK_GRACE
+            }
+            _ => self.shared.config.flow.tool_timeout,
+        };
+        if matches!(request, ToolRequest::RunCheck(_)) {
+            // The act phase's limit must not cut a check short of its own.
+            self.phase_deadline = self.phase_deadline.max(tokio::time::Instant::now() + limit);
+        }
         let joined = self
             .bounded(limit, async move {
                 tokio::task::spawn_blocking(move || {
