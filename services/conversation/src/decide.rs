@@ -722,9 +722,10 @@ pub fn rephrase(action: Action, title: &str) -> Option<String> {
         Action::CreateIssue => Some(format!(
             "Scoping this as its own issue draft about {subject}; I'll link it when it's ready."
         )),
-        Action::Check => Some(format!(
+        Action::Check => Some(
             "Running the project's tests again as a separate check; the report will land as a new card."
-        )),
+                .to_owned(),
+        ),
         Action::Onboard | Action::Remember => None,
         Action::Respond | Action::Clarify => None,
     }
