@@ -361,6 +361,29 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
         (1..=30).contains(&wait),
         "the first back-off is 30 s, not {wait}"
     );
+    // The run of rejections is the bucket's: another gateway instance backs
+    // the key off as well.
+    let other_instance = Gateway::start_with(zopu_core::config::CoreConfig {
+        agents_dir: Some(agents.clone()),
+        clock: clock.clock(),
+        ..zopu_tests::core_config(&server, &dir.path().join("gateway-2"))
+    })
+    .await?;
+    let (status, refused, retry_after) = other_instance
+        .post_as(
+            "/v1/agent/actions",
+            &key,
+            "refused-7",
+            reply(&second_id, "Another fresh thought"),
+        )
+        .await?;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, Some("backed_off")),
+        "{refused}"
+    );
+    ensure!(retry_after.is_some(), "Retry-After on the other instance");
+    other_instance.stop().await?;
 
     // open_work: a Work of the agent, started from the candidate; retried, the same Work.
     let keys_for_work = AgentKeyStore::open(&bus.jetstream).await?;
@@ -514,9 +537,10 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
         "{body}"
     );
 
-    // User tokens are listed as before, without the agent keys in the same bucket.
+    // User tokens are listed as before (one per gateway this test started),
+    // without the agent keys and their back-offs in the same bucket.
     let tokens = zopu_gateway::tokens::TokenStore::open(&bus.jetstream).await?;
-    assert_eq!(tokens.list().await?.len(), 1);
+    assert_eq!(tokens.list().await?.len(), 2);
     gateway.stop().await
 }
 

@@ -423,7 +423,14 @@ async fn scenario_81_with_an_openai_compatible_tool_call() -> Result<()> {
         .collect();
     assert_eq!(
         tools,
-        ["respond", "clarify", "remember", "explore", "create_issue"]
+        [
+            "respond",
+            "clarify",
+            "remember",
+            "explore",
+            "create_issue",
+            "check"
+        ]
     );
     assert!(body.to_string().contains("<user_message>"));
     conversation.stop().await?;

@@ -167,7 +167,10 @@ async fn only_registered_agents_run_and_a_changed_knowledge_file_is_recorded_and
     let definitions = all_of::<pb::AgentDefinitionChanged>(&bus, &org, project).await?;
     let mut keys: Vec<&str> = definitions.iter().map(|d| d.agent_key.as_str()).collect();
     keys.sort_unstable();
-    assert_eq!(keys, ["conversation", "explorer", "issue-writer"]);
+    assert_eq!(
+        keys,
+        ["checker", "conversation", "explorer", "issue-writer"]
+    );
     assert!(
         definitions
             .iter()
@@ -234,10 +237,10 @@ async fn only_registered_agents_run_and_a_changed_knowledge_file_is_recorded_and
     let definitions = all_of::<pb::AgentDefinitionChanged>(&bus, &org, project).await?;
     assert_eq!(
         definitions.len(),
-        4,
+        5,
         "one new record, for the changed agent"
     );
-    let changed = &definitions[3];
+    let changed = &definitions[4];
     assert_eq!(changed.agent_key, "conversation");
     assert_eq!(
         changed.previous_definition_hash,

@@ -12,6 +12,11 @@
 //! hour by default), so a runtime swaps keys without a failed request.
 //! Gateways read the entry on every request, so a revocation takes effect at
 //! once everywhere.
+//!
+//! A key's run of rejected actions and its back-off live in the same bucket
+//! (`backoff-<id>`), so every gateway instance backs an agent off alike:
+//! rotating between instances does not escape it. The entry is changed by
+//! compare-and-set and removed by the next accepted action.
 
 use std::time::Duration;
 
@@ -200,6 +205,52 @@ fn bucket_key(id: &str) -> String {
     format!("{BUCKET_PREFIX}{id}")
 }
 
+/// Where key `id`'s back-off lives (not under `agent-`, so listings skip it).
+fn backoff_key(id: &str) -> String {
+    format!("backoff-{id}")
+}
+
+/// Rejections in a row after which an agent key is backed off.
+pub const REJECTIONS_BEFORE_BACKOFF: u32 = 3;
+/// The first back-off; each further rejection doubles it, up to [`BACKOFF_MAX`].
+pub const BACKOFF_FIRST: Duration = Duration::from_secs(30);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(600);
+
+/// An agent key's run of rejected actions, shared by every gateway instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Backoff {
+    /// Rejections in a row.
+    pub streak: u32,
+    /// Until when (Unix milliseconds) its actions are refused; 0: not backed off.
+    pub until_unix_ms: u64,
+}
+
+impl Backoff {
+    /// The run after one more rejection at `now_unix_ms`: from the
+    /// [`REJECTIONS_BEFORE_BACKOFF`]th in a row on, backed off for
+    /// [`BACKOFF_FIRST`], doubling with each further one up to [`BACKOFF_MAX`].
+    pub fn after_rejection(self, now_unix_ms: u64) -> Self {
+        let streak = self.streak.saturating_add(1);
+        let until_unix_ms = if streak >= REJECTIONS_BEFORE_BACKOFF {
+            let doublings = (streak - REJECTIONS_BEFORE_BACKOFF).min(10);
+            let wait = (BACKOFF_FIRST * 2u32.pow(doublings)).min(BACKOFF_MAX);
+            now_unix_ms.saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX))
+        } else {
+            self.until_unix_ms
+        };
+        Self {
+            streak,
+            until_unix_ms,
+        }
+    }
+
+    /// How long the key is still backed off at `now_unix_ms` (`None`: not).
+    pub fn remaining(self, now_unix_ms: u64) -> Option<Duration> {
+        (self.until_unix_ms > now_unix_ms)
+            .then(|| Duration::from_millis(self.until_unix_ms - now_unix_ms))
+    }
+}
+
 /// The agent keys in the tokens bucket. Cloning shares the connection.
 #[derive(Clone)]
 pub struct AgentKeyStore {
@@ -366,6 +417,94 @@ impl AgentKeyStore {
             .transpose()
     }
 
+    /// Now, by this store's clock, in Unix milliseconds.
+    pub fn now_unix_ms(&self) -> u64 {
+        unix_ms(self.clock.now())
+    }
+
+    /// Key `id`'s run of rejections, if it has one.
+    pub async fn backoff(&self, id: &str) -> Result<Option<Backoff>, AgentKeyError> {
+        let bytes = self
+            .bucket
+            .get(backoff_key(id))
+            .await
+            .map_err(|error| store_error("read an agent key's back-off", error))?;
+        bytes
+            .map(|bytes| {
+                serde_json::from_slice(&bytes).map_err(|error| AgentKeyError::Corrupt {
+                    id: id.to_owned(),
+                    reason: format!("back-off: {error}"),
+                })
+            })
+            .transpose()
+    }
+
+    /// Counts one more rejected action of key `id` (compare-and-set, so
+    /// rejections on several gateways at once all count); the run after it.
+    pub async fn record_rejection(&self, id: &str) -> Result<Backoff, AgentKeyError> {
+        let now_unix_ms = unix_ms(self.clock.now());
+        for _ in 0..WRITE_ATTEMPTS {
+            let stored = self
+                .bucket
+                .entry(backoff_key(id))
+                .await
+                .map_err(|error| store_error("read an agent key's back-off", error))?
+                .filter(|stored| stored.operation == kv::Operation::Put);
+            let (previous, revision) = match &stored {
+                Some(stored) => (
+                    serde_json::from_slice::<Backoff>(&stored.value).unwrap_or_default(),
+                    Some(stored.revision),
+                ),
+                None => (Backoff::default(), None),
+            };
+            let next = previous.after_rejection(now_unix_ms);
+            let bytes = Bytes::from(serde_json::to_vec(&next).unwrap_or_default());
+            let written = match revision {
+                Some(revision) => self
+                    .bucket
+                    .update(backoff_key(id), bytes, revision)
+                    .await
+                    .map(|_| ())
+                    .map_err(|error| {
+                        (
+                            error.kind() == kv::UpdateErrorKind::WrongLastRevision,
+                            error.to_string(),
+                        )
+                    }),
+                None => self
+                    .bucket
+                    .create(backoff_key(id), bytes)
+                    .await
+                    .map(|_| ())
+                    .map_err(|error| {
+                        (
+                            error.kind() == kv::CreateErrorKind::AlreadyExists,
+                            error.to_string(),
+                        )
+                    }),
+            };
+            match written {
+                Ok(()) => return Ok(next),
+                Err((true, _)) => continue,
+                Err((false, reason)) => {
+                    return Err(store_error("count an agent key's rejection", reason));
+                }
+            }
+        }
+        Err(store_error(
+            "count an agent key's rejection",
+            "the entry kept changing; try again",
+        ))
+    }
+
+    /// Ends key `id`'s run of rejections (an action of it was accepted).
+    pub async fn clear_rejections(&self, id: &str) -> Result<(), AgentKeyError> {
+        self.bucket
+            .purge(backoff_key(id))
+            .await
+            .map_err(|error| store_error("clear an agent key's back-off", error))
+    }
+
     /// A compare-and-set change of key `id`'s entry; `edit` says whether it changed anything.
     async fn change(
         &self,
@@ -428,6 +567,10 @@ impl AgentKeyStore {
     }
 }
 
+fn unix_ms(time: OffsetDateTime) -> u64 {
+    u64::try_from(time.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+}
+
 fn store_error(operation: &'static str, error: impl std::fmt::Display) -> AgentKeyError {
     AgentKeyError::Store(TokenError::Store {
         bucket: zopu_schema::subjects::GATEWAY_TOKENS_BUCKET,
@@ -465,6 +608,26 @@ mod tests {
             ..grant
         };
         assert!(matches!(empty.check(), Err(AgentKeyError::NoCapability)));
+    }
+
+    #[test]
+    fn the_third_rejection_in_a_row_backs_off_doubling_to_the_cap() {
+        let now = 1_000_000;
+        let first = Backoff::default().after_rejection(now);
+        let second = first.after_rejection(now);
+        assert_eq!((second.streak, second.remaining(now)), (2, None));
+        let third = second.after_rejection(now);
+        assert_eq!(third.remaining(now), Some(BACKOFF_FIRST));
+        assert_eq!(
+            third.after_rejection(now).remaining(now),
+            Some(BACKOFF_FIRST * 2)
+        );
+        let mut many = third;
+        for _ in 0..20 {
+            many = many.after_rejection(now);
+        }
+        assert_eq!(many.remaining(now), Some(BACKOFF_MAX));
+        assert_eq!(many.remaining(many.until_unix_ms), None);
     }
 
     #[test]

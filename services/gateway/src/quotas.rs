@@ -134,22 +134,7 @@ pub struct Quotas {
     /// Open live-timeline streams per token id.
     streams: Arc<Mutex<HashMap<String, usize>>>,
     streams_per_token_max: usize,
-    /// Agent API keys' rejection streaks and back-off deadlines.
-    rejections: Mutex<HashMap<String, Rejections>>,
 }
-
-/// An agent key's run of rejected actions.
-#[derive(Debug, Clone, Copy, Default)]
-struct Rejections {
-    streak: u32,
-    backed_off_until: Option<Instant>,
-}
-
-/// Rejections in a row after which an agent key is backed off.
-pub const REJECTIONS_BEFORE_BACKOFF: u32 = 3;
-/// The first back-off; each further rejection doubles it, up to [`BACKOFF_MAX`].
-pub const BACKOFF_FIRST: Duration = Duration::from_secs(30);
-pub const BACKOFF_MAX: Duration = Duration::from_secs(600);
 
 impl Quotas {
     pub fn new(config: &crate::Config) -> Self {
@@ -163,49 +148,7 @@ impl Quotas {
             projects_per_org: rate(config.projects_per_hour_per_org, hour),
             streams: Arc::new(Mutex::new(HashMap::new())),
             streams_per_token_max: config.sse_clients_per_token_max,
-            rejections: Mutex::new(HashMap::new()),
         }
-    }
-
-    /// 429 with `Retry-After` while agent key `key_id` is backed off.
-    pub fn agent_backoff(&self, key_id: &str, now: Instant) -> Result<(), ApiError> {
-        let rejections = self.rejections.lock().unwrap_or_else(|p| p.into_inner());
-        match rejections.get(key_id).and_then(|r| r.backed_off_until) {
-            Some(until) if until > now => Err(too_many(
-                "backed_off",
-                format!(
-                    "this agent's last {} actions were rejected; it is backed off for {} s",
-                    rejections.get(key_id).map_or(0, |r| r.streak),
-                    retry_seconds(until - now)
-                ),
-                until - now,
-            )),
-            _ => Ok(()),
-        }
-    }
-
-    /// Counts a rejected action of agent key `key_id`: from the
-    /// [`REJECTIONS_BEFORE_BACKOFF`]th in a row on, the key is backed off.
-    pub fn agent_rejected(&self, key_id: &str, now: Instant) {
-        let mut rejections = self.rejections.lock().unwrap_or_else(|p| p.into_inner());
-        if rejections.len() >= BUCKETS_MAX && !rejections.contains_key(key_id) {
-            rejections.retain(|_, r| r.backed_off_until.is_some_and(|until| until > now));
-        }
-        let entry = rejections.entry(key_id.to_owned()).or_default();
-        entry.streak += 1;
-        if entry.streak >= REJECTIONS_BEFORE_BACKOFF {
-            let doublings = (entry.streak - REJECTIONS_BEFORE_BACKOFF).min(10);
-            let wait = (BACKOFF_FIRST * 2u32.pow(doublings)).min(BACKOFF_MAX);
-            entry.backed_off_until = Some(now + wait);
-        }
-    }
-
-    /// An accepted action of agent key `key_id` ends its streak.
-    pub fn agent_accepted(&self, key_id: &str) {
-        self.rejections
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key_id);
     }
 
     /// Admits one `action` of `caller` at `now`, or a 429 naming the limit
@@ -292,6 +235,20 @@ impl Quotas {
 /// Whole seconds to wait, at least 1.
 fn retry_seconds(wait: Duration) -> u64 {
     wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
+}
+
+/// 429 `backed_off` with `Retry-After` for an agent key whose last `streak`
+/// actions were rejected (the run is kept in `crate::agent_keys`, shared by
+/// every instance).
+pub fn backed_off(streak: u32, wait: Duration) -> ApiError {
+    too_many(
+        "backed_off",
+        format!(
+            "this agent's last {streak} actions were rejected; it is backed off for {} s",
+            retry_seconds(wait)
+        ),
+        wait,
+    )
 }
 
 fn too_many(code: &'static str, message: String, wait: Duration) -> ApiError {

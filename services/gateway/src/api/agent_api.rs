@@ -33,7 +33,10 @@
 //! the agent's recent outputs there (409 `near_duplicate`), and the rate
 //! limit holds (429). After three rejections in a row the key is backed
 //! off — 429 `backed_off` with `Retry-After`, 30 s doubling up to 10 min —
-//! until an accepted action; the counters are this gateway instance's.
+//! until an accepted action; the run of rejections lives in the tokens
+//! bucket beside the key, so every gateway instance backs the agent off
+//! alike (the rate limit's token bucket is this instance's, as every
+//! gateway quota is).
 //!
 //! Every call checks the agent against the registry this gateway loaded: an
 //! agent that is not registered as `external` is refused (403
@@ -597,22 +600,45 @@ pub async fn agent_action(
     request: RequestId,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, axum::Json<AgentActionAccepted>), ApiError> {
+    let keys = &state
+        .agent_api
+        .as_ref()
+        .ok_or_else(|| {
+            ApiError::unavailable(
+                "agent api",
+                "this gateway was started without the Agent API",
+            )
+        })?
+        .keys;
     let key_id = caller.0.key_id.clone();
-    state
-        .quotas
-        .agent_backoff(&key_id, std::time::Instant::now())?;
+    // The run of rejections is the bucket's, so every instance backs off alike.
+    let backoff = keys.backoff(&key_id).await.map_err(|error| {
+        ApiError::unavailable(
+            "agent keys",
+            format!("the back-off could not be read: {error}"),
+        )
+    })?;
+    if let Some(backoff) = backoff
+        && let Some(wait) = backoff.remaining(keys.now_unix_ms())
+    {
+        return Err(crate::quotas::backed_off(backoff.streak, wait));
+    }
     match checked_action(&state, &caller, &request, body).await {
         Ok(accepted) => {
-            state.quotas.agent_accepted(&key_id);
+            if backoff.is_some_and(|backoff| backoff.streak > 0)
+                && let Err(error) = keys.clear_rejections(&key_id).await
+            {
+                tracing::warn!(key_id = %key_id, %error, "an accepted action did not end the agent's run of rejections");
+            }
             Ok((StatusCode::ACCEPTED, axum::Json(accepted)))
         }
         Err(error) => {
             // A refusal of the platform's checks counts towards the back-off;
             // an outage of ours does not.
             if error.status.is_client_error() {
-                state
-                    .quotas
-                    .agent_rejected(&key_id, std::time::Instant::now());
+                if let Err(store) = keys.record_rejection(&key_id).await {
+                    tracing::warn!(key_id = %key_id, error = %store, "an agent's rejection was not counted");
+                }
                 tracing::info!(agent = %caller.0.grant.agent, key_id = %key_id, code = error.code, "agent action rejected");
             }
             Err(error)
