@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
 use zopu_schema::flow_result::{CheckResult, CheckStatus};
 use zopu_schema::pb;
-use zopu_tests::fleet::{Fleet, FleetConfig, REACTION_SERVICES};
+use zopu_tests::fleet::{Fleet, FleetConfig, REACTION_SERVICES, variables};
 use zopu_tests::{NatsServer, bus, fixtures, history, wait_for, workspace_root, zopu_binary};
 
 use crate::secrets::{artifact_texts, contains, secret_bucket_payloads, stream_texts};
@@ -48,20 +48,6 @@ fn repository_needing_a_token(dir: &Path) -> Result<PathBuf> {
     )?;
     fixtures::init_and_commit(&repo, "main", "A service that needs a token")?;
     Ok(repo)
-}
-
-/// Every file under `dir`, read raw.
-fn files_under(dir: &Path, found: &mut Vec<(PathBuf, Vec<u8>)>) -> Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            files_under(&entry.path(), found)?;
-        } else if kind.is_file() {
-            found.push((entry.path(), std::fs::read(entry.path())?));
-        }
-    }
-    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,12 +85,7 @@ async fn a_check_runs_the_verified_test_command_with_the_stored_value_which_appe
     let mut fleet = Fleet::new(
         &zopu_binary(&workspace_root())?,
         &fleet_root,
-        FleetConfig::single_node(
-            server.url(),
-            env.into_iter()
-                .map(|(name, value)| (name.to_owned(), value.to_owned()))
-                .collect(),
-        ),
+        FleetConfig::single_node(server.url(), variables(&env)),
     )?;
     for service in REACTION_SERVICES {
         fleet.start(service, 1)?;
@@ -148,19 +129,12 @@ async fn a_check_runs_the_verified_test_command_with_the_stored_value_which_appe
 
     // "Run the tests": the check runs, passes, and is reported.
     let sent = fleet
-        .cli_exiting(
-            &[
-                "--json",
-                "send",
-                "--org",
-                "acme",
-                &project,
-                "Please run the tests",
-                "--timeout",
-                "150",
-            ],
+        .send(
+            "acme",
+            &project,
+            "Please run the tests",
+            Duration::from_secs(150),
             &[0],
-            LONG,
         )
         .await?;
     responses.push(sent.clone());
@@ -243,19 +217,12 @@ async fn a_check_runs_the_verified_test_command_with_the_stored_value_which_appe
     );
     // A later turn's prompt quotes the report's sentence, never the value.
     let asked = fleet
-        .cli_exiting(
-            &[
-                "--json",
-                "send",
-                "--org",
-                "acme",
-                &project,
-                "What happened?",
-                "--timeout",
-                "60",
-            ],
+        .send(
+            "acme",
+            &project,
+            "What happened?",
+            Duration::from_secs(60),
             &[0],
-            LONG,
         )
         .await?;
     responses.push(asked);
@@ -307,9 +274,8 @@ async fn a_check_runs_the_verified_test_command_with_the_stored_value_which_appe
             found.push(format!("a response or CLI output: {text}"));
         }
     }
-    let mut files = Vec::new();
-    files_under(&fleet_root, &mut files)?;
-    files_under(&dir.path().join("gateway"), &mut files)?;
+    let mut files = fixtures::files_under(&fleet_root)?;
+    files.extend(fixtures::files_under(&dir.path().join("gateway"))?);
     ensure!(
         files
             .iter()

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use zopu_schema::{Envelope, pb};
-use zopu_tests::fleet::{Fleet, FleetConfig, REACTION_SERVICES};
+use zopu_tests::fleet::{Fleet, FleetConfig, REACTION_SERVICES, variables};
 use zopu_tests::{NatsServer, bus, fixtures, history, wait_for, workspace_root, zopu_binary};
 
 const LONG: Duration = Duration::from_secs(420);
@@ -186,12 +186,7 @@ async fn a_real_llama_server_answers_a_turn_and_an_exploration_or_the_product_fa
     let mut fleet = Fleet::new(
         &zopu_binary(&workspace_root())?,
         &dir.path().join("fleet"),
-        FleetConfig::single_node(
-            server.url(),
-            env.into_iter()
-                .map(|(name, value)| (name.to_owned(), value.to_owned()))
-                .collect(),
-        ),
+        FleetConfig::single_node(server.url(), variables(&env)),
     )?;
     for service in REACTION_SERVICES {
         fleet.start(service, 1)?;
@@ -213,20 +208,12 @@ async fn a_real_llama_server_answers_a_turn_and_an_exploration_or_the_product_fa
     // One turn: `zopu send` prints the acknowledgement and the final.
     let sent_at = Instant::now();
     let sent = fleet
-        .cli_exiting(
-            &[
-                "--json",
-                "send",
-                "--org",
-                "acme",
-                &project,
-                QUESTION,
-                "--timeout",
-                "400",
-            ],
-            // 1: the answer was a visible failure (checked below).
+        .send(
+            "acme",
+            &project,
+            QUESTION,
+            Duration::from_secs(400),
             &[0, 1],
-            LONG,
         )
         .await?;
     let turn_took = sent_at.elapsed();

@@ -10,7 +10,6 @@
 //! messages, not in a response or CLI output, not in setup's log (at debug),
 //! not in a file setup wrote (the clone's `.git/config` included).
 
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -55,20 +54,6 @@ async fn failure_code(
         .with_context(|| format!("revision {revision} did not fail: {}", event.event_type))?;
     let reason = failed.reason.context("a failure reason")?;
     Ok((reason.code, reason.message))
-}
-
-/// Every file under `dir`, read raw.
-fn files_under(dir: &Path, found: &mut Vec<(std::path::PathBuf, Vec<u8>)>) -> Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            files_under(&entry.path(), found)?;
-        } else if kind.is_file() {
-            found.push((entry.path(), std::fs::read(entry.path())?));
-        }
-    }
-    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -319,9 +304,8 @@ async fn a_private_repository_clones_with_the_stored_token_and_fails_clearly_wit
             );
         }
     }
-    let mut files = Vec::new();
-    files_under(&fleet_root, &mut files)?;
-    files_under(&dir.path().join("gateway"), &mut files)?;
+    let mut files = fixtures::files_under(&fleet_root)?;
+    files.extend(fixtures::files_under(&dir.path().join("gateway"))?);
     ensure!(
         files.iter().any(|(path, _)| path.ends_with(".git/config")),
         "setup's clone is among the files searched"

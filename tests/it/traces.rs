@@ -83,20 +83,7 @@ async fn one_trace_spans_a_turn_across_every_service_with_the_model_call() -> Re
 
     let project = fleet.create_project("acme", &repo, LONG).await?;
     fleet
-        .cli_exiting(
-            &[
-                "--json",
-                "send",
-                "--org",
-                "acme",
-                &project,
-                QUESTION,
-                "--timeout",
-                "200",
-            ],
-            &[0],
-            LONG,
-        )
+        .send("acme", &project, QUESTION, Duration::from_secs(200), &[0])
         .await?;
 
     // The message's chain, from the stream: its trace is the CLI append's.

@@ -195,7 +195,7 @@ impl Chaos {
                 stream_replicas: CLUSTER_SIZE,
                 partitions: 6,
                 lease_ttl: Duration::from_secs(2),
-                env: [
+                env: crate::fleet::variables(&[
                     ("ZOPU_GATEWAY_LINK_KEY", link_key.as_str()),
                     ("ZOPU_CONVERSATION__PROVIDER", "openai"),
                     ("ZOPU_CONVERSATION__OPENAI__BASE_URL", &model.base_url()),
@@ -206,10 +206,7 @@ impl Chaos {
                     ("ZOPU_CONVERSATION__OPENAI__BACKOFF_BASE", "100ms"),
                     ("ZOPU_CONVERSATION__OPENAI__BACKOFF_MAX", "1s"),
                     (MODEL_KEY_VARIABLE, "chaos-key"),
-                ]
-                .into_iter()
-                .map(|(name, value)| (name.to_owned(), value.to_owned()))
-                .collect(),
+                ]),
             },
         )?;
         // Each instance reaches the nodes only through its own proxies.

@@ -98,3 +98,22 @@ pub fn free_port() -> Result<u16> {
         .local_addr()?
         .port())
 }
+
+/// Every regular file under `dir` with its bytes, read raw (for tests that
+/// search what services wrote for a value that must not be there).
+pub fn files_under(dir: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                pending.push(entry.path());
+            } else if kind.is_file() {
+                found.push((entry.path(), std::fs::read(entry.path())?));
+            }
+        }
+    }
+    Ok(found)
+}

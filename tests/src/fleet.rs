@@ -23,6 +23,14 @@ pub struct FleetConfig {
     pub env: Vec<(String, String)>,
 }
 
+/// Variables as a fleet takes them, from literal pairs.
+pub fn variables(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect()
+}
+
 impl FleetConfig {
     /// One instance of each service on one nats-server: R1 streams, one
     /// partition, 3 s leases, and `env` for every process.
@@ -142,6 +150,32 @@ impl Fleet {
             String::from_utf8_lossy(&output.stderr)
         );
         Ok(stdout)
+    }
+
+    /// `zopu --json send --org ORG PROJECT TEXT --timeout SECONDS` (the CLI
+    /// waits up to `answer_within` for the final answer); its standard output
+    /// when it exits with one of `codes` (1: the answer was a visible failure).
+    pub async fn send(
+        &self,
+        org: &str,
+        project: &str,
+        text: &str,
+        answer_within: Duration,
+        codes: &[i32],
+    ) -> Result<String> {
+        let seconds = answer_within.as_secs().to_string();
+        let args = [
+            "--json",
+            "send",
+            "--org",
+            org,
+            project,
+            text,
+            "--timeout",
+            &seconds,
+        ];
+        self.cli_exiting(&args, codes, answer_within + Duration::from_secs(30))
+            .await
     }
 
     /// Creates a project of `org` from the local repository `repo` with

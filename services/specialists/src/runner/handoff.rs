@@ -5,6 +5,7 @@
 
 use zopu_core::text::clip_chars;
 use zopu_sandbox::tools::WriteGeneratedFileInput;
+use zopu_schema::flow_result::FlowResult;
 use zopu_schema::pb::{self, FlowPhase, FlowType};
 use zopu_schema::{ArtifactId, BuildId, Envelope, EventId, FlowRunId, keys};
 
@@ -59,34 +60,38 @@ impl Outcome {
         match self {
             Self::Explore(mut result) => {
                 result.provenance.guardrails_triggered = guardrails;
-                Handoff {
-                    flow_type: FlowType::Explore,
-                    kind: "exploration",
-                    summary: clip_chars(&result.summary, 600),
-                    result_json: results::to_redacted_json(&result),
-                    manifest: manifest::exploration(&result, ids),
-                }
+                let manifest = manifest::exploration(&result, ids);
+                Handoff::of(&result, "exploration", &result.summary, manifest)
             }
             Self::Issue(mut result) => {
                 result.provenance.guardrails_triggered = guardrails;
-                Handoff {
-                    flow_type: FlowType::Issue,
-                    kind: "issue",
-                    summary: clip_chars(&result.title, 600),
-                    result_json: results::to_redacted_json(&result),
-                    manifest: manifest::issue(&result, ids),
-                }
+                let manifest = manifest::issue(&result, ids);
+                Handoff::of(&result, "issue", &result.title, manifest)
             }
             Self::Check(mut result) => {
                 result.provenance.guardrails_triggered = guardrails;
-                Handoff {
-                    flow_type: FlowType::Check,
-                    kind: "check_report",
-                    summary: clip_chars(&result.summary, 600),
-                    result_json: results::to_redacted_json(&result),
-                    manifest: manifest::check_report(&result, ids),
-                }
+                let manifest = manifest::check_report(&result, ids);
+                Handoff::of(&result, "check_report", &result.summary, manifest)
             }
+        }
+    }
+}
+
+impl Handoff {
+    /// `result` handed to the artifact pipeline as `kind`, with `summary`
+    /// (clipped) for `flow.completed`.
+    fn of<T: FlowResult>(
+        result: &T,
+        kind: &'static str,
+        summary: &str,
+        manifest: pb::ArtifactManifest,
+    ) -> Self {
+        Self {
+            flow_type: T::FLOW_TYPE,
+            kind,
+            summary: clip_chars(summary, 600),
+            result_json: results::to_redacted_json(result),
+            manifest,
         }
     }
 }
