@@ -19,7 +19,9 @@ use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
 use zopu_schema::flow_result::{CheckResult, CheckStatus};
 use zopu_schema::pb;
 use zopu_tests::fleet::{Fleet, FleetConfig, REACTION_SERVICES, variables};
-use zopu_tests::{NatsServer, bus, fixtures, history, wait_for, workspace_root, zopu_binary};
+use zopu_tests::{
+    NatsServer, bus, fixtures, history, wait_for, wait_for_count, workspace_root, zopu_binary,
+};
 
 use crate::secrets::{artifact_texts, contains, secret_bucket_payloads, stream_texts};
 
@@ -48,6 +50,14 @@ fn repository_needing_a_token(dir: &Path) -> Result<PathBuf> {
     )?;
     fixtures::init_and_commit(&repo, "main", "A service that needs a token")?;
     Ok(repo)
+}
+
+/// A check flow's `flow.completed`.
+fn check_completed(event: &zopu_schema::Envelope) -> bool {
+    event.is::<pb::FlowCompleted>()
+        && event
+            .decode::<pb::FlowCompleted>()
+            .is_ok_and(|completed| completed.flow_type == pb::FlowType::Check as i32)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,13 +148,9 @@ async fn a_check_runs_the_verified_test_command_with_the_stored_value_which_appe
         )
         .await?;
     responses.push(sent.clone());
-    let completed = wait_for(&bus, &events, LONG, |event| {
-        event.decode::<pb::FlowCompleted>().is_ok_and(|completed| {
-            event.is::<pb::FlowCompleted>() && completed.flow_type == pb::FlowType::Check as i32
-        })
-    })
-    .await
-    .context("the check never completed")?;
+    let completed = wait_for(&bus, &events, LONG, check_completed)
+        .await
+        .context("the check never completed")?;
     let result: CheckResult =
         zopu_schema::flow_result::decode(&completed.decode::<pb::FlowCompleted>()?.result_json)?;
     assert_eq!(result.status, CheckStatus::Passed, "{result:?}");
@@ -237,6 +243,23 @@ async fn a_check_runs_the_verified_test_command_with_the_stored_value_which_appe
         "the later prompt quotes the check: {}",
         prompts[1]
     );
+    // "Run again" on the report's card: a second check, and no model call.
+    gateway.caught_up(&bus).await?;
+    let (status, clicked) = gateway
+        .post(
+            &format!("/v1/projects/{project}/actions"),
+            json!({"artifact_id": published.artifact_id, "action_id": "run_check"}),
+        )
+        .await?;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{clicked}");
+    responses.push(clicked.to_string());
+    let checks = wait_for_count(&bus, &events, LONG, 2, check_completed)
+        .await
+        .context("the click started no second check")?;
+    let again: CheckResult =
+        zopu_schema::flow_result::decode(&checks[1].decode::<pb::FlowCompleted>()?.result_json)?;
+    assert_eq!(again.status, CheckStatus::Passed, "{again:?}");
+    ensure!(llm.requests().len() == 2, "a click asks no model");
     gateway.stop().await?;
     for service in REACTION_SERVICES {
         fleet.stop(service, 1)?;

@@ -492,7 +492,7 @@ impl Turn<'_> {
                 self.execute(plan, &source, view).await
             }
             source_type if is_flow_outcome(source_type) => self.flow_outcome(&source).await,
-            pb::TimelineActionSent::TYPE => self.card_action(&source, definition).await,
+            pb::TimelineActionSent::TYPE => self.card_action(&source, view, definition).await,
             _ => self.complete("noted").await,
         }
     }
@@ -920,14 +920,18 @@ impl Turn<'_> {
     }
 
     /// A card action: "Publish to tracker" on one of the project's issue
-    /// drafts requests the approval publishing needs (once per draft);
-    /// anything else is noted.
+    /// drafts requests the approval publishing needs (once per draft); "Run
+    /// the tests" starts a check; anything else is noted.
     async fn card_action(
         &self,
         source: &Envelope,
+        view: &ProjectView,
         definition: &RegisteredAgent,
     ) -> Result<(), HandlerError> {
         let action = source.decode::<pb::TimelineActionSent>()?;
+        if action.action_id == zopu_schema::manifest::RUN_CHECK_ACTION {
+            return self.execute(decide::check_turn(view), source, view).await;
+        }
         if action.action_id != zopu_schema::manifest::PUBLISH_ISSUE_ACTION {
             return self.complete("noted").await;
         }

@@ -160,6 +160,25 @@ pub fn onboarding_turn(view: &ProjectView) -> TurnPlan {
     }
 }
 
+/// The turn of a click on "Run the tests" (a setup card) or "Run again" (a
+/// check report): a check flow.
+pub fn check_turn(view: &ProjectView) -> TurnPlan {
+    let name = view.project_name();
+    TurnPlan {
+        action: Action::Check,
+        acknowledgement: Some(format!(
+            "Running {name}'s declared test command in a sandboxed copy now. I'll post how it ended."
+        )),
+        reply: None,
+        title: format!("Check {name}"),
+        request_text: "Run the project's tests.".to_owned(),
+        rationale: "card action: run the tests".to_owned(),
+        provider: offline::OFFLINE_LABEL.to_owned(),
+        remember: None,
+        acknowledged: false,
+    }
+}
+
 /// The turn that replaces a flow the mesh rules do not let the agent hand
 /// to specialist `target`: a short reply saying so.
 pub fn delegation_refused_turn(plan: TurnPlan, target: &str) -> TurnPlan {

@@ -69,6 +69,11 @@ pub const ACTION_EVENT_TYPE: &str = "client.action";
 /// `approval.requested`, and nothing is published before it is granted.
 pub const PUBLISH_ISSUE_ACTION: &str = "publish";
 
+/// The action on the setup card (when onboarding verified a test command)
+/// and on a check report that runs the project's tests: the conversation
+/// agent turns a click into a check flow.
+pub const RUN_CHECK_ACTION: &str = "run_check";
+
 /// One problem with a manifest. Every variant names the field it is about.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {

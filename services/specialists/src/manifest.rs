@@ -227,7 +227,7 @@ pub fn project_setup(result: &OnboardingResult, ids: &ManifestIds) -> ArtifactMa
             ),
             fact("Provider", &result.provenance.provider),
         ],
-        vec![action("explore", "Explore the code", true)],
+        setup_actions(result),
     );
     let mut sections: Vec<Option<ArtifactSection>> = vec![prose(
         "Project purpose",
@@ -543,6 +543,16 @@ pub fn issue(result: &IssueResult, ids: &ManifestIds) -> ArtifactManifest {
     manifest
 }
 
+/// The setup card's actions: explore, and run the tests when onboarding
+/// verified a test command.
+fn setup_actions(result: &OnboardingResult) -> Vec<CardAction> {
+    let mut actions = vec![action("explore", "Explore the code", true)];
+    if crate::check::verified_test_command(result).is_some() {
+        actions.push(action(limits::RUN_CHECK_ACTION, "Run the tests", false));
+    }
+    actions
+}
+
 /// The `check_report` manifest: what ran, how it ended, with which values
 /// (names only) and the last lines of its redacted output.
 pub fn check_report(result: &CheckResult, ids: &ManifestIds) -> ArtifactManifest {
@@ -580,7 +590,11 @@ pub fn check_report(result: &CheckResult, ids: &ManifestIds) -> ArtifactManifest
             ),
             fact("Environment values", &environment),
         ],
-        Vec::new(),
+        if result.command.is_empty() {
+            Vec::new()
+        } else {
+            vec![action(limits::RUN_CHECK_ACTION, "Run again", false)]
+        },
     );
     let lines: Vec<String> = result.output_tail.lines().map(str::to_owned).collect();
     let skipped = lines.len().saturating_sub(limits::ITEMS_MAX);
