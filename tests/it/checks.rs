@@ -313,3 +313,153 @@ async fn a_check_runs_the_verified_test_command_with_the_stored_value_which_appe
     ensure!(found.is_empty(), "the value survived in: {found:?}");
     Ok(())
 }
+
+/// The processes whose command line is exactly `argv`, from `/proc`.
+fn processes_running(argv: &[&str]) -> Vec<u32> {
+    let wanted: Vec<u8> = argv
+        .iter()
+        .flat_map(|arg| [arg.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|cmdline| cmdline == wanted)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits (up to `timeout`) until `condition` holds, looking every 50 ms.
+async fn until(timeout: Duration, what: &str, mut condition: impl FnMut() -> bool) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !condition() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{what} within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// Issue 18 item 3 with a real program: a check whose test command runs
+/// long is cancelled through the API; its program (and the shell and make
+/// above it) is killed, the flow ends `flow.cancelled` well before the
+/// program would have, nothing completes after it, and the agent says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_check_kills_its_program_and_ends_at_once() -> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let dir = tempfile::tempdir()?;
+    let repo = dir.path().join("slow-app");
+    std::fs::create_dir_all(&repo)?;
+    std::fs::write(
+        repo.join("README.md"),
+        "# slow-app\n\nIts tests take a while.\n",
+    )?;
+    // 347 s: a duration no other test's program has.
+    std::fs::write(repo.join("Makefile"), "test:\n\t@sleep 347\n")?;
+    fixtures::init_and_commit(&repo, "main", "Slow tests")?;
+    let mut fleet = Fleet::new(
+        &zopu_binary(&workspace_root())?,
+        &dir.path().join("fleet"),
+        FleetConfig::single_node(server.url(), Vec::new()),
+    )?;
+    for service in REACTION_SERVICES {
+        fleet.start(service, 1)?;
+    }
+    let project = fleet.create_project("acme", &repo, LONG).await?;
+    let events = format!("zopu.evt.acme.{project}.>");
+    wait_for(&bus, &events, LONG, |event| {
+        event.is::<pb::FlowCompleted>()
+            && event.decode::<pb::FlowCompleted>().is_ok_and(|completed| {
+                completed.flow_type == pb::FlowType::OnboardingExplore as i32
+            })
+    })
+    .await
+    .context("onboarding never completed")?;
+    let gateway = crate::registry::Gateway::start(&server, &dir.path().join("gateway")).await?;
+    let (status, sent) = gateway
+        .post(
+            &format!("/v1/projects/{project}/messages"),
+            json!({"text": "Please run the tests"}),
+        )
+        .await?;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{sent}");
+    let started = wait_for(&bus, &events, LONG, |event| {
+        event.is::<pb::FlowStarted>()
+            && event
+                .decode::<pb::FlowStarted>()
+                .is_ok_and(|started| started.flow_type == pb::FlowType::Check as i32)
+    })
+    .await?;
+    let flow = started.flow_run_id.context("the run's id")?;
+    until(LONG, "the check's program runs", || {
+        !processes_running(&["sleep", "347"]).is_empty()
+    })
+    .await?;
+
+    gateway.caught_up(&bus).await?;
+    let (status, accepted) = gateway
+        .post(
+            &format!("/v1/projects/{project}/flows/{flow}/cancel"),
+            json!({"reason": "Too slow."}),
+        )
+        .await?;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{accepted}");
+    let ended = wait_for(&bus, &events, LONG, |event| {
+        event.flow_run_id == Some(flow)
+            && (event.is::<pb::FlowCancelled>()
+                || event.is::<pb::FlowCompleted>()
+                || event.is::<pb::FlowFailed>())
+    })
+    .await?;
+    ensure!(
+        ended.is::<pb::FlowCancelled>(),
+        "the check ended {}",
+        ended.event_type
+    );
+    let requested_at = history(&bus, &events)
+        .await?
+        .iter()
+        .find(|(_, event)| event.is::<pb::FlowCancelRequested>())
+        .map(|(_, event)| event.time)
+        .context("the cancel request")?;
+    eprintln!(
+        "cancel request to flow.cancelled: {}",
+        ended.time - requested_at
+    );
+    let took = ended.time - started.time;
+    ensure!(
+        took < time::Duration::seconds(60),
+        "the flow ended {took} after it started: it waited for its program"
+    );
+    until(Duration::from_secs(10), "the program is killed", || {
+        processes_running(&["sleep", "347"]).is_empty()
+    })
+    .await?;
+    wait_for(&bus, &events, LONG, |event| {
+        event.is::<pb::AgentFinal>()
+            && event
+                .decode::<pb::AgentFinal>()
+                .is_ok_and(|told| told.text.starts_with("I stopped the check."))
+    })
+    .await
+    .context("the agent never said it stopped the check")?;
+    let after: Vec<String> = history(&bus, &events)
+        .await?
+        .iter()
+        .filter(|(_, event)| event.flow_run_id == Some(flow) && event.is::<pb::FlowCompleted>())
+        .map(|(_, event)| event.event_type.clone())
+        .collect();
+    ensure!(
+        after.is_empty(),
+        "nothing completes after the cancel: {after:?}"
+    );
+    gateway.stop().await?;
+    Ok(())
+}
