@@ -129,7 +129,7 @@ impl Kit {
             Kit::CheckReport => match kind {
                 "prose" => 0,
                 "facts" => 1,
-                "commands" => 2,
+                "output" => 2,
                 _ => 5,
             },
         }
@@ -264,6 +264,8 @@ struct Section<'a> {
     kind: &'a str,
     title: &'a str,
     body: Vec<Vec<Segment<'a>>>,
+    /// An `output` section's body as it is (shown preformatted, escaped).
+    raw: &'a str,
     items: Vec<Item<'a>>,
     files: Vec<FileItem<'a>>,
     facts: Vec<Fact<'a>>,
@@ -391,6 +393,7 @@ fn section(index: usize, s: &ArtifactSection) -> Section<'_> {
         kind: &s.kind,
         title: &s.title,
         body: paragraphs(&s.body),
+        raw: if s.kind == "output" { &s.body } else { "" },
         items,
         files,
         facts: s.facts.iter().map(fact).collect(),

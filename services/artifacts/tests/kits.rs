@@ -43,6 +43,18 @@ fn exploration_kit_matches_snapshot() {
 }
 
 #[test]
+fn check_report_kit_matches_snapshot() {
+    let html = built("check_report", &support::check_report());
+    assert!(html.contains("class=\"kit-check-report\""));
+    // The output is one preformatted, escaped block.
+    assert!(html.contains(
+        "<pre class=\"output\"><code>calling the API with [redacted:env API_TOKEN]\ntest_login"
+    ));
+    assert!(html.contains("FAILED &lt;expected 200, got 401&gt;"));
+    support::assert_snapshot("check_report.html", &html);
+}
+
+#[test]
 fn issue_kit_matches_snapshot() {
     let html = built("issue", &support::issue());
     assert!(html.contains("class=\"kit-issue-definition\""));
@@ -64,6 +76,7 @@ fn rendering_is_deterministic() {
         support::project_setup(),
         support::exploration(50),
         support::issue(),
+        support::check_report(),
     ] {
         let a = render::render(&m, &options).expect("render");
         let b = render::render(&m, &options).expect("render");
@@ -84,6 +97,10 @@ fn kits_map_to_kinds() {
     assert_eq!(
         Kit::for_kind(ArtifactKind::Issue).map(Kit::name),
         Some("issue-definition")
+    );
+    assert_eq!(
+        Kit::for_kind(ArtifactKind::CheckReport).map(Kit::name),
+        Some("check-report")
     );
     assert_eq!(Kit::for_kind(ArtifactKind::Unspecified), None);
     let mut m = support::issue();

@@ -60,6 +60,8 @@ pub const SECTION_KINDS: &[&str] = &[
     "commands",
     "files",
     "risks",
+    // A program's output, kept as it is (its `body`, shown preformatted).
+    "output",
 ];
 
 /// The only event type a card action may emit in this slice.

@@ -50,10 +50,19 @@ pub fn status_of(output: &RunCheckOutput) -> CheckStatus {
     }
 }
 
+/// A run's duration as people read it: `340 ms`, `12.5 s`.
+pub fn duration_text(duration_ms: u64) -> String {
+    if duration_ms < 1000 {
+        format!("{duration_ms} ms")
+    } else {
+        format!("{:.1} s", duration_ms as f64 / 1000.0)
+    }
+}
+
 /// One sentence saying what ran and how it ended. Worded as a report of
 /// the program's exit, never as a claim about the code.
 pub fn summary_of(result: &CheckResult) -> String {
-    let seconds = result.duration_ms as f64 / 1000.0;
+    let took = duration_text(result.duration_ms);
     let given = if result.environment.is_empty() {
         String::new()
     } else {
@@ -61,22 +70,22 @@ pub fn summary_of(result: &CheckResult) -> String {
     };
     match result.status {
         CheckStatus::Passed => format!(
-            "The check passed: `{}` exited 0 after {seconds:.1} s{given}.",
+            "The check passed: `{}` exited 0 after {took}{given}.",
             result.command
         ),
         CheckStatus::Failed => match (result.exit_code, result.signal) {
             (Some(code), _) => format!(
-                "The check failed: `{}` exited {code} after {seconds:.1} s{given}.",
+                "The check failed: `{}` exited {code} after {took}{given}.",
                 result.command
             ),
             (None, Some(signal)) => format!(
-                "The check failed: `{}` was ended by signal {signal} after {seconds:.1} s{given}.",
+                "The check failed: `{}` was ended by signal {signal} after {took}{given}.",
                 result.command
             ),
             (None, None) => format!("The check failed: `{}` did not exit.", result.command),
         },
         CheckStatus::TimedOut => format!(
-            "The check timed out: `{}` was stopped after {seconds:.1} s{given}.",
+            "The check timed out: `{}` was stopped after {took}{given}.",
             result.command
         ),
         CheckStatus::NotRun => result.summary.clone(),
@@ -233,5 +242,7 @@ mod tests {
             summary_of(&result),
             "The check failed: `make test` exited 2 after 1.5 s with API_TOKEN."
         );
+        assert_eq!(duration_text(340), "340 ms");
+        assert_eq!(duration_text(12_500), "12.5 s");
     }
 }

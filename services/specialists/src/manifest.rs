@@ -584,10 +584,7 @@ pub fn check_report(result: &CheckResult, ids: &ManifestIds) -> ArtifactManifest
         vec![
             fact("Status", &status),
             fact("Exit", &exit),
-            fact(
-                "Duration",
-                &format!("{:.1} s", result.duration_ms as f64 / 1000.0),
-            ),
+            fact("Duration", &crate::check::duration_text(result.duration_ms)),
             fact("Environment values", &environment),
         ],
         if result.command.is_empty() {
@@ -596,19 +593,33 @@ pub fn check_report(result: &CheckResult, ids: &ManifestIds) -> ArtifactManifest
             vec![action(limits::RUN_CHECK_ACTION, "Run again", false)]
         },
     );
-    let lines: Vec<String> = result.output_tail.lines().map(str::to_owned).collect();
-    let skipped = lines.len().saturating_sub(limits::ITEMS_MAX);
-    let output_title = if result.output_truncated || skipped > 0 {
+    let output_title = if result.output_truncated {
         "Output (the last lines; environment values redacted)"
     } else {
         "Output (environment values redacted)"
+    };
+    // The body keeps the output's end: the sandbox's tail is already
+    // shorter than a body, this only guards the limit.
+    let output = if result.output_tail.trim().is_empty() {
+        None
+    } else {
+        let chars = result.output_tail.chars().count();
+        let kept: String = result
+            .output_tail
+            .chars()
+            .skip(chars.saturating_sub(limits::LONG_TEXT_CHARS_MAX))
+            .collect();
+        Some(ArtifactSection {
+            body: zopu_secrets::redact(&kept),
+            ..section("output", output_title)
+        })
     };
     let sections = vec![
         prose("Summary", &result.summary),
         Some(ArtifactSection {
             facts: vec![
                 fact("Command", &result.command),
-                fact("Declared in", &result.command_source),
+                fact("Source", &result.command_source),
                 fact("Status", &status),
                 fact("Exit", &exit),
                 fact("Environment values given", &environment),
@@ -624,7 +635,7 @@ pub fn check_report(result: &CheckResult, ids: &ManifestIds) -> ArtifactManifest
             ],
             ..section("facts", "What ran")
         }),
-        list("commands", output_title, &lines[skipped..]),
+        output,
     ];
     manifest.sections = sections.into_iter().flatten().collect();
     manifest

@@ -350,6 +350,46 @@ pub fn exploration(evidence_count: usize) -> ArtifactManifest {
 }
 
 /// An issue with current and desired world and acceptance criteria (spec section 31).
+/// A check report: a test command that failed, its output with a value redacted.
+pub fn check_report() -> ArtifactManifest {
+    let mut m = base(
+        ArtifactKind::CheckReport,
+        "Check: make test",
+        "The check failed: `make test` exited 2 after 3.4 s with API_TOKEN.",
+    );
+    m.work_id = work_id().to_string();
+    m.card = Some(ArtifactCard {
+        label: "Check".into(),
+        facts: vec![
+            fact("Status", "failed"),
+            fact("Exit", "2"),
+            fact("Duration", "3.4 s"),
+            fact("Environment values", "API_TOKEN"),
+        ],
+        actions: vec![action("run_check", "Run again", "secondary")],
+    });
+    m.sections = vec![
+        ArtifactSection {
+            body: "The check failed: `make test` exited 2 after 3.4 s with API_TOKEN.".into(),
+            ..section("prose", "Summary")
+        },
+        ArtifactSection {
+            facts: vec![
+                fact("Command", "make test"),
+                fact("Source", "declared in Makefile line 4"),
+                fact("Environment values given", "API_TOKEN"),
+                fact("Confinement", "rlimits, landlock_fs, landlock_net, seccomp"),
+            ],
+            ..section("facts", "What ran")
+        },
+        ArtifactSection {
+            body: "calling the API with [redacted:env API_TOKEN]\ntest_login ... ok\ntest_refresh ... FAILED <expected 200, got 401>\nmake: *** [Makefile:4: test] Error 2".into(),
+            ..section("output", "Output (environment values redacted)")
+        },
+    ];
+    m
+}
+
 pub fn issue() -> ArtifactManifest {
     let mut m = base(
         ArtifactKind::Issue,
