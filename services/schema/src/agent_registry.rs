@@ -30,8 +30,16 @@ pub const CHECKED_IN_PATH: &str = "proto/agent-registry.schema.json";
 pub const FILE_NAME: &str = "registry.toml";
 
 /// The read-only repository tools a model may be offered; a definition's
-/// `tools` is a subset of these.
-pub const MODEL_TOOLS: &[&str] = &["describe", "list_files", "read_file", "search"];
+/// `tools` is a subset of these. `ranked_search` is the offline explorer's
+/// ranking of the files a question is about (what defines its keywords
+/// first), so a model starts from good candidates.
+pub const MODEL_TOOLS: &[&str] = &[
+    "describe",
+    "list_files",
+    "read_file",
+    "search",
+    "ranked_search",
+];
 
 /// The effects outside the runtime an agent may recommend (each goes through
 /// an approval before the executor acts).

@@ -20,6 +20,12 @@ use crate::results::{self, ExplorationResult, Finding, IssueResult, OnboardingAn
 
 /// Characters of one tool result given back to the model.
 const TOOL_RESULT_CHARS_MAX: usize = 24_000;
+/// The model tool that answers with the offline explorer's ranking.
+const RANKED_SEARCH: &str = "ranked_search";
+/// Files `ranked_search` returns (and reads, to find what they define).
+const RANKED_FILES: usize = 5;
+/// Longest `ranked_search` question, in characters.
+const RANKED_QUESTION_CHARS_MAX: usize = 500;
 
 /// Which result the model must produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +77,11 @@ pub fn tool_specs(allowed: &[String]) -> Vec<ToolSpec> {
             name: "read_file".into(),
             description: "Read a line range of one file of the repository.".into(),
             parameters: json!({"type": "object", "properties": {"path": path, "start_line": {"type": "integer"}, "end_line": {"type": "integer"}}, "required": ["path"], "additionalProperties": false}),
+        },
+        ToolSpec {
+            name: RANKED_SEARCH.into(),
+            description: "Start here: the files this question is most likely about, ranked (a file that defines what the question names first, source before tests and docs), each with its matching lines. Read the files you cite.".into(),
+            parameters: json!({"type": "object", "properties": {"question": {"type": "string", "description": "The question, or the names and words to look for"}}, "required": ["question"], "additionalProperties": false}),
         },
         ToolSpec {
             name: "search".into(),
@@ -202,6 +213,9 @@ async fn run_tool<P: Port>(
         .await?;
         return Ok(json!({"error": format!("tool `{}` is not allowed; use only {}", call.name, offered(allowed))}).to_string());
     }
+    if call.name == RANKED_SEARCH {
+        return ranked_search(port, step, call).await;
+    }
     let request = match parse_tool(call) {
         Ok(request) => request,
         Err(message) => return Ok(json!({"error": message}).to_string()),
@@ -219,24 +233,7 @@ async fn run_tool<P: Port>(
         return Ok(json!({"error": "only the repository area can be read"}).to_string());
     }
     match port.tool(step, request).await? {
-        Ok(mut value) => {
-            results::redact_value(&mut value);
-            let text = value.to_string();
-            let injected = guard::injection_lines(&text.replace("\\n", "\n"));
-            if let Some((_, line)) = injected.first() {
-                port.guardrail(
-                    &format!("{step}:injection"),
-                    "prompt_injection_suspected",
-                    &format!(
-                        "tool output contains agent-directed text, passed on as quoted data: {line}"
-                    ),
-                    "quoted",
-                )
-                .await?;
-            }
-            let clipped = clip_chars(&text, TOOL_RESULT_CHARS_MAX);
-            Ok(json!({"untrusted_repository_data": clipped}).to_string())
-        }
+        Ok(value) => quoted_output(port, step, value).await,
         Err(failure) => {
             if failure.denied {
                 let rule = if matches!(
@@ -262,6 +259,82 @@ async fn run_tool<P: Port>(
             Ok(json!({"error": clip_chars(&failure.message, 500)}).to_string())
         }
     }
+}
+
+/// A tool's output as the model gets it: redacted, checked for
+/// agent-directed text (recorded as a guardrail, passed on quoted), clipped
+/// and quoted as untrusted repository data.
+async fn quoted_output<P: Port>(
+    port: &mut P,
+    step: &str,
+    mut value: serde_json::Value,
+) -> Result<String, FlowError> {
+    results::redact_value(&mut value);
+    let text = value.to_string();
+    let injected = guard::injection_lines(&text.replace("\\n", "\n"));
+    if let Some((_, line)) = injected.first() {
+        port.guardrail(
+            &format!("{step}:injection"),
+            "prompt_injection_suspected",
+            &format!("tool output contains agent-directed text, passed on as quoted data: {line}"),
+            "quoted",
+        )
+        .await?;
+    }
+    let clipped = clip_chars(&text, TOOL_RESULT_CHARS_MAX);
+    Ok(json!({"untrusted_repository_data": clipped}).to_string())
+}
+
+/// `ranked_search`: the offline explorer's ranking for the model's
+/// question — its keywords searched (each a recorded `search` step under
+/// `<step>:ranked`), the files scored, the top ones read for what they
+/// define — as paths, scores, keywords covered and matching lines. The
+/// model still reads what it cites, and every cited line is verified.
+async fn ranked_search<P: Port>(
+    port: &mut P,
+    step: &str,
+    call: &ToolCall,
+) -> Result<String, FlowError> {
+    let question = call
+        .arguments
+        .get("question")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+        .trim();
+    if question.is_empty() || question.chars().count() > RANKED_QUESTION_CHARS_MAX {
+        return Ok(json!({"error": format!("`question` must be 1 to {RANKED_QUESTION_CHARS_MAX} characters")}).to_string());
+    }
+    let keywords = crate::explore::keywords(question);
+    if keywords.is_empty() {
+        return Ok(json!({"error": "the question names nothing to search for; name a function, type, file or topic"}).to_string());
+    }
+    let gathered =
+        crate::explore::gather(port, &format!("{step}:ranked"), &keywords, RANKED_FILES).await?;
+    let files: Vec<serde_json::Value> = gathered
+        .ranked
+        .iter()
+        .take(RANKED_FILES)
+        .map(|file| {
+            let lines: Vec<serde_json::Value> = file
+                .matches
+                .iter()
+                .take(4)
+                .map(|(line, text, _)| json!({"line": line, "text": clip_chars(text.trim(), 200)}))
+                .collect();
+            json!({
+                "path": file.path,
+                "score": (file.score * 100.0).round() / 100.0,
+                "keywords": file.keywords,
+                "lines": lines,
+            })
+        })
+        .collect();
+    let value = json!({
+        "keywords": gathered.keywords,
+        "files": files,
+        "unmatched_keywords": gathered.unmatched,
+    });
+    quoted_output(port, step, value).await
 }
 
 enum Answer {
@@ -492,4 +565,103 @@ pub async fn ground_exploration<P: Port>(
     }
     result.findings = kept;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::port::DirectPort;
+    use zopu_sandbox::policy::{SandboxLimits, WorkspaceRoot};
+    use zopu_sandbox::tools::Sandbox;
+
+    fn port_with(files: &[(&str, &str)]) -> (tempfile::TempDir, DirectPort) {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, content) in files {
+            let full = dir.path().join("repo").join(path);
+            std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+            std::fs::write(full, content).unwrap();
+        }
+        let root = WorkspaceRoot::open(dir.path()).unwrap();
+        let sandbox = Sandbox::new(root, SandboxLimits::default()).unwrap();
+        (dir, DirectPort::new(sandbox))
+    }
+
+    fn call(name: &str, arguments: serde_json::Value) -> ToolCall {
+        ToolCall {
+            id: "call_1".into(),
+            name: name.into(),
+            arguments,
+        }
+    }
+
+    #[tokio::test]
+    async fn ranked_search_puts_the_defining_source_first_as_quoted_data() {
+        let mentions =
+            "// the publisher appends events; publisher append publisher append\n".repeat(6);
+        let (_dir, mut port) = port_with(&[
+            (
+                "src/publish.rs",
+                "/// Appends events with the project's expected sequence.\npub struct Publisher;\n\nimpl Publisher {\n    pub fn append(&self) {}\n}\n",
+            ),
+            ("tests/publisher_test.rs", &mentions),
+            ("docs/publishing.md", "The publisher appends every event.\n"),
+        ]);
+        let allowed = vec![RANKED_SEARCH.to_owned()];
+        let answer = run_tool(
+            &mut port,
+            "model:1:tool:1",
+            &call(
+                RANKED_SEARCH,
+                json!({"question": "How does the publisher append events?"}),
+            ),
+            &allowed,
+        )
+        .await
+        .unwrap();
+        let quoted: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        let data: serde_json::Value =
+            serde_json::from_str(quoted["untrusted_repository_data"].as_str().unwrap()).unwrap();
+        assert_eq!(data["files"][0]["path"], "src/publish.rs", "{data}");
+        assert!(
+            data["files"][0]["lines"]
+                .as_array()
+                .is_some_and(|lines| !lines.is_empty())
+        );
+        assert!(port.tool_calls > 0, "the ranking ran the sandbox's search");
+    }
+
+    #[tokio::test]
+    async fn ranked_search_refuses_an_empty_question_and_an_agent_without_it() {
+        let (_dir, mut port) = port_with(&[("src/lib.rs", "pub fn run() {}\n")]);
+        let allowed = vec![RANKED_SEARCH.to_owned()];
+        let empty = run_tool(
+            &mut port,
+            "s",
+            &call(RANKED_SEARCH, json!({"question": " "})),
+            &allowed,
+        )
+        .await
+        .unwrap();
+        assert!(empty.contains("`question` must be"), "{empty}");
+        let without = run_tool(
+            &mut port,
+            "s",
+            &call(RANKED_SEARCH, json!({"question": "run"})),
+            &["search".to_owned()],
+        )
+        .await
+        .unwrap();
+        assert!(without.contains("is not allowed"), "{without}");
+        assert_eq!(port.guardrail_rules, ["tool_not_allowed"]);
+        assert!(
+            tool_specs(&allowed)
+                .iter()
+                .any(|spec| spec.name == RANKED_SEARCH)
+        );
+        assert!(
+            tool_specs(&["search".to_owned()])
+                .iter()
+                .all(|spec| spec.name != RANKED_SEARCH)
+        );
+    }
 }
