@@ -1911,6 +1911,10 @@ async fn the_live_stream_opens_with_a_single_use_ticket_and_never_a_token_in_the
         link_key(),
     )
     .await?;
+    // The new instance serves the project once its projection holds it
+    // (as far as the first instance's has read).
+    let seen = *gw.instance.state.runtime.store.applied().borrow();
+    second.projected(seen).await?;
     let (_, ticket) = gw.post(&gw.acme, &ticket_path, json!({})).await?;
     let url = ticket["url"].as_str().context("url")?.to_owned();
     // A ticket asked for on one instance opens the stream on another.
