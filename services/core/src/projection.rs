@@ -164,6 +164,7 @@ async fn follow(
     let messages = open(bus, start).await?;
     pump(
         |events| read_ordered(messages, events, start, None, track_heads),
+        MAX_BATCH * 2,
         store,
         set,
         None,
@@ -174,7 +175,9 @@ async fn follow(
 
 type Decoded = Vec<(u64, Result<Envelope, String>)>;
 
-type Sent = tokio::sync::mpsc::Sender<(u64, Result<Envelope, String>)>;
+/// Where a reader sends what it decoded, in stream order: one event at a
+/// time at the live end, a whole chunk at a time in a parallel replay.
+type Sent = tokio::sync::mpsc::Sender<Decoded>;
 
 /// Reads one ordered consumer into `events` until `stop_at` (when given) or
 /// the stream's end (a catch-up), moving the publisher's heads at the live end.
@@ -206,7 +209,7 @@ async fn read_ordered(
             publisher.observe(sequence, event);
         }
         last_read = sequence;
-        if events.send((sequence, decoded)).await.is_err() {
+        if events.send(vec![(sequence, decoded)]).await.is_err() {
             return Ok(());
         }
         // A catch-up ends at the stream's end even if `stop_at` moved on.
@@ -221,20 +224,21 @@ const PARALLEL_REPLAY_MIN: u64 = 20_000;
 /// Connections of a parallel replay, each reading its share of the chunks.
 pub const REPLAY_READERS: u64 = 4;
 /// Sequences one chunk of a parallel replay spans. A reader holds at most
-/// one decoded chunk ahead of the applier, so a replay holds at most
-/// [`REPLAY_READERS`] chunks whatever the history's length.
-const REPLAY_CHUNK: u64 = 2_048;
-
-/// What a range reader passes to the forwarder: an event of its current
-/// chunk, or the end of that chunk (read completely).
-type Chunked = Option<(u64, Result<Envelope, String>)>;
+/// two decoded chunks (one read, one waiting for the applier), so a replay
+/// holds at most `2 × REPLAY_READERS + 3` chunks whatever the history's
+/// length. Each chunk costs a consumer's creation and deletion, and passes
+/// to the applier whole (one channel operation per chunk, not per event).
+const REPLAY_CHUNK: u64 = 2_000;
+/// Chunks waiting for the applier in a parallel replay (events one at a
+/// time wait up to `2 × MAX_BATCH`).
+const CHUNKS_QUEUED: usize = 2;
 
 /// Reads `(from, to]` over [`REPLAY_READERS`] connections at once and
-/// passes the events on in stream order: a rebuild is bounded by one
-/// connection's parsing no more. The range is cut into chunks of
-/// [`REPLAY_CHUNK`] sequences dealt out in turn (reader `r` reads chunks
-/// `r`, `r + R`, …), so every reader works while the applier takes the
-/// chunk before its own, and none waits long for the ones before it.
+/// passes the events on in stream order, a chunk at a time: a rebuild is
+/// bounded by one connection's parsing no more. The range is cut into
+/// chunks of [`REPLAY_CHUNK`] sequences dealt out in turn (reader `r` reads
+/// chunks `r`, `r + R`, …), so every reader works while the applier takes
+/// the chunk before its own, and none waits long for the ones before it.
 async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<(), Error> {
     let chunks = chunks(from, to, REPLAY_CHUNK);
     let readers = (REPLAY_READERS as usize).min(chunks.len());
@@ -242,9 +246,9 @@ async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<()
     let mut buffers = Vec::new();
     let mut reading = futures::stream::FuturesUnordered::new();
     for index in 0..readers {
-        // One whole chunk and its end: a reader reads its next chunk while
-        // the applier takes the ones before.
-        let (sender, receiver) = tokio::sync::mpsc::channel::<Chunked>(REPLAY_CHUNK as usize + 1);
+        // One whole chunk: a reader reads its next chunk while the applier
+        // takes the ones before.
+        let (sender, receiver) = tokio::sync::mpsc::channel::<Decoded>(1);
         buffers.push(receiver);
         let own_chunks: Vec<(u64, u64)> = chunks
             .iter()
@@ -263,8 +267,8 @@ async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<()
             let stream = events_stream(&own).await?;
             for (after, end) in own_chunks {
                 let name = format!("zopu-replay-{replay}-{after}");
-                read_chunk(&stream, &name, after, end, &sender).await?;
-                if sender.send(None).await.is_err() {
+                let chunk = read_chunk(&stream, &name, after, end).await?;
+                if sender.send(chunk).await.is_err() {
                     return Ok(());
                 }
             }
@@ -273,18 +277,12 @@ async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<()
     }
     let forward = async {
         for chunk in 0..chunks.len() {
-            let buffer = &mut buffers[chunk % readers];
-            loop {
-                match buffer.recv().await {
-                    Some(Some(event)) => {
-                        if events.send(event).await.is_err() {
-                            return Ok(());
-                        }
-                    }
-                    Some(None) => break,
-                    // The reader failed; its error ends the replay.
-                    None => return Ok(()),
-                }
+            // None: the reader failed; its error ends the replay.
+            let Some(decoded) = buffers[chunk % readers].recv().await else {
+                return Ok(());
+            };
+            if !decoded.is_empty() && events.send(decoded).await.is_err() {
+                return Ok(());
             }
         }
         Ok::<_, Error>(())
@@ -305,11 +303,11 @@ async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<()
 /// dropped. Returns how many arrived (`zopu bench scale` compares it with
 /// a whole rebuild to tell reading from writing).
 pub async fn replay_without_applying(bus: &Bus, to: u64) -> Result<u64, Error> {
-    let (events, mut received) = tokio::sync::mpsc::channel(MAX_BATCH * 2);
+    let (events, mut received) = tokio::sync::mpsc::channel::<Decoded>(CHUNKS_QUEUED);
     let count = async {
         let mut count = 0u64;
-        while received.recv().await.is_some() {
-            count += 1;
+        while let Some(chunk) = received.recv().await {
+            count += chunk.len() as u64;
         }
         count
     };
@@ -333,8 +331,8 @@ async fn read_chunk(
     name: &str,
     after: u64,
     end: u64,
-    events: &tokio::sync::mpsc::Sender<Chunked>,
-) -> Result<(), Error> {
+) -> Result<Decoded, Error> {
+    let mut chunk = Vec::with_capacity(end.saturating_sub(after) as usize);
     let mut messages = open_on(stream, after, Some(name)).await?;
     loop {
         let Some(message) = messages.next().await else {
@@ -350,8 +348,8 @@ async fn read_chunk(
             break;
         }
         let decoded = publish::decode_message(&message.message).map_err(|error| error.to_string());
-        if events.send(Some((sequence, decoded))).await.is_err() || sequence == end || pending == 0
-        {
+        chunk.push((sequence, decoded));
+        if sequence == end || pending == 0 {
             break;
         }
     }
@@ -359,16 +357,18 @@ async fn read_chunk(
     if let Err(error) = stream.delete_consumer(name).await {
         tracing::debug!(consumer = name, %error, "replay consumer not deleted; it expires on the server");
     }
-    Ok(())
+    Ok(chunk)
 }
 
 /// Applies what `fill` sends, batch by batch, while `fill` goes on reading
 /// and decoding: the writer takes everything that accumulated while it
-/// wrote the previous batch, so batches grow with load (SQLite on a
-/// blocking thread). Stops at `stop_at` (when given), on shutdown, or on an
-/// error.
+/// wrote the previous batch (up to about [`MAX_BATCH`] events, or one
+/// chunk more), so batches grow with load (SQLite on a blocking thread).
+/// At most `queued` sends wait for the writer. Stops at `stop_at` (when
+/// given), on shutdown, or on an error.
 async fn pump<F>(
     fill: impl FnOnce(Sent) -> F,
+    queued: usize,
     store: &Store,
     set: &mut Set,
     stop_at: Option<u64>,
@@ -377,21 +377,18 @@ async fn pump<F>(
 where
     F: std::future::Future<Output = Result<(), Error>>,
 {
-    let (events, mut received) =
-        tokio::sync::mpsc::channel::<(u64, Result<Envelope, String>)>(MAX_BATCH * 2);
+    let (events, mut received) = tokio::sync::mpsc::channel::<Decoded>(queued);
     let reader = fill(events);
     let applier = async {
         // Ends when the reader is done and every event it sent is written.
-        let mut batch: Decoded = Vec::with_capacity(MAX_BATCH);
-        while let Some(first) = received.recv().await {
-            batch.push(first);
+        while let Some(mut batch) = received.recv().await {
             while batch.len() < MAX_BATCH {
                 match received.try_recv() {
-                    Ok(next) => batch.push(next),
+                    Ok(next) => batch.extend(next),
                     Err(_) => break,
                 }
             }
-            let checkpoint = set.apply_batch(store, std::mem::take(&mut batch)).await?;
+            let checkpoint = set.apply_batch(store, batch).await?;
             if stop_at.is_some_and(|stop| checkpoint >= stop) {
                 return Ok(());
             }
@@ -434,6 +431,7 @@ async fn replay_to(
         );
         return pump(
             |events| read_parallel(bus, events, from, last),
+            CHUNKS_QUEUED,
             store,
             set,
             Some(last),
@@ -444,6 +442,7 @@ async fn replay_to(
     let messages = open(bus, from).await?;
     pump(
         |events| read_ordered(messages, events, from, Some(last), None),
+        MAX_BATCH * 2,
         store,
         set,
         Some(last),

@@ -35,9 +35,16 @@ impl EventHash {
     }
 
     pub fn from_hex(s: &str) -> Option<Self> {
+        // Lowercase only: one spelling per hash.
+        if !s
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return None;
+        }
         let mut bytes = [0u8; 32];
         hex::decode_to_slice(s, &mut bytes).ok()?;
-        (hex::encode(bytes) == s).then_some(Self(bytes))
+        Some(Self(bytes))
     }
 }
 
@@ -267,10 +274,9 @@ pub fn unix_ms(time: OffsetDateTime) -> u64 {
 }
 
 pub(crate) fn is_schema_name(value: &str) -> bool {
-    let tokens: Vec<&str> = value.split('.').collect();
-    tokens.len() >= 2
+    value.contains('.')
         && value.len() <= 128
-        && tokens.iter().all(|token| {
+        && value.split('.').all(|token| {
             token
                 .chars()
                 .next()

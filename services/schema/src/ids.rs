@@ -153,7 +153,8 @@ fn parse_v7(kind: &'static str, s: &str) -> Result<Uuid, IdError> {
     }
     // Only the canonical lowercase hyphenated form is accepted, so that an id
     // has exactly one spelling on the wire and in subjects.
-    if uuid.hyphenated().to_string() != s {
+    let mut spelled = Uuid::encode_buffer();
+    if uuid.hyphenated().encode_lower(&mut spelled) != s {
         return Err(IdError::NotUuid { kind, len: s.len() });
     }
     Ok(uuid)

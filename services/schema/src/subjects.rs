@@ -41,6 +41,23 @@ pub fn event(org: &OrgId, project: &ProjectId, event_type: &str) -> String {
     format!("{EVENT_PREFIX}.{org}.{project}.{event_type}")
 }
 
+/// Whether `subject` is [`event`]`(org, project, event_type)`, compared
+/// without spelling it out (every stored event read is checked so).
+pub fn is_event(subject: &str, org: &OrgId, project: &ProjectId, event_type: &str) -> bool {
+    let mut spelled = uuid::Uuid::encode_buffer();
+    let project = project.as_uuid().hyphenated().encode_lower(&mut spelled);
+    let Some(rest) = subject
+        .strip_prefix(EVENT_PREFIX)
+        .and_then(|rest| rest.strip_prefix('.'))
+    else {
+        return false;
+    };
+    let mut parts = rest.splitn(3, '.');
+    parts.next() == Some(org.as_str())
+        && parts.next() == Some(project)
+        && parts.next() == Some(event_type)
+}
+
 /// The subject of `event_type` with the organization and project as
 /// AsyncAPI channel parameters: `zopu.evt.{orgid}.{projectid}.<type>`.
 pub fn event_address_template(event_type: &str) -> String {
@@ -228,10 +245,9 @@ pub fn parse_scope_tokens(subject: &str) -> Option<(String, String)> {
 
 /// `a.b.c`: lowercase letters, digits and `_`, dot-separated, 2–8 tokens.
 pub fn is_valid_event_type(event_type: &str) -> bool {
-    let tokens: Vec<&str> = event_type.split('.').collect();
-    (2..=8).contains(&tokens.len())
+    (2..=8).contains(&event_type.split('.').count())
         && event_type.len() <= 96
-        && tokens.iter().all(|token| {
+        && event_type.split('.').all(|token| {
             !token.is_empty()
                 && token
                     .bytes()

@@ -18,6 +18,9 @@
 //!   server (the foundation bench's baseline). Its ceiling is measured in
 //!   the same run: a raw replay of the same events (headers and bodies,
 //!   nothing decoded or written) over the rebuild's connections and ranges.
+//!   Every replay runs once in each of `--replay-rounds` rounds; rates and
+//!   ratios are the rounds' medians (one replay of 40,000 events lasts
+//!   half a second, too short for one measurement on a shared machine).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -48,9 +51,13 @@ const REACTION_DURABLES: usize = 5;
 const IDLE_WINDOW: Duration = Duration::from_secs(1);
 const IDLE_CPU: Duration = Duration::from_millis(30);
 
+/// Each rate is the median over the rounds, each ratio the median of the
+/// rounds' ratios.
 #[derive(Debug, serde::Serialize)]
 pub(super) struct RebuildFigures {
     events: usize,
+    /// Rounds measured, each running every replay below once.
+    rounds: usize,
     /// Raw ordered replay of as many header-less messages, one connection.
     raw_replay_per_s: f64,
     /// Raw ordered replay of the same events (their `ce-*` headers and
@@ -69,6 +76,9 @@ pub(super) struct RebuildFigures {
     ceiling_ratio: f64,
     /// Rebuild over its ceiling.
     of_ceiling: f64,
+    /// The lowest and highest round's rebuild over its ceiling.
+    of_ceiling_min: f64,
+    of_ceiling_max: f64,
     /// Connections the rebuild (and the raw parallel replay) read over.
     readers: u64,
 }
@@ -103,7 +113,7 @@ pub(super) async fn measure(args: &ScaleArgs) -> anyhow::Result<(RebuildFigures,
     prime(&server.url(), &dir.path().join("prime")).await?;
     let events = populate(&bus, args.idle_projects()).await?;
     rebase_durables(&bus).await?;
-    let rebuild = rebuild(&bus, events as usize, dir.path()).await?;
+    let rebuild = rebuild(&bus, events as usize, dir.path(), args.replay_rounds()).await?;
     let mut idle = spawn_probe(&server.url(), &dir.path().join("data")).await?;
     idle.projects = args.idle_projects();
     idle.events = events;
@@ -115,20 +125,23 @@ pub(super) async fn measure(args: &ScaleArgs) -> anyhow::Result<(RebuildFigures,
 
 pub(super) fn print(rebuild: &RebuildFigures, idle: &IdleFigures) {
     println!(
-        "projection rebuild ({} events, ranges replayed in parallel over {} connections): {:.0} events/s vs raw header-less ordered replay {:.0} messages/s = {:.2}x (target >= 0.5)",
+        "projection rebuild ({} events, ranges replayed in parallel over {} connections; medians of {} rounds): {:.0} events/s vs raw header-less ordered replay {:.0} messages/s = {:.2}x (target >= 0.5)",
         rebuild.events,
         rebuild.readers,
+        rebuild.rounds,
         rebuild.rebuild_per_s,
         rebuild.raw_replay_per_s,
         rebuild.ratio
     );
     println!(
-        "  ceiling: raw replay of the same events (headers and bodies, nothing decoded) {:.0}/s on one connection, {:.0}/s over {} connections = {:.2}x of header-less; the rebuild reaches {:.2} of that ceiling",
+        "  ceiling: raw replay of the same events (headers and bodies, nothing decoded) {:.0}/s on one connection, {:.0}/s over {} connections = {:.2}x of header-less; the rebuild reaches {:.2} of that ceiling ({:.2}-{:.2} over the rounds)",
         rebuild.raw_events_per_s,
         rebuild.raw_events_parallel_per_s,
         rebuild.readers,
         rebuild.ceiling_ratio,
-        rebuild.of_ceiling
+        rebuild.of_ceiling,
+        rebuild.of_ceiling_min,
+        rebuild.of_ceiling_max
     );
     println!(
         "  the rebuild's reading and decoding alone (nothing written): {:.0}/s",
@@ -297,11 +310,14 @@ async fn rebase_durables(bus: &Bus) -> anyhow::Result<()> {
 }
 
 /// Part 3: rebuild of `events` events into a fresh store vs a raw ordered
-/// replay of as many header-less messages.
+/// replay of as many header-less messages, each figure measured in every
+/// one of `rounds` rounds (so a round's ratios compare replays run moments
+/// apart) and reported as the median.
 async fn rebuild(
     bus: &Bus,
     events: usize,
     dir: &std::path::Path,
+    rounds: usize,
 ) -> anyhow::Result<RebuildFigures> {
     let raw_stream = super::raw_stream(bus, 1).await?;
     let body = Bytes::from(prost::Message::encode_to_vec(&pb::TimelineMessageSent {
@@ -315,11 +331,36 @@ async fn rebuild(
         in_flight: 256,
     };
     super::pipelined(bus, shape, &[], &body, "r").await?;
-    let raw_replay = super::ordered_replay(&raw_stream, events).await?;
     let events_stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
-    let raw_events = super::ordered_replay(&events_stream, events).await?;
-    let readers = zopu_core::projection::REPLAY_READERS;
-    let raw_events_parallel = raw_parallel_replay(bus, events as u64, readers).await?;
+    let mut measured = Vec::with_capacity(rounds);
+    for round in 0..rounds.max(1) {
+        let store = dir.join(format!("rebuild-{round}.sqlite"));
+        measured.push(rebuild_round(bus, &raw_stream, &events_stream, events, &store).await?);
+    }
+    Ok(RebuildFigures::median_of(events, &measured))
+}
+
+/// One round's rates, in events (or messages) per second.
+#[derive(Debug, Clone, Copy)]
+struct RebuildRound {
+    raw_replay: f64,
+    raw_events: f64,
+    raw_events_parallel: f64,
+    read_only: f64,
+    rebuild: f64,
+}
+
+async fn rebuild_round(
+    bus: &Bus,
+    raw_stream: &async_nats::jetstream::stream::Stream,
+    events_stream: &async_nats::jetstream::stream::Stream,
+    events: usize,
+    store: &std::path::Path,
+) -> anyhow::Result<RebuildRound> {
+    let raw_replay = super::ordered_replay(raw_stream, events).await?;
+    let raw_events = super::ordered_replay(events_stream, events).await?;
+    let raw_events_parallel =
+        raw_parallel_replay(bus, events as u64, zopu_core::projection::REPLAY_READERS).await?;
     let started = Instant::now();
     let read = zopu_core::projection::replay_without_applying(bus, events as u64).await?;
     anyhow::ensure!(
@@ -327,22 +368,46 @@ async fn rebuild(
         "the read-only replay passed on {read} of {events} events"
     );
     let read_only = events as f64 / started.elapsed().as_secs_f64();
-    let store = Store::open(&dir.join("rebuild.sqlite"))?;
+    let store = Store::open(store)?;
     let started = Instant::now();
     zopu_core::projection::catch_up(bus, &store, KeyIndex::all()).await?;
     let rebuild = events as f64 / started.elapsed().as_secs_f64();
-    Ok(RebuildFigures {
-        events,
-        raw_replay_per_s: raw_replay,
-        raw_events_per_s: raw_events,
-        raw_events_parallel_per_s: raw_events_parallel,
-        read_only_per_s: read_only,
-        rebuild_per_s: rebuild,
-        ratio: rebuild / raw_replay,
-        ceiling_ratio: raw_events_parallel / raw_replay,
-        of_ceiling: rebuild / raw_events_parallel,
-        readers,
+    Ok(RebuildRound {
+        raw_replay,
+        raw_events,
+        raw_events_parallel,
+        read_only,
+        rebuild,
     })
+}
+
+impl RebuildFigures {
+    fn median_of(events: usize, rounds: &[RebuildRound]) -> Self {
+        let median = |figure: fn(&RebuildRound) -> f64| {
+            let mut values: Vec<f64> = rounds.iter().map(figure).collect();
+            values.sort_by(f64::total_cmp);
+            super::ack::percentile(&values, 0.5)
+        };
+        let of_ceiling: Vec<f64> = rounds
+            .iter()
+            .map(|round| round.rebuild / round.raw_events_parallel)
+            .collect();
+        Self {
+            events,
+            rounds: rounds.len(),
+            raw_replay_per_s: median(|round| round.raw_replay),
+            raw_events_per_s: median(|round| round.raw_events),
+            raw_events_parallel_per_s: median(|round| round.raw_events_parallel),
+            read_only_per_s: median(|round| round.read_only),
+            rebuild_per_s: median(|round| round.rebuild),
+            ratio: median(|round| round.rebuild / round.raw_replay),
+            ceiling_ratio: median(|round| round.raw_events_parallel / round.raw_replay),
+            of_ceiling: median(|round| round.rebuild / round.raw_events_parallel),
+            of_ceiling_min: of_ceiling.iter().copied().fold(f64::INFINITY, f64::min),
+            of_ceiling_max: of_ceiling.iter().copied().fold(0.0, f64::max),
+            readers: zopu_core::projection::REPLAY_READERS,
+        }
+    }
 }
 
 /// Raw replay of the events stream's first `events` messages over

@@ -87,6 +87,9 @@ pub struct ScaleArgs {
     /// Idle projects whose memory is measured (and whose events the rebuild replays)
     #[arg(long, default_value_t = 10_000)]
     idle_projects: usize,
+    /// Rounds of the rebuild measurement (every replay run once a round; medians reported)
+    #[arg(long, default_value_t = 5)]
+    replay_rounds: usize,
     /// Measure only one part: `scale-out` (turns/s and failover) or
     /// `projections` (rebuild and idle memory); both when absent
     #[arg(long, value_enum)]
@@ -113,6 +116,10 @@ impl ScaleArgs {
 
     pub(super) fn idle_projects(&self) -> usize {
         self.idle_projects
+    }
+
+    pub(super) fn replay_rounds(&self) -> usize {
+        self.replay_rounds
     }
 }
 
