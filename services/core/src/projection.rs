@@ -239,12 +239,14 @@ const CHUNKS_QUEUED: usize = 2;
 /// chunks of [`REPLAY_CHUNK`] sequences dealt out in turn (reader `r` reads
 /// chunks `r`, `r + R`, …), so every reader works while the applier takes
 /// the chunk before its own, and none waits long for the ones before it.
+/// Each reader is a task of its own, so their receiving and decoding spread
+/// over the runtime's threads (and all stop when the replay is dropped).
 async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<(), Error> {
     let chunks = chunks(from, to, REPLAY_CHUNK);
     let readers = (REPLAY_READERS as usize).min(chunks.len());
     let replay = uuid::Uuid::new_v4().simple().to_string();
     let mut buffers = Vec::new();
-    let mut reading = futures::stream::FuturesUnordered::new();
+    let mut reading = tokio::task::JoinSet::new();
     for index in 0..readers {
         // One whole chunk: a reader reads its next chunk while the applier
         // takes the ones before.
@@ -257,7 +259,7 @@ async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<()
             .step_by(readers)
             .collect();
         let (url, replay) = (bus.url.clone(), replay.clone());
-        reading.push(async move {
+        reading.spawn(async move {
             let own = crate::nats::connect(
                 &url,
                 &format!("zopu-replay-{index}"),
@@ -288,8 +290,8 @@ async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<()
         Ok::<_, Error>(())
     };
     let read_all = async {
-        while let Some(outcome) = reading.next().await {
-            outcome?;
+        while let Some(outcome) = reading.join_next().await {
+            outcome.map_err(|error| Error::jetstream("replay reader", error))??;
         }
         Ok::<_, Error>(())
     };
