@@ -385,6 +385,8 @@ pub async fn connect_with_environment(
                 match event {
                     async_nats::Event::Connected => tracing::info!(%url, "nats connected"),
                     async_nats::Event::Closed => tracing::info!(%url, "nats connection closed"),
+                    // Asked for (a clean stop), not a fault.
+                    async_nats::Event::Draining => tracing::info!(%url, "nats connection draining"),
                     async_nats::Event::Disconnected => {
                         tracing::warn!(%url, "nats disconnected; reconnecting")
                     }
