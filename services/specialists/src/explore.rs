@@ -133,6 +133,12 @@ pub enum FileRole {
 pub fn role_of(path: &str) -> FileRole {
     let lower = path.to_lowercase();
     let name = lower.rsplit('/').next().unwrap_or(&lower);
+    // The name before its extensions, as written (`RingBufferTest`).
+    let stem = path
+        .rsplit('/')
+        .next()
+        .and_then(|name| name.split('.').next())
+        .unwrap_or_default();
     if lower.ends_with(".lock")
         || lower.ends_with("-lock.json")
         || lower.ends_with("lock.yaml")
@@ -156,8 +162,8 @@ pub fn role_of(path: &str) -> FileRole {
             c,
             "test" | "tests" | "spec" | "__tests__" | "fixtures" | "it"
         )
-    }) || name.ends_with("_test.go")
-        || name.starts_with("test_")
+    }) || name.starts_with("test_")
+        || is_test_stem(stem)
         || name.contains(".test.")
         || name.contains(".spec.")
     {
@@ -183,10 +189,27 @@ pub fn role_of(path: &str) -> FileRole {
     }
 }
 
+/// A file stem that names a test module: `tests`, `url_test`, `parser-tests`,
+/// `RingBufferTest` (not `latest` or `contest`).
+fn is_test_stem(stem: &str) -> bool {
+    let lower = stem.to_lowercase();
+    matches!(lower.as_str(), "test" | "tests")
+        || ["_test", "_tests", "-test", "-tests"]
+            .iter()
+            .any(|suffix| lower.ends_with(suffix))
+        || ["Test", "Tests"].iter().any(|suffix| {
+            stem.strip_suffix(suffix)
+                .is_some_and(|before| before.ends_with(|c: char| c.is_ascii_alphanumeric()))
+        })
+}
+
 /// What the question asks about besides behaviour: tests, docs, changes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Asks {
     pub tests: bool,
+    /// It asks for tests by name ("which tests cover ...", "where are the
+    /// specs for ..."), not only about testing: a test is the answer.
+    pub for_tests: bool,
     pub docs: bool,
     pub changes: bool,
     pub examples: bool,
@@ -204,6 +227,7 @@ impl Asks {
             tests: any(&[
                 "test", "tests", "testing", "spec", "specs", "flaky", "fixture", "fixtures",
             ]),
+            for_tests: any(&["test", "tests", "spec", "specs"]),
             docs: any(&[
                 "doc",
                 "docs",
@@ -237,6 +261,11 @@ fn weight_of(path: &str, asks: Asks) -> f64 {
         FileRole::Examples if asks.examples => 1.0,
         FileRole::Examples => 0.45,
         FileRole::Auxiliary => 0.5,
+        // "Which tests cover ...": the answer is a test, the source it
+        // exercises only context.
+        // A source file named after testing is a testing helper: one of
+        // the answers.
+        FileRole::Source if asks.for_tests && !path.to_lowercase().contains("test") => 0.5,
         FileRole::Source => 1.0,
     }
 }
@@ -862,6 +891,73 @@ mod tests {
         ];
         let ranked = rank(&keywords, &hits, &sizes, &[]);
         assert_eq!(ranked[0].path, "tests/it/foundation.rs");
+    }
+
+    #[test]
+    fn test_modules_are_told_by_their_names_in_every_language() {
+        for path in [
+            "src/export/tests.rs",
+            "url_test.go",
+            "tests/test_core.py",
+            "src/main/java/com/x/RingBufferTest.java",
+            "lib/parser-tests.js",
+            "test/dts.test.ts",
+        ] {
+            assert_eq!(role_of(path), FileRole::Tests, "{path}");
+        }
+        for path in [
+            "src/latest.rs",
+            "contest.go",
+            "src/click/testing.py",
+            "TestKit/Main.java",
+        ] {
+            assert_eq!(role_of(path), FileRole::Source, "{path}");
+        }
+    }
+
+    #[test]
+    fn asked_which_tests_cover_something_a_test_outranks_the_source_and_a_testing_helper_stays() {
+        let hit = |k: &str, path: &str, line: u64, text: &str| {
+            (k.to_owned(), line, format!("{path}\u{0}{text}"))
+        };
+        let hits = vec![
+            hit(
+                "cookie",
+                "lib/response.js",
+                10,
+                "res.cookie = function cookie(name) {",
+            ),
+            hit("signed", "lib/response.js", 12, "if (signed) {"),
+            hit(
+                "cookie",
+                "test/res.cookie.js",
+                5,
+                "res.cookie('name', 'tobi')",
+            ),
+            hit("signed", "test/res.cookie.js", 30, "describe('signed')"),
+            hit("cookie", "lib/testing.js", 3, "function cookieJar() {"),
+        ];
+        let sizes = BTreeMap::from([
+            ("lib/response.js".to_owned(), 20_000),
+            ("test/res.cookie.js".to_owned(), 8_000),
+            ("lib/testing.js".to_owned(), 2_000),
+        ]);
+        let keywords = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
+        let paths: Vec<String> = sizes.keys().cloned().collect();
+        let ranked = rank(&keywords(&["cookie", "signed"]), &hits, &sizes, &paths);
+        assert_eq!(ranked[0].path, "lib/response.js", "{ranked:?}");
+        let ranked = rank(
+            &keywords(&["test", "cookie", "signed"]),
+            &hits,
+            &sizes,
+            &paths,
+        );
+        assert_eq!(ranked[0].path, "test/res.cookie.js", "{ranked:?}");
+        let helper = ranked.iter().position(|file| file.path == "lib/testing.js");
+        let source = ranked
+            .iter()
+            .position(|file| file.path == "lib/response.js");
+        assert!(helper < source, "{ranked:?}");
     }
 
     #[test]
