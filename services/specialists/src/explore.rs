@@ -124,7 +124,8 @@ pub enum FileRole {
     /// Examples, samples and demos of using the project.
     Examples,
     /// Data and configuration (JSON, YAML, XML, TOML), generated shell
-    /// completions and manual pages.
+    /// completions, manual pages, benchmarks and stress tests (they
+    /// exercise the source, and are not the tests a question asks for).
     Auxiliary,
     Source,
 }
@@ -150,14 +151,17 @@ pub fn role_of(path: &str) -> FileRole {
         .any(|stem| name.starts_with(stem))
     {
         FileRole::Changelog
-    } else if lower.ends_with(".md")
-        || lower.ends_with(".txt")
-        || lower.ends_with(".rst")
-        || lower.starts_with("docs/")
-        || lower.starts_with("doc/")
+    } else if [".md", ".txt", ".rst", ".adoc", ".asciidoc"]
+        .iter()
+        .any(|extension| lower.ends_with(extension))
+        || lower
+            .split('/')
+            .rev()
+            .skip(1)
+            .any(|c| matches!(c, "docs" | "doc"))
     {
         FileRole::Docs
-    } else if lower.split('/').any(|c| {
+    } else if lower.split('/').rev().skip(1).any(|c| {
         matches!(
             c,
             "test" | "tests" | "spec" | "__tests__" | "fixtures" | "it"
@@ -178,6 +182,12 @@ pub fn role_of(path: &str) -> FileRole {
     } else if [".json", ".yaml", ".yml", ".xml", ".toml", ".ini", ".cfg"]
         .iter()
         .any(|extension| lower.ends_with(extension))
+        || lower.split('/').rev().skip(1).any(|c| {
+            matches!(
+                c,
+                "bench" | "benches" | "benchmarks" | "jmh" | "perftest" | "jcstress"
+            )
+        })
         || lower.split('/').any(|c| c == "man" || c == "completions")
         || name
             .rsplit_once('.')
@@ -912,6 +922,20 @@ mod tests {
             "TestKit/Main.java",
         ] {
             assert_eq!(role_of(path), FileRole::Source, "{path}");
+        }
+        for path in [
+            "src/docs/asciidoc/en/guide.adoc",
+            "docs/api/index.html",
+            "src/doc/x.rs",
+        ] {
+            assert_eq!(role_of(path), FileRole::Docs, "{path}");
+        }
+        // Benchmarks exercise the source but are not the tests asked for.
+        for path in [
+            "src/jmh/java/com/x/RingBufferBenchmark.java",
+            "benches/parse.rs",
+        ] {
+            assert_eq!(role_of(path), FileRole::Auxiliary, "{path}");
         }
     }
 
