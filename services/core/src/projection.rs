@@ -232,6 +232,8 @@ const REPLAY_CHUNK: u64 = 2_000;
 /// Chunks waiting for the applier in a parallel replay (events one at a
 /// time wait up to `2 × MAX_BATCH`).
 const CHUNKS_QUEUED: usize = 2;
+/// A chunk's consumer left behind by a failed replay expires after this.
+const CHUNK_CONSUMER_EXPIRY: Duration = Duration::from_secs(30);
 
 /// Reads `(from, to]` over [`REPLAY_READERS`] connections at once and
 /// passes the events on in stream order, a chunk at a time: a rebuild is
@@ -325,25 +327,46 @@ fn chunks(from: u64, to: u64, span: u64) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Reads the events of `(after, end]` with an ordered consumer named
-/// `name` (deleted when done; one that outlives a failure expires on the
-/// server), decoding each. Ends at `end` or at the stream's end.
+/// Reads the events of `(after, end]` with a consumer named `name`
+/// (deleted when done; one that outlives a failure expires on the server),
+/// decoding each. The whole chunk is one pull request for exactly its
+/// length, so the server sends nothing past `end` (an ordered consumer
+/// would have fetched up to a batch of the next chunk by then, read and
+/// parsed for nothing). Ends at `end` or at the stream's end.
 async fn read_chunk(
     stream: &async_nats::jetstream::stream::Stream,
     name: &str,
     after: u64,
     end: u64,
 ) -> Result<Decoded, Error> {
-    let mut chunk = Vec::with_capacity(end.saturating_sub(after) as usize);
-    let mut messages = open_on(stream, after, Some(name)).await?;
-    loop {
-        let Some(message) = messages.next().await else {
-            return Err(Error::jetstream("ordered consumer", "message stream ended"));
-        };
-        let message = message.map_err(|e| Error::jetstream("ordered consumer", e))?;
+    let length = end.saturating_sub(after) as usize;
+    let mut chunk = Vec::with_capacity(length);
+    let consumer = stream
+        .create_consumer(pull::Config {
+            name: Some(name.to_owned()),
+            filter_subjects: vec![zopu_schema::subjects::all_events()],
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: after + 1,
+            },
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            inactive_threshold: CHUNK_CONSUMER_EXPIRY,
+            memory_storage: true,
+            num_replicas: 1,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| Error::jetstream("create replay consumer", e))?;
+    let mut messages = consumer
+        .fetch()
+        .max_messages(length)
+        .messages()
+        .await
+        .map_err(|e| Error::jetstream("fetch replay chunk", e))?;
+    while let Some(message) = messages.next().await {
+        let message = message.map_err(|e| Error::jetstream("fetch replay chunk", e))?;
         let info = message
             .info()
-            .map_err(|e| Error::jetstream("ordered consumer", e))?;
+            .map_err(|e| Error::jetstream("fetch replay chunk", e))?;
         let (sequence, pending) = (info.stream_sequence, info.pending);
         if sequence > end {
             // Past a gap (deleted messages) into the next chunk: its reader has it.
