@@ -1375,6 +1375,7 @@ async fn prompt_injection_cannot_widen_tools_or_paths_and_is_recorded() -> Resul
             "list_files",
             "read_file",
             "search",
+            "find_code",
             "write_generated_file"
         ]
         .contains(&c.tool.as_str())),

@@ -150,7 +150,8 @@ pub async fn define<P: Port>(port: &mut P, input: &IssueInput) -> Result<IssueRe
         .filter(|(_, exploration)| relevant(exploration, &keywords) || keywords.is_empty());
     port.phase(FlowPhase::Act, 1, "Gathering repository evidence")
         .await?;
-    let gathered: Gathered = explore::gather(port, "issue:1", &keywords, TOP_FILES).await?;
+    let gathered: Gathered =
+        explore::gather(port, "issue:1", &input.request, &keywords, TOP_FILES).await?;
     let mut evidence: Vec<EvidenceItem> = explore::findings(&gathered, TOP_FILES)
         .into_iter()
         .flat_map(|f| f.evidence.into_iter().take(2))

@@ -287,8 +287,10 @@ async fn quoted_output<P: Port>(
 
 /// `ranked_search`: the offline explorer's ranking for the model's
 /// question — its keywords searched (each a recorded `search` step under
-/// `<step>:ranked`), the files scored, the top ones read for what they
-/// define — as paths, scores, keywords covered and matching lines. The
+/// `<step>:ranked`), the workspace's code index asked (`find_code`), the
+/// files scored, the top ones read for what they define — as paths,
+/// scores, keywords covered, what the index says each defines (symbol and
+/// line) and matching lines. The
 /// model still reads what it cites, and every cited line is verified.
 async fn ranked_search<P: Port>(
     port: &mut P,
@@ -308,8 +310,14 @@ async fn ranked_search<P: Port>(
     if keywords.is_empty() {
         return Ok(json!({"error": "the question names nothing to search for; name a function, type, file or topic"}).to_string());
     }
-    let gathered =
-        crate::explore::gather(port, &format!("{step}:ranked"), &keywords, RANKED_FILES).await?;
+    let gathered = crate::explore::gather(
+        port,
+        &format!("{step}:ranked"),
+        question,
+        &keywords,
+        RANKED_FILES,
+    )
+    .await?;
     let files: Vec<serde_json::Value> = gathered
         .ranked
         .iter()
@@ -325,6 +333,11 @@ async fn ranked_search<P: Port>(
                 "path": file.path,
                 "score": (file.score * 100.0).round() / 100.0,
                 "keywords": file.keywords,
+                "defines": file
+                    .defines
+                    .iter()
+                    .map(|(line, name)| json!({"line": line, "name": name}))
+                    .collect::<Vec<_>>(),
                 "lines": lines,
             })
         })
@@ -592,6 +605,43 @@ mod tests {
             name: name.into(),
             arguments,
         }
+    }
+
+    #[tokio::test]
+    async fn ranked_search_finds_what_defines_another_form_of_the_question_s_word() {
+        let (_dir, mut port) = port_with(&[
+            (
+                "meta/src/validator.rs",
+                "use crate::Rule;\n\npub fn validate_left_recursion(rules: &[Rule]) -> Vec<String> {\n    Vec::new()\n}\n",
+            ),
+            (
+                "meta/src/parser.rs",
+                "// Parses a grammar into rules.\npub fn parse(text: &str) -> Vec<Rule> {\n    text.lines().map(Rule::new).collect()\n}\n",
+            ),
+        ]);
+        let allowed = vec![RANKED_SEARCH.to_owned()];
+        let answer = run_tool(
+            &mut port,
+            "model:1:tool:1",
+            &call(
+                RANKED_SEARCH,
+                json!({"question": "How is a recursive grammar detected?"}),
+            ),
+            &allowed,
+        )
+        .await
+        .unwrap();
+        let quoted: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        let data: serde_json::Value =
+            serde_json::from_str(quoted["untrusted_repository_data"].as_str().unwrap()).unwrap();
+        // "recursive" is nowhere verbatim: the index's stemming finds
+        // `validate_left_recursion`, and says where it is defined.
+        assert_eq!(data["files"][0]["path"], "meta/src/validator.rs", "{data}");
+        assert_eq!(
+            data["files"][0]["defines"],
+            json!([{"line": 3, "name": "validate_left_recursion"}]),
+            "{data}"
+        );
     }
 
     #[tokio::test]

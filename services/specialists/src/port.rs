@@ -13,9 +13,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use zopu_llm::{ChatReply, ChatRequest};
 use zopu_sandbox::tools::{
-    DescribeInput, DescribeOutput, ListFilesInput, ListFilesOutput, ReadFileInput, ReadFileOutput,
-    RunCheckInput, Sandbox, SearchInput, SearchOutput, WriteGeneratedFileInput,
-    WriteGeneratedFileOutput,
+    DescribeInput, DescribeOutput, FindCodeInput, FindCodeOutput, ListFilesInput, ListFilesOutput,
+    ReadFileInput, ReadFileOutput, RunCheckInput, Sandbox, SearchInput, SearchOutput,
+    WriteGeneratedFileInput, WriteGeneratedFileOutput,
 };
 use zopu_schema::pb::FlowPhase;
 
@@ -29,6 +29,7 @@ pub enum ToolRequest {
     ListFiles(ListFilesInput),
     ReadFile(ReadFileInput),
     Search(SearchInput),
+    FindCode(FindCodeInput),
     WriteGeneratedFile(WriteGeneratedFileInput),
     RunCheck(RunCheckInput),
 }
@@ -40,6 +41,7 @@ impl ToolRequest {
             Self::ListFiles(_) => "list_files",
             Self::ReadFile(_) => "read_file",
             Self::Search(_) => "search",
+            Self::FindCode(_) => "find_code",
             Self::WriteGeneratedFile(_) => "write_generated_file",
             Self::RunCheck(_) => "run_check",
         }
@@ -211,6 +213,14 @@ pub async fn read_file<P: Port>(
     call(port, step, ToolRequest::ReadFile(input)).await
 }
 
+pub async fn find_code<P: Port>(
+    port: &mut P,
+    step: &str,
+    input: FindCodeInput,
+) -> Result<Result<FindCodeOutput, ToolFailure>, FlowError> {
+    call(port, step, ToolRequest::FindCode(input)).await
+}
+
 pub async fn search<P: Port>(
     port: &mut P,
     step: &str,
@@ -250,6 +260,7 @@ pub fn execute(sandbox: &Sandbox, request: &ToolRequest) -> Result<Vec<u8>, Tool
         ToolRequest::ListFiles(input) => out(sandbox.list_files(input)),
         ToolRequest::ReadFile(input) => out(sandbox.read_file(input)),
         ToolRequest::Search(input) => out(sandbox.search(input)),
+        ToolRequest::FindCode(input) => out(sandbox.find_code(input)),
         ToolRequest::WriteGeneratedFile(input) => out(sandbox.write_generated_file(input)),
         ToolRequest::RunCheck(input) => out(sandbox.run_check(input)),
     }

@@ -1,5 +1,5 @@
 //! The agent's sandbox tools: `describe`, `list_files`, `read_file`,
-//! `search`, `exec_safe` and `write_generated_file`, and the check flow's
+//! `search`, `find_code`, `exec_safe` and `write_generated_file`, and the check flow's
 //! `run_check` (the project's test command, never offered to a model).
 //!
 //! Each tool takes a typed input and returns a typed output (both serde, so
@@ -15,6 +15,7 @@
 mod check;
 mod exec;
 mod files;
+mod index;
 mod record;
 mod search;
 mod write;
@@ -32,6 +33,7 @@ pub use files::{
     DescribeInput, DescribeOutput, EntryKind, LanguageCount, ListFilesInput, ListFilesOutput,
     ListedEntry, ReadFileInput, ReadFileOutput, TopLevelEntry,
 };
+pub use index::{FindCodeInput, FindCodeOutput, FoundDefinition, FoundFile, index_words};
 pub use record::{ToolCallRecord, ToolOutcome, ToolRecorder};
 pub use search::{SearchInput, SearchMatch, SearchOutput};
 pub use write::{WriteGeneratedFileInput, WriteGeneratedFileOutput};
@@ -167,6 +169,14 @@ impl Sandbox {
     pub fn list_files(&self, input: &ListFilesInput) -> Result<ListFilesOutput, Error> {
         self.recorded("list_files", input, || {
             files::list_files(&self.root, &self.limits, input)
+        })
+    }
+
+    /// Files ranked for a question over the tree's code index (built once
+    /// per tree state and cached; see [`index`]).
+    pub fn find_code(&self, input: &FindCodeInput) -> Result<FindCodeOutput, Error> {
+        self.recorded("find_code", input, || {
+            index::find_code(&self.root, &self.limits, input)
         })
     }
 
