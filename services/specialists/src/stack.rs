@@ -133,6 +133,8 @@ const RUST_FRAMEWORKS: &[&str] = &[
     "yew",
     "egui",
     "rusqlite",
+    "syn",
+    "quote",
 ];
 const NODE_FRAMEWORKS: &[&str] = &[
     "react",
@@ -165,6 +167,7 @@ const NODE_FRAMEWORKS: &[&str] = &[
     "graphql",
     "socket.io",
     "mongoose",
+    "body-parser",
 ];
 const PYTHON_FRAMEWORKS: &[&str] = &[
     "django",
@@ -189,6 +192,10 @@ const PYTHON_FRAMEWORKS: &[&str] = &[
     "attrs",
     "scipy",
     "torch",
+    "h11",
+    "httptools",
+    "uvloop",
+    "websockets",
 ];
 /// Go modules by path, and the name they are known by.
 const GO_FRAMEWORKS: &[(&str, &str)] = &[
@@ -197,6 +204,7 @@ const GO_FRAMEWORKS: &[(&str, &str)] = &[
     ("github.com/urfave/cli", "urfave/cli"),
     ("github.com/charmbracelet/bubbletea", "bubbletea"),
     ("github.com/charmbracelet/lipgloss", "lipgloss"),
+    ("github.com/charmbracelet/glamour", "glamour"),
     ("github.com/gin-gonic/gin", "gin"),
     ("github.com/labstack/echo", "echo"),
     ("github.com/gofiber/fiber", "fiber"),
@@ -226,6 +234,14 @@ const JVM_FRAMEWORKS: &[(&str, &str)] = &[
     ("netty", "Netty"),
     ("assertj-core", "AssertJ"),
     ("kotlinx-coroutines", "kotlinx.coroutines"),
+];
+
+/// Gradle plugins by id, and the library they bring in.
+const GRADLE_PLUGINS: &[(&str, &str)] = &[
+    ("me.champeau.jmh", "JMH"),
+    ("org.springframework.boot", "spring-boot"),
+    ("io.micronaut.application", "Micronaut"),
+    ("io.quarkus", "Quarkus"),
 ];
 
 /// The names of the known libraries `text` (a manifest's dependency section)
@@ -394,7 +410,9 @@ fn cargo(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> Ma
         packages: 1,
     });
     let convention = "Cargo convention; not run";
-    let workspace_flag = if workspace.is_some() {
+    // A virtual workspace (no root package) builds and tests every member
+    // by default; a root package with a workspace needs the flag for that.
+    let workspace_flag = if workspace.is_some() && table.get("package").is_some() {
         " --workspace"
     } else {
         ""
@@ -1033,7 +1051,18 @@ fn gradle(path: &str, dir: &str, content: &str, has: &dyn Fn(&str) -> bool) -> M
             language: "Java/JVM".into(),
             tool: "Gradle".into(),
             manifest: path.into(),
-            frameworks: named_in(content, JVM_FRAMEWORKS, &artifact),
+            frameworks: {
+                let mut frameworks = named_in(content, JVM_FRAMEWORKS, &artifact);
+                let plugin = |text: &str, id: &str| {
+                    text.contains(&format!("id '{id}'")) || text.contains(&format!("id \"{id}\""))
+                };
+                for name in named_in(content, GRADLE_PLUGINS, &plugin) {
+                    if !frameworks.contains(&name) {
+                        frameworks.push(name);
+                    }
+                }
+                frameworks
+            },
             packages: 1,
         }),
         commands: vec![
@@ -1159,6 +1188,36 @@ mod tests {
                 .any(|c| c.command == "cargo test" && c.status == CommandStatus::Inferred)
         );
         assert_eq!(facts.description.as_deref(), Some("A demo"));
+    }
+
+    #[test]
+    fn a_virtual_workspace_builds_plainly_and_a_root_package_with_members_needs_the_flag() {
+        let commands = |content: &str| -> Vec<String> {
+            parse("Cargo.toml", content, &files(&["Cargo.toml"]))
+                .commands
+                .into_iter()
+                .map(|hint| hint.command)
+                .collect()
+        };
+        assert_eq!(
+            commands("[workspace]\nmembers = [\"a\", \"b\"]\n"),
+            ["cargo build", "cargo test"]
+        );
+        assert_eq!(
+            commands("[package]\nname = \"a\"\n[workspace]\nmembers = [\"b\"]\n"),
+            ["cargo build --workspace", "cargo test --workspace"]
+        );
+    }
+
+    #[test]
+    fn gradle_plugins_name_the_libraries_they_bring() {
+        let content = "plugins {\n    id 'java-library'\n    id \"me.champeau.jmh\" version \"0.6.8\"\n}\ndependencies {\n    testImplementation 'org.junit.jupiter:junit-jupiter-api:5.9.0'\n}\n";
+        let facts = parse(
+            "build.gradle",
+            content,
+            &files(&["build.gradle", "gradlew"]),
+        );
+        assert_eq!(facts.stack.unwrap().frameworks, ["JUnit", "JMH"]);
     }
 
     #[test]

@@ -700,11 +700,15 @@ fn facts(expected: &Facts, result: &OnboardingResult) -> Vec<Fact> {
         &[result.name.as_str()],
     )];
     // A language is found when the stack names it, in its own label
-    // (`TypeScript/JavaScript (Node.js)` names JavaScript/TypeScript).
+    // (`TypeScript/JavaScript (Node.js)` names JavaScript/TypeScript). A
+    // family written with a slash is named by any of its members: a Node
+    // project without TypeScript is labelled `JavaScript (Node.js)`.
     out.extend(expected.languages.iter().map(|language| {
         let found = languages.iter().any(|label| {
             let label = words(label);
-            words(language).iter().all(|word| label.contains(word))
+            language
+                .split('/')
+                .any(|member| words(member).iter().all(|word| label.contains(word)))
         });
         facts_entry("language", language, found, &languages)
     }));
@@ -888,6 +892,41 @@ mod tests {
             assert!(case.questions.len() >= 5, "{}", case.name);
             assert!(set.join(&case.archive).is_file(), "{}", case.name);
         }
+    }
+
+    #[test]
+    fn a_language_family_is_named_by_any_of_its_members() {
+        let expected = Facts {
+            project_name: "Express".into(),
+            languages: vec!["JavaScript/TypeScript".into(), "Java".into()],
+            frameworks: vec![],
+            entry_points: vec![],
+            build_commands: vec![],
+            test_commands: vec![],
+        };
+        let result = OnboardingResult {
+            name: "Express".into(),
+            stack: vec![zopu_schema::flow_result::StackItem {
+                language: "JavaScript (Node.js)".into(),
+                tool: "npm".into(),
+                manifest: "package.json".into(),
+                frameworks: vec![],
+                packages: 1,
+            }],
+            ..Default::default()
+        };
+        let found: Vec<(String, bool)> = facts(&expected, &result)
+            .into_iter()
+            .map(|fact| (fact.expected, fact.found))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("Express".to_owned(), true),
+                ("JavaScript/TypeScript".to_owned(), true),
+                ("Java".to_owned(), false),
+            ]
+        );
     }
 
     #[test]
