@@ -129,7 +129,8 @@ pub enum FileRole {
     Examples,
     /// Data and configuration (JSON, YAML, XML, TOML), generated shell
     /// completions, manual pages, TypeScript declaration files, test
-    /// snapshots, benchmarks and stress tests (they
+    /// snapshots, Nix expressions, helper scripts (`scripts/`), benchmarks
+    /// and stress tests (they
     /// exercise the source, and are not the tests a question asks for).
     Auxiliary,
     Source,
@@ -193,7 +194,10 @@ pub fn role_of(path: &str) -> FileRole {
                 "bench" | "benches" | "benchmarks" | "jmh" | "perftest" | "jcstress"
             )
         })
-        || lower.split('/').any(|c| c == "man" || c == "completions")
+        || lower
+            .split('/')
+            .any(|c| matches!(c, "man" | "completions" | "scripts"))
+        || lower.ends_with(".nix")
         || lower.ends_with(".d.ts")
         || lower.ends_with(".snap")
         || name
@@ -416,6 +420,23 @@ const INDEX_QUERY_CHARS: usize = 1_000;
 /// 0.72 and 0.67 for the search alone and 0.65 and 0.73 for the index alone.)
 const INDEX_SHARE: f64 = 0.7;
 
+/// What the code index is asked: the question, then the short forms code
+/// writes its words in (`env` for "environment", `cli` for "command line").
+fn index_query(question: &str, keywords: &[String]) -> String {
+    let mut query = clip_chars(question, INDEX_QUERY_CHARS);
+    let lower = question.to_lowercase();
+    if lower.contains("command line") || lower.contains("command-line") {
+        query.push_str(" cli");
+    }
+    for keyword in keywords {
+        for form in code_forms(&keyword.to_lowercase()).into_iter().skip(1) {
+            query.push(' ');
+            query.push_str(&form);
+        }
+    }
+    query
+}
+
 /// Folds the code index's ranking into the keyword search's: each score
 /// scaled to its best file, the index's weighed by the square of the
 /// file's role weight (the index scores prose, where a question's own words
@@ -561,7 +582,7 @@ pub async fn gather<P: Port>(
         port,
         &format!("{step}:index"),
         FindCodeInput {
-            query: clip_chars(question, INDEX_QUERY_CHARS),
+            query: index_query(question, keywords),
             max_files: Some(INDEX_FILES),
         },
     )
