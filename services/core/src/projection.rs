@@ -226,9 +226,12 @@ pub const REPLAY_READERS: u64 = 4;
 /// Sequences one chunk of a parallel replay spans. A reader holds at most
 /// two decoded chunks (one read, one waiting for the applier), so a replay
 /// holds at most `2 × REPLAY_READERS + 3` chunks whatever the history's
-/// length. Each chunk costs a consumer's creation and deletion, and passes
-/// to the applier whole (one channel operation per chunk, not per event).
-const REPLAY_CHUNK: u64 = 2_000;
+/// length. Each chunk costs a consumer's creation and deletion, is one pull
+/// request (the server sends the whole chunk at once), and passes to the
+/// applier whole (one channel operation per chunk, not per event). At 2,000
+/// the idle probe of `zopu bench scale` (every service catching up at once)
+/// peaked near 340 MB; at 1,000 near 210 MB, with the same rebuild rate.
+const REPLAY_CHUNK: u64 = 1_000;
 /// Chunks waiting for the applier in a parallel replay (events one at a
 /// time wait up to `2 × MAX_BATCH`).
 const CHUNKS_QUEUED: usize = 2;
@@ -244,6 +247,22 @@ const CHUNK_CONSUMER_EXPIRY: Duration = Duration::from_secs(30);
 /// Each reader is a task of its own, so their receiving and decoding spread
 /// over the runtime's threads (and all stop when the replay is dropped).
 async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<(), Error> {
+    read_parallel_with(bus, events, from, to, decode).await
+}
+
+/// A message as the replay passes it on: decoded, or why not.
+fn decode(message: &async_nats::Message) -> Result<Envelope, String> {
+    publish::decode_message(message).map_err(|error| error.to_string())
+}
+
+/// [`read_parallel`] with what each message becomes given by `read`.
+async fn read_parallel_with<T: Send + 'static>(
+    bus: &Bus,
+    events: tokio::sync::mpsc::Sender<Vec<(u64, T)>>,
+    from: u64,
+    to: u64,
+    read: fn(&async_nats::Message) -> T,
+) -> Result<(), Error> {
     let chunks = chunks(from, to, REPLAY_CHUNK);
     let readers = (REPLAY_READERS as usize).min(chunks.len());
     let replay = uuid::Uuid::new_v4().simple().to_string();
@@ -252,7 +271,7 @@ async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<()
     for index in 0..readers {
         // One whole chunk: a reader reads its next chunk while the applier
         // takes the ones before.
-        let (sender, receiver) = tokio::sync::mpsc::channel::<Decoded>(1);
+        let (sender, receiver) = tokio::sync::mpsc::channel::<Vec<(u64, T)>>(1);
         buffers.push(receiver);
         let own_chunks: Vec<(u64, u64)> = chunks
             .iter()
@@ -271,7 +290,7 @@ async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<()
             let stream = events_stream(&own).await?;
             for (after, end) in own_chunks {
                 let name = format!("zopu-replay-{replay}-{after}");
-                let chunk = read_chunk(&stream, &name, after, end).await?;
+                let chunk = read_chunk(&stream, &name, after, end, read).await?;
                 if sender.send(chunk).await.is_err() {
                     return Ok(());
                 }
@@ -319,6 +338,24 @@ pub async fn replay_without_applying(bus: &Bus, to: u64) -> Result<u64, Error> {
     read.map(|()| count)
 }
 
+/// The same parallel replay as [`replay_without_applying`] with nothing
+/// decoded: each message's sequence read and the message dropped. This is
+/// the rebuild's own ceiling (its connections, chunks and pull requests,
+/// no work of its own); `zopu bench scale` measures it next to the
+/// rebuild. Returns how many arrived.
+pub async fn replay_raw(bus: &Bus, to: u64) -> Result<u64, Error> {
+    let (events, mut received) = tokio::sync::mpsc::channel::<Vec<(u64, ())>>(CHUNKS_QUEUED);
+    let count = async {
+        let mut count = 0u64;
+        while let Some(chunk) = received.recv().await {
+            count += chunk.len() as u64;
+        }
+        count
+    };
+    let (read, count) = tokio::join!(read_parallel_with(bus, events, 0, to, |_| ()), count);
+    read.map(|()| count)
+}
+
 /// `(from, to]` cut into consecutive `(after, end]` spans of at most `span`.
 fn chunks(from: u64, to: u64, span: u64) -> Vec<(u64, u64)> {
     (from..to)
@@ -333,18 +370,22 @@ fn chunks(from: u64, to: u64, span: u64) -> Vec<(u64, u64)> {
 /// length, so the server sends nothing past `end` (an ordered consumer
 /// would have fetched up to a batch of the next chunk by then, read and
 /// parsed for nothing). Ends at `end` or at the stream's end.
-async fn read_chunk(
+async fn read_chunk<T>(
     stream: &async_nats::jetstream::stream::Stream,
     name: &str,
     after: u64,
     end: u64,
-) -> Result<Decoded, Error> {
+    read: fn(&async_nats::Message) -> T,
+) -> Result<Vec<(u64, T)>, Error> {
     let length = end.saturating_sub(after) as usize;
     let mut chunk = Vec::with_capacity(length);
     let consumer = stream
         .create_consumer(pull::Config {
             name: Some(name.to_owned()),
-            filter_subjects: vec![zopu_schema::subjects::all_events()],
+            // No subject filter: the stream holds only event subjects
+            // (`streams::events_config` refuses any other definition), and
+            // matching every message against a filter that takes them all
+            // costs the server as much as a real one.
             deliver_policy: DeliverPolicy::ByStartSequence {
                 start_sequence: after + 1,
             },
@@ -372,8 +413,7 @@ async fn read_chunk(
             // Past a gap (deleted messages) into the next chunk: its reader has it.
             break;
         }
-        let decoded = publish::decode_message(&message.message).map_err(|error| error.to_string());
-        chunk.push((sequence, decoded));
+        chunk.push((sequence, read(&message.message)));
         if sequence == end || pending == 0 {
             break;
         }
