@@ -607,6 +607,21 @@ mod tests {
         }
     }
 
+    /// `ranked_search` called with `question`: the quoted data it answered.
+    async fn ranked(port: &mut DirectPort, question: &str) -> serde_json::Value {
+        let allowed = vec![RANKED_SEARCH.to_owned()];
+        let answer = run_tool(
+            port,
+            "model:1:tool:1",
+            &call(RANKED_SEARCH, json!({ "question": question })),
+            &allowed,
+        )
+        .await
+        .unwrap();
+        let quoted: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        serde_json::from_str(quoted["untrusted_repository_data"].as_str().unwrap()).unwrap()
+    }
+
     #[tokio::test]
     async fn ranked_search_finds_what_defines_another_form_of_the_question_s_word() {
         let (_dir, mut port) = port_with(&[
@@ -619,21 +634,7 @@ mod tests {
                 "// Parses a grammar into rules.\npub fn parse(text: &str) -> Vec<Rule> {\n    text.lines().map(Rule::new).collect()\n}\n",
             ),
         ]);
-        let allowed = vec![RANKED_SEARCH.to_owned()];
-        let answer = run_tool(
-            &mut port,
-            "model:1:tool:1",
-            &call(
-                RANKED_SEARCH,
-                json!({"question": "How is a recursive grammar detected?"}),
-            ),
-            &allowed,
-        )
-        .await
-        .unwrap();
-        let quoted: serde_json::Value = serde_json::from_str(&answer).unwrap();
-        let data: serde_json::Value =
-            serde_json::from_str(quoted["untrusted_repository_data"].as_str().unwrap()).unwrap();
+        let data = ranked(&mut port, "How is a recursive grammar detected?").await;
         // "recursive" is nowhere verbatim: the index's stemming finds
         // `validate_left_recursion`, and says where it is defined.
         assert_eq!(data["files"][0]["path"], "meta/src/validator.rs", "{data}");
@@ -656,21 +657,7 @@ mod tests {
             ("tests/publisher_test.rs", &mentions),
             ("docs/publishing.md", "The publisher appends every event.\n"),
         ]);
-        let allowed = vec![RANKED_SEARCH.to_owned()];
-        let answer = run_tool(
-            &mut port,
-            "model:1:tool:1",
-            &call(
-                RANKED_SEARCH,
-                json!({"question": "How does the publisher append events?"}),
-            ),
-            &allowed,
-        )
-        .await
-        .unwrap();
-        let quoted: serde_json::Value = serde_json::from_str(&answer).unwrap();
-        let data: serde_json::Value =
-            serde_json::from_str(quoted["untrusted_repository_data"].as_str().unwrap()).unwrap();
+        let data = ranked(&mut port, "How does the publisher append events?").await;
         assert_eq!(data["files"][0]["path"], "src/publish.rs", "{data}");
         assert!(
             data["files"][0]["lines"]

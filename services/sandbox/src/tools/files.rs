@@ -62,6 +62,19 @@ pub(crate) fn walker(dir: &Path, max_depth: usize) -> WalkBuilder {
     builder
 }
 
+/// A walked entry's path relative to the repository, if it parses as one
+/// the policy accepts.
+pub(crate) fn repo_relative(
+    root: &WorkspaceRoot,
+    limits: &SandboxLimits,
+    path: &Path,
+) -> Option<RelPath> {
+    path.strip_prefix(root.repo())
+        .ok()
+        .and_then(|p| p.to_str())
+        .and_then(|p| RelPath::parse(p, limits).ok())
+}
+
 /// Opens the directory `path` of the repository (validated, no symlinks) and
 /// returns its absolute path for the walker.
 pub(crate) fn repo_dir(

@@ -30,7 +30,7 @@ use regex::Regex;
 use rust_stemmers::{Algorithm, Stemmer};
 use serde::{Deserialize, Serialize};
 
-use super::files::{is_secret_content, repo_dir, walker};
+use super::files::{is_secret_content, repo_dir, repo_relative, walker};
 use super::{Error, ToolOutput};
 use crate::policy::{Expect, RelPath, SandboxLimits, WorkspaceRoot, open_beneath};
 
@@ -422,13 +422,7 @@ fn listed_files(root: &WorkspaceRoot, limits: &SandboxLimits) -> Result<Vec<List
         if !metadata.is_file() {
             continue;
         }
-        let Some(rel) = entry
-            .path()
-            .strip_prefix(root.repo())
-            .ok()
-            .and_then(|p| p.to_str())
-            .and_then(|p| RelPath::parse(p, limits).ok())
-        else {
+        let Some(rel) = repo_relative(root, limits, entry.path()) else {
             continue;
         };
         out.push(Listed {

@@ -14,9 +14,9 @@ use grep_searcher::{BinaryDetection, MmapChoice, Searcher, SearcherBuilder, Sink
 use ignore::WalkState;
 use serde::{Deserialize, Serialize};
 
-use super::files::{is_secret_content, repo_dir, walker};
+use super::files::{is_secret_content, repo_dir, repo_relative, walker};
 use super::{Error, ToolOutput};
-use crate::policy::{Expect, RelPath, SandboxLimits, WorkspaceRoot, open_beneath};
+use crate::policy::{Expect, SandboxLimits, WorkspaceRoot, open_beneath};
 
 /// Longest pattern accepted, in bytes.
 const MAX_PATTERN_BYTES: usize = 1_024;
@@ -191,13 +191,7 @@ pub(crate) fn search(
             if !entry.file_type().is_some_and(|t| t.is_file()) {
                 return WalkState::Continue;
             }
-            let Some(rel) = entry
-                .path()
-                .strip_prefix(root.repo())
-                .ok()
-                .and_then(|p| p.to_str())
-                .and_then(|p| RelPath::parse(p, limits).ok())
-            else {
+            let Some(rel) = repo_relative(root, limits, entry.path()) else {
                 shared.policy.fetch_add(1, Ordering::Relaxed);
                 return WalkState::Continue;
             };
