@@ -90,8 +90,9 @@ pub fn title_of(request: &str) -> String {
 }
 
 /// What the world looks like once the titled change is made, from the
-/// title's intent (its leading verb) rather than its wording: "Add a
-/// revoke command" becomes "a revoke command exists".
+/// title's intent (its leading verb, or the problem it states) rather than
+/// its wording: "Add a revoke command" becomes "a revoke command exists",
+/// "The login page crashing" becomes "the login page no longer crashes".
 pub fn desired_world_of(title: &str) -> String {
     let (verb, rest) = title.split_once(' ').unwrap_or((title, ""));
     let object = rest.trim();
@@ -116,10 +117,63 @@ pub fn desired_world_of(title: &str) -> String {
         "test" => Some(format!("{object} is covered by automated tests")),
         _ => None,
     };
-    match outcome {
+    match outcome.or_else(|| problem_gone(title)) {
         Some(outcome) => format!("After this change, {outcome}."),
         None => format!("After this change: {}.", lower_first(title)),
     }
+}
+
+/// Verbs that report a problem: (base, third person, gerund).
+const PROBLEM_VERBS: &[(&str, &str, &str)] = &[
+    ("crash", "crashes", "crashing"),
+    ("fail", "fails", "failing"),
+    ("hang", "hangs", "hanging"),
+    ("freeze", "freezes", "freezing"),
+    ("leak", "leaks", "leaking"),
+    ("break", "breaks", "breaking"),
+    ("panic", "panics", "panicking"),
+    ("error", "errors", "erroring"),
+    ("flake", "flakes", "flaking"),
+];
+
+/// States that report a problem after "is" or "are".
+const PROBLEM_STATES: &[&str] = &[
+    "slow",
+    "broken",
+    "flaky",
+    "wrong",
+    "missing",
+    "unresponsive",
+    "stuck",
+    "failing",
+];
+
+/// A title that states a problem ("The login page crashing", "Search is
+/// slow for large projects") as the world without it ("the login page no
+/// longer crashes", "search is no longer slow for large projects").
+fn problem_gone(title: &str) -> Option<String> {
+    let words: Vec<&str> = title.split_whitespace().collect();
+    for (at, word) in words.iter().enumerate().skip(1) {
+        let lower = word.to_lowercase();
+        let subject = lower_first(&words[..at].join(" "));
+        let rest: String = words[at + 1..].iter().map(|w| format!(" {w}")).collect();
+        if let Some((base, third, _)) = PROBLEM_VERBS
+            .iter()
+            .find(|(base, third, gerund)| [*base, *third, *gerund].contains(&lower.as_str()))
+        {
+            let plural = words[at - 1].ends_with('s') && !words[at - 1].ends_with("ss");
+            let verb = if plural { base } else { third };
+            return Some(format!("{subject} no longer {verb}{rest}"));
+        }
+        if matches!(lower.as_str(), "is" | "are")
+            && let Some(state) = words.get(at + 1)
+            && PROBLEM_STATES.contains(&state.to_lowercase().as_str())
+        {
+            let rest: String = words[at + 2..].iter().map(|w| format!(" {w}")).collect();
+            return Some(format!("{subject} {lower} no longer {state}{rest}"));
+        }
+    }
+    None
 }
 
 fn lower_first(text: &str) -> String {
@@ -356,9 +410,31 @@ mod tests {
             desired_world_of("Fix the flaky login test"),
             "After this change, the flaky login test is fixed."
         );
+        // A stated problem: the world without it.
+        for (title, world) in [
+            (
+                "The login page crashing",
+                "After this change, the login page no longer crashes.",
+            ),
+            (
+                "Login fails with a 500 on Safari",
+                "After this change, login no longer fails with a 500 on Safari.",
+            ),
+            (
+                "Nightly tests failing on main",
+                "After this change, nightly tests no longer fail on main.",
+            ),
+            (
+                "Search is slow for large projects",
+                "After this change, search is no longer slow for large projects.",
+            ),
+        ] {
+            assert_eq!(desired_world_of(title), world, "{title}");
+        }
+        // Neither an action nor a problem: said as it is.
         assert_eq!(
-            desired_world_of("The login page crashing"),
-            "After this change: the login page crashing."
+            desired_world_of("Dark mode for the dashboard"),
+            "After this change: dark mode for the dashboard."
         );
     }
 }
