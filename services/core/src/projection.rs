@@ -326,16 +326,7 @@ async fn read_parallel_with<T: Send + 'static>(
 /// dropped. Returns how many arrived (`zopu bench scale` compares it with
 /// a whole rebuild to tell reading from writing).
 pub async fn replay_without_applying(bus: &Bus, to: u64) -> Result<u64, Error> {
-    let (events, mut received) = tokio::sync::mpsc::channel::<Decoded>(CHUNKS_QUEUED);
-    let count = async {
-        let mut count = 0u64;
-        while let Some(chunk) = received.recv().await {
-            count += chunk.len() as u64;
-        }
-        count
-    };
-    let (read, count) = tokio::join!(read_parallel(bus, events, 0, to), count);
-    read.map(|()| count)
+    count_replayed(bus, to, decode).await
 }
 
 /// The same parallel replay as [`replay_without_applying`] with nothing
@@ -344,7 +335,17 @@ pub async fn replay_without_applying(bus: &Bus, to: u64) -> Result<u64, Error> {
 /// no work of its own); `zopu bench scale` measures it next to the
 /// rebuild. Returns how many arrived.
 pub async fn replay_raw(bus: &Bus, to: u64) -> Result<u64, Error> {
-    let (events, mut received) = tokio::sync::mpsc::channel::<Vec<(u64, ())>>(CHUNKS_QUEUED);
+    count_replayed(bus, to, |_| ()).await
+}
+
+/// Replays the stream's first `to` events in parallel, each message passed
+/// through `read` and dropped; returns how many arrived.
+async fn count_replayed<T: Send + 'static>(
+    bus: &Bus,
+    to: u64,
+    read: fn(&async_nats::Message) -> T,
+) -> Result<u64, Error> {
+    let (events, mut received) = tokio::sync::mpsc::channel::<Vec<(u64, T)>>(CHUNKS_QUEUED);
     let count = async {
         let mut count = 0u64;
         while let Some(chunk) = received.recv().await {
@@ -352,7 +353,7 @@ pub async fn replay_raw(bus: &Bus, to: u64) -> Result<u64, Error> {
         }
         count
     };
-    let (read, count) = tokio::join!(read_parallel_with(bus, events, 0, to, |_| ()), count);
+    let (read, count) = tokio::join!(read_parallel_with(bus, events, 0, to, read), count);
     read.map(|()| count)
 }
 

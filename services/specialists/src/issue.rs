@@ -153,24 +153,28 @@ const PROBLEM_STATES: &[&str] = &[
 /// longer crashes", "search is no longer slow for large projects").
 fn problem_gone(title: &str) -> Option<String> {
     let words: Vec<&str> = title.split_whitespace().collect();
+    // The words of `title` from `from` on, each after a space.
+    let rest = |from: usize| -> String { words[from..].iter().map(|w| format!(" {w}")).collect() };
     for (at, word) in words.iter().enumerate().skip(1) {
         let lower = word.to_lowercase();
-        let subject = lower_first(&words[..at].join(" "));
-        let rest: String = words[at + 1..].iter().map(|w| format!(" {w}")).collect();
+        let subject = || lower_first(&words[..at].join(" "));
         if let Some((base, third, _)) = PROBLEM_VERBS
             .iter()
             .find(|(base, third, gerund)| [*base, *third, *gerund].contains(&lower.as_str()))
         {
             let plural = words[at - 1].ends_with('s') && !words[at - 1].ends_with("ss");
             let verb = if plural { base } else { third };
-            return Some(format!("{subject} no longer {verb}{rest}"));
+            return Some(format!("{} no longer {verb}{}", subject(), rest(at + 1)));
         }
         if matches!(lower.as_str(), "is" | "are")
             && let Some(state) = words.get(at + 1)
             && PROBLEM_STATES.contains(&state.to_lowercase().as_str())
         {
-            let rest: String = words[at + 2..].iter().map(|w| format!(" {w}")).collect();
-            return Some(format!("{subject} {lower} no longer {state}{rest}"));
+            return Some(format!(
+                "{} {lower} no longer {state}{}",
+                subject(),
+                rest(at + 2)
+            ));
         }
     }
     None

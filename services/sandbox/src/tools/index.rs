@@ -30,7 +30,7 @@ use regex::Regex;
 use rust_stemmers::{Algorithm, Stemmer};
 use serde::{Deserialize, Serialize};
 
-use super::files::{is_secret_content, repo_dir, repo_relative, walker};
+use super::files::{repo_dir, repo_relative, walker};
 use super::{Error, ToolOutput};
 use crate::policy::{Expect, RelPath, SandboxLimits, WorkspaceRoot, open_beneath};
 
@@ -403,10 +403,12 @@ fn readable_text(
         .take(limits.max_file_bytes)
         .read_to_end(&mut bytes)
         .ok()?;
-    if bytes.contains(&0) || is_secret_content(&file, limits.max_file_bytes).unwrap_or(true) {
+    if bytes.contains(&0) {
         return None;
     }
-    Some(String::from_utf8_lossy(&bytes).into_owned())
+    // The text already read is what is checked for secrets (no second read).
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    (!zopu_secrets::is_secret_file_content(&text)).then_some(text)
 }
 
 /// The repository's files in path order, through the same walk as `search`.
