@@ -383,6 +383,8 @@ async fn a_cancelled_check_kills_its_program_and_ends_at_once() -> Result<()> {
     .await
     .context("onboarding never completed")?;
     let gateway = crate::registry::Gateway::start(&server, &dir.path().join("gateway")).await?;
+    // A fresh gateway knows the project once its projection has read it.
+    gateway.caught_up(&bus).await?;
     let (status, sent) = gateway
         .post(
             &format!("/v1/projects/{project}/messages"),
