@@ -420,19 +420,32 @@ const INDEX_QUERY_CHARS: usize = 1_000;
 /// 0.72 and 0.67 for the search alone and 0.65 and 0.73 for the index alone.)
 const INDEX_SHARE: f64 = 0.7;
 
-/// What the code index is asked: the question, then the short forms code
-/// writes its words in (`env` for "environment", `cli` for "command line").
-fn index_query(question: &str, keywords: &[String]) -> String {
+/// What the code index is asked: the question, then (when it differs) the
+/// question again with its words in the short forms code writes them in
+/// ("data dir" for "data directory", so the index sees the pair side by
+/// side as in `data_dir`), and `cli` for "command line".
+fn index_query(question: &str) -> String {
     let mut query = clip_chars(question, INDEX_QUERY_CHARS);
     let lower = question.to_lowercase();
     if lower.contains("command line") || lower.contains("command-line") {
         query.push_str(" cli");
     }
-    for keyword in keywords {
-        for form in code_forms(&keyword.to_lowercase()).into_iter().skip(1) {
-            query.push(' ');
-            query.push_str(&form);
-        }
+    let mut shortened = false;
+    let short: Vec<String> = zopu_core::keywords::tokens(&query)
+        .into_iter()
+        .map(
+            |(token, stem)| match stem.and_then(|stem| code_forms(&stem).into_iter().nth(1)) {
+                Some(short) => {
+                    shortened = true;
+                    short
+                }
+                None => token.to_owned(),
+            },
+        )
+        .collect();
+    if shortened {
+        query.push(' ');
+        query.push_str(&short.join(" "));
     }
     query
 }
@@ -582,7 +595,7 @@ pub async fn gather<P: Port>(
         port,
         &format!("{step}:index"),
         FindCodeInput {
-            query: index_query(question, keywords),
+            query: index_query(question),
             max_files: Some(INDEX_FILES),
         },
     )
@@ -975,6 +988,22 @@ pub async fn explore<P: Port>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_index_is_asked_the_question_and_its_short_forms() {
+        let query = super::index_query("Where is the data directory read from the command line?");
+        assert!(
+            query.starts_with("Where is the data directory read from the command line? cli "),
+            "{query}"
+        );
+        assert!(query.contains("data dir"), "{query}");
+        assert!(query.contains("cmd line"), "{query}");
+        // Nothing to shorten: the question alone.
+        assert_eq!(
+            super::index_query("How are routes matched?"),
+            "How are routes matched?"
+        );
+    }
 
     #[test]
     fn keywords_keep_quoted_identifiers_and_drop_generic_words() {

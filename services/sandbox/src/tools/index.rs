@@ -59,6 +59,10 @@ const DEFINES_WEIGHT: f64 = 1.5;
 /// Added per query word in the file's directory path / in its own name.
 const PATH_WEIGHT: f64 = 0.8;
 const NAME_WEIGHT: f64 = 1.6;
+/// Added per pair of the query's adjacent words, times their mean rarity,
+/// when a name the file defines (or its own name) holds them side by side:
+/// "data directory" in `data_dir`, "excluded directories" in `exclude_dirs`.
+const PHRASE_WEIGHT: f64 = 1.5;
 
 /// Input of `find_code`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -117,6 +121,8 @@ struct IndexedFile {
     /// Word ids of its path's directories, and of its own name.
     directory_words: BTreeSet<u32>,
     name_words: BTreeSet<u32>,
+    /// The words of its own name in order (for pairs of query words).
+    name_sequence: Vec<u32>,
     /// What it defines: (line, name, the name's word ids).
     definitions: Vec<(u64, String, Vec<u32>)>,
 }
@@ -254,10 +260,11 @@ impl CodeIndex {
         let (directory, name) = path.rsplit_once('/').unwrap_or(("", path.as_str()));
         // The file's name without its extensions (`res.cookie.js` is `res`, `cooki`).
         let stem = name.split('.').take(name.split('.').count().max(2) - 1);
-        let name_words = stem
+        let name_sequence: Vec<u32> = stem
             .flat_map(index_words)
             .map(|word| self.word_id(word))
             .collect();
+        let name_words = name_sequence.iter().copied().collect();
         let directory_words = index_words(directory)
             .into_iter()
             .map(|word| self.word_id(word))
@@ -272,6 +279,7 @@ impl CodeIndex {
             length,
             directory_words,
             name_words,
+            name_sequence,
             definitions,
         });
     }
@@ -294,7 +302,12 @@ impl CodeIndex {
     }
 
     /// Files ranked for `words` (already split and stemmed), best first.
-    fn rank(&self, words: &[String], max_files: usize) -> Vec<FoundFile> {
+    fn rank(
+        &self,
+        words: &[String],
+        pairs: &[(String, String)],
+        max_files: usize,
+    ) -> Vec<FoundFile> {
         let files = self.files.len().max(1) as f64;
         let ids: Vec<(u32, &String, f64)> = words
             .iter()
@@ -303,6 +316,19 @@ impl CodeIndex {
                 let containing = self.postings[id as usize].len() as f64;
                 let rarity = (1.0 + (files - containing + 0.5) / (containing + 0.5)).ln();
                 Some((id, word, rarity))
+            })
+            .collect();
+        let rarity_of = |word: &String| {
+            ids.iter()
+                .find(|(_, known, _)| *known == word)
+                .map(|(id, _, rarity)| (*id, *rarity))
+        };
+        let pair_ids: Vec<(u32, u32, f64)> = pairs
+            .iter()
+            .filter_map(|(first, second)| {
+                let (first, first_rarity) = rarity_of(first)?;
+                let (second, second_rarity) = rarity_of(second)?;
+                Some((first, second, (first_rarity + second_rarity) / 2.0))
             })
             .collect();
         let mut scores: HashMap<u32, (f64, BTreeSet<&String>)> = HashMap::new();
@@ -333,6 +359,21 @@ impl CodeIndex {
                     .any(|(_, _, words)| words.contains(id))
                 {
                     bonus += DEFINES_WEIGHT * rarity;
+                }
+            }
+            for (first, second, rarity) in &pair_ids {
+                let side_by_side = |words: &[u32]| {
+                    words
+                        .windows(2)
+                        .any(|pair| pair[0] == *first && pair[1] == *second)
+                };
+                if side_by_side(&file.name_sequence)
+                    || file
+                        .definitions
+                        .iter()
+                        .any(|(_, _, words)| side_by_side(words))
+                {
+                    bonus += PHRASE_WEIGHT * rarity;
                 }
             }
             if bonus > 0.0 {
@@ -519,12 +560,25 @@ pub(crate) fn find_code(
     }
     let (index, index_reused) = index_of(root, limits)?;
     Ok(FindCodeOutput {
-        files: index.rank(&words, max_files),
+        files: index.rank(&words, &adjacent_pairs(&input.query), max_files),
         words,
         files_indexed: index.files.len() as u64,
         index_reused,
         truncated: index.truncated,
     })
+}
+
+/// The distinct pairs of adjacent words in `query`, as the index keys them.
+fn adjacent_pairs(query: &str) -> Vec<(String, String)> {
+    let sequence = index_words(query);
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for pair in sequence.windows(2) {
+        let pair = (pair[0].clone(), pair[1].clone());
+        if pair.0 != pair.1 && !pairs.contains(&pair) {
+            pairs.push(pair);
+        }
+    }
+    pairs
 }
 
 #[cfg(test)]
@@ -635,6 +689,34 @@ mod tests {
         let changed = sandbox.find_code(&query("rate limit quota")).unwrap();
         assert!(!changed.index_reused);
         assert_eq!(changed.files[0].path, "src/quota.rs");
+    }
+
+    #[test]
+    fn a_name_holding_the_question_s_words_side_by_side_ranks_first() {
+        let (_dir, sandbox) = sandbox_with(&[
+            (
+                "src/config.rs",
+                "pub fn data_dir() -> PathBuf {\n    env_path()\n}\n",
+            ),
+            (
+                "src/import.rs",
+                "// Reads the data of another tool's directory: every directory\n// listed in its data file.\nfn dirs(data: &str) {}\nfn data_path() {}\n",
+            ),
+            ("src/main.rs", "fn main() {\n    run();\n}\n"),
+        ]);
+        let found = sandbox
+            .find_code(&query("Where is the data dir chosen?"))
+            .unwrap();
+        // import.rs mentions and defines both words more often; config.rs
+        // defines them together.
+        assert_eq!(found.files[0].path, "src/config.rs", "{found:?}");
+        assert_eq!(
+            adjacent_pairs("the data dir, chosen"),
+            [
+                ("data".to_owned(), "dir".to_owned()),
+                ("dir".to_owned(), "chosen".to_owned())
+            ]
+        );
     }
 
     #[test]
