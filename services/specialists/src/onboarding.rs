@@ -13,7 +13,7 @@ use zopu_core::text::clip_chars;
 
 use zopu_sandbox::tools::{
     DescribeOutput, EntryKind, ListFilesInput, ListedEntry, ReadFileInput, ReadFileOutput,
-    TopLevelEntry,
+    SearchInput, TopLevelEntry,
 };
 use zopu_schema::pb::FlowPhase;
 
@@ -234,10 +234,18 @@ pub async fn onboard<P: Port>(
     let notes = read_manifests(port, &survey, &mut result).await?;
     let candidates = entry_candidates(notes.entry_candidates.clone(), &survey.files);
     result.entry_points = read_entry_points(port, &candidates, &survey.files).await?;
-    let readme_title = match &survey.readme {
+    let readme = match &survey.readme {
         Some(readme) => read_readme(port, readme, &mut result).await?,
         None => None,
     };
+    if result.entry_points.is_empty()
+        && let Some(readme) = &readme
+    {
+        // A library: where its users start is the API its README's
+        // example starts from.
+        result.entry_points = find_example_types(port, &readme.content).await?;
+    }
+    let readme_title = readme.and_then(|readme| readme.title);
     if result.purpose.is_none()
         && let Some((path, description)) = notes.descriptions.first()
     {
@@ -605,14 +613,21 @@ fn reexported(path: &str, content: &str, files: &[String]) -> Option<String> {
         .find(|candidate| files.contains(candidate))
 }
 
+/// What the README says besides its purpose.
+struct Readme {
+    title: Option<String>,
+    /// Its first [`READ_LINES`] lines.
+    content: String,
+}
+
 /// The README's purpose; its lines that read like instructions to the
 /// agent are recorded as guardrails and left out.
-/// Reads the README's purpose into the result; returns its title.
+/// Reads the README's purpose into the result; returns its title and text.
 async fn read_readme<P: Port>(
     port: &mut P,
     readme: &str,
     result: &mut OnboardingResult,
-) -> Result<Option<String>, FlowError> {
+) -> Result<Option<Readme>, FlowError> {
     let Ok(read) = port::read_file(port, "read:readme", read_lines(readme.to_owned())).await?
     else {
         return Ok(None);
@@ -631,7 +646,119 @@ async fn read_readme<P: Port>(
         result.purpose = Some(purpose);
         result.purpose_source = readme.to_owned();
     }
-    Ok(readme_title(&read.content))
+    Ok(Some(Readme {
+        title: readme_title(&read.content),
+        content: read.content,
+    }))
+}
+
+/// Types a README's example starts from, at most this many.
+const EXAMPLE_TYPES_MAX: usize = 3;
+
+/// A capitalised identifier used as a type or a class in code: called
+/// (`JavaFile.builder`), constructed (`new Disruptor<>`) or declared with
+/// (`TypeSpec helloWorld =`).
+static TYPE_USE: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"(?:\bnew\s+([A-Z][A-Za-z0-9]*)|\b([A-Z][A-Za-z0-9]*)(?:\.[a-z]|(?:<[^>]*>)?\s+[a-z][A-Za-z0-9]*\s*=))")
+        .ok()
+});
+
+/// The types the README's code examples use, in order of first use: the
+/// lines of its fenced (```` ``` ````) and AsciiDoc (`----`) blocks.
+fn example_types(readme: &str) -> Vec<String> {
+    let Some(re) = TYPE_USE.as_ref() else {
+        return Vec::new();
+    };
+    let mut types: Vec<String> = Vec::new();
+    let mut in_block = false;
+    for line in readme.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with("```") || trimmed == "----" {
+            in_block = !in_block;
+            continue;
+        }
+        if !in_block {
+            continue;
+        }
+        for captures in re.captures_iter(line) {
+            let Some(name) = captures.get(1).or_else(|| captures.get(2)) else {
+                continue;
+            };
+            if name.as_str().chars().any(|c| c.is_ascii_lowercase())
+                && !types.iter().any(|known| known == name.as_str())
+            {
+                types.push(name.as_str().to_owned());
+            }
+        }
+    }
+    types
+}
+
+/// README example types looked up, at most.
+const EXAMPLE_TYPES_SEARCHED: usize = 8;
+
+/// Whether `path` is a source file (not a test or an example) named after
+/// `type_name`, as languages with a type per file name them (`JavaFile.java`,
+/// `RingBuffer.kt`).
+fn is_file_of_type(path: &str, type_name: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.split_once('.').is_some_and(|(stem, extension)| {
+        stem == type_name
+            && matches!(
+                extension,
+                "java" | "kt" | "scala" | "cs" | "swift" | "groovy"
+            )
+    }) && crate::explore::role_of(path) == crate::explore::FileRole::Source
+        && !in_examples(path)
+}
+
+/// A library's entry points: the declarations of the types its README's
+/// example starts from, each in the one source file named after it.
+async fn find_example_types<P: Port>(
+    port: &mut P,
+    readme: &str,
+) -> Result<Vec<EvidenceItem>, FlowError> {
+    let mut entry_points: Vec<EvidenceItem> = Vec::new();
+    for (index, type_name) in example_types(readme)
+        .into_iter()
+        .take(EXAMPLE_TYPES_SEARCHED)
+        .enumerate()
+    {
+        if entry_points.len() >= EXAMPLE_TYPES_MAX {
+            break;
+        }
+        let input = SearchInput {
+            pattern: format!(
+                r"\b(class|interface|enum|record|object|struct|trait)\s+{}\b",
+                regex::escape(&type_name)
+            ),
+            literal: false,
+            case_insensitive: false,
+            path: String::new(),
+            max_matches: Some(20),
+            max_matches_per_file: Some(1),
+        };
+        let Ok(found) = port::search(port, &format!("search:example-type:{index}"), input).await?
+        else {
+            continue;
+        };
+        let mut declared = found
+            .matches
+            .into_iter()
+            .filter(|found| is_file_of_type(&found.path, &type_name));
+        if let (Some(declaration), None) = (declared.next(), declared.next()) {
+            let line = u32::try_from(declaration.line_number).unwrap_or(u32::MAX);
+            entry_points.push(EvidenceItem {
+                path: declaration.path,
+                start_line: line,
+                end_line: line,
+                snippet: clip_chars(declaration.line.trim(), 160),
+                note: format!("public API: the README's example starts from {type_name}"),
+                verified: false,
+            });
+        }
+    }
+    Ok(entry_points)
 }
 
 /// Longest project name taken from a README title, in characters.
@@ -1023,6 +1150,71 @@ mod tests {
             "run();\n".repeat(10)
         );
         assert_eq!(reexported("index.js", &busy, &listed), None);
+    }
+
+    #[test]
+    fn a_library_s_entry_points_are_the_types_its_readme_example_starts_from() {
+        let readme = "# JavaPoet\n\nUse `Widget` for nothing.\n\n```java\nMethodSpec main = MethodSpec.methodBuilder(\"main\")\n    .build();\n\nTypeSpec hello = TypeSpec.classBuilder(\"Hello\").build();\nJavaFile javaFile = JavaFile.builder(\"com.example\", hello)\n    .build();\nSystem.out.println(new Helper());\n```\n\n[source,java]\n----\nDisruptor<Event> disruptor = new Disruptor<>(factory);\n----\n";
+        assert_eq!(
+            example_types(readme),
+            [
+                "MethodSpec",
+                "TypeSpec",
+                "JavaFile",
+                "System",
+                "Helper",
+                "Disruptor"
+            ]
+        );
+        assert!(is_file_of_type(
+            "src/main/java/com/x/MethodSpec.java",
+            "MethodSpec"
+        ));
+        // A test, an example, another type, another language: no.
+        assert!(!is_file_of_type(
+            "src/test/java/com/x/TypeSpec.java",
+            "TypeSpec"
+        ));
+        assert!(!is_file_of_type("examples/Helper.java", "Helper"));
+        assert!(!is_file_of_type(
+            "src/main/java/com/x/MethodSpecs.java",
+            "MethodSpec"
+        ));
+        assert!(!is_file_of_type("lib/MethodSpec.js", "MethodSpec"));
+    }
+
+    #[tokio::test]
+    async fn a_library_without_a_main_gets_its_readme_example_s_types_as_entry_points() {
+        let (_dir, mut port) = direct(&[
+            (
+                "README.md",
+                "# Poet\n\nPoet writes Java source files.\n\n```java\nJavaFile file = JavaFile.builder(\"x\").build();\n```\n",
+            ),
+            (
+                "pom.xml",
+                "<project><artifactId>poet</artifactId></project>\n",
+            ),
+            (
+                "src/test/java/com/acme/poet/JavaFileTest.java",
+                "class JavaFileTest {\n}\n",
+            ),
+            (
+                "src/main/java/com/acme/poet/JavaFile.java",
+                "package p;\n\n/** A file. */\npublic final class JavaFile {\n}\n",
+            ),
+        ]);
+        let input = OnboardingInput {
+            repository_commit: "0123456789abcdef0123456789abcdef01234567".into(),
+            provider: "offline".into(),
+            ..Default::default()
+        };
+        let result = onboard(&mut port, &input).await.unwrap();
+        assert_eq!(result.entry_points.len(), 1, "{:?}", result.entry_points);
+        let entry = &result.entry_points[0];
+        assert_eq!(entry.path, "src/main/java/com/acme/poet/JavaFile.java");
+        assert_eq!(entry.start_line, 4);
+        assert_eq!(entry.snippet, "public final class JavaFile {");
+        assert!(entry.verified, "checked against the file: {entry:?}");
     }
 
     #[test]
