@@ -71,7 +71,8 @@ static REQUEST_WRAPPER: LazyLock<Regex> = LazyLock::new(|| {
     .expect("the wrapper pattern compiles")
 });
 
-/// The request without its "write an issue" wrapper, as a title.
+/// The request's intent as a title: without its "write an issue" wrapper,
+/// said as the change to make or the problem as it stands ([`intent_of`]).
 pub fn title_of(request: &str) -> String {
     let trimmed = request.trim().trim_end_matches(['.', '!', '?']);
     let subject = REQUEST_WRAPPER
@@ -81,12 +82,137 @@ pub fn title_of(request: &str) -> String {
         .trim()
         .trim_start_matches(['"', '\''])
         .trim_end_matches(['"', '\'']);
+    let subject = intent_of(subject);
     let mut chars = subject.chars();
     let title: String = match chars.next() {
         Some(first) => first.to_uppercase().chain(chars).collect(),
         None => "Untitled issue".to_owned(),
     };
     clip_chars(&title, 100)
+}
+
+/// Verbs a change is asked with: (base, gerund).
+const CHANGE_VERBS: &[(&str, &str)] = &[
+    ("add", "adding"),
+    ("create", "creating"),
+    ("introduce", "introducing"),
+    ("implement", "implementing"),
+    ("build", "building"),
+    ("provide", "providing"),
+    ("support", "supporting"),
+    ("enable", "enabling"),
+    ("allow", "allowing"),
+    ("fix", "fixing"),
+    ("resolve", "resolving"),
+    ("remove", "removing"),
+    ("delete", "deleting"),
+    ("drop", "dropping"),
+    ("deprecate", "deprecating"),
+    ("improve", "improving"),
+    ("optimize", "optimizing"),
+    ("document", "documenting"),
+    ("update", "updating"),
+    ("upgrade", "upgrading"),
+    ("rename", "renaming"),
+    ("refactor", "refactoring"),
+    ("simplify", "simplifying"),
+    ("test", "testing"),
+    ("make", "making"),
+    ("show", "showing"),
+    ("use", "using"),
+    ("move", "moving"),
+    ("replace", "replacing"),
+];
+
+/// How a request states a want rather than the change ("we need to ...",
+/// "it would be nice to ...", "there is no way to ...").
+static WANT: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?ix)^
+        (?:(?:we|i|you|they|users?|people)\s+(?:really\s+)?
+           (?:need|want|would\s+like|'d\s+like|should|must|have)\s+(?:to\s+)?(?:be\s+able\s+to\s+)?
+        |it\s+would\s+be\s+(?:nice|great|good|useful|helpful)\s+to\s+(?:be\s+able\s+to\s+)?
+        |(?P<none>there\s+is\s+no|there's\s+no|there\s+are\s+no)\s+)",
+    )
+    .expect("the want pattern compiles")
+});
+
+/// Nouns with no "a" before them, after "there is no".
+const UNCOUNTED: &[&str] = &[
+    "support",
+    "feedback",
+    "information",
+    "progress",
+    "help",
+    "coverage",
+    "documentation",
+    "access",
+];
+
+/// A request's subject said as its intent:
+/// - a want as the change: "we need to remove X" is "remove X", "we need
+///   dark mode" is "add dark mode", "there is no way to X" is "add a way to X";
+/// - a change in the gerund as an imperative: "adding X" is "add X";
+/// - a problem in the gerund as it stands: "the login page crashing" is
+///   "the login page crashes".
+///
+/// Anything else is kept as written.
+fn intent_of(subject: &str) -> String {
+    let subject = subject.trim();
+    if let Some(want) = WANT.captures(subject) {
+        let rest = subject[want.get(0).map_or(0, |m| m.end())..].trim();
+        if rest.is_empty() {
+            return subject.to_owned();
+        }
+        let first = rest
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_lowercase();
+        // After "to" comes a verb ("we need to pin ..."); else a noun ("we need dark mode").
+        let verb_follows = want
+            .get(0)
+            .is_some_and(|m| m.as_str().trim_end().to_lowercase().ends_with(" to"));
+        return match want.name("none") {
+            None if verb_follows || CHANGE_VERBS.iter().any(|(base, _)| *base == first) => {
+                rest.to_owned()
+            }
+            // "There is no timeout": add a timeout (not "a support").
+            Some(none)
+                if !none.as_str().to_lowercase().contains("are")
+                    && !first.ends_with("ing")
+                    && !first.ends_with("tion")
+                    && !UNCOUNTED.contains(&first.as_str()) =>
+            {
+                format!("add a {rest}")
+            }
+            _ => format!("add {rest}"),
+        };
+    }
+    let (first, rest) = subject.split_once(' ').unwrap_or((subject, ""));
+    if let Some((base, _)) = CHANGE_VERBS
+        .iter()
+        .find(|(_, gerund)| first.eq_ignore_ascii_case(gerund))
+        && !rest.is_empty()
+    {
+        return format!("{base} {rest}");
+    }
+    problem_as_it_stands(subject).unwrap_or_else(|| subject.to_owned())
+}
+
+/// "The login page crashing when ..." as "The login page crashes when ...".
+fn problem_as_it_stands(subject: &str) -> Option<String> {
+    let words: Vec<&str> = subject.split_whitespace().collect();
+    let (at, (base, third, _)) = words.iter().enumerate().skip(1).find_map(|(at, word)| {
+        PROBLEM_VERBS
+            .iter()
+            .find(|(_, _, gerund)| word.eq_ignore_ascii_case(gerund))
+            .map(|verb| (at, verb))
+    })?;
+    let plural = words[at - 1].ends_with('s') && !words[at - 1].ends_with("ss");
+    let mut stated: Vec<&str> = words.clone();
+    stated[at] = if plural { base } else { third };
+    Some(stated.join(" "))
 }
 
 /// What the world looks like once the titled change is made, from the
@@ -384,11 +510,52 @@ mod tests {
             ),
             (
                 "Please write an issue for supporting private registries.",
-                "Supporting private registries",
+                "Support private registries",
             ),
             (
                 "Could you file a bug report about the login page crashing?",
-                "The login page crashing",
+                "The login page crashes",
+            ),
+            (
+                "Write an issue: the nightly tests failing on main",
+                "The nightly tests fail on main",
+            ),
+            (
+                "Write an issue: we need to remove the legacy exporter",
+                "Remove the legacy exporter",
+            ),
+            (
+                "Open a ticket: we need dark mode on the dashboard",
+                "Add dark mode on the dashboard",
+            ),
+            (
+                "File an issue: there is no way to revoke a token",
+                "Add a way to revoke a token",
+            ),
+            (
+                "Write an issue: there is no support for private registries",
+                "Add support for private registries",
+            ),
+            (
+                "Write an issue: there are no tests for the importer",
+                "Add tests for the importer",
+            ),
+            (
+                "Write an issue: it would be nice to be able to pin artifacts",
+                "Pin artifacts",
+            ),
+            (
+                "Write an issue about adding a zopu token revoke command",
+                "Add a zopu token revoke command",
+            ),
+            // Neither a want, a gerund nor a problem: as written.
+            (
+                "Write an issue: dark mode for the dashboard",
+                "Dark mode for the dashboard",
+            ),
+            (
+                "Write an issue: string handling in the parser",
+                "String handling in the parser",
             ),
             (
                 "Issue - remove the legacy importer",
@@ -434,6 +601,23 @@ mod tests {
             ),
         ] {
             assert_eq!(desired_world_of(title), world, "{title}");
+        }
+        // Titles said from the request's intent lead to their worlds.
+        for (request, world) in [
+            (
+                "Write an issue: there is no way to revoke a token",
+                "After this change, a way to revoke a token exists and is part of the product.",
+            ),
+            (
+                "File a bug: the nightly tests failing on main",
+                "After this change, the nightly tests no longer fail on main.",
+            ),
+            (
+                "Write an issue about removing the legacy exporter",
+                "After this change, the legacy exporter is gone.",
+            ),
+        ] {
+            assert_eq!(desired_world_of(&title_of(request)), world, "{request}");
         }
         // Neither an action nor a problem: said as it is.
         assert_eq!(
