@@ -32,13 +32,16 @@ pub const FILE_NAME: &str = "registry.toml";
 /// The read-only repository tools a model may be offered; a definition's
 /// `tools` is a subset of these. `ranked_search` is the offline explorer's
 /// ranking of the files a question is about (what defines its keywords
-/// first), so a model starts from good candidates.
+/// first), so a model starts from good candidates; `find_code` looks names
+/// and words up in the workspace's code index (the files that define or
+/// use them, with the matching definitions and their lines).
 pub const MODEL_TOOLS: &[&str] = &[
     "describe",
     "list_files",
     "read_file",
     "search",
     "ranked_search",
+    "find_code",
 ];
 
 /// The effects outside the runtime an agent may recommend (each goes through
@@ -163,7 +166,8 @@ pub struct AgentDefinition {
     #[serde(default = "enabled_by_default")]
     pub enabled: bool,
     /// The repository tools its model may call (a subset of `describe`,
-    /// `list_files`, `read_file`, `search`); empty: none.
+    /// `list_files`, `read_file`, `search`, `ranked_search`, `find_code`);
+    /// empty: none.
     #[serde(default)]
     pub tools: Vec<String>,
     #[serde(default)]

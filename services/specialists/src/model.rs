@@ -10,7 +10,9 @@
 use serde_json::json;
 use zopu_core::text::clip_chars;
 use zopu_llm::{ChatMessage, ChatRequest, ToolCall, ToolSpec};
-use zopu_sandbox::tools::{DescribeInput, ListFilesInput, ReadFileInput, SearchInput};
+use zopu_sandbox::tools::{
+    DescribeInput, FindCodeInput, ListFilesInput, ReadFileInput, SearchInput,
+};
 use zopu_schema::pb::FlowPhase;
 
 use crate::grounding;
@@ -22,6 +24,7 @@ use crate::results::{self, ExplorationResult, Finding, IssueResult, OnboardingAn
 const TOOL_RESULT_CHARS_MAX: usize = 24_000;
 /// The model tool that answers with the offline explorer's ranking.
 const RANKED_SEARCH: &str = "ranked_search";
+const FIND_CODE: &str = "find_code";
 /// Files `ranked_search` returns (and reads, to find what they define).
 const RANKED_FILES: usize = 5;
 /// Longest `ranked_search` question, in characters.
@@ -82,6 +85,11 @@ pub fn tool_specs(allowed: &[String]) -> Vec<ToolSpec> {
             name: RANKED_SEARCH.into(),
             description: "Start here: the files this question is most likely about, ranked (a file that defines what the question names first, source before tests and docs), each with its matching lines. Read the files you cite.".into(),
             parameters: json!({"type": "object", "properties": {"question": {"type": "string", "description": "The question, or the names and words to look for"}}, "required": ["question"], "additionalProperties": false}),
+        },
+        ToolSpec {
+            name: FIND_CODE.into(),
+            description: "Look names or words up in the repository's code index: the files that define or use them, best first, each with the definitions that match (name and line). Use it for a symbol (`RingBuffer`, `parse_config`) or a few words.".into(),
+            parameters: json!({"type": "object", "properties": {"query": {"type": "string", "description": "Names, identifiers or words"}, "max_files": {"type": "integer", "description": "Most files returned (default 10, at most 50)"}}, "required": ["query"], "additionalProperties": false}),
         },
         ToolSpec {
             name: "search".into(),
@@ -191,6 +199,7 @@ fn parse_tool(call: &ToolCall) -> Result<ToolRequest, String> {
         "list_files" => serde_json::from_value::<ListFilesInput>(args).map(ToolRequest::ListFiles),
         "read_file" => serde_json::from_value::<ReadFileInput>(args).map(ToolRequest::ReadFile),
         "search" => serde_json::from_value::<SearchInput>(args).map(ToolRequest::Search),
+        FIND_CODE => serde_json::from_value::<FindCodeInput>(args).map(ToolRequest::FindCode),
         other => return Err(format!("tool `{other}` is not allowed")),
     };
     parsed.map_err(|error| format!("invalid arguments for `{}`: {error}", call.name))
@@ -665,6 +674,51 @@ mod tests {
                 .is_some_and(|lines| !lines.is_empty())
         );
         assert!(port.tool_calls > 0, "the ranking ran the sandbox's search");
+    }
+
+    #[tokio::test]
+    async fn find_code_looks_a_symbol_up_in_the_code_index() {
+        let (_dir, mut port) = port_with(&[
+            (
+                "src/ring.rs",
+                "/// A ring of slots.\npub struct RingBuffer {\n    slots: Vec<u64>,\n}\n",
+            ),
+            (
+                "src/main.rs",
+                "use crate::ring::RingBuffer;\nfn main() {\n    let ring = RingBuffer::default();\n}\n",
+            ),
+        ]);
+        let allowed = vec![FIND_CODE.to_owned()];
+        assert!(
+            tool_specs(&allowed)
+                .iter()
+                .any(|spec| spec.name == FIND_CODE)
+        );
+        let answer = run_tool(
+            &mut port,
+            "model:1:tool:1",
+            &call(FIND_CODE, json!({"query": "RingBuffer"})),
+            &allowed,
+        )
+        .await
+        .unwrap();
+        let quoted: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        let data: serde_json::Value =
+            serde_json::from_str(quoted["untrusted_repository_data"].as_str().unwrap()).unwrap();
+        assert_eq!(data["files"][0]["path"], "src/ring.rs", "{data}");
+        assert_eq!(
+            data["files"][0]["definitions"][0],
+            json!({"line": 2, "name": "RingBuffer"})
+        );
+        let bad = run_tool(
+            &mut port,
+            "model:1:tool:2",
+            &call(FIND_CODE, json!({"query": "RingBuffer", "max_files": 500})),
+            &allowed,
+        )
+        .await
+        .unwrap();
+        assert!(bad.contains("max_files must be"), "{bad}");
     }
 
     #[tokio::test]
