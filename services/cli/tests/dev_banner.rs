@@ -32,14 +32,24 @@ async fn scrape_metrics(port: u16) -> Result<String> {
     Ok(response)
 }
 
-#[tokio::test]
-async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
-    let cwd = tempfile::tempdir()?;
+/// A `zopu dev` that printed its banner.
+struct Started {
+    child: tokio::process::Child,
+    /// Its stdout up to the banner's last line.
+    printed: Vec<String>,
+    /// Its stderr, whole once it exits.
+    stderr: tokio::task::JoinHandle<String>,
+    metrics_port: u16,
+}
+
+/// Starts `zopu dev` in `cwd` on free ports and reads its banner; an early
+/// exit or silence is an error carrying its exit status and stderr.
+async fn start(cwd: &std::path::Path) -> Result<Started> {
     let (port, nats_port, metrics_port) = (free_port()?, free_port()?, free_port()?);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu"))
         .args(["dev", "--no-demo", "--port", &port.to_string()])
         .args(["--nats-port", &nats_port.to_string()])
-        .current_dir(cwd.path())
+        .current_dir(cwd)
         .env_remove("ZOPU_CONFIG")
         .env_remove("ZOPU_DATA_DIR")
         .env_remove("ZOPU_NATS_URL")
@@ -51,6 +61,16 @@ async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
         .kill_on_drop(true)
         .spawn()?;
     let stdout = child.stdout.take().context("stdout")?;
+    let stderr = child.stderr.take().context("stderr")?;
+    let stderr = tokio::spawn(async move {
+        let mut text = String::new();
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
     let mut lines = BufReader::new(stdout).lines();
     let mut printed = Vec::new();
     let reading = async {
@@ -63,9 +83,49 @@ async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
         }
         anyhow::bail!("`zopu dev` closed stdout before its banner")
     };
-    tokio::time::timeout(START, reading)
+    let read = tokio::time::timeout(START, reading)
         .await
-        .context("no banner in time")??;
+        .context("no banner in time")
+        .and_then(|read| read);
+    if let Err(error) = read {
+        let status = child.try_wait().ok().flatten();
+        let _ = child.kill().await;
+        let stderr = tokio::time::timeout(Duration::from_secs(5), stderr)
+            .await
+            .map(|text| text.unwrap_or_default())
+            .unwrap_or_default();
+        anyhow::bail!(
+            "{error:#} (exit status {status:?}); stdout so far:\n{}\nstderr:\n{stderr}",
+            printed.join("\n")
+        );
+    }
+    Ok(Started {
+        child,
+        printed,
+        stderr,
+        metrics_port,
+    })
+}
+
+#[tokio::test]
+async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
+    let mut cwd = tempfile::tempdir()?;
+    // A port found free can be taken by another process before `zopu dev`
+    // binds it: one more start, on other ports in a fresh directory, before failing.
+    let started = match start(cwd.path()).await {
+        Ok(started) => started,
+        Err(first) => {
+            eprintln!("first start failed, trying other ports: {first:#}");
+            cwd = tempfile::tempdir()?;
+            start(cwd.path()).await?
+        }
+    };
+    let Started {
+        mut child,
+        printed,
+        stderr,
+        metrics_port,
+    } = started;
     let text = printed.join("\n");
     for wanted in [
         "service logs go to .zopu-local/dev.log",
@@ -99,10 +159,12 @@ async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
         .arg(child.id().context("pid")?.to_string())
         .status()?;
     ensure!(status.success(), "kill -TERM failed");
-    let output = tokio::time::timeout(START, child.wait_with_output())
+    tokio::time::timeout(START, child.wait())
         .await
         .context("`zopu dev` did not stop")??;
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = tokio::time::timeout(START, stderr)
+        .await
+        .context("`zopu dev`'s stderr did not end")??;
     ensure!(
         !stderr.contains(" INFO "),
         "info logs on stderr without --verbose:\n{stderr}"

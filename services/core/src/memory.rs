@@ -463,12 +463,17 @@ impl Memory {
         unix_ms(self.publisher.clock().now())
     }
 
+    /// Reads once the projection holds every event the stream held when
+    /// the read began: a request sees what any earlier request (this one's
+    /// writes included, on any instance) was told is done — a key deleted
+    /// with a 200 is gone for the next request, not only for this handle.
     async fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection, &Namespace, i64) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, MemoryError> {
+        let stream_end = crate::publish::last_sequence(self.publisher.bus()).await?;
         self.store
-            .wait_for(self.written.load(Ordering::Acquire))
+            .wait_for(stream_end.max(self.written.load(Ordering::Acquire)))
             .await;
         let (namespace, now) = (self.namespace.clone(), self.now_ms());
         Ok(self
