@@ -209,10 +209,19 @@ fn problem_as_it_stands(subject: &str) -> Option<String> {
             .find(|(_, _, gerund)| word.eq_ignore_ascii_case(gerund))
             .map(|verb| (at, verb))
     })?;
-    let plural = words[at - 1].ends_with('s') && !words[at - 1].ends_with("ss");
     let mut stated: Vec<&str> = words.clone();
-    stated[at] = if plural { base } else { third };
+    stated[at] = agreeing((base, third), words[at - 1]);
     Some(stated.join(" "))
+}
+
+/// A problem verb in the form that agrees with the word before it: "tests
+/// fail", "the page crashes".
+fn agreeing((base, third): (&'static str, &'static str), before: &str) -> &'static str {
+    if before.ends_with('s') && !before.ends_with("ss") {
+        base
+    } else {
+        third
+    }
 }
 
 /// What the world looks like once the titled change is made, from the
@@ -288,8 +297,7 @@ fn problem_gone(title: &str) -> Option<String> {
             .iter()
             .find(|(base, third, gerund)| [*base, *third, *gerund].contains(&lower.as_str()))
         {
-            let plural = words[at - 1].ends_with('s') && !words[at - 1].ends_with("ss");
-            let verb = if plural { base } else { third };
+            let verb = agreeing((base, third), words[at - 1]);
             return Some(format!("{} no longer {verb}{}", subject(), rest(at + 1)));
         }
         if matches!(lower.as_str(), "is" | "are")

@@ -616,17 +616,21 @@ mod tests {
         }
     }
 
-    /// `ranked_search` called with `question`: the quoted data it answered.
-    async fn ranked(port: &mut DirectPort, question: &str) -> serde_json::Value {
-        let allowed = vec![RANKED_SEARCH.to_owned()];
-        let answer = run_tool(
+    /// What the model is answered when it calls `tool`, allowed alone, with `arguments`.
+    async fn answer(port: &mut DirectPort, tool: &str, arguments: serde_json::Value) -> String {
+        run_tool(
             port,
             "model:1:tool:1",
-            &call(RANKED_SEARCH, json!({ "question": question })),
-            &allowed,
+            &call(tool, arguments),
+            &[tool.to_owned()],
         )
         .await
-        .unwrap();
+        .unwrap()
+    }
+
+    /// `ranked_search` called with `question`: the quoted data it answered.
+    async fn ranked(port: &mut DirectPort, question: &str) -> serde_json::Value {
+        let answer = answer(port, RANKED_SEARCH, json!({ "question": question })).await;
         let quoted: serde_json::Value = serde_json::from_str(&answer).unwrap();
         serde_json::from_str(quoted["untrusted_repository_data"].as_str().unwrap()).unwrap()
     }
@@ -694,15 +698,10 @@ mod tests {
                 .iter()
                 .any(|spec| spec.name == FIND_CODE)
         );
-        let answer = run_tool(
-            &mut port,
-            "model:1:tool:1",
-            &call(FIND_CODE, json!({"query": "RingBuffer"})),
-            &allowed,
+        let quoted: serde_json::Value = serde_json::from_str(
+            &answer(&mut port, FIND_CODE, json!({"query": "RingBuffer"})).await,
         )
-        .await
         .unwrap();
-        let quoted: serde_json::Value = serde_json::from_str(&answer).unwrap();
         let data: serde_json::Value =
             serde_json::from_str(quoted["untrusted_repository_data"].as_str().unwrap()).unwrap();
         assert_eq!(data["files"][0]["path"], "src/ring.rs", "{data}");
@@ -710,14 +709,12 @@ mod tests {
             data["files"][0]["definitions"][0],
             json!({"line": 2, "name": "RingBuffer"})
         );
-        let bad = run_tool(
+        let bad = answer(
             &mut port,
-            "model:1:tool:2",
-            &call(FIND_CODE, json!({"query": "RingBuffer", "max_files": 500})),
-            &allowed,
+            FIND_CODE,
+            json!({"query": "RingBuffer", "max_files": 500}),
         )
-        .await
-        .unwrap();
+        .await;
         assert!(bad.contains("max_files must be"), "{bad}");
     }
 
