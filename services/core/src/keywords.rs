@@ -129,13 +129,19 @@ const ABBREVIATIONS: &[(&str, &[&str])] = &[
     ("context", &["ctx"]),
     ("utility", &["util"]),
     ("synchronize", &["sync"]),
+    ("commonjs", &["cjs"]),
+    ("declaration", &["dts", "decl"]),
 ];
 
 /// The forms of a subject word's stem to look for in code, in paths and in
 /// definitions: its [`search_root`] and the abbreviations code uses for it.
 pub fn code_forms(stem: &str) -> Vec<String> {
     let mut forms = vec![search_root(stem)];
-    if let Some((_, short)) = ABBREVIATIONS.iter().find(|(word, _)| *word == stem) {
+    // A word ending in `s` ("commonjs") is looked up by the stem it gives.
+    if let Some((_, short)) = ABBREVIATIONS
+        .iter()
+        .find(|(word, _)| *word == stem || word.strip_suffix('s') == Some(stem))
+    {
         forms.extend(short.iter().map(|form| (*form).to_owned()));
     }
     forms
@@ -205,6 +211,7 @@ mod tests {
     fn code_forms_add_the_abbreviations_code_uses() {
         assert_eq!(code_forms("environment"), ["environ", "env"]);
         assert_eq!(code_forms("publisher"), ["publish"]);
+        assert_eq!(code_forms(&stem("commonjs")), ["commonj", "cjs"]);
     }
 
     #[test]

@@ -136,6 +136,20 @@ pub enum FileRole {
     Source,
 }
 
+/// Files about the project rather than of it, often without an extension:
+/// read as docs.
+const PROJECT_NOTICES: &[&str] = &[
+    "license",
+    "licence",
+    "copying",
+    "notice",
+    "authors",
+    "contributors",
+    "codeowners",
+    "patents",
+    "maintainers",
+];
+
 /// The role of the file at `path` (repository-relative), from its path only.
 pub fn role_of(path: &str) -> FileRole {
     let lower = path.to_lowercase();
@@ -160,6 +174,7 @@ pub fn role_of(path: &str) -> FileRole {
     } else if [".md", ".txt", ".rst", ".adoc", ".asciidoc"]
         .iter()
         .any(|extension| lower.ends_with(extension))
+        || PROJECT_NOTICES.contains(&stem.to_lowercase().as_str())
         || lower
             .split('/')
             .rev()
@@ -420,15 +435,27 @@ const INDEX_QUERY_CHARS: usize = 1_000;
 /// 0.72 and 0.67 for the search alone and 0.65 and 0.73 for the index alone.)
 const INDEX_SHARE: f64 = 0.7;
 
+/// Phrases and signs code calls by a name of their own: a question says
+/// "command line" where the code says `cli`, and shows `#!` where it says
+/// `shebang`.
+const NAMED_PHRASES: &[(&str, &str)] = &[
+    ("command line", "cli"),
+    ("command-line", "cli"),
+    ("#!", "shebang"),
+];
+
 /// What the code index is asked: the question, then (when it differs) the
 /// question again with its words in the short forms code writes them in
 /// ("data dir" for "data directory", so the index sees the pair side by
-/// side as in `data_dir`), and `cli` for "command line".
+/// side as in `data_dir`), and the names of [`NAMED_PHRASES`] it holds.
 fn index_query(question: &str) -> String {
     let mut query = clip_chars(question, INDEX_QUERY_CHARS);
     let lower = question.to_lowercase();
-    if lower.contains("command line") || lower.contains("command-line") {
-        query.push_str(" cli");
+    for (phrase, name) in NAMED_PHRASES {
+        if lower.contains(phrase) && !query.ends_with(name) {
+            query.push(' ');
+            query.push_str(name);
+        }
     }
     let mut shortened = false;
     let short: Vec<String> = zopu_core::keywords::tokens(&query)
@@ -998,6 +1025,8 @@ mod tests {
         );
         assert!(query.contains("data dir"), "{query}");
         assert!(query.contains("cmd line"), "{query}");
+        let query = super::index_query("Why is a script starting with `#!` made executable?");
+        assert!(query.ends_with(" shebang"), "{query}");
         // Nothing to shorten: the question alone.
         assert_eq!(
             super::index_query("How are routes matched?"),
@@ -1083,6 +1112,9 @@ mod tests {
             "src/docs/asciidoc/en/guide.adoc",
             "docs/api/index.html",
             "src/doc/x.rs",
+            "LICENSE",
+            "COPYING",
+            "pkg/AUTHORS",
         ] {
             assert_eq!(role_of(path), FileRole::Docs, "{path}");
         }
