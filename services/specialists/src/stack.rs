@@ -168,6 +168,10 @@ const NODE_FRAMEWORKS: &[&str] = &[
     "socket.io",
     "mongoose",
     "body-parser",
+    "router",
+    "@koa/router",
+    "koa-router",
+    "find-my-way",
 ];
 const PYTHON_FRAMEWORKS: &[&str] = &[
     "django",
