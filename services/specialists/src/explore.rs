@@ -58,12 +58,29 @@ const GENERIC: &[&str] = &[
 ];
 
 /// The search terms of a question: identifiers and paths quoted in it
-/// verbatim, then the request's ranked subject words (`zopu_core::keywords`).
+/// verbatim (in backticks), messages quoted in it ("Did you mean ...?", the
+/// words before an ellipsis), then the request's ranked subject words
+/// (`zopu_core::keywords`).
 pub fn keywords(question: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for quoted in question.split('`').skip(1).step_by(2) {
+    let backticked = question.split('`').skip(1).step_by(2);
+    let messages = question
+        .split(['"', '“', '”'])
+        .skip(1)
+        .step_by(2)
+        .map(|quoted| {
+            let quoted = quoted.trim();
+            let quoted = quoted
+                .split_once("...")
+                .map_or(quoted, |(before, _)| before);
+            let quoted = quoted.split_once('…').map_or(quoted, |(before, _)| before);
+            quoted.trim_end_matches(|c: char| {
+                c.is_whitespace() || matches!(c, '?' | '.' | '!' | ':' | ',')
+            })
+        });
+    for quoted in backticked.chain(messages) {
         let quoted = quoted.trim();
-        if (3..=60).contains(&quoted.len()) {
+        if (3..=60).contains(&quoted.len()) && !out.iter().any(|known| known == quoted) {
             out.push(quoted.to_owned());
         }
     }
@@ -326,8 +343,8 @@ fn defined_keywords(matches: &[(u64, String, String)]) -> usize {
     defined.len()
 }
 
-/// Ranks files by keyword coverage, what they define, match density and
-/// path relevance; tests, docs and changelogs count for less unless the
+/// Ranks files by keyword coverage, what they define, the phrases the
+/// question quotes that they hold, match density and path relevance; tests, docs and changelogs count for less unless the
 /// question asks about them.
 pub fn rank(
     keywords: &[String],
@@ -407,11 +424,19 @@ pub fn rank(
             // What the file defines (a function, type, ... named after a
             // keyword) weighs more than what it only mentions.
             let defined = defined_keywords(&file.matches) as f64;
+            // A phrase the question quotes (the only keywords with spaces),
+            // found verbatim: where that message or line lives.
+            let phrases = file
+                .keywords
+                .iter()
+                .filter(|keyword| keyword.contains(' '))
+                .count() as f64;
             file.score = (3.0 * coverage
                 + 1.5 * (1.0 + count).ln()
                 + 4.0 * density
                 + 2.0 * f64::from(file.path_hits)
-                + 4.0 * defined)
+                + 4.0 * defined
+                + 8.0 * phrases)
                 * weight_of(&file.path, asks);
             file.matches.sort_by_key(|(line, _, _)| *line);
             file
@@ -1043,6 +1068,11 @@ mod tests {
             "{words:?}"
         );
         assert!(words.len() >= 3, "{words:?}");
+        // A quoted message is searched as written, up to its ellipsis.
+        let words = keywords("How does it come up with the \"Did you mean ...?\" hint?");
+        assert_eq!(words[0], "Did you mean", "{words:?}");
+        let words = keywords("Why does it print “Unknown option:” twice?");
+        assert_eq!(words[0], "Unknown option", "{words:?}");
     }
 
     #[test]
@@ -1170,6 +1200,25 @@ mod tests {
             .iter()
             .position(|file| file.path == "lib/response.js");
         assert!(helper < source, "{ranked:?}");
+    }
+
+    #[test]
+    fn the_file_holding_a_quoted_message_outranks_one_with_more_of_the_other_words() {
+        let keywords: Vec<String> = ["Did you mean", "mistyp", "option", "command"]
+            .map(str::to_owned)
+            .to_vec();
+        let hit = |k: &str, path: &str, line: u64| (k.to_owned(), line, format!("{path}\u{0}text"));
+        let mut hits = vec![hit("Did you mean", "lib/suggest.js", 9)];
+        for line in 1..=4 {
+            hits.push(hit("option", "lib/command.js", line));
+            hits.push(hit("command", "lib/command.js", line + 10));
+        }
+        let sizes = BTreeMap::from([
+            ("lib/suggest.js".to_owned(), 2_000),
+            ("lib/command.js".to_owned(), 2_000),
+        ]);
+        let ranked = rank(&keywords, &hits, &sizes, &[]);
+        assert_eq!(ranked[0].path, "lib/suggest.js", "{ranked:?}");
     }
 
     #[test]
