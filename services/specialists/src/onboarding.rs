@@ -1245,6 +1245,18 @@ mod tests {
         assert!(!is_file_of_type("lib/MethodSpec.js", "MethodSpec"));
     }
 
+    const TEST_COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+    /// The offline onboarding of `port`'s workspace at [`TEST_COMMIT`].
+    async fn onboard_offline(port: &mut impl Port) -> OnboardingResult {
+        let input = OnboardingInput {
+            repository_commit: TEST_COMMIT.into(),
+            provider: "offline".into(),
+            ..Default::default()
+        };
+        onboard(port, &input).await.unwrap()
+    }
+
     #[tokio::test]
     async fn a_library_without_a_main_gets_its_readme_example_s_types_as_entry_points() {
         let (_dir, mut port) = direct(&[
@@ -1265,12 +1277,7 @@ mod tests {
                 "package p;\n\n/** A file. */\npublic final class JavaFile {\n}\n",
             ),
         ]);
-        let input = OnboardingInput {
-            repository_commit: "0123456789abcdef0123456789abcdef01234567".into(),
-            provider: "offline".into(),
-            ..Default::default()
-        };
-        let result = onboard(&mut port, &input).await.unwrap();
+        let result = onboard_offline(&mut port).await;
         assert_eq!(result.entry_points.len(), 1, "{:?}", result.entry_points);
         let entry = &result.entry_points[0];
         assert_eq!(entry.path, "src/main/java/com/acme/poet/JavaFile.java");
@@ -1301,12 +1308,7 @@ mod tests {
                 "package ring;\n\npublic final class Sequence {\n}\n",
             ),
         ]);
-        let input = OnboardingInput {
-            repository_commit: "0123456789abcdef0123456789abcdef01234567".into(),
-            provider: "offline".into(),
-            ..Default::default()
-        };
-        let result = onboard(&mut port, &input).await.unwrap();
+        let result = onboard_offline(&mut port).await;
         let paths: Vec<&str> = result
             .entry_points
             .iter()
@@ -1384,12 +1386,7 @@ mod tests {
             ("Makefile", "test:\n\tcargo test\n"),
             (".env.example", "DATABASE_URL=postgres://localhost/x\n"),
         ]);
-        let input = OnboardingInput {
-            repository_commit: "0123456789abcdef0123456789abcdef01234567".into(),
-            provider: "offline".into(),
-            ..Default::default()
-        };
-        let result = onboard(&mut port, &input).await.unwrap();
+        let result = onboard_offline(&mut port).await;
         // The README's title spells the package's name the maintainers' way.
         assert_eq!(result.name, "Ledger");
         assert_eq!(
@@ -1415,7 +1412,7 @@ mod tests {
             project_id: zopu_schema::ProjectId::new().to_string(),
             flow_run_id: zopu_schema::FlowRunId::new().to_string(),
             source_event_ids: vec![zopu_schema::EventId::new().to_string()],
-            repository_commit: input.repository_commit.clone(),
+            repository_commit: TEST_COMMIT.into(),
             ..Default::default()
         };
         crate::manifest::check(&crate::manifest::project_setup(&result, &ids)).unwrap();
