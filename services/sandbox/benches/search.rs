@@ -1,5 +1,7 @@
-//! `search` over a generated 100k-file tree vs the `rg` CLI, plus the
-//! overhead of spawning one confined child. Run: `cargo bench -p zopu-sandbox --bench search`.
+//! `search` over a generated 100k-file tree vs the `rg` CLI, `find_code`
+//! over the same tree (its first query builds the code index, later ones
+//! reuse it) against one `search`, plus the overhead of spawning one
+//! confined child. Run: `cargo bench -p zopu-sandbox --bench search`.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -9,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use zopu_sandbox::confine::{ConfinedCommand, Confinement, find_program};
 use zopu_sandbox::policy::{SandboxLimits, WorkspaceRoot};
-use zopu_sandbox::tools::{Sandbox, SearchInput};
+use zopu_sandbox::tools::{FindCodeInput, Sandbox, SearchInput};
 
 const FILES: usize = 100_000;
 
@@ -83,6 +85,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         None => println!("rg not installed: no comparison"),
     }
+    // The code index: built on the first query, then reused; each query
+    // also reads its leading files again for the line bonus.
+    let query = FindCodeInput {
+        query: "Where is the needle marker computed for a module file?".into(),
+        max_files: Some(10),
+    };
+    let start = Instant::now();
+    let first = sb.find_code(&query)?;
+    let built = start.elapsed();
+    let (reused, found) = best_of(3, || sb.find_code(&query));
+    let found = found?;
+    println!(
+        "zopu find_code: first query {built:?} (index of {} files built), later queries {reused:?} ({} files ranked, index reused: {}); later query / one search = {:.2}",
+        first.files_indexed,
+        found.files.len(),
+        found.index_reused,
+        reused.as_secs_f64() / ours.as_secs_f64()
+    );
     let confinement = Confinement::probe(&limits);
     let true_bin = find_program("true").ok_or("no `true` binary")?;
     let cmd = ConfinedCommand {
