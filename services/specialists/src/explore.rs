@@ -57,17 +57,23 @@ const GENERIC: &[&str] = &[
     "please",
 ];
 
+/// The parts of `text` between an opening and a closing delimiter (an
+/// unclosed one quotes nothing).
+fn quoted<'a>(text: &'a str, delimiters: &[char]) -> Vec<&'a str> {
+    let parts: Vec<&str> = text.split(delimiters).collect();
+    let closed = parts.len().saturating_sub(1);
+    parts[..closed].iter().skip(1).step_by(2).copied().collect()
+}
+
 /// The search terms of a question: identifiers and paths quoted in it
 /// verbatim (in backticks), messages quoted in it ("Did you mean ...?", the
 /// words before an ellipsis), then the request's ranked subject words
 /// (`zopu_core::keywords`).
 pub fn keywords(question: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    let backticked = question.split('`').skip(1).step_by(2);
-    let messages = question
-        .split(['"', '“', '”'])
-        .skip(1)
-        .step_by(2)
+    let backticked = quoted(question, &['`']);
+    let messages = quoted(question, &['"', '“', '”'])
+        .into_iter()
         .map(|quoted| {
             let quoted = quoted.trim();
             let quoted = quoted
@@ -78,7 +84,7 @@ pub fn keywords(question: &str) -> Vec<String> {
                 c.is_whitespace() || matches!(c, '?' | '.' | '!' | ':' | ',')
             })
         });
-    for quoted in backticked.chain(messages) {
+    for quoted in backticked.into_iter().chain(messages) {
         let quoted = quoted.trim();
         if (3..=60).contains(&quoted.len()) && !out.iter().any(|known| known == quoted) {
             out.push(quoted.to_owned());
@@ -1073,6 +1079,9 @@ mod tests {
         assert_eq!(words[0], "Did you mean", "{words:?}");
         let words = keywords("Why does it print “Unknown option:” twice?");
         assert_eq!(words[0], "Unknown option", "{words:?}");
+        // An unclosed quote quotes nothing.
+        let words = keywords("Why is the 5\" display layout cut off?");
+        assert!(!words.iter().any(|word| word.contains(' ')), "{words:?}");
     }
 
     #[test]
