@@ -125,6 +125,8 @@ pub struct RankedFile {
     pub index_score: f64,
     /// What the code index says the file defines of the question's words: (line, name).
     pub defines: Vec<(u64, String)>,
+    /// The line the code index found holding several of the question's words.
+    pub best_line: Option<u64>,
 }
 
 /// What a search round found.
@@ -544,12 +546,14 @@ fn blend(ranked: &mut Vec<RankedFile>, indexed: &[FoundFile], asks: Asks) {
                 file.score += index_part;
                 file.index_score = found.score;
                 file.defines = defines;
+                file.best_line = found.best_line;
             }
             None => ranked.push(RankedFile {
                 path: found.path.clone(),
                 score: index_part,
                 index_score: found.score,
                 defines,
+                best_line: found.best_line,
                 ..Default::default()
             }),
         }
@@ -668,10 +672,11 @@ pub async fn gather<P: Port>(
             .any(|f| f.path.to_lowercase().contains(&k.to_lowercase()))
     });
     for (index, file) in gathered.ranked.iter().take(top).enumerate() {
+        // The window shows the line that holds the question's words
+        // together, else the first match, else the first definition.
         let first = file
-            .matches
-            .first()
-            .map(|(line, _, _)| *line)
+            .best_line
+            .or_else(|| file.matches.first().map(|(line, _, _)| *line))
             .or_else(|| file.defines.first().map(|(line, _)| *line))
             .unwrap_or(1);
         let start = first.saturating_sub(5).max(1);
@@ -744,16 +749,34 @@ pub fn findings(gathered: &Gathered, top: usize) -> Vec<Finding> {
             .get(&file.path)
             .map(|w| definitions(w, &gathered.keywords))
             .unwrap_or_default();
-        let mut evidence: Vec<EvidenceItem> = defs
-            .iter()
-            .map(|(line, name, text)| EvidenceItem {
+        let together = file.best_line.and_then(|line| {
+            let (start, content) = gathered.windows.get(&file.path)?;
+            let text = content
+                .lines()
+                .nth(usize::try_from(line.checked_sub(*start)?).ok()?)?;
+            Some(EvidenceItem {
                 path: file.path.clone(),
-                start_line: *line as u32,
-                end_line: *line as u32,
-                snippet: text.clone(),
-                note: format!("defines `{name}`"),
+                start_line: line as u32,
+                end_line: line as u32,
+                snippet: clip_chars(text.trim(), 200),
+                note: "holds several of the question's words together".to_owned(),
                 verified: false,
             })
+        });
+        let mut evidence: Vec<EvidenceItem> = together
+            .into_iter()
+            .chain(
+                defs.iter()
+                    .filter(|(line, _, _)| Some(*line) != file.best_line)
+                    .map(|(line, name, text)| EvidenceItem {
+                        path: file.path.clone(),
+                        start_line: *line as u32,
+                        end_line: *line as u32,
+                        snippet: text.clone(),
+                        note: format!("defines `{name}`"),
+                        verified: false,
+                    }),
+            )
             .collect();
         for (line, text, keyword) in &file.matches {
             if evidence.len() >= 3 {
@@ -1063,6 +1086,34 @@ mod tests {
             super::index_query("How are routes matched?"),
             "How are routes matched?"
         );
+    }
+
+    #[tokio::test]
+    async fn the_evidence_starts_at_the_line_that_holds_the_question_s_words_together() {
+        let mut mux = String::from("// The router.\nuse crate::middleware::Middleware;\n");
+        for number in 0..30 {
+            mux.push_str(&format!("fn handler_{number}() {{}}\n"));
+        }
+        mux.push_str("fn use_layer(&mut self) {\n    panic!(\"middlewares must be added before routes\");\n}\n");
+        let (_dir, mut port) = crate::port::direct(&[
+            ("src/mux.rs", &mux),
+            ("src/chain.rs", "// A middleware chain.\nfn chain() {}\n"),
+        ]);
+        let input = ExploreInput {
+            question: "Why do I get a panic when I add middleware after routes?".into(),
+            provider: "offline".into(),
+            repository_commit: "0123456789abcdef0123456789abcdef01234567".into(),
+        };
+        let result = explore(&mut port, &input).await.unwrap();
+        let evidence = &result.findings[0].evidence[0];
+        assert_eq!(evidence.path, "src/mux.rs", "{:?}", result.findings);
+        assert_eq!(evidence.start_line, 34, "{evidence:?}");
+        assert!(evidence.snippet.starts_with("panic!("), "{evidence:?}");
+        assert_eq!(
+            evidence.note,
+            "holds several of the question's words together"
+        );
+        assert!(evidence.verified, "{evidence:?}");
     }
 
     #[test]

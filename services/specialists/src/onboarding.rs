@@ -1353,20 +1353,7 @@ mod tests {
         );
     }
 
-    fn direct(files: &[(&str, &str)]) -> (tempfile::TempDir, crate::port::DirectPort) {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("repo")).unwrap();
-        for (path, content) in files {
-            let full = dir.path().join("repo").join(path);
-            std::fs::create_dir_all(full.parent().unwrap()).unwrap();
-            std::fs::write(full, content).unwrap();
-        }
-        let root = zopu_sandbox::policy::WorkspaceRoot::open(dir.path()).unwrap();
-        let sandbox =
-            zopu_sandbox::tools::Sandbox::new(root, zopu_sandbox::policy::SandboxLimits::default())
-                .unwrap();
-        (dir, crate::port::DirectPort::new(sandbox))
-    }
+    use crate::port::direct;
 
     #[tokio::test]
     async fn onboarding_a_rust_repository_names_stack_entry_points_and_commands() {

@@ -338,3 +338,19 @@ impl Port for DirectPort {
         u32::try_from(self.guardrail_rules.len()).unwrap_or(u32::MAX)
     }
 }
+
+/// A [`DirectPort`] over a temporary workspace whose repository holds
+/// `files` (path, content); the directory lives as long as the guard.
+#[cfg(test)]
+pub(crate) fn direct(files: &[(&str, &str)]) -> (tempfile::TempDir, DirectPort) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("repo")).unwrap();
+    for (path, content) in files {
+        let full = dir.path().join("repo").join(path);
+        std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+        std::fs::write(full, content).unwrap();
+    }
+    let root = zopu_sandbox::policy::WorkspaceRoot::open(dir.path()).unwrap();
+    let sandbox = Sandbox::new(root, zopu_sandbox::policy::SandboxLimits::default()).unwrap();
+    (dir, DirectPort::new(sandbox))
+}

@@ -103,6 +103,10 @@ pub struct FoundFile {
     pub matched: Vec<String>,
     /// Definitions whose names contain a query word, first ones first.
     pub definitions: Vec<FoundDefinition>,
+    /// The line holding the most of the query's words, when it holds at
+    /// least three distinct ones (only among the leading files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_line: Option<u64>,
 }
 
 /// Output of `find_code`.
@@ -313,23 +317,26 @@ impl CodeIndex {
         index
     }
 
-    /// The summed rarity of the query words on the line of `text` that holds
-    /// the most of them, if at least [`PROXIMITY_MIN_WORDS`] distinct ones.
-    fn best_line(&self, text: &str, rarities: &HashMap<u32, f64>) -> f64 {
-        text.lines()
-            .map(|line| {
-                let held: BTreeSet<u32> = index_words(line)
-                    .into_iter()
-                    .filter_map(|word| self.words.get(&word).copied())
-                    .filter(|id| rarities.contains_key(id))
-                    .collect();
-                if held.len() >= PROXIMITY_MIN_WORDS {
-                    held.iter().map(|id| rarities[id]).sum()
-                } else {
-                    0.0
-                }
-            })
-            .fold(0.0, f64::max)
+    /// The line of `text` whose query words weigh most (their summed
+    /// rarity), among those holding at least [`PROXIMITY_MIN_WORDS`]
+    /// distinct ones: (line number, weight); the first of equals.
+    fn best_line(&self, text: &str, rarities: &HashMap<u32, f64>) -> Option<(u64, f64)> {
+        let mut best: Option<(u64, f64)> = None;
+        for (number, line) in text.lines().enumerate() {
+            let held: BTreeSet<u32> = index_words(line)
+                .into_iter()
+                .filter_map(|word| self.words.get(&word).copied())
+                .filter(|id| rarities.contains_key(id))
+                .collect();
+            if held.len() < PROXIMITY_MIN_WORDS {
+                continue;
+            }
+            let weight: f64 = held.iter().map(|id| rarities[id]).sum();
+            if best.is_none_or(|(_, known)| weight > known) {
+                best = Some((number as u64 + 1, weight));
+            }
+        }
+        best
     }
 
     /// Files ranked for `words` (already split and stemmed), best first;
@@ -433,18 +440,23 @@ impl CodeIndex {
         // rarities.
         let rarities: HashMap<u32, f64> =
             ids.iter().map(|(id, _, rarity)| (*id, *rarity)).collect();
+        let mut best_lines: HashMap<u32, u64> = HashMap::new();
         for (file, score, _) in ranked.iter_mut().take(PROXIMITY_CANDIDATES) {
-            if let Some(text) = text_of(&self.files[*file as usize].path) {
-                *score += PROXIMITY_WEIGHT * self.best_line(&text, &rarities);
+            if let Some((line, weight)) = text_of(&self.files[*file as usize].path)
+                .and_then(|text| self.best_line(&text, &rarities))
+            {
+                *score += PROXIMITY_WEIGHT * weight;
+                best_lines.insert(*file, line);
             }
         }
         order(&mut ranked);
         ranked
             .into_iter()
             .take(max_files)
-            .map(|(file, score, matched)| {
-                let file = &self.files[file as usize];
+            .map(|(file_index, score, matched)| {
+                let file = &self.files[file_index as usize];
                 FoundFile {
+                    best_line: best_lines.get(&file_index).copied(),
                     path: file.path.clone(),
                     score: (score * 1000.0).round() / 1000.0,
                     matched: matched.into_iter().cloned().collect(),
@@ -766,6 +778,8 @@ mod tests {
         // chain.rs mentions and defines the words more often; mux.rs says
         // three of them on one line.
         assert_eq!(found.files[0].path, "src/mux.rs", "{found:?}");
+        // The line that said them is pointed to.
+        assert_eq!(found.files[0].best_line, Some(3), "{found:?}");
     }
 
     #[test]
