@@ -565,6 +565,91 @@ fn blend(ranked: &mut Vec<RankedFile>, indexed: &[FoundFile], asks: Asks) {
     });
 }
 
+/// What a file linked by name to the leading file gains, as a share of the
+/// leading file's score. (`zopu eval`, dev half, recall@3: 0.81 without,
+/// 0.82 at 0.05 and 0.1, 0.81 at 0.15, 0.79 at 0.25; the holdout half went
+/// 0.72 → 0.77 at 0.1.)
+const LINK_WEIGHT: f64 = 0.1;
+/// The leading file's definitions whose users are searched.
+const LINKED_NAMES: usize = 3;
+/// The files after the leading one checked for a definition it uses.
+const LINK_CANDIDATES: usize = 10;
+/// Shorter names link too much to be telling.
+const LINK_NAME_MIN_CHARS: usize = 4;
+
+/// The answer to a question is seldom one file: the function the leading
+/// file defines is called from another, or it calls one defined elsewhere.
+/// A source file that uses one of the names the leading file defines (of
+/// the question's words), and a file among the next [`LINK_CANDIDATES`]
+/// that defines such a name the leading file uses, gain [`LINK_WEIGHT`] of
+/// the leading file's score; the leading file stays first.
+async fn follow_links<P: Port>(
+    port: &mut P,
+    step: &str,
+    ranked: &mut [RankedFile],
+) -> Result<(), FlowError> {
+    let Some((top, rest)) = ranked.split_first_mut() else {
+        return Ok(());
+    };
+    if rest.is_empty() {
+        return Ok(());
+    }
+    let whole_word = |name: &str| format!(r"\b{}\b", regex::escape(name));
+    let mut linked: BTreeSet<String> = BTreeSet::new();
+    let names = top
+        .defines
+        .iter()
+        .map(|(_, name)| name)
+        .filter(|name| name.chars().count() >= LINK_NAME_MIN_CHARS)
+        .take(LINKED_NAMES);
+    for (index, name) in names.enumerate() {
+        let input = SearchInput {
+            pattern: whole_word(name),
+            literal: false,
+            case_insensitive: false,
+            path: String::new(),
+            max_matches: Some(MATCHES_PER_KEYWORD),
+            max_matches_per_file: Some(1),
+        };
+        if let Ok(users) = port::search(port, &format!("{step}:users:{index}"), input).await? {
+            linked.extend(
+                users
+                    .matches
+                    .into_iter()
+                    .filter(|user| user.path != top.path && role_of(&user.path) == FileRole::Source)
+                    .map(|user| user.path),
+            );
+        }
+    }
+    let read = ReadFileInput {
+        path: top.path.clone(),
+        ..Default::default()
+    };
+    if let Ok(read) = port::read_file(port, &format!("{step}:uses"), read).await? {
+        for file in rest.iter().take(LINK_CANDIDATES) {
+            let uses = file.defines.iter().any(|(_, name)| {
+                name.chars().count() >= LINK_NAME_MIN_CHARS
+                    && regex::Regex::new(&whole_word(name))
+                        .is_ok_and(|re| re.is_match(&read.content))
+            });
+            if uses {
+                linked.insert(file.path.clone());
+            }
+        }
+    }
+    for file in rest.iter_mut() {
+        if linked.contains(&file.path) {
+            file.score += LINK_WEIGHT * top.score;
+        }
+    }
+    rest.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then_with(|| a.path.cmp(&b.path))
+    });
+    Ok(())
+}
+
 /// Searches `keywords`, ranks the files and reads the top `top` of them.
 pub async fn gather<P: Port>(
     port: &mut P,
@@ -665,6 +750,7 @@ pub async fn gather<P: Port>(
     if let Ok(indexed) = indexed {
         blend(&mut gathered.ranked, &indexed.files, Asks::of(keywords));
     }
+    follow_links(port, step, &mut gathered.ranked).await?;
     gathered.unmatched.retain(|k| {
         !gathered
             .ranked
@@ -1114,6 +1200,35 @@ mod tests {
             "holds several of the question's words together"
         );
         assert!(evidence.verified, "{evidence:?}");
+    }
+
+    #[tokio::test]
+    async fn a_file_calling_what_the_leading_file_defines_follows_it() {
+        let (_dir, mut port) = crate::port::direct(&[
+            (
+                "src/score.rs",
+                "/// The frecency score of a directory.\npub fn frecency_score(rank: f64) -> f64 {\n    rank * 2.0\n}\n",
+            ),
+            (
+                "src/stream.rs",
+                "fn next(dir: &Dir) -> f64 {\n    frecency_score(dir.rank)\n}\n",
+            ),
+            (
+                "src/report.rs",
+                "// Prints each entry with its frecency score.\nfn print() {}\n",
+            ),
+        ]);
+        let question = "How is the frecency score computed?";
+        let gathered = gather(&mut port, "t", question, &keywords(question), 3)
+            .await
+            .unwrap();
+        let paths: Vec<&str> = gathered.ranked.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(
+            paths[..2],
+            ["src/score.rs", "src/stream.rs"],
+            "{:?}",
+            gathered.ranked
+        );
     }
 
     #[test]
