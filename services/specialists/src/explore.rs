@@ -57,6 +57,10 @@ const GENERIC: &[&str] = &[
     "please",
 ];
 
+/// Quoted messages taken as keywords, at most (the rest of the question
+/// keeps its say).
+const QUOTED_MESSAGES_MAX: usize = 2;
+
 /// The parts of `text` between an opening and a closing delimiter (an
 /// unclosed one quotes nothing).
 fn quoted<'a>(text: &'a str, delimiters: &[char]) -> Vec<&'a str> {
@@ -72,19 +76,26 @@ fn quoted<'a>(text: &'a str, delimiters: &[char]) -> Vec<&'a str> {
 pub fn keywords(question: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let backticked = quoted(question, &['`']);
-    let messages = quoted(question, &['"', '“', '”'])
+    // Messages: double-quoted runs of words, looked for outside backticks;
+    // an ellipsis stands for what varies (the longest part is kept).
+    let outside_backticks: String = question.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+    let messages: Vec<&str> = quoted(&outside_backticks, &['"', '“', '”'])
         .into_iter()
-        .map(|quoted| {
-            let quoted = quoted.trim();
-            let quoted = quoted
-                .split_once("...")
-                .map_or(quoted, |(before, _)| before);
-            let quoted = quoted.split_once('…').map_or(quoted, |(before, _)| before);
-            quoted.trim_end_matches(|c: char| {
-                c.is_whitespace() || matches!(c, '?' | '.' | '!' | ':' | ',')
-            })
-        });
-    for quoted in backticked.into_iter().chain(messages) {
+        .filter_map(|quoted| {
+            quoted
+                .split("...")
+                .flat_map(|part| part.split('…'))
+                .map(|part| {
+                    part.trim().trim_end_matches(|c: char| {
+                        c.is_whitespace() || matches!(c, '?' | '.' | '!' | ':' | ',')
+                    })
+                })
+                .max_by_key(|part| part.len())
+        })
+        .filter(|message| message.contains(' '))
+        .take(QUOTED_MESSAGES_MAX)
+        .collect();
+    for quoted in backticked.iter().chain(messages.iter()) {
         let quoted = quoted.trim();
         if (3..=60).contains(&quoted.len()) && !out.iter().any(|known| known == quoted) {
             out.push(quoted.to_owned());
@@ -432,8 +443,9 @@ pub fn rank(
             // What the file defines (a function, type, ... named after a
             // keyword) weighs more than what it only mentions.
             let defined = defined_keywords(&file.matches) as f64;
-            // A phrase the question quotes (the only keywords with spaces),
-            // found verbatim: where that message or line lives.
+            // A phrase the question quotes, found verbatim: where that
+            // message or line lives (only quoted keywords hold spaces: a
+            // message in double quotes, a command in backticks).
             let phrases = file
                 .keywords
                 .iter()
@@ -577,6 +589,24 @@ const LINK_CANDIDATES: usize = 10;
 /// Shorter names link too much to be telling.
 const LINK_NAME_MIN_CHARS: usize = 4;
 
+/// A search pattern for `name` as a whole word: `\b` on each side that
+/// ends in a word character (`$emit` has none before its `$`).
+fn whole_word(name: &str) -> String {
+    let boundary = |c: Option<char>| {
+        if c.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            r"\b"
+        } else {
+            ""
+        }
+    };
+    format!(
+        "{}{}{}",
+        boundary(name.chars().next()),
+        regex::escape(name),
+        boundary(name.chars().last())
+    )
+}
+
 /// The answer to a question is seldom one file: the function the leading
 /// file defines is called from another, or it calls one defined elsewhere.
 /// A source file that uses one of the names the leading file defines (of
@@ -594,7 +624,6 @@ async fn follow_links<P: Port>(
     if rest.is_empty() {
         return Ok(());
     }
-    let whole_word = |name: &str| format!(r"\b{}\b", regex::escape(name));
     let mut linked: BTreeSet<String> = BTreeSet::new();
     let names = top
         .defines
@@ -1245,6 +1274,24 @@ mod tests {
         assert_eq!(words[0], "Did you mean", "{words:?}");
         let words = keywords("Why does it print “Unknown option:” twice?");
         assert_eq!(words[0], "Unknown option", "{words:?}");
+        // A message is words: a quoted JSON object's keys and values are not
+        // messages; an ellipsis first keeps what follows it; a quote inside
+        // backticks pairs with nothing.
+        let words =
+            keywords("Why does `{\"main\": \"index.js\"}` fail with \"... is not a function\"?");
+        assert_eq!(words[0], "{\"main\": \"index.js\"}", "{words:?}");
+        assert_eq!(words[1], "is not a function", "{words:?}");
+        let words = keywords("Why is `a\"b` fine but \"cannot read config\" shown?");
+        assert!(
+            words.contains(&"cannot read config".to_owned()),
+            "{words:?}"
+        );
+        let words = keywords(
+            "Set \"name\": \"demo\", \"type\": \"module\", \"main\": \"index.js\" in the manifest",
+        );
+        assert!(!words.contains(&"index.js".to_owned()), "{words:?}");
+        assert_eq!(whole_word("frecency_score"), r"\bfrecency_score\b");
+        assert_eq!(whole_word("$emit"), r"\$emit\b");
         // An unclosed quote quotes nothing.
         let words = keywords("Why is the 5\" display layout cut off?");
         assert!(!words.iter().any(|word| word.contains(' ')), "{words:?}");

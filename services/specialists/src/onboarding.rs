@@ -702,8 +702,13 @@ fn example_types(readme: &str) -> Vec<String> {
     types
 }
 
-/// Example files read for the types they use, at most.
-const EXAMPLE_FILES_READ: usize = 200;
+/// Type uses read from the examples, at most (the sandbox's own cap), and
+/// per file: enough to see what each of many files starts from.
+const EXAMPLE_MATCHES: usize = 500;
+const EXAMPLE_MATCHES_PER_FILE: usize = 5;
+
+/// Directories of example programs (not test fixtures or test data).
+const EXAMPLE_PROGRAM_DIRS: &[&str] = &["examples", "example", "_examples", "samples"];
 
 /// The types the project's own example programs use (the shallowest
 /// examples directory listed, searched to any depth), the ones used by the
@@ -715,7 +720,7 @@ async fn examples_types<P: Port>(
     let Some(directory) = directories
         .iter()
         .filter(|directory| {
-            EXAMPLE_DIRS.contains(&directory.rsplit('/').next().unwrap_or(directory))
+            EXAMPLE_PROGRAM_DIRS.contains(&directory.rsplit('/').next().unwrap_or(directory))
         })
         .min_by_key(|directory| (directory.matches('/').count(), directory.as_str()))
         .cloned()
@@ -727,8 +732,8 @@ async fn examples_types<P: Port>(
         literal: false,
         case_insensitive: false,
         path: directory,
-        max_matches: Some(EXAMPLE_FILES_READ * 10),
-        max_matches_per_file: Some(40),
+        max_matches: Some(EXAMPLE_MATCHES),
+        max_matches_per_file: Some(EXAMPLE_MATCHES_PER_FILE),
     };
     let Ok(found) = port::search(port, "search:example-uses", input).await? else {
         return Ok(Vec::new());

@@ -75,6 +75,9 @@ const PHRASE_WEIGHT: f64 = 1.5;
 const PROXIMITY_WEIGHT: f64 = 1.0;
 const PROXIMITY_MIN_WORDS: usize = 3;
 const PROXIMITY_CANDIDATES: usize = MAX_FILES;
+/// A leading file with more words than this (a bundle, a generated table)
+/// is not read again for its best line: a query's work stays bounded.
+const PROXIMITY_MAX_WORDS: u32 = 50_000;
 
 /// Input of `find_code`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -442,8 +445,12 @@ impl CodeIndex {
             ids.iter().map(|(id, _, rarity)| (*id, *rarity)).collect();
         let mut best_lines: HashMap<u32, u64> = HashMap::new();
         for (file, score, _) in ranked.iter_mut().take(PROXIMITY_CANDIDATES) {
-            if let Some((line, weight)) = text_of(&self.files[*file as usize].path)
-                .and_then(|text| self.best_line(&text, &rarities))
+            let indexed = &self.files[*file as usize];
+            if indexed.length > PROXIMITY_MAX_WORDS {
+                continue;
+            }
+            if let Some((line, weight)) =
+                text_of(&indexed.path).and_then(|text| self.best_line(&text, &rarities))
             {
                 *score += PROXIMITY_WEIGHT * weight;
                 best_lines.insert(*file, line);
