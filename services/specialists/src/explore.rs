@@ -362,6 +362,15 @@ fn defined_keywords(matches: &[(u64, String, String)]) -> usize {
     defined.len()
 }
 
+/// Best score first; equal scores in path order.
+fn sort_ranked(ranked: &mut [RankedFile]) {
+    ranked.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then_with(|| a.path.cmp(&b.path))
+    });
+}
+
 /// Ranks files by keyword coverage, what they define, the phrases the
 /// question quotes that they hold, match density and path relevance; tests, docs and changelogs count for less unless the
 /// question asks about them.
@@ -462,11 +471,7 @@ pub fn rank(
             file
         })
         .collect();
-    ranked.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
-            .then_with(|| a.path.cmp(&b.path))
-    });
+    sort_ranked(&mut ranked);
     ranked
 }
 
@@ -570,11 +575,7 @@ fn blend(ranked: &mut Vec<RankedFile>, indexed: &[FoundFile], asks: Asks) {
             }),
         }
     }
-    ranked.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
-            .then_with(|| a.path.cmp(&b.path))
-    });
+    sort_ranked(ranked);
 }
 
 /// What a file linked by name to the leading file gains, as a share of the
@@ -671,11 +672,7 @@ async fn follow_links<P: Port>(
             file.score += LINK_WEIGHT * top.score;
         }
     }
-    rest.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
-            .then_with(|| a.path.cmp(&b.path))
-    });
+    sort_ranked(rest);
     Ok(())
 }
 

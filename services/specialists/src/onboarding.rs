@@ -282,11 +282,7 @@ async fn survey<P: Port>(port: &mut P) -> Result<Survey, FlowError> {
         manifests: manifest_paths(&files),
         readme: root_readme(&files),
         files,
-        directories: entries
-            .iter()
-            .filter(|entry| entry.kind == EntryKind::Directory && !skipped(&entry.path))
-            .map(|entry| entry.path.clone())
-            .collect(),
+        directories: listed_directories(&entries).collect(),
     })
 }
 
@@ -323,11 +319,15 @@ async fn list_tree<P: Port>(port: &mut P) -> Result<(Vec<ListedEntry>, bool), Fl
 
 /// The top-level directories listed one by one (skipped ones left out).
 fn top_directories(root: &[ListedEntry]) -> Vec<String> {
-    root.iter()
+    listed_directories(root).take(DIRECTORIES_MAX).collect()
+}
+
+/// The listed directories, skipped ones left out.
+fn listed_directories(entries: &[ListedEntry]) -> impl Iterator<Item = String> + '_ {
+    entries
+        .iter()
         .filter(|entry| entry.kind == EntryKind::Directory && !skipped(&entry.path))
         .map(|entry| entry.path.clone())
-        .take(DIRECTORIES_MAX)
-        .collect()
 }
 
 /// The files onboarding may read: not in a skipped directory, no suspicious
