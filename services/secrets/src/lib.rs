@@ -870,9 +870,30 @@ pub fn is_secret_file_content(text: &str) -> bool {
     if document && MARKERS.iter().any(|marker| text.contains(marker)) {
         return true;
     }
-    scan(text)
-        .iter()
-        .any(|finding| finding.rule == "private_key" || finding.rule == "pem_body")
+    scan(text).iter().any(|finding| {
+        finding.rule == "private_key" || (finding.rule == "pem_body" && is_key_body(text, finding))
+    })
+}
+
+/// Shortest one-line run taken for a key body stripped of its armour (an
+/// Ed25519 key's body is about 120 characters, others are longer or span
+/// several lines).
+const KEY_BODY_MIN_CHARS: usize = 100;
+
+/// Whether a `pem_body` finding is a key body stripped of its armour: it
+/// stands on lines of its own, over several lines or at least
+/// [`KEY_BODY_MIN_CHARS`] long. A signature or a digest inside a line (a
+/// signed cookie a test expects, a hash in a lock file's string) is
+/// redacted where shown, but does not make its whole file secret-bearing.
+fn is_key_body(text: &str, finding: &Finding) -> bool {
+    let line_start = text[..finding.start].rfind('\n').map_or(0, |at| at + 1);
+    let line_end = text[finding.end..]
+        .find('\n')
+        .map_or(text.len(), |at| finding.end + at);
+    let alone = text[line_start..finding.start].trim().is_empty()
+        && text[finding.end..line_end].trim().is_empty();
+    let body = &text[finding.start..finding.end];
+    alone && (body.lines().count() >= 2 || body.len() >= KEY_BODY_MIN_CHARS)
 }
 
 /// Shannon entropy of `s` in bits per character (0.0 for an empty string).
@@ -1771,6 +1792,50 @@ mod tests {
             "fn main() {\n    println!(\"hi\");\n}\n"
         ));
         assert!(!is_secret_file_content("let token = read_token();"));
+    }
+
+    /// Lines of base64 that look random (a deterministic generator, so no
+    /// key-shaped literal sits in this file).
+    fn random_base64_lines(lines: usize, width: usize) -> String {
+        const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut out = String::new();
+        for _ in 0..lines {
+            for _ in 0..width {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                out.push(ALPHABET[(state % 64) as usize] as char);
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    #[test]
+    fn a_key_body_without_its_armour_makes_a_file_secret_but_a_signature_in_a_line_does_not() {
+        // A key body stripped of its BEGIN and END lines.
+        assert!(is_secret_file_content(&random_base64_lines(4, 64)));
+        assert!(is_secret_file_content(&format!(
+            "  {}",
+            random_base64_lines(1, 120)
+        )));
+        // A test expecting a signed cookie (express's test/res.cookie.js):
+        // the signature is redacted where shown, the file stays readable.
+        let signature = random_base64_lines(1, 43);
+        let test = format!(
+            "it('should sign', function (done) {{\n  request(app).get('/')\n    .expect('Set-Cookie', 'name=s%3Atobi.{}; Path=/')\n}})\n",
+            signature.trim()
+        );
+        assert_eq!(
+            scan(&test).len(),
+            1,
+            "the signature is still found: {:?}",
+            scan(&test)
+        );
+        assert!(!is_secret_file_content(&test));
+        // One short line on its own is a digest, not a key.
+        assert!(!is_secret_file_content(&random_base64_lines(1, 44)));
     }
 
     /// A secret shape: the text to embed and the secret part of it that
