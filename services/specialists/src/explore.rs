@@ -810,9 +810,12 @@ pub async fn gather<P: Port>(
 }
 
 /// What to search for a keyword: the keyword itself, literally, or with
-/// the abbreviations code uses for it (`environment|env`), as a regex.
+/// the abbreviations code uses for it (`environment|env`) and the plural a
+/// `y` stem comes from (`cooky|cookie`: "cookies" stems to `cooky`, which
+/// no code holds; `entry|entrie`), as a regex.
 fn search_pattern(keyword: &str) -> (String, bool) {
-    let forms = code_forms(&keyword.to_lowercase());
+    let mut forms = code_forms(&keyword.to_lowercase());
+    forms.extend(plural_of_y_stem(keyword));
     if forms.len() == 1 {
         return (keyword.to_owned(), true);
     }
@@ -821,6 +824,17 @@ fn search_pattern(keyword: &str) -> (String, bool) {
         .map(|form| regex::escape(&form))
         .collect();
     (alternatives.join("|"), false)
+}
+
+/// `cooky` → `cookie`, `entry` → `entrie`: what a lowercase stem ending
+/// in a consonant and `y` is spelled as before `s`.
+fn plural_of_y_stem(stem: &str) -> Option<String> {
+    let body = stem.strip_suffix('y')?;
+    let last = body.chars().last()?;
+    (body.chars().count() >= 3
+        && body.chars().all(|c| c.is_ascii_lowercase())
+        && !matches!(last, 'a' | 'e' | 'i' | 'o' | 'u'))
+    .then(|| format!("{body}ie"))
 }
 
 static DEFINITION: LazyLock<Option<Regex>> = LazyLock::new(|| {
@@ -1254,6 +1268,21 @@ mod tests {
             ["src/score.rs", "src/stream.rs"],
             "{:?}",
             gathered.ranked
+        );
+    }
+
+    #[test]
+    fn a_plural_in_ies_is_searched_in_the_forms_code_spells() {
+        // "cookies" stems to `cooky`, which no code holds.
+        assert_eq!(keywords("How are cookies signed?")[0], "cooky");
+        assert_eq!(search_pattern("cooky"), ("cooky|cookie".to_owned(), false));
+        assert_eq!(search_pattern("entry"), ("entry|entrie".to_owned(), false));
+        // A vowel before the `y`, or an abbreviation, as before.
+        assert_eq!(search_pattern("key"), ("key".to_owned(), true));
+        assert_eq!(search_pattern("proxy").0, "proxy|proxie");
+        assert_eq!(
+            search_pattern("directory"),
+            ("directory|dir|directorie".to_owned(), false)
         );
     }
 
