@@ -175,16 +175,22 @@ static STEMMER: LazyLock<Stemmer> = LazyLock::new(|| Stemmer::create(Algorithm::
 /// The words of `text` as the index keys them: identifiers split at
 /// underscores, case changes (`HTTPServer` is `http`, `server`) and
 /// letter-digit boundaries, lower-cased, stemmed; single letters,
-/// numbers and English stopwords dropped.
+/// numbers and English stopwords dropped. A single letter followed by
+/// digits stays one word, since split it would vanish whole (`h11_impl`
+/// is `h11`, `impl`; `x509` is `x509`).
 pub fn index_words(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     for token in text.split(|c: char| !c.is_alphanumeric()) {
+        let mut letter: Option<&str> = None;
         for part in split_identifier(token) {
             let lower = part.to_lowercase();
-            if lower.chars().count() < 2
-                || lower.chars().all(|c| c.is_ascii_digit())
-                || STOPWORDS.contains(&lower.as_str())
-            {
+            let digits = lower.chars().all(|c| c.is_ascii_digit());
+            if digits && let Some(letter) = letter.take() {
+                out.push(format!("{}{lower}", letter.to_lowercase()));
+            }
+            letter = (part.chars().count() == 1 && part.chars().all(char::is_alphabetic))
+                .then_some(part);
+            if lower.chars().count() < 2 || digits || STOPWORDS.contains(&lower.as_str()) {
                 continue;
             }
             out.push(STEMMER.stem(&lower).into_owned());
@@ -663,6 +669,11 @@ mod tests {
             index_words("parseHTTPRequest2"),
             ["pars", "http", "request"]
         );
+        // A letter and digits are a name of their own.
+        assert_eq!(index_words("h11_impl"), ["h11", "impl"]);
+        assert_eq!(index_words("H11Protocol"), ["h11", "protocol"]);
+        assert_eq!(index_words("the h11 library"), ["h11", "librari"]);
+        assert_eq!(index_words("base64 x509"), ["base", "x509"]);
         assert_eq!(index_words("parse_config"), index_words("parse the Config"));
         assert_eq!(index_words("left_recursion"), index_words("left-recursive"));
         assert_eq!(index_words("RingBufferTest"), ["ring", "buffer", "test"]);
