@@ -574,6 +574,11 @@ async fn completed_flow(
         Start::After(after)
     };
     let mut reader = Reader::open(bus, subjects::project_events(org, project), start).await?;
+    // The message's own turn completes first; later dispatches of the same
+    // correlation react to the flow's outcomes (an artifact published
+    // before the flow's completion is "noted") and say nothing about
+    // whether the agent explored.
+    let mut turn_ended = false;
     let waiting = async {
         while let Some(logged) = reader.next().await {
             let Ok(event) = logged?.event else { continue };
@@ -594,13 +599,16 @@ async fn completed_flow(
                 return Ok(Err(format!("the flow failed ({reason})")));
             }
             if correlation.is_some()
+                && !turn_ended
                 && event.is::<pb::DispatchCompleted>()
                 && let Ok(done) = event.decode::<pb::DispatchCompleted>()
-                && done.outcome != "flow_requested"
             {
-                return Ok(Err(format!("the agent did not explore ({})", done.outcome)));
+                if done.outcome != "flow_requested" {
+                    return Ok(Err(format!("the agent did not explore ({})", done.outcome)));
+                }
+                turn_ended = true;
             }
-            if correlation.is_some() && event.is::<pb::DispatchFailed>() {
+            if correlation.is_some() && !turn_ended && event.is::<pb::DispatchFailed>() {
                 return Ok(Err("the agent's turn failed".to_owned()));
             }
         }
