@@ -262,6 +262,11 @@ impl LocalServer {
         &self.store_dir
     }
 
+    /// The server process's id, while it has one (not killed or stopped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The node's server name, when it is part of a cluster.
     pub fn server_name(&self) -> Option<&str> {
         self.node.as_ref().map(|node| node.server_name.as_str())

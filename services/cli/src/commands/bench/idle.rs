@@ -20,6 +20,10 @@
 //!   nothing decoded or written) over the rebuild's connections, both in
 //!   contiguous ranges (ordered consumers) and through the rebuild's own
 //!   chunked reading; the faster of the two is the ceiling.
+//!   The CPU time of this process and of the nats-server (/proc, all
+//!   threads) during the raw chunked reading, the reading and decoding
+//!   alone and the rebuild says where the time goes: per event, and how
+//!   much of the machine the two kept busy during the rebuild.
 //!   Every replay runs once in each of `--replay-rounds` rounds; rates and
 //!   ratios are the rounds' medians (one replay of 40,000 events lasts
 //!   half a second, too short for one measurement on a shared machine).
@@ -86,6 +90,27 @@ pub(super) struct RebuildFigures {
     of_ceiling_max: f64,
     /// Connections the rebuild (and the raw parallel replay) read over.
     readers: u64,
+    /// Where the time goes: CPU per event of this process and of the
+    /// nats-server in the rebuild's own raw reading, its reading and
+    /// decoding, and the whole rebuild (medians over the rounds).
+    cpu: CpuFigures,
+}
+
+/// CPU time per event (microseconds, all threads) of this process
+/// (`client`) and of the nats-server, per replay, and how much of the
+/// machine the two used together during the rebuild.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+struct CpuFigures {
+    raw_chunked_client_us: f64,
+    raw_chunked_server_us: f64,
+    read_only_client_us: f64,
+    read_only_server_us: f64,
+    rebuild_client_us: f64,
+    rebuild_server_us: f64,
+    /// Client and server CPU over wall time during the rebuild, in CPUs.
+    rebuild_cpus_busy: f64,
+    /// CPUs this machine offers.
+    cpus: usize,
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -118,7 +143,18 @@ pub(super) async fn measure(args: &ScaleArgs) -> anyhow::Result<(RebuildFigures,
     prime(&server.url(), &dir.path().join("prime")).await?;
     let events = populate(&bus, args.idle_projects()).await?;
     rebase_durables(&bus).await?;
-    let rebuild = rebuild(&bus, events as usize, dir.path(), args.replay_rounds()).await?;
+    let server_process = server
+        .pid()
+        .ok_or_else(|| anyhow::anyhow!("the bench's nats-server is not running"))?
+        .to_string();
+    let rebuild = rebuild(
+        &bus,
+        events as usize,
+        dir.path(),
+        args.replay_rounds(),
+        &server_process,
+    )
+    .await?;
     let mut idle = spawn_probe(&server.url(), &dir.path().join("data")).await?;
     idle.projects = args.idle_projects();
     idle.events = events;
@@ -148,6 +184,25 @@ pub(super) fn print(rebuild: &RebuildFigures, idle: &IdleFigures) {
         rebuild.of_ceiling,
         rebuild.of_ceiling_min,
         rebuild.of_ceiling_max
+    );
+    let cpu = &rebuild.cpu;
+    // Most of the machine busy: the rebuild waits on nothing but CPU.
+    let bound = if cpu.rebuild_cpus_busy >= 0.85 * cpu.cpus as f64 {
+        "bound by CPU"
+    } else {
+        "not bound by CPU (it also waits)"
+    };
+    println!(
+        "  CPU per event (this process / nats-server, microseconds, all threads): raw chunked reading {:.1} / {:.1}, reading and decoding {:.1} / {:.1}, rebuild {:.1} / {:.1}; during the rebuild the two kept {:.1} of the machine's {} CPUs busy: the rebuild is {bound}; decoding, checking and writing add {:.1} us an event to the ceiling's reading",
+        cpu.raw_chunked_client_us,
+        cpu.raw_chunked_server_us,
+        cpu.read_only_client_us,
+        cpu.read_only_server_us,
+        cpu.rebuild_client_us,
+        cpu.rebuild_server_us,
+        cpu.rebuild_cpus_busy,
+        cpu.cpus,
+        cpu.rebuild_client_us - cpu.raw_chunked_client_us
     );
     println!(
         "  the rebuild's reading and decoding alone (nothing written): {:.0}/s",
@@ -324,6 +379,7 @@ async fn rebuild(
     events: usize,
     dir: &std::path::Path,
     rounds: usize,
+    server_process: &str,
 ) -> anyhow::Result<RebuildFigures> {
     let raw_stream = super::raw_stream(bus, 1).await?;
     let body = Bytes::from(prost::Message::encode_to_vec(&pb::TimelineMessageSent {
@@ -341,7 +397,16 @@ async fn rebuild(
     let mut measured = Vec::with_capacity(rounds);
     for round in 0..rounds.max(1) {
         let store = dir.join(format!("rebuild-{round}.sqlite"));
-        measured.push(rebuild_round(bus, &raw_stream, &events_stream, events, &store).await?);
+        measured.push(
+            rebuild_round(
+                bus,
+                (&raw_stream, &events_stream),
+                events,
+                &store,
+                server_process,
+            )
+            .await?,
+        );
     }
     Ok(RebuildFigures::median_of(events, &measured))
 }
@@ -355,6 +420,25 @@ struct RebuildRound {
     raw_chunked: f64,
     read_only: f64,
     rebuild: f64,
+    cpu: CpuFigures,
+}
+
+/// CPU time of this process and of `server_process` while `replay` runs,
+/// with its wall time.
+async fn timed<T>(
+    server_process: &str,
+    replay: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<(T, Duration, Duration, Duration)> {
+    let (client, server) = (cpu_time()?, cpu_time_of(server_process)?);
+    let started = Instant::now();
+    let outcome = replay.await?;
+    let wall = started.elapsed();
+    Ok((
+        outcome,
+        wall,
+        cpu_time()?.saturating_sub(client),
+        cpu_time_of(server_process)?.saturating_sub(server),
+    ))
 }
 
 impl RebuildRound {
@@ -367,40 +451,59 @@ impl RebuildRound {
 
 async fn rebuild_round(
     bus: &Bus,
-    raw_stream: &async_nats::jetstream::stream::Stream,
-    events_stream: &async_nats::jetstream::stream::Stream,
+    (raw_stream, events_stream): (
+        &async_nats::jetstream::stream::Stream,
+        &async_nats::jetstream::stream::Stream,
+    ),
     events: usize,
     store: &std::path::Path,
+    server_process: &str,
 ) -> anyhow::Result<RebuildRound> {
     let raw_replay = super::ordered_replay(raw_stream, events).await?;
     let raw_events = super::ordered_replay(events_stream, events).await?;
     let raw_events_parallel =
         raw_parallel_replay(bus, events as u64, zopu_core::projection::REPLAY_READERS).await?;
-    let started = Instant::now();
-    let raw = zopu_core::projection::replay_raw(bus, events as u64).await?;
+    let per_event = |cpu: Duration| cpu.as_secs_f64() * 1e6 / events as f64;
+    let rate = |wall: Duration| events as f64 / wall.as_secs_f64();
+    let (raw, raw_wall, raw_client, raw_server) = timed(server_process, async {
+        Ok(zopu_core::projection::replay_raw(bus, events as u64).await?)
+    })
+    .await?;
     anyhow::ensure!(
         raw == events as u64,
         "the raw chunked replay passed on {raw} of {events} events"
     );
-    let raw_chunked = events as f64 / started.elapsed().as_secs_f64();
-    let started = Instant::now();
-    let read = zopu_core::projection::replay_without_applying(bus, events as u64).await?;
+    let (read, read_wall, read_client, read_server) = timed(server_process, async {
+        Ok(zopu_core::projection::replay_without_applying(bus, events as u64).await?)
+    })
+    .await?;
     anyhow::ensure!(
         read == events as u64,
         "the read-only replay passed on {read} of {events} events"
     );
-    let read_only = events as f64 / started.elapsed().as_secs_f64();
     let store = Store::open(store)?;
-    let started = Instant::now();
-    zopu_core::projection::catch_up(bus, &store, KeyIndex::all()).await?;
-    let rebuild = events as f64 / started.elapsed().as_secs_f64();
+    let (_, rebuild_wall, rebuild_client, rebuild_server) = timed(server_process, async {
+        Ok(zopu_core::projection::catch_up(bus, &store, KeyIndex::all()).await?)
+    })
+    .await?;
     Ok(RebuildRound {
         raw_replay,
         raw_events,
         raw_events_parallel,
-        raw_chunked,
-        read_only,
-        rebuild,
+        raw_chunked: rate(raw_wall),
+        read_only: rate(read_wall),
+        rebuild: rate(rebuild_wall),
+        cpu: CpuFigures {
+            raw_chunked_client_us: per_event(raw_client),
+            raw_chunked_server_us: per_event(raw_server),
+            read_only_client_us: per_event(read_client),
+            read_only_server_us: per_event(read_server),
+            rebuild_client_us: per_event(rebuild_client),
+            rebuild_server_us: per_event(rebuild_server),
+            rebuild_cpus_busy: (rebuild_client + rebuild_server).as_secs_f64()
+                / rebuild_wall.as_secs_f64(),
+            cpus: std::thread::available_parallelism().map_or(1, usize::from),
+        },
     })
 }
 
@@ -430,6 +533,16 @@ impl RebuildFigures {
             of_ceiling_min: of_ceiling.iter().copied().fold(f64::INFINITY, f64::min),
             of_ceiling_max: of_ceiling.iter().copied().fold(0.0, f64::max),
             readers: zopu_core::projection::REPLAY_READERS,
+            cpu: CpuFigures {
+                raw_chunked_client_us: median(|round| round.cpu.raw_chunked_client_us),
+                raw_chunked_server_us: median(|round| round.cpu.raw_chunked_server_us),
+                read_only_client_us: median(|round| round.cpu.read_only_client_us),
+                read_only_server_us: median(|round| round.cpu.read_only_server_us),
+                rebuild_client_us: median(|round| round.cpu.rebuild_client_us),
+                rebuild_server_us: median(|round| round.cpu.rebuild_server_us),
+                rebuild_cpus_busy: median(|round| round.cpu.rebuild_cpus_busy),
+                cpus: rounds.first().map_or(1, |round| round.cpu.cpus),
+            },
         }
     }
 }
@@ -610,7 +723,12 @@ fn mb(kb: u64) -> f64 {
 /// User + system CPU time of this process (/proc/self/stat, at the kernel's
 /// usual 100 ticks per second).
 fn cpu_time() -> anyhow::Result<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    cpu_time_of("self")
+}
+
+/// User + system CPU time of `process` (a pid, or `self`), all its threads.
+fn cpu_time_of(process: &str) -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{process}/stat"))?;
     let after_name = stat
         .rsplit_once(')')
         .map(|(_, rest)| rest)
