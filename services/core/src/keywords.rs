@@ -24,7 +24,10 @@ const STOPWORDS: &[&str] = &[
     "where", "whether", "which", "while", "who", "whom", "why", "will", "with", "within", "would",
     "yet", "you", "your", "yours", "explain", "understand", "help", "hey", "hi", "hello", "thanks",
     "thank", "stuff", "way", "ways", "kind", "bit", "maybe", "actually", "basically", "two",
-    "three", "never", "always", "ensure", "guarantee", "sure", "happen", "happens",
+    "three", "never", "always", "ensure", "guarantee", "sure", "happen", "happens", "whose",
+    "whoever", "whatever", "whichever", "onto", "upon", "via", "against", "among", "across",
+    "toward", "towards", "though", "although", "unless", "whereas", "myself", "yourself",
+    "himself", "herself", "ourselves", "themselves",
 ];
 
 /// Words that do not name a subject: a message made only of these (and stopwords) is vague.
@@ -239,6 +242,19 @@ mod tests {
         assert_eq!(
             keywords("stopped running queries"),
             vec!["stop", "run", "query"]
+        );
+        // Function words are never subjects.
+        assert_eq!(
+            keywords("How does a script whose first line is a shebang end up executable via tsup?"),
+            vec![
+                "script",
+                "first",
+                "line",
+                "shebang",
+                "end",
+                "executable",
+                "tsup"
+            ]
         );
     }
 
