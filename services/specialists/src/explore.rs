@@ -494,13 +494,22 @@ const NAMED_PHRASES: &[(&str, &str)] = &[
     ("#!", "shebang"),
 ];
 
+/// Where a question says something is given, not what it is about: a value
+/// passed "on the command line" is read by the code the question asks
+/// about, seldom by the command-line module itself.
+const SETTING_PHRASES: &[&str] = &["on the command line", "on the command-line"];
+
 /// What the code index is asked: the question, then (when it differs) the
 /// question again with its words in the short forms code writes them in
 /// ("data dir" for "data directory", so the index sees the pair side by
 /// side as in `data_dir`), and the names of [`NAMED_PHRASES`] it holds.
 fn index_query(question: &str) -> String {
     let mut query = clip_chars(question, INDEX_QUERY_CHARS);
-    let lower = question.to_lowercase();
+    let lower = SETTING_PHRASES
+        .iter()
+        .fold(question.to_lowercase(), |text, phrase| {
+            text.replace(phrase, " ")
+        });
     for (phrase, name) in NAMED_PHRASES {
         if lower.contains(phrase) && !query.ends_with(name) {
             query.push(' ');
@@ -1207,6 +1216,12 @@ mod tests {
         assert!(query.contains("cmd line"), "{query}");
         let query = super::index_query("Why is a script starting with `#!` made executable?");
         assert!(query.ends_with(" shebang"), "{query}");
+        // A value given on the command line is about what reads it.
+        let query =
+            super::index_query("What if the entry files I pass on the command line match nothing?");
+        assert!(!query.contains("cli"), "{query}");
+        let query = super::index_query("Where are the command-line options tested?");
+        assert!(query.contains(" cli"), "{query}");
         // Nothing to shorten: the question alone.
         assert_eq!(
             super::index_query("How are routes matched?"),
