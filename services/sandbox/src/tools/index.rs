@@ -168,6 +168,9 @@ const STOPWORDS: &[&str] = &[
     "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "those",
     "to", "too", "us", "very", "was", "we", "were", "what", "when", "where", "whether", "which",
     "while", "who", "why", "will", "with", "would", "you", "your",
+    // What a contraction leaves before its apostrophe ("don't" is `don`, `t`).
+    "aren", "couldn", "didn", "doesn", "don", "hadn", "hasn", "haven", "isn", "shouldn", "wasn",
+    "weren", "won", "wouldn",
 ];
 
 static STEMMER: LazyLock<Stemmer> = LazyLock::new(|| Stemmer::create(Algorithm::English));
@@ -674,6 +677,8 @@ mod tests {
         assert_eq!(index_words("H11Protocol"), ["h11", "protocol"]);
         assert_eq!(index_words("the h11 library"), ["h11", "librari"]);
         assert_eq!(index_words("base64 x509"), ["base", "x509"]);
+        // A contraction's stub is no word.
+        assert_eq!(index_words("when I don't pass a width"), ["pass", "width"]);
         assert_eq!(index_words("parse_config"), index_words("parse the Config"));
         assert_eq!(index_words("left_recursion"), index_words("left-recursive"));
         assert_eq!(index_words("RingBufferTest"), ["ring", "buffer", "test"]);
