@@ -875,25 +875,40 @@ pub fn is_secret_file_content(text: &str) -> bool {
     })
 }
 
-/// Shortest one-line run taken for a key body stripped of its armour (an
-/// Ed25519 key's body is about 120 characters, others are longer or span
-/// several lines).
+/// Base64 characters from which a run is taken for a key body stripped of
+/// its armour whatever it starts with (RSA, EC and OpenSSH key bodies are
+/// longer, and span several lines unless joined).
 const KEY_BODY_MIN_CHARS: usize = 100;
 
-/// Whether a `pem_body` finding is a key body stripped of its armour: it
-/// stands on lines of its own, over several lines or at least
-/// [`KEY_BODY_MIN_CHARS`] long. A signature or a digest inside a line (a
-/// signed cookie a test expects, a hash in a lock file's string) is
-/// redacted where shown, but does not make its whole file secret-bearing.
+/// How DER key bodies (an ASN.1 sequence: `MI…`, `MH…`, `MC…`, as in an
+/// Ed25519 key's one 64-character line) and OpenSSH ones begin in base64.
+const KEY_BODY_STARTS: &[&str] = &["MI", "MH", "MC", "b3BlbnNzaC1rZXkt"];
+
+/// Whether a `pem_body` finding is a key body stripped of its armour:
+/// [`KEY_BODY_MIN_CHARS`] base64 characters or more over several lines
+/// (wherever the first begins), or a run standing on a line of its own
+/// that is that long or begins as a key body does. A signature or a digest
+/// inside a line (a signed cookie a test expects, a hash in a lock file's
+/// string) is redacted where shown, but does not make its whole file
+/// secret-bearing.
 fn is_key_body(text: &str, finding: &Finding) -> bool {
+    let body = &text[finding.start..finding.end];
+    let base64 = body
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '/'))
+        .count();
+    if body.lines().count() >= 2 {
+        return base64 >= KEY_BODY_MIN_CHARS;
+    }
     let line_start = text[..finding.start].rfind('\n').map_or(0, |at| at + 1);
     let line_end = text[finding.end..]
         .find('\n')
         .map_or(text.len(), |at| finding.end + at);
     let alone = text[line_start..finding.start].trim().is_empty()
         && text[finding.end..line_end].trim().is_empty();
-    let body = &text[finding.start..finding.end];
-    alone && (body.lines().count() >= 2 || body.len() >= KEY_BODY_MIN_CHARS)
+    alone
+        && (base64 >= KEY_BODY_MIN_CHARS
+            || KEY_BODY_STARTS.iter().any(|start| body.starts_with(start)))
 }
 
 /// Shannon entropy of `s` in bits per character (0.0 for an empty string).
@@ -1834,8 +1849,31 @@ mod tests {
             scan(&test)
         );
         assert!(!is_secret_file_content(&test));
-        // One short line on its own is a digest, not a key.
-        assert!(!is_secret_file_content(&random_base64_lines(1, 44)));
+        // Inside a line, even a long run is a value, not a key body.
+        let long_value = format!(
+            "assert_eq!(signed, \"{}\");\n",
+            random_base64_lines(1, 120).trim()
+        );
+        let pem_body = |text: &str| scan(text).iter().any(|f| f.rule == "pem_body");
+        assert!(pem_body(&long_value), "{:?}", scan(&long_value));
+        assert!(!is_secret_file_content(&long_value));
+        // A body whose first line begins after other text is still one.
+        let assigned = format!(
+            "KEY = \"\"\"{}\"\"\"\n",
+            random_base64_lines(3, 64).trim_end()
+        );
+        assert!(is_secret_file_content(&assigned));
+        // A one-line Ed25519 key body (64 characters, DER's `MC4CAQAw`).
+        let ed25519 = format!("MC4CAQAw{}", random_base64_lines(1, 56));
+        assert!(is_secret_file_content(&ed25519));
+        // One short line on its own is a digest, not a key; nor is a short
+        // run beside a line holding one word.
+        let digest = format!("z{}", random_base64_lines(1, 44));
+        assert!(pem_body(&digest), "{:?}", scan(&digest));
+        assert!(!is_secret_file_content(&digest));
+        let beside_a_word = format!("x = '{}'\nreturn\n", random_base64_lines(1, 44).trim());
+        assert!(pem_body(&beside_a_word), "{:?}", scan(&beside_a_word));
+        assert!(!is_secret_file_content(&beside_a_word));
     }
 
     /// A secret shape: the text to embed and the secret part of it that
