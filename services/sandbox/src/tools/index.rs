@@ -179,27 +179,58 @@ static STEMMER: LazyLock<Stemmer> = LazyLock::new(|| Stemmer::create(Algorithm::
 /// underscores, case changes (`HTTPServer` is `http`, `server`) and
 /// letter-digit boundaries, lower-cased, stemmed; single letters,
 /// numbers and English stopwords dropped. A single letter followed by
-/// digits stays one word, since split it would vanish whole (`h11_impl`
-/// is `h11`, `impl`; `x509` is `x509`).
+/// digits (and by one or two more letters) stays one word, since split it
+/// would vanish whole: `h11_impl` is `h11`, `impl`; `x509`, `k8s`, `i18n`
+/// and `a11y` are themselves.
 pub fn index_words(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     for token in text.split(|c: char| !c.is_alphanumeric()) {
-        let mut letter: Option<&str> = None;
-        for part in split_identifier(token) {
-            let lower = part.to_lowercase();
-            let digits = lower.chars().all(|c| c.is_ascii_digit());
-            if digits && let Some(letter) = letter.take() {
-                out.push(format!("{}{lower}", letter.to_lowercase()));
+        let parts = split_identifier(token);
+        let mut at = 0;
+        while at < parts.len() {
+            if let Some((numeronym, used)) = numeronym(&parts[at..]) {
+                out.push(numeronym);
+                at += used;
+                continue;
             }
-            letter = (part.chars().count() == 1 && part.chars().all(char::is_alphabetic))
-                .then_some(part);
-            if lower.chars().count() < 2 || digits || STOPWORDS.contains(&lower.as_str()) {
+            let lower = parts[at].to_lowercase();
+            at += 1;
+            if lower.chars().count() < 2
+                || lower.chars().all(|c| c.is_ascii_digit())
+                || STOPWORDS.contains(&lower.as_str())
+            {
                 continue;
             }
             out.push(STEMMER.stem(&lower).into_owned());
         }
     }
     out
+}
+
+/// A single letter, digits and at most two more letters at the start of
+/// `parts` as one lower-case word (`h` `11` → `h11`, `k` `8` `s` → `k8s`),
+/// with how many parts it took.
+fn numeronym(parts: &[&str]) -> Option<(String, usize)> {
+    let alphabetic = |part: &str| part.chars().all(char::is_alphabetic);
+    let [letter, digits, rest @ ..] = parts else {
+        return None;
+    };
+    if letter.chars().count() != 1
+        || !alphabetic(letter)
+        || !digits.chars().all(|c| c.is_ascii_digit())
+    {
+        return None;
+    }
+    let mut word = format!("{letter}{digits}");
+    let mut used = 2;
+    if let Some(tail) = rest.first()
+        && (1..=2).contains(&tail.chars().count())
+        && alphabetic(tail)
+    {
+        word.push_str(tail);
+        used = 3;
+    }
+    Some((word.to_lowercase(), used))
 }
 
 /// `parseHTTPRequest2` → `parse`, `HTTP`, `Request`, `2`.
@@ -677,6 +708,8 @@ mod tests {
         assert_eq!(index_words("H11Protocol"), ["h11", "protocol"]);
         assert_eq!(index_words("the h11 library"), ["h11", "librari"]);
         assert_eq!(index_words("base64 x509"), ["base", "x509"]);
+        assert_eq!(index_words("k8s i18n a11y"), ["k8s", "i18n", "a11y"]);
+        assert_eq!(index_words("x509Cert"), ["x509", "cert"]);
         // A contraction's stub is no word.
         assert_eq!(index_words("when I don't pass a width"), ["pass", "width"]);
         assert_eq!(index_words("parse_config"), index_words("parse the Config"));
