@@ -21,7 +21,7 @@ use zopu_core::nats::Bus;
 use zopu_core::publish::Publisher;
 use zopu_schema::flow_result::{ExplorationResult, OnboardingResult};
 use zopu_schema::pb::{self, FlowType};
-use zopu_schema::{CorrelationId, EventId, OrgId, ProjectId, subjects};
+use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, subjects};
 use zopu_specialists::explore::{FileRole, role_of};
 
 use super::services::{Service, run_service};
@@ -598,6 +598,21 @@ async fn completed_flow(
                 let reason = failed.reason.map(|r| r.code).unwrap_or_default();
                 return Ok(Err(format!("the flow failed ({reason})")));
             }
+            if let Ok(cancelled) = event.decode::<pb::FlowCancelled>()
+                && event.is::<pb::FlowCancelled>()
+                && cancelled.flow_type() == flow_type
+            {
+                return Ok(Err(format!(
+                    "the flow was cancelled ({})",
+                    cancelled.reason
+                )));
+            }
+            // The message's turn ran another kind of flow: nothing else will come.
+            if correlation.is_some()
+                && let Some(other) = other_flow_ended(&event, flow_type)
+            {
+                return Ok(Err(format!("the agent ran a {other:?} flow instead")));
+            }
             if correlation.is_some()
                 && !turn_ended
                 && event.is::<pb::DispatchCompleted>()
@@ -617,6 +632,20 @@ async fn completed_flow(
     tokio::time::timeout(timeout, waiting)
         .await
         .with_context(|| format!("no outcome within {}s", timeout.as_secs()))?
+}
+
+/// The type of the flow whose end `event` records, when it is not `wanted`.
+fn other_flow_ended(event: &Envelope, wanted: FlowType) -> Option<FlowType> {
+    let ended = if event.is::<pb::FlowCompleted>() {
+        event.decode::<pb::FlowCompleted>().ok()?.flow_type()
+    } else if event.is::<pb::FlowFailed>() {
+        event.decode::<pb::FlowFailed>().ok()?.flow_type()
+    } else if event.is::<pb::FlowCancelled>() {
+        event.decode::<pb::FlowCancelled>().ok()?.flow_type()
+    } else {
+        return None;
+    };
+    (ended != wanted).then_some(ended)
 }
 
 /// An exploration's files in rank order: where its findings' evidence is.
