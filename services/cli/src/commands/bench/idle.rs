@@ -23,7 +23,8 @@
 //!   The CPU time of this process and of the nats-server (/proc, all
 //!   threads) during the raw chunked reading, the reading and decoding
 //!   alone and the rebuild says where the time goes: per event, and how
-//!   much of the machine the two kept busy during the rebuild.
+//!   much of the machine they (and the whole machine, /proc/stat) kept
+//!   busy during the rebuild.
 //!   Every replay runs once in each of `--replay-rounds` rounds; rates and
 //!   ratios are the rounds' medians (one replay of 40,000 events lasts
 //!   half a second, too short for one measurement on a shared machine).
@@ -109,8 +110,13 @@ struct CpuFigures {
     rebuild_server_us: f64,
     /// Client and server CPU over wall time during the rebuild, in CPUs.
     rebuild_cpus_busy: f64,
+    /// The whole machine's busy share during the rebuild (/proc/stat; other
+    /// processes included), 0 to 1.
+    rebuild_machine_busy: f64,
     /// CPUs this machine offers.
     cpus: usize,
+    /// What one 10 ms tick of CPU time is per event: the figures' resolution.
+    tick_us: f64,
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -186,14 +192,16 @@ pub(super) fn print(rebuild: &RebuildFigures, idle: &IdleFigures) {
         rebuild.of_ceiling_max
     );
     let cpu = &rebuild.cpu;
-    // Most of the machine busy: the rebuild waits on nothing but CPU.
-    let bound = if cpu.rebuild_cpus_busy >= 0.85 * cpu.cpus as f64 {
+    // The whole machine nearly busy (whoever uses it): more CPU is what the
+    // rebuild would need to go faster.
+    let bound = if cpu.rebuild_machine_busy >= 0.85 {
         "bound by CPU"
     } else {
         "not bound by CPU (it also waits)"
     };
     println!(
-        "  CPU per event (this process / nats-server, microseconds, all threads): raw chunked reading {:.1} / {:.1}, reading and decoding {:.1} / {:.1}, rebuild {:.1} / {:.1}; during the rebuild the two kept {:.1} of the machine's {} CPUs busy: the rebuild is {bound}; decoding, checking and writing add {:.1} us an event to the ceiling's reading",
+        "  CPU per event (this process / nats-server, microseconds, all threads, in 10 ms ticks of {:.2} us an event): raw chunked reading {:.1} / {:.1}, reading and decoding {:.1} / {:.1}, rebuild {:.1} / {:.1}; during the rebuild the two used {:.1} of the machine's {} CPUs and the machine was {:.0}% busy: the rebuild is {bound}; this process's decoding, checking and writing add {:.1} us an event over the raw chunked reading",
+        cpu.tick_us,
         cpu.raw_chunked_client_us,
         cpu.raw_chunked_server_us,
         cpu.read_only_client_us,
@@ -202,6 +210,7 @@ pub(super) fn print(rebuild: &RebuildFigures, idle: &IdleFigures) {
         cpu.rebuild_server_us,
         cpu.rebuild_cpus_busy,
         cpu.cpus,
+        cpu.rebuild_machine_busy * 100.0,
         cpu.rebuild_client_us - cpu.raw_chunked_client_us
     );
     println!(
@@ -423,22 +432,34 @@ struct RebuildRound {
     cpu: CpuFigures,
 }
 
-/// CPU time of this process and of `server_process` while `replay` runs,
-/// with its wall time.
+/// A replay's outcome, wall time, the CPU time this process and the
+/// server used meanwhile, and the share of the whole machine busy.
+struct Timed<T> {
+    outcome: T,
+    wall: Duration,
+    client: Duration,
+    server: Duration,
+    machine_busy: f64,
+}
+
+/// Runs `replay`, measuring it as [`Timed`] says.
 async fn timed<T>(
     server_process: &str,
     replay: impl std::future::Future<Output = anyhow::Result<T>>,
-) -> anyhow::Result<(T, Duration, Duration, Duration)> {
-    let (client, server) = (cpu_time()?, cpu_time_of(server_process)?);
+) -> anyhow::Result<Timed<T>> {
+    let (client, server, machine) = (cpu_time()?, cpu_time_of(server_process)?, machine_ticks()?);
     let started = Instant::now();
     let outcome = replay.await?;
     let wall = started.elapsed();
-    Ok((
+    let (busy, total) = machine_ticks()?;
+    Ok(Timed {
         outcome,
         wall,
-        cpu_time()?.saturating_sub(client),
-        cpu_time_of(server_process)?.saturating_sub(server),
-    ))
+        client: cpu_time()?.saturating_sub(client),
+        server: cpu_time_of(server_process)?.saturating_sub(server),
+        machine_busy: busy.saturating_sub(machine.0) as f64
+            / total.saturating_sub(machine.1).max(1) as f64,
+    })
 }
 
 impl RebuildRound {
@@ -465,24 +486,26 @@ async fn rebuild_round(
         raw_parallel_replay(bus, events as u64, zopu_core::projection::REPLAY_READERS).await?;
     let per_event = |cpu: Duration| cpu.as_secs_f64() * 1e6 / events as f64;
     let rate = |wall: Duration| events as f64 / wall.as_secs_f64();
-    let (raw, raw_wall, raw_client, raw_server) = timed(server_process, async {
+    let raw = timed(server_process, async {
         Ok(zopu_core::projection::replay_raw(bus, events as u64).await?)
     })
     .await?;
     anyhow::ensure!(
-        raw == events as u64,
-        "the raw chunked replay passed on {raw} of {events} events"
+        raw.outcome == events as u64,
+        "the raw chunked replay passed on {} of {events} events",
+        raw.outcome
     );
-    let (read, read_wall, read_client, read_server) = timed(server_process, async {
+    let read = timed(server_process, async {
         Ok(zopu_core::projection::replay_without_applying(bus, events as u64).await?)
     })
     .await?;
     anyhow::ensure!(
-        read == events as u64,
-        "the read-only replay passed on {read} of {events} events"
+        read.outcome == events as u64,
+        "the read-only replay passed on {} of {events} events",
+        read.outcome
     );
     let store = Store::open(store)?;
-    let (_, rebuild_wall, rebuild_client, rebuild_server) = timed(server_process, async {
+    let rebuilt = timed(server_process, async {
         Ok(zopu_core::projection::catch_up(bus, &store, KeyIndex::all()).await?)
     })
     .await?;
@@ -490,19 +513,21 @@ async fn rebuild_round(
         raw_replay,
         raw_events,
         raw_events_parallel,
-        raw_chunked: rate(raw_wall),
-        read_only: rate(read_wall),
-        rebuild: rate(rebuild_wall),
+        raw_chunked: rate(raw.wall),
+        read_only: rate(read.wall),
+        rebuild: rate(rebuilt.wall),
         cpu: CpuFigures {
-            raw_chunked_client_us: per_event(raw_client),
-            raw_chunked_server_us: per_event(raw_server),
-            read_only_client_us: per_event(read_client),
-            read_only_server_us: per_event(read_server),
-            rebuild_client_us: per_event(rebuild_client),
-            rebuild_server_us: per_event(rebuild_server),
-            rebuild_cpus_busy: (rebuild_client + rebuild_server).as_secs_f64()
-                / rebuild_wall.as_secs_f64(),
+            raw_chunked_client_us: per_event(raw.client),
+            raw_chunked_server_us: per_event(raw.server),
+            read_only_client_us: per_event(read.client),
+            read_only_server_us: per_event(read.server),
+            rebuild_client_us: per_event(rebuilt.client),
+            rebuild_server_us: per_event(rebuilt.server),
+            rebuild_cpus_busy: (rebuilt.client + rebuilt.server).as_secs_f64()
+                / rebuilt.wall.as_secs_f64(),
+            rebuild_machine_busy: rebuilt.machine_busy,
             cpus: std::thread::available_parallelism().map_or(1, usize::from),
+            tick_us: 1e4 / events as f64,
         },
     })
 }
@@ -541,7 +566,9 @@ impl RebuildFigures {
                 rebuild_client_us: median(|round| round.cpu.rebuild_client_us),
                 rebuild_server_us: median(|round| round.cpu.rebuild_server_us),
                 rebuild_cpus_busy: median(|round| round.cpu.rebuild_cpus_busy),
+                rebuild_machine_busy: median(|round| round.cpu.rebuild_machine_busy),
                 cpus: rounds.first().map_or(1, |round| round.cpu.cpus),
+                tick_us: rounds.first().map_or(0.0, |round| round.cpu.tick_us),
             },
         }
     }
@@ -728,18 +755,38 @@ fn cpu_time() -> anyhow::Result<Duration> {
 
 /// User + system CPU time of `process` (a pid, or `self`), all its threads.
 fn cpu_time_of(process: &str) -> anyhow::Result<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{process}/stat"))?;
+    let path = format!("/proc/{process}/stat");
+    let stat = std::fs::read_to_string(&path)?;
     let after_name = stat
         .rsplit_once(')')
         .map(|(_, rest)| rest)
-        .ok_or_else(|| anyhow::anyhow!("unreadable /proc/self/stat"))?;
+        .ok_or_else(|| anyhow::anyhow!("unreadable {path}"))?;
     let fields: Vec<&str> = after_name.split_whitespace().collect();
     // Fields 14 and 15 of the line (utime, stime); `state`, field 3, is fields[0].
     let ticks: u64 = fields
         .get(11..13)
-        .ok_or_else(|| anyhow::anyhow!("short /proc/self/stat"))?
+        .ok_or_else(|| anyhow::anyhow!("short {path}"))?
         .iter()
         .map(|field| field.parse::<u64>().unwrap_or(0))
         .sum();
     Ok(Duration::from_millis(ticks * 10))
+}
+
+/// The whole machine's (busy, total) CPU ticks so far: the first line of
+/// /proc/stat, idle and iowait counted as not busy.
+fn machine_ticks() -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .and_then(|line| line.strip_prefix("cpu "))
+        .ok_or_else(|| anyhow::anyhow!("no cpu line in /proc/stat"))?
+        .split_whitespace()
+        .take(8)
+        .map(|field| field.parse::<u64>().unwrap_or(0))
+        .collect();
+    anyhow::ensure!(ticks.len() == 8, "short cpu line in /proc/stat");
+    let total: u64 = ticks.iter().sum();
+    // user nice system idle iowait irq softirq steal
+    Ok((total - ticks[3] - ticks[4], total))
 }
