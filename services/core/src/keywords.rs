@@ -26,7 +26,7 @@ const STOPWORDS: &[&str] = &[
     "thank", "stuff", "way", "ways", "kind", "bit", "maybe", "actually", "basically", "two",
     "three", "never", "always", "ensure", "guarantee", "sure", "happen", "happens", "whose",
     "whoever", "whatever", "whichever", "onto", "upon", "via", "against", "among", "across",
-    "toward", "towards", "though", "although", "unless", "whereas", "myself", "yourself",
+    "toward", "towards", "though", "although", "whereas", "myself", "yourself",
     "himself", "herself", "ourselves", "themselves",
 ];
 
