@@ -73,24 +73,20 @@ fn skipped(path: &str) -> bool {
         .any(|component| SKIPPED_DIRS.contains(&component))
 }
 
-/// Directories whose manifests and programs are not the project's own
-/// stack or entry points: examples, samples and test fixtures.
-const EXAMPLE_DIRS: &[&str] = &[
-    "examples",
-    "example",
-    "_examples",
-    "samples",
-    "testdata",
-    "fixtures",
-    "__fixtures__",
-];
+/// Directories of example programs (not test fixtures or test data).
+const EXAMPLE_PROGRAM_DIRS: &[&str] = &["examples", "example", "_examples", "samples"];
+/// Directories of test fixtures and test data.
+const FIXTURE_DIRS: &[&str] = &["testdata", "fixtures", "__fixtures__"];
 
+/// Whether `path` lies in a directory whose manifests and programs are not
+/// the project's own stack or entry points: examples, samples and test
+/// fixtures.
 fn in_examples(path: &str) -> bool {
     let mut components: Vec<&str> = path.split('/').collect();
     components.pop();
-    components
-        .iter()
-        .any(|component| EXAMPLE_DIRS.contains(component))
+    components.iter().any(|component| {
+        EXAMPLE_PROGRAM_DIRS.contains(component) || FIXTURE_DIRS.contains(component)
+    })
 }
 
 fn describe_dir(name: &str) -> &'static str {
@@ -706,9 +702,6 @@ fn example_types(readme: &str) -> Vec<String> {
 /// per file: enough to see what each of many files starts from.
 const EXAMPLE_MATCHES: usize = 500;
 const EXAMPLE_MATCHES_PER_FILE: usize = 5;
-
-/// Directories of example programs (not test fixtures or test data).
-const EXAMPLE_PROGRAM_DIRS: &[&str] = &["examples", "example", "_examples", "samples"];
 
 /// The types the project's own example programs use (the shallowest
 /// examples directory listed, searched to any depth), the ones used by the

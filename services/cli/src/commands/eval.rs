@@ -585,33 +585,14 @@ async fn completed_flow(
             if correlation.is_some_and(|c| &event.correlation_id != c) {
                 continue;
             }
-            if let Ok(done) = event.decode::<pb::FlowCompleted>()
-                && event.is::<pb::FlowCompleted>()
-                && done.flow_type() == flow_type
-            {
-                return Ok(Ok(done.result_json));
-            }
-            if let Ok(failed) = event.decode::<pb::FlowFailed>()
-                && event.is::<pb::FlowFailed>()
-                && failed.flow_type() == flow_type
-            {
-                let reason = failed.reason.map(|r| r.code).unwrap_or_default();
-                return Ok(Err(format!("the flow failed ({reason})")));
-            }
-            if let Ok(cancelled) = event.decode::<pb::FlowCancelled>()
-                && event.is::<pb::FlowCancelled>()
-                && cancelled.flow_type() == flow_type
-            {
-                return Ok(Err(format!(
-                    "the flow was cancelled ({})",
-                    cancelled.reason
-                )));
-            }
-            // The message's turn ran another kind of flow: nothing else will come.
-            if correlation.is_some()
-                && let Some(other) = other_flow_ended(&event, flow_type)
-            {
-                return Ok(Err(format!("the agent ran a {other:?} flow instead")));
+            if let Some((ended, outcome)) = flow_end(&event) {
+                if ended == flow_type {
+                    return Ok(outcome);
+                }
+                // The message's turn ran another kind of flow: nothing else will come.
+                if correlation.is_some() {
+                    return Ok(Err(format!("the agent ran a {ended:?} flow instead")));
+                }
             }
             if correlation.is_some()
                 && !turn_ended
@@ -634,18 +615,31 @@ async fn completed_flow(
         .with_context(|| format!("no outcome within {}s", timeout.as_secs()))?
 }
 
-/// The type of the flow whose end `event` records, when it is not `wanted`.
-fn other_flow_ended(event: &Envelope, wanted: FlowType) -> Option<FlowType> {
-    let ended = if event.is::<pb::FlowCompleted>() {
-        event.decode::<pb::FlowCompleted>().ok()?.flow_type()
-    } else if event.is::<pb::FlowFailed>() {
-        event.decode::<pb::FlowFailed>().ok()?.flow_type()
-    } else if event.is::<pb::FlowCancelled>() {
-        event.decode::<pb::FlowCancelled>().ok()?.flow_type()
-    } else {
-        return None;
-    };
-    (ended != wanted).then_some(ended)
+/// The type of the flow whose end `event` records, and how it ended: its
+/// result JSON, or why there is none (failed, cancelled).
+fn flow_end(event: &Envelope) -> Option<(FlowType, Result<String, String>)> {
+    if event.is::<pb::FlowCompleted>() {
+        let done = event.decode::<pb::FlowCompleted>().ok()?;
+        return Some((done.flow_type(), Ok(done.result_json)));
+    }
+    if event.is::<pb::FlowFailed>() {
+        let failed = event.decode::<pb::FlowFailed>().ok()?;
+        let reason = failed
+            .reason
+            .as_ref()
+            .map(|r| r.code.clone())
+            .unwrap_or_default();
+        return Some((
+            failed.flow_type(),
+            Err(format!("the flow failed ({reason})")),
+        ));
+    }
+    if event.is::<pb::FlowCancelled>() {
+        let cancelled = event.decode::<pb::FlowCancelled>().ok()?;
+        let reason = format!("the flow was cancelled ({})", cancelled.reason);
+        return Some((cancelled.flow_type(), Err(reason)));
+    }
+    None
 }
 
 /// An exploration's files in rank order: where its findings' evidence is.

@@ -113,10 +113,6 @@ struct CpuFigures {
     /// The whole machine's busy share during the rebuild (/proc/stat; other
     /// processes included), 0 to 1.
     rebuild_machine_busy: f64,
-    /// CPUs this machine offers.
-    cpus: usize,
-    /// What one 10 ms tick of CPU time is per event: the figures' resolution.
-    tick_us: f64,
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -199,9 +195,12 @@ pub(super) fn print(rebuild: &RebuildFigures, idle: &IdleFigures) {
     } else {
         "not bound by CPU (it also waits)"
     };
+    // One 10 ms tick of CPU time, per event: the figures' resolution.
+    let tick_us = 1e4 / rebuild.events as f64;
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     println!(
         "  CPU per event (this process / nats-server, microseconds, all threads, in 10 ms ticks of {:.2} us an event): raw chunked reading {:.1} / {:.1}, reading and decoding {:.1} / {:.1}, rebuild {:.1} / {:.1}; during the rebuild the two used {:.1} of the machine's {} CPUs and the machine was {:.0}% busy: the rebuild is {bound}; this process's decoding, checking and writing add {:.1} us an event over the raw chunked reading",
-        cpu.tick_us,
+        tick_us,
         cpu.raw_chunked_client_us,
         cpu.raw_chunked_server_us,
         cpu.read_only_client_us,
@@ -209,7 +208,7 @@ pub(super) fn print(rebuild: &RebuildFigures, idle: &IdleFigures) {
         cpu.rebuild_client_us,
         cpu.rebuild_server_us,
         cpu.rebuild_cpus_busy,
-        cpu.cpus,
+        cpus,
         cpu.rebuild_machine_busy * 100.0,
         cpu.rebuild_client_us - cpu.raw_chunked_client_us
     );
@@ -526,8 +525,6 @@ async fn rebuild_round(
             rebuild_cpus_busy: (rebuilt.client + rebuilt.server).as_secs_f64()
                 / rebuilt.wall.as_secs_f64(),
             rebuild_machine_busy: rebuilt.machine_busy,
-            cpus: std::thread::available_parallelism().map_or(1, usize::from),
-            tick_us: 1e4 / events as f64,
         },
     })
 }
@@ -567,8 +564,6 @@ impl RebuildFigures {
                 rebuild_server_us: median(|round| round.cpu.rebuild_server_us),
                 rebuild_cpus_busy: median(|round| round.cpu.rebuild_cpus_busy),
                 rebuild_machine_busy: median(|round| round.cpu.rebuild_machine_busy),
-                cpus: rounds.first().map_or(1, |round| round.cpu.cpus),
-                tick_us: rounds.first().map_or(0.0, |round| round.cpu.tick_us),
             },
         }
     }
