@@ -71,8 +71,9 @@ fn quoted<'a>(text: &'a str, delimiters: &[char]) -> Vec<&'a str> {
 
 /// The search terms of a question: identifiers and paths quoted in it
 /// verbatim (in backticks), messages quoted in it ("Did you mean ...?", the
-/// words before an ellipsis), then the request's ranked subject words
-/// (`zopu_core::keywords`).
+/// words before an ellipsis), the names code gives the phrases it holds
+/// ([`NAMED_PHRASES`]: `choices` for "allowed values"), then the request's
+/// ranked subject words (`zopu_core::keywords`).
 pub fn keywords(question: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let backticked = quoted(question, &['`']);
@@ -99,6 +100,11 @@ pub fn keywords(question: &str) -> Vec<String> {
         let quoted = quoted.trim();
         if (3..=60).contains(&quoted.len()) && !out.iter().any(|known| known == quoted) {
             out.push(quoted.to_owned());
+        }
+    }
+    for name in named_in(question) {
+        if !out.iter().any(|known| known == name) {
+            out.push(name.to_owned());
         }
     }
     for keyword in zopu_core::keywords::keywords(question) {
@@ -512,12 +518,15 @@ const INDEX_QUERY_CHARS: usize = 1_000;
 const INDEX_SHARE: f64 = 0.7;
 
 /// Phrases and signs code calls by a name of their own: a question says
-/// "command line" where the code says `cli`, and shows `#!` where it says
-/// `shebang`.
+/// "command line" where the code says `cli`, shows `#!` where it says
+/// `shebang`, and asks for "allowed values" where a command-line library
+/// says `choices` (click, argparse, commander, yargs). Each name is searched
+/// and given to the code index beside the question's own words.
 const NAMED_PHRASES: &[(&str, &str)] = &[
     ("command line", "cli"),
     ("command-line", "cli"),
     ("#!", "shebang"),
+    ("allowed values", "choices"),
 ];
 
 /// Where a question says something is given, not what it is about: a value
@@ -529,18 +538,28 @@ const SETTING_PHRASES: &[&str] = &["on the command line", "on the command-line"]
 /// question again with its words in the short forms code writes them in
 /// ("data dir" for "data directory", so the index sees the pair side by
 /// side as in `data_dir`), and the names of [`NAMED_PHRASES`] it holds.
-fn index_query(question: &str) -> String {
-    let mut query = clip_chars(question, INDEX_QUERY_CHARS);
+/// The names of the [`NAMED_PHRASES`] a question holds, leaving out
+/// [`SETTING_PHRASES`].
+fn named_in(question: &str) -> Vec<&'static str> {
     let lower = SETTING_PHRASES
         .iter()
         .fold(question.to_lowercase(), |text, phrase| {
             text.replace(phrase, " ")
         });
+    let mut names: Vec<&'static str> = Vec::new();
     for (phrase, name) in NAMED_PHRASES {
-        if lower.contains(phrase) && !query.ends_with(name) {
-            query.push(' ');
-            query.push_str(name);
+        if lower.contains(phrase) && !names.contains(name) {
+            names.push(name);
         }
+    }
+    names
+}
+
+fn index_query(question: &str) -> String {
+    let mut query = clip_chars(question, INDEX_QUERY_CHARS);
+    for name in named_in(question) {
+        query.push(' ');
+        query.push_str(name);
     }
     let mut shortened = false;
     let short: Vec<String> = zopu_core::keywords::tokens(&query)
@@ -1377,7 +1396,9 @@ mod tests {
         // A test that holds it gains nothing: the question asks about behaviour.
         let ranked = ranked_with("tests/suggest.test.js");
         assert!(
-            ranked.iter().position(|path| path == "tests/suggest.test.js")
+            ranked
+                .iter()
+                .position(|path| path == "tests/suggest.test.js")
                 > ranked.iter().position(|path| path == "lib/help.js"),
             "{ranked:?}"
         );
@@ -1433,6 +1454,14 @@ mod tests {
         // An unclosed quote quotes nothing.
         let words = keywords("Why is the 5\" display layout cut off?");
         assert!(!words.iter().any(|word| word.contains(' ')), "{words:?}");
+        // A phrase code calls by a name of its own is searched by that name,
+        // unless it only says where a value is given.
+        let words = keywords("Where are options restricted to a set of allowed values tested?");
+        assert_eq!(words[0], "choices", "{words:?}");
+        let words = keywords("Why is a script starting with `#!` made executable?");
+        assert_eq!(words[0], "shebang", "{words:?}");
+        let words = keywords("What if the entry files I pass on the command line match nothing?");
+        assert!(!words.contains(&"cli".to_owned()), "{words:?}");
     }
 
     #[test]
