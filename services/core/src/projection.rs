@@ -345,16 +345,77 @@ async fn count_replayed<T: Send + 'static>(
     to: u64,
     read: fn(&async_nats::Message) -> T,
 ) -> Result<u64, Error> {
+    let mut count = 0u64;
+    replay_chunks(bus, to, read, |chunk| count += chunk.len() as u64).await?;
+    Ok(count)
+}
+
+/// Replays the stream's first `to` events in parallel, each message passed
+/// through `read`, handing each chunk in stream order to `take`.
+async fn replay_chunks<T: Send + 'static>(
+    bus: &Bus,
+    to: u64,
+    read: fn(&async_nats::Message) -> T,
+    mut take: impl FnMut(Vec<(u64, T)>),
+) -> Result<(), Error> {
     let (events, mut received) = tokio::sync::mpsc::channel::<Vec<(u64, T)>>(CHUNKS_QUEUED);
-    let count = async {
-        let mut count = 0u64;
+    let taken = async {
         while let Some(chunk) = received.recv().await {
-            count += chunk.len() as u64;
+            take(chunk);
         }
-        count
     };
-    let (read, count) = tokio::join!(read_parallel_with(bus, events, 0, to, read), count);
-    read.map(|()| count)
+    let (read, ()) = tokio::join!(read_parallel_with(bus, events, 0, to, read), taken);
+    read
+}
+
+/// Events read and decoded ahead, held in memory in stream order (the
+/// chunks of a parallel replay): what [`apply_in_memory`] writes.
+#[derive(Debug)]
+pub struct InMemory(Vec<Decoded>);
+
+impl InMemory {
+    /// How many events it holds.
+    pub fn len(&self) -> u64 {
+        self.0.iter().map(|chunk| chunk.len() as u64).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(Vec::is_empty)
+    }
+}
+
+/// The stream's first `to` events read and decoded over
+/// [`REPLAY_READERS`] connections, kept in memory for [`apply_in_memory`].
+pub async fn read_into_memory(bus: &Bus, to: u64) -> Result<InMemory, Error> {
+    let mut chunks = Vec::new();
+    replay_chunks(bus, to, decode, |chunk| chunks.push(chunk)).await?;
+    Ok(InMemory(chunks))
+}
+
+/// The write half of a rebuild alone: `events` applied by `projection` to
+/// `store` in the batches a parallel replay gives its writer (chunks joined
+/// up to about [`MAX_BATCH`] events), with nothing read meanwhile.
+/// `zopu bench scale` times it next to the rebuild to tell writing from
+/// reading. Returns the last sequence applied.
+pub async fn apply_in_memory<P: Projection>(
+    store: &Store,
+    projection: P,
+    events: InMemory,
+) -> Result<u64, Error> {
+    let set = Set::prepare(store, vec![Box::new(projection)])?;
+    let mut chunks = events.0.into_iter();
+    let mut last = 0;
+    while let Some(mut batch) = chunks.next() {
+        while batch.len() < MAX_BATCH {
+            match chunks.next() {
+                Some(next) => batch.extend(next),
+                None => break,
+            }
+        }
+        last = set.apply_batch(store, batch).await?;
+    }
+    set.persist(store)?;
+    Ok(last)
 }
 
 /// `(from, to]` cut into consecutive `(after, end]` spans of at most `span`.
