@@ -406,12 +406,7 @@ pub async fn apply_in_memory<P: Projection>(
     let mut chunks = events.0.into_iter();
     let mut last = 0;
     while let Some(mut batch) = chunks.next() {
-        while batch.len() < MAX_BATCH {
-            match chunks.next() {
-                Some(next) => batch.extend(next),
-                None => break,
-            }
-        }
+        join_up_to_batch(&mut batch, || chunks.next());
         last = set.apply_batch(store, batch).await?;
     }
     set.persist(store)?;
@@ -487,6 +482,17 @@ async fn read_chunk<T>(
     Ok(chunk)
 }
 
+/// Joins what `next` gives onto `batch` while it holds fewer than
+/// [`MAX_BATCH`] events (so a batch ends at most one chunk past it).
+fn join_up_to_batch(batch: &mut Decoded, mut next: impl FnMut() -> Option<Decoded>) {
+    while batch.len() < MAX_BATCH {
+        match next() {
+            Some(more) => batch.extend(more),
+            None => break,
+        }
+    }
+}
+
 /// Applies what `fill` sends, batch by batch, while `fill` goes on reading
 /// and decoding: the writer takes everything that accumulated while it
 /// wrote the previous batch (up to about [`MAX_BATCH`] events, or one
@@ -509,12 +515,7 @@ where
     let applier = async {
         // Ends when the reader is done and every event it sent is written.
         while let Some(mut batch) = received.recv().await {
-            while batch.len() < MAX_BATCH {
-                match received.try_recv() {
-                    Ok(next) => batch.extend(next),
-                    Err(_) => break,
-                }
-            }
+            join_up_to_batch(&mut batch, || received.try_recv().ok());
             let checkpoint = set.apply_batch(store, batch).await?;
             if stop_at.is_some_and(|stop| checkpoint >= stop) {
                 return Ok(());

@@ -128,6 +128,13 @@ pub fn keywords(question: &str) -> Vec<String> {
     out
 }
 
+/// Whether a keyword is a phrase the question quotes: only quoted
+/// keywords hold spaces (a message in double quotes, a command in
+/// backticks; [`keywords`] keeps a quoted message only if it is words).
+fn is_quoted_phrase(keyword: &str) -> bool {
+    keyword.contains(' ')
+}
+
 /// One file and why it ranked.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RankedFile {
@@ -485,12 +492,11 @@ pub fn rank(
             // keyword) weighs more than what it only mentions.
             let defined = defined_keywords(&file.matches) as f64;
             // A phrase the question quotes, found verbatim: where that
-            // message or line lives (only quoted keywords hold spaces: a
-            // message in double quotes, a command in backticks).
+            // message or line lives.
             let phrases = file
                 .keywords
                 .iter()
-                .filter(|keyword| keyword.contains(' '))
+                .filter(|keyword| is_quoted_phrase(keyword))
                 .count() as f64;
             file.score = (3.0 * coverage
                 + 1.5 * (1.0 + count).ln()
@@ -633,7 +639,10 @@ fn blend(ranked: &mut Vec<RankedFile>, indexed: &[FoundFile], asks: Asks) {
     // the source that holds it verbatim is where the answer starts, though
     // the index (which sees words, not phrases) may rank it low.
     for file in ranked.iter_mut() {
-        if file.keywords.iter().any(|keyword| keyword.contains(' '))
+        if file
+            .keywords
+            .iter()
+            .any(|keyword| is_quoted_phrase(keyword))
             && weight_of(&file.path, asks) >= 1.0
         {
             file.score += QUOTED_PHRASE_SHARE;

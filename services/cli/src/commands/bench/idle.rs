@@ -497,26 +497,14 @@ async fn rebuild_round(
         Ok(zopu_core::projection::replay_raw(bus, events as u64).await?)
     })
     .await?;
-    anyhow::ensure!(
-        raw.outcome == events as u64,
-        "the raw chunked replay passed on {} of {events} events",
-        raw.outcome
-    );
+    passed_on_all("the raw chunked replay", raw.outcome, events)?;
     let read = timed(server_process, async {
         Ok(zopu_core::projection::replay_without_applying(bus, events as u64).await?)
     })
     .await?;
-    anyhow::ensure!(
-        read.outcome == events as u64,
-        "the read-only replay passed on {} of {events} events",
-        read.outcome
-    );
+    passed_on_all("the read-only replay", read.outcome, events)?;
     let in_memory = zopu_core::projection::read_into_memory(bus, events as u64).await?;
-    anyhow::ensure!(
-        in_memory.len() == events as u64,
-        "the replay into memory passed on {} of {events} events",
-        in_memory.len()
-    );
+    passed_on_all("the replay into memory", in_memory.len(), events)?;
     let written_store = Store::open(&store.with_extension("write-only.sqlite"))?;
     let written = timed(server_process, async {
         Ok(
@@ -551,6 +539,15 @@ async fn rebuild_round(
             rebuild_machine_busy: rebuilt.machine_busy,
         },
     })
+}
+
+/// Fails unless `replay` passed on every one of `events` events.
+fn passed_on_all(replay: &str, passed: u64, events: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        passed == events as u64,
+        "{replay} passed on {passed} of {events} events"
+    );
+    Ok(())
 }
 
 impl RebuildFigures {
