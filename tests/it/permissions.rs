@@ -145,6 +145,7 @@ impl Secured {
                 jetstream: jetstream::new(client.clone()),
                 client,
                 url: self.server.url(),
+                security: Default::default(),
             },
             violations,
         })

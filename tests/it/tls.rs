@@ -173,3 +173,97 @@ async fn a_missing_or_invalid_tls_file_is_named_before_connecting() -> Result<()
     ensure!(error.contains("go together"), "{error}");
     Ok(())
 }
+
+/// A rebuild reads over its own wire reader (not the client library) with
+/// the same TLS and credentials as the connection it was given: mutual TLS
+/// and a user and password here. Every event arrives, decoded the same as
+/// through the client library, and no reader falls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_reads_over_mutual_tls_with_a_password_through_its_wire_reader() -> Result<()> {
+    use zopu_core::nats::{PASSWORD_VARIABLE, USER_VARIABLE};
+    use zopu_core::publish::{NewEvent, Publisher};
+    use zopu_schema::{OrgId, ProjectId, pb};
+
+    let certificates = Certificates::make()?;
+    let store = tempfile::tempdir()?;
+    let block = format!(
+        "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  ca_file: \"{}\"\n  verify: true\n  timeout: 2\n}}\nauthorization {{\n  user: replayer\n  password: \"s3cret-replay\"\n}}",
+        certificates.path("server.pem").display(),
+        certificates.path("server.key").display(),
+        certificates.path("ca.pem").display(),
+    );
+    let server = LocalServer::start_with_config(store.path(), &block)?;
+    let files = vec![
+        (CA_FILE_VARIABLE, certificates.path("ca.pem")),
+        (CERT_FILE_VARIABLE, certificates.path("client.pem")),
+        (KEY_FILE_VARIABLE, certificates.path("client.key")),
+    ];
+    let with_password = {
+        let files = environment(files.clone());
+        move |name: &str| match name {
+            USER_VARIABLE => Ok("replayer".to_owned()),
+            PASSWORD_VARIABLE => Ok("s3cret-replay".to_owned()),
+            other => files(other),
+        }
+    };
+    let bus = connect_with_environment(&server.url(), "zopu-tls-test", CONNECT, with_password)
+        .await
+        .context("connecting with TLS and the password")?;
+    zopu_tests::apply_streams_on(&bus, 1, zopu_tests::DUPLICATE_WINDOW).await?;
+
+    let org: OrgId = "tls".parse()?;
+    let publisher = Publisher::new(bus.clone(), "gateway", None);
+    let appended: u64 = 2_500; // three chunks of the parallel replay
+    let mut last = 0;
+    for index in 0..appended {
+        let sent = pb::TimelineMessageSent {
+            timeline_id: "global".into(),
+            text: format!("message {index}"),
+            ..Default::default()
+        };
+        let project = ProjectId::new();
+        let event = NewEvent::root(
+            org.clone(),
+            project,
+            &sent,
+            format!("request:{index}"),
+            None,
+        );
+        last = publisher.append(event).await?.sequence;
+    }
+
+    let fallbacks = zopu_core::projection::wire_fallbacks();
+    let in_memory = zopu_core::projection::read_into_memory(&bus, last).await?;
+    ensure!(
+        in_memory.len() == appended,
+        "{} of {appended} events replayed",
+        in_memory.len()
+    );
+    ensure!(
+        zopu_core::projection::wire_fallbacks() == fallbacks,
+        "a replay reader fell back to the client library"
+    );
+    // Every event decoded: the key index holds each one's key, and nothing
+    // was recorded as not understood.
+    let written = zopu_core::Store::open(&store.path().join("keys.sqlite"))?;
+    let reached = zopu_core::projection::apply_in_memory(
+        &written,
+        zopu_core::store::KeyIndex::all(),
+        in_memory,
+    )
+    .await?;
+    ensure!(reached == last, "applied up to {reached} of {last}");
+    let (keys, undecodable): (i64, i64) = written.read(|conn| {
+        conn.query_row(
+            "SELECT (SELECT COUNT(*) FROM zopu_keys), (SELECT COUNT(*) FROM zopu_undecodable)",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+    })?;
+    ensure!(
+        keys == appended as i64 && undecodable == 0,
+        "{keys} keys and {undecodable} undecodable events from {appended} appended"
+    );
+
+    Ok(())
+}

@@ -378,15 +378,26 @@ pub fn core_config(server: &impl Nats, data_dir: &Path) -> zopu_core::config::Co
 /// three replicas on the cluster).
 pub async fn bus(server: &impl Nats, duplicate_window: Duration) -> Result<Bus> {
     let bus = zopu_core::nats::connect(&server.url(), "zopu-test", Duration::from_secs(10)).await?;
+    apply_streams_on(&bus, server.stream_replicas(), duplicate_window).await?;
+    Ok(bus)
+}
+
+/// Creates or updates the streams of `streams/` on the server behind `bus`
+/// (a test that connects its own way, with TLS or credentials).
+pub async fn apply_streams_on(
+    bus: &Bus,
+    replicas: usize,
+    duplicate_window: Duration,
+) -> Result<()> {
     zopu_core::streams::apply(
-        &bus,
+        bus,
         &zopu_core::streams::StreamSettings {
-            replicas: server.stream_replicas(),
+            replicas,
             duplicate_window,
         },
     )
     .await?;
-    Ok(bus)
+    Ok(())
 }
 
 /// Every decodable event on `filter` currently in the stream, in order.

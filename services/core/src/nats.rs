@@ -29,6 +29,9 @@ pub struct Bus {
     pub client: async_nats::Client,
     pub jetstream: jetstream::Context,
     pub url: String,
+    /// The credentials and TLS the connection was made with, for the
+    /// connections a rebuild's wire reader opens beside it.
+    pub security: Arc<Security>,
 }
 
 /// How long a connected client waits for JetStream to answer (a cluster
@@ -138,33 +141,111 @@ fn password(
     }
 }
 
-/// Adds the credentials the environment names: a user and password
+/// How this process authenticates to NATS and whether it speaks TLS, read
+/// once from the environment and used by every connection it opens: the
+/// client library's ([`connect`]) and a rebuild's own wire reader
+/// (`replay_wire`). Its `Debug` names which kind of credential is set,
+/// never the secret.
+#[derive(Clone, Default)]
+pub struct Security {
+    pub(crate) credentials: Credentials,
+    pub(crate) tls: TlsFiles,
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let credentials = match &self.credentials {
+            Credentials::Anonymous => "anonymous",
+            Credentials::UserPassword { .. } => "user and password",
+            Credentials::CredsFile(_) => "creds file",
+        };
+        formatter
+            .debug_struct("Security")
+            .field("credentials", &credentials)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// The credentials the environment names: a user and password
 /// (`ZOPU_NATS_USER` and `ZOPU_NATS_PASSWORD` or `ZOPU_NATS_PASSWORD_FILE`,
-/// both or neither) or a
-/// `.creds` file (`ZOPU_NATS_CREDS`, JWT and nkey). None: an anonymous
-/// connection, as against a dev server.
-async fn with_credentials(
-    options: async_nats::ConnectOptions,
-    env: &impl Fn(&str) -> Result<String, std::env::VarError>,
-) -> Result<async_nats::ConnectOptions, String> {
-    let user = env(USER_VARIABLE).ok().filter(|v| !v.is_empty());
-    let password = password(env)?;
-    let creds = env(CREDENTIALS_FILE_VARIABLE)
-        .ok()
-        .filter(|v| !v.is_empty());
-    match (user, password, creds) {
-        (Some(_), Some(_), Some(_)) => Err(format!(
-            "set either {USER_VARIABLE}/{PASSWORD_VARIABLE} ({PASSWORD_FILE_VARIABLE}) or {CREDENTIALS_FILE_VARIABLE}, not both"
+/// both or neither) or a `.creds` file (`ZOPU_NATS_CREDS`, JWT and nkey).
+/// None: an anonymous connection, as against a dev server.
+#[derive(Clone, Default)]
+pub(crate) enum Credentials {
+    #[default]
+    Anonymous,
+    UserPassword {
+        user: String,
+        password: String,
+    },
+    /// The path of a `.creds` file.
+    CredsFile(String),
+}
+
+impl Credentials {
+    fn from_environment(
+        env: &impl Fn(&str) -> Result<String, std::env::VarError>,
+    ) -> Result<Self, String> {
+        let user = env(USER_VARIABLE).ok().filter(|v| !v.is_empty());
+        let password = password(env)?;
+        let creds = env(CREDENTIALS_FILE_VARIABLE)
+            .ok()
+            .filter(|v| !v.is_empty());
+        match (user, password, creds) {
+            (Some(_), Some(_), Some(_)) => Err(format!(
+                "set either {USER_VARIABLE}/{PASSWORD_VARIABLE} ({PASSWORD_FILE_VARIABLE}) or {CREDENTIALS_FILE_VARIABLE}, not both"
+            )),
+            (Some(user), Some(password), None) => Ok(Self::UserPassword { user, password }),
+            (Some(_), None, _) | (None, Some(_), _) => Err(format!(
+                "{USER_VARIABLE} and {PASSWORD_VARIABLE} (or {PASSWORD_FILE_VARIABLE}) go together: one of them is not set"
+            )),
+            (None, None, Some(path)) => {
+                // Read (and so checked) before any connection, as the
+                // client library reads it.
+                creds_file(&path)?;
+                Ok(Self::CredsFile(path))
+            }
+            (None, None, None) => Ok(Self::Anonymous),
+        }
+    }
+
+    async fn apply(
+        &self,
+        options: async_nats::ConnectOptions,
+    ) -> Result<async_nats::ConnectOptions, String> {
+        match self {
+            Self::Anonymous => Ok(options),
+            Self::UserPassword { user, password } => {
+                Ok(options.user_and_password(user.clone(), password.clone()))
+            }
+            Self::CredsFile(path) => options
+                .credentials_file(path)
+                .await
+                .map_err(|error| format!("{CREDENTIALS_FILE_VARIABLE} ({path}): {error}")),
+        }
+    }
+}
+
+/// The user JWT and nkey seed of a `.creds` file (the blocks `nsc` writes:
+/// `-----BEGIN NATS USER JWT-----` and `-----BEGIN USER NKEY SEED-----`,
+/// each followed by its value on one line). An error names the variable
+/// and the path, never the seed.
+pub(crate) fn creds_file(path: &str) -> Result<(String, String), String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| format!("{CREDENTIALS_FILE_VARIABLE} ({path}): {error}"))?;
+    let block_after = |marker: &str| {
+        let mut lines = text.lines().map(str::trim);
+        lines.find(|line| line.starts_with("-----BEGIN") && line.contains(marker))?;
+        lines.find(|line| !line.is_empty()).map(str::to_owned)
+    };
+    match (block_after("JWT"), block_after("SEED")) {
+        (Some(jwt), Some(seed)) if !jwt.starts_with("---") && !seed.starts_with("---") => {
+            Ok((jwt, seed))
+        }
+        _ => Err(format!(
+            "{CREDENTIALS_FILE_VARIABLE} ({path}) is not a .creds file: it needs a NATS USER JWT block and a USER NKEY SEED block"
         )),
-        (Some(user), Some(password), None) => Ok(options.user_and_password(user, password)),
-        (Some(_), None, _) | (None, Some(_), _) => Err(format!(
-            "{USER_VARIABLE} and {PASSWORD_VARIABLE} (or {PASSWORD_FILE_VARIABLE}) go together: one of them is not set"
-        )),
-        (None, None, Some(path)) => options
-            .credentials_file(&path)
-            .await
-            .map_err(|error| format!("{CREDENTIALS_FILE_VARIABLE} ({path}): {error}")),
-        (None, None, None) => Ok(options),
     }
 }
 
@@ -181,7 +262,10 @@ pub const KEY_FILE_VARIABLE: &str = "ZOPU_NATS_KEY_FILE";
 
 /// The PEM certificates in the file `variable` names; an error names the
 /// variable and the path when it is unreadable, not PEM or holds none.
-fn read_certificates(variable: &str, path: &str) -> Result<(), String> {
+pub(crate) fn read_certificates(
+    variable: &str,
+    path: &str,
+) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
     let bytes = std::fs::read(path).map_err(|error| format!("{variable} ({path}): {error}"))?;
@@ -193,64 +277,95 @@ fn read_certificates(variable: &str, path: &str) -> Result<(), String> {
             "{variable} ({path}) holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
         ));
     }
-    Ok(())
+    Ok(certificates)
 }
 
-/// Adds the TLS settings the environment names (see [`CA_FILE_VARIABLE`]).
-/// Nothing set: the connection is plain unless the URL says `tls://`.
-fn with_tls(
-    options: async_nats::ConnectOptions,
-    env: &impl Fn(&str) -> Result<String, std::env::VarError>,
-) -> Result<async_nats::ConnectOptions, String> {
-    let read = |name: &str| env(name).ok().filter(|v| !v.is_empty());
-    let ca = read(CA_FILE_VARIABLE);
-    let certificate = read(CERT_FILE_VARIABLE);
-    let key = read(KEY_FILE_VARIABLE);
-    let mut options = options;
-    if let Some(path) = &ca {
-        read_certificates(CA_FILE_VARIABLE, path)?;
-        options = options.add_root_certificates(path.into()).require_tls(true);
+/// The TLS files the environment names (see [`CA_FILE_VARIABLE`]), each
+/// read and parsed once so a missing or invalid one is named before any
+/// connection. Nothing set: the connection is plain unless the URL says
+/// `tls://` or the server requires TLS.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TlsFiles {
+    /// The CA file: set, TLS is required and only these roots are trusted.
+    pub(crate) ca: Option<String>,
+    /// A client certificate and its key (mutual TLS); also requires TLS.
+    pub(crate) client: Option<(String, String)>,
+}
+
+impl TlsFiles {
+    fn from_environment(
+        env: &impl Fn(&str) -> Result<String, std::env::VarError>,
+    ) -> Result<Self, String> {
+        let read = |name: &str| env(name).ok().filter(|v| !v.is_empty());
+        let ca = read(CA_FILE_VARIABLE);
+        if let Some(path) = &ca {
+            read_certificates(CA_FILE_VARIABLE, path)?;
+        }
+        let client = match (read(CERT_FILE_VARIABLE), read(KEY_FILE_VARIABLE)) {
+            (Some(certificate), Some(key)) => {
+                read_certificates(CERT_FILE_VARIABLE, &certificate)?;
+                read_private_key(&key)?;
+                Some((certificate, key))
+            }
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(format!(
+                    "{CERT_FILE_VARIABLE} and {KEY_FILE_VARIABLE} go together (mutual TLS): one of them is not set"
+                ));
+            }
+            (None, None) => None,
+        };
+        Ok(Self { ca, client })
     }
-    match (certificate, key) {
-        (Some(certificate), Some(key)) => {
-            use rustls_pki_types::PrivateKeyDer;
-            use rustls_pki_types::pem::PemObject;
-            read_certificates(CERT_FILE_VARIABLE, &certificate)?;
-            let bytes = std::fs::read(&key)
-                .map_err(|error| format!("{KEY_FILE_VARIABLE} ({key}): {error}"))?;
-            // The key itself never reaches a message, only its path.
-            PrivateKeyDer::from_pem_slice(&bytes).map_err(|error| {
-                format!("{KEY_FILE_VARIABLE} ({key}) holds no valid PEM private key: {error}")
-            })?;
+
+    /// Whether these settings require TLS whatever the server announces.
+    pub(crate) fn required(&self) -> bool {
+        self.ca.is_some() || self.client.is_some()
+    }
+
+    fn apply(&self, options: async_nats::ConnectOptions) -> async_nats::ConnectOptions {
+        let mut options = options;
+        if let Some(path) = &self.ca {
+            options = options.add_root_certificates(path.into()).require_tls(true);
+        }
+        if let Some((certificate, key)) = &self.client {
             options = options
                 .add_client_certificate(certificate.into(), key.into())
                 .require_tls(true);
         }
-        (Some(_), None) | (None, Some(_)) => {
-            return Err(format!(
-                "{CERT_FILE_VARIABLE} and {KEY_FILE_VARIABLE} go together (mutual TLS): one of them is not set"
-            ));
-        }
-        (None, None) => {}
+        options
     }
-    Ok(options)
 }
 
-/// Which TLS files the environment configures, for the hints of
-/// [`not_connected_reason`].
-#[derive(Debug, Clone, Copy, Default)]
-struct TlsConfigured {
-    ca: bool,
-    client_certificate: bool,
+/// The PEM private key in the file [`KEY_FILE_VARIABLE`] names. An error
+/// names the variable and the path; the key itself never reaches a message.
+pub(crate) fn read_private_key(
+    path: &str,
+) -> Result<rustls_pki_types::PrivateKeyDer<'static>, String> {
+    use rustls_pki_types::PrivateKeyDer;
+    use rustls_pki_types::pem::PemObject;
+    let bytes =
+        std::fs::read(path).map_err(|error| format!("{KEY_FILE_VARIABLE} ({path}): {error}"))?;
+    PrivateKeyDer::from_pem_slice(&bytes).map_err(|error| {
+        format!("{KEY_FILE_VARIABLE} ({path}) holds no valid PEM private key: {error}")
+    })
 }
 
-impl TlsConfigured {
-    fn from_environment(env: &impl Fn(&str) -> Result<String, std::env::VarError>) -> Self {
-        let set = |name: &str| env(name).is_ok_and(|value| !value.is_empty());
-        Self {
-            ca: set(CA_FILE_VARIABLE),
-            client_certificate: set(CERT_FILE_VARIABLE),
-        }
+impl Security {
+    /// The credentials and TLS files `env` names, each checked.
+    pub fn from_environment(
+        env: &impl Fn(&str) -> Result<String, std::env::VarError>,
+    ) -> Result<Self, String> {
+        Ok(Self {
+            credentials: Credentials::from_environment(env)?,
+            tls: TlsFiles::from_environment(env)?,
+        })
+    }
+
+    async fn apply(
+        &self,
+        options: async_nats::ConnectOptions,
+    ) -> Result<async_nats::ConnectOptions, String> {
+        Ok(self.tls.apply(self.credentials.apply(options).await?))
     }
 }
 
@@ -290,7 +405,7 @@ async fn not_connected_reason(
     timeout: Duration,
     last_error: &Mutex<Option<String>>,
     server: &async_nats::ServerAddr,
-    configured: TlsConfigured,
+    configured: &TlsFiles,
 ) -> String {
     let last = last_error
         .lock()
@@ -311,14 +426,14 @@ async fn not_connected_reason(
         return reason;
     };
     let mut hints = Vec::new();
-    if tls_required && !configured.ca {
+    if tls_required && configured.ca.is_none() {
         hints.push(format!(
             "{}:{} requires TLS and this client trusts only the system's CAs: set {CA_FILE_VARIABLE} to the CA that signed the server's certificate",
             server.host(),
             server.port()
         ));
     }
-    if tls_verify && !configured.client_certificate {
+    if tls_verify && configured.client.is_none() {
         hints.push(format!(
             "{}:{} verifies client certificates (mutual TLS): set {CERT_FILE_VARIABLE} and {KEY_FILE_VARIABLE}",
             server.host(),
@@ -355,6 +470,26 @@ pub async fn connect_with_environment(
     name: &str,
     first_connect_timeout: Duration,
     environment: impl Fn(&str) -> Result<String, std::env::VarError>,
+) -> Result<Bus, Error> {
+    // The URL first: credentials in it are refused before anything else.
+    server_list(url).map_err(|reason| Error::Connect {
+        url: redacted(url),
+        reason,
+    })?;
+    let security = Security::from_environment(&environment).map_err(|reason| Error::Connect {
+        url: redacted(url),
+        reason,
+    })?;
+    connect_with_security(url, name, first_connect_timeout, Arc::new(security)).await
+}
+
+/// [`connect`] with credentials and TLS already read: how a replay opens
+/// its extra connections with exactly the settings of the bus it was given.
+pub async fn connect_with_security(
+    url: &str,
+    name: &str,
+    first_connect_timeout: Duration,
+    security: Arc<Security>,
 ) -> Result<Bus, Error> {
     let servers = server_list(url).map_err(|reason| Error::Connect {
         url: redacted(url),
@@ -394,10 +529,9 @@ pub async fn connect_with_environment(
                 }
             }
         });
-    let configured = TlsConfigured::from_environment(&environment);
-    let options = with_credentials(options, &environment)
+    let options = security
+        .apply(options)
         .await
-        .and_then(|options| with_tls(options, &environment))
         .map_err(|reason| Error::Connect {
             url: url.to_owned(),
             reason,
@@ -410,7 +544,7 @@ pub async fn connect_with_environment(
                 first_connect_timeout,
                 &last_error,
                 &first_server,
-                configured,
+                &security.tls,
             )
             .await,
         });
@@ -434,7 +568,7 @@ pub async fn connect_with_environment(
                     first_connect_timeout,
                     &last_error,
                     &first_server,
-                    configured,
+                    &security.tls,
                 )
                 .await,
             });
@@ -481,6 +615,7 @@ pub async fn connect_with_environment(
         client,
         jetstream,
         url: url.to_owned(),
+        security,
     })
 }
 
@@ -521,7 +656,7 @@ fn check_server(url: &str, info: &async_nats::ServerInfo) -> Result<(), Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::{PASSWORD_VARIABLE, USER_VARIABLE, with_credentials};
+    use super::{PASSWORD_VARIABLE, Security, USER_VARIABLE};
 
     fn env_of(
         pairs: &'static [(&'static str, &'static str)],
@@ -535,34 +670,28 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn credentials_come_in_pairs_and_never_print() {
-        let options = async_nats::ConnectOptions::new();
-        assert!(with_credentials(options, &env_of(&[])).await.is_ok());
-        let half = with_credentials(
-            async_nats::ConnectOptions::new(),
-            &env_of(&[(USER_VARIABLE, "dispatch")]),
-        )
-        .await
-        .err()
-        .unwrap_or_default();
+    #[test]
+    fn credentials_come_in_pairs_and_never_print() {
+        assert!(Security::from_environment(&env_of(&[])).is_ok());
+        let half = Security::from_environment(&env_of(&[(USER_VARIABLE, "dispatch")]))
+            .err()
+            .unwrap_or_default();
         assert!(half.contains(PASSWORD_VARIABLE), "{half}");
-        let both = with_credentials(
-            async_nats::ConnectOptions::new(),
-            &env_of(&[
-                (USER_VARIABLE, "dispatch"),
-                (PASSWORD_VARIABLE, "s3cret-value"),
-            ]),
-        )
-        .await;
-        assert!(both.is_ok());
-        let missing_file = with_credentials(
-            async_nats::ConnectOptions::new(),
-            &env_of(&[("ZOPU_NATS_CREDS", "/nonexistent/zopu.creds")]),
-        )
-        .await
-        .err()
-        .unwrap_or_default();
+        let both = Security::from_environment(&env_of(&[
+            (USER_VARIABLE, "dispatch"),
+            (PASSWORD_VARIABLE, "s3cret-value"),
+        ]));
+        let both = both
+            .map(|security| format!("{security:?}"))
+            .unwrap_or_default();
+        assert!(
+            both.contains("user and password") && !both.contains("s3cret"),
+            "{both}"
+        );
+        let missing_file =
+            Security::from_environment(&env_of(&[("ZOPU_NATS_CREDS", "/nonexistent/zopu.creds")]))
+                .err()
+                .unwrap_or_default();
         assert!(
             missing_file.contains("/nonexistent/zopu.creds"),
             "{missing_file}"
@@ -584,11 +713,7 @@ mod tests {
             super::password(&env_of(pairs)).unwrap().as_deref(),
             Some("s3cret-value")
         );
-        assert!(
-            with_credentials(async_nats::ConnectOptions::new(), &env_of(pairs))
-                .await
-                .is_ok()
-        );
+        assert!(Security::from_environment(&env_of(pairs)).is_ok());
         let both = super::password(&env_of(&[
             (PASSWORD_VARIABLE, "s3cret-value"),
             (super::PASSWORD_FILE_VARIABLE, "/nonexistent/password"),
@@ -604,6 +729,38 @@ mod tests {
         )]))
         .unwrap_err();
         assert!(missing.contains("/nonexistent/password"), "{missing}");
+    }
+
+    #[test]
+    fn a_creds_file_gives_its_jwt_and_seed_and_a_broken_one_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("user.creds");
+        std::fs::write(
+            &path,
+            "-----BEGIN NATS USER JWT-----\neyJ0eXAi.payload.sig\n------END NATS USER JWT------\n\n\
+             ***** IMPORTANT *****\nNKEY Seed printed below.\n\n\
+             -----BEGIN USER NKEY SEED-----\nSUAKEXAMPLESEED\n------END USER NKEY SEED------\n",
+        )
+        .unwrap();
+        let path = path.display().to_string();
+        assert_eq!(
+            super::creds_file(&path).unwrap(),
+            (
+                "eyJ0eXAi.payload.sig".to_owned(),
+                "SUAKEXAMPLESEED".to_owned()
+            )
+        );
+        let broken = dir.path().join("broken.creds");
+        std::fs::write(
+            &broken,
+            "-----BEGIN NATS USER JWT-----\n------END NATS USER JWT------\n",
+        )
+        .unwrap();
+        let error = super::creds_file(&broken.display().to_string()).unwrap_err();
+        assert!(
+            error.contains("broken.creds") && error.contains("SEED"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ use zopu_schema::Envelope;
 
 use crate::nats::Bus;
 use crate::publish::Publisher;
+use crate::replay_wire::{self, Delivered};
 use crate::shutdown::Shutdown;
 use crate::store::{Projection, Store};
 use crate::{Error, publish};
@@ -247,13 +248,41 @@ const CHUNK_CONSUMER_EXPIRY: Duration = Duration::from_secs(30);
 /// Each reader is a task of its own, so their receiving and decoding spread
 /// over the runtime's threads (and all stop when the replay is dropped).
 async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<(), Error> {
-    read_parallel_with(bus, events, from, to, decode).await
+    read_parallel_with(bus, events, from, to, DECODED).await
 }
 
-/// A message as the replay passes it on: decoded, or why not.
-fn decode(message: &async_nats::Message) -> Result<Envelope, String> {
-    publish::decode_message(message).map_err(|error| error.to_string())
+/// How a parallel replay reads each message: through its own wire reader
+/// (`replay_wire`: the message's bytes as they arrived, no header map
+/// built), or through the client library when the wire reader cannot
+/// connect, or when `wire` is `None` (the bench's measure of the library).
+struct Reading<T> {
+    wire: Option<fn(&Delivered<'_>) -> T>,
+    library: fn(&async_nats::Message) -> T,
 }
+
+// By hand: a derive would ask `T: Copy`, and only the functions are copied.
+impl<T> Clone for Reading<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Reading<T> {}
+
+/// Every message decoded (or why not): what a rebuild reads.
+const DECODED: Reading<Result<Envelope, String>> = Reading {
+    wire: Some(|delivered| {
+        // The body is copied out of the read buffer (a few hundred bytes)
+        // so the buffer is reused, not held by every decoded event.
+        zopu_schema::codec::decode_stored(
+            delivered.subject,
+            delivered.headers(),
+            bytes::Bytes::copy_from_slice(delivered.body),
+        )
+        .map_err(|error| error.to_string())
+    }),
+    library: |message| publish::decode_message(message).map_err(|error| error.to_string()),
+};
 
 /// [`read_parallel`] with what each message becomes given by `read`.
 async fn read_parallel_with<T: Send + 'static>(
@@ -261,13 +290,13 @@ async fn read_parallel_with<T: Send + 'static>(
     events: tokio::sync::mpsc::Sender<Vec<(u64, T)>>,
     from: u64,
     to: u64,
-    read: fn(&async_nats::Message) -> T,
+    reading: Reading<T>,
 ) -> Result<(), Error> {
     let chunks = chunks(from, to, REPLAY_CHUNK);
     let readers = (REPLAY_READERS as usize).min(chunks.len());
     let replay = uuid::Uuid::new_v4().simple().to_string();
     let mut buffers = Vec::new();
-    let mut reading = tokio::task::JoinSet::new();
+    let mut tasks = tokio::task::JoinSet::new();
     for index in 0..readers {
         // One whole chunk: a reader reads its next chunk while the applier
         // takes the ones before.
@@ -279,18 +308,22 @@ async fn read_parallel_with<T: Send + 'static>(
             .skip(index)
             .step_by(readers)
             .collect();
-        let (url, replay) = (bus.url.clone(), replay.clone());
-        reading.spawn(async move {
-            let own = crate::nats::connect(
+        let (url, security, replay) = (bus.url.clone(), bus.security.clone(), replay.clone());
+        tasks.spawn(async move {
+            // The bus's own credentials and TLS, whatever the process
+            // environment says.
+            let own = crate::nats::connect_with_security(
                 &url,
                 &format!("zopu-replay-{index}"),
                 Duration::from_secs(10),
+                security,
             )
             .await?;
             let stream = events_stream(&own).await?;
+            let mut source = ChunkSource::open(&own, index, reading).await;
             for (after, end) in own_chunks {
                 let name = format!("zopu-replay-{replay}-{after}");
-                let chunk = read_chunk(&stream, &name, after, end, read).await?;
+                let chunk = read_chunk(&stream, &name, after, end, &mut source).await?;
                 if sender.send(chunk).await.is_err() {
                     return Ok(());
                 }
@@ -311,7 +344,7 @@ async fn read_parallel_with<T: Send + 'static>(
         Ok::<_, Error>(())
     };
     let read_all = async {
-        while let Some(outcome) = reading.join_next().await {
+        while let Some(outcome) = tasks.join_next().await {
             outcome.map_err(|error| Error::jetstream("replay reader", error))??;
         }
         Ok::<_, Error>(())
@@ -326,16 +359,31 @@ async fn read_parallel_with<T: Send + 'static>(
 /// dropped. Returns how many arrived (`zopu bench scale` compares it with
 /// a whole rebuild to tell reading from writing).
 pub async fn replay_without_applying(bus: &Bus, to: u64) -> Result<u64, Error> {
-    count_replayed(bus, to, decode).await
+    count_replayed(bus, to, DECODED).await
 }
 
 /// The same parallel replay as [`replay_without_applying`] with nothing
 /// decoded: each message's sequence read and the message dropped. This is
-/// the rebuild's own ceiling (its connections, chunks and pull requests,
-/// no work of its own); `zopu bench scale` measures it next to the
-/// rebuild. Returns how many arrived.
+/// the rebuild's own ceiling (its connections, chunks, pull requests and
+/// wire reader, no work of its own); `zopu bench scale` measures it next
+/// to the rebuild. Returns how many arrived.
 pub async fn replay_raw(bus: &Bus, to: u64) -> Result<u64, Error> {
-    count_replayed(bus, to, |_| ()).await
+    let reading = Reading {
+        wire: Some(|_| ()),
+        library: |_| (),
+    };
+    count_replayed(bus, to, reading).await
+}
+
+/// [`replay_raw`] read through the client library (async-nats, which
+/// builds every message's header map) instead of the wire reader: what a
+/// rebuild would reach without its own reader.
+pub async fn replay_raw_through_library(bus: &Bus, to: u64) -> Result<u64, Error> {
+    let reading = Reading {
+        wire: None,
+        library: |_| (),
+    };
+    count_replayed(bus, to, reading).await
 }
 
 /// Replays the stream's first `to` events in parallel, each message passed
@@ -343,10 +391,10 @@ pub async fn replay_raw(bus: &Bus, to: u64) -> Result<u64, Error> {
 async fn count_replayed<T: Send + 'static>(
     bus: &Bus,
     to: u64,
-    read: fn(&async_nats::Message) -> T,
+    reading: Reading<T>,
 ) -> Result<u64, Error> {
     let mut count = 0u64;
-    replay_chunks(bus, to, read, |chunk| count += chunk.len() as u64).await?;
+    replay_chunks(bus, to, reading, |chunk| count += chunk.len() as u64).await?;
     Ok(count)
 }
 
@@ -355,7 +403,7 @@ async fn count_replayed<T: Send + 'static>(
 async fn replay_chunks<T: Send + 'static>(
     bus: &Bus,
     to: u64,
-    read: fn(&async_nats::Message) -> T,
+    reading: Reading<T>,
     mut take: impl FnMut(Vec<(u64, T)>),
 ) -> Result<(), Error> {
     let (events, mut received) = tokio::sync::mpsc::channel::<Vec<(u64, T)>>(CHUNKS_QUEUED);
@@ -364,7 +412,7 @@ async fn replay_chunks<T: Send + 'static>(
             take(chunk);
         }
     };
-    let (read, ()) = tokio::join!(read_parallel_with(bus, events, 0, to, read), taken);
+    let (read, ()) = tokio::join!(read_parallel_with(bus, events, 0, to, reading), taken);
     read
 }
 
@@ -388,7 +436,7 @@ impl InMemory {
 /// [`REPLAY_READERS`] connections, kept in memory for [`apply_in_memory`].
 pub async fn read_into_memory(bus: &Bus, to: u64) -> Result<InMemory, Error> {
     let mut chunks = Vec::new();
-    replay_chunks(bus, to, decode, |chunk| chunks.push(chunk)).await?;
+    replay_chunks(bus, to, DECODED, |chunk| chunks.push(chunk)).await?;
     Ok(InMemory(chunks))
 }
 
@@ -421,18 +469,54 @@ fn chunks(from: u64, to: u64, span: u64) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// Readers of a parallel replay in this process that fell back to the
+/// client library because their wire reader did not connect.
+static WIRE_FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many readers of a parallel replay in this process read through the
+/// client library because their wire reader did not connect (each also
+/// logged a warning saying why).
+pub fn wire_fallbacks() -> u64 {
+    WIRE_FALLBACKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Where one reader of a parallel replay takes its chunks from.
+enum ChunkSource<T> {
+    Wire(replay_wire::WireReader, fn(&Delivered<'_>) -> T),
+    Library(fn(&async_nats::Message) -> T),
+}
+
+impl<T> ChunkSource<T> {
+    /// The wire reader when `reading` has one and it connects beside
+    /// `bus`; the client library otherwise (a warning says why).
+    async fn open(bus: &Bus, index: usize, reading: Reading<T>) -> Self {
+        let Some(read) = reading.wire else {
+            return Self::Library(reading.library);
+        };
+        match replay_wire::connect(bus, &format!("zopu-replay-wire-{index}")).await {
+            Ok(reader) => Self::Wire(reader, read),
+            Err(error) => {
+                WIRE_FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(%error, "replay reads through the client library (slower): its wire reader did not connect");
+                Self::Library(reading.library)
+            }
+        }
+    }
+}
+
 /// Reads the events of `(after, end]` with a consumer named `name`
 /// (deleted when done; one that outlives a failure expires on the server),
-/// decoding each. The whole chunk is one pull request for exactly its
-/// length, so the server sends nothing past `end` (an ordered consumer
-/// would have fetched up to a batch of the next chunk by then, read and
-/// parsed for nothing). Ends at `end` or at the stream's end.
+/// each passed through the source's reading. The whole chunk is one pull
+/// request for exactly its length, so the server sends nothing past `end`
+/// (an ordered consumer would have fetched up to a batch of the next chunk
+/// by then, read and parsed for nothing). Ends at `end` or at the
+/// stream's end.
 async fn read_chunk<T>(
     stream: &async_nats::jetstream::stream::Stream,
     name: &str,
     after: u64,
     end: u64,
-    read: fn(&async_nats::Message) -> T,
+    source: &mut ChunkSource<T>,
 ) -> Result<Vec<(u64, T)>, Error> {
     let length = end.saturating_sub(after) as usize;
     let mut chunk = Vec::with_capacity(length);
@@ -454,28 +538,52 @@ async fn read_chunk<T>(
         })
         .await
         .map_err(|e| Error::jetstream("create replay consumer", e))?;
-    let mut messages = consumer
-        .fetch()
-        .max_messages(length)
-        .messages()
-        .await
-        .map_err(|e| Error::jetstream("fetch replay chunk", e))?;
-    while let Some(message) = messages.next().await {
-        let message = message.map_err(|e| Error::jetstream("fetch replay chunk", e))?;
-        let info = message
-            .info()
-            .map_err(|e| Error::jetstream("fetch replay chunk", e))?;
-        let (sequence, pending) = (info.stream_sequence, info.pending);
-        if sequence > end {
-            // Past a gap (deleted messages) into the next chunk: its reader has it.
-            break;
+    match source {
+        ChunkSource::Wire(reader, read) => {
+            reader
+                .pull(
+                    stream.cached_info().config.name.as_str(),
+                    name,
+                    length,
+                    |delivered| {
+                        if delivered.sequence > end {
+                            // Past a gap (deleted messages) into the next chunk: its reader has it.
+                            return Ok(replay_wire::Flow::Done);
+                        }
+                        chunk.push((delivered.sequence, read(&delivered)));
+                        Ok(if delivered.sequence == end || delivered.pending == 0 {
+                            replay_wire::Flow::Done
+                        } else {
+                            replay_wire::Flow::More
+                        })
+                    },
+                )
+                .await?;
         }
-        chunk.push((sequence, read(&message.message)));
-        if sequence == end || pending == 0 {
-            break;
+        ChunkSource::Library(read) => {
+            let mut messages = consumer
+                .fetch()
+                .max_messages(length)
+                .messages()
+                .await
+                .map_err(|e| Error::jetstream("fetch replay chunk", e))?;
+            while let Some(message) = messages.next().await {
+                let message = message.map_err(|e| Error::jetstream("fetch replay chunk", e))?;
+                let info = message
+                    .info()
+                    .map_err(|e| Error::jetstream("fetch replay chunk", e))?;
+                let (sequence, pending) = (info.stream_sequence, info.pending);
+                if sequence > end {
+                    // Past a gap (deleted messages) into the next chunk: its reader has it.
+                    break;
+                }
+                chunk.push((sequence, read(&message.message)));
+                if sequence == end || pending == 0 {
+                    break;
+                }
+            }
         }
     }
-    drop(messages);
     if let Err(error) = stream.delete_consumer(name).await {
         tracing::debug!(consumer = name, %error, "replay consumer not deleted; it expires on the server");
     }
