@@ -37,9 +37,11 @@ use crate::nats::{Bus, CA_FILE_VARIABLE, CERT_FILE_VARIABLE, Credentials, Securi
 const READ_CAPACITY: usize = 256 * 1024;
 /// The longest `INFO` or control line accepted from a server.
 const MAX_LINE: usize = 64 * 1024;
-/// How long a connection attempt, or a pull with no frame arriving, may
-/// last before it is an error.
+/// How long a pull may go with nothing arriving before it is an error.
 const SILENCE: Duration = Duration::from_secs(30);
+/// How long one server may take to accept a connection (TCP, INFO, TLS,
+/// CONNECT and PONG), as the client library allows, before the next is tried.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the server keeps a pull request open (it answers 408 after).
 const PULL_EXPIRES: Duration = Duration::from_secs(25);
 
@@ -109,10 +111,17 @@ pub(crate) async fn connect(bus: &Bus, name: &str) -> Result<WireReader, Error> 
     let servers = crate::nats::server_list(&bus.url).map_err(wire_error)?;
     let mut refusals = Vec::new();
     for server in servers {
-        let attempt =
-            tokio::time::timeout(SILENCE, WireReader::connect(&server, &bus.security, name))
-                .await
-                .unwrap_or_else(|_| Err(wire_error("no answer")));
+        let attempt = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            WireReader::connect(&server, &bus.security, name),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(wire_error(format!(
+                "no handshake within {}s",
+                CONNECT_TIMEOUT.as_secs()
+            )))
+        });
         match attempt {
             Ok(reader) => return Ok(reader),
             Err(error) => refusals.push(format!("{}:{}: {error}", server.host(), server.port())),
