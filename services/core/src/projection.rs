@@ -546,15 +546,14 @@ async fn read_chunk<T>(
                     name,
                     length,
                     |delivered| {
-                        if delivered.sequence > end {
-                            // Past a gap (deleted messages) into the next chunk: its reader has it.
-                            return Ok(replay_wire::Flow::Done);
+                        let place = place_in_chunk(delivered.sequence, delivered.pending, end);
+                        if place != InChunk::Past {
+                            chunk.push((delivered.sequence, read(&delivered)));
                         }
-                        chunk.push((delivered.sequence, read(&delivered)));
-                        Ok(if delivered.sequence == end || delivered.pending == 0 {
-                            replay_wire::Flow::Done
-                        } else {
+                        Ok(if place == InChunk::More {
                             replay_wire::Flow::More
+                        } else {
+                            replay_wire::Flow::Done
                         })
                     },
                 )
@@ -572,13 +571,12 @@ async fn read_chunk<T>(
                 let info = message
                     .info()
                     .map_err(|e| Error::jetstream("fetch replay chunk", e))?;
-                let (sequence, pending) = (info.stream_sequence, info.pending);
-                if sequence > end {
-                    // Past a gap (deleted messages) into the next chunk: its reader has it.
-                    break;
+                let sequence = info.stream_sequence;
+                let place = place_in_chunk(sequence, info.pending, end);
+                if place != InChunk::Past {
+                    chunk.push((sequence, read(&message.message)));
                 }
-                chunk.push((sequence, read(&message.message)));
-                if sequence == end || pending == 0 {
+                if place != InChunk::More {
                     break;
                 }
             }
@@ -588,6 +586,27 @@ async fn read_chunk<T>(
         tracing::debug!(consumer = name, %error, "replay consumer not deleted; it expires on the server");
     }
     Ok(chunk)
+}
+
+/// Where a message read for the chunk `(.., end]` stands.
+#[derive(Debug, PartialEq, Eq)]
+enum InChunk {
+    /// Past `end`: a gap (deleted messages) carried the read into the next
+    /// chunk, whose reader has it. Not taken; the chunk is complete.
+    Past,
+    /// The chunk's last message: `end` itself, or the stream's last.
+    Last,
+    More,
+}
+
+fn place_in_chunk(sequence: u64, pending: u64, end: u64) -> InChunk {
+    if sequence > end {
+        InChunk::Past
+    } else if sequence == end || pending == 0 {
+        InChunk::Last
+    } else {
+        InChunk::More
+    }
 }
 
 /// Joins what `next` gives onto `batch` while it holds fewer than

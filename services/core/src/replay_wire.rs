@@ -93,7 +93,7 @@ pub(crate) enum Flow {
 }
 
 /// The server's `INFO`, what the handshake needs of it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 struct ServerInfo {
     #[serde(default)]
     tls_required: bool,
