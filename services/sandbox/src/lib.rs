@@ -21,5 +21,6 @@ pub mod egress;
 pub mod env_scan;
 pub mod git;
 pub mod policy;
+pub mod repo_paths;
 pub mod tools;
 pub mod workspace;

@@ -151,6 +151,8 @@ pub struct RankedFile {
     pub defines: Vec<(u64, String)>,
     /// The line the code index found holding several of the question's words.
     pub best_line: Option<u64>,
+    /// Files of the index's ranking it imports or that import it.
+    pub linked: BTreeSet<String>,
 }
 
 /// What a search round found.
@@ -624,6 +626,7 @@ fn blend(ranked: &mut Vec<RankedFile>, indexed: &[FoundFile], asks: Asks) {
                 file.index_score = found.score;
                 file.defines = defines;
                 file.best_line = found.best_line;
+                file.linked = found.linked.iter().cloned().collect();
             }
             None => ranked.push(RankedFile {
                 path: found.path.clone(),
@@ -631,6 +634,7 @@ fn blend(ranked: &mut Vec<RankedFile>, indexed: &[FoundFile], asks: Asks) {
                 index_score: found.score,
                 defines,
                 best_line: found.best_line,
+                linked: found.linked.iter().cloned().collect(),
                 ..Default::default()
             }),
         }
@@ -756,6 +760,30 @@ async fn follow_links<P: Port>(
     Ok(())
 }
 
+/// What a file the leading file imports, or that imports it, gains as a
+/// share of the leading file's score, among the [`LINK_CANDIDATES`] after
+/// it. (`zopu eval`, recall@3: dev 0.843 → 0.849 and holdout 0.796 →
+/// 0.802 at 0.1; 0.05 gained nothing; 0.15 and 0.2 lost more than they
+/// gained; without the name links of [`follow_links`] the holdout half fell
+/// to 0.765, so both stay.)
+const IMPORT_LINK_WEIGHT: f64 = 0.1;
+
+/// The code index knows which of its results import each other: a file
+/// the leading one imports (its helper module, the submodule it declares)
+/// or that imports it gains [`IMPORT_LINK_WEIGHT`] of the leading file's
+/// score; the leading file stays first.
+fn follow_imports(ranked: &mut [RankedFile]) {
+    let Some((top, rest)) = ranked.split_first_mut() else {
+        return;
+    };
+    for file in rest.iter_mut().take(LINK_CANDIDATES) {
+        if top.linked.contains(&file.path) || file.linked.contains(&top.path) {
+            file.score += IMPORT_LINK_WEIGHT * top.score;
+        }
+    }
+    sort_ranked(rest);
+}
+
 /// Searches `keywords`, ranks the files and reads the top `top` of them.
 pub async fn gather<P: Port>(
     port: &mut P,
@@ -857,6 +885,7 @@ pub async fn gather<P: Port>(
         blend(&mut gathered.ranked, &indexed.files, Asks::of(keywords));
     }
     follow_links(port, step, &mut gathered.ranked).await?;
+    follow_imports(&mut gathered.ranked);
     gathered.unmatched.retain(|k| {
         !gathered
             .ranked
@@ -1360,6 +1389,40 @@ mod tests {
     }
 
     #[test]
+    fn a_file_the_leading_file_imports_or_that_imports_it_moves_up() {
+        let file = |path: &str, score: f64, linked: &[&str]| RankedFile {
+            path: path.to_owned(),
+            score,
+            linked: linked.iter().map(|p| (*p).to_owned()).collect(),
+            ..Default::default()
+        };
+        let mut ranked = vec![
+            file("src/db/dir.rs", 1.0, &["src/db/mod.rs"]),
+            file("src/cmd/query.rs", 0.5, &[]),
+            file("src/import/atuin.rs", 0.48, &[]),
+            file("src/db/mod.rs", 0.45, &[]),
+            // It imports the leading file.
+            file("src/db/stream.rs", 0.44, &["src/db/dir.rs"]),
+        ];
+        follow_imports(&mut ranked);
+        let order: Vec<&str> = ranked.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(
+            order,
+            [
+                "src/db/dir.rs",
+                "src/db/mod.rs",
+                "src/db/stream.rs",
+                "src/cmd/query.rs",
+                "src/import/atuin.rs"
+            ]
+        );
+        // Links never lift a file above the leading one.
+        let mut ranked = vec![file("a.rs", 1.0, &["b.rs"]), file("b.rs", 0.99, &["a.rs"])];
+        follow_imports(&mut ranked);
+        assert_eq!(ranked[0].path, "a.rs");
+    }
+
+    #[test]
     fn a_source_file_holding_a_quoted_phrase_keeps_a_place_however_the_index_ranks_it() {
         let searched = |path: &str, score: f64, keywords: &[&str]| RankedFile {
             path: path.to_owned(),
@@ -1373,6 +1436,7 @@ mod tests {
             matched: Vec::new(),
             definitions: Vec::new(),
             best_line: None,
+            linked: Vec::new(),
         };
         let question_keywords = ["Did you mean".to_owned(), "option".to_owned()];
         let ranked_with = |phrase_in: &str| {

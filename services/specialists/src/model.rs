@@ -88,7 +88,7 @@ pub fn tool_specs(allowed: &[String]) -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: FIND_CODE.into(),
-            description: "Look names or words up in the repository's code index: the files that define or use them, best first, each with the definitions that match (name and line). Use it for a symbol (`RingBuffer`, `parse_config`) or a few words.".into(),
+            description: "Look names or words up in the repository's code index: the files that define or use them, best first, each with the definitions that match (name and line) and the other results it imports or that import it (`linked`). Use it for a symbol (`RingBuffer`, `parse_config`) or a few words.".into(),
             parameters: json!({"type": "object", "properties": {"query": {"type": "string", "description": "Names, identifiers or words"}, "max_files": {"type": "integer", "description": "Most files returned (default 10, at most 50)"}}, "required": ["query"], "additionalProperties": false}),
         },
         ToolSpec {
@@ -709,6 +709,8 @@ mod tests {
             data["files"][0]["definitions"][0],
             json!({"line": 2, "name": "RingBuffer"})
         );
+        // main.rs imports ring.rs: the model can follow it.
+        assert_eq!(data["files"][0]["linked"], json!(["src/main.rs"]), "{data}");
         let bad = answer(
             &mut port,
             FIND_CODE,

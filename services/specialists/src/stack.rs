@@ -7,6 +7,7 @@
 use std::sync::LazyLock;
 
 use regex::Regex;
+use zopu_sandbox::repo_paths::{join, parent};
 
 use crate::results::{CommandHint, CommandStatus, StackItem};
 
@@ -80,18 +81,6 @@ fn declared(path: &str, content: &str, needle: &str) -> String {
     match line_of(content, needle) {
         Some(line) => format!("declared in {path} line {line}"),
         None => format!("declared in {path}"),
-    }
-}
-
-fn dir_of(path: &str) -> &str {
-    path.rsplit_once('/').map_or("", |(dir, _)| dir)
-}
-
-fn join(dir: &str, rest: &str) -> String {
-    if dir.is_empty() {
-        rest.to_owned()
-    } else {
-        format!("{dir}/{rest}")
     }
 }
 
@@ -277,7 +266,7 @@ fn frameworks_in<'a>(names: impl Iterator<Item = &'a str>, known: &[&str]) -> Ve
 /// `files` is the listing, used to resolve conventions (lock files, `src/main.rs`).
 pub fn parse(path: &str, content: &str, files: &[String]) -> ManifestFacts {
     let file_name = path.rsplit('/').next().unwrap_or(path);
-    let dir = dir_of(path);
+    let dir = parent(path);
     let has = |rel: &str| files.iter().any(|file| *file == join(dir, rel));
     match file_name {
         "Cargo.toml" => cargo(path, dir, content, &has),

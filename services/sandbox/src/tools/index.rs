@@ -33,6 +33,8 @@ use regex::Regex;
 use rust_stemmers::{Algorithm, Stemmer};
 use serde::{Deserialize, Serialize};
 
+mod links;
+
 use super::files::{repo_dir, repo_relative, walker};
 use super::{Error, ToolOutput};
 use crate::policy::{Expect, RelPath, SandboxLimits, WorkspaceRoot, open_beneath};
@@ -110,6 +112,11 @@ pub struct FoundFile {
     /// least three distinct ones (only among the leading files).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_line: Option<u64>,
+    /// The other files of these results that it imports or that import it
+    /// (Rust modules and `use` paths, Python, JavaScript, TypeScript, Java
+    /// and Kotlin imports), in path order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub linked: Vec<String>,
 }
 
 /// Output of `find_code`.
@@ -144,6 +151,8 @@ struct IndexedFile {
     name_sequence: Vec<u32>,
     /// What it defines: (line, name, the name's word ids).
     definitions: Vec<(u64, String, Vec<u32>)>,
+    /// The files it imports (see [`links`]), in file order.
+    imports: Vec<u32>,
 }
 
 /// The index of one tree.
@@ -296,7 +305,10 @@ impl CodeIndex {
         id
     }
 
-    fn add(&mut self, path: String, text: &str) {
+    /// Adds a file; returns what it says of other files, resolved once
+    /// every file is known.
+    fn add(&mut self, path: String, text: &str) -> Vec<links::Reference> {
+        let references = links::references(&path, text);
         let file = self.files.len() as u32;
         let mut counts: HashMap<u32, u32> = HashMap::new();
         let mut length = 0u32;
@@ -340,7 +352,9 @@ impl CodeIndex {
             name_words,
             name_sequence,
             definitions,
+            imports: Vec::new(),
         });
+        references
     }
 
     /// Builds the index of the repository's tree.
@@ -349,15 +363,31 @@ impl CodeIndex {
         let Ok(repo_fd) = root.open_repo_dir() else {
             return index;
         };
+        let mut references = Vec::new();
         for listed in files.iter().take(MAX_INDEXED_FILES) {
             if let Some(text) = readable_text(&repo_fd, &listed.rel, limits) {
-                index.add(listed.rel.as_string(), &text);
+                references.push(index.add(listed.rel.as_string(), &text));
             }
         }
+        index.resolve_imports(&references);
         index.truncated = files.len() > MAX_INDEXED_FILES;
         let total: u64 = index.files.iter().map(|f| u64::from(f.length)).sum();
         index.average_length = total as f64 / index.files.len().max(1) as f64;
         index
+    }
+
+    /// Every file's imports, from what each said of the others.
+    fn resolve_imports(&mut self, references: &[Vec<links::Reference>]) {
+        let paths: Vec<&str> = self.files.iter().map(|file| file.path.as_str()).collect();
+        let resolver = links::Resolver::new(&paths);
+        let imports: Vec<Vec<u32>> = paths
+            .iter()
+            .zip(references)
+            .map(|(path, references)| resolver.resolve(path, references))
+            .collect();
+        for (file, imports) in self.files.iter_mut().zip(imports) {
+            file.imports = imports;
+        }
     }
 
     /// The line of `text` whose query words weigh most (their summed
@@ -497,12 +527,25 @@ impl CodeIndex {
             }
         }
         order(&mut ranked);
+        ranked.truncate(max_files);
+        let returned: BTreeSet<u32> = ranked.iter().map(|(file, _, _)| *file).collect();
+        let imports = |from: u32, to: u32| self.files[from as usize].imports.contains(&to);
+        let linked_to = |file_index: u32| -> Vec<String> {
+            returned
+                .iter()
+                .filter(|other| {
+                    **other != file_index
+                        && (imports(file_index, **other) || imports(**other, file_index))
+                })
+                .map(|other| self.files[*other as usize].path.clone())
+                .collect()
+        };
         ranked
             .into_iter()
-            .take(max_files)
             .map(|(file_index, score, matched)| {
                 let file = &self.files[file_index as usize];
                 FoundFile {
+                    linked: linked_to(file_index),
                     best_line: best_lines.get(&file_index).copied(),
                     path: file.path.clone(),
                     score: (score * 1000.0).round() / 1000.0,
@@ -796,6 +839,14 @@ mod tests {
                 name: "RateLimiter".into()
             }]
         );
+        // server.rs imports throttle.rs: each names the other as linked.
+        let server = first
+            .files
+            .iter()
+            .find(|f| f.path == "src/server.rs")
+            .unwrap();
+        assert_eq!(server.linked, ["src/throttle.rs"], "{first:?}");
+        assert_eq!(first.files[0].linked, ["src/server.rs"], "{first:?}");
         assert!(
             first.files.iter().all(|file| file.path != ".env"),
             "a secret-bearing file is never indexed: {first:?}"
