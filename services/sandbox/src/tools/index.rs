@@ -379,7 +379,7 @@ impl CodeIndex {
     /// Every file's imports, from what each said of the others.
     fn resolve_imports(&mut self, references: &[Vec<links::Reference>]) {
         let paths: Vec<&str> = self.files.iter().map(|file| file.path.as_str()).collect();
-        let resolver = links::Resolver::new(&paths);
+        let resolver = links::Resolver::new(&paths, references);
         let imports: Vec<Vec<u32>> = paths
             .iter()
             .zip(references)

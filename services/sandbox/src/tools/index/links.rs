@@ -7,9 +7,10 @@
 //! Python relative and absolute `import`s, JavaScript and TypeScript
 //! relative `import`/`require` specifiers, Java and Kotlin `import`s and
 //! the classes of the same package a file names (a Java class lives in the
-//! file of its name). Only paths that exist in the tree become links;
-//! packages from outside the repository and Go's package-wide scope are
-//! not followed.
+//! file of its name), and in Go (whose package is one scope) the file of
+//! the same directory that alone defines a top-level name a file uses. Only
+//! paths that exist in the tree become links; packages from outside the
+//! repository are not followed.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::LazyLock;
@@ -32,6 +33,14 @@ pub(super) enum Reference {
     /// Classes named in the file, matched to the files of the same
     /// directory named after them (Java, Kotlin).
     SiblingClasses(BTreeSet<String>),
+    /// A Go file's top-level names (functions, methods, types, variables,
+    /// constants) and the other names it uses: a package's files share one
+    /// scope, so a file links to the file of its directory that alone
+    /// defines a name it uses.
+    GoNames {
+        defines: BTreeSet<String>,
+        uses: BTreeSet<String>,
+    },
 }
 
 /// A suffix matching more files than this names none of them for sure.
@@ -53,6 +62,8 @@ struct Patterns {
     js_specifier: Regex,
     jvm_import: Regex,
     class_name: Regex,
+    go_definition: Regex,
+    go_name: Regex,
 }
 
 static PATTERNS: LazyLock<Option<Patterns>> = LazyLock::new(|| {
@@ -70,6 +81,11 @@ static PATTERNS: LazyLock<Option<Patterns>> = LazyLock::new(|| {
         .ok()?,
         jvm_import: Regex::new(r"^\s*import\s+(static\s+)?([A-Za-z_][\w.]*)\s*;?").ok()?,
         class_name: Regex::new(r"\b[A-Z][A-Za-z0-9_]*[a-z][A-Za-z0-9_]*\b").ok()?,
+        go_definition: Regex::new(
+            r"^(?:func\s+(?:\([^)]*\)\s*)?|type\s+|var\s+|const\s+)([A-Za-z_][A-Za-z0-9_]*)",
+        )
+        .ok()?,
+        go_name: Regex::new(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b").ok()?,
     })
 });
 
@@ -103,6 +119,7 @@ pub(super) fn references(path: &str, text: &str) -> Vec<Reference> {
         "py" | "pyi" => python_references(patterns, path, text),
         extension if JS_EXTENSIONS.contains(&extension) => js_references(patterns, path, text),
         "java" | "kt" => jvm_references(patterns, text),
+        "go" => go_references(patterns, text),
         _ => Vec::new(),
     }
 }
@@ -376,6 +393,33 @@ fn jvm_references(patterns: &Patterns, text: &str) -> Vec<Reference> {
     out
 }
 
+/// Names shorter than this are too common to link Go files by.
+const GO_NAME_MIN_CHARS: usize = 4;
+/// Names a Go file may use that are looked up among its package's.
+const MAX_GO_NAMES: usize = 2_000;
+
+fn go_references(patterns: &Patterns, text: &str) -> Vec<Reference> {
+    let mut defines = BTreeSet::new();
+    let mut uses = BTreeSet::new();
+    for line in text.lines() {
+        if let Some(captures) = patterns.go_definition.captures(line) {
+            let name = &captures[1];
+            if name.len() >= GO_NAME_MIN_CHARS {
+                defines.insert(name.to_owned());
+            }
+        }
+        let code = line.split("//").next().unwrap_or(line);
+        for name in patterns.go_name.find_iter(code) {
+            if uses.len() >= MAX_GO_NAMES {
+                break;
+            }
+            uses.insert(name.as_str().to_owned());
+        }
+    }
+    let uses = uses.difference(&defines).cloned().collect();
+    vec![Reference::GoNames { defines, uses }]
+}
+
 /// Resolves references to the files of a tree.
 pub(super) struct Resolver<'a> {
     paths: &'a [&'a str],
@@ -384,10 +428,13 @@ pub(super) struct Resolver<'a> {
     by_name: HashMap<&'a str, Vec<u32>>,
     /// Directory → (file stem, file) of its Java and Kotlin files.
     classes_by_directory: HashMap<&'a str, Vec<(&'a str, u32)>>,
+    /// Directory → Go name → the files of that directory defining it.
+    go_names_by_directory: HashMap<&'a str, HashMap<&'a str, Vec<u32>>>,
 }
 
 impl<'a> Resolver<'a> {
-    pub(super) fn new(paths: &'a [&'a str]) -> Self {
+    /// The resolver of the tree of `paths`, each with its references.
+    pub(super) fn new(paths: &'a [&'a str], references: &'a [Vec<Reference>]) -> Self {
         let mut by_path = HashMap::new();
         let mut by_name: HashMap<&str, Vec<u32>> = HashMap::new();
         let mut classes_by_directory: HashMap<&str, Vec<(&str, u32)>> = HashMap::new();
@@ -406,11 +453,23 @@ impl<'a> Resolver<'a> {
                     .push((stem, index));
             }
         }
+        let mut go_names_by_directory: HashMap<&str, HashMap<&str, Vec<u32>>> = HashMap::new();
+        for (index, (path, references)) in paths.iter().zip(references).enumerate() {
+            for reference in references {
+                if let Reference::GoNames { defines, .. } = reference {
+                    let names = go_names_by_directory.entry(parent(path)).or_default();
+                    for name in defines {
+                        names.entry(name.as_str()).or_default().push(index as u32);
+                    }
+                }
+            }
+        }
         Self {
             paths,
             by_path,
             by_name,
             classes_by_directory,
+            go_names_by_directory,
         }
     }
 
@@ -460,6 +519,16 @@ impl<'a> Resolver<'a> {
                         }
                     }
                 }
+                Reference::GoNames { uses, .. } => {
+                    let Some(names) = self.go_names_by_directory.get(parent(path)) else {
+                        continue;
+                    };
+                    for name in uses {
+                        if let Some([only]) = names.get(name.as_str()).map(Vec::as_slice) {
+                            linked.insert(*only);
+                        }
+                    }
+                }
             }
         }
         if let Some(this) = this {
@@ -475,14 +544,14 @@ mod tests {
 
     fn linked(files: &[(&str, &str)], from: &str) -> Vec<String> {
         let paths: Vec<&str> = files.iter().map(|(path, _)| *path).collect();
-        let resolver = Resolver::new(&paths);
-        let text = files
+        let all: Vec<Vec<Reference>> = files
             .iter()
-            .find(|(path, _)| *path == from)
-            .map(|(_, text)| *text)
-            .unwrap();
+            .map(|(path, text)| references(path, text))
+            .collect();
+        let resolver = Resolver::new(&paths, &all);
+        let at = paths.iter().position(|path| *path == from).unwrap();
         resolver
-            .resolve(from, &references(from, text))
+            .resolve(from, &all[at])
             .into_iter()
             .map(|index| paths[index as usize].to_owned())
             .collect()
@@ -621,6 +690,30 @@ mod tests {
             ],
             "a class named only in a comment is no link"
         );
+    }
+
+    #[test]
+    fn a_go_file_links_to_the_file_of_its_package_that_alone_defines_a_name_it_uses() {
+        let files = [
+            (
+                "mux.go",
+                "package chi\n\nfunc (mx *Mux) Mount(pattern string) {\n\tmx.tree.FindRoute(rctx, pattern)\n\tmx.handle(pattern)\n}\n// see RouteContext\nfunc (mx *Mux) ServeHTTP() {}\n",
+            ),
+            (
+                "tree.go",
+                "package chi\n\ntype node struct{}\n\nfunc (n *node) FindRoute(rctx *Context, path string) {}\n",
+            ),
+            ("context.go", "package chi\n\nfunc RouteContext() {}\n"),
+            (
+                "middleware/strip.go",
+                "package middleware\n\nfunc (s *Strip) ServeHTTP() { FindRoute() }\n",
+            ),
+            ("chi.go", "package chi\n\nfunc (r *Router) ServeHTTP() {}\n"),
+        ];
+        // ServeHTTP is defined twice (no link), RouteContext only named in a
+        // comment, FindRoute in another package for strip.go.
+        assert_eq!(linked(&files, "mux.go"), ["tree.go"]);
+        assert!(linked(&files, "middleware/strip.go").is_empty());
     }
 
     #[test]
