@@ -771,12 +771,19 @@ const IMPORT_LINK_WEIGHT: f64 = 0.1;
 /// The code index knows which of its results import each other: a file
 /// the leading one imports (its helper module, the submodule it declares)
 /// or that imports it gains [`IMPORT_LINK_WEIGHT`] of the leading file's
-/// score; the leading file stays first.
-fn follow_imports(ranked: &mut [RankedFile]) {
+/// score, if it is of full weight for the question (a test linked to the
+/// source it tests gains only when the question asks for tests); the
+/// leading file stays first.
+fn follow_imports(ranked: &mut [RankedFile], asks: Asks) {
     let Some((top, rest)) = ranked.split_first_mut() else {
         return;
     };
     for file in rest.iter_mut().take(LINK_CANDIDATES) {
+        // A test linked to the source it tests is no answer to a question
+        // about behaviour: only files of full weight for the question gain.
+        if weight_of(&file.path, asks) < 1.0 {
+            continue;
+        }
         if top.linked.contains(&file.path) || file.linked.contains(&top.path) {
             file.score += IMPORT_LINK_WEIGHT * top.score;
         }
@@ -885,7 +892,7 @@ pub async fn gather<P: Port>(
         blend(&mut gathered.ranked, &indexed.files, Asks::of(keywords));
     }
     follow_links(port, step, &mut gathered.ranked).await?;
-    follow_imports(&mut gathered.ranked);
+    follow_imports(&mut gathered.ranked, Asks::of(keywords));
     gathered.unmatched.retain(|k| {
         !gathered
             .ranked
@@ -1403,8 +1410,11 @@ mod tests {
             file("src/db/mod.rs", 0.45, &[]),
             // It imports the leading file.
             file("src/db/stream.rs", 0.44, &["src/db/dir.rs"]),
+            // A test importing it gains nothing unless tests are asked for.
+            file("tests/db.rs", 0.43, &["src/db/dir.rs"]),
         ];
-        follow_imports(&mut ranked);
+        let mut asking_for_tests = ranked.clone();
+        follow_imports(&mut ranked, Asks::default());
         let order: Vec<&str> = ranked.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(
             order,
@@ -1413,12 +1423,15 @@ mod tests {
                 "src/db/mod.rs",
                 "src/db/stream.rs",
                 "src/cmd/query.rs",
-                "src/import/atuin.rs"
+                "src/import/atuin.rs",
+                "tests/db.rs"
             ]
         );
+        follow_imports(&mut asking_for_tests, Asks::of(&["tests".to_owned()]));
+        assert_eq!(asking_for_tests[3].path, "tests/db.rs");
         // Links never lift a file above the leading one.
         let mut ranked = vec![file("a.rs", 1.0, &["b.rs"]), file("b.rs", 0.99, &["a.rs"])];
-        follow_imports(&mut ranked);
+        follow_imports(&mut ranked, Asks::default());
         assert_eq!(ranked[0].path, "a.rs");
     }
 
