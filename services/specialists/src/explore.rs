@@ -1427,8 +1427,20 @@ mod tests {
                 "tests/db.rs"
             ]
         );
+        // Asked which tests cover it, the test gains and the sources do not.
         follow_imports(&mut asking_for_tests, Asks::of(&["tests".to_owned()]));
-        assert_eq!(asking_for_tests[3].path, "tests/db.rs");
+        let order: Vec<&str> = asking_for_tests.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(
+            order,
+            [
+                "src/db/dir.rs",
+                "tests/db.rs",
+                "src/cmd/query.rs",
+                "src/import/atuin.rs",
+                "src/db/mod.rs",
+                "src/db/stream.rs"
+            ]
+        );
         // Links never lift a file above the leading one.
         let mut ranked = vec![file("a.rs", 1.0, &["b.rs"]), file("b.rs", 0.99, &["a.rs"])];
         follow_imports(&mut ranked, Asks::default());

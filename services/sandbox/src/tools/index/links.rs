@@ -47,8 +47,14 @@ pub(super) enum Reference {
 const MAX_SUFFIX_MATCHES: usize = 2;
 /// Classes a file may name that are looked up among its siblings.
 const MAX_SIBLING_CLASSES: usize = 400;
-/// A `use` statement longer than this (in lines) is not followed further.
+/// A `use` statement longer than this (in lines) is not followed further;
+/// one longer than this in bytes, or nested deeper in braces, not at all
+/// (repository content is untrusted: no statement costs more than these).
 const MAX_USE_LINES: usize = 40;
+const MAX_USE_BYTES: usize = 8_192;
+const MAX_USE_DEPTH: usize = 8;
+/// Path segments of a `use` looked up (a module path is never deeper).
+const MAX_USE_SEGMENTS: usize = 12;
 
 const JS_EXTENSIONS: &[&str] = &["ts", "tsx", "mts", "cts", "js", "jsx", "mjs", "cjs"];
 
@@ -167,8 +173,12 @@ fn rust_module_files(base: &str, segments: &[&str]) -> Vec<String> {
     candidates
 }
 
-/// A `use` tree's paths: `a::{b, c::{d, e}}` is `a::b`, `a::c::d`, `a::c::e`.
-fn use_paths(tree: &str) -> Vec<String> {
+/// A `use` tree's paths: `a::{b, c::{d, e}}` is `a::b`, `a::c::d`, `a::c::e`;
+/// nothing below [`MAX_USE_DEPTH`] levels of braces.
+fn use_paths(tree: &str, depth: usize) -> Vec<String> {
+    if depth > MAX_USE_DEPTH {
+        return Vec::new();
+    }
     let tree = tree.trim();
     let Some(open) = tree.find('{') else {
         let path = tree.split(" as ").next().unwrap_or(tree).trim();
@@ -184,13 +194,13 @@ fn use_paths(tree: &str) -> Vec<String> {
     };
     let inner = &tree[open + 1..close.max(open + 1)];
     let mut items = Vec::new();
-    let mut depth = 0;
+    let mut nesting = 0;
     let mut start = 0;
     for (at, c) in inner.char_indices() {
         match c {
-            '{' => depth += 1,
-            '}' => depth -= 1,
-            ',' if depth == 0 => {
+            '{' => nesting += 1,
+            '}' => nesting -= 1,
+            ',' if nesting == 0 => {
                 items.push(&inner[start..at]);
                 start = at + 1;
             }
@@ -200,7 +210,7 @@ fn use_paths(tree: &str) -> Vec<String> {
     items.push(&inner[start..]);
     items
         .into_iter()
-        .flat_map(use_paths)
+        .flat_map(|item| use_paths(item, depth + 1))
         .map(|path| match (prefix.is_empty(), path.as_str()) {
             (true, _) => path,
             (false, "self") => prefix.to_owned(),
@@ -240,16 +250,29 @@ fn rust_references(patterns: &Patterns, path: &str, text: &str) -> Vec<Reference
             continue;
         };
         let mut statement = line[start.end()..].to_owned();
+        let mut ended = statement.contains(';');
         let mut taken = 1;
-        while !statement.contains(';') && at < lines.len() && taken < MAX_USE_LINES {
+        while !ended
+            && at < lines.len()
+            && taken < MAX_USE_LINES
+            && statement.len() <= MAX_USE_BYTES
+        {
+            ended = lines[at].contains(';');
             statement.push(' ');
             statement.push_str(lines[at]);
             at += 1;
             taken += 1;
         }
         let statement = statement.split(';').next().unwrap_or_default();
-        for used in use_paths(statement) {
-            let segments: Vec<&str> = used.split("::").map(str::trim).collect();
+        if statement.len() > MAX_USE_BYTES {
+            continue;
+        }
+        for used in use_paths(statement, 0) {
+            let segments: Vec<&str> = used
+                .split("::")
+                .map(str::trim)
+                .take(MAX_USE_SEGMENTS)
+                .collect();
             let (base, rest) = match segments.first() {
                 Some(&"crate") => (crate_directory.as_str(), &segments[1..]),
                 Some(&"super") => (parent_directory.as_str(), &segments[1..]),
@@ -717,6 +740,29 @@ mod tests {
     }
 
     #[test]
+    fn a_hostile_use_statement_costs_no_more_than_its_bounds() {
+        // Braces nested a thousand deep (within the byte bound), and a path
+        // of a hundred thousand segments (over it).
+        let deep = format!(
+            "use crate::{}x{};\n",
+            "a::{".repeat(1_000),
+            "}".repeat(1_000)
+        );
+        assert!(deep.len() < MAX_USE_BYTES);
+        let long = format!("use crate::{}x;\n", "a::".repeat(100_000));
+        let files = [("src/lib.rs", deep.as_str()), ("src/a.rs", long.as_str())];
+        assert!(linked(&files, "src/lib.rs").is_empty());
+        assert!(linked(&files, "src/a.rs").is_empty());
+        let nested = format!("use crate::{}a{};\n", "{".repeat(4), "}".repeat(4));
+        let files = [("src/lib.rs", nested.as_str()), ("src/a.rs", "")];
+        assert_eq!(
+            linked(&files, "src/lib.rs"),
+            ["src/a.rs"],
+            "within the bounds"
+        );
+    }
+
+    #[test]
     fn every_pattern_compiles() {
         assert!(PATTERNS.is_some());
     }
@@ -726,7 +772,7 @@ mod tests {
         assert_eq!(normalized("a/b/../c/./d").as_deref(), Some("a/c/d"));
         assert_eq!(normalized("a/../../b"), None);
         assert_eq!(
-            use_paths("crate::{a, b::{c, self}, d as e}"),
+            use_paths("crate::{a, b::{c, self}, d as e}", 0),
             ["crate::a", "crate::b::c", "crate::b", "crate::d"]
         );
     }
