@@ -153,6 +153,9 @@ struct IndexedFile {
     definitions: Vec<(u64, String, Vec<u32>)>,
     /// The files it imports (see [`links`]), in file order.
     imports: Vec<u32>,
+    /// Its name's one letter, when its name (without extensions) is one
+    /// letter: `z.rs` is the importer of the tool called `z`.
+    letter_name: Option<char>,
 }
 
 /// The index of one tree.
@@ -331,6 +334,7 @@ impl CodeIndex {
         let (directory, name) = path.rsplit_once('/').unwrap_or(("", path.as_str()));
         // The file's name without its extensions (`res.cookie.js` is `res`, `cooki`).
         let stem = name.split('.').take(name.split('.').count().max(2) - 1);
+        let letter_name = single_letter(name.split('.').next().unwrap_or_default());
         let name_sequence: Vec<u32> = stem
             .flat_map(index_words)
             .map(|word| self.word_id(word))
@@ -353,6 +357,7 @@ impl CodeIndex {
             name_sequence,
             definitions,
             imports: Vec::new(),
+            letter_name,
         });
         references
     }
@@ -417,6 +422,7 @@ impl CodeIndex {
     fn rank(
         &self,
         words: &[String],
+        letters: &[char],
         pairs: &[(String, String)],
         max_files: usize,
         text_of: &dyn Fn(&str) -> Option<String>,
@@ -458,8 +464,26 @@ impl CodeIndex {
                 entry.1.insert(word);
             }
         }
+        // A letter the query names alone (the tool `z`) is no word, but a
+        // file named by it is about it.
+        let letter_rarity: Vec<(char, f64)> = letters
+            .iter()
+            .map(|letter| {
+                let named = self
+                    .files
+                    .iter()
+                    .filter(|file| file.letter_name == Some(*letter))
+                    .count() as f64;
+                (*letter, (1.0 + (files - named + 0.5) / (named + 0.5)).ln())
+            })
+            .collect();
         for (file_index, file) in self.files.iter().enumerate() {
             let mut bonus = 0.0;
+            for (letter, rarity) in &letter_rarity {
+                if file.letter_name == Some(*letter) {
+                    bonus += NAME_WEIGHT * rarity;
+                }
+            }
             for (id, _, rarity) in &ids {
                 if file.name_words.contains(id) {
                     bonus += NAME_WEIGHT * rarity;
@@ -715,12 +739,42 @@ pub(crate) fn find_code(
         readable_text(repo_fd.as_ref()?, &rel, limits)
     };
     Ok(FindCodeOutput {
-        files: index.rank(&words, &adjacent_pairs(&input.query), max_files, &text_of),
+        files: index.rank(
+            &words,
+            &query_letters(&input.query),
+            &adjacent_pairs(&input.query),
+            max_files,
+            &text_of,
+        ),
         words,
         files_indexed: index.files.len() as u64,
         index_reused,
         truncated: index.truncated,
     })
+}
+
+/// `token` as a lower-case letter, when it is one ASCII letter.
+fn single_letter(token: &str) -> Option<char> {
+    let mut chars = token.chars();
+    match (chars.next(), chars.next()) {
+        (Some(letter), None) if letter.is_ascii_alphabetic() => Some(letter.to_ascii_lowercase()),
+        _ => None,
+    }
+}
+
+/// The letters `query` names alone (`z` in "a z data file"), but for the
+/// English words `a` and `I`; a letter inside an identifier is not alone.
+fn query_letters(query: &str) -> Vec<char> {
+    let mut letters = Vec::new();
+    for token in query.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
+        if let Some(letter) = single_letter(token)
+            && !matches!(letter, 'a' | 'i')
+            && !letters.contains(&letter)
+        {
+            letters.push(letter);
+        }
+    }
+    letters
 }
 
 /// The distinct pairs of adjacent words in `query`, as the index keys them.
@@ -915,6 +969,37 @@ mod tests {
                 ("dir".to_owned(), "chosen".to_owned())
             ]
         );
+    }
+
+    #[test]
+    fn a_file_named_by_a_letter_the_question_names_alone_ranks_first() {
+        let mut files = vec![
+            (
+                "src/import/z.rs".to_owned(),
+                "fn parse(line: &str) -> Option<Dir> {\n    let (path, rest) = line.split_once('|')?;\n}\n".to_owned(),
+            ),
+            (
+                "src/import/autojump.rs".to_owned(),
+                "// Reads autojump's file.\nfn parse(line: &str) {}\n".to_owned(),
+            ),
+        ];
+        for number in 0..10 {
+            files.push((
+                format!("src/cmd/command{number}.rs"),
+                "fn run() {}\n".to_owned(),
+            ));
+        }
+        let borrowed: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(path, text)| (path.as_str(), text.as_str()))
+            .collect();
+        let (_dir, sandbox) = sandbox_with(&borrowed);
+        let found = sandbox
+            .find_code(&query("How are the lines of a z data file parsed?"))
+            .unwrap();
+        // autojump.rs holds more of the words; z.rs is named by the tool.
+        assert_eq!(found.files[0].path, "src/import/z.rs", "{found:?}");
+        assert_eq!(query_letters("a z data file, and I: x_y R"), ['z', 'r']);
     }
 
     #[test]
