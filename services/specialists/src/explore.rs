@@ -879,6 +879,7 @@ pub async fn gather<P: Port>(
         })
         .collect();
     gathered.ranked = rank(keywords, &hits, &sizes, &paths);
+    let asks = Asks::of(keywords);
     let indexed = port::find_code(
         port,
         &format!("{step}:index"),
@@ -889,10 +890,10 @@ pub async fn gather<P: Port>(
     )
     .await?;
     if let Ok(indexed) = indexed {
-        blend(&mut gathered.ranked, &indexed.files, Asks::of(keywords));
+        blend(&mut gathered.ranked, &indexed.files, asks);
     }
     follow_links(port, step, &mut gathered.ranked).await?;
-    follow_imports(&mut gathered.ranked, Asks::of(keywords));
+    follow_imports(&mut gathered.ranked, asks);
     gathered.unmatched.retain(|k| {
         !gathered
             .ranked

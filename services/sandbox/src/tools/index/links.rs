@@ -385,6 +385,18 @@ fn js_references(patterns: &Patterns, path: &str, text: &str) -> Vec<Reference> 
     out
 }
 
+/// Adds the names `pattern` finds in `line` before a `//` comment to
+/// `names`, while it holds fewer than `most`.
+fn names_in_code(pattern: &Regex, line: &str, most: usize, names: &mut BTreeSet<String>) {
+    let code = line.split("//").next().unwrap_or(line);
+    for name in pattern.find_iter(code) {
+        if names.len() >= most {
+            break;
+        }
+        names.insert(name.as_str().to_owned());
+    }
+}
+
 fn jvm_references(patterns: &Patterns, text: &str) -> Vec<Reference> {
     let mut out = Vec::new();
     let mut classes = BTreeSet::new();
@@ -402,13 +414,12 @@ fn jvm_references(patterns: &Patterns, text: &str) -> Vec<Reference> {
             }
             continue;
         }
-        let code = line.split("//").next().unwrap_or(line);
-        for class in patterns.class_name.find_iter(code) {
-            if classes.len() >= MAX_SIBLING_CLASSES {
-                break;
-            }
-            classes.insert(class.as_str().to_owned());
-        }
+        names_in_code(
+            &patterns.class_name,
+            line,
+            MAX_SIBLING_CLASSES,
+            &mut classes,
+        );
     }
     if !classes.is_empty() {
         out.push(Reference::SiblingClasses(classes));
@@ -431,13 +442,7 @@ fn go_references(patterns: &Patterns, text: &str) -> Vec<Reference> {
                 defines.insert(name.to_owned());
             }
         }
-        let code = line.split("//").next().unwrap_or(line);
-        for name in patterns.go_name.find_iter(code) {
-            if uses.len() >= MAX_GO_NAMES {
-                break;
-            }
-            uses.insert(name.as_str().to_owned());
-        }
+        names_in_code(&patterns.go_name, line, MAX_GO_NAMES, &mut uses);
     }
     let uses = uses.difference(&defines).cloned().collect();
     vec![Reference::GoNames { defines, uses }]
