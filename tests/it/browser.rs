@@ -231,6 +231,13 @@ async fn journey(client: &Client, dev: &mut ZopuDev, shots: &Screenshots) -> Res
         "return document.querySelector('p.running').hidden",
     )
     .await?;
+    // Onboarding's Work is done; the question's waits on its owner, in words.
+    wait_for_js(
+        client,
+        "the work cards to read done (onboarding) and waiting for you (the question)",
+        "const all = document.querySelectorAll('li.card.work .status'); return all.length >= 2 && all[0].textContent === 'done' && all[all.length - 1].textContent.startsWith('waiting for you: ')",
+    )
+    .await?;
     shots.both(client, "06-answered").await?;
 
     open_newest_artifact(client, token, shots).await?;

@@ -184,7 +184,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let _tracing = if let Command::Dev(args) = &cli.command
         && !args.verbose
     {
-        let path = commands::services::dev_log_file();
+        let path = commands::services::dev_log_file(&config.data_dir);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating {}", parent.display()))?;
@@ -233,5 +233,40 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Contract { command } => commands::contract::run(&context, command).await,
         Command::Bench(args) => commands::bench::run_bench(&context, args).await,
         Command::Eval(args) => commands::eval::run(&context, args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every command, argument and option says what it is for in `--help`.
+    #[test]
+    fn every_command_and_argument_has_help() {
+        fn undocumented(command: &clap::Command, path: &str, found: &mut Vec<String>) {
+            for argument in command.get_arguments() {
+                let id = argument.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if argument.get_help().is_none() && argument.get_long_help().is_none() {
+                    found.push(format!("{path} {id}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                let path = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    found.push(format!("{path} (the command)"));
+                }
+                undocumented(sub, &path, found);
+            }
+        }
+        let command = Cli::command();
+        command.clone().debug_assert();
+        let mut found = Vec::new();
+        undocumented(&command, "zopu", &mut found);
+        assert!(found.is_empty(), "no help text: {found:#?}");
     }
 }

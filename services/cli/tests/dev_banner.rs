@@ -1,6 +1,7 @@
 //! `zopu dev` prints its progress and banner (URL, token, metrics, where
 //! the logs are) on stdout with no service log line among them; the
-//! services' full logs go to `.zopu-local/dev.log`; the process's metrics
+//! services' full logs go to `.zopu-local/dev.log` (or the `--data-dir`,
+//! with the rest of its state); the process's metrics
 //! listener answers on `metrics_listen`. Cargo builds the binary under
 //! test; `zopu dev` starts its own nats-server (from ./tools/bin or PATH).
 
@@ -42,13 +43,15 @@ struct Started {
     metrics_port: u16,
 }
 
-/// Starts `zopu dev` in `cwd` on free ports and reads its banner; an early
-/// exit or silence is an error carrying its exit status and stderr.
-async fn start(cwd: &std::path::Path) -> Result<Started> {
+/// Starts `zopu dev` in `cwd` on free ports, with `extra` arguments, and
+/// reads its banner; an early exit or silence is an error carrying its exit
+/// status and stderr.
+async fn start(cwd: &std::path::Path, extra: &[&str]) -> Result<Started> {
     let (port, nats_port, metrics_port) = (free_port()?, free_port()?, free_port()?);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu"))
         .args(["dev", "--no-demo", "--port", &port.to_string()])
         .args(["--nats-port", &nats_port.to_string()])
+        .args(extra)
         .current_dir(cwd)
         .env_remove("ZOPU_CONFIG")
         .env_remove("ZOPU_DATA_DIR")
@@ -112,16 +115,16 @@ async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
     let mut cwd = tempfile::tempdir()?;
     // A port found free can be taken by another process before `zopu dev`
     // binds it: one more start, on other ports in a fresh directory, before failing.
-    let started = match start(cwd.path()).await {
+    let started = match start(cwd.path(), &[]).await {
         Ok(started) => started,
         Err(first) => {
             eprintln!("first start failed, trying other ports: {first:#}");
             cwd = tempfile::tempdir()?;
-            start(cwd.path()).await?
+            start(cwd.path(), &[]).await?
         }
     };
     let Started {
-        mut child,
+        child,
         printed,
         stderr,
         metrics_port,
@@ -154,14 +157,7 @@ async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
         "log lines among the banner:\n{text}"
     );
 
-    let status = std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().context("pid")?.to_string())
-        .status()?;
-    ensure!(status.success(), "kill -TERM failed");
-    tokio::time::timeout(START, child.wait())
-        .await
-        .context("`zopu dev` did not stop")??;
+    stop(child).await?;
     let stderr = tokio::time::timeout(START, stderr)
         .await
         .context("`zopu dev`'s stderr did not end")??;
@@ -173,6 +169,56 @@ async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
     ensure!(
         log.contains("nats connected"),
         "the services' logs are not in dev.log:\n{log}"
+    );
+    Ok(())
+}
+
+/// Sends SIGTERM to `zopu dev` and waits for it to exit.
+async fn stop(mut child: tokio::process::Child) -> Result<()> {
+    let status = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().context("pid")?.to_string())
+        .status()?;
+    ensure!(status.success(), "kill -TERM failed");
+    tokio::time::timeout(START, child.wait())
+        .await
+        .context("`zopu dev` did not stop")??;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_data_directory_of_its_own_holds_all_of_devs_state() -> Result<()> {
+    let mut cwd = tempfile::tempdir()?;
+    let mut state = cwd.path().join("elsewhere");
+    let started = match start(cwd.path(), &["--data-dir", &state.display().to_string()]).await {
+        Ok(started) => started,
+        Err(first) => {
+            eprintln!("first start failed, trying other ports: {first:#}");
+            cwd = tempfile::tempdir()?;
+            state = cwd.path().join("elsewhere");
+            start(cwd.path(), &["--data-dir", &state.display().to_string()]).await?
+        }
+    };
+    let text = started.printed.join("\n");
+    let log = state.join("dev.log");
+    ensure!(
+        text.contains(&format!("logs          {}", log.display())),
+        "the banner does not name {}:\n{text}",
+        log.display()
+    );
+    stop(started.child).await?;
+    ensure!(
+        std::fs::read_to_string(&log)?.contains("nats connected"),
+        "the services' logs are not in {}",
+        log.display()
+    );
+    ensure!(
+        state.join("nats").join("jetstream").is_dir(),
+        "the managed nats-server's store is not under the data directory"
+    );
+    ensure!(
+        !cwd.path().join(".zopu-local").exists(),
+        "`zopu dev --data-dir` still wrote .zopu-local/ in the working directory"
     );
     Ok(())
 }

@@ -676,7 +676,20 @@ fn topic(message_text: &str) -> String {
     let fallback =
         || quote(message_text).map_or_else(|| "that".to_owned(), |quote| format!("“{quote}”"));
     let tokens = tokens(message_text);
-    let Some(top) = ranked_terms(message_text).into_iter().next() else {
+    // "Add a token revoke command" is about the command, not the adding: a
+    // change verb is the subject only when nothing else is named.
+    let terms = ranked_terms(message_text);
+    let is_change_verb = |stem: &str| {
+        tokens.iter().any(|(token, token_stem)| {
+            token_stem.as_deref() == Some(stem)
+                && CHANGE_VERBS.contains(&token.to_lowercase().as_str())
+        })
+    };
+    let Some(top) = terms
+        .iter()
+        .find(|term| !is_change_verb(&term.stem))
+        .or(terms.first())
+    else {
         return fallback();
     };
     let Some(center) = tokens
@@ -739,11 +752,19 @@ fn quote(message_text: &str) -> Option<String> {
     )
 }
 
+/// The first sentence of the summary's prose: headings are skipped, and so
+/// is a line that is one emphasised note (`summary.md` opens with an
+/// italic line saying which flow wrote it, at which commit).
 fn first_sentence(summary: &str) -> Option<String> {
+    let is_note = |line: &str| {
+        line.len() > 1
+            && ((line.starts_with('_') && line.ends_with('_'))
+                || (line.starts_with('*') && line.ends_with('*') && !line.starts_with("* ")))
+    };
     let text = summary
         .lines()
         .map(str::trim)
-        .filter(|line| !line.starts_with('#'))
+        .filter(|line| !line.starts_with('#') && !is_note(line))
         .map(|line| line.trim_start_matches(['-', '*', '>', ' ']).trim())
         .find(|line| !line.is_empty())?;
     let end = text
@@ -1032,6 +1053,18 @@ mod tests {
             "{response}"
         );
         assert!(!response.contains("Stripe"), "{response}");
+        // summary.md as onboarding writes it: a heading, an italic note on
+        // who wrote it, then the purpose quoted from the README.
+        let response = direct_response(
+            "what does this project do?",
+            Some(
+                "# Acme — repository summary\n\n_Written by the Zopu onboarding flow (provider: offline, heuristic) at commit `abc`. Facts were read from the repository._\n\n## Project purpose\n\n> Acme bills customers every month.\n\n(quoted from `README.md`)\n",
+            ),
+        );
+        assert_eq!(
+            response,
+            "From the project summary: Acme bills customers every month. Ask me to dig into any part of it."
+        );
     }
 
     fn sentences(text: &str) -> usize {
@@ -1096,6 +1129,17 @@ mod tests {
         let long_name = "a ".repeat(200);
         let ack = acknowledgement(&decision, message, &long_name);
         assert!(ack.split_whitespace().count() < 50, "{ack}");
+    }
+
+    #[test]
+    fn the_topic_of_a_change_request_is_what_changes_not_the_verb() {
+        assert_eq!(
+            topic("Write an issue: add a zopu token revoke command"),
+            "zopu token revoke"
+        );
+        assert_eq!(topic("Fix the flaky payment tests"), "flaky payment tests");
+        // A verb alone is still the subject when nothing else is named.
+        assert_eq!(topic("refactor"), "refactor");
     }
 
     #[test]

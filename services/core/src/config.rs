@@ -406,11 +406,14 @@ impl ScaleConfig {
     }
 }
 
+/// Where projections and workspaces live unless `data_dir` says otherwise.
+pub const DEFAULT_DATA_DIR: &str = ".zopu-local/data";
+
 impl Default for CoreConfig {
     fn default() -> Self {
         Self {
             nats_url: "nats://127.0.0.1:4222".to_owned(),
-            data_dir: PathBuf::from(".zopu-local/data"),
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             stream_replicas: 1,
             duplicate_window: std::time::Duration::from_secs(120),
             shutdown_grace: std::time::Duration::from_secs(10),

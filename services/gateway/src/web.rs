@@ -75,6 +75,7 @@ fn page(title: &str, view: &str, project: &str) -> Response {
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="color-scheme" content="light dark">
 <title>{title} · Zopu</title>
+<link rel="icon" href="data:,">
 <link rel="stylesheet" href="/assets/app.css">
 <script src="/assets/app.js" defer></script>
 </head>

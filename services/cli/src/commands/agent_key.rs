@@ -30,6 +30,7 @@ pub enum KeyCommand {
     Create {
         /// The agent's registry key (kind `external`)
         agent: String,
+        /// The organization the project belongs to
         #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
         org: OrgId,
         /// A project the agent may act in (repeat for more)

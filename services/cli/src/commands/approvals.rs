@@ -38,7 +38,9 @@ pub enum ApprovalsAction {
 
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
+    /// The project id (as `zopu project create` or `zopu dev` printed it)
     pub project: ProjectId,
+    /// The organization the project belongs to
     #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
     pub org: OrgId,
     /// Only approvals with this status: pending, approved, rejected, expired
@@ -48,9 +50,11 @@ pub struct ListArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct DecideArgs {
+    /// The project id (as `zopu project create` or `zopu dev` printed it)
     pub project: ProjectId,
     /// The approval id `zopu approvals list` shows.
     pub approval: String,
+    /// The organization the project belongs to
     #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
     pub org: OrgId,
     /// Why (reject only; at most 500 characters).

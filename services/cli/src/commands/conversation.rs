@@ -17,6 +17,7 @@ pub struct SendArgs {
     pub project: ProjectId,
     /// The message (at most 8000 characters).
     pub message: String,
+    /// The organization the project belongs to
     #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
     pub org: OrgId,
     /// Seconds to wait for the acknowledgement and the final message.
@@ -60,7 +61,9 @@ pub struct ShowArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct SwitchArgs {
+    /// The project id (as `zopu project create` or `zopu dev` printed it)
     pub project: ProjectId,
+    /// The organization the project belongs to
     #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
     pub org: OrgId,
     /// Shown to users while the agent is paused (disable only).
@@ -71,7 +74,9 @@ pub struct SwitchArgs {
 /// `zopu timeline PROJECT [--follow]`
 #[derive(Debug, clap::Args)]
 pub struct TimelineArgs {
+    /// The project id (as `zopu project create` or `zopu dev` printed it)
     pub project: ProjectId,
+    /// The organization the project belongs to
     #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
     pub org: OrgId,
     /// Keep printing new events.

@@ -35,6 +35,7 @@ pub enum CredentialsAction {
 
 #[derive(Debug, clap::Args)]
 pub struct OrgArgs {
+    /// The organization whose credentials these are
     #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
     pub org: OrgId,
 }
@@ -43,6 +44,7 @@ pub struct OrgArgs {
 pub struct HostArgs {
     /// `host` or `host:port`, as in the repository's https URL.
     pub host: String,
+    /// The organization whose credentials these are
     #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
     pub org: OrgId,
 }

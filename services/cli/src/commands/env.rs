@@ -38,16 +38,20 @@ pub enum EnvAction {
 
 #[derive(Debug, clap::Args)]
 pub struct ProjectArgs {
+    /// The project id (as `zopu project create` or `zopu dev` printed it)
     pub project: ProjectId,
+    /// The organization the project belongs to
     #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
     pub org: OrgId,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct NameArgs {
+    /// The project id (as `zopu project create` or `zopu dev` printed it)
     pub project: ProjectId,
     /// A name from the repository's `.env.example`.
     pub name: String,
+    /// The organization the project belongs to
     #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
     pub org: OrgId,
 }

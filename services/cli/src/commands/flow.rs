@@ -31,9 +31,11 @@ pub enum FlowAction {
 
 #[derive(Debug, clap::Args)]
 pub struct CancelArgs {
+    /// The project id (as `zopu project create` or `zopu dev` printed it)
     pub project: ProjectId,
     /// The flow run id.
     pub flow: FlowRunId,
+    /// The organization the project belongs to
     #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
     pub org: OrgId,
     /// Why (shown with the cancellation; at most 500 characters).

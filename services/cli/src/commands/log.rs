@@ -43,6 +43,7 @@ pub enum AuditCommand {
         /// Only this project
         #[arg(long)]
         project: Option<ProjectId>,
+        /// With --project: its organization (default: any)
         #[arg(long)]
         org: Option<OrgId>,
     },

@@ -31,15 +31,18 @@ pub struct MemoryArgs {
 pub enum MemoryAction {
     /// Print what the agent remembers (key, value, who wrote it, expiry)
     List {
+        /// The project id (as `zopu project create` or `zopu dev` printed it)
         project: ProjectId,
         /// Only entries whose key or value holds every word
         #[arg(long)]
         search: Option<String>,
+        /// The organization the project belongs to
         #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
         org: OrgId,
     },
     /// Write one entry (a preference the agent follows from now on)
     Set {
+        /// The project id (as `zopu project create` or `zopu dev` printed it)
         project: ProjectId,
         /// E.g. preference.language (a-z, 0-9, '.', '_', '-'; at most 64)
         key: String,
@@ -51,19 +54,25 @@ pub enum MemoryAction {
         /// Seconds until it is forgotten
         #[arg(long)]
         ttl: Option<u64>,
+        /// The organization the project belongs to
         #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
         org: OrgId,
     },
     /// Forget one entry
     Forget {
+        /// The project id (as `zopu project create` or `zopu dev` printed it)
         project: ProjectId,
+        /// The entry's key, as `zopu memory list` shows it
         key: String,
+        /// The organization the project belongs to
         #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
         org: OrgId,
     },
     /// Forget everything the agent remembers in the project
     Clear {
+        /// The project id (as `zopu project create` or `zopu dev` printed it)
         project: ProjectId,
+        /// The organization the project belongs to
         #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
         org: OrgId,
     },

@@ -76,6 +76,7 @@ pub struct CreateArgs {
 pub struct StatusArgs {
     /// The project id
     project: ProjectId,
+    /// The organization the project belongs to
     #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
     org: OrgId,
 }
@@ -84,6 +85,7 @@ pub struct StatusArgs {
 pub struct RetryArgs {
     /// The project id
     project: ProjectId,
+    /// The organization the project belongs to
     #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
     org: OrgId,
     /// Clone this branch instead of the last requested one

@@ -19,6 +19,7 @@ use super::conversation::print_line;
     after_help = "Examples:\n  zopu runs\n  zopu runs --project 0190... --agent explorer --status failed\n  zopu runs --run 0191...   # one run with its internal notes and handoffs"
 )]
 pub struct RunsArgs {
+    /// The organization the project belongs to
     #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
     pub org: OrgId,
     /// Only this project's runs.

@@ -67,7 +67,7 @@ impl RunArgs {
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Example:\n  zopu dev --port 8080\n\nState lives in .zopu-local/ (nats data, projections, workspaces); `make clean-state` deletes it."
+    after_help = "Example:\n  zopu dev --port 8080\n\nState lives in .zopu-local/ (nats data, projections, workspaces, dev.log); `make clean-state` deletes it.\nWith --data-dir DIR (or ZOPU_DATA_DIR) all of it lives in DIR instead."
 )]
 pub struct DevArgs {
     /// Port of the web timeline and HTTP API
@@ -82,14 +82,29 @@ pub struct DevArgs {
     /// Do not create a demo project
     #[arg(long)]
     no_demo: bool,
-    /// Print the services' full logs here instead of into .zopu-local/dev.log
+    /// Print the services' full logs here instead of into dev.log (in .zopu-local/, or the --data-dir)
     #[arg(long)]
     pub verbose: bool,
 }
 
 /// Where `zopu dev` writes the services' logs unless `--verbose`.
-pub fn dev_log_file() -> PathBuf {
-    local_state().join("dev.log")
+pub fn dev_log_file(data_dir: &Path) -> PathBuf {
+    dev_state_dir(data_dir).join("dev.log")
+}
+
+/// Where `zopu dev` keeps its own state (the managed nats-server's store,
+/// the services' log, the demo project's id): `.zopu-local/`, beside the
+/// default data directory, or the data directory itself when one is given
+/// (`--data-dir`, `ZOPU_DATA_DIR`), so that one run's state is all in one
+/// place and two runs with their own data directories share nothing.
+pub fn dev_state_dir(data_dir: &Path) -> PathBuf {
+    let default = Path::new(zopu_core::config::DEFAULT_DATA_DIR);
+    let is_default = data_dir == default
+        || std::path::absolute(default).is_ok_and(|default| default == data_dir);
+    match default.parent() {
+        Some(local) if is_default => local.to_path_buf(),
+        _ => data_dir.to_path_buf(),
+    }
 }
 
 /// Runs one service. The gateway takes `link_key` when given (`zopu dev`),
@@ -181,13 +196,9 @@ pub async fn run(context: &Context, args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Where `zopu dev` keeps its state.
-fn local_state() -> PathBuf {
-    PathBuf::from(".zopu-local")
-}
-
 pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
-    let state = local_state();
+    let state = dev_state_dir(&context.config.data_dir);
+    let log_file = dev_log_file(&context.config.data_dir);
     let started = std::time::Instant::now();
     let nats_port = if port_free(args.nats_port) {
         Some(args.nats_port)
@@ -202,7 +213,7 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
     if !args.verbose {
         progress(&format!(
             "zopu dev: service logs go to {} (--verbose prints them here)",
-            dev_log_file().display()
+            log_file.display()
         ));
     }
     let mut server = LocalServer::start(&state.join("nats"), nats_port, SyncPolicy::Always)?;
@@ -315,7 +326,7 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
             config.nats_url, config.nats_url
         );
         if !args.verbose {
-            println!("  logs          {}", dev_log_file().display());
+            println!("  logs          {}", log_file.display());
         }
         println!("Press Ctrl-C to stop.");
     }

@@ -86,6 +86,21 @@
     return step ? step[1] : state === "failed" ? "Setup failed" : state;
   }
 
+  // A Work's status as a person reads it: `waiting` is a Work whose thread
+  // finished and that now waits on its owner (a follow-up, an issue, a check).
+  const WORK_STATUS = {
+    open: "open",
+    working: "working",
+    blocked: "blocked",
+    waiting: "waiting for you: ask a follow-up or act on the result",
+    done: "done",
+    failed: "failed",
+    cancelled: "cancelled",
+  };
+  function workStatus(status) {
+    return Object.hasOwn(WORK_STATUS, status) ? WORK_STATUS[status] : status;
+  }
+
   async function projectsView() {
     const list = el("ul", { class: "projects", "aria-label": "Projects" });
     const error = el("p", { class: "error", role: "alert" });
@@ -383,7 +398,7 @@
       }
       if (item.kind === "work_updated") {
         const card = this.works.get(item.work.work_id);
-        if (card) card.querySelector(".status").textContent = item.work.status;
+        if (card) card.querySelector(".status").textContent = workStatus(item.work.status);
         return;
       }
       const node = this.render(item);
@@ -413,7 +428,7 @@
             el("p", { class: "kicker" }, "Work · " + item.work.kind),
             el("h3", {}, item.work.title),
             item.work.summary ? el("p", {}, item.work.summary) : null,
-            el("p", { class: "small" }, "Status: ", el("span", { class: "status" }, item.work.status)));
+            el("p", { class: "small" }, "Status: ", el("span", { class: "status" }, workStatus(item.work.status))));
           this.works.set(item.work.work_id, card);
           return card;
         }
