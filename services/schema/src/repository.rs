@@ -95,7 +95,11 @@ impl std::fmt::Display for LocationProblem {
             Self::InvalidHost => "the URL has no valid host",
             Self::InvalidPort => "the URL has an invalid port",
             Self::InvalidPath => "the URL path contains unsupported characters",
-            Self::LocalNotAllowed => "local repository paths are disabled; use an https:// URL",
+            Self::LocalNotAllowed => {
+                "local repository paths are disabled; use an https:// URL \
+                 (an operator allows local paths with sandbox.allow_local_repositories \
+                 and sandbox.local_repository_roots)"
+            }
             Self::LocalNotAbsolute => "local repository paths must be absolute",
             Self::LocalNotADirectory => "the local repository path is not an existing directory",
             Self::LocalNotARepository => "the local directory is not a git repository",

@@ -54,8 +54,9 @@ pub fn skips_tests(preferences: &[String]) -> bool {
     })
 }
 
-/// A request's wrapper: politeness, then "write/create/file… an issue
-/// (to/for/about/:)"; what follows is the issue's subject.
+/// A request's wrapper: politeness ("please", "could you"), then "write/
+/// create/file… an issue (to/for/about/:)", either alone; what follows is
+/// the issue's subject.
 static REQUEST_WRAPPER: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
         r"(?ix)^\s*
@@ -66,7 +67,7 @@ static REQUEST_WRAPPER: LazyLock<Regex> = LazyLock::new(|| {
            (?:issue|ticket|bug\s+report|bug|task|story)s?
            (?:\s+(?:to|for|about|that|on|regarding|describing))?
            \s*[:\-–—]?\s*
-        |(?:issue|ticket|task)\s*[:\-–—]\s*)",
+        |(?:issue|ticket|task)\s*[:\-–—]\s*)?",
     )
     .expect("the wrapper pattern compiles")
 });
@@ -556,6 +557,16 @@ mod tests {
                 "Write an issue about adding a zopu token revoke command",
                 "Add a zopu token revoke command",
             ),
+            // Politeness alone is a wrapper too.
+            (
+                "Please fix the flaky snapshot tests in the gateway",
+                "Fix the flaky snapshot tests in the gateway",
+            ),
+            (
+                "Could you please add retries to the webhook sender?",
+                "Add retries to the webhook sender",
+            ),
+            ("Please", "Please"),
             // Neither a want, a gerund nor a problem: as written.
             (
                 "Write an issue: dark mode for the dashboard",
