@@ -768,7 +768,7 @@ pub fn final_text(
     let summary = first_sentences(summary, 2, 35);
     let text = match status {
         "completed" => match flow_type {
-            pb::FlowType::Issue => format!("I've drafted the issue. {summary}"),
+            pb::FlowType::Issue => format!("I've drafted the issue: {summary}"),
             pb::FlowType::OnboardingExplore => format!("The project overview is ready. {summary}"),
             pb::FlowType::Check => format!("{summary} The report is in the linked card."),
             _ => format!("The exploration is ready. {summary}"),
@@ -1051,6 +1051,17 @@ mod tests {
             "",
         );
         assert!(!claim.contains("fixed"), "{claim}");
+        // An issue's summary is often just its title: it follows a colon.
+        let drafted = final_text(
+            pb::FlowType::Issue,
+            "completed",
+            "Add a zopu token revoke command",
+            "",
+        );
+        assert_eq!(
+            drafted,
+            "I've drafted the issue: Add a zopu token revoke command"
+        );
         let failed = final_text(
             pb::FlowType::Explore,
             "failed",

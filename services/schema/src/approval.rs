@@ -108,7 +108,7 @@ pub enum ParametersProblem {
     #[error("the parameters are not a JSON object of artifact_id, repository, title and body: {0}")]
     Shape(String),
     #[error(
-        "the parameters name no tracker repository: the project's repository is not https://<conversation.tracker_host>/<owner>/<name>"
+        "there is no tracker repository to publish to: only a project cloned from https://HOST/OWNER/NAME, HOST being conversation.tracker_host, has one"
     )]
     NoRepository,
     #[error("the repository is not owner/name (letters, digits, '.', '-', '_')")]
