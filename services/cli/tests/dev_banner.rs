@@ -46,7 +46,7 @@ struct Started {
 /// Starts `zopu dev` in `cwd` on free ports, with `extra` arguments, and
 /// reads its banner; an early exit or silence is an error carrying its exit
 /// status and stderr.
-async fn start(cwd: &std::path::Path, extra: &[&str]) -> Result<Started> {
+async fn start(cwd: &std::path::Path, extra: &[String]) -> Result<Started> {
     let (port, nats_port, metrics_port) = (free_port()?, free_port()?, free_port()?);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu"))
         .args(["dev", "--no-demo", "--port", &port.to_string()])
@@ -110,19 +110,28 @@ async fn start(cwd: &std::path::Path, extra: &[&str]) -> Result<Started> {
     })
 }
 
-#[tokio::test]
-async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
+/// Starts `zopu dev` in a fresh directory, with the arguments `extra` gives
+/// for it. A port found free can be taken by another process before `zopu
+/// dev` binds it: one more start, on other ports in another fresh
+/// directory, before failing.
+async fn start_fresh(
+    extra: impl Fn(&std::path::Path) -> Vec<String>,
+) -> Result<(tempfile::TempDir, Started)> {
     let mut cwd = tempfile::tempdir()?;
-    // A port found free can be taken by another process before `zopu dev`
-    // binds it: one more start, on other ports in a fresh directory, before failing.
-    let started = match start(cwd.path(), &[]).await {
+    let started = match start(cwd.path(), &extra(cwd.path())).await {
         Ok(started) => started,
         Err(first) => {
             eprintln!("first start failed, trying other ports: {first:#}");
             cwd = tempfile::tempdir()?;
-            start(cwd.path(), &[]).await?
+            start(cwd.path(), &extra(cwd.path())).await?
         }
     };
+    Ok((cwd, started))
+}
+
+#[tokio::test]
+async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
+    let (cwd, started) = start_fresh(|_| Vec::new()).await?;
     let Started {
         child,
         printed,
@@ -188,17 +197,14 @@ async fn stop(mut child: tokio::process::Child) -> Result<()> {
 
 #[tokio::test]
 async fn a_data_directory_of_its_own_holds_all_of_devs_state() -> Result<()> {
-    let mut cwd = tempfile::tempdir()?;
-    let mut state = cwd.path().join("elsewhere");
-    let started = match start(cwd.path(), &["--data-dir", &state.display().to_string()]).await {
-        Ok(started) => started,
-        Err(first) => {
-            eprintln!("first start failed, trying other ports: {first:#}");
-            cwd = tempfile::tempdir()?;
-            state = cwd.path().join("elsewhere");
-            start(cwd.path(), &["--data-dir", &state.display().to_string()]).await?
-        }
-    };
+    let (cwd, started) = start_fresh(|cwd| {
+        vec![
+            "--data-dir".to_owned(),
+            cwd.join("elsewhere").display().to_string(),
+        ]
+    })
+    .await?;
+    let state = cwd.path().join("elsewhere");
     let text = started.printed.join("\n");
     let log = state.join("dev.log");
     ensure!(

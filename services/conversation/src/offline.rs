@@ -10,7 +10,7 @@
 //! shipped: change requests become issues.
 
 use serde_json::json;
-use zopu_core::keywords::{is_identifier, ranked_terms, tokens};
+use zopu_core::keywords::{Term, is_identifier, ranked_terms, tokens};
 use zopu_llm::{BoxFuture, ChatReply, ChatRequest, Error, FinishReason, Provider, ToolCall, Usage};
 
 use crate::decide::{Action, DecisionPrompt, Remembered, work_title};
@@ -677,27 +677,25 @@ fn topic(message_text: &str) -> String {
         || quote(message_text).map_or_else(|| "that".to_owned(), |quote| format!("“{quote}”"));
     let tokens = tokens(message_text);
     // "Add a token revoke command" is about the command, not the adding: a
-    // change verb is the subject only when nothing else is named.
+    // change verb is the subject only when nothing else is named. A term's
+    // `first` is the place of its first token.
     let terms = ranked_terms(message_text);
-    let is_change_verb = |stem: &str| {
-        tokens.iter().any(|(token, token_stem)| {
-            token_stem.as_deref() == Some(stem)
-                && CHANGE_VERBS.contains(&token.to_lowercase().as_str())
-        })
+    let is_change_verb = |term: &&Term| {
+        tokens
+            .get(term.first)
+            .is_some_and(|(token, _)| CHANGE_VERBS.contains(&token.to_lowercase().as_str()))
     };
     let Some(top) = terms
         .iter()
-        .find(|term| !is_change_verb(&term.stem))
+        .find(|term| !is_change_verb(term))
         .or(terms.first())
     else {
         return fallback();
     };
-    let Some(center) = tokens
-        .iter()
-        .position(|(_, stem)| stem.as_deref() == Some(top.stem.as_str()))
-    else {
+    let center = top.first;
+    if center >= tokens.len() {
         return fallback();
-    };
+    }
     let (mut start, mut end) = (center, center + 1);
     while end - start < TOPIC_WORDS {
         if start > 0 && tokens[start - 1].1.is_some() {

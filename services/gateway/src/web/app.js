@@ -87,18 +87,10 @@
   }
 
   // A Work's status as a person reads it: `waiting` is a Work whose thread
-  // finished and that now waits on its owner (a follow-up, an issue, a check).
-  const WORK_STATUS = {
-    open: "open",
-    working: "working",
-    blocked: "blocked",
-    waiting: "waiting for you: ask a follow-up or act on the result",
-    done: "done",
-    failed: "failed",
-    cancelled: "cancelled",
-  };
+  // finished and that now waits on its owner (a follow-up, an issue, a check);
+  // the others read as they are.
   function workStatus(status) {
-    return Object.hasOwn(WORK_STATUS, status) ? WORK_STATUS[status] : status;
+    return status === "waiting" ? "waiting for you: ask a follow-up or act on the result" : status;
   }
 
   async function projectsView() {
