@@ -262,6 +262,7 @@ async fn apply_as_admin(secured: &Secured) -> Result<()> {
         &zopu_core::streams::StreamSettings {
             replicas: 1,
             duplicate_window: zopu_tests::DUPLICATE_WINDOW,
+            ..Default::default()
         },
     )
     .await?;
@@ -293,6 +294,7 @@ async fn every_identity_is_refused_what_it_does_not_own() -> Result<()> {
         &zopu_core::streams::StreamSettings {
             replicas: 1,
             duplicate_window: Duration::from_secs(60),
+            ..Default::default()
         },
     )?)?;
     let everyone_but_admin = IDENTITIES.iter().filter(|user| **user != "admin");

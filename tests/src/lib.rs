@@ -350,6 +350,7 @@ fn apply_streams(url: String, replicas: usize) -> Result<()> {
             let settings = zopu_core::streams::StreamSettings {
                 replicas,
                 duplicate_window: DUPLICATE_WINDOW,
+                partitions: 1,
             };
             // A cluster may still be electing the stream's leader: the
             // apply is retried as `zopu streams apply` retries it.
@@ -394,6 +395,25 @@ pub async fn apply_streams_on(
         &zopu_core::streams::StreamSettings {
             replicas,
             duplicate_window,
+            partitions: 1,
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Files the reactions' work into `partitions` partitions from the next
+/// event on, as `zopu streams apply` does with `scale.partitions`
+/// (services follow the work stream's count).
+pub async fn partition_work(server: &impl Nats, partitions: u32) -> Result<()> {
+    let bus =
+        zopu_core::nats::connect(&server.url(), "zopu-test-admin", Duration::from_secs(10)).await?;
+    zopu_core::streams::apply(
+        &bus,
+        &zopu_core::streams::StreamSettings {
+            replicas: server.stream_replicas(),
+            duplicate_window: DUPLICATE_WINDOW,
+            partitions,
         },
     )
     .await?;

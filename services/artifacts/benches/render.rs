@@ -62,7 +62,7 @@ fn store_bench(url: &str, manifest: &zopu_schema::pb::ArtifactManifest, runs: us
         .unwrap();
     runtime.block_on(async {
         let bus = zopu_core::nats::connect(url, "zopu-bench", Duration::from_secs(10)).await.unwrap();
-        let settings = zopu_core::streams::StreamSettings { replicas: 1, duplicate_window: Duration::from_secs(120) };
+        let settings = zopu_core::streams::StreamSettings::default();
         zopu_core::streams::apply(&bus, &settings).await.unwrap();
         let bucket = storage::bucket(&bus).await.unwrap();
         let options = zopu_artifacts::Options::new(support::generated_at());

@@ -236,6 +236,7 @@ async fn creating_a_project_again_with_its_request_id_is_the_same_project() -> R
         &zopu_core::streams::StreamSettings {
             replicas: 1,
             duplicate_window: std::time::Duration::from_secs(120),
+            ..Default::default()
         },
     )
     .await?;

@@ -153,6 +153,7 @@ async fn a_stopped_service_is_named_as_stuck_and_status_exits_non_zero() -> Resu
         &zopu_core::streams::StreamSettings {
             replicas: 1,
             duplicate_window: Duration::from_secs(120),
+            ..Default::default()
         },
     )
     .await?;

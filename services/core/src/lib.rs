@@ -41,7 +41,6 @@ pub mod projection;
 pub mod publish;
 pub mod reaction;
 pub mod registry;
-pub(crate) mod replay_wire;
 pub mod runtime;
 pub mod secret_store;
 pub mod shutdown;

@@ -60,6 +60,11 @@ struct DeadLetterLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InvariantLabels {
+    invariant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AppendLabels {
     service: String,
     event_type: &'static str,
@@ -144,6 +149,7 @@ struct Metrics {
     consumer_redelivered: Family<DurableLabels, Gauge>,
     handler_duration: HistogramFamily<HandlerLabels>,
     dead_letters: Family<DeadLetterLabels, Counter>,
+    invariant_violations: Family<InvariantLabels, Counter>,
     appends: Family<AppendLabels, Counter>,
     append_conflict_retries: Family<ServiceLabels, Counter>,
     append_duration: HistogramFamily<ServiceLabels>,
@@ -254,6 +260,13 @@ impl Metrics {
             None,
             dead_letters.clone(),
         );
+        let invariant_violations = Family::<InvariantLabels, Counter>::default();
+        declared.register(
+            "invariant_violations",
+            "Checks of a runtime invariant that failed in a release build (debug builds assert), by invariant (e.g. reaction.partition_ownership)",
+            None,
+            invariant_violations.clone(),
+        );
         let appends = Family::<AppendLabels, Counter>::default();
         declared.register(
             "appends",
@@ -334,6 +347,7 @@ impl Metrics {
             consumer_redelivered,
             handler_duration,
             dead_letters,
+            invariant_violations,
             appends,
             append_conflict_retries,
             append_duration,
@@ -406,6 +420,17 @@ pub fn dead_letter(service: &str, consumer: &str, reason: &str) {
             service: service.to_owned(),
             consumer: consumer.to_owned(),
             reason: reason.to_owned(),
+        })
+        .inc();
+}
+
+/// A runtime invariant that did not hold (`invariant` names it): counted,
+/// so a release build that cannot stop on it still shows it.
+pub fn invariant_violated(invariant: &str) {
+    METRICS
+        .invariant_violations
+        .get_or_create(&InvariantLabels {
+            invariant: invariant.to_owned(),
         })
         .inc();
 }
@@ -747,6 +772,7 @@ mod tests {
             "zopu_handler_duration_seconds_bucket",
             "zopu_handler_duration_seconds_count",
             "zopu_dead_letters_total",
+            "zopu_invariant_violations_total",
             "zopu_appends_total",
             "zopu_append_conflict_retries_total",
             "zopu_append_duration_seconds_sum",

@@ -30,7 +30,7 @@ pub struct Bus {
     pub jetstream: jetstream::Context,
     pub url: String,
     /// The credentials and TLS the connection was made with, for the
-    /// connections a rebuild's wire reader opens beside it.
+    /// connections a parallel rebuild opens beside it.
     pub security: Arc<Security>,
 }
 
@@ -142,9 +142,9 @@ fn password(
 }
 
 /// How this process authenticates to NATS and whether it speaks TLS, read
-/// once from the environment and used by every connection it opens: the
-/// client library's ([`connect`]) and a rebuild's own wire reader
-/// (`replay_wire`). Its `Debug` names which kind of credential is set,
+/// once from the environment and used by every connection it opens (the
+/// bus, [`connect`], and a parallel rebuild's readers beside it). Its
+/// `Debug` names which kind of credential is set,
 /// never the secret.
 #[derive(Clone, Default)]
 pub struct Security {
@@ -315,11 +315,6 @@ impl TlsFiles {
             (None, None) => None,
         };
         Ok(Self { ca, client })
-    }
-
-    /// Whether these settings require TLS whatever the server announces.
-    pub(crate) fn required(&self) -> bool {
-        self.ca.is_some() || self.client.is_some()
     }
 
     fn apply(&self, options: async_nats::ConnectOptions) -> async_nats::ConnectOptions {

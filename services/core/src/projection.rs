@@ -23,7 +23,6 @@ use zopu_schema::Envelope;
 
 use crate::nats::Bus;
 use crate::publish::Publisher;
-use crate::replay_wire::{self, Delivered};
 use crate::shutdown::Shutdown;
 use crate::store::{Projection, Store};
 use crate::{Error, publish};
@@ -251,38 +250,13 @@ async fn read_parallel(bus: &Bus, events: Sent, from: u64, to: u64) -> Result<()
     read_parallel_with(bus, events, from, to, DECODED).await
 }
 
-/// How a parallel replay reads each message: through its own wire reader
-/// (`replay_wire`: the message's bytes as they arrived, no header map
-/// built), or through the client library when the wire reader cannot
-/// connect, or when `wire` is `None` (the bench's measure of the library).
-struct Reading<T> {
-    wire: Option<fn(&Delivered<'_>) -> T>,
-    library: fn(&async_nats::Message) -> T,
-}
-
-// By hand: a derive would ask `T: Copy`, and only the functions are copied.
-impl<T> Clone for Reading<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for Reading<T> {}
+/// How a parallel replay reads each message (every reader's messages come
+/// through async-nats, the process's one NATS client).
+type Reading<T> = fn(&async_nats::Message) -> T;
 
 /// Every message decoded (or why not): what a rebuild reads.
-const DECODED: Reading<Result<Envelope, String>> = Reading {
-    wire: Some(|delivered| {
-        // The body is copied out of the read buffer (a few hundred bytes)
-        // so the buffer is reused, not held by every decoded event.
-        zopu_schema::codec::decode_stored(
-            delivered.subject,
-            delivered.headers(),
-            bytes::Bytes::copy_from_slice(delivered.body),
-        )
-        .map_err(|error| error.to_string())
-    }),
-    library: |message| publish::decode_message(message).map_err(|error| error.to_string()),
-};
+const DECODED: Reading<Result<Envelope, String>> =
+    |message| publish::decode_message(message).map_err(|error| error.to_string());
 
 /// [`read_parallel`] with what each message becomes given by `read`.
 async fn read_parallel_with<T: Send + 'static>(
@@ -320,10 +294,9 @@ async fn read_parallel_with<T: Send + 'static>(
             )
             .await?;
             let stream = events_stream(&own).await?;
-            let mut source = ChunkSource::open(&own, index, reading).await;
             for (after, end) in own_chunks {
                 let name = format!("zopu-replay-{replay}-{after}");
-                let chunk = read_chunk(&stream, &name, after, end, &mut source).await?;
+                let chunk = read_chunk(&stream, &name, after, end, reading).await?;
                 if sender.send(chunk).await.is_err() {
                     return Ok(());
                 }
@@ -364,26 +337,11 @@ pub async fn replay_without_applying(bus: &Bus, to: u64) -> Result<u64, Error> {
 
 /// The same parallel replay as [`replay_without_applying`] with nothing
 /// decoded: each message's sequence read and the message dropped. This is
-/// the rebuild's own ceiling (its connections, chunks, pull requests and
-/// wire reader, no work of its own); `zopu bench scale` measures it next
-/// to the rebuild. Returns how many arrived.
+/// the rebuild's own ceiling (its connections, chunks and pull requests, no
+/// work of its own); `zopu bench scale` measures it next to the rebuild.
+/// Returns how many arrived.
 pub async fn replay_raw(bus: &Bus, to: u64) -> Result<u64, Error> {
-    let reading = Reading {
-        wire: Some(|_| ()),
-        library: |_| (),
-    };
-    count_replayed(bus, to, reading).await
-}
-
-/// [`replay_raw`] read through the client library (async-nats, which
-/// builds every message's header map) instead of the wire reader: what a
-/// rebuild would reach without its own reader.
-pub async fn replay_raw_through_library(bus: &Bus, to: u64) -> Result<u64, Error> {
-    let reading = Reading {
-        wire: None,
-        library: |_| (),
-    };
-    count_replayed(bus, to, reading).await
+    count_replayed(bus, to, |_| ()).await
 }
 
 /// Replays the stream's first `to` events in parallel, each message passed
@@ -469,44 +427,9 @@ fn chunks(from: u64, to: u64, span: u64) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Readers of a parallel replay in this process that fell back to the
-/// client library because their wire reader did not connect.
-static WIRE_FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// How many readers of a parallel replay in this process read through the
-/// client library because their wire reader did not connect (each also
-/// logged a warning saying why).
-pub fn wire_fallbacks() -> u64 {
-    WIRE_FALLBACKS.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Where one reader of a parallel replay takes its chunks from.
-enum ChunkSource<T> {
-    Wire(replay_wire::WireReader, fn(&Delivered<'_>) -> T),
-    Library(fn(&async_nats::Message) -> T),
-}
-
-impl<T> ChunkSource<T> {
-    /// The wire reader when `reading` has one and it connects beside
-    /// `bus`; the client library otherwise (a warning says why).
-    async fn open(bus: &Bus, index: usize, reading: Reading<T>) -> Self {
-        let Some(read) = reading.wire else {
-            return Self::Library(reading.library);
-        };
-        match replay_wire::connect(bus, &format!("zopu-replay-wire-{index}")).await {
-            Ok(reader) => Self::Wire(reader, read),
-            Err(error) => {
-                WIRE_FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::warn!(%error, "replay reads through the client library (slower): its wire reader did not connect");
-                Self::Library(reading.library)
-            }
-        }
-    }
-}
-
 /// Reads the events of `(after, end]` with a consumer named `name`
 /// (deleted when done; one that outlives a failure expires on the server),
-/// each passed through the source's reading. The whole chunk is one pull
+/// each passed through `read`. The whole chunk is one pull
 /// request for exactly its length, so the server sends nothing past `end`
 /// (an ordered consumer would have fetched up to a batch of the next chunk
 /// by then, read and parsed for nothing). Ends at `end` or at the
@@ -516,7 +439,7 @@ async fn read_chunk<T>(
     name: &str,
     after: u64,
     end: u64,
-    source: &mut ChunkSource<T>,
+    read: Reading<T>,
 ) -> Result<Vec<(u64, T)>, Error> {
     let length = end.saturating_sub(after) as usize;
     let mut chunk = Vec::with_capacity(length);
@@ -538,48 +461,24 @@ async fn read_chunk<T>(
         })
         .await
         .map_err(|e| Error::jetstream("create replay consumer", e))?;
-    match source {
-        ChunkSource::Wire(reader, read) => {
-            reader
-                .pull(
-                    stream.cached_info().config.name.as_str(),
-                    name,
-                    length,
-                    |delivered| {
-                        let place = place_in_chunk(delivered.sequence, delivered.pending, end);
-                        if place != InChunk::Past {
-                            chunk.push((delivered.sequence, read(&delivered)));
-                        }
-                        Ok(if place == InChunk::More {
-                            replay_wire::Flow::More
-                        } else {
-                            replay_wire::Flow::Done
-                        })
-                    },
-                )
-                .await?;
+    let mut messages = consumer
+        .fetch()
+        .max_messages(length)
+        .messages()
+        .await
+        .map_err(|e| Error::jetstream("fetch replay chunk", e))?;
+    while let Some(message) = messages.next().await {
+        let message = message.map_err(|e| Error::jetstream("fetch replay chunk", e))?;
+        let info = message
+            .info()
+            .map_err(|e| Error::jetstream("fetch replay chunk", e))?;
+        let sequence = info.stream_sequence;
+        let place = place_in_chunk(sequence, info.pending, end);
+        if place != InChunk::Past {
+            chunk.push((sequence, read(&message.message)));
         }
-        ChunkSource::Library(read) => {
-            let mut messages = consumer
-                .fetch()
-                .max_messages(length)
-                .messages()
-                .await
-                .map_err(|e| Error::jetstream("fetch replay chunk", e))?;
-            while let Some(message) = messages.next().await {
-                let message = message.map_err(|e| Error::jetstream("fetch replay chunk", e))?;
-                let info = message
-                    .info()
-                    .map_err(|e| Error::jetstream("fetch replay chunk", e))?;
-                let sequence = info.stream_sequence;
-                let place = place_in_chunk(sequence, info.pending, end);
-                if place != InChunk::Past {
-                    chunk.push((sequence, read(&message.message)));
-                }
-                if place != InChunk::More {
-                    break;
-                }
-            }
+        if place != InChunk::More {
+            break;
         }
     }
     if let Err(error) = stream.delete_consumer(name).await {

@@ -1086,9 +1086,18 @@ pub async fn last_sequence(bus: &Bus) -> Result<u64, Error> {
 /// reader — reactions dead-letter it, projections record it in
 /// `zopu_undecodable` — and never moves a publisher's project head.
 pub fn decode_message(message: &async_nats::Message) -> Result<Envelope, DecodeError> {
+    decode_stored_message(&message.subject, message)
+}
+
+/// Decodes a copy of a stored event (the work stream's) as the event it
+/// copies, stored on `subject` in the event stream.
+pub fn decode_stored_message(
+    subject: &str,
+    message: &async_nats::Message,
+) -> Result<Envelope, DecodeError> {
     match &message.headers {
-        Some(headers) => decode_parts(&message.subject, headers, message.payload.clone()),
-        None => decode_parts(&message.subject, &HeaderMap::new(), message.payload.clone()),
+        Some(headers) => decode_parts(subject, headers, message.payload.clone()),
+        None => decode_parts(subject, &HeaderMap::new(), message.payload.clone()),
     }
 }
 

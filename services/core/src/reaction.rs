@@ -1,16 +1,27 @@
 //! THE reaction loop: durable pull consumers with explicit acks, shared by
 //! the instances of a service.
 //!
-//! Partitions: a reaction's work is split into `scale.partitions` durable
-//! consumers; a project's events all fall in one partition
-//! (`zopu_schema::subjects::partition_of`). Each partition is worked by one
-//! live instance at a time, agreed through the leases bucket
-//! ([`crate::lease`]); when an instance dies or stops, its partitions move
-//! to the others. Every partition's consumer sees the reaction's whole
-//! filter and acks other partitions' messages unhandled (the event subjects
-//! carry no partition token, so integrators' filters stay as they are).
-//! A partition taken over with messages still unsettled by its previous
+//! Partitions: a reaction's work is split into partitions, one durable
+//! consumer each, on the work stream (`ZOPU_WORK`): a copy of the event log
+//! whose subjects carry the partition of the event's project
+//! (`zopu.work.<count>.<partition>.<org>.<project>.<type>`, filed by the
+//! server's `partition()` subject transform, the same function as
+//! `zopu_schema::subjects::partition_of`). A partition's consumer filters
+//! on its own partition, so the server delivers each event once per
+//! reaction, whatever the partition count; integrators' subjects on the
+//! event stream are untouched. Each partition is worked by one live
+//! instance at a time, agreed through the leases bucket ([`crate::lease`]);
+//! when an instance dies or stops, its partitions move to the others. A
+//! partition taken over with messages still unsettled by its previous
 //! owner is redelivered from its ack floor, in stream order.
+//!
+//! The partition count is the work stream's (`zopu streams apply` sets it
+//! from `scale.partitions`). When it changes, new events are filed under the
+//! new count from one point of the work stream on; every instance finishes
+//! the old count's consumers (they receive nothing new) before it works
+//! the new ones, so no project's messages are reordered, and then removes
+//! them. The consumers of an earlier release on the event stream itself are
+//! removed at start: the work stream began where they had all settled.
 //!
 //! Per-project order: messages of one project are handled one at a time in
 //! stream order ("lanes"); different projects run concurrently up to
@@ -295,6 +306,51 @@ fn traced_header<'m>(message: &'m Message, name: &str) -> Option<&'m str> {
         .map(|value| value.as_str())
 }
 
+/// Where a delivery from the work stream is stored in the event log, read
+/// from the `Nats-Stream-Source` header the server puts on every copy
+/// (`<stream>[:<domain>] <sequence> <filter> <transform> <subject>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Origin {
+    /// The event's sequence in the event stream.
+    sequence: u64,
+    /// The event's subject there.
+    subject: String,
+}
+
+/// The header nats-server adds to a message copied by a stream source.
+const STREAM_SOURCE_HEADER: &str = "Nats-Stream-Source";
+
+impl Origin {
+    fn of(message: &Message) -> Result<Self, String> {
+        let header = traced_header(message, STREAM_SOURCE_HEADER).ok_or_else(|| {
+            format!("no {STREAM_SOURCE_HEADER} header: not a copy of the event stream")
+        })?;
+        let origin = Self::parse(header)
+            .ok_or_else(|| format!("unreadable {STREAM_SOURCE_HEADER} header {header:?}"))?;
+        // The work subject must file the event it carries.
+        let filed = zopu_schema::subjects::parse_work(&message.subject)
+            .is_some_and(|work| work.event_subject == origin.subject);
+        if !filed {
+            return Err(format!(
+                "work subject {} does not file the event subject {}",
+                message.subject, origin.subject
+            ));
+        }
+        Ok(origin)
+    }
+
+    fn parse(header: &str) -> Option<Self> {
+        let mut tokens = header.split(' ');
+        let stream = tokens.next()?.split(':').next()?;
+        let sequence = tokens.next()?.parse().ok()?;
+        let subject = tokens.next_back()?;
+        (stream == zopu_schema::subjects::EVENTS_STREAM && sequence > 0).then(|| Self {
+            sequence,
+            subject: subject.to_owned(),
+        })
+    }
+}
+
 /// One project's queue: messages of the project are handled one at a time,
 /// in stream order. `copies` holds the newest delivery of each stream
 /// sequence in the lane (a redelivery replaces the copy instead of queueing
@@ -313,6 +369,8 @@ struct Runner<R> {
     service: String,
     config: ReactionConfig,
     partitions: u32,
+    /// Each partition's filters on the work stream.
+    filters: Vec<Vec<String>>,
     reaction: Arc<R>,
     publisher: Publisher,
     store: Store,
@@ -333,8 +391,15 @@ struct Runner<R> {
 
 /// Runs `reaction` until shutdown: claims its share of the reaction's
 /// partitions (see [`crate::lease`]), works each claimed partition's durable
-/// consumer, and on shutdown stops taking messages, lets the handlers in
-/// hand finish, hands queued messages back and releases its claims.
+/// consumer on the work stream, and on shutdown stops taking messages, lets
+/// the handlers in hand finish, hands queued messages back and releases its
+/// claims.
+///
+/// Before working the configured partitioning it drains every earlier one
+/// (consumers of another partition count that still hold undelivered or
+/// unsettled messages), under the same leases: a project's messages filed
+/// under the old count are all settled before any filed under the new count
+/// is handled, so a change of partition count never reorders a project.
 pub async fn run<R: Reaction>(
     runtime: Runtime,
     config: ReactionConfig,
@@ -349,12 +414,11 @@ pub async fn run<R: Reaction>(
         scale,
         clock,
     } = runtime;
-    let service = service.as_str();
     let stream = bus
         .jetstream
-        .get_stream(zopu_schema::subjects::EVENTS_STREAM)
+        .get_stream(zopu_schema::subjects::WORK_STREAM)
         .await
-        .map_err(|e| Error::jetstream("get stream", e))?;
+        .map_err(|e| Error::jetstream("get work stream", e))?;
     // Before handling anything, the store must know every key already on
     // the stream, so effects stored before a crash are recognised.
     let last = publish::last_sequence(&bus).await?;
@@ -362,60 +426,172 @@ pub async fn run<R: Reaction>(
         () = store.wait_for(last) => {}
         () = shutdown.cancelled() => return Ok(()),
     }
-    let instance = scale.resolved_instance_id();
-    let mut leases = Leases::open(
-        &bus,
-        &config.durable,
-        &instance,
-        scale.partitions,
-        scale.lease_ttl,
+    remove_event_stream_consumers(&bus, &config.durable).await;
+    let shared = Shared {
+        service: service.as_str().to_owned(),
+        instance: scale.resolved_instance_id(),
+        lease_ttl: scale.lease_ttl,
         clock,
-    )
-    .await?;
-    tracing::info!(service, durable = %config.durable, instance, partitions = scale.partitions, "reaction consuming");
-    // Every partition's consumer, worked here or not: an operator sees a
-    // backlog even where no live instance holds the partition.
-    let _watch = metrics::watch_consumers(
-        &stream,
-        (0..scale.partitions).map(|partition| {
-            zopu_schema::subjects::partition_durable(&config.durable, partition, scale.partitions)
-        }),
-    );
-    let handler_slots = usize::try_from(config.max_ack_pending).unwrap_or(1).max(1);
-    let runner = Arc::new(Runner {
-        service: service.to_owned(),
-        config,
-        partitions: scale.partitions,
         reaction: Arc::new(reaction),
         publisher,
         store,
         bus,
         stream,
-        shutdown: shutdown.clone(),
+        shutdown,
+    };
+    loop {
+        // The work stream's count is the deployment's (`zopu streams apply`
+        // sets it from `scale.partitions`); every instance follows it.
+        let partitions = crate::streams::work_partitions(&shared.bus).await?;
+        for previous in previous_partitionings(&shared.stream, &config.durable, partitions).await? {
+            tracing::info!(
+                service = %shared.service,
+                durable = %config.durable,
+                previous,
+                partitions,
+                "draining the previous partitioning before working the current one"
+            );
+            if !work_partitioning(&shared, &config, previous, Until::Drained).await? {
+                return Ok(());
+            }
+            remove_partitioning(&shared.stream, &config.durable, previous).await;
+        }
+        if !work_partitioning(&shared, &config, partitions, Until::Superseded).await? {
+            return Ok(());
+        }
+    }
+}
+
+/// What every partitioning of one reaction works with.
+struct Shared<R> {
+    service: String,
+    instance: String,
+    lease_ttl: Duration,
+    clock: crate::clock::Clock,
+    reaction: Arc<R>,
+    publisher: Publisher,
+    store: Store,
+    bus: Bus,
+    stream: async_nats::jetstream::stream::Stream,
+    shutdown: Shutdown,
+}
+
+/// When [`work_partitioning`] returns (or at shutdown, whichever comes first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// Every consumer of the partitioning holds nothing undelivered or
+    /// unsettled: a previous partitioning, which receives nothing new.
+    Drained,
+    /// The work stream files new events under another partition count, and
+    /// then this partitioning drained.
+    Superseded,
+}
+
+/// Lease ticks between two readings of the work stream's partition count.
+const PARTITION_COUNT_CHECK_TICKS: u32 = 5;
+
+/// Works the `partitions` consumers of a reaction until `until`; true if it
+/// ended because the partitioning drained, false at shutdown.
+async fn work_partitioning<R: Reaction>(
+    shared: &Shared<R>,
+    config: &ReactionConfig,
+    partitions: u32,
+    until: Until,
+) -> Result<bool, Error> {
+    let filters = (0..partitions)
+        .map(|partition| {
+            config
+                .filter_subjects
+                .iter()
+                .map(|filter| {
+                    zopu_schema::subjects::work_filter(filter, partitions, partition).ok_or_else(
+                        || {
+                            Error::Config(config::ConfigError::setting(
+                                "reaction.filter_subjects",
+                                format!("{filter:?} is not an event subject filter (zopu.evt.…)"),
+                            ))
+                        },
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut leases = Leases::open(
+        &shared.bus,
+        &config.durable,
+        &shared.instance,
+        partitions,
+        shared.lease_ttl,
+        shared.clock.clone(),
+    )
+    .await?;
+    tracing::info!(service = %shared.service, durable = %config.durable, instance = %shared.instance, partitions, "reaction consuming");
+    // Every partition's consumer, worked here or not: an operator sees a
+    // backlog even where no live instance holds the partition.
+    let _watch = metrics::watch_consumers(
+        &shared.stream,
+        (0..partitions).map(|partition| {
+            zopu_schema::subjects::partition_durable(&config.durable, partition, partitions)
+        }),
+    );
+    let handler_slots = usize::try_from(config.max_ack_pending).unwrap_or(1).max(1);
+    let runner = Arc::new(Runner {
+        service: shared.service.clone(),
+        config: config.clone(),
+        partitions,
+        filters,
+        reaction: shared.reaction.clone(),
+        publisher: shared.publisher.clone(),
+        store: shared.store.clone(),
+        bus: shared.bus.clone(),
+        stream: shared.stream.clone(),
+        shutdown: shared.shutdown.clone(),
         lanes: Mutex::new(HashMap::new()),
         lane_ended: tokio::sync::Notify::new(),
         handlers: tokio::sync::Semaphore::new(handler_slots),
         runs: Mutex::new(HashMap::new()),
     });
+    let shutdown = &shared.shutdown;
     // Per partition: stop pulling (lost, surrendered or shutdown) and abort
     // the handlers in hand (lost only).
     let mut workers: HashMap<u32, (CancellationToken, CancellationToken)> = HashMap::new();
     let mut draining: BTreeSet<u32> = BTreeSet::new();
     let mut tick = tokio::time::interval(leases.tick());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut drained = false;
+    let mut ending = until == Until::Drained;
+    let mut ticks = 0u32;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
             _ = tick.tick() => {
-                let drained: Vec<u32> = draining
+                ticks = ticks.wrapping_add(1);
+                if !ending && ticks % PARTITION_COUNT_CHECK_TICKS == 0 {
+                    match crate::streams::work_partitions(&shared.bus).await {
+                        Ok(now) if now != partitions => {
+                            tracing::info!(durable = %config.durable, partitions, now, "the work stream files new events under another partition count; finishing this partitioning's work first");
+                            ending = true;
+                        }
+                        Ok(_) => {}
+                        Err(error) => tracing::warn!(%error, "cannot read the work stream's partition count; reading it again later"),
+                    }
+                }
+                if ending
+                    && runner.is_idle_everywhere()
+                    && partitioning_drained(&shared.stream, &config.durable, partitions).await
+                {
+                    drained = true;
+                    break;
+                }
+                let finished: Vec<u32> = draining
                     .iter()
                     .copied()
                     .filter(|partition| runner.is_idle(*partition))
                     .collect();
-                for partition in &drained {
+                for partition in &finished {
                     draining.remove(partition);
                 }
-                let changes = leases.step(&drained).await;
+                let changes = leases.step(&finished).await;
                 for partition in &changes.stop {
                     if let Some((stop, abort)) = workers.remove(partition) {
                         stop.cancel();
@@ -448,7 +624,118 @@ pub async fn run<R: Reaction>(
     runner.hand_back_queued(None).await;
     runner.wait_idle(None).await;
     leases.release_all().await;
-    Ok(())
+    Ok(drained)
+}
+
+/// The partition counts of a reaction's consumers on the work stream other
+/// than `partitions` that still hold work (undelivered or unsettled
+/// messages), oldest work first. Consumers of a drained one are removed.
+async fn previous_partitionings(
+    stream: &async_nats::jetstream::stream::Stream,
+    durable: &str,
+    partitions: u32,
+) -> Result<Vec<u32>, Error> {
+    use futures::TryStreamExt;
+    let consumers: Vec<async_nats::jetstream::consumer::Info> = stream
+        .consumers()
+        .try_collect()
+        .await
+        .map_err(|e| Error::jetstream("list consumers", e))?;
+    // Partition count → (lowest unsettled stream sequence, any work left).
+    let mut found: HashMap<u32, (u64, bool)> = HashMap::new();
+    for info in &consumers {
+        let Some(count) = zopu_schema::subjects::partition_count_of(durable, &info.name) else {
+            continue;
+        };
+        if count == partitions {
+            continue;
+        }
+        let entry = found.entry(count).or_insert((u64::MAX, false));
+        entry.0 = entry.0.min(info.ack_floor.stream_sequence);
+        entry.1 |= info.num_pending > 0 || info.num_ack_pending > 0;
+    }
+    let mut with_work: Vec<(u64, u32)> = Vec::new();
+    for (count, (floor, work)) in found {
+        if work {
+            with_work.push((floor, count));
+        } else {
+            remove_partitioning(stream, durable, count).await;
+        }
+    }
+    with_work.sort_unstable();
+    Ok(with_work.into_iter().map(|(_, count)| count).collect())
+}
+
+/// Whether no consumer of the partitioning holds undelivered or unsettled
+/// messages (a missing consumer holds none). Not knowing counts as no.
+async fn partitioning_drained(
+    stream: &async_nats::jetstream::stream::Stream,
+    durable: &str,
+    partitions: u32,
+) -> bool {
+    for partition in 0..partitions {
+        let name = zopu_schema::subjects::partition_durable(durable, partition, partitions);
+        match stream.consumer_info(&name).await {
+            Ok(info) if info.num_pending > 0 || info.num_ack_pending > 0 => return false,
+            Ok(_) => {}
+            Err(error)
+                if error.kind()
+                    == async_nats::jetstream::context::ConsumerInfoErrorKind::NotFound => {}
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Deletes the consumers of a drained partitioning (another instance may
+/// have done so already).
+async fn remove_partitioning(
+    stream: &async_nats::jetstream::stream::Stream,
+    durable: &str,
+    partitions: u32,
+) {
+    for partition in 0..partitions {
+        let name = zopu_schema::subjects::partition_durable(durable, partition, partitions);
+        if let Err(error) = stream.delete_consumer(&name).await
+            && !matches!(error.kind(), async_nats::jetstream::stream::ConsumerErrorKind::JetStream(ref inner) if inner.error_code() == async_nats::jetstream::ErrorCode::CONSUMER_NOT_FOUND)
+        {
+            tracing::warn!(%error, consumer = %name, "cannot remove a drained partitioning's consumer; the next start tries again");
+        }
+    }
+    tracing::info!(
+        durable,
+        partitions,
+        "previous partitioning drained and removed"
+    );
+}
+
+/// Removes the reaction's durable consumers on the event stream itself,
+/// where an earlier release consumed: the work stream took over from the
+/// lowest sequence they had all settled ([`crate::streams`]).
+async fn remove_event_stream_consumers(bus: &Bus, durable: &str) {
+    use futures::TryStreamExt;
+    let Ok(stream) = bus
+        .jetstream
+        .get_stream(zopu_schema::subjects::EVENTS_STREAM)
+        .await
+    else {
+        return;
+    };
+    let Ok(names) = stream.consumer_names().try_collect::<Vec<String>>().await else {
+        return;
+    };
+    for name in names {
+        if zopu_schema::subjects::partition_count_of(durable, &name).is_some() {
+            match stream.delete_consumer(&name).await {
+                Ok(_) => {
+                    tracing::info!(consumer = %name, "removed an event-stream consumer of an earlier release; the work stream continues its work")
+                }
+                Err(error) => {
+                    tracing::warn!(%error, consumer = %name, "cannot remove an earlier release's consumer on the event stream")
+                }
+            }
+        }
+    }
 }
 
 impl<R: Reaction> Runner<R> {
@@ -468,7 +755,7 @@ impl<R: Reaction> Runner<R> {
         let mut failures = 0u32;
         while !stop.is_cancelled() {
             let outcome = async {
-                let consumer = self.bind_consumer(&durable).await?;
+                let consumer = self.bind_consumer(&durable, partition).await?;
                 // A taken-over partition may hold messages whose effects the
                 // previous owner stored just now: the store catches up first.
                 let last = publish::last_sequence(&self.bus).await?;
@@ -520,10 +807,11 @@ impl<R: Reaction> Runner<R> {
     async fn bind_consumer(
         &self,
         durable: &str,
+        partition: u32,
     ) -> Result<async_nats::jetstream::consumer::Consumer<pull::Config>, Error> {
         let mut wanted = pull::Config {
             durable_name: Some(durable.to_owned()),
-            filter_subjects: self.config.filter_subjects.clone(),
+            filter_subjects: self.filters[partition as usize].clone(),
             deliver_policy: DeliverPolicy::All,
             ack_policy: AckPolicy::Explicit,
             ack_wait: self.config.ack_wait,
@@ -565,22 +853,26 @@ impl<R: Reaction> Runner<R> {
     }
 
     /// Queues the message on its project's lane, starting the lane if idle.
-    /// A message of another partition (every partition's consumer sees the
-    /// whole filter) is acked at once; a redelivery of a message still in
-    /// its lane replaces the held copy.
+    /// A redelivery of a message still in its lane replaces the held copy.
     async fn route(self: &Arc<Self>, message: Message, partition: u32, abort: &CancellationToken) {
-        let scope = zopu_schema::subjects::parse_scope_tokens(&message.subject);
-        let owner = scope.as_ref().map_or(0, |(org, project)| {
-            zopu_schema::subjects::partition_of(org, project, self.partitions)
-        });
-        if owner != partition {
-            if let Err(error) = message.ack().await {
-                tracing::warn!(%error, subject = %message.subject, "ack of another partition's message failed; it comes again");
-            }
+        let work = zopu_schema::subjects::parse_work(&message.subject);
+        // The consumer's filters take only this partition's subjects: a
+        // message of another one means the server and this code disagree
+        // on the partition function, the one thing instances must share.
+        let owner = work.as_ref().map(|work| (work.partitions, work.partition));
+        if owner.is_some_and(|owner| owner != (self.partitions, partition)) {
+            metrics::invariant_violated("reaction.partition_ownership");
+            debug_assert!(
+                false,
+                "{} delivered to partition {partition} of {}",
+                message.subject, self.partitions
+            );
+            tracing::error!(subject = %message.subject, partition, partitions = self.partitions, "a message of another partition was delivered; handing it back");
+            hand_back(&message).await;
             return;
         }
-        let lane_key = scope
-            .map(|(org, project)| format!("{org}.{project}"))
+        let lane_key = work
+            .map(|work| format!("{}.{}", work.org, work.project))
             .unwrap_or_default();
         let Ok(sequence) = message.info().map(|info| info.stream_sequence) else {
             // Not a JetStream delivery: nothing to order it by.
@@ -708,6 +1000,11 @@ impl<R: Reaction> Runner<R> {
         }
     }
 
+    /// No lane is running.
+    fn is_idle_everywhere(&self) -> bool {
+        self.lock_lanes().is_empty()
+    }
+
     /// No lane of `partition` is running.
     fn is_idle(&self, partition: u32) -> bool {
         !self
@@ -767,26 +1064,32 @@ impl<R: Reaction> Runner<R> {
     }
 
     async fn process(&self, lane_key: &str, message: Message, abort: &CancellationToken) {
-        let (stream_sequence, delivered) = match message.info() {
+        let (work_sequence, delivered) = match message.info() {
             Ok(info) => (info.stream_sequence, info.delivered),
             Err(_) => (0, 1),
         };
+        let origin = Origin::of(&message);
+        let stream_sequence = origin.as_ref().map_or(0, |origin| origin.sequence);
         let span = tracing::info_span!(
             target: TRACE_TARGET,
             "handle",
             service = %self.service,
             consumer = %self.config.durable,
-            subject = %message.subject,
+            subject = origin.as_ref().map_or(message.subject.as_str(), |origin| origin.subject.as_str()),
             event_type = traced_header(&message, codec::TYPE).unwrap_or_default(),
             stream_sequence,
+            work_sequence,
             delivered,
             event_id = tracing::field::Empty,
             correlation_id = tracing::field::Empty,
         );
         propagation::continue_trace(&span, traced_header(&message, codec::TRACEPARENT));
         async {
-            let envelope = match publish::decode_message(&message.message)
-                .map_err(|error| error.to_string())
+            let envelope = match origin
+                .and_then(|origin| {
+                    publish::decode_stored_message(&origin.subject, &message.message)
+                        .map_err(|error| error.to_string())
+                })
                 .and_then(|envelope| check_known_type(&envelope).map(|()| envelope))
             {
                 Ok(envelope) => envelope,
@@ -808,7 +1111,7 @@ impl<R: Reaction> Runner<R> {
                 stream_sequence,
                 delivered,
             };
-            let runs = self.runs_of(stream_sequence);
+            let runs = self.runs_of(work_sequence);
             if exhausted(runs, delivered, self.config.max_deliver) {
                 // Done before give up: the last run may have stored its
                 // effects and died before its ack.
@@ -827,7 +1130,7 @@ impl<R: Reaction> Runner<R> {
                 }
                 return;
             }
-            self.count_run(stream_sequence, 1);
+            self.count_run(work_sequence, 1);
             let mut attempt = 0usize;
             loop {
                 let started = std::time::Instant::now();
@@ -866,7 +1169,7 @@ impl<R: Reaction> Runner<R> {
                     }
                     Err(HandlerError::Interrupted) => {
                         // Not the message's failure: the run does not count.
-                        self.count_run(stream_sequence, -1);
+                        self.count_run(work_sequence, -1);
                         tracing::info!("handler interrupted (shutdown, or its partition was lost); handing the message back");
                         hand_back(&self.newest_copy(lane_key, &message)).await;
                         return;
@@ -891,7 +1194,7 @@ impl<R: Reaction> Runner<R> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Handler runs of `sequence` here that ended without settling it.
+    /// Handler runs of `sequence` (of the work stream) here that ended without settling it.
     fn runs_of(&self, sequence: u64) -> i64 {
         self.lock_runs().get(&sequence).copied().unwrap_or(0)
     }
@@ -1018,12 +1321,20 @@ impl<R: Reaction> Runner<R> {
         let reason = zopu_secrets::redact(reason);
         let reason = reason.as_str();
         let envelope = handled.map(|(envelope, _)| envelope);
-        let stream_sequence = message.info().map_or(0, |info| info.stream_sequence);
+        // Filed by where the event is in the log; a copy whose origin is
+        // unreadable by its place in the work stream.
+        let (stream_sequence, original_subject) = match Origin::of(message) {
+            Ok(origin) => (origin.sequence, origin.subject),
+            Err(_) => (
+                message.info().map_or(0, |info| info.stream_sequence),
+                message.subject.to_string(),
+            ),
+        };
         tracing::error!(%reason, kind, "giving up on message; recording a dead letter");
         let record = pb::DeadLetterRecorded {
             service: self.service.clone(),
             consumer: self.config.durable.clone(),
-            original_subject: message.subject.to_string(),
+            original_subject: original_subject.clone(),
             stream_sequence,
             original_event_id: envelope.map(|e| e.id.to_string()).unwrap_or_default(),
             original_event_type: envelope.map(|e| e.event_type.clone()).unwrap_or_default(),
@@ -1037,7 +1348,7 @@ impl<R: Reaction> Runner<R> {
         let dead_letter = match envelope {
             Some(envelope) => NewEvent::caused_by(&envelope.context(), &record, key),
             None => {
-                let (org, project) = scope_of(&message.subject);
+                let (org, project) = scope_of(&original_subject);
                 NewEvent::root(org, project, &record, key, None)
             }
         };
@@ -1141,6 +1452,28 @@ fn clipped_with_mark(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_names_its_place_in_the_event_stream() {
+        let origin = Origin::parse(
+            "ZOPU_EVENTS 42 zopu.evt.*.*.> zopu.work.4.{{partition(4,1,2)}}.{{wildcard(1)}}.{{wildcard(2)}}.> zopu.evt.acme.p1.project.ready",
+        );
+        assert_eq!(
+            origin,
+            Some(Origin {
+                sequence: 42,
+                subject: "zopu.evt.acme.p1.project.ready".into()
+            })
+        );
+        assert_eq!(
+            Origin::parse("ZOPU_EVENTS:abc 7 > > zopu.evt.a.b.c.d").map(|o| o.sequence),
+            Some(7)
+        );
+        assert_eq!(Origin::parse("OTHER 7 > > zopu.evt.a.b.c.d"), None);
+        assert_eq!(Origin::parse("ZOPU_EVENTS 0 > > zopu.evt.a.b.c.d"), None);
+        assert_eq!(Origin::parse("ZOPU_EVENTS x > > zopu.evt.a.b.c.d"), None);
+        assert_eq!(Origin::parse(""), None);
+    }
 
     #[test]
     fn deliveries_that_never_reached_the_handler_are_not_runs() {

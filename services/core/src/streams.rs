@@ -16,6 +16,7 @@ use crate::Error;
 use crate::nats::Bus;
 
 const EVENTS_DEFINITION: &str = include_str!("../../../streams/ZOPU_EVENTS.json");
+const WORK_DEFINITION: &str = include_str!("../../../streams/ZOPU_WORK.json");
 const ARTIFACTS_DEFINITION: &str = include_str!("../../../streams/zopu-artifacts.objectstore.json");
 
 /// Key-value buckets: (file, definition, the bucket name the schema crate spells).
@@ -47,6 +48,19 @@ const KEY_VALUE_DEFINITIONS: &[(&str, &str, &str)] = &[
 pub struct StreamSettings {
     pub replicas: usize,
     pub duplicate_window: std::time::Duration,
+    /// `scale.partitions`: how the work stream files events.
+    pub partitions: u32,
+}
+
+impl Default for StreamSettings {
+    /// A single server's: one replica, a 2-minute duplicate window, one partition.
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            duplicate_window: std::time::Duration::from_secs(120),
+            partitions: 1,
+        }
+    }
 }
 
 impl From<&crate::config::CoreConfig> for StreamSettings {
@@ -54,6 +68,7 @@ impl From<&crate::config::CoreConfig> for StreamSettings {
         Self {
             replicas: config.stream_replicas,
             duplicate_window: config.duplicate_window,
+            partitions: config.scale.partitions,
         }
     }
 }
@@ -102,6 +117,44 @@ pub fn events_config(settings: &StreamSettings) -> Result<stream::Config, Error>
     Ok(config)
 }
 
+/// The work stream's configuration from `streams/ZOPU_WORK.json`, its
+/// source transform filing events into `settings.partitions` partitions.
+pub fn work_config(settings: &StreamSettings) -> Result<stream::Config, Error> {
+    let file = "streams/ZOPU_WORK.json";
+    let mut config: stream::Config =
+        serde_json::from_str(WORK_DEFINITION).map_err(|error| Error::StreamDefinition {
+            file: file.into(),
+            reason: error.to_string(),
+        })?;
+    let source = match config.sources.as_deref_mut() {
+        Some([source]) => source,
+        _ => {
+            return Err(Error::StreamDefinition {
+                file: file.into(),
+                reason: "needs exactly one source, the event stream".into(),
+            });
+        }
+    };
+    let transform_of = |partitions| stream::SubjectTransform {
+        source: zopu_schema::subjects::work_transform_source(),
+        destination: zopu_schema::subjects::work_transform_destination(partitions),
+    };
+    if config.name != zopu_schema::subjects::WORK_STREAM
+        || !config.subjects.is_empty()
+        || source.name != zopu_schema::subjects::EVENTS_STREAM
+        || source.subject_transforms != [transform_of(1)]
+    {
+        return Err(Error::StreamDefinition {
+            file: file.into(),
+            reason: "name, subjects or source transform differ from the schema crate's".into(),
+        });
+    }
+    source.subject_transforms = vec![transform_of(settings.partitions)];
+    config.num_replicas = settings.replicas;
+    config.duplicate_window = settings.duplicate_window;
+    Ok(config)
+}
+
 /// Fields compared even where the definition does not name them: a stream
 /// that sources, mirrors, transforms or republishes is not the one defined.
 const ALWAYS_COMPARED: &[&str] = &["sources", "mirror", "subject_transform", "republish"];
@@ -126,20 +179,59 @@ pub struct Difference {
     pub field: String,
     pub existing: String,
     pub wanted: String,
+    /// `zopu streams apply` cannot fix it in place.
+    fixed: bool,
 }
 
 impl Difference {
+    fn new(field: &str, existing: String, wanted: String) -> Self {
+        Self {
+            fixed: FIXED_FIELDS.contains(&field),
+            field: field.to_owned(),
+            existing,
+            wanted,
+        }
+    }
+
     /// Whether `zopu streams apply` cannot fix it in place.
     pub fn is_fixed(&self) -> bool {
-        FIXED_FIELDS.contains(&self.field.as_str())
+        self.fixed
     }
 }
 
 /// Every field of `streams/ZOPU_EVENTS.json` (and [`ALWAYS_COMPARED`]) in
 /// which `existing` differs from `wanted`, in the definition's order.
 pub fn differences(existing: &stream::Config, wanted: &stream::Config) -> Vec<Difference> {
-    let mut fields: Vec<String> = match serde_json::from_str::<serde_json::Value>(EVENTS_DEFINITION)
-    {
+    differences_from(EVENTS_DEFINITION, existing, wanted)
+}
+
+/// [`differences`] for the work stream. A source's start sequence is where
+/// its copying began (set once, at creation), not configuration.
+fn work_differences(existing: &stream::Config, wanted: &stream::Config) -> Vec<Difference> {
+    let mut existing = existing.clone();
+    for source in existing.sources.iter_mut().flatten() {
+        source.start_sequence = None;
+    }
+    differences_from(WORK_DEFINITION, &existing, wanted)
+        .into_iter()
+        .map(|difference| Difference {
+            // The work stream is a copy that can be made again: only a
+            // change of storage, retention or mirror needs a migration.
+            fixed: matches!(
+                difference.field.as_str(),
+                "storage" | "retention" | "mirror"
+            ),
+            ..difference
+        })
+        .collect()
+}
+
+fn differences_from(
+    definition: &str,
+    existing: &stream::Config,
+    wanted: &stream::Config,
+) -> Vec<Difference> {
+    let mut fields: Vec<String> = match serde_json::from_str::<serde_json::Value>(definition) {
         Ok(serde_json::Value::Object(map)) => map.keys().cloned().collect(),
         // `events_config` parsed the same text already; an unparsable one
         // fails there first.
@@ -157,11 +249,8 @@ pub fn differences(existing: &stream::Config, wanted: &stream::Config) -> Vec<Di
         .filter_map(|field| {
             let existing = normalized(existing.get(&field));
             let wanted = normalized(wanted.get(&field));
-            (existing != wanted).then(|| Difference {
-                field,
-                existing: existing.to_string(),
-                wanted: wanted.to_string(),
-            })
+            (existing != wanted)
+                .then(|| Difference::new(&field, existing.to_string(), wanted.to_string()))
         })
         .collect()
 }
@@ -215,6 +304,7 @@ fn drift_error(stream: &str, differences: &[Difference]) -> Option<Error> {
 pub async fn apply(bus: &Bus, settings: &StreamSettings) -> Result<(), Error> {
     let wanted = events_config(settings)?;
     apply_stream(&bus.jetstream, wanted).await?;
+    apply_work_stream(&bus.jetstream, settings).await?;
     apply_object_store(&bus.jetstream, settings).await?;
     for (file, definition, bucket) in KEY_VALUE_DEFINITIONS {
         apply_key_value(&bus.jetstream, settings, file, definition, bucket).await?;
@@ -257,6 +347,21 @@ pub async fn check(bus: &Bus, settings: &StreamSettings) -> Result<(), Error> {
             stream: wanted.name.clone(),
         })?;
     if let Some(error) = drift_error(&wanted.name, &differences(&existing, &wanted)) {
+        return Err(error);
+    }
+    let existing = existing_config(&bus.jetstream, zopu_schema::subjects::WORK_STREAM)
+        .await?
+        .ok_or_else(|| Error::StreamMissing {
+            stream: zopu_schema::subjects::WORK_STREAM.to_owned(),
+        })?;
+    // The partition count is the stream's (services follow it; `zopu
+    // streams apply` sets it from `scale.partitions`): compared is the rest.
+    let partitions = partitions_of(&existing).unwrap_or(settings.partitions);
+    let wanted = work_config(&StreamSettings {
+        partitions,
+        ..settings.clone()
+    })?;
+    if let Some(error) = drift_error(&wanted.name, &work_differences(&existing, &wanted)) {
         return Err(error);
     }
     for bucket in buckets(settings)? {
@@ -315,6 +420,112 @@ async fn apply_stream(js: &jetstream::Context, wanted: stream::Config) -> Result
     Ok(())
 }
 
+/// How many partitions the work stream files events into now (its source
+/// transform's count): what every reaction works, whatever its own
+/// `scale.partitions` says.
+pub async fn work_partitions(bus: &Bus) -> Result<u32, Error> {
+    let existing = existing_config(&bus.jetstream, zopu_schema::subjects::WORK_STREAM)
+        .await?
+        .ok_or_else(|| Error::StreamMissing {
+            stream: zopu_schema::subjects::WORK_STREAM.to_owned(),
+        })?;
+    partitions_of(&existing).ok_or_else(|| Error::StreamDrift {
+        stream: zopu_schema::subjects::WORK_STREAM.to_owned(),
+        field: "sources".into(),
+        existing: format!("{:?}", existing.sources),
+        wanted: zopu_schema::subjects::work_transform_destination(1),
+    })
+}
+
+/// The partition count of a work stream's source transform.
+fn partitions_of(config: &stream::Config) -> Option<u32> {
+    let [source] = config.sources.as_deref()? else {
+        return None;
+    };
+    let [transform] = source.subject_transforms.as_slice() else {
+        return None;
+    };
+    zopu_schema::subjects::partitions_of_work_transform(&transform.destination)
+}
+
+/// Creates the work stream, or updates it to the configured partitioning.
+///
+/// Created where reactions of an earlier release consumed the event stream
+/// itself (durable consumers on `ZOPU_EVENTS`), it starts copying after the
+/// lowest sequence they all settled, so their successors on the work stream
+/// neither miss an event nor redo history; those consumers are removed by
+/// the reactions when they start ([`crate::reaction`]). An update keeps
+/// where the copying began; a new partition count takes effect from the next
+/// event on (see [`zopu_schema::subjects::work_transform_destination`]).
+async fn apply_work_stream(
+    js: &jetstream::Context,
+    settings: &StreamSettings,
+) -> Result<(), Error> {
+    let mut wanted = work_config(settings)?;
+    match existing_config(js, &wanted.name).await? {
+        None => {
+            let start = settled_by_earlier_reactions(js)
+                .await?
+                .map(|settled| settled + 1);
+            if let (Some(start), Some(source)) = (start, wanted.sources.iter_mut().flatten().next())
+            {
+                source.start_sequence = Some(start);
+                tracing::info!(
+                    start,
+                    "work stream copies the event stream from what earlier reactions left unsettled"
+                );
+            }
+            js.create_stream(wanted.clone())
+                .await
+                .map_err(|e| Error::jetstream("create stream", e))?;
+            tracing::info!(stream = %wanted.name, partitions = settings.partitions, "stream created");
+        }
+        Some(existing) => {
+            let differences = work_differences(&existing, &wanted);
+            if let Some(error @ Error::StreamDrift { .. }) = drift_error(&wanted.name, &differences)
+            {
+                return Err(error);
+            }
+            if !differences.is_empty() {
+                let began = existing
+                    .sources
+                    .iter()
+                    .flatten()
+                    .find_map(|source| source.start_sequence);
+                if let Some(source) = wanted.sources.iter_mut().flatten().next() {
+                    source.start_sequence = began;
+                }
+                js.update_stream(wanted.clone())
+                    .await
+                    .map_err(|e| Error::jetstream("update stream", e))?;
+                let fields: Vec<&str> = differences.iter().map(|d| d.field.as_str()).collect();
+                tracing::info!(stream = %wanted.name, fields = ?fields, partitions = settings.partitions, "stream updated");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The lowest stream sequence that every durable consumer on the event
+/// stream has settled (its ack floor), `None` if there is none: the
+/// reactions of a release that consumed the log directly.
+async fn settled_by_earlier_reactions(js: &jetstream::Context) -> Result<Option<u64>, Error> {
+    use futures::TryStreamExt;
+    let Ok(stream) = js.get_stream(zopu_schema::subjects::EVENTS_STREAM).await else {
+        return Ok(None);
+    };
+    let consumers: Vec<async_nats::jetstream::consumer::Info> = stream
+        .consumers()
+        .try_collect()
+        .await
+        .map_err(|e| Error::jetstream("list consumers", e))?;
+    Ok(consumers
+        .iter()
+        .filter(|info| info.config.durable_name.is_some())
+        .map(|info| info.ack_floor.stream_sequence)
+        .min())
+}
+
 /// The differences that cannot be fixed in place without losing guarantees.
 pub fn check_drift(existing: &stream::Config, wanted: &stream::Config) -> Result<(), Error> {
     let differences: Vec<Difference> = differences(existing, wanted)
@@ -347,11 +558,7 @@ impl Bucket {
         let mut found = Vec::new();
         let mut compare = |field: &str, existing: String, wanted: String| {
             if existing != wanted {
-                found.push(Difference {
-                    field: field.to_owned(),
-                    existing,
-                    wanted,
-                });
+                found.push(Difference::new(field, existing, wanted));
             }
         };
         compare(
@@ -588,6 +795,7 @@ mod tests {
         StreamSettings {
             replicas: 1,
             duplicate_window: std::time::Duration::from_secs(120),
+            ..Default::default()
         }
     }
 

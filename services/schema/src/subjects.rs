@@ -8,6 +8,13 @@ use crate::ids::{OrgId, ProjectId};
 
 /// The event log stream.
 pub const EVENTS_STREAM: &str = "ZOPU_EVENTS";
+/// The reactions' work stream: a copy of the log whose stored subjects carry
+/// the partition of the event's project (see [`work_transform_destination`]),
+/// so that each partition's consumer receives only its own partition's events.
+/// Internal to the runtime; integrators read [`EVENTS_STREAM`].
+pub const WORK_STREAM: &str = "ZOPU_WORK";
+/// Prefix of every work subject.
+const WORK_PREFIX: &str = "zopu.work";
 /// The object store bucket holding rendered artifacts.
 pub const ARTIFACTS_BUCKET: &str = "zopu-artifacts";
 /// The key-value bucket holding gateway access tokens (hashed), keyed by token id.
@@ -115,21 +122,101 @@ pub fn org_events_of_type(org: &OrgId, event_type: &str) -> String {
 pub const LEASES_BUCKET: &str = "zopu-leases";
 
 /// The partition (0..`partitions`) of a project's events: FNV-1a (32 bit)
-/// over `<org>.<project>`, modulo `partitions`. Every instance of every
-/// version must compute the same value, so this function is a contract:
-/// changing it is a new partitioning (new consumer names), never an edit.
+/// over the bytes of `<org>` followed by those of `<project>`, modulo
+/// `partitions`. This is exactly what nats-server's subject transform
+/// `{{partition(N,1,2)}}` computes over the org and project tokens, which
+/// is how the work stream files each event ([`work_transform_destination`]):
+/// every instance of every version, and the server, must agree on it, so
+/// this function is a contract, never an edit.
 pub fn partition_of(org: &str, project: &str, partitions: u32) -> u32 {
     assert!(partitions > 0, "a partitioning has at least one partition");
     let mut hash: u32 = 0x811c_9dc5;
-    for byte in org
-        .bytes()
-        .chain(std::iter::once(b'.'))
-        .chain(project.bytes())
-    {
+    for byte in org.bytes().chain(project.bytes()) {
         hash ^= u32::from(byte);
         hash = hash.wrapping_mul(0x0100_0193);
     }
     hash % partitions
+}
+
+/// What the work stream's source transform takes: every event subject.
+pub fn work_transform_source() -> String {
+    format!("{EVENT_PREFIX}.*.*.>")
+}
+
+/// Where the work stream files an event of `zopu.evt.<org>.<project>.<type>`
+/// when work is split into `partitions` partitions:
+/// `zopu.work.<partitions>.<partition>.<org>.<project>.<type>`. The count is
+/// part of the subject, so a change of partition count starts new subjects
+/// at one point of the work stream and the consumers of the previous count
+/// drain what came before it (README "Scaling out").
+pub fn work_transform_destination(partitions: u32) -> String {
+    format!(
+        "{WORK_PREFIX}.{partitions}.{{{{partition({partitions},1,2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.>"
+    )
+}
+
+/// The partition count of a work stream source's transform destination
+/// ([`work_transform_destination`]); `None` for any other destination.
+pub fn partitions_of_work_transform(destination: &str) -> Option<u32> {
+    let count = destination
+        .strip_prefix(WORK_PREFIX)?
+        .strip_prefix('.')?
+        .split('.')
+        .next()?;
+    let partitions: u32 = count.parse().ok()?;
+    (partitions > 0 && work_transform_destination(partitions) == destination).then_some(partitions)
+}
+
+/// A reaction's event filter (`zopu.evt.*.*.dispatch.created`) narrowed to
+/// one partition of the work stream
+/// (`zopu.work.<partitions>.<partition>.*.*.dispatch.created`); `None` if
+/// `filter` is not an event filter.
+pub fn work_filter(filter: &str, partitions: u32, partition: u32) -> Option<String> {
+    debug_assert!(
+        partition < partitions,
+        "partition {partition} of {partitions}"
+    );
+    let rest = filter.strip_prefix(EVENT_PREFIX)?.strip_prefix('.')?;
+    Some(format!("{WORK_PREFIX}.{partitions}.{partition}.{rest}"))
+}
+
+/// Every work subject of one partition count: what the consumers of a
+/// previous partitioning still had to drain after a change of count.
+pub fn work_of_partitioning(partitions: u32) -> String {
+    format!("{WORK_PREFIX}.{partitions}.>")
+}
+
+/// The parts of a work subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkSubject<'a> {
+    pub partitions: u32,
+    pub partition: u32,
+    /// The event subject it was copied from (`zopu.evt.<org>.<project>.<type>`).
+    pub event_subject: String,
+    pub org: &'a str,
+    pub project: &'a str,
+}
+
+/// Splits `zopu.work.<partitions>.<partition>.<org>.<project>.<type>`;
+/// `None` if it is not one.
+pub fn parse_work(subject: &str) -> Option<WorkSubject<'_>> {
+    let rest = subject.strip_prefix(WORK_PREFIX)?.strip_prefix('.')?;
+    let mut parts = rest.splitn(3, '.');
+    let partitions: u32 = parts.next()?.parse().ok()?;
+    let partition: u32 = parts.next()?.parse().ok()?;
+    let event = parts.next()?;
+    if partitions == 0 || partition >= partitions {
+        return None;
+    }
+    let mut scope = event.splitn(3, '.');
+    let (org, project, _) = (scope.next()?, scope.next()?, scope.next()?);
+    Some(WorkSubject {
+        partitions,
+        partition,
+        event_subject: format!("{EVENT_PREFIX}.{event}"),
+        org,
+        project,
+    })
 }
 
 /// The durable consumer of partition `index` of `partitions` of a reaction
@@ -143,6 +230,23 @@ pub fn partition_durable(base: &str, index: u32, partitions: u32) -> String {
     } else {
         format!("{base}-p{index}of{partitions}")
     }
+}
+
+/// The partition count of `name` if it is a consumer of the reaction whose
+/// durable is `base` ([`partition_durable`]): 1 for `base` itself, `n` for
+/// `<base>-p<index>of<n>` with `index < n`; `None` for any other name.
+pub fn partition_count_of(base: &str, name: &str) -> Option<u32> {
+    if name == base {
+        return Some(1);
+    }
+    let suffix = name.strip_prefix(base)?.strip_prefix("-p")?;
+    let (index, count) = suffix.split_once("of")?;
+    let digits = |text: &str| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    if !digits(index) || !digits(count) {
+        return None;
+    }
+    let (index, count): (u32, u32) = (index.parse().ok()?, count.parse().ok()?);
+    (index < count && partition_durable(base, index, count) == name).then_some(count)
 }
 
 /// The reaction durable a partition durable belongs to: `base` of
@@ -311,22 +415,62 @@ mod tests {
             counts.iter().all(|&c| (60..=140).contains(&c)),
             "{counts:?}"
         );
-        // Org and project are separated: moving the dot changes the input.
-        assert_ne!(
-            (0..64)
-                .map(|n| partition_of("ab", &format!("c{n}"), 1024))
-                .collect::<Vec<_>>(),
-            (0..64)
-                .map(|n| partition_of("a", &format!("bc{n}"), 1024))
-                .collect::<Vec<_>>()
-        );
     }
 
     #[test]
-    fn partition_is_fnv_1a_of_org_dot_project() {
-        // 0x108bf50c is FNV-1a (32 bit) of "a.b", computed independently.
-        assert_eq!(partition_of("a", "b", u32::MAX), 0x108b_f50c);
-        assert_eq!(partition_of("acme", "p1", 8), 0);
+    fn partition_is_what_the_servers_transform_computes() {
+        // 0x4d2505ca is FNV-1a (32 bit) of "ab", computed independently.
+        assert_eq!(partition_of("a", "b", u32::MAX), 0x4d25_05ca);
+        // As nats-server 2.12's `{{partition(N,1,2)}}` filed these subjects
+        // (zopu.evt.<org>.<project>.project.ready) in a work stream.
+        for (org, project, partitions, filed) in [
+            ("acme", "p0", 4, 3),
+            ("acme", "p1", 4, 0),
+            ("acme", "p2", 4, 1),
+            ("acme", "p3", 4, 2),
+            ("o", "x", 4, 2),
+            ("acme", "p5", 8, 0),
+            ("acme", "p6", 8, 1),
+            ("acme", "p7", 8, 6),
+        ] {
+            assert_eq!(
+                partition_of(org, project, partitions),
+                filed,
+                "{org}.{project}"
+            );
+        }
+    }
+
+    #[test]
+    fn work_subjects_carry_the_partitioning_and_the_event_subject() {
+        assert_eq!(
+            work_transform_destination(12),
+            "zopu.work.12.{{partition(12,1,2)}}.{{wildcard(1)}}.{{wildcard(2)}}.>"
+        );
+        assert_eq!(work_transform_source(), "zopu.evt.*.*.>");
+        assert_eq!(
+            partitions_of_work_transform(&work_transform_destination(12)),
+            Some(12)
+        );
+        assert_eq!(
+            partitions_of_work_transform("zopu.work.12.{{partition(4,1,2)}}.>"),
+            None
+        );
+        assert_eq!(partitions_of_work_transform("zopu.work.0.x"), None);
+        assert_eq!(
+            work_filter(&events_of_type("dispatch.created"), 12, 5).as_deref(),
+            Some("zopu.work.12.5.*.*.dispatch.created")
+        );
+        assert_eq!(work_filter("other.subject", 12, 5), None);
+        let parsed = parse_work("zopu.work.12.5.acme.p1.dispatch.created").unwrap();
+        assert_eq!((parsed.partitions, parsed.partition), (12, 5));
+        assert_eq!((parsed.org, parsed.project), ("acme", "p1"));
+        assert_eq!(parsed.event_subject, "zopu.evt.acme.p1.dispatch.created");
+        assert_eq!(parse_work("zopu.work.12.12.acme.p1.a.b"), None);
+        assert_eq!(parse_work("zopu.work.0.0.acme.p1.a.b"), None);
+        assert_eq!(parse_work("zopu.work.x.0.acme.p1.a.b"), None);
+        assert_eq!(parse_work("zopu.work.2.1.acme.p1"), None);
+        assert_eq!(parse_work("zopu.evt.acme.p1.a.b"), None);
     }
 
     #[test]
@@ -340,6 +484,24 @@ mod tests {
         assert_eq!(partition_base("conversation-reactions-p3of8"), durable);
         assert_eq!(partition_base(&durable), durable);
         assert_eq!(partition_base("a-pxof2"), "a-pxof2");
+        assert_eq!(partition_count_of(&durable, &durable), Some(1));
+        assert_eq!(
+            partition_count_of(&durable, "conversation-reactions-p3of8"),
+            Some(8)
+        );
+        assert_eq!(
+            partition_count_of(&durable, "conversation-reactions-p8of8"),
+            None
+        );
+        assert_eq!(
+            partition_count_of(&durable, "conversation-reactions-p03of8"),
+            None
+        );
+        assert_eq!(
+            partition_count_of(&durable, "conversation-reactions2"),
+            None
+        );
+        assert_eq!(partition_count_of(&durable, "dispatch-sources-p0of2"), None);
         let claim = lease_claim_key(&durable, 5);
         assert_eq!(
             parse_lease_key(&claim),

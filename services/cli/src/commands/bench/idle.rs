@@ -74,13 +74,9 @@ pub(super) struct RebuildFigures {
     /// connections, each reading one contiguous range (ordered consumers).
     raw_events_parallel_per_s: f64,
     /// The rebuild's own reading with nothing decoded: its connections,
-    /// chunks, one pull request a chunk and its wire reader, each message
+    /// chunks and one pull request a chunk (async-nats), each message
     /// dropped.
     raw_chunked_per_s: f64,
-    /// The same chunked reading through the client library (async-nats
-    /// builds each message's header map): what the rebuild would reach
-    /// without its wire reader.
-    raw_chunked_library_per_s: f64,
     /// The rebuild's reading and decoding alone (events dropped, nothing written).
     read_only_per_s: f64,
     /// The rebuild's writing alone: the same events read and decoded into
@@ -151,6 +147,7 @@ pub(super) async fn measure(args: &ScaleArgs) -> anyhow::Result<(RebuildFigures,
         &streams::StreamSettings {
             replicas: 1,
             duplicate_window: Duration::from_secs(120),
+            ..Default::default()
         },
     )
     .await?;
@@ -189,12 +186,11 @@ pub(super) fn print(rebuild: &RebuildFigures, idle: &IdleFigures) {
         rebuild.ratio
     );
     println!(
-        "  ceiling: raw replay of the same events (headers and bodies, nothing decoded) {:.0}/s on one connection; over {} connections {:.0}/s in contiguous ranges, {:.0}/s through the rebuild's own chunked reading and wire reader ({:.0}/s with the client library's reading instead); the fastest = {:.2}x of header-less; the rebuild reaches {:.2} of that ceiling ({:.2}-{:.2} over the rounds)",
+        "  ceiling: raw replay of the same events (headers and bodies, nothing decoded) {:.0}/s on one connection; over {} connections {:.0}/s in contiguous ranges, {:.0}/s through the rebuild's own chunked reading; the faster = {:.2}x of header-less; the rebuild reaches {:.2} of that ceiling ({:.2}-{:.2} over the rounds)",
         rebuild.raw_events_per_s,
         rebuild.readers,
         rebuild.raw_events_parallel_per_s,
         rebuild.raw_chunked_per_s,
-        rebuild.raw_chunked_library_per_s,
         rebuild.ceiling_ratio,
         rebuild.of_ceiling,
         rebuild.of_ceiling_min,
@@ -439,7 +435,6 @@ struct RebuildRound {
     raw_events: f64,
     raw_events_parallel: f64,
     raw_chunked: f64,
-    raw_chunked_library: f64,
     read_only: f64,
     write_only: f64,
     rebuild: f64,
@@ -480,9 +475,7 @@ impl RebuildRound {
     /// The most any rebuild could reach in this round: the fastest way of
     /// reading the same events raw over the rebuild's connections.
     fn ceiling(&self) -> f64 {
-        self.raw_events_parallel
-            .max(self.raw_chunked)
-            .max(self.raw_chunked_library)
+        self.raw_events_parallel.max(self.raw_chunked)
     }
 }
 
@@ -507,15 +500,6 @@ async fn rebuild_round(
     })
     .await?;
     passed_on_all("the raw chunked replay", raw.outcome, events)?;
-    let through_library = timed(server_process, async {
-        Ok(zopu_core::projection::replay_raw_through_library(bus, events as u64).await?)
-    })
-    .await?;
-    passed_on_all(
-        "the raw chunked replay through the client library",
-        through_library.outcome,
-        events,
-    )?;
     let read = timed(server_process, async {
         Ok(zopu_core::projection::replay_without_applying(bus, events as u64).await?)
     })
@@ -541,7 +525,6 @@ async fn rebuild_round(
         raw_events,
         raw_events_parallel,
         raw_chunked: rate(raw.wall),
-        raw_chunked_library: rate(through_library.wall),
         read_only: rate(read.wall),
         write_only: rate(written.wall),
         rebuild: rate(rebuilt.wall),
@@ -587,7 +570,6 @@ impl RebuildFigures {
             raw_events_per_s: median(|round| round.raw_events),
             raw_events_parallel_per_s: median(|round| round.raw_events_parallel),
             raw_chunked_per_s: median(|round| round.raw_chunked),
-            raw_chunked_library_per_s: median(|round| round.raw_chunked_library),
             read_only_per_s: median(|round| round.read_only),
             write_only_per_s: median(|round| round.write_only),
             rebuild_per_s: median(|round| round.rebuild),

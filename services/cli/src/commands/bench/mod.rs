@@ -145,6 +145,7 @@ async fn measure(
         &zopu_core::streams::StreamSettings {
             replicas: 1,
             duplicate_window: Duration::from_secs(120),
+            ..Default::default()
         },
     )
     .await?;
