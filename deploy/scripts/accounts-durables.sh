@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Writes (or with --check, verifies) the generated block of
 # deploy/nats/accounts.conf: for each service, NOT_<SERVICE>_DURABLES, the
-# JetStream API and ack subjects of every OTHER service's durable consumers,
+# JetStream API and ack subjects of every OTHER service's durable consumers
+# (on the work stream, and on the event stream where earlier releases had them),
 # which that service's identity is denied. NATS permissions match whole
 # tokens only, so the partition durables (<durable>-p<i>of<n>, the
 # schema crate's naming) are listed one by one for the deployment's
@@ -15,6 +16,9 @@ conf=nats/accounts.conf
 partitions=$(sed -n 's/.*ZOPU_SCALE__PARTITIONS: "\([0-9]*\)".*/\1/p' kubernetes/zopu.yaml | head -1)
 [ -n "$partitions" ] || { echo "kubernetes/zopu.yaml sets no ZOPU_SCALE__PARTITIONS" >&2; exit 1; }
 # service:durable, as subjects::durable(SERVICE, name) spells them.
+# Reactions consume the work stream; the event stream is listed too, where
+# the consumers of releases before the work stream lived.
+streams="ZOPU_WORK ZOPU_EVENTS"
 durables="setup:setup-requests dispatch:dispatch-sources conversation:conversation-dispatches specialists:specialists-flows artifacts:artifacts-builds executor:executor-grants"
 
 names_of() { # every consumer name of one durable
@@ -31,12 +35,14 @@ block() {
     for other in $durables; do
       [ "${other%%:*}" = "$service" ] && continue
       for name in $(names_of "${other#*:}"); do
-        for subject in "\$JS.API.CONSUMER.*.ZOPU_EVENTS.$name" "\$JS.API.CONSUMER.*.ZOPU_EVENTS.$name.>" \
-          "\$JS.API.CONSUMER.MSG.NEXT.ZOPU_EVENTS.$name" "\$JS.API.CONSUMER.DURABLE.CREATE.ZOPU_EVENTS.$name" \
-          "\$JS.ACK.ZOPU_EVENTS.$name.>"; do
-          [ $first -eq 1 ] || printf ', '
-          printf '"%s"' "$subject"
-          first=0
+        for stream in $streams; do
+          for subject in "\$JS.API.CONSUMER.*.$stream.$name" "\$JS.API.CONSUMER.*.$stream.$name.>" \
+            "\$JS.API.CONSUMER.MSG.NEXT.$stream.$name" "\$JS.API.CONSUMER.DURABLE.CREATE.$stream.$name" \
+            "\$JS.ACK.$stream.$name.>"; do
+            [ $first -eq 1 ] || printf ', '
+            printf '"%s"' "$subject"
+            first=0
+          done
         done
       done
     done
@@ -47,10 +53,12 @@ block() {
   first=1
   for other in $durables; do
     for name in $(names_of "${other#*:}"); do
-      for subject in "\$JS.API.CONSUMER.*.ZOPU_EVENTS.$name" "\$JS.API.CONSUMER.*.ZOPU_EVENTS.$name.>"; do
-        [ $first -eq 1 ] || printf ', '
-        printf '"%s"' "$subject"
-        first=0
+      for stream in $streams; do
+        for subject in "\$JS.API.CONSUMER.*.$stream.$name" "\$JS.API.CONSUMER.*.$stream.$name.>"; do
+          [ $first -eq 1 ] || printf ', '
+          printf '"%s"' "$subject"
+          first=0
+        done
       done
     done
   done

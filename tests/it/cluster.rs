@@ -22,6 +22,7 @@ const LONG: Duration = Duration::from_secs(240);
 async fn two_instances_of_every_service_on_a_cluster_survive_kills_mid_run() -> Result<()> {
     let mut cluster = NatsCluster::start()?;
     let bus = bus(&cluster, Duration::from_secs(120)).await?;
+    zopu_tests::partition_work(&cluster, 6).await?;
     let dir = tempfile::tempdir()?;
     let repo = fixtures::demo_repository(dir.path())?;
     let zopu = zopu_binary(&workspace_root())?;

@@ -524,10 +524,12 @@ async fn a_slow_model_never_holds_up_the_acknowledgement() -> Result<()> {
 }
 
 /// Polls the conversation's durable consumer until it has settled everything
-/// up to `sequence`. (A restarted instance that takes over unsettled
-/// messages recreates the consumer at its ack floor: briefly, it is missing.)
+/// up to `sequence` (of the work stream, which copies a fresh event stream
+/// one to one from its start). (A restarted instance that takes over
+/// unsettled messages recreates the consumer at its ack floor: briefly, it
+/// is missing.)
 async fn wait_consumer_settled(bus: &Bus, sequence: u64) -> Result<()> {
-    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+    let stream = bus.jetstream.get_stream(subjects::WORK_STREAM).await?;
     let durable = subjects::durable(zopu_conversation::SERVICE, "dispatches");
     let deadline = tokio::time::Instant::now() + LONG;
     loop {

@@ -201,6 +201,7 @@ async fn dry_run_by_default_records_the_request_and_sends_nothing() -> Result<()
 async fn an_executor_killed_after_the_trackers_answer_creates_exactly_one_issue() -> Result<()> {
     let server = NatsServer::start()?;
     let bus = bus(&server, Duration::from_secs(120)).await?;
+    zopu_tests::partition_work(&server, 2).await?;
     let dir = tempfile::tempdir()?;
     let tracker = FakeTracker::start().await?;
     let token_file = dir.path().join("tracker-token");

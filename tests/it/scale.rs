@@ -345,6 +345,7 @@ fn three_instances_share_the_partitions_and_survive_a_kill() -> Result<()> {
     };
     let names = ["i1", "i2", "i3"];
     let partitions = 6;
+    driver.block_on(zopu_tests::partition_work(&server, partitions))?;
     let mut instances = names
         .iter()
         .zip(&dirs)

@@ -176,6 +176,7 @@ impl Chaos {
         eprintln!("{schedule}");
         let cluster = tokio::task::block_in_place(|| NatsCluster::start_with(true))?;
         let bus = crate::bus(&cluster, Duration::from_secs(120)).await?;
+        crate::partition_work(&cluster, 6).await?;
         let repo = fixtures::demo_repository(&root)?;
         let faults = llm::Faults {
             seed,

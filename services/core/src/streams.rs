@@ -150,8 +150,11 @@ pub fn work_config(settings: &StreamSettings) -> Result<stream::Config, Error> {
         });
     }
     source.subject_transforms = vec![transform_of(settings.partitions)];
+    // The duplicate window stays the definition's (the server's least,
+    // 100 ms): the event stream already refused every duplicate inside its
+    // own window, and a longer one here would drop an event the log stored
+    // again after that window (its copy may arrive sooner after the first).
     config.num_replicas = settings.replicas;
-    config.duplicate_window = settings.duplicate_window;
     Ok(config)
 }
 

@@ -326,11 +326,17 @@ async fn read_snapshot(bus: &zopu_core::nats::Bus, scan_events: u64) -> anyhow::
     for instance in &instances {
         *live.entry(instance.consumer.as_str()).or_default() += 1;
     }
-    let infos: Vec<_> = stream
+    // The reactions' durable consumers live on the work stream.
+    let work = bus
+        .jetstream
+        .get_stream(subjects::WORK_STREAM)
+        .await
+        .map_err(|error| anyhow::anyhow!("{error}\nhint: `zopu streams apply` creates it"))?;
+    let infos: Vec<_> = work
         .consumers()
         .try_collect()
         .await
-        .context("listing the stream's consumers")?;
+        .context("listing the work stream's consumers")?;
     let mut consumers: Vec<ConsumerState> = infos
         .into_iter()
         .filter_map(|info| {

@@ -12,7 +12,7 @@ fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
 
 #[derive(Debug, Subcommand)]
 pub enum StreamsCommand {
-    /// Create or update ZOPU_EVENTS and the zopu-artifacts bucket from streams/ (idempotent)
+    /// Create or update ZOPU_EVENTS, the work stream ZOPU_WORK (filed into `scale.partitions` partitions: a new count takes effect from the next event, after the old count drained) and the buckets from streams/ (idempotent)
     #[command(
         after_help = "Examples:\n  zopu streams apply\n  zopu streams apply --wait 2m   # a cluster that is still forming"
     )]
@@ -49,12 +49,14 @@ pub async fn run(context: &Context, command: StreamsCommand) -> anyhow::Result<E
             if context.json {
                 println!(
                     "{}",
-                    serde_json::json!({"applied": [zopu_schema::subjects::EVENTS_STREAM, zopu_schema::subjects::ARTIFACTS_BUCKET]})
+                    serde_json::json!({"applied": [zopu_schema::subjects::EVENTS_STREAM, zopu_schema::subjects::WORK_STREAM, zopu_schema::subjects::ARTIFACTS_BUCKET], "partitions": core.scale.partitions})
                 );
             } else {
                 println!(
-                    "applied {} and the {} bucket",
+                    "applied {}, {} (work filed into {} partitions) and the {} bucket",
                     zopu_schema::subjects::EVENTS_STREAM,
+                    zopu_schema::subjects::WORK_STREAM,
+                    core.scale.partitions,
                     zopu_schema::subjects::ARTIFACTS_BUCKET
                 );
             }
