@@ -5,7 +5,7 @@ TOOLS := $(CURDIR)/tools
 export PATH := $(TOOLS)/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help setup nats-server llama-server build test test-deps eval run bench bench-ack bench-scale lint clean-state
+.PHONY: help setup nats-server llama-server build test test-deps eval run bench bench-ack bench-scale bench-deliveries lint clean-state
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -42,6 +42,9 @@ bench-ack: nats-server ## acknowledgement latency at 300 messages/s (offline pro
 
 bench-scale: nats-server ## scale-out: turns/s with 1 vs 3 conversation instances, failover, rebuild, memory of 10,000 idle projects
 	$(CARGO) run --release -p zopu-cli --bin zopu -- bench scale
+
+bench-deliveries: nats-server ## data plane: deliveries per event per reaction and CPU per 1,000 events at 1, 12 and 64 partitions vs a raw JetStream consumer
+	$(CARGO) run --release -p zopu-cli --bin zopu -- bench deliveries
 
 lint: ## rustfmt check and clippy with warnings denied
 	$(CARGO) fmt --all -- --check

@@ -522,3 +522,188 @@ impl zopu_core::store::Projection for ArrivalOrder {
             .map(|_| ())
     }
 }
+
+/// Deliveries the server made to every consumer of the reaction on the work
+/// stream (each consumer's delivered count, redeliveries included), read
+/// through the JetStream API.
+async fn deliveries(bus: &zopu_core::nats::Bus, partitions: u32) -> Result<u64> {
+    let stream = bus.jetstream.get_stream(subjects::WORK_STREAM).await?;
+    let durable = subjects::durable(SERVICE, "acks");
+    let mut total = 0;
+    for partition in 0..partitions {
+        let name = subjects::partition_durable(&durable, partition, partitions);
+        let info = stream
+            .consumer_info(&name)
+            .await
+            .with_context(|| format!("consumer {name}"))?;
+        total += info.delivered.consumer_sequence;
+    }
+    Ok(total)
+}
+
+/// The same workload, `messages` user messages over `projects` projects,
+/// through one instance with the work filed into `partitions` partitions:
+/// the deliveries it took.
+fn deliveries_for(partitions: u32, project_count: usize, messages: usize) -> Result<u64> {
+    let server = NatsServer::start()?;
+    let driver = tokio::runtime::Runtime::new()?;
+    let bus = driver.block_on(bus(&server, Duration::from_secs(120)))?;
+    driver.block_on(zopu_tests::partition_work(&server, partitions))?;
+    let dir = tempfile::tempdir()?;
+    let journal = Arc::new(Journal::default());
+    let reaction = Acknowledge {
+        journal: journal.clone(),
+        step: Duration::ZERO,
+        slow_for: Duration::ZERO,
+    };
+    let mut instance = Instance::start(
+        scaled_config(&server, dir.path(), "counted", partitions),
+        reaction,
+        reaction_config(Duration::from_secs(30), 5),
+    )?;
+    let projects: Vec<ProjectId> = (0..project_count).map(|_| ProjectId::new()).collect();
+    driver.block_on(async {
+        let publisher = Publisher::new(bus.clone(), "test", None);
+        for round in 0..messages / project_count {
+            for project in &projects {
+                publisher
+                    .append(user_message(*project, &format!("m{round}")))
+                    .await?;
+            }
+        }
+        wait_for_count(
+            &bus,
+            &subjects::events_of_type(pb::AgentAcknowledged::TYPE),
+            LONG,
+            messages,
+            |_| true,
+        )
+        .await?;
+        anyhow::Ok(())
+    })?;
+    ensure!(instance.stop(), "the instance did not stop cleanly");
+    driver.block_on(deliveries(&bus, partitions))
+}
+
+/// Each partition's consumer receives only its own partition's events: the
+/// server makes as many deliveries for a workload with 12 partitions as with
+/// one (a consumer that saw the reaction's whole filter would make 12 times
+/// as many).
+#[test]
+fn deliveries_per_event_do_not_grow_with_the_partition_count() -> Result<()> {
+    let (projects, messages) = (24, 120);
+    let one = deliveries_for(1, projects, messages)?;
+    let twelve = deliveries_for(12, projects, messages)?;
+    ensure!(
+        one >= messages as u64 && twelve >= messages as u64,
+        "every message is delivered at least once: {one} and {twelve} deliveries for {messages} messages"
+    );
+    let (low, high) = (one.min(twelve) as f64, one.max(twelve) as f64);
+    ensure!(
+        high / low < 1.25,
+        "deliveries with 1 partition: {one}, with 12: {twelve} (must differ by less than 25%)"
+    );
+    Ok(())
+}
+
+/// A change of partition count while messages are in flight: the work filed
+/// under the old count is finished before anything filed under the new
+/// count is handled, so every project's messages are acknowledged once each
+/// and in the order sent; then the old count's consumers are removed.
+#[test]
+fn a_new_partition_count_keeps_every_projects_order_and_loses_nothing() -> Result<()> {
+    let server = NatsServer::start()?;
+    let driver = tokio::runtime::Runtime::new()?;
+    let bus = driver.block_on(bus(&server, Duration::from_secs(120)))?;
+    driver.block_on(zopu_tests::partition_work(&server, 2))?;
+    let dirs = [tempfile::tempdir()?, tempfile::tempdir()?];
+    let journal = Arc::new(Journal::default());
+    let reaction = Acknowledge {
+        journal: journal.clone(),
+        step: Duration::from_millis(15),
+        slow_for: Duration::from_millis(15),
+    };
+    let mut instances = ["a", "b"]
+        .iter()
+        .zip(&dirs)
+        .map(|(name, dir)| {
+            Instance::start(
+                scaled_config(&server, dir.path(), name, 2),
+                reaction.clone(),
+                reaction_config(Duration::from_secs(30), 5),
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let projects: Vec<ProjectId> = (0..6).map(|_| ProjectId::new()).collect();
+    let rounds = 8;
+    driver.block_on(async {
+        let publisher = Publisher::new(bus.clone(), "test", None);
+        for round in 0..rounds {
+            // Halfway, with a backlog in every project, the operator files
+            // new work into five partitions (`zopu streams apply`).
+            if round == rounds / 2 {
+                zopu_tests::partition_work(&server, 5).await?;
+            }
+            for project in &projects {
+                publisher
+                    .append(user_message(*project, &format!("m{round}")))
+                    .await?;
+            }
+        }
+        wait_for_count(
+            &bus,
+            &subjects::events_of_type(pb::AgentAcknowledged::TYPE),
+            LONG,
+            projects.len() * rounds,
+            |_| true,
+        )
+        .await?;
+        anyhow::Ok(())
+    })?;
+    let expected: Vec<String> = (0..rounds).map(|round| format!("m{round}")).collect();
+    let acknowledged = driver.block_on(acknowledged_texts(&bus))?;
+    for project in &projects {
+        ensure!(
+            acknowledged.get(&project.to_string()) == Some(&expected),
+            "project {project}: acknowledged {:?}, sent {expected:?}",
+            acknowledged.get(&project.to_string())
+        );
+    }
+    ensure!(
+        journal.overlaps.load(Ordering::SeqCst) == 0,
+        "two handlers of one project ran at once"
+    );
+    // The two-partition consumers drained and were removed; the five
+    // partitions' consumers work on.
+    driver.block_on(async {
+        let stream = bus.jetstream.get_stream(subjects::WORK_STREAM).await?;
+        let durable = subjects::durable(SERVICE, "acks");
+        let deadline = tokio::time::Instant::now() + LONG;
+        loop {
+            let names: Vec<String> = stream
+                .consumer_names()
+                .map(|name| name.map_err(anyhow::Error::from))
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .collect::<Result<_>>()?;
+            let counts: HashSet<u32> = names
+                .iter()
+                .filter_map(|name| subjects::partition_count_of(&durable, name))
+                .collect();
+            if counts == HashSet::from([5]) {
+                return anyhow::Ok(());
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "consumers of the previous partitioning remain: {names:?}"
+            );
+            tokio::task::yield_now().await;
+        }
+    })?;
+    ensure!(driver.block_on(dead_letters(&bus))? == 0, "dead letters");
+    for instance in &mut instances {
+        ensure!(instance.stop(), "an instance did not stop cleanly");
+    }
+    Ok(())
+}

@@ -6,8 +6,9 @@
 //!   and exactly one acknowledgement — none only when the turn failed
 //!   visibly before deciding (the model never answered usably);
 //! - every dispatch ends (completed or failed) exactly once;
-//! - one agent turn at a time per project: in stream order, a dispatch is
-//!   accepted only after the previous accepted one ended;
+//! - one agent turn at a time per project, in order: in stream order, a
+//!   dispatch is accepted only after every dispatch created before it
+//!   ended (turn N+1 starts after turn N's terminal event);
 //! - no artifact revision is published twice with different content, and
 //!   the stored object matches the digest its event names;
 //! - `audit::verify` finds every project's version chain whole.
@@ -126,20 +127,34 @@ fn check_project(project: &ProjectId, events: &[(u64, Envelope)], violations: &m
     let mut created: BTreeMap<String, u64> = BTreeMap::new();
     let mut ended: HashMap<String, usize> = HashMap::new();
     let mut running: Option<String> = None;
+    // Dispatches created and not ended yet, by the sequence of their creation.
+    let mut open: BTreeMap<u64, String> = BTreeMap::new();
     for (sequence, event) in events {
         let Some(dispatch) = event.dispatch_id.map(|id| id.to_string()) else {
             continue;
         };
         if event.is::<pb::DispatchCreated>() {
-            created.entry(dispatch).or_insert(*sequence);
+            if !created.contains_key(&dispatch) {
+                created.insert(dispatch.clone(), *sequence);
+                open.insert(*sequence, dispatch);
+            }
         } else if event.is::<pb::DispatchAccepted>() {
             if let Some(other) = running.replace(dispatch.clone()) {
                 violations.0.push(format!(
                     "project {project}: dispatch {dispatch} accepted at {sequence} while {other} was still running"
                 ));
             }
+            let own = created.get(&dispatch).copied().unwrap_or(u64::MAX);
+            if let Some((earlier_created, earlier)) = open.range(..own).next() {
+                violations.0.push(format!(
+                    "project {project}: dispatch {dispatch} accepted at {sequence} before {earlier} (created earlier, at {earlier_created}) ended"
+                ));
+            }
         } else if event.is::<pb::DispatchCompleted>() || event.is::<pb::DispatchFailed>() {
             *ended.entry(dispatch.clone()).or_default() += 1;
+            if let Some(at) = created.get(&dispatch) {
+                open.remove(at);
+            }
             if running.as_deref() == Some(dispatch.as_str()) {
                 running = None;
             }

@@ -58,6 +58,12 @@ pub(crate) struct Settings {
     pub fail_point: Option<FailPoint>,
 }
 
+/// How long a turn waits for an earlier turn of its project to end before
+/// it ends that turn visibly itself: well past a lease period (the time an
+/// instance that lost the partition takes to stop its handler) and below the
+/// reaction's handler timeout.
+const EARLIER_TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The conversation agent's reaction.
 #[derive(Debug, Clone)]
 pub struct Agent {
@@ -82,6 +88,66 @@ impl Agent {
             provider,
             fired: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// One turn per project at a time, decided by the log: returns once
+    /// every turn of the project created before this one has ended. A turn
+    /// still open is running on an instance that lost this partition and
+    /// has not noticed yet (it stops within a lease period), or was left by
+    /// a worker that died between its last append and its end: after
+    /// [`EARLIER_TURN_WAIT`] it is ended visibly (its `dispatch.failed` and a
+    /// failed final answer), never left open.
+    async fn earlier_turns_ended(
+        &self,
+        event: &Envelope,
+        ctx: &ReactionContext,
+    ) -> Result<(), HandlerError> {
+        let deadline = tokio::time::Instant::now() + EARLIER_TURN_WAIT;
+        loop {
+            let (org, project) = (event.org_id.to_string(), event.project_id.to_string());
+            let created = ctx.stream_sequence;
+            let open = ctx
+                .store
+                .query(move |conn| {
+                    crate::turns::earliest_open_before(conn, &org, &project, created)
+                })
+                .await?;
+            let Some((earlier, earlier_created)) = open else {
+                return Ok(());
+            };
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(%earlier, earlier_created, "an earlier turn never ended; ending it visibly before this one starts");
+                self.end_abandoned_turn(earlier_created, ctx).await?;
+                continue;
+            }
+            tracing::info!(%earlier, earlier_created, "an earlier turn of the project is still open; waiting for its end");
+            let next = ctx.store.checkpoint() + 1;
+            tokio::select! {
+                () = ctx.store.wait_for(next) => {}
+                () = tokio::time::sleep_until(deadline) => {}
+                () = ctx.shutdown.cancelled() => return Err(HandlerError::Interrupted),
+            }
+        }
+    }
+
+    /// Ends the turn created at `created_sequence` as given up on: its
+    /// dispatch's failure and the failed final answer its user is owed.
+    async fn end_abandoned_turn(
+        &self,
+        created_sequence: u64,
+        ctx: &ReactionContext,
+    ) -> Result<(), HandlerError> {
+        let created = zopu_core::publish::get_event(ctx.publisher.bus(), created_sequence).await?;
+        let reason =
+            "its worker stopped before the turn ended; a later turn of the project went on";
+        if let Some(failed) = Reaction::failure_event(self, &created, reason) {
+            ctx.publisher.append(failed).await?;
+        }
+        if let Some(notice) = Reaction::failure_notice(self, &created, reason, ctx).await {
+            ctx.publisher.append(notice).await?;
+        }
+        let end = zopu_core::publish::last_sequence(ctx.publisher.bus()).await?;
+        ctx.caught_up(end).await
     }
 
     fn fail_point(&self, point: FailPoint, ctx: &ReactionContext) -> Result<(), HandlerError> {
@@ -124,6 +190,7 @@ impl Reaction for Agent {
         let (head, source) = tokio::join!(head, source);
         let head = head?.map_or(0, |head| head.sequence);
         ctx.caught_up(head.max(ctx.stream_sequence)).await?;
+        self.earlier_turns_ended(event, ctx).await?;
         let (org, project) = (event.org_id.clone(), event.project_id);
         // Memory expires by the dispatch's time, so a redelivery reads the same.
         let at_ms = zopu_core::memory::unix_ms(event.time);

@@ -35,8 +35,12 @@
 //!   outputs are rephrased or dropped (`agent.guardrail.triggered`); one tool
 //!   call per reply and `decision_attempts` model calls per dispatch; after
 //!   repeated rejections it stays quiet on events nobody asked about.
-//! - One turn per project at a time: the core runner's per-project lanes
-//!   handle a project's dispatches one by one, in stream order.
+//! - One turn per project at a time, decided by the log: the core runner's
+//!   per-project lanes handle a project's dispatches one by one, in stream
+//!   order, and a turn starts only once every turn created before it has
+//!   ended (`turns`), waiting for a turn still running elsewhere (an
+//!   instance that lost its partition mid-turn) and ending visibly one
+//!   whose worker never finished it.
 
 mod agent;
 mod approvals;
@@ -46,6 +50,7 @@ mod keys;
 pub mod offline;
 mod plan;
 pub mod state;
+mod turns;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -41,9 +41,9 @@ impl zopu_core::Projection for ConversationState {
         "conversation_state"
     }
 
-    /// 4: approvals; 6: memory.
+    /// 4: approvals; 6: memory; 7: turns.
     fn schema_version(&self) -> u32 {
-        6
+        7
     }
 
     fn tables(&self) -> &'static [&'static str] {
@@ -57,6 +57,7 @@ impl zopu_core::Projection for ConversationState {
             "cv_artifacts",
             "cv_outcomes",
             crate::approvals::TABLE,
+            crate::turns::TABLE,
             zopu_core::model_usage::TABLE,
             zopu_core::memory::TABLE,
         ]
@@ -105,6 +106,7 @@ impl zopu_core::Projection for ConversationState {
                 PRIMARY KEY (org, project, sequence));",
         )?;
         tx.execute_batch(crate::approvals::SCHEMA)?;
+        tx.execute_batch(crate::turns::SCHEMA)?;
         tx.execute_batch(zopu_core::model_usage::SCHEMA)?;
         tx.execute_batch(zopu_core::memory::SCHEMA)
     }
@@ -118,6 +120,7 @@ impl zopu_core::Projection for ConversationState {
         zopu_core::model_usage::apply(tx, event, sequence)?;
         zopu_core::memory::apply(tx, event, sequence)?;
         crate::approvals::apply(tx, event, sequence as i64)?;
+        crate::turns::apply(tx, event, sequence as i64)?;
         apply(tx, event, sequence as i64)
     }
 }

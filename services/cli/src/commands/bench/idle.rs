@@ -268,9 +268,9 @@ async fn prime(nats_url: &str, data_dir: &std::path::Path) -> anyhow::Result<()>
     Ok(())
 }
 
-/// Durable consumers on the events stream.
+/// The reactions' durable consumers (on the work stream).
 async fn durables(bus: &Bus) -> anyhow::Result<usize> {
-    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+    let stream = bus.jetstream.get_stream(subjects::WORK_STREAM).await?;
     let mut consumers = stream.consumers();
     let mut count = 0;
     while let Some(info) = consumers.next().await {
@@ -359,13 +359,36 @@ async fn idle_project(gateway: &Publisher, setup: &Publisher, org: &OrgId) -> an
     Ok(())
 }
 
-/// Recreates every durable consumer on the stream to start after its
-/// current end (same configuration otherwise): the history is handled.
-/// Deletes the ephemeral ones the priming run left (its projections'
-/// ordered consumers), which the server would otherwise keep a while.
+/// Recreates every reaction's durable consumer (on the work stream) to
+/// start after its current end (same configuration otherwise): the history
+/// is handled. Deletes the ephemeral ones the priming run left on the event
+/// stream (its projections' ordered consumers), which the server would
+/// otherwise keep a while.
 async fn rebase_durables(bus: &Bus) -> anyhow::Result<()> {
-    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
-    let start_sequence = zopu_core::publish::last_sequence(bus).await? + 1;
+    let events = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+    let mut consumers = events.consumers();
+    let mut ephemeral = Vec::new();
+    while let Some(info) = consumers.next().await {
+        let info = info?;
+        if info.config.durable_name.is_none() {
+            ephemeral.push(info.name);
+        }
+    }
+    for name in ephemeral {
+        events.delete_consumer(&name).await?;
+    }
+    // The work stream copies the whole log first.
+    let last = zopu_core::publish::last_sequence(bus).await?;
+    let mut stream = bus.jetstream.get_stream(subjects::WORK_STREAM).await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while stream.info().await?.state.last_sequence < last {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the work stream did not copy the log within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let start_sequence = stream.info().await?.state.last_sequence + 1;
     let mut infos = Vec::new();
     let mut consumers = stream.consumers();
     while let Some(info) = consumers.next().await {
@@ -738,17 +761,19 @@ pub(super) async fn probe(context: &Context) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Every consumer on the events stream (the durable reactions and the
-/// services' ordered projection consumers) has nothing pending, and every
-/// reaction's durable exists.
+/// Every consumer (the durable reactions on the work stream and the
+/// services' ordered projection consumers on the event stream) has nothing
+/// pending, and every reaction's durable exists.
 async fn settled(bus: &Bus) -> anyhow::Result<bool> {
-    let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
-    let mut consumers = stream.consumers();
     let (mut durable, mut all) = (0, true);
-    while let Some(info) = consumers.next().await {
-        let info = info?;
-        durable += usize::from(info.config.durable_name.is_some());
-        all &= info.num_pending == 0 && info.num_ack_pending == 0;
+    for name in [subjects::WORK_STREAM, subjects::EVENTS_STREAM] {
+        let stream = bus.jetstream.get_stream(name).await?;
+        let mut consumers = stream.consumers();
+        while let Some(info) = consumers.next().await {
+            let info = info?;
+            durable += usize::from(info.config.durable_name.is_some());
+            all &= info.num_pending == 0 && info.num_ack_pending == 0;
+        }
     }
     Ok(all && durable >= REACTION_DURABLES)
 }
@@ -769,12 +794,12 @@ fn mb(kb: u64) -> f64 {
 
 /// User + system CPU time of this process (/proc/self/stat, at the kernel's
 /// usual 100 ticks per second).
-fn cpu_time() -> anyhow::Result<Duration> {
+pub(super) fn cpu_time() -> anyhow::Result<Duration> {
     cpu_time_of("self")
 }
 
 /// User + system CPU time of `process` (a pid, or `self`), all its threads.
-fn cpu_time_of(process: &str) -> anyhow::Result<Duration> {
+pub(super) fn cpu_time_of(process: &str) -> anyhow::Result<Duration> {
     let path = format!("/proc/{process}/stat");
     let stat = std::fs::read_to_string(&path)?;
     let after_name = stat

@@ -8,6 +8,7 @@
 //! instances, failover, rebuild and the memory of idle projects.
 
 mod ack;
+mod deliveries;
 mod idle;
 mod raw_turns;
 mod scale;
@@ -55,6 +56,10 @@ enum BenchKind {
     /// I/O-bound), failover after a kill, projection rebuild, and the
     /// memory of every service with 10,000 idle projects
     Scale(scale::ScaleArgs),
+    /// Deliveries per event per reaction and CPU per 1,000 events (process
+    /// + nats-server) at several partition counts, vs a raw JetStream
+    /// consumer of the same messages
+    Deliveries(deliveries::DeliveriesArgs),
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -76,6 +81,9 @@ pub async fn run_bench(context: &Context, args: BenchArgs) -> anyhow::Result<Exi
     match args.kind {
         Some(BenchKind::Ack(ack)) => return ack::run(context, ack).await,
         Some(BenchKind::Scale(scale)) => return scale::run(context, scale).await,
+        Some(BenchKind::Deliveries(deliveries)) => {
+            return deliveries::run(context, deliveries).await;
+        }
         None => {}
     }
     let mut all = Vec::new();
