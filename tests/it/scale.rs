@@ -707,3 +707,110 @@ fn a_new_partition_count_keeps_every_projects_order_and_loses_nothing() -> Resul
     }
     Ok(())
 }
+
+/// Upgrading from a release whose reactions consumed the event stream
+/// directly: `zopu streams apply` creates the work stream starting after
+/// what those consumers had settled, and the reaction, started on it,
+/// handles exactly the messages they had not (none twice, none lost), then
+/// removes its old consumer from the event stream.
+#[test]
+fn an_upgrade_continues_where_the_event_stream_consumers_left_off() -> Result<()> {
+    let server = NatsServer::start()?;
+    let driver = tokio::runtime::Runtime::new()?;
+    let bus = driver.block_on(bus(&server, Duration::from_secs(120)))?;
+    let durable = subjects::durable(SERVICE, "acks");
+    let projects: Vec<ProjectId> = (0..3).map(|_| ProjectId::new()).collect();
+    let (handled_before, rounds) = (2, 4);
+    driver.block_on(async {
+        // The earlier release: no work stream, the reaction's durable on
+        // the event stream itself.
+        bus.jetstream.delete_stream(subjects::WORK_STREAM).await?;
+        let events = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+        let legacy = events
+            .create_consumer(async_nats::jetstream::consumer::pull::Config {
+                durable_name: Some(durable.clone()),
+                filter_subject: subjects::events_of_type(pb::TimelineMessageSent::TYPE),
+                ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+                ..Default::default()
+            })
+            .await?;
+        let publisher = Publisher::new(bus.clone(), "test", None);
+        for round in 0..rounds {
+            for project in &projects {
+                publisher
+                    .append(user_message(*project, &format!("m{round}")))
+                    .await?;
+            }
+        }
+        // It handled the first rounds, acknowledging each as that release did.
+        let mut messages = legacy.messages().await?;
+        for _ in 0..handled_before * projects.len() {
+            let message = messages
+                .next()
+                .await
+                .context("legacy consumer ended")?
+                .map_err(|error| anyhow::anyhow!("{error}"))?;
+            let event = zopu_core::publish::decode_message(&message.message)?;
+            let sent: pb::TimelineMessageSent = event.decode()?;
+            let ack = pb::AgentAcknowledged {
+                text: sent.text,
+                ..Default::default()
+            };
+            publisher
+                .append(NewEvent::caused_by(&event.context(), &ack, format!("ack:{}", event.id)))
+                .await?;
+            message.double_ack().await.map_err(|error| anyhow::anyhow!("{error}"))?;
+        }
+        drop(messages);
+        // The upgrade: the administrator's step, then the new release.
+        zopu_tests::apply_streams_on(&bus, 1, zopu_tests::DUPLICATE_WINDOW).await?;
+        anyhow::Ok(())
+    })?;
+    let dir = tempfile::tempdir()?;
+    let journal = Arc::new(Journal::default());
+    let mut instance = Instance::start(
+        scaled_config(&server, dir.path(), "upgraded", 1),
+        Acknowledge {
+            journal: journal.clone(),
+            step: Duration::ZERO,
+            slow_for: Duration::ZERO,
+        },
+        reaction_config(Duration::from_secs(30), 5),
+    )?;
+    driver.block_on(wait_for_count(
+        &bus,
+        &subjects::events_of_type(pb::AgentAcknowledged::TYPE),
+        LONG,
+        rounds * projects.len(),
+        |_| true,
+    ))?;
+    let expected: Vec<String> = (0..rounds).map(|round| format!("m{round}")).collect();
+    let acknowledged = driver.block_on(acknowledged_texts(&bus))?;
+    for project in &projects {
+        ensure!(
+            acknowledged.get(&project.to_string()) == Some(&expected),
+            "project {project}: acknowledged {:?}, want each of {expected:?} once",
+            acknowledged.get(&project.to_string())
+        );
+    }
+    let runs = journal.runs.lock().unwrap_or_else(|p| p.into_inner()).len();
+    ensure!(
+        runs == (rounds - handled_before) * projects.len(),
+        "the new release ran its handler on {runs} messages, want only the {} the old one left",
+        (rounds - handled_before) * projects.len()
+    );
+    driver.block_on(async {
+        let events = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+        let deadline = tokio::time::Instant::now() + LONG;
+        while events.consumer_info(&durable).await.is_ok() {
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the earlier release's consumer is still on the event stream"
+            );
+            tokio::task::yield_now().await;
+        }
+        anyhow::Ok(())
+    })?;
+    ensure!(instance.stop(), "the instance did not stop cleanly");
+    Ok(())
+}
