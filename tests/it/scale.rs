@@ -757,9 +757,16 @@ fn an_upgrade_continues_where_the_event_stream_consumers_left_off() -> Result<()
                 ..Default::default()
             };
             publisher
-                .append(NewEvent::caused_by(&event.context(), &ack, format!("ack:{}", event.id)))
+                .append(NewEvent::caused_by(
+                    &event.context(),
+                    &ack,
+                    format!("ack:{}", event.id),
+                ))
                 .await?;
-            message.double_ack().await.map_err(|error| anyhow::anyhow!("{error}"))?;
+            message
+                .double_ack()
+                .await
+                .map_err(|error| anyhow::anyhow!("{error}"))?;
         }
         drop(messages);
         // The upgrade: the administrator's step, then the new release.

@@ -147,6 +147,19 @@ impl ReactionConfig {
                 "needs at least one subject",
             ));
         }
+        if let Some(filter) = self
+            .filter_subjects
+            .iter()
+            .find(|filter| zopu_schema::subjects::work_filter(filter, 1, 0).is_none())
+        {
+            return Err(config::ConfigError::setting(
+                format!("{key}.filter_subjects"),
+                format!(
+                    "{filter:?} is not a filter of event subjects ({})",
+                    zopu_schema::subjects::all_events()
+                ),
+            ));
+        }
         if !(1..=100).contains(&self.max_deliver) {
             return Err(config::ConfigError::setting(
                 format!("{key}.max_deliver"),
@@ -508,7 +521,10 @@ async fn work_partitioning<R: Reaction>(
                         || {
                             Error::Config(config::ConfigError::setting(
                                 "reaction.filter_subjects",
-                                format!("{filter:?} is not an event subject filter (zopu.evt.…)"),
+                                format!(
+                                    "{filter:?} is not a filter of event subjects ({})",
+                                    zopu_schema::subjects::all_events()
+                                ),
                             ))
                         },
                     )

@@ -136,9 +136,10 @@ async fn measure(args: &DeliveriesArgs, partitions: u32) -> anyhow::Result<Figur
 
     // The baseline: one raw pull consumer reading and acking every message.
     let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
+    let raw_durable = subjects::durable(SERVICE, "raw");
     let raw = stream
         .create_consumer(pull::Config {
-            durable_name: Some("bench-raw".into()),
+            durable_name: Some(raw_durable.clone()),
             filter_subject: subjects::events_of_type(pb::TimelineMessageSent::TYPE),
             ack_policy: AckPolicy::Explicit,
             max_ack_pending: 256,
@@ -160,7 +161,7 @@ async fn measure(args: &DeliveriesArgs, partitions: u32) -> anyhow::Result<Figur
         anyhow::Ok(())
     })
     .await?;
-    stream.delete_consumer("bench-raw").await?;
+    stream.delete_consumer(&raw_durable).await?;
 
     // The reaction, started after the workload is stored.
     let settled = Arc::new(AtomicU64::new(0));
