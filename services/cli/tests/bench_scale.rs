@@ -74,7 +74,6 @@ async fn the_scale_benchmark_reports_throughput_failover_rebuild_and_idle_memory
         "raw_events_per_s",
         "raw_events_parallel_per_s",
         "raw_chunked_per_s",
-        "raw_chunked_library_per_s",
         "read_only_per_s",
         "write_only_per_s",
         "rebuild_per_s",

@@ -53,6 +53,8 @@ struct Figures {
     deliveries_per_event: f64,
     /// CPU (this process + the nats-server) per 1,000 events, in ms.
     cpu_ms_per_1000: f64,
+    /// Of it, the nats-server's.
+    server_cpu_ms_per_1000: f64,
     /// The raw consumer's CPU per 1,000 of the same events, in ms.
     raw_cpu_ms_per_1000: f64,
     /// The reaction's CPU over the raw consumer's.
@@ -77,10 +79,11 @@ pub(super) async fn run(context: &Context, args: DeliveriesArgs) -> anyhow::Resu
             println!("{}", serde_json::to_string(&figures)?);
         } else {
             println!(
-                "partitions {:>2}: {:.2} deliveries per event per reaction; CPU {:.1} ms per 1,000 events (process + nats-server) vs raw JetStream consumer {:.1} ms = {:.2}x; {:.0} events/s (raw {:.0}/s)",
+                "partitions {:>2}: {:.2} deliveries per event per reaction; CPU {:.1} ms per 1,000 events (process + nats-server, the server {:.1}) vs raw JetStream consumer {:.1} ms = {:.2}x; {:.0} events/s (raw {:.0}/s)",
                 figures.partitions,
                 figures.deliveries_per_event,
                 figures.cpu_ms_per_1000,
+                figures.server_cpu_ms_per_1000,
                 figures.raw_cpu_ms_per_1000,
                 figures.cpu_ratio,
                 figures.events_per_s,
@@ -146,7 +149,7 @@ async fn measure(args: &DeliveriesArgs, partitions: u32) -> anyhow::Result<Figur
             ..Default::default()
         })
         .await?;
-    let (raw_cpu, raw_wall) = timed(&server_process, async {
+    let (raw_cpu, _, raw_wall) = timed(&server_process, async {
         let mut messages = raw.messages().await?;
         for _ in 0..args.events {
             let message = messages
@@ -166,7 +169,7 @@ async fn measure(args: &DeliveriesArgs, partitions: u32) -> anyhow::Result<Figur
     // The reaction, started after the workload is stored.
     let settled = Arc::new(AtomicU64::new(0));
     let shutdown = Shutdown::new();
-    let (cpu, wall) = timed(&server_process, async {
+    let (cpu, server_cpu, wall) = timed(&server_process, async {
         let runtime = Runtime::start(SERVICE, &core, shutdown.clone()).await?;
         runtime.spawn_reaction(
             ReactionConfig::new(
@@ -195,6 +198,7 @@ async fn measure(args: &DeliveriesArgs, partitions: u32) -> anyhow::Result<Figur
         events: args.events,
         deliveries_per_event: deliveries as f64 / args.events as f64,
         cpu_ms_per_1000: per_1000(cpu),
+        server_cpu_ms_per_1000: per_1000(server_cpu),
         raw_cpu_ms_per_1000: per_1000(raw_cpu),
         cpu_ratio: cpu.as_secs_f64() / raw_cpu.as_secs_f64().max(1e-9),
         events_per_s: args.events as f64 / wall.as_secs_f64(),
@@ -250,16 +254,16 @@ async fn delivered(bus: &zopu_core::nats::Bus, partitions: u32) -> anyhow::Resul
     Ok(total)
 }
 
-/// CPU of this process and the server, and wall time, spent by `work`.
+/// CPU of this process and the server together, the server's alone, and
+/// the wall time, spent by `work`.
 async fn timed(
     server_process: &str,
     work: impl std::future::Future<Output = anyhow::Result<()>>,
-) -> anyhow::Result<(Duration, Duration)> {
+) -> anyhow::Result<(Duration, Duration, Duration)> {
     let (client, server) = (cpu_time()?, cpu_time_of(server_process)?);
     let started = Instant::now();
     work.await?;
     let wall = started.elapsed();
-    let cpu =
-        cpu_time()?.saturating_sub(client) + cpu_time_of(server_process)?.saturating_sub(server);
-    Ok((cpu, wall))
+    let server = cpu_time_of(server_process)?.saturating_sub(server);
+    Ok((cpu_time()?.saturating_sub(client) + server, server, wall))
 }
