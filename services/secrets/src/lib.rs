@@ -8,7 +8,9 @@
 //! that it may be shown to users and models. [`Secret`] and [`Credential`]
 //! hold a secret on its way to its consumer without ever printing it.
 //! [`KnownSecrets`] finds configured secret values by value, in any form a
-//! program could print them (re-spaced, reversed, hex, base64, escaped).
+//! program could print them (re-spaced, reversed, hex, base64, escaped);
+//! [`stated_credential`] finds a credential stated in words ("my password
+//! is hunter2") for the places that must keep none at all.
 //!
 //! Invariants:
 //! - a [`Finding`] holds a rule name and a byte range, never the matched text,
@@ -19,6 +21,7 @@
 //! - a value [`scan`] flags, or a high-entropy value, is never a placeholder.
 
 mod held;
+mod stated;
 mod values;
 
 use std::ops::Range;
@@ -27,6 +30,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 pub use held::{Credential, Secret};
+pub use stated::stated_credential;
 pub use values::{KnownSecrets, TRANSFORMED_CHARS_MIN, VALUE_CHARS_MIN};
 
 /// One detected secret: which rule matched and where (byte range into the
