@@ -57,12 +57,13 @@ deploy-check: nats-server ## validate deploy/ (CI runs it): Kubernetes manifests
 	@PATH="$(TOOLS)/python/bin:$$PATH" PYTHONPATH="$(TOOLS)/python$${PYTHONPATH:+:$$PYTHONPATH}" ./deploy/scripts/validate.sh
 
 .PHONY: contract contract-check
-contract: ## regenerate proto/asyncapi.json (the event contract as AsyncAPI 3) from the catalogue, proto/flow-result.schema.json from the flow result types and proto/agent-registry.schema.json from the registry types
+contract: ## regenerate proto/asyncapi.json (the event contract as AsyncAPI 3) from the catalogue, proto/flow-result.schema.json from the flow result types, proto/agent-registry.schema.json from the registry types and deploy/nats/accounts.conf's event-type permissions from the ownership table (zopu_schema::ownership)
 	$(CARGO) run -q -p zopu-cli --bin zopu -- contract asyncapi
 	$(CARGO) run -q -p zopu-cli --bin zopu -- contract flow-result
 	$(CARGO) run -q -p zopu-cli --bin zopu -- contract agent-registry
+	$(CARGO) run -q -p zopu-cli --bin zopu -- contract nats-permissions
 
-contract-check: ## proto/asyncapi.json and proto/flow-result.schema.json are current; asyncapi.json is valid (@asyncapi/parser from npm, into ./tools/asyncapi)
+contract-check: ## proto/asyncapi.json, proto/flow-result.schema.json and deploy/nats/accounts.conf's event-type permissions are current; asyncapi.json is valid (@asyncapi/parser from npm, into ./tools/asyncapi)
 	@CARGO="$(CARGO)" ./deploy/scripts/contract-check.sh
 
 .PHONY: images test-deploy
