@@ -597,6 +597,7 @@ async fn injected_instructions_never_write_memory_and_no_path_keeps_a_credential
     let llm = FakeOpenAiServer::start(script).await?;
     let dispatch = Running::dispatch(&core);
     let conversation = Running::conversation(&core, crate::conversation::openai(&llm));
+    crate::registry::request_setup(&bus, &org, project).await?;
     setup_project(&bus, &org, project).await?;
 
     for (source, message) in sources {
