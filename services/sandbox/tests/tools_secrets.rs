@@ -61,7 +61,6 @@ fn git(repo: &Path, args: &[&str]) {
 
 fn workspace() -> (tempfile::TempDir, Sandbox) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let repo = dir.path().join("repo");
     let files: Vec<(&str, String)> = vec![
         (
             ".env",
@@ -87,7 +86,14 @@ fn workspace() -> (tempfile::TempDir, Sandbox) {
         ),
         ("src/config.py", "DEBUG = True\nPORT = 3000\n".to_owned()),
     ];
-    for (path, content) in &files {
+    let sandbox = committed_sandbox(dir.path(), &files);
+    (dir, sandbox)
+}
+
+/// A sandbox over `<dir>/repo` holding `files`, committed.
+fn committed_sandbox(dir: &Path, files: &[(&str, String)]) -> Sandbox {
+    let repo = dir.join("repo");
+    for (path, content) in files {
         let full = repo.join(path);
         std::fs::create_dir_all(full.parent().expect("parent")).expect("dirs");
         std::fs::write(full, content).expect("write");
@@ -95,12 +101,11 @@ fn workspace() -> (tempfile::TempDir, Sandbox) {
     git(&repo, &["init", "-q"]);
     git(&repo, &["add", "-A"]);
     git(&repo, &["commit", "-qm", "init"]);
-    let sandbox = Sandbox::new(
-        WorkspaceRoot::open(dir.path()).expect("root"),
+    Sandbox::new(
+        WorkspaceRoot::open(dir).expect("root"),
         SandboxLimits::default(),
     )
-    .expect("sandbox");
-    (dir, sandbox)
+    .expect("sandbox")
 }
 
 fn read(sandbox: &Sandbox, path: &str, lines: Option<(u64, u64)>) -> Result<String, Error> {
@@ -280,24 +285,17 @@ fn forms(value: &str) -> Vec<String> {
 #[test]
 fn a_value_printed_in_any_form_by_a_check_leaves_it_redacted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let repo = dir.path().join("repo");
-    std::fs::create_dir_all(&repo).expect("repo");
-    std::fs::write(repo.join("check.sh"), CHECK_SCRIPT).expect("script");
     let value = token();
-    let encoded_in_a_file = format!("fixture: {}\n", hex(value.as_bytes()).to_uppercase());
-    std::fs::write(repo.join("fixture.txt"), encoded_in_a_file).expect("fixture");
-    git(&repo, &["init", "-q"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "init"]);
-    let sandbox = Sandbox::new(
-        WorkspaceRoot::open(dir.path()).expect("root"),
-        SandboxLimits::default(),
-    )
-    .expect("sandbox")
-    .with_program_environment(ProgramEnvironment::new(vec![(
-        "API_TOKEN".to_owned(),
-        Secret::new(value.clone()),
-    )]));
+    let files = [
+        ("check.sh", CHECK_SCRIPT.to_owned()),
+        (
+            "fixture.txt",
+            format!("fixture: {}\n", hex(value.as_bytes()).to_uppercase()),
+        ),
+    ];
+    let sandbox = committed_sandbox(dir.path(), &files).with_program_environment(
+        ProgramEnvironment::new(vec![("API_TOKEN".to_owned(), Secret::new(value.clone()))]),
+    );
     assert_ne!(
         sandbox.confinement().mode,
         ConfinementMode::Refused,
