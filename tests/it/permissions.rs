@@ -76,6 +76,11 @@ struct Secured {
 
 impl Secured {
     fn start() -> Result<Self> {
+        Self::start_with(&workspace_root().join("deploy/nats/accounts.conf"))
+    }
+
+    /// A server with the accounts file at `accounts`.
+    fn start_with(accounts: &std::path::Path) -> Result<Self> {
         let store = tempfile::tempdir()?;
         let salt = format!(
             "{}-{}",
@@ -97,8 +102,7 @@ impl Secured {
                 )
             })
             .collect();
-        let accounts = workspace_root().join("deploy/nats/accounts.conf");
-        let server = LocalServer::start_with_accounts(store.path(), &accounts, env)?;
+        let server = LocalServer::start_with_accounts(store.path(), accounts, env)?;
         Ok(Self {
             server,
             passwords,
@@ -751,5 +755,48 @@ async fn exactly_the_ownership_tables_pairs_may_append() -> Result<()> {
         stored.len() + refused.len(),
         ownership::IDENTITIES.len() * catalogue::ALL.len()
     );
+    Ok(())
+}
+
+/// An org-scoped deployment (`zopu contract nats-permissions --org acme`):
+/// each identity appends its own event types in acme's projects only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_org_scoped_deployment_keeps_each_identity_to_its_orgs() -> Result<()> {
+    use futures::StreamExt as _;
+    use zopu_schema::{OrgId, ownership};
+
+    let dir = tempfile::tempdir()?;
+    let deployed = std::fs::read_to_string(workspace_root().join(ownership::ACCOUNTS_PATH))?;
+    let acme: OrgId = "acme".parse()?;
+    let scoped = ownership::render_accounts(&deployed, std::slice::from_ref(&acme))?;
+    let accounts = dir.path().join("accounts.conf");
+    std::fs::write(&accounts, scoped)?;
+    let secured = Secured::start_with(&accounts)?;
+    apply_as_admin(&secured).await?;
+    let other: OrgId = "other".parse()?;
+    for (user, event_type) in [
+        ("gateway", "timeline.message.sent"),
+        ("setup", "project.ready"),
+        ("conversation", "agent.final"),
+    ] {
+        let mut identity = secured.connect(user).await?;
+        let stored = subjects::event(&acme, &ProjectId::new(), event_type);
+        let inbox = identity.bus.client.new_inbox();
+        let mut acks = identity.bus.client.subscribe(inbox.clone()).await?;
+        identity
+            .bus
+            .client
+            .publish_with_reply(stored, inbox, Bytes::from_static(b"x"))
+            .await?;
+        let ack = tokio::time::timeout(WAIT, acks.next())
+            .await
+            .with_context(|| format!("{user} got no acknowledgement in acme"))?
+            .context("the reply subscription ended")?;
+        let answer: serde_json::Value = serde_json::from_slice(&ack.payload)?;
+        ensure!(answer.get("error").is_none(), "{user} in acme: {answer}");
+        identity
+            .refused_publish(&subjects::event(&other, &ProjectId::new(), event_type))
+            .await?;
+    }
     Ok(())
 }
