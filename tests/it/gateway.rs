@@ -2344,7 +2344,8 @@ async fn stream_end(mut response: reqwest::Response, within: Duration) -> Result
 
 /// A token revoked on one gateway instance, deleted from the bucket, or
 /// expired closes the live streams it opened on every instance within a
-/// second; a stream of another token stays open.
+/// second, and a ticket it asked for no longer opens one; a stream of
+/// another token stays open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_deleted_or_expired_token_closes_its_open_streams_on_every_instance() -> Result<()>
 {
@@ -2389,6 +2390,16 @@ async fn a_revoked_deleted_or_expired_token_closes_its_open_streams_on_every_ins
     let on_first = open(gw.base.clone(), revoked.expose().to_owned()).await?;
     let on_second = open(second.base.clone(), revoked.expose().to_owned()).await?;
     let bystander = open(second.base.clone(), gw.acme.clone()).await?;
+    // A ticket it asked for before: refused once the token is revoked.
+    let (status, ticket) = gw
+        .post(
+            revoked.expose(),
+            &format!("/v1/projects/{project}/events/ticket"),
+            json!({}),
+        )
+        .await?;
+    ensure!(status == StatusCode::CREATED, "{status} {ticket}");
+    let ticket_url = ticket["url"].as_str().context("ticket url")?.to_owned();
     let revoking = std::time::Instant::now();
     second.state.tokens.revoke(revoked.expose()).await?;
     let (first_end, second_end) =
@@ -2402,6 +2413,12 @@ async fn a_revoked_deleted_or_expired_token_closes_its_open_streams_on_every_ins
     // A later request with it is refused; another token's stream is open.
     let refused = open(gw.base.clone(), revoked.expose().to_owned()).await;
     ensure!(refused.is_err(), "a revoked token opened a stream");
+    let redeemed = gw.http.get(second.url(&ticket_url)).send().await?;
+    ensure!(
+        redeemed.status() == StatusCode::UNAUTHORIZED,
+        "a revoked token's ticket opened a stream: {}",
+        redeemed.status()
+    );
     ensure!(
         stream_end(bystander, Duration::from_millis(300))
             .await
