@@ -755,6 +755,18 @@ async fn exactly_the_ownership_tables_pairs_may_append() -> Result<()> {
         stored.len() + refused.len(),
         ownership::IDENTITIES.len() * catalogue::ALL.len()
     );
+    // Services read through their JetStream consumers only: none may
+    // listen to the events as they are appended.
+    for (service, _, _) in SERVICES.iter().chain([&("gateway", "", "")]) {
+        let mut identity = secured.connect(service).await?;
+        let _listening = identity
+            .bus
+            .client
+            .subscribe(subjects::all_events())
+            .await?;
+        identity.bus.client.flush().await?;
+        identity.violation_on(&subjects::all_events()).await?;
+    }
     Ok(())
 }
 
