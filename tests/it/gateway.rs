@@ -2463,3 +2463,33 @@ async fn a_revoked_deleted_or_expired_token_closes_its_open_streams_on_every_ins
     second.stop().await?;
     Ok(())
 }
+
+/// A token watch set up again after the last change it saw gets the
+/// revocations made while no watch ran (what a gateway does when its watch
+/// of the bucket fails).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_token_watch_misses_no_revocation() -> Result<()> {
+    use futures::StreamExt as _;
+    use zopu_gateway::tokens::DEFAULT_TTL;
+
+    let gw = gateway(zopu_gateway::Config::default()).await?;
+    let tokens = &gw.state.tokens;
+    let watch = tokens.watch_ended(None).await?;
+    let mut watch = std::pin::pin!(watch);
+    let issued = tokens.issue(&org("acme"), "erin", DEFAULT_TTL).await?;
+    let (seen, ended) = tokio::time::timeout(LONG, watch.next())
+        .await?
+        .context("the watch ended")?;
+    ensure!(ended.is_none(), "a new token is not an ended one");
+    drop(watch);
+    // Revoked while nobody watches.
+    tokens.revoke(issued.expose()).await?;
+    let resumed = tokens.watch_ended(Some(seen)).await?;
+    let mut resumed = std::pin::pin!(resumed);
+    let (revision, ended) = tokio::time::timeout(LONG, resumed.next())
+        .await?
+        .context("the resumed watch ended")?;
+    ensure!(revision > seen, "{revision} after {seen}");
+    assert_eq!(ended.as_deref(), Some(issued.info.id.as_str()));
+    Ok(())
+}

@@ -8,7 +8,8 @@
 //! token expires (the stream's own deadline). Tickets are checked against
 //! the token when they are redeemed (`sse`), and every other request reads
 //! the token anew, so nothing a token opened outlives it by more than the
-//! bucket's replication.
+//! bucket's replication. A watch that fails is set up again from the last
+//! change it saw, so no revocation in between is missed.
 //!
 //! Invariant: [`Revocations`] holds token ids only (never a token) and one
 //! entry per token id that has an open stream here, removed when it ends.
@@ -80,9 +81,12 @@ impl Revocations {
 /// Watches the token bucket until `shutdown`, ending the streams of every
 /// token revoked, deleted or purged on any instance.
 pub async fn run(tokens: TokenStore, revocations: Revocations, shutdown: Shutdown) {
+    // The last change seen: a watch set up again resumes after it, so a
+    // revocation while it was down is not missed.
+    let mut seen: Option<u64> = None;
     loop {
         let watched = tokio::select! {
-            watched = tokens.watch_ended() => watched,
+            watched = tokens.watch_ended(seen) => watched,
             () = shutdown.cancelled() => return,
         };
         match watched {
@@ -91,9 +95,12 @@ pub async fn run(tokens: TokenStore, revocations: Revocations, shutdown: Shutdow
                 loop {
                     tokio::select! {
                         next = ended.next() => match next {
-                            Some(token_id) => {
-                                revocations.end(&token_id);
-                                revocations.prune();
+                            Some((revision, token)) => {
+                                seen = Some(revision);
+                                if let Some(token_id) = token {
+                                    revocations.end(&token_id);
+                                    revocations.prune();
+                                }
                             }
                             None => break,
                         },

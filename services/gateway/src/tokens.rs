@@ -606,16 +606,19 @@ impl TokenStore {
         Ok(admit(token, &entry, &info, self.clock.now()))
     }
 
-    /// The ids of tokens that end from now on: revoked (their entry
-    /// updated with a revocation time), deleted or purged, on any instance.
+    /// Every change to the tokens from now on (or after revision `after`,
+    /// when resuming a watch), as its revision and, for a token that ended
+    /// (its entry updated with a revocation time, deleted or purged, on any
+    /// instance), its id.
     pub async fn watch_ended(
         &self,
-    ) -> Result<impl futures::Stream<Item = String> + Send + use<>, TokenError> {
-        let watch = self
-            .bucket
-            .watch_all()
-            .await
-            .map_err(|error| TokenError::store("watch the tokens", error))?;
+        after: Option<u64>,
+    ) -> Result<impl futures::Stream<Item = (u64, Option<String>)> + Send + use<>, TokenError> {
+        let watch = match after {
+            Some(revision) => self.bucket.watch_all_from_revision(revision + 1).await,
+            None => self.bucket.watch_all().await,
+        }
+        .map_err(|error| TokenError::store("watch the tokens", error))?;
         Ok(watch.filter_map(|entry| async move {
             let entry = entry.ok()?;
             let ended = match entry.operation {
@@ -623,7 +626,7 @@ impl TokenStore {
                 kv::Operation::Put => Entry::decode(&entry.key, &entry.value)
                     .map_or(true, |(_, info)| info.revoked_at.is_some()),
             };
-            ended.then_some(entry.key)
+            Some((entry.revision, ended.then_some(entry.key)))
         }))
     }
 
