@@ -2474,8 +2474,7 @@ async fn a_resumed_token_watch_misses_no_revocation() -> Result<()> {
 
     let gw = gateway(zopu_gateway::Config::default()).await?;
     let tokens = &gw.state.tokens;
-    let watch = tokens.watch_ended(None).await?;
-    let mut watch = std::pin::pin!(watch);
+    let mut watch = Box::pin(tokens.watch_ended(None).await?);
     let issued = tokens.issue(&org("acme"), "erin", DEFAULT_TTL).await?;
     let (seen, ended) = tokio::time::timeout(LONG, watch.next())
         .await?
