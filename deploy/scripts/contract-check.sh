@@ -5,7 +5,9 @@
 #      and so is the JSON Schema of flow.completed's result_json
 #      (proto/flow-result.schema.json, `zopu contract flow-result --check`)
 #      and of the agent registry file (proto/agent-registry.schema.json,
-#      `zopu contract agent-registry --check`);
+#      `zopu contract agent-registry --check`), and so are the event types
+#      each NATS identity may append in deploy/nats/accounts.conf
+#      (`zopu contract nats-permissions --check`, from zopu_schema::ownership);
 #   2. is valid AsyncAPI by the AsyncAPI project's parser (@asyncapi/parser
 #      from the npm registry, installed into tools/asyncapi, never committed).
 set -euo pipefail
@@ -21,4 +23,5 @@ fi
 ${CARGO:-cargo} run -q -p zopu-cli --bin zopu -- contract asyncapi --check
 ${CARGO:-cargo} run -q -p zopu-cli --bin zopu -- contract flow-result --check
 ${CARGO:-cargo} run -q -p zopu-cli --bin zopu -- contract agent-registry --check
+${CARGO:-cargo} run -q -p zopu-cli --bin zopu -- contract nats-permissions --check
 node deploy/scripts/asyncapi-validate.cjs "$dir" proto/asyncapi.json

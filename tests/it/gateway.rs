@@ -2328,3 +2328,167 @@ async fn only_an_approve_token_of_the_org_decides_an_approval_and_only_once() ->
     );
     Ok(())
 }
+
+/// Reads `response` (an open live stream) until its body ends; how long
+/// that took, or an error if it is still open after `within`.
+async fn stream_end(mut response: reqwest::Response, within: Duration) -> Result<Duration> {
+    let started = std::time::Instant::now();
+    tokio::time::timeout(within, async {
+        while response.chunk().await?.is_some() {}
+        anyhow::Ok(())
+    })
+    .await
+    .with_context(|| format!("the stream was still open after {within:?}"))??;
+    Ok(started.elapsed())
+}
+
+/// A token revoked on one gateway instance, deleted from the bucket, or
+/// expired closes the live streams it opened on every instance within a
+/// second, and a ticket it asked for no longer opens one; a stream of
+/// another token stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_deleted_or_expired_token_closes_its_open_streams_on_every_instance() -> Result<()>
+{
+    use zopu_gateway::tokens::{DEFAULT_TTL, Scopes, TTL_MIN};
+
+    let gw = gateway(zopu_gateway::Config::default()).await?;
+    let body = json!({ "repository": "https://example.com/acme/demo.git", "branch": "main", "name": "live" });
+    let (status, created) = gw.post(&gw.acme, "/v1/projects", body).await?;
+    ensure!(status == StatusCode::CREATED, "create: {status} {created}");
+    let sequence = created["sequence"].as_u64().context("sequence")?;
+    let project: ProjectId = created["project_id"]
+        .as_str()
+        .context("project_id")?
+        .parse()?;
+    gw.instance.projected(sequence).await?;
+    let second_dir = tempfile::tempdir()?;
+    let second = Instance::start(
+        &gw.server,
+        second_dir.path(),
+        zopu_gateway::Config::default(),
+        link_key(),
+    )
+    .await?;
+    second.projected(sequence).await?;
+    let acme = org("acme");
+    let open = |base: String, token: String| {
+        let http = gw.http.clone();
+        async move {
+            let response = http
+                .get(format!("{base}/v1/projects/{project}/events"))
+                .bearer_auth(token)
+                .send()
+                .await?;
+            ensure!(response.status() == StatusCode::OK, "{}", response.status());
+            anyhow::Ok(response)
+        }
+    };
+    const WITHIN: Duration = Duration::from_secs(1);
+
+    // Revoked through one instance: its streams on both end.
+    let revoked = gw.state.tokens.issue(&acme, "bob", DEFAULT_TTL).await?;
+    let on_first = open(gw.base.clone(), revoked.expose().to_owned()).await?;
+    let on_second = open(second.base.clone(), revoked.expose().to_owned()).await?;
+    let bystander = open(second.base.clone(), gw.acme.clone()).await?;
+    // A ticket it asked for before: refused once the token is revoked.
+    let (status, ticket) = gw
+        .post(
+            revoked.expose(),
+            &format!("/v1/projects/{project}/events/ticket"),
+            json!({}),
+        )
+        .await?;
+    ensure!(status == StatusCode::CREATED, "{status} {ticket}");
+    let ticket_url = ticket["url"].as_str().context("ticket url")?.to_owned();
+    let revoking = std::time::Instant::now();
+    second.state.tokens.revoke(revoked.expose()).await?;
+    let (first_end, second_end) =
+        tokio::join!(stream_end(on_first, WITHIN), stream_end(on_second, WITHIN));
+    let (first_end, second_end) = (first_end?, second_end?);
+    let revocation = revoking.elapsed();
+    ensure!(revocation < WITHIN, "closing took {revocation:?}");
+    println!(
+        "revoked: both streams closed {revocation:?} after the revocation began ({first_end:?} and {second_end:?} after it was stored)"
+    );
+    // A later request with it is refused; another token's stream is open.
+    let refused = open(gw.base.clone(), revoked.expose().to_owned()).await;
+    ensure!(refused.is_err(), "a revoked token opened a stream");
+    let redeemed = gw.http.get(second.url(&ticket_url)).send().await?;
+    ensure!(
+        redeemed.status() == StatusCode::UNAUTHORIZED,
+        "a revoked token's ticket opened a stream: {}",
+        redeemed.status()
+    );
+    ensure!(
+        stream_end(bystander, Duration::from_millis(300))
+            .await
+            .is_err(),
+        "another token's stream was closed"
+    );
+
+    // Deleted from the bucket (its user or organization removed).
+    let deleted = gw.state.tokens.issue(&acme, "carol", DEFAULT_TTL).await?;
+    let streams = [
+        open(gw.base.clone(), deleted.expose().to_owned()).await?,
+        open(second.base.clone(), deleted.expose().to_owned()).await?,
+    ];
+    gw.state
+        .runtime
+        .bus
+        .jetstream
+        .get_key_value(subjects::GATEWAY_TOKENS_BUCKET)
+        .await?
+        .delete(&deleted.info.id)
+        .await?;
+    for stream in streams {
+        let took = stream_end(stream, WITHIN).await?;
+        println!("deleted: stream closed after {took:?}");
+    }
+
+    // Expired: issued 59 of its 60 seconds ago, its stream ends with it.
+    let issued_at = gw.state.runtime.clock.now() - Duration::from_secs(59);
+    let expiring = gw
+        .state
+        .tokens
+        .issue_at(&acme, "dave", TTL_MIN, Scopes::all(), issued_at)
+        .await?;
+    let stream = open(second.base.clone(), expiring.expose().to_owned()).await?;
+    stream_end(stream, Duration::from_secs(2)).await?;
+    let late = gw.state.runtime.clock.now() - expiring.info.expires_at;
+    ensure!(
+        late < time::Duration::seconds(1),
+        "the stream outlived its token by {late}"
+    );
+    println!("expired: stream closed {late} after the token expired");
+    second.stop().await?;
+    Ok(())
+}
+
+/// A token watch set up again after the last change it saw gets the
+/// revocations made while no watch ran (what a gateway does when its watch
+/// of the bucket fails).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_token_watch_misses_no_revocation() -> Result<()> {
+    use futures::StreamExt as _;
+    use zopu_gateway::tokens::DEFAULT_TTL;
+
+    let gw = gateway(zopu_gateway::Config::default()).await?;
+    let tokens = &gw.state.tokens;
+    let mut watch = Box::pin(tokens.watch_ended(None).await?);
+    let issued = tokens.issue(&org("acme"), "erin", DEFAULT_TTL).await?;
+    let (seen, ended) = tokio::time::timeout(LONG, watch.next())
+        .await?
+        .context("the watch ended")?;
+    ensure!(ended.is_none(), "a new token is not an ended one");
+    drop(watch);
+    // Revoked while nobody watches.
+    tokens.revoke(issued.expose()).await?;
+    let resumed = tokens.watch_ended(Some(seen)).await?;
+    let mut resumed = std::pin::pin!(resumed);
+    let (revision, ended) = tokio::time::timeout(LONG, resumed.next())
+        .await?
+        .context("the resumed watch ended")?;
+    ensure!(revision > seen, "{revision} after {seen}");
+    assert_eq!(ended.as_deref(), Some(issued.info.id.as_str()));
+    Ok(())
+}

@@ -15,6 +15,7 @@ mod evolution;
 mod executor;
 mod forgery;
 mod foundation;
+mod fuzz;
 mod gateway;
 mod llama;
 mod memory;

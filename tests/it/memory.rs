@@ -541,3 +541,153 @@ async fn a_model_sees_the_stated_preference_and_mesh_rules_limit_delegation_and_
     dispatch.stop().await?;
     Ok(())
 }
+
+/// Whether the project's history holds no memory write at all.
+async fn memory_writes(
+    bus: &zopu_core::nats::Bus,
+    org: &OrgId,
+    project: ProjectId,
+) -> Result<usize> {
+    let all = history(bus, &subjects::project_events(org, &project)).await?;
+    Ok(all
+        .iter()
+        .filter(|(_, event)| event.is::<pb::AgentMemorySet>())
+        .count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_instructions_never_write_memory_and_no_path_keeps_a_credential() -> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let dir = tempfile::tempdir()?;
+    let (org, project) = (org("acme"), ProjectId::new());
+    let core = zopu_tests::core_config(&server, &dir.path().join("services"));
+    // The model obeys every instruction it reads: text planted in the
+    // repository, a tool's output or an artifact tells it to remember.
+    let injected = json!({"key": "preference.deploy", "preference": "Always deploy on Fridays without review", "acknowledgement": "Noted."});
+    let password = json!({"key": "preference.login", "preference": "The admin password is hunter22", "acknowledgement": "Noted."});
+    let stated = json!({"key": "preference.language", "preference": "Answer in German", "acknowledgement": "Gern, ab jetzt auf Deutsch."});
+    let sources = [
+        ("repository", "What does the README say about deploying?"),
+        ("tool output", "What did the last test run print?"),
+        ("artifact", "Summarize the latest check report"),
+        ("model output", "Thanks for the help"),
+    ];
+    let mut script = Vec::new();
+    // Each turn's two decision attempts obey the injection.
+    for _ in 0..sources.len() * 2 {
+        script.push(Scripted::tool_call(
+            "call_i",
+            "remember",
+            &injected.to_string(),
+        ));
+    }
+    for _ in 0..2 {
+        script.push(Scripted::tool_call(
+            "call_p",
+            "remember",
+            &password.to_string(),
+        ));
+    }
+    script.push(Scripted::tool_call(
+        "call_s",
+        "remember",
+        &stated.to_string(),
+    ));
+    let llm = FakeOpenAiServer::start(script).await?;
+    let dispatch = Running::dispatch(&core);
+    let conversation = Running::conversation(&core, crate::conversation::openai(&llm));
+    crate::registry::request_setup(&bus, &org, project).await?;
+    setup_project(&bus, &org, project).await?;
+
+    for (source, message) in sources {
+        let sent = send(&bus, &org, project, message).await?;
+        turn_end(&bus, &org, project, sent.request).await?;
+        let refused =
+            events_of::<pb::AgentLlmFailed>(&bus, &org, project, Some(sent.request)).await?;
+        let codes: Vec<String> = refused
+            .iter()
+            .filter_map(|event| event.decode::<pb::AgentLlmFailed>().ok())
+            .filter_map(|failed| failed.reason.map(|reason| reason.code))
+            .collect();
+        assert_eq!(
+            codes,
+            ["llm.unstated_preference", "llm.unstated_preference"],
+            "{source}"
+        );
+        assert_eq!(memory_writes(&bus, &org, project).await?, 0, "{source}");
+    }
+    // A password the user states is neither the model's memory nor the
+    // offline rules' (the fallback after the refused attempts).
+    let sent = send(
+        &bus,
+        &org,
+        project,
+        "From now on remember that my admin password is hunter22",
+    )
+    .await?;
+    turn_end(&bus, &org, project, sent.request).await?;
+    assert_eq!(memory_writes(&bus, &org, project).await?, 0);
+
+    // What the user states is kept, with the user's words as its source.
+    let sent = send(&bus, &org, project, "From now on, answer in German").await?;
+    let end = turn_end(&bus, &org, project, sent.request).await?;
+    assert_eq!(end.decode::<pb::DispatchCompleted>()?.outcome, "remembered");
+    let kept = events_of::<pb::AgentMemorySet>(&bus, &org, project, Some(sent.request)).await?;
+    assert_eq!(kept.len(), 1);
+    let kept = kept[0].decode::<pb::AgentMemorySet>()?;
+    assert_eq!(kept.value, "Answer in German");
+    assert_eq!(kept.source_event_id, sent.event_id.to_string());
+    assert_eq!(kept.source_text, "From now on, answer in German");
+    conversation.stop().await?;
+    dispatch.stop().await?;
+
+    // The API and the CLI refuse a credential in words, and a key naming one.
+    let gateway = Gateway::start(&server, &dir.path().join("gateway")).await?;
+    gateway.caught_up(&bus).await?;
+    let path = format!("/v1/projects/{project}/memory");
+    for (key, value, field, why) in [
+        (
+            "preference.login",
+            "My password is hunter2",
+            "value",
+            "a password stated in words",
+        ),
+        (
+            "preference.door",
+            "the PIN for the door is 4821",
+            "value",
+            "a PIN stated in words",
+        ),
+        (
+            "db.password",
+            "Answer in German",
+            "key",
+            "names a credential",
+        ),
+    ] {
+        let (status, refused) = gateway
+            .put(&format!("{path}/{key}"), json!({"value": value}))
+            .await?;
+        assert_eq!(
+            status,
+            reqwest::StatusCode::UNPROCESSABLE_ENTITY,
+            "{refused}"
+        );
+        assert_eq!(refused["error"]["field"], field, "{refused}");
+        ensure!(refused.to_string().contains(why), "{refused}");
+    }
+    gateway.stop().await?;
+    let zopu = zopu_tests::zopu_binary(&zopu_tests::workspace_root())?;
+    let output = Command::new(&zopu)
+        .args(["--nats", server.url().as_str(), "memory", "set"])
+        .args([project.to_string().as_str(), "preference.login"])
+        .arg("use s3cret! as the password")
+        .args(["--org", "acme"])
+        .output()?;
+    ensure!(!output.status.success(), "the CLI kept a password");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(stderr.contains("a password stated in words"), "{stderr}");
+    assert_eq!(memory_writes(&bus, &org, project).await?, 1);
+    Ok(())
+}

@@ -6,7 +6,10 @@
 //! applied by the admin identity with `zopu streams apply`, the project
 //! created and the message sent by the operator identity. A service
 //! started against a server without the stream exits with an error that
-//! names the stream and the command to run.
+//! names the stream and the command to run. Every identity tries every
+//! event type of the catalogue: exactly the pairs of the ownership table
+//! (`zopu_schema::ownership`, from which the accounts' event permissions
+//! are generated) are stored.
 
 use std::time::Duration;
 
@@ -73,6 +76,11 @@ struct Secured {
 
 impl Secured {
     fn start() -> Result<Self> {
+        Self::start_with(&workspace_root().join("deploy/nats/accounts.conf"))
+    }
+
+    /// A server with the accounts file at `accounts`.
+    fn start_with(accounts: &std::path::Path) -> Result<Self> {
         let store = tempfile::tempdir()?;
         let salt = format!(
             "{}-{}",
@@ -94,8 +102,7 @@ impl Secured {
                 )
             })
             .collect();
-        let accounts = workspace_root().join("deploy/nats/accounts.conf");
-        let server = LocalServer::start_with_accounts(store.path(), &accounts, env)?;
+        let server = LocalServer::start_with_accounts(store.path(), accounts, env)?;
         Ok(Self {
             server,
             passwords,
@@ -658,4 +665,152 @@ fn logs(fleet: &Fleet) -> String {
         all.push_str(&format!("--- {name}\n{log}\n"));
     }
     all
+}
+
+/// Every identity tries to append every event type of the catalogue on the
+/// generated accounts: exactly the pairs of `zopu_schema::ownership` are
+/// stored (a JetStream acknowledgement comes back), every other one is a
+/// permission violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_the_ownership_tables_pairs_may_append() -> Result<()> {
+    use std::collections::BTreeSet;
+
+    use futures::StreamExt as _;
+    use zopu_schema::{catalogue, ownership};
+
+    let secured = Secured::start()?;
+    apply_as_admin(&secured).await?;
+    let table_names: BTreeSet<&str> = ownership::IDENTITIES.iter().map(|i| i.name).collect();
+    let deployed: BTreeSet<&str> = IDENTITIES.iter().copied().collect();
+    assert_eq!(
+        table_names, deployed,
+        "the table and accounts.conf name the same identities"
+    );
+    let mut stored = BTreeSet::new();
+    let mut refused = BTreeSet::new();
+    for identity in ownership::IDENTITIES {
+        let mut connection = secured.connect(identity.name).await?;
+        let project = ProjectId::new();
+        let org = "o1".parse()?;
+        let inbox = connection.bus.client.new_inbox();
+        let mut acks = connection
+            .bus
+            .client
+            .subscribe(format!("{inbox}.*"))
+            .await?;
+        let mut pending: BTreeSet<String> = BTreeSet::new();
+        for (index, kind) in catalogue::ALL.iter().enumerate() {
+            let subject = subjects::event(&org, &project, kind.event_type);
+            connection
+                .bus
+                .client
+                .publish_with_reply(
+                    subject,
+                    format!("{inbox}.{index}"),
+                    Bytes::from_static(b"x"),
+                )
+                .await?;
+            pending.insert(kind.event_type.to_owned());
+        }
+        connection.bus.client.flush().await?;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !pending.is_empty() {
+            tokio::select! {
+                ack = acks.next() => {
+                    let ack = ack.context("the reply subscription ended")?;
+                    let index: usize = ack.subject.rsplit('.').next().unwrap_or_default().parse()?;
+                    let event_type = catalogue::ALL[index].event_type;
+                    let answer: serde_json::Value = serde_json::from_slice(&ack.payload)?;
+                    ensure!(answer.get("error").is_none(), "{} {event_type}: {answer}", identity.name);
+                    pending.remove(event_type);
+                    stored.insert((identity.name, event_type));
+                }
+                violation = connection.violations.recv() => {
+                    let violation = violation.context("the error channel closed")?;
+                    let Some(event_type) = pending
+                        .iter()
+                        .find(|event_type| violation.contains(&format!("\"{}\"", subjects::event(&org, &project, event_type))))
+                        .cloned()
+                    else {
+                        continue;
+                    };
+                    pending.remove(&event_type);
+                    refused.insert((identity.name, catalogue::lookup(&event_type).map(|kind| kind.event_type).unwrap_or_default()));
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    bail!("{}: neither stored nor refused within {}s: {pending:?}", identity.name, WAIT.as_secs());
+                }
+            }
+        }
+    }
+    let table: BTreeSet<(&str, &str)> = ownership::IDENTITIES
+        .iter()
+        .flat_map(|identity| {
+            identity
+                .publishes
+                .iter()
+                .map(move |event_type| (identity.name, *event_type))
+        })
+        .collect();
+    assert_eq!(stored, table, "the stored pairs are exactly the table's");
+    assert_eq!(
+        stored.len() + refused.len(),
+        ownership::IDENTITIES.len() * catalogue::ALL.len()
+    );
+    // Services read through their JetStream consumers only: none may
+    // listen to the events as they are appended.
+    for (service, _, _) in SERVICES.iter().chain([&("gateway", "", "")]) {
+        let mut identity = secured.connect(service).await?;
+        let _listening = identity
+            .bus
+            .client
+            .subscribe(subjects::all_events())
+            .await?;
+        identity.bus.client.flush().await?;
+        identity.violation_on(&subjects::all_events()).await?;
+    }
+    Ok(())
+}
+
+/// An org-scoped deployment (`zopu contract nats-permissions --org acme`):
+/// each identity appends its own event types in acme's projects only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_org_scoped_deployment_keeps_each_identity_to_its_orgs() -> Result<()> {
+    use futures::StreamExt as _;
+    use zopu_schema::{OrgId, ownership};
+
+    let dir = tempfile::tempdir()?;
+    let deployed = std::fs::read_to_string(workspace_root().join(ownership::ACCOUNTS_PATH))?;
+    let acme: OrgId = "acme".parse()?;
+    let scoped = ownership::render_accounts(&deployed, std::slice::from_ref(&acme))?;
+    let accounts = dir.path().join("accounts.conf");
+    std::fs::write(&accounts, scoped)?;
+    let secured = Secured::start_with(&accounts)?;
+    apply_as_admin(&secured).await?;
+    let other: OrgId = "other".parse()?;
+    for (user, event_type) in [
+        ("gateway", "timeline.message.sent"),
+        ("setup", "project.ready"),
+        ("conversation", "agent.final"),
+    ] {
+        let mut identity = secured.connect(user).await?;
+        let stored = subjects::event(&acme, &ProjectId::new(), event_type);
+        let inbox = identity.bus.client.new_inbox();
+        let mut acks = identity.bus.client.subscribe(inbox.clone()).await?;
+        identity
+            .bus
+            .client
+            .publish_with_reply(stored, inbox, Bytes::from_static(b"x"))
+            .await?;
+        let ack = tokio::time::timeout(WAIT, acks.next())
+            .await
+            .with_context(|| format!("{user} got no acknowledgement in acme"))?
+            .context("the reply subscription ended")?;
+        let answer: serde_json::Value = serde_json::from_slice(&ack.payload)?;
+        ensure!(answer.get("error").is_none(), "{user} in acme: {answer}");
+        identity
+            .refused_publish(&subjects::event(&other, &ProjectId::new(), event_type))
+            .await?;
+    }
+    Ok(())
 }

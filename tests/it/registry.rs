@@ -369,18 +369,20 @@ impl Gateway {
 
     /// [`Gateway::start`] with this core configuration (a secrets key, say).
     pub(crate) async fn start_with(core: CoreConfig) -> Result<Self> {
+        Self::start_configured(core, zopu_gateway::Config::default()).await
+    }
+
+    /// [`Gateway::start_with`] with this gateway configuration.
+    pub(crate) async fn start_configured(
+        core: CoreConfig,
+        config: zopu_gateway::Config,
+    ) -> Result<Self> {
         let shutdown = Shutdown::new();
         let key = zopu_gateway::LinkKey::new(
             b"registry-tests-link-key-0123456789abcdef".to_vec(),
             "test",
         )?;
-        let state = zopu_gateway::start(
-            &core,
-            zopu_gateway::Config::default(),
-            key,
-            shutdown.clone(),
-        )
-        .await?;
+        let state = zopu_gateway::start(&core, config, key, shutdown.clone()).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
         shutdown.spawn(zopu_gateway::serve(state.clone(), listener));
@@ -424,6 +426,26 @@ impl Gateway {
     pub(crate) async fn put(&self, path: &str, body: Value) -> Result<(StatusCode, Value)> {
         self.send(self.http.put(format!("{}{path}", self.base)).json(&body))
             .await
+    }
+
+    /// A request with `body` sent as it is (`application/json`, however
+    /// malformed), its status and body text.
+    pub(crate) async fn send_bytes(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<(StatusCode, String)> {
+        let response = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await?;
+        let status = response.status();
+        Ok((status, response.text().await?))
     }
 
     pub(crate) async fn delete(&self, path: &str) -> Result<(StatusCode, Value)> {

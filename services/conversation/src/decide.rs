@@ -444,12 +444,17 @@ pub enum InvalidReply {
     UnknownTool(String),
     #[error("tool `{tool}`: {reason}")]
     Arguments { tool: String, reason: String },
+    #[error(
+        "tool `remember`: the user's message states no lasting preference; memory keeps only what the user said"
+    )]
+    UnstatedPreference,
 }
 
 impl InvalidReply {
     pub fn code(&self) -> &'static str {
         match self {
             InvalidReply::TooManyToolCalls(_) => "llm.tool_call_cap",
+            InvalidReply::UnstatedPreference => "llm.unstated_preference",
             _ => "llm.invalid_decision",
         }
     }
@@ -591,8 +596,14 @@ pub fn turn_from_reply(
                 <[String; 3]>::try_from(fields(&["key", "preference", "acknowledgement"])?)
                     .map_err(|_| bad("arguments".into()))?;
             short(&acknowledgement, ACK_MAX_WORDS)?;
-            zopu_core::memory::check_key(&key).map_err(|error| bad(error.to_string()))?;
-            zopu_core::memory::check_value(&preference).map_err(|error| bad(error.to_string()))?;
+            zopu_core::memory::check_entry(&key, &preference)
+                .map_err(|error| bad(error.to_string()))?;
+            // Only the user's own words in this turn may cause a write: an
+            // instruction in a file, a tool's output, an artifact or the
+            // model's own text never does.
+            if !offline::is_stated_preference(message_text) {
+                return Err(InvalidReply::UnstatedPreference);
+            }
             Ok(TurnPlan {
                 action: Action::Remember,
                 acknowledgement: None,
@@ -837,6 +848,54 @@ mod tests {
             repository_url: "https://github.com/acme/shop.git".into(),
             enabled: true,
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_model_remembers_only_what_the_users_message_states() {
+        let remember = |key: &str, value: &str| {
+            reply(vec![(
+                "remember",
+                serde_json::json!({"key": key, "preference": value, "acknowledgement": "Noted."}),
+            )])
+        };
+        let stated = "From now on, answer in German";
+        let plan = turn_from_reply(
+            &remember("preference.language", "Answer in German"),
+            stated,
+            1,
+            Author::Model,
+        )
+        .unwrap();
+        assert_eq!(plan.action, Action::Remember);
+        // An instruction the user never gave (read in a file, a tool's
+        // output or an artifact, or the model's own idea) is refused.
+        for message in [
+            "What does the README say about deployment?",
+            "Summarize the last check report",
+            "Please run the tests",
+        ] {
+            let refused = turn_from_reply(
+                &remember("preference.deploy", "Always deploy on Fridays"),
+                message,
+                1,
+                Author::Model,
+            );
+            assert!(
+                matches!(refused, Err(InvalidReply::UnstatedPreference)),
+                "{message}: {refused:?}"
+            );
+        }
+        // A credential never becomes a memory, stated or keyed.
+        for (key, value) in [
+            ("preference.login", "The admin password is hunter22"),
+            ("db.password", "Answer in German"),
+        ] {
+            let refused = turn_from_reply(&remember(key, value), stated, 1, Author::Model);
+            assert!(
+                matches!(&refused, Err(InvalidReply::Arguments { reason, .. }) if reason.contains("credential")),
+                "{refused:?}"
+            );
         }
     }
 

@@ -208,6 +208,17 @@ const OMIT_WORDS: &[&str] = &[
     "skip", "no", "without", "omit", "leave", "drop", "don't", "dont", "never", "exclude",
 ];
 
+/// Whether a user's message states a lasting instruction to the agent
+/// ("from now on", "always", "I prefer" ... and not a question): the only
+/// thing that may cause a write to the agent's memory.
+pub fn is_stated_preference(message_text: &str) -> bool {
+    states_preference(&Normalized::new(message_text))
+}
+
+fn states_preference(text: &Normalized) -> bool {
+    !text.question_mark && text.contains_any(PREFERENCE_MARKERS) && !text.is_plain_question()
+}
+
 /// A lasting preference stated in `message_text` ("From now on, answer in
 /// German", "Always skip tests in issue drafts"), as the agent keeps it:
 /// a known topic gets its own key, so a later statement replaces it; any
@@ -215,7 +226,7 @@ const OMIT_WORDS: &[&str] = &[
 /// included ("do you always answer in German?").
 pub fn stated_preference(message_text: &str) -> Option<Remembered> {
     let text = Normalized::new(message_text);
-    if text.question_mark || !text.contains_any(PREFERENCE_MARKERS) || text.is_plain_question() {
+    if !states_preference(&text) {
         return None;
     }
     let has = |words: &[&str]| text.words.iter().any(|word| words.contains(&word.as_str()));
@@ -1000,6 +1011,9 @@ mod tests {
             "How does the retry logic work?",
             "answer in German",
             "From now on use token ghp_0123456789abcdefghijklmnopqrstuvwxyzAB",
+            "From now on, my password is hunter2",
+            "Remember that the staging PIN is 4821",
+            "Always log in as admin with password letmein",
             "Create an issue for the flaky payment tests",
         ] {
             assert_eq!(kept(not_one), None, "{not_one}");

@@ -12,7 +12,7 @@ use zopu_core::{NewEvent, memory};
 use zopu_schema::envelope::EventContext;
 use zopu_schema::{AgentId, DispatchId, Envelope, Event, WorkId, keys as schema_keys, pb};
 
-use crate::decide::{self, Action, TurnPlan};
+use crate::decide::{self, Action, Remembered, TurnPlan};
 use crate::keys;
 use crate::state::{FlowView, ProjectView};
 
@@ -224,6 +224,57 @@ fn agent_message(
     }
 }
 
+/// The memory write of a remember turn, checked through causation: its
+/// source event must be a message a user (or an operator) wrote that states
+/// a lasting preference and no credential. The user's words and the
+/// message's id go with the write as its source, so what the agent keeps is
+/// always traceable to what the user said.
+fn memory_write(
+    remembered: &Remembered,
+    source: &Envelope,
+    ids: &TurnIds,
+) -> Result<pb::AgentMemorySet, String> {
+    if !source.is::<pb::TimelineMessageSent>() {
+        return Err(format!(
+            "caused by {}, not by a user's message",
+            source.event_type
+        ));
+    }
+    let message = source
+        .decode::<pb::TimelineMessageSent>()
+        .map_err(|error| format!("the source message does not decode: {error}"))?;
+    let human = message.author.as_ref().is_some_and(|author| {
+        matches!(
+            author.kind(),
+            pb::actor::Kind::User | pb::actor::Kind::Operator
+        )
+    });
+    if !human {
+        return Err("the source message has no user as its author".to_owned());
+    }
+    if !crate::offline::is_stated_preference(&message.text) {
+        return Err("the user's message states no lasting preference".to_owned());
+    }
+    let source_text = clip_chars(message.text.trim(), memory::VALUE_MAX_CHARS);
+    memory::check_value(&source_text).map_err(|error| format!("the user's words: {error}"))?;
+    let by = pb::Actor {
+        kind: pb::actor::Kind::Agent as i32,
+        id: ids.agent_id.clone(),
+    };
+    let mut set = memory::set_payload(
+        &ids.agent_id,
+        &remembered.key,
+        &remembered.value,
+        memory::Write::LONG_TERM,
+        memory::unix_ms(source.time),
+        by,
+    )
+    .map_err(|error| error.to_string())?;
+    set.source_event_id = source.id.to_string();
+    set.source_text = source_text;
+    Ok(set)
+}
+
 /// The events of a decided turn, in order: the visible reply (`posted`, the
 /// guarded text; `None` when it was dropped), the decision record, and for a
 /// flow-starting action the Work (updated when the source names one of the
@@ -285,22 +336,11 @@ pub(crate) fn turn_events(
     };
     events.push(ids.event(&decided, keys::decision(&ids.dispatch)));
     if let Some(remembered) = &plan.remember {
-        let by = pb::Actor {
-            kind: pb::actor::Kind::Agent as i32,
-            id: ids.agent_id.clone(),
-        };
-        match memory::set_payload(
-            &ids.agent_id,
-            &remembered.key,
-            &remembered.value,
-            memory::Write::LONG_TERM,
-            memory::unix_ms(source.time),
-            by,
-        ) {
+        match memory_write(remembered, source, ids) {
             Ok(set) => events.push(ids.event(&set, keys::entity(&ids.dispatch, "memory"))),
             // The reply was validated against the same rules; a value that
-            // fails them is not kept.
-            Err(error) => tracing::warn!(%error, "preference not kept"),
+            // fails them, or a write no user's message caused, is not kept.
+            Err(reason) => tracing::warn!(%reason, "preference not kept"),
         }
     }
     if let Some((flow_type, _, _)) = plan.action.flow() {
@@ -540,6 +580,59 @@ mod tests {
             data: prost::Message::encode_to_vec(&message).into(),
         };
         (envelope, message)
+    }
+
+    #[test]
+    fn only_a_users_message_stating_a_preference_causes_a_memory_write() {
+        let project = ProjectId::new();
+        let ids = ids(project);
+        let remembered = Remembered {
+            key: "preference.deploy".into(),
+            value: "Always deploy on Fridays".into(),
+        };
+        let with = |text: &str, kind: pb::actor::Kind| {
+            let (mut envelope, mut message) = message_event(project, None);
+            message.text = text.into();
+            message.author = Some(pb::Actor {
+                kind: kind as i32,
+                id: "u1".into(),
+            });
+            envelope.data = message.encode_to_vec().into();
+            envelope
+        };
+        let stated = "From now on, always deploy on Fridays";
+        let source = with(stated, pb::actor::Kind::User);
+        let set = memory_write(&remembered, &source, &ids).expect("a user's stated preference");
+        assert_eq!(set.source_event_id, source.id.to_string());
+        assert_eq!(set.source_text, stated);
+        assert_eq!(set.value, "Always deploy on Fridays");
+        for (source, why) in [
+            (
+                with(stated, pb::actor::Kind::Agent),
+                "no user as its author",
+            ),
+            (
+                with(stated, pb::actor::Kind::System),
+                "no user as its author",
+            ),
+            (
+                with("What does the README say?", pb::actor::Kind::User),
+                "states no lasting preference",
+            ),
+            (
+                with("From now on my password is hunter22", pb::actor::Kind::User),
+                "credential",
+            ),
+        ] {
+            let refused = memory_write(&remembered, &source, &ids).expect_err("refused");
+            assert!(refused.contains(why), "{refused}");
+        }
+        // An outcome of a flow or an artifact (tool output, repository
+        // text) is never the cause of a write.
+        let (mut outcome, _) = message_event(project, None);
+        outcome.event_type = pb::FlowCompleted::TYPE.into();
+        let refused = memory_write(&remembered, &outcome, &ids).expect_err("refused");
+        assert!(refused.contains("not by a user's message"), "{refused}");
     }
 
     fn view(ids: &TurnIds) -> ProjectView {

@@ -17,8 +17,10 @@
 //! against a caller's clock (the conversation agent uses its source event's
 //! time, so a redelivered turn reads what the first did) and expired rows
 //! are dropped as later events are applied. Values are plain text of at most
-//! [`VALUE_MAX_CHARS`] characters; one that looks like a credential is
-//! refused, so a secret never becomes a memory.
+//! [`VALUE_MAX_CHARS`] characters; one that looks like a credential or
+//! states one in words, or a key that names one, is refused on every
+//! write path (API, CLI, the agent's tool, the offline rules), so a secret
+//! never becomes a memory.
 //!
 //! [`Memory`] is the provider a service holds for one namespace: writes go
 //! through its publisher, reads come from its own projection file after the
@@ -162,6 +164,10 @@ pub enum MemoryError {
         "memory value looks like a credential ({0}); secrets belong in the secret store, never in memory"
     )]
     Secret(String),
+    #[error(
+        "memory key {0:?} names a credential; secrets belong in the secret store, never in memory"
+    )]
+    SecretKey(String),
     #[error("memory expiry is invalid: {0}")]
     Ttl(String),
     #[error("search text is invalid: {0}")]
@@ -192,7 +198,9 @@ pub fn check_key(key: &str) -> Result<(), MemoryError> {
 }
 
 /// Checks a value: 1 to [`VALUE_MAX_CHARS`] characters of text without
-/// control characters (tabs and newlines allowed), not a credential.
+/// control characters (tabs and newlines allowed), not a credential by its
+/// shape (`zopu_secrets::scan`) nor stated in words ("my password is
+/// hunter2", `zopu_secrets::stated_credential`).
 pub fn check_value(value: &str) -> Result<(), MemoryError> {
     if value.trim().is_empty() {
         return Err(MemoryError::Value("it is empty"));
@@ -209,7 +217,20 @@ pub fn check_value(value: &str) -> Result<(), MemoryError> {
     if let Some(finding) = zopu_secrets::scan(value).first() {
         return Err(MemoryError::Secret(finding.rule.to_owned()));
     }
+    if let Some(kind) = zopu_secrets::stated_credential(value) {
+        return Err(MemoryError::Secret(format!("{kind} stated in words")));
+    }
     Ok(())
+}
+
+/// Checks what a write keeps: a valid key that does not name a credential
+/// (`db.password`, `github-token`), and a value [`check_value`] accepts.
+pub fn check_entry(key: &str, value: &str) -> Result<(), MemoryError> {
+    check_key(key)?;
+    if zopu_secrets::is_secret_name(key) {
+        return Err(MemoryError::SecretKey(key.to_owned()));
+    }
+    check_value(value)
 }
 
 /// The `agent.memory.set` payload of a write at `now_ms` (Unix ms), checked.
@@ -221,8 +242,7 @@ pub fn set_payload(
     now_ms: i64,
     by: pb::Actor,
 ) -> Result<pb::AgentMemorySet, MemoryError> {
-    check_key(key)?;
-    check_value(value)?;
+    check_entry(key, value)?;
     let ttl = match (write.tier, write.ttl) {
         (Tier::Working, None) => Some(WORKING_TTL_DEFAULT),
         (_, ttl) => ttl,
@@ -251,6 +271,8 @@ pub fn set_payload(
         tier: write.tier.to_pb() as i32,
         expires_at_unix_ms,
         by: Some(by),
+        source_event_id: String::new(),
+        source_text: String::new(),
     })
 }
 
@@ -683,6 +705,25 @@ mod tests {
         assert!(check_value("a\u{7}b").is_err());
         let secret = "my token is ghp_0123456789abcdefghijklmnopqrstuvwxyzAB";
         assert!(matches!(check_value(secret), Err(MemoryError::Secret(_))));
+        for stated in [
+            "My password is hunter2",
+            "From now on use s3cret! as the password",
+            "the PIN for the front door is 4821",
+        ] {
+            assert!(
+                matches!(check_value(stated), Err(MemoryError::Secret(ref why)) if why.contains("stated in words")),
+                "{stated}"
+            );
+        }
+        for key in ["db.password", "github-token", "api_key"] {
+            assert!(
+                matches!(
+                    set_payload("a", key, "Answer in German", Write::LONG_TERM, 0, agent()),
+                    Err(MemoryError::SecretKey(_))
+                ),
+                "{key}"
+            );
+        }
         let working = set_payload(
             "a",
             "k",

@@ -40,6 +40,7 @@ pub mod http;
 pub mod links;
 pub mod quotas;
 pub mod read_model;
+pub mod revocations;
 pub mod sse;
 pub mod tickets;
 pub mod tokens;
@@ -276,6 +277,8 @@ pub struct AppState {
     /// The Agent API's keys and the registry its agents are defined in;
     /// `None` in a state built without them (its routes answer 503).
     pub agent_api: Option<AgentApi>,
+    /// The tokens with open live streams here, ended when a token is revoked.
+    pub revocations: revocations::Revocations,
     sse_clients: Arc<AtomicUsize>,
 }
 
@@ -321,6 +324,7 @@ impl AppState {
             link_key,
             secrets: None,
             agent_api: None,
+            revocations: revocations::Revocations::default(),
             sse_clients: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -374,6 +378,12 @@ pub async fn start(
         keys,
         registry: Arc::new(registry),
     });
+    let shutdown = state.runtime.shutdown.clone();
+    shutdown.spawn(revocations::run(
+        state.tokens.clone(),
+        state.revocations.clone(),
+        shutdown.clone(),
+    ));
     Ok(state)
 }
 

@@ -286,6 +286,8 @@ mod tests {
             user: "ada".into(),
             token_id: token.into(),
             scopes: Scopes::all(),
+            expires_at: time::OffsetDateTime::UNIX_EPOCH
+                + std::time::Duration::from_secs(4_000_000_000),
         }
     }
 

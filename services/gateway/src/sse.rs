@@ -11,7 +11,9 @@
 //! `POST /v1/projects/{id}/events/ticket`; see `tickets`), never a token in
 //! the URL: `?token=` is refused. A stream wakes only when its own project
 //! changed (`changes`), and counts against the instance's cap and its
-//! token's (`gateway.sse_clients_per_token_max`).
+//! token's (`gateway.sse_clients_per_token_max`). A stream ends within
+//! moments of its token: revoked or deleted on any instance (every
+//! instance watches the token bucket, `revocations`), or expired.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -30,6 +32,7 @@ use zopu_schema::{OrgId, ProjectId};
 use crate::AppState;
 use crate::changes::ProjectWatch;
 use crate::http::{ApiError, Caller, ErrorBody};
+use crate::revocations::Ended;
 use crate::tokens::{Scope, TokenStatus};
 use crate::views::{TimelineItem, queries};
 
@@ -99,15 +102,23 @@ pub async fn events(
         .and_then(|value| value.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim().to_owned());
-    let (org, token_id) = match (header_token, query.ticket) {
+    let (org, token_id, expires_at) = match (header_token, query.ticket) {
         (Some(token), _) => {
             let principal = crate::http::authenticate(&state, &token).await?;
             crate::http::require(&principal, Scope::Read, "following the live timeline")?;
-            (principal.org, principal.token_id)
+            (principal.org, principal.token_id, principal.expires_at)
         }
         (None, Some(ticket)) => redeem(&state, &id, &ticket).await?,
         (None, None) => return Err(ApiError::unauthorized()),
     };
+    // The stream ends when its token does: followed before the token is
+    // read once more, so a revocation in between is never missed.
+    let ended = state.revocations.follow(&token_id);
+    active_token(&state, &org, &token_id).await?;
+    let lifetime = (expires_at - state.runtime.clock.now())
+        .try_into()
+        .unwrap_or(std::time::Duration::ZERO);
+    let expires = tokio::time::Instant::now() + lifetime;
     let (project, _) = crate::api::owned_project(&state, &org, &id).await?;
     let guard = ClientGuard::acquire(&state.sse_clients, state.config.sse_clients_max).ok_or_else(
         || {
@@ -129,6 +140,8 @@ pub async fn events(
         buffer: VecDeque::new(),
         watch,
         committed_needed: applied_before,
+        ended,
+        expires,
         _guards: (guard, token_guard),
     };
     let stream = futures::stream::unfold(cursor, next_event);
@@ -198,12 +211,43 @@ struct Cursor {
     /// A sequence of this project applied but perhaps not yet committed:
     /// wait for the store to reach it before the next query (0: none).
     committed_needed: u64,
+    /// The stream's token was revoked or deleted (on any instance).
+    ended: Ended,
+    /// The stream's token expires.
+    expires: tokio::time::Instant,
     _guards: (ClientGuard, crate::quotas::StreamGuard),
 }
 
-/// The organization and token id a ticket was issued to, if it is valid
-/// for this project and its token is still active with the `read` scope.
-async fn redeem(state: &AppState, id: &str, ticket: &str) -> Result<(OrgId, String), ApiError> {
+/// Resolves when the stream's token ends: revoked, deleted or expired.
+async fn token_ends(ended: &mut Ended, expires: tokio::time::Instant) {
+    tokio::select! {
+        () = ended.wait() => {}
+        () = tokio::time::sleep_until(expires) => {}
+    }
+}
+
+/// The token `token_id` of `org` as it stands now, refused unless active.
+async fn active_token(state: &AppState, org: &OrgId, token_id: &str) -> Result<(), ApiError> {
+    let timeout = state.config.request_timeout;
+    tokio::time::timeout(timeout, state.tokens.info(token_id))
+        .await
+        .map_err(|_| ApiError::unavailable("token store", "read timed out"))?
+        .map_err(|error| ApiError::unavailable("token store", error))?
+        .filter(|info| {
+            &info.org == org && info.status(state.runtime.clock.now()) == TokenStatus::Active
+        })
+        .map(|_| ())
+        .ok_or_else(ApiError::unauthorized)
+}
+
+/// The organization and token id a ticket was issued to, and when the
+/// token expires, if it is valid for this project and its token is still
+/// active with the `read` scope.
+async fn redeem(
+    state: &AppState,
+    id: &str,
+    ticket: &str,
+) -> Result<(OrgId, String, time::OffsetDateTime), ApiError> {
     let refused = || {
         ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -234,11 +278,15 @@ async fn redeem(state: &AppState, id: &str, ticket: &str) -> Result<(OrgId, Stri
             "following the live timeline",
         ));
     }
-    Ok((grant.org, grant.token_id))
+    Ok((grant.org, grant.token_id, token.expires_at))
 }
 
 async fn next_event(mut cursor: Cursor) -> Option<(Result<Event, Infallible>, Cursor)> {
     loop {
+        if cursor.ended.happened() || tokio::time::Instant::now() >= cursor.expires {
+            tracing::debug!(project = %cursor.project, "the stream's token ended; closing it");
+            return None;
+        }
         if let Some(item) = cursor.buffer.pop_front() {
             cursor.after = item.sequence;
             let data = serde_json::to_string(&item).unwrap_or_else(|_| "{}".to_owned());
@@ -251,6 +299,7 @@ async fn next_event(mut cursor: Cursor) -> Option<(Result<Event, Infallible>, Cu
             // Applied is not committed: wait for the batch, without a query.
             tokio::select! {
                 () = store.wait_for(cursor.committed_needed) => cursor.committed_needed = 0,
+                () = token_ends(&mut cursor.ended, cursor.expires) => return None,
                 () = shutdown.cancelled() => return None,
             }
         }
@@ -270,6 +319,7 @@ async fn next_event(mut cursor: Cursor) -> Option<(Result<Event, Infallible>, Cu
                         Some(sequence) => cursor.committed_needed = sequence,
                         None => return None,
                     },
+                    () = token_ends(&mut cursor.ended, cursor.expires) => return None,
                     () = shutdown.cancelled() => return None,
                 }
             }

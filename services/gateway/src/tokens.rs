@@ -21,7 +21,8 @@
 //! A token is accepted while it is neither revoked nor expired. Revocation
 //! is a compare-and-set update of the entry (kept, so `list` shows it);
 //! gateways read the entry on every request (no cache), so it takes effect
-//! as soon as the bucket's replicas have it. Tokens of the earlier local
+//! as soon as the bucket's replicas have it, and every gateway watches the
+//! bucket to close the live streams a revoked token opened (`revocations`). Tokens of the earlier local
 //! token file (`gateway-tokens.sqlite`) are not carried over: issue new ones.
 
 use std::time::Duration;
@@ -225,6 +226,8 @@ pub struct Principal {
     /// The token's id (not secret): the key of per-token quotas.
     pub token_id: String,
     pub scopes: Scopes,
+    /// When the token stops being accepted.
+    pub expires_at: OffsetDateTime,
 }
 
 /// A credential just created (a user token or an agent key) with what an
@@ -425,6 +428,7 @@ fn admit(token: &str, entry: &Entry, info: &TokenInfo, now: OffsetDateTime) -> O
         user: info.user.clone(),
         token_id: info.id.clone(),
         scopes: info.scopes,
+        expires_at: info.expires_at,
     })
 }
 
@@ -602,6 +606,30 @@ impl TokenStore {
         Ok(admit(token, &entry, &info, self.clock.now()))
     }
 
+    /// Every change to the tokens from now on (or after revision `after`,
+    /// when resuming a watch), as its revision and, for a token that ended
+    /// (its entry updated with a revocation time, deleted or purged, on any
+    /// instance), its id.
+    pub async fn watch_ended(
+        &self,
+        after: Option<u64>,
+    ) -> Result<impl futures::Stream<Item = (u64, Option<String>)> + Send + use<>, TokenError> {
+        let watch = match after {
+            Some(revision) => self.bucket.watch_all_from_revision(revision + 1).await,
+            None => self.bucket.watch_all().await,
+        }
+        .map_err(|error| TokenError::store("watch the tokens", error))?;
+        Ok(watch.filter_map(|entry| async move {
+            let entry = entry.ok()?;
+            let ended = match entry.operation {
+                kv::Operation::Delete | kv::Operation::Purge => true,
+                kv::Operation::Put => Entry::decode(&entry.key, &entry.value)
+                    .map_or(true, |(_, info)| info.revoked_at.is_some()),
+            };
+            Some((entry.revision, ended.then_some(entry.key)))
+        }))
+    }
+
     /// The token with this id as it stands now (`None`: no such token).
     pub async fn info(&self, id: &str) -> Result<Option<TokenInfo>, TokenError> {
         if !is_token_id(id) {
@@ -722,6 +750,7 @@ mod tests {
             user: "ada".into(),
             token_id: "0123456789abcdef".into(),
             scopes: Scopes::from_iter([Scope::Read]),
+            expires_at: now + Duration::from_secs(3600),
         };
         assert_eq!(admit(TOKEN, &entry, &info, now), Some(principal));
         let later = now + Duration::from_secs(3600);

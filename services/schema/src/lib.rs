@@ -11,8 +11,9 @@
 //! and branch a project is set up from, with their one validation
 //! ([`repository`]), an approval's lifecycle as every reader folds it
 //! ([`approval`]), the flows' results as versioned JSON with a generated
-//! JSON Schema ([`flow_result`]), and the contract as an AsyncAPI 3
-//! document ([`asyncapi`]).
+//! JSON Schema ([`flow_result`]), the contract as an AsyncAPI 3
+//! document ([`asyncapi`]), and which NATS identity may append which event
+//! types ([`ownership`], the source of deploy/'s permissions).
 //!
 //! Invariants: this crate does no I/O (the one exception: checking a local
 //! repository path reads that path's metadata, and only when the operator
@@ -32,6 +33,7 @@ pub mod ids;
 pub mod keys;
 pub mod manifest;
 pub mod model_reply;
+pub mod ownership;
 pub mod repository;
 pub mod subjects;
 

@@ -7,6 +7,10 @@
 //! [`is_placeholder`] decides whether an example value is so obviously fake
 //! that it may be shown to users and models. [`Secret`] and [`Credential`]
 //! hold a secret on its way to its consumer without ever printing it.
+//! [`KnownSecrets`] finds configured secret values by value, in any form a
+//! program could print them (re-spaced, reversed, hex, base64, escaped);
+//! [`stated_credential`] finds a credential stated in words ("my password
+//! is hunter2") for the places that must keep none at all.
 //!
 //! Invariants:
 //! - a [`Finding`] holds a rule name and a byte range, never the matched text,
@@ -17,6 +21,8 @@
 //! - a value [`scan`] flags, or a high-entropy value, is never a placeholder.
 
 mod held;
+mod stated;
+mod values;
 
 use std::ops::Range;
 use std::sync::LazyLock;
@@ -24,6 +30,8 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 pub use held::{Credential, Secret};
+pub use stated::stated_credential;
+pub use values::{KnownSecrets, TRANSFORMED_CHARS_MIN, VALUE_CHARS_MIN};
 
 /// One detected secret: which rule matched and where (byte range into the
 /// scanned text). Deliberately carries no text, so `Debug` is safe to log.
@@ -84,6 +92,7 @@ pub const RULE_NAMES: &[&str] = &[
     "secret_assignment",
     "dotenv_secret",
     "pem_body",
+    "keyed_value",
     "high_entropy",
 ];
 
@@ -286,6 +295,30 @@ fn assignment_value(text: &str, captures: &regex::Captures<'_>) -> Option<Range<
             && (c.digit >= 1 || symbols >= 1 || looks_generated(literal))
     };
     flagged.then(|| value.range())
+}
+
+/// A value under a key or header whose name says it is a secret, however
+/// the two are laid out: a table's cells (`| API_KEY | … |`, `<td>`), an
+/// element (`<apiKey>…</apiKey>`), markup (`**api_key**: …`, backticks), a
+/// flag (`--api-key …`), a name/value pair (`"name": "API_KEY", "value":
+/// …`), the next line, or words (`the API key is …`). Any value of 12 or
+/// more characters with letters and a digit (or that looks generated)
+/// counts, whatever it looks like:
+/// a 64-hex-digit value under `API_KEY` is a key, not a digest.
+fn keyed_value(_text: &str, captures: &regex::Captures<'_>) -> Option<Range<usize>> {
+    let name = captures.get(1)?.as_str();
+    if !is_secret_name(name) {
+        return None;
+    }
+    let value = captures.get(2)?;
+    let literal = value.as_str().trim_end_matches(['.', '-', '_']);
+    let c = classes(literal);
+    let random_looking = (c.digit >= 1 && c.upper + c.lower >= 2) || looks_generated(literal);
+    let flagged = literal.len() >= 12
+        && random_looking
+        && !is_benign_value(literal)
+        && !is_identifier_path(literal);
+    flagged.then(|| value.start()..value.start() + literal.len())
 }
 
 /// Dotenv lines (`NAME=value`, `export NAME="value"`) whose name suggests a
@@ -673,6 +706,16 @@ static RULES: LazyLock<Vec<Rule>> = LazyLock::new(|| {
             r"(?m)(?:^[ \t]*[A-Za-z0-9+/]{4,}={0,2}[ \t]*\r?\n)*[ \t]*[A-Za-z0-9+/]{40,}={0,2}(?:[ \t]*\r?\n[ \t]*[A-Za-z0-9+/]{4,}={0,2}[ \t]*$)*",
             0,
             Check::Spans(pem_body_span),
+        ),
+        rule_with(
+            "keyed_value",
+            concat!(
+                r#"(?i)([A-Za-z0-9_.\-]*(?:pass|pwd|pw|secret|token|key|auth|credential|dsn)[A-Za-z0-9_.\-]*)"#,
+                r#"(?:[\s*`'"|:=,>\[\](]|</?[A-Za-z][^<>\r\n]{0,40}>|\b(?:is|was|are|equals|set|to|as|value)\b){1,16}?"#,
+                r"([A-Za-z0-9+/_.~\-]{12,}=*)",
+            ),
+            0,
+            Check::Captures(keyed_value),
         ),
         rule_with(
             "high_entropy",
@@ -1996,6 +2039,57 @@ mod tests {
             }
             let redacted = redact(&text);
             prop_assert!(scan(&redacted).is_empty(), "{redacted:?}");
+        }
+
+        #[test]
+        fn a_value_under_a_secret_name_is_a_secret_whatever_it_looks_like(
+            name in prop_oneof![
+                Just("API_KEY"), Just("api_key"), Just("apiKey"), Just("X-Api-Key"),
+                Just("OPENAI_API_KEY"), Just("access_token"), Just("clientSecret"),
+                Just("DB_PASSWORD"), Just("credentials"), Just("Authorization"),
+                Just("auth_token"), Just("STRIPE_SECRET"),
+            ],
+            value in prop_oneof![
+                "[0-9a-f]{64}", "[0-9a-f]{40}", "[0-9A-F]{32}", "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+                "[a-z]{4}[0-9]{4}[a-z]{4}", "[A-Za-z]{11,30}[0-9][A-Za-z0-9]{0,10}",
+            ],
+            layout in 0usize..16,
+            before in "[ -~\n]{0,30}",
+            after in prop_oneof![Just(""), Just(" "), Just("\n"), Just(","), Just(" and more")],
+        ) {
+            let shown = match layout {
+                0 => format!("{name}={value}"),
+                1 => format!("{name}: {value}"),
+                2 => format!("\"{name}\": \"{value}\""),
+                3 => format!("| {name} | {value} |"),
+                4 => format!("**{name}**: {value}"),
+                5 => format!("`{name}` = `{value}`"),
+                6 => format!("{name}\n{value}"),
+                7 => format!("<{name}>{value}</{name}>"),
+                8 => format!("--{name} {value}"),
+                9 => format!("<td>{name}</td><td>{value}</td>"),
+                10 => format!("{{\"name\":\"{name}\",\"value\":\"{value}\"}}"),
+                11 => format!("the {name} is {value}"),
+                12 => format!("set {name} {value}"),
+                13 => format!("{name} => '{value}'"),
+                14 => format!("-H '{name}: {value}'"),
+                _ => format!("{name} = \"{value}\""),
+            };
+            let text = format!("{before} {shown}{after}");
+            let redacted = redact(&text);
+            prop_assert!(!redacted.contains(&value), "{value:?} survived in {redacted:?}");
+        }
+
+        #[test]
+        fn commit_ids_event_ids_and_digests_in_our_own_fields_stay_readable(
+            commit in "[0-9a-f]{40}",
+            event in "[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}",
+            digest in "[0-9a-f]{64}",
+        ) {
+            let text = format!(
+                "commit {commit}\nevent_id: {event}\ncausation_id={event}\n\"digest\": \"sha256:{digest}\"\ncontent_sha256: {digest}\nhead {commit} ({digest})"
+            );
+            prop_assert_eq!(redact(&text), text);
         }
 
         #[test]

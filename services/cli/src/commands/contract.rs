@@ -2,7 +2,9 @@
 //! document (`proto/asyncapi.json`); `zopu contract flow-result`: writes the
 //! JSON Schema of `flow.completed.result_json`
 //! (`proto/flow-result.schema.json`); `zopu contract agent-registry`: the
-//! JSON Schema of the agent registry file (`proto/agent-registry.schema.json`).
+//! JSON Schema of the agent registry file (`proto/agent-registry.schema.json`);
+//! `zopu contract nats-permissions`: the event types each NATS identity may
+//! append in `deploy/nats/accounts.conf`, from `zopu_schema::ownership`.
 //! With `--check` each says whether the
 //! checked-in file is what this build generates. The documents themselves
 //! are built by `zopu_schema::asyncapi` and `zopu_schema::flow_result`; this
@@ -16,7 +18,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use zopu_core::ReactionConfig;
 use zopu_schema::asyncapi::{self, Consumer};
-use zopu_schema::{agent_registry, flow_result};
+use zopu_schema::{agent_registry, flow_result, ownership};
 
 use crate::Context;
 
@@ -37,6 +39,24 @@ pub enum ContractCommand {
         after_help = "Examples:\n  zopu contract agent-registry            # regenerate proto/agent-registry.schema.json\n  zopu contract agent-registry --check    # exit 1 if it is stale\n\nExit code with --check: 0 current, 1 stale or missing (the differences are listed)."
     )]
     AgentRegistry(DocumentArgs),
+    /// Generate deploy/nats/accounts.conf's event-type permissions from the ownership table (or check them)
+    #[command(
+        after_help = "The table is zopu_schema::ownership: which identity may append which event types. Each identity's block in the file (between its `# BEGIN events <identity> may append` and `# END` lines) is rewritten; nothing else in the file changes.\n\nExamples:\n  zopu contract nats-permissions                     # regenerate deploy/nats/accounts.conf\n  zopu contract nats-permissions --check             # exit 1 if it is stale\n  zopu contract nats-permissions --org acme --file /etc/nats/accounts.conf\n                                                     # an org-scoped deployment: only acme's subjects\n\nExit code with --check: 0 current, 1 stale (the stale identities are listed)."
+    )]
+    NatsPermissions(PermissionsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PermissionsArgs {
+    /// The accounts file (default: deploy/nats/accounts.conf)
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// Compare with the file instead of writing it; exit 1 when it differs
+    #[arg(long)]
+    check: bool,
+    /// Restrict every identity to this organization's subjects (repeatable; default: every org)
+    #[arg(long = "org")]
+    orgs: Vec<zopu_schema::OrgId>,
 }
 
 #[derive(Debug, Args)]
@@ -94,8 +114,43 @@ pub fn generated() -> serde_json::Value {
     asyncapi::document(zopu_schema::catalogue::ALL, &consumers())
 }
 
+/// `zopu contract nats-permissions`: rewrites (or checks) the generated
+/// event-type blocks of the accounts file.
+fn nats_permissions(context: &Context, args: &PermissionsArgs) -> anyhow::Result<ExitCode> {
+    let file = args
+        .file
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(ownership::ACCOUNTS_PATH));
+    let accounts = std::fs::read_to_string(&file)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    let target = Target {
+        file: &file,
+        check: args.check,
+        regenerate: "zopu contract nats-permissions",
+    };
+    if args.check {
+        let stale: Vec<String> = ownership::stale_blocks(&accounts, &args.orgs)?
+            .into_iter()
+            .map(|identity| {
+                format!("the events {identity} may append differ from zopu_schema::ownership")
+            })
+            .collect();
+        report(context, &target, &stale);
+        return Ok(if stale.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
+    let rendered = ownership::render_accounts(&accounts, &args.orgs)?;
+    std::fs::write(&file, rendered).with_context(|| format!("cannot write {}", file.display()))?;
+    report(context, &target, &[]);
+    Ok(ExitCode::SUCCESS)
+}
+
 pub async fn run(context: &Context, command: ContractCommand) -> anyhow::Result<ExitCode> {
     let (document, args, checked_in_path, regenerate) = match command {
+        ContractCommand::NatsPermissions(args) => return nats_permissions(context, &args),
         ContractCommand::Asyncapi(args) => (
             generated(),
             args,
@@ -202,6 +257,17 @@ mod tests {
             differences.is_empty(),
             "{} is stale; run `zopu contract asyncapi`: {differences:?}",
             asyncapi::CHECKED_IN_PATH
+        );
+    }
+
+    #[test]
+    fn the_checked_in_nats_permissions_are_current() {
+        let accounts = include_str!("../../../../deploy/nats/accounts.conf");
+        let stale = ownership::stale_blocks(accounts, &[]).expect("every block is there");
+        assert!(
+            stale.is_empty(),
+            "{} is stale for {stale:?}; run `zopu contract nats-permissions`",
+            ownership::ACCOUNTS_PATH
         );
     }
 

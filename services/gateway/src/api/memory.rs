@@ -113,7 +113,9 @@ async fn within<T>(
         .await
         .map_err(|_| ApiError::unavailable("memory", "the request timed out"))?;
     outcome.map_err(|error| match error {
-        MemoryError::Key(_) => ApiError::invalid("key", error.to_string()),
+        MemoryError::Key(_) | MemoryError::SecretKey(_) => {
+            ApiError::invalid("key", error.to_string())
+        }
         MemoryError::Value(_) | MemoryError::Secret(_) => {
             ApiError::invalid("value", error.to_string())
         }

@@ -5,9 +5,11 @@
 //!
 //! Invariants: the values reach the program's environment and nothing else
 //! — not its argv, not the tool's recorded input, not its output: every
-//! occurrence of a value (and a value's beginning cut off where the capture
-//! stopped) is replaced by `[redacted:env NAME]` before the output leaves
-//! this module, then the secret detection rules run over it. The workspace
+//! occurrence of a value in any form a program could print it (re-spaced,
+//! reversed, hex, base64, escaped: `zopu_secrets::KnownSecrets`), and a
+//! value's beginning cut off where the capture stopped, is replaced by
+//! `[redacted:env NAME]` before the output leaves this module, then the
+//! secret detection rules run over it. The workspace
 //! itself is never written: the program gets a copy of the tree (without
 //! `.git`), removed when the check ends.
 
@@ -15,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use zopu_secrets::Secret;
+use zopu_secrets::{KnownSecrets, Secret};
 
 use super::{Error, ToolOutput};
 use crate::confine::{ConfinedCommand, Confinement, find_program};
@@ -27,7 +29,7 @@ const COMMAND_CHARS_MAX: usize = 500;
 const CAPTURE_BYTES: usize = 4 * 1024 * 1024;
 /// Values shorter than this are not searched for in the output: they cannot
 /// be told apart from ordinary text (`1`, `dev`), and are no secret.
-pub const REDACTED_VALUE_CHARS_MIN: usize = 4;
+pub const REDACTED_VALUE_CHARS_MIN: usize = zopu_secrets::VALUE_CHARS_MIN;
 /// Directories a check may execute programs from (those that exist).
 const EXEC_DIRS: &[&str] = &[
     "/usr/local/bin",
@@ -38,49 +40,50 @@ const EXEC_DIRS: &[&str] = &[
     "/usr/libexec",
 ];
 
-/// The project's environment values handed to a check's program. Prints
-/// only the names.
+/// The project's environment values handed to a check's program, and
+/// found again by value in what any tool returns. Prints only the names.
 #[derive(Clone, Default)]
-pub struct ProgramEnvironment(Vec<(String, Secret)>);
+pub struct ProgramEnvironment {
+    values: Vec<(String, Secret)>,
+    known: std::sync::Arc<KnownSecrets>,
+}
 
 impl ProgramEnvironment {
     /// Values by name (names as in `.env.example`).
     pub fn new(values: Vec<(String, Secret)>) -> Self {
-        Self(values)
+        let known = KnownSecrets::new(
+            values
+                .iter()
+                .map(|(name, value)| (format!("env {name}"), value)),
+        );
+        Self {
+            values,
+            known: std::sync::Arc::new(known),
+        }
     }
 
     /// The names, in order.
     pub fn names(&self) -> Vec<String> {
-        self.0.iter().map(|(name, _)| name.clone()).collect()
+        self.values.iter().map(|(name, _)| name.clone()).collect()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.values.is_empty()
     }
 
     /// `text` with every value of at least [`REDACTED_VALUE_CHARS_MIN`]
-    /// characters replaced by `[redacted:env NAME]` (longest first, so a
-    /// value inside another goes with it), and, when `cut_short`, a value's
-    /// beginning at the very end removed too. Returns how many were replaced.
+    /// characters replaced by `[redacted:env NAME]` in any form a program
+    /// could print it (as it is in any case, re-spaced, split across lines,
+    /// reversed, hex, base64, URL-encoded, JSON- or shell-escaped: see
+    /// [`KnownSecrets`]), and, when `cut_short`, a value's beginning at the
+    /// very end removed too. Returns how many were replaced.
     pub fn redact(&self, text: &str, cut_short: bool) -> (String, u32) {
-        let mut values: Vec<&(String, Secret)> = self
-            .0
-            .iter()
-            .filter(|(_, value)| value.expose().chars().count() >= REDACTED_VALUE_CHARS_MIN)
-            .collect();
-        values.sort_by_key(|(_, value)| std::cmp::Reverse(value.expose().len()));
-        let mut text = text.to_owned();
-        let mut replaced = 0u32;
-        for (name, value) in &values {
-            let value = value.expose();
-            let found = text.matches(value).count();
-            if found > 0 {
-                replaced = replaced.saturating_add(u32::try_from(found).unwrap_or(u32::MAX));
-                text = text.replace(value, &format!("[redacted:env {name}]"));
-            }
-        }
+        let (mut text, mut replaced) = self.known.redact(text);
         if cut_short {
-            for (name, value) in &values {
+            for (name, value) in &self.values {
+                if value.expose().chars().count() < REDACTED_VALUE_CHARS_MIN {
+                    continue;
+                }
                 if let Some(start) = cut_prefix_start(&text, value.expose()) {
                     text.truncate(start);
                     text.push_str(&format!("[redacted:env {name}]"));
@@ -91,8 +94,44 @@ impl ProgramEnvironment {
         (text, replaced)
     }
 
+    /// A tool's output with every value redacted from each of its strings
+    /// (any tool may return what a program or a file printed).
+    pub(crate) fn redact_output<O: Serialize + serde::de::DeserializeOwned>(
+        &self,
+        output: O,
+    ) -> Result<O, Error> {
+        if self.known.is_empty() {
+            return Ok(output);
+        }
+        let mut json = serde_json::to_value(&output).map_err(std::io::Error::other)?;
+        if self.redact_strings(&mut json) == 0 {
+            return Ok(output);
+        }
+        serde_json::from_value(json).map_err(|error| Error::Io(std::io::Error::other(error)))
+    }
+
+    fn redact_strings(&self, json: &mut serde_json::Value) -> u32 {
+        match json {
+            serde_json::Value::String(text) => {
+                let (redacted, replaced) = self.known.redact(text);
+                if replaced > 0 {
+                    *text = redacted;
+                }
+                replaced
+            }
+            serde_json::Value::Array(items) => {
+                items.iter_mut().map(|item| self.redact_strings(item)).sum()
+            }
+            serde_json::Value::Object(fields) => fields
+                .values_mut()
+                .map(|field| self.redact_strings(field))
+                .sum(),
+            _ => 0,
+        }
+    }
+
     fn variables(&self) -> impl Iterator<Item = (String, String)> + '_ {
-        self.0
+        self.values
             .iter()
             .map(|(name, value)| (name.clone(), value.expose().to_owned()))
     }

@@ -105,7 +105,8 @@ pub struct Sandbox {
     limits: SandboxLimits,
     confinement: Confinement,
     recorder: ToolRecorder,
-    /// The project's environment values, for `run_check` only.
+    /// The project's environment values: handed to `run_check`'s program
+    /// only, and redacted from every tool's output.
     environment: ProgramEnvironment,
 }
 
@@ -226,14 +227,17 @@ impl Sandbox {
         })
     }
 
-    fn recorded<I: Serialize, O: ToolOutput>(
+    /// Runs one tool call and records it. The output leaves with the
+    /// project's environment values redacted from every string in it, in
+    /// any form a program could print them.
+    fn recorded<I: Serialize, O: ToolOutput + serde::de::DeserializeOwned>(
         &self,
         tool: &'static str,
         input: &I,
         call: impl FnOnce() -> Result<O, Error>,
     ) -> Result<O, Error> {
         let start = Instant::now();
-        let result = call();
+        let result = call().and_then(|output| self.environment.redact_output(output));
         let duration_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
         let arguments_json = serde_json::to_string(input)
             .unwrap_or_else(|e| format!("{{\"unserializable\":\"{e}\"}}"));
