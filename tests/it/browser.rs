@@ -125,6 +125,14 @@ async fn journey(client: &Client, dev: &mut ZopuDev, shots: &Screenshots) -> Res
     client.goto(url).await?;
     let field = wait_for(client, "#signin:not([hidden]) #token").await?;
     shots.take(client, "01-signin").await?;
+    ensure!(
+        !client
+            .find(Locator::Css("#signout"))
+            .await?
+            .is_displayed()
+            .await?,
+        "\"Forget token\" shows on the sign-in screen before anyone signed in (see 01-signin.png)"
+    );
     field.send_keys(token).await?;
     wait_for(client, "#signin-form button[type=submit]")
         .await?

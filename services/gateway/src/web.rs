@@ -118,3 +118,41 @@ fn page(title: &str, view: &str, project: &str) -> Response {
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use super::STYLE;
+
+    /// The shell hides elements with the `hidden` attribute ("Forget token"
+    /// before anyone signed in, the running indicator); a rule such as
+    /// `button { display: inline-block }` must not show them again.
+    #[test]
+    fn the_hidden_attribute_wins_over_every_display_rule() {
+        let mut style = String::new();
+        let mut rest = STYLE;
+        while let Some((before, after)) = rest.split_once("/*") {
+            style.push_str(before);
+            rest = after.split_once("*/").map_or("", |(_, after)| after);
+        }
+        style.push_str(rest);
+        let rules: Vec<(&str, &str)> = style
+            .split('}')
+            .filter_map(|rule| rule.split_once('{'))
+            .map(|(selector, body)| (selector.trim(), body.trim()))
+            .collect();
+        assert!(
+            rules.iter().any(|(selector, body)| *selector == "[hidden]"
+                && body.trim_end_matches(';') == "display: none !important"),
+            "app.css needs `[hidden] {{ display: none !important; }}`"
+        );
+        for (selector, body) in rules {
+            let overriding = body.split(';').any(|declaration| {
+                declaration.contains("display") && declaration.contains("!important")
+            });
+            assert!(
+                selector == "[hidden]" || !overriding,
+                "`{selector}` sets display with !important, which would show hidden elements"
+            );
+        }
+    }
+}
