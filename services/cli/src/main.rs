@@ -269,4 +269,32 @@ mod tests {
         undocumented(&command, "zopu", &mut found);
         assert!(found.is_empty(), "no help text: {found:#?}");
     }
+
+    /// A variable a flag reads (`ZOPU_ORG` for `--org`) is documented in
+    /// `--help`; setting it must not break the configuration every command
+    /// loads first ("unknown field org").
+    #[test]
+    fn every_variable_a_flag_reads_is_accepted_by_the_configuration() {
+        fn variables(command: &clap::Command, found: &mut std::collections::BTreeSet<String>) {
+            for argument in command.get_arguments() {
+                if let Some(name) = argument.get_env() {
+                    found.insert(name.to_string_lossy().into_owned());
+                }
+            }
+            for sub in command.get_subcommands() {
+                variables(sub, found);
+            }
+        }
+        let mut found = std::collections::BTreeSet::new();
+        variables(&Cli::command(), &mut found);
+        assert!(found.contains("ZOPU_ORG"), "{found:?}");
+        for name in found {
+            let sources = zopu_core::config::Sources {
+                environment: vec![(name.clone(), "demo".to_owned())],
+                ..Default::default()
+            };
+            let loaded = zopu_core::config::load::<super::ZopuConfig>(&sources);
+            assert!(loaded.is_ok(), "{name} set: {:?}", loaded.err());
+        }
+    }
 }
