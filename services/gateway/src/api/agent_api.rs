@@ -896,9 +896,8 @@ async fn checked_action(
             StatusCode::CONFLICT,
             "near_duplicate",
             format!(
-                "the reply is {:.0}% like this agent's earlier \"{}\"; say something new",
-                score * 100.0,
-                zopu_core::text::clip_chars(earlier, 80)
+                "the reply {} of this agent; nothing was posted. Reply with what the user has not been told yet (an answer to this message, a new finding), or leave the message unanswered",
+                zopu_core::text::describe_repetition(earlier, score, 80)
             ),
         ));
     }
