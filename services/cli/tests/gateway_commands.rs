@@ -264,3 +264,111 @@ async fn creating_a_project_again_with_its_request_id_is_the_same_project() -> R
     assert_eq!(events[0].1.correlation_id.as_str(), request_id);
     Ok(())
 }
+
+#[tokio::test]
+async fn projects_are_listed_with_their_name_setup_state_and_repository() -> Result<()> {
+    let store = tempfile::tempdir()?;
+    let server = LocalServer::start(store.path(), None, SyncPolicy::ServerDefault)?;
+    let url = server.url();
+    let dir = tempfile::tempdir()?;
+    let bus = zopu_core::nats::connect(&url, "test", std::time::Duration::from_secs(10)).await?;
+    zopu_core::streams::apply(
+        &bus,
+        &zopu_core::streams::StreamSettings {
+            replicas: 1,
+            duplicate_window: std::time::Duration::from_secs(120),
+        },
+    )
+    .await?;
+    let nats = ["--nats", url.as_str()];
+    let create = |name: Option<&'static str>| {
+        let dir = dir.path().to_owned();
+        let url = url.clone();
+        async move {
+            let mut args = vec![
+                "--json",
+                "--nats",
+                url.as_str(),
+                "project",
+                "create",
+                "--org",
+                "acme",
+                "--repo",
+                "https://example.com/acme/shop.git",
+                "--no-wait",
+            ];
+            if let Some(name) = name {
+                args.extend(["--name", name]);
+            }
+            let created = json_lines(&zopu(&dir, &args).await?)?;
+            created[0]["project"]
+                .as_str()
+                .map(str::to_owned)
+                .context("project")
+        }
+    };
+    let unnamed = create(None).await?;
+    let named = create(Some("Shop front")).await?;
+
+    let listed = json_lines(
+        &zopu(
+            dir.path(),
+            &[
+                &["--json"][..],
+                &nats,
+                &["project", "list", "--org", "acme"],
+            ]
+            .concat(),
+        )
+        .await?,
+    )?;
+    let summary: Vec<(&str, &str, &str, &str)> = listed
+        .iter()
+        .map(|line| {
+            (
+                line["project"].as_str().unwrap_or_default(),
+                line["name"].as_str().unwrap_or_default(),
+                line["repository_url"].as_str().unwrap_or_default(),
+                line["org"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let repository = "https://example.com/acme/shop.git";
+    assert_eq!(
+        summary,
+        [
+            (unnamed.as_str(), "shop", repository, "acme"),
+            (named.as_str(), "Shop front", repository, "acme")
+        ]
+    );
+
+    // Plain output: a header and one readable row per project.
+    let plain = zopu(
+        dir.path(),
+        &[&nats[..], &["project", "list", "--org", "acme"]].concat(),
+    )
+    .await?;
+    assert!(plain.status.success());
+    let text = String::from_utf8_lossy(&plain.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[0].starts_with("PROJECT") && lines[0].contains("NAME"),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with(&named) && lines[2].contains("Shop front"),
+        "{text}"
+    );
+
+    // Another organization has none, and says how to create one.
+    let empty = zopu(
+        dir.path(),
+        &[&nats[..], &["project", "list", "--org", "other"]].concat(),
+    )
+    .await?;
+    assert!(empty.status.success());
+    assert!(empty.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&empty.stderr).contains("zopu project create"));
+    Ok(())
+}
