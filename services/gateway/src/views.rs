@@ -61,7 +61,7 @@ pub struct SetupStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct EnvironmentValue {
     pub name: String,
-    /// The secret store's revision of the write; a rotation has a higher one.
+    /// The value's version in the secret store (1 for the first, one more for each rotation).
     pub version: u64,
     /// HMAC-SHA256 of the value under the deployment's key (32 hex digits).
     pub fingerprint: String,
