@@ -1384,6 +1384,19 @@ async fn the_cli_lists_approvals_and_decides_a_pending_one_only_once() -> Result
             .env("USER", "lead");
         command.output()
     };
+    // Nobody to record as the reviewer: refused, nothing stored.
+    let anonymous = std::process::Command::new(&zopu)
+        .args(["--nats", url.as_str(), "approvals", "approve"])
+        .args([project_arg.as_str(), "approval:a", "--org", "acme"])
+        .env_remove("USER")
+        .env_remove("ZOPU_OPERATOR")
+        .output()?;
+    assert!(!anonymous.status.success());
+    assert!(
+        String::from_utf8_lossy(&anonymous.stderr).contains("pass --as USER"),
+        "{}",
+        String::from_utf8_lossy(&anonymous.stderr)
+    );
     let approved = cli(&["approve", &project_arg, "approval:a"])?;
     ensure!(
         approved.status.success(),
@@ -1408,12 +1421,15 @@ async fn the_cli_lists_approvals_and_decides_a_pending_one_only_once() -> Result
     assert!(String::from_utf8_lossy(&lapsed.stderr).contains("expired"));
     let unknown = cli(&["approve", &project_arg, "approval:none"])?;
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("has no approval"));
+    // `--as` names the reviewer over $USER.
     let rejected = cli(&[
         "reject",
         &project_arg,
         "approval:b",
         "--reason",
         "Not this sprint.",
+        "--as",
+        "ops",
     ])?;
     ensure!(
         rejected.status.success(),
@@ -1446,7 +1462,7 @@ async fn the_cli_lists_approvals_and_decides_a_pending_one_only_once() -> Result
         seen,
         [
             ("approval:a", "approved", "lead", ""),
-            ("approval:b", "rejected", "lead", "Not this sprint."),
+            ("approval:b", "rejected", "ops", "Not this sprint."),
             ("approval:lapsed", "pending", "", ""),
         ]
     );

@@ -39,6 +39,9 @@ struct Cli {
     /// Print results as JSON lines
     #[arg(long, global = true)]
     json: bool,
+    /// Who you are, recorded as the author of what you decide or send (approvals, messages, the kill switch) [env: ZOPU_OPERATOR] [default: $USER]
+    #[arg(long = "as", global = true, value_name = "USER")]
+    operator: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -122,6 +125,16 @@ pub struct Context {
 }
 
 impl Context {
+    /// The author of what this command records: `--as` / `ZOPU_OPERATOR` /
+    /// `operator`, else `$USER`; an error when there is none, so nothing is
+    /// recorded under a made-up name.
+    pub fn operator(&self) -> anyhow::Result<zopu_schema::pb::Actor> {
+        operator_from(
+            self.config.operator.as_deref(),
+            std::env::var("USER").ok().as_deref(),
+        )
+    }
+
     /// Connects to the configured NATS server (streams are applied by services; commands only read and append).
     pub async fn connect(&self) -> anyhow::Result<zopu_core::nats::Bus> {
         let url = &self.config.nats_url;
@@ -129,6 +142,29 @@ impl Context {
             .await
             .map_err(|error| anyhow::anyhow!("{error}\nhint: start everything with `make run`, or point --nats / ZOPU_NATS_URL at a running server"))
     }
+}
+
+fn operator_from(
+    configured: Option<&str>,
+    user: Option<&str>,
+) -> anyhow::Result<zopu_schema::pb::Actor> {
+    let id = match (configured, user.filter(|user| !user.is_empty())) {
+        (Some(operator), _) => operator,
+        (None, Some(user)) => {
+            config::check_operator(user).map_err(|error| {
+                anyhow::anyhow!("{error} ($USER); name yourself with --as USER")
+            })?;
+            user
+        }
+        (None, None) => anyhow::bail!(
+            "who is recording this? No operator is set and $USER is empty: pass --as USER \
+             (or set ZOPU_OPERATOR, or `operator` in the configuration file); nothing was recorded"
+        ),
+    };
+    Ok(zopu_schema::pb::Actor {
+        kind: zopu_schema::pb::actor::Kind::User as i32,
+        id: id.to_owned(),
+    })
 }
 
 fn main() -> ExitCode {
@@ -159,6 +195,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     if let Some(dir) = &cli.data_dir {
         sources = sources.set("data_dir", format!("{:?}", dir.display().to_string()));
+    }
+    if let Some(operator) = &cli.operator {
+        sources = sources.set("operator", format!("{operator:?}"));
     }
     let config: ZopuConfig = zopu_core::config::load::<ZopuConfig>(&sources)?.resolved();
     config.validate()?;
@@ -268,6 +307,20 @@ mod tests {
         let mut found = Vec::new();
         undocumented(&command, "zopu", &mut found);
         assert!(found.is_empty(), "no help text: {found:#?}");
+    }
+
+    #[test]
+    fn the_operator_is_the_one_named_else_the_user_else_refused() {
+        let id = |configured, user| super::operator_from(configured, user).map(|actor| actor.id);
+        assert_eq!(id(Some("ada"), Some("root")).unwrap(), "ada");
+        assert_eq!(id(None, Some("grace")).unwrap(), "grace");
+        for user in [None, Some("")] {
+            let refused = id(None, user).unwrap_err().to_string();
+            assert!(refused.contains("--as USER"), "{refused}");
+        }
+        let invalid = id(None, Some("a b")).unwrap_err().to_string();
+        assert!(invalid.contains("--as USER"), "{invalid}");
+        assert!(super::config::check_operator("cli bot").is_err());
     }
 
     /// A variable a flag reads (`ZOPU_ORG` for `--org`) is documented in

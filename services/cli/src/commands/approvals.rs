@@ -15,7 +15,7 @@ use zopu_schema::approval::{self, Status};
 use zopu_schema::envelope::parse_time;
 use zopu_schema::{Envelope, Event, EventId, OrgId, ProjectId, pb, subjects};
 
-use super::conversation::{operator, print_line};
+use super::conversation::print_line;
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -85,6 +85,10 @@ const APPROVAL_TYPES: [&str; 4] = [
 ];
 
 pub async fn run(ctx: &crate::Context, args: ApprovalsArgs) -> Result<ExitCode> {
+    if !matches!(args.action, ApprovalsAction::List(_)) {
+        // Who decides, before anything is read or written.
+        ctx.operator()?;
+    }
     let bus = ctx.connect().await?;
     match args.action {
         ApprovalsAction::List(list) => {
@@ -148,7 +152,7 @@ async fn decide_one(
         bail!("approval {} is already expired", approval.approval_id);
     }
     let request = EventId::new();
-    let requester = Requester::new(args.org.clone(), request.into(), operator());
+    let requester = Requester::new(args.org.clone(), request.into(), ctx.operator()?);
     let event =
         zopu_core::commands::decide_approval(&requester, args.project, &args.approval, &decision)
             .map_err(|problem| anyhow::anyhow!("{}: {problem}", problem.field()))?;
