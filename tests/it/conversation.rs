@@ -1283,9 +1283,11 @@ async fn publish_on_an_issue_draft_requests_one_approval_which_expires_undecided
             "noted",
         ),
     ];
+    let mut turns = Vec::new();
     for (request, outcome) in clicks {
         let end = turn_end(&bus, &org, project, request).await?;
         assert_eq!(end.decode::<pb::DispatchCompleted>()?.outcome, outcome);
+        turns.push(end.dispatch_id);
     }
     let expired = wait_for(
         &bus,
@@ -1320,6 +1322,9 @@ async fn publish_on_an_issue_draft_requests_one_approval_which_expires_undecided
     let parameters: serde_json::Value = serde_json::from_str(&requested.parameters_json)?;
     assert_eq!(parameters["artifact_id"], drafts[0].to_string());
     assert_eq!(requests[0].causation_id, click_event.id);
+    // The run log joins approvals to the turn that asked by dispatch id.
+    assert!(turns[0].is_some());
+    assert_eq!(requests[0].dispatch_id, turns[0], "the first click's turn");
     // It closed as expired once, under the one decision key, caused by the request.
     assert_eq!(
         expired.decode::<pb::ApprovalExpired>()?.approval_id,
