@@ -218,6 +218,10 @@ pub struct ArtifactView {
     pub provider: String,
     /// Where the HTML is served (needs the bearer token or a signed link).
     pub href: String,
+    /// The tracker's address of the issue this draft was published as
+    /// (its `Status` fact then reads `published`); absent before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub published_url: Option<String>,
 }
 
 /// The API path of an artifact revision.
@@ -261,6 +265,7 @@ impl From<CardRow> for ArtifactView {
                 )
                 .collect(),
             provider: row.provider,
+            published_url: row.published_url,
         }
     }
 }
@@ -565,6 +570,7 @@ mod tests {
                 style: "primary".into(),
             }],
             provider: "offline".into(),
+            published_url: None,
         };
         let view = ArtifactView::from(card.clone());
         assert_eq!(view.label, "Add SSO");

@@ -1533,6 +1533,20 @@ mod tests {
             vec!["DATABASE_URL".to_owned()]
         );
 
+        // A card reads as it is now: the issue published later on the page
+        // says so on its earlier card.
+        for item in built
+            .iter_mut()
+            .filter(|item| item.kind == ItemKind::Artifact)
+        {
+            item.artifact = artifacts::card(&store.connection, &org, item.sequence).unwrap();
+        }
+        assert!(
+            built
+                .iter()
+                .filter_map(|item| item.artifact.as_ref())
+                .any(|card| card.published_url.is_some())
+        );
         let whole = items(&store.connection, &org, &project, None, 0, 200).unwrap();
         assert_eq!(whole, built);
         let mut paged = Vec::new();

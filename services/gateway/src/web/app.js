@@ -499,7 +499,13 @@
       if (item.status === "created") {
         for (const id of item.artifact_ids || []) {
           const artifact = this.artifactCards.get(id);
-          if (artifact) artifact.append(line());
+          if (!artifact) continue;
+          artifact.append(line());
+          // Published: the card says so and offers no second publish.
+          for (const term of artifact.querySelectorAll(".facts dt")) {
+            if (term.textContent === "Status" && term.nextElementSibling) term.nextElementSibling.textContent = "published";
+          }
+          artifact.querySelectorAll('button[data-action="publish"]').forEach((button) => button.remove());
         }
       }
       return el("li", { class: "item note execution" + (item.status === "failed" ? " error" : "") }, line());
@@ -530,7 +536,7 @@
       });
       const facts = el("dl", { class: "facts" }, artifact.facts.map((fact) => [el("dt", {}, fact.label), el("dd", {}, fact.value)]));
       const actions = artifact.actions.map((action) => {
-        const button = el("button", { type: "button", class: action.style === "primary" ? "" : "secondary" }, action.label);
+        const button = el("button", { type: "button", class: action.style === "primary" ? "" : "secondary", "data-action": action.id }, action.label);
         button.addEventListener("click", async () => {
           button.disabled = true;
           try { await api("POST", `/v1/projects/${this.project.project_id}/actions`, { artifact_id: artifact.artifact_id, action_id: action.id }); }
