@@ -16,6 +16,7 @@ mod executor;
 mod forgery;
 mod foundation;
 mod gateway;
+mod install;
 mod llama;
 mod memory;
 mod metrics;
