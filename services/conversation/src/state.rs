@@ -724,13 +724,14 @@ impl FlowView {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use zopu_core::{Projection as _, Store};
     use zopu_schema::{EventId, OrgId, ProjectId};
 
     use super::*;
 
-    fn envelope<E: Event>(payload: &E, project: ProjectId) -> Envelope {
+    /// An event of `project` (org `acme`) as stored, for tests of what reads events.
+    pub(crate) fn envelope<E: Event>(payload: &E, project: ProjectId) -> Envelope {
         let id = EventId::new();
         Envelope {
             id,

@@ -277,6 +277,9 @@ pub struct WorkRef {
     pub title: String,
     pub kind: String,
     pub status: String,
+    /// The status as a person reads it (`waiting for you: …`), as the web
+    /// and `zopu timeline` show it.
+    pub status_text: String,
     pub summary: String,
 }
 
@@ -286,6 +289,7 @@ impl From<WorkCardRow> for WorkRef {
             work_id: row.work_id,
             title: row.title,
             kind: row.kind,
+            status_text: zopu_schema::work_status_text(&row.status).to_owned(),
             status: row.status,
             summary: row.summary,
         }

@@ -41,6 +41,17 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/zopu.v1.rs"));
 }
 
+/// A Work's status as a person reads it (the web timeline and `zopu
+/// timeline` alike): `waiting` is a Work whose thread finished and that now
+/// waits on its owner (a follow-up, an issue, a check); the others read as
+/// they are.
+pub fn work_status_text(status: &str) -> &str {
+    match status {
+        "waiting" => "waiting for you: ask a follow-up or act on the result",
+        other => other,
+    }
+}
+
 /// An actor as `<kind>:<id>` (`user:ada`, `agent:conversation:acme:p`), or
 /// the kind alone when it has no id; `system` when there is none.
 pub fn actor_label(actor: Option<&pb::Actor>) -> String {

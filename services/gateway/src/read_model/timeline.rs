@@ -323,7 +323,7 @@ fn lists_artifacts(kind: ItemKind) -> bool {
 /// How a granted approval was carried out.
 fn execution_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
     let (approval_id, execution) = approval::execution_of(event)?;
-    let (status, text) = execution_summary(&execution);
+    let (status, text) = execution.summary();
     let artifact_ids = match &execution {
         approval::Execution::IssueCreated { artifact_id, .. } if !artifact_id.is_empty() => {
             vec![artifact_id.clone()]
@@ -341,16 +341,6 @@ fn execution_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
         }),
         ..ItemRow::new(ItemKind::Execution, event, sequence)
     })
-}
-
-/// An execution's status name and its one line: the request a dry run
-/// recorded, the issue's URL, or the failure's reason.
-pub(crate) fn execution_summary(execution: &approval::Execution) -> (&'static str, String) {
-    match execution {
-        approval::Execution::DryRun { method, url } => ("dry_run", format!("{method} {url}")),
-        approval::Execution::IssueCreated { url, .. } => ("created", url.clone()),
-        approval::Execution::Failed { code, message } => ("failed", format!("{message} ({code})")),
-    }
 }
 
 fn user_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {

@@ -86,13 +86,6 @@
     return step ? step[1] : state === "failed" ? "Setup failed" : state;
   }
 
-  // A Work's status as a person reads it: `waiting` is a Work whose thread
-  // finished and that now waits on its owner (a follow-up, an issue, a check);
-  // the others read as they are.
-  function workStatus(status) {
-    return status === "waiting" ? "waiting for you: ask a follow-up or act on the result" : status;
-  }
-
   async function projectsView() {
     const list = el("ul", { class: "projects", "aria-label": "Projects" });
     const error = el("p", { class: "error", role: "alert" });
@@ -390,7 +383,7 @@
       }
       if (item.kind === "work_updated") {
         const card = this.works.get(item.work.work_id);
-        if (card) card.querySelector(".status").textContent = workStatus(item.work.status);
+        if (card) card.querySelector(".status").textContent = item.work.status_text;
         return;
       }
       const node = this.render(item);
@@ -420,7 +413,7 @@
             el("p", { class: "kicker" }, "Work · " + item.work.kind),
             el("h3", {}, item.work.title),
             item.work.summary ? el("p", {}, item.work.summary) : null,
-            el("p", { class: "small" }, "Status: ", el("span", { class: "status" }, workStatus(item.work.status))));
+            el("p", { class: "small" }, "Status: ", el("span", { class: "status" }, item.work.status_text)));
           this.works.set(item.work.work_id, card);
           return card;
         }
