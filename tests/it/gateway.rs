@@ -2328,3 +2328,35 @@ async fn only_an_approve_token_of_the_org_decides_an_approval_and_only_once() ->
     );
     Ok(())
 }
+
+/// `/openapi.json` passes a real OpenAPI validator (`openapi-spec-validator`,
+/// Debian's `python3-openapi-spec-validator`, which `make test-deps`
+/// installs): among what it checks, every path parameter must be in its
+/// path, which a query struct documented as path parameters breaks.
+#[test]
+fn the_openapi_document_passes_a_real_validator() -> Result<()> {
+    let validator = "openapi-spec-validator";
+    let found = std::process::Command::new(validator)
+        .arg("--version")
+        .output();
+    let Some(found) = found.ok().filter(|output| output.status.success()) else {
+        bail!(
+            "{validator} is not installed: apt-get install -y python3-openapi-spec-validator (or python3 -m pip install openapi-spec-validator)"
+        );
+    };
+    eprintln!("{}", String::from_utf8_lossy(&found.stdout).trim());
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("openapi.json");
+    std::fs::write(
+        &file,
+        serde_json::to_vec_pretty(&zopu_gateway::api::openapi())?,
+    )?;
+    let checked = std::process::Command::new(validator).arg(&file).output()?;
+    ensure!(
+        checked.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    Ok(())
+}

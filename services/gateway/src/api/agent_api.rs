@@ -101,6 +101,7 @@ pub struct AgentRateLimits {
 
 /// `GET /v1/agent/candidates` query.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct CandidatesQuery {
     /// One of the key's projects (default: all of them).
@@ -319,6 +320,7 @@ fn scoped_project(caller: &AgentCaller, text: &str) -> Result<ProjectId, ApiErro
 
 /// `GET /v1/agent/timeline` query.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AgentTimelineQuery {
     /// One of the key's projects.

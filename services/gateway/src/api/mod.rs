@@ -84,8 +84,14 @@ impl Modify for BearerAuth {
     }
 }
 
-pub fn router(state: AppState) -> Router {
-    let (api, openapi) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// The OpenAPI document `/openapi.json` serves, built from the routes.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    documented_routes().1
+}
+
+/// The documented API routes and their OpenAPI document, one from the other.
+fn documented_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(projects::list_projects, projects::create_project))
         .routes(routes!(projects::get_project))
         .routes(routes!(projects::retry_setup))
@@ -124,7 +130,11 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(runs::get_run))
         .routes(routes!(crate::sse::events))
         .routes(routes!(crate::sse::ticket))
-        .split_for_parts();
+        .split_for_parts()
+}
+
+pub fn router(state: AppState) -> Router {
+    let (api, openapi) = documented_routes();
     let openapi_json = serde_json::to_string(&openapi).unwrap_or_else(|_| "{}".to_owned());
     let body_max = state.config.body_max_bytes;
     let cors = cors_layer(&state.config.cors_allowed_origins);
@@ -269,5 +279,65 @@ fn query_error(rejection: QueryRejection) -> ApiError {
     match field {
         Some(field) if !field.contains(' ') => error.field(field),
         _ => error.field("query"),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// Every operation's path parameters are exactly its path's `{name}`
+    /// placeholders, and the rest of its parameters are query parameters:
+    /// a query struct documented without `parameter_in = Query` shows up as
+    /// required path parameters the path does not have (the candidates
+    /// endpoint's `project`, `after`, `limit` did).
+    #[test]
+    fn path_parameters_are_the_path_placeholders_and_the_others_are_query() {
+        let document = serde_json::to_value(super::openapi()).unwrap();
+        let paths = document["paths"].as_object().unwrap();
+        let mut wrong = Vec::new();
+        for (path, operations) in paths {
+            let placeholders: BTreeSet<&str> = path
+                .split('/')
+                .filter_map(|segment| segment.strip_prefix('{')?.strip_suffix('}'))
+                .collect();
+            for (method, operation) in operations.as_object().unwrap() {
+                let parameters = operation["parameters"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                let declared: BTreeSet<&str> = parameters
+                    .iter()
+                    .filter(|p| p["in"] == "path")
+                    .filter_map(|p| p["name"].as_str())
+                    .collect();
+                if declared != placeholders {
+                    wrong.push(format!(
+                        "{method} {path}: path parameters {declared:?}, placeholders {placeholders:?}"
+                    ));
+                }
+                for parameter in &parameters {
+                    if !matches!(parameter["in"].as_str(), Some("path" | "query" | "header")) {
+                        wrong.push(format!("{method} {path}: {parameter}"));
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+        let candidates = &document["paths"]["/v1/agent/candidates"]["get"]["parameters"];
+        let query: Vec<(&str, bool)> = candidates
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                assert_eq!(p["in"], "query", "{p}");
+                (p["name"].as_str().unwrap(), p["required"] == true)
+            })
+            .collect();
+        assert_eq!(
+            query,
+            [("project", false), ("after", false), ("limit", false)]
+        );
     }
 }
