@@ -302,6 +302,12 @@ pub fn decide(message_text: &str, context: &DecisionContext) -> Decision {
             "a request to run the project's tests: run its verified test command",
         );
     }
+    if context.has_summary && text.is_command_question() {
+        return Decision::new(
+            Respond,
+            "how to run, build or test the project: answered from onboarding's commands",
+        );
+    }
     if text.contains_any(OVERVIEW_PHRASES) {
         return if context.has_summary {
             Decision::new(
@@ -446,6 +452,11 @@ pub fn clarifying_question(message_text: &str) -> String {
 pub fn direct_response(message_text: &str, summary: Option<&str>) -> String {
     let text = Normalized::new(message_text);
     let seed = fnv1a(&["respond", message_text]);
+    if text.is_command_question()
+        && let Some(answer) = summary.and_then(|summary| commands_answer(&text, summary))
+    {
+        return answer;
+    }
     if let Some(first) = summary.and_then(first_sentence)
         && (text.contains_any(OVERVIEW_PHRASES) || text.is_question())
     {
@@ -614,6 +625,40 @@ impl Normalized {
                 .is_some_and(|word| ASKS_ABOUT.contains(&word.as_str()))
     }
 
+    /// "How do I run the tests?", "What's the build command?": a question
+    /// about running, building or testing the project, which onboarding's
+    /// commands answer.
+    fn is_command_question(&self) -> bool {
+        const ASKS: &[&str] = &["how", "what", "whats", "what's", "which", "where"];
+        const HOW_TO: &[&str] = &["do", "to", "can", "should"];
+        const VERBS: &[&str] = &[
+            "run", "build", "compile", "test", "start", "install", "lint",
+        ];
+        const NOUNS: &[&str] = &[
+            "run", "build", "test", "tests", "start", "install", "lint", "dev", "compile",
+        ];
+        let has = |set: &[&str]| self.words.iter().any(|word| set.contains(&word.as_str()));
+        let Some(first) = self.words.first() else {
+            return false;
+        };
+        // "how do I run the tests", "how to build it"
+        let how_to = first == "how"
+            && self
+                .words
+                .get(1)
+                .is_some_and(|w| HOW_TO.contains(&w.as_str()))
+            && has(VERBS);
+        // "what's the test command", "which command builds it"
+        let which_command = ASKS.contains(&first.as_str())
+            && has(&["command", "commands"])
+            && (has(NOUNS)
+                || self
+                    .words
+                    .iter()
+                    .any(|w| w.starts_with("build") || w.starts_with("test")));
+        how_to || which_command
+    }
+
     fn is_plain_question(&self) -> bool {
         !self.polite
             && self
@@ -753,6 +798,47 @@ fn quote(message_text: &str) -> Option<String> {
 /// The first sentence of the summary's prose: headings are skipped, and so
 /// is a line that is one emphasised note (`summary.md` opens with an
 /// italic line saying which flow wrote it, at which commit).
+/// The heading of summary.md's commands section (the onboarding flow writes it).
+const COMMANDS_HEADING: &str = "## Likely run/build/test commands";
+/// Commands quoted in one answer at most.
+const COMMANDS_QUOTED_MAX: usize = 4;
+
+/// The answer to a run/build/test question from summary.md's commands
+/// (each `- \`command\` — purpose — status`), those about what was asked
+/// first; `None` when onboarding found none.
+fn commands_answer(text: &Normalized, summary: &str) -> Option<String> {
+    let section = summary.split(COMMANDS_HEADING).nth(1)?;
+    let lines: Vec<&str> = section
+        .lines()
+        .map(str::trim)
+        .take_while(|line| !line.starts_with('#'))
+        .filter_map(|line| line.strip_prefix("- `"))
+        .map(|line| line.trim())
+        .collect();
+    if lines.is_empty() {
+        return None;
+    }
+    let asked = ["test", "build", "run", "lint", "install", "start"]
+        .into_iter()
+        .filter(|topic| text.words.iter().any(|word| word.starts_with(topic)))
+        .collect::<Vec<_>>();
+    let about = |line: &&str| {
+        let purpose = line.split(" — ").nth(1).unwrap_or_default().to_lowercase();
+        asked.iter().any(|topic| purpose.contains(topic))
+    };
+    let mut ordered: Vec<&str> = lines.iter().copied().filter(about).collect();
+    ordered.extend(lines.iter().copied().filter(|line| !about(line)));
+    let quoted: Vec<String> = ordered
+        .into_iter()
+        .take(COMMANDS_QUOTED_MAX)
+        .map(|line| format!("`{line}"))
+        .collect();
+    Some(format!(
+        "From what onboarding found: {}. Say \"run the tests\" and I'll run the test command in a sandboxed copy.",
+        quoted.join("; ")
+    ))
+}
+
 fn first_sentence(summary: &str) -> Option<String> {
     let is_note = |line: &str| {
         line.len() > 1
@@ -1116,6 +1202,63 @@ mod tests {
                 previous = ack;
             }
         }
+    }
+
+    /// "How do I run the tests?" is answered with the test command
+    /// onboarding found (the setup artifact shows the same), not by an
+    /// exploration that lands on a test helper file.
+    #[test]
+    fn run_build_and_test_questions_are_answered_from_onboardings_commands() {
+        let summary = "# shop — repository summary\n\n## Project purpose\n\nA shop.\n\n\
+            ## Likely run/build/test commands\n\n\
+            - `cargo build` — build the workspace — **verified** — Cargo.toml\n\
+            - `cargo test` — run the tests — **verified** — Cargo.toml\n\n\
+            ## Root .env.example variable names\n\n- None found.\n";
+        let with_summary = DecisionContext {
+            has_summary: true,
+            recent_clarification_asked: false,
+        };
+        for question in [
+            "How do I run the tests?",
+            "how to build it",
+            "What's the test command?",
+            "Which command builds it?",
+        ] {
+            let decision = decide(question, &with_summary);
+            assert_eq!(decision.kind, DecisionKind::Respond, "{question}");
+        }
+        let answer = direct_response("How do I run the tests?", Some(summary));
+        assert!(
+            answer.starts_with("From what onboarding found: `cargo test` — run the tests"),
+            "{answer}"
+        );
+        assert!(answer.contains("`cargo build`"), "{answer}");
+        let build = direct_response("How do I build it?", Some(summary));
+        assert!(
+            build.contains(": `cargo build` — build the workspace"),
+            "{build}"
+        );
+        // Before onboarding there is nothing to answer from: explore.
+        assert_ne!(
+            decide("How do I run the tests?", &FRESH).kind,
+            DecisionKind::Respond
+        );
+        // Questions about the tests' code are still explored.
+        for question in [
+            "How are the tests organized?",
+            "How does the test runner work?",
+        ] {
+            assert_ne!(
+                decide(question, &with_summary).kind,
+                DecisionKind::Respond,
+                "{question}"
+            );
+        }
+        // "Run the tests" is still a request to run them.
+        assert_eq!(
+            decide("Run the tests", &with_summary).kind,
+            DecisionKind::Check
+        );
     }
 
     #[test]
