@@ -2,8 +2,10 @@
 //! one small hand-written script, all served by the gateway (no build step,
 //! no external network).
 //!
-//! The API token is typed once and kept in `sessionStorage` (gone when the
-//! tab closes). API calls send it as a bearer header; the live stream
+//! The API token is kept in `sessionStorage` (gone when the tab closes):
+//! typed once, or made from a sign-in link (`zopu dev` prints one) whose
+//! single-use ticket, in the link's fragment, is exchanged at
+//! `POST /v1/session` for a session token. API calls send it as a bearer header; the live stream
 //! (`EventSource` cannot send headers) opens with a single-use ticket asked
 //! for with that header, so the token is never in a URL; artifacts open
 //! through links with `rel="noopener noreferrer"` to short-lived signed URLs
@@ -89,7 +91,7 @@ fn page(title: &str, view: &str, project: &str) -> Response {
 <main id="main" tabindex="-1">
   <section id="signin" class="panel" hidden aria-labelledby="signin-title">
     <h1 id="signin-title">Sign in</h1>
-    <p>Paste the access token your operator gave you (<code>zopu token create</code>). It is kept only for this tab.</p>
+    <p>Open the sign-in link <code>make run</code> printed, or paste the access token your operator gave you (<code>zopu token create</code>). It is kept only for this tab.</p>
     <form id="signin-form">
       <label for="token">Access token</label>
       <input id="token" name="token" type="password" autocomplete="off" required pattern="zpt_[0-9a-f]+" aria-describedby="token-error">

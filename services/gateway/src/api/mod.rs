@@ -6,7 +6,8 @@
 //! signed links), `agent` (the kill switch), `flows` (cancel a running flow), `environment`
 //! (environment values into the secret store), `memory` (what the agent
 //! remembers: list, search, write, forget, clear), `approvals` (list, approve,
-//! reject), `runs` (the AgentRun log), `health`. Every write builds its
+//! reject), `runs` (the AgentRun log), `session` (a sign-in link's ticket
+//! exchanged for a session token), `health`. Every write builds its
 //! event with `zopu_core::commands`, as the CLI does, and appends it through
 //! `append`.
 
@@ -40,6 +41,7 @@ mod memory;
 mod projects;
 mod repository_credentials;
 mod runs;
+pub mod session;
 mod timeline;
 mod works;
 
@@ -61,7 +63,7 @@ pub use works::ThreadList;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, cancelling a flow, environment values and repository credentials (kept in the secret store, never returned), the agent's memory, approvals, the Agent API for external agents (`/v1/agent/...` with an agent key `zak_...`), and the agent run log. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
+    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, cancelling a flow, environment values and repository credentials (kept in the secret store, never returned), the agent's memory, approvals, the Agent API for external agents (`/v1/agent/...` with an agent key `zak_...`), and the agent run log. Every /v1 route but `POST /v1/session` (which exchanges a sign-in link's single-use ticket for a token) needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
     modifiers(&BearerAuth),
     components(schemas(ErrorBody))
 )]
@@ -130,6 +132,7 @@ fn documented_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(runs::get_run))
         .routes(routes!(crate::sse::events))
         .routes(routes!(crate::sse::ticket))
+        .routes(routes!(session::create_session))
         .split_for_parts()
 }
 

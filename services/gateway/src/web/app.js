@@ -69,7 +69,36 @@
       route();
     });
     document.getElementById("signout").addEventListener("click", () => signOut(""));
-    route();
+    // A link opened in a tab already on this page changes only the fragment.
+    window.addEventListener("hashchange", () => {
+      const link = signInTicket();
+      if (link) signInWithLink(link);
+    });
+    const link = signInTicket();
+    if (link) signInWithLink(link);
+    else route();
+  }
+
+  function signInTicket() {
+    const link = /^#signin=(zpk_[0-9a-f]+)$/.exec(location.hash);
+    return link ? link[1] : null;
+  }
+
+  // A sign-in link (`zopu dev` prints one): its single-use ticket, in the
+  // fragment so no server or log sees it, is exchanged once for a session
+  // token; the address bar loses it at once.
+  async function signInWithLink(ticket) {
+    history.replaceState(null, "", location.pathname + location.search);
+    try {
+      const response = await fetch("/v1/session", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ ticket }) });
+      const data = await response.json().catch(() => ({}));
+      if (!response.ok) return signOut((data.error && data.error.message) || "This sign-in link did not work.");
+      sessionStorage.setItem(TOKEN_KEY, data.token);
+      document.getElementById("signin").hidden = true;
+      route();
+    } catch (_) {
+      signOut("The sign-in link could not be checked. Try again, or paste a token.");
+    }
   }
 
   function route() {
