@@ -1389,20 +1389,16 @@ async fn the_cli_lists_approvals_and_decides_a_pending_one_only_once() -> Result
             .env("USER", "lead");
         command.output()
     };
-    // Nobody to record as the reviewer: refused, nothing stored.
-    let anonymous = std::process::Command::new(&zopu)
+    // No $USER: the reviewer is the account running zopu, never a made-up
+    // `cli` (with no account name at all it is refused; see the CLI's
+    // unit test `the_operator_is_the_one_named_else_the_user_else_refused`).
+    let approved = std::process::Command::new(&zopu)
         .args(["--nats", url.as_str(), "approvals", "approve"])
         .args([project_arg.as_str(), "approval:a", "--org", "acme"])
         .env_remove("USER")
+        .env_remove("LOGNAME")
         .env_remove("ZOPU_OPERATOR")
         .output()?;
-    assert!(!anonymous.status.success());
-    assert!(
-        String::from_utf8_lossy(&anonymous.stderr).contains("pass --as USER"),
-        "{}",
-        String::from_utf8_lossy(&anonymous.stderr)
-    );
-    let approved = cli(&["approve", &project_arg, "approval:a"])?;
     ensure!(
         approved.status.success(),
         "{}",
@@ -1448,6 +1444,7 @@ async fn the_cli_lists_approvals_and_decides_a_pending_one_only_once() -> Result
         "{}",
         String::from_utf8_lossy(&listed.stderr)
     );
+    let account = account_name()?;
     let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&listed.stdout)
         .lines()
         .map(serde_json::from_str)
@@ -1466,7 +1463,7 @@ async fn the_cli_lists_approvals_and_decides_a_pending_one_only_once() -> Result
     assert_eq!(
         seen,
         [
-            ("approval:a", "approved", "lead", ""),
+            ("approval:a", "approved", account.as_str(), ""),
             ("approval:b", "rejected", "ops", "Not this sprint."),
             ("approval:lapsed", "pending", "", ""),
         ]
@@ -1487,6 +1484,15 @@ async fn the_cli_lists_approvals_and_decides_a_pending_one_only_once() -> Result
         1
     );
     Ok(())
+}
+
+/// The account `zopu` runs as without `$USER`: what `id -un` says.
+fn account_name() -> Result<String> {
+    let id = std::process::Command::new("id").arg("-un").output()?;
+    ensure!(id.status.success(), "id -un failed");
+    let account = String::from_utf8(id.stdout)?.trim().to_owned();
+    ensure!(!account.is_empty() && account != "cli");
+    Ok(account)
 }
 
 /// A published issue draft of an issue flow the agent requested and

@@ -39,7 +39,7 @@ struct Cli {
     /// Print results as JSON lines
     #[arg(long, global = true)]
     json: bool,
-    /// Who you are, recorded as the author of what you decide or send (approvals, messages, the kill switch) [env: ZOPU_OPERATOR] [default: $USER]
+    /// Who you are, recorded as the author of what you decide or send (approvals, messages, the kill switch) [env: ZOPU_OPERATOR] [default: the account running zopu]
     #[arg(long = "as", global = true, value_name = "USER")]
     operator: Option<String>,
     #[command(subcommand)]
@@ -126,13 +126,15 @@ pub struct Context {
 
 impl Context {
     /// The author of what this command records: `--as` / `ZOPU_OPERATOR` /
-    /// `operator`, else `$USER`; an error when there is none, so nothing is
-    /// recorded under a made-up name.
+    /// `operator`, else the account running it (`$USER`, `$LOGNAME`, else
+    /// the name `/etc/passwd` gives this process's user id); an error when
+    /// there is none, so nothing is recorded under a made-up name.
     pub fn operator(&self) -> anyhow::Result<zopu_schema::pb::Actor> {
-        operator_from(
-            self.config.operator.as_deref(),
-            std::env::var("USER").ok().as_deref(),
-        )
+        let user = ["USER", "LOGNAME"]
+            .into_iter()
+            .find_map(|name| std::env::var(name).ok().filter(|user| !user.is_empty()))
+            .or_else(account_name);
+        operator_from(self.config.operator.as_deref(), user.as_deref())
     }
 
     /// Connects to the configured NATS server (streams are applied by services; commands only read and append).
@@ -144,6 +146,19 @@ impl Context {
     }
 }
 
+/// The name of the account this process runs as, from `/etc/passwd` (a
+/// container often sets no `$USER`).
+fn account_name() -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let uid = std::fs::metadata("/proc/self").ok()?.uid().to_string();
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        (fields.nth(1)? == uid && !name.is_empty()).then(|| name.to_owned())
+    })
+}
+
 fn operator_from(
     configured: Option<&str>,
     user: Option<&str>,
@@ -152,13 +167,14 @@ fn operator_from(
         (Some(operator), _) => operator,
         (None, Some(user)) => {
             config::check_operator(user).map_err(|error| {
-                anyhow::anyhow!("{error} ($USER); name yourself with --as USER")
+                anyhow::anyhow!("{error} (the account running zopu); name yourself with --as USER")
             })?;
             user
         }
         (None, None) => anyhow::bail!(
-            "who is recording this? No operator is set and $USER is empty: pass --as USER \
-             (or set ZOPU_OPERATOR, or `operator` in the configuration file); nothing was recorded"
+            "who is recording this? No operator is set and the account running zopu has no name \
+             ($USER, $LOGNAME, /etc/passwd): pass --as USER (or set ZOPU_OPERATOR, or `operator` in \
+             the configuration file); nothing was recorded"
         ),
     };
     Ok(zopu_schema::pb::Actor {
@@ -321,6 +337,8 @@ mod tests {
         let invalid = id(None, Some("a b")).unwrap_err().to_string();
         assert!(invalid.contains("--as USER"), "{invalid}");
         assert!(super::config::check_operator("cli bot").is_err());
+        // This test's own account has a name in /etc/passwd.
+        assert!(super::account_name().is_some_and(|name| !name.is_empty()));
     }
 
     /// A variable a flag reads (`ZOPU_ORG` for `--org`) is documented in
