@@ -801,37 +801,45 @@ fn quote(message_text: &str) -> Option<String> {
 /// The heading of summary.md's commands section (the onboarding flow writes it).
 const COMMANDS_HEADING: &str = "## Likely run/build/test commands";
 /// Commands quoted in one answer at most.
-const COMMANDS_QUOTED_MAX: usize = 4;
+const COMMANDS_QUOTED_MAX: usize = 3;
 
 /// The answer to a run/build/test question from summary.md's commands
-/// (each `- \`command\` — purpose — status`), those about what was asked
-/// first; `None` when onboarding found none.
+/// (each `` - `command` — purpose — **verified**|*inferred* — source ``):
+/// those for what was asked first, verified before inferred; `None` when
+/// onboarding found none.
 fn commands_answer(text: &Normalized, summary: &str) -> Option<String> {
     let section = summary.split(COMMANDS_HEADING).nth(1)?;
-    let lines: Vec<&str> = section
+    let commands: Vec<(&str, &str, bool, &str)> = section
         .lines()
         .map(str::trim)
         .take_while(|line| !line.starts_with('#'))
-        .filter_map(|line| line.strip_prefix("- `"))
-        .map(|line| line.trim())
+        .filter_map(|line| {
+            let mut parts = line.strip_prefix("- `")?.splitn(4, " — ");
+            let command = parts.next()?.strip_suffix('`')?;
+            let purpose = parts.next()?;
+            let verified = parts.next()?.contains("verified");
+            Some((command, purpose, verified, parts.next().unwrap_or_default()))
+        })
         .collect();
-    if lines.is_empty() {
+    if commands.is_empty() {
         return None;
     }
-    let asked = ["test", "build", "run", "lint", "install", "start"]
+    let asked: Vec<&str> = ["test", "build", "run", "lint", "install", "start"]
         .into_iter()
         .filter(|topic| text.words.iter().any(|word| word.starts_with(topic)))
-        .collect::<Vec<_>>();
-    let about = |line: &&str| {
-        let purpose = line.split(" — ").nth(1).unwrap_or_default().to_lowercase();
-        asked.iter().any(|topic| purpose.contains(topic))
-    };
-    let mut ordered: Vec<&str> = lines.iter().copied().filter(about).collect();
-    ordered.extend(lines.iter().copied().filter(|line| !about(line)));
+        .collect();
+    let mut ordered = commands;
+    ordered.sort_by_key(|(_, purpose, verified, _)| {
+        let about = asked.iter().any(|topic| purpose.contains(topic));
+        (!about, !verified)
+    });
     let quoted: Vec<String> = ordered
         .into_iter()
         .take(COMMANDS_QUOTED_MAX)
-        .map(|line| format!("`{line}"))
+        .map(|(command, purpose, verified, source)| {
+            let how = if verified { "verified" } else { "inferred" };
+            format!("`{command}` ({purpose}; {how}: {source})")
+        })
         .collect();
     Some(format!(
         "From what onboarding found: {}. Say \"run the tests\" and I'll run the test command in a sandboxed copy.",
@@ -1212,7 +1220,8 @@ mod tests {
         let summary = "# shop — repository summary\n\n## Project purpose\n\nA shop.\n\n\
             ## Likely run/build/test commands\n\n\
             - `cargo build` — build the workspace — **verified** — Cargo.toml\n\
-            - `cargo test` — run the tests — **verified** — Cargo.toml\n\n\
+            - `cargo test` — run the tests — *inferred* — Cargo convention; not run\n\
+            - `make test` — test — **verified** — declared in Makefile line 21\n\n\
             ## Root .env.example variable names\n\n- None found.\n";
         let with_summary = DecisionContext {
             has_summary: true,
@@ -1228,14 +1237,18 @@ mod tests {
             assert_eq!(decision.kind, DecisionKind::Respond, "{question}");
         }
         let answer = direct_response("How do I run the tests?", Some(summary));
-        assert!(
-            answer.starts_with("From what onboarding found: `cargo test` — run the tests"),
-            "{answer}"
+        assert_eq!(
+            answer,
+            "From what onboarding found: `make test` (test; verified: declared in Makefile line 21); \
+             `cargo test` (run the tests; inferred: Cargo convention; not run); \
+             `cargo build` (build the workspace; verified: Cargo.toml). \
+             Say \"run the tests\" and I'll run the test command in a sandboxed copy."
         );
-        assert!(answer.contains("`cargo build`"), "{answer}");
         let build = direct_response("How do I build it?", Some(summary));
         assert!(
-            build.contains(": `cargo build` — build the workspace"),
+            build.starts_with(
+                "From what onboarding found: `cargo build` (build the workspace; verified"
+            ),
             "{build}"
         );
         // Before onboarding there is nothing to answer from: explore.
