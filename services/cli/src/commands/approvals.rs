@@ -126,7 +126,18 @@ pub async fn run(ctx: &crate::Context, args: ApprovalsArgs) -> Result<ExitCode> 
                     json,
                 );
             }
-            table.print(ctx.json);
+            if table.is_empty() && !ctx.json {
+                eprintln!(
+                    "project {} has no approvals{} (the agent asks for one before anything leaves the runtime, e.g. publishing an issue draft)",
+                    list.project,
+                    list.status
+                        .as_deref()
+                        .map(|status| format!(" {status}"))
+                        .unwrap_or_default()
+                );
+            } else {
+                table.print(ctx.json);
+            }
             Ok(ExitCode::SUCCESS)
         }
         ApprovalsAction::Approve(decide) => decide_one(ctx, &bus, decide, Decision::Approve).await,

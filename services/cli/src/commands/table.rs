@@ -24,6 +24,10 @@ impl Table {
         self.rows.push((cells, json));
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
     /// The plain table's lines (no trailing spaces), header first.
     pub fn lines(&self) -> Vec<String> {
         let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
