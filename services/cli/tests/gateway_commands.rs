@@ -37,6 +37,43 @@ fn json_lines(output: &Output) -> Result<Vec<Value>> {
         .collect()
 }
 
+/// `zopu project create` of acme's shop repository, not following its
+/// setup, with `extra` arguments: its JSON lines.
+async fn create_shop(dir: &Path, url: &str, extra: &[&str]) -> Result<Vec<Value>> {
+    let args = [
+        &[
+            "--json",
+            "--nats",
+            url,
+            "project",
+            "create",
+            "--org",
+            "acme",
+            "--repo",
+            "https://example.com/acme/shop.git",
+            "--no-wait",
+        ][..],
+        extra,
+    ]
+    .concat();
+    json_lines(&zopu(dir, &args).await?)
+}
+
+/// A connection to `url` with streams/ applied (the administrator's step:
+/// services only check them).
+async fn bus_with_streams(url: &str) -> Result<zopu_core::nats::Bus> {
+    let bus = zopu_core::nats::connect(url, "test", std::time::Duration::from_secs(10)).await?;
+    zopu_core::streams::apply(
+        &bus,
+        &zopu_core::streams::StreamSettings {
+            replicas: 1,
+            duplicate_window: std::time::Duration::from_secs(120),
+        },
+    )
+    .await?;
+    Ok(bus)
+}
+
 #[tokio::test]
 async fn a_gateway_without_its_link_key_refuses_to_start_and_names_the_variable() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -211,34 +248,14 @@ async fn creating_a_project_again_with_its_request_id_is_the_same_project() -> R
     let create = |request_id: Option<String>| {
         let (url, dir) = (url.clone(), dir.path().to_owned());
         async move {
-            let mut args = vec![
-                "--json",
-                "--nats",
-                url.as_str(),
-                "project",
-                "create",
-                "--org",
-                "acme",
-                "--repo",
-                "https://example.com/acme/shop.git",
-                "--no-wait",
-            ];
-            if let Some(request_id) = &request_id {
-                args.extend(["--request-id", request_id.as_str()]);
-            }
-            json_lines(&zopu(&dir, &args).await?)
+            let extra: Vec<&str> = match &request_id {
+                Some(request_id) => vec!["--request-id", request_id.as_str()],
+                None => Vec::new(),
+            };
+            create_shop(&dir, &url, &extra).await
         }
     };
-    // The administrator applies streams/ (services only check them).
-    let bus = zopu_core::nats::connect(&url, "test", std::time::Duration::from_secs(10)).await?;
-    zopu_core::streams::apply(
-        &bus,
-        &zopu_core::streams::StreamSettings {
-            replicas: 1,
-            duplicate_window: std::time::Duration::from_secs(120),
-        },
-    )
-    .await?;
+    let bus = bus_with_streams(&url).await?;
 
     let first = create(None).await?;
     let first = first.first().context("one line")?.clone();
@@ -271,36 +288,13 @@ async fn projects_are_listed_with_their_name_setup_state_and_repository() -> Res
     let server = LocalServer::start(store.path(), None, SyncPolicy::ServerDefault)?;
     let url = server.url();
     let dir = tempfile::tempdir()?;
-    let bus = zopu_core::nats::connect(&url, "test", std::time::Duration::from_secs(10)).await?;
-    zopu_core::streams::apply(
-        &bus,
-        &zopu_core::streams::StreamSettings {
-            replicas: 1,
-            duplicate_window: std::time::Duration::from_secs(120),
-        },
-    )
-    .await?;
+    bus_with_streams(&url).await?;
     let nats = ["--nats", url.as_str()];
     let create = |name: Option<&'static str>| {
-        let dir = dir.path().to_owned();
-        let url = url.clone();
+        let (url, dir) = (url.clone(), dir.path().to_owned());
         async move {
-            let mut args = vec![
-                "--json",
-                "--nats",
-                url.as_str(),
-                "project",
-                "create",
-                "--org",
-                "acme",
-                "--repo",
-                "https://example.com/acme/shop.git",
-                "--no-wait",
-            ];
-            if let Some(name) = name {
-                args.extend(["--name", name]);
-            }
-            let created = json_lines(&zopu(&dir, &args).await?)?;
+            let extra: Vec<&str> = name.map(|name| vec!["--name", name]).unwrap_or_default();
+            let created = create_shop(&dir, &url, &extra).await?;
             created[0]["project"]
                 .as_str()
                 .map(str::to_owned)

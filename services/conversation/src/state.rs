@@ -726,33 +726,13 @@ impl FlowView {
 #[cfg(test)]
 pub(crate) mod tests {
     use zopu_core::{Projection as _, Store};
-    use zopu_schema::{EventId, OrgId, ProjectId};
+    use zopu_schema::{OrgId, ProjectId};
 
     use super::*;
 
     /// An event of `project` (org `acme`) as stored, for tests of what reads events.
     pub(crate) fn envelope<E: Event>(payload: &E, project: ProjectId) -> Envelope {
-        let id = EventId::new();
-        Envelope {
-            id,
-            source: "zopu/setup".into(),
-            event_type: E::TYPE.into(),
-            time: time::OffsetDateTime::UNIX_EPOCH,
-            data_schema: E::SCHEMA.into(),
-            org_id: "acme".parse::<OrgId>().unwrap(),
-            project_id: project,
-            correlation_id: id.into(),
-            causation_id: id,
-            work_id: None,
-            thread_id: None,
-            flow_run_id: None,
-            dispatch_id: None,
-            traceparent: None,
-            idempotency_key: id.to_string(),
-            project_version: 1,
-            previous_hash: None,
-            data: payload.encode_to_vec().into(),
-        }
+        zopu_schema::test_support::envelope(payload, &"acme".parse::<OrgId>().unwrap(), project)
     }
 
     /// The agent calls the project by the name chosen at creation (the web

@@ -34,6 +34,8 @@ pub mod manifest;
 pub mod model_reply;
 pub mod repository;
 pub mod subjects;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;
 
 /// Types generated from `proto/zopu/v1/*.proto`.
 #[allow(missing_debug_implementations, clippy::all)]
