@@ -21,6 +21,8 @@ pub const OFFLINE_LABEL: &str = "offline";
 pub const OFFLINE_MODEL: &str = "offline-rules-v1";
 
 /// Most words of the topic quoted back in an acknowledgement.
+mod commands;
+
 const TOPIC_WORDS: usize = 3;
 /// Longest topic word / project name quoted back (characters).
 const TOPIC_WORD_MAX_CHARS: usize = 24;
@@ -453,7 +455,8 @@ pub fn direct_response(message_text: &str, summary: Option<&str>) -> String {
     let text = Normalized::new(message_text);
     let seed = fnv1a(&["respond", message_text]);
     if text.is_command_question()
-        && let Some(answer) = summary.and_then(|summary| commands_answer(&text, summary))
+        && let Some(answer) =
+            summary.and_then(|summary| commands::commands_answer(&text.words, summary))
     {
         return answer;
     }
@@ -798,55 +801,6 @@ fn quote(message_text: &str) -> Option<String> {
 /// The first sentence of the summary's prose: headings are skipped, and so
 /// is a line that is one emphasised note (`summary.md` opens with an
 /// italic line saying which flow wrote it, at which commit).
-/// The heading of summary.md's commands section (the onboarding flow writes it).
-const COMMANDS_HEADING: &str = "## Likely run/build/test commands";
-/// Commands quoted in one answer at most.
-const COMMANDS_QUOTED_MAX: usize = 3;
-
-/// The answer to a run/build/test question from summary.md's commands
-/// (each `` - `command` — purpose — **verified**|*inferred* — source ``):
-/// those for what was asked first, verified before inferred; `None` when
-/// onboarding found none.
-fn commands_answer(text: &Normalized, summary: &str) -> Option<String> {
-    let section = summary.split(COMMANDS_HEADING).nth(1)?;
-    let commands: Vec<(&str, &str, bool, &str)> = section
-        .lines()
-        .map(str::trim)
-        .take_while(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let mut parts = line.strip_prefix("- `")?.splitn(4, " — ");
-            let command = parts.next()?.strip_suffix('`')?;
-            let purpose = parts.next()?;
-            let verified = parts.next()?.contains("verified");
-            Some((command, purpose, verified, parts.next().unwrap_or_default()))
-        })
-        .collect();
-    if commands.is_empty() {
-        return None;
-    }
-    let asked: Vec<&str> = ["test", "build", "run", "lint", "install", "start"]
-        .into_iter()
-        .filter(|topic| text.words.iter().any(|word| word.starts_with(topic)))
-        .collect();
-    let mut ordered = commands;
-    ordered.sort_by_key(|(_, purpose, verified, _)| {
-        let about = asked.iter().any(|topic| purpose.contains(topic));
-        (!about, !verified)
-    });
-    let quoted: Vec<String> = ordered
-        .into_iter()
-        .take(COMMANDS_QUOTED_MAX)
-        .map(|(command, purpose, verified, source)| {
-            let how = if verified { "verified" } else { "inferred" };
-            format!("`{command}` ({purpose}; {how}: {source})")
-        })
-        .collect();
-    Some(format!(
-        "From what onboarding found: {}. Say \"run the tests\" and I'll run the test command in a sandboxed copy.",
-        quoted.join("; ")
-    ))
-}
-
 fn first_sentence(summary: &str) -> Option<String> {
     let is_note = |line: &str| {
         line.len() > 1
