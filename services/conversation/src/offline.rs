@@ -18,11 +18,11 @@ use crate::decide::{Action, DecisionPrompt, Remembered, work_title};
 /// `provider_label` of offline replies.
 pub const OFFLINE_LABEL: &str = "offline";
 /// `model` of offline replies; bump when the rules change so recorded replies say which rules.
-pub const OFFLINE_MODEL: &str = "offline-rules-v1";
+pub const OFFLINE_MODEL: &str = "offline-rules-v2";
 
-/// Most words of the topic quoted back in an acknowledgement.
 mod commands;
 
+/// Most words of the topic quoted back in an acknowledgement.
 const TOPIC_WORDS: usize = 3;
 /// Longest topic word / project name quoted back (characters).
 const TOPIC_WORD_MAX_CHARS: usize = 24;
