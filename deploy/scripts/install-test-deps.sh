@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The system packages the tests need (`make test` runs this first), from
 # Debian's archive: git (clone tests), chromium and chromium-driver (the
-# browser test), openssl (the TLS test's certificates), bubblewrap (an optional confinement layer the sandbox
+# browser test), openssl (the TLS test's certificates),
+# python3-openapi-spec-validator (the OpenAPI document's check), bubblewrap (an optional confinement layer the sandbox
 # tests use when present). Anything already on PATH is skipped. Installs
 # with apt-get as root, or through `sudo -n` when that needs no password;
 # otherwise it names the packages and the command and exits 1 (bubblewrap
@@ -25,6 +26,7 @@ else
   command -v chromium >/dev/null 2>&1 || required+=(chromium)
   command -v chromedriver >/dev/null 2>&1 || required+=(chromium-driver)
   command -v openssl >/dev/null 2>&1 || required+=(openssl)
+  command -v openapi-spec-validator >/dev/null 2>&1 || required+=(python3-openapi-spec-validator)
   command -v bwrap >/dev/null 2>&1 || optional+=(bubblewrap)
 fi
 wanted=("${required[@]}" "${optional[@]}")

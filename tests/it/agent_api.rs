@@ -291,6 +291,17 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
             (status, Some(code)),
             "{refused}"
         );
+        // Says what was repeated and what to do, never "100% like".
+        if code == "near_duplicate" {
+            let message = refused["error"]["message"].as_str().unwrap_or_default();
+            ensure!(
+                message.contains("word for word")
+                    && message.contains(answer)
+                    && message.contains("Reply with what the user has not been told yet")
+                    && !message.contains('%'),
+                "{refused}"
+            );
+        }
     }
     // An accepted action ends the streak of rejections.
     let (status, _, _) = gateway

@@ -1285,9 +1285,11 @@ async fn publish_on_an_issue_draft_requests_one_approval_which_expires_undecided
             "noted",
         ),
     ];
+    let mut turns = Vec::new();
     for (request, outcome) in clicks {
         let end = turn_end(&bus, &org, project, request).await?;
         assert_eq!(end.decode::<pb::DispatchCompleted>()?.outcome, outcome);
+        turns.push(end.dispatch_id);
     }
     let expired = wait_for(
         &bus,
@@ -1322,6 +1324,9 @@ async fn publish_on_an_issue_draft_requests_one_approval_which_expires_undecided
     let parameters: serde_json::Value = serde_json::from_str(&requested.parameters_json)?;
     assert_eq!(parameters["artifact_id"], drafts[0].to_string());
     assert_eq!(requests[0].causation_id, click_event.id);
+    // The run log joins approvals to the turn that asked by dispatch id.
+    assert!(turns[0].is_some());
+    assert_eq!(requests[0].dispatch_id, turns[0], "the first click's turn");
     // It closed as expired once, under the one decision key, caused by the request.
     assert_eq!(
         expired.decode::<pb::ApprovalExpired>()?.approval_id,
@@ -1386,7 +1391,16 @@ async fn the_cli_lists_approvals_and_decides_a_pending_one_only_once() -> Result
             .env("USER", "lead");
         command.output()
     };
-    let approved = cli(&["approve", &project_arg, "approval:a"])?;
+    // No $USER: the reviewer is the account running zopu, never a made-up
+    // `cli` (with no account name at all it is refused; see the CLI's
+    // unit test `the_operator_is_the_one_named_else_the_user_else_refused`).
+    let approved = std::process::Command::new(&zopu)
+        .args(["--nats", url.as_str(), "approvals", "approve"])
+        .args([project_arg.as_str(), "approval:a", "--org", "acme"])
+        .env_remove("USER")
+        .env_remove("LOGNAME")
+        .env_remove("ZOPU_OPERATOR")
+        .output()?;
     ensure!(
         approved.status.success(),
         "{}",
@@ -1410,12 +1424,15 @@ async fn the_cli_lists_approvals_and_decides_a_pending_one_only_once() -> Result
     assert!(String::from_utf8_lossy(&lapsed.stderr).contains("expired"));
     let unknown = cli(&["approve", &project_arg, "approval:none"])?;
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("has no approval"));
+    // `--as` names the reviewer over $USER.
     let rejected = cli(&[
         "reject",
         &project_arg,
         "approval:b",
         "--reason",
         "Not this sprint.",
+        "--as",
+        "ops",
     ])?;
     ensure!(
         rejected.status.success(),
@@ -1429,6 +1446,7 @@ async fn the_cli_lists_approvals_and_decides_a_pending_one_only_once() -> Result
         "{}",
         String::from_utf8_lossy(&listed.stderr)
     );
+    let account = account_name()?;
     let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&listed.stdout)
         .lines()
         .map(serde_json::from_str)
@@ -1447,8 +1465,8 @@ async fn the_cli_lists_approvals_and_decides_a_pending_one_only_once() -> Result
     assert_eq!(
         seen,
         [
-            ("approval:a", "approved", "lead", ""),
-            ("approval:b", "rejected", "lead", "Not this sprint."),
+            ("approval:a", "approved", account.as_str(), ""),
+            ("approval:b", "rejected", "ops", "Not this sprint."),
             ("approval:lapsed", "pending", "", ""),
         ]
     );
@@ -1468,6 +1486,15 @@ async fn the_cli_lists_approvals_and_decides_a_pending_one_only_once() -> Result
         1
     );
     Ok(())
+}
+
+/// The account `zopu` runs as without `$USER`: what `id -un` says.
+fn account_name() -> Result<String> {
+    let id = std::process::Command::new("id").arg("-un").output()?;
+    ensure!(id.status.success(), "id -un failed");
+    let account = String::from_utf8(id.stdout)?.trim().to_owned();
+    ensure!(!account.is_empty() && account != "cli");
+    Ok(account)
 }
 
 /// A published issue draft of an issue flow the agent requested and

@@ -2492,3 +2492,133 @@ async fn a_resumed_token_watch_misses_no_revocation() -> Result<()> {
     assert_eq!(ended.as_deref(), Some(issued.info.id.as_str()));
     Ok(())
 }
+
+/// `/openapi.json` passes a real OpenAPI validator (`openapi-spec-validator`,
+/// Debian's `python3-openapi-spec-validator`, which `make test-deps`
+/// installs): among what it checks, every path parameter must be in its
+/// path, which a query struct documented as path parameters breaks.
+#[test]
+fn the_openapi_document_passes_a_real_validator() -> Result<()> {
+    let validator = "openapi-spec-validator";
+    let found = std::process::Command::new(validator)
+        .arg("--version")
+        .output();
+    let Some(found) = found.ok().filter(|output| output.status.success()) else {
+        bail!(
+            "{validator} is not installed: apt-get install -y python3-openapi-spec-validator (or python3 -m pip install openapi-spec-validator)"
+        );
+    };
+    eprintln!("{}", String::from_utf8_lossy(&found.stdout).trim());
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("openapi.json");
+    std::fs::write(
+        &file,
+        serde_json::to_vec_pretty(&zopu_gateway::api::openapi())?,
+    )?;
+    let checked = std::process::Command::new(validator).arg(&file).output()?;
+    ensure!(
+        checked.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    Ok(())
+}
+
+/// An issue draft published on the tracker: its card reads `published`
+/// with the issue's address and no publish action, and a second publish is
+/// refused with 409 naming the issue instead of a 202 that records nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_issue_says_so_and_a_second_publish_is_refused() -> Result<()> {
+    let server = NatsServer::start()?;
+    let bus = zopu_tests::bus(&server, Duration::from_secs(120)).await?;
+    let dir = tempfile::tempdir()?;
+    let (org, project): (OrgId, ProjectId) = ("acme".parse()?, ProjectId::new());
+    crate::registry::request_setup(&bus, &org, project).await?;
+    let gateway = crate::registry::Gateway::start(&server, dir.path()).await?;
+    let artifact = ArtifactId::new().to_string();
+    let draft = pb::ArtifactPublished {
+        artifact_id: artifact.clone(),
+        revision: 1,
+        kind: pb::ArtifactKind::Issue as i32,
+        title: "Add SSO".into(),
+        card: Some(pb::ArtifactCard {
+            label: "Issue draft".into(),
+            facts: vec![pb::CardFact {
+                label: "Status".into(),
+                value: "draft (not published)".into(),
+            }],
+            actions: vec![pb::CardAction {
+                id: zopu_schema::manifest::PUBLISH_ISSUE_ACTION.into(),
+                label: "Publish to tracker".into(),
+                style: "primary".into(),
+                ..Default::default()
+            }],
+        }),
+        ..Default::default()
+    };
+    Publisher::new(bus.clone(), "artifacts", None)
+        .append(NewEvent::root(
+            org.clone(),
+            project,
+            &draft,
+            format!("test:artifact:{artifact}"),
+            None,
+        ))
+        .await?;
+    gateway.caught_up(&bus).await?;
+    let publish = json!({"artifact_id": artifact, "action_id": "publish"});
+    let path = format!("/v1/projects/{project}/actions");
+    let (status, body) = gateway.post(&path, publish.clone()).await?;
+    assert_eq!(
+        status,
+        StatusCode::ACCEPTED,
+        "a draft can be published: {body}"
+    );
+
+    let url = "https://github.com/acme/shop/issues/7";
+    let created = pb::TrackerIssueCreated {
+        approval_id: format!("approval:{artifact}:issue.publish"),
+        artifact_id: artifact.clone(),
+        repository: "acme/shop".into(),
+        number: 7,
+        url: url.into(),
+        found_existing: false,
+    };
+    Publisher::new(bus.clone(), "executor", None)
+        .append(NewEvent::root(
+            org.clone(),
+            project,
+            &created,
+            format!("test:tracker:{artifact}"),
+            None,
+        ))
+        .await?;
+    gateway.caught_up(&bus).await?;
+    let (status, refused) = gateway.post(&path, publish).await?;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["error"]["code"], "already_published", "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains(url)),
+        "{refused}"
+    );
+    let (_, page) = gateway
+        .get(&format!("/v1/projects/{project}/timeline"))
+        .await?;
+    let card = page["items"]
+        .as_array()
+        .context("items")?
+        .iter()
+        .find_map(|item| item["artifact"].as_object())
+        .context("the issue's card")?;
+    assert_eq!(card["facts"][0]["value"], "published", "{card:?}");
+    assert_eq!(card["published_url"], url, "{card:?}");
+    assert!(
+        card["actions"].as_array().is_some_and(Vec::is_empty),
+        "{card:?}"
+    );
+    gateway.stop().await?;
+    Ok(())
+}

@@ -17,6 +17,7 @@ mod forgery;
 mod foundation;
 mod fuzz;
 mod gateway;
+mod install;
 mod llama;
 mod memory;
 mod metrics;

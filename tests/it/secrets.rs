@@ -852,3 +852,60 @@ async fn an_environment_value_is_kept_sealed_and_appears_nowhere_else() -> Resul
     }
     gateway.stop().await
 }
+
+/// A stored value's version counts that entry's own values: a host's first
+/// credential is version 1 even when another host already holds one (it
+/// used to report the bucket's revision), a replacement is one more, and
+/// two writers racing for one entry never get the same version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_stored_value_counts_its_own_versions() -> Result<()> {
+    use zopu_core::secret_store::{SecretKey, SecretStore, repository_entry};
+    use zopu_secrets::{Credential, Secret};
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let key = SecretKey::new(b"test-secrets-key-0123456789abcdef-0123456789", "test")?;
+    let store = SecretStore::open(&bus, key).await?;
+    let org: OrgId = "acme".parse()?;
+    let credential = |token: &str| Credential {
+        username: "ci".to_owned(),
+        password: Secret::new(token.to_owned()),
+    };
+    let first = store
+        .put_repository_credential(&org, "git.example.com", &credential("token-a1"))
+        .await?;
+    let other = store
+        .put_repository_credential(&org, "code.example.org", &credential("token-b1"))
+        .await?;
+    assert_eq!((first.version, other.version), (1, 1));
+    let replaced = store
+        .put_repository_credential(&org, "code.example.org", &credential("token-b2"))
+        .await?;
+    assert_eq!(replaced.version, 2);
+    let (_, read) = store
+        .repository_credential(&org, "code.example.org")
+        .await?
+        .context("the stored credential")?;
+    assert_eq!(read.version, 2, "what is read back is the version written");
+
+    // Racing writers of one entry: each gets a version of its own.
+    let (second, third) = (credential("token-a2"), credential("token-a3"));
+    let (a, b) = tokio::join!(
+        store.put_repository_credential(&org, "git.example.com", &second),
+        store.put_repository_credential(&org, "git.example.com", &third),
+    );
+    let mut versions = vec![a?.version, b?.version];
+    versions.sort_unstable();
+    assert_eq!(versions, [2, 3]);
+
+    // A removed entry's next value starts again.
+    assert!(
+        store
+            .delete(&repository_entry(&org, "code.example.org"))
+            .await?
+    );
+    let again = store
+        .put_repository_credential(&org, "code.example.org", &credential("token-b3"))
+        .await?;
+    assert_eq!(again.version, 1);
+    Ok(())
+}

@@ -615,6 +615,12 @@ async fn offline_exploration_and_issue_are_grounded_and_labelled_heuristic() -> 
             "{field} empty: {issue}"
         );
     }
+    // The issue's own non-goals, never the template's note about publishing it.
+    assert!(
+        !issue["non_goals"].to_string().contains("tracker"),
+        "{}",
+        issue["non_goals"]
+    );
     assert!(
         issue["evidence"]
             .as_array()

@@ -25,6 +25,11 @@ pub struct ZopuConfig {
     /// text), e.g. `0.0.0.0:9464`; unset (the default): no listener
     /// (`ZOPU_METRICS_LISTEN`). `zopu dev` uses `127.0.0.1:9464` unless set.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Who runs the CLI, recorded as the author of what it decides or
+    /// sends (approvals, messages, the kill switch, memory, environment
+    /// values, cancellations): a user id; unset: `$USER`
+    /// (`ZOPU_OPERATOR`, or `--as`).
+    pub operator: Option<String>,
     pub sandbox: SandboxSection,
     pub setup: zopu_setup::Config,
     pub dispatch: zopu_dispatch::Config,
@@ -56,6 +61,21 @@ pub struct SandboxSection {
     pub repository_ca_file: Option<PathBuf>,
 }
 
+/// The operator as a user id, or the error naming the setting.
+pub fn check_operator(operator: &str) -> Result<(), ConfigError> {
+    if zopu_core::commands::is_valid_user_id(operator) {
+        Ok(())
+    } else {
+        Err(ConfigError::setting(
+            "operator (--as, ZOPU_OPERATOR)",
+            format!(
+                "{operator:?} is not a user id: 1-{} letters, digits, '.', '_', '@' or '-'",
+                zopu_core::commands::USER_ID_MAX_LEN
+            ),
+        ))
+    }
+}
+
 impl Default for ZopuConfig {
     fn default() -> Self {
         let core = CoreConfig::default();
@@ -68,6 +88,7 @@ impl Default for ZopuConfig {
             scale: core.scale,
             agents_dir: core.agents_dir,
             metrics_listen: None,
+            operator: None,
             sandbox: SandboxSection::default(),
             setup: Default::default(),
             dispatch: Default::default(),
@@ -137,6 +158,9 @@ impl ZopuConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.core().validate()?;
+        if let Some(operator) = &self.operator {
+            check_operator(operator)?;
+        }
         if self.sandbox.allow_local_repositories
             && self.setup.local_repository_roots.is_empty()
             && self.specialists.local_repository_roots.is_empty()

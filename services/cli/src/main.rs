@@ -39,6 +39,9 @@ struct Cli {
     /// Print results as JSON lines
     #[arg(long, global = true)]
     json: bool,
+    /// Who you are, recorded as the author of what you decide or send (approvals, messages, the kill switch) [env: ZOPU_OPERATOR] [default: the account running zopu]
+    #[arg(long = "as", global = true, value_name = "USER")]
+    operator: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -122,6 +125,18 @@ pub struct Context {
 }
 
 impl Context {
+    /// The author of what this command records: `--as` / `ZOPU_OPERATOR` /
+    /// `operator`, else the account running it (`$USER`, `$LOGNAME`, else
+    /// the name `/etc/passwd` gives this process's user id); an error when
+    /// there is none, so nothing is recorded under a made-up name.
+    pub fn operator(&self) -> anyhow::Result<zopu_schema::pb::Actor> {
+        let user = ["USER", "LOGNAME"]
+            .into_iter()
+            .find_map(|name| std::env::var(name).ok().filter(|user| !user.is_empty()))
+            .or_else(account_name);
+        operator_from(self.config.operator.as_deref(), user.as_deref())
+    }
+
     /// Connects to the configured NATS server (streams are applied by services; commands only read and append).
     pub async fn connect(&self) -> anyhow::Result<zopu_core::nats::Bus> {
         let url = &self.config.nats_url;
@@ -129,6 +144,43 @@ impl Context {
             .await
             .map_err(|error| anyhow::anyhow!("{error}\nhint: start everything with `make run`, or point --nats / ZOPU_NATS_URL at a running server"))
     }
+}
+
+/// The name of the account this process runs as, from `/etc/passwd` (a
+/// container often sets no `$USER`).
+fn account_name() -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let uid = std::fs::metadata("/proc/self").ok()?.uid().to_string();
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        (fields.nth(1)? == uid && !name.is_empty()).then(|| name.to_owned())
+    })
+}
+
+fn operator_from(
+    configured: Option<&str>,
+    user: Option<&str>,
+) -> anyhow::Result<zopu_schema::pb::Actor> {
+    let id = match (configured, user.filter(|user| !user.is_empty())) {
+        (Some(operator), _) => operator,
+        (None, Some(user)) => {
+            config::check_operator(user).map_err(|error| {
+                anyhow::anyhow!("{error} (the account running zopu); name yourself with --as USER")
+            })?;
+            user
+        }
+        (None, None) => anyhow::bail!(
+            "who is recording this? No operator is set and the account running zopu has no name \
+             ($USER, $LOGNAME, /etc/passwd): pass --as USER (or set ZOPU_OPERATOR, or `operator` in \
+             the configuration file); nothing was recorded"
+        ),
+    };
+    Ok(zopu_schema::pb::Actor {
+        kind: zopu_schema::pb::actor::Kind::User as i32,
+        id: id.to_owned(),
+    })
 }
 
 fn main() -> ExitCode {
@@ -159,6 +211,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     if let Some(dir) = &cli.data_dir {
         sources = sources.set("data_dir", format!("{:?}", dir.display().to_string()));
+    }
+    if let Some(operator) = &cli.operator {
+        sources = sources.set("operator", format!("{operator:?}"));
     }
     let config: ZopuConfig = zopu_core::config::load::<ZopuConfig>(&sources)?.resolved();
     config.validate()?;
@@ -268,5 +323,49 @@ mod tests {
         let mut found = Vec::new();
         undocumented(&command, "zopu", &mut found);
         assert!(found.is_empty(), "no help text: {found:#?}");
+    }
+
+    #[test]
+    fn the_operator_is_the_one_named_else_the_user_else_refused() {
+        let id = |configured, user| super::operator_from(configured, user).map(|actor| actor.id);
+        assert_eq!(id(Some("ada"), Some("root")).unwrap(), "ada");
+        assert_eq!(id(None, Some("grace")).unwrap(), "grace");
+        for user in [None, Some("")] {
+            let refused = id(None, user).unwrap_err().to_string();
+            assert!(refused.contains("--as USER"), "{refused}");
+        }
+        let invalid = id(None, Some("a b")).unwrap_err().to_string();
+        assert!(invalid.contains("--as USER"), "{invalid}");
+        assert!(super::config::check_operator("cli bot").is_err());
+        // This test's own account has a name in /etc/passwd.
+        assert!(super::account_name().is_some_and(|name| !name.is_empty()));
+    }
+
+    /// A variable a flag reads (`ZOPU_ORG` for `--org`) is documented in
+    /// `--help`; setting it must not break the configuration every command
+    /// loads first ("unknown field org").
+    #[test]
+    fn every_variable_a_flag_reads_is_accepted_by_the_configuration() {
+        fn variables(command: &clap::Command, found: &mut std::collections::BTreeSet<String>) {
+            for argument in command.get_arguments() {
+                if let Some(name) = argument.get_env() {
+                    found.insert(name.to_string_lossy().into_owned());
+                }
+            }
+            for sub in command.get_subcommands() {
+                variables(sub, found);
+            }
+        }
+        let mut found = std::collections::BTreeSet::new();
+        variables(&Cli::command(), &mut found);
+        assert!(found.contains("ZOPU_ORG"), "{found:?}");
+        for name in found {
+            let sources = zopu_core::config::Sources {
+                environment: vec![(name.clone(), "demo".to_owned())],
+                ..Default::default()
+            };
+            let loaded = zopu_core::config::load::<super::ZopuConfig>(&sources);
+            assert!(loaded.is_ok(), "{name} set: {:?}", loaded.err());
+        }
     }
 }

@@ -144,12 +144,14 @@ async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
         "nats-server",
         "streams",
         "web timeline  http://127.0.0.1:",
+        "sign in       http://127.0.0.1:",
         "token ",
         "logs          .zopu-local/dev.log",
         &format!("metrics       http://127.0.0.1:{metrics_port}/metrics"),
     ] {
         ensure!(text.contains(wanted), "no {wanted:?} in:\n{text}");
     }
+    sign_in_with_the_printed_link(&printed).await?;
     let scraped = scrape_metrics(metrics_port).await?;
     ensure!(
         scraped.starts_with("HTTP/1.1 200")
@@ -178,6 +180,62 @@ async fn the_banner_is_not_buried_in_service_logs() -> Result<()> {
     ensure!(
         log.contains("nats connected"),
         "the services' logs are not in dev.log:\n{log}"
+    );
+    Ok(())
+}
+
+/// The banner's sign-in link works once: its ticket (in the fragment, the
+/// token nowhere in it) becomes a session token the API accepts, and a
+/// second exchange is refused.
+async fn sign_in_with_the_printed_link(printed: &[String]) -> Result<()> {
+    let link = printed
+        .iter()
+        .find_map(|line| line.trim().strip_prefix("sign in"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .context("no sign-in link in the banner")?;
+    let (base, ticket) = link
+        .split_once("#signin=")
+        .context("the link carries its ticket in the fragment")?;
+    ensure!(
+        ticket.starts_with("zpk_") && !link.contains("zpt_"),
+        "{link}"
+    );
+    let client = reqwest::Client::new();
+    // The gateway starts beside the banner: wait until it answers.
+    let deadline = tokio::time::Instant::now() + START;
+    while client.get(format!("{base}healthz")).send().await.is_err() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the gateway at {base} never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let exchange = || {
+        client
+            .post(format!("{base}v1/session"))
+            .json(&serde_json::json!({ "ticket": ticket }))
+            .send()
+    };
+    let first = exchange().await?;
+    ensure!(first.status() == reqwest::StatusCode::CREATED, "{first:?}");
+    let session: serde_json::Value = first.json().await?;
+    let token = session["token"].as_str().context("a session token")?;
+    ensure!(session["user"] == "dev", "{session}");
+    let projects = client
+        .get(format!("{base}v1/projects"))
+        .bearer_auth(token)
+        .send()
+        .await?;
+    ensure!(projects.status().is_success(), "{projects:?}");
+    let again = exchange().await?;
+    ensure!(
+        again.status() == reqwest::StatusCode::UNAUTHORIZED,
+        "{again:?}"
+    );
+    let refused: serde_json::Value = again.json().await?;
+    ensure!(
+        refused["error"]["code"] == "sign_in_link_invalid",
+        "{refused}"
     );
     Ok(())
 }

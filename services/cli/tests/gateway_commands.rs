@@ -37,6 +37,36 @@ fn json_lines(output: &Output) -> Result<Vec<Value>> {
         .collect()
 }
 
+/// `zopu project create` of acme's shop repository, not following its
+/// setup, with `extra` arguments: its JSON lines.
+async fn create_shop(dir: &Path, url: &str, extra: &[&str]) -> Result<Vec<Value>> {
+    let args = [
+        &[
+            "--json",
+            "--nats",
+            url,
+            "project",
+            "create",
+            "--org",
+            "acme",
+            "--repo",
+            "https://example.com/acme/shop.git",
+            "--no-wait",
+        ][..],
+        extra,
+    ]
+    .concat();
+    json_lines(&zopu(dir, &args).await?)
+}
+
+/// A connection to `url` with streams/ applied (the administrator's step:
+/// services only check them).
+async fn bus_with_streams(url: &str) -> Result<zopu_core::nats::Bus> {
+    let bus = zopu_core::nats::connect(url, "test", std::time::Duration::from_secs(10)).await?;
+    zopu_core::streams::apply(&bus, &zopu_core::streams::StreamSettings::default()).await?;
+    Ok(bus)
+}
+
 #[tokio::test]
 async fn a_gateway_without_its_link_key_refuses_to_start_and_names_the_variable() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -211,35 +241,14 @@ async fn creating_a_project_again_with_its_request_id_is_the_same_project() -> R
     let create = |request_id: Option<String>| {
         let (url, dir) = (url.clone(), dir.path().to_owned());
         async move {
-            let mut args = vec![
-                "--json",
-                "--nats",
-                url.as_str(),
-                "project",
-                "create",
-                "--org",
-                "acme",
-                "--repo",
-                "https://example.com/acme/shop.git",
-                "--no-wait",
-            ];
-            if let Some(request_id) = &request_id {
-                args.extend(["--request-id", request_id.as_str()]);
-            }
-            json_lines(&zopu(&dir, &args).await?)
+            let extra: Vec<&str> = match &request_id {
+                Some(request_id) => vec!["--request-id", request_id.as_str()],
+                None => Vec::new(),
+            };
+            create_shop(&dir, &url, &extra).await
         }
     };
-    // The administrator applies streams/ (services only check them).
-    let bus = zopu_core::nats::connect(&url, "test", std::time::Duration::from_secs(10)).await?;
-    zopu_core::streams::apply(
-        &bus,
-        &zopu_core::streams::StreamSettings {
-            replicas: 1,
-            duplicate_window: std::time::Duration::from_secs(120),
-            ..Default::default()
-        },
-    )
-    .await?;
+    let bus = bus_with_streams(&url).await?;
 
     let first = create(None).await?;
     let first = first.first().context("one line")?.clone();
@@ -263,5 +272,90 @@ async fn creating_a_project_again_with_its_request_id_is_the_same_project() -> R
         zopu_core::log::events(&bus, zopu_schema::subjects::project_events(&org, &project)).await?;
     assert_eq!(events.len(), 1, "one setup request: {events:?}");
     assert_eq!(events[0].1.correlation_id.as_str(), request_id);
+    Ok(())
+}
+
+#[tokio::test]
+async fn projects_are_listed_with_their_name_setup_state_and_repository() -> Result<()> {
+    let store = tempfile::tempdir()?;
+    let server = LocalServer::start(store.path(), None, SyncPolicy::ServerDefault)?;
+    let url = server.url();
+    let dir = tempfile::tempdir()?;
+    bus_with_streams(&url).await?;
+    let nats = ["--nats", url.as_str()];
+    let create = |name: Option<&'static str>| {
+        let (url, dir) = (url.clone(), dir.path().to_owned());
+        async move {
+            let extra: Vec<&str> = name.map(|name| vec!["--name", name]).unwrap_or_default();
+            let created = create_shop(&dir, &url, &extra).await?;
+            created[0]["project"]
+                .as_str()
+                .map(str::to_owned)
+                .context("project")
+        }
+    };
+    let unnamed = create(None).await?;
+    let named = create(Some("Shop front")).await?;
+
+    let listed = json_lines(
+        &zopu(
+            dir.path(),
+            &[
+                &["--json"][..],
+                &nats,
+                &["project", "list", "--org", "acme"],
+            ]
+            .concat(),
+        )
+        .await?,
+    )?;
+    let summary: Vec<(&str, &str, &str, &str)> = listed
+        .iter()
+        .map(|line| {
+            (
+                line["project"].as_str().unwrap_or_default(),
+                line["name"].as_str().unwrap_or_default(),
+                line["repository_url"].as_str().unwrap_or_default(),
+                line["org"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let repository = "https://example.com/acme/shop.git";
+    assert_eq!(
+        summary,
+        [
+            (unnamed.as_str(), "shop", repository, "acme"),
+            (named.as_str(), "Shop front", repository, "acme")
+        ]
+    );
+
+    // Plain output: a header and one readable row per project.
+    let plain = zopu(
+        dir.path(),
+        &[&nats[..], &["project", "list", "--org", "acme"]].concat(),
+    )
+    .await?;
+    assert!(plain.status.success());
+    let text = String::from_utf8_lossy(&plain.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[0].starts_with("PROJECT") && lines[0].contains("NAME"),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with(&named) && lines[2].contains("Shop front"),
+        "{text}"
+    );
+
+    // Another organization has none, and says how to create one.
+    let empty = zopu(
+        dir.path(),
+        &[&nats[..], &["project", "list", "--org", "other"]].concat(),
+    )
+    .await?;
+    assert!(empty.status.success());
+    assert!(empty.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&empty.stderr).contains("zopu project create"));
     Ok(())
 }

@@ -213,8 +213,14 @@ async fn a_stopped_service_is_named_as_stuck_and_status_exits_non_zero() -> Resu
         },
     )
     .await?;
+    // What status promises: the consumer named stuck with no live instance,
+    // and exit 3. The three messages wait on it either as pending or, when
+    // a pull request the stopped service left behind took them, as
+    // delivered and unacknowledged: how they split is the server's timing,
+    // not the product's promise, so only their sum is checked.
     let waiting = consumer(&stuck, DURABLE).context("consumer listed")?;
-    assert_eq!(waiting["pending"], 3, "{stuck:#}");
+    let count = |field: &str| waiting[field].as_u64().unwrap_or_default();
+    assert_eq!(count("pending") + count("ack_pending"), 3, "{stuck:#}");
     assert_eq!(waiting["live_instances"], 0, "{stuck:#}");
     let dispatches = &stuck["status"]["dispatches"];
     assert_eq!(dispatches["count"], 1, "{stuck:#}");

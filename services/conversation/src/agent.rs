@@ -1039,7 +1039,9 @@ impl Turn<'_> {
             &draft,
             (settings.approval_ttl, &settings.tracker_host),
             settings.dry_run,
-        );
+        )
+        // The turn that asked for it: the run log joins approvals by dispatch.
+        .with_dispatch(self.dispatch);
         self.append(request).await?;
         self.complete("approval_requested").await
     }

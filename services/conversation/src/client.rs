@@ -191,7 +191,25 @@ pub fn timeline_line(event: &Envelope) -> Option<String> {
             format!("[work] {} ({})", work.title, work.kind)
         }
         pb::WorkUpdated::TYPE => {
-            format!("[work] {}", event.decode::<pb::WorkUpdated>().ok()?.status)
+            let status = event.decode::<pb::WorkUpdated>().ok()?.status;
+            format!("[work] {}", zopu_schema::work_status_text(&status))
+        }
+        pb::TimelineActionSent::TYPE => {
+            let action = event.decode::<pb::TimelineActionSent>().ok()?;
+            format!(
+                "[action] {} on artifact {}",
+                action.action_id, action.artifact_id
+            )
+        }
+        pb::ApprovalRequested::TYPE => {
+            let requested = event.decode::<pb::ApprovalRequested>().ok()?;
+            format!(
+                "[approval] {} — waits for a reviewer until {} ({}{})",
+                requested.detail,
+                requested.expires_at,
+                requested.approval_id,
+                if requested.dry_run { ", dry run" } else { "" }
+            )
         }
         pb::ArtifactPublished::TYPE => {
             let artifact = event.decode::<pb::ArtifactPublished>().ok()?;
@@ -210,7 +228,97 @@ pub fn timeline_line(event: &Envelope) -> Option<String> {
         }
         pb::AgentEnabled::TYPE => "[agent resumed]".to_owned(),
         pb::ProjectReady::TYPE => "[project ready]".to_owned(),
-        _ => return None,
+        _ => {
+            if let Some(decided) = zopu_schema::approval::decision_of(event) {
+                let by = decided.by.map(|by| format!(" by {by}")).unwrap_or_default();
+                let reason = if decided.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", decided.reason)
+                };
+                format!(
+                    "[approval] {} {}{by}{reason}",
+                    decided.approval_id,
+                    decided.status.as_str()
+                )
+            } else if let Some((approval_id, execution)) =
+                zopu_schema::approval::execution_of(event)
+            {
+                format!("[execution] {} ({approval_id})", execution.line())
+            } else {
+                return None;
+            }
+        }
     };
     Some(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use zopu_schema::{ProjectId, pb};
+
+    use super::timeline_line;
+    use crate::state::tests::envelope;
+
+    /// `zopu timeline` shows what the web timeline shows: the approval, its
+    /// decision and how it was carried out, and a waiting Work in words.
+    #[test]
+    fn approvals_decisions_executions_and_waiting_work_have_timeline_lines() {
+        let project = ProjectId::new();
+        let line = |event| timeline_line(&event).unwrap_or_default();
+        let requested = line(envelope(
+            &pb::ApprovalRequested {
+                approval_id: "approval:art-1:issue.publish".into(),
+                action: "issue.publish".into(),
+                detail: "Publish the issue \u{201c}Add SSO\u{201d} to acme/shop on github.com."
+                    .into(),
+                expires_at: "2030-01-01T00:00:00Z".into(),
+                ..Default::default()
+            },
+            project,
+        ));
+        assert_eq!(
+            requested,
+            "[approval] Publish the issue \u{201c}Add SSO\u{201d} to acme/shop on github.com. — waits for a reviewer until 2030-01-01T00:00:00Z (approval:art-1:issue.publish)"
+        );
+        let denied = line(envelope(
+            &pb::ApprovalDenied {
+                approval_id: "approval:art-1:issue.publish".into(),
+                by: Some(pb::Actor {
+                    kind: pb::actor::Kind::User as i32,
+                    id: "lead".into(),
+                }),
+                reason: "Not this sprint.".into(),
+            },
+            project,
+        ));
+        assert_eq!(
+            denied,
+            "[approval] approval:art-1:issue.publish rejected by lead: Not this sprint."
+        );
+        let created = line(envelope(
+            &pb::TrackerIssueCreated {
+                approval_id: "approval:art-1:issue.publish".into(),
+                artifact_id: "art-1".into(),
+                url: "https://github.com/acme/shop/issues/7".into(),
+                ..Default::default()
+            },
+            project,
+        ));
+        assert_eq!(
+            created,
+            "[execution] Published: https://github.com/acme/shop/issues/7 (approval:art-1:issue.publish)"
+        );
+        let waiting = line(envelope(
+            &pb::WorkUpdated {
+                status: "waiting".into(),
+                summary: String::new(),
+            },
+            project,
+        ));
+        assert_eq!(
+            waiting,
+            "[work] waiting for you: ask a follow-up or act on the result"
+        );
+    }
 }

@@ -991,7 +991,7 @@ mod tests {
             ))
             .unwrap();
         let as_model = turn_from_reply(&reply, "add rate limiting", 1, Author::Model).unwrap();
-        assert_eq!(as_model.provider, "offline:offline-rules-v1");
+        assert_eq!(as_model.provider, "offline:offline-rules-v2");
         assert!(
             as_model
                 .request_text

@@ -18,7 +18,9 @@ use crate::decide::{Action, DecisionPrompt, Remembered, work_title};
 /// `provider_label` of offline replies.
 pub const OFFLINE_LABEL: &str = "offline";
 /// `model` of offline replies; bump when the rules change so recorded replies say which rules.
-pub const OFFLINE_MODEL: &str = "offline-rules-v1";
+pub const OFFLINE_MODEL: &str = "offline-rules-v2";
+
+mod commands;
 
 /// Most words of the topic quoted back in an acknowledgement.
 const TOPIC_WORDS: usize = 3;
@@ -313,6 +315,12 @@ pub fn decide(message_text: &str, context: &DecisionContext) -> Decision {
             "a request to run the project's tests: run its verified test command",
         );
     }
+    if context.has_summary && text.is_command_question() {
+        return Decision::new(
+            Respond,
+            "how to run, build or test the project: answered from onboarding's commands",
+        );
+    }
     if text.contains_any(OVERVIEW_PHRASES) {
         return if context.has_summary {
             Decision::new(
@@ -457,6 +465,12 @@ pub fn clarifying_question(message_text: &str) -> String {
 pub fn direct_response(message_text: &str, summary: Option<&str>) -> String {
     let text = Normalized::new(message_text);
     let seed = fnv1a(&["respond", message_text]);
+    if text.is_command_question()
+        && let Some(answer) =
+            summary.and_then(|summary| commands::commands_answer(&text.words, summary))
+    {
+        return answer;
+    }
     if let Some(first) = summary.and_then(first_sentence)
         && (text.contains_any(OVERVIEW_PHRASES) || text.is_question())
     {
@@ -623,6 +637,40 @@ impl Normalized {
                 .words
                 .first()
                 .is_some_and(|word| ASKS_ABOUT.contains(&word.as_str()))
+    }
+
+    /// "How do I run the tests?", "What's the build command?": a question
+    /// about running, building or testing the project, which onboarding's
+    /// commands answer.
+    fn is_command_question(&self) -> bool {
+        const ASKS: &[&str] = &["how", "what", "whats", "what's", "which", "where"];
+        const HOW_TO: &[&str] = &["do", "to", "can", "should"];
+        const VERBS: &[&str] = &[
+            "run", "build", "compile", "test", "start", "install", "lint",
+        ];
+        const NOUNS: &[&str] = &[
+            "run", "build", "test", "tests", "start", "install", "lint", "dev", "compile",
+        ];
+        let has = |set: &[&str]| self.words.iter().any(|word| set.contains(&word.as_str()));
+        let Some(first) = self.words.first() else {
+            return false;
+        };
+        // "how do I run the tests", "how to build it"
+        let how_to = first == "how"
+            && self
+                .words
+                .get(1)
+                .is_some_and(|w| HOW_TO.contains(&w.as_str()))
+            && has(VERBS);
+        // "what's the test command", "which command builds it"
+        let which_command = ASKS.contains(&first.as_str())
+            && has(&["command", "commands"])
+            && (has(NOUNS)
+                || self
+                    .words
+                    .iter()
+                    .any(|w| w.starts_with("build") || w.starts_with("test")));
+        how_to || which_command
     }
 
     fn is_plain_question(&self) -> bool {
@@ -1130,6 +1178,68 @@ mod tests {
                 previous = ack;
             }
         }
+    }
+
+    /// "How do I run the tests?" is answered with the test command
+    /// onboarding found (the setup artifact shows the same), not by an
+    /// exploration that lands on a test helper file.
+    #[test]
+    fn run_build_and_test_questions_are_answered_from_onboardings_commands() {
+        let summary = "# shop — repository summary\n\n## Project purpose\n\nA shop.\n\n\
+            ## Likely run/build/test commands\n\n\
+            - `cargo build` — build the workspace — **verified** — Cargo.toml\n\
+            - `cargo test` — run the tests — *inferred* — Cargo convention; not run\n\
+            - `make test` — test — **verified** — declared in Makefile line 21\n\n\
+            ## Root .env.example variable names\n\n- None found.\n";
+        let with_summary = DecisionContext {
+            has_summary: true,
+            recent_clarification_asked: false,
+        };
+        for question in [
+            "How do I run the tests?",
+            "how to build it",
+            "What's the test command?",
+            "Which command builds it?",
+        ] {
+            let decision = decide(question, &with_summary);
+            assert_eq!(decision.kind, DecisionKind::Respond, "{question}");
+        }
+        let answer = direct_response("How do I run the tests?", Some(summary));
+        assert_eq!(
+            answer,
+            "From what onboarding found: `make test` (test; verified: declared in Makefile line 21); \
+             `cargo test` (run the tests; inferred: Cargo convention; not run); \
+             `cargo build` (build the workspace; verified: Cargo.toml). \
+             Say \"run the tests\" and I'll run the test command in a sandboxed copy."
+        );
+        let build = direct_response("How do I build it?", Some(summary));
+        assert!(
+            build.starts_with(
+                "From what onboarding found: `cargo build` (build the workspace; verified"
+            ),
+            "{build}"
+        );
+        // Before onboarding there is nothing to answer from: explore.
+        assert_ne!(
+            decide("How do I run the tests?", &FRESH).kind,
+            DecisionKind::Respond
+        );
+        // Questions about the tests' code are still explored.
+        for question in [
+            "How are the tests organized?",
+            "How does the test runner work?",
+        ] {
+            assert_ne!(
+                decide(question, &with_summary).kind,
+                DecisionKind::Respond,
+                "{question}"
+            );
+        }
+        // "Run the tests" is still a request to run them.
+        assert_eq!(
+            decide("Run the tests", &with_summary).kind,
+            DecisionKind::Check
+        );
     }
 
     #[test]

@@ -192,8 +192,8 @@ pub(crate) fn guard(text: String, recent: &[String], threshold: f64, plan: &Turn
         return Guarded::Unchanged(text);
     };
     let detail = format!(
-        "{score:.2} similar to a recent output: {}",
-        clip_chars(earlier, 120)
+        "the reply {}",
+        zopu_core::text::describe_repetition(earlier, score, 120)
     );
     match decide::rephrase(plan.action, &plan.title) {
         Some(rephrased) if decide::near_duplicate(&rephrased, recent, threshold).is_none() => {

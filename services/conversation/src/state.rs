@@ -41,14 +41,15 @@ impl zopu_core::Projection for ConversationState {
         "conversation_state"
     }
 
-    /// 4: approvals; 6: memory; 7: turns.
+    /// 4: approvals; 6: memory; 7: project names; 8: turns.
     fn schema_version(&self) -> u32 {
-        7
+        8
     }
 
     fn tables(&self) -> &'static [&'static str] {
         &[
             "cv_projects",
+            "cv_project_names",
             "cv_switch",
             "cv_timeline",
             "cv_works",
@@ -71,6 +72,9 @@ impl zopu_core::Projection for ConversationState {
                 repository_url TEXT NOT NULL DEFAULT '', branch TEXT NOT NULL DEFAULT '',
                 repository_commit TEXT NOT NULL DEFAULT '', env_names TEXT NOT NULL DEFAULT '',
                 summary TEXT, ready_sequence INTEGER NOT NULL DEFAULT 0,
+                PRIMARY KEY (org, project));
+            CREATE TABLE cv_project_names (
+                org TEXT NOT NULL, project TEXT NOT NULL, name TEXT NOT NULL,
                 PRIMARY KEY (org, project));
             CREATE TABLE cv_switch (
                 org TEXT NOT NULL, project TEXT NOT NULL, sequence INTEGER NOT NULL,
@@ -191,6 +195,18 @@ fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: i64) -> rusqlite::Res
             ensure_project(tx, event)?;
             tx.prepare_cached("UPDATE cv_projects SET agent_id = ?3, timeline_id = ?4 WHERE org = ?1 AND project = ?2")?.execute(params![org, project, registered.agent_id, registered.global_timeline_id],
             )?;
+        }
+        pb::ProjectSetupRequested::TYPE => {
+            // The name chosen at creation; a later request that names the
+            // project renames it.
+            let requested = decode!(pb::ProjectSetupRequested);
+            if !requested.project_name.is_empty() {
+                tx.prepare_cached(
+                    "INSERT INTO cv_project_names (org, project, name) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (org, project) DO UPDATE SET name = ?3",
+                )?
+                .execute(params![org, project, requested.project_name])?;
+            }
         }
         pb::ProjectReady::TYPE => {
             let ready = decode!(pb::ProjectReady);
@@ -443,6 +459,9 @@ pub struct ProjectView {
     pub agent_id: String,
     pub timeline_id: String,
     pub repository_url: String,
+    /// The name chosen at creation (`--name`, else the repository's name);
+    /// empty for a project whose setup request named none.
+    pub name: String,
     pub branch: String,
     pub repository_commit: String,
     pub env_names: Vec<String>,
@@ -505,6 +524,11 @@ impl ProjectView {
             )
             .optional()?;
         let Some(mut view) = row else { return Ok(None) };
+        view.name = conn
+            .prepare_cached("SELECT name FROM cv_project_names WHERE org = ?1 AND project = ?2")?
+            .query_row(params![org, project], |row| row.get(0))
+            .optional()?
+            .unwrap_or_default();
         if let Some((enabled, reason, notice)) = conn
             .prepare_cached("SELECT enabled, reason, notice_posted FROM cv_switch WHERE org = ?1 AND project = ?2 AND sequence < ?3
                  ORDER BY sequence DESC LIMIT 1")?.query_row(params![org, project, before],
@@ -598,9 +622,14 @@ impl ProjectView {
             .is_some_and(|entry| entry.kind == entry::QUESTION)
     }
 
-    /// A short name for the project: the repository's last path segment.
+    /// The project's one name: the one chosen at creation, else (a setup
+    /// request that named none) the repository's last path segment.
     pub fn project_name(&self) -> String {
-        crate::decide::project_name(&self.repository_url)
+        if self.name.is_empty() {
+            crate::decide::project_name(&self.repository_url)
+        } else {
+            self.name.clone()
+        }
     }
 
     /// Whether `work` is a Work of this project the agent created.
@@ -694,5 +723,82 @@ impl FlowView {
             }
         }
         Ok(Some(flow))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use zopu_core::{Projection as _, Store};
+    use zopu_schema::{OrgId, ProjectId};
+
+    use super::*;
+
+    /// An event of `project` (org `acme`) as stored, for tests of what reads events.
+    pub(crate) fn envelope<E: Event>(payload: &E, project: ProjectId) -> Envelope {
+        zopu_schema::test_support::envelope(payload, &"acme".parse::<OrgId>().unwrap(), project)
+    }
+
+    /// The agent calls the project by the name chosen at creation (the web
+    /// shows the same), not by its repository's directory.
+    #[test]
+    fn the_agent_names_the_project_as_it_was_named_at_creation() {
+        let temp = tempfile::tempdir().unwrap();
+        let store = Store::open(&temp.path().join("c.sqlite")).unwrap();
+        let (org, project) = ("acme".parse::<OrgId>().unwrap(), ProjectId::new());
+        let repository_url = "/home/ada/checkouts/wt48".to_owned();
+        let events = [
+            envelope(
+                &pb::ProjectSetupRequested {
+                    repository_url: repository_url.clone(),
+                    setup_revision: 1,
+                    project_name: "Shop front".into(),
+                    ..Default::default()
+                },
+                project,
+            ),
+            envelope(
+                &pb::AgentRegistered {
+                    agent_id: "agent-1".into(),
+                    setup_revision: 1,
+                    ..Default::default()
+                },
+                project,
+            ),
+            envelope(
+                &pb::ProjectReady {
+                    setup_revision: 1,
+                    repository_url,
+                    repository_commit: "0123abc".into(),
+                    ..Default::default()
+                },
+                project,
+            ),
+        ];
+        store
+            .write(|tx| {
+                let mut state = ConversationState;
+                state.migrate(tx)?;
+                for (sequence, event) in events.iter().enumerate() {
+                    state.apply(tx, event, sequence as u64 + 1)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        let view = store
+            .read(|conn| ProjectView::load(conn, &org, &project, u64::MAX, 0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(view.project_name(), "Shop front");
+        let onboarding = crate::decide::onboarding_turn(&view);
+        assert_eq!(
+            onboarding.acknowledgement.as_deref().unwrap_or_default(),
+            "Shop front is connected. I'm exploring the repository now and will post a short project overview when it's ready."
+        );
+        // A project whose request named none: its repository's name.
+        let unnamed = ProjectView {
+            repository_url: "https://example.com/acme/shop.git".into(),
+            ..Default::default()
+        };
+        assert_eq!(unnamed.project_name(), "shop");
     }
 }

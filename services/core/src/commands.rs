@@ -53,6 +53,19 @@ pub const APPROVAL_ID_MAX_CHARS: usize = 200;
 pub const CONNECTION_ID_MAX_LEN: usize = 128;
 /// The name of a project whose repository gives none.
 const FALLBACK_PROJECT_NAME: &str = "project";
+/// Longest user id (a token's user, the CLI's `--as`).
+pub const USER_ID_MAX_LEN: usize = 64;
+
+/// Whether `user` is a user id: 1 to [`USER_ID_MAX_LEN`] letters, digits,
+/// `.`, `_`, `@` or `-`. Every recorded author (a token's user, the CLI's
+/// operator) is one.
+pub fn is_valid_user_id(user: &str) -> bool {
+    !user.is_empty()
+        && user.len() <= USER_ID_MAX_LEN
+        && user
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._@-".contains(c))
+}
 
 /// Why a command was not built. Never echoes the rejected input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -22,6 +22,8 @@ pub const NON_SETTING_VARIABLES: &[&str] = &[
     "ZOPU_AGENT_KEY",
     crate::secret_store::SECRETS_KEY_VARIABLE,
     "ZOPU_NATS_SERVER",
+    // The default of the CLI's `--org` flag (read by clap, not a setting).
+    "ZOPU_ORG",
     // Read by the test harness (the chaos run, the binary under test, where
     // its nats-server runs).
     "ZOPU_BIN",

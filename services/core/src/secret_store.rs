@@ -12,8 +12,8 @@
 //! bucket (history 1: a rotated or deleted value's ciphertext is gone). The
 //! deployment's secret is the same on every instance, read from
 //! `ZOPU_SECRETS_KEY` (only `zopu dev` falls back to one it generates into
-//! its data directory). Events name an entry, a version (the bucket's
-//! revision of the write) and a keyed fingerprint — HMAC-SHA256 under a
+//! its data directory). Events name an entry, a version (the entry's own:
+//! 1 for its first value, one more per replacement) and a keyed fingerprint — HMAC-SHA256 under a
 //! second derived key, so two values can be compared without either, and a
 //! fingerprint says nothing about a value to anyone without the key.
 //!
@@ -50,7 +50,17 @@ pub const TOKEN_USERNAME_DEFAULT: &str = "x-access-token";
 /// Longest repository user name.
 const USERNAME_MAX_BYTES: usize = 256;
 /// The format byte in front of every sealed value.
+/// `[1][nonce][ciphertext]`, the entry's name as associated data: written
+/// before entries counted their own versions (its version is the bucket's
+/// revision of the write).
 const SEALED_V1: u8 = 1;
+/// `[2][version, 8 bytes big-endian][nonce][ciphertext]`, the entry's name
+/// and the version as associated data: the entry's own version (1 for its
+/// first value, one more for each replacement).
+const SEALED_V2: u8 = 2;
+const VERSION_BYTES: usize = 8;
+/// Writes of one entry tried before giving up on a busy entry.
+const PUT_ATTEMPTS: usize = 5;
 const NONCE_BYTES: usize = 24;
 
 #[derive(Debug, thiserror::Error)]
@@ -269,7 +279,12 @@ impl SecretKey {
     }
 
     /// `[1] ++ nonce ++ ciphertext` of `value` in `entry`.
-    fn seal(&self, entry: &str, value: &SecretValue) -> Result<Vec<u8>, SecretStoreError> {
+    fn seal(
+        &self,
+        entry: &str,
+        value: &SecretValue,
+        version: u64,
+    ) -> Result<Vec<u8>, SecretStoreError> {
         let mut nonce = [0u8; NONCE_BYTES];
         rand::rng().fill_bytes(&mut nonce);
         let sealed = self
@@ -278,25 +293,43 @@ impl SecretKey {
                 XNonce::from_slice(&nonce),
                 Payload {
                     msg: value.expose().as_bytes(),
-                    aad: entry.as_bytes(),
+                    aad: &associated_data(entry, Some(version)),
                 },
             )
             .map_err(|_| SecretStoreError::Unsealable {
                 entry: entry.to_owned(),
             })?;
-        let mut out = Vec::with_capacity(1 + NONCE_BYTES + sealed.len());
-        out.push(SEALED_V1);
+        let mut out = Vec::with_capacity(1 + VERSION_BYTES + NONCE_BYTES + sealed.len());
+        out.push(SEALED_V2);
+        out.extend_from_slice(&version.to_be_bytes());
         out.extend_from_slice(&nonce);
         out.extend_from_slice(&sealed);
         Ok(out)
     }
 
-    fn open(&self, entry: &str, sealed: &[u8]) -> Result<SecretValue, SecretStoreError> {
+    /// The value sealed in `entry` and its version (`revision`, the bucket's
+    /// revision of the write, for a value sealed before entries counted
+    /// their own).
+    fn open(
+        &self,
+        entry: &str,
+        sealed: &[u8],
+        revision: u64,
+    ) -> Result<(SecretValue, u64), SecretStoreError> {
         let unsealable = || SecretStoreError::Unsealable {
             entry: entry.to_owned(),
         };
         let (format, rest) = sealed.split_first().ok_or_else(unsealable)?;
-        if *format != SEALED_V1 || rest.len() < NONCE_BYTES {
+        let (version, rest) = match *format {
+            SEALED_V1 => (None, rest),
+            SEALED_V2 if rest.len() >= VERSION_BYTES => {
+                let (version, rest) = rest.split_at(VERSION_BYTES);
+                let version: [u8; VERSION_BYTES] = version.try_into().map_err(|_| unsealable())?;
+                (Some(u64::from_be_bytes(version)), rest)
+            }
+            _ => return Err(unsealable()),
+        };
+        if rest.len() < NONCE_BYTES {
             return Err(unsealable());
         }
         let (nonce, ciphertext) = rest.split_at(NONCE_BYTES);
@@ -306,13 +339,14 @@ impl SecretKey {
                 XNonce::from_slice(nonce),
                 Payload {
                     msg: ciphertext,
-                    aad: entry.as_bytes(),
+                    aad: &associated_data(entry, version),
                 },
             )
             .map_err(|_| unsealable())?;
-        String::from_utf8(plain)
+        let value = String::from_utf8(plain)
             .map(|text| SecretValue(Secret::new(text)))
-            .map_err(|_| unsealable())
+            .map_err(|_| unsealable())?;
+        Ok((value, version.unwrap_or(revision)))
     }
 
     /// The keyed fingerprint of `value` in `entry` (32 hex digits).
@@ -331,7 +365,8 @@ impl SecretKey {
 /// A value as stored: its version and fingerprint (never the value).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
-    /// The bucket's revision of the write; a later write has a higher one.
+    /// The entry's own version: 1 for its first value, one more for each
+    /// value that replaced it (a removed entry starts again at 1).
     pub version: u64,
     pub fingerprint: String,
 }
@@ -364,18 +399,46 @@ impl SecretStore {
         Ok(Self { bucket, key })
     }
 
-    /// Seals `value` into `entry`, replacing any earlier value.
+    /// Seals `value` into `entry`, replacing any earlier value, as the
+    /// entry's next version. The write expects the entry as it was read, so
+    /// two concurrent writers never both get one version; the loser reads
+    /// again.
     pub async fn put(&self, entry: &str, value: &SecretValue) -> Result<Stored, SecretStoreError> {
-        let sealed = self.key.seal(entry, value)?;
-        let version = self
-            .bucket
-            .put(entry, sealed.into())
-            .await
-            .map_err(|error| bucket_error(entry, "put", error))?;
-        Ok(Stored {
-            version,
-            fingerprint: self.key.fingerprint(entry, value),
-        })
+        for _ in 0..PUT_ATTEMPTS {
+            let current = self
+                .bucket
+                .entry(entry)
+                .await
+                .map_err(|error| bucket_error(entry, "get", error))?;
+            let (last_revision, version) = match &current {
+                Some(stored) if stored.operation == kv::Operation::Put => (
+                    stored.revision,
+                    sealed_version(&stored.value, stored.revision) + 1,
+                ),
+                Some(removed) => (removed.revision, 1),
+                None => (0, 1),
+            };
+            let sealed = self.key.seal(entry, value, version)?;
+            match self
+                .bucket
+                .update(entry, sealed.into(), last_revision)
+                .await
+            {
+                Ok(_) => {
+                    return Ok(Stored {
+                        version,
+                        fingerprint: self.key.fingerprint(entry, value),
+                    });
+                }
+                Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => continue,
+                Err(error) => return Err(bucket_error(entry, "put", error)),
+            }
+        }
+        Err(bucket_error(
+            entry,
+            "put",
+            format!("the entry changed under each of {PUT_ATTEMPTS} attempts; try again"),
+        ))
     }
 
     /// The value of `entry` and its version, if one is stored.
@@ -386,10 +449,11 @@ impl SecretStore {
             .await
             .map_err(|error| bucket_error(entry, "get", error))?;
         match stored {
-            Some(stored) if stored.operation == kv::Operation::Put => {
-                let value = self.key.open(entry, &stored.value)?;
-                Ok(Some((value, stored.revision)))
-            }
+            Some(stored) if stored.operation == kv::Operation::Put => Ok(Some(self.key.open(
+                entry,
+                &stored.value,
+                stored.revision,
+            )?)),
             _ => Ok(None),
         }
     }
@@ -511,6 +575,30 @@ impl SecretStore {
     }
 }
 
+/// The version written in a sealed value's header, without opening it (a
+/// value sealed under an earlier key can still be replaced); `revision` for
+/// a value sealed before entries counted their own.
+fn sealed_version(sealed: &[u8], revision: u64) -> u64 {
+    match sealed.split_first() {
+        Some((&SEALED_V2, rest)) => rest
+            .get(..VERSION_BYTES)
+            .and_then(|bytes| <[u8; VERSION_BYTES]>::try_from(bytes).ok())
+            .map_or(revision, u64::from_be_bytes),
+        _ => revision,
+    }
+}
+
+/// What a sealed value is bound to: its entry's name and, for a value that
+/// counts its own versions, that version.
+fn associated_data(entry: &str, version: Option<u64>) -> Vec<u8> {
+    let mut data = entry.as_bytes().to_vec();
+    if let Some(version) = version {
+        data.push(0);
+        data.extend_from_slice(&version.to_be_bytes());
+    }
+    data
+}
+
 fn bucket_error(
     entry: &str,
     action: &'static str,
@@ -536,17 +624,26 @@ mod tests {
     fn a_sealed_value_opens_only_with_its_key_in_its_entry() {
         let key = key("0123456789abcdef0123456789abcdef");
         let value = SecretValue::new("postgres://u:hunter2@db/app").unwrap();
-        let sealed = key.seal("env.o.p.DATABASE_URL", &value).unwrap();
+        let sealed = key.seal("env.o.p.DATABASE_URL", &value, 3).unwrap();
         assert!(
             !sealed.windows(7).any(|window| window == b"hunter2"),
             "the value is not in the sealed bytes"
         );
-        assert_eq!(key.open("env.o.p.DATABASE_URL", &sealed).unwrap(), value);
-        assert!(key.open("env.o.p.OTHER", &sealed).is_err());
+        assert_eq!(
+            key.open("env.o.p.DATABASE_URL", &sealed, 99).unwrap(),
+            (value.clone(), 3),
+            "the entry's own version, not the bucket's revision"
+        );
+        assert_eq!(sealed_version(&sealed, 99), 3);
+        assert!(key.open("env.o.p.OTHER", &sealed, 99).is_err());
+        // The version is bound to the value: changing it breaks the seal.
+        let mut moved = sealed.clone();
+        moved[VERSION_BYTES] ^= 1;
+        assert!(key.open("env.o.p.DATABASE_URL", &moved, 99).is_err());
         let other = self::key("another secret of thirty-two bytes!!");
-        assert!(other.open("env.o.p.DATABASE_URL", &sealed).is_err());
+        assert!(other.open("env.o.p.DATABASE_URL", &sealed, 99).is_err());
         // Two seals of one value differ (fresh nonces); the fingerprint does not.
-        assert_ne!(sealed, key.seal("env.o.p.DATABASE_URL", &value).unwrap());
+        assert_ne!(sealed, key.seal("env.o.p.DATABASE_URL", &value, 3).unwrap());
         let fingerprint = key.fingerprint("env.o.p.DATABASE_URL", &value);
         assert_eq!(fingerprint.len(), 32);
         assert_eq!(fingerprint, key.fingerprint("env.o.p.DATABASE_URL", &value));

@@ -71,9 +71,41 @@ pub fn near_duplicate<'a>(
         .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
+/// What the near-duplicate guard found, in words a reader acts on: whether
+/// `candidate` repeats `earlier` word for word (after case and punctuation)
+/// or mostly, and the earlier text (clipped to `max_chars`).
+pub fn describe_repetition(earlier: &str, score: f64, max_chars: usize) -> String {
+    let quoted = clip_chars(earlier, max_chars);
+    if score >= 1.0 {
+        format!("repeats, word for word, the earlier output \"{quoted}\"")
+    } else {
+        format!(
+            "repeats most of the earlier output \"{quoted}\" (the same wording, lightly changed)"
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{clip_bytes, clip_chars};
+    use super::{clip_bytes, clip_chars, describe_repetition, near_duplicate};
+
+    #[test]
+    fn a_repetition_is_described_by_what_was_repeated_never_as_a_percentage() {
+        let recent = vec!["The envelope carries ce- headers.".to_owned()];
+        let (earlier, score) =
+            near_duplicate("the envelope carries CE headers", &recent, 0.85).expect("a repeat");
+        let exact = describe_repetition(earlier, score, 80);
+        assert_eq!(
+            exact,
+            "repeats, word for word, the earlier output \"The envelope carries ce- headers.\""
+        );
+        let partly = describe_repetition(earlier, 0.9, 10);
+        assert!(
+            partly.starts_with("repeats most of the earlier output \"The envel…\""),
+            "{partly}"
+        );
+        assert!(!exact.contains('%') && !partly.contains('%'));
+    }
 
     #[test]
     fn clips_to_at_most_max_characters_marking_the_cut() {

@@ -11,6 +11,12 @@
 //! instance) exactly one gets the stream. Tickets live in the replicated
 //! key-value bucket `zopu-gateway-tickets` (SHA-256 only, never the ticket),
 //! whose server-side age limit drops any entry never redeemed.
+//!
+//! The same bucket holds sign-in tickets: the link `zopu dev` prints
+//! (`http://127.0.0.1:8080/#signin=zpk_…`) carries one in its fragment (never
+//! sent to a server, so it reaches no log), and the web exchanges it once,
+//! within [`SIGN_IN_TTL`], at `POST /v1/session` for a new session token of
+//! the ticket's user and scopes. The long-lived token is never in a URL.
 
 use std::time::Duration;
 
@@ -33,6 +39,8 @@ const TICKET_ID_LEN: usize = 16;
 const SECRET_LEN: usize = 48;
 /// How long a ticket may wait to be redeemed.
 pub const TICKET_TTL: Duration = Duration::from_secs(30);
+/// How long a sign-in link works (the bucket keeps no entry longer).
+pub const SIGN_IN_TTL: Duration = Duration::from_secs(10 * 60);
 
 fn store_error(operation: &'static str, error: impl std::fmt::Display) -> TokenError {
     TokenError::Store {
@@ -72,7 +80,18 @@ pub struct Grant {
     pub token_id: String,
 }
 
-/// The bucket entry of one ticket (JSON, keyed by ticket id).
+/// What a redeemed sign-in ticket grants: a session for its user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignIn {
+    pub org: OrgId,
+    pub user: String,
+    /// The scopes of the session token, as [`crate::tokens::Scopes::to_text`] wrote them.
+    pub scopes: String,
+}
+
+/// The bucket entry of one ticket (JSON, keyed by ticket id). A stream
+/// ticket names its project and token; a sign-in ticket its user and scopes
+/// (and no project, so it never opens a stream).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Entry {
@@ -82,6 +101,10 @@ struct Entry {
     token_id: String,
     /// Unix seconds.
     expires_at: i64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    user: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    scopes: String,
 }
 
 /// The id part of a well-formed ticket, or `None`.
@@ -96,6 +119,11 @@ fn ticket_id(ticket: &str) -> Option<&str> {
 
 /// Whether `entry` admits `ticket` for `project` at `now`.
 fn admits(entry: &Entry, ticket: &str, project: &ProjectId, now: OffsetDateTime) -> bool {
+    is_ticket_of(entry, ticket, now) && entry.project == project.to_string()
+}
+
+/// Whether `entry` is `ticket`'s (by its digest, in constant time) and unexpired at `now`.
+fn is_ticket_of(entry: &Entry, ticket: &str, now: OffsetDateTime) -> bool {
     use hmac::digest::CtOutput;
     let given = CtOutput::<Sha256>::new(Sha256::digest(ticket.as_bytes()));
     let Some(stored) = hex::decode(&entry.sha256)
@@ -104,9 +132,12 @@ fn admits(entry: &Entry, ticket: &str, project: &ProjectId, now: OffsetDateTime)
     else {
         return false;
     };
-    given == CtOutput::new(stored.into())
-        && entry.project == project.to_string()
-        && now.unix_timestamp() < entry.expires_at
+    given == CtOutput::new(stored.into()) && now.unix_timestamp() < entry.expires_at
+}
+
+/// Whether `entry` is a sign-in ticket (a user, no project) that `ticket` opens at `now`.
+fn admits_sign_in(entry: &Entry, ticket: &str, now: OffsetDateTime) -> bool {
+    is_ticket_of(entry, ticket, now) && entry.project.is_empty() && !entry.user.is_empty()
 }
 
 /// The ticket bucket. Cloning shares the connection.
@@ -149,20 +180,56 @@ impl TicketStore {
         project: &ProjectId,
         token_id: &str,
     ) -> Result<IssuedTicket, TokenError> {
+        self.store(TICKET_TTL, |sha256, expires_at| Entry {
+            sha256,
+            org: org.to_string(),
+            project: project.to_string(),
+            token_id: token_id.to_owned(),
+            expires_at,
+            user: String::new(),
+            scopes: String::new(),
+        })
+        .await
+    }
+
+    /// A new sign-in ticket: redeemed once within [`SIGN_IN_TTL`]
+    /// ([`Self::redeem_sign_in`]), it becomes a session of `user` of `org`
+    /// with `scopes`.
+    pub async fn issue_sign_in(
+        &self,
+        org: &OrgId,
+        user: &str,
+        scopes: crate::tokens::Scopes,
+    ) -> Result<IssuedTicket, TokenError> {
+        self.store(SIGN_IN_TTL, |sha256, expires_at| Entry {
+            sha256,
+            org: org.to_string(),
+            project: String::new(),
+            token_id: String::new(),
+            expires_at,
+            user: user.to_owned(),
+            scopes: scopes.to_text(),
+        })
+        .await
+    }
+
+    /// A fresh ticket, its entry (from its digest and expiry) stored under its id.
+    async fn store(
+        &self,
+        ttl: Duration,
+        entry: impl FnOnce(String, i64) -> Entry,
+    ) -> Result<IssuedTicket, TokenError> {
         let mut random = [0u8; TICKET_ID_LEN / 2 + SECRET_LEN / 2];
         rand::rng().fill_bytes(&mut random);
         let ticket = format!("{TICKET_PREFIX}{}", hex::encode(random));
         let id = ticket_id(&ticket)
             .ok_or_else(|| store_error("make a ticket", "generated ticket is malformed"))?;
-        let expires_at = self.clock.now() + TICKET_TTL;
-        let entry = Entry {
-            sha256: hex::encode(Sha256::digest(ticket.as_bytes())),
-            org: org.to_string(),
-            project: project.to_string(),
-            token_id: token_id.to_owned(),
-            expires_at: expires_at.unix_timestamp(),
-        };
-        // Serializing a struct of strings and an integer cannot fail.
+        let expires_at = self.clock.now() + ttl;
+        let entry = entry(
+            hex::encode(Sha256::digest(ticket.as_bytes())),
+            expires_at.unix_timestamp(),
+        );
+        // Serializing a struct of strings and integers cannot fail.
         let bytes = Bytes::from(serde_json::to_vec(&entry).unwrap_or_default());
         self.bucket
             .create(id, bytes)
@@ -171,14 +238,34 @@ impl TicketStore {
         Ok(IssuedTicket { ticket, expires_at })
     }
 
-    /// Redeems `ticket` for a stream of `project`: the grant if the ticket is
-    /// well formed, known, unexpired, for this project and not redeemed
-    /// before (by this or any other instance); `None` otherwise.
-    pub async fn redeem(
+    /// Redeems a sign-in ticket: the session it grants if the ticket is well
+    /// formed, known, unexpired, a sign-in ticket and not redeemed before
+    /// (by this or any other instance); `None` otherwise.
+    pub async fn redeem_sign_in(&self, ticket: &str) -> Result<Option<SignIn>, TokenError> {
+        let now = self.clock.now();
+        let Some(entry) = self
+            .take(ticket, |entry| admits_sign_in(entry, ticket, now))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let Ok(org) = entry.org.parse::<OrgId>() else {
+            return Ok(None);
+        };
+        Ok(Some(SignIn {
+            org,
+            user: entry.user,
+            scopes: entry.scopes,
+        }))
+    }
+
+    /// The entry of `ticket` when `admitted` accepts it, removed with
+    /// compare-and-set so that exactly one caller gets it.
+    async fn take(
         &self,
         ticket: &str,
-        project: &ProjectId,
-    ) -> Result<Option<Grant>, TokenError> {
+        admitted: impl FnOnce(&Entry) -> bool,
+    ) -> Result<Option<Entry>, TokenError> {
         let Some(id) = ticket_id(ticket) else {
             return Ok(None);
         };
@@ -195,7 +282,7 @@ impl TicketStore {
             tracing::warn!(ticket_id = id, "unreadable ticket entry; refusing it");
             return Ok(None);
         };
-        if !admits(&entry, ticket, project, self.clock.now()) {
+        if !admitted(&entry) {
             return Ok(None);
         }
         // Whoever removes the entry first owns the ticket.
@@ -204,12 +291,27 @@ impl TicketStore {
             .purge_expect_revision(id, Some(stored.revision))
             .await
         {
-            Ok(()) => {}
-            Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                return Ok(None);
-            }
-            Err(error) => return Err(store_error("redeem a ticket", error)),
+            Ok(()) => Ok(Some(entry)),
+            Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(error) => Err(store_error("redeem a ticket", error)),
         }
+    }
+
+    /// Redeems `ticket` for a stream of `project`: the grant if the ticket is
+    /// well formed, known, unexpired, for this project and not redeemed
+    /// before (by this or any other instance); `None` otherwise.
+    pub async fn redeem(
+        &self,
+        ticket: &str,
+        project: &ProjectId,
+    ) -> Result<Option<Grant>, TokenError> {
+        let now = self.clock.now();
+        let Some(entry) = self
+            .take(ticket, |entry| admits(entry, ticket, project, now))
+            .await?
+        else {
+            return Ok(None);
+        };
         let Ok(org) = entry.org.parse::<OrgId>() else {
             return Ok(None);
         };
@@ -234,7 +336,38 @@ mod tests {
             project: project.to_string(),
             token_id: "00000000000000aa".into(),
             expires_at,
+            user: String::new(),
+            scopes: String::new(),
         }
+    }
+
+    /// A sign-in ticket opens a session, never a stream; a stream ticket
+    /// never signs in.
+    #[test]
+    fn sign_in_and_stream_tickets_admit_only_their_own_use() {
+        let project = ProjectId::new();
+        let now = OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let sign_in = Entry {
+            project: String::new(),
+            token_id: String::new(),
+            user: "dev".into(),
+            scopes: "read,write".into(),
+            ..entry(
+                &project,
+                now.unix_timestamp() + SIGN_IN_TTL.as_secs() as i64,
+            )
+        };
+        assert!(admits_sign_in(&sign_in, TICKET, now));
+        assert!(!admits_sign_in(&sign_in, TICKET, now + SIGN_IN_TTL));
+        assert!(!admits(&sign_in, TICKET, &project, now));
+        let stream = entry(&project, now.unix_timestamp() + 30);
+        assert!(!admits_sign_in(&stream, TICKET, now));
+        // Entries stored before sign-in tickets existed still read.
+        let earlier = format!(
+            r#"{{"sha256":"{}","org":"acme","project":"{project}","token_id":"00000000000000aa","expires_at":1}}"#,
+            stream.sha256
+        );
+        assert!(serde_json::from_str::<Entry>(&earlier).is_ok());
     }
 
     #[test]

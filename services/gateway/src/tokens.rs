@@ -44,7 +44,7 @@ pub const TOKEN_ID_LEN: usize = 16;
 /// Hex digits of a token's secret part (after the id).
 const SECRET_LEN: usize = 64;
 /// Longest user id accepted.
-pub const USER_MAX_LEN: usize = 64;
+pub const USER_MAX_LEN: usize = zopu_core::commands::USER_ID_MAX_LEN;
 /// Lifetime of a token created without `--ttl`.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
 /// Shortest token lifetime.
@@ -433,12 +433,7 @@ fn admit(token: &str, entry: &Entry, info: &TokenInfo, now: OffsetDateTime) -> O
 }
 
 fn check_user(user: &str) -> Result<(), TokenError> {
-    let valid = !user.is_empty()
-        && user.len() <= USER_MAX_LEN
-        && user
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "._@-".contains(c));
-    if valid {
+    if zopu_core::commands::is_valid_user_id(user) {
         Ok(())
     } else {
         Err(TokenError::BadUser)

@@ -61,7 +61,7 @@ pub struct SetupStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct EnvironmentValue {
     pub name: String,
-    /// The secret store's revision of the write; a rotation has a higher one.
+    /// The value's version in the secret store (1 for the first, one more for each rotation).
     pub version: u64,
     /// HMAC-SHA256 of the value under the deployment's key (32 hex digits).
     pub fingerprint: String,
@@ -218,6 +218,10 @@ pub struct ArtifactView {
     pub provider: String,
     /// Where the HTML is served (needs the bearer token or a signed link).
     pub href: String,
+    /// The tracker's address of the issue this draft was published as
+    /// (its `Status` fact then reads `published`); absent before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub published_url: Option<String>,
 }
 
 /// The API path of an artifact revision.
@@ -261,6 +265,7 @@ impl From<CardRow> for ArtifactView {
                 )
                 .collect(),
             provider: row.provider,
+            published_url: row.published_url,
         }
     }
 }
@@ -272,6 +277,9 @@ pub struct WorkRef {
     pub title: String,
     pub kind: String,
     pub status: String,
+    /// The status as a person reads it (`waiting for you: …`), as the web
+    /// and `zopu timeline` show it.
+    pub status_text: String,
     pub summary: String,
 }
 
@@ -281,6 +289,7 @@ impl From<WorkCardRow> for WorkRef {
             work_id: row.work_id,
             title: row.title,
             kind: row.kind,
+            status_text: zopu_schema::work_status_text(&row.status).to_owned(),
             status: row.status,
             summary: row.summary,
         }
@@ -565,6 +574,7 @@ mod tests {
                 style: "primary".into(),
             }],
             provider: "offline".into(),
+            published_url: None,
         };
         let view = ArtifactView::from(card.clone());
         assert_eq!(view.label, "Add SSO");

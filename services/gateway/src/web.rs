@@ -2,8 +2,10 @@
 //! one small hand-written script, all served by the gateway (no build step,
 //! no external network).
 //!
-//! The API token is typed once and kept in `sessionStorage` (gone when the
-//! tab closes). API calls send it as a bearer header; the live stream
+//! The API token is kept in `sessionStorage` (gone when the tab closes):
+//! typed once, or made from a sign-in link (`zopu dev` prints one) whose
+//! single-use ticket, in the link's fragment, is exchanged at
+//! `POST /v1/session` for a session token. API calls send it as a bearer header; the live stream
 //! (`EventSource` cannot send headers) opens with a single-use ticket asked
 //! for with that header, so the token is never in a URL; artifacts open
 //! through links with `rel="noopener noreferrer"` to short-lived signed URLs
@@ -89,7 +91,7 @@ fn page(title: &str, view: &str, project: &str) -> Response {
 <main id="main" tabindex="-1">
   <section id="signin" class="panel" hidden aria-labelledby="signin-title">
     <h1 id="signin-title">Sign in</h1>
-    <p>Paste the access token your operator gave you (<code>zopu token create</code>). It is kept only for this tab.</p>
+    <p>Open the sign-in link <code>make run</code> printed, or paste the access token your operator gave you (<code>zopu token create</code>). It is kept only for this tab.</p>
     <form id="signin-form">
       <label for="token">Access token</label>
       <input id="token" name="token" type="password" autocomplete="off" required pattern="zpt_[0-9a-f]+" aria-describedby="token-error">
@@ -117,4 +119,42 @@ fn page(title: &str, view: &str, project: &str) -> Response {
     headers.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::STYLE;
+
+    /// The shell hides elements with the `hidden` attribute ("Forget token"
+    /// before anyone signed in, the running indicator); a rule such as
+    /// `button { display: inline-block }` must not show them again.
+    #[test]
+    fn the_hidden_attribute_wins_over_every_display_rule() {
+        let mut style = String::new();
+        let mut rest = STYLE;
+        while let Some((before, after)) = rest.split_once("/*") {
+            style.push_str(before);
+            rest = after.split_once("*/").map_or("", |(_, after)| after);
+        }
+        style.push_str(rest);
+        let rules: Vec<(&str, &str)> = style
+            .split('}')
+            .filter_map(|rule| rule.split_once('{'))
+            .map(|(selector, body)| (selector.trim(), body.trim()))
+            .collect();
+        assert!(
+            rules.iter().any(|(selector, body)| *selector == "[hidden]"
+                && body.trim_end_matches(';') == "display: none !important"),
+            "app.css needs `[hidden] {{ display: none !important; }}`"
+        );
+        for (selector, body) in rules {
+            let overriding = body.split(';').any(|declaration| {
+                declaration.contains("display") && declaration.contains("!important")
+            });
+            assert!(
+                selector == "[hidden]" || !overriding,
+                "`{selector}` sets display with !important, which would show hidden elements"
+            );
+        }
+    }
 }

@@ -209,6 +209,28 @@ pub enum Execution {
     },
 }
 
+impl Execution {
+    /// Its status name and its one line: the request a dry run recorded,
+    /// the issue's URL, or the failure's reason.
+    pub fn summary(&self) -> (&'static str, String) {
+        match self {
+            Self::DryRun { method, url } => ("dry_run", format!("{method} {url}")),
+            Self::IssueCreated { url, .. } => ("created", url.clone()),
+            Self::Failed { code, message } => ("failed", format!("{message} ({code})")),
+        }
+    }
+
+    /// How it reads on a timeline (the web's words).
+    pub fn line(&self) -> String {
+        let (status, text) = self.summary();
+        match status {
+            "created" => format!("Published: {text}"),
+            "dry_run" => format!("Dry run (nothing sent): {text}"),
+            _ => format!("Not carried out: {text}"),
+        }
+    }
+}
+
 /// The execution outcome `event` records, with its approval id.
 pub fn execution_of(event: &Envelope) -> Option<(String, Execution)> {
     if let Ok(m) = event.decode::<pb::ExecutionDryRun>() {

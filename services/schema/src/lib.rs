@@ -36,11 +36,24 @@ pub mod model_reply;
 pub mod ownership;
 pub mod repository;
 pub mod subjects;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;
 
 /// Types generated from `proto/zopu/v1/*.proto`.
 #[allow(missing_debug_implementations, clippy::all)]
 pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/zopu.v1.rs"));
+}
+
+/// A Work's status as a person reads it (the web timeline and `zopu
+/// timeline` alike): `waiting` is a Work whose thread finished and that now
+/// waits on its owner (a follow-up, an issue, a check); the others read as
+/// they are.
+pub fn work_status_text(status: &str) -> &str {
+    match status {
+        "waiting" => "waiting for you: ask a follow-up or act on the result",
+        other => other,
+    }
 }
 
 /// An actor as `<kind>:<id>` (`user:ada`, `agent:conversation:acme:p`), or

@@ -13,7 +13,7 @@ use zopu_core::{NewEvent, Publisher};
 use zopu_schema::repository::{BranchProblem, LocationProblem};
 use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, pb, subjects};
 
-use crate::state::{SetupStatus, is_setup_event, status_from_events};
+use crate::state::{SETUP_EVENT_TYPES, SetupStatus, is_setup_event, status_from_events};
 
 /// The branch a client asks for when the user names none.
 pub use zopu_core::commands::DEFAULT_BRANCH;
@@ -181,6 +181,39 @@ pub async fn read_setup_status(
     Ok(status_from_events(
         &project_setup_events(bus, org, project).await?,
     ))
+}
+
+/// Every project of `org` that asked for a setup, in the order they were
+/// created, with the status of its latest setup revision (which carries the
+/// name chosen at creation), read from the stream in one pass over the
+/// setup events.
+pub async fn org_projects(
+    bus: &Bus,
+    org: &OrgId,
+) -> Result<Vec<(ProjectId, SetupStatus)>, zopu_core::Error> {
+    let filters = SETUP_EVENT_TYPES
+        .iter()
+        .map(|event_type| subjects::org_events_of_type(org, event_type))
+        .collect();
+    let mut projects: Vec<(ProjectId, Vec<Envelope>)> = Vec::new();
+    let mut index = std::collections::HashMap::new();
+    for logged in zopu_core::log::history_of(bus, filters).await? {
+        let Ok(envelope) = logged.event else {
+            continue;
+        };
+        let at = *index.entry(envelope.project_id).or_insert_with(|| {
+            projects.push((envelope.project_id, Vec::new()));
+            projects.len() - 1
+        });
+        let events = &mut projects[at].1;
+        if events.len() < SETUP_EVENTS_MAX {
+            events.push(envelope);
+        }
+    }
+    Ok(projects
+        .into_iter()
+        .filter_map(|(project, events)| Some((project, status_from_events(&events)?)))
+        .collect())
 }
 
 /// Follows one project's events and reports each change of its setup status.

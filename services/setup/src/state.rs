@@ -201,6 +201,9 @@ impl std::fmt::Display for SetupPhase {
 pub struct SetupStatus {
     pub phase: SetupPhase,
     pub revision: u32,
+    /// The name the revision's request carries (chosen at creation: `--name`,
+    /// else the repository's name).
+    pub project_name: String,
     pub repository_url: String,
     pub branch: String,
     /// Set when `phase` is `Failed`.
@@ -249,18 +252,20 @@ pub fn setup_revision_of(event: &Envelope) -> Option<u32> {
 
 /// True for the event types the setup state is folded from.
 pub fn is_setup_event(event_type: &str) -> bool {
-    matches!(
-        event_type,
-        pb::ProjectSetupRequested::TYPE
-            | pb::ProjectSetupStarted::TYPE
-            | pb::ProjectRuntimeCreated::TYPE
-            | pb::ProjectRepositoryCloned::TYPE
-            | pb::ProjectEnvironmentScanned::TYPE
-            | pb::AgentRegistered::TYPE
-            | pb::ProjectReady::TYPE
-            | pb::ProjectSetupFailed::TYPE
-    )
+    SETUP_EVENT_TYPES.contains(&event_type)
 }
+
+/// The event types that make up a project's setup.
+pub const SETUP_EVENT_TYPES: [&str; 8] = [
+    pb::ProjectSetupRequested::TYPE,
+    pb::ProjectSetupStarted::TYPE,
+    pb::ProjectRuntimeCreated::TYPE,
+    pb::ProjectRepositoryCloned::TYPE,
+    pb::ProjectEnvironmentScanned::TYPE,
+    pb::AgentRegistered::TYPE,
+    pb::ProjectReady::TYPE,
+    pb::ProjectSetupFailed::TYPE,
+];
 
 fn environment_status(status: i32) -> &'static str {
     use pb::project_environment_scanned::Status;
@@ -409,6 +414,7 @@ impl RevisionState {
         SetupStatus {
             phase: self.phase(),
             revision: self.revision,
+            project_name: request.project_name,
             repository_url: request.repository_url,
             branch: request.branch,
             reason: self.failure.clone(),

@@ -332,6 +332,26 @@ fn relevant(exploration: &ExplorationResult, keywords: &[String]) -> bool {
     keywords.iter().any(|k| own.contains(&k.to_lowercase()))
 }
 
+/// What the change leaves alone: work beyond the files it was scoped to,
+/// and tests when the user asked to leave them out. Only what bounds this
+/// change; nothing about the draft itself (where it gets published is the
+/// runtime's business, not the issue's).
+fn non_goals_of(paths: &[String], with_tests: bool) -> Vec<String> {
+    let mut non_goals = vec![if paths.is_empty() {
+        "Refactoring existing code beyond what the new capability needs".to_owned()
+    } else {
+        let named: Vec<String> = paths.iter().take(4).map(|p| format!("`{p}`")).collect();
+        format!(
+            "Refactoring {} beyond what the change needs",
+            named.join(", ")
+        )
+    }];
+    if !with_tests {
+        non_goals.push("Tests: the user asked to leave them out of issue drafts".to_owned());
+    }
+    non_goals
+}
+
 /// Offline issue definition through `port`.
 pub async fn define<P: Port>(port: &mut P, input: &IssueInput) -> Result<IssueResult, FlowError> {
     port.phase(FlowPhase::Plan, 1, "Understanding the request")
@@ -419,14 +439,7 @@ pub async fn define<P: Port>(port: &mut P, input: &IssueInput) -> Result<IssueRe
     if with_tests {
         scope.push("Tests covering the new or changed behaviour".to_owned());
     }
-    let mut non_goals = vec![
-        "Publishing the issue to an external tracker".to_owned(),
-        "Refactoring the touched files beyond what the change needs".to_owned(),
-        "Changes outside the areas listed in scope".to_owned(),
-    ];
-    if !with_tests {
-        non_goals.push("Tests: the user asked to leave them out of issue drafts".to_owned());
-    }
+    let non_goals = non_goals_of(&paths, with_tests);
     let test = input.test_command.clone().map_or_else(
         || "the project's test suite".to_owned(),
         |c| format!("`{c}`"),
@@ -493,6 +506,22 @@ pub async fn define<P: Port>(port: &mut P, input: &IssueInput) -> Result<IssueRe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_goals_bound_the_change_and_say_nothing_about_publishing() {
+        let paths = vec!["src/auth.rs".to_owned(), "src/login.rs".to_owned()];
+        assert_eq!(
+            non_goals_of(&paths, true),
+            ["Refactoring `src/auth.rs`, `src/login.rs` beyond what the change needs"]
+        );
+        let without_tests = non_goals_of(&[], false);
+        assert_eq!(without_tests.len(), 2, "{without_tests:?}");
+        assert!(without_tests[1].starts_with("Tests: "));
+        for goal in non_goals_of(&paths, false) {
+            assert!(!goal.to_lowercase().contains("tracker"), "{goal}");
+            assert!(!goal.to_lowercase().contains("publish"), "{goal}");
+        }
+    }
 
     #[test]
     fn a_preference_to_skip_tests_is_recognized() {

@@ -180,8 +180,13 @@ fn diagram(title: &str, map: &SystemMap) -> Option<ArtifactSection> {
     })
 }
 
-/// The `project_setup` manifest of an onboarding run.
-pub fn project_setup(result: &OnboardingResult, ids: &ManifestIds) -> ArtifactManifest {
+/// The `project_setup` manifest of an onboarding run, titled with the
+/// project's name (`project_name`, the one chosen at creation).
+pub fn project_setup(
+    result: &OnboardingResult,
+    project_name: &str,
+    ids: &ManifestIds,
+) -> ArtifactManifest {
     let stack: Vec<String> = result
         .stack
         .iter()
@@ -197,8 +202,7 @@ pub fn project_setup(result: &OnboardingResult, ids: &ManifestIds) -> ArtifactMa
         stack.join(", ")
     };
     let summary = format!(
-        "{}: {stack_text}; {} files, {} entry point(s), {} command(s) found ({} declared in the repository).",
-        result.name,
+        "{project_name}: {stack_text}; {} files, {} entry point(s), {} command(s) found ({} declared in the repository).",
         result.files,
         result.entry_points.len(),
         result.commands.len(),
@@ -210,7 +214,7 @@ pub fn project_setup(result: &OnboardingResult, ids: &ManifestIds) -> ArtifactMa
     );
     let mut manifest = base(
         ArtifactKind::ProjectSetup,
-        &format!("Project setup: {}", result.name),
+        &format!("Project setup: {project_name}"),
         &summary,
         ids,
         &result.provenance.provider,

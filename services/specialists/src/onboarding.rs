@@ -1400,7 +1400,16 @@ mod tests {
             repository_commit: TEST_COMMIT.into(),
             ..Default::default()
         };
-        crate::manifest::check(&crate::manifest::project_setup(&result, &ids)).unwrap();
+        // Titled with the project's name chosen at creation, not what the
+        // repository calls itself ("Ledger").
+        let manifest = crate::manifest::project_setup(&result, "Shop front", &ids);
+        crate::manifest::check(&manifest).unwrap();
+        assert_eq!(manifest.title, "Project setup: Shop front");
+        assert!(
+            manifest.summary.starts_with("Shop front: "),
+            "{}",
+            manifest.summary
+        );
     }
 
     fn listed(path: &str, kind: EntryKind) -> ListedEntry {

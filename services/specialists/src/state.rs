@@ -31,7 +31,7 @@ impl Projection for State {
     }
 
     fn schema_version(&self) -> u32 {
-        4
+        5
     }
 
     fn tables(&self) -> &'static [&'static str] {
@@ -50,7 +50,8 @@ impl Projection for State {
              CREATE TABLE specialist_artifacts (artifact_id TEXT PRIMARY KEY, revision INTEGER NOT NULL, flow_run_id TEXT NOT NULL, sequence INTEGER NOT NULL);
              CREATE TABLE specialist_repositories (project_id TEXT NOT NULL, setup_revision INTEGER NOT NULL,
                  repository_url TEXT NOT NULL, branch TEXT NOT NULL, connection_id TEXT NOT NULL,
-                 repository_commit TEXT NOT NULL, sequence INTEGER NOT NULL, PRIMARY KEY (project_id, setup_revision));
+                 repository_commit TEXT NOT NULL, sequence INTEGER NOT NULL, project_name TEXT NOT NULL DEFAULT '',
+                 PRIMARY KEY (project_id, setup_revision));
              CREATE TABLE specialist_cancels (flow_run_id TEXT PRIMARY KEY, reason TEXT NOT NULL, requested_by TEXT NOT NULL, sequence INTEGER NOT NULL);",
         )?;
         tx.execute_batch(zopu_core::model_usage::SCHEMA)
@@ -90,10 +91,10 @@ impl Projection for State {
             }
             t if t == pb::ProjectSetupRequested::TYPE => {
                 let payload: pb::ProjectSetupRequested = event.decode().map_err(decode_error)?;
-                tx.prepare_cached("INSERT INTO specialist_repositories (project_id, setup_revision, repository_url, branch, connection_id, repository_commit, sequence)
-                     VALUES (?1, ?2, ?3, ?4, ?5, '', ?6)
-                     ON CONFLICT (project_id, setup_revision) DO UPDATE SET repository_url = ?3, branch = ?4, connection_id = ?5, sequence = ?6")?
-                    .execute(params![project, payload.setup_revision, payload.repository_url, payload.branch, payload.repository_connection_id, sequence])?;
+                tx.prepare_cached("INSERT INTO specialist_repositories (project_id, setup_revision, repository_url, branch, connection_id, repository_commit, sequence, project_name)
+                     VALUES (?1, ?2, ?3, ?4, ?5, '', ?6, ?7)
+                     ON CONFLICT (project_id, setup_revision) DO UPDATE SET repository_url = ?3, branch = ?4, connection_id = ?5, sequence = ?6, project_name = ?7")?
+                    .execute(params![project, payload.setup_revision, payload.repository_url, payload.branch, payload.repository_connection_id, sequence, payload.project_name])?;
             }
             t if t == pb::ProjectRepositoryCloned::TYPE => {
                 let payload: pb::ProjectRepositoryCloned = event.decode().map_err(decode_error)?;
@@ -223,6 +224,20 @@ pub fn recorded_repository(
     })
 }
 
+/// The project's name as its latest setup request that named it chose
+/// (`--name`, else the repository's name); `None` before any did.
+pub fn project_name(store: &Store, project_id: &str) -> Result<Option<String>, zopu_core::Error> {
+    store.read(|conn| {
+        conn.prepare_cached(
+            "SELECT project_name FROM specialist_repositories
+             WHERE project_id = ?1 AND project_name <> ''
+             ORDER BY setup_revision DESC LIMIT 1",
+        )?
+        .query_row([project_id], |row| row.get(0))
+        .optional()
+    })
+}
+
 /// The current context document of a project and kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CurrentDocument {
@@ -322,32 +337,12 @@ pub fn artifact_revision(
 
 #[cfg(test)]
 mod tests {
-    use zopu_schema::{EventId, OrgId, ProjectId};
+    use zopu_schema::{OrgId, ProjectId};
 
     use super::*;
 
     fn envelope<E: Event>(payload: &E, project: ProjectId) -> Envelope {
-        let id = EventId::new();
-        Envelope {
-            id,
-            source: "zopu/setup".into(),
-            event_type: E::TYPE.into(),
-            time: time::OffsetDateTime::UNIX_EPOCH,
-            data_schema: E::SCHEMA.into(),
-            org_id: "acme".parse::<OrgId>().unwrap(),
-            project_id: project,
-            correlation_id: id.into(),
-            causation_id: id,
-            work_id: None,
-            thread_id: None,
-            flow_run_id: None,
-            dispatch_id: None,
-            traceparent: None,
-            idempotency_key: id.to_string(),
-            project_version: 1,
-            previous_hash: None,
-            data: payload.encode_to_vec().into(),
-        }
+        zopu_schema::test_support::envelope(payload, &"acme".parse::<OrgId>().unwrap(), project)
     }
 
     #[test]
@@ -363,6 +358,7 @@ mod tests {
                     branch: "main".into(),
                     setup_revision: 1,
                     repository_connection_id: "conn-1".into(),
+                    project_name: "Shop front".into(),
                     ..Default::default()
                 },
                 project,
@@ -424,6 +420,11 @@ mod tests {
         assert_eq!(
             (latest.setup_revision, latest.branch.as_str(), latest.commit),
             (2, "dev", second)
+        );
+        assert_eq!(
+            project_name(&store, &project).unwrap().as_deref(),
+            Some("Shop front"),
+            "the name the first request chose (the retry named none)"
         );
         let unknown = recorded_repository(&store, &project, &"c".repeat(40))
             .unwrap()

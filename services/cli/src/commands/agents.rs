@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::{Result, bail};
 use zopu_core::registry::{RegisteredAgent, Registry};
 
-use super::conversation::print_line;
+use super::table::Table;
 
 fn load(ctx: &crate::Context) -> Result<Registry> {
     Ok(Registry::load(ctx.config.agents_dir.as_deref(), None)?)
@@ -41,34 +41,72 @@ pub fn list(ctx: &crate::Context) -> Result<ExitCode> {
     if !ctx.json {
         println!("registry: {}", registry.source());
     }
+    table(&registry).print(ctx.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Hex digits of a hash shown in the plain table (the JSON has all of them).
+const HASH_DIGITS: usize = 12;
+
+/// The registry as a table: what the JSON shows of each agent, in columns
+/// (the description and the mesh rules are in `zopu agent show`).
+fn table(registry: &Registry) -> Table {
+    let mut table = Table::new(&[
+        "AGENT",
+        "KIND",
+        "VERSION",
+        "STATE",
+        "FLOWS",
+        "TOOLS",
+        "ACTIONS",
+        "CAPABILITIES",
+        "KNOWLEDGE",
+        "PACKAGE",
+        "HASH",
+    ]);
+    let list = |items: &[String]| {
+        if items.is_empty() {
+            "-".to_owned()
+        } else {
+            items.join(",")
+        }
+    };
     for agent in registry.agents() {
         let definition = &agent.definition;
-        let flows: Vec<&str> = definition
+        let flows: Vec<String> = definition
             .routing
             .flows
             .iter()
-            .map(|flow| flow.as_str())
+            .map(|flow| flow.as_str().to_owned())
             .collect();
-        print_line(
-            ctx,
-            "agent",
-            &format!(
-                "{:<14} {:<12} {:<8} {:<9} flows: {:<26} package {}",
-                definition.key,
-                definition.kind.as_str(),
-                definition.version,
+        let knowledge: Vec<String> = definition
+            .knowledge
+            .iter()
+            .map(|source| source.path.clone())
+            .collect();
+        table.row(
+            vec![
+                definition.key.clone(),
+                definition.kind.as_str().to_owned(),
+                definition.version.clone(),
                 if definition.enabled {
                     "enabled"
                 } else {
                     "disabled"
-                },
-                flows.join(","),
-                agent.package.version
-            ),
+                }
+                .to_owned(),
+                list(&flows),
+                list(&definition.tools),
+                list(&definition.recommends),
+                list(&definition.capabilities),
+                list(&knowledge),
+                agent.package.version.clone(),
+                agent.definition_hash.chars().take(HASH_DIGITS).collect(),
+            ],
             summary(agent),
         );
     }
-    Ok(ExitCode::SUCCESS)
+    table
 }
 
 pub fn show(ctx: &crate::Context, key: &str, with_package: bool) -> Result<ExitCode> {
@@ -94,4 +132,34 @@ pub fn show(ctx: &crate::Context, key: &str, with_package: bool) -> Result<ExitC
         println!("{}", serde_json::to_string_pretty(&details)?);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plain table shows what the JSON shows: each agent's hash, tools
+    /// and actions (it used to take `--json` to see them).
+    #[test]
+    fn the_plain_list_shows_each_agents_hash_tools_and_actions() {
+        let registry = Registry::load(None, None).unwrap();
+        let table = table(&registry);
+        let lines = table.lines();
+        assert!(
+            lines[0].contains("TOOLS") && lines[0].contains("ACTIONS") && lines[0].contains("HASH")
+        );
+        let agents: Vec<&RegisteredAgent> = registry.agents().collect();
+        assert_eq!(lines.len(), agents.len() + 1);
+        for (line, agent) in lines[1..].iter().zip(agents) {
+            let definition = &agent.definition;
+            assert!(line.starts_with(&definition.key), "{line}");
+            assert!(
+                line.contains(&agent.definition_hash[..HASH_DIGITS]),
+                "{line}"
+            );
+            for item in definition.tools.iter().chain(&definition.recommends) {
+                assert!(line.contains(item.as_str()), "{item} missing: {line}");
+            }
+        }
+    }
 }

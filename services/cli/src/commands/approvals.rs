@@ -15,7 +15,8 @@ use zopu_schema::approval::{self, Status};
 use zopu_schema::envelope::parse_time;
 use zopu_schema::{Envelope, Event, EventId, OrgId, ProjectId, pb, subjects};
 
-use super::conversation::{operator, print_line};
+use super::conversation::print_line;
+use super::table::Table;
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -85,30 +86,57 @@ const APPROVAL_TYPES: [&str; 4] = [
 ];
 
 pub async fn run(ctx: &crate::Context, args: ApprovalsArgs) -> Result<ExitCode> {
+    if !matches!(args.action, ApprovalsAction::List(_)) {
+        // Who decides, before anything is read or written.
+        ctx.operator()?;
+    }
     let bus = ctx.connect().await?;
     match args.action {
         ApprovalsAction::List(list) => {
             let approvals = read(&bus, &list.org, &list.project).await?;
+            let mut table = Table::new(&[
+                "APPROVAL", "ACTION", "STATUS", "BY", "EXPIRES", "DRY RUN", "REASON", "DETAIL",
+            ]);
             for approval in approvals.values() {
                 if list.status.as_deref().is_some_and(|s| s != approval.status) {
                     continue;
                 }
-                let decided = match approval.status {
-                    status if status == Status::Pending.as_str() => {
-                        format!("open until {}", approval.expires_at)
+                let or_dash = |text: &str| {
+                    if text.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        text.to_owned()
                     }
-                    status if approval.decided_by.is_empty() => status.to_owned(),
-                    status => format!("{status} by {}", approval.decided_by),
                 };
-                print_line(
-                    ctx,
-                    "approval",
-                    &format!(
-                        "{}  {}  {}  {}",
-                        approval.approval_id, approval.action, decided, approval.detail
-                    ),
-                    serde_json::to_value(approval)?,
+                let mut json = serde_json::to_value(approval)?;
+                if let Some(object) = json.as_object_mut() {
+                    object.insert("kind".to_owned(), "approval".into());
+                }
+                table.row(
+                    vec![
+                        approval.approval_id.clone(),
+                        approval.action.clone(),
+                        approval.status.to_owned(),
+                        or_dash(&approval.decided_by),
+                        approval.expires_at.clone(),
+                        if approval.dry_run { "yes" } else { "no" }.to_owned(),
+                        or_dash(&approval.reason),
+                        approval.detail.clone(),
+                    ],
+                    json,
                 );
+            }
+            if table.is_empty() && !ctx.json {
+                eprintln!(
+                    "project {} has no approvals{} (the agent asks for one before anything leaves the runtime, e.g. publishing an issue draft)",
+                    list.project,
+                    list.status
+                        .as_deref()
+                        .map(|status| format!(" {status}"))
+                        .unwrap_or_default()
+                );
+            } else {
+                table.print(ctx.json);
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -148,7 +176,7 @@ async fn decide_one(
         bail!("approval {} is already expired", approval.approval_id);
     }
     let request = EventId::new();
-    let requester = Requester::new(args.org.clone(), request.into(), operator());
+    let requester = Requester::new(args.org.clone(), request.into(), ctx.operator()?);
     let event =
         zopu_core::commands::decide_approval(&requester, args.project, &args.approval, &decision)
             .map_err(|problem| anyhow::anyhow!("{}: {problem}", problem.field()))?;

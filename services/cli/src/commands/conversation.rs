@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result};
 use zopu_conversation::Reply;
 use zopu_core::log::{Reader, Start};
 use zopu_core::publish::Publisher;
-use zopu_schema::{CorrelationId, EventId, OrgId, ProjectId, pb, subjects};
+use zopu_schema::{CorrelationId, EventId, OrgId, ProjectId, subjects};
 
 /// `zopu send PROJECT "message"`
 #[derive(Debug, clap::Args)]
@@ -84,14 +84,6 @@ pub struct TimelineArgs {
     pub follow: bool,
 }
 
-pub(super) fn operator() -> pb::Actor {
-    let id = std::env::var("USER").unwrap_or_else(|_| "cli".into());
-    pb::Actor {
-        kind: pb::actor::Kind::User as i32,
-        id,
-    }
-}
-
 pub(super) fn print_line(ctx: &crate::Context, kind: &str, text: &str, extra: serde_json::Value) {
     if ctx.json {
         let mut object = serde_json::json!({"kind": kind, "text": text});
@@ -128,7 +120,7 @@ pub async fn run_send(ctx: &crate::Context, args: SendArgs) -> Result<ExitCode> 
         &args.org,
         &args.project,
         &args.message,
-        operator(),
+        ctx.operator()?,
         request.as_str(),
     )
     .await?;
@@ -228,15 +220,20 @@ async fn kill_switch(ctx: &crate::Context, switch: SwitchArgs, disable: bool) ->
                 &switch.org,
                 &switch.project,
                 &switch.reason,
-                operator(),
+                ctx.operator()?,
             )
             .await?,
         )
     } else {
         (
             "enabled",
-            zopu_conversation::enable_agent(&publisher, &switch.org, &switch.project, operator())
-                .await?,
+            zopu_conversation::enable_agent(
+                &publisher,
+                &switch.org,
+                &switch.project,
+                ctx.operator()?,
+            )
+            .await?,
         )
     };
     print_line(

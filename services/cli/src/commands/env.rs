@@ -15,7 +15,7 @@ use zopu_core::publish::Publisher;
 use zopu_core::secret_store::{self, SecretStore, SecretValue};
 use zopu_schema::{Envelope, Event, EventId, OrgId, ProjectId, pb, subjects};
 
-use super::conversation::{operator, print_line};
+use super::conversation::print_line;
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -94,7 +94,7 @@ pub async fn run(ctx: &crate::Context, args: EnvArgs) -> Result<ExitCode> {
             let entry = secret_store::environment_entry(&args.org, &args.project, &args.name);
             let stored = store.put(&entry, &value).await?;
             let event = zopu_core::commands::record_environment_value(
-                &requester(&args.org),
+                &requester(ctx, &args.org)?,
                 args.project,
                 &args.name,
                 &stored,
@@ -118,7 +118,7 @@ pub async fn run(ctx: &crate::Context, args: EnvArgs) -> Result<ExitCode> {
             let store = open_store(&bus).await?;
             known_name(&bus, &args).await?;
             let event = zopu_core::commands::record_environment_deletion(
-                &requester(&args.org),
+                &requester(ctx, &args.org)?,
                 args.project,
                 &args.name,
             )
@@ -141,8 +141,12 @@ pub async fn run(ctx: &crate::Context, args: EnvArgs) -> Result<ExitCode> {
     }
 }
 
-fn requester(org: &OrgId) -> Requester {
-    Requester::new(org.clone(), EventId::new().into(), operator())
+fn requester(ctx: &crate::Context, org: &OrgId) -> Result<Requester> {
+    Ok(Requester::new(
+        org.clone(),
+        EventId::new().into(),
+        ctx.operator()?,
+    ))
 }
 
 /// A secret read from standard input (never an argument, so it stays out

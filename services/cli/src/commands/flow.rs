@@ -11,7 +11,7 @@ use zopu_core::publish::Publisher;
 use zopu_gateway::read_model::runs;
 use zopu_schema::{EventId, FlowRunId, OrgId, ProjectId};
 
-use super::conversation::{operator, print_line};
+use super::conversation::print_line;
 use super::runs::fold_run_log;
 
 #[derive(Debug, clap::Args)]
@@ -45,7 +45,7 @@ pub struct CancelArgs {
 
 pub async fn run(ctx: &crate::Context, args: FlowArgs) -> Result<ExitCode> {
     let FlowAction::Cancel(cancel) = args.action;
-    let requester = Requester::new(cancel.org.clone(), EventId::new().into(), operator());
+    let requester = Requester::new(cancel.org.clone(), EventId::new().into(), ctx.operator()?);
     let event =
         zopu_core::commands::cancel_flow(&requester, cancel.project, cancel.flow, &cancel.reason)
             .map_err(|problem| anyhow::anyhow!("{}: {problem}", problem.field()))?;

@@ -16,7 +16,7 @@ use zopu_core::publish::Publisher;
 use zopu_core::store::Store;
 use zopu_schema::{AgentId, EventId, OrgId, ProjectId};
 
-use super::conversation::{operator, print_line};
+use super::conversation::print_line;
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -108,7 +108,7 @@ async fn open(ctx: &crate::Context, org: &OrgId, project: ProjectId) -> Result<F
     tokio::time::timeout(Duration::from_secs(120), store.wait_for(last))
         .await
         .context("reading the event log timed out")?;
-    let requester = Requester::new(org.clone(), EventId::new().into(), operator());
+    let requester = Requester::new(org.clone(), EventId::new().into(), ctx.operator()?);
     let agent = AgentId::conversation(org, &project).to_string();
     let publisher = Publisher::new(bus, "cli", None);
     Ok(Followed {

@@ -20,4 +20,5 @@ pub mod runs;
 pub mod services;
 pub mod status;
 pub mod streams;
+pub mod table;
 pub mod token;

@@ -1,4 +1,5 @@
-//! Projects: `zopu project create`, `zopu project status`, `zopu project retry`.
+//! Projects: `zopu project create`, `zopu project list`, `zopu project
+//! status`, `zopu project retry`.
 //!
 //! `create` and `retry` append a setup request (validated before anything is
 //! appended) and then follow the project's setup as it happens, printing the
@@ -16,6 +17,7 @@ use zopu_setup::client::{
 };
 use zopu_setup::{SetupPhase, SetupStatus};
 
+use super::table::Table;
 use crate::Context;
 
 /// Exit code when setup failed.
@@ -30,6 +32,11 @@ pub enum ProjectCommand {
         after_help = "Examples:\n  zopu project create --repo https://github.com/acme/shop.git --branch main\n  zopu project create --repo /path/to/repo   (local paths need sandbox.allow_local_repositories and sandbox.local_repository_roots)\n  zopu project create --repo https://github.com/acme/shop.git --request-id 0190...   (a safe retry: the same request id is the same project)"
     )]
     Create(CreateArgs),
+    /// List an organization's projects: id, name, setup state and repository
+    #[command(
+        after_help = "Example:\n  zopu project list\n  zopu project list --json   (one JSON object per project)"
+    )]
+    List(ListArgs),
     /// Show a project's setup status
     Status(StatusArgs),
     /// Retry a project's setup as a new revision (repairs a broken workspace)
@@ -73,6 +80,13 @@ pub struct CreateArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct ListArgs {
+    /// The organization whose projects to list
+    #[arg(long, env = "ZOPU_ORG", default_value = "demo")]
+    org: OrgId,
+}
+
+#[derive(Debug, Args)]
 pub struct StatusArgs {
     /// The project id
     project: ProjectId,
@@ -98,6 +112,7 @@ pub struct RetryArgs {
 pub async fn run(ctx: &Context, command: ProjectCommand) -> anyhow::Result<ExitCode> {
     match command {
         ProjectCommand::Create(args) => run_create(ctx, args).await,
+        ProjectCommand::List(args) => run_list(ctx, args).await,
         ProjectCommand::Status(args) => run_status(ctx, args).await,
         ProjectCommand::Retry(args) => run_retry(ctx, args).await,
     }
@@ -170,6 +185,36 @@ pub async fn run_create(ctx: &Context, args: CreateArgs) -> anyhow::Result<ExitC
     follow(ctx, watch, project, revision, &args.follow).await
 }
 
+pub async fn run_list(ctx: &Context, args: ListArgs) -> anyhow::Result<ExitCode> {
+    let bus = ctx.connect().await?;
+    let projects = zopu_setup::client::org_projects(&bus, &args.org).await?;
+    if projects.is_empty() && !ctx.json {
+        eprintln!(
+            "no projects in organization {}; create one with `zopu project create --repo URL|PATH`",
+            args.org
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = Table::new(&["PROJECT", "NAME", "SETUP", "REPOSITORY"]);
+    for (project, status) in projects {
+        let mut json = status_json(&project, &status);
+        if let Some(object) = json.as_object_mut() {
+            object.insert("org".to_owned(), args.org.to_string().into());
+        }
+        table.row(
+            vec![
+                project.to_string(),
+                status.project_name.clone(),
+                format!("{} (revision {})", status.phase.as_str(), status.revision),
+                format!("{} (branch {})", status.repository_url, status.branch),
+            ],
+            json,
+        );
+    }
+    table.print(ctx.json);
+    Ok(ExitCode::SUCCESS)
+}
+
 pub async fn run_status(ctx: &Context, args: StatusArgs) -> anyhow::Result<ExitCode> {
     let bus = ctx.connect().await?;
     let Some(status) = read_setup_status(&bus, &args.org, &args.project).await? else {
@@ -198,7 +243,7 @@ pub async fn run_retry(ctx: &Context, args: RetryArgs) -> anyhow::Result<ExitCod
     };
     let revision = last.revision + 1;
     let branch = args.branch.unwrap_or(last.branch);
-    let request = SetupRequest::new(
+    let mut request = SetupRequest::new(
         args.org.clone(),
         args.project,
         &last.repository_url,
@@ -207,6 +252,8 @@ pub async fn run_retry(ctx: &Context, args: RetryArgs) -> anyhow::Result<ExitCod
         &EventId::new().to_string(),
     )
     .allow_local_repositories(allow_local_repositories(ctx));
+    // A retry keeps the name chosen at creation.
+    request.project_name = last.project_name;
     let publisher = Publisher::new(bus.clone(), "cli", None);
     let watch = StatusWatch::start(&bus, &args.org, &args.project).await?;
     let event_id = request_setup(&publisher, &request).await?;
@@ -272,6 +319,7 @@ async fn follow(
 
 fn print_status(project: &ProjectId, status: &SetupStatus) {
     println!("project     {project}");
+    println!("name        {}", status.project_name);
     println!(
         "setup       {} (revision {})",
         status.phase.label(),
@@ -307,6 +355,7 @@ fn print_status(project: &ProjectId, status: &SetupStatus) {
 fn status_json(project: &ProjectId, status: &SetupStatus) -> serde_json::Value {
     serde_json::json!({
         "project": project.to_string(),
+        "name": status.project_name,
         "phase": status.phase.as_str(),
         "revision": status.revision,
         "repository_url": status.repository_url,

@@ -12,7 +12,7 @@ use zopu_gateway::api::{HandoffView, NoteView, RunDetail, RunView};
 use zopu_gateway::read_model::runs::{self, RunFilter};
 use zopu_schema::{OrgId, ProjectId, agent_registry, subjects};
 
-use super::conversation::print_line;
+use super::table::Table;
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -116,31 +116,45 @@ pub async fn run(ctx: &crate::Context, args: RunsArgs) -> Result<ExitCode> {
     };
     let rows = runs::list(&conn, &args.org, &filter)?;
     let skip = rows.len().saturating_sub(args.limit as usize);
+    if rows.is_empty() && !ctx.json {
+        eprintln!("no runs in organization {} match", args.org);
+    }
+    let mut table = Table::new(&[
+        "STARTED", "RUN", "KIND", "AGENT", "STATUS", "PACKAGE", "MODEL", "BY", "OUTCOME",
+    ]);
     for row in &rows[skip..] {
         let outcome = match (&row.error_code, &row.recommendation) {
-            (Some(code), _) => format!("  {code}"),
+            (Some(code), _) => code.clone(),
             (None, Some(action)) => format!(
-                "  recommends {action} ({})",
+                "recommends {action} ({})",
                 row.approval_status.as_deref().unwrap_or("pending")
             ),
-            (None, None) => String::new(),
+            (None, None) => "-".to_owned(),
         };
-        print_line(
-            ctx,
-            "run",
-            &format!(
-                "{}  {}  {:<17} {:<13} {:<9} {:<26} {}{}",
-                row.created_at,
-                row.run_id,
-                row.kind,
-                row.agent_key,
-                row.status,
-                row.prompt_package_version,
-                row.model,
-                outcome
-            ),
-            serde_json::to_value(RunView::from(row.clone()))?,
+        let json = serde_json::to_value(RunView::from(row.clone()))?;
+        table.row(
+            vec![
+                row.created_at.clone(),
+                row.run_id.clone(),
+                row.kind.clone(),
+                row.agent_key.clone(),
+                row.status.clone(),
+                row.prompt_package_version.clone(),
+                if row.model.is_empty() {
+                    "-".to_owned()
+                } else {
+                    row.model.clone()
+                },
+                if row.created_by.is_empty() {
+                    "-".to_owned()
+                } else {
+                    row.created_by.clone()
+                },
+                outcome,
+            ],
+            json,
         );
     }
+    table.print(ctx.json);
     Ok(ExitCode::SUCCESS)
 }

@@ -302,6 +302,14 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
         .await?;
     let token = token.expose();
     let url = format!("http://127.0.0.1:{}/", args.port);
+    // The web signs in with a link that works once, for minutes: its ticket
+    // rides in the fragment (never sent to a server) and is exchanged for a
+    // session token; the token itself is never in a URL.
+    let sign_in = zopu_gateway::tickets::TicketStore::open(&bus.jetstream)
+        .await?
+        .issue_sign_in(&org, "dev", zopu_gateway::tokens::Scopes::all())
+        .await?;
+    let sign_in_url = format!("{url}#signin={}", sign_in.expose());
     let project = if args.no_demo {
         None
     } else {
@@ -310,15 +318,19 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
     if context.json {
         println!(
             "{}",
-            serde_json::json!({"url": url, "token": token, "project": project.map(|p| p.to_string()), "nats_url": config.nats_url, "data_dir": config.data_dir})
+            serde_json::json!({"url": url, "sign_in_url": sign_in_url, "token": token, "project": project.map(|p| p.to_string()), "nats_url": config.nats_url, "data_dir": config.data_dir})
         );
     } else {
         println!("Zopu is running ({:.1}s).", started.elapsed().as_secs_f64());
         println!("  web timeline  {url}");
-        println!("  token         {token}");
+        println!(
+            "  sign in       {sign_in_url}   (open it: works once, for {} minutes)",
+            zopu_gateway::tickets::SIGN_IN_TTL.as_secs() / 60
+        );
+        println!("  token         {token}   (for the CLI and the API)");
         if let Some(project) = project {
             println!(
-                "  demo project  {project}   (setup and onboarding run now; watch them in the web timeline)"
+                "  demo project  {project}   (setup and onboarding run now; watch them in the web timeline; `zopu project list` lists projects)"
             );
         }
         println!(

@@ -101,6 +101,7 @@ pub struct AgentRateLimits {
 
 /// `GET /v1/agent/candidates` query.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct CandidatesQuery {
     /// One of the key's projects (default: all of them).
@@ -319,6 +320,7 @@ fn scoped_project(caller: &AgentCaller, text: &str) -> Result<ProjectId, ApiErro
 
 /// `GET /v1/agent/timeline` query.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AgentTimelineQuery {
     /// One of the key's projects.
@@ -896,9 +898,8 @@ async fn checked_action(
             StatusCode::CONFLICT,
             "near_duplicate",
             format!(
-                "the reply is {:.0}% like this agent's earlier \"{}\"; say something new",
-                score * 100.0,
-                zopu_core::text::clip_chars(earlier, 80)
+                "the reply {} of this agent; nothing was posted. Reply with what the user has not been told yet (an answer to this message, a new finding), or leave the message unanswered",
+                zopu_core::text::describe_repetition(earlier, score, 80)
             ),
         ));
     }

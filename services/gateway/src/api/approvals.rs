@@ -79,6 +79,7 @@ pub struct ApprovalList {
 
 /// `GET /v1/projects/{id}/approvals` query.
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalQuery {
     /// Only approvals with this status: `pending`, `approved`, `rejected` or `expired`.

@@ -65,6 +65,7 @@ pub struct MemoryList {
 
 /// `GET /v1/projects/{id}/memory` query.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryQuery {
     /// Only entries whose key or value holds every word (case-insensitive).

@@ -6,7 +6,8 @@
 //! signed links), `agent` (the kill switch), `flows` (cancel a running flow), `environment`
 //! (environment values into the secret store), `memory` (what the agent
 //! remembers: list, search, write, forget, clear), `approvals` (list, approve,
-//! reject), `runs` (the AgentRun log), `health`. Every write builds its
+//! reject), `runs` (the AgentRun log), `session` (a sign-in link's ticket
+//! exchanged for a session token), `health`. Every write builds its
 //! event with `zopu_core::commands`, as the CLI does, and appends it through
 //! `append`.
 
@@ -40,6 +41,7 @@ mod memory;
 mod projects;
 mod repository_credentials;
 mod runs;
+pub mod session;
 mod timeline;
 mod works;
 
@@ -61,7 +63,7 @@ pub use works::ThreadList;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, cancelling a flow, environment values and repository credentials (kept in the secret store, never returned), the agent's memory, approvals, the Agent API for external agents (`/v1/agent/...` with an agent key `zak_...`), and the agent run log. Every /v1 route needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
+    info(title = "Zopu gateway API", version = "1", description = "Projects, setup, the timeline, Works, Threads, artifacts, the agent kill switch, cancelling a flow, environment values and repository credentials (kept in the secret store, never returned), the agent's memory, approvals, the Agent API for external agents (`/v1/agent/...` with an agent key `zak_...`), and the agent run log. Every /v1 route but `POST /v1/session` (which exchanges a sign-in link's single-use ticket for a token) needs `Authorization: Bearer zpt_...` and is scoped to the token's organization."),
     modifiers(&BearerAuth),
     components(schemas(ErrorBody))
 )]
@@ -84,8 +86,14 @@ impl Modify for BearerAuth {
     }
 }
 
-pub fn router(state: AppState) -> Router {
-    let (api, openapi) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// The OpenAPI document `/openapi.json` serves, built from the routes.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    documented_routes().1
+}
+
+/// The documented API routes and their OpenAPI document, one from the other.
+fn documented_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(projects::list_projects, projects::create_project))
         .routes(routes!(projects::get_project))
         .routes(routes!(projects::retry_setup))
@@ -124,7 +132,12 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(runs::get_run))
         .routes(routes!(crate::sse::events))
         .routes(routes!(crate::sse::ticket))
-        .split_for_parts();
+        .routes(routes!(session::create_session))
+        .split_for_parts()
+}
+
+pub fn router(state: AppState) -> Router {
+    let (api, openapi) = documented_routes();
     let openapi_json = serde_json::to_string(&openapi).unwrap_or_else(|_| "{}".to_owned());
     let body_max = state.config.body_max_bytes;
     let cors = cors_layer(&state.config.cors_allowed_origins);
@@ -269,5 +282,65 @@ fn query_error(rejection: QueryRejection) -> ApiError {
     match field {
         Some(field) if !field.contains(' ') => error.field(field),
         _ => error.field("query"),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// Every operation's path parameters are exactly its path's `{name}`
+    /// placeholders, and the rest of its parameters are query parameters:
+    /// a query struct documented without `parameter_in = Query` shows up as
+    /// required path parameters the path does not have (the candidates
+    /// endpoint's `project`, `after`, `limit` did).
+    #[test]
+    fn path_parameters_are_the_path_placeholders_and_the_others_are_query() {
+        let document = serde_json::to_value(super::openapi()).unwrap();
+        let paths = document["paths"].as_object().unwrap();
+        let mut wrong = Vec::new();
+        for (path, operations) in paths {
+            let placeholders: BTreeSet<&str> = path
+                .split('/')
+                .filter_map(|segment| segment.strip_prefix('{')?.strip_suffix('}'))
+                .collect();
+            for (method, operation) in operations.as_object().unwrap() {
+                let parameters = operation["parameters"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                let declared: BTreeSet<&str> = parameters
+                    .iter()
+                    .filter(|p| p["in"] == "path")
+                    .filter_map(|p| p["name"].as_str())
+                    .collect();
+                if declared != placeholders {
+                    wrong.push(format!(
+                        "{method} {path}: path parameters {declared:?}, placeholders {placeholders:?}"
+                    ));
+                }
+                for parameter in &parameters {
+                    if !matches!(parameter["in"].as_str(), Some("path" | "query" | "header")) {
+                        wrong.push(format!("{method} {path}: {parameter}"));
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+        let candidates = &document["paths"]["/v1/agent/candidates"]["get"]["parameters"];
+        let query: Vec<(&str, bool)> = candidates
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                assert_eq!(p["in"], "query", "{p}");
+                (p["name"].as_str().unwrap(), p["required"] == true)
+            })
+            .collect();
+        assert_eq!(
+            query,
+            [("project", false), ("after", false), ("limit", false)]
+        );
     }
 }

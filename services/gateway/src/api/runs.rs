@@ -159,6 +159,7 @@ pub struct RunDetail {
 
 /// `GET /v1/runs` query.
 #[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct RunQuery {
     /// Only this project's runs.

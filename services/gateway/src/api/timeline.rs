@@ -68,7 +68,7 @@ pub struct SendAction {
 /// Send a card action.
 #[utoipa::path(post, path = "/v1/projects/{id}/actions", tag = "timeline", params(("id" = String, Path, description = "Project id")),
     request_body = SendAction,
-    responses((status = 202, body = Accepted), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)),
+    responses((status = 202, body = Accepted), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody, description = "the issue draft is already published (`already_published`, naming its address)"), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn send_action(
     State(state): State<AppState>,
@@ -103,6 +103,15 @@ pub async fn send_action(
             "no such artifact in this project",
         ));
     };
+    if body.action_id.trim() == zopu_schema::manifest::PUBLISH_ISSUE_ACTION
+        && let Some(url) = &view.published_url
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_published",
+            format!("this issue is already published: {url}"),
+        ));
+    }
     if !view
         .actions
         .iter()

@@ -96,7 +96,7 @@ pub(super) fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> ru
             if let Some(decided) = approval::decision_of(event) {
                 decide(tx, (org, &project), &decided, &time)?;
             } else if let Some((approval_id, execution)) = approval::execution_of(event) {
-                let (status, detail) = super::timeline::execution_summary(&execution);
+                let (status, detail) = execution.summary();
                 tx.prepare_cached(
                     "UPDATE gw_approvals SET execution = ?1, execution_detail = ?2, executed_at = ?3
                      WHERE org = ?4 AND project_id = ?5 AND approval_id = ?6 AND execution IS NULL",

@@ -17,6 +17,7 @@ pub(super) const TABLES: &[&str] = &[
     "gw_artifact_cards",
     "gw_artifact_card_facts",
     "gw_artifact_card_actions",
+    "gw_artifact_publications",
 ];
 
 pub(super) const SCHEMA: &str = "
@@ -64,6 +65,14 @@ CREATE TABLE gw_artifact_card_actions (
     style TEXT NOT NULL,
     PRIMARY KEY (sequence, position)
 );
+-- Where an issue draft was published on the tracker (`tracker.issue.created`).
+CREATE TABLE gw_artifact_publications (
+    org TEXT NOT NULL,
+    artifact_id TEXT NOT NULL,
+    url TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    PRIMARY KEY (org, artifact_id)
+);
 ";
 
 /// Where a stored artifact revision lives, for serving it.
@@ -93,6 +102,9 @@ pub struct CardRow {
     pub facts: Vec<CardFactRow>,
     pub actions: Vec<CardActionRow>,
     pub provider: String,
+    /// The tracker's address of the issue, once this draft was published:
+    /// the card's `Status` then reads `published` and it offers no publish.
+    pub published_url: Option<String>,
 }
 
 /// One fact on a card.
@@ -139,6 +151,19 @@ pub(super) fn apply(tx: &Transaction<'_>, event: &Envelope, sequence: u64) -> ru
                         html.content_type
                     ])?;
                 insert_card(tx, org, &project, sequence, &m)?;
+            }
+        }
+        t if t == pb::TrackerIssueCreated::TYPE => {
+            if let Some((
+                _,
+                zopu_schema::approval::Execution::IssueCreated {
+                    url, artifact_id, ..
+                },
+            )) = zopu_schema::approval::execution_of(event)
+                && !artifact_id.is_empty()
+            {
+                tx.prepare_cached("INSERT OR IGNORE INTO gw_artifact_publications (org, artifact_id, url, sequence) VALUES (?1, ?2, ?3, ?4)")?
+                    .execute(params![org, artifact_id, url, sequence as i64])?;
             }
         }
         t if t == pb::ArtifactSuperseded::TYPE => {
@@ -257,6 +282,7 @@ pub fn cards(
             facts: Vec::new(),
             actions: Vec::new(),
             provider: row.get(7)?,
+            published_url: None,
         };
         cards.insert(row.get::<_, i64>(0)?.max(0) as u64, card);
     }
@@ -293,7 +319,33 @@ pub fn cards(
             });
         }
     }
+    let mut publications = conn.prepare_cached(
+        "SELECT artifact_id, url FROM gw_artifact_publications
+         WHERE org = ?1 AND artifact_id IN (SELECT artifact_id FROM gw_artifact_cards WHERE sequence IN (SELECT value FROM json_each(?2)))",
+    )?;
+    let mut rows = publications.query(params![org.as_str(), &found])?;
+    while let Some(row) = rows.next()? {
+        let (artifact_id, url): (String, String) = (row.get(0)?, row.get(1)?);
+        for card in cards
+            .values_mut()
+            .filter(|card| card.artifact_id == artifact_id)
+        {
+            card.mark_published(&url);
+        }
+    }
     Ok(cards)
+}
+
+impl CardRow {
+    /// A published issue draft: its status says so and it offers no second publish.
+    fn mark_published(&mut self, url: &str) {
+        for fact in self.facts.iter_mut().filter(|fact| fact.label == "Status") {
+            fact.value = "published".to_owned();
+        }
+        self.actions
+            .retain(|action| action.action_id != zopu_schema::manifest::PUBLISH_ISSUE_ACTION);
+        self.published_url = Some(url.to_owned());
+    }
 }
 
 #[cfg(test)]
@@ -339,6 +391,65 @@ mod tests {
             provider: "offline".into(),
             ..Default::default()
         }
+    }
+
+    /// An issue draft published on the tracker: its card says published,
+    /// links the issue and offers no second publish.
+    #[test]
+    fn a_published_issue_card_says_so_and_offers_no_second_publish() {
+        let mut store = TestStore::new();
+        let project = ProjectId::new();
+        let org: OrgId = "acme".parse().unwrap();
+        let draft = pb::ArtifactPublished {
+            kind: pb::ArtifactKind::Issue as i32,
+            card: Some(pb::ArtifactCard {
+                label: "Issue draft".into(),
+                facts: vec![pb::CardFact {
+                    label: "Status".into(),
+                    value: "draft (not published)".into(),
+                }],
+                actions: vec![pb::CardAction {
+                    id: zopu_schema::manifest::PUBLISH_ISSUE_ACTION.into(),
+                    label: "Publish to tracker".into(),
+                    style: "primary".into(),
+                    ..Default::default()
+                }],
+            }),
+            ..published(1, "Add SSO")
+        };
+        store.apply(&[envelope("acme", project, &draft, 1)]);
+        let (_, before) = find(&store.connection, &org, "art-1", None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(before.facts[0].value, "draft (not published)");
+        assert_eq!(before.actions.len(), 1);
+        assert_eq!(before.published_url, None);
+
+        let created = pb::TrackerIssueCreated {
+            approval_id: "approval:art-1:issue.publish".into(),
+            artifact_id: "art-1".into(),
+            repository: "acme/shop".into(),
+            number: 7,
+            url: "https://github.com/acme/shop/issues/7".into(),
+            ..Default::default()
+        };
+        store.apply(&[envelope("acme", project, &created, 2)]);
+        let (_, after) = find(&store.connection, &org, "art-1", None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(after.facts[0].value, "published");
+        assert!(after.actions.is_empty(), "{:?}", after.actions);
+        assert_eq!(
+            after.published_url.as_deref(),
+            Some("https://github.com/acme/shop/issues/7")
+        );
+        // Another organization's artifact of the same id is not marked.
+        let other: OrgId = "other".parse().unwrap();
+        assert!(
+            find(&store.connection, &other, "art-1", None)
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]
@@ -389,6 +500,7 @@ mod tests {
                     style: "primary".into(),
                 }],
                 provider: "offline".into(),
+                published_url: None,
             }
         );
         assert_eq!(

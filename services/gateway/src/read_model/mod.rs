@@ -36,7 +36,7 @@ pub use pool::ReadPool;
 /// 1: API types stored as JSON; 2: rows as columns; 3: approvals; 4: their
 /// expiry; 5: their execution; 6: the run log; 8: the agents' memory;
 /// 9: a flow request's item names its requester (`author`).
-const SCHEMA_VERSION: u32 = 9;
+const SCHEMA_VERSION: u32 = 10;
 
 const TABLE_COUNT: usize = projects::TABLES.len()
     + works::TABLES.len()

@@ -323,7 +323,7 @@ fn lists_artifacts(kind: ItemKind) -> bool {
 /// How a granted approval was carried out.
 fn execution_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
     let (approval_id, execution) = approval::execution_of(event)?;
-    let (status, text) = execution_summary(&execution);
+    let (status, text) = execution.summary();
     let artifact_ids = match &execution {
         approval::Execution::IssueCreated { artifact_id, .. } if !artifact_id.is_empty() => {
             vec![artifact_id.clone()]
@@ -341,16 +341,6 @@ fn execution_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
         }),
         ..ItemRow::new(ItemKind::Execution, event, sequence)
     })
-}
-
-/// An execution's status name and its one line: the request a dry run
-/// recorded, the issue's URL, or the failure's reason.
-pub(crate) fn execution_summary(execution: &approval::Execution) -> (&'static str, String) {
-    match execution {
-        approval::Execution::DryRun { method, url } => ("dry_run", format!("{method} {url}")),
-        approval::Execution::IssueCreated { url, .. } => ("created", url.clone()),
-        approval::Execution::Failed { code, message } => ("failed", format!("{message} ({code})")),
-    }
 }
 
 fn user_item(event: &Envelope, sequence: u64) -> Option<ItemRow> {
@@ -1533,6 +1523,20 @@ mod tests {
             vec!["DATABASE_URL".to_owned()]
         );
 
+        // A card reads as it is now: the issue published later on the page
+        // says so on its earlier card.
+        for item in built
+            .iter_mut()
+            .filter(|item| item.kind == ItemKind::Artifact)
+        {
+            item.artifact = artifacts::card(&store.connection, &org, item.sequence).unwrap();
+        }
+        assert!(
+            built
+                .iter()
+                .filter_map(|item| item.artifact.as_ref())
+                .any(|card| card.published_url.is_some())
+        );
         let whole = items(&store.connection, &org, &project, None, 0, 200).unwrap();
         assert_eq!(whole, built);
         let mut paged = Vec::new();

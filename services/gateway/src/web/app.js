@@ -69,7 +69,36 @@
       route();
     });
     document.getElementById("signout").addEventListener("click", () => signOut(""));
-    route();
+    // A link opened in a tab already on this page changes only the fragment.
+    window.addEventListener("hashchange", () => {
+      const link = signInTicket();
+      if (link) signInWithLink(link);
+    });
+    const link = signInTicket();
+    if (link) signInWithLink(link);
+    else route();
+  }
+
+  function signInTicket() {
+    const link = /^#signin=(zpk_[0-9a-f]+)$/.exec(location.hash);
+    return link ? link[1] : null;
+  }
+
+  // A sign-in link (`zopu dev` prints one): its single-use ticket, in the
+  // fragment so no server or log sees it, is exchanged once for a session
+  // token; the address bar loses it at once.
+  async function signInWithLink(ticket) {
+    history.replaceState(null, "", location.pathname + location.search);
+    try {
+      const response = await fetch("/v1/session", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ ticket }) });
+      const data = await response.json().catch(() => ({}));
+      if (!response.ok) return signOut((data.error && data.error.message) || "This sign-in link did not work.");
+      sessionStorage.setItem(TOKEN_KEY, data.token);
+      document.getElementById("signin").hidden = true;
+      route();
+    } catch (_) {
+      signOut("The sign-in link could not be checked. Try again, or paste a token.");
+    }
   }
 
   function route() {
@@ -84,13 +113,6 @@
   function stateLabel(state) {
     const step = STEPS.find(([key]) => key === state);
     return step ? step[1] : state === "failed" ? "Setup failed" : state;
-  }
-
-  // A Work's status as a person reads it: `waiting` is a Work whose thread
-  // finished and that now waits on its owner (a follow-up, an issue, a check);
-  // the others read as they are.
-  function workStatus(status) {
-    return status === "waiting" ? "waiting for you: ask a follow-up or act on the result" : status;
   }
 
   async function projectsView() {
@@ -390,7 +412,7 @@
       }
       if (item.kind === "work_updated") {
         const card = this.works.get(item.work.work_id);
-        if (card) card.querySelector(".status").textContent = workStatus(item.work.status);
+        if (card) card.querySelector(".status").textContent = item.work.status_text;
         return;
       }
       const node = this.render(item);
@@ -420,7 +442,7 @@
             el("p", { class: "kicker" }, "Work · " + item.work.kind),
             el("h3", {}, item.work.title),
             item.work.summary ? el("p", {}, item.work.summary) : null,
-            el("p", { class: "small" }, "Status: ", el("span", { class: "status" }, workStatus(item.work.status))));
+            el("p", { class: "small" }, "Status: ", el("span", { class: "status" }, item.work.status_text)));
           this.works.set(item.work.work_id, card);
           return card;
         }
@@ -499,7 +521,13 @@
       if (item.status === "created") {
         for (const id of item.artifact_ids || []) {
           const artifact = this.artifactCards.get(id);
-          if (artifact) artifact.append(line());
+          if (!artifact) continue;
+          artifact.append(line());
+          // Published: the card says so and offers no second publish.
+          for (const term of artifact.querySelectorAll(".facts dt")) {
+            if (term.textContent === "Status" && term.nextElementSibling) term.nextElementSibling.textContent = "published";
+          }
+          artifact.querySelectorAll('button[data-action="publish"]').forEach((button) => button.remove());
         }
       }
       return el("li", { class: "item note execution" + (item.status === "failed" ? " error" : "") }, line());
@@ -530,7 +558,7 @@
       });
       const facts = el("dl", { class: "facts" }, artifact.facts.map((fact) => [el("dt", {}, fact.label), el("dd", {}, fact.value)]));
       const actions = artifact.actions.map((action) => {
-        const button = el("button", { type: "button", class: action.style === "primary" ? "" : "secondary" }, action.label);
+        const button = el("button", { type: "button", class: action.style === "primary" ? "" : "secondary", "data-action": action.id }, action.label);
         button.addEventListener("click", async () => {
           button.disabled = true;
           try { await api("POST", `/v1/projects/${this.project.project_id}/actions`, { artifact_id: artifact.artifact_id, action_id: action.id }); }

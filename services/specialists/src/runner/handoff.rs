@@ -220,15 +220,17 @@ impl Run<'_> {
         let project = event.project_id.to_string();
         self.publish_context(&project, result).await?;
         let ids = manifest_ids(&self.ids, RequestIds::of(event));
-        let manifest = manifest::project_setup(result, &ids);
+        // The project's one name (chosen at creation); what the repository
+        // calls itself stays in the result.
+        let name =
+            state::project_name(&self.ctx.store, &project)?.unwrap_or_else(|| result.name.clone());
+        let manifest = manifest::project_setup(result, &name, &ids);
         let artifact_id = project_setup_artifact_id(&project, self.cause.cause_unix_ms);
         let build_id = self
             .request_build(artifact_id, "project_setup", manifest)
             .await?;
-        let summary = format!(
-            "Onboarded {}: summary.md stored as the current project context.",
-            result.name
-        );
+        let summary =
+            format!("Onboarded {name}: summary.md stored as the current project context.");
         self.complete(
             FlowType::OnboardingExplore,
             &summary,
