@@ -2622,3 +2622,86 @@ async fn a_published_issue_says_so_and_a_second_publish_is_refused() -> Result<(
     gateway.stop().await?;
     Ok(())
 }
+
+/// Every operation `/openapi.json` documents is served where and as it
+/// says: called with its method, its path parameters filled with values of
+/// their documented shape and its required query parameters given, each
+/// reaches a handler (whatever that handler then answers for made-up ids or
+/// an empty body) — never the router's "route not found" or a 405.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_operation_is_served_where_the_document_says() -> Result<()> {
+    let g = gateway(zopu_gateway::Config::default()).await?;
+    let document = serde_json::to_value(zopu_gateway::api::openapi())?;
+    let paths = document["paths"]
+        .as_object()
+        .context("the document has paths")?;
+    let mut called = 0;
+    for (template, item) in paths {
+        for method in ["get", "post", "put", "patch", "delete"] {
+            let Some(operation) = item.get(method) else {
+                continue;
+            };
+            let parameters: Vec<&Value> = operation["parameters"]
+                .as_array()
+                .map(|list| list.iter().collect())
+                .unwrap_or_default();
+            let example = |parameter: &Value| -> String {
+                let schema = &parameter["schema"];
+                if schema["format"] == "uuid" {
+                    uuid::Uuid::now_v7().to_string()
+                } else if schema["type"] == "integer" {
+                    "1".to_owned()
+                } else {
+                    "EXAMPLE".to_owned()
+                }
+            };
+            let mut path = template.clone();
+            let mut query = Vec::new();
+            for parameter in &parameters {
+                let name = parameter["name"].as_str().unwrap_or_default();
+                match parameter["in"].as_str() {
+                    Some("path") => {
+                        path = path.replace(&format!("{{{name}}}"), &example(parameter))
+                    }
+                    Some("query") if parameter["required"] == true => {
+                        query.push(format!("{name}={}", example(parameter)));
+                    }
+                    _ => {}
+                }
+            }
+            ensure!(
+                !path.contains('{'),
+                "{method} {template}: a path placeholder has no documented parameter"
+            );
+            if !query.is_empty() {
+                path = format!("{path}?{}", query.join("&"));
+            }
+            let request = g
+                .http
+                .request(method.to_uppercase().parse()?, g.url(&path))
+                .bearer_auth(&g.acme);
+            let request = if method == "get" || method == "delete" {
+                request
+            } else {
+                request.json(&serde_json::json!({}))
+            };
+            let response = request.send().await?;
+            let status = response.status();
+            ensure!(
+                status != StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {path}: 405, the router serves another method there"
+            );
+            if status == StatusCode::NOT_FOUND {
+                let body: Value = response.json().await.unwrap_or(Value::Null);
+                ensure!(
+                    body["error"]["message"] != "route not found",
+                    "{method} {path}: no such route ({body})"
+                );
+            }
+            called += 1;
+        }
+    }
+    ensure!(called >= 20, "only {called} operations documented");
+    g.instance.stop().await?;
+    Ok(())
+}
