@@ -379,17 +379,11 @@ struct Lane {
 }
 
 struct Runner<R> {
-    service: String,
+    shared: Arc<Shared<R>>,
     config: ReactionConfig,
     partitions: u32,
     /// Each partition's filters on the work stream.
     filters: Vec<Vec<String>>,
-    reaction: Arc<R>,
-    publisher: Publisher,
-    store: Store,
-    bus: Bus,
-    stream: async_nats::jetstream::stream::Stream,
-    shutdown: Shutdown,
     lanes: Mutex<HashMap<String, Lane>>,
     /// Woken whenever a lane ends (the partition drains and shutdown wait on it).
     lane_ended: tokio::sync::Notify,
@@ -440,7 +434,7 @@ pub async fn run<R: Reaction>(
         () = shutdown.cancelled() => return Ok(()),
     }
     remove_event_stream_consumers(&bus, &config.durable).await;
-    let shared = Shared {
+    let shared = Arc::new(Shared {
         service: service.as_str().to_owned(),
         instance: scale.resolved_instance_id(),
         lease_ttl: scale.lease_ttl,
@@ -451,7 +445,7 @@ pub async fn run<R: Reaction>(
         bus,
         stream,
         shutdown,
-    };
+    });
     loop {
         // The work stream's count is the deployment's (`zopu streams apply`
         // sets it from `scale.partitions`); every instance follows it.
@@ -506,7 +500,7 @@ const PARTITION_COUNT_CHECK_TICKS: u32 = 5;
 /// Works the `partitions` consumers of a reaction until `until`; true if it
 /// ended because the partitioning drained, false at shutdown.
 async fn work_partitioning<R: Reaction>(
-    shared: &Shared<R>,
+    shared: &Arc<Shared<R>>,
     config: &ReactionConfig,
     partitions: u32,
     until: Until,
@@ -552,16 +546,10 @@ async fn work_partitioning<R: Reaction>(
     );
     let handler_slots = usize::try_from(config.max_ack_pending).unwrap_or(1).max(1);
     let runner = Arc::new(Runner {
-        service: shared.service.clone(),
+        shared: shared.clone(),
         config: config.clone(),
         partitions,
         filters,
-        reaction: shared.reaction.clone(),
-        publisher: shared.publisher.clone(),
-        store: shared.store.clone(),
-        bus: shared.bus.clone(),
-        stream: shared.stream.clone(),
-        shutdown: shared.shutdown.clone(),
         lanes: Mutex::new(HashMap::new()),
         lane_ended: tokio::sync::Notify::new(),
         handlers: tokio::sync::Semaphore::new(handler_slots),
@@ -774,8 +762,8 @@ impl<R: Reaction> Runner<R> {
                 let consumer = self.bind_consumer(&durable, partition).await?;
                 // A taken-over partition may hold messages whose effects the
                 // previous owner stored just now: the store catches up first.
-                let last = publish::last_sequence(&self.bus).await?;
-                self.store.wait_for(last).await;
+                let last = publish::last_sequence(&self.shared.bus).await?;
+                self.shared.store.wait_for(last).await;
                 consumer
                     .messages()
                     .await
@@ -837,7 +825,7 @@ impl<R: Reaction> Runner<R> {
             max_ack_pending: self.config.max_ack_pending,
             ..Default::default()
         };
-        match self.stream.consumer_info(durable).await {
+        match self.shared.stream.consumer_info(durable).await {
             Ok(info) if info.num_ack_pending > 0 => {
                 let floor = info.ack_floor.stream_sequence;
                 tracing::info!(
@@ -846,7 +834,8 @@ impl<R: Reaction> Runner<R> {
                     ack_floor = floor,
                     "taking over unsettled messages: redelivering from the ack floor"
                 );
-                self.stream
+                self.shared
+                    .stream
                     .delete_consumer(durable)
                     .await
                     .map_err(|e| Error::jetstream("delete consumer for takeover", e))?;
@@ -862,7 +851,8 @@ impl<R: Reaction> Runner<R> {
             // electing): binding now could let later messages overtake them.
             Err(error) => return Err(Error::jetstream("consumer info", error)),
         }
-        self.stream
+        self.shared
+            .stream
             .create_consumer(wanted)
             .await
             .map_err(|e| Error::jetstream("create durable consumer", e))
@@ -917,7 +907,8 @@ impl<R: Reaction> Runner<R> {
         lane.queue.push_back(sequence);
         if start {
             let runner = self.clone();
-            self.shutdown
+            self.shared
+                .shutdown
                 .spawn(async move { runner.drive_lane(lane_key).await });
         }
     }
@@ -952,7 +943,7 @@ impl<R: Reaction> Runner<R> {
                 continue;
             };
             let permit = self.handler_slot(&lane_key, &message, &abort).await;
-            if permit.is_none() || self.shutdown.is_cancelled() || abort.is_cancelled() {
+            if permit.is_none() || self.shared.shutdown.is_cancelled() || abort.is_cancelled() {
                 // Not started: hand it back for prompt redelivery.
                 hand_back(&message).await;
             } else {
@@ -982,7 +973,7 @@ impl<R: Reaction> Runner<R> {
             tokio::select! {
                 permit = &mut acquire => return permit.ok(),
                 _ = heartbeat.tick() => self.keep_lane_alive(lane_key, message).await,
-                () = self.shutdown.cancelled() => return None,
+                () = self.shared.shutdown.cancelled() => return None,
                 () = abort.cancelled() => return None,
             }
         }
@@ -990,7 +981,7 @@ impl<R: Reaction> Runner<R> {
 
     /// A message that cannot be ordered (no delivery info) is handled alone.
     fn spawn_lane_of_one(self: Arc<Self>, message: Message, abort: CancellationToken) {
-        let shutdown = self.shutdown.clone();
+        let shutdown = self.shared.shutdown.clone();
         shutdown.spawn(async move { self.process("", message, &abort).await });
     }
 
@@ -1089,7 +1080,7 @@ impl<R: Reaction> Runner<R> {
         let span = tracing::info_span!(
             target: TRACE_TARGET,
             "handle",
-            service = %self.service,
+            service = %self.shared.service,
             consumer = %self.config.durable,
             subject = origin.as_ref().map_or(message.subject.as_str(), |origin| origin.subject.as_str()),
             event_type = traced_header(&message, codec::TYPE).unwrap_or_default(),
@@ -1119,11 +1110,11 @@ impl<R: Reaction> Runner<R> {
             if delivered > 1 && !self.caught_up_for_redelivery(&message).await {
                 return;
             }
-            self.publisher.observe(stream_sequence, &envelope);
+            self.shared.publisher.observe(stream_sequence, &envelope);
             let context = ReactionContext {
-                publisher: self.publisher.clone(),
-                store: self.store.clone(),
-                shutdown: self.shutdown.clone(),
+                publisher: self.shared.publisher.clone(),
+                store: self.shared.store.clone(),
+                shutdown: self.shared.shutdown.clone(),
                 stream_sequence,
                 delivered,
             };
@@ -1131,7 +1122,7 @@ impl<R: Reaction> Runner<R> {
             if exhausted(runs, delivered, self.config.max_deliver) {
                 // Done before give up: the last run may have stored its
                 // effects and died before its ack.
-                match self.reaction.already_handled(&envelope, &context).await {
+                match self.shared.reaction.already_handled(&envelope, &context).await {
                     Ok(true) => {
                         tracing::info!("redelivered past its bound, but its effects are stored; settling");
                         self.settle(lane_key, &message, AckKind::Ack).await;
@@ -1152,7 +1143,7 @@ impl<R: Reaction> Runner<R> {
                 let started = std::time::Instant::now();
                 let outcome = self.run_handler(lane_key, &message, &envelope, &context, abort).await;
                 metrics::handler_finished(
-                    &self.service,
+                    &self.shared.service,
                     &self.config.durable,
                     &envelope.event_type,
                     handler_outcome(&outcome),
@@ -1194,7 +1185,7 @@ impl<R: Reaction> Runner<R> {
                         let reason = zopu_secrets::redact(&reason);
                         tracing::error!(%reason, "fatal handler error; stopping the service");
                         hand_back(&self.newest_copy(lane_key, &message)).await;
-                        self.shutdown.cancel();
+                        self.shared.shutdown.cancel();
                         return;
                     }
                 }
@@ -1228,18 +1219,18 @@ impl<R: Reaction> Runner<R> {
     /// have appended. Returns false (message handed back) on shutdown or if
     /// the store does not catch up within the handler timeout.
     async fn caught_up_for_redelivery(&self, message: &Message) -> bool {
-        let Ok(last) = publish::last_sequence(&self.bus).await else {
+        let Ok(last) = publish::last_sequence(&self.shared.bus).await else {
             nak(message, Duration::from_secs(1)).await;
             return false;
         };
         tokio::select! {
-            () = self.store.wait_for(last) => true,
-            () = self.shutdown.cancelled() => {
+            () = self.shared.store.wait_for(last) => true,
+            () = self.shared.shutdown.cancelled() => {
                 hand_back(message).await;
                 false
             }
             () = tokio::time::sleep(self.config.handler_timeout) => {
-                tracing::warn!(last, checkpoint = self.store.checkpoint(), "store did not catch up; handing the message back");
+                tracing::warn!(last, checkpoint = self.shared.store.checkpoint(), "store did not catch up; handing the message back");
                 nak(message, Duration::from_secs(1)).await;
                 false
             }
@@ -1257,7 +1248,7 @@ impl<R: Reaction> Runner<R> {
     ) -> Result<(), HandlerError> {
         let handler = tokio::time::timeout(
             self.config.handler_timeout,
-            self.reaction.handle(envelope, context),
+            self.shared.reaction.handle(envelope, context),
         );
         tokio::pin!(handler);
         let mut heartbeat = tokio::time::interval(self.config.ack_wait / 3);
@@ -1290,7 +1281,7 @@ impl<R: Reaction> Runner<R> {
         loop {
             tokio::select! {
                 () = &mut sleep => return true,
-                () = self.shutdown.cancelled() => return false,
+                () = self.shared.shutdown.cancelled() => return false,
                 () = abort.cancelled() => return false,
                 _ = heartbeat.tick() => self.keep_lane_alive(lane_key, message).await,
             }
@@ -1348,7 +1339,7 @@ impl<R: Reaction> Runner<R> {
         };
         tracing::error!(%reason, kind, "giving up on message; recording a dead letter");
         let record = pb::DeadLetterRecorded {
-            service: self.service.clone(),
+            service: self.shared.service.clone(),
             consumer: self.config.durable.clone(),
             original_subject: original_subject.clone(),
             stream_sequence,
@@ -1368,23 +1359,24 @@ impl<R: Reaction> Runner<R> {
                 NewEvent::root(org, project, &record, key, None)
             }
         };
-        let mut recorded = self.publisher.append(dead_letter).await.is_ok();
+        let mut recorded = self.shared.publisher.append(dead_letter).await.is_ok();
         if let Some(envelope) = envelope
-            && let Some(failure) = self.reaction.failure_event(envelope, reason)
+            && let Some(failure) = self.shared.reaction.failure_event(envelope, reason)
         {
-            recorded &= self.publisher.append(failure).await.is_ok();
+            recorded &= self.shared.publisher.append(failure).await.is_ok();
         }
         if recorded
             && let Some((envelope, context)) = handled
             && let Some(notice) = self
+                .shared
                 .reaction
                 .failure_notice(envelope, reason, context)
                 .await
         {
-            recorded &= self.publisher.append(notice).await.is_ok();
+            recorded &= self.shared.publisher.append(notice).await.is_ok();
         }
         if recorded {
-            metrics::dead_letter(&self.service, &self.config.durable, kind);
+            metrics::dead_letter(&self.shared.service, &self.config.durable, kind);
             self.settle(lane_key, message, AckKind::Term).await;
         } else {
             // Could not record why: leave it for redelivery rather than lose it.
