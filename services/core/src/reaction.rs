@@ -570,7 +570,7 @@ async fn work_partitioning<R: Reaction>(
             () = shutdown.cancelled() => break,
             _ = tick.tick() => {
                 ticks = ticks.wrapping_add(1);
-                if !ending && ticks % PARTITION_COUNT_CHECK_TICKS == 0 {
+                if !ending && ticks.is_multiple_of(PARTITION_COUNT_CHECK_TICKS) {
                     match crate::streams::work_partitions(&shared.bus).await {
                         Ok(now) if now != partitions => {
                             tracing::info!(durable = %config.durable, partitions, now, "the work stream files new events under another partition count; finishing this partitioning's work first");

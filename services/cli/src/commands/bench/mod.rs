@@ -56,9 +56,9 @@ enum BenchKind {
     /// I/O-bound), failover after a kill, projection rebuild, and the
     /// memory of every service with 10,000 idle projects
     Scale(scale::ScaleArgs),
-    /// Deliveries per event per reaction and CPU per 1,000 events (process
-    /// + nats-server) at several partition counts, vs a raw JetStream
-    /// consumer of the same messages
+    /// Deliveries per event per reaction and CPU per 1,000 events (this
+    /// process and the nats-server) at several partition counts, vs a raw
+    /// JetStream consumer of the same messages
     Deliveries(deliveries::DeliveriesArgs),
 }
 
