@@ -74,6 +74,7 @@ const TEST_VARIABLES: &[&str] = &[
     "ZOPU_TEST_NATS",
     "ZOPU_TEST_NATS_IMAGE",
     "ZOPU_REQUIRE_LLAMA_SERVER",
+    "ZOPU_FUZZ_CASES",
 ];
 
 impl Fleet {

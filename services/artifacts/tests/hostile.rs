@@ -30,6 +30,7 @@ fn secrets() -> Vec<(&'static str, String)> {
         ("secret_assignment", "DB_PASSWORD=Xk9mP2vL7qR4".into()),
         ("dotenv_secret", "\nSESSION_SECRET='Qz7 wX'\n".into()),
         ("pem_body", "q8Xv2Lk9Mn4Bp7Rt1Yw6Hc3Jd5Fg0As2Qe7Ui4OpZx1Cv5Bn8Mk3Lj6Hg9Fd2Sa".into()),
+        ("keyed_value", "| API_KEY | 3f9a2b7c8d1e4f6a0b5c9d2e7f1a3b8c4d6e0f2a9b1c5d7e3f8a2b6c0d4e9f1a |".into()),
         ("high_entropy", "Zq8Xv2Lk9Mn4Bp7Rt1Yw6Hc3Jd5Fg0As2Qe".into()),
     ]
 }
@@ -42,6 +43,7 @@ fn secret_value(rule: &str, sample: &str) -> String {
         "secret_assignment" => "Xk9mP2vL7qR4".into(),
         "authorization" => "c3ZjLWJpbGxpbmc6aHVudGVyMg==".into(),
         "dotenv_secret" => "Qz7 wX".into(),
+        "keyed_value" => "3f9a2b7c8d1e4f6a0b5c9d2e7f1a3b8c4d6e0f2a9b1c5d7e3f8a2b6c0d4e9f1a".into(),
         "private_key" => "MIIEowIBAAKCAQEA7Qx9z2Lk9Mn4Bp7Rt1Yw6Hc3".into(),
         _ => sample.into(),
     }

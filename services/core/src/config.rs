@@ -31,6 +31,8 @@ pub const NON_SETTING_VARIABLES: &[&str] = &[
     "ZOPU_CHAOS_SCALE",
     "ZOPU_TEST_NATS",
     "ZOPU_TEST_NATS_IMAGE",
+    // Cases per fuzz target of the tests (`make test`, `make fuzz`).
+    "ZOPU_FUZZ_CASES",
     // Turns the real-model peer test's skip into a failure (`.ci/run`).
     "ZOPU_REQUIRE_LLAMA_SERVER",
     // Read by deploy/scripts (make images, make test-deploy), which run zopu.
