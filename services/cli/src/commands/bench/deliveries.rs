@@ -43,6 +43,10 @@ pub struct DeliveriesArgs {
 }
 
 const SERVICE: &str = "bench-reaction";
+/// The measured reaction's durable purpose, and the raw baseline consumer's
+/// (a bench's own consumers, not a deployed service's: deploy/ grants none).
+const SETTLE: &str = "settle";
+const RAW: &str = "raw";
 const TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(Debug, serde::Serialize)]
@@ -139,7 +143,7 @@ async fn measure(args: &DeliveriesArgs, partitions: u32) -> anyhow::Result<Figur
 
     // The baseline: one raw pull consumer reading and acking every message.
     let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
-    let raw_durable = subjects::durable(SERVICE, "raw");
+    let raw_durable = subjects::durable(SERVICE, RAW);
     let raw = stream
         .create_consumer(pull::Config {
             durable_name: Some(raw_durable.clone()),
@@ -173,7 +177,7 @@ async fn measure(args: &DeliveriesArgs, partitions: u32) -> anyhow::Result<Figur
         let runtime = Runtime::start(SERVICE, &core, shutdown.clone()).await?;
         runtime.spawn_reaction(
             ReactionConfig::new(
-                subjects::durable(SERVICE, "settle"),
+                subjects::durable(SERVICE, SETTLE),
                 vec![subjects::events_of_type(pb::TimelineMessageSent::TYPE)],
             ),
             Settle(settled.clone()),
@@ -241,7 +245,7 @@ async fn populate(bus: &zopu_core::nats::Bus, args: &DeliveriesArgs) -> anyhow::
 /// Deliveries made to the reaction's partition consumers, redeliveries included.
 async fn delivered(bus: &zopu_core::nats::Bus, partitions: u32) -> anyhow::Result<u64> {
     let stream = bus.jetstream.get_stream(subjects::WORK_STREAM).await?;
-    let durable = subjects::durable(SERVICE, "settle");
+    let durable = subjects::durable(SERVICE, SETTLE);
     let mut total = 0;
     for partition in 0..partitions {
         let name = subjects::partition_durable(&durable, partition, partitions);
