@@ -449,7 +449,9 @@ pub async fn run<R: Reaction>(
     loop {
         // The work stream's count is the deployment's (`zopu streams apply`
         // sets it from `scale.partitions`); every instance follows it.
-        let partitions = crate::streams::work_partitions(&shared.bus).await?;
+        let Some(partitions) = work_partitions(&shared).await? else {
+            return Ok(());
+        };
         for previous in previous_partitionings(&shared.stream, &config.durable, partitions).await? {
             tracing::info!(
                 service = %shared.service,
@@ -465,6 +467,26 @@ pub async fn run<R: Reaction>(
         }
         if !work_partitioning(&shared, &config, partitions, Until::Superseded).await? {
             return Ok(());
+        }
+    }
+}
+
+/// The work stream's partition count, read again while the server does not
+/// answer (a cluster electing a leader); `None` at shutdown.
+async fn work_partitions<R>(shared: &Shared<R>) -> Result<Option<u32>, Error> {
+    let mut failures = 0u64;
+    loop {
+        match crate::streams::work_state(&shared.bus).await {
+            Ok(state) => return Ok(Some(state.partitions)),
+            Err(error @ Error::StreamDrift { .. }) => return Err(error),
+            Err(error) => {
+                failures += 1;
+                tracing::warn!(%error, failures, "cannot read the work stream's partition count; reading it again");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(250 * failures.min(8))) => {}
+                    () = shared.shutdown.cancelled() => return Ok(None),
+                }
+            }
         }
     }
 }
@@ -494,8 +516,13 @@ enum Until {
     Superseded,
 }
 
-/// Lease ticks between two readings of the work stream's partition count.
-const PARTITION_COUNT_CHECK_TICKS: u32 = 5;
+/// Lease ticks between two readings of the work stream's state (its
+/// partition count, and whether its copying of the log stalled).
+const WORK_STATE_CHECK_TICKS: u32 = 5;
+
+/// The least time between two restarts of a stalled work stream's copying
+/// asked by one instance.
+const WORK_COPY_RESTART_EVERY: Duration = Duration::from_secs(30);
 
 /// Works the `partitions` consumers of a reaction until `until`; true if it
 /// ended because the partitioning drained, false at shutdown.
@@ -565,19 +592,30 @@ async fn work_partitioning<R: Reaction>(
     let mut drained = false;
     let mut ending = until == Until::Drained;
     let mut ticks = 0u32;
+    let mut last_restart = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
             _ = tick.tick() => {
                 ticks = ticks.wrapping_add(1);
-                if !ending && ticks.is_multiple_of(PARTITION_COUNT_CHECK_TICKS) {
-                    match crate::streams::work_partitions(&shared.bus).await {
-                        Ok(now) if now != partitions => {
-                            tracing::info!(durable = %config.durable, partitions, now, "the work stream files new events under another partition count; finishing this partitioning's work first");
-                            ending = true;
+                if ticks.is_multiple_of(WORK_STATE_CHECK_TICKS) {
+                    match crate::streams::work_state(&shared.bus).await {
+                        Ok(state) => {
+                            if !ending && state.partitions != partitions {
+                                tracing::info!(durable = %config.durable, partitions, now = state.partitions, "the work stream files new events under another partition count; finishing this partitioning's work first");
+                                ending = true;
+                            }
+                            if state.stalled
+                                && last_restart.is_none_or(|at: tokio::time::Instant| at.elapsed() >= WORK_COPY_RESTART_EVERY)
+                            {
+                                last_restart = Some(tokio::time::Instant::now());
+                                tracing::warn!(durable = %config.durable, "the work stream stopped copying the log; asking its leader to step down so another replica restarts the copy");
+                                if let Err(error) = crate::streams::restart_work_copy(&shared.bus).await {
+                                    tracing::warn!(%error, "the work stream's leader did not step down");
+                                }
+                            }
                         }
-                        Ok(_) => {}
-                        Err(error) => tracing::warn!(%error, "cannot read the work stream's partition count; reading it again later"),
+                        Err(error) => tracing::warn!(%error, "cannot read the work stream's state; reading it again later"),
                     }
                 }
                 if ending

@@ -423,21 +423,59 @@ async fn apply_stream(js: &jetstream::Context, wanted: stream::Config) -> Result
     Ok(())
 }
 
-/// How many partitions the work stream files events into now (its source
-/// transform's count): what every reaction works, whatever its own
-/// `scale.partitions` says.
-pub async fn work_partitions(bus: &Bus) -> Result<u32, Error> {
-    let existing = existing_config(&bus.jetstream, zopu_schema::subjects::WORK_STREAM)
-        .await?
-        .ok_or_else(|| Error::StreamMissing {
-            stream: zopu_schema::subjects::WORK_STREAM.to_owned(),
-        })?;
-    partitions_of(&existing).ok_or_else(|| Error::StreamDrift {
+/// What the reactions read of the work stream as they work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkState {
+    /// The partition count its source transform files events into now.
+    pub partitions: u32,
+    /// Its copying of the log has stopped: events wait to be copied and
+    /// the source has been silent for [`WORK_COPY_STALL`] or more.
+    pub stalled: bool,
+}
+
+/// How long the work stream's source may stay silent with events waiting
+/// before its copying counts as stalled (the server sends a source
+/// heartbeat every few seconds, and retries a lost source with a backoff
+/// that grows to minutes after an election).
+pub const WORK_COPY_STALL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// [`WorkState`] read from the server now.
+pub async fn work_state(bus: &Bus) -> Result<WorkState, Error> {
+    let stream = bus
+        .jetstream
+        .get_stream(zopu_schema::subjects::WORK_STREAM)
+        .await
+        .map_err(|e| Error::jetstream("work stream info", e))?;
+    let info = stream.cached_info();
+    let partitions = partitions_of(&info.config).ok_or_else(|| Error::StreamDrift {
         stream: zopu_schema::subjects::WORK_STREAM.to_owned(),
         field: "sources".into(),
-        existing: format!("{:?}", existing.sources),
+        existing: format!("{:?}", info.config.sources),
         wanted: zopu_schema::subjects::work_transform_destination(1),
+    })?;
+    let stalled = info.sources.iter().any(|source| {
+        source.lag > 0 && source.active.is_none_or(|silent| silent >= WORK_COPY_STALL)
+    });
+    Ok(WorkState {
+        partitions,
+        stalled,
     })
+}
+
+/// Asks the work stream's leader to step down: the replica that leads it
+/// next sets its source up afresh, instead of waiting out the backoff the
+/// server applies to a source that failed during an election. Answered
+/// with an error on a single server (no other replica), which changes
+/// nothing.
+pub async fn restart_work_copy(bus: &Bus) -> Result<(), Error> {
+    bus.client
+        .request(
+            zopu_schema::subjects::stream_leader_stepdown(zopu_schema::subjects::WORK_STREAM),
+            bytes::Bytes::new(),
+        )
+        .await
+        .map_err(|e| Error::jetstream("work stream leader stepdown", e))?;
+    Ok(())
 }
 
 /// The partition count of a work stream's source transform.

@@ -155,6 +155,12 @@ pub fn work_transform_destination(partitions: u32) -> String {
     )
 }
 
+/// The JetStream API request that makes a replicated stream's leader step
+/// down, so another replica leads it (and sets its sources up afresh).
+pub fn stream_leader_stepdown(stream: &str) -> String {
+    format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}")
+}
+
 /// The partition count of a work stream source's transform destination
 /// ([`work_transform_destination`]); `None` for any other destination.
 pub fn partitions_of_work_transform(destination: &str) -> Option<u32> {
