@@ -821,3 +821,173 @@ fn an_upgrade_continues_where_the_event_stream_consumers_left_off() -> Result<()
     ensure!(instance.stop(), "the instance did not stop cleanly");
     Ok(())
 }
+
+/// The work stream copies only the event types some reaction consumes: a
+/// reaction filtering on another type would wait forever, so it refuses to
+/// start and names the filter.
+#[tokio::test]
+async fn a_reaction_on_an_event_type_the_work_stream_does_not_copy_refuses_to_start() -> Result<()>
+{
+    let server = NatsServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let config = scaled_config(&server, dir.path(), "only", 1);
+    let runtime = Runtime::start(SERVICE, &config, Shutdown::new()).await?;
+    let uncopied = subjects::events_of_type(pb::AgentAcknowledged::TYPE);
+    let reaction = Acknowledge {
+        journal: Arc::new(Journal::default()),
+        step: Duration::ZERO,
+        slow_for: Duration::ZERO,
+    };
+    let outcome = tokio::time::timeout(
+        LONG,
+        zopu_core::reaction::run(
+            runtime,
+            ReactionConfig::new(subjects::durable(SERVICE, "acks"), vec![uncopied.clone()]),
+            reaction,
+        ),
+    )
+    .await
+    .context("the reaction neither started nor refused")?;
+    match outcome {
+        Err(zopu_core::Error::WorkNotCopied { filter, .. }) => {
+            ensure!(filter == uncopied, "named {filter}, want {uncopied}");
+        }
+        other => anyhow::bail!("want WorkNotCopied, got {other:?}"),
+    }
+    Ok(())
+}
+
+/// The messages of each type stored in the work stream's current
+/// partitioning, by event type.
+async fn work_copies_by_type(bus: &zopu_core::nats::Bus) -> Result<BTreeMap<String, usize>> {
+    let work = bus.jetstream.get_stream(subjects::WORK_STREAM).await?;
+    let mut info = work
+        .info_with_subjects(subjects::work_of_partitioning(1))
+        .await?;
+    let mut counts = BTreeMap::new();
+    while let Some(entry) = info.next().await {
+        let (subject, count) = entry?;
+        let parsed = subjects::parse_work(&subject).context("a work subject")?;
+        let event_type = parsed
+            .event_subject
+            .splitn(5, '.')
+            .nth(4)
+            .context("an event subject")?
+            .to_owned();
+        *counts.entry(event_type).or_default() += count;
+    }
+    Ok(counts)
+}
+
+/// Upgrading from the release whose work stream copied every event: the
+/// update narrows the copy to the consumed types from the next event on,
+/// without copying history again, and the reaction goes on from where it
+/// was: every message acknowledged once, in order.
+#[test]
+fn an_upgrade_from_a_work_stream_copying_every_event_neither_redoes_nor_misses_work() -> Result<()>
+{
+    let server = NatsServer::start()?;
+    let driver = tokio::runtime::Runtime::new()?;
+    let bus = driver.block_on(bus(&server, Duration::from_secs(120)))?;
+    let projects: Vec<ProjectId> = (0..3).map(|_| ProjectId::new()).collect();
+    let rounds = 4;
+    let publisher = Publisher::new(bus.clone(), "test", None);
+    let publish_round = |round: usize| {
+        driver.block_on(async {
+            for project in &projects {
+                publisher
+                    .append(user_message(*project, &format!("m{round}")))
+                    .await?;
+            }
+            anyhow::Ok(())
+        })
+    };
+    driver.block_on(async {
+        // The earlier release's work stream: one transform, every event.
+        bus.jetstream.delete_stream(subjects::WORK_STREAM).await?;
+        let mut earlier =
+            zopu_core::streams::work_config(&zopu_core::streams::StreamSettings::default())?;
+        if let Some(source) = earlier.sources.iter_mut().flatten().next() {
+            source.subject_transforms = vec![async_nats::jetstream::stream::SubjectTransform {
+                source: subjects::events_of_type(">"),
+                destination: subjects::work_transform_destination(1, ">"),
+            }];
+        }
+        bus.jetstream.create_stream(earlier).await?;
+        anyhow::Ok(())
+    })?;
+    // What the earlier release left: user messages its reaction had not
+    // handled yet, copied with everything else.
+    for round in 0..rounds / 2 {
+        publish_round(round)?;
+    }
+    let copied_before = driver.block_on(async {
+        let deadline = tokio::time::Instant::now() + LONG;
+        loop {
+            let copied = work_copies_by_type(&bus).await?;
+            if copied.get(pb::TimelineMessageSent::TYPE) == Some(&(rounds / 2 * projects.len())) {
+                break anyhow::Ok(copied);
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the earlier work stream did not copy the messages: {copied:?}"
+            );
+            tokio::task::yield_now().await;
+        }
+    })?;
+    let journal = Arc::new(Journal::default());
+    let acknowledge = |journal: &Arc<Journal>| Acknowledge {
+        journal: journal.clone(),
+        step: Duration::ZERO,
+        slow_for: Duration::ZERO,
+    };
+
+    // The upgrade: the administrator's step, then the new release.
+    driver.block_on(zopu_tests::apply_streams_on(
+        &bus,
+        1,
+        zopu_tests::DUPLICATE_WINDOW,
+    ))?;
+    let after_dir = tempfile::tempdir()?;
+    let mut after = Instance::start(
+        scaled_config(&server, after_dir.path(), "after", 1),
+        acknowledge(&journal),
+        reaction_config(Duration::from_secs(30), 5),
+    )?;
+    for round in rounds / 2..rounds {
+        publish_round(round)?;
+    }
+    driver.block_on(wait_for_count(
+        &bus,
+        &subjects::events_of_type(pb::AgentAcknowledged::TYPE),
+        LONG,
+        rounds * projects.len(),
+        |_| true,
+    ))?;
+    let expected: Vec<String> = (0..rounds).map(|round| format!("m{round}")).collect();
+    let acknowledged = driver.block_on(acknowledged_texts(&bus))?;
+    for project in &projects {
+        ensure!(
+            acknowledged.get(&project.to_string()) == Some(&expected),
+            "project {project}: acknowledged {:?}, want each of {expected:?} once",
+            acknowledged.get(&project.to_string())
+        );
+    }
+    let runs = journal.runs.lock().unwrap_or_else(|p| p.into_inner()).len();
+    ensure!(
+        runs == rounds * projects.len(),
+        "the handler ran {runs} times, want once per message ({})",
+        rounds * projects.len()
+    );
+    let copied_after = driver.block_on(work_copies_by_type(&bus))?;
+    ensure!(
+        copied_after.get(pb::TimelineMessageSent::TYPE) == Some(&(rounds * projects.len())),
+        "every user message copied once, history not copied again: {copied_after:?}"
+    );
+    ensure!(
+        !copied_after.contains_key(pb::AgentAcknowledged::TYPE),
+        "no acknowledgement (a type no reaction consumes) copied after the upgrade: {copied_after:?}, before it {copied_before:?}"
+    );
+    ensure!(after.stop(), "the upgraded instance did not stop cleanly");
+    Ok(())
+}

@@ -36,6 +36,11 @@ pub enum Error {
         existing: String,
         wanted: String,
     },
+    #[error(
+        "reaction {durable} consumes {filter}, which the work stream ZOPU_WORK does not copy: \
+         add a source transform for its event type to streams/ZOPU_WORK.json and run `zopu streams apply`"
+    )]
+    WorkNotCopied { durable: String, filter: String },
     #[error("stream definition {file}: {reason}")]
     StreamDefinition { file: String, reason: String },
     #[error("JetStream {operation}: {reason}")]

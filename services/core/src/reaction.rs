@@ -330,16 +330,21 @@ struct Origin {
     subject: String,
 }
 
-/// The header nats-server adds to a message copied by a stream source.
-const STREAM_SOURCE_HEADER: &str = "Nats-Stream-Source";
-
 impl Origin {
     fn of(message: &Message) -> Result<Self, String> {
-        let header = traced_header(message, STREAM_SOURCE_HEADER).ok_or_else(|| {
-            format!("no {STREAM_SOURCE_HEADER} header: not a copy of the event stream")
+        let header =
+            traced_header(message, crate::streams::STREAM_SOURCE_HEADER).ok_or_else(|| {
+                format!(
+                    "no {} header: not a copy of the event stream",
+                    crate::streams::STREAM_SOURCE_HEADER
+                )
+            })?;
+        let origin = Self::parse(header).ok_or_else(|| {
+            format!(
+                "unreadable {} header {header:?}",
+                crate::streams::STREAM_SOURCE_HEADER
+            )
         })?;
-        let origin = Self::parse(header)
-            .ok_or_else(|| format!("unreadable {STREAM_SOURCE_HEADER} header {header:?}"))?;
         // The work subject must file the event it carries.
         let filed = zopu_schema::subjects::parse_work(&message.subject)
             .is_some_and(|work| work.event_subject == origin.subject);
@@ -353,11 +358,8 @@ impl Origin {
     }
 
     fn parse(header: &str) -> Option<Self> {
-        let mut tokens = header.split(' ');
-        let stream = tokens.next()?.split(':').next()?;
-        let sequence = tokens.next()?.parse().ok()?;
-        let subject = tokens.next_back()?;
-        (stream == zopu_schema::subjects::EVENTS_STREAM && sequence > 0).then(|| Self {
+        let (sequence, subject) = crate::streams::copied_from(header)?;
+        Some(Self {
             sequence,
             subject: subject.to_owned(),
         })
@@ -449,7 +451,7 @@ pub async fn run<R: Reaction>(
     loop {
         // The work stream's count is the deployment's (`zopu streams apply`
         // sets it from `scale.partitions`); every instance follows it.
-        let Some(partitions) = work_partitions(&shared).await? else {
+        let Some(partitions) = work_partitions(&shared, &config).await? else {
             return Ok(());
         };
         for previous in previous_partitionings(&shared.stream, &config.durable, partitions).await? {
@@ -472,12 +474,24 @@ pub async fn run<R: Reaction>(
 }
 
 /// The work stream's partition count, read again while the server does not
-/// answer (a cluster electing a leader); `None` at shutdown.
-async fn work_partitions<R>(shared: &Shared<R>) -> Result<Option<u32>, Error> {
+/// answer (a cluster electing a leader); `None` at shutdown. Fails if the
+/// work stream does not copy every event type the reaction consumes.
+async fn work_partitions<R>(
+    shared: &Shared<R>,
+    config: &ReactionConfig,
+) -> Result<Option<u32>, Error> {
     let mut failures = 0u64;
     loop {
         match crate::streams::work_state(&shared.bus).await {
-            Ok(state) => return Ok(Some(state.partitions)),
+            Ok(state) => {
+                if let Some(filter) = state.first_not_copied(&config.filter_subjects) {
+                    return Err(Error::WorkNotCopied {
+                        durable: config.durable.clone(),
+                        filter: filter.to_owned(),
+                    });
+                }
+                return Ok(Some(state.partitions));
+            }
             Err(error @ Error::StreamDrift { .. }) => return Err(error),
             Err(error) => {
                 failures += 1;

@@ -135,27 +135,45 @@ pub fn work_config(settings: &StreamSettings) -> Result<stream::Config, Error> {
             });
         }
     };
-    let transform_of = |partitions| stream::SubjectTransform {
-        source: zopu_schema::subjects::work_transform_source(),
-        destination: zopu_schema::subjects::work_transform_destination(partitions),
-    };
+    let defined_for_one_partition = !source.subject_transforms.is_empty()
+        && source.subject_transforms.iter().all(|transform| {
+            zopu_schema::subjects::partitions_of_work_transform(
+                &transform.source,
+                &transform.destination,
+            ) == Some(1)
+        });
     if config.name != zopu_schema::subjects::WORK_STREAM
         || !config.subjects.is_empty()
         || source.name != zopu_schema::subjects::EVENTS_STREAM
-        || source.subject_transforms != [transform_of(1)]
+        || !defined_for_one_partition
     {
         return Err(Error::StreamDefinition {
             file: file.into(),
-            reason: "name, subjects or source transform differ from the schema crate's".into(),
+            reason: "name, subjects or source transforms differ from the schema crate's \
+                     (each transform takes zopu.evt.*.*.<type> to \
+                     subjects::work_transform_destination(1, <type>))"
+                .into(),
         });
     }
-    source.subject_transforms = vec![transform_of(settings.partitions)];
+    for transform in &mut source.subject_transforms {
+        let event_type = work_transform_event_type(&transform.source);
+        transform.destination =
+            zopu_schema::subjects::work_transform_destination(settings.partitions, event_type);
+    }
     // The duplicate window stays the definition's (the server's least,
     // 100 ms): the event stream already refused every duplicate inside its
     // own window, and a longer one here would drop an event the log stored
     // again after that window (its copy may arrive sooner after the first).
     config.num_replicas = settings.replicas;
     Ok(config)
+}
+
+/// The event type (or type prefix) a work stream transform's source filter
+/// `zopu.evt.*.*.<type>` takes; the filter was checked by
+/// [`zopu_schema::subjects::partitions_of_work_transform`].
+fn work_transform_event_type(source: &str) -> &str {
+    let prefix = zopu_schema::subjects::events_of_type("");
+    source.strip_prefix(prefix.as_str()).unwrap_or(source)
 }
 
 /// Fields compared even where the definition does not name them: a stream
@@ -424,13 +442,32 @@ async fn apply_stream(js: &jetstream::Context, wanted: stream::Config) -> Result
 }
 
 /// What the reactions read of the work stream as they work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkState {
-    /// The partition count its source transform files events into now.
+    /// The partition count its source transforms file events into now.
     pub partitions: u32,
+    /// The event filters it copies from the log (its transforms' sources):
+    /// a reaction filtering on anything else would wait forever.
+    pub copied: Vec<String>,
     /// Its copying of the log has stopped: events wait to be copied and
     /// the source has been silent for [`WORK_COPY_STALL`] or more.
     pub stalled: bool,
+}
+
+impl WorkState {
+    /// The first of `filters` (event filters) that the work stream does not
+    /// copy, if any.
+    pub fn first_not_copied<'a>(&self, filters: &'a [String]) -> Option<&'a str> {
+        filters
+            .iter()
+            .find(|filter| {
+                !self
+                    .copied
+                    .iter()
+                    .any(|copied| zopu_schema::subjects::subject_subsumes(copied, filter))
+            })
+            .map(String::as_str)
+    }
 }
 
 /// How long the work stream's source may stay silent with events waiting
@@ -451,13 +488,22 @@ pub async fn work_state(bus: &Bus) -> Result<WorkState, Error> {
         stream: zopu_schema::subjects::WORK_STREAM.to_owned(),
         field: "sources".into(),
         existing: format!("{:?}", info.config.sources),
-        wanted: zopu_schema::subjects::work_transform_destination(1),
+        wanted: "transforms of subjects::work_transform_destination(<partitions>, <type>)".into(),
     })?;
+    let copied = info
+        .config
+        .sources
+        .iter()
+        .flatten()
+        .flat_map(|source| &source.subject_transforms)
+        .map(|transform| transform.source.clone())
+        .collect();
     let stalled = info.sources.iter().any(|source| {
         source.lag > 0 && source.active.is_none_or(|silent| silent >= WORK_COPY_STALL)
     });
     Ok(WorkState {
         partitions,
+        copied,
         stalled,
     })
 }
@@ -483,10 +529,14 @@ fn partitions_of(config: &stream::Config) -> Option<u32> {
     let [source] = config.sources.as_deref()? else {
         return None;
     };
-    let [transform] = source.subject_transforms.as_slice() else {
-        return None;
-    };
-    zopu_schema::subjects::partitions_of_work_transform(&transform.destination)
+    let mut counts = source.subject_transforms.iter().map(|transform| {
+        zopu_schema::subjects::partitions_of_work_transform(
+            &transform.source,
+            &transform.destination,
+        )
+    });
+    let first = counts.next()??;
+    counts.all(|count| count == Some(first)).then_some(first)
 }
 
 /// Creates the work stream, or updates it to the configured partitioning.
@@ -533,8 +583,20 @@ async fn apply_work_stream(
                     .iter()
                     .flatten()
                     .find_map(|source| source.start_sequence);
+                // The server tells a source by its transforms: a changed
+                // transform (another partition count, another set of types)
+                // is a new source, which would copy the log again from where
+                // the copying began. It goes on after the last event copied
+                // instead (events copied while the update is applied may be
+                // copied twice; reactions recognise what they handled).
+                let transforms_changed = existing.sources != wanted.sources;
+                let resume = if transforms_changed {
+                    last_copied(js).await?.map(|sequence| sequence + 1)
+                } else {
+                    None
+                };
                 if let Some(source) = wanted.sources.iter_mut().flatten().next() {
-                    source.start_sequence = began;
+                    source.start_sequence = resume.or(began);
                 }
                 js.update_stream(wanted.clone())
                     .await
@@ -545,6 +607,48 @@ async fn apply_work_stream(
         }
     }
     Ok(())
+}
+
+/// The header nats-server adds to a message copied by a stream source.
+pub(crate) const STREAM_SOURCE_HEADER: &str = "Nats-Stream-Source";
+
+/// The event stream sequence and subject of the event a work stream copy
+/// carries, from its [`STREAM_SOURCE_HEADER`]
+/// (`<stream>[:<domain>] <sequence> <filter> <transform> <subject>`);
+/// `None` if it is not a copy of the event stream.
+pub(crate) fn copied_from(header: &str) -> Option<(u64, &str)> {
+    let mut tokens = header.split(' ');
+    let stream = tokens.next()?.split(':').next()?;
+    let sequence = tokens.next()?.parse().ok()?;
+    let subject = tokens.next_back()?;
+    (stream == zopu_schema::subjects::EVENTS_STREAM && sequence > 0).then_some((sequence, subject))
+}
+
+/// The event stream sequence of the last event the work stream copied;
+/// `None` if it holds none.
+async fn last_copied(js: &jetstream::Context) -> Result<Option<u64>, Error> {
+    let mut work = js
+        .get_stream(zopu_schema::subjects::WORK_STREAM)
+        .await
+        .map_err(|e| Error::jetstream("work stream info", e))?;
+    let state = work
+        .info()
+        .await
+        .map_err(|e| Error::jetstream("work stream info", e))?
+        .state
+        .clone();
+    if state.messages == 0 {
+        return Ok(None);
+    }
+    let last = work
+        .get_raw_message(state.last_sequence)
+        .await
+        .map_err(|e| Error::jetstream("work stream last message", e))?;
+    Ok(last
+        .headers
+        .get(STREAM_SOURCE_HEADER)
+        .and_then(|value| copied_from(value.as_str()))
+        .map(|(sequence, _)| sequence))
 }
 
 /// The lowest stream sequence that every durable consumer on the event

@@ -11,6 +11,8 @@ pub const EVENTS_STREAM: &str = "ZOPU_EVENTS";
 /// The reactions' work stream: a copy of the log whose stored subjects carry
 /// the partition of the event's project (see [`work_transform_destination`]),
 /// so that each partition's consumer receives only its own partition's events.
+/// It copies only the event types some reaction consumes (one source
+/// transform each, `streams/ZOPU_WORK.json`).
 /// Internal to the runtime; integrators read [`EVENTS_STREAM`].
 pub const WORK_STREAM: &str = "ZOPU_WORK";
 /// Prefix of every work subject.
@@ -138,39 +140,58 @@ pub fn partition_of(org: &str, project: &str, partitions: u32) -> u32 {
     hash % partitions
 }
 
-/// What the work stream's source transform takes: every event subject.
-pub fn work_transform_source() -> String {
-    format!("{EVENT_PREFIX}.*.*.>")
-}
-
 /// Where the work stream files an event of `zopu.evt.<org>.<project>.<type>`
-/// when work is split into `partitions` partitions:
+/// matched by the source transform for `event_type` (an exact type, or a
+/// prefix ending in `>`) when work is split into `partitions` partitions:
 /// `zopu.work.<partitions>.<partition>.<org>.<project>.<type>`. The count is
 /// part of the subject, so a change of partition count starts new subjects
 /// at one point of the work stream and the consumers of the previous count
 /// drain what came before it (README "Scaling out").
-pub fn work_transform_destination(partitions: u32) -> String {
+pub fn work_transform_destination(partitions: u32, event_type: &str) -> String {
     format!(
-        "{WORK_PREFIX}.{partitions}.{{{{partition({partitions},1,2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.>"
+        "{WORK_PREFIX}.{partitions}.{{{{partition({partitions},1,2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{event_type}"
     )
 }
 
-/// The JetStream API request that makes a replicated stream's leader step
-/// down, so another replica leads it (and sets its sources up afresh).
-pub fn stream_leader_stepdown(stream: &str) -> String {
-    format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}")
-}
-
-/// The partition count of a work stream source's transform destination
-/// ([`work_transform_destination`]); `None` for any other destination.
-pub fn partitions_of_work_transform(destination: &str) -> Option<u32> {
+/// The partition count of one of the work stream's source transforms, from
+/// its source filter (`zopu.evt.*.*.<type>`) and destination
+/// ([`work_transform_destination`]); `None` for any other transform.
+pub fn partitions_of_work_transform(source: &str, destination: &str) -> Option<u32> {
+    // The source is `events_of_type(<type>)`.
+    let event_type = source.strip_prefix(EVENT_PREFIX)?.strip_prefix(".*.*.")?;
     let count = destination
         .strip_prefix(WORK_PREFIX)?
         .strip_prefix('.')?
         .split('.')
         .next()?;
     let partitions: u32 = count.parse().ok()?;
-    (partitions > 0 && work_transform_destination(partitions) == destination).then_some(partitions)
+    (partitions > 0
+        && !event_type.is_empty()
+        && work_transform_destination(partitions, event_type) == destination)
+        .then_some(partitions)
+}
+
+/// Whether the subject pattern `pattern` matches every subject `filter`
+/// matches (both may hold `*` and a final `>`): a consumer filtering on
+/// `filter` receives only what a stream or transform taking `pattern` holds.
+pub fn subject_subsumes(pattern: &str, filter: &str) -> bool {
+    let mut pattern_tokens = pattern.split('.');
+    let mut filter_tokens = filter.split('.');
+    loop {
+        match (pattern_tokens.next(), filter_tokens.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(token)) if token != ">" => {}
+            (Some(wanted), Some(token)) if wanted == token && token != "*" && token != ">" => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// The JetStream API request that makes a replicated stream's leader step
+/// down, so another replica leads it (and sets its sources up afresh).
+pub fn stream_leader_stepdown(stream: &str) -> String {
+    format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}")
 }
 
 /// A reaction's event filter (`zopu.evt.*.*.dispatch.created`) narrowed to
@@ -449,25 +470,64 @@ mod tests {
 
     #[test]
     fn work_subjects_carry_the_partitioning_and_the_event_subject() {
+        let source = events_of_type("dispatch.created");
         assert_eq!(
-            work_transform_destination(12),
-            "zopu.work.12.{{partition(12,1,2)}}.{{wildcard(1)}}.{{wildcard(2)}}.>"
+            work_transform_destination(12, "dispatch.created"),
+            "zopu.work.12.{{partition(12,1,2)}}.{{wildcard(1)}}.{{wildcard(2)}}.dispatch.created"
         );
-        assert_eq!(work_transform_source(), "zopu.evt.*.*.>");
         assert_eq!(
-            partitions_of_work_transform(&work_transform_destination(12)),
+            partitions_of_work_transform(
+                &source,
+                &work_transform_destination(12, "dispatch.created")
+            ),
             Some(12)
         );
         assert_eq!(
-            partitions_of_work_transform("zopu.work.12.{{partition(4,1,2)}}.>"),
+            partitions_of_work_transform(
+                &source,
+                &work_transform_destination(12, "dispatch.accepted")
+            ),
+            None,
+            "a transform files events under the type it takes"
+        );
+        assert_eq!(
+            partitions_of_work_transform(&source, "zopu.work.12.{{partition(4,1,2)}}.>"),
             None
         );
-        assert_eq!(partitions_of_work_transform("zopu.work.0.x"), None);
+        assert_eq!(partitions_of_work_transform(&source, "zopu.work.0.x"), None);
+        assert_eq!(
+            partitions_of_work_transform("zopu.evt.acme.*.x", &work_transform_destination(1, "x")),
+            None
+        );
         assert_eq!(
             work_filter(&events_of_type("dispatch.created"), 12, 5).as_deref(),
             Some("zopu.work.12.5.*.*.dispatch.created")
         );
         assert_eq!(work_filter("other.subject", 12, 5), None);
+        assert!(subject_subsumes(&source, &source));
+        assert!(subject_subsumes(
+            "zopu.evt.*.*.flow.>",
+            "zopu.evt.*.*.flow.completed"
+        ));
+        assert!(subject_subsumes(
+            "zopu.evt.*.*.flow.>",
+            "zopu.evt.acme.*.flow.>"
+        ));
+        assert!(subject_subsumes("zopu.evt.*.*.>", &source));
+        assert!(!subject_subsumes(&source, "zopu.evt.*.*.dispatch.>"));
+        assert!(!subject_subsumes(&source, "zopu.evt.*.*.dispatch.accepted"));
+        assert!(!subject_subsumes(
+            "zopu.evt.acme.*.flow.>",
+            "zopu.evt.*.*.flow.completed"
+        ));
+        assert!(!subject_subsumes(
+            "zopu.evt.*.*.flow",
+            "zopu.evt.*.*.flow.completed"
+        ));
+        assert!(!subject_subsumes(
+            "zopu.evt.*.*.flow.completed",
+            "zopu.evt.*.*.flow"
+        ));
         let parsed = parse_work("zopu.work.12.5.acme.p1.dispatch.created").unwrap();
         assert_eq!((parsed.partitions, parsed.partition), (12, 5));
         assert_eq!((parsed.org, parsed.project), ("acme", "p1"));
