@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 use zopu_core::registry::RegisteredAgent;
 use zopu_core::text::clip_chars;
-use zopu_llm::{ChatMessage, ChatReply, ChatRequest, Provider, ToolSpec};
+use zopu_llm::{ChatMessage, ChatReply, ChatRequest, Provider, Structured, ToolSpec};
 use zopu_schema::pb;
 
 use crate::offline::{self, DecisionKind};
@@ -358,14 +358,20 @@ pub fn decision_request(
         clip_chars(text, 8000)
     );
     let system = format!("{SYSTEM_PROMPT}\n\n{}", definition.package.prompt());
+    // Asked as structured output: a server that enforces the schema (derived
+    // from the decision tools) gets exactly one well-formed decision; one
+    // that refuses it gets the tools as offered.
     let mut request = ChatRequest::new(vec![ChatMessage::system(system), ChatMessage::user(user)])
-        .with_tools(decision_tools());
+        .with_tools(decision_tools())
+        .with_structured(Structured::tool_choice(DECISION_SCHEMA));
     let model = &definition.definition.model;
     request.max_tokens = model.max_output_tokens.unwrap_or(400);
     request.temperature = Some(model.temperature.unwrap_or(0.2));
     request
 }
 
+/// The decision's structured-output schema name.
+const DECISION_SCHEMA: &str = "decision";
 const PROJECT_DATA_OPEN: &str = "<project_data>\n";
 const PROJECT_DATA_CLOSE: &str = "\n</project_data>\n";
 const USER_MESSAGE_OPEN: &str = "<user_message>\n";
