@@ -22,6 +22,14 @@ pub const MAX_SENTENCES: usize = 3;
 pub const REPLY_MAX_WORDS: usize = 80;
 const TITLE_MAX_CHARS: usize = 120;
 const REQUEST_MAX_CHARS: usize = 2000;
+// The decision schema's bounds on each text (a schema-enforcing server
+// cannot then run a text past the completion budget): about the word
+// limits above at six characters a word; the specialist's request short of
+// its validation limit, since the user's own words are added to it.
+const ACK_MAX_CHARS: usize = ACK_MAX_WORDS * 6;
+const REPLY_MAX_CHARS: usize = REPLY_MAX_WORDS * 6;
+const REQUEST_SCHEMA_MAX_CHARS: usize = 600;
+const PREFERENCE_MAX_CHARS: usize = 200;
 
 /// What a turn does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,9 +265,9 @@ pub fn decision_tools() -> Vec<ToolSpec> {
             "additionalProperties": false,
             "required": ["acknowledgement", "title", "request"],
             "properties": {
-                "acknowledgement": {"type": "string", "description": "One to three short sentences (under 50 words) telling the user what happens next."},
-                "title": {"type": "string", "description": "A short title for the Work (under 120 characters)."},
-                "request": {"type": "string", "description": "What the specialist should find out, in one paragraph."}
+                "acknowledgement": {"type": "string", "maxLength": ACK_MAX_CHARS, "description": "One to three short sentences (under 50 words) telling the user what happens next."},
+                "title": {"type": "string", "maxLength": TITLE_MAX_CHARS, "description": "A short title for the Work (under 120 characters)."},
+                "request": {"type": "string", "maxLength": REQUEST_SCHEMA_MAX_CHARS, "description": "What the specialist should find out, in one paragraph."}
             }
         }),
     };
@@ -269,7 +277,7 @@ pub fn decision_tools() -> Vec<ToolSpec> {
             description: "Answer directly (greetings, thanks, status, questions the project summary answers).".to_owned(),
             parameters: json!({
                 "type": "object", "additionalProperties": false, "required": ["message"],
-                "properties": {"message": {"type": "string", "description": "One to three short sentences."}}
+                "properties": {"message": {"type": "string", "maxLength": REPLY_MAX_CHARS, "description": "One to three short sentences."}}
             }),
         },
         ToolSpec {
@@ -277,7 +285,7 @@ pub fn decision_tools() -> Vec<ToolSpec> {
             description: "Ask exactly one necessary clarifying question when the request names no subject.".to_owned(),
             parameters: json!({
                 "type": "object", "additionalProperties": false, "required": ["question"],
-                "properties": {"question": {"type": "string", "description": "One question."}}
+                "properties": {"question": {"type": "string", "maxLength": REPLY_MAX_CHARS, "description": "One question."}}
             }),
         },
         ToolSpec {
@@ -286,9 +294,9 @@ pub fn decision_tools() -> Vec<ToolSpec> {
             parameters: json!({
                 "type": "object", "additionalProperties": false, "required": ["key", "preference", "acknowledgement"],
                 "properties": {
-                    "key": {"type": "string", "description": "A short topic key: lowercase letters, digits, '.', '-', e.g. preference.language."},
-                    "preference": {"type": "string", "description": "The preference in a few words, e.g. Answer in German."},
-                    "acknowledgement": {"type": "string", "description": "One short sentence confirming what you will do from now on."}
+                    "key": {"type": "string", "maxLength": zopu_core::memory::KEY_MAX_CHARS, "description": "A short topic key: lowercase letters, digits, '.', '-', e.g. preference.language."},
+                    "preference": {"type": "string", "maxLength": PREFERENCE_MAX_CHARS, "description": "The preference in a few words, e.g. Answer in German."},
+                    "acknowledgement": {"type": "string", "maxLength": ACK_MAX_CHARS, "description": "One short sentence confirming what you will do from now on."}
                 }
             }),
         },
