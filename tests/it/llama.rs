@@ -397,6 +397,7 @@ async fn a_small_local_model_decides_most_turns() -> Result<()> {
         ("ZOPU_CONVERSATION__OPENAI__MODEL", "smollm2"),
         ("ZOPU_CONVERSATION__OPENAI__API_KEY_ENV", MODEL_KEY_VARIABLE),
         (MODEL_KEY_VARIABLE, "llama-key"),
+        ("ZOPU_CONVERSATION__OPENAI__REQUEST_TIMEOUT", "60s"),
         ("ZOPU_CONVERSATION__OPENAI__MAX_RETRIES", "1"),
     ];
     let mut fleet = Fleet::new(

@@ -23,6 +23,10 @@ use crate::chat::{ChatRequest, Role};
 const CHARS_PER_TOKEN_DEFAULT: f64 = 3.0;
 /// Completion tokens kept when the context is tight.
 const COMPLETION_MIN: u32 = 64;
+/// Completion tokens the time limit never takes a request below: a budget
+/// a reply cannot fit in cuts every reply off, which is worse than a reply
+/// that runs into the timeout.
+const COMPLETION_TIME_MIN: u32 = 256;
 /// Characters a clipped message keeps at least.
 const CLIPPED_KEEP_MIN: usize = 400;
 /// What a clipped message ends with.
@@ -134,7 +138,7 @@ impl Capacity {
         };
         let budget_seconds = (upper.as_secs_f64() * TIME_SHARE - prompt_seconds).max(0.0);
         let in_time = (budget_seconds * speed).floor() as u32;
-        request.max_tokens = request.max_tokens.min(in_time.max(COMPLETION_MIN));
+        request.max_tokens = request.max_tokens.min(in_time.max(COMPLETION_TIME_MIN));
         let expected = prompt_seconds + f64::from(request.max_tokens) / speed;
         let timeout = Duration::from_secs_f64(expected * TIMEOUT_FACTOR)
             .max(TIMEOUT_MIN)
