@@ -204,6 +204,24 @@ async fn a_real_llama_server_answers_a_turn_and_an_exploration_or_the_product_fa
             .is_none_or(|f| f.code.is_empty()),
         "onboarding failed: {onboarding:?}"
     );
+    // Its model phase: each model call, and the summary's author or the
+    // visible fallback.
+    let onboarding_flow: Vec<Envelope> = history(&bus, &events)
+        .await?
+        .into_iter()
+        .map(|(_, event)| event)
+        .filter(|event| {
+            event.correlation_id == onboarding.correlation_id
+                && event.flow_run_id.is_some()
+                && (!event.is::<pb::FlowProgress>() || is_model_step(event))
+        })
+        .collect();
+    if let (Some(first), Some(last)) = (onboarding_flow.first(), onboarding_flow.last()) {
+        eprintln!("onboarding ({:.1}s):", (last.time - first.time).as_seconds_f64());
+    }
+    for event in &onboarding_flow {
+        eprintln!("  {}", describe(event));
+    }
 
     // One turn: `zopu send` prints the acknowledgement and the final.
     let sent_at = Instant::now();

@@ -23,11 +23,12 @@ pub const REPLY_MAX_WORDS: usize = 80;
 const TITLE_MAX_CHARS: usize = 120;
 const REQUEST_MAX_CHARS: usize = 2000;
 // The decision schema's bounds on each text (a schema-enforcing server
-// cannot then run a text past the completion budget): about the word
-// limits above at six characters a word; the specialist's request short of
-// its validation limit, since the user's own words are added to it.
-const ACK_MAX_CHARS: usize = ACK_MAX_WORDS * 6;
-const REPLY_MAX_CHARS: usize = REPLY_MAX_WORDS * 6;
+// cannot then run a text past the completion budget): three characters a
+// word, so a text that runs to its bound (small models do) still keeps
+// within the word limits above; the specialist's request short of its
+// validation limit, since the user's own words are added to it.
+const ACK_MAX_CHARS: usize = ACK_MAX_WORDS * 3;
+const REPLY_MAX_CHARS: usize = REPLY_MAX_WORDS * 3;
 const REQUEST_SCHEMA_MAX_CHARS: usize = 600;
 const PREFERENCE_MAX_CHARS: usize = 200;
 
