@@ -217,7 +217,10 @@ async fn a_real_llama_server_answers_a_turn_and_an_exploration_or_the_product_fa
         })
         .collect();
     if let (Some(first), Some(last)) = (onboarding_flow.first(), onboarding_flow.last()) {
-        eprintln!("onboarding ({:.1}s):", (last.time - first.time).as_seconds_f64());
+        eprintln!(
+            "onboarding ({:.1}s):",
+            (last.time - first.time).as_seconds_f64()
+        );
     }
     for event in &onboarding_flow {
         eprintln!("  {}", describe(event));
