@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use futures::future::join_all;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use zopu_conversation::{FailPoint, OpenAiSettings, ProviderKind};
 use zopu_core::clock::ManualClock;
@@ -412,27 +412,134 @@ async fn scenario_81_with_an_openai_compatible_tool_call() -> Result<()> {
             .request_text
             .contains("How does checkout handle payments?")
     );
-    // One call, offering the decision tools, with the message as data.
+    // One call, offering the decision tools (as the structured output's
+    // actions), with the message as data.
     assert_eq!(llm.request_count(), 1);
     let body = llm.requests()[0].json();
-    let tools: Vec<String> = body["tools"]
-        .as_array()
-        .context("tools")?
-        .iter()
-        .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
-        .collect();
-    assert_eq!(
-        tools,
-        [
-            "respond",
-            "clarify",
-            "remember",
-            "explore",
-            "create_issue",
-            "check"
-        ]
-    );
+    assert_eq!(decision_actions(&body)?, DECISION_ACTIONS);
     assert!(body.to_string().contains("<user_message>"));
+    conversation.stop().await?;
+    dispatch.stop().await?;
+    Ok(())
+}
+
+const DECISION_ACTIONS: [&str; 6] = [
+    "respond",
+    "clarify",
+    "remember",
+    "explore",
+    "create_issue",
+    "check",
+];
+
+/// The actions a structured decision request's schema allows, in order.
+fn decision_actions(body: &Value) -> Result<Vec<String>> {
+    let format = &body["response_format"];
+    ensure!(
+        format["type"] == "json_schema" && format["json_schema"]["strict"] == true,
+        "not a strict JSON schema: {format}"
+    );
+    Ok(
+        format["json_schema"]["schema"]["properties"]["reply"]["anyOf"]
+            .as_array()
+            .context("one alternative per action")?
+            .iter()
+            .filter_map(|alternative| alternative["properties"]["action"]["enum"][0].as_str())
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+/// A model behind a server that enforces the decision's schema (the fake
+/// checks the request carries it and answers only JSON it accepts) decides
+/// the turn: its acknowledgement, its flow, no fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_behind_a_schema_enforcing_server_decides_the_turn() -> Result<()> {
+    let server = NatsServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let core = zopu_tests::core_config(&server, dir.path());
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let (org, project) = (org("acme"), ProjectId::new());
+    let decision = json!({"reply": {"action": "explore", "arguments": {
+        "acknowledgement": "Looking into how checkout takes payments now.",
+        "title": "Explore checkout payments",
+        "request": "Trace how checkout handles payments."
+    }}});
+    let llm = FakeOpenAiServer::start([Scripted::Conforming(decision)]).await?;
+    let dispatch = Running::dispatch(&core);
+    let conversation = Running::conversation(&core, openai(&llm));
+    setup_project(&bus, &org, project).await?;
+    let message = send(&bus, &org, project, "How does checkout handle payments?").await?;
+    let end = turn_end(&bus, &org, project, message.request).await?;
+    assert_eq!(
+        end.decode::<pb::DispatchCompleted>()?.outcome,
+        "flow_requested"
+    );
+    let ack =
+        events_of::<pb::AgentAcknowledged>(&bus, &org, project, Some(message.request)).await?;
+    assert_eq!(ack.len(), 1);
+    let ack = ack[0].decode::<pb::AgentAcknowledged>()?;
+    assert_eq!(ack.text, "Looking into how checkout takes payments now.");
+    assert_eq!(ack.provider, "openai:fake-model");
+    let fallbacks =
+        events_of::<pb::AgentGuardrailTriggered>(&bus, &org, project, Some(message.request))
+            .await?;
+    assert!(fallbacks.is_empty(), "{fallbacks:?}");
+    let flows = events_of::<pb::FlowRequested>(&bus, &org, project, Some(message.request)).await?;
+    assert_eq!(flows.len(), 1);
+    assert_eq!(llm.request_count(), 1);
+    let body = llm.requests()[0].json();
+    assert_eq!(decision_actions(&body)?, DECISION_ACTIONS);
+    assert!(body.get("tools").is_none());
+    conversation.stop().await?;
+    dispatch.stop().await?;
+    Ok(())
+}
+
+/// A server that refuses `response_format` (a 400 naming it) gets the
+/// decision as plain tool calling: the turn is still the model's, and only
+/// the first request of the service ever carries the schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_refusing_structured_output_gets_tool_calls_from_then_on() -> Result<()> {
+    let server = NatsServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let core = zopu_tests::core_config(&server, dir.path());
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let (org, project) = (org("acme"), ProjectId::new());
+    let respond = json!({"message": "Hello! Ask me anything about the project."});
+    let llm = FakeOpenAiServer::start([
+        explore_call("On it — tracing checkout payments now."),
+        Scripted::tool_call("call_2", "respond", &respond.to_string()),
+    ])
+    .await?
+    .refusing_structured();
+    let dispatch = Running::dispatch(&core);
+    let conversation = Running::conversation(&core, openai(&llm));
+    setup_project(&bus, &org, project).await?;
+    let first = send(&bus, &org, project, "How does checkout handle payments?").await?;
+    let end = turn_end(&bus, &org, project, first.request).await?;
+    assert_eq!(
+        end.decode::<pb::DispatchCompleted>()?.outcome,
+        "flow_requested"
+    );
+    let second = send(&bus, &org, project, "hello there").await?;
+    let end = turn_end(&bus, &org, project, second.request).await?;
+    assert_eq!(end.decode::<pb::DispatchCompleted>()?.outcome, "responded");
+    let answer = events_of::<pb::AgentMessage>(&bus, &org, project, Some(second.request)).await?;
+    let answer = answer[0].decode::<pb::AgentMessage>()?;
+    assert_eq!(answer.provider, "openai:fake-model");
+    assert_eq!(answer.text, "Hello! Ask me anything about the project.");
+    let fallbacks = events_of::<pb::AgentGuardrailTriggered>(&bus, &org, project, None).await?;
+    assert!(fallbacks.is_empty(), "{fallbacks:?}");
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 3, "one refusal, then two plain requests");
+    assert!(requests[0].json().get("response_format").is_some());
+    for plain in &requests[1..] {
+        let body = plain.json();
+        assert!(body.get("response_format").is_none(), "{body}");
+        let tools = body["tools"].as_array().context("tools offered")?;
+        assert_eq!(tools.len(), DECISION_ACTIONS.len());
+    }
     conversation.stop().await?;
     dispatch.stop().await?;
     Ok(())

@@ -204,6 +204,27 @@ async fn a_real_llama_server_answers_a_turn_and_an_exploration_or_the_product_fa
             .is_none_or(|f| f.code.is_empty()),
         "onboarding failed: {onboarding:?}"
     );
+    // Its model phase: each model call, and the summary's author or the
+    // visible fallback.
+    let onboarding_flow: Vec<Envelope> = history(&bus, &events)
+        .await?
+        .into_iter()
+        .map(|(_, event)| event)
+        .filter(|event| {
+            event.correlation_id == onboarding.correlation_id
+                && event.flow_run_id.is_some()
+                && (!event.is::<pb::FlowProgress>() || is_model_step(event))
+        })
+        .collect();
+    if let (Some(first), Some(last)) = (onboarding_flow.first(), onboarding_flow.last()) {
+        eprintln!(
+            "onboarding ({:.1}s):",
+            (last.time - first.time).as_seconds_f64()
+        );
+    }
+    for event in &onboarding_flow {
+        eprintln!("  {}", describe(event));
+    }
 
     // One turn: `zopu send` prints the acknowledgement and the final.
     let sent_at = Instant::now();
@@ -339,6 +360,158 @@ async fn a_real_llama_server_answers_a_turn_and_an_exploration_or_the_product_fa
         }
     }
     // Nothing crashed.
+    let exited = fleet.reap_exited();
+    ensure!(exited.is_empty(), "services exited: {exited:?}");
+    for service in REACTION_SERVICES {
+        fleet.stop(service, 1)?;
+    }
+    drop(llama);
+    Ok(())
+}
+
+/// Questions a user asks about the demo repository: about its code,
+/// greetings and thanks, requests to change it, its tests.
+const QUESTIONS: [&str; 20] = [
+    "Where does main print the greeting?",
+    "Hi there!",
+    "Which environment variable sets the greeting?",
+    "How do I run this service?",
+    "What does the README say about the project?",
+    "Thanks, that helps.",
+    "What happens when GREETING is not set?",
+    "Please add a --name flag to the binary.",
+    "Which file is the entry point?",
+    "What is DATABASE_URL used for?",
+    "Can you explain the main function?",
+    "Fix the greeting so it ends with an exclamation mark.",
+    "What language is this project written in?",
+    "Good morning!",
+    "Where is the Cargo manifest?",
+    "Does the project have any tests?",
+    "How is the greeting read from the environment?",
+    "Add a test for the default greeting.",
+    "What does unwrap_or_else do in main?",
+    "Which crate edition does the project use?",
+];
+
+/// The share of turns the model decides needs this many of the 20.
+const DECIDED_BY_THE_MODEL_MIN: usize = 16;
+
+/// Twenty turns against SmolLM2-135M behind llama-server (the specialists
+/// offline, so the flows do not queue in front of the decisions): each is
+/// acknowledged first, and at least 16 are decided by the model rather than
+/// the offline fallback. `--nocapture` prints each turn's decision, its
+/// time and the totals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_local_model_decides_most_turns() -> Result<()> {
+    let Some((binary, model)) = installed()? else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let llama = LlamaServer::start(&binary, &model, &dir.path().join("llama-server.log")).await?;
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let repo = fixtures::demo_repository(dir.path())?;
+    let env = [
+        ("ZOPU_CONVERSATION__PROVIDER", "openai"),
+        ("ZOPU_CONVERSATION__OPENAI__BASE_URL", &llama.base_url),
+        ("ZOPU_CONVERSATION__OPENAI__MODEL", "smollm2"),
+        ("ZOPU_CONVERSATION__OPENAI__API_KEY_ENV", MODEL_KEY_VARIABLE),
+        (MODEL_KEY_VARIABLE, "llama-key"),
+        ("ZOPU_CONVERSATION__OPENAI__REQUEST_TIMEOUT", "60s"),
+        ("ZOPU_CONVERSATION__OPENAI__MAX_RETRIES", "1"),
+    ];
+    let mut fleet = Fleet::new(
+        &zopu_binary(&workspace_root())?,
+        &dir.path().join("fleet"),
+        FleetConfig::single_node(server.url(), variables(&env)),
+    )?;
+    for service in REACTION_SERVICES {
+        fleet.start(service, 1)?;
+    }
+    let project = fleet.create_project("acme", &repo, LONG).await?;
+    let events = format!("zopu.evt.acme.{project}.>");
+    wait_for(&bus, &events, LONG, |event| event.is::<pb::AgentFinal>())
+        .await
+        .context("onboarding never ended")?;
+
+    let mut by_model = 0;
+    let mut decision_times = Vec::new();
+    for question in QUESTIONS {
+        fleet
+            .send(
+                "acme",
+                &project,
+                question,
+                Duration::from_secs(300),
+                &[0, 1],
+            )
+            .await?;
+        let all = history(&bus, &events).await?;
+        let message = all
+            .iter()
+            .map(|(_, event)| event)
+            .filter(|event| {
+                event
+                    .decode::<pb::TimelineMessageSent>()
+                    .is_ok_and(|m| event.is::<pb::TimelineMessageSent>() && m.text == question)
+            })
+            .last()
+            .context("the message is not on the stream")?;
+        let of_turn: Vec<&Envelope> = all
+            .iter()
+            .map(|(_, event)| event)
+            .filter(|event| event.correlation_id == message.correlation_id)
+            .collect();
+        let first_post = of_turn
+            .iter()
+            .find(|event| {
+                event.is::<pb::AgentAcknowledged>()
+                    || event.is::<pb::AgentMessage>()
+                    || event.is::<pb::AgentBlocked>()
+                    || event.is::<pb::AgentFinal>()
+            })
+            .context("the turn posted nothing")?;
+        ensure!(
+            first_post.is::<pb::AgentAcknowledged>()
+                || !of_turn.iter().any(|e| e.is::<pb::FlowRequested>()),
+            "a flow-starting turn whose first post is not its acknowledgement"
+        );
+        let decided_event = of_turn
+            .iter()
+            .find(|event| event.is::<pb::AgentDecided>())
+            .context("the turn was never decided")?;
+        let decided = decided_event.decode::<pb::AgentDecided>()?;
+        let took = decided_event.time - message.time;
+        decision_times.push(took.as_seconds_f64());
+        let model = decided.provider.starts_with("openai:");
+        by_model += usize::from(model);
+        let failures: Vec<String> = of_turn
+            .iter()
+            .filter(|event| event.is::<pb::AgentLlmFailed>())
+            .map(|event| describe(event))
+            .collect();
+        eprintln!(
+            "{:>5.1}s {:<8} {:?} {question:?} {}",
+            took.as_seconds_f64(),
+            if model { "model" } else { "fallback" },
+            decided.decision(),
+            failures.join("; ")
+        );
+    }
+    decision_times.sort_by(f64::total_cmp);
+    let mean = decision_times.iter().sum::<f64>() / decision_times.len() as f64;
+    eprintln!(
+        "decided by the model: {by_model} of {}; time to decision: mean {mean:.1}s, median {:.1}s, max {:.1}s",
+        QUESTIONS.len(),
+        decision_times[decision_times.len() / 2],
+        decision_times[decision_times.len() - 1]
+    );
+    ensure!(
+        by_model >= DECIDED_BY_THE_MODEL_MIN,
+        "only {by_model} of {} turns were decided by the model",
+        QUESTIONS.len()
+    );
     let exited = fleet.reap_exited();
     ensure!(exited.is_empty(), "services exited: {exited:?}");
     for service in REACTION_SERVICES {

@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 use zopu_core::registry::RegisteredAgent;
 use zopu_core::text::clip_chars;
-use zopu_llm::{ChatMessage, ChatReply, ChatRequest, Provider, ToolSpec};
+use zopu_llm::{ChatMessage, ChatReply, ChatRequest, Provider, Structured, ToolSpec};
 use zopu_schema::pb;
 
 use crate::offline::{self, DecisionKind};
@@ -22,6 +22,15 @@ pub const MAX_SENTENCES: usize = 3;
 pub const REPLY_MAX_WORDS: usize = 80;
 const TITLE_MAX_CHARS: usize = 120;
 const REQUEST_MAX_CHARS: usize = 2000;
+// The decision schema's bounds on each text (a schema-enforcing server
+// cannot then run a text past the completion budget): three characters a
+// word, so a text that runs to its bound (small models do) still keeps
+// within the word limits above; the specialist's request short of its
+// validation limit, since the user's own words are added to it.
+const ACK_MAX_CHARS: usize = ACK_MAX_WORDS * 3;
+const REPLY_MAX_CHARS: usize = REPLY_MAX_WORDS * 3;
+const REQUEST_SCHEMA_MAX_CHARS: usize = 600;
+const PREFERENCE_MAX_CHARS: usize = 200;
 
 /// What a turn does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,9 +266,9 @@ pub fn decision_tools() -> Vec<ToolSpec> {
             "additionalProperties": false,
             "required": ["acknowledgement", "title", "request"],
             "properties": {
-                "acknowledgement": {"type": "string", "description": "One to three short sentences (under 50 words) telling the user what happens next."},
-                "title": {"type": "string", "description": "A short title for the Work (under 120 characters)."},
-                "request": {"type": "string", "description": "What the specialist should find out, in one paragraph."}
+                "acknowledgement": {"type": "string", "maxLength": ACK_MAX_CHARS, "description": "One to three short sentences (under 50 words) telling the user what happens next."},
+                "title": {"type": "string", "maxLength": TITLE_MAX_CHARS, "description": "A short title for the Work (under 120 characters)."},
+                "request": {"type": "string", "maxLength": REQUEST_SCHEMA_MAX_CHARS, "description": "What the specialist should find out, in one paragraph."}
             }
         }),
     };
@@ -269,7 +278,7 @@ pub fn decision_tools() -> Vec<ToolSpec> {
             description: "Answer directly (greetings, thanks, status, questions the project summary answers).".to_owned(),
             parameters: json!({
                 "type": "object", "additionalProperties": false, "required": ["message"],
-                "properties": {"message": {"type": "string", "description": "One to three short sentences."}}
+                "properties": {"message": {"type": "string", "maxLength": REPLY_MAX_CHARS, "description": "One to three short sentences."}}
             }),
         },
         ToolSpec {
@@ -277,7 +286,7 @@ pub fn decision_tools() -> Vec<ToolSpec> {
             description: "Ask exactly one necessary clarifying question when the request names no subject.".to_owned(),
             parameters: json!({
                 "type": "object", "additionalProperties": false, "required": ["question"],
-                "properties": {"question": {"type": "string", "description": "One question."}}
+                "properties": {"question": {"type": "string", "maxLength": REPLY_MAX_CHARS, "description": "One question."}}
             }),
         },
         ToolSpec {
@@ -286,9 +295,9 @@ pub fn decision_tools() -> Vec<ToolSpec> {
             parameters: json!({
                 "type": "object", "additionalProperties": false, "required": ["key", "preference", "acknowledgement"],
                 "properties": {
-                    "key": {"type": "string", "description": "A short topic key: lowercase letters, digits, '.', '-', e.g. preference.language."},
-                    "preference": {"type": "string", "description": "The preference in a few words, e.g. Answer in German."},
-                    "acknowledgement": {"type": "string", "description": "One short sentence confirming what you will do from now on."}
+                    "key": {"type": "string", "maxLength": zopu_core::memory::KEY_MAX_CHARS, "description": "A short topic key: lowercase letters, digits, '.', '-', e.g. preference.language."},
+                    "preference": {"type": "string", "maxLength": PREFERENCE_MAX_CHARS, "description": "The preference in a few words, e.g. Answer in German."},
+                    "acknowledgement": {"type": "string", "maxLength": ACK_MAX_CHARS, "description": "One short sentence confirming what you will do from now on."}
                 }
             }),
         },
@@ -358,14 +367,20 @@ pub fn decision_request(
         clip_chars(text, 8000)
     );
     let system = format!("{SYSTEM_PROMPT}\n\n{}", definition.package.prompt());
+    // Asked as structured output: a server that enforces the schema (derived
+    // from the decision tools) gets exactly one well-formed decision; one
+    // that refuses it gets the tools as offered.
     let mut request = ChatRequest::new(vec![ChatMessage::system(system), ChatMessage::user(user)])
-        .with_tools(decision_tools());
+        .with_tools(decision_tools())
+        .with_structured(Structured::tool_choice(DECISION_SCHEMA));
     let model = &definition.definition.model;
     request.max_tokens = model.max_output_tokens.unwrap_or(400);
     request.temperature = Some(model.temperature.unwrap_or(0.2));
     request
 }
 
+/// The decision's structured-output schema name.
+const DECISION_SCHEMA: &str = "decision";
 const PROJECT_DATA_OPEN: &str = "<project_data>\n";
 const PROJECT_DATA_CLOSE: &str = "\n</project_data>\n";
 const USER_MESSAGE_OPEN: &str = "<user_message>\n";

@@ -97,6 +97,9 @@ pub struct OpenAiSettings {
     #[serde(with = "zopu_core::config::duration")]
     pub backoff_max: Duration,
     pub max_response_bytes: usize,
+    /// The model's context window in tokens, which the decision prompt and
+    /// its completion budget are fitted to; 0: read it from the server.
+    pub context_tokens: u32,
 }
 
 impl Default for OpenAiSettings {
@@ -110,6 +113,7 @@ impl Default for OpenAiSettings {
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(10),
             max_response_bytes: 1024 * 1024,
+            context_tokens: 0,
         }
     }
 }
@@ -130,6 +134,7 @@ impl OpenAiSettings {
             backoff_base: self.backoff_base,
             backoff_max: self.backoff_max,
             max_response_bytes: self.max_response_bytes,
+            context_tokens: self.context_tokens,
         }
     }
 }

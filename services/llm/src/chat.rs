@@ -10,6 +10,7 @@ use zopu_schema::model_reply::{FINISH_STOP, FINISH_TOOL_CALLS};
 use zopu_schema::pb;
 
 use crate::Error;
+use crate::structured::Structured;
 
 /// Default completion budget used by [`ChatRequest::new`].
 pub const DEFAULT_MAX_TOKENS: u32 = 1024;
@@ -116,6 +117,11 @@ pub struct ChatRequest {
     /// Ask for a JSON object as content; content that does not parse is an error.
     #[serde(default)]
     pub response_format_json: bool,
+    /// Ask for the reply as one JSON object of a schema derived from the tools and the answer
+    /// type, enforced by the server ([`Structured`]); a server that refuses it gets the request
+    /// without it (tools as offered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured: Option<Structured>,
 }
 
 impl ChatRequest {
@@ -127,11 +133,18 @@ impl ChatRequest {
             max_tokens: DEFAULT_MAX_TOKENS,
             temperature: None,
             response_format_json: false,
+            structured: None,
         }
     }
 
     pub fn with_tools(mut self, tools: Vec<ToolSpec>) -> Self {
         self.tools = tools;
+        self
+    }
+
+    /// Asks for a structured reply (see [`Structured`]).
+    pub fn with_structured(mut self, structured: Structured) -> Self {
+        self.structured = Some(structured);
         self
     }
 
@@ -188,11 +201,14 @@ impl ChatRequest {
                 ));
             }
         }
+        if let Some(structured) = &self.structured {
+            structured.validate(self)?;
+        }
         Ok(())
     }
 }
 
-fn is_valid_tool_name(name: &str) -> bool {
+pub(crate) fn is_valid_tool_name(name: &str) -> bool {
     !name.is_empty()
         && name.chars().count() <= TOOL_NAME_MAX_CHARS
         && name

@@ -18,6 +18,7 @@
 mod chat;
 mod error;
 pub mod openai;
+mod structured;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 mod trace;
@@ -31,6 +32,7 @@ pub use chat::{
 };
 pub use error::Error;
 pub use openai::{ApiKey, KeySource, OpenAiConfig, OpenAiProvider, RotatingKey};
+pub use structured::{ANSWER_ACTION, Structured, strict_schema};
 pub use trace::{TRACE_TARGET, complete_traced};
 
 /// A boxed, sendable future, so that [`Provider`] stays object-safe.

@@ -2,10 +2,13 @@
 //! bounded retries with exponential backoff and jitter (honouring `Retry-After`), a cap on the
 //! body size and strict validation of the reply.
 
+mod capacity;
 mod config;
 mod wire;
 
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
 
 use rand::Rng;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
@@ -19,13 +22,32 @@ use crate::{BoxFuture, Error, Provider};
 const BODY_EXCERPT_MAX_CHARS: usize = 300;
 /// Upper bound on connection set-up, below the per-attempt timeout.
 const CONNECT_TIMEOUT_MAX: Duration = Duration::from_secs(10);
+/// Limit of one request that reads the server's context window.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest model-supplied name copied into an error.
+const NAME_IN_ERROR_MAX_CHARS: usize = 64;
 
 /// A provider speaking the OpenAI chat-completions protocol (OpenAI, Azure-compatible proxies,
 /// vLLM, Ollama, LiteLLM, ...). Cheap to clone.
+///
+/// Requests asking for [`crate::Structured`] output go out with `response_format` (a strict
+/// JSON schema) until the server refuses it once with a 400 naming it; from then on this client
+/// (and its clones) sends them as plain tool-calling requests, which the log says once. Prompts
+/// and completion budgets are fitted to the server's context window and measured speed
+/// (`capacity`), and each attempt's timeout follows that speed, never past `request_timeout`.
 #[derive(Clone, Debug)]
 pub struct OpenAiProvider {
     config: OpenAiConfig,
     http: reqwest::Client,
+    learned: Arc<Learned>,
+}
+
+/// What the client learned about its server; shared by clones.
+#[derive(Debug, Default)]
+struct Learned {
+    capacity: capacity::Capacity,
+    /// The server refused `response_format` with a JSON schema.
+    structured_refused: AtomicBool,
 }
 
 impl OpenAiProvider {
@@ -40,22 +62,73 @@ impl OpenAiProvider {
                 field: "http_client",
                 reason: error.without_url().to_string(),
             })?;
-        Ok(Self { config, http })
+        Ok(Self {
+            config,
+            http,
+            learned: Arc::default(),
+        })
     }
 
     pub fn config(&self) -> &OpenAiConfig {
         &self.config
     }
 
+    /// The server's context window in tokens: `context_tokens` when configured, else what the
+    /// server reported (read once), else `None`.
+    pub fn context_tokens(&self) -> Option<u32> {
+        match self.config.context_tokens {
+            0 => self.learned.capacity.known_context(),
+            configured => Some(configured),
+        }
+    }
+
+    /// Whether the server refused structured output (and requests go without it).
+    pub fn structured_refused(&self) -> bool {
+        self.learned.structured_refused.load(Ordering::Relaxed)
+    }
+
     /// Sends `request`, retrying transient failures; see the module docs.
     pub async fn complete(&self, request: ChatRequest) -> Result<ChatReply, Error> {
         request.validate()?;
-        let body = wire::request_body(&self.config.model, &request).to_string();
+        let mut request = request;
+        if self.structured_refused() {
+            request.structured = None;
+        }
+        let context = match self.config.context_tokens {
+            0 => self.learned.capacity.context(self.discover_context()).await,
+            configured => Some(configured),
+        };
+        let model = self.config.model.clone();
+        let prompt_chars = move |request: &ChatRequest| prompt_chars(&model, request);
+        let fitted = self.learned.capacity.fit(
+            &mut request,
+            context,
+            self.config.request_timeout,
+            &prompt_chars,
+        );
+        if fitted.clipped > 0 {
+            tracing::info!(
+                provider = %self.config.label,
+                clipped = fitted.clipped,
+                context_tokens = context.unwrap_or_default(),
+                max_tokens = request.max_tokens,
+                "model prompt clipped to fit the context window"
+            );
+        }
+        let mut body = wire::request_body(&self.config.model, &request).to_string();
         let mut attempt: u32 = 0;
         loop {
             attempt += 1;
-            let error = match self.attempt(&body, &request).await {
+            let started = Instant::now();
+            let error = match self.attempt(&body, &request, fitted.timeout).await {
                 Ok(parsed) => {
+                    self.learned.capacity.observe(
+                        prompt_chars(&request),
+                        parsed.usage.prompt_tokens,
+                        parsed.usage.completion_tokens,
+                        parsed.timings,
+                        started.elapsed(),
+                    );
                     return Ok(ChatReply {
                         content: parsed.content,
                         tool_calls: parsed.tool_calls,
@@ -68,6 +141,13 @@ impl OpenAiProvider {
                 }
                 Err(error) => error,
             };
+            if request.structured.is_some() && refuses_structured(&error) {
+                self.refuse_structured(&error);
+                request.structured = None;
+                body = wire::request_body(&self.config.model, &request).to_string();
+                attempt -= 1;
+                continue;
+            }
             if !error.is_retryable() {
                 return Err(error);
             }
@@ -99,10 +179,71 @@ impl OpenAiProvider {
         }
     }
 
+    /// Remembers that the server refuses structured output; the first time, says so.
+    fn refuse_structured(&self, error: &Error) {
+        if !self
+            .learned
+            .structured_refused
+            .swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                provider = %self.config.label,
+                model = %self.config.model,
+                %error,
+                "the model server refuses response_format with a JSON schema; asking without it (tool calls and prompting) from now on"
+            );
+        }
+    }
+
+    /// Reads the context window from the server: the OpenAI-compatible `/models` listing, then
+    /// llama.cpp's `/props`. `Err` when the server could not be reached (tried again later).
+    async fn discover_context(&self) -> Result<Option<u32>, ()> {
+        let base = self.config.base_url.trim_end_matches('/');
+        let models = self.get_json(&format!("{base}/models")).await?;
+        if let Some(tokens) = capacity::context_of(models.as_ref(), None, &self.config.model) {
+            return Ok(Some(tokens));
+        }
+        let origin = base.strip_suffix("/v1").unwrap_or(base);
+        let props = self.get_json(&format!("{origin}/props")).await?;
+        let tokens = capacity::context_of(None, props.as_ref(), &self.config.model);
+        tracing::info!(
+            provider = %self.config.label,
+            context_tokens = tokens.unwrap_or_default(),
+            "model context window read from the server (0: it does not say)"
+        );
+        Ok(tokens)
+    }
+
+    /// A small JSON document from the server: `Ok(None)` for any answer that is not one.
+    async fn get_json(&self, url: &str) -> Result<Option<serde_json::Value>, ()> {
+        let key = self.config.key_source.load().await.ok().flatten();
+        let mut builder = self.http.get(url).timeout(DISCOVERY_TIMEOUT);
+        if let Some(key) = &key
+            && let Ok(value) = bearer(key)
+        {
+            builder = builder.header(AUTHORIZATION, value);
+        }
+        let Ok(mut response) = builder.send().await else {
+            return Err(());
+        };
+        if !response.status().is_success() {
+            return Ok(None);
+        }
+        let limit = self.config.max_response_bytes.min(1024 * 1024);
+        let bytes = read_capped(&mut response, limit, DISCOVERY_TIMEOUT)
+            .await
+            .map_err(|_| ())?;
+        Ok(serde_json::from_slice(&bytes).ok())
+    }
+
     /// One HTTP exchange under the per-attempt timeout.
-    async fn attempt(&self, body: &str, request: &ChatRequest) -> Result<wire::Parsed, Error> {
+    async fn attempt(
+        &self,
+        body: &str,
+        request: &ChatRequest,
+        timeout: Duration,
+    ) -> Result<wire::Parsed, Error> {
         let key = self.config.key_source.load().await?;
-        let timeout = self.config.request_timeout;
         let exchange = async {
             let mut builder = self
                 .http
@@ -156,6 +297,27 @@ impl Provider for OpenAiProvider {
     fn requested_model(&self) -> Option<&str> {
         Some(&self.config.model)
     }
+}
+
+/// The size of what a request puts in the prompt: its body without the schema (a server
+/// enforces the schema, it does not show it to the model).
+fn prompt_chars(model: &str, request: &ChatRequest) -> usize {
+    let mut body = wire::request_body(model, request);
+    if let Some(object) = body.as_object_mut() {
+        object.remove("response_format");
+    }
+    body.to_string().len()
+}
+
+/// A 400 that names `response_format` (or its JSON schema): the server does not take it.
+fn refuses_structured(error: &Error) -> bool {
+    matches!(error, Error::Status { status: 400, body_excerpt, .. }
+        if body_excerpt.contains("response_format") || body_excerpt.contains("json_schema"))
+}
+
+/// A name the model wrote, clipped for an error.
+pub(crate) fn clip_name(name: &str) -> String {
+    wire::clip(name, NAME_IN_ERROR_MAX_CHARS)
 }
 
 fn bearer(key: &ApiKey) -> Result<HeaderValue, Error> {

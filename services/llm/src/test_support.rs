@@ -16,6 +16,14 @@
 //! Every request to any path is recorded, then answered with the next scripted entry. When the
 //! script runs out the server answers `400` with a body saying so, which fails the call loudly
 //! (400 is not retried). Dropping the server releases hanging handlers and stops accepting.
+//!
+//! `GET …/models` and `GET /props` (how a client reads the context window) are answered
+//! outside the script and not recorded: a listing of [`FAKE_MODEL`], with `meta.n_ctx` when the
+//! server was given one ([`FakeOpenAiServer::with_context`]). A server started with
+//! [`FakeOpenAiServer::refusing_structured`] answers every request carrying `response_format`
+//! with a `400` naming it, as servers without structured outputs do, without consuming the
+//! script; [`Scripted::Conforming`] answers only a request that carries a strict JSON schema, and
+//! only with JSON that schema accepts.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -52,6 +60,10 @@ pub enum Scripted {
     /// Hold the request until the test opens the gate, then answer with the inner entry: the
     /// call stays in flight exactly as long as the test needs, with no delay to guess.
     Gated(Gate, Box<Scripted>),
+    /// A structured reply, as a server that enforces the schema gives it: when the request
+    /// carries `response_format` with a strict JSON schema and this JSON conforms to it, `200`
+    /// with the JSON as the content; otherwise `422` saying which check failed.
+    Conforming(Value),
 }
 
 /// A gate a [`Scripted::Gated`] answer waits at. Clones share it; once opened it stays open.
@@ -162,6 +174,10 @@ impl RecordedRequest {
 
 #[derive(Debug)]
 struct Shared {
+    /// `meta.n_ctx` of the model listing, if any.
+    context_tokens: Option<u32>,
+    /// Answer every request carrying `response_format` with a 400 naming it.
+    refuses_structured: bool,
     script: VecDeque<Scripted>,
     requests: Vec<RecordedRequest>,
     /// The number of requests received, for [`FakeOpenAiServer::wait_for_requests`].
@@ -205,6 +221,8 @@ impl FakeOpenAiServer {
     /// Binds `127.0.0.1:0` and starts serving `script`. Needs a Tokio runtime.
     pub async fn start(script: impl IntoIterator<Item = Scripted>) -> std::io::Result<Self> {
         let shared = Arc::new(Mutex::new(Shared {
+            context_tokens: None,
+            refuses_structured: false,
             script: script.into_iter().collect(),
             requests: Vec::new(),
             arrived: watch::channel(0).0,
@@ -232,6 +250,19 @@ impl FakeOpenAiServer {
             stop,
             task,
         })
+    }
+
+    /// Reports a context window of `tokens` in the model listing.
+    pub fn with_context(self, tokens: u32) -> Self {
+        lock(&self.shared).context_tokens = Some(tokens);
+        self
+    }
+
+    /// Answers every request carrying `response_format` with a `400` naming it (recorded, the
+    /// script untouched), as a server without structured outputs does.
+    pub fn refusing_structured(self) -> Self {
+        lock(&self.shared).refuses_structured = true;
+        self
     }
 
     /// `http://127.0.0.1:<port>/v1`, to use as `OpenAiConfig::base_url`.
@@ -307,6 +338,18 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if method == Method::GET && (uri.path().ends_with("/models") || uri.path() == "/props") {
+        let context = lock(&state.shared).context_tokens;
+        let mut model = json!({"id": FAKE_MODEL, "object": "model", "owned_by": "fake"});
+        if let Some(tokens) = context {
+            model["meta"] = json!({"n_ctx": tokens});
+        }
+        return json_response(
+            StatusCode::OK,
+            json!({"object": "list", "data": [model]}).to_string(),
+        );
+    }
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let next = {
         let mut shared = lock(&state.shared);
         shared.requests.push(RecordedRequest {
@@ -320,14 +363,22 @@ async fn handle(
         });
         let arrived = shared.requests.len();
         shared.arrived.send_replace(arrived);
-        shared.script.pop_front()
+        if shared.refuses_structured && request.get("response_format").is_some() {
+            Some(Scripted::Status(
+                400,
+                Vec::new(),
+                json!({"error": {"message": "Invalid parameter: 'response_format' of type 'json_schema' is not supported with this model.", "type": "invalid_request_error", "param": "response_format"}}).to_string(),
+            ))
+        } else {
+            shared.script.pop_front()
+        }
     };
     let mut guard = AnswerGuard {
         shared: Arc::clone(&state.shared),
         answered: false,
     };
     let response = match next {
-        Some(entry) => respond(entry, state.stopped).await,
+        Some(entry) => respond(entry, request, state.stopped).await,
         None => (StatusCode::BAD_REQUEST, SCRIPT_EXHAUSTED).into_response(),
     };
     guard.answered = true;
@@ -336,10 +387,12 @@ async fn handle(
 
 fn respond(
     entry: Scripted,
+    request: Value,
     stopped: watch::Receiver<bool>,
 ) -> Pin<Box<dyn Future<Output = Response> + Send>> {
     Box::pin(async move {
         match entry {
+            Scripted::Conforming(value) => conforming(&request, value),
             Scripted::Reply(value) => json_response(StatusCode::OK, value.to_string()),
             Scripted::Malformed(body) => json_response(StatusCode::OK, body),
             Scripted::Status(code, headers, body) => {
@@ -358,7 +411,7 @@ fn respond(
             }
             Scripted::Delay(delay, then) => {
                 tokio::select! {
-                    () = tokio::time::sleep(delay) => respond(*then, stopped).await,
+                    () = tokio::time::sleep(delay) => respond(*then, request, stopped).await,
                     () = until_stopped(stopped.clone()) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
                 }
             }
@@ -368,12 +421,41 @@ fn respond(
             }
             Scripted::Gated(gate, then) => {
                 tokio::select! {
-                    () = gate.opened() => respond(*then, stopped).await,
+                    () = gate.opened() => respond(*then, request, stopped).await,
                     () = until_stopped(stopped.clone()) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
                 }
             }
         }
     })
+}
+
+/// A structured reply to `request`, if it asks for a strict schema `value` conforms to.
+fn conforming(request: &Value, value: Value) -> Response {
+    let refuse = |reason: String| {
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("fake OpenAI server: {reason}"),
+        )
+            .into_response()
+    };
+    let format = &request["response_format"];
+    if format["type"] != "json_schema" || format["json_schema"]["strict"] != true {
+        return refuse(format!(
+            "the request asks for no strict JSON schema: {format}"
+        ));
+    }
+    if request.get("tools").is_some() {
+        return refuse("a structured request also offers tools".to_owned());
+    }
+    let schema = &format["json_schema"]["schema"];
+    let validator = match jsonschema::validator_for(schema) {
+        Ok(validator) => validator,
+        Err(error) => return refuse(format!("the schema does not compile: {error}")),
+    };
+    if let Err(error) = validator.validate(&value) {
+        return refuse(format!("the scripted reply does not conform: {error}"));
+    }
+    json_response(StatusCode::OK, completion(&value.to_string()).to_string())
 }
 
 /// Resolves when the server is dropped (or the sender is gone).

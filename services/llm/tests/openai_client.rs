@@ -22,6 +22,7 @@ fn config(server: &FakeOpenAiServer, key_source: KeySource) -> OpenAiConfig {
         backoff_base: Duration::from_millis(5),
         backoff_max: Duration::from_millis(40),
         max_response_bytes: 64 * 1024,
+        context_tokens: 0,
     }
 }
 

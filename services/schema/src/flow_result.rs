@@ -138,6 +138,18 @@ pub fn schema_document() -> Value {
     })
 }
 
+/// The JSON Schema of `T` on its own with every subschema inlined (no
+/// `$ref`): what a model's structured output of a result type is derived
+/// from, so its shape is this module's types and nothing written by hand.
+pub fn inline_schema_of<T: JsonSchema>() -> Value {
+    schemars::generate::SchemaSettings::draft2020_12()
+        .for_deserialize()
+        .with(|settings| settings.inline_subschemas = true)
+        .into_generator()
+        .into_root_schema_for::<T>()
+        .to_value()
+}
+
 /// The schema of the result one flow type carries, standalone (for validating
 /// one payload): the document with that result's definition as its root.
 pub fn schema_of(flow_type: FlowType) -> Option<Value> {

@@ -153,6 +153,9 @@ pub struct ProviderConfig {
     pub max_retries: u32,
     /// Completion budget of one model call.
     pub max_tokens: u32,
+    /// The model's context window in tokens, which prompts and completion
+    /// budgets are fitted to; 0: read it from the server.
+    pub context_tokens: u32,
 }
 
 impl Default for ProviderConfig {
@@ -165,6 +168,7 @@ impl Default for ProviderConfig {
             request_timeout: Duration::from_secs(60),
             max_retries: 2,
             max_tokens: 4096,
+            context_tokens: 0,
         }
     }
 }

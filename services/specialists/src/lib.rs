@@ -85,8 +85,10 @@ pub fn provider(config: &Config) -> Result<Option<Arc<dyn zopu_llm::Provider>>, 
                 model: settings.model.clone(),
                 key_source,
                 label: "openai".to_owned(),
-                request_timeout: settings.request_timeout,
+                // One attempt never outlasts the flow's limit of the whole call.
+                request_timeout: settings.request_timeout.min(config.flow.llm_timeout),
                 max_retries: settings.max_retries,
+                context_tokens: settings.context_tokens,
                 ..Default::default()
             })?;
             Ok(Some(Arc::new(openai)))

@@ -9,7 +9,7 @@
 
 use serde_json::json;
 use zopu_core::text::clip_chars;
-use zopu_llm::{ChatMessage, ChatRequest, ToolCall, ToolSpec};
+use zopu_llm::{ChatMessage, ChatRequest, Structured, ToolCall, ToolSpec};
 use zopu_sandbox::tools::{
     DescribeInput, FindCodeInput, ListFilesInput, ReadFileInput, SearchInput,
 };
@@ -120,19 +120,88 @@ fn offered(allowed: &[String]) -> String {
     }
 }
 
-fn schema_text(goal: Goal) -> &'static str {
-    match goal {
-        Goal::Explore => {
-            r#"{"question": string, "summary": string, "findings": [{"claim": string, "detail": string, "evidence": [{"path": string, "start_line": int, "end_line": int, "snippet": string (copied exactly from the file), "note": string}]}], "system_map": {"nodes": [{"id": string, "label": string, "detail": string}], "edges": [{"from": string, "to": string, "label": string}]}, "risks": [string], "unknowns": [string], "next_actions": [string]}"#
-        }
-        Goal::Issue => {
-            r#"{"title": string, "summary": string, "current_world": string, "desired_world": string, "scope": [string], "non_goals": [string], "acceptance_criteria": [string], "evidence": [{"path": string, "start_line": int, "end_line": int, "snippet": string (copied exactly from the file), "note": string}], "risks": [string], "open_questions": [string], "suggested_implementation_shape": [string]}"#
-        }
-        Goal::Onboarding => {
-            r#"{"purpose": string, "entry_points": [{"path": string, "start_line": int, "end_line": int, "snippet": string (copied exactly from the file), "note": string}], "important_directories": [{"path": string, "detail": string}], "commands": [{"purpose": "install"|"build"|"test"|"run"|"lint"|"other", "command": string}], "constraints": [string], "starting_areas": [string]}"#
+/// The answer's shape for the prompt, rendered from the schema generated
+/// from its type (`{"summary": string, "findings": [{...}]}`).
+fn schema_text(goal: Goal) -> String {
+    let schema = match goal {
+        Goal::Explore => results::answer_schema::<ExplorationResult>(),
+        Goal::Issue => results::answer_schema::<IssueResult>(),
+        Goal::Onboarding => results::answer_schema::<OnboardingAnswer>(),
+    };
+    shape(&schema)
+}
+
+fn shape(schema: &serde_json::Value) -> String {
+    use serde_json::Value;
+    if let Some(values) = schema.get("enum").and_then(Value::as_array) {
+        let values: Vec<String> = values.iter().map(Value::to_string).collect();
+        return values.join("|");
+    }
+    for key in ["anyOf", "oneOf"] {
+        if let Some(items) = schema.get(key).and_then(Value::as_array) {
+            let shapes: Vec<String> = items
+                .iter()
+                .filter(|item| item.get("type").and_then(Value::as_str) != Some("null"))
+                .map(shape)
+                .collect();
+            return shapes.join("|");
         }
     }
+    let kind = match schema.get("type") {
+        Some(Value::Array(kinds)) => kinds
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|kind| *kind != "null")
+            .unwrap_or("null"),
+        Some(Value::String(kind)) => kind.as_str(),
+        _ => "value",
+    };
+    match kind {
+        "object" => {
+            let fields: Vec<String> = schema
+                .get("properties")
+                .and_then(Value::as_object)
+                .map(|properties| {
+                    properties
+                        .iter()
+                        .map(|(name, property)| format!("\"{name}\": {}", shape(property)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            format!("{{{}}}", fields.join(", "))
+        }
+        "array" => format!(
+            "[{}]",
+            schema.get("items").map_or("value".to_owned(), shape)
+        ),
+        "integer" => "int".to_owned(),
+        "boolean" => "bool".to_owned(),
+        other => other.to_owned(),
+    }
 }
+
+/// The structured output a model turn asks for: one of the offered tools,
+/// or the answer, whose schema is generated from the result type.
+fn structured(goal: Goal) -> Structured {
+    let (answer, description) = match goal {
+        Goal::Explore => (
+            results::answer_schema::<ExplorationResult>(),
+            "The answer to the question, with the evidence you read.",
+        ),
+        Goal::Issue => (
+            results::answer_schema::<IssueResult>(),
+            "The issue, grounded in the files you read.",
+        ),
+        Goal::Onboarding => (
+            results::answer_schema::<OnboardingAnswer>(),
+            "The onboarding summary.",
+        ),
+    };
+    Structured::answer(STEP_SCHEMA, answer, description)
+}
+
+/// The structured-output schema name of a flow's model turn.
+const STEP_SCHEMA: &str = "flow_step";
 
 fn system_prompt(goal: Goal, input: &ModelInput) -> String {
     let task = match goal {
@@ -416,12 +485,15 @@ pub async fn run<P: Port>(
         ChatMessage::user(user_prompt(goal, input)),
     ];
     let tools = tool_specs(&input.tools);
+    let structured = structured(goal);
     let mut repaired = false;
     let mut iteration = 1u32;
     let answer = loop {
         port.phase(FlowPhase::Act, iteration, "Asking the model")
             .await?;
-        let mut request = ChatRequest::new(messages.clone()).with_tools(tools.clone());
+        let mut request = ChatRequest::new(messages.clone())
+            .with_tools(tools.clone())
+            .with_structured(structured.clone());
         request.max_tokens = input.max_tokens;
         request.temperature = Some(input.temperature);
         let reply = match port.llm(&format!("llm:{iteration}"), request).await {

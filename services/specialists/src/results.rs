@@ -7,6 +7,7 @@
 //! it against the workspace; everything a flow emits passes through
 //! [`redact_value`] first.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use zopu_core::text::clip_chars;
 use zopu_schema::flow_result::FlowResult;
@@ -28,7 +29,7 @@ pub const TEXT_CHARS_MAX: usize = 1_500;
 pub const SNIPPET_CHARS_MAX: usize = 300;
 
 /// A directory named by a model's onboarding answer.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct DirectoryNote {
     pub path: String,
@@ -36,7 +37,7 @@ pub struct DirectoryNote {
 }
 
 /// A command suggested by a model's onboarding answer.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct CommandNote {
     pub purpose: String,
@@ -45,7 +46,7 @@ pub struct CommandNote {
 
 /// The summary sections a model returns during onboarding; merged into the
 /// offline heuristics' [`OnboardingResult`] (see `onboarding::merge_model`).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct OnboardingAnswer {
     pub purpose: String,
@@ -57,6 +58,46 @@ pub struct OnboardingAnswer {
     /// Claims whose evidence did not check out (filled by grounding).
     #[serde(skip)]
     pub unverified: Vec<String>,
+}
+
+/// Fields of the result types the run fills in, never the model: left out
+/// of the schema of a model's answer.
+const FILLED_BY_THE_RUN: [&str; 6] = [
+    "version",
+    "provenance",
+    "verified",
+    "assumption",
+    "keywords",
+    "based_on_flow_run",
+];
+
+/// The JSON Schema of the answer a model writes as `T` (a result type, or
+/// the onboarding answer): generated from the type, without the fields the
+/// run fills in.
+pub fn answer_schema<T: JsonSchema>() -> serde_json::Value {
+    let mut schema = zopu_schema::flow_result::inline_schema_of::<T>();
+    drop_run_fields(&mut schema);
+    schema
+}
+
+fn drop_run_fields(schema: &mut serde_json::Value) {
+    match schema {
+        serde_json::Value::Object(map) => {
+            if let Some(serde_json::Value::Object(properties)) = map.get_mut("properties") {
+                properties.retain(|name, _| !FILLED_BY_THE_RUN.contains(&name.as_str()));
+            }
+            if let Some(serde_json::Value::Array(required)) = map.get_mut("required") {
+                required.retain(|name| {
+                    !name
+                        .as_str()
+                        .is_some_and(|name| FILLED_BY_THE_RUN.contains(&name))
+                });
+            }
+            map.values_mut().for_each(drop_run_fields);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_run_fields),
+        _ => {}
+    }
 }
 
 /// Redacts secrets in every string of a JSON value.

@@ -161,7 +161,8 @@ pub struct OpenAiConfig {
     pub key_source: KeySource,
     /// Recorded in replies as `provider_label`.
     pub label: String,
-    /// Limit on one HTTP attempt, body included.
+    /// Limit on one HTTP attempt, body included: the upper bound of the timeout that follows
+    /// the server's measured speed (until it is measured, the timeout).
     pub request_timeout: Duration,
     /// Retries after the first attempt (so at most `max_retries + 1` calls).
     pub max_retries: u32,
@@ -171,6 +172,10 @@ pub struct OpenAiConfig {
     pub backoff_max: Duration,
     /// Cap on a response body; reading stops past it.
     pub max_response_bytes: usize,
+    /// The model's context window in tokens, which prompts and completion budgets are fitted
+    /// to; 0: read it from the server (`/models` `meta.n_ctx`, or llama.cpp's `/props`), and
+    /// fit nothing when it does not say.
+    pub context_tokens: u32,
 }
 
 impl Default for OpenAiConfig {
@@ -185,6 +190,7 @@ impl Default for OpenAiConfig {
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             max_response_bytes: 4 * 1024 * 1024,
+            context_tokens: 0,
         }
     }
 }

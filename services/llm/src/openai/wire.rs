@@ -3,14 +3,25 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::capacity::Timings;
 use crate::Error;
 use crate::chat::{ChatMessage, ChatRequest, FinishReason, Role, ToolCall, Usage};
+use crate::structured::{self, Reading};
 
 /// Longest model-supplied name copied into an error.
 const NAME_IN_ERROR_MAX_CHARS: usize = 64;
 
+/// The body of `request`. A structured request carries its derived schema as
+/// `response_format` and its tools inside that schema (not as `tools`), and
+/// shows the model its earlier calls as the JSON it wrote.
 pub(super) fn request_body(model: &str, request: &ChatRequest) -> Value {
-    let messages: Vec<Value> = request.messages.iter().map(message_json).collect();
+    let messages: Vec<Value> = match &request.structured {
+        Some(structured) => structured::history(request, structured)
+            .iter()
+            .map(message_json)
+            .collect(),
+        None => request.messages.iter().map(message_json).collect(),
+    };
     let mut body = json!({
         "model": model,
         "messages": messages,
@@ -19,6 +30,17 @@ pub(super) fn request_body(model: &str, request: &ChatRequest) -> Value {
     });
     if let Some(temperature) = request.temperature {
         body["temperature"] = json!(temperature);
+    }
+    if let Some(structured) = &request.structured {
+        body["response_format"] = json!({
+            "type": "json_schema",
+            "json_schema": {
+                "name": structured.name,
+                "strict": true,
+                "schema": structured::response_schema(request, structured),
+            },
+        });
+        return body;
     }
     if !request.tools.is_empty() {
         let tools: Vec<Value> = request
@@ -76,6 +98,14 @@ struct WireResponse {
     model: Option<String>,
     choices: Option<Vec<WireChoice>>,
     usage: Option<WireUsage>,
+    /// llama.cpp's measurements of the call.
+    timings: Option<WireTimings>,
+}
+
+#[derive(Deserialize)]
+struct WireTimings {
+    prompt_per_second: Option<f64>,
+    predicted_per_second: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -122,6 +152,7 @@ pub(super) struct Parsed {
     pub finish_reason: FinishReason,
     pub usage: Usage,
     pub model: Option<String>,
+    pub timings: Option<Timings>,
 }
 
 /// Validates a 200 body against the request; anything doubtful is an error, never a reply.
@@ -172,7 +203,23 @@ pub(super) fn parse_reply(body: &[u8], request: &ChatRequest) -> Result<Parsed, 
         });
     }
 
-    let content = message.content.filter(|content| !content.is_empty());
+    let mut tool_calls = tool_calls;
+    let mut finish_reason = finish_reason;
+    let mut content = message.content.filter(|content| !content.is_empty());
+    if let (Some(structured), Some(text), true) =
+        (&request.structured, &content, tool_calls.is_empty())
+    {
+        let call_id = format!("structured-{}", request.messages.len());
+        match structured::read(text, request, structured, call_id)? {
+            Reading::Call(call) => {
+                tool_calls.push(call);
+                content = None;
+                finish_reason = FinishReason::ToolCalls;
+            }
+            Reading::Answer(answer) => content = Some(answer),
+            Reading::Unshaped => {}
+        }
+    }
     if content.is_none() && tool_calls.is_empty() {
         return Err(Error::MalformedResponse {
             reason: "reply has neither content nor tool calls".into(),
@@ -210,6 +257,10 @@ pub(super) fn parse_reply(body: &[u8], request: &ChatRequest) -> Result<Parsed, 
         finish_reason,
         usage,
         model: response.model,
+        timings: response.timings.map(|timings| Timings {
+            prompt_per_second: timings.prompt_per_second,
+            completion_per_second: timings.predicted_per_second,
+        }),
     })
 }
 
