@@ -966,8 +966,9 @@ async fn audit_finds_a_planted_gap_and_a_tampered_event() -> Result<()> {
     // Version 5 after 3: a gap.
     let gap = forge(5, last.hash(), "forged:gap");
     let gap_sequence = publish_envelope_raw(&bus, &gap).await?;
-    // Version 6 claiming a previous hash that is not version 5's.
-    let tampered = forge(6, last.hash(), "forged:tamper");
+    // The gap is no part of the chain: version 4 is next, and this one
+    // claims a previous hash that is not version 3's.
+    let tampered = forge(4, gap.hash(), "forged:tamper");
     let tampered_sequence = publish_envelope_raw(&bus, &tampered).await?;
     let report = audit::verify(&bus, None).await?;
     assert!(report.findings.iter().any(|f| matches!(f, audit::Finding::Gap { sequence, expected: 4, found: 5, .. } if *sequence == gap_sequence)), "{:?}", report.findings);
