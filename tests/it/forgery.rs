@@ -385,6 +385,21 @@ async fn events_that_do_not_extend_their_chain_are_applied_and_acted_on_by_nothi
     ));
     let dispatch = Running::dispatch(&core);
     let conversation = Running::conversation(&core, zopu_conversation::Config::default());
+    Publisher::new(bus.clone(), "gateway", None)
+        .append(NewEvent::root(
+            org.clone(),
+            project,
+            &pb::ProjectSetupRequested {
+                repository_url: "https://github.com/acme/shop.git".into(),
+                branch: "main".into(),
+                setup_revision: 1,
+                project_name: "shop".into(),
+                ..Default::default()
+            },
+            "request:chained-project",
+            None,
+        ))
+        .await?;
     setup_project(&bus, &org, project).await?;
     let first = send(&bus, &org, project, "How does checkout handle payments?").await?;
     turn_end(&bus, &org, project, first.request).await?;
@@ -458,8 +473,9 @@ async fn events_that_do_not_extend_their_chain_are_applied_and_acted_on_by_nothi
     let caused: Vec<_> = events
         .iter()
         .filter(|(_, event)| {
-            event.causation_id == message.id
-                || event.correlation_id == message.correlation_id && event.id != message.id
+            event.id != message.id
+                && (event.causation_id == message.id
+                    || event.correlation_id == message.correlation_id)
         })
         .collect();
     assert!(caused.is_empty(), "acted on the forgery: {caused:?}");

@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS zopu_chain_heads (
     hash BLOB NOT NULL,
     sequence INTEGER NOT NULL,
     PRIMARY KEY (org, project)
-);
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS zopu_chain_refused (
     sequence INTEGER PRIMARY KEY,
     org TEXT NOT NULL,
@@ -259,7 +259,8 @@ impl Ledger {
     pub(crate) fn write(&self, tx: &Transaction<'_>, judgment: &Judgment) -> rusqlite::Result<()> {
         let mut upsert = tx.prepare_cached(
             "INSERT INTO zopu_chain_heads (org, project, version, hash, sequence) VALUES (?1, ?2, ?3, ?4, ?5)
-             ON CONFLICT(org, project) DO UPDATE SET version = excluded.version, hash = excluded.hash, sequence = excluded.sequence",
+             ON CONFLICT(org, project) DO UPDATE SET version = excluded.version, hash = excluded.hash, sequence = excluded.sequence
+             WHERE excluded.sequence > zopu_chain_heads.sequence",
         )?;
         let batch_heads = judgment.heads.iter();
         let older = self
@@ -297,9 +298,23 @@ impl Ledger {
 
     /// Makes a committed batch's verdicts part of the ledger (`written`:
     /// whether its transaction wrote the ledger). Logs and counts each
-    /// fresh refusal once; `service` labels the count.
-    pub(crate) fn commit(&mut self, judgment: Judgment, written: bool, service: &str) {
+    /// fresh refusal once; `service` labels the count. Returns the heads the
+    /// batch moved.
+    ///
+    /// Two loops of one file (each judging what it reads) may judge the
+    /// same events: verdicts depend only on the stream, a refusal is kept
+    /// (and counted) once, and a head only ever moves forward, so a batch
+    /// committed after a later one changes nothing it already covered.
+    pub(crate) fn commit(
+        &mut self,
+        judgment: Judgment,
+        written: bool,
+        service: &str,
+    ) -> Vec<(ProjectKey, Link)> {
         for refusal in &judgment.fresh {
+            if self.refused.contains_key(&refusal.sequence) {
+                continue;
+            }
             tracing::warn!(
                 sequence = refusal.sequence,
                 org = %refusal.org,
@@ -316,13 +331,22 @@ impl Ledger {
         } else {
             self.unwritten.extend(judgment.heads.keys().cloned());
         }
+        let mut moved = Vec::with_capacity(judgment.heads.len());
         for (key, link) in judgment.heads {
-            self.heads.set(key, link);
+            if self
+                .heads
+                .get(&key.0, &key.1)
+                .is_none_or(|head| head.sequence < link.sequence)
+            {
+                self.heads.set(key.clone(), link);
+                moved.push((key, link));
+            }
         }
         self.checkpoint = self.checkpoint.max(judgment.last);
         if written {
             self.written = self.checkpoint;
         }
+        moved
     }
 
     /// Writes whatever is not on file yet (on shutdown).

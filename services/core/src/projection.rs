@@ -61,6 +61,7 @@ pub async fn run_all(
 ) -> Result<(), Error> {
     let names = names(&projections);
     let mut set = Set::prepare(&store, projections)?;
+    set.track_heads = track_heads.clone();
     let mut failures = 0u32;
     loop {
         if shutdown.is_cancelled() {
@@ -725,6 +726,9 @@ fn record_not_understood(
 struct Set {
     tracked: std::sync::Arc<std::sync::Mutex<Vec<Tracked>>>,
     store: Store,
+    /// The publisher told of the chain heads each batch at the live end
+    /// moved (verified: it may build on them).
+    track_heads: Option<Publisher>,
 }
 
 struct Tracked {
@@ -749,6 +753,7 @@ impl Set {
         Ok(Self {
             tracked: std::sync::Arc::new(std::sync::Mutex::new(tracked)),
             store: store.clone(),
+            track_heads: None,
         })
     }
 
@@ -804,6 +809,7 @@ impl Set {
         let last = decoded.last().map(|(sequence, _)| *sequence).unwrap_or(0);
         let store_for_batch = store.clone();
         let shared = self.tracked.clone();
+        let track_heads = self.track_heads.clone();
         tokio::task::spawn_blocking(move || {
             let mut tracked = shared
                 .lock()
@@ -853,11 +859,20 @@ impl Set {
             };
             // The verdicts first: a reader that waits for a sequence finds
             // it judged once every checkpoint reached it.
-            let judged = {
+            let (moved, judged) = {
                 let mut ledger = store_for_batch.ledger();
-                ledger.commit(judgment, wrote_ledger, &store_for_batch.label());
-                ledger.checkpoint()
+                let moved = ledger.commit(judgment, wrote_ledger, &store_for_batch.label());
+                (moved, ledger.checkpoint())
             };
+            // At the live end (small batches), the publisher learns the
+            // verified heads; a rebuild's would mostly be superseded.
+            if let Some(publisher) = &track_heads
+                && decoded.len() < LIVE_TAIL as usize
+            {
+                for ((org, project), link) in &moved {
+                    publisher.verified(org, project, link);
+                }
+            }
             store_for_batch.note_progress(crate::ledger::LEDGER, judged);
             for entry in tracked.iter_mut() {
                 entry.checkpoint = entry.checkpoint.max(last);

@@ -791,6 +791,19 @@ impl Publisher {
         }
     }
 
+    /// Notes a head its store's ledger verified (the project's chain head
+    /// at `link.sequence`): it becomes the cached head if that is newer. A
+    /// message stored after it that the ledger refused costs one conflict
+    /// and a verified re-read.
+    pub fn verified(&self, org: &OrgId, project: &ProjectId, link: &crate::chain::Link) {
+        let head = Head {
+            sequence: link.sequence,
+            version: link.version,
+            hash: link.hash,
+        };
+        self.advance_head(org, project, link.sequence, || head);
+    }
+
     /// Notes that a message of the project is stored at `sequence` without
     /// looking at it (the store's consumer, behind the live end): a cached
     /// head older than it is forgotten, so a head this publisher did not
