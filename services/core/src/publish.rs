@@ -1098,10 +1098,11 @@ async fn last_of_project(
     match last {
         Some(message) => {
             let last = decode_parts(&message.subject, &message.headers, message.payload);
+            // Reads only: worth another try whatever failed.
             verified_head(&stream, bus, &filter, base, message.sequence, last)
                 .await
                 .map(Some)
-                .map_err(HeadFailure::Failed)
+                .map_err(HeadFailure::Unavailable)
         }
         None => Ok(None),
     }
@@ -1169,11 +1170,19 @@ async fn verified_head(
         return Ok(base.at(last));
     }
     if let Ok(envelope) = &last {
-        let next = stream
+        // A replica behind the leader, or one being killed, may not answer
+        // with it: then the project's messages are read in order instead.
+        let next = match stream
             .direct_get_next_for_subject(filter, Some(base.as_of + 1))
             .await
-            .map_err(|e| Error::jetstream("read project messages", e))?;
-        if next.sequence == sequence {
+        {
+            Ok(next) => Some(next.sequence),
+            Err(error) => {
+                tracing::debug!(filter, sequence, %error, "next project message not read directly; reading the project's messages");
+                None
+            }
+        };
+        if next == Some(sequence) {
             let mut heads = crate::chain::Heads::default();
             if let Some(link) = base.head {
                 heads.set((envelope.org_id.clone(), envelope.project_id), link);
