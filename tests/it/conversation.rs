@@ -630,18 +630,29 @@ async fn a_slow_model_never_holds_up_the_acknowledgement() -> Result<()> {
     Ok(())
 }
 
-/// Polls the conversation's durable consumer until it has settled everything
-/// up to `sequence` (of the work stream, which copies a fresh event stream
-/// one to one from its start). (A restarted instance that takes over
-/// unsettled messages recreates the consumer at its ack floor: briefly, it
-/// is missing.)
-async fn wait_consumer_settled(bus: &Bus, sequence: u64) -> Result<()> {
+/// Polls the conversation's durable consumer until it has settled the work
+/// stream's copy of the event stored at `sequence` on `event_subject` (one
+/// partition). (A restarted instance that takes over unsettled messages
+/// recreates the consumer at its ack floor: briefly, it is missing.)
+async fn wait_consumer_settled(bus: &Bus, event_subject: &str, sequence: u64) -> Result<()> {
     let stream = bus.jetstream.get_stream(subjects::WORK_STREAM).await?;
     let durable = subjects::durable(zopu_conversation::SERVICE, "dispatches");
+    let work_subject = subjects::work_filter(event_subject, 1, 0).context("an event subject")?;
     let deadline = tokio::time::Instant::now() + LONG;
     loop {
-        if let Ok(info) = stream.consumer_info(&durable).await
-            && info.ack_floor.stream_sequence >= sequence
+        let copy = stream
+            .get_last_raw_message_by_subject(&work_subject)
+            .await
+            .ok()
+            .filter(|copy| {
+                copy.headers
+                    .get(zopu_core::streams::STREAM_SOURCE_HEADER)
+                    .and_then(|value| zopu_core::streams::copied_from(value.as_str()))
+                    .is_some_and(|(copied, _)| copied >= sequence)
+            });
+        if let Some(copy) = copy
+            && let Ok(info) = stream.consumer_info(&durable).await
+            && info.ack_floor.stream_sequence >= copy.sequence
             && info.num_ack_pending == 0
         {
             return Ok(());
@@ -726,10 +737,11 @@ async fn scenario_83_one_dispatch_delivered_many_times_acts_once() -> Result<()>
     );
     crashing.stopped().await?;
     let again = Running::conversation(&core, openai(&llm));
-    wait_consumer_settled(&bus, first.sequence).await?;
+    let dispatch_subject = subjects::event(&org, &project, pb::DispatchCreated::TYPE);
+    wait_consumer_settled(&bus, &dispatch_subject, first.sequence).await?;
     // After the duplicate window the same dispatch is stored (and delivered) again.
     let late = wait_window_passed(&bus, &key, &event).await?;
-    wait_consumer_settled(&bus, late.sequence).await?;
+    wait_consumer_settled(&bus, &dispatch_subject, late.sequence).await?;
     again.stop().await?;
 
     let dispatches = events_of::<pb::DispatchCreated>(&bus, &org, project, None).await?;

@@ -610,13 +610,13 @@ async fn apply_work_stream(
 }
 
 /// The header nats-server adds to a message copied by a stream source.
-pub(crate) const STREAM_SOURCE_HEADER: &str = "Nats-Stream-Source";
+pub const STREAM_SOURCE_HEADER: &str = "Nats-Stream-Source";
 
 /// The event stream sequence and subject of the event a work stream copy
 /// carries, from its [`STREAM_SOURCE_HEADER`]
 /// (`<stream>[:<domain>] <sequence> <filter> <transform> <subject>`);
 /// `None` if it is not a copy of the event stream.
-pub(crate) fn copied_from(header: &str) -> Option<(u64, &str)> {
+pub fn copied_from(header: &str) -> Option<(u64, &str)> {
     let mut tokens = header.split(' ');
     let stream = tokens.next()?.split(':').next()?;
     let sequence = tokens.next()?.parse().ok()?;

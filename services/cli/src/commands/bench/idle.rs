@@ -377,11 +377,17 @@ async fn rebase_durables(bus: &Bus) -> anyhow::Result<()> {
     for name in ephemeral {
         events.delete_consumer(&name).await?;
     }
-    // The work stream copies the whole log first.
-    let last = zopu_core::publish::last_sequence(bus).await?;
+    // The work stream copies what it takes of the log first (it copies only
+    // the types some reaction consumes, so its end is not the log's).
     let mut stream = bus.jetstream.get_stream(subjects::WORK_STREAM).await?;
     let deadline = Instant::now() + Duration::from_secs(120);
-    while stream.info().await?.state.last_sequence < last {
+    while stream
+        .info()
+        .await?
+        .sources
+        .iter()
+        .any(|source| source.lag > 0)
+    {
         anyhow::ensure!(
             Instant::now() < deadline,
             "the work stream did not copy the log within 120 s"
