@@ -430,12 +430,14 @@ async fn projections_sharing_a_consumer_keep_their_own_checkpoints() -> Result<(
     let store = Store::open(&path)?;
     run_shared(&bus, &store, 1, last).await?;
     // The projection that never wrote a row still has its checkpoint on file
-    // after the shutdown, so a restart does not replay for it.
+    // after the shutdown, so a restart does not replay for it; so has the
+    // chain ledger that judged every event before them.
     assert_eq!(
         checkpoints(&store)?,
         vec![
             ("test_ignoring".to_owned(), last as i64),
-            ("test_messages".to_owned(), last as i64)
+            ("test_messages".to_owned(), last as i64),
+            ("zopu_chain".to_owned(), last as i64)
         ]
     );
     drop(store);
@@ -462,7 +464,8 @@ async fn projections_sharing_a_consumer_keep_their_own_checkpoints() -> Result<(
         checkpoints(&store)?,
         vec![
             ("test_ignoring".to_owned(), last as i64),
-            ("test_messages".to_owned(), last as i64)
+            ("test_messages".to_owned(), last as i64),
+            ("zopu_chain".to_owned(), last as i64)
         ]
     );
     Ok(())
@@ -734,12 +737,13 @@ async fn poison_messages_become_dead_letters_and_others_keep_flowing() -> Result
         .await?;
     let stored = history(&bus, &subject).await?;
     let (headers, _) = zopu_schema::codec::encode(&stored[0].1);
-    let mut garbage_headers: Vec<(&str, String)> = headers.clone();
-    for (name, value) in &mut garbage_headers {
-        if *name == zopu_schema::codec::IDEMPOTENCY_KEY {
-            *value = "request:garbage".into();
-        }
-    }
+    // It extends the project's chain, as a broken writer's event would:
+    // only its body is poison (one that does not is acted on by nothing).
+    let mut garbage_event = stored[0].1.clone();
+    garbage_event.idempotency_key = "request:garbage".into();
+    garbage_event.project_version = 2;
+    garbage_event.previous_hash = Some(stored[0].1.hash());
+    let (garbage_headers, _) = zopu_schema::codec::encode(&garbage_event);
     let as_refs = |headers: &[(&'static str, String)]| {
         headers
             .iter()
@@ -966,8 +970,9 @@ async fn audit_finds_a_planted_gap_and_a_tampered_event() -> Result<()> {
     // Version 5 after 3: a gap.
     let gap = forge(5, last.hash(), "forged:gap");
     let gap_sequence = publish_envelope_raw(&bus, &gap).await?;
-    // Version 6 claiming a previous hash that is not version 5's.
-    let tampered = forge(6, last.hash(), "forged:tamper");
+    // The gap is no part of the chain: version 4 is next, and this one
+    // claims a previous hash that is not version 3's.
+    let tampered = forge(4, gap.hash(), "forged:tamper");
     let tampered_sequence = publish_envelope_raw(&bus, &tampered).await?;
     let report = audit::verify(&bus, None).await?;
     assert!(report.findings.iter().any(|f| matches!(f, audit::Finding::Gap { sequence, expected: 4, found: 5, .. } if *sequence == gap_sequence)), "{:?}", report.findings);

@@ -1,12 +1,15 @@
 //! Verifies every project's version sequence and hash chain over the
 //! stream: an auditor's replay. Reports gaps, forks and tampering with the
-//! stream sequences involved.
+//! stream sequences involved: every event that does not extend its
+//! project's chain, judged by the rule the read models apply
+//! ([`crate::chain`]), so the report names exactly what they refused.
 
 use std::collections::HashMap;
 
-use zopu_schema::{Envelope, EventHash, OrgId, ProjectId};
+use zopu_schema::{Envelope, OrgId, ProjectId};
 
 use crate::Error;
+use crate::chain::{self, Break};
 use crate::nats::Bus;
 
 /// One problem in the log.
@@ -56,18 +59,17 @@ impl Report {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Link {
-    version: u64,
-    hash: EventHash,
-    sequence: u64,
-}
-
-/// Pure chain checking, fed event by event in stream order.
+/// Pure chain checking, fed event by event in stream order. Each event is
+/// judged by [`chain::check`], the rule every read model applies before it
+/// applies an event ([`crate::ledger`]): a finding is exactly an event no
+/// projection applied, and an event that breaks the chain never becomes a
+/// head, so the genuine events after a forgery are judged against the
+/// chain they extend.
 #[derive(Debug, Default)]
 pub struct ChainChecker {
-    heads: HashMap<(OrgId, ProjectId), Link>,
-    seen_versions: HashMap<(OrgId, ProjectId), HashMap<u64, u64>>,
+    heads: chain::Heads,
+    /// Each project's chain: version → the sequence of the event holding it.
+    versions: HashMap<(OrgId, ProjectId), HashMap<u64, u64>>,
     pub report: Report,
 }
 
@@ -75,45 +77,45 @@ impl ChainChecker {
     pub fn observe(&mut self, sequence: u64, envelope: &Envelope) {
         self.report.events += 1;
         self.report.last_sequence = sequence;
-        let key = (envelope.org_id.clone(), envelope.project_id);
-        let project = format!("{}/{}", envelope.org_id, envelope.project_id);
-        let versions = self.seen_versions.entry(key.clone()).or_default();
-        if let Some(first_sequence) = versions.get(&envelope.project_version) {
-            self.report.findings.push(Finding::Fork {
-                project,
+        let project = || format!("{}/{}", envelope.org_id, envelope.project_id);
+        let finding = match self.heads.admit(sequence, envelope) {
+            Ok(()) => {
+                self.versions
+                    .entry((envelope.org_id.clone(), envelope.project_id))
+                    .or_default()
+                    .insert(envelope.project_version, sequence);
+                None
+            }
+            Err(Break::Reused {
+                version,
+                head_sequence,
+            }) => Some(Finding::Fork {
+                project: project(),
                 sequence,
-                version: envelope.project_version,
-                first_sequence: *first_sequence,
-            });
-            return;
-        }
-        versions.insert(envelope.project_version, sequence);
-        let expected = self.heads.get(&key).map_or(1, |link| link.version + 1);
-        if envelope.project_version != expected {
-            self.report.findings.push(Finding::Gap {
-                project: project.clone(),
+                version,
+                first_sequence: self
+                    .versions
+                    .get(&(envelope.org_id.clone(), envelope.project_id))
+                    .and_then(|versions| versions.get(&version).copied())
+                    .unwrap_or(head_sequence),
+            }),
+            Err(Break::Gap { expected, found }) => Some(Finding::Gap {
+                project: project(),
                 sequence,
                 expected,
-                found: envelope.project_version,
-            });
-        } else if let Some(previous) = self.heads.get(&key)
-            && envelope.previous_hash != Some(previous.hash)
-        {
-            self.report.findings.push(Finding::Tampered {
-                project: project.clone(),
+                found,
+            }),
+            Err(Break::Tampered {
+                version,
+                previous_sequence,
+            }) => Some(Finding::Tampered {
+                project: project(),
                 sequence,
-                version: envelope.project_version,
-                previous_sequence: previous.sequence,
-            });
-        }
-        self.heads.insert(
-            key,
-            Link {
-                version: envelope.project_version,
-                hash: envelope.hash(),
-                sequence,
-            },
-        );
+                version,
+                previous_sequence,
+            }),
+        };
+        self.report.findings.extend(finding);
         self.report.projects = self.heads.len();
     }
 

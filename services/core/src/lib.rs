@@ -10,13 +10,17 @@
 //! fresh-id source; `runtime` bundles them for a service;
 //! `text` holds the length limits applied to text put into events;
 //! `metrics` is the process's Prometheus registry and its `/metrics` listener;
-//! `memory` is the agents' memory on the event log (the OSSA interface).
+//! `memory` is the agents' memory on the event log (the OSSA interface);
+//! `chain` is the one rule for a project's version/hash chain, and `ledger`
+//! the chain each store verified before its projections apply an event.
 //!
 //! Invariants: no other crate reads a JetStream consumer directly; every
 //! append goes through [`publish::Publisher`], so every event carries
 //! correlation and causation ids and extends its project's hash chain; a
-//! projection's rows and its checkpoint are written in one transaction; a
-//! reaction acks a message only after its appends were acknowledged.
+//! projection's rows and its checkpoint are written in one transaction; no
+//! projection applies, and no reaction acts on, an event that does not
+//! extend its project's chain; a reaction acks a message only after its
+//! appends were acknowledged.
 //!
 //! `commands` builds every user command (create project, retry setup,
 //! message, card action, kill switch) for the gateway and the CLI alike;
@@ -24,6 +28,7 @@
 //! the conversation agent and for external agents alike.
 
 pub mod audit;
+pub mod chain;
 pub mod clock;
 pub mod commands;
 pub mod config;
@@ -31,6 +36,7 @@ pub mod delegation;
 pub mod key_file;
 pub mod keywords;
 pub mod lease;
+pub mod ledger;
 pub mod local_server;
 pub mod log;
 pub mod memory;

@@ -149,6 +149,7 @@ struct Metrics {
     consumer_redelivered: Family<DurableLabels, Gauge>,
     handler_duration: HistogramFamily<HandlerLabels>,
     dead_letters: Family<DeadLetterLabels, Counter>,
+    chain_refusals: Family<ServiceLabels, Counter>,
     invariant_violations: Family<InvariantLabels, Counter>,
     appends: Family<AppendLabels, Counter>,
     append_conflict_retries: Family<ServiceLabels, Counter>,
@@ -256,9 +257,16 @@ impl Metrics {
         let dead_letters = Family::<DeadLetterLabels, Counter>::default();
         declared.register(
             "dead_letters",
-            "Messages a reaction gave up on and recorded as runtime.deadletter.recorded, by reason (decode, invalid, handler)",
+            "Messages a reaction gave up on and recorded as runtime.deadletter.recorded, by reason (decode, invalid, handler, chain)",
             None,
             dead_letters.clone(),
+        );
+        let chain_refusals = Family::<ServiceLabels, Counter>::default();
+        declared.register(
+            "chain_refusals",
+            "Events a service's projections refused because they do not extend their project's version/hash chain (a forgery stored without the expected sequence), counted once per service's store",
+            None,
+            chain_refusals.clone(),
         );
         let invariant_violations = Family::<InvariantLabels, Counter>::default();
         declared.register(
@@ -347,6 +355,7 @@ impl Metrics {
             consumer_redelivered,
             handler_duration,
             dead_letters,
+            chain_refusals,
             invariant_violations,
             appends,
             append_conflict_retries,
@@ -412,7 +421,7 @@ pub fn handler_finished(
 }
 
 /// A message `consumer` gave up on; `reason` is the dead letter's kind
-/// (`decode`, `invalid`, `handler`).
+/// (`decode`, `invalid`, `handler`, `chain`).
 pub fn dead_letter(service: &str, consumer: &str, reason: &str) {
     METRICS
         .dead_letters
@@ -420,6 +429,17 @@ pub fn dead_letter(service: &str, consumer: &str, reason: &str) {
             service: service.to_owned(),
             consumer: consumer.to_owned(),
             reason: reason.to_owned(),
+        })
+        .inc();
+}
+
+/// An event the projections of `service`'s store refused: it does not
+/// extend its project's chain ([`crate::ledger`]).
+pub fn chain_refused(service: &str) {
+    METRICS
+        .chain_refusals
+        .get_or_create(&ServiceLabels {
+            service: service.to_owned(),
         })
         .inc();
 }
@@ -772,6 +792,7 @@ mod tests {
             "zopu_handler_duration_seconds_bucket",
             "zopu_handler_duration_seconds_count",
             "zopu_dead_letters_total",
+            "zopu_chain_refusals_total",
             "zopu_invariant_violations_total",
             "zopu_appends_total",
             "zopu_append_conflict_retries_total",

@@ -21,6 +21,7 @@ use futures::StreamExt;
 use rusqlite::params;
 use zopu_schema::Envelope;
 
+use crate::ledger::Judgment;
 use crate::nats::Bus;
 use crate::publish::Publisher;
 use crate::shutdown::Shutdown;
@@ -60,6 +61,7 @@ pub async fn run_all(
 ) -> Result<(), Error> {
     let names = names(&projections);
     let mut set = Set::prepare(&store, projections)?;
+    set.track_heads = track_heads.clone();
     let mut failures = 0u32;
     loop {
         if shutdown.is_cancelled() {
@@ -203,10 +205,12 @@ async fn read_ordered(
             .ok();
         let (sequence, pending) = info.unwrap_or((0, 0));
         let decoded = publish::decode_message(&message.message).map_err(|error| error.to_string());
-        if let (Some(publisher), Ok(event), Some(_)) = (track_heads, &decoded, info)
-            && pending < LIVE_TAIL
-        {
-            publisher.observe(sequence, event);
+        if let (Some(publisher), Ok(event), Some(_)) = (track_heads, &decoded, info) {
+            if pending < LIVE_TAIL {
+                publisher.observe(sequence, event);
+            } else {
+                publisher.passed(&event.org_id, &event.project_id, sequence);
+            }
         }
         last_read = sequence;
         if events.send(vec![(sequence, decoded)]).await.is_err() {
@@ -617,6 +621,7 @@ fn apply_to_all(
     tx: &rusqlite::Transaction<'_>,
     tracked: &mut [Tracked],
     decoded: &Decoded,
+    judgment: &Judgment,
     last: u64,
     mut isolation: Isolation<'_>,
 ) -> rusqlite::Result<()> {
@@ -628,12 +633,25 @@ fn apply_to_all(
             .filter(|(sequence, _)| *sequence > entry.checkpoint)
         {
             let understood = match event {
-                Ok(event) => match zopu_schema::catalogue::not_understood_type(
-                    &event.event_type,
-                    &event.data_schema,
-                ) {
-                    None => Ok(event),
-                    Some(reason) => Err(reason),
+                Ok(event) => match judgment.refusal(*sequence) {
+                    // Rare: the whole check, so the record says both.
+                    Some(refused) => Err(
+                        match zopu_schema::catalogue::not_understood(
+                            &event.event_type,
+                            &event.data_schema,
+                            &event.data,
+                        ) {
+                            Some(reason) => format!("{reason}; and it {refused}"),
+                            None => format!("it {refused}"),
+                        },
+                    ),
+                    None => match zopu_schema::catalogue::not_understood_type(
+                        &event.event_type,
+                        &event.data_schema,
+                    ) {
+                        None => Ok(event),
+                        Some(reason) => Err(reason),
+                    },
                 },
                 Err(reason) => Err(reason.clone()),
             };
@@ -703,8 +721,15 @@ fn record_not_understood(
     Ok(())
 }
 
-/// The projections one loop drives, with the checkpoint of each.
-struct Set(std::sync::Arc<std::sync::Mutex<Vec<Tracked>>>);
+/// The projections one loop drives, with the checkpoint of each, and the
+/// store whose chain ledger judges every event before they see it.
+struct Set {
+    tracked: std::sync::Arc<std::sync::Mutex<Vec<Tracked>>>,
+    store: Store,
+    /// The publisher told of the chain heads each batch at the live end
+    /// moved (verified: it may build on them).
+    track_heads: Option<Publisher>,
+}
 
 struct Tracked {
     projection: Box<dyn Projection>,
@@ -725,26 +750,32 @@ impl Set {
                 })
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        Ok(Self(std::sync::Arc::new(std::sync::Mutex::new(tracked))))
+        Ok(Self {
+            tracked: std::sync::Arc::new(std::sync::Mutex::new(tracked)),
+            store: store.clone(),
+            track_heads: None,
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Tracked>> {
-        self.0
+        self.tracked
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The sequence every projection has applied: where reading resumes.
+    /// The sequence every projection has applied and the ledger judged:
+    /// where reading resumes.
     fn low_water(&self) -> u64 {
+        let judged = self.store.ledger().checkpoint();
         self.lock()
             .iter()
             .map(|tracked| tracked.checkpoint)
             .min()
-            .unwrap_or(0)
+            .map_or(judged, |applied| applied.min(judged))
     }
 
     /// Writes the checkpoints applied so far to the file (those of batches
-    /// that changed nothing are kept in memory until then).
+    /// that changed nothing are kept in memory until then), and the ledger.
     fn persist(&self, store: &Store) -> Result<(), Error> {
         let tracked = self.lock();
         store.write(|tx| {
@@ -754,8 +785,10 @@ impl Set {
                 )?
                 .execute(params![entry.projection.name(), entry.checkpoint as i64])?;
             }
-            Ok(())
-        })
+            store.ledger().write_pending(tx)
+        })?;
+        store.ledger().pending_written();
+        Ok(())
     }
 
     /// Applies a batch to every projection that has not seen its events, with
@@ -764,38 +797,83 @@ impl Set {
     ///
     /// An event this version does not understand (it does not decode — a
     /// forgery whose headers name another subject than its own is one — or a
-    /// newer version wrote a type or dataschema this one lacks) is recorded
-    /// in `zopu_undecodable` with the reason and skipped: it neither stalls
-    /// the projection nor vanishes. If a projection fails on an event whose
+    /// newer version wrote a type or dataschema this one lacks), and one
+    /// that does not extend its project's chain (judged first by the
+    /// store's [`crate::ledger`]: a forgery stored without the expected
+    /// sequence), is recorded in `zopu_undecodable` with the reason and
+    /// skipped: it neither stalls the projection nor vanishes. If a projection fails on an event whose
     /// body the catalogue cannot decode, the batch is applied again event by
     /// event and that event recorded the same way; any other failure aborts
     /// the batch (it is retried from the checkpoint).
     async fn apply_batch(&self, store: &Store, decoded: Decoded) -> Result<u64, Error> {
         let last = decoded.last().map(|(sequence, _)| *sequence).unwrap_or(0);
         let store_for_batch = store.clone();
-        let shared = self.0.clone();
+        let shared = self.tracked.clone();
+        let track_heads = self.track_heads.clone();
         tokio::task::spawn_blocking(move || {
             let mut tracked = shared
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let (judgment, must_write) = {
+                let ledger = store_for_batch.ledger();
+                let judgment = ledger.judge(&decoded);
+                let must_write = ledger.must_write(&judgment);
+                (judgment, must_write)
+            };
+            // The ledger is written with a batch that writes anything else,
+            // or when it must; in the batch's transaction either way.
+            let write_ledger = |tx: &rusqlite::Transaction<'_>, before: u64| {
+                let wrote = must_write || tx.total_changes() != before;
+                if wrote {
+                    store_for_batch.ledger().write(tx, &judgment)?;
+                }
+                Ok(wrote)
+            };
             let mut failed_on_not_understood = false;
             let outcome = store_for_batch.write(|tx| {
+                let before = tx.total_changes();
                 apply_to_all(
                     tx,
                     &mut tracked,
                     &decoded,
+                    &judgment,
                     last,
                     Isolation::Batch(&mut failed_on_not_understood),
-                )
+                )?;
+                write_ledger(tx, before)
             });
-            match outcome {
-                Err(_) if failed_on_not_understood => {
-                    store_for_batch.write(|tx| {
-                        apply_to_all(tx, &mut tracked, &decoded, last, Isolation::PerEvent)
-                    })?;
-                }
+            let wrote_ledger = match outcome {
+                Err(_) if failed_on_not_understood => store_for_batch.write(|tx| {
+                    let before = tx.total_changes();
+                    apply_to_all(
+                        tx,
+                        &mut tracked,
+                        &decoded,
+                        &judgment,
+                        last,
+                        Isolation::PerEvent,
+                    )?;
+                    write_ledger(tx, before)
+                })?,
                 other => other?,
+            };
+            // The verdicts first: a reader that waits for a sequence finds
+            // it judged once every checkpoint reached it.
+            let (moved, judged) = {
+                let mut ledger = store_for_batch.ledger();
+                let moved = ledger.commit(judgment, wrote_ledger, &store_for_batch.label());
+                (moved, ledger.checkpoint())
+            };
+            // At the live end (small batches), the publisher learns the
+            // verified heads; a rebuild's would mostly be superseded.
+            if let Some(publisher) = &track_heads
+                && decoded.len() < LIVE_TAIL as usize
+            {
+                for ((org, project), link) in &moved {
+                    publisher.verified(org, project, link);
+                }
             }
+            store_for_batch.note_progress(crate::ledger::LEDGER, judged);
             for entry in tracked.iter_mut() {
                 entry.checkpoint = entry.checkpoint.max(last);
                 store_for_batch.note_progress(entry.projection.name(), entry.checkpoint);

@@ -6,7 +6,11 @@
 //! `Nats-Msg-Id`, and guards the append with the per-project
 //! optimistic-concurrency expectation
 //! (`Nats-Expected-Last-Subject-Sequence` on `zopu.evt.<org>.<project>.>`).
-//! A lost race re-reads the project's head and retries, whichever way the
+//! A head is never taken on trust: a message read or observed becomes the
+//! head only if it extends the chain from a head this process verified (its
+//! own acknowledged append, its store's ledger), so a forgery stored
+//! without the expected sequence is never the previous event of a genuine
+//! one. A lost race re-reads the project's head and retries, whichever way the
 //! server words it (a single server answers a moved head with JetStream
 //! error 10071, a cluster also with 10164); a timeout, missing responder or
 //! a cluster between stream leaders is retried with the same id; a
@@ -182,10 +186,11 @@ pub struct Appended {
 /// The last stored event of a project.
 ///
 /// `sequence` is the project's last message, the one the next append's
-/// expectation names; `version` and `hash` are those of its last valid
-/// event. Version 0 means the project's subjects hold messages but no valid
-/// event (only intruders, e.g. a forgery): the next event is version 1 with
-/// no previous hash, still expected after that last message.
+/// expectation names; `version` and `hash` are those of its last event that
+/// extends the chain ([`crate::chain`]). Version 0 means the project's
+/// subjects hold messages but no such event (only intruders, e.g. a
+/// forgery): the next event is version 1 with no previous hash, still
+/// expected after that last message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Head {
     pub sequence: u64,
@@ -352,10 +357,12 @@ impl Publisher {
         let mut head = lane.lock().await;
         let time = self.clock.now();
         let mut conflicts = 0;
+        // The last head known to be the chain's: where a re-read verifies from.
+        let mut known = *head;
         loop {
             let current = match *head {
                 Some(cached) => Some(cached),
-                None => self.fetch_head(&project.0, &project.1).await?,
+                None => self.resolve_head(&project, known, HeadRead::Leader).await?,
             };
             let envelope = self.envelope(&event, event_id, time, current);
             match self
@@ -365,6 +372,7 @@ impl Publisher {
                 Ok(ack) => return self.acknowledged(&mut head, &envelope, &ack).await,
                 Err(PublishFailure::Conflict) => {
                     conflicts += 1;
+                    known = current.or(known);
                     *head = None;
                     metrics::append_conflict_retried(&self.service);
                     if conflicts > self.retry.conflict_attempts {
@@ -439,8 +447,10 @@ impl Publisher {
         let mut head = lane.lock().await;
         let time = self.clock.now();
         let mut conflicts = 0;
+        let mut known = *head;
         loop {
-            let current = self.fetch_head(&project.0, &project.1).await?;
+            let current = self.resolve_head(&project, known, HeadRead::Leader).await?;
+            known = current.or(known);
             let current_version = current.map_or(0, |h| h.version);
             if current_version != expected_version {
                 *head = current;
@@ -673,15 +683,42 @@ impl Publisher {
         org: &OrgId,
         project: &ProjectId,
     ) -> Result<Option<Head>, Error> {
-        let head = self.read_retrying(org, project, HeadRead::Leader).await?;
+        let known = self.known_head(org, project);
+        let head = self
+            .resolve_head(&(org.clone(), *project), known, HeadRead::Leader)
+            .await?;
         Ok(self.remember_head(org, project, head))
     }
 
     /// Reads the project's head with a direct get (see [`read_head`]) and
     /// remembers it if it is newer than the cached one.
     pub async fn read_head(&self, org: &OrgId, project: &ProjectId) -> Result<Option<Head>, Error> {
-        let head = self.read_retrying(org, project, HeadRead::Direct).await?;
+        let known = self.known_head(org, project);
+        let head = self
+            .resolve_head(&(org.clone(), *project), known, HeadRead::Direct)
+            .await?;
         Ok(self.remember_head(org, project, head))
+    }
+
+    /// The project's head: its last message, with the version and hash of
+    /// its last event that extends the chain, verified from the best of
+    /// `known` (a head this publisher verified) and its store's ledger.
+    async fn resolve_head(
+        &self,
+        project: &ProjectKey,
+        known: Option<Head>,
+        read: HeadRead,
+    ) -> Result<Option<Head>, Error> {
+        let known = known.map(Verified::of_head);
+        let ledger = self.store.as_ref().map(|store| {
+            let (as_of, head) = store.verified_head(&project.0, &project.1);
+            Verified { as_of, head }
+        });
+        let base = [known, ledger]
+            .into_iter()
+            .flatten()
+            .max_by_key(|verified| verified.as_of);
+        self.read_retrying(&project.0, &project.1, read, base).await
     }
 
     async fn read_retrying(
@@ -689,11 +726,12 @@ impl Publisher {
         org: &OrgId,
         project: &ProjectId,
         read: HeadRead,
+        base: Option<Verified>,
     ) -> Result<Option<Head>, Error> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match last_of_project(&self.bus, org, project, read).await {
+            match last_of_project(&self.bus, org, project, read, base).await {
                 Ok(head) => return Ok(head),
                 Err(HeadFailure::Unavailable(error))
                     if attempt < self.retry.unavailable_attempts =>
@@ -728,16 +766,63 @@ impl Publisher {
     }
 
     /// Notes that `event` is stored at `sequence` (a reaction calls this for
-    /// the event it is about to handle). If that is newer than the cached
-    /// head, it becomes the head the next append expects, so an append that
-    /// follows another service's write does not first lose a race against
-    /// it. A wrong guess costs one conflict, as an empty cache would.
+    /// the event it is about to handle, once its store admitted it; the
+    /// store's consumer for each event at the stream's live end). If it is
+    /// newer than the cached head and extends its chain, it becomes the head
+    /// the next append expects, so an append that follows another service's
+    /// write does not first lose a race against it. An event that does not
+    /// extend the chain never becomes a head: the next append chains onto
+    /// the last one that does. Without a cached head nothing is guessed.
     pub fn observe(&self, sequence: u64, event: &Envelope) {
-        self.advance_head(&event.org_id, &event.project_id, sequence, || Head {
-            sequence,
-            version: event.project_version,
-            hash: event.hash(),
-        });
+        let Some(lane) = self.cached_lane(&event.org_id, &event.project_id) else {
+            return;
+        };
+        // An append in progress holds the lane and settles the head itself.
+        if let Ok(mut head) = lane.try_lock()
+            && let Some(cached) = *head
+            && cached.sequence < sequence
+            && crate::chain::check(Verified::of_head(cached).head.as_ref(), event).is_ok()
+        {
+            *head = Some(Head {
+                sequence,
+                version: event.project_version,
+                hash: event.hash(),
+            });
+        }
+    }
+
+    /// Notes a head its store's ledger verified (the project's chain head
+    /// at `link.sequence`): it becomes the cached head if that is newer. A
+    /// message stored after it that the ledger refused costs one conflict
+    /// and a verified re-read.
+    pub fn verified(&self, org: &OrgId, project: &ProjectId, link: &crate::chain::Link) {
+        let head = Head {
+            sequence: link.sequence,
+            version: link.version,
+            hash: link.hash,
+        };
+        self.advance_head(org, project, link.sequence, || head);
+    }
+
+    /// Notes that a message of the project is stored at `sequence` without
+    /// looking at it (the store's consumer, behind the live end): a cached
+    /// head older than it is forgotten, so a head this publisher did not
+    /// see move is read again (and verified) before the next append.
+    pub fn passed(&self, org: &OrgId, project: &ProjectId, sequence: u64) {
+        if let Some(lane) = self.cached_lane(org, project)
+            && let Ok(mut head) = lane.try_lock()
+            && head.is_some_and(|cached| cached.sequence < sequence)
+        {
+            *head = None;
+        }
+    }
+
+    fn cached_lane(&self, org: &OrgId, project: &ProjectId) -> Option<ProjectLane> {
+        self.heads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&(org.clone(), *project))
+            .cloned()
     }
 
     /// Moves the cached head to the one `newer` builds, if that is at a
@@ -911,13 +996,16 @@ fn conflict_pause(policy: &RetryPolicy, conflicts: u32, event: EventId) -> Optio
 }
 
 /// Reads the last stored event of a project from the stream leader (through
-/// the JetStream API): exact, what an append that lost the race needs.
+/// the JetStream API): exact, what an append that lost the race needs. With
+/// no head known beforehand, the chain is verified from the project's start
+/// unless the last message is the project's only one ([`Publisher::fetch_head`]
+/// starts from the heads it and its store verified).
 pub async fn fetch_head(
     bus: &Bus,
     org: &OrgId,
     project: &ProjectId,
 ) -> Result<Option<Head>, Error> {
-    last_of_project(bus, org, project, HeadRead::Leader)
+    last_of_project(bus, org, project, HeadRead::Leader, None)
         .await
         .map_err(HeadFailure::into_error)
 }
@@ -928,7 +1016,7 @@ pub async fn fetch_head(
 /// milliseconds behind the leader, which is fine where the head only says
 /// how far the store must catch up (an append still expects the exact head).
 pub async fn read_head(bus: &Bus, org: &OrgId, project: &ProjectId) -> Result<Option<Head>, Error> {
-    last_of_project(bus, org, project, HeadRead::Direct)
+    last_of_project(bus, org, project, HeadRead::Direct, None)
         .await
         .map_err(HeadFailure::into_error)
 }
@@ -962,6 +1050,7 @@ async fn last_of_project(
     org: &OrgId,
     project: &ProjectId,
     read: HeadRead,
+    base: Option<Verified>,
 ) -> Result<Option<Head>, HeadFailure> {
     use async_nats::jetstream::stream::{DirectGetErrorKind, LastRawMessageErrorKind};
     let stream = bus
@@ -1007,66 +1096,162 @@ async fn last_of_project(
         },
     };
     match last {
-        Some(message) => head_of(
-            bus,
-            &filter,
-            message.sequence,
-            &message.subject,
-            &message.headers,
-            message.payload,
-        )
-        .await
-        .map_err(HeadFailure::Failed),
+        Some(message) => {
+            let last = decode_parts(&message.subject, &message.headers, message.payload);
+            // Reads only: worth another try whatever failed.
+            verified_head(&stream, bus, &filter, base, message.sequence, last)
+                .await
+                .map(Some)
+                .map_err(HeadFailure::Unavailable)
+        }
         None => Ok(None),
     }
 }
 
-/// The head that the project's last message (at `sequence`) makes.
-async fn head_of(
-    bus: &Bus,
-    filter: &str,
-    sequence: u64,
-    subject: &str,
-    headers: &HeaderMap,
-    payload: Bytes,
-) -> Result<Option<Head>, Error> {
-    match decode_parts(subject, headers, payload) {
-        Ok(envelope) => Ok(Some(Head {
-            sequence,
-            version: envelope.project_version,
-            hash: envelope.hash(),
-        })),
-        Err(error) => {
-            // Something not written by Zopu sits on the project's subjects.
-            // The chain continues from the last valid event; the expectation
-            // still names the real last message. `zopu audit verify` reports
-            // the intruder.
-            tracing::warn!(filter, sequence, %error, "last message of the project is not a valid event; skipping it");
-            recover_head(bus, filter, sequence).await
+/// A project's chain as this process verified it: its head (its last
+/// event that extends the chain) as of stream sequence `as_of`.
+#[derive(Debug, Clone, Copy)]
+struct Verified {
+    as_of: u64,
+    head: Option<crate::chain::Link>,
+}
+
+impl Verified {
+    /// A head this publisher verified (version 0: the project's messages
+    /// hold no event of its chain).
+    fn of_head(head: Head) -> Self {
+        Self {
+            as_of: head.sequence,
+            head: (head.version > 0).then_some(crate::chain::Link {
+                version: head.version,
+                hash: head.hash,
+                sequence: head.sequence,
+            }),
+        }
+    }
+
+    /// The head an append expects: the project's last message at
+    /// `last_sequence`, the chain's head for version and hash.
+    fn at(self, last_sequence: u64) -> Head {
+        Head {
+            sequence: last_sequence,
+            version: self.head.map_or(0, |link| link.version),
+            hash: self.head.map_or(EventHash([0; 32]), |link| link.hash),
         }
     }
 }
 
-async fn recover_head(bus: &Bus, filter: &str, last_sequence: u64) -> Result<Option<Head>, Error> {
+/// The head that the project's last message (`last`, at `sequence`) makes,
+/// verified from `base`: the message counts only if it extends the chain
+/// (`chain::check`), so a forgery stored without the expected sequence
+/// never becomes the previous event of a genuine one. When the base is at
+/// or past `sequence`, nothing is read; when the message is the project's
+/// only one after the base (one direct get tells), it is checked against
+/// the base; otherwise the project's messages after the base are read in
+/// order (from its start, without a base).
+async fn verified_head(
+    stream: &async_nats::jetstream::stream::Stream<()>,
+    bus: &Bus,
+    filter: &str,
+    base: Option<Verified>,
+    sequence: u64,
+    last: Result<Envelope, DecodeError>,
+) -> Result<Head, Error> {
+    let base = base.unwrap_or(Verified {
+        as_of: 0,
+        head: None,
+    });
+    if base.as_of >= sequence {
+        // The base saw this message (or later: a direct get answered by a
+        // follower behind it; the append that expects it then conflicts).
+        let last = base
+            .head
+            .map_or(sequence, |link| link.sequence.max(sequence));
+        return Ok(base.at(last));
+    }
+    if let Ok(envelope) = &last {
+        // A replica behind the leader, or one being killed, may not answer
+        // with it: then the project's messages are read in order instead.
+        let next = match stream
+            .direct_get_next_for_subject(filter, Some(base.as_of + 1))
+            .await
+        {
+            Ok(next) => Some(next.sequence),
+            Err(error) => {
+                tracing::debug!(filter, sequence, %error, "next project message not read directly; reading the project's messages");
+                None
+            }
+        };
+        if next == Some(sequence) {
+            let mut heads = crate::chain::Heads::default();
+            if let Some(link) = base.head {
+                heads.set((envelope.org_id.clone(), envelope.project_id), link);
+            }
+            if let Err(broken) = heads.admit(sequence, envelope) {
+                tracing::warn!(filter, sequence, %broken, "last message of the project does not extend its chain; chaining onto the last one that does");
+            }
+            let head = heads.get(&envelope.org_id, &envelope.project_id).copied();
+            return Ok(Verified {
+                as_of: sequence,
+                head,
+            }
+            .at(sequence));
+        }
+    }
+    walk_chain(bus, filter, base, sequence).await
+}
+
+/// Reads the project's messages in `(base.as_of, last_sequence]` in order
+/// and keeps the chain's head: messages that are not events, and events
+/// that do not extend the chain, are passed over.
+async fn walk_chain(
+    bus: &Bus,
+    filter: &str,
+    base: Verified,
+    last_sequence: u64,
+) -> Result<Head, Error> {
     let mut reader =
-        crate::log::Reader::open(bus, filter.to_owned(), crate::log::Start::Beginning).await?;
-    let mut valid: Option<(u64, EventHash)> = None;
+        crate::log::Reader::open(bus, filter.to_owned(), crate::log::Start::After(base.as_of))
+            .await?;
+    let mut heads = crate::chain::Heads::default();
+    let mut project = None;
     while let Some(logged) = reader.next().await {
         let logged = logged?;
-        if let Ok(envelope) = &logged.event {
-            valid = Some((envelope.project_version, envelope.hash()));
+        if logged.sequence > last_sequence {
+            break;
+        }
+        match &logged.event {
+            Ok(envelope) => {
+                let key = (envelope.org_id.clone(), envelope.project_id);
+                if project.is_none()
+                    && let Some(link) = base.head
+                {
+                    heads.set(key.clone(), link);
+                }
+                if let Err(broken) = heads.admit(logged.sequence, envelope) {
+                    tracing::warn!(filter, sequence = logged.sequence, %broken, "a message of the project does not extend its chain; passed over");
+                }
+                project = Some(key);
+            }
+            Err(error) => {
+                // Something not written by Zopu sits on the project's
+                // subjects; `zopu audit verify` reports the intruder.
+                tracing::warn!(filter, sequence = logged.sequence, %error, "a message of the project is not a valid event; passed over");
+            }
         }
         if logged.sequence >= last_sequence || logged.pending == 0 {
             break;
         }
     }
-    // Only intruders: the chain starts at version 1, after the last of them.
-    let (version, hash) = valid.unwrap_or((0, EventHash([0; 32])));
-    Ok(Some(Head {
-        sequence: last_sequence,
-        version,
-        hash,
-    }))
+    let head = match &project {
+        Some((org, project)) => heads.get(org, project).copied(),
+        None => base.head,
+    };
+    Ok(Verified {
+        as_of: last_sequence,
+        head,
+    }
+    .at(last_sequence))
 }
 
 /// The stream's last sequence.

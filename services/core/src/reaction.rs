@@ -59,6 +59,7 @@ use zopu_schema::envelope::PayloadError;
 use zopu_schema::{Envelope, OrgId, ProjectId, codec, pb};
 
 use crate::lease::Leases;
+use crate::ledger::Admission;
 use crate::nats::Bus;
 use crate::publish::{self, NewEvent, Publisher};
 use crate::runtime::Runtime;
@@ -1161,6 +1162,18 @@ impl<R: Reaction> Runner<R> {
             tracing::Span::current().record("correlation_id", tracing::field::display(&envelope.correlation_id));
             if delivered > 1 && !self.caught_up_for_redelivery(&message).await {
                 return;
+            }
+            // Nothing is done for an event that does not extend its chain.
+            match self.shared.store.admit(stream_sequence, CATCH_UP_MAX, &self.shared.shutdown).await {
+                Admission::Admitted => {}
+                Admission::Refused(reason) => {
+                    self.give_up(lane_key, &message, None, delivered, "chain", &reason).await;
+                    return;
+                }
+                Admission::NotYet => {
+                    hand_back(&self.newest_copy(lane_key, &message)).await;
+                    return;
+                }
             }
             self.shared.publisher.observe(stream_sequence, &envelope);
             let context = ReactionContext {

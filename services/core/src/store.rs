@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use zopu_schema::Envelope;
 
 use crate::Error;
+use crate::ledger::{self, Ledger};
 
 /// What a projection does with events. Implementations are plain, synchronous
 /// and deterministic: the same events in the same order give the same rows.
@@ -86,6 +87,8 @@ pub struct Store {
     progress: Arc<Mutex<std::collections::HashMap<String, u64>>>,
     /// The lowest of `progress`, for readers waiting on the projections.
     checkpoints: Arc<watch::Sender<u64>>,
+    /// The chain this file verified ([`crate::ledger`]).
+    ledger: Arc<Mutex<Ledger>>,
 }
 
 impl Store {
@@ -111,7 +114,9 @@ impl Store {
             .map_err(store_error)?;
         connection
             .execute_batch(RUNTIME_SCHEMA)
+            .and_then(|()| connection.execute_batch(ledger::SCHEMA))
             .map_err(store_error)?;
+        let ledger = Ledger::load(&connection).map_err(store_error)?;
         // Projections and readers keep their statements prepared.
         connection.set_prepared_statement_cache_capacity(256);
         let readers = (0..READERS)
@@ -143,6 +148,7 @@ impl Store {
             readers: readers.into(),
             progress: Arc::new(Mutex::new(progress)),
             checkpoints: Arc::new(checkpoints),
+            ledger: Arc::new(Mutex::new(ledger)),
         };
         store.publish_low_water();
         Ok(store)
@@ -206,6 +212,22 @@ impl Store {
             path: self.path.clone(),
             source,
         })
+    }
+
+    /// The file's chain ledger (held briefly: the projection loop and the
+    /// publisher share it).
+    pub(crate) fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The name that labels this file's metrics: its file name's stem (a
+    /// service's file is `<service>.sqlite`).
+    pub(crate) fn label(&self) -> String {
+        self.path
+            .file_stem()
+            .map_or_else(String::new, |stem| stem.to_string_lossy().into_owned())
     }
 
     /// The stream sequence of the event stored under `key`, if any.

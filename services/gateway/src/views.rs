@@ -114,7 +114,34 @@ pub struct ProjectView {
     pub agent_enabled: bool,
     /// True while a specialist flow runs (the subtle running indicator).
     pub running: bool,
+    /// Events stored on the project's subjects that do not extend its
+    /// chain (a forgery stored without the expected sequence): shown to
+    /// operators, applied nowhere. Newest first; only on a single project.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refused_events: Vec<RefusedEventView>,
 }
+
+/// An event of the project that no read model applied and no agent acted
+/// on, because it does not extend the project's version/hash chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct RefusedEventView {
+    pub sequence: u64,
+    pub event_type: String,
+    pub reason: String,
+}
+
+impl From<zopu_core::ledger::Refusal> for RefusedEventView {
+    fn from(refusal: zopu_core::ledger::Refusal) -> Self {
+        Self {
+            sequence: refusal.sequence,
+            event_type: refusal.event_type,
+            reason: refusal.reason,
+        }
+    }
+}
+
+/// At most this many refused events are shown with a project.
+pub const REFUSED_EVENTS_SHOWN: u32 = 20;
 
 impl From<ProjectRow> for ProjectView {
     fn from(row: ProjectRow) -> Self {
@@ -128,6 +155,7 @@ impl From<ProjectRow> for ProjectView {
             agent_id: row.agent_id,
             agent_enabled: row.agent_enabled,
             running: row.running,
+            refused_events: Vec::new(),
         }
     }
 }
@@ -486,12 +514,22 @@ pub mod queries {
             .collect())
     }
 
+    /// A project with the events refused for breaking its chain.
     pub fn project(
         conn: &Connection,
         org: &OrgId,
         project: &ProjectId,
     ) -> rusqlite::Result<Option<ProjectView>> {
-        Ok(projects::find(conn, org, project)?.map(ProjectView::from))
+        let Some(row) = projects::find(conn, org, project)? else {
+            return Ok(None);
+        };
+        let mut view = ProjectView::from(row);
+        view.refused_events =
+            zopu_core::ledger::refusals_of(conn, org, project, super::REFUSED_EVENTS_SHOWN)?
+                .into_iter()
+                .map(super::RefusedEventView::from)
+                .collect();
+        Ok(Some(view))
     }
 
     /// Items after `after`, oldest first; `work` narrows to one Work.

@@ -5,7 +5,9 @@
 //! redelivered, last delivery and ack), the live instances from their
 //! heartbeats in the `zopu-leases` bucket (the gateway keeps none), and
 //! the oldest unfinished dispatch and flow among the stream's latest
-//! `--scan-events` events (read through the core log reader). Whether
+//! `--scan-events` events (read through the core log reader), and the
+//! events refused there for breaking their project's chain (the dead
+//! letters of kind `chain` the reactions recorded for them). Whether
 //! something is stuck is a pure function of that snapshot ([`assess`]).
 //! Exit code: 0 nothing stuck, 3 something stuck beyond a threshold, 1 the
 //! status could not be read.
@@ -146,7 +148,51 @@ pub struct Snapshot {
     pub scanned_after: u64,
     pub dispatches: Open,
     pub flows: Open,
+    /// Events refused for breaking their project's chain, oldest first.
+    pub refused: Vec<Refused>,
 }
+
+/// An event no projection applied and no reaction acted on: it does not
+/// extend its project's chain (a forgery stored without the expected
+/// sequence). `zopu audit verify` names the break.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Refused {
+    pub sequence: u64,
+    pub subject: String,
+    pub reason: String,
+    /// The reactions that recorded a dead letter for it.
+    pub consumers: Vec<String>,
+}
+
+/// The events refused for breaking their chain, from the dead letters of
+/// kind `chain` among `events`: one entry per refused event, whichever
+/// reactions recorded it.
+pub fn chain_refusals<'a>(events: impl IntoIterator<Item = &'a Envelope>) -> Vec<Refused> {
+    let mut refused: BTreeMap<u64, Refused> = BTreeMap::new();
+    for event in events {
+        let Ok(record) = event.decode::<pb::DeadLetterRecorded>() else {
+            continue;
+        };
+        if record.kind != CHAIN_DEAD_LETTER {
+            continue;
+        }
+        let entry = refused
+            .entry(record.stream_sequence)
+            .or_insert_with(|| Refused {
+                sequence: record.stream_sequence,
+                subject: record.original_subject.clone(),
+                reason: record.reason.clone(),
+                consumers: Vec::new(),
+            });
+        if !entry.consumers.contains(&record.consumer) {
+            entry.consumers.push(record.consumer);
+        }
+    }
+    refused.into_values().collect()
+}
+
+/// The dead letters of an event that does not extend its chain.
+const CHAIN_DEAD_LETTER: &str = "chain";
 
 /// One thing stuck beyond its threshold.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -366,6 +412,7 @@ async fn read_snapshot(bus: &zopu_core::nats::Bus, scan_events: u64) -> anyhow::
         .chain(DISPATCH_ENDED)
         .chain(FLOW_OPEN)
         .chain(FLOW_ENDED)
+        .chain([&pb::DeadLetterRecorded::TYPE])
         .map(|event_type| subjects::events_of_type(event_type))
         .collect();
     let history = zopu_core::log::history_after(bus, filters, scanned_after)
@@ -376,6 +423,7 @@ async fn read_snapshot(bus: &zopu_core::nats::Bus, scan_events: u64) -> anyhow::
         .filter_map(|logged| logged.event.ok().map(|event| (logged.sequence, event)))
         .collect();
     let (dispatches, flows) = unfinished(events.iter().map(|(sequence, event)| (*sequence, event)));
+    let refused = chain_refusals(events.iter().map(|(_, event)| event));
     Ok(Snapshot {
         at: OffsetDateTime::now_utc(),
         stream: stream_state,
@@ -384,6 +432,7 @@ async fn read_snapshot(bus: &zopu_core::nats::Bus, scan_events: u64) -> anyhow::
         scanned_after,
         dispatches,
         flows,
+        refused,
     })
 }
 
@@ -505,6 +554,23 @@ fn print_human(snapshot: &Snapshot, stuck: &[Stuck]) {
             None => println!("unfinished {what}: none"),
         }
     }
+    if snapshot.refused.is_empty() {
+        println!("events refused for breaking their project's chain: none");
+    } else {
+        println!(
+            "events refused for breaking their project's chain: {} (applied by no projection, acted on by no reaction; `zopu audit verify` names the break)",
+            snapshot.refused.len()
+        );
+    }
+    for refused in &snapshot.refused {
+        println!(
+            "  #{} {}: {} (dead letters of {})",
+            refused.sequence,
+            refused.subject,
+            refused.reason,
+            refused.consumers.join(", ")
+        );
+    }
     println!(
         "  (searched stream sequences after #{})",
         snapshot.scanned_after
@@ -561,6 +627,7 @@ mod tests {
             scanned_after: 0,
             dispatches: Open::default(),
             flows: Open::default(),
+            refused: vec![],
         }
     }
 
@@ -583,6 +650,58 @@ mod tests {
         assert_eq!(
             assess(&snapshot(100, vec![consumer(0, 2, 0, 0)]), THRESHOLDS).len(),
             1
+        );
+    }
+
+    #[test]
+    fn chain_dead_letters_are_listed_once_per_refused_event() {
+        use zopu_schema::{EventId, OrgId, ProjectId};
+        let org: OrgId = "acme".parse().unwrap_or_else(|_| unreachable!("valid org"));
+        let project = ProjectId::new();
+        let dead_letter = |consumer: &str, kind: &str, sequence: u64| {
+            let id = EventId::new();
+            let record = pb::DeadLetterRecorded {
+                consumer: consumer.into(),
+                kind: kind.into(),
+                stream_sequence: sequence,
+                original_subject: format!("zopu.evt.acme.{project}.timeline.message.sent"),
+                reason: "does not extend the chain".into(),
+                ..Default::default()
+            };
+            Envelope {
+                id,
+                source: "zopu/dispatch".into(),
+                event_type: pb::DeadLetterRecorded::TYPE.into(),
+                time: at(0),
+                data_schema: pb::DeadLetterRecorded::SCHEMA.into(),
+                org_id: org.clone(),
+                project_id: project,
+                correlation_id: id.into(),
+                causation_id: id,
+                work_id: None,
+                thread_id: None,
+                flow_run_id: None,
+                dispatch_id: None,
+                traceparent: None,
+                idempotency_key: String::new(),
+                project_version: 1,
+                previous_hash: None,
+                data: prost::Message::encode_to_vec(&record).into(),
+            }
+        };
+        let events = [
+            dead_letter("dispatch-sources", "chain", 7),
+            dead_letter("memory-writes", "chain", 7),
+            dead_letter("dispatch-sources", "decode", 9),
+            dead_letter("dispatch-sources", "chain", 5),
+        ];
+        let refused = chain_refusals(events.iter());
+        assert_eq!(
+            refused
+                .iter()
+                .map(|refused| (refused.sequence, refused.consumers.len()))
+                .collect::<Vec<_>>(),
+            [(5, 1), (7, 2)]
         );
     }
 

@@ -202,10 +202,17 @@
       this.memoryError = el("p", { class: "error", role: "alert" });
       this.memory = el("details", { class: "panel memory", ontoggle: () => { if (this.memory.open) this.loadMemory(); } },
         el("summary", {}, "What the agent remembers"), this.memoryList, this.memoryError);
+      // Events stored on the project's subjects that do not extend its
+      // history chain: applied by no view, acted on by no agent.
+      const refused = project.refused_events || [];
+      this.refused = el("section", { class: "panel refused", role: "alert", hidden: !refused.length, "aria-labelledby": "refused-title" },
+        el("h2", { id: "refused-title" }, "Refused events"),
+        el("p", { class: "muted small" }, "Stored on this project without extending its history chain (written around Zopu's checks): not shown on the timeline, and the agent did not act on them."),
+        el("ul", {}, refused.map((event) => el("li", {}, `#${event.sequence} ${event.event_type}: ${event.reason}`))));
       app.replaceChildren(
         el("div", { class: "title-row" }, this.heading, this.agentButton),
         el("p", { class: "muted small" }, project.repository + " · " + project.branch),
-        this.setup, this.memory, this.main);
+        this.refused, this.setup, this.memory, this.main);
       this.renderAgent();
       this.renderSetup(project.setup);
       this.setRunning(project.running);
