@@ -9,7 +9,9 @@
 #      NATS user, through the nodes' ports published on 127.0.0.1): create a
 #      project from a local repository, send a message, read its artifact;
 #   4. six more messages in flight while the node leading ZOPU_EVENTS is
-#      killed (SIGKILL) and restarted: every message gets its final answer,
+#      killed (SIGKILL) and restarted (the conversation instances paused
+#      from the sends to the kill, so the turns run across the fault
+#      however fast the machine is): every message gets its final answer,
 #      every event stored before the kill is still there on every node, and
 #      `zopu audit verify` finds every project's chain whole;
 #   5. the testcontainers harness tests (ZOPU_TEST_NATS=docker) against the
@@ -24,7 +26,11 @@ root=$PWD
 export PATH="$root/tools/bin:$PATH"
 started=$SECONDS
 step() { echo "test-deploy [$((SECONDS - started))s]: $*" >&2; }
-die() { echo "test-deploy FAILED: $*" >&2; exit 1; }
+# The reason is said again after the stack's logs (cleanup), so a CI that
+# keeps only the output's tail still shows why the run failed.
+failure=""
+die() { failure="$*"; echo "test-deploy FAILED: $*" >&2; exit 1; }
+trap '[ -n "$failure" ] || failure="line $LINENO: $BASH_COMMAND"' ERR
 
 # Debian's packages: the engine, a compose, debootstrap for the base image.
 need=()
@@ -65,6 +71,8 @@ compose=("${compose_bin[@]}" -p "$project_name" --env-file "$work/deploy.env"
   -f deploy/compose.yaml -f deploy/compose.smoke.yaml)
 cleanup() {
   local status=$?
+  # shellcheck disable=SC2086 # a failure between pause and unpause
+  [ -z "${conversation_ids:-}" ] || docker unpause $conversation_ids >/dev/null 2>&1 || true
   if [ "${ZOPU_KEEP_DEPLOY:-0}" = 1 ]; then
     echo "test-deploy: kept the stack (${compose[*]}) and $work" >&2
     return
@@ -73,6 +81,7 @@ cleanup() {
     "${compose[@]}" ps >&2 || true
     "${compose[@]}" logs --no-color --tail 30 >"$work/compose.log" 2>&1 || true
     tail -n 120 "$work/compose.log" >&2 || true
+    echo "test-deploy FAILED (exit $status): ${failure:-a command failed; see above}" >&2
   fi
   "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
   rm -rf "$work"
@@ -255,6 +264,14 @@ done | paste -sd, -)
 # What the smoke left, read before the sends: six offline turns can all end
 # before a slow `compose ps` returns, so reading it after them races.
 victim_id=$("${compose[@]}" ps -q "$victim")
+# The conversation instances are paused (cgroup freezer) until the node is
+# killed, so the turns are still to run when it dies whatever the machine's
+# speed: offline turns take milliseconds, and six of them once all ended
+# before the kill (a CI run failed "not mid-run"). Their connections and
+# consumers stay as they were; they resume with the stream leader gone.
+conversation_ids=$("${compose[@]}" ps -q conversation)
+# shellcheck disable=SC2086 # one id per word
+docker pause $conversation_ids >/dev/null
 before=$(stream_state nats-1 | cut -d' ' -f3)
 case $before in ''|*[!0-9]*) die "cannot read ZOPU_EVENTS' last sequence from nats-1 ('$before')" ;; esac
 pids=()
@@ -274,6 +291,8 @@ until [ "$(stream_state nats-1 | cut -d' ' -f3)" -gt "$before" ]; do
 done
 read -r _ kept_messages kept_last <<<"$(stream_state "$victim")"
 docker kill -s KILL "$victim_id" >/dev/null
+# shellcheck disable=SC2086
+docker unpause $conversation_ids >/dev/null
 in_flight=0
 for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && in_flight=$((in_flight + 1)); done
 [ "$in_flight" -gt 0 ] || die "every send had finished before the kill: not mid-run"
