@@ -6,7 +6,7 @@
 //! projections rebuilt from scratch must equal a live instance's.
 //!
 //! `ZOPU_CHAOS_SEED=<seed>` replays a run's schedule; the long run is
-//! `ZOPU_CHAOS_SCALE=nightly` (see README, "Chaos").
+//! `ZOPU_CHAOS_SCALE=nightly` (see tests/README.md, "Chaos").
 
 use std::path::Path;
 

@@ -1,7 +1,7 @@
 //! Schema evolution: events this version does not understand — a type or a
 //! dataschema a newer version wrote, a body that does not decode — are
 //! recorded by the projections that meet them, and the projections carry
-//! on with the events after them (README "Schema evolution"). Events
+//! on with the events after them (services/README.md "Schema evolution"). Events
 //! recorded before `ce-dataschema` became a URI (the bare message name) are
 //! read as they always were, and a project's history mixing both spellings
 //! chains and audits clean.

@@ -313,7 +313,7 @@ pub struct CoreConfig {
     /// How the instances of a service share its reactions (`[scale]`).
     pub scale: ScaleConfig,
     /// The agents directory (`registry.toml` and its knowledge files,
-    /// README "Agents"); unset (the default): the registry built into the
+    /// services/cli/README.md "Agents"); unset (the default): the registry built into the
     /// binary, `deploy/agents` (`ZOPU_AGENTS_DIR`).
     pub agents_dir: Option<PathBuf>,
     /// The wall clock and fresh-id source of the services started with this
@@ -329,7 +329,7 @@ pub struct CoreConfig {
 }
 
 /// How several instances of one service share its reaction consumers
-/// (README "Scaling out"): each reaction has `partitions` durable consumers;
+/// (services/README.md "Scaling out"): each reaction has `partitions` durable consumers;
 /// each partition is worked by one live instance at a time, agreed through
 /// the `zopu-leases` bucket.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]

@@ -1,7 +1,7 @@
 //! The process's Prometheus metrics: one registry per process (`zopu dev`
 //! runs every service in one process, so one endpoint shows them all), the
 //! recording functions the services call, and the `/metrics` listener
-//! (`metrics_listen`, README "Configuration").
+//! (`metrics_listen`, services/cli/README.md "Configuration").
 //!
 //! Invariants: every metric is named `zopu_<what>_<unit>` and registered
 //! here, nowhere else; labels take only values from bounded sets (service

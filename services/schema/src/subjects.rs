@@ -146,7 +146,7 @@ pub fn partition_of(org: &str, project: &str, partitions: u32) -> u32 {
 /// `zopu.work.<partitions>.<partition>.<org>.<project>.<type>`. The count is
 /// part of the subject, so a change of partition count starts new subjects
 /// at one point of the work stream and the consumers of the previous count
-/// drain what came before it (README "Scaling out").
+/// drain what came before it (services/README.md "Scaling out").
 pub fn work_transform_destination(partitions: u32, event_type: &str) -> String {
     format!(
         "{WORK_PREFIX}.{partitions}.{{{{partition({partitions},1,2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{event_type}"
