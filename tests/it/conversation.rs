@@ -1301,6 +1301,80 @@ async fn a_used_up_daily_model_budget_ends_the_turn_visibly_without_a_model_call
     Ok(())
 }
 
+/// Issue 48 item 16 with a model configured: a question about running,
+/// building or testing the project is answered from the commands
+/// onboarding recorded in summary.md, verified ones first, without a model
+/// call; a question about the tests' code still goes to the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_build_and_test_questions_are_answered_from_onboarding_before_the_model() -> Result<()>
+{
+    let server = NatsServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let core = zopu_tests::core_config(&server, dir.path());
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    let acme = org("acme");
+    let project = ProjectId::new();
+    let llm = FakeOpenAiServer::start([Scripted::tool_call(
+        "call_1",
+        "respond",
+        &json!({ "message": "The tests live in tests/ and share a fixture module." }).to_string(),
+    )])
+    .await?;
+    let dispatch = Running::dispatch(&core);
+    let conversation = Running::conversation(&core, openai(&llm));
+    setup_project(&bus, &acme, project).await?;
+    let summary = pb::ContextPublished {
+        document_id: "summary".into(),
+        kind: "repository_summary".into(),
+        title: "summary.md".into(),
+        content_type: "text/markdown".into(),
+        body: "# shop — repository summary\n\n## Project purpose\n\nA shop.\n\n\
+               ## Likely run/build/test commands\n\n\
+               - `cargo test` — run the tests — *inferred* — Cargo convention; not run\n\
+               - `make test` — test — **verified** — declared in Makefile line 21\n"
+            .into(),
+        revision: 1,
+        ..Default::default()
+    };
+    Publisher::new(bus.clone(), "specialists", None)
+        .append(NewEvent::root(
+            acme.clone(),
+            project,
+            &summary,
+            format!("project:{project}:summary:1"),
+            None,
+        ))
+        .await?;
+
+    let asked = send(&bus, &acme, project, "How do I run the tests?").await?;
+    let end = turn_end(&bus, &acme, project, asked.request).await?;
+    ensure!(end.is::<pb::DispatchCompleted>(), "{end:?}");
+    let replies = events_of::<pb::AgentMessage>(&bus, &acme, project, Some(asked.request)).await?;
+    ensure!(replies.len() == 1, "one reply: {replies:?}");
+    let answer = replies[0].decode::<pb::AgentMessage>()?;
+    ensure!(
+        answer
+            .text
+            .starts_with("From what onboarding found: `make test` (test; verified"),
+        "the verified command first: {}",
+        answer.text
+    );
+    assert_eq!(answer.provider, "offline", "decided by the rules");
+    assert_eq!(llm.request_count(), 0, "no model call for it");
+
+    let asked = send(&bus, &acme, project, "How are the tests organized?").await?;
+    let end = turn_end(&bus, &acme, project, asked.request).await?;
+    ensure!(end.is::<pb::DispatchCompleted>(), "{end:?}");
+    assert_eq!(
+        llm.request_count(),
+        1,
+        "a question about the tests' code asks the model"
+    );
+    conversation.stop().await?;
+    dispatch.stop().await?;
+    Ok(())
+}
+
 /// Clicks `action_id` on `artifact` as a user would (through the command
 /// the gateway and CLI share); returns the click's request id.
 async fn click(

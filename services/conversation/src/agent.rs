@@ -580,7 +580,16 @@ impl Turn<'_> {
         view: &ProjectView,
         definition: &RegisteredAgent,
     ) -> Result<(), HandlerError> {
-        let provider = self.agent.provider.as_ref();
+        let rules = crate::offline::OfflineRules;
+        let summary = decide::quoted_summary(view);
+        let provider: &dyn Provider =
+            if crate::offline::answers_from_onboarding(text, summary.as_deref()) {
+                // How to run, build or test the project: onboarding's verified
+                // commands answer it first, before (and instead of) a model.
+                &rules
+            } else {
+                self.agent.provider.as_ref()
+            };
         // Rules cost nothing: only a model's calls count against the budget.
         if !provider.is_deterministic()
             && let Some(reason) = self.budget_exhausted(source).await?
@@ -602,8 +611,17 @@ impl Turn<'_> {
                 self.execute(plan, source, view).await
             }
             Err(reason) if !provider.is_deterministic() => {
-                self.offline_fallback(reason, acknowledged, source, text, view, definition)
-                    .await
+                // Boxed: the fallback decides and executes a second time,
+                // and both inline would double the turn's future.
+                Box::pin(self.offline_fallback(
+                    reason,
+                    acknowledged,
+                    source,
+                    text,
+                    view,
+                    definition,
+                ))
+                .await
             }
             Err(reason) => self.visible_failure(source, reason).await,
         }

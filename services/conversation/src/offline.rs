@@ -460,15 +460,37 @@ pub fn clarifying_question(message_text: &str) -> String {
     }
 }
 
+/// The answer onboarding's commands in `summary` give a question about
+/// running, building or testing the project, if it is one and they do.
+fn onboarding_answer(text: &Normalized, summary: Option<&str>) -> Option<String> {
+    if !text.is_command_question() {
+        return None;
+    }
+    summary.and_then(|summary| commands::commands_answer(&text.words, summary))
+}
+
+/// Whether the rules answer `message_text` from onboarding's commands in
+/// `summary` (the summary as the decision request quotes it): they decide
+/// to respond, and the message asks how to run, build or test the project
+/// and the summary lists commands for it. Such a question is answered from
+/// those facts first, whatever the provider: they are what onboarding
+/// verified and the setup artifact shows, and a model would have to find
+/// them again (and once answered with a test helper file instead).
+pub fn answers_from_onboarding(message_text: &str, summary: Option<&str>) -> bool {
+    let context = DecisionContext {
+        has_summary: summary.is_some(),
+        recent_clarification_asked: false,
+    };
+    decide(message_text, &context).kind == DecisionKind::Respond
+        && onboarding_answer(&Normalized::new(message_text), summary).is_some()
+}
+
 /// A direct answer for greetings, thanks, status and overview questions. With a summary, an
 /// overview question is answered from its first sentence.
 pub fn direct_response(message_text: &str, summary: Option<&str>) -> String {
     let text = Normalized::new(message_text);
     let seed = fnv1a(&["respond", message_text]);
-    if text.is_command_question()
-        && let Some(answer) =
-            summary.and_then(|summary| commands::commands_answer(&text.words, summary))
-    {
+    if let Some(answer) = onboarding_answer(&text, summary) {
         return answer;
     }
     if let Some(first) = summary.and_then(first_sentence)
