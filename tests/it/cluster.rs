@@ -105,16 +105,32 @@ async fn two_instances_of_every_service_on_a_cluster_survive_kills_mid_run() -> 
             ));
         }
     }
-    let logs: Vec<String> = fleet
-        .running()
-        .iter()
-        .map(|name| format!("--- {name}\n{}", fleet.log_tail(name, 15)))
-        .collect();
-    ensure!(
-        failures.is_empty(),
-        "sends failed: {failures:#?}\n{}",
-        logs.join("\n")
-    );
+    if !failures.is_empty() {
+        // An instance that exited on its own is the likeliest cause: name
+        // it with its log's tail, and keep every log.
+        let exited: Vec<String> = fleet
+            .reap_exited()
+            .iter()
+            .map(|(name, status)| {
+                format!(
+                    "--- {name} exited on its own ({status})\n{}",
+                    fleet.log_tail(name, 40)
+                )
+            })
+            .collect();
+        let logs: Vec<String> = fleet
+            .running()
+            .iter()
+            .map(|name| format!("--- {name}\n{}", fleet.log_tail(name, 15)))
+            .collect();
+        let kept = dir.keep();
+        anyhow::bail!(
+            "sends failed: {failures:#?}\n{}\n{}\n(fleet logs in {})",
+            exited.join("\n"),
+            logs.join("\n"),
+            kept.join("fleet/logs").display()
+        );
+    }
     let violations = invariants::check_settled(&bus, &org, &projects, LONG).await?;
     if !violations.is_empty() {
         let kept = dir.keep();

@@ -244,15 +244,7 @@ async fn projections_refuse_an_event_whose_headers_claim_another_org() -> Result
     );
 
     // Each projection recorded the forgery with the reason.
-    let recorded: Vec<(String, u64, String)> = store.read(|conn| {
-        conn.prepare(
-            "SELECT projection, sequence, reason FROM zopu_undecodable ORDER BY projection",
-        )?
-        .query_map([], |row| {
-            Ok((row.get(0)?, row.get::<_, i64>(1)? as u64, row.get(2)?))
-        })?
-        .collect()
-    })?;
+    let recorded = refusals_recorded(&store)?;
     let projections: Vec<&str> = recorded.iter().map(|(name, ..)| name.as_str()).collect();
     assert_eq!(projections, ["gateway", "zopu_keys"], "{recorded:?}");
     for (_, sequence, reason) in &recorded {
@@ -312,6 +304,20 @@ async fn projections_refuse_an_event_whose_headers_claim_another_org() -> Result
 /// Publishes `envelope` on its own subject as a writer with publish rights
 /// can: valid headers and body, a message id, and no expected-sequence
 /// header (so the server stores it wherever the project's chain stands).
+/// What each projection of `store` recorded as not applied: (projection,
+/// sequence, reason), by sequence and then projection.
+fn refusals_recorded(store: &Store) -> Result<Vec<(String, u64, String)>> {
+    Ok(store.read(|conn| {
+        conn.prepare(
+            "SELECT projection, sequence, reason FROM zopu_undecodable ORDER BY sequence, projection",
+        )?
+        .query_map([], |row| {
+            Ok((row.get(0)?, row.get::<_, i64>(1)? as u64, row.get(2)?))
+        })?
+        .collect()
+    })?)
+}
+
 async fn publish_around_the_check(bus: &zopu_core::nats::Bus, envelope: &Envelope) -> Result<u64> {
     let (headers, body) = codec::encode(envelope);
     let mut map = async_nats::HeaderMap::new();
@@ -514,15 +520,7 @@ async fn events_that_do_not_extend_their_chain_are_applied_and_acted_on_by_nothi
     );
 
     // Each projection recorded both refusals with the reason.
-    let recorded: Vec<(String, u64, String)> = store.read(|conn| {
-        conn.prepare(
-            "SELECT projection, sequence, reason FROM zopu_undecodable ORDER BY sequence, projection",
-        )?
-        .query_map([], |row| {
-            Ok((row.get(0)?, row.get::<_, i64>(1)? as u64, row.get(2)?))
-        })?
-        .collect()
-    })?;
+    let recorded = refusals_recorded(&store)?;
     let rows: Vec<(&str, u64)> = recorded
         .iter()
         .map(|(projection, sequence, _)| (projection.as_str(), *sequence))

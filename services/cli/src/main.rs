@@ -187,6 +187,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // A turn's future (decide, fall back, append with a verified head)
+        // is deep; tokio's 2 MiB default once overflowed in a debug build
+        // under the chaos run. Stacks are reserved, not committed: 8 MiB
+        // costs memory only where it is used.
+        .thread_stack_size(8 * 1024 * 1024)
         .build()
     {
         Ok(runtime) => runtime,

@@ -136,32 +136,15 @@ impl Heads {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-    use zopu_schema::{CorrelationId, EventId};
-
     use super::*;
 
     fn event(project: ProjectId, version: u64, previous: Option<EventHash>) -> Envelope {
-        let id = EventId::new();
+        let org = "acme".parse().expect("valid org");
+        let message = zopu_schema::pb::TimelineMessageSent::default();
         Envelope {
-            id,
-            source: "zopu/gateway".into(),
-            event_type: "timeline.message.sent".into(),
-            time: time::OffsetDateTime::UNIX_EPOCH,
-            data_schema: "zopu.v1.TimelineMessageSent".into(),
-            org_id: "acme".parse().expect("valid org"),
-            project_id: project,
-            correlation_id: CorrelationId::from(id),
-            causation_id: id,
-            work_id: None,
-            thread_id: None,
-            flow_run_id: None,
-            dispatch_id: None,
-            traceparent: None,
-            idempotency_key: format!("key-{id}"),
             project_version: version,
             previous_hash: previous,
-            data: Bytes::new(),
+            ..zopu_schema::test_support::envelope(&message, &org, project)
         }
     }
 

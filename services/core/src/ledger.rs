@@ -393,11 +393,12 @@ impl Store {
         }
     }
 
-    /// The project's verified chain head and the sequence the ledger has
-    /// judged up to (the head is the project's as of that sequence).
-    pub fn verified_head(&self, org: &OrgId, project: &ProjectId) -> (u64, Option<Link>) {
-        let ledger = self.ledger();
-        (ledger.checkpoint(), ledger.head(org, project))
+    /// The project's verified chain head: the last event the ledger found
+    /// extending the project's chain. It is the project's head as of its
+    /// own sequence; what the ledger judged after it is not vouched for
+    /// here (the publisher verifies the messages after it again).
+    pub fn verified_head(&self, org: &OrgId, project: &ProjectId) -> Option<Link> {
+        self.ledger().head(org, project)
     }
 
     /// The events of a project refused for breaking its chain, newest

@@ -710,9 +710,17 @@ impl Publisher {
         read: HeadRead,
     ) -> Result<Option<Head>, Error> {
         let known = known.map(Verified::of_head);
+        // The ledger's head is taken as of its own sequence, not the
+        // ledger's checkpoint: the messages after it (refused ones, or any
+        // the ledger passed over) are verified again here. Trusting the
+        // checkpoint let a stale head reach the last message's sequence and
+        // fork the chain (a cluster chaos run: two events of version 610).
         let ledger = self.store.as_ref().map(|store| {
-            let (as_of, head) = store.verified_head(&project.0, &project.1);
-            Verified { as_of, head }
+            let head = store.verified_head(&project.0, &project.1);
+            Verified {
+                as_of: head.map_or(0, |link| link.sequence),
+                head,
+            }
         });
         let base = [known, ledger]
             .into_iter()
@@ -1187,39 +1195,98 @@ async fn verified_head(
             if let Some(link) = base.head {
                 heads.set((envelope.org_id.clone(), envelope.project_id), link);
             }
-            if let Err(broken) = heads.admit(sequence, envelope) {
-                tracing::warn!(filter, sequence, %broken, "last message of the project does not extend its chain; chaining onto the last one that does");
+            match heads.admit(sequence, envelope) {
+                Ok(()) => {
+                    let head = heads.get(&envelope.org_id, &envelope.project_id).copied();
+                    return Ok(Verified {
+                        as_of: sequence,
+                        head,
+                    }
+                    .at(sequence));
+                }
+                Err(broken) => {
+                    // A forgery, or a base that is not the chain's: the
+                    // project's history decides (below).
+                    tracing::warn!(filter, sequence, %broken, "last message of the project does not extend the head this process verified; verifying the project's chain again");
+                }
             }
-            let head = heads.get(&envelope.org_id, &envelope.project_id).copied();
-            return Ok(Verified {
-                as_of: sequence,
-                head,
-            }
-            .at(sequence));
         }
     }
-    walk_chain(bus, filter, base, sequence).await
+    // Boxed: reading the project's messages is the rare path, and its
+    // reader would otherwise sit inside every append's future (a debug
+    // build's conversation once overflowed a worker's stack on a fallback
+    // turn's append).
+    Box::pin(walk_chain(bus, filter, base, sequence)).await
 }
 
 /// Reads the project's messages in `(base.as_of, last_sequence]` in order
 /// and keeps the chain's head: messages that are not events, and events
 /// that do not extend the chain, are passed over.
+///
+/// The walk must reach `last_sequence`: a reader that ends before it (a
+/// consumer on a replica behind the leader reports nothing pending, or the
+/// server closed it) is an error the caller retries, never a head, since a
+/// head that misses genuine events would make the next append fork the
+/// chain (the expected sequence is right, the version is not). A walk from
+/// a base that passes over an event is done again from the project's
+/// start: the base may be a head that is not the chain's, and carrying on
+/// from it would keep forking; from the start, only the log decides.
 async fn walk_chain(
     bus: &Bus,
     filter: &str,
     base: Verified,
     last_sequence: u64,
 ) -> Result<Head, Error> {
+    let walked = walk_from(bus, filter, base, last_sequence).await?;
+    if walked.passed_over && base.as_of > 0 {
+        tracing::warn!(
+            filter,
+            from = base.as_of,
+            "the project's chain does not continue the verified head; verifying it from the start"
+        );
+        let from_start = Verified {
+            as_of: 0,
+            head: None,
+        };
+        return Ok(walk_from(bus, filter, from_start, last_sequence)
+            .await?
+            .head);
+    }
+    Ok(walked.head)
+}
+
+/// What [`walk_from`] found.
+struct Walked {
+    head: Head,
+    /// Whether a message was passed over (not an event, or not extending
+    /// the chain).
+    passed_over: bool,
+}
+
+async fn walk_from(
+    bus: &Bus,
+    filter: &str,
+    base: Verified,
+    last_sequence: u64,
+) -> Result<Walked, Error> {
     let mut reader =
         crate::log::Reader::open(bus, filter.to_owned(), crate::log::Start::After(base.as_of))
             .await?;
     let mut heads = crate::chain::Heads::default();
     let mut project = None;
-    while let Some(logged) = reader.next().await {
+    let mut passed_over = false;
+    let mut reached = base.as_of;
+    while reached < last_sequence {
+        let Some(logged) = reader.next().await else {
+            break;
+        };
         let logged = logged?;
         if logged.sequence > last_sequence {
+            // The project's message at `last_sequence` is gone (a purge
+            // the stream denies, or another stream): not a head to trust.
             break;
         }
+        reached = logged.sequence;
         match &logged.event {
             Ok(envelope) => {
                 let key = (envelope.org_id.clone(), envelope.project_id);
@@ -1229,6 +1296,7 @@ async fn walk_chain(
                     heads.set(key.clone(), link);
                 }
                 if let Err(broken) = heads.admit(logged.sequence, envelope) {
+                    passed_over = true;
                     tracing::warn!(filter, sequence = logged.sequence, %broken, "a message of the project does not extend its chain; passed over");
                 }
                 project = Some(key);
@@ -1236,22 +1304,35 @@ async fn walk_chain(
             Err(error) => {
                 // Something not written by Zopu sits on the project's
                 // subjects; `zopu audit verify` reports the intruder.
+                passed_over = true;
                 tracing::warn!(filter, sequence = logged.sequence, %error, "a message of the project is not a valid event; passed over");
             }
         }
-        if logged.sequence >= last_sequence || logged.pending == 0 {
+        if logged.pending == 0 {
             break;
         }
+    }
+    if reached != last_sequence {
+        return Err(Error::jetstream(
+            "read a project's chain",
+            format!(
+                "reading {filter} after sequence {} reached {reached}, not its last message at {last_sequence}",
+                base.as_of
+            ),
+        ));
     }
     let head = match &project {
         Some((org, project)) => heads.get(org, project).copied(),
         None => base.head,
     };
-    Ok(Verified {
-        as_of: last_sequence,
-        head,
-    }
-    .at(last_sequence))
+    Ok(Walked {
+        head: Verified {
+            as_of: last_sequence,
+            head,
+        }
+        .at(last_sequence),
+        passed_over,
+    })
 }
 
 /// The stream's last sequence.

@@ -655,11 +655,10 @@ mod tests {
 
     #[test]
     fn chain_dead_letters_are_listed_once_per_refused_event() {
-        use zopu_schema::{EventId, OrgId, ProjectId};
+        use zopu_schema::{OrgId, ProjectId};
         let org: OrgId = "acme".parse().unwrap_or_else(|_| unreachable!("valid org"));
         let project = ProjectId::new();
         let dead_letter = |consumer: &str, kind: &str, sequence: u64| {
-            let id = EventId::new();
             let record = pb::DeadLetterRecorded {
                 consumer: consumer.into(),
                 kind: kind.into(),
@@ -669,24 +668,9 @@ mod tests {
                 ..Default::default()
             };
             Envelope {
-                id,
                 source: "zopu/dispatch".into(),
-                event_type: pb::DeadLetterRecorded::TYPE.into(),
                 time: at(0),
-                data_schema: pb::DeadLetterRecorded::SCHEMA.into(),
-                org_id: org.clone(),
-                project_id: project,
-                correlation_id: id.into(),
-                causation_id: id,
-                work_id: None,
-                thread_id: None,
-                flow_run_id: None,
-                dispatch_id: None,
-                traceparent: None,
-                idempotency_key: String::new(),
-                project_version: 1,
-                previous_hash: None,
-                data: prost::Message::encode_to_vec(&record).into(),
+                ..zopu_schema::test_support::envelope(&record, &org, project)
             }
         };
         let events = [
@@ -707,33 +691,16 @@ mod tests {
 
     #[test]
     fn dispatches_open_until_completed_or_failed() {
-        use zopu_schema::{DispatchId, EventId, OrgId, ProjectId};
+        use zopu_schema::{DispatchId, OrgId, ProjectId};
         let project = ProjectId::new();
         let org: OrgId = "acme".parse().unwrap_or_else(|_| unreachable!("valid org"));
         let done = DispatchId::new();
         let open = DispatchId::new();
-        let event = |event_type: &str, dispatch: DispatchId, seconds: i64| {
-            let id = EventId::new();
-            Envelope {
-                id,
-                source: "zopu/test".into(),
-                event_type: event_type.to_owned(),
-                time: at(seconds),
-                data_schema: String::new(),
-                org_id: org.clone(),
-                project_id: project,
-                correlation_id: id.into(),
-                causation_id: id,
-                work_id: None,
-                thread_id: None,
-                flow_run_id: None,
-                dispatch_id: Some(dispatch),
-                traceparent: None,
-                idempotency_key: String::new(),
-                project_version: 1,
-                previous_hash: None,
-                data: Default::default(),
-            }
+        let event = |event_type: &str, dispatch: DispatchId, seconds: i64| Envelope {
+            event_type: event_type.to_owned(),
+            time: at(seconds),
+            dispatch_id: Some(dispatch),
+            ..zopu_schema::test_support::envelope(&pb::DispatchCreated::default(), &org, project)
         };
         let events = [
             (1, event(pb::DispatchCreated::TYPE, done, 0)),
