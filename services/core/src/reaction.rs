@@ -455,7 +455,19 @@ pub async fn run<R: Reaction>(
         let Some(partitions) = work_partitions(&shared, &config).await? else {
             return Ok(());
         };
-        for previous in previous_partitionings(&shared.stream, &config.durable, partitions).await? {
+        // Listed again while the server does not answer (a cluster electing
+        // a leader): a failed listing once stopped a service mid-run.
+        let previous = retried(
+            &shared.shutdown,
+            "list the previous partitionings",
+            |_| false,
+            || previous_partitionings(&shared.stream, &config.durable, partitions),
+        )
+        .await?;
+        let Some(previous) = previous else {
+            return Ok(());
+        };
+        for previous in previous {
             tracing::info!(
                 service = %shared.service,
                 durable = %config.durable,
@@ -481,25 +493,49 @@ async fn work_partitions<R>(
     shared: &Shared<R>,
     config: &ReactionConfig,
 ) -> Result<Option<u32>, Error> {
+    let drift = |error: &Error| matches!(error, Error::StreamDrift { .. });
+    let read = retried(
+        &shared.shutdown,
+        "read the work stream's partition count",
+        drift,
+        || crate::streams::work_state(&shared.bus),
+    );
+    let Some(state) = read.await? else {
+        return Ok(None);
+    };
+    if let Some(filter) = state.first_not_copied(&config.filter_subjects) {
+        return Err(Error::WorkNotCopied {
+            durable: config.durable.clone(),
+            filter: filter.to_owned(),
+        });
+    }
+    Ok(Some(state.partitions))
+}
+
+/// `operation`'s value, tried again after each failure that `fatal` does
+/// not name, waiting longer each time (up to 2 s): a cluster electing a
+/// leader answers nothing for a while. `None` at shutdown.
+async fn retried<T, F, Fut>(
+    shutdown: &Shutdown,
+    what: &str,
+    fatal: impl Fn(&Error) -> bool,
+    mut operation: F,
+) -> Result<Option<T>, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
     let mut failures = 0u64;
     loop {
-        match crate::streams::work_state(&shared.bus).await {
-            Ok(state) => {
-                if let Some(filter) = state.first_not_copied(&config.filter_subjects) {
-                    return Err(Error::WorkNotCopied {
-                        durable: config.durable.clone(),
-                        filter: filter.to_owned(),
-                    });
-                }
-                return Ok(Some(state.partitions));
-            }
-            Err(error @ Error::StreamDrift { .. }) => return Err(error),
+        match operation().await {
+            Ok(value) => return Ok(Some(value)),
+            Err(error) if fatal(&error) => return Err(error),
             Err(error) => {
                 failures += 1;
-                tracing::warn!(%error, failures, "cannot read the work stream's partition count; reading it again");
+                tracing::warn!(%error, failures, "cannot {what}; trying again");
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(250 * failures.min(8))) => {}
-                    () = shared.shutdown.cancelled() => return Ok(None),
+                    () = shutdown.cancelled() => return Ok(None),
                 }
             }
         }
