@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 use zopu_schema::{Event, OrgId, ProjectId, pb, subjects};
 use zopu_tests::fleet::{Fleet, FleetConfig, REACTION_SERVICES};
 use zopu_tests::{
