@@ -27,6 +27,7 @@ mod registry;
 mod scale;
 mod secrets;
 mod setup;
+mod snapshots;
 mod specialists;
 mod tidy;
 mod tls;

@@ -18,6 +18,8 @@ pub struct ZopuConfig {
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
     pub scale: zopu_core::config::ScaleConfig,
+    /// Projection snapshots (`[snapshots]`).
+    pub snapshots: zopu_core::config::SnapshotConfig,
     /// The agents directory (`registry.toml` and knowledge files); unset:
     /// the built-in registry (`ZOPU_AGENTS_DIR`).
     pub agents_dir: Option<PathBuf>,
@@ -86,6 +88,7 @@ impl Default for ZopuConfig {
             duplicate_window: core.duplicate_window,
             shutdown_grace: core.shutdown_grace,
             scale: core.scale,
+            snapshots: core.snapshots,
             agents_dir: core.agents_dir,
             metrics_listen: None,
             operator: None,
@@ -110,6 +113,7 @@ impl ZopuConfig {
             duplicate_window: self.duplicate_window,
             shutdown_grace: self.shutdown_grace,
             scale: self.scale.clone(),
+            snapshots: self.snapshots.clone(),
             agents_dir: self.agents_dir.clone(),
             clock: zopu_core::Clock::system(),
             secrets_key: None,

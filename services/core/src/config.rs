@@ -312,6 +312,8 @@ pub struct CoreConfig {
     pub shutdown_grace: std::time::Duration,
     /// How the instances of a service share its reactions (`[scale]`).
     pub scale: ScaleConfig,
+    /// Projection snapshots (`[snapshots]`, [`crate::snapshot`]).
+    pub snapshots: SnapshotConfig,
     /// The agents directory (`registry.toml` and its knowledge files,
     /// services/cli/README.md "Agents"); unset (the default): the registry built into the
     /// binary, `deploy/agents` (`ZOPU_AGENTS_DIR`).
@@ -410,6 +412,52 @@ impl ScaleConfig {
     }
 }
 
+/// When a service stores a snapshot of its projection file and whether it
+/// starts from one (services/README.md, "Snapshots").
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SnapshotConfig {
+    /// Restore from and store snapshots; off: every start replays the
+    /// stream from the file's checkpoint (from 1 for a new file).
+    pub enabled: bool,
+    /// Events the projections must have applied since the last snapshot
+    /// (this instance's or another's) before the next one is stored.
+    pub every_events: u64,
+    /// How often the instance looks whether a snapshot is due.
+    #[serde(with = "duration")]
+    pub check_interval: std::time::Duration,
+}
+
+impl Default for SnapshotConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            every_events: 50_000,
+            check_interval: std::time::Duration::from_secs(60),
+        }
+    }
+}
+
+impl SnapshotConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(100..=100_000_000).contains(&self.every_events) {
+            return Err(ConfigError::setting(
+                "snapshots.every_events",
+                "must be 100..=100000000",
+            ));
+        }
+        if !(std::time::Duration::from_millis(100)..=std::time::Duration::from_secs(86_400))
+            .contains(&self.check_interval)
+        {
+            return Err(ConfigError::setting(
+                "snapshots.check_interval",
+                "must be 100ms..=24h",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Where projections and workspaces live unless `data_dir` says otherwise.
 pub const DEFAULT_DATA_DIR: &str = ".zopu-local/data";
 
@@ -422,6 +470,7 @@ impl Default for CoreConfig {
             duplicate_window: std::time::Duration::from_secs(120),
             shutdown_grace: std::time::Duration::from_secs(10),
             scale: ScaleConfig::default(),
+            snapshots: SnapshotConfig::default(),
             agents_dir: None,
             clock: crate::clock::Clock::system(),
             secrets_key: None,
@@ -449,7 +498,8 @@ impl CoreConfig {
                 "must be at least 1s",
             ));
         }
-        self.scale.validate()
+        self.scale.validate()?;
+        self.snapshots.validate()
     }
 }
 

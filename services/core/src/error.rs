@@ -64,6 +64,12 @@ pub enum Error {
         address: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("snapshot {object} of {service}: {reason}")]
+    Snapshot {
+        service: String,
+        object: String,
+        reason: String,
+    },
     #[error("I/O on {path}: {source}")]
     Io {
         path: PathBuf,

@@ -40,7 +40,7 @@ pub const LEDGER: &str = "zopu_chain";
 
 /// Bump when the ledger's tables or verdicts change: it is judged again
 /// from the start (the projections are not rebuilt).
-const LEDGER_VERSION: u32 = 1;
+pub(crate) const LEDGER_VERSION: u32 = 1;
 
 /// Events judged, or project heads moved, without a write of the ledger
 /// before it writes anyway (bounds what a restart judges again).

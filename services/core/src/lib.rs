@@ -50,6 +50,7 @@ pub mod registry;
 pub mod runtime;
 pub mod secret_store;
 pub mod shutdown;
+pub mod snapshot;
 pub mod store;
 pub mod streams;
 pub mod telemetry;

@@ -622,12 +622,10 @@ fn apply_to_all(
     tracked: &mut [Tracked],
     decoded: &Decoded,
     judgment: &Judgment,
-    last: u64,
     mut isolation: Isolation<'_>,
 ) -> rusqlite::Result<()> {
     for entry in tracked.iter_mut() {
         let name = entry.projection.name();
-        let changes_before = tx.total_changes();
         for (sequence, event) in decoded
             .iter()
             .filter(|(sequence, _)| *sequence > entry.checkpoint)
@@ -698,12 +696,25 @@ fn apply_to_all(
                 }
             }
         }
-        // A batch that changed nothing leaves the file as it was; its
-        // checkpoint lives in memory until one that does (or `persist`).
-        if last > entry.checkpoint && tx.total_changes() != changes_before {
-            tx.prepare_cached("UPDATE zopu_projection SET checkpoint = ?2 WHERE name = ?1")?
-                .execute(params![name, last as i64])?;
-        }
+    }
+    Ok(())
+}
+
+/// Writes every projection's checkpoint for a batch that writes the file:
+/// the file's checkpoints move together, so a copy of it (a snapshot)
+/// covers what its lowest checkpoint says. A batch that changed nothing
+/// leaves the file as it was; its checkpoints live in memory until one
+/// that does (or `persist`).
+fn write_checkpoints(
+    tx: &rusqlite::Transaction<'_>,
+    tracked: &[Tracked],
+    last: u64,
+) -> rusqlite::Result<()> {
+    for entry in tracked.iter().filter(|entry| last > entry.checkpoint) {
+        tx.prepare_cached(
+            "UPDATE zopu_projection SET checkpoint = MAX(checkpoint, ?2) WHERE name = ?1",
+        )?
+        .execute(params![entry.projection.name(), last as i64])?;
     }
     Ok(())
 }
@@ -822,13 +833,15 @@ impl Set {
             };
             // The ledger is written with a batch that writes anything else,
             // or when it must; in the batch's transaction either way.
-            let write_ledger = |tx: &rusqlite::Transaction<'_>, before: u64| {
-                let wrote = must_write || tx.total_changes() != before;
-                if wrote {
-                    store_for_batch.ledger().write(tx, &judgment)?;
-                }
-                Ok(wrote)
-            };
+            let write_ledger =
+                |tx: &rusqlite::Transaction<'_>, tracked: &[Tracked], before: u64| {
+                    let wrote = must_write || tx.total_changes() != before;
+                    if wrote {
+                        write_checkpoints(tx, tracked, last)?;
+                        store_for_batch.ledger().write(tx, &judgment)?;
+                    }
+                    Ok(wrote)
+                };
             let mut failed_on_not_understood = false;
             let outcome = store_for_batch.write(|tx| {
                 let before = tx.total_changes();
@@ -837,23 +850,15 @@ impl Set {
                     &mut tracked,
                     &decoded,
                     &judgment,
-                    last,
                     Isolation::Batch(&mut failed_on_not_understood),
                 )?;
-                write_ledger(tx, before)
+                write_ledger(tx, &tracked, before)
             });
             let wrote_ledger = match outcome {
                 Err(_) if failed_on_not_understood => store_for_batch.write(|tx| {
                     let before = tx.total_changes();
-                    apply_to_all(
-                        tx,
-                        &mut tracked,
-                        &decoded,
-                        &judgment,
-                        last,
-                        Isolation::PerEvent,
-                    )?;
-                    write_ledger(tx, before)
+                    apply_to_all(tx, &mut tracked, &decoded, &judgment, Isolation::PerEvent)?;
+                    write_ledger(tx, &tracked, before)
                 })?,
                 other => other?,
             };

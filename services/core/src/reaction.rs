@@ -423,6 +423,7 @@ pub async fn run<R: Reaction>(
         shutdown,
         scale,
         clock,
+        snapshot: _,
     } = runtime;
     let stream = bus
         .jetstream

@@ -10,6 +10,7 @@ use crate::nats::{self, Bus};
 use crate::publish::Publisher;
 use crate::reaction::{self, Reaction, ReactionConfig};
 use crate::shutdown::Shutdown;
+use crate::snapshot::{self, Restore};
 use crate::store::{KeyIndex, Projection, Store};
 use crate::{Error, projection, streams};
 
@@ -47,6 +48,9 @@ pub struct Runtime {
     pub scale: ScaleConfig,
     /// The wall clock and fresh-id source (the publisher stamps events with it).
     pub clock: Clock,
+    /// What the store's start made of the service's snapshot ([`snapshot`]):
+    /// restored (and from which sequence on it replays), or skipped and why.
+    pub snapshot: Restore,
 }
 
 impl Runtime {
@@ -57,9 +61,8 @@ impl Runtime {
         config: &CoreConfig,
         shutdown: Shutdown,
     ) -> Result<Self, Error> {
-        let runtime = Self::connect(service, config, shutdown).await?;
-        runtime.spawn_projections(vec![Box::new(runtime.key_index())]);
-        Ok(runtime)
+        let projections: Vec<Box<dyn Projection>> = vec![Box::new(KeyIndex::default())];
+        Self::connect(service, config, shutdown, projections).await
     }
 
     /// [`Runtime::start`] for a service with its own projection: one
@@ -71,15 +74,19 @@ impl Runtime {
         shutdown: Shutdown,
         projection: P,
     ) -> Result<Self, Error> {
-        let runtime = Self::connect(service, config, shutdown).await?;
-        runtime.spawn_projections(vec![Box::new(runtime.key_index()), Box::new(projection)]);
-        Ok(runtime)
+        let projections: Vec<Box<dyn Projection>> =
+            vec![Box::new(KeyIndex::default()), Box::new(projection)];
+        Self::connect(service, config, shutdown, projections).await
     }
 
+    /// Connects, restores the store from a snapshot when one is further
+    /// on, opens it and starts `projections` (the first is the key index,
+    /// given this service's source here) and the snapshot taker.
     async fn connect(
         service: &str,
         config: &CoreConfig,
         shutdown: Shutdown,
+        mut projections: Vec<Box<dyn Projection>>,
     ) -> Result<Self, Error> {
         config.validate()?;
         let bus = nats::connect(
@@ -89,10 +96,29 @@ impl Runtime {
         )
         .await?;
         check_streams(&bus, config).await?;
-        let store = Store::open_for_service(&config.data_dir, service)?;
+        let versions: Vec<snapshot::ProjectionVersion> = projections
+            .iter()
+            .map(|projection| (projection.name(), projection.schema_version()))
+            .collect();
+        let path = Store::path_for_service(&config.data_dir, service)?;
+        let restore = if config.snapshots.enabled {
+            tokio::time::timeout(
+                snapshot::RESTORE_TIMEOUT,
+                snapshot::restore(&bus, &path, service, &versions),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                tracing::warn!(%service, "restoring the snapshot took too long; replaying the stream instead");
+                Restore::Skipped("timed out".into())
+            })
+        } else {
+            Restore::Skipped("snapshots.enabled is off".into())
+        };
+        let store = Store::open(&path)?;
         let publisher = Publisher::new(bus.clone(), service, Some(store.clone()))
             .with_clock(config.clock.clone());
-        Ok(Self {
+        projections[0] = Box::new(KeyIndex::of_source(publisher.source()));
+        let runtime = Self {
             service: service.to_owned(),
             bus,
             store,
@@ -100,11 +126,22 @@ impl Runtime {
             shutdown,
             scale: config.scale.clone(),
             clock: config.clock.clone(),
-        })
-    }
-
-    fn key_index(&self) -> KeyIndex {
-        KeyIndex::of_source(self.publisher.source())
+            snapshot: restore,
+        };
+        let since = runtime.store.checkpoint();
+        runtime.spawn_projections(projections);
+        if config.snapshots.enabled {
+            snapshot::Taker {
+                bus: runtime.bus.clone(),
+                store: runtime.store.clone(),
+                service: service.to_owned(),
+                projections: versions,
+                config: config.snapshots.clone(),
+                made_by: config.scale.resolved_instance_id(),
+            }
+            .spawn(since, &runtime.shutdown);
+        }
+        Ok(runtime)
     }
 
     /// Runs projections of this service's store from one consumer, as a

@@ -94,11 +94,16 @@ pub struct Store {
 impl Store {
     /// Opens (or creates) `<data_dir>/<service>.sqlite`.
     pub fn open_for_service(data_dir: &Path, service: &str) -> Result<Self, Error> {
+        Self::open(&Self::path_for_service(data_dir, service)?)
+    }
+
+    /// `<data_dir>/<service>.sqlite`, its directory created.
+    pub fn path_for_service(data_dir: &Path, service: &str) -> Result<PathBuf, Error> {
         std::fs::create_dir_all(data_dir).map_err(|source| Error::Io {
             path: data_dir.to_owned(),
             source,
         })?;
-        Self::open(&data_dir.join(format!("{service}.sqlite")))
+        Ok(data_dir.join(format!("{service}.sqlite")))
     }
 
     pub fn open(path: &Path) -> Result<Self, Error> {

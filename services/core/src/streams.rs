@@ -23,6 +23,8 @@ pub use work::{
 const EVENTS_DEFINITION: &str = include_str!("../../../streams/ZOPU_EVENTS.json");
 const WORK_DEFINITION: &str = include_str!("../../../streams/ZOPU_WORK.json");
 const ARTIFACTS_DEFINITION: &str = include_str!("../../../streams/zopu-artifacts.objectstore.json");
+const SNAPSHOTS_FILE: &str = "streams/zopu-snapshots.objectstore.json";
+const SNAPSHOTS_DEFINITION: &str = include_str!("../../../streams/zopu-snapshots.objectstore.json");
 
 /// Key-value buckets: (file, definition, the bucket name the schema crate spells).
 const KEY_VALUE_DEFINITIONS: &[(&str, &str, &str)] = &[
@@ -86,6 +88,39 @@ struct ObjectStoreDefinition {
     storage: stream::StorageType,
     num_replicas: usize,
     max_bytes: i64,
+}
+
+/// The snapshot buckets: one object store per service
+/// (`<bucket_prefix>-<service>`), all alike.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnapshotBucketsDefinition {
+    bucket_prefix: String,
+    services: Vec<String>,
+    description: String,
+    storage: stream::StorageType,
+    num_replicas: usize,
+    max_bytes: i64,
+}
+
+fn snapshot_buckets_definition() -> Result<SnapshotBucketsDefinition, Error> {
+    let definition: SnapshotBucketsDefinition = serde_json::from_str(SNAPSHOTS_DEFINITION)
+        .map_err(|error| Error::StreamDefinition {
+            file: SNAPSHOTS_FILE.into(),
+            reason: error.to_string(),
+        })?;
+    if definition.bucket_prefix != zopu_schema::subjects::SNAPSHOTS_BUCKET_PREFIX {
+        return Err(Error::StreamDefinition {
+            file: SNAPSHOTS_FILE.into(),
+            reason: "bucket_prefix differs from the schema crate's".into(),
+        });
+    }
+    Ok(definition)
+}
+
+/// The services `zopu streams apply` makes a snapshot bucket for.
+pub fn snapshot_services() -> Result<Vec<String>, Error> {
+    Ok(snapshot_buckets_definition()?.services)
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -335,7 +370,35 @@ pub async fn apply(bus: &Bus, settings: &StreamSettings) -> Result<(), Error> {
     for (file, definition, bucket) in KEY_VALUE_DEFINITIONS {
         apply_key_value(&bus.jetstream, settings, file, definition, bucket).await?;
     }
+    for service in snapshot_services()? {
+        apply_snapshot_bucket(bus, settings, &service).await?;
+    }
     Ok(())
+}
+
+/// Creates (or brings to `streams/zopu-snapshots.objectstore.json`)
+/// `service`'s snapshot bucket. [`apply`] does it for the services the
+/// file lists; a test or a benchmark running a service of its own name
+/// calls it for that name. Services do not check these buckets at start:
+/// without its bucket a service runs, rebuilding from the stream
+/// ([`crate::snapshot`]).
+pub async fn apply_snapshot_bucket(
+    bus: &Bus,
+    settings: &StreamSettings,
+    service: &str,
+) -> Result<(), Error> {
+    let definition = snapshot_buckets_definition()?;
+    let bucket = Bucket {
+        stream: format!("OBJ_{}", zopu_schema::subjects::snapshots_bucket(service)),
+        description: definition.description,
+        storage: definition.storage,
+        num_replicas: settings.replicas.max(definition.num_replicas),
+        max_bytes: Some(definition.max_bytes),
+        history: None,
+        max_value_size: None,
+        max_age: None,
+    };
+    create_or_update_object_store(&bus.jetstream, &bucket).await
 }
 
 /// [`apply`], retried while the server answers with a JetStream error for
@@ -404,7 +467,7 @@ pub async fn check(bus: &Bus, settings: &StreamSettings) -> Result<(), Error> {
 }
 
 /// A stream's configuration on the server; `None` if it does not exist.
-async fn existing_config(
+pub(crate) async fn existing_config(
     js: &jetstream::Context,
     name: &str,
 ) -> Result<Option<stream::Config>, Error> {
@@ -650,26 +713,32 @@ async fn apply_object_store(
     js: &jetstream::Context,
     settings: &StreamSettings,
 ) -> Result<(), Error> {
-    let definition = object_store_definition()?;
-    if existing_config(js, &format!("OBJ_{}", definition.bucket))
-        .await?
-        .is_none()
-    {
-        js.create_object_store(object_store::Config {
-            bucket: definition.bucket.clone(),
-            description: Some(definition.description),
-            storage: definition.storage,
-            num_replicas: settings.replicas.max(definition.num_replicas),
-            max_bytes: definition.max_bytes,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| Error::jetstream("create object store", e))?;
-        tracing::info!(bucket = %definition.bucket, "object store created");
-        return Ok(());
-    }
     let bucket = buckets(settings)?.swap_remove(0);
-    update_bucket(js, &bucket).await
+    create_or_update_object_store(js, &bucket).await
+}
+
+/// Creates the object store `bucket` describes (its stream is
+/// `OBJ_<bucket>`), or brings an existing one to it.
+async fn create_or_update_object_store(
+    js: &jetstream::Context,
+    bucket: &Bucket,
+) -> Result<(), Error> {
+    if existing_config(js, &bucket.stream).await?.is_some() {
+        return update_bucket(js, bucket).await;
+    }
+    let name = bucket.stream.strip_prefix("OBJ_").unwrap_or(&bucket.stream);
+    js.create_object_store(object_store::Config {
+        bucket: name.to_owned(),
+        description: Some(bucket.description.clone()),
+        storage: bucket.storage,
+        num_replicas: bucket.num_replicas,
+        max_bytes: bucket.max_bytes.unwrap_or(-1),
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| Error::jetstream("create object store", e))?;
+    tracing::info!(bucket = %name, "object store created");
+    Ok(())
 }
 
 async fn apply_key_value(

@@ -19,6 +19,15 @@ pub const WORK_STREAM: &str = "ZOPU_WORK";
 const WORK_PREFIX: &str = "zopu.work";
 /// The object store bucket holding rendered artifacts.
 pub const ARTIFACTS_BUCKET: &str = "zopu-artifacts";
+/// The prefix of each service's projection-snapshot bucket
+/// (`zopu-snapshots-<service>`, [`snapshots_bucket`]).
+pub const SNAPSHOTS_BUCKET_PREFIX: &str = "zopu-snapshots";
+/// The object store bucket holding `service`'s projection snapshots: one
+/// bucket per service, so a service's NATS identity can write its own
+/// snapshots and no other's.
+pub fn snapshots_bucket(service: &str) -> String {
+    format!("{SNAPSHOTS_BUCKET_PREFIX}-{service}")
+}
 /// The key-value bucket holding gateway access tokens (hashed), keyed by token id.
 pub const GATEWAY_TOKENS_BUCKET: &str = "zopu-gateway-tokens";
 /// The secret store: sealed environment values (`core::secret_store`).

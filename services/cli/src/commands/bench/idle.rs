@@ -282,7 +282,7 @@ async fn durables(bus: &Bus) -> anyhow::Result<usize> {
 }
 
 /// Appends each idle project's history; returns the stream's last sequence.
-async fn populate(bus: &Bus, projects: usize) -> anyhow::Result<u64> {
+pub(super) async fn populate(bus: &Bus, projects: usize) -> anyhow::Result<u64> {
     let org: OrgId = "idle".parse()?;
     let gateway = Publisher::new(bus.clone(), "gateway", None);
     let setup = Publisher::new(bus.clone(), "setup", None);

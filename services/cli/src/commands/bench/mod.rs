@@ -5,13 +5,16 @@
 //! `zopu bench ack` ([`ack`]) measures the conversation agent's
 //! acknowledgement latency the same way, `zopu bench scale` ([`scale`],
 //! [`idle`]) the runtime scaled out: turns/s over 1 vs 3 conversation
-//! instances, failover, rebuild and the memory of idle projects.
+//! instances, failover, rebuild and the memory of idle projects;
+//! `zopu bench snapshot` ([`snapshot`]) a new instance's start from a
+//! projection snapshot vs from the stream's start.
 
 mod ack;
 mod deliveries;
 mod idle;
 mod raw_turns;
 mod scale;
+mod snapshot;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -60,6 +63,10 @@ enum BenchKind {
     /// process and the nats-server) at several partition counts, vs a raw
     /// JetStream consumer of the same messages
     Deliveries(deliveries::DeliveriesArgs),
+    /// Start → caught up for a new instance of each service, replaying the
+    /// whole stream vs starting from a projection snapshot, with a raw
+    /// ordered replay of the same events as the baseline
+    Snapshot(snapshot::SnapshotArgs),
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -84,6 +91,7 @@ pub async fn run_bench(context: &Context, args: BenchArgs) -> anyhow::Result<Exi
         Some(BenchKind::Deliveries(deliveries)) => {
             return deliveries::run(context, deliveries).await;
         }
+        Some(BenchKind::Snapshot(snapshot)) => return snapshot::run(context, snapshot).await,
         None => {}
     }
     let mut all = Vec::new();

@@ -1,0 +1,329 @@
+//! Projection snapshots (`core::snapshot`): a new instance of a service
+//! starts from the snapshot another instance stored and replays only the
+//! tail, ending with the same rows as a rebuild from the stream; a snapshot
+//! made by other projection code is not found, and one that fails its
+//! digest or does not continue this stream is refused with the reason and
+//! the store rebuilds from the stream instead.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use async_nats::jetstream::object_store::ObjectMetadata;
+use rusqlite::{Transaction, params};
+use tokio::io::AsyncReadExt;
+use zopu_core::config::{CoreConfig, SnapshotConfig};
+use zopu_core::publish::{NewEvent, Publisher};
+use zopu_core::snapshot::{self, Restore};
+use zopu_core::{Projection, Runtime, Shutdown, streams};
+use zopu_schema::{Envelope, OrgId, ProjectId, pb, subjects};
+use zopu_tests::{NatsServer, bus};
+
+const LONG: Duration = Duration::from_secs(60);
+/// A service name of this test's own, with its own snapshot bucket.
+const SERVICE: &str = "snaptest";
+
+/// Counts each project's events and remembers the last one's sequence.
+struct Counter {
+    version: u32,
+}
+
+impl Projection for Counter {
+    fn name(&self) -> &'static str {
+        "counter"
+    }
+    fn schema_version(&self) -> u32 {
+        self.version
+    }
+    fn tables(&self) -> &'static [&'static str] {
+        &["counted"]
+    }
+    fn migrate(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
+        tx.execute_batch(
+            "CREATE TABLE counted (project TEXT PRIMARY KEY, events INTEGER NOT NULL, last INTEGER NOT NULL)",
+        )
+    }
+    fn apply(
+        &mut self,
+        tx: &Transaction<'_>,
+        event: &Envelope,
+        sequence: u64,
+    ) -> rusqlite::Result<()> {
+        tx.execute(
+            "INSERT INTO counted (project, events, last) VALUES (?1, 1, ?2)
+             ON CONFLICT(project) DO UPDATE SET events = events + 1, last = excluded.last",
+            params![event.project_id.to_string(), sequence as i64],
+        )
+        .map(drop)
+    }
+}
+
+fn versions(counter_version: u32) -> Vec<snapshot::ProjectionVersion> {
+    snapshot::of_service(&Counter {
+        version: counter_version,
+    })
+}
+
+fn config(server: &NatsServer, dir: &std::path::Path) -> CoreConfig {
+    CoreConfig {
+        snapshots: SnapshotConfig {
+            enabled: true,
+            every_events: 100,
+            check_interval: Duration::from_millis(100),
+        },
+        ..zopu_tests::core_config(server, dir)
+    }
+}
+
+/// Appends `count` user messages spread over `projects`; returns the last sequence.
+async fn append(
+    publisher: &Publisher,
+    projects: &[ProjectId],
+    from: usize,
+    count: usize,
+) -> Result<u64> {
+    let org: OrgId = "snapshots".parse()?;
+    let mut last = 0;
+    for i in from..from + count {
+        let message = pb::TimelineMessageSent {
+            timeline_id: "global".into(),
+            text: format!("message {i}"),
+            ..Default::default()
+        };
+        let event = NewEvent::root(
+            org.clone(),
+            projects[i % projects.len()],
+            &message,
+            format!("request:snap-{i}"),
+            None,
+        );
+        last = publisher.append(event).await?.sequence;
+    }
+    Ok(last)
+}
+
+/// An instance of the test service, its store caught up to `sequence`.
+async fn instance(
+    config: &CoreConfig,
+    counter_version: u32,
+    sequence: u64,
+) -> Result<(Runtime, Shutdown)> {
+    let shutdown = Shutdown::new();
+    let runtime = Runtime::start_with(
+        SERVICE,
+        config,
+        shutdown.clone(),
+        Counter {
+            version: counter_version,
+        },
+    )
+    .await?;
+    tokio::time::timeout(LONG, runtime.store.wait_for(sequence))
+        .await
+        .context("the store did not catch up")?;
+    Ok((runtime, shutdown))
+}
+
+/// Starts a stream with history, an instance that stores a snapshot of it,
+/// and more history after the snapshot. Returns the server, the snapshot's
+/// sequence, the stream's last sequence and the rows a rebuild from the
+/// stream (snapshots off) holds.
+async fn history_with_a_snapshot(
+    dir: &std::path::Path,
+) -> Result<(NatsServer, zopu_core::nats::Bus, u64, u64, String)> {
+    let server = NatsServer::start()?;
+    let bus = bus(&server, Duration::from_secs(120)).await?;
+    streams::apply_snapshot_bucket(&bus, &streams::StreamSettings::default(), SERVICE).await?;
+    let publisher = Publisher::new(bus.clone(), "writer", None);
+    let projects: Vec<ProjectId> = (0..5).map(|_| ProjectId::new()).collect();
+    let first = append(&publisher, &projects, 0, 300).await?;
+
+    let (runtime, shutdown) = instance(&config(&server, &dir.join("first")), 1, first).await?;
+    assert_eq!(
+        runtime.snapshot,
+        Restore::Skipped("no snapshot of these projections".into())
+    );
+    let mut stored = None;
+    for _ in 0..300 {
+        stored = snapshot::stored_sequence(&bus, SERVICE, &versions(1)).await?;
+        if stored.is_some_and(|sequence| sequence >= first) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stored = stored.context("no snapshot was stored")?;
+    assert!(
+        stored >= first,
+        "the snapshot covers {stored}, the history {first}"
+    );
+    shutdown.cancel();
+    shutdown.wait(LONG).await;
+
+    let last = append(&publisher, &projects, 300, 40).await?;
+    let rebuilt_dir = dir.join("rebuilt");
+    let mut rebuilt = config(&server, &rebuilt_dir);
+    rebuilt.snapshots.enabled = false;
+    let (runtime, shutdown) = instance(&rebuilt, 1, last).await?;
+    assert_eq!(
+        runtime.snapshot,
+        Restore::Skipped("snapshots.enabled is off".into())
+    );
+    let rows = runtime.store.content_digest(&["counted", "zopu_keys"])?;
+    shutdown.cancel();
+    shutdown.wait(LONG).await;
+    Ok((server, bus, stored, last, rows))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_instance_starts_from_the_snapshot_and_replays_only_the_tail() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (server, _bus, stored, last, rebuilt_rows) = history_with_a_snapshot(dir.path()).await?;
+
+    let shutdown = Shutdown::new();
+    let runtime = Runtime::start_with(
+        SERVICE,
+        &config(&server, &dir.path().join("second")),
+        shutdown.clone(),
+        Counter { version: 1 },
+    )
+    .await?;
+    let Restore::Restored { sequence, bytes } = runtime.snapshot.clone() else {
+        anyhow::bail!("not restored: {:?}", runtime.snapshot);
+    };
+    assert_eq!(sequence, stored);
+    assert!(bytes > 0);
+    // Started at the snapshot, not at the stream's start.
+    assert!(
+        runtime.store.checkpoint() >= stored,
+        "the store starts at {}",
+        runtime.store.checkpoint()
+    );
+    tokio::time::timeout(LONG, runtime.store.wait_for(last)).await?;
+    assert_eq!(
+        runtime.store.content_digest(&["counted", "zopu_keys"])?,
+        rebuilt_rows
+    );
+    shutdown.cancel();
+    shutdown.wait(LONG).await;
+
+    // A local file as far as the snapshot keeps its own rows.
+    let (runtime, shutdown) =
+        instance(&config(&server, &dir.path().join("second")), 1, last).await?;
+    assert!(
+        matches!(&runtime.snapshot, Restore::Skipped(reason) if reason.starts_with("the local file is at")),
+        "{:?}",
+        runtime.snapshot
+    );
+    shutdown.cancel();
+    shutdown.wait(LONG).await;
+
+    // Other projection code (a new schema version) finds no snapshot and rebuilds.
+    let (runtime, shutdown) =
+        instance(&config(&server, &dir.path().join("third")), 2, last).await?;
+    assert_eq!(
+        runtime.snapshot,
+        Restore::Skipped("no snapshot of these projections".into())
+    );
+    assert_eq!(
+        runtime.store.content_digest(&["counted", "zopu_keys"])?,
+        rebuilt_rows
+    );
+    shutdown.cancel();
+    shutdown.wait(LONG).await;
+    Ok(())
+}
+
+/// Replaces the snapshot object with `bytes` and `metadata`.
+async fn replace_snapshot(
+    bus: &zopu_core::nats::Bus,
+    bytes: Vec<u8>,
+    metadata: HashMap<String, String>,
+) -> Result<()> {
+    let bucket = bus
+        .jetstream
+        .get_object_store(subjects::snapshots_bucket(SERVICE))
+        .await?;
+    bucket
+        .put(
+            ObjectMetadata {
+                name: snapshot::object_name(&versions(1)),
+                metadata,
+                ..Default::default()
+            },
+            &mut bytes.as_slice(),
+        )
+        .await?;
+    Ok(())
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_that_fails_its_digest_or_continues_another_stream_is_refused() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (server, bus, _stored, last, rebuilt_rows) = history_with_a_snapshot(dir.path()).await?;
+    let bucket = bus
+        .jetstream
+        .get_object_store(subjects::snapshots_bucket(SERVICE))
+        .await?;
+    let name = snapshot::object_name(&versions(1));
+    let metadata = bucket.info(&name).await?.metadata;
+    let mut original = Vec::new();
+    bucket.get(&name).await?.read_to_end(&mut original).await?;
+
+    // One byte flipped: the file's SHA-256 is not its metadata's.
+    let mut flipped = original.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x01;
+    replace_snapshot(&bus, flipped, metadata.clone()).await?;
+    let (runtime, shutdown) =
+        instance(&config(&server, &dir.path().join("flipped")), 1, last).await?;
+    assert!(
+        matches!(&runtime.snapshot, Restore::Skipped(reason) if reason.contains("SHA-256")),
+        "{:?}",
+        runtime.snapshot
+    );
+    assert_eq!(
+        runtime.store.content_digest(&["counted", "zopu_keys"])?,
+        rebuilt_rows
+    );
+    shutdown.cancel();
+    shutdown.wait(LONG).await;
+
+    // A well-formed snapshot whose newest chain head is not the stream's
+    // event there (another stream's history): digests made to match.
+    let forged_path = dir.path().join("forged.sqlite");
+    std::fs::write(&forged_path, &original)?;
+    {
+        let conn = rusqlite::Connection::open(&forged_path)?;
+        conn.execute(
+            "UPDATE zopu_chain_heads SET hash = zeroblob(32) WHERE sequence = (SELECT max(sequence) FROM zopu_chain_heads)",
+            [],
+        )?;
+        let (_, heads_digest) = snapshot::heads_digest(&conn)?;
+        let mut metadata = metadata.clone();
+        metadata.insert("zopu-heads-digest".into(), heads_digest);
+        conn.execute_batch("PRAGMA journal_mode = DELETE;")?;
+        drop(conn);
+        let bytes = std::fs::read(&forged_path)?;
+        metadata.insert("zopu-sha256".into(), sha256(&bytes));
+        replace_snapshot(&bus, bytes, metadata).await?;
+    }
+    let (runtime, shutdown) =
+        instance(&config(&server, &dir.path().join("forged")), 1, last).await?;
+    assert!(
+        matches!(&runtime.snapshot, Restore::Skipped(reason) if reason.contains("chain head")),
+        "{:?}",
+        runtime.snapshot
+    );
+    assert_eq!(
+        runtime.store.content_digest(&["counted", "zopu_keys"])?,
+        rebuilt_rows
+    );
+    shutdown.cancel();
+    shutdown.wait(LONG).await;
+    Ok(())
+}
