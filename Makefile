@@ -5,7 +5,7 @@ TOOLS := $(CURDIR)/tools
 export PATH := $(TOOLS)/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help setup nats-server llama-server build test test-deps eval run bench bench-ack bench-scale bench-deliveries check-layers lint clean-state
+.PHONY: help setup nats-server llama-server build test test-deps eval run bench bench-ack bench-scale bench-deliveries bench-snapshot check-layers lint clean-state
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -49,6 +49,9 @@ bench-scale: nats-server ## scale-out: turns/s with 1 vs 3 conversation instance
 
 bench-deliveries: nats-server ## data plane: deliveries per event per reaction and CPU per 1,000 events at 1, 12 and 64 partitions vs a raw JetStream consumer
 	$(CARGO) run --release -p zopu-cli --bin zopu -- bench deliveries
+
+bench-snapshot: nats-server ## start -> caught up for a new instance of each service with 100,000 events in the log: replaying the stream vs from a projection snapshot, with raw ordered replay of the same events
+	$(CARGO) run --release -p zopu-cli --bin zopu -- bench snapshot --projects 25000
 
 check-layers: ## fail on a dependency against the layering (schema, secrets <- core, sandbox, llm <- services <- cli, from cargo metadata) or a subject spelled outside schema: the tidy tests, no nats-server needed
 	$(CARGO) test -p zopu-tests --test it -- tidy::

@@ -372,6 +372,29 @@ async fn every_identity_is_refused_what_it_does_not_own() -> Result<()> {
                 .refused_publish(&event_subject("agent.registered")?)
                 .await?;
         }
+        // Projection snapshots: a service reads and writes its own bucket,
+        // never another's (a planted snapshot would be another's read model).
+        for service in zopu_core::streams::snapshot_services()? {
+            let bucket = subjects::snapshots_bucket(&service);
+            if service == *user {
+                identity
+                    .answered_request(&format!("$JS.API.STREAM.INFO.OBJ_{bucket}"))
+                    .await?;
+                continue;
+            }
+            identity
+                .refused_publish(&format!("$O.{bucket}.M.djEtZm9yZ2Vk"))
+                .await?;
+            identity
+                .refused_publish(&format!("$O.{bucket}.C.forgedchunk"))
+                .await?;
+            identity
+                .refused_request(
+                    &format!("$JS.API.DIRECT.GET.OBJ_{bucket}.$O.{bucket}.M.djEtZm9yZ2Vk"),
+                    "",
+                )
+                .await?;
+        }
         // Another service's durables: not read, inspected, deleted or recreated.
         for (owner, purpose, _) in SERVICES {
             if owner == *user {

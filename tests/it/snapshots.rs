@@ -17,7 +17,7 @@ use zopu_core::publish::{NewEvent, Publisher};
 use zopu_core::snapshot::{self, Restore};
 use zopu_core::{Projection, Runtime, Shutdown, streams};
 use zopu_schema::{Envelope, OrgId, ProjectId, pb, subjects};
-use zopu_tests::{NatsServer, bus};
+use zopu_tests::{Nats, NatsCluster, NatsServer, bus};
 
 const LONG: Duration = Duration::from_secs(60);
 /// A service name of this test's own, with its own snapshot bucket.
@@ -64,7 +64,7 @@ fn versions(counter_version: u32) -> Vec<snapshot::ProjectionVersion> {
     })
 }
 
-fn config(server: &NatsServer, dir: &std::path::Path) -> CoreConfig {
+fn config(server: &impl Nats, dir: &std::path::Path) -> CoreConfig {
     CoreConfig {
         snapshots: SnapshotConfig {
             enabled: true,
@@ -124,65 +124,96 @@ async fn instance(
     Ok((runtime, shutdown))
 }
 
-/// Starts a stream with history, an instance that stores a snapshot of it,
-/// and more history after the snapshot. Returns the server, the snapshot's
-/// sequence, the stream's last sequence and the rows a rebuild from the
-/// stream (snapshots off) holds.
-async fn history_with_a_snapshot(
+/// History, a snapshot of it and more history after the snapshot.
+struct WithSnapshot {
+    bus: zopu_core::nats::Bus,
+    /// The snapshot's sequence.
+    stored: u64,
+    /// The stream's last sequence.
+    last: u64,
+    /// The rows of a store rebuilt from the stream (snapshots off).
+    rebuilt_rows: String,
+}
+
+/// Writes history on `server`, runs an instance until it caught up, runs
+/// `during` (a fault), appends more history and waits until the instance
+/// stored a snapshot of it, appends more still and rebuilds a reference
+/// store without snapshots.
+async fn history_with_a_snapshot<N: Nats>(
+    server: &mut N,
     dir: &std::path::Path,
-) -> Result<(NatsServer, zopu_core::nats::Bus, u64, u64, String)> {
-    let server = NatsServer::start()?;
-    let bus = bus(&server, Duration::from_secs(120)).await?;
-    streams::apply_snapshot_bucket(&bus, &streams::StreamSettings::default(), SERVICE).await?;
+    during: impl AsyncFnOnce(&mut N) -> Result<()>,
+) -> Result<WithSnapshot> {
+    let bus = bus(server, Duration::from_secs(120)).await?;
+    let settings = streams::StreamSettings {
+        replicas: server.stream_replicas(),
+        ..Default::default()
+    };
+    streams::apply_snapshot_bucket(&bus, &settings, SERVICE).await?;
     let publisher = Publisher::new(bus.clone(), "writer", None);
     let projects: Vec<ProjectId> = (0..5).map(|_| ProjectId::new()).collect();
-    let first = append(&publisher, &projects, 0, 300).await?;
+    let before_fault = append(&publisher, &projects, 0, 300).await?;
 
-    let (runtime, shutdown) = instance(&config(&server, &dir.join("first")), 1, first).await?;
+    let (runtime, shutdown) =
+        instance(&config(server, &dir.join("first")), 1, before_fault).await?;
     assert_eq!(
         runtime.snapshot,
         Restore::Skipped("no snapshot of these projections".into())
     );
+    // A fault (on the cluster) while the instance follows more history and
+    // stores a snapshot of it.
+    during(server).await?;
+    append(&publisher, &projects, 300, 150).await?;
     let mut stored = None;
-    for _ in 0..300 {
-        stored = snapshot::stored_sequence(&bus, SERVICE, &versions(1)).await?;
-        if stored.is_some_and(|sequence| sequence >= first) {
+    for _ in 0..600 {
+        // A server that does not answer yet (a node just killed) is asked again.
+        stored = snapshot::stored_sequence(&bus, SERVICE, &versions(1))
+            .await
+            .unwrap_or(None);
+        if stored.is_some_and(|sequence| sequence > before_fault) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let stored = stored.context("no snapshot was stored")?;
     assert!(
-        stored >= first,
-        "the snapshot covers {stored}, the history {first}"
+        stored > before_fault,
+        "the snapshot covers {stored}, nothing after the fault at {before_fault}; the store is at {}",
+        runtime.store.checkpoint()
     );
     shutdown.cancel();
     shutdown.wait(LONG).await;
+    // The instance may have stored a later one before it stopped.
+    let stored = snapshot::stored_sequence(&bus, SERVICE, &versions(1))
+        .await?
+        .context("the snapshot is gone")?;
 
-    let last = append(&publisher, &projects, 300, 40).await?;
-    let rebuilt_dir = dir.join("rebuilt");
-    let mut rebuilt = config(&server, &rebuilt_dir);
+    let last = append(&publisher, &projects, 450, 40).await?;
+    let mut rebuilt = config(server, &dir.join("rebuilt"));
     rebuilt.snapshots.enabled = false;
     let (runtime, shutdown) = instance(&rebuilt, 1, last).await?;
     assert_eq!(
         runtime.snapshot,
         Restore::Skipped("snapshots.enabled is off".into())
     );
-    let rows = runtime.store.content_digest(&["counted", "zopu_keys"])?;
+    let rebuilt_rows = runtime.store.content_digest(&["counted", "zopu_keys"])?;
     shutdown.cancel();
     shutdown.wait(LONG).await;
-    Ok((server, bus, stored, last, rows))
+    Ok(WithSnapshot {
+        bus,
+        stored,
+        last,
+        rebuilt_rows,
+    })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_instance_starts_from_the_snapshot_and_replays_only_the_tail() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let (server, _bus, stored, last, rebuilt_rows) = history_with_a_snapshot(dir.path()).await?;
-
+/// A new instance in `dir` restores the snapshot and ends with the rows of
+/// a rebuild from the stream.
+async fn restores(server: &impl Nats, dir: &std::path::Path, history: &WithSnapshot) -> Result<()> {
     let shutdown = Shutdown::new();
     let runtime = Runtime::start_with(
         SERVICE,
-        &config(&server, &dir.path().join("second")),
+        &config(server, dir),
         shutdown.clone(),
         Counter { version: 1 },
     )
@@ -190,21 +221,31 @@ async fn a_new_instance_starts_from_the_snapshot_and_replays_only_the_tail() -> 
     let Restore::Restored { sequence, bytes } = runtime.snapshot.clone() else {
         anyhow::bail!("not restored: {:?}", runtime.snapshot);
     };
-    assert_eq!(sequence, stored);
+    assert_eq!(sequence, history.stored);
     assert!(bytes > 0);
     // Started at the snapshot, not at the stream's start.
     assert!(
-        runtime.store.checkpoint() >= stored,
+        runtime.store.checkpoint() >= history.stored,
         "the store starts at {}",
         runtime.store.checkpoint()
     );
-    tokio::time::timeout(LONG, runtime.store.wait_for(last)).await?;
+    tokio::time::timeout(LONG, runtime.store.wait_for(history.last)).await?;
     assert_eq!(
         runtime.store.content_digest(&["counted", "zopu_keys"])?,
-        rebuilt_rows
+        history.rebuilt_rows
     );
     shutdown.cancel();
     shutdown.wait(LONG).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_instance_starts_from_the_snapshot_and_replays_only_the_tail() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut server = NatsServer::start()?;
+    let history = history_with_a_snapshot(&mut server, dir.path(), async |_| Ok(())).await?;
+    let (last, rebuilt_rows) = (history.last, history.rebuilt_rows.clone());
+    restores(&server, &dir.path().join("second"), &history).await?;
 
     // A local file as far as the snapshot keeps its own rows.
     let (runtime, shutdown) =
@@ -264,7 +305,13 @@ fn sha256(bytes: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_that_fails_its_digest_or_continues_another_stream_is_refused() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let (server, bus, _stored, last, rebuilt_rows) = history_with_a_snapshot(dir.path()).await?;
+    let mut server = NatsServer::start()?;
+    let WithSnapshot {
+        bus,
+        last,
+        rebuilt_rows,
+        ..
+    } = history_with_a_snapshot(&mut server, dir.path(), async |_| Ok(())).await?;
     let bucket = bus
         .jetstream
         .get_object_store(subjects::snapshots_bucket(SERVICE))
@@ -326,4 +373,22 @@ async fn a_snapshot_that_fails_its_digest_or_continues_another_stream_is_refused
     shutdown.cancel();
     shutdown.wait(LONG).await;
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_cluster_a_snapshot_stored_across_a_node_kill_restores_a_new_instance() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let mut cluster = NatsCluster::start()?;
+    // A node dies before the instance follows more history and stores its
+    // snapshot (the bucket and the log are R3: two nodes carry on); it
+    // comes back before a new instance restores.
+    let history = history_with_a_snapshot(&mut cluster, dir.path(), async |cluster| {
+        cluster.kill(0);
+        Ok(())
+    })
+    .await?;
+    cluster.restart(0)?;
+    cluster.wait_healthy(LONG)?;
+    restores(&cluster, &dir.path().join("second"), &history).await
 }

@@ -165,7 +165,7 @@ async fn follow(
     let start = set.low_water();
     let messages = open(bus, start).await?;
     pump(
-        |events| read_ordered(messages, events, start, None, track_heads),
+        |events| read_ordered(messages, events, start, None, track_heads, Some(bus)),
         MAX_BATCH * 2,
         store,
         set,
@@ -181,21 +181,61 @@ type Decoded = Vec<(u64, Result<Envelope, String>)>;
 /// time at the live end, a whole chunk at a time in a parallel replay.
 type Sent = tokio::sync::mpsc::Sender<Decoded>;
 
+/// How long a read waits for its next message before it asks the stream
+/// whether there is one (see [`read_ordered`]).
+const STALL_CHECK: Duration = Duration::from_secs(2);
+
 /// Reads one ordered consumer into `events` until `stop_at` (when given) or
 /// the stream's end (a catch-up), moving the publisher's heads at the live end.
+///
+/// With `watch`, a consumer that delivers nothing while the stream holds
+/// events after the last one read, for two [`STALL_CHECK`]s in a row, is
+/// given up with an error (the loop reopens it from the checkpoint): when
+/// the node serving an ordered consumer dies, async-nats recreates it only
+/// after two missed idle heartbeats of 15 s, a minute in which the store
+/// (and every reaction waiting on it) would stand still.
 async fn read_ordered(
     mut messages: Messages,
     events: Sent,
     start: u64,
     stop_at: Option<u64>,
     track_heads: Option<&Publisher>,
+    watch: Option<&Bus>,
 ) -> Result<(), Error> {
     let mut last_read = start;
+    // The last read at the previous check, when the stream was further.
+    let mut behind_since: Option<u64> = None;
     loop {
         if stop_at.is_some_and(|stop| last_read >= stop) {
             return Ok(());
         }
-        let Some(message) = messages.next().await else {
+        let next = match watch {
+            None => messages.next().await,
+            Some(bus) => match tokio::time::timeout(STALL_CHECK, messages.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    // A server that does not answer now is no proof of a
+                    // stall: the consumer keeps its chance.
+                    match publish::last_sequence(bus).await {
+                        Ok(stream_last) if stream_last > last_read => {
+                            if behind_since == Some(last_read) {
+                                return Err(Error::jetstream(
+                                    "ordered consumer",
+                                    format!(
+                                        "stalled: nothing delivered after sequence {last_read} for {}s while the stream is at {stream_last}",
+                                        2 * STALL_CHECK.as_secs()
+                                    ),
+                                ));
+                            }
+                            behind_since = Some(last_read);
+                        }
+                        _ => behind_since = None,
+                    }
+                    continue;
+                }
+            },
+        };
+        let Some(message) = next else {
             return Err(Error::jetstream("ordered consumer", "message stream ended"));
         };
         let message = message.map_err(|e| Error::jetstream("ordered consumer", e))?;
@@ -599,7 +639,7 @@ async fn replay_to(
     }
     let messages = open(bus, from).await?;
     pump(
-        |events| read_ordered(messages, events, from, Some(last), None),
+        |events| read_ordered(messages, events, from, Some(last), None, Some(bus)),
         MAX_BATCH * 2,
         store,
         set,
