@@ -582,14 +582,17 @@ impl Turn<'_> {
     ) -> Result<(), HandlerError> {
         let rules = crate::offline::OfflineRules;
         let summary = decide::quoted_summary(view);
-        let provider: &dyn Provider =
-            if crate::offline::answers_from_onboarding(text, summary.as_deref()) {
-                // How to run, build or test the project: onboarding's verified
-                // commands answer it first, before (and instead of) a model.
-                &rules
-            } else {
-                self.agent.provider.as_ref()
-            };
+        let configured = self.agent.provider.as_ref();
+        // How to run, build or test the project: onboarding's verified
+        // commands answer it first, before (and instead of) a model. (The
+        // rules themselves need no such detour.)
+        let provider: &dyn Provider = if !configured.is_deterministic()
+            && crate::offline::answers_from_onboarding(text, summary.as_deref())
+        {
+            &rules
+        } else {
+            configured
+        };
         // Rules cost nothing: only a model's calls count against the budget.
         if !provider.is_deterministic()
             && let Some(reason) = self.budget_exhausted(source).await?

@@ -97,6 +97,68 @@ pub async fn catch_up<P: Projection>(
     Ok(set.low_water())
 }
 
+/// Rebuilds the projections of the store file at `path` whose schema
+/// version changed into a shadow copy of it, and puts the copy in the
+/// file's place once it has caught up with the stream (as the stream stood
+/// when the rebuild began). Call it before the store is opened. The live
+/// file is not touched until then: a crash mid-rebuild leaves it as it was,
+/// and the service never opens a half-rebuilt store (its reactions join
+/// only once their store caught up, so the service's other instances keep
+/// the work meanwhile). Returns the projections, to be run as usual.
+pub async fn rebuild_in_shadow(
+    bus: &Bus,
+    path: &std::path::Path,
+    projections: Vec<Box<dyn Projection>>,
+    shutdown: &Shutdown,
+) -> Result<Vec<Box<dyn Projection>>, Error> {
+    let shadow = crate::snapshot::sibling(path, "shadow");
+    let started = std::time::Instant::now();
+    let copied = {
+        let (live, target) = (path.to_owned(), shadow.to_string_lossy().into_owned());
+        tokio::task::spawn_blocking(move || {
+            rusqlite::Connection::open(&live)
+                .and_then(|conn| conn.execute("VACUUM INTO ?1", [target]).map(drop))
+                .map_err(|source| Error::Store { path: live, source })
+        })
+        .await
+        .map_err(|error| Error::Projection {
+            projection: "shadow".into(),
+            reason: error.to_string(),
+        })?
+    };
+    let rebuilt = match copied {
+        Ok(()) => rebuild_file(bus, &shadow, projections, shutdown).await,
+        Err(error) => Err(error),
+    };
+    let projections = match rebuilt {
+        Ok(projections) if !shutdown.is_cancelled() => projections,
+        other => {
+            let _ = std::fs::remove_file(&shadow);
+            return other;
+        }
+    };
+    crate::snapshot::install(&shadow, path)?;
+    tracing::info!(path = %path.display(), elapsed_ms = started.elapsed().as_millis() as u64, "projections rebuilt in a shadow file and put in place");
+    Ok(projections)
+}
+
+/// Brings the store file at `path` up to the stream's end with
+/// `projections` (those of another schema version rebuilt), and closes it.
+async fn rebuild_file(
+    bus: &Bus,
+    path: &std::path::Path,
+    projections: Vec<Box<dyn Projection>>,
+    shutdown: &Shutdown,
+) -> Result<Vec<Box<dyn Projection>>, Error> {
+    let store = Store::open(path)?;
+    let mut set = Set::prepare(&store, projections)?;
+    let last = publish::last_sequence(bus).await?;
+    replay_to(bus, &store, &mut set, last, shutdown).await?;
+    set.persist(&store)?;
+    let tracked = std::mem::take(&mut *set.lock());
+    Ok(tracked.into_iter().map(|entry| entry.projection).collect())
+}
+
 fn names(projections: &[Box<dyn Projection>]) -> String {
     projections
         .iter()
@@ -871,35 +933,28 @@ impl Set {
                 let must_write = ledger.must_write(&judgment);
                 (judgment, must_write)
             };
-            // The ledger is written with a batch that writes anything else,
-            // or when it must; in the batch's transaction either way.
-            let write_ledger =
-                |tx: &rusqlite::Transaction<'_>, tracked: &[Tracked], before: u64| {
+            // One attempt: every projection applies the batch, then every
+            // checkpoint and the ledger are written with it when it wrote
+            // anything (or the ledger must be written), in one transaction.
+            let attempt = |tracked: &mut [Tracked], isolation: Isolation<'_>| {
+                store_for_batch.write(|tx| {
+                    let before = tx.total_changes();
+                    apply_to_all(tx, tracked, &decoded, &judgment, isolation)?;
                     let wrote = must_write || tx.total_changes() != before;
                     if wrote {
                         write_checkpoints(tx, tracked, last)?;
                         store_for_batch.ledger().write(tx, &judgment)?;
                     }
                     Ok(wrote)
-                };
+                })
+            };
             let mut failed_on_not_understood = false;
-            let outcome = store_for_batch.write(|tx| {
-                let before = tx.total_changes();
-                apply_to_all(
-                    tx,
-                    &mut tracked,
-                    &decoded,
-                    &judgment,
-                    Isolation::Batch(&mut failed_on_not_understood),
-                )?;
-                write_ledger(tx, &tracked, before)
-            });
+            let outcome = attempt(
+                &mut tracked,
+                Isolation::Batch(&mut failed_on_not_understood),
+            );
             let wrote_ledger = match outcome {
-                Err(_) if failed_on_not_understood => store_for_batch.write(|tx| {
-                    let before = tx.total_changes();
-                    apply_to_all(tx, &mut tracked, &decoded, &judgment, Isolation::PerEvent)?;
-                    write_ledger(tx, &tracked, before)
-                })?,
+                Err(_) if failed_on_not_understood => attempt(&mut tracked, Isolation::PerEvent)?,
                 other => other?,
             };
             // The verdicts first: a reader that waits for a sequence finds

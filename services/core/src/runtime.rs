@@ -114,6 +114,14 @@ impl Runtime {
         } else {
             Restore::Skipped("snapshots.enabled is off".into())
         };
+        // A projection whose schema version changed is rebuilt in a shadow
+        // copy of the file, which replaces it once caught up.
+        let changed = snapshot::changed_projections(&path, &versions);
+        if !changed.is_empty() {
+            tracing::info!(%service, projections = ?changed, "schema version changed; rebuilding in a shadow file");
+            projections =
+                projection::rebuild_in_shadow(&bus, &path, projections, &shutdown).await?;
+        }
         let store = Store::open(&path)?;
         let publisher = Publisher::new(bus.clone(), service, Some(store.clone()))
             .with_clock(config.clock.clone());

@@ -252,12 +252,35 @@ async fn try_restore(
 }
 
 /// A temporary file beside the store.
-fn sibling(path: &Path, purpose: &str) -> PathBuf {
+pub(crate) fn sibling(path: &Path, purpose: &str) -> PathBuf {
     let name = path.file_name().map_or_else(
         || "store".into(),
         |name| name.to_string_lossy().into_owned(),
     );
     path.with_file_name(format!(".{name}.{purpose}-{:08x}", rand::random::<u32>()))
+}
+
+/// The projections whose tables in the store file at `path` were made by
+/// another schema version (none when there is no file, or a projection is
+/// not in it yet: those start from nothing either way).
+pub fn changed_projections(path: &Path, projections: &[ProjectionVersion]) -> Vec<&'static str> {
+    if !path.exists() {
+        return Vec::new();
+    }
+    let Ok(rows) = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .and_then(|conn| checkpoints(&conn))
+    else {
+        return Vec::new();
+    };
+    projections
+        .iter()
+        .filter(|(name, version)| {
+            rows.get(*name).is_some_and(|(on_file, checkpoint)| {
+                *on_file != i64::from(*version) && *checkpoint > 0
+            })
+        })
+        .map(|(name, _)| *name)
+        .collect()
 }
 
 /// Where the store at `path` would resume: the lowest checkpoint of the
@@ -449,7 +472,7 @@ async fn check_heads_continue_stream(bus: &Bus, heads: &[Link]) -> Result<(), St
 /// Puts the checked download in the store's place: the store's WAL and
 /// shared memory go first (a WAL left beside another database file would be
 /// replayed into it), then the download is renamed over the file.
-fn install(download: &Path, path: &Path) -> Result<(), Error> {
+pub(crate) fn install(download: &Path, path: &Path) -> Result<(), Error> {
     for suffix in ["-wal", "-shm"] {
         let mut side = path.as_os_str().to_owned();
         side.push(suffix);
