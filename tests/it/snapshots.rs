@@ -345,6 +345,30 @@ async fn replace_snapshot(
     Ok(())
 }
 
+/// A new instance in `dir` refuses the snapshot for a reason naming
+/// `reason` and rebuilds the same rows from the stream.
+async fn refused_then_rebuilt(
+    server: &NatsServer,
+    dir: &std::path::Path,
+    last: u64,
+    reason: &str,
+    rebuilt_rows: &str,
+) -> Result<()> {
+    let (runtime, shutdown) = instance(&config(server, dir), 1, last).await?;
+    assert!(
+        matches!(&runtime.snapshot, Restore::Skipped(why) if why.contains(reason)),
+        "{:?}",
+        runtime.snapshot
+    );
+    assert_eq!(
+        runtime.store.content_digest(&["counted", "zopu_keys"])?,
+        rebuilt_rows
+    );
+    shutdown.cancel();
+    shutdown.wait(LONG).await;
+    Ok(())
+}
+
 fn sha256(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(bytes))
@@ -374,19 +398,14 @@ async fn a_snapshot_that_fails_its_digest_or_continues_another_stream_is_refused
     let middle = flipped.len() / 2;
     flipped[middle] ^= 0x01;
     replace_snapshot(&bus, flipped, metadata.clone()).await?;
-    let (runtime, shutdown) =
-        instance(&config(&server, &dir.path().join("flipped")), 1, last).await?;
-    assert!(
-        matches!(&runtime.snapshot, Restore::Skipped(reason) if reason.contains("SHA-256")),
-        "{:?}",
-        runtime.snapshot
-    );
-    assert_eq!(
-        runtime.store.content_digest(&["counted", "zopu_keys"])?,
-        rebuilt_rows
-    );
-    shutdown.cancel();
-    shutdown.wait(LONG).await;
+    refused_then_rebuilt(
+        &server,
+        &dir.path().join("flipped"),
+        last,
+        "SHA-256",
+        &rebuilt_rows,
+    )
+    .await?;
 
     // A well-formed snapshot whose newest chain head is not the stream's
     // event there (another stream's history): digests made to match.
@@ -407,19 +426,14 @@ async fn a_snapshot_that_fails_its_digest_or_continues_another_stream_is_refused
         metadata.insert("zopu-sha256".into(), sha256(&bytes));
         replace_snapshot(&bus, bytes, metadata).await?;
     }
-    let (runtime, shutdown) =
-        instance(&config(&server, &dir.path().join("forged")), 1, last).await?;
-    assert!(
-        matches!(&runtime.snapshot, Restore::Skipped(reason) if reason.contains("chain head")),
-        "{:?}",
-        runtime.snapshot
-    );
-    assert_eq!(
-        runtime.store.content_digest(&["counted", "zopu_keys"])?,
-        rebuilt_rows
-    );
-    shutdown.cancel();
-    shutdown.wait(LONG).await;
+    refused_then_rebuilt(
+        &server,
+        &dir.path().join("forged"),
+        last,
+        "chain head",
+        &rebuilt_rows,
+    )
+    .await?;
     Ok(())
 }
 

@@ -58,6 +58,9 @@ pub const FORMAT: &str = "v1";
 /// stream cut back, differs there first).
 pub const HEADS_CHECKED: usize = 16;
 
+/// Bytes per message of a stored snapshot.
+const SNAPSHOT_CHUNK: usize = 512 * 1024;
+
 /// A projection of a store as a snapshot names it: (name, schema version).
 pub type ProjectionVersion = (&'static str, u32);
 
@@ -221,27 +224,34 @@ async fn try_restore(
     let started = Instant::now();
     let download = sibling(path, "restore");
     let result = async {
-        fetch(&bucket, object, &download).await?;
+        let digest = fetch(&bucket, object, &download).await?;
+        let downloaded = started.elapsed();
         let heads = {
             let (download, described, projections) =
                 (download.clone(), described.clone(), projections.to_vec());
-            tokio::task::spawn_blocking(move || check_file(&download, &described, &projections))
-                .await
-                .map_err(|error| refused(format!("checking the file: {error}")))?
+            tokio::task::spawn_blocking(move || {
+                check_file(&download, &digest, &described, &projections)
+            })
+            .await
+            .map_err(|error| refused(format!("checking the file: {error}")))?
         }
         .map_err(refused)?;
+        let checked = started.elapsed();
         check_heads_continue_stream(bus, &heads)
             .await
             .map_err(refused)?;
-        install(&download, path)
+        install(&download, path)?;
+        Ok::<_, Error>((downloaded, checked))
     }
     .await;
     if result.is_err() {
         let _ = std::fs::remove_file(&download);
     }
-    result?;
+    let (downloaded, checked) = result?;
     tracing::info!(
         %service, %object, sequence = described.sequence, bytes = info.size,
+        download_ms = downloaded.as_millis() as u64,
+        check_ms = (checked - downloaded).as_millis() as u64,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "store restored from a snapshot; replaying the stream after it"
     );
@@ -328,27 +338,30 @@ fn lowest_checkpoint(rows: &HashMap<String, (i64, u64)>, projections: &[Projecti
         .unwrap_or(0)
 }
 
-async fn fetch(bucket: &ObjectStore, object: &str, to: &Path) -> Result<(), Error> {
+/// Downloads `object` to `to`, hashing it on the way; returns its SHA-256, hex.
+async fn fetch(bucket: &ObjectStore, object: &str, to: &Path) -> Result<String, Error> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let io_error = |source| Error::Io {
+        path: to.to_owned(),
+        source,
+    };
     let mut reader = bucket
         .get(object)
         .await
         .map_err(|error| Error::jetstream("snapshot get", error))?;
-    let mut file = tokio::fs::File::create(to)
-        .await
-        .map_err(|source| Error::Io {
-            path: to.to_owned(),
-            source,
-        })?;
-    tokio::io::copy(&mut reader, &mut file)
-        .await
-        .map_err(|source| Error::Io {
-            path: to.to_owned(),
-            source,
-        })?;
-    file.sync_all().await.map_err(|source| Error::Io {
-        path: to.to_owned(),
-        source,
-    })
+    let mut file = tokio::fs::File::create(to).await.map_err(io_error)?;
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let read = reader.read(&mut buffer).await.map_err(io_error)?;
+        if read == 0 {
+            break;
+        }
+        hasher.update(&buffer[..read]);
+        file.write_all(&buffer[..read]).await.map_err(io_error)?;
+    }
+    file.sync_all().await.map_err(io_error)?;
+    Ok(hex::encode(hasher.finalize()))
 }
 
 /// The SHA-256 of a file, hex.
@@ -385,10 +398,10 @@ pub fn heads_digest(conn: &Connection) -> rusqlite::Result<(u64, String)> {
 /// projections; returns its [`HEADS_CHECKED`] most recent chain heads.
 fn check_file(
     path: &Path,
+    digest: &str,
     described: &Described,
     projections: &[ProjectionVersion],
 ) -> Result<Vec<Link>, String> {
-    let digest = file_sha256(path).map_err(|error| format!("reading the download: {error}"))?;
     if digest != described.sha256 {
         return Err(format!(
             "the file's SHA-256 is {digest}, its metadata says {}",
@@ -568,6 +581,9 @@ async fn take_into(
             ObjectMetadata {
                 name: object.to_owned(),
                 description: Some(format!("projection snapshot at stream sequence {sequence}")),
+                // Fewer, larger messages than the default 128 KiB: a restore
+                // reads the whole object, and the server allows 1 MB.
+                chunk_size: Some(SNAPSHOT_CHUNK),
                 metadata,
                 ..Default::default()
             },
