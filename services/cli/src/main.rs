@@ -99,6 +99,9 @@ enum Command {
     /// Print one project's history in order
     #[command(after_help = "Example:\n  zopu replay --project 0190...")]
     Replay(commands::log::ReplayArgs),
+    /// Why an event happened (its causes back to what started it) and what it led to, with its correlation as a waterfall
+    #[command(after_help = "Example:\n  zopu why 0190... --project 0190...")]
+    Why(commands::why::WhyArgs),
     /// Verify the event log's integrity
     Audit {
         #[command(subcommand)]
@@ -288,6 +291,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Streams { command } => commands::streams::run(&context, command).await,
         Command::Tail(args) => commands::log::run_tail(&context, args).await,
         Command::Replay(args) => commands::log::run_replay(&context, args).await,
+        Command::Why(args) => commands::why::run(&context, args).await,
         Command::Audit { command } => commands::log::run_audit(&context, command).await,
         Command::Status(args) => commands::status::run(&context, args).await,
         Command::Contract { command } => commands::contract::run(&context, command).await,

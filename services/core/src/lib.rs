@@ -12,7 +12,10 @@
 //! `metrics` is the process's Prometheus registry and its `/metrics` listener;
 //! `memory` is the agents' memory on the event log (the OSSA interface);
 //! `chain` is the one rule for a project's version/hash chain, and `ledger`
-//! the chain each store verified before its projections apply an event.
+//! the chain each store verified before its projections apply an event;
+//! `snapshot` keeps and restores a service's store at a stream sequence;
+//! `causality` explains an event from its project's history (causes,
+//! consequences, its correlation).
 //!
 //! Invariants: no other crate reads a JetStream consumer directly; every
 //! append goes through [`publish::Publisher`], so every event carries
@@ -28,6 +31,7 @@
 //! the conversation agent and for external agents alike.
 
 pub mod audit;
+pub mod causality;
 pub mod chain;
 pub mod clock;
 pub mod commands;

@@ -22,3 +22,4 @@ pub mod status;
 pub mod streams;
 pub mod table;
 pub mod token;
+pub mod why;
