@@ -47,6 +47,32 @@ pub enum AuditCommand {
         #[arg(long)]
         org: Option<OrgId>,
     },
+    /// Write a self-contained bundle of a project's (or an organization's) history that a
+    /// third party verifies without Zopu: the events, a manifest with the chain heads and
+    /// digests, the proto files and a Python verifier (standard library, and protobuf to
+    /// decode payloads)
+    #[command(
+        after_help = "Example:\n  zopu audit export --project 0190... --out bundle\n  python3 bundle/verify.py bundle"
+    )]
+    Export {
+        /// The project to export
+        #[arg(
+            long,
+            conflicts_with = "whole_org",
+            required_unless_present = "whole_org"
+        )]
+        project: Option<ProjectId>,
+        /// The organization: with --project, the project's (default: any); alone, every
+        /// project of it
+        #[arg(long)]
+        org: Option<OrgId>,
+        /// Every project of --org
+        #[arg(long, requires = "org")]
+        whole_org: bool,
+        /// Where to write the bundle (a new or empty directory)
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
 }
 
 fn scope_filter(project: Option<ProjectId>, org: Option<&OrgId>) -> Option<String> {
@@ -142,7 +168,22 @@ pub async fn run_replay(context: &Context, args: ReplayArgs) -> anyhow::Result<E
 }
 
 pub async fn run_audit(context: &Context, command: AuditCommand) -> anyhow::Result<ExitCode> {
-    let AuditCommand::Verify { project, org } = command;
+    let (project, org) = match command {
+        AuditCommand::Verify { project, org } => (project, org),
+        AuditCommand::Export {
+            project,
+            org,
+            whole_org: _,
+            out,
+        } => {
+            let scope = match (project, org) {
+                (Some(project), org) => super::export::Scope::Project { project, org },
+                (None, Some(org)) => super::export::Scope::Org(org),
+                (None, None) => anyhow::bail!("name --project, or --org with --whole-org"),
+            };
+            return super::export::run(context, scope, out).await;
+        }
+    };
     let bus = context.connect().await?;
     let report = zopu_core::audit::verify(&bus, scope_filter(project, org.as_ref())).await?;
     if context.json {

@@ -12,6 +12,7 @@ pub mod conversation;
 pub mod credentials;
 pub mod env;
 pub mod eval;
+pub mod export;
 pub mod flow;
 pub mod log;
 pub mod memory;
