@@ -137,9 +137,10 @@ fn the_layering_rejects_the_edges_it_exists_to_prevent() {
 }
 
 /// Names only `schema` may spell, as whole string literals.
-fn reserved_names() -> [&'static str; 5] {
+fn reserved_names() -> [&'static str; 6] {
     [
         subjects::EVENTS_STREAM,
+        subjects::SNAPSHOTS_BUCKET_PREFIX,
         subjects::ARTIFACTS_BUCKET,
         subjects::GATEWAY_TOKENS_BUCKET,
         subjects::GATEWAY_TICKETS_BUCKET,

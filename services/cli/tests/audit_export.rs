@@ -99,14 +99,14 @@ async fn an_exported_history_verifies_without_zopu_and_a_flipped_byte_is_named()
     );
 
     // One byte of the second event's payload flipped.
-    let events = std::fs::read_to_string(bundle.join("events.jsonl"))?;
+    let events = std::fs::read_to_string(bundle.join("history.jsonl"))?;
     let mut lines: Vec<String> = events.lines().map(str::to_owned).collect();
     let second_event: serde_json::Value = serde_json::from_str(&lines[1])?;
     let data = second_event["data"].as_str().context("data")?.to_owned();
     let mut flipped = data.clone().into_bytes();
     flipped[2] = if flipped[2] == b'A' { b'B' } else { b'A' };
     lines[1] = lines[1].replace(&data, std::str::from_utf8(&flipped)?);
-    std::fs::write(bundle.join("events.jsonl"), lines.join("\n") + "\n")?;
+    std::fs::write(bundle.join("history.jsonl"), lines.join("\n") + "\n")?;
     let refused = verify(&bundle).await?;
     ensure!(refused.status.code() == Some(1), "{}", text(&refused));
     let named = format!(

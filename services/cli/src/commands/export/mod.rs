@@ -1,6 +1,6 @@
 //! `zopu audit export`: a self-contained bundle of a project's (or an
 //! organization's) history that a third party verifies without Zopu:
-//! `events.jsonl` (every event with the fields its hash covers, its
+//! `history.jsonl` (every event with the fields its hash covers, its
 //! payload in base64, and its hash), `manifest.json` (the scope, counts,
 //! the file's SHA-256 and size, every project's chain head), the proto
 //! files and their compiled descriptor set (`descriptors.pb`), `verify.py`
@@ -255,7 +255,7 @@ fn write_bundle(out: &Path, lines: &[u8], manifest: &Manifest) -> anyhow::Result
     };
     std::fs::create_dir_all(out.join("proto/zopu/v1"))
         .with_context(|| format!("creating {}", out.display()))?;
-    write("events.jsonl", lines)?;
+    write("history.jsonl", lines)?;
     write("manifest.json", &serde_json::to_vec_pretty(manifest)?)?;
     write("verify.py", VERIFIER.as_bytes())?;
     write("descriptors.pb", zopu_schema::DESCRIPTOR_SET)?;
@@ -273,14 +273,14 @@ Written by `zopu audit export`. Verify it without Zopu:
     python3 verify.py .            # standard library only
     pip install protobuf           # optional: payloads decoded in the timeline
 
-- `events.jsonl`: one event per line, in stream order: its stream `sequence` and
+- `history.jsonl`: one event per line, in stream order: its stream `sequence` and
   `subject`, the CloudEvents attributes as fields (`id`, `source`, `type`, `time`,
   `dataschema`: the protobuf message of `data`, `org`, `project`, `correlation`,
   `causation`, `work`, `thread`, `flow_run`, `dispatch`, `traceparent`,
   `idempotency_key`), the project's `version`, `previous_hash` (hex; none for a
   project's first event), `data` (the protobuf payload, base64) and `hash` (hex).
 - `manifest.json`: the scope, when it was exported, the stream's last sequence
-  then, the number of events, the SHA-256 and size of `events.jsonl`, each
+  then, the number of events, the SHA-256 and size of `history.jsonl`, each
   project's chain head (version, hash, sequence), and the messages of the scope
   that are not events (not exported), with the reason.
 - `proto/`: the contract's message definitions; `descriptors.pb`: the same,

@@ -4,7 +4,7 @@
 Usage: python3 verify.py BUNDLE_DIR [--quiet]
 
 Checks, with the Python standard library only:
-  1. events.jsonl is the file the manifest describes (its SHA-256 and size);
+  1. history.jsonl is the file the manifest describes (its SHA-256 and size);
   2. every event's hash is the SHA-256 of its fields, as the contract
      defines it (zopu_schema::Envelope::hash; README.md here): each field's length
      as 8 big-endian bytes, then its bytes, in this order: id, source, type,
@@ -92,7 +92,7 @@ def main(argv):
     try:
         with open(os.path.join(bundle, "manifest.json"), encoding="utf-8") as handle:
             manifest = json.load(handle)
-        with open(os.path.join(bundle, "events.jsonl"), "rb") as handle:
+        with open(os.path.join(bundle, "history.jsonl"), "rb") as handle:
             raw = handle.read()
     except (OSError, ValueError) as error:
         print("cannot read the bundle: %s" % error, file=sys.stderr)
@@ -100,9 +100,9 @@ def main(argv):
 
     findings = []
     if hashlib.sha256(raw).hexdigest() != manifest["events_sha256"]:
-        findings.append("events.jsonl: its SHA-256 is not the manifest's (the file was changed)")
+        findings.append("history.jsonl: its SHA-256 is not the manifest's (the file was changed)")
     if len(raw) != manifest["events_bytes"]:
-        findings.append("events.jsonl: %d bytes, the manifest says %d" % (len(raw), manifest["events_bytes"]))
+        findings.append("history.jsonl: %d bytes, the manifest says %d" % (len(raw), manifest["events_bytes"]))
 
     heads = {}
     events = []
@@ -111,7 +111,7 @@ def main(argv):
             event = json.loads(line)
             event["version"] = int(event["version"])
         except (ValueError, KeyError, TypeError) as error:
-            findings.append("events.jsonl line %d: not an event (%s)" % (number, error))
+            findings.append("history.jsonl line %d: not an event (%s)" % (number, error))
             continue
         where = "#%s %s" % (event.get("sequence"), event.get("id"))
         try:
@@ -139,12 +139,12 @@ def main(argv):
         key = (recorded["org"], recorded["project"])
         actual = heads.get(key)
         if actual is None:
-            findings.append("project %s/%s: in the manifest, not in events.jsonl" % key)
+            findings.append("project %s/%s: in the manifest, not in history.jsonl" % key)
         elif actual != (recorded["version"], recorded["hash"]):
             findings.append("project %s/%s: ends at version %d (%s), the manifest's head is version %d (%s)"
                             % (key[0], key[1], actual[0], actual[1], recorded["version"], recorded["hash"]))
     if len(events) != manifest.get("events", len(events)):
-        findings.append("events.jsonl holds %d events, the manifest says %d" % (len(events), manifest["events"]))
+        findings.append("history.jsonl holds %d events, the manifest says %d" % (len(events), manifest["events"]))
 
     if not quiet:
         decode = payload_decoder(bundle)
