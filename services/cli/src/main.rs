@@ -99,6 +99,11 @@ enum Command {
     /// Print one project's history in order
     #[command(after_help = "Example:\n  zopu replay --project 0190...")]
     Replay(commands::log::ReplayArgs),
+    /// A project's state (setup, Works and threads, timeline, memory) as it was at a stream sequence or a time, rebuilt from history
+    #[command(
+        after_help = "Example:\n  zopu history 0190... --at 42\n  zopu history 0190... --at 2026-12-06T12:00:00Z"
+    )]
+    History(commands::history::HistoryArgs),
     /// Why an event happened (its causes back to what started it) and what it led to, with its correlation as a waterfall
     #[command(after_help = "Example:\n  zopu why 0190... --project 0190...")]
     Why(commands::why::WhyArgs),
@@ -292,6 +297,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tail(args) => commands::log::run_tail(&context, args).await,
         Command::Replay(args) => commands::log::run_replay(&context, args).await,
         Command::Why(args) => commands::why::run(&context, args).await,
+        Command::History(args) => commands::history::run(&context, args).await,
         Command::Audit { command } => commands::log::run_audit(&context, command).await,
         Command::Status(args) => commands::status::run(&context, args).await,
         Command::Contract { command } => commands::contract::run(&context, command).await,

@@ -89,9 +89,20 @@ pub async fn catch_up<P: Projection>(
     store: &Store,
     projection: P,
 ) -> Result<u64, Error> {
-    let mut set = Set::prepare(store, vec![Box::new(projection)])?;
     let last = publish::last_sequence(bus).await?;
-    replay_to(bus, store, &mut set, last, &Shutdown::new()).await?;
+    catch_up_to(bus, store, projection, last).await
+}
+
+/// [`catch_up`] up to the stream sequence `to` only (the state as it was
+/// then: `zopu history --at`).
+pub async fn catch_up_to<P: Projection>(
+    bus: &Bus,
+    store: &Store,
+    projection: P,
+    to: u64,
+) -> Result<u64, Error> {
+    let mut set = Set::prepare(store, vec![Box::new(projection)])?;
+    replay_to(bus, store, &mut set, to, &Shutdown::new()).await?;
     // The file ends where the stream ended, however the batches fell.
     set.persist(store)?;
     Ok(set.low_water())

@@ -14,6 +14,7 @@ pub mod env;
 pub mod eval;
 pub mod export;
 pub mod flow;
+pub mod history;
 pub mod log;
 pub mod memory;
 pub mod project;
