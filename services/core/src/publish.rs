@@ -282,7 +282,7 @@ impl Publisher {
         Self {
             bus,
             service: service.to_owned(),
-            source: format!("zopu/{service}"),
+            source: source_of(service),
             store,
             heads: Arc::new(Mutex::new(HashMap::new())),
             recent: Arc::new(Mutex::new(RecentKeys::default())),
@@ -1380,6 +1380,11 @@ fn decode_parts(
             .map(move |value| (AsRef::<str>::as_ref(name), value.as_str()))
     });
     codec::decode_stored(subject, pairs, payload)
+}
+
+/// The CloudEvents `source` of the events `service` appends: `zopu/<service>`.
+pub fn source_of(service: &str) -> String {
+    format!("zopu/{service}")
 }
 
 /// Reads one stored event by stream sequence (e.g. a recorded LLM reply

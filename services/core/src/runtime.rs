@@ -61,8 +61,7 @@ impl Runtime {
         config: &CoreConfig,
         shutdown: Shutdown,
     ) -> Result<Self, Error> {
-        let projections: Vec<Box<dyn Projection>> = vec![Box::new(KeyIndex::default())];
-        Self::connect(service, config, shutdown, projections).await
+        Self::connect(service, config, shutdown, Vec::new()).await
     }
 
     /// [`Runtime::start`] for a service with its own projection: one
@@ -74,14 +73,12 @@ impl Runtime {
         shutdown: Shutdown,
         projection: P,
     ) -> Result<Self, Error> {
-        let projections: Vec<Box<dyn Projection>> =
-            vec![Box::new(KeyIndex::default()), Box::new(projection)];
-        Self::connect(service, config, shutdown, projections).await
+        Self::connect(service, config, shutdown, vec![Box::new(projection)]).await
     }
 
     /// Connects, restores the store from a snapshot when one is further
-    /// on, opens it and starts `projections` (the first is the key index,
-    /// given this service's source here) and the snapshot taker.
+    /// on, opens it and starts the service's key index beside
+    /// `projections`, and the snapshot taker.
     async fn connect(
         service: &str,
         config: &CoreConfig,
@@ -96,6 +93,10 @@ impl Runtime {
         )
         .await?;
         check_streams(&bus, config).await?;
+        projections.insert(
+            0,
+            Box::new(KeyIndex::of_source(crate::publish::source_of(service))),
+        );
         let versions: Vec<snapshot::ProjectionVersion> = projections
             .iter()
             .map(|projection| (projection.name(), projection.schema_version()))
@@ -125,7 +126,6 @@ impl Runtime {
         let store = Store::open(&path)?;
         let publisher = Publisher::new(bus.clone(), service, Some(store.clone()))
             .with_clock(config.clock.clone());
-        projections[0] = Box::new(KeyIndex::of_source(publisher.source()));
         let runtime = Self {
             service: service.to_owned(),
             bus,
