@@ -18,6 +18,7 @@ mod foundation;
 mod fuzz;
 mod gateway;
 mod install;
+mod lanes;
 mod llama;
 mod memory;
 mod metrics;

@@ -25,7 +25,10 @@
 //!
 //! Per-project order: messages of one project are handled one at a time in
 //! stream order ("lanes"); different projects run concurrently up to
-//! `max_ack_pending`. Every message a lane holds, queued or running, gets
+//! `max_ack_pending`. A message handed back and delivered again after later
+//! ones of its project goes before them; if a later one is already running
+//! (perhaps waiting for it), that one steps aside, unsettled and without
+//! spending a run, and runs again after it. Every message a lane holds, queued or running, gets
 //! progress acks while the lane works, so none reaches its ack deadline
 //! behind a long handler; a redelivery of a message still in its lane
 //! replaces the held copy instead of running twice. Transient failures are
@@ -370,15 +373,33 @@ impl Origin {
 /// One project's queue: messages of the project are handled one at a time,
 /// in stream order. `copies` holds the newest delivery of each stream
 /// sequence in the lane (a redelivery replaces the copy instead of queueing
-/// a second run); `queue` the sequences not started yet.
+/// a second run); `queue` the sequences not started yet, lowest first, so a
+/// message handed back and delivered again goes before the later ones that
+/// arrived meanwhile.
 struct Lane {
     partition: u32,
     /// Cancelled when the partition is lost (another instance may own it
     /// now): the running handler stops at once instead of finishing beside
     /// the new owner's.
     abort: CancellationToken,
-    queue: std::collections::VecDeque<u64>,
+    queue: BTreeSet<u64>,
     copies: HashMap<u64, Message>,
+    /// The message being handled and the token that makes it step aside:
+    /// cancelled when an earlier message of the project arrives (one handed
+    /// back, redelivered after the later ones were delivered), which must
+    /// be handled first. A later turn that waits for an earlier one's end
+    /// would otherwise hold the lane the earlier one waits in.
+    running: Option<(u64, CancellationToken)>,
+}
+
+/// How a message's processing ended for its lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Processed {
+    /// Settled, given up on or handed back: the lane lets go of it.
+    Done,
+    /// Stopped for an earlier message of its project: it stays in the lane,
+    /// unsettled, and runs again after that one (not counted as a run).
+    SteppedAside,
 }
 
 struct Runner<R> {
@@ -979,8 +1000,9 @@ impl<R: Reaction> Runner<R> {
         let lane = lanes.entry(lane_key.clone()).or_insert_with(|| Lane {
             partition,
             abort: abort.clone(),
-            queue: std::collections::VecDeque::new(),
+            queue: BTreeSet::new(),
             copies: HashMap::new(),
+            running: None,
         });
         // The partition may have been lost and claimed again meanwhile.
         lane.abort = abort.clone();
@@ -994,7 +1016,17 @@ impl<R: Reaction> Runner<R> {
         }
         let start = lane.copies.is_empty();
         lane.copies.insert(sequence, message);
-        lane.queue.push_back(sequence);
+        lane.queue.insert(sequence);
+        if let Some((running, step_aside)) = &lane.running
+            && sequence < *running
+        {
+            tracing::info!(
+                sequence,
+                running,
+                "an earlier message of the project arrived; the running one steps aside for it"
+            );
+            step_aside.cancel();
+        }
         if start {
             let runner = self.clone();
             self.shared
@@ -1009,7 +1041,8 @@ impl<R: Reaction> Runner<R> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Handles a lane's messages one by one until it is empty.
+    /// Handles a lane's messages one by one, lowest sequence first, until it
+    /// is empty.
     async fn drive_lane(self: Arc<Self>, lane_key: String) {
         loop {
             let next = {
@@ -1017,34 +1050,56 @@ impl<R: Reaction> Runner<R> {
                 let Some(lane) = lanes.get_mut(&lane_key) else {
                     break;
                 };
-                match lane.queue.pop_front() {
-                    Some(sequence) => lane
-                        .copies
-                        .get(&sequence)
-                        .cloned()
-                        .map(|m| (sequence, m, lane.abort.clone())),
+                match lane.queue.pop_first() {
+                    Some(sequence) => {
+                        // A child of the partition's token: losing the
+                        // partition stops the run too.
+                        let run = lane.abort.child_token();
+                        lane.running = Some((sequence, run.clone()));
+                        lane.copies
+                            .get(&sequence)
+                            .cloned()
+                            .map(|m| (sequence, m, lane.abort.clone(), run))
+                    }
                     None => {
                         lanes.remove(&lane_key);
                         break;
                     }
                 }
             };
-            let Some((sequence, message, abort)) = next else {
+            let Some((sequence, message, abort, run)) = next else {
                 continue;
             };
-            let permit = self.handler_slot(&lane_key, &message, &abort).await;
-            if permit.is_none() || self.shared.shutdown.is_cancelled() || abort.is_cancelled() {
+            let permit = self.handler_slot(&lane_key, &message, &run).await;
+            let processed = if self.stepped_aside(&run, &abort) {
+                Processed::SteppedAside
+            } else if permit.is_none() || self.shared.shutdown.is_cancelled() || run.is_cancelled() {
                 // Not started: hand it back for prompt redelivery.
                 hand_back(&message).await;
+                Processed::Done
             } else {
-                self.process(&lane_key, message, &abort).await;
-            }
+                self.process(&lane_key, message, &run, &abort).await
+            };
             drop(permit);
             if let Some(lane) = self.lock_lanes().get_mut(&lane_key) {
-                lane.copies.remove(&sequence);
+                lane.running = None;
+                match processed {
+                    Processed::Done => {
+                        lane.copies.remove(&sequence);
+                    }
+                    Processed::SteppedAside => {
+                        lane.queue.insert(sequence);
+                    }
+                }
             }
         }
         self.lane_ended.notify_waiters();
+    }
+
+    /// The run was stopped for an earlier message of its lane, not by a
+    /// lost partition or shutdown.
+    fn stepped_aside(&self, run: &CancellationToken, partition: &CancellationToken) -> bool {
+        run.is_cancelled() && !partition.is_cancelled() && !self.shared.shutdown.is_cancelled()
     }
 
     /// Waits for one of the instance's handler slots, keeping the lane's
@@ -1072,7 +1127,9 @@ impl<R: Reaction> Runner<R> {
     /// A message that cannot be ordered (no delivery info) is handled alone.
     fn spawn_lane_of_one(self: Arc<Self>, message: Message, abort: CancellationToken) {
         let shutdown = self.shared.shutdown.clone();
-        shutdown.spawn(async move { self.process("", message, &abort).await });
+        shutdown.spawn(async move {
+            self.process("", message, &abort, &abort).await;
+        });
     }
 
     /// Naks the messages queued but not started (of one partition, or all),
@@ -1084,7 +1141,7 @@ impl<R: Reaction> Runner<R> {
                 .values_mut()
                 .filter(|lane| partition.is_none_or(|p| lane.partition == p))
                 .flat_map(|lane| {
-                    let queued: Vec<u64> = lane.queue.drain(..).collect();
+                    let queued: Vec<u64> = std::mem::take(&mut lane.queue).into_iter().collect();
                     queued
                         .into_iter()
                         .filter_map(|sequence| lane.copies.remove(&sequence))
@@ -1160,7 +1217,16 @@ impl<R: Reaction> Runner<R> {
             .unwrap_or_else(|| message.clone())
     }
 
-    async fn process(&self, lane_key: &str, message: Message, abort: &CancellationToken) {
+    /// Handles one message. `abort` stops the run (a lost partition, or an
+    /// earlier message of the lane to step aside for); `partition` is the
+    /// partition's own token, to tell the two apart.
+    async fn process(
+        &self,
+        lane_key: &str,
+        message: Message,
+        abort: &CancellationToken,
+        partition: &CancellationToken,
+    ) -> Processed {
         let (work_sequence, delivered) = match message.info() {
             Ok(info) => (info.stream_sequence, info.delivered),
             Err(_) => (0, 1),
@@ -1192,24 +1258,24 @@ impl<R: Reaction> Runner<R> {
                 Ok(envelope) => envelope,
                 Err(reason) => {
                     self.give_up(lane_key, &message, None, delivered, "decode", &reason).await;
-                    return;
+                    return Processed::Done;
                 }
             };
             tracing::Span::current().record("event_id", tracing::field::display(envelope.id));
             tracing::Span::current().record("correlation_id", tracing::field::display(&envelope.correlation_id));
             if delivered > 1 && !self.caught_up_for_redelivery(&message).await {
-                return;
+                return Processed::Done;
             }
             // Nothing is done for an event that does not extend its chain.
             match self.shared.store.admit(stream_sequence, CATCH_UP_MAX, &self.shared.shutdown).await {
                 Admission::Admitted => {}
                 Admission::Refused(reason) => {
                     self.give_up(lane_key, &message, None, delivered, "chain", &reason).await;
-                    return;
+                    return Processed::Done;
                 }
                 Admission::NotYet => {
                     hand_back(&self.newest_copy(lane_key, &message)).await;
-                    return;
+                    return Processed::Done;
                 }
             }
             self.shared.publisher.observe(stream_sequence, &envelope);
@@ -1237,7 +1303,7 @@ impl<R: Reaction> Runner<R> {
                         self.give_up(lane_key, &message, Some((&envelope, &context)), delivered, "handler", &reason).await;
                     }
                 }
-                return;
+                return Processed::Done;
             }
             self.count_run(work_sequence, 1);
             let mut attempt = 0usize;
@@ -1254,7 +1320,13 @@ impl<R: Reaction> Runner<R> {
                 match outcome {
                     Ok(()) => {
                         self.settle(lane_key, &message, AckKind::Ack).await;
-                        return;
+                        return Processed::Done;
+                    }
+                    Err(HandlerError::Interrupted | HandlerError::Transient(_)) if self.stepped_aside(abort, partition) => {
+                        // Not the message's failure: the run does not count.
+                        self.count_run(work_sequence, -1);
+                        tracing::info!("stepped aside for an earlier message of the project; it runs again after that one");
+                        return Processed::SteppedAside;
                     }
                     Err(HandlerError::Transient(reason)) if attempt < self.config.retry_delays.len() => {
                         let delay = self.config.retry_delays[attempt];
@@ -1262,39 +1334,43 @@ impl<R: Reaction> Runner<R> {
                         let reason = zopu_secrets::redact(&reason);
                         tracing::warn!(%reason, attempt, retry_in_ms = delay.as_millis() as u64, "transient failure; retrying");
                         if !self.wait_extending(lane_key, &message, delay, abort).await {
+                            if self.stepped_aside(abort, partition) {
+                                self.count_run(work_sequence, -1);
+                                return Processed::SteppedAside;
+                            }
                             // Shutting down: hand it back instead of giving up.
                             hand_back(&self.newest_copy(lane_key, &message)).await;
-                            return;
+                            return Processed::Done;
                         }
                     }
                     Err(HandlerError::Transient(reason)) => {
                         let reason = format!("gave up after {} attempts: {reason}", attempt + 1);
                         self.give_up(lane_key, &message, Some((&envelope, &context)), delivered, "handler", &reason).await;
-                        return;
+                        return Processed::Done;
                     }
                     Err(HandlerError::Permanent(reason)) => {
                         self.give_up(lane_key, &message, Some((&envelope, &context)), delivered, "invalid", &reason).await;
-                        return;
+                        return Processed::Done;
                     }
                     Err(HandlerError::Interrupted) => {
                         // Not the message's failure: the run does not count.
                         self.count_run(work_sequence, -1);
                         tracing::info!("handler interrupted (shutdown, or its partition was lost); handing the message back");
                         hand_back(&self.newest_copy(lane_key, &message)).await;
-                        return;
+                        return Processed::Done;
                     }
                     Err(HandlerError::Fatal(reason)) => {
                         let reason = zopu_secrets::redact(&reason);
                         tracing::error!(%reason, "fatal handler error; stopping the service");
                         hand_back(&self.newest_copy(lane_key, &message)).await;
                         self.shared.shutdown.cancel();
-                        return;
+                        return Processed::Done;
                     }
                 }
             }
         }
         .instrument(span)
-        .await;
+        .await
     }
 
     fn lock_runs(&self) -> std::sync::MutexGuard<'_, HashMap<u64, i64>> {
