@@ -275,6 +275,7 @@ async fn journey(client: &Client, dev: &mut ZopuDev, shots: &Screenshots) -> Res
     )
     .await?;
     shots.both(client, "06-answered").await?;
+    why_the_answer_came(client, shots).await?;
 
     open_newest_artifact(client, token, shots).await?;
     approve_a_published_issue(client, shots).await?;
@@ -600,6 +601,31 @@ async fn open_newest_artifact(client: &Client, token: &str, shots: &Screenshots)
     shots.take(client, "07-artifact").await?;
     client.close_window().await?;
     client.switch_to_window(app).await?;
+    Ok(())
+}
+
+/// Opens "Why?" under the final answer: its causes reach the user's
+/// message and its correlation's waterfall shows the turn's events.
+async fn why_the_answer_came(client: &Client, shots: &Screenshots) -> Result<()> {
+    client
+        .execute(
+            "const all = document.querySelectorAll('li.agent.final'); all[all.length - 1].querySelector('details.why summary').click(); return true",
+            vec![],
+        )
+        .await?;
+    wait_for_js(
+        client,
+        "the answer's Why? panel to name the user's message among its causes and draw its correlation",
+        "const all = document.querySelectorAll('li.agent.final'); const why = all[all.length - 1].querySelector('details.why'); return why.open && [...why.querySelectorAll('.why-list .why-step strong')].some((node) => node.textContent === 'timeline.message.sent') && why.querySelectorAll('ol.waterfall li').length >= 3 && why.querySelector('ol.waterfall .tick.this') !== null && !why.textContent.includes('null')",
+    )
+    .await?;
+    shots.take(client, "06-why").await?;
+    client
+        .execute(
+            "const all = document.querySelectorAll('li.agent.final'); all[all.length - 1].querySelector('details.why summary').click(); return true",
+            vec![],
+        )
+        .await?;
     Ok(())
 }
 

@@ -1766,6 +1766,7 @@ async fn every_route_needs_its_scope_and_a_403_names_the_missing_one() -> Result
         format!("/v1/artifacts/{artifact}"),
         format!("/v1/artifacts/{artifact}/link"),
         format!("/v1/projects/{project}/events"),
+        format!("/v1/projects/{project}/events/{}/why", EventId::new()),
     ];
     for path in &gets {
         let response = gw
@@ -2703,5 +2704,101 @@ async fn every_documented_operation_is_served_where_the_document_says() -> Resul
     }
     ensure!(called >= 20, "only {called} operations documented");
     g.instance.stop().await?;
+    Ok(())
+}
+
+/// `GET /v1/projects/{id}/events/{event_id}/why`: a message's consequences,
+/// an answer's causes back to the message, the correlation's tree; another
+/// organization, a malformed id and an unknown event get 404, 422 and 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn why_explains_an_event_from_its_causes_to_its_consequences() -> Result<()> {
+    let gw = gateway(zopu_gateway::Config::default()).await?;
+    let project = gw.create_project("why").await?;
+    gw.make_ready(project).await?;
+    let (status, sent) = gw
+        .post(
+            &gw.acme,
+            &format!("/v1/projects/{project}/messages"),
+            json!({ "text": "where is the parser?" }),
+        )
+        .await?;
+    ensure!(status == StatusCode::ACCEPTED, "send: {status} {sent}");
+    let message = zopu_core::publish::get_event(
+        &gw.state.runtime.bus,
+        sent["sequence"].as_u64().context("sequence")?,
+    )
+    .await?;
+    let ack = gw
+        .events
+        .append(NewEvent::caused_by(
+            &message.context(),
+            &pb::AgentAcknowledged {
+                text: "Looking.".into(),
+                ..Default::default()
+            },
+            format!("test:ack:{}", message.id),
+        ))
+        .await?;
+    let ack_event = zopu_core::publish::get_event(&gw.state.runtime.bus, ack.sequence).await?;
+    let answer = gw
+        .events
+        .append(NewEvent::caused_by(
+            &ack_event.context(),
+            &pb::AgentFinal {
+                text: "In src/parser.rs.".into(),
+                ..Default::default()
+            },
+            format!("test:final:{}", message.id),
+        ))
+        .await?;
+    gw.projected(answer.sequence).await?;
+
+    let why_of = |event: &str| format!("/v1/projects/{project}/events/{event}/why");
+    let (status, why) = gw.get(&gw.acme, &why_of(&answer.event_id.to_string())).await?;
+    ensure!(status == StatusCode::OK, "why: {status} {why}");
+    let types = |steps: &Value| -> Vec<String> {
+        steps
+            .as_array()
+            .map(|steps| {
+                steps
+                    .iter()
+                    .map(|step| step["event_type"].as_str().unwrap_or_default().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(why["event"]["event_type"], pb::AgentFinal::TYPE);
+    assert_eq!(
+        types(&why["causes"]),
+        [pb::AgentAcknowledged::TYPE, pb::TimelineMessageSent::TYPE],
+        "the answer's causes, back to the user's message: {why}"
+    );
+    assert!(why["missing_cause"].is_null());
+    assert_eq!(why["correlation_id"], message.correlation_id.to_string());
+    assert_eq!(
+        types(&why["correlation"]),
+        [
+            pb::TimelineMessageSent::TYPE,
+            pb::AgentAcknowledged::TYPE,
+            pb::AgentFinal::TYPE
+        ]
+    );
+    assert_eq!(why["correlation"][2]["depth"], 2);
+
+    let (status, why) = gw.get(&gw.acme, &why_of(&message.id.to_string())).await?;
+    ensure!(status == StatusCode::OK, "why: {status} {why}");
+    assert!(why["causes"].as_array().is_some_and(Vec::is_empty), "a user's message is a root: {why}");
+    assert_eq!(
+        types(&why["consequences"]),
+        [pb::AgentAcknowledged::TYPE, pb::AgentFinal::TYPE]
+    );
+
+    let (status, body) = gw.get(&gw.other, &why_of(&message.id.to_string())).await?;
+    assert_eq!(status, StatusCode::NOT_FOUND, "another organization: {body}");
+    let (status, body) = gw.get(&gw.acme, &why_of("not-an-id")).await?;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "event_id");
+    let (status, body) = gw.get(&gw.acme, &why_of(&EventId::new().to_string())).await?;
+    assert_eq!(status, StatusCode::NOT_FOUND, "an unknown event: {body}");
     Ok(())
 }

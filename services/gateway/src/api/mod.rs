@@ -3,7 +3,8 @@
 //! with one module per resource: `projects` (create, list, read, retry
 //! setup, summary), `timeline` (messages, card actions, timeline pages),
 //! `works` (Works, Threads and their timelines), `artifacts` (stored HTML and
-//! signed links), `agent` (the kill switch), `flows` (cancel a running flow), `environment`
+//! signed links), `events` (why an event happened: its causes,
+//! consequences and correlation tree), `agent` (the kill switch), `flows` (cancel a running flow), `environment`
 //! (environment values into the secret store), `memory` (what the agent
 //! remembers: list, search, write, forget, clear), `approvals` (list, approve,
 //! reject), `runs` (the AgentRun log), `session` (a sign-in link's ticket
@@ -35,6 +36,7 @@ mod append;
 mod approvals;
 mod artifacts;
 mod environment;
+mod events;
 mod flows;
 mod health;
 mod memory;
@@ -101,6 +103,7 @@ fn documented_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(timeline::send_message))
         .routes(routes!(timeline::send_action))
         .routes(routes!(timeline::global_timeline))
+        .routes(routes!(events::why))
         .routes(routes!(works::get_work))
         .routes(routes!(works::list_threads))
         .routes(routes!(works::work_timeline))

@@ -425,10 +425,32 @@
       const node = this.render(item);
       if (!node) return;
       node.dataset.sequence = item.sequence;
+      if (item.event_id) node.append(this.whyPanel(item.event_id));
       const optimistic = this.pending.get(item.sequence);
       if (optimistic) { optimistic.replaceWith(node); this.pending.delete(item.sequence); return; }
       this.timeline.append(node);
       if (item.kind === "agent_final" || item.kind === "artifact") node.scrollIntoView({ block: "nearest" });
+    }
+
+    // Why this item happened: its causes back to the user action or
+    // trigger, what it led to, and its correlation as a waterfall; fetched
+    // when opened (GET /v1/projects/{id}/events/{event_id}/why).
+    whyPanel(eventId) {
+      const content = el("div", { class: "why-content" });
+      const panel = el("details", { class: "why" }, el("summary", { class: "small" }, "Why?"), content);
+      panel.addEventListener("toggle", async () => {
+        if (!panel.open || panel.dataset.loaded) return;
+        content.replaceChildren(el("p", { class: "muted small" }, "Reading the history…"));
+        try {
+          const why = await api("GET", `/v1/projects/${this.project.project_id}/events/${encodeURIComponent(eventId)}/why`);
+          panel.dataset.loaded = "1";
+          content.replaceChildren(...whyView(why));
+          content.scrollIntoView({ block: "nearest" });
+        } catch (failure) {
+          content.replaceChildren(el("p", { class: "error" }, failure.message));
+        }
+      });
+      return panel;
     }
 
     render(item) {
@@ -582,6 +604,37 @@
       this.artifactCards.set(artifact.artifact_id, card);
       return card;
     }
+  }
+
+  function stepLine(step, indent) {
+    const line = el("li", { class: "why-step" },
+      el("code", {}, "#" + step.sequence), " ", el("strong", {}, step.event_type),
+      el("span", { class: "muted small" }, ` ${step.source} · +${step.after_cause_ms} ms after its cause`));
+    if (indent) line.style.marginLeft = (indent * 1.2) + "em";
+    return line;
+  }
+
+  function whyView(why) {
+    const causes = why.causes.length
+      ? el("ol", { class: "why-list" }, why.causes.map((step) => stepLine(step, 0)))
+      : el("p", { class: "small" }, "Nothing in the log: a user action or an external trigger.");
+    const missing = why.missing_cause ? el("p", { class: "small error" }, "Its chain stops at " + why.missing_cause + ", which is not in this project's history.") : null;
+    const consequences = why.consequences.length
+      ? el("ol", { class: "why-list" }, why.consequences.map((step) => stepLine(step, step.depth - 1)))
+      : el("p", { class: "small muted" }, "Nothing yet.");
+    const span = Math.max(1, ...why.correlation.map((step) => step.offset_ms));
+    const waterfall = el("ol", { class: "waterfall", "aria-label": "The correlation's events over time" }, why.correlation.map((step) => {
+      const bar = el("span", { class: "tick" + (step.id === why.event.id ? " this" : "") });
+      bar.style.marginLeft = (100 * step.offset_ms / span).toFixed(1) + "%";
+      const row = el("li", {}, el("span", { class: "label small" }, `+${step.offset_ms} ms ${step.event_type} (${step.source})`), el("span", { class: "track" }, bar));
+      row.style.paddingLeft = (step.depth * 0.6) + "em";
+      return row;
+    }));
+    return [
+      el("h4", {}, "Caused by"), causes, ...(missing ? [missing] : []),
+      el("h4", {}, "Led to"), consequences,
+      el("h4", {}, "Its correlation"), waterfall,
+    ];
   }
 
   function stepState(step) {
