@@ -276,6 +276,7 @@ async fn journey(client: &Client, dev: &mut ZopuDev, shots: &Screenshots) -> Res
     .await?;
     shots.both(client, "06-answered").await?;
     why_the_answer_came(client, shots).await?;
+    slide_back_through_history(client, shots).await?;
 
     open_newest_artifact(client, token, shots).await?;
     approve_a_published_issue(client, shots).await?;
@@ -623,6 +624,44 @@ async fn why_the_answer_came(client: &Client, shots: &Screenshots) -> Result<()>
     client
         .execute(
             "const all = document.querySelectorAll('li.agent.final'); all[all.length - 1].querySelector('details.why summary').click(); return true",
+            vec![],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Opens "History", sees the project as it is now (the question on its
+/// timeline), then slides to its first event: setup had only begun and
+/// nothing was on the timeline.
+async fn slide_back_through_history(client: &Client, shots: &Screenshots) -> Result<()> {
+    client
+        .execute("document.querySelector('details.history summary').click(); return true", vec![])
+        .await?;
+    wait_for_js(
+        client,
+        "the history panel to show the project as it is now, the question on its timeline",
+        "const state = document.querySelector('details.history .past-state'); return state !== null && state.textContent.startsWith('As of #') && document.querySelectorAll('details.history .past-timeline li').length > 0",
+    )
+    .await?;
+    client
+        .execute(
+            "const slider = document.getElementById('history-at'); slider.value = slider.min; slider.dispatchEvent(new Event('input')); return true",
+            vec![],
+        )
+        .await?;
+    wait_for_js(
+        client,
+        "the history slider at the first event to show setup only begun and an empty timeline",
+        "const slider = document.getElementById('history-at'); const state = document.querySelector('details.history .past-state'); return state.textContent.startsWith('As of #' + slider.min + ':') && state.textContent.includes('Nothing on the timeline yet.') && !state.textContent.includes('Setup: Ready')",
+    )
+    .await?;
+    client
+        .execute("document.querySelector('details.history').scrollIntoView({ block: 'start' }); return true", vec![])
+        .await?;
+    shots.take(client, "06-history").await?;
+    client
+        .execute(
+            "document.querySelector('details.history summary').click(); window.scrollTo(0, document.documentElement.scrollHeight); return true",
             vec![],
         )
         .await?;

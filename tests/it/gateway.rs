@@ -1767,6 +1767,7 @@ async fn every_route_needs_its_scope_and_a_403_names_the_missing_one() -> Result
         format!("/v1/artifacts/{artifact}/link"),
         format!("/v1/projects/{project}/events"),
         format!("/v1/projects/{project}/events/{}/why", EventId::new()),
+        format!("/v1/projects/{project}/history?at=1"),
     ];
     for path in &gets {
         let response = gw
@@ -2800,5 +2801,81 @@ async fn why_explains_an_event_from_its_causes_to_its_consequences() -> Result<(
     assert_eq!(body["error"]["field"], "event_id");
     let (status, body) = gw.get(&gw.acme, &why_of(&EventId::new().to_string())).await?;
     assert_eq!(status, StatusCode::NOT_FOUND, "an unknown event: {body}");
+    Ok(())
+}
+
+/// `GET /v1/projects/{id}/history?at=`: the project as it was before a
+/// message, with it, and after its answer; a malformed or too early cut is
+/// a 422 naming `at`, a missing one a 400, another organization's a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_shows_the_project_as_it_was_at_any_point() -> Result<()> {
+    let gw = gateway(zopu_gateway::Config::default()).await?;
+    let project = gw.create_project("past").await?;
+    gw.make_ready(project).await?;
+    let (status, sent) = gw
+        .post(
+            &gw.acme,
+            &format!("/v1/projects/{project}/messages"),
+            json!({ "text": "what does the CLI do?" }),
+        )
+        .await?;
+    ensure!(status == StatusCode::ACCEPTED, "send: {status} {sent}");
+    let sent_at = sent["sequence"].as_u64().context("sequence")?;
+    let message = zopu_core::publish::get_event(&gw.state.runtime.bus, sent_at).await?;
+    let ack = gw
+        .events
+        .append(NewEvent::caused_by(
+            &message.context(),
+            &pb::AgentAcknowledged {
+                text: "Reading the CLI.".into(),
+                ..Default::default()
+            },
+            format!("test:ack:{}", message.id),
+        ))
+        .await?;
+    gw.projected(ack.sequence).await?;
+
+    let at = |cut: &str| format!("/v1/projects/{project}/history?at={cut}");
+    let kinds_at = |past: &Value| -> Vec<String> {
+        past["timeline"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .map(|item| item["kind"].as_str().unwrap_or_default().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (status, before) = gw.get(&gw.acme, &at(&(sent_at - 1).to_string())).await?;
+    ensure!(status == StatusCode::OK, "before: {status} {before}");
+    assert_eq!(before["project"]["setup"]["state"], "ready");
+    assert!(!kinds_at(&before).contains(&"user_message".to_owned()), "{before}");
+    assert_eq!(before["last_sequence"], ack.sequence);
+    let (status, with) = gw.get(&gw.acme, &at(&format!("%23{sent_at}"))).await?;
+    ensure!(status == StatusCode::OK, "with: {status} {with}");
+    assert_eq!(with["at_sequence"], sent_at);
+    assert!(kinds_at(&with).contains(&"user_message".to_owned()), "{with}");
+    assert!(!kinds_at(&with).contains(&"acknowledgement".to_owned()), "{with}");
+    let (status, now) = gw.get(&gw.acme, &at(&ack.sequence.to_string())).await?;
+    ensure!(status == StatusCode::OK, "now: {status} {now}");
+    assert!(kinds_at(&now).contains(&"acknowledgement".to_owned()), "{now}");
+    // By time: the answer's own time reaches it.
+    let answered = zopu_core::publish::get_event(&gw.state.runtime.bus, ack.sequence).await?;
+    let time = zopu_schema::envelope::format_time(answered.time).replace('+', "%2B");
+    let (status, by_time) = gw.get(&gw.acme, &at(&time)).await?;
+    ensure!(status == StatusCode::OK, "by time: {status} {by_time}");
+    assert_eq!(by_time["at_sequence"], ack.sequence);
+
+    let (status, body) = gw.get(&gw.acme, &at("yesterday")).await?;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "at");
+    let (status, body) = gw.get(&gw.acme, &at("0")).await?;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("had no events yet")), "{body}");
+    let (status, body) = gw.get(&gw.acme, &format!("/v1/projects/{project}/history")).await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = gw.get(&gw.other, &at("1")).await?;
+    assert_eq!(status, StatusCode::NOT_FOUND, "another organization: {body}");
     Ok(())
 }

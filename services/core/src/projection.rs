@@ -505,6 +505,17 @@ impl InMemory {
     pub fn is_empty(&self) -> bool {
         self.0.iter().all(Vec::is_empty)
     }
+
+    /// Events already read (one project's history, say), in stream order:
+    /// [`apply_in_memory`] writes them as a replay would.
+    pub fn from_events(events: Vec<(u64, Envelope)>) -> Self {
+        Self(vec![
+            events
+                .into_iter()
+                .map(|(sequence, event)| (sequence, Ok(event)))
+                .collect(),
+        ])
+    }
 }
 
 /// The stream's first `to` events read and decoded over

@@ -36,6 +36,7 @@ use zopu_core::{Runtime, Shutdown};
 pub mod agent_keys;
 pub mod api;
 pub mod changes;
+pub mod history;
 pub mod http;
 pub mod links;
 pub mod quotas;

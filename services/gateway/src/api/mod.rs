@@ -3,8 +3,9 @@
 //! with one module per resource: `projects` (create, list, read, retry
 //! setup, summary), `timeline` (messages, card actions, timeline pages),
 //! `works` (Works, Threads and their timelines), `artifacts` (stored HTML and
-//! signed links), `events` (why an event happened: its causes,
-//! consequences and correlation tree), `agent` (the kill switch), `flows` (cancel a running flow), `environment`
+//! signed links), `history` (why an event happened: its causes,
+//! consequences and correlation tree; the project as it was at a sequence
+//! or time), `agent` (the kill switch), `flows` (cancel a running flow), `environment`
 //! (environment values into the secret store), `memory` (what the agent
 //! remembers: list, search, write, forget, clear), `approvals` (list, approve,
 //! reject), `runs` (the AgentRun log), `session` (a sign-in link's ticket
@@ -36,9 +37,9 @@ mod append;
 mod approvals;
 mod artifacts;
 mod environment;
-mod events;
 mod flows;
 mod health;
+mod history;
 mod memory;
 mod projects;
 mod repository_credentials;
@@ -103,7 +104,8 @@ fn documented_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(timeline::send_message))
         .routes(routes!(timeline::send_action))
         .routes(routes!(timeline::global_timeline))
-        .routes(routes!(events::why))
+        .routes(routes!(history::why))
+        .routes(routes!(history::project_at))
         .routes(routes!(works::get_work))
         .routes(routes!(works::list_threads))
         .routes(routes!(works::work_timeline))

@@ -202,6 +202,10 @@
       this.memoryError = el("p", { class: "error", role: "alert" });
       this.memory = el("details", { class: "panel memory", ontoggle: () => { if (this.memory.open) this.loadMemory(); } },
         el("summary", {}, "What the agent remembers"), this.memoryList, this.memoryError);
+      // The project as it was: a slider over its history's sequences.
+      this.pastView = el("div", { class: "past" });
+      this.past = el("details", { class: "panel history", ontoggle: () => { if (this.past.open) this.loadPast(); } },
+        el("summary", {}, "History: the project as it was"), this.pastView);
       // Events stored on the project's subjects that do not extend its
       // history chain: applied by no view, acted on by no agent.
       const refused = project.refused_events || [];
@@ -212,7 +216,7 @@
       app.replaceChildren(
         el("div", { class: "title-row" }, this.heading, this.agentButton),
         el("p", { class: "muted small" }, project.repository + " · " + project.branch),
-        this.refused, this.setup, this.memory, this.main);
+        this.refused, this.setup, this.memory, this.past, this.main);
       this.renderAgent();
       this.renderSetup(project.setup);
       this.setRunning(project.running);
@@ -282,6 +286,41 @@
           onclick: () => act("DELETE", `${base}/${encodeURIComponent(entry.key)}`) }, "Forget")));
       items.push(el("li", {}, el("button", { type: "button", class: "secondary small", onclick: () => act("DELETE", base) }, "Clear all")));
       this.memoryList.replaceChildren(...items);
+    }
+
+    // The history slider: the project's first to last sequence; moving it
+    // rebuilds the state as of that point (GET /v1/projects/{id}/history).
+    async loadPast(at) {
+      const error = el("p", { class: "error", role: "alert" });
+      let past;
+      try {
+        past = await api("GET", `/v1/projects/${this.project.project_id}/history?at=${at === undefined ? this.after || 1 : at}`);
+      } catch (failure) {
+        this.pastView.replaceChildren(error);
+        error.textContent = failure.message;
+        return;
+      }
+      if (!this.slider) {
+        this.slider = el("input", { type: "range", id: "history-at", step: "1" });
+        this.slider.addEventListener("input", () => {
+          clearTimeout(this.sliding);
+          this.sliding = setTimeout(() => this.loadPast(this.slider.value), 250);
+        });
+        this.pastState = el("div", { class: "past-state", "aria-live": "polite" });
+        this.pastView.replaceChildren(el("label", { for: "history-at" }, "Event"), this.slider, this.pastState);
+      }
+      this.slider.min = past.first_sequence;
+      this.slider.max = past.last_sequence;
+      if (at === undefined) this.slider.value = past.at_sequence;
+      const items = past.timeline.filter((item) => item.text || item.artifact || item.work);
+      this.pastState.replaceChildren(...[
+        el("p", { class: "small" }, `As of #${past.at_sequence}: ${past.last_event_type} at ${new Date(past.last_event_time).toLocaleString()}`),
+        el("p", { class: "small" }, `Setup: ${stateLabel(past.project.setup.state)} · agent ${past.project.agent_enabled ? "enabled" : "paused"} · ${past.works.length} work(s) · ${past.memory.length} remembered`),
+        el("ol", { class: "past-timeline" }, items.slice(-50).map((item) => el("li", { class: "small" },
+          el("code", {}, "#" + item.sequence), " ", el("strong", {}, item.kind.replace(/_/g, " ")), " ",
+          (item.text || (item.artifact && item.artifact.title) || (item.work && item.work.title) || "").slice(0, 160)))),
+        items.length ? null : el("p", { class: "muted small" }, "Nothing on the timeline yet."),
+      ].filter(Boolean));
     }
 
     renderAgent() {
