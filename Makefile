@@ -5,7 +5,7 @@ TOOLS := $(CURDIR)/tools
 export PATH := $(TOOLS)/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help setup nats-server llama-server build test test-deps eval run bench bench-ack bench-scale bench-deliveries bench-snapshot check-layers lint clean-state
+.PHONY: help setup nats-server llama-server build test test-deps eval run chaos-seeds bench bench-ack bench-scale bench-deliveries bench-snapshot check-layers lint clean-state
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -37,6 +37,9 @@ test-deps: ## install the system packages the tests need (git, chromium, chromiu
 
 run: nats-server ## everything in one process: nats-server, all services, web timeline, a demo project
 	$(CARGO) run -p zopu-cli --bin zopu -- dev
+
+chaos-seeds: nats-server ## the chaos test over SEEDS seeded fault schedules in a row (default 20, scale SCALE=seeds: about a minute each; nightly: SEEDS=100 SCALE=ci), naming every seed that failed
+	@CARGO="$(CARGO)" ./tests/chaos-seeds.sh
 
 bench: nats-server ## benchmarks with ratios against raw JetStream measured in the same run
 	$(CARGO) run --release -p zopu-cli --bin zopu -- bench

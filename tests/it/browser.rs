@@ -635,7 +635,10 @@ async fn why_the_answer_came(client: &Client, shots: &Screenshots) -> Result<()>
 /// nothing was on the timeline.
 async fn slide_back_through_history(client: &Client, shots: &Screenshots) -> Result<()> {
     client
-        .execute("document.querySelector('details.history summary').click(); return true", vec![])
+        .execute(
+            "document.querySelector('details.history summary').click(); return true",
+            vec![],
+        )
         .await?;
     wait_for_js(
         client,

@@ -2708,6 +2708,43 @@ async fn every_documented_operation_is_served_where_the_document_says() -> Resul
     Ok(())
 }
 
+impl Gateway {
+    /// Sends `text` to the project through the API and appends the agent's
+    /// acknowledgement of it (caused by the message); returns the stored
+    /// message and the acknowledgement, each with its stream sequence.
+    async fn message_acknowledged(
+        &self,
+        project: ProjectId,
+        text: &str,
+    ) -> Result<((u64, zopu_schema::Envelope), (u64, zopu_schema::Envelope))> {
+        let (status, sent) = self
+            .post(
+                &self.acme,
+                &format!("/v1/projects/{project}/messages"),
+                json!({ "text": text }),
+            )
+            .await?;
+        ensure!(status == StatusCode::ACCEPTED, "send: {status} {sent}");
+        let bus = &self.state.runtime.bus;
+        let sent_at = sent["sequence"].as_u64().context("sequence")?;
+        let message = zopu_core::publish::get_event(bus, sent_at).await?;
+        let ack = self
+            .events
+            .append(NewEvent::caused_by(
+                &message.context(),
+                &pb::AgentAcknowledged {
+                    text: format!("Looking at: {text}"),
+                    ..Default::default()
+                },
+                format!("test:ack:{}", message.id),
+            ))
+            .await?;
+        self.projected(ack.sequence).await?;
+        let acknowledged = zopu_core::publish::get_event(bus, ack.sequence).await?;
+        Ok(((sent_at, message), (ack.sequence, acknowledged)))
+    }
+}
+
 /// `GET /v1/projects/{id}/events/{event_id}/why`: a message's consequences,
 /// an answer's causes back to the message, the correlation's tree; another
 /// organization, a malformed id and an unknown event get 404, 422 and 404.
@@ -2716,31 +2753,9 @@ async fn why_explains_an_event_from_its_causes_to_its_consequences() -> Result<(
     let gw = gateway(zopu_gateway::Config::default()).await?;
     let project = gw.create_project("why").await?;
     gw.make_ready(project).await?;
-    let (status, sent) = gw
-        .post(
-            &gw.acme,
-            &format!("/v1/projects/{project}/messages"),
-            json!({ "text": "where is the parser?" }),
-        )
+    let ((_, message), (_, ack_event)) = gw
+        .message_acknowledged(project, "where is the parser?")
         .await?;
-    ensure!(status == StatusCode::ACCEPTED, "send: {status} {sent}");
-    let message = zopu_core::publish::get_event(
-        &gw.state.runtime.bus,
-        sent["sequence"].as_u64().context("sequence")?,
-    )
-    .await?;
-    let ack = gw
-        .events
-        .append(NewEvent::caused_by(
-            &message.context(),
-            &pb::AgentAcknowledged {
-                text: "Looking.".into(),
-                ..Default::default()
-            },
-            format!("test:ack:{}", message.id),
-        ))
-        .await?;
-    let ack_event = zopu_core::publish::get_event(&gw.state.runtime.bus, ack.sequence).await?;
     let answer = gw
         .events
         .append(NewEvent::caused_by(
@@ -2755,7 +2770,9 @@ async fn why_explains_an_event_from_its_causes_to_its_consequences() -> Result<(
     gw.projected(answer.sequence).await?;
 
     let why_of = |event: &str| format!("/v1/projects/{project}/events/{event}/why");
-    let (status, why) = gw.get(&gw.acme, &why_of(&answer.event_id.to_string())).await?;
+    let (status, why) = gw
+        .get(&gw.acme, &why_of(&answer.event_id.to_string()))
+        .await?;
     ensure!(status == StatusCode::OK, "why: {status} {why}");
     let types = |steps: &Value| -> Vec<String> {
         steps
@@ -2788,18 +2805,27 @@ async fn why_explains_an_event_from_its_causes_to_its_consequences() -> Result<(
 
     let (status, why) = gw.get(&gw.acme, &why_of(&message.id.to_string())).await?;
     ensure!(status == StatusCode::OK, "why: {status} {why}");
-    assert!(why["causes"].as_array().is_some_and(Vec::is_empty), "a user's message is a root: {why}");
+    assert!(
+        why["causes"].as_array().is_some_and(Vec::is_empty),
+        "a user's message is a root: {why}"
+    );
     assert_eq!(
         types(&why["consequences"]),
         [pb::AgentAcknowledged::TYPE, pb::AgentFinal::TYPE]
     );
 
     let (status, body) = gw.get(&gw.other, &why_of(&message.id.to_string())).await?;
-    assert_eq!(status, StatusCode::NOT_FOUND, "another organization: {body}");
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "another organization: {body}"
+    );
     let (status, body) = gw.get(&gw.acme, &why_of("not-an-id")).await?;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["field"], "event_id");
-    let (status, body) = gw.get(&gw.acme, &why_of(&EventId::new().to_string())).await?;
+    let (status, body) = gw
+        .get(&gw.acme, &why_of(&EventId::new().to_string()))
+        .await?;
     assert_eq!(status, StatusCode::NOT_FOUND, "an unknown event: {body}");
     Ok(())
 }
@@ -2812,29 +2838,9 @@ async fn history_shows_the_project_as_it_was_at_any_point() -> Result<()> {
     let gw = gateway(zopu_gateway::Config::default()).await?;
     let project = gw.create_project("past").await?;
     gw.make_ready(project).await?;
-    let (status, sent) = gw
-        .post(
-            &gw.acme,
-            &format!("/v1/projects/{project}/messages"),
-            json!({ "text": "what does the CLI do?" }),
-        )
+    let ((sent_at, _), (ack_sequence, answered)) = gw
+        .message_acknowledged(project, "what does the CLI do?")
         .await?;
-    ensure!(status == StatusCode::ACCEPTED, "send: {status} {sent}");
-    let sent_at = sent["sequence"].as_u64().context("sequence")?;
-    let message = zopu_core::publish::get_event(&gw.state.runtime.bus, sent_at).await?;
-    let ack = gw
-        .events
-        .append(NewEvent::caused_by(
-            &message.context(),
-            &pb::AgentAcknowledged {
-                text: "Reading the CLI.".into(),
-                ..Default::default()
-            },
-            format!("test:ack:{}", message.id),
-        ))
-        .await?;
-    gw.projected(ack.sequence).await?;
-
     let at = |cut: &str| format!("/v1/projects/{project}/history?at={cut}");
     let kinds_at = |past: &Value| -> Vec<String> {
         past["timeline"]
@@ -2850,32 +2856,54 @@ async fn history_shows_the_project_as_it_was_at_any_point() -> Result<()> {
     let (status, before) = gw.get(&gw.acme, &at(&(sent_at - 1).to_string())).await?;
     ensure!(status == StatusCode::OK, "before: {status} {before}");
     assert_eq!(before["project"]["setup"]["state"], "ready");
-    assert!(!kinds_at(&before).contains(&"user_message".to_owned()), "{before}");
-    assert_eq!(before["last_sequence"], ack.sequence);
+    assert!(
+        !kinds_at(&before).contains(&"user_message".to_owned()),
+        "{before}"
+    );
+    assert_eq!(before["last_sequence"], ack_sequence);
     let (status, with) = gw.get(&gw.acme, &at(&format!("%23{sent_at}"))).await?;
     ensure!(status == StatusCode::OK, "with: {status} {with}");
     assert_eq!(with["at_sequence"], sent_at);
-    assert!(kinds_at(&with).contains(&"user_message".to_owned()), "{with}");
-    assert!(!kinds_at(&with).contains(&"acknowledgement".to_owned()), "{with}");
-    let (status, now) = gw.get(&gw.acme, &at(&ack.sequence.to_string())).await?;
+    assert!(
+        kinds_at(&with).contains(&"user_message".to_owned()),
+        "{with}"
+    );
+    assert!(
+        !kinds_at(&with).contains(&"acknowledgement".to_owned()),
+        "{with}"
+    );
+    let (status, now) = gw.get(&gw.acme, &at(&ack_sequence.to_string())).await?;
     ensure!(status == StatusCode::OK, "now: {status} {now}");
-    assert!(kinds_at(&now).contains(&"acknowledgement".to_owned()), "{now}");
+    assert!(
+        kinds_at(&now).contains(&"acknowledgement".to_owned()),
+        "{now}"
+    );
     // By time: the answer's own time reaches it.
-    let answered = zopu_core::publish::get_event(&gw.state.runtime.bus, ack.sequence).await?;
     let time = zopu_schema::envelope::format_time(answered.time).replace('+', "%2B");
     let (status, by_time) = gw.get(&gw.acme, &at(&time)).await?;
     ensure!(status == StatusCode::OK, "by time: {status} {by_time}");
-    assert_eq!(by_time["at_sequence"], ack.sequence);
+    assert_eq!(by_time["at_sequence"], ack_sequence);
 
     let (status, body) = gw.get(&gw.acme, &at("yesterday")).await?;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["field"], "at");
     let (status, body) = gw.get(&gw.acme, &at("0")).await?;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-    assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("had no events yet")), "{body}");
-    let (status, body) = gw.get(&gw.acme, &format!("/v1/projects/{project}/history")).await?;
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("had no events yet")),
+        "{body}"
+    );
+    let (status, body) = gw
+        .get(&gw.acme, &format!("/v1/projects/{project}/history"))
+        .await?;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let (status, body) = gw.get(&gw.other, &at("1")).await?;
-    assert_eq!(status, StatusCode::NOT_FOUND, "another organization: {body}");
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "another organization: {body}"
+    );
     Ok(())
 }

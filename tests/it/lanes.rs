@@ -55,7 +55,11 @@ impl Reaction for WaitsForEarlier {
             ..Default::default()
         };
         ctx.publisher
-            .append(NewEvent::caused_by(&event.context(), &done, format!("done:{}", event.id)))
+            .append(NewEvent::caused_by(
+                &event.context(),
+                &done,
+                format!("done:{}", event.id),
+            ))
             .await?;
         self.handled.send_modify(|done| done.push(outcome));
         Ok(())
@@ -79,7 +83,13 @@ async fn a_handed_back_message_goes_before_the_later_ones_of_its_project() -> Re
             ..Default::default()
         };
         gateway
-            .append(NewEvent::root(org.clone(), project, &sent, format!("request:{position}"), None))
+            .append(NewEvent::root(
+                org.clone(),
+                project,
+                &sent,
+                format!("request:{position}"),
+                None,
+            ))
             .await?;
     }
 

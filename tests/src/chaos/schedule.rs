@@ -132,12 +132,29 @@ impl Scale {
         }
     }
 
-    /// `ZOPU_CHAOS_SCALE`: `ci` (the default) or `nightly`.
+    /// A short run, one of many schedules in a row (`make chaos-seeds`):
+    /// fewer messages and faults of every kind, each schedule about a minute.
+    pub fn seeds() -> Self {
+        Self {
+            name: "seeds",
+            projects: 4,
+            messages_per_project: 6,
+            waves: 3,
+            service_kills: 4,
+            node_faults: 3,
+            cuts: 4,
+            window: Duration::from_secs(30),
+            ..Self::ci()
+        }
+    }
+
+    /// `ZOPU_CHAOS_SCALE`: `ci` (the default), `seeds` or `nightly`.
     pub fn from_env() -> anyhow::Result<Self> {
         match std::env::var("ZOPU_CHAOS_SCALE").as_deref() {
             Err(_) | Ok("" | "ci") => Ok(Self::ci()),
+            Ok("seeds") => Ok(Self::seeds()),
             Ok("nightly") => Ok(Self::nightly()),
-            Ok(other) => anyhow::bail!("ZOPU_CHAOS_SCALE={other:?}: use ci or nightly"),
+            Ok(other) => anyhow::bail!("ZOPU_CHAOS_SCALE={other:?}: use ci, seeds or nightly"),
         }
     }
 

@@ -24,7 +24,10 @@ pub struct HistoryArgs {
 }
 
 pub async fn run(context: &Context, args: HistoryArgs) -> anyhow::Result<ExitCode> {
-    let cut: Cut = args.at.parse().map_err(|error| anyhow::anyhow!("--at {error}"))?;
+    let cut: Cut = args
+        .at
+        .parse()
+        .map_err(|error| anyhow::anyhow!("--at {error}"))?;
     let bus = context.connect().await?;
     if !context.json {
         eprintln!("rebuilding the project's state from its history ...");

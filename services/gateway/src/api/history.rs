@@ -38,7 +38,10 @@ pub async fn why(
 ) -> Result<axum::Json<Why>, ApiError> {
     caller.require(Scope::Read, "reading why an event happened")?;
     let event: EventId = event_id.parse().map_err(|_| {
-        ApiError::invalid("event_id", format!("{event_id:?} is not an event id (a UUID)"))
+        ApiError::invalid(
+            "event_id",
+            format!("{event_id:?} is not an event id (a UUID)"),
+        )
     })?;
     let (project, _) = owned_project(&state, &caller.0.org, &id).await?;
     let history = zopu_core::log::events(
@@ -79,7 +82,10 @@ pub async fn project_at(
 ) -> Result<axum::Json<PastState>, ApiError> {
     caller.require(Scope::Read, "reading a project's history")?;
     let Query(query) = query.map_err(query_error)?;
-    let cut: Cut = query.at.parse().map_err(|error| ApiError::invalid("at", error))?;
+    let cut: Cut = query
+        .at
+        .parse()
+        .map_err(|error| ApiError::invalid("at", error))?;
     let (project, _) = owned_project(&state, &caller.0.org, &id).await?;
     match crate::history::state_at(&state.runtime.bus, Some(&caller.0.org), project, cut).await {
         Ok(past) => Ok(axum::Json(past)),
