@@ -18,6 +18,7 @@ cargo="${CARGO:-cargo}"
 "$cargo" build -q -p zopu-cli --bin zopu || exit 1
 # The test binary, built once: a source edited during the runs changes none.
 tests=$("$cargo" test -p zopu-tests --test it --no-run 2>&1 | sed -n 's/^ *Executable .*(\(.*\))$/\1/p' | tail -1)
+case "$tests" in /*) ;; ?*) tests="$PWD/$tests" ;; esac
 if [ ! -x "$tests" ]; then
     echo "chaos-seeds: building the test binary failed: cargo test -p zopu-tests --test it --no-run" >&2
     exit 1
@@ -29,8 +30,8 @@ for ((i = 0; i < seeds; i++)); do
     seed=$(python3 -c "print(($first + $i) % 2**64)")
     log=$(mktemp "${TMPDIR:-/tmp}/zopu-chaos-$seed.XXXX.log")
     begun=$(date +%s)
-    if ZOPU_CHAOS_SCALE="$scale" ZOPU_CHAOS_SEED="$seed" \
-        (cd tests && "$tests" chaos::a_seeded_chaos_run_keeps_every_promise --exact) >"$log" 2>&1; then
+    if (cd tests && ZOPU_CHAOS_SCALE="$scale" ZOPU_CHAOS_SEED="$seed" \
+        "$tests" chaos::a_seeded_chaos_run_keeps_every_promise --exact) >"$log" 2>&1; then
         echo "chaos-seeds: $((i + 1))/$seeds seed $seed passed in $(( $(date +%s) - begun )) s"
         rm -f "$log"
     else
