@@ -3,17 +3,18 @@
 //! and writes what it learned as `summary.md`. Everything in the summary was
 //! read from the repository or is marked as inferred; nothing is run.
 
+mod entry_points;
+mod examples;
+mod naming;
 mod summary;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::LazyLock;
 
-use regex::Regex;
 use zopu_core::text::clip_chars;
 
 use zopu_sandbox::tools::{
     DescribeOutput, EntryKind, ListFilesInput, ListedEntry, ReadFileInput, ReadFileOutput,
-    SearchInput, TopLevelEntry,
+    TopLevelEntry,
 };
 use zopu_schema::pb::FlowPhase;
 
@@ -25,6 +26,9 @@ use crate::results::{
 use crate::stack;
 use crate::{grounding, guard};
 
+use entry_points::{entry_candidates, read_entry_points};
+use examples::find_example_types;
+pub use naming::{project_name, readme_title};
 pub use summary::{more_manifests, summary_markdown};
 
 /// Depth of the tree listing used to find manifests and entry points.
@@ -481,140 +485,6 @@ fn record_manifest(
     }
 }
 
-/// Conventional entry points of ecosystems without a manifest entry.
-const CONVENTIONAL_ENTRY_POINTS: &[&str] = &[
-    "main.py",
-    "app.py",
-    "manage.py",
-    "wsgi.py",
-    "asgi.py",
-    "app/main.py",
-    "src/main.py",
-    "main.go",
-    "index.js",
-    "server.js",
-];
-
-/// The entry points to read: the manifests' candidates, then the
-/// conventional ones, `__main__.py` and `src/bin/*.rs`; only listed files,
-/// each once, at most [`ENTRY_POINTS_MAX`].
-fn entry_candidates(mut candidates: Vec<String>, files: &[String]) -> Vec<String> {
-    for conventional in CONVENTIONAL_ENTRY_POINTS {
-        if files.iter().any(|file| file == conventional) {
-            candidates.push((*conventional).to_owned());
-        }
-    }
-    for file in files {
-        if file.ends_with("/__main__.py") && file.split('/').count() <= 3 {
-            candidates.push(file.clone());
-        }
-        if file.starts_with("src/bin/") && file.ends_with(".rs") && file.split('/').count() == 3 {
-            candidates.push(file.clone());
-        }
-    }
-    let mut seen = BTreeSet::new();
-    candidates.retain(|candidate| {
-        files.contains(candidate) && !in_examples(candidate) && seen.insert(candidate.clone())
-    });
-    candidates.truncate(ENTRY_POINTS_MAX);
-    candidates
-}
-
-/// An entry point's evidence: the line that makes `path` one.
-fn entry_point(path: &str, content: &str) -> Option<EvidenceItem> {
-    let (line, snippet) = entry_marker(content)?;
-    Some(EvidenceItem {
-        path: path.to_owned(),
-        start_line: line,
-        end_line: line,
-        snippet,
-        note: "entry point".to_owned(),
-        verified: false,
-    })
-}
-
-/// Reads each candidate for the line that makes it an entry point. A
-/// candidate that only re-exports another module (`module.exports =
-/// require('./lib/express')`, `export * from './src/index'`) leads to that
-/// module, which is read as an entry point too.
-async fn read_entry_points<P: Port>(
-    port: &mut P,
-    candidates: &[String],
-    files: &[String],
-) -> Result<Vec<EvidenceItem>, FlowError> {
-    let mut entry_points: Vec<EvidenceItem> = Vec::new();
-    let mut queue: Vec<String> = candidates.to_vec();
-    let mut index = 0;
-    while index < queue.len() && entry_points.len() < ENTRY_POINTS_MAX {
-        let path = queue[index].clone();
-        let step = format!("read:entry:{index}");
-        index += 1;
-        let Ok(read) = port::read_file(port, &step, read_lines(path.clone())).await? else {
-            continue;
-        };
-        entry_points.extend(entry_point(&path, &read.content));
-        if let Some(target) = reexported(&path, &read.content, files)
-            && !queue.contains(&target)
-        {
-            queue.insert(index, target);
-        }
-    }
-    Ok(entry_points)
-}
-
-static REEXPORT: LazyLock<Option<Regex>> = LazyLock::new(|| {
-    Regex::new(
-        r#"^\s*(?:module\.exports\s*=\s*require\(\s*['"](\.{1,2}/[^'"]+)['"]\s*\)|export\s+(?:\*|\{[^}]*\})\s+from\s+['"](\.{1,2}/[^'"]+)['"])"#,
-    )
-    .ok()
-});
-
-/// Code lines a file that only re-exports another module has at most.
-const REEXPORT_LINES_MAX: usize = 8;
-
-/// The listed module a short JavaScript/TypeScript file at `path` re-exports
-/// whole, if that is all it does.
-fn reexported(path: &str, content: &str, files: &[String]) -> Option<String> {
-    let re = REEXPORT.as_ref()?;
-    let code: Vec<&str> = content
-        .lines()
-        .map(str::trim)
-        .filter(|line| {
-            !line.is_empty()
-                && !line.starts_with("//")
-                && !line.starts_with("/*")
-                && !line.starts_with('*')
-                && !matches!(*line, "'use strict';" | "\"use strict\";")
-        })
-        .collect();
-    if code.len() > REEXPORT_LINES_MAX {
-        return None;
-    }
-    let target = code.iter().find_map(|line| {
-        let captures = re.captures(line)?;
-        captures
-            .get(1)
-            .or_else(|| captures.get(2))
-            .map(|m| m.as_str())
-    })?;
-    let mut parts: Vec<&str> = path.split('/').collect();
-    parts.pop();
-    for part in target.split('/') {
-        match part {
-            "." | "" => {}
-            ".." => {
-                parts.pop()?;
-            }
-            other => parts.push(other),
-        }
-    }
-    let base = parts.join("/");
-    ["", ".js", ".ts", ".mjs", ".cjs", "/index.js", "/index.ts"]
-        .iter()
-        .map(|suffix| format!("{base}{suffix}"))
-        .find(|candidate| files.contains(candidate))
-}
-
 /// What the README says besides its purpose.
 struct Readme {
     title: Option<String>,
@@ -652,264 +522,6 @@ async fn read_readme<P: Port>(
         title: readme_title(&read.content),
         content: read.content,
     }))
-}
-
-/// Types a README's example starts from, at most this many.
-const EXAMPLE_TYPES_MAX: usize = 3;
-
-/// A capitalised identifier used as a type or a class in code: called
-/// (`JavaFile.builder`), constructed (`new Disruptor<>`) or declared with
-/// (`TypeSpec helloWorld =`).
-const TYPE_USE_PATTERN: &str = r"(?:\bnew\s+([A-Z][A-Za-z0-9]*)|\b([A-Z][A-Za-z0-9]*)(?:\.[a-z]|(?:<[^>]*>)?\s+[a-z][A-Za-z0-9]*\s*=))";
-
-static TYPE_USE: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(TYPE_USE_PATTERN).ok());
-
-/// The types used on a line of code, in order (see [`TYPE_USE_PATTERN`]);
-/// all-capital names (`URL`, constants) left out.
-fn types_on(line: &str) -> impl Iterator<Item = &str> {
-    TYPE_USE
-        .iter()
-        .flat_map(move |re| re.captures_iter(line))
-        .filter_map(|captures| captures.get(1).or_else(|| captures.get(2)))
-        .map(|name| name.as_str())
-        .filter(|name| name.chars().any(|c| c.is_ascii_lowercase()))
-}
-
-/// The types the README's code examples use, in order of first use: the
-/// lines of its fenced (```` ``` ````) and AsciiDoc (`----`) blocks.
-fn example_types(readme: &str) -> Vec<String> {
-    let mut types: Vec<String> = Vec::new();
-    let mut in_block = false;
-    for line in readme.lines() {
-        let trimmed = line.trim();
-        if trimmed.starts_with("```") || trimmed == "----" {
-            in_block = !in_block;
-            continue;
-        }
-        if !in_block {
-            continue;
-        }
-        for name in types_on(line) {
-            if !types.iter().any(|known| known == name) {
-                types.push(name.to_owned());
-            }
-        }
-    }
-    types
-}
-
-/// Type uses read from the examples, at most (the sandbox's own cap), and
-/// per file: enough to see what each of many files starts from.
-const EXAMPLE_MATCHES: usize = 500;
-const EXAMPLE_MATCHES_PER_FILE: usize = 5;
-
-/// The types the project's own example programs use (the shallowest
-/// examples directory listed, searched to any depth), the ones used by the
-/// most example files first.
-async fn examples_types<P: Port>(
-    port: &mut P,
-    directories: &[String],
-) -> Result<Vec<String>, FlowError> {
-    let Some(directory) = directories
-        .iter()
-        .filter(|directory| {
-            EXAMPLE_PROGRAM_DIRS.contains(&directory.rsplit('/').next().unwrap_or(directory))
-        })
-        .min_by_key(|directory| (directory.matches('/').count(), directory.as_str()))
-        .cloned()
-    else {
-        return Ok(Vec::new());
-    };
-    let input = SearchInput {
-        pattern: TYPE_USE_PATTERN.to_owned(),
-        literal: false,
-        case_insensitive: false,
-        path: directory,
-        max_matches: Some(EXAMPLE_MATCHES),
-        max_matches_per_file: Some(EXAMPLE_MATCHES_PER_FILE),
-    };
-    let Ok(found) = port::search(port, "search:example-uses", input).await? else {
-        return Ok(Vec::new());
-    };
-    // Per type: the example files using it, and where it was first seen.
-    let mut users: Vec<(String, BTreeSet<String>)> = Vec::new();
-    for found in &found.matches {
-        for name in types_on(&found.line) {
-            match users.iter_mut().find(|(known, _)| known == name) {
-                Some((_, paths)) => {
-                    paths.insert(found.path.clone());
-                }
-                None => users.push((name.to_owned(), BTreeSet::from([found.path.clone()]))),
-            }
-        }
-    }
-    // Stable: equally used types keep their order of first use.
-    users.sort_by_key(|(_, paths)| std::cmp::Reverse(paths.len()));
-    Ok(users.into_iter().map(|(name, _)| name).collect())
-}
-
-/// README example types looked up, at most.
-const EXAMPLE_TYPES_SEARCHED: usize = 8;
-
-/// Whether `path` is a source file (not a test or an example) named after
-/// `type_name`, as languages with a type per file name them (`JavaFile.java`,
-/// `RingBuffer.kt`).
-fn is_file_of_type(path: &str, type_name: &str) -> bool {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    name.split_once('.').is_some_and(|(stem, extension)| {
-        stem == type_name
-            && matches!(
-                extension,
-                "java" | "kt" | "scala" | "cs" | "swift" | "groovy"
-            )
-    }) && crate::explore::role_of(path) == crate::explore::FileRole::Source
-        && !in_examples(path)
-}
-
-/// A library's entry points: the declarations of the types its README's
-/// example starts from (or, when the README shows no code, the types its
-/// own example programs use most), each in the one source file named
-/// after it.
-async fn find_example_types<P: Port>(
-    port: &mut P,
-    readme: &str,
-    directories: &[String],
-) -> Result<Vec<EvidenceItem>, FlowError> {
-    let mut entry_points: Vec<EvidenceItem> = Vec::new();
-    let (types, origin) = match example_types(readme) {
-        types if !types.is_empty() => (types, "the README's example starts from"),
-        _ => (
-            examples_types(port, directories).await?,
-            "the project's examples use",
-        ),
-    };
-    for (index, type_name) in types.into_iter().take(EXAMPLE_TYPES_SEARCHED).enumerate() {
-        if entry_points.len() >= EXAMPLE_TYPES_MAX {
-            break;
-        }
-        let input = SearchInput {
-            pattern: format!(
-                r"\b(class|interface|enum|record|object|struct|trait)\s+{}\b",
-                regex::escape(&type_name)
-            ),
-            literal: false,
-            case_insensitive: false,
-            path: String::new(),
-            max_matches: Some(20),
-            max_matches_per_file: Some(1),
-        };
-        let Ok(found) = port::search(port, &format!("search:example-type:{index}"), input).await?
-        else {
-            continue;
-        };
-        let mut declared = found
-            .matches
-            .into_iter()
-            .filter(|found| is_file_of_type(&found.path, &type_name));
-        if let (Some(declaration), None) = (declared.next(), declared.next()) {
-            let line = u32::try_from(declaration.line_number).unwrap_or(u32::MAX);
-            entry_points.push(EvidenceItem {
-                path: declaration.path,
-                start_line: line,
-                end_line: line,
-                snippet: clip_chars(declaration.line.trim(), 160),
-                note: format!("public API: {origin} {type_name}"),
-                verified: false,
-            });
-        }
-    }
-    Ok(entry_points)
-}
-
-/// Longest project name taken from a README title, in characters.
-const TITLE_NAME_MAX_CHARS: usize = 60;
-
-/// The README's first level-one heading (Markdown `# `, AsciiDoc's document
-/// title `= `), without markup and without what follows a dash, a colon or
-/// a full stop ("Zopu — an event-sourced runtime" and "pest. The Elegant
-/// Parser" name Zopu and pest).
-pub fn readme_title(content: &str) -> Option<String> {
-    let mut in_fence = false;
-    for line in content.lines() {
-        let trimmed = line.trim();
-        if trimmed.starts_with("```") {
-            in_fence = !in_fence;
-            continue;
-        }
-        let Some(heading) = trimmed
-            .strip_prefix("# ")
-            .or_else(|| trimmed.strip_prefix("= "))
-            .filter(|_| !in_fence)
-        else {
-            continue;
-        };
-        let plain: String = heading
-            .chars()
-            .filter(|c| !matches!(c, '*' | '_' | '`' | '[' | ']'))
-            .collect();
-        let name = [" — ", " – ", " - ", ": ", ". "]
-            .iter()
-            .fold(plain.as_str(), |name, separator| {
-                name.split(separator).next().unwrap_or(name)
-            })
-            .trim();
-        return (!name.is_empty() && name.chars().count() <= TITLE_NAME_MAX_CHARS)
-            .then(|| name.to_owned());
-    }
-    None
-}
-
-/// The repository's name: the root manifest's package, else the README's
-/// title, else what the packages' names share ("acme-core", "acme-cli":
-/// "acme"), else the shallowest package, else "this repository". A
-/// workspace's member is never taken for the whole when something better
-/// names it.
-pub fn project_name(names: &[(String, String)], readme_title: Option<&str>) -> String {
-    if let Some((_, root)) = names.iter().find(|(path, _)| !path.contains('/')) {
-        // The README's title is how the maintainers write the same name
-        // (`Commander.js` for the package `commander`, `JavaPoet` for
-        // `javapoet`).
-        let letters = |text: &str| -> String {
-            text.chars()
-                .filter(|c| c.is_alphanumeric())
-                .flat_map(char::to_lowercase)
-                .collect()
-        };
-        return match readme_title {
-            Some(title)
-                if !letters(root).is_empty() && letters(title).starts_with(&letters(root)) =>
-            {
-                title.to_owned()
-            }
-            _ => root.clone(),
-        };
-    }
-    if let Some(title) = readme_title {
-        return title.to_owned();
-    }
-    let words = |name: &str| -> Vec<String> {
-        name.split(['-', '_', '.', '/'])
-            .map(str::to_owned)
-            .collect()
-    };
-    if names.len() >= 2 {
-        let first = words(&names[0].1);
-        let shared = names.iter().skip(1).fold(first.len(), |shared, (_, name)| {
-            let other = words(name);
-            first
-                .iter()
-                .zip(&other)
-                .take(shared)
-                .take_while(|(a, b)| a == b)
-                .count()
-        });
-        if shared > 0 {
-            return first[..shared].join("-");
-        }
-    }
-    names
-        .first()
-        .map_or_else(|| "this repository".to_owned(), |(_, name)| name.clone())
 }
 
 /// Adds `item` to `stack`, once per ecosystem (language and tool): a
@@ -1158,6 +770,8 @@ pub fn merge_model(
 
 #[cfg(test)]
 mod tests {
+    use super::entry_points::reexported;
+    use super::examples::{example_types, is_file_of_type};
     use super::*;
 
     #[test]
