@@ -125,7 +125,7 @@ fn documented_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(agent_api::agent_config))
         .routes(routes!(agent_api::agent_candidates))
         .routes(routes!(agent_api::agent_timeline))
-        .routes(routes!(agent_api::agent_action))
+        .routes(routes!(agent_api::actions::agent_action))
         .routes(routes!(memory::list_memory, memory::clear_memory))
         .routes(routes!(memory::set_memory, memory::delete_memory))
         .routes(routes!(repository_credentials::list_repository_credentials))
