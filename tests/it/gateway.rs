@@ -2838,9 +2838,10 @@ async fn history_shows_the_project_as_it_was_at_any_point() -> Result<()> {
     let gw = gateway(zopu_gateway::Config::default()).await?;
     let project = gw.create_project("past").await?;
     gw.make_ready(project).await?;
-    let ((sent_at, _), (ack_sequence, answered)) = gw
+    let ((sent_at, message), (ack_sequence, answered)) = gw
         .message_acknowledged(project, "what does the CLI do?")
         .await?;
+    let message_id = message.id;
     let at = |cut: &str| format!("/v1/projects/{project}/history?at={cut}");
     let kinds_at = |past: &Value| -> Vec<String> {
         past["timeline"]
@@ -2905,5 +2906,43 @@ async fn history_shows_the_project_as_it_was_at_any_point() -> Result<()> {
         StatusCode::NOT_FOUND,
         "another organization: {body}"
     );
+
+    // Every history-read slot taken: the next read waits its turn (429).
+    let slots = zopu_gateway::Config::default().history_reads_max;
+    let taken: Vec<_> = (0..slots)
+        .map(|_| gw.state.quotas.read_history())
+        .collect::<Result<_, _>>()
+        .map_err(|error| anyhow::anyhow!("{}", error.message))?;
+    let response = gw
+        .http
+        .get(gw.url(&at(&ack_sequence.to_string())))
+        .bearer_auth(&gw.acme)
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let (code, message) = error_of(&response.json().await?);
+    assert_eq!(code, "history_busy");
+    assert!(message.contains("gateway.history_reads_max"), "{message}");
+    let (status, _) = gw
+        .get(
+            &gw.acme,
+            &format!("/v1/projects/{project}/events/{message_id}/why"),
+        )
+        .await?;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "why shares the slots"
+    );
+    drop(taken);
+    let (status, _) = gw.get(&gw.acme, &at(&ack_sequence.to_string())).await?;
+    assert_eq!(status, StatusCode::OK, "a freed slot serves the next read");
     Ok(())
 }

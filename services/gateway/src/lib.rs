@@ -77,6 +77,10 @@ pub struct Config {
     pub projects_per_hour_per_org: u32,
     /// Most items one timeline page (or SSE batch) returns.
     pub timeline_page_max: usize,
+    /// Reads of a project's history (`/events/{id}/why`, `/history`) this
+    /// instance runs at once, each a replay of the project's events; more
+    /// get 429 with `Retry-After`.
+    pub history_reads_max: usize,
     /// Origins allowed by CORS; empty (the default) turns CORS off.
     pub cors_allowed_origins: Vec<String>,
     /// Accept absolute local repository paths in `POST /v1/projects` (dev only).
@@ -108,6 +112,7 @@ impl Default for Config {
             projects_per_hour_per_token: 30,
             projects_per_hour_per_org: 100,
             timeline_page_max: 500,
+            history_reads_max: 4,
             cors_allowed_origins: Vec::new(),
             allow_local_repositories: false,
             artifact_max_bytes: 8 * 1024 * 1024,
@@ -167,6 +172,12 @@ impl Config {
             if !(1..=1_000_000).contains(&value) {
                 return Err(ConfigError::setting(key, "must be between 1 and 1000000"));
             }
+        }
+        if !(1..=256).contains(&self.history_reads_max) {
+            return Err(ConfigError::setting(
+                "gateway.history_reads_max",
+                "must be between 1 and 256",
+            ));
         }
         if !(1..=10_000).contains(&self.timeline_page_max) {
             return Err(ConfigError::setting(

@@ -7,6 +7,9 @@
 //! period's pace. A request over a limit is refused with 429 and a
 //! `Retry-After` naming when one more would be accepted; nothing is stored
 //! for it. Live-timeline streams are capped per token as well as in total.
+//! Reads of a project's history (why an event happened, the project as it
+//! was), each a replay of the project's events, run at most
+//! `gateway.history_reads_max` at once.
 //!
 //! The counters are this instance's: a deployment of N gateways admits up
 //! to N times a limit (set the limits per instance accordingly). They are
@@ -134,6 +137,9 @@ pub struct Quotas {
     /// Open live-timeline streams per token id.
     streams: Arc<Mutex<HashMap<String, usize>>>,
     streams_per_token_max: usize,
+    /// Project-history reads running now (`gateway.history_reads_max`).
+    history_reads: Arc<tokio::sync::Semaphore>,
+    history_reads_max: usize,
 }
 
 impl Quotas {
@@ -148,7 +154,25 @@ impl Quotas {
             projects_per_org: rate(config.projects_per_hour_per_org, hour),
             streams: Arc::new(Mutex::new(HashMap::new())),
             streams_per_token_max: config.sse_clients_per_token_max,
+            history_reads: Arc::new(tokio::sync::Semaphore::new(config.history_reads_max)),
+            history_reads_max: config.history_reads_max,
         }
+    }
+
+    /// One read of a project's history (each replays the project's
+    /// events), or a 429 when `gateway.history_reads_max` run already; the
+    /// slot is free again when the permit drops.
+    pub fn read_history(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        self.history_reads.clone().try_acquire_owned().map_err(|_| {
+            too_many(
+                "history_busy",
+                format!(
+                    "{} reads of a project's history are running on this gateway, the most allowed at once (gateway.history_reads_max); try again in a second",
+                    self.history_reads_max
+                ),
+                Duration::from_secs(1),
+            )
+        })
     }
 
     /// Admits one `action` of `caller` at `now`, or a 429 naming the limit

@@ -29,7 +29,7 @@ use crate::tokens::Scope;
 #[utoipa::path(get, path = "/v1/projects/{id}/events/{event_id}/why", tag = "timeline",
     params(("id" = String, Path, description = "Project id"), ("event_id" = String, Path, description = "One of the project's events (a timeline item's `event_id`)")),
     responses((status = 200, body = Object, description = "The explanation: causes back to the root, consequences, the correlation's tree"),
-        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody), (status = 429, body = ErrorBody, description = "gateway.history_reads_max reads of a project's history run already")),
     security(("bearer" = [])))]
 pub async fn why(
     State(state): State<AppState>,
@@ -44,6 +44,7 @@ pub async fn why(
         )
     })?;
     let (project, _) = owned_project(&state, &caller.0.org, &id).await?;
+    let _reading = state.quotas.read_history()?;
     let history = zopu_core::log::events(
         &state.runtime.bus,
         subjects::project_events(&caller.0.org, &project),
@@ -72,7 +73,7 @@ pub struct HistoryQuery {
 #[utoipa::path(get, path = "/v1/projects/{id}/history", tag = "timeline",
     params(("id" = String, Path, description = "Project id"), HistoryQuery),
     responses((status = 200, body = Object, description = "The project's state as of the cut"),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody), (status = 429, body = ErrorBody, description = "gateway.history_reads_max reads of a project's history run already")),
     security(("bearer" = [])))]
 pub async fn project_at(
     State(state): State<AppState>,
@@ -87,6 +88,7 @@ pub async fn project_at(
         .parse()
         .map_err(|error| ApiError::invalid("at", error))?;
     let (project, _) = owned_project(&state, &caller.0.org, &id).await?;
+    let _reading = state.quotas.read_history()?;
     match crate::history::state_at(&state.runtime.bus, Some(&caller.0.org), project, cut).await {
         Ok(past) => Ok(axum::Json(past)),
         Err(error @ HistoryError::NotYet { .. }) => Err(ApiError::invalid("at", error.to_string())),
