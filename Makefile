@@ -56,7 +56,7 @@ bench-deliveries: nats-server ## data plane: deliveries per event per reaction a
 bench-snapshot: nats-server ## start -> caught up for a new instance of each service with 100,000 events in the log: replaying the stream vs from a projection snapshot, with raw ordered replay of the same events
 	$(CARGO) run --release -p zopu-cli --bin zopu -- bench snapshot --projects 25000
 
-check-layers: ## fail on a dependency against the layering (schema, secrets <- core, sandbox, llm <- services <- cli, from cargo metadata) or a subject spelled outside schema: the tidy tests, no nats-server needed
+check-layers: ## fail on a dependency against the layering (schema, secrets <- runtime <- core, sandbox, llm <- services <- cli, from cargo metadata) or a subject spelled outside schema: the tidy tests, no nats-server needed
 	$(CARGO) test -p zopu-tests --test it -- tidy::
 
 lint: ## rustfmt check and clippy with warnings denied

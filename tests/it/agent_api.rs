@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use reqwest::StatusCode;
-use zopu_core::clock::ManualClock;
 use zopu_gateway::agent_keys::{AgentGrant, AgentKeyStore};
+use zopu_runtime::clock::ManualClock;
 use zopu_schema::agent_registry::{AgentDefinition, AgentKind, Routing};
 use zopu_schema::{ProjectId, pb};
 use zopu_tests::{NatsServer, bus};
@@ -52,7 +52,7 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
         file.agents.push(triage);
     })?;
     let clock = ManualClock::starting_at(time::OffsetDateTime::now_utc());
-    let core = zopu_core::config::CoreConfig {
+    let core = zopu_runtime::config::CoreConfig {
         agents_dir: Some(agents.clone()),
         clock: clock.clock(),
         ..zopu_tests::core_config(&server, &dir.path().join("gateway"))
@@ -231,7 +231,7 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
         .await?;
     assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
     let stored =
-        zopu_core::publish::get_event(&bus, accepted["sequence"].as_u64().context("sequence")?)
+        zopu_runtime::publish::get_event(&bus, accepted["sequence"].as_u64().context("sequence")?)
             .await?;
     let message = stored.decode::<pb::AgentMessage>()?;
     assert_eq!(message.agent_id, "external:partner-bot");
@@ -374,7 +374,7 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
     );
     // The run of rejections is the bucket's: another gateway instance backs
     // the key off as well.
-    let other_instance = Gateway::start_with(zopu_core::config::CoreConfig {
+    let other_instance = Gateway::start_with(zopu_runtime::config::CoreConfig {
         agents_dir: Some(agents.clone()),
         clock: clock.clock(),
         ..zopu_tests::core_config(&server, &dir.path().join("gateway-2"))
@@ -407,7 +407,7 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
     assert_eq!(status, StatusCode::ACCEPTED, "{opened}");
     let work_id = opened["work_id"].as_str().context("work_id")?.to_owned();
     let stored =
-        zopu_core::publish::get_event(&bus, opened["sequence"].as_u64().context("sequence")?)
+        zopu_runtime::publish::get_event(&bus, opened["sequence"].as_u64().context("sequence")?)
             .await?;
     let created = stored.decode::<pb::WorkCreated>()?;
     assert_eq!(
@@ -596,7 +596,7 @@ async fn the_reference_runtime_dry_runs_smokes_and_posts_once_per_candidate() ->
     let agents = agents_dir(dir.path(), |file| {
         file.agents.push(external("partner-bot", true))
     })?;
-    let core = zopu_core::config::CoreConfig {
+    let core = zopu_runtime::config::CoreConfig {
         agents_dir: Some(agents),
         ..zopu_tests::core_config(&server, &dir.path().join("gateway"))
     };
@@ -843,7 +843,7 @@ async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_ar
     ] {
         fleet.start(service, 1)?;
     }
-    let core = zopu_core::config::CoreConfig {
+    let core = zopu_runtime::config::CoreConfig {
         agents_dir: Some(agents.clone()),
         ..zopu_tests::core_config(&server, &dir.path().join("gateway"))
     };

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use zopu_artifacts::{Config, storage};
-use zopu_core::publish::{NewEvent, Publisher, get_event};
-use zopu_core::{Appended, Shutdown};
+use zopu_runtime::publish::{NewEvent, Publisher, get_event};
+use zopu_runtime::{Appended, Shutdown};
 use zopu_schema::pb::{
     ArtifactCard, ArtifactKind, ArtifactManifest, ArtifactSection, CardAction, CardFact,
     DiagramEdge, DiagramNode, Evidence,
@@ -355,7 +355,7 @@ async fn append_request(
 
 /// Waits for the build's outcome: `Ok(published)` or `Err(failed)`.
 async fn outcome(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     build: BuildId,
 ) -> Result<std::result::Result<Envelope, pb::ArtifactFailed>> {
     let id = build.to_string();
@@ -373,7 +373,7 @@ async fn outcome(
 }
 
 async fn published(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     build: BuildId,
 ) -> Result<(Envelope, pb::ArtifactPublished)> {
     match outcome(bus, build).await? {
@@ -387,7 +387,7 @@ async fn published(
 
 /// Every event of `event_type` for this build id.
 async fn events_for_build(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     event_type: &str,
     build: BuildId,
 ) -> Result<Vec<Envelope>> {
@@ -421,7 +421,7 @@ fn raw_tags(html: &str) -> Vec<&str> {
     tags
 }
 
-async fn object_bytes(bus: &zopu_core::nats::Bus, name: &str) -> Result<Vec<u8>> {
+async fn object_bytes(bus: &zopu_runtime::nats::Bus, name: &str) -> Result<Vec<u8>> {
     let bucket = storage::bucket(bus).await?;
     Ok(storage::read(&bucket, name, 8 * 1024 * 1024).await?)
 }

@@ -11,9 +11,9 @@
 use std::path::Path;
 
 use anyhow::{Result, ensure};
-use zopu_core::projection::catch_up;
-use zopu_core::store::KeyIndex;
-use zopu_core::{Projection, Store};
+use zopu_runtime::projection::catch_up;
+use zopu_runtime::store::KeyIndex;
+use zopu_runtime::{Projection, Store};
 use zopu_tests::chaos::schedule::{Scale, seed_from_env};
 use zopu_tests::chaos::{Chaos, Report};
 
@@ -83,7 +83,7 @@ async fn checked_run(chaos: &mut Chaos) -> Result<Report> {
 /// `service`'s projection and key index in the live file at `live_dir`
 /// (caught up to the stream's end) equal the same rebuilt from scratch.
 async fn rebuilt_equals_live<P: Projection>(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     live_dir: &Path,
     service: &str,
     projection: impl Fn() -> P,

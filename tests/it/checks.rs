@@ -118,14 +118,17 @@ async fn a_check_runs_the_verified_test_command_with_the_stored_value_which_appe
     );
 
     // The value, set through the API.
-    let core = zopu_core::config::CoreConfig {
-        secrets_key: Some(zopu_core::secret_store::SecretKey::new(
-            SECRETS_KEY.as_bytes(),
-            "test",
-        )?),
-        ..zopu_tests::core_config(&server, &dir.path().join("gateway"))
-    };
-    let gateway = crate::registry::Gateway::start_with(core).await?;
+    let gateway = crate::registry::Gateway::start_configured(
+        zopu_tests::core_config(&server, &dir.path().join("gateway")),
+        zopu_gateway::Config {
+            secrets_key: Some(zopu_core::secret_store::SecretKey::new(
+                SECRETS_KEY.as_bytes(),
+                "test",
+            )?),
+            ..Default::default()
+        },
+    )
+    .await?;
     gateway.caught_up(&bus).await?;
     let mut responses = Vec::new();
     let (status, set) = gateway

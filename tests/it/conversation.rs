@@ -9,12 +9,12 @@ use futures::future::join_all;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use zopu_conversation::{FailPoint, OpenAiSettings, ProviderKind};
-use zopu_core::clock::ManualClock;
-use zopu_core::config::CoreConfig;
-use zopu_core::nats::Bus;
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::{Appended, Clock, Shutdown};
 use zopu_llm::test_support::{FakeOpenAiServer, Gate, Scripted};
+use zopu_runtime::clock::ManualClock;
+use zopu_runtime::config::CoreConfig;
+use zopu_runtime::nats::Bus;
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::{Appended, Clock, Shutdown};
 use zopu_schema::{
     AgentId, CorrelationId, DispatchId, Envelope, Event, EventId, OrgId, ProjectId, keys, pb,
     subjects,
@@ -646,8 +646,8 @@ async fn wait_consumer_settled(bus: &Bus, event_subject: &str, sequence: u64) ->
             .ok()
             .filter(|copy| {
                 copy.headers
-                    .get(zopu_core::streams::STREAM_SOURCE_HEADER)
-                    .and_then(|value| zopu_core::streams::copied_from(value.as_str()))
+                    .get(zopu_runtime::streams::STREAM_SOURCE_HEADER)
+                    .and_then(|value| zopu_runtime::streams::copied_from(value.as_str()))
                     .is_some_and(|(copied, _)| copied >= sequence)
             });
         if let Some(copy) = copy
@@ -693,7 +693,7 @@ async fn scenario_83_one_dispatch_delivered_many_times_acts_once() -> Result<()>
     let (org, project) = (org("dup"), ProjectId::new());
     setup_project(&bus, &org, project).await?;
     let message = send(&bus, &org, project, "How does checkout handle payments?").await?;
-    let source = zopu_core::publish::get_event(&bus, message.sequence).await?;
+    let source = zopu_runtime::publish::get_event(&bus, message.sequence).await?;
     // The dispatch the dispatch service would create (it is not running here).
     let agent = AgentId::conversation(&org, &project);
     let id = zopu_dispatch::dispatch_id(&source, &agent);
@@ -709,7 +709,7 @@ async fn scenario_83_one_dispatch_delivered_many_times_acts_once() -> Result<()>
     let event = NewEvent::caused_by(&source.context(), &created, key.clone()).with_dispatch(id);
     // The dispatch service's publisher keeps a key index, which is what
     // deduplicates beyond the (1 s) JetStream window.
-    let dispatch_store = zopu_core::Store::open(&dir.path().join("dispatch-writer.sqlite"))?;
+    let dispatch_store = zopu_runtime::Store::open(&dir.path().join("dispatch-writer.sqlite"))?;
     let publisher = Publisher::new(bus.clone(), "dispatch", Some(dispatch_store));
     let first = publisher.append(event.clone()).await?;
     for _ in 0..499 {
@@ -1176,7 +1176,7 @@ async fn a_dispatch_for_another_projects_agent_is_rejected_not_acted_on() -> Res
     let (org, project) = (org("route"), ProjectId::new());
     setup_project(&bus, &org, project).await?;
     let message = send(&bus, &org, project, "How does the cart work?").await?;
-    let source = zopu_core::publish::get_event(&bus, message.sequence).await?;
+    let source = zopu_runtime::publish::get_event(&bus, message.sequence).await?;
     let stranger = AgentId::conversation(&org, &ProjectId::new());
     let created = pb::DispatchCreated {
         source_event_id: source.id.to_string(),

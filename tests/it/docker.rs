@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use testcontainers::bollard::Docker;
-use zopu_core::publish::{NewEvent, Publisher};
+use zopu_runtime::publish::{NewEvent, Publisher};
 use zopu_schema::{OrgId, ProjectId, pb, subjects};
 use zopu_tests::{NatsServer, Placement, Sync, bus, history};
 

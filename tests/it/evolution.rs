@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use zopu_core::publish::{NewEvent, Publisher, get_event};
-use zopu_core::{Shutdown, Store, audit, projection};
+use zopu_runtime::publish::{NewEvent, Publisher, get_event};
+use zopu_runtime::{Shutdown, Store, audit, projection};
 use zopu_schema::{Envelope, Event, EventId, OrgId, ProjectId, codec, pb, subjects};
 use zopu_tests::{NatsServer, bus};
 
@@ -20,7 +20,7 @@ const LONG: Duration = Duration::from_secs(60);
 /// Publishes `template` again with its type, dataschema and body replaced,
 /// on the subject of the new type: what a newer (or broken) writer stores.
 async fn publish_rewritten(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     template: &Envelope,
     event_type: &str,
     schema: &str,
@@ -158,7 +158,7 @@ async fn projections_record_events_they_do_not_understand_and_carry_on() -> Resu
 
 /// Stores `envelope` the way a writer did before `ce-dataschema` became a
 /// URI: the bare protobuf message name in the header.
-async fn publish_as_recorded(bus: &zopu_core::nats::Bus, envelope: &Envelope) -> Result<u64> {
+async fn publish_as_recorded(bus: &zopu_runtime::nats::Bus, envelope: &Envelope) -> Result<u64> {
     let (headers, body) = codec::encode(envelope);
     let mut map = async_nats::HeaderMap::new();
     for (name, value) in headers {
@@ -178,7 +178,7 @@ async fn publish_as_recorded(bus: &zopu_core::nats::Bus, envelope: &Envelope) ->
 }
 
 /// The `ce-dataschema` header as stored at `sequence`.
-async fn stored_dataschema(bus: &zopu_core::nats::Bus, sequence: u64) -> Result<String> {
+async fn stored_dataschema(bus: &zopu_runtime::nats::Bus, sequence: u64) -> Result<String> {
     let message = bus
         .jetstream
         .get_stream_no_info(subjects::EVENTS_STREAM)

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use zopu_core::commands::{self, Decision, Requester};
-use zopu_core::nats::Bus;
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::{Shutdown, config::CoreConfig};
+use zopu_runtime::nats::Bus;
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::{Shutdown, config::CoreConfig};
 use zopu_schema::approval::{self, PUBLISH_ISSUE, PublishIssue};
 use zopu_schema::{CorrelationId, Envelope, OrgId, ProjectId, keys, pb, subjects};
 use zopu_tests::fleet::{Fleet, FleetConfig};

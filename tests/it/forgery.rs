@@ -10,21 +10,21 @@
 //! The same writer can also store, on its own subjects and without the
 //! expected-sequence check, an event that does not extend its project's
 //! chain. Every store judges each event against the chain before its
-//! projections see it (`core::ledger`): such an event is recorded the same
+//! projections see it (`runtime::ledger`): such an event is recorded the same
 //! way, applied by none, acted on by no reaction (a dead letter of kind
 //! `chain`), and the genuine events after it still extend the chain.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use zopu_core::publish::get_event;
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::store::KeyIndex;
-use zopu_core::{
+use zopu_gateway::read_model::{GatewayProjection, artifacts, timeline};
+use zopu_runtime::publish::get_event;
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::store::KeyIndex;
+use zopu_runtime::{
     HandlerError, Projection, Reaction, ReactionConfig, ReactionContext, Runtime, Shutdown, Store,
     audit, projection,
 };
-use zopu_gateway::read_model::{GatewayProjection, artifacts, timeline};
 use zopu_schema::{CorrelationId, Envelope, Event, EventId, OrgId, ProjectId, codec, pb, subjects};
 use zopu_tests::{NatsServer, bus, wait_for};
 
@@ -318,7 +318,10 @@ fn refusals_recorded(store: &Store) -> Result<Vec<(String, u64, String)>> {
     })?)
 }
 
-async fn publish_around_the_check(bus: &zopu_core::nats::Bus, envelope: &Envelope) -> Result<u64> {
+async fn publish_around_the_check(
+    bus: &zopu_runtime::nats::Bus,
+    envelope: &Envelope,
+) -> Result<u64> {
     let (headers, body) = codec::encode(envelope);
     let mut map = async_nats::HeaderMap::new();
     for (name, value) in &headers {
@@ -557,9 +560,9 @@ async fn events_that_do_not_extend_their_chain_are_applied_and_acted_on_by_nothi
         view.refused_events[0].reason.contains("(a fork)"),
         "{view:?}"
     );
-    let exposition = zopu_core::metrics::encode();
+    let exposition = zopu_runtime::metrics::encode();
     assert_eq!(
-        zopu_core::metrics::sample(
+        zopu_runtime::metrics::sample(
             &exposition,
             "zopu_chain_refusals_total{service=\"chain-gateway\"}"
         ),

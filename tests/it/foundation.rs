@@ -9,11 +9,11 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 use futures::future::join_all;
 use rusqlite::params;
-use zopu_core::clock::ManualClock;
-use zopu_core::publish::{AppendAtError, NewEvent, Publisher};
-use zopu_core::reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};
-use zopu_core::store::{KeyIndex, Projection, Store};
-use zopu_core::{Runtime, Shutdown, audit, projection};
+use zopu_runtime::clock::ManualClock;
+use zopu_runtime::publish::{AppendAtError, NewEvent, Publisher};
+use zopu_runtime::reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};
+use zopu_runtime::store::{KeyIndex, Projection, Store};
+use zopu_runtime::{Runtime, Shutdown, audit, projection};
 use zopu_schema::{Envelope, Event, OrgId, ProjectId, pb, subjects};
 use zopu_tests::{NatsCluster, NatsServer, bus, history, wait_for, wait_for_count};
 
@@ -213,7 +213,7 @@ impl Projection for Messages {
 const DIGEST_TABLES: &[&str] = &["test_messages", "test_counts", "zopu_keys"];
 
 async fn rebuilt_digest(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     dir: &std::path::Path,
     name: &str,
 ) -> Result<(String, Vec<u8>)> {
@@ -385,7 +385,7 @@ impl Projection for Ignoring {
 }
 
 async fn run_shared(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     store: &Store,
     ignoring_version: u32,
     last: u64,
@@ -605,7 +605,7 @@ fn reaction_config(durable: &str) -> ReactionConfig {
 
 /// Waits until JetStream has forgotten `key` (its duplicate window passed),
 /// probing a scratch stream with the same window.
-async fn wait_until_window_passed(bus: &zopu_core::nats::Bus, window: Duration) -> Result<()> {
+async fn wait_until_window_passed(bus: &zopu_runtime::nats::Bus, window: Duration) -> Result<()> {
     let js = &bus.jetstream;
     js.get_or_create_stream(async_nats::jetstream::stream::Config {
         name: "PROBE".into(),
@@ -702,7 +702,7 @@ async fn redelivery_after_the_duplicate_window_emits_no_second_reaction() -> Res
 }
 
 async fn publish_raw(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     subject: &str,
     headers: &[(&str, &str)],
     body: &'static [u8],
@@ -873,7 +873,7 @@ async fn poison_messages_become_dead_letters_and_others_keep_flowing() -> Result
         let series = format!(
             r#"zopu_dead_letters_total{{service="reactor",consumer="reactor-poison",reason="{reason}"}} "#
         );
-        zopu_core::metrics::encode()
+        zopu_runtime::metrics::encode()
             .lines()
             .find_map(|line| line.strip_prefix(series.as_str()))
             .and_then(|value| value.parse().ok())
@@ -980,7 +980,7 @@ async fn audit_finds_a_planted_gap_and_a_tampered_event() -> Result<()> {
     Ok(())
 }
 
-async fn publish_envelope_raw(bus: &zopu_core::nats::Bus, envelope: &Envelope) -> Result<u64> {
+async fn publish_envelope_raw(bus: &zopu_runtime::nats::Bus, envelope: &Envelope) -> Result<u64> {
     let (headers, body) = zopu_schema::codec::encode(envelope);
     let mut map = async_nats::HeaderMap::new();
     for (name, value) in headers {
@@ -1001,7 +1001,7 @@ async fn cluster_writer(
     dir: &std::path::Path,
     name: &str,
 ) -> Result<Publisher> {
-    let bus = zopu_core::nats::connect(&cluster.url(), name, Duration::from_secs(10)).await?;
+    let bus = zopu_runtime::nats::connect(&cluster.url(), name, Duration::from_secs(10)).await?;
     let store = Store::open(&dir.join(format!("{name}.sqlite")))?;
     Ok(Publisher::new(bus, name, Some(store)))
 }
@@ -1166,7 +1166,8 @@ async fn a_connection_given_the_server_list_outlives_its_node() -> Result<()> {
     // Applies streams/ with three replicas.
     bus(&cluster, Duration::from_secs(120)).await?;
     let client =
-        zopu_core::nats::connect(&cluster.url(), "zopu-test-list", Duration::from_secs(10)).await?;
+        zopu_runtime::nats::connect(&cluster.url(), "zopu-test-list", Duration::from_secs(10))
+            .await?;
     let first = client.client.server_info().server_name;
     let node = (0..zopu_tests::CLUSTER_SIZE)
         .find(|index| cluster.node_name(*index) == first)
@@ -1190,7 +1191,7 @@ async fn a_connection_given_the_server_list_outlives_its_node() -> Result<()> {
         async_nats::connection::State::Connected
     );
     // Reads through the stream work at once ...
-    let read = zopu_core::publish::get_event(&client, after.sequence).await?;
+    let read = zopu_runtime::publish::get_event(&client, after.sequence).await?;
     assert_eq!(read.id, after.event_id);
     // ... and through a new consumer once the cluster stops placing one on
     // the dead node: until the meta layer marks it offline (seconds to tens
@@ -1198,7 +1199,7 @@ async fn a_connection_given_the_server_list_outlives_its_node() -> Result<()> {
     // creation times out. A one-shot reader does not retry; a test waits.
     let deadline = tokio::time::Instant::now() + LONG;
     let stored = loop {
-        match zopu_core::log::events(&client, subjects::project_events(&org, &project)).await {
+        match zopu_runtime::log::events(&client, subjects::project_events(&org, &project)).await {
             Ok(stored) => break stored,
             Err(error) if tokio::time::Instant::now() < deadline => {
                 eprintln!("reading through a new consumer: {error}; trying again");
@@ -1230,7 +1231,7 @@ async fn a_log_reader_follows_on_without_gap_or_repeat_when_its_node_dies() -> R
     let mut cluster = NatsCluster::start()?;
     bus(&cluster, Duration::from_secs(120)).await?;
     let client =
-        zopu_core::nats::connect(&cluster.url(), "zopu-test-reader", Duration::from_secs(10))
+        zopu_runtime::nats::connect(&cluster.url(), "zopu-test-reader", Duration::from_secs(10))
             .await?;
     let first = client.client.server_info().server_name;
     let node = (0..zopu_tests::CLUSTER_SIZE)
@@ -1249,14 +1250,14 @@ async fn a_log_reader_follows_on_without_gap_or_repeat_when_its_node_dies() -> R
             ))
             .await?;
     }
-    let mut reader = zopu_core::log::Reader::open(
+    let mut reader = zopu_runtime::log::Reader::open(
         &client,
         subjects::project_events(&org, &project),
-        zopu_core::log::Start::Beginning,
+        zopu_runtime::log::Start::Beginning,
     )
     .await?;
     let mut read = Vec::new();
-    let next_text = async |reader: &mut zopu_core::log::Reader| -> Result<String> {
+    let next_text = async |reader: &mut zopu_runtime::log::Reader| -> Result<String> {
         let logged = tokio::time::timeout(LONG, reader.next())
             .await?
             .ok_or_else(|| anyhow::anyhow!("the reader ended"))??;

@@ -209,7 +209,7 @@ fn fuzz_configuration_loading() -> Result<()> {
     let file = dir.path().join("zopu.toml");
     fuzz("config", |text| {
         std::fs::write(&file, text).map_err(|error| TestCaseError::fail(error.to_string()))?;
-        let sources = zopu_core::config::Sources {
+        let sources = zopu_runtime::config::Sources {
             file: Some(file.clone()),
             environment: vec![(
                 "ZOPU_SSE_KEEPALIVE".to_owned(),
@@ -217,7 +217,7 @@ fn fuzz_configuration_loading() -> Result<()> {
             )],
             overrides: Vec::new(),
         };
-        match zopu_core::config::load::<zopu_gateway::Config>(&sources) {
+        match zopu_runtime::config::load::<zopu_gateway::Config>(&sources) {
             Ok(config) => {
                 // Validation refuses or accepts; either way it names no secret and never panics.
                 let _ = config.validate();

@@ -6,10 +6,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use zopu_core::clock::ManualClock;
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::{Appended, Clock, Shutdown};
 use zopu_gateway::AppState;
+use zopu_runtime::clock::ManualClock;
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::{Appended, Clock, Shutdown};
 use zopu_schema::{
     ArtifactId, Event, EventId, FlowRunId, OrgId, ProjectId, ThreadId, WorkId, pb, subjects,
 };
@@ -55,7 +55,7 @@ impl Instance {
         link_key: zopu_gateway::LinkKey,
         clock: Clock,
     ) -> Result<Self> {
-        let core = zopu_core::config::CoreConfig {
+        let core = zopu_runtime::config::CoreConfig {
             clock,
             ..zopu_tests::core_config(server, data_dir)
         };
@@ -531,7 +531,7 @@ async fn every_route_serves_its_part_of_the_product() -> Result<()> {
     assert_eq!(response.status(), StatusCode::ACCEPTED);
     let accepted: Value = response.json().await?;
     let message_sequence = accepted["sequence"].as_u64().context("sequence")?;
-    let stored = zopu_core::publish::get_event(&gw.state.runtime.bus, message_sequence).await?;
+    let stored = zopu_runtime::publish::get_event(&gw.state.runtime.bus, message_sequence).await?;
     assert_eq!(
         stored.id.to_string(),
         accepted["event_id"].as_str().context("event_id")?
@@ -1526,7 +1526,7 @@ async fn a_signed_link_made_by_one_instance_opens_on_another() -> Result<()> {
         link_key(),
     )
     .await?;
-    let last = zopu_core::publish::last_sequence(&gw.state.runtime.bus).await?;
+    let last = zopu_runtime::publish::last_sequence(&gw.state.runtime.bus).await?;
     other.projected(last).await?;
     let response = gw.http.get(other.url(&url)).send().await?;
     assert_eq!(response.status(), StatusCode::OK);
@@ -2727,7 +2727,7 @@ impl Gateway {
         ensure!(status == StatusCode::ACCEPTED, "send: {status} {sent}");
         let bus = &self.state.runtime.bus;
         let sent_at = sent["sequence"].as_u64().context("sequence")?;
-        let message = zopu_core::publish::get_event(bus, sent_at).await?;
+        let message = zopu_runtime::publish::get_event(bus, sent_at).await?;
         let ack = self
             .events
             .append(NewEvent::caused_by(
@@ -2740,7 +2740,7 @@ impl Gateway {
             ))
             .await?;
         self.projected(ack.sequence).await?;
-        let acknowledged = zopu_core::publish::get_event(bus, ack.sequence).await?;
+        let acknowledged = zopu_runtime::publish::get_event(bus, ack.sequence).await?;
         Ok(((sent_at, message), (ack.sequence, acknowledged)))
     }
 }

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};
-use zopu_core::{Runtime, Shutdown};
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};
+use zopu_runtime::{Runtime, Shutdown};
 use zopu_schema::{Envelope, Event, OrgId, ProjectId, pb, subjects};
 use zopu_tests::{NatsServer, bus};
 

@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::json;
-use zopu_core::Projection;
-use zopu_core::Shutdown;
-use zopu_core::clock::ManualClock;
 use zopu_core::commands::Requester;
 use zopu_core::memory::{Memory, MemoryError, MemoryProjection, MemoryProvider, Tier, Write};
-use zopu_core::publish::Publisher;
-use zopu_core::store::Store;
 use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
+use zopu_runtime::Projection;
+use zopu_runtime::Shutdown;
+use zopu_runtime::clock::ManualClock;
+use zopu_runtime::publish::Publisher;
+use zopu_runtime::store::Store;
 use zopu_schema::{AgentId, EventId, OrgId, ProjectId, pb, subjects};
 use zopu_tests::{NatsServer, bus, history, wait_for};
 
@@ -63,7 +63,7 @@ async fn the_memory_interface_sets_reads_searches_expires_and_clears_on_the_even
     let store = Store::open(&dir.path().join("memory.sqlite"))?;
     store.prepare(&MemoryProjection)?;
     let shutdown = Shutdown::new();
-    shutdown.spawn(zopu_core::projection::run(
+    shutdown.spawn(zopu_runtime::projection::run(
         bus.clone(),
         store.clone(),
         MemoryProjection,
@@ -149,7 +149,7 @@ async fn the_memory_interface_sets_reads_searches_expires_and_clears_on_the_even
     );
 
     // Refusals name what is wrong and store nothing.
-    let before = zopu_core::publish::last_sequence(&bus).await?;
+    let before = zopu_runtime::publish::last_sequence(&bus).await?;
     for (key, value, write) in [
         ("Bad Key", "x", Write::LONG_TERM),
         ("k", "", Write::LONG_TERM),
@@ -171,7 +171,7 @@ async fn the_memory_interface_sets_reads_searches_expires_and_clears_on_the_even
             "the refusal repeats no secret: {message}"
         );
     }
-    assert_eq!(zopu_core::publish::last_sequence(&bus).await?, before);
+    assert_eq!(zopu_runtime::publish::last_sequence(&bus).await?, before);
 
     // delete, then clear.
     assert!(memory.delete("preference.issue-tests").await?);
@@ -205,7 +205,7 @@ async fn the_memory_interface_sets_reads_searches_expires_and_clears_on_the_even
     // A projection rebuilt from the stream holds nothing of the cleared memory.
     let rebuilt_path = dir.path().join("rebuilt.sqlite");
     let rebuilt = Store::open(&rebuilt_path)?;
-    zopu_core::projection::catch_up(&bus, &rebuilt, MemoryProjection).await?;
+    zopu_runtime::projection::catch_up(&bus, &rebuilt, MemoryProjection).await?;
     let texts = all_texts(&rebuilt_path)?;
     for value in [
         "Answer in German",
@@ -227,7 +227,7 @@ async fn the_memory_interface_sets_reads_searches_expires_and_clears_on_the_even
 /// Sends `text`, waits for its turn, and returns the preferences of the one
 /// flow it requested.
 async fn preferences_handed_on(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     org: &OrgId,
     project: ProjectId,
     text: &str,
@@ -470,7 +470,7 @@ async fn a_model_sees_the_stated_preference_and_mesh_rules_limit_delegation_and_
             }
         }
     })?;
-    let core = zopu_core::config::CoreConfig {
+    let core = zopu_runtime::config::CoreConfig {
         agents_dir: Some(agents),
         ..zopu_tests::core_config(&server, &dir.path().join("services"))
     };
@@ -544,7 +544,7 @@ async fn a_model_sees_the_stated_preference_and_mesh_rules_limit_delegation_and_
 
 /// Whether the project's history holds no memory write at all.
 async fn memory_writes(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     org: &OrgId,
     project: ProjectId,
 ) -> Result<usize> {

@@ -12,8 +12,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use zopu_core::Shutdown;
-use zopu_core::publish::Publisher;
+use zopu_runtime::Shutdown;
+use zopu_runtime::publish::Publisher;
 use zopu_schema::{CorrelationId, Envelope, Event, EventId, OrgId, ProjectId, pb, subjects};
 use zopu_tests::{NatsServer, bus, history, wait_for};
 
@@ -175,7 +175,7 @@ async fn scrape(client: &reqwest::Client, url: &str) -> Result<HashMap<Series, f
 /// The first event on `filter` that `matches`; on timeout, an error that
 /// lists the types stored there.
 async fn wait_or_explain(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     filter: &str,
     matches: impl Fn(&Envelope) -> bool,
 ) -> Result<Envelope> {
@@ -202,11 +202,12 @@ async fn a_turn_moves_the_counters_a_scrape_shows() -> Result<()> {
 
     let listener_shutdown = Shutdown::new();
     let listener =
-        zopu_core::metrics::Server::bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+        zopu_runtime::metrics::Server::bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await?;
     let url = format!(
         "http://{}{}",
         listener.local_addr()?,
-        zopu_core::metrics::PATH
+        zopu_runtime::metrics::PATH
     );
     let serving = tokio::spawn(listener.serve(listener_shutdown.clone()));
     let client = reqwest::Client::builder()
@@ -517,7 +518,7 @@ fn the_dashboard_is_a_valid_grafana_model_querying_exported_metrics() -> Result<
         );
     }
 
-    let exported = zopu_core::metrics::exported_sample_names();
+    let exported = zopu_runtime::metrics::exported_sample_names();
     let expressions = panel_expressions(&dashboard);
     ensure!(!expressions.is_empty(), "the panels query something");
     let mut queried = BTreeSet::new();

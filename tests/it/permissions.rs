@@ -17,8 +17,8 @@ use anyhow::{Context, Result, bail, ensure};
 use async_nats::jetstream;
 use bytes::Bytes;
 use tokio::sync::mpsc;
-use zopu_core::local_server::LocalServer;
-use zopu_core::nats::Bus;
+use zopu_runtime::local_server::LocalServer;
+use zopu_runtime::nats::Bus;
 use zopu_schema::{ProjectId, subjects};
 use zopu_tests::fleet::{Fleet, FleetConfig};
 use zopu_tests::{fixtures, workspace_root, zopu_binary};
@@ -264,9 +264,9 @@ fn durable_request(name: &str) -> String {
 
 async fn apply_as_admin(secured: &Secured) -> Result<()> {
     let admin = secured.connect("admin").await?;
-    zopu_core::streams::apply(
+    zopu_runtime::streams::apply(
         &admin.bus,
-        &zopu_core::streams::StreamSettings {
+        &zopu_runtime::streams::StreamSettings {
             replicas: 1,
             duplicate_window: zopu_tests::DUPLICATE_WINDOW,
             ..Default::default()
@@ -297,8 +297,8 @@ async fn every_identity_is_refused_what_it_does_not_own() -> Result<()> {
         }
     }
 
-    let update = serde_json::to_string(&zopu_core::streams::events_config(
-        &zopu_core::streams::StreamSettings {
+    let update = serde_json::to_string(&zopu_runtime::streams::events_config(
+        &zopu_runtime::streams::StreamSettings {
             replicas: 1,
             duplicate_window: Duration::from_secs(60),
             ..Default::default()
@@ -374,7 +374,7 @@ async fn every_identity_is_refused_what_it_does_not_own() -> Result<()> {
         }
         // Projection snapshots: a service reads and writes its own bucket,
         // never another's (a planted snapshot would be another's read model).
-        for service in zopu_core::streams::snapshot_services()? {
+        for service in zopu_runtime::streams::snapshot_services()? {
             let bucket = subjects::snapshots_bucket(&service);
             if service == *user {
                 identity
@@ -443,7 +443,7 @@ async fn every_identity_is_refused_what_it_does_not_own() -> Result<()> {
         .await?
         .await?;
     let reader = secured.connect("reader").await?;
-    let read = zopu_core::log::history(&reader.bus, subject.clone()).await?;
+    let read = zopu_runtime::log::history(&reader.bus, subject.clone()).await?;
     ensure!(
         read.len() == 1 && read[0].subject == subject,
         "the reader read {} messages on {subject}",

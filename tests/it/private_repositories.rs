@@ -15,8 +15,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use base64::Engine as _;
 use serde_json::json;
-use zopu_core::nats::Bus;
 use zopu_core::secret_store::SecretKey;
+use zopu_runtime::nats::Bus;
 use zopu_schema::{Envelope, OrgId, ProjectId, pb, subjects};
 use zopu_tests::certificates::Certificates;
 use zopu_tests::fleet::{Fleet, FleetConfig};
@@ -115,11 +115,14 @@ async fn a_private_repository_clones_with_the_stored_token_and_fails_clearly_wit
     )?;
     fleet.set_instance_env("setup", 1, vec![("ZOPU_LOG".into(), "debug".into())]);
     fleet.start("setup", 1)?;
-    let core = zopu_core::config::CoreConfig {
-        secrets_key: Some(SecretKey::new(SECRETS_KEY.as_bytes(), "test")?),
-        ..zopu_tests::core_config(&server, &dir.path().join("gateway"))
-    };
-    let gateway = crate::registry::Gateway::start_with(core).await?;
+    let gateway = crate::registry::Gateway::start_configured(
+        zopu_tests::core_config(&server, &dir.path().join("gateway")),
+        zopu_gateway::Config {
+            secrets_key: Some(SecretKey::new(SECRETS_KEY.as_bytes(), "test")?),
+            ..Default::default()
+        },
+    )
+    .await?;
     let mut responses: Vec<String> = Vec::new();
 
     // No token yet: the host answers 401, setup says what to do.

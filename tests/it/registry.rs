@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use reqwest::StatusCode;
 use serde_json::Value;
-use zopu_core::Shutdown;
-use zopu_core::config::CoreConfig;
+use zopu_runtime::Shutdown;
+use zopu_runtime::config::CoreConfig;
 use zopu_schema::agent_registry::RegistryFile;
 use zopu_schema::{Envelope, OrgId, ProjectId, pb, subjects};
 use zopu_tests::{NatsServer, bus, wait_for};
@@ -50,7 +50,7 @@ fn failure_code(event: &Envelope) -> Option<String> {
 }
 
 async fn all_of<E: zopu_schema::Event>(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     org: &OrgId,
     project: ProjectId,
 ) -> Result<Vec<E>> {
@@ -333,7 +333,7 @@ async fn a_conversation_agent_the_registry_disables_takes_no_dispatch_and_the_ti
 
 /// The project's `project.setup.requested` (the gateway lists a project from it).
 pub(crate) async fn request_setup(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     org: &OrgId,
     project: ProjectId,
 ) -> Result<()> {
@@ -347,7 +347,7 @@ pub(crate) async fn request_setup(
         false,
     )
     .map_err(|problem| anyhow::anyhow!("{problem}"))?;
-    zopu_core::publish::Publisher::new(bus.clone(), "gateway", None)
+    zopu_runtime::publish::Publisher::new(bus.clone(), "gateway", None)
         .append(event)
         .await?;
     Ok(())
@@ -400,8 +400,8 @@ impl Gateway {
     }
 
     /// Waits until the gateway projected the stream's current end.
-    pub(crate) async fn caught_up(&self, bus: &zopu_core::nats::Bus) -> Result<()> {
-        let last = zopu_core::publish::last_sequence(bus).await?;
+    pub(crate) async fn caught_up(&self, bus: &zopu_runtime::nats::Bus) -> Result<()> {
+        let last = zopu_runtime::publish::last_sequence(bus).await?;
         tokio::time::timeout(LONG, self.state.runtime.store.wait_for(last))
             .await
             .context("the gateway projection did not catch up")

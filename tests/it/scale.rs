@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use futures::StreamExt;
-use zopu_core::config::{CoreConfig, ScaleConfig};
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};
-use zopu_core::{Runtime, Shutdown};
+use zopu_runtime::config::{CoreConfig, ScaleConfig};
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};
+use zopu_runtime::{Runtime, Shutdown};
 use zopu_schema::{Envelope, Event, OrgId, ProjectId, pb, subjects};
 use zopu_tests::{NatsServer, bus, history, wait_for_count};
 
@@ -208,7 +208,7 @@ fn user_message(project: ProjectId, text: &str) -> NewEvent {
 /// Waits until the leases bucket shows `instances` each holding `share`
 /// claims of the reaction's consumer.
 async fn wait_for_shares(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     instances: &[&str],
     share: usize,
 ) -> Result<()> {
@@ -244,7 +244,9 @@ async fn wait_for_shares(
 }
 
 /// The acknowledgements of each project in stream order, by message text.
-async fn acknowledged_texts(bus: &zopu_core::nats::Bus) -> Result<BTreeMap<String, Vec<String>>> {
+async fn acknowledged_texts(
+    bus: &zopu_runtime::nats::Bus,
+) -> Result<BTreeMap<String, Vec<String>>> {
     let mut by_project: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (_, event) in history(bus, &subjects::events_of_type(pb::AgentAcknowledged::TYPE)).await? {
         let ack: pb::AgentAcknowledged = event.decode()?;
@@ -256,7 +258,7 @@ async fn acknowledged_texts(bus: &zopu_core::nats::Bus) -> Result<BTreeMap<Strin
     Ok(by_project)
 }
 
-async fn dead_letters(bus: &zopu_core::nats::Bus) -> Result<usize> {
+async fn dead_letters(bus: &zopu_runtime::nats::Bus) -> Result<usize> {
     Ok(
         history(bus, &subjects::events_of_type(pb::DeadLetterRecorded::TYPE))
             .await?
@@ -438,12 +440,12 @@ async fn a_parallel_rebuild_writes_the_same_file_as_following_live() -> Result<(
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let dir = tempfile::tempdir()?;
     // Followed live from the first event (one consumer, small batches).
-    let live = zopu_core::Store::open(&dir.path().join("live.sqlite"))?;
+    let live = zopu_runtime::Store::open(&dir.path().join("live.sqlite"))?;
     let shutdown = Shutdown::new();
-    let following = tokio::spawn(zopu_core::projection::run(
+    let following = tokio::spawn(zopu_runtime::projection::run(
         bus.clone(),
         live.clone(),
-        zopu_core::store::KeyIndex::all(),
+        zopu_runtime::store::KeyIndex::all(),
         shutdown.clone(),
     ));
     let projects: Vec<ProjectId> = (0..200).map(|_| ProjectId::new()).collect();
@@ -469,9 +471,10 @@ async fn a_parallel_rebuild_writes_the_same_file_as_following_live() -> Result<(
     shutdown.cancel();
     following.await??;
 
-    let rebuilt = zopu_core::Store::open(&dir.path().join("rebuilt.sqlite"))?;
+    let rebuilt = zopu_runtime::Store::open(&dir.path().join("rebuilt.sqlite"))?;
     let reached =
-        zopu_core::projection::catch_up(&bus, &rebuilt, zopu_core::store::KeyIndex::all()).await?;
+        zopu_runtime::projection::catch_up(&bus, &rebuilt, zopu_runtime::store::KeyIndex::all())
+            .await?;
     assert_eq!(reached, last);
     let tables = ["zopu_keys", "zopu_projection"];
     assert_eq!(
@@ -484,8 +487,8 @@ async fn a_parallel_rebuild_writes_the_same_file_as_following_live() -> Result<(
 
     // The chunks read over several connections reach the projection in
     // stream order, each event once.
-    let ordered = zopu_core::Store::open(&dir.path().join("ordered.sqlite"))?;
-    zopu_core::projection::catch_up(&bus, &ordered, ArrivalOrder).await?;
+    let ordered = zopu_runtime::Store::open(&dir.path().join("ordered.sqlite"))?;
+    zopu_runtime::projection::catch_up(&bus, &ordered, ArrivalOrder).await?;
     let arrived: Vec<u64> = ordered.read(|conn| {
         conn.prepare("SELECT sequence FROM test_arrival ORDER BY rowid")?
             .query_map([], |row| row.get::<_, i64>(0).map(|s| s as u64))?
@@ -498,7 +501,7 @@ async fn a_parallel_rebuild_writes_the_same_file_as_following_live() -> Result<(
 /// Records the sequence of every event in the order it is applied.
 struct ArrivalOrder;
 
-impl zopu_core::store::Projection for ArrivalOrder {
+impl zopu_runtime::store::Projection for ArrivalOrder {
     fn name(&self) -> &'static str {
         "test_arrival"
     }
@@ -526,7 +529,7 @@ impl zopu_core::store::Projection for ArrivalOrder {
 /// Deliveries the server made to every consumer of the reaction on the work
 /// stream (each consumer's delivered count, redeliveries included), read
 /// through the JetStream API.
-async fn deliveries(bus: &zopu_core::nats::Bus, partitions: u32) -> Result<u64> {
+async fn deliveries(bus: &zopu_runtime::nats::Bus, partitions: u32) -> Result<u64> {
     let stream = bus.jetstream.get_stream(subjects::WORK_STREAM).await?;
     let durable = subjects::durable(SERVICE, "acks");
     let mut total = 0;
@@ -750,7 +753,7 @@ fn an_upgrade_continues_where_the_event_stream_consumers_left_off() -> Result<()
                 .await
                 .context("legacy consumer ended")?
                 .map_err(|error| anyhow::anyhow!("{error}"))?;
-            let event = zopu_core::publish::decode_message(&message.message)?;
+            let event = zopu_runtime::publish::decode_message(&message.message)?;
             let sent: pb::TimelineMessageSent = event.decode()?;
             let ack = pb::AgentAcknowledged {
                 text: sent.text,
@@ -840,7 +843,7 @@ async fn a_reaction_on_an_event_type_the_work_stream_does_not_copy_refuses_to_st
     };
     let outcome = tokio::time::timeout(
         LONG,
-        zopu_core::reaction::run(
+        zopu_runtime::reaction::run(
             runtime,
             ReactionConfig::new(subjects::durable(SERVICE, "acks"), vec![uncopied.clone()]),
             reaction,
@@ -849,7 +852,7 @@ async fn a_reaction_on_an_event_type_the_work_stream_does_not_copy_refuses_to_st
     .await
     .context("the reaction neither started nor refused")?;
     match outcome {
-        Err(zopu_core::Error::WorkNotCopied { filter, .. }) => {
+        Err(zopu_runtime::Error::WorkNotCopied { filter, .. }) => {
             ensure!(filter == uncopied, "named {filter}, want {uncopied}");
         }
         other => anyhow::bail!("want WorkNotCopied, got {other:?}"),
@@ -859,7 +862,7 @@ async fn a_reaction_on_an_event_type_the_work_stream_does_not_copy_refuses_to_st
 
 /// The messages of each type stored in the work stream's current
 /// partitioning, by event type.
-async fn work_copies_by_type(bus: &zopu_core::nats::Bus) -> Result<BTreeMap<String, usize>> {
+async fn work_copies_by_type(bus: &zopu_runtime::nats::Bus) -> Result<BTreeMap<String, usize>> {
     let work = bus.jetstream.get_stream(subjects::WORK_STREAM).await?;
     let mut info = work
         .info_with_subjects(subjects::work_of_partitioning(1))
@@ -906,7 +909,7 @@ fn an_upgrade_from_a_work_stream_copying_every_event_neither_redoes_nor_misses_w
         // The earlier release's work stream: one transform, every event.
         bus.jetstream.delete_stream(subjects::WORK_STREAM).await?;
         let mut earlier =
-            zopu_core::streams::work_config(&zopu_core::streams::StreamSettings::default())?;
+            zopu_runtime::streams::work_config(&zopu_runtime::streams::StreamSettings::default())?;
         if let Some(source) = earlier.sources.iter_mut().flatten().next() {
             source.subject_transforms = vec![async_nats::jetstream::stream::SubjectTransform {
                 source: subjects::events_of_type(">"),

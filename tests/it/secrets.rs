@@ -13,10 +13,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use futures::StreamExt;
 use serde_json::json;
-use zopu_core::Shutdown;
-use zopu_core::nats::Bus;
-use zopu_core::publish::Publisher;
 use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
+use zopu_runtime::Shutdown;
+use zopu_runtime::nats::Bus;
+use zopu_runtime::publish::Publisher;
 use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, pb, subjects};
 use zopu_tests::{NatsServer, bus, wait_for, wait_for_count};
 
@@ -671,11 +671,14 @@ async fn an_environment_value_is_kept_sealed_and_appears_nowhere_else() -> Resul
     crate::conversation::setup_project(&bus, &org, project).await?;
     let key_text = "test-secrets-key-0123456789abcdef-0123456789";
     let key = SecretKey::new(key_text.as_bytes(), "test")?;
-    let core = zopu_core::config::CoreConfig {
-        secrets_key: Some(key.clone()),
-        ..zopu_tests::core_config(&server, &dir.path().join("gateway"))
-    };
-    let gateway = crate::registry::Gateway::start_with(core).await?;
+    let gateway = crate::registry::Gateway::start_configured(
+        zopu_tests::core_config(&server, &dir.path().join("gateway")),
+        zopu_gateway::Config {
+            secrets_key: Some(key.clone()),
+            ..Default::default()
+        },
+    )
+    .await?;
     gateway.caught_up(&bus).await?;
     let value = ["postgres://app:Zq7", "vR2pL9xK@db.internal:5432/app"].concat();
     let rotated = ["postgres://app:Wm4", "tY8nQ1sJ@db.internal:5432/app"].concat();

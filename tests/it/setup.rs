@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use zopu_core::nats::Bus;
-use zopu_core::{NewEvent, Publisher, Shutdown};
+use zopu_runtime::nats::Bus;
+use zopu_runtime::{NewEvent, Publisher, Shutdown};
 use zopu_sandbox::git::{Git, GitOptions};
 use zopu_sandbox::workspace::LocalWorkspaces;
 use zopu_schema::{AgentId, Envelope, Event, OrgId, ProjectId, pb, subjects};
@@ -359,8 +359,8 @@ async fn first_setup_clones_the_branch_once_and_emits_ready_once() -> Result<()>
     assert_eq!(git(&repo, &["tag"]), "", "no tags");
 
     // The projection, rebuilt from the stream into a fresh file, agrees.
-    let store = zopu_core::Store::open(&fixture.dir.path().join("rebuilt.sqlite"))?;
-    zopu_core::projection::catch_up(&fixture.bus, &store, SetupProjection).await?;
+    let store = zopu_runtime::Store::open(&fixture.dir.path().join("rebuilt.sqlite"))?;
+    zopu_runtime::projection::catch_up(&fixture.bus, &store, SetupProjection).await?;
     assert_eq!(
         zopu_setup::read_status(&store, &org, &project)?,
         Some(status)
@@ -408,7 +408,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 /// Every message on the stream: (sequence, headers as text, body).
 async fn raw_stream(bus: &Bus) -> Result<Vec<(u64, String, Vec<u8>)>> {
-    let last = zopu_core::publish::last_sequence(bus).await?;
+    let last = zopu_runtime::publish::last_sequence(bus).await?;
     let stream = bus.jetstream.get_stream(subjects::EVENTS_STREAM).await?;
     let mut messages = Vec::new();
     for sequence in 1..=last {
@@ -591,7 +591,7 @@ async fn a_crash_in_the_middle_of_the_clone_resumes_and_emits_ready_once() -> Re
     let reaction_config = config.reaction_config();
     crashing.spawn(async move {
         let runtime =
-            zopu_core::Runtime::start_with("setup", &core, shutdown.clone(), SetupProjection)
+            zopu_runtime::Runtime::start_with("setup", &core, shutdown.clone(), SetupProjection)
                 .await
                 .expect("runtime");
         runtime.spawn_reaction(reaction_config, reaction);
@@ -807,7 +807,7 @@ async fn hostile_inputs_are_rejected_before_anything_is_appended() -> Result<()>
         Err(RequestError::InvalidRevision)
     ));
     assert_eq!(
-        zopu_core::publish::last_sequence(&fixture.bus).await?,
+        zopu_runtime::publish::last_sequence(&fixture.bus).await?,
         0,
         "nothing was appended"
     );

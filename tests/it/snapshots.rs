@@ -1,4 +1,4 @@
-//! Projection snapshots (`core::snapshot`): a new instance of a service
+//! Projection snapshots (`runtime::snapshot`): a new instance of a service
 //! starts from the snapshot another instance stored and replays only the
 //! tail, ending with the same rows as a rebuild from the stream; a snapshot
 //! made by other projection code is not found, and one that fails its
@@ -12,10 +12,10 @@ use anyhow::{Context, Result};
 use async_nats::jetstream::object_store::ObjectMetadata;
 use rusqlite::{Transaction, params};
 use tokio::io::AsyncReadExt;
-use zopu_core::config::{CoreConfig, SnapshotConfig};
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::snapshot::{self, Restore};
-use zopu_core::{Projection, Runtime, Shutdown, streams};
+use zopu_runtime::config::{CoreConfig, SnapshotConfig};
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::snapshot::{self, Restore};
+use zopu_runtime::{Projection, Runtime, Shutdown, streams};
 use zopu_schema::{Envelope, OrgId, ProjectId, pb, subjects};
 use zopu_tests::{Nats, NatsCluster, NatsServer, bus};
 
@@ -126,7 +126,7 @@ async fn instance(
 
 /// History, a snapshot of it and more history after the snapshot.
 struct WithSnapshot {
-    bus: zopu_core::nats::Bus,
+    bus: zopu_runtime::nats::Bus,
     /// The snapshot's sequence.
     stored: u64,
     /// The stream's last sequence.
@@ -324,7 +324,7 @@ async fn a_changed_projection_is_rebuilt_in_a_shadow_file_before_the_store_opens
 
 /// Replaces the snapshot object with `bytes` and `metadata`.
 async fn replace_snapshot(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     bytes: Vec<u8>,
     metadata: HashMap<String, String>,
 ) -> Result<()> {

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
-use zopu_core::clock::ManualClock;
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::{Clock, Shutdown, nats::Bus};
 use zopu_llm::test_support::{FakeOpenAiServer, Gate, Scripted};
+use zopu_runtime::clock::ManualClock;
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::{Clock, Shutdown, nats::Bus};
 use zopu_schema::pb::flow_progress::Signal;
 use zopu_schema::{AgentId, Envelope, Event, OrgId, ProjectId, ThreadId, WorkId, pb, subjects};
 use zopu_specialists::config::{Config, ProviderKind};
@@ -102,10 +102,10 @@ impl Service {
         clock: Clock,
     ) -> Self {
         if std::env::var("ZOPU_TEST_LOG").is_ok() {
-            zopu_core::telemetry::init(false);
+            zopu_runtime::telemetry::init(false);
         }
         let shutdown = Shutdown::new();
-        let core = zopu_core::config::CoreConfig {
+        let core = zopu_runtime::config::CoreConfig {
             clock,
             ..zopu_tests::core_config(server, data_dir)
         };
@@ -173,7 +173,7 @@ impl Project {
                 None,
             ))
             .await?;
-        let stored = zopu_core::publish::get_event(publisher.bus(), appended.sequence).await?;
+        let stored = zopu_runtime::publish::get_event(publisher.bus(), appended.sequence).await?;
         let request = pb::FlowRequested {
             flow_type: pb::FlowType::OnboardingExplore as i32,
             flow_version: 1,
@@ -276,7 +276,7 @@ impl Project {
                 None,
             ))
             .await?;
-        let stored = zopu_core::publish::get_event(publisher.bus(), appended.sequence).await?;
+        let stored = zopu_runtime::publish::get_event(publisher.bus(), appended.sequence).await?;
         let request = pb::FlowRequested {
             flow_type: flow_type as i32,
             flow_version: 1,
@@ -1273,7 +1273,7 @@ async fn a_cancelled_flow_aborts_its_model_call_and_ends_once() -> Result<()> {
 /// switch reads before each step; returns the recorded reason. The service
 /// announces nothing when it applies an event, so the file is polled.
 async fn until_the_projection_disables(data_dir: &Path, agent: &AgentId) -> Result<String> {
-    let store = zopu_core::Store::open_for_service(data_dir, zopu_specialists::SERVICE)?;
+    let store = zopu_runtime::Store::open_for_service(data_dir, zopu_specialists::SERVICE)?;
     let agent = agent.to_string();
     let deadline = tokio::time::Instant::now() + LONG;
     loop {

@@ -2,11 +2,12 @@
 //! and on `cargo metadata` (no nats-server needed):
 //!
 //! - only `schema` spells NATS subjects, stream, bucket and durable names;
-//! - dependencies flow one way: services → core → schema. A crate depends
-//!   only on crates of a lower layer ([`layer`]): no service crate depends
-//!   on another service crate, the shared library crates (secrets,
-//!   sandbox, llm) on no service and not on core, and the gateway on
-//!   neither sandbox nor llm.
+//! - dependencies flow one way: cli → services → core (the domain kernel),
+//!   sandbox, llm → runtime → schema, secrets. A crate depends only on
+//!   crates of a lower layer ([`layer`]): the runtime on no domain crate,
+//!   no service crate on another service crate, the shared library crates
+//!   (core, sandbox, llm) on no service and not on each other, and the
+//!   gateway on neither sandbox nor llm.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,10 +19,11 @@ use zopu_schema::subjects;
 fn layer(crate_name: &str) -> Option<u8> {
     Some(match crate_name {
         "zopu-schema" | "zopu-secrets" => 0,
-        "zopu-core" | "zopu-sandbox" | "zopu-llm" => 1,
+        "zopu-runtime" => 1,
+        "zopu-core" | "zopu-sandbox" | "zopu-llm" => 2,
         "zopu-setup" | "zopu-dispatch" | "zopu-conversation" | "zopu-specialists"
-        | "zopu-artifacts" | "zopu-gateway" | "zopu-executor" => 2,
-        "zopu-cli" => 3,
+        | "zopu-artifacts" | "zopu-gateway" | "zopu-executor" => 3,
+        "zopu-cli" => 4,
         _ => return None,
     })
 }
@@ -88,7 +90,7 @@ fn workspace_dependencies() -> BTreeMap<String, Vec<String>> {
 }
 
 #[test]
-fn dependencies_flow_from_services_to_core_to_schema() {
+fn dependencies_flow_from_services_to_core_to_runtime_to_schema() {
     let crates = workspace_dependencies();
     assert!(crates.contains_key("zopu-gateway"), "{crates:?}");
     let mut violations = Vec::new();
@@ -123,7 +125,12 @@ fn dependencies_flow_from_services_to_core_to_schema() {
 fn the_layering_rejects_the_edges_it_exists_to_prevent() {
     let below = |from: &str, to: &str| layer(to) < layer(from);
     assert!(below("zopu-gateway", "zopu-core"));
-    assert!(below("zopu-core", "zopu-schema"));
+    assert!(below("zopu-core", "zopu-runtime"));
+    assert!(below("zopu-runtime", "zopu-schema"));
+    assert!(
+        !below("zopu-runtime", "zopu-core"),
+        "runtime → the domain kernel"
+    );
     assert!(
         !below("zopu-specialists", "zopu-artifacts"),
         "service → service"

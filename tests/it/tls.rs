@@ -1,7 +1,7 @@
 //! Client TLS to NATS (issue 16, item 5): a real nats-server on loopback
 //! with a `tls { ... }` block and certificates made for the test (a CA, a
 //! server certificate for 127.0.0.1, a client certificate). A connection
-//! through `zopu_core::nats` succeeds when it trusts the CA
+//! through `zopu_runtime::nats` succeeds when it trusts the CA
 //! (`ZOPU_NATS_CA_FILE`) and fails with an error naming that variable when
 //! it does not; with `verify: true` it also needs the client certificate
 //! (`ZOPU_NATS_CERT_FILE`, `ZOPU_NATS_KEY_FILE`). A missing or invalid file
@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use zopu_core::local_server::LocalServer;
-use zopu_core::nats::{
+use zopu_runtime::local_server::LocalServer;
+use zopu_runtime::nats::{
     CA_FILE_VARIABLE, CERT_FILE_VARIABLE, KEY_FILE_VARIABLE, connect_with_environment,
 };
 use zopu_tests::certificates::Certificates;
@@ -179,8 +179,8 @@ async fn a_missing_or_invalid_tls_file_is_named_before_connecting() -> Result<()
 /// Every event arrives and decodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_reads_over_mutual_tls_with_a_password() -> Result<()> {
-    use zopu_core::nats::{PASSWORD_VARIABLE, USER_VARIABLE};
-    use zopu_core::publish::{NewEvent, Publisher};
+    use zopu_runtime::nats::{PASSWORD_VARIABLE, USER_VARIABLE};
+    use zopu_runtime::publish::{NewEvent, Publisher};
     use zopu_schema::{OrgId, ProjectId, pb};
 
     let certificates = Certificates::make()?;
@@ -231,7 +231,7 @@ async fn a_rebuild_reads_over_mutual_tls_with_a_password() -> Result<()> {
         last = publisher.append(event).await?.sequence;
     }
 
-    let in_memory = zopu_core::projection::read_into_memory(&bus, last).await?;
+    let in_memory = zopu_runtime::projection::read_into_memory(&bus, last).await?;
     ensure!(
         in_memory.len() == appended,
         "{} of {appended} events replayed",
@@ -239,10 +239,10 @@ async fn a_rebuild_reads_over_mutual_tls_with_a_password() -> Result<()> {
     );
     // Every event decoded: the key index holds each one's key, and nothing
     // was recorded as not understood.
-    let written = zopu_core::Store::open(&store.path().join("keys.sqlite"))?;
-    let reached = zopu_core::projection::apply_in_memory(
+    let written = zopu_runtime::Store::open(&store.path().join("keys.sqlite"))?;
+    let reached = zopu_runtime::projection::apply_in_memory(
         &written,
-        zopu_core::store::KeyIndex::all(),
+        zopu_runtime::store::KeyIndex::all(),
         in_memory,
     )
     .await?;

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::json;
-use zopu_core::telemetry::otlp_sink::{AttributeValue, OtlpSink, ReceivedSpan, Retention};
 use zopu_llm::test_support::{FAKE_MODEL, FakeOpenAiServer, Scripted};
+use zopu_runtime::telemetry::otlp_sink::{AttributeValue, OtlpSink, ReceivedSpan, Retention};
 use zopu_schema::{Event, pb, subjects};
 use zopu_tests::fleet::{Fleet, FleetConfig, REACTION_SERVICES};
 use zopu_tests::{NatsServer, bus, fixtures, history, wait_for, workspace_root, zopu_binary};

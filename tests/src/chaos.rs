@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use tokio::task::JoinSet;
-use zopu_core::nats::Bus;
+use zopu_runtime::nats::Bus;
 use zopu_schema::{OrgId, ProjectId};
 
 use crate::fleet::{Fleet, FleetConfig};

@@ -1,6 +1,6 @@
 //! The harness's nats-server in a container (`ZOPU_TEST_NATS=docker`, the
 //! `testcontainers` feature): the configuration file and store that
-//! `zopu_core::local_server` would give a child process, run by the nats
+//! `zopu_runtime::local_server` would give a child process, run by the nats
 //! image (`ZOPU_TEST_NATS_IMAGE`, default `nats:2.12`: `make images` builds
 //! it locally FROM scratch; the official image has the same layout). The
 //! container shares the host's network, so the server listens on
@@ -22,7 +22,7 @@ use testcontainers::bollard::query_parameters::KillContainerOptions;
 use testcontainers::core::{Mount, WaitFor};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
-use zopu_core::local_server::{SyncPolicy, free_ports, write_standalone_config};
+use zopu_runtime::local_server::{SyncPolicy, free_ports, write_standalone_config};
 
 /// The image when `ZOPU_TEST_NATS_IMAGE` is unset.
 pub const DEFAULT_IMAGE: &str = "nats:2.12";

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::Result;
-use zopu_core::nats::Bus;
+use zopu_runtime::nats::Bus;
 use zopu_schema::{Envelope, OrgId, ProjectId, pb, subjects};
 
 /// What broke, one line each; empty when every promise held.
@@ -46,7 +46,7 @@ pub async fn check(bus: &Bus, org: &OrgId, projects: &[ProjectId]) -> Result<Vio
         check_project(project, &events, &mut violations);
         check_artifacts(bus, project, &events, &mut violations).await?;
     }
-    let report = zopu_core::audit::verify(bus, None).await?;
+    let report = zopu_runtime::audit::verify(bus, None).await?;
     for finding in &report.findings {
         violations.0.push(format!("audit: {finding:?}"));
     }

@@ -21,11 +21,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use zopu_core::log::{Reader, Start};
-use zopu_core::nats::Bus;
+use zopu_runtime::log::{Reader, Start};
+use zopu_runtime::nats::Bus;
 use zopu_schema::Envelope;
 
-pub use zopu_core::local_server::SyncPolicy as Sync;
+pub use zopu_runtime::local_server::SyncPolicy as Sync;
 
 pub mod certificates;
 pub mod chaos;
@@ -36,7 +36,7 @@ pub mod invariants;
 pub mod tracker;
 
 /// A nats-server on a temp store: a child process (see
-/// `zopu_core::local_server`) or, with `ZOPU_TEST_NATS=docker`, the same
+/// `zopu_runtime::local_server`) or, with `ZOPU_TEST_NATS=docker`, the same
 /// server in a container.
 #[derive(Debug)]
 pub struct NatsServer {
@@ -47,7 +47,7 @@ pub struct NatsServer {
 
 #[derive(Debug)]
 enum Backend {
-    Local(zopu_core::local_server::LocalServer),
+    Local(zopu_runtime::local_server::LocalServer),
     Docker(Box<docker::DockerServer>),
 }
 
@@ -104,11 +104,11 @@ impl NatsServer {
     fn launch(placement: Placement, sync: Sync) -> Result<Self> {
         // `ZOPU_LOG=warn cargo test ...` shows the services' logs.
         if std::env::var_os("ZOPU_LOG").is_some() {
-            zopu_core::telemetry::init(false);
+            zopu_runtime::telemetry::init(false);
         }
         let store = tempfile::tempdir().context("temp store dir")?;
         let backend = match placement {
-            Placement::Local => Backend::Local(zopu_core::local_server::LocalServer::start(
+            Placement::Local => Backend::Local(zopu_runtime::local_server::LocalServer::start(
                 store.path(),
                 None,
                 sync,
@@ -186,11 +186,11 @@ impl Nats for NatsServer {
 
 /// A local three-node JetStream cluster (`n1`..`n3`) on loopback ports with
 /// routes between the nodes, each node on its own temp store with
-/// `sync_interval: always` (see `zopu_core::local_server::LocalCluster`).
+/// `sync_interval: always` (see `zopu_runtime::local_server::LocalCluster`).
 /// Streams applied through [`bus`] get three replicas.
 #[derive(Debug)]
 pub struct NatsCluster {
-    cluster: zopu_core::local_server::LocalCluster,
+    cluster: zopu_runtime::local_server::LocalCluster,
     _store: tempfile::TempDir,
 }
 
@@ -209,10 +209,10 @@ impl NatsCluster {
     /// (the chaos run routes services through its proxies this way).
     pub fn start_with(no_advertise: bool) -> Result<Self> {
         if std::env::var_os("ZOPU_LOG").is_some() {
-            zopu_core::telemetry::init(false);
+            zopu_runtime::telemetry::init(false);
         }
         let store = tempfile::tempdir().context("temp store dir")?;
-        let cluster = zopu_core::local_server::LocalCluster::start_with(
+        let cluster = zopu_runtime::local_server::LocalCluster::start_with(
             store.path(),
             CLUSTER_SIZE,
             Sync::Always,
@@ -345,16 +345,16 @@ fn apply_streams(url: String, replicas: usize) -> Result<()> {
             .build()
             .context("a runtime to apply streams/")?;
         runtime.block_on(async {
-            let bus =
-                zopu_core::nats::connect(&url, "zopu-test-admin", Duration::from_secs(30)).await?;
-            let settings = zopu_core::streams::StreamSettings {
+            let bus = zopu_runtime::nats::connect(&url, "zopu-test-admin", Duration::from_secs(30))
+                .await?;
+            let settings = zopu_runtime::streams::StreamSettings {
                 replicas,
                 duplicate_window: DUPLICATE_WINDOW,
                 partitions: 1,
             };
             // A cluster may still be electing the stream's leader: the
             // apply is retried as `zopu streams apply` retries it.
-            zopu_core::streams::apply_within(&bus, &settings, Duration::from_secs(60), |_| {})
+            zopu_runtime::streams::apply_within(&bus, &settings, Duration::from_secs(60), |_| {})
                 .await
                 .context("applying streams/")?;
             bus.client.flush().await.context("flush")?;
@@ -366,8 +366,8 @@ fn apply_streams(url: String, replicas: usize) -> Result<()> {
 }
 
 /// A core config pointing at `server`, with a fresh data dir.
-pub fn core_config(server: &impl Nats, data_dir: &Path) -> zopu_core::config::CoreConfig {
-    zopu_core::config::CoreConfig {
+pub fn core_config(server: &impl Nats, data_dir: &Path) -> zopu_runtime::config::CoreConfig {
+    zopu_runtime::config::CoreConfig {
         nats_url: server.url(),
         data_dir: data_dir.to_owned(),
         stream_replicas: server.stream_replicas(),
@@ -378,7 +378,8 @@ pub fn core_config(server: &impl Nats, data_dir: &Path) -> zopu_core::config::Co
 /// Connects and applies `streams/` with the given duplicate window (and
 /// three replicas on the cluster).
 pub async fn bus(server: &impl Nats, duplicate_window: Duration) -> Result<Bus> {
-    let bus = zopu_core::nats::connect(&server.url(), "zopu-test", Duration::from_secs(10)).await?;
+    let bus =
+        zopu_runtime::nats::connect(&server.url(), "zopu-test", Duration::from_secs(10)).await?;
     apply_streams_on(&bus, server.stream_replicas(), duplicate_window).await?;
     Ok(bus)
 }
@@ -390,9 +391,9 @@ pub async fn apply_streams_on(
     replicas: usize,
     duplicate_window: Duration,
 ) -> Result<()> {
-    zopu_core::streams::apply(
+    zopu_runtime::streams::apply(
         bus,
-        &zopu_core::streams::StreamSettings {
+        &zopu_runtime::streams::StreamSettings {
             replicas,
             duplicate_window,
             partitions: 1,
@@ -407,10 +408,11 @@ pub async fn apply_streams_on(
 /// (services follow the work stream's count).
 pub async fn partition_work(server: &impl Nats, partitions: u32) -> Result<()> {
     let bus =
-        zopu_core::nats::connect(&server.url(), "zopu-test-admin", Duration::from_secs(10)).await?;
-    zopu_core::streams::apply(
+        zopu_runtime::nats::connect(&server.url(), "zopu-test-admin", Duration::from_secs(10))
+            .await?;
+    zopu_runtime::streams::apply(
         &bus,
-        &zopu_core::streams::StreamSettings {
+        &zopu_runtime::streams::StreamSettings {
             replicas: server.stream_replicas(),
             duplicate_window: DUPLICATE_WINDOW,
             partitions,
@@ -422,7 +424,7 @@ pub async fn partition_work(server: &impl Nats, partitions: u32) -> Result<()> {
 
 /// Every decodable event on `filter` currently in the stream, in order.
 pub async fn history(bus: &Bus, filter: &str) -> Result<Vec<(u64, Envelope)>> {
-    Ok(zopu_core::log::events(bus, filter.to_owned()).await?)
+    Ok(zopu_runtime::log::events(bus, filter.to_owned()).await?)
 }
 
 /// Waits (up to `timeout`) for the first event on `filter` that matches.

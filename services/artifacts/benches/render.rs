@@ -61,9 +61,9 @@ fn store_bench(url: &str, manifest: &zopu_schema::pb::ArtifactManifest, runs: us
         .build()
         .unwrap();
     runtime.block_on(async {
-        let bus = zopu_core::nats::connect(url, "zopu-bench", Duration::from_secs(10)).await.unwrap();
-        let settings = zopu_core::streams::StreamSettings::default();
-        zopu_core::streams::apply(&bus, &settings).await.unwrap();
+        let bus = zopu_runtime::nats::connect(url, "zopu-bench", Duration::from_secs(10)).await.unwrap();
+        let settings = zopu_runtime::streams::StreamSettings::default();
+        zopu_runtime::streams::apply(&bus, &settings).await.unwrap();
         let bucket = storage::bucket(&bus).await.unwrap();
         let options = zopu_artifacts::Options::new(support::generated_at());
         let artifact = zopu_schema::ArtifactId::new();

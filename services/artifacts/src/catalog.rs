@@ -8,7 +8,7 @@
 
 use rusqlite::{OptionalExtension, Transaction, params};
 use time::OffsetDateTime;
-use zopu_core::store::Projection;
+use zopu_runtime::store::Projection;
 use zopu_schema::envelope::{format_time, parse_time};
 use zopu_schema::{Envelope, pb};
 

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Core(#[from] zopu_core::Error),
+    Core(#[from] zopu_runtime::Error),
     #[error("configuration: {0}")]
-    Config(#[from] zopu_core::config::ConfigError),
+    Config(#[from] zopu_runtime::config::ConfigError),
     #[error("artifact object store {operation}: {reason}")]
     ObjectStore {
         operation: &'static str,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use time::OffsetDateTime;
-use zopu_core::nats::Bus;
+use zopu_runtime::nats::Bus;
 use zopu_schema::pb::{self, ArtifactKind};
 use zopu_schema::{
     ArtifactId, Event, EventId, FlowRunId, OrgId, ProjectId, ThreadId, WorkId, subjects,
@@ -69,7 +69,7 @@ pub async fn artifact_metadata(
         subjects::events_of_type(pb::ArtifactPublished::TYPE),
         subjects::events_of_type(pb::ArtifactSuperseded::TYPE),
     ];
-    let history = tokio::time::timeout(SCAN_TIMEOUT, zopu_core::log::history_of(bus, filters))
+    let history = tokio::time::timeout(SCAN_TIMEOUT, zopu_runtime::log::history_of(bus, filters))
         .await
         .map_err(|_| Error::Timeout {
             operation: "scan artifact events",

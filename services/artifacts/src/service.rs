@@ -15,9 +15,9 @@ use std::time::Duration;
 use async_nats::jetstream::object_store::ObjectStore;
 use time::OffsetDateTime;
 use tracing::Instrument as _;
-use zopu_core::config::{ConfigError, CoreConfig};
-use zopu_core::metrics;
-use zopu_core::{
+use zopu_runtime::config::{ConfigError, CoreConfig};
+use zopu_runtime::metrics;
+use zopu_runtime::{
     HandlerError, NewEvent, Reaction, ReactionConfig, ReactionContext, Runtime, Shutdown,
 };
 use zopu_schema::{ArtifactId, BuildId, Envelope, Event, keys, manifest, pb, subjects};
@@ -46,10 +46,10 @@ pub struct Config {
     /// the defaults (`artifacts-builds` on `artifact.build.requested`).
     pub reaction: ReactionConfig,
     /// Upper bound of one object-store write.
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub store_timeout: Duration,
     /// Upper bound of the wait for the catalogue to catch up with the stream.
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub catch_up_timeout: Duration,
 }
 
@@ -372,7 +372,7 @@ impl Reaction for BuildReaction {
                 supersede,
             } => {
                 let span = tracing::info_span!(
-                    target: zopu_core::telemetry::TRACE_TARGET,
+                    target: zopu_runtime::telemetry::TRACE_TARGET,
                     "artifact.build",
                     build_id = %clip(&request.build_id),
                     artifact_id = %clip(&request.artifact_id),

@@ -48,8 +48,8 @@ pub enum Stored {
     Written,
 }
 
-/// Opens the artifact bucket (created by `zopu streams apply`: `zopu_core::streams::apply`).
-pub async fn bucket(bus: &zopu_core::nats::Bus) -> Result<ObjectStore, Error> {
+/// Opens the artifact bucket (created by `zopu streams apply`: `zopu_runtime::streams::apply`).
+pub async fn bucket(bus: &zopu_runtime::nats::Bus) -> Result<ObjectStore, Error> {
     bus.jetstream
         .get_object_store(zopu_schema::subjects::ARTIFACTS_BUCKET)
         .await

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use zopu_core::config::{ConfigError, CoreConfig, duration};
+use zopu_runtime::config::{ConfigError, CoreConfig, duration};
 
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -17,9 +17,9 @@ pub struct ZopuConfig {
     pub duplicate_window: Duration,
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
-    pub scale: zopu_core::config::ScaleConfig,
+    pub scale: zopu_runtime::config::ScaleConfig,
     /// Projection snapshots (`[snapshots]`).
-    pub snapshots: zopu_core::config::SnapshotConfig,
+    pub snapshots: zopu_runtime::config::SnapshotConfig,
     /// The agents directory (`registry.toml` and knowledge files); unset:
     /// the built-in registry (`ZOPU_AGENTS_DIR`).
     pub agents_dir: Option<PathBuf>,
@@ -115,8 +115,7 @@ impl ZopuConfig {
             scale: self.scale.clone(),
             snapshots: self.snapshots.clone(),
             agents_dir: self.agents_dir.clone(),
-            clock: zopu_core::Clock::system(),
-            secrets_key: None,
+            clock: zopu_runtime::Clock::system(),
         }
     }
 

@@ -146,9 +146,9 @@ impl Context {
     }
 
     /// Connects to the configured NATS server (streams are applied by services; commands only read and append).
-    pub async fn connect(&self) -> anyhow::Result<zopu_core::nats::Bus> {
+    pub async fn connect(&self) -> anyhow::Result<zopu_runtime::nats::Bus> {
         let url = &self.config.nats_url;
-        zopu_core::nats::connect(url, "zopu-cli", std::time::Duration::from_secs(5))
+        zopu_runtime::nats::connect(url, "zopu-cli", std::time::Duration::from_secs(5))
             .await
             .map_err(|error| anyhow::anyhow!("{error}\nhint: start everything with `make run`, or point --nats / ZOPU_NATS_URL at a running server"))
     }
@@ -218,7 +218,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let mut sources = zopu_core::config::Sources::from_process(cli.config.clone());
+    let mut sources = zopu_runtime::config::Sources::from_process(cli.config.clone());
     if let Some(url) = &cli.nats {
         sources = sources.set("nats_url", format!("{url:?}"));
     }
@@ -228,7 +228,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Some(operator) = &cli.operator {
         sources = sources.set("operator", format!("{operator:?}"));
     }
-    let config: ZopuConfig = zopu_core::config::load::<ZopuConfig>(&sources)?.resolved();
+    let config: ZopuConfig = zopu_runtime::config::load::<ZopuConfig>(&sources)?.resolved();
     config.validate()?;
     // Services log their progress; one-shot commands only warnings.
     let long_running = matches!(cli.command, Command::Dev(_) | Command::Run(_));
@@ -240,7 +240,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         _ => "zopu-cli".to_owned(),
     };
     let every_service = commands::services::Service::ALL.map(|service| service.name());
-    let identity = zopu_core::telemetry::Identity {
+    let identity = zopu_runtime::telemetry::Identity {
         service_name: &service_name,
         services: if matches!(cli.command, Command::Dev(_)) {
             &every_service
@@ -262,9 +262,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .append(true)
             .open(&path)
             .with_context(|| format!("opening the log file {}", path.display()))?;
-        zopu_core::telemetry::init_to_file(file, "info,async_nats=warn", &identity)
+        zopu_runtime::telemetry::init_to_file(file, "info,async_nats=warn", &identity)
     } else {
-        zopu_core::telemetry::init_with_default(
+        zopu_runtime::telemetry::init_with_default(
             cli.json,
             if long_running {
                 "info,async_nats=warn"
@@ -375,11 +375,11 @@ mod tests {
         variables(&Cli::command(), &mut found);
         assert!(found.contains("ZOPU_ORG"), "{found:?}");
         for name in found {
-            let sources = zopu_core::config::Sources {
+            let sources = zopu_runtime::config::Sources {
                 environment: vec![(name.clone(), "demo".to_owned())],
                 ..Default::default()
             };
-            let loaded = zopu_core::config::load::<super::ZopuConfig>(&sources);
+            let loaded = zopu_runtime::config::load::<super::ZopuConfig>(&sources);
             assert!(loaded.is_ok(), "{name} set: {:?}", loaded.err());
         }
     }

@@ -9,8 +9,8 @@ use std::process::Output;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use zopu_core::local_server::{LocalServer, SyncPolicy};
-use zopu_core::{NewEvent, Publisher};
+use zopu_runtime::local_server::{LocalServer, SyncPolicy};
+use zopu_runtime::{NewEvent, Publisher};
 use zopu_schema::{OrgId, ProjectId, pb};
 
 async fn zopu(url: &str, args: &[&str]) -> Result<Output> {
@@ -46,8 +46,8 @@ async fn an_exported_history_verifies_without_zopu_and_a_flipped_byte_is_named()
     let store = tempfile::tempdir()?;
     let server = LocalServer::start(store.path(), None, SyncPolicy::ServerDefault)?;
     let url = server.url();
-    let bus = zopu_core::nats::connect(&url, "export-test", Duration::from_secs(10)).await?;
-    zopu_core::streams::apply(&bus, &zopu_core::streams::StreamSettings::default()).await?;
+    let bus = zopu_runtime::nats::connect(&url, "export-test", Duration::from_secs(10)).await?;
+    zopu_runtime::streams::apply(&bus, &zopu_runtime::streams::StreamSettings::default()).await?;
     let org: OrgId = "acme".parse()?;
     let (first, second) = (ProjectId::new(), ProjectId::new());
     let publisher = Publisher::new(bus.clone(), "gateway", None);

@@ -8,7 +8,7 @@ use std::process::Output;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
-use zopu_core::local_server::{LocalServer, SyncPolicy};
+use zopu_runtime::local_server::{LocalServer, SyncPolicy};
 
 /// Runs `zopu` with a clean environment for the settings under test.
 async fn zopu(data_dir: &Path, args: &[&str]) -> Result<Output> {
@@ -61,9 +61,9 @@ async fn create_shop(dir: &Path, url: &str, extra: &[&str]) -> Result<Vec<Value>
 
 /// A connection to `url` with streams/ applied (the administrator's step:
 /// services only check them).
-async fn bus_with_streams(url: &str) -> Result<zopu_core::nats::Bus> {
-    let bus = zopu_core::nats::connect(url, "test", std::time::Duration::from_secs(10)).await?;
-    zopu_core::streams::apply(&bus, &zopu_core::streams::StreamSettings::default()).await?;
+async fn bus_with_streams(url: &str) -> Result<zopu_runtime::nats::Bus> {
+    let bus = zopu_runtime::nats::connect(url, "test", std::time::Duration::from_secs(10)).await?;
+    zopu_runtime::streams::apply(&bus, &zopu_runtime::streams::StreamSettings::default()).await?;
     Ok(bus)
 }
 
@@ -140,7 +140,7 @@ async fn tokens_are_created_listed_and_revoked_in_the_shared_bucket() -> Result<
     assert!((29..=30).contains(&days), "{created}");
 
     // The gateway's view: the bucket accepts the token.
-    let bus = zopu_core::nats::connect(&url, "test", std::time::Duration::from_secs(10)).await?;
+    let bus = zopu_runtime::nats::connect(&url, "test", std::time::Duration::from_secs(10)).await?;
     let tokens = zopu_gateway::TokenStore::open(&bus.jetstream).await?;
     let principal = tokens
         .verify(&token)
@@ -269,7 +269,8 @@ async fn creating_a_project_again_with_its_request_id_is_the_same_project() -> R
     let project: zopu_schema::ProjectId = first["project"].as_str().context("project")?.parse()?;
     let org: zopu_schema::OrgId = "acme".parse()?;
     let events =
-        zopu_core::log::events(&bus, zopu_schema::subjects::project_events(&org, &project)).await?;
+        zopu_runtime::log::events(&bus, zopu_schema::subjects::project_events(&org, &project))
+            .await?;
     assert_eq!(events.len(), 1, "one setup request: {events:?}");
     assert_eq!(events[0].1.correlation_id.as_str(), request_id);
     Ok(())

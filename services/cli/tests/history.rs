@@ -11,9 +11,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use zopu_core::commands::{self, ProjectSetup, Requester};
-use zopu_core::local_server::{LocalServer, SyncPolicy};
-use zopu_core::publish::get_event;
-use zopu_core::{NewEvent, Publisher};
+use zopu_runtime::local_server::{LocalServer, SyncPolicy};
+use zopu_runtime::publish::get_event;
+use zopu_runtime::{NewEvent, Publisher};
 use zopu_schema::{OrgId, ProjectId, pb};
 
 async fn history(url: &str, project: ProjectId, at: &str) -> Result<Output> {
@@ -52,8 +52,8 @@ async fn the_state_as_it_was_at_a_sequence_or_a_time() -> Result<()> {
     let store = tempfile::tempdir()?;
     let server = LocalServer::start(store.path(), None, SyncPolicy::ServerDefault)?;
     let url = server.url();
-    let bus = zopu_core::nats::connect(&url, "history-test", Duration::from_secs(10)).await?;
-    zopu_core::streams::apply(&bus, &zopu_core::streams::StreamSettings::default()).await?;
+    let bus = zopu_runtime::nats::connect(&url, "history-test", Duration::from_secs(10)).await?;
+    zopu_runtime::streams::apply(&bus, &zopu_runtime::streams::StreamSettings::default()).await?;
     let org: OrgId = "acme".parse()?;
     let gateway = Publisher::new(bus.clone(), "gateway", None);
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
-use zopu_core::local_server::{LocalServer, SyncPolicy};
-use zopu_core::{NewEvent, Publisher, Shutdown};
+use zopu_runtime::local_server::{LocalServer, SyncPolicy};
+use zopu_runtime::{NewEvent, Publisher, Shutdown};
 use zopu_schema::{DispatchId, Event, OrgId, ProjectId, pb};
 
 const DURABLE: &str = "dispatch-sources";
@@ -120,7 +120,7 @@ async fn send_messages(
 }
 
 fn start_dispatch(
-    core: &zopu_core::config::CoreConfig,
+    core: &zopu_runtime::config::CoreConfig,
 ) -> (
     Shutdown,
     tokio::task::JoinHandle<Result<(), zopu_dispatch::Error>>,
@@ -140,17 +140,17 @@ async fn a_stopped_service_is_named_as_stuck_and_status_exits_non_zero() -> Resu
     let server = LocalServer::start(store.path(), None, SyncPolicy::ServerDefault)?;
     let url = server.url();
     let data = tempfile::tempdir()?;
-    let core = zopu_core::config::CoreConfig {
+    let core = zopu_runtime::config::CoreConfig {
         nats_url: url.clone(),
         data_dir: data.path().to_owned(),
         ..Default::default()
     };
 
     // The administrator applies streams/ (services only check them).
-    let bus = zopu_core::nats::connect(&url, "status-test", Duration::from_secs(10)).await?;
-    zopu_core::streams::apply(
+    let bus = zopu_runtime::nats::connect(&url, "status-test", Duration::from_secs(10)).await?;
+    zopu_runtime::streams::apply(
         &bus,
-        &zopu_core::streams::StreamSettings {
+        &zopu_runtime::streams::StreamSettings {
             replicas: 1,
             duplicate_window: Duration::from_secs(120),
             ..Default::default()

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
-use zopu_core::local_server::{LocalServer, SyncPolicy};
-use zopu_core::publish::get_event;
-use zopu_core::{NewEvent, Publisher};
+use zopu_runtime::local_server::{LocalServer, SyncPolicy};
+use zopu_runtime::publish::get_event;
+use zopu_runtime::{NewEvent, Publisher};
 use zopu_schema::{EventId, OrgId, ProjectId, pb};
 
 async fn why(url: &str, event: &str, project: ProjectId, json: bool) -> Result<Output> {
@@ -38,8 +38,8 @@ async fn why_leads_back_to_the_message_and_forward_to_what_it_caused() -> Result
     let store = tempfile::tempdir()?;
     let server = LocalServer::start(store.path(), None, SyncPolicy::ServerDefault)?;
     let url = server.url();
-    let bus = zopu_core::nats::connect(&url, "why-test", Duration::from_secs(10)).await?;
-    zopu_core::streams::apply(&bus, &zopu_core::streams::StreamSettings::default()).await?;
+    let bus = zopu_runtime::nats::connect(&url, "why-test", Duration::from_secs(10)).await?;
+    zopu_runtime::streams::apply(&bus, &zopu_runtime::streams::StreamSettings::default()).await?;
     let (org, project): (OrgId, ProjectId) = ("acme".parse()?, ProjectId::new());
 
     let message = Publisher::new(bus.clone(), "gateway", None)

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use zopu_core::registry::Registry;
-use zopu_core::text::clip_chars;
-use zopu_core::{HandlerError, NewEvent, Reaction, ReactionContext};
 use zopu_llm::Provider;
+use zopu_runtime::text::clip_chars;
+use zopu_runtime::{HandlerError, NewEvent, Reaction, ReactionContext};
 use zopu_schema::{DispatchId, Envelope, Event, keys as schema_keys, pb};
 
 use crate::keys;
@@ -138,7 +138,8 @@ impl Agent {
         created_sequence: u64,
         ctx: &ReactionContext,
     ) -> Result<(), HandlerError> {
-        let created = zopu_core::publish::get_event(ctx.publisher.bus(), created_sequence).await?;
+        let created =
+            zopu_runtime::publish::get_event(ctx.publisher.bus(), created_sequence).await?;
         let reason =
             "its worker stopped before the turn ended; a later turn of the project went on";
         if let Some(failed) = Reaction::failure_event(self, &created, reason) {
@@ -147,7 +148,7 @@ impl Agent {
         if let Some(notice) = Reaction::failure_notice(self, &created, reason, ctx).await {
             ctx.publisher.append(notice).await?;
         }
-        let end = zopu_core::publish::last_sequence(ctx.publisher.bus()).await?;
+        let end = zopu_runtime::publish::last_sequence(ctx.publisher.bus()).await?;
         ctx.caught_up(end).await
     }
 
@@ -183,10 +184,11 @@ impl Reaction for Agent {
                     "dispatch.created names no source stream sequence".into(),
                 ));
             }
-            Ok(
-                zopu_core::publish::get_event(ctx.publisher.bus(), created.source_stream_sequence)
-                    .await?,
+            Ok(zopu_runtime::publish::get_event(
+                ctx.publisher.bus(),
+                created.source_stream_sequence,
             )
+            .await?)
         };
         let (head, source) = tokio::join!(head, source);
         let head = head?.map_or(0, |head| head.sequence);

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use time::OffsetDateTime;
-use zopu_core::{NewEvent, Runtime};
+use zopu_runtime::{NewEvent, Runtime};
 use zopu_schema::approval::{self, PUBLISH_ISSUE, PublishIssue, Status};
 use zopu_schema::envelope::{format_time, parse_time};
 use zopu_schema::flow_result::{self, IssueResult};
@@ -96,8 +96,8 @@ impl IssueDraft {
             artifact_id: artifact_id.to_owned(),
             repository: approval::tracker_repository(&self.repository_url, tracker_host)
                 .unwrap_or_default(),
-            title: zopu_core::text::clip_chars(title, approval::ISSUE_TITLE_MAX_CHARS),
-            body: zopu_core::text::clip_chars(&body, approval::ISSUE_BODY_MAX_CHARS),
+            title: zopu_runtime::text::clip_chars(title, approval::ISSUE_TITLE_MAX_CHARS),
+            body: zopu_runtime::text::clip_chars(&body, approval::ISSUE_BODY_MAX_CHARS),
         }
     }
 }
@@ -233,7 +233,7 @@ pub(crate) async fn sweep_expired(runtime: Runtime, interval: Duration) {
 
 /// One sweep: appends `approval.expired` for each due approval; returns
 /// how many it closed.
-pub(crate) async fn sweep_once(runtime: &Runtime) -> Result<usize, zopu_core::Error> {
+pub(crate) async fn sweep_once(runtime: &Runtime) -> Result<usize, zopu_runtime::Error> {
     let now = runtime.clock.now();
     let due = runtime
         .store
@@ -242,7 +242,7 @@ pub(crate) async fn sweep_once(runtime: &Runtime) -> Result<usize, zopu_core::Er
     let mut closed = 0;
     for approval in due {
         let requested =
-            zopu_core::publish::get_event(&runtime.bus, approval.requested_sequence).await?;
+            zopu_runtime::publish::get_event(&runtime.bus, approval.requested_sequence).await?;
         let expires = OffsetDateTime::from_unix_timestamp(approval.expires_unix)
             .unwrap_or(OffsetDateTime::UNIX_EPOCH);
         let expired = pb::ApprovalExpired {

@@ -4,7 +4,7 @@
 //! lines. No printing.
 
 use zopu_core::commands::{self, Requester};
-use zopu_core::{Appended, Publisher};
+use zopu_runtime::{Appended, Publisher};
 use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, pb};
 
 use crate::Error;

@@ -5,8 +5,8 @@
 
 use serde_json::{Value, json};
 use zopu_core::registry::RegisteredAgent;
-use zopu_core::text::clip_chars;
 use zopu_llm::{ChatMessage, ChatReply, ChatRequest, Provider, Structured, ToolSpec};
+use zopu_runtime::text::clip_chars;
 use zopu_schema::pb;
 
 use crate::offline::{self, DecisionKind};
@@ -762,7 +762,7 @@ pub fn first_sentences(text: &str, max: usize, max_words: usize) -> String {
 
 // ---------------------------------------------------------------- guardrail
 
-pub use zopu_core::text::{near_duplicate, similarity};
+pub use zopu_core::repetition::{near_duplicate, similarity};
 
 /// A deterministic rephrasing of a repeated acknowledgement, or `None` when
 /// the text should be dropped instead.

@@ -55,10 +55,10 @@ mod turns;
 use std::sync::Arc;
 use std::time::Duration;
 
-use zopu_core::config::{ConfigError, CoreConfig};
 use zopu_core::registry::{Registry, RegistryError};
-use zopu_core::{ReactionConfig, Shutdown};
 use zopu_llm::{KeySource, OpenAiConfig, OpenAiProvider, Provider};
+use zopu_runtime::config::{ConfigError, CoreConfig};
+use zopu_runtime::{ReactionConfig, Shutdown};
 use zopu_schema::{Event, pb, subjects};
 
 pub use agent::{Agent, FailPoint};
@@ -88,13 +88,13 @@ pub struct OpenAiSettings {
     /// Environment variable holding the API key (read before every call, so
     /// rotating it needs no restart); empty: no key (local endpoints).
     pub api_key_env: String,
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub request_timeout: Duration,
     /// Retries of one call after a 429/5xx/timeout (honouring Retry-After).
     pub max_retries: u32,
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub backoff_base: Duration,
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub backoff_max: Duration,
     pub max_response_bytes: usize,
     /// The model's context window in tokens, which the decision prompt and
@@ -163,13 +163,13 @@ pub struct Config {
     /// Deliveries of one dispatch before it is dead-lettered (and failed).
     pub max_deliver: i64,
     /// Upper bound of one turn (model calls included).
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub handler_timeout: Duration,
     /// How long a model's decision may take before the agent posts a short
     /// holding acknowledgement of its own, so the user is never left waiting
     /// on the model (the model's reply follows; a decision within it is
     /// posted as the model wrote it). Only with a model provider.
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub acknowledgement_deadline: Duration,
     /// Model tokens (prompt + completion, as the provider reports them, of
     /// the agent's and the specialists' calls) one organization may use per
@@ -178,10 +178,10 @@ pub struct Config {
     pub daily_model_tokens_per_org: u64,
     /// How long an approval the agent requests (publishing a drafted issue)
     /// stays open; past it, it closes as `approval.expired`.
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub approval_ttl: Duration,
     /// How often this instance closes approvals past their expiry.
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub approval_sweep_interval: Duration,
     /// The host whose repositories have a tracker to publish issues to
     /// (`github.com`, or a GitHub Enterprise host): a project whose
@@ -358,7 +358,7 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
-    Core(#[from] zopu_core::Error),
+    Core(#[from] zopu_runtime::Error),
     #[error("model provider: {0}")]
     Llm(zopu_llm::Error),
     #[error(transparent)]
@@ -371,9 +371,10 @@ pub enum Error {
 /// Runs the conversation service until `shutdown`.
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
-    let agent = config.agent(Arc::new(core.registry()?))?;
+    let agent = config.agent(Arc::new(zopu_core::registry::Registry::configured(&core)?))?;
     let runtime =
-        zopu_core::Runtime::start_with(SERVICE, &core, shutdown.clone(), ConversationState).await?;
+        zopu_runtime::Runtime::start_with(SERVICE, &core, shutdown.clone(), ConversationState)
+            .await?;
     runtime.spawn_reaction(config.reaction(), agent);
     shutdown.spawn(approvals::sweep_expired(
         runtime.clone(),

@@ -6,9 +6,10 @@
 //! return, in order.
 
 use zopu_core::delegation::{Delegation, DelegationKeys, delegate};
+use zopu_core::memory;
 use zopu_core::registry::Registry;
-use zopu_core::text::clip_chars;
-use zopu_core::{NewEvent, memory};
+use zopu_runtime::NewEvent;
+use zopu_runtime::text::clip_chars;
 use zopu_schema::envelope::EventContext;
 use zopu_schema::{AgentId, DispatchId, Envelope, Event, WorkId, keys as schema_keys, pb};
 
@@ -193,7 +194,7 @@ pub(crate) fn guard(text: String, recent: &[String], threshold: f64, plan: &Turn
     };
     let detail = format!(
         "the reply {}",
-        zopu_core::text::describe_repetition(earlier, score, 120)
+        zopu_core::repetition::describe_repetition(earlier, score, 120)
     );
     match decide::rephrase(plan.action, &plan.title) {
         Some(rephrased) if decide::near_duplicate(&rephrased, recent, threshold).is_none() => {

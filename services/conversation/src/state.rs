@@ -10,7 +10,7 @@
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use zopu_schema::{Envelope, Event, FlowRunId, OrgId, ProjectId, WorkId, pb};
 
-use zopu_core::text::clip_bytes;
+use zopu_runtime::text::clip_bytes;
 
 use crate::SERVICE;
 
@@ -36,7 +36,7 @@ pub mod entry {
 #[derive(Debug, Default)]
 pub struct ConversationState;
 
-impl zopu_core::Projection for ConversationState {
+impl zopu_runtime::Projection for ConversationState {
     fn name(&self) -> &'static str {
         "conversation_state"
     }
@@ -728,7 +728,7 @@ impl FlowView {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use zopu_core::{Projection as _, Store};
+    use zopu_runtime::{Projection as _, Store};
     use zopu_schema::{OrgId, ProjectId};
 
     use super::*;

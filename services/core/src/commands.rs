@@ -33,7 +33,7 @@ use zopu_schema::{
     AgentId, ArtifactId, CorrelationId, EventId, FlowRunId, OrgId, ProjectId, keys, pb,
 };
 
-use crate::NewEvent;
+use zopu_runtime::NewEvent;
 
 /// The id of a project's one global timeline (`agent.registered.global_timeline_id`).
 pub const GLOBAL_TIMELINE_ID: &str = "global";

@@ -15,8 +15,8 @@ use zopu_schema::agent_registry::RoutedFlow;
 use zopu_schema::envelope::EventContext;
 use zopu_schema::{EventId, FlowRunId, ThreadId, WorkId, keys, pb};
 
-use crate::NewEvent;
-use crate::text::clip_chars;
+use zopu_runtime::NewEvent;
+use zopu_runtime::text::clip_chars;
 
 /// Longest Work summary and handoff brief taken from the request, in characters.
 pub const BRIEF_MAX_CHARS: usize = 500;

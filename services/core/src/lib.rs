@@ -1,71 +1,27 @@
-//! Runtime plumbing shared by every Zopu service.
-//!
-//! `config` loads layered settings; `telemetry` sets up tracing; `nats`
-//! connects (with the server-version floor) and `streams` applies the
-//! definitions in `streams/`; `publish` appends events with causation,
-//! idempotency keys and the per-project version/hash chain; `store` is a
-//! service's SQLite projection file; `projection` and `reaction` are THE two
-//! consumer loops every service uses; `shutdown` is the process-wide
-//! cancellation token and task tracker; `clock` is the injected wall clock and
-//! fresh-id source; `runtime` bundles them for a service;
-//! `text` holds the length limits applied to text put into events;
-//! `metrics` is the process's Prometheus registry and its `/metrics` listener;
-//! `memory` is the agents' memory on the event log (the OSSA interface);
-//! `chain` is the one rule for a project's version/hash chain, and `ledger`
-//! the chain each store verified before its projections apply an event;
-//! `snapshot` keeps and restores a service's store at a stream sequence;
-//! `causality` explains an event from its project's history (causes,
-//! consequences, its correlation).
-//!
-//! Invariants: no other crate reads a JetStream consumer directly; every
-//! append goes through [`publish::Publisher`], so every event carries
-//! correlation and causation ids and extends its project's hash chain; a
-//! projection's rows and its checkpoint are written in one transaction; no
-//! projection applies, and no reaction acts on, an event that does not
-//! extend its project's chain; a reaction acks a message only after its
-//! appends were acknowledged.
+//! The domain kernel: what a project, an agent, a command and a memory are,
+//! shared by every service. It stands on `zopu-runtime` (events, streams,
+//! consumers, stores) and on `zopu-schema` (the event contract); no service
+//! and not the runtime depend on anything below it.
 //!
 //! `commands` builds every user command (create project, retry setup,
 //! message, card action, kill switch) for the gateway and the CLI alike;
 //! `delegation` builds the events that hand a request to a specialist, for
-//! the conversation agent and for external agents alike.
+//! the conversation agent and for external agents alike; `memory` is the
+//! agents' memory on the event log (the OSSA interface); `registry` is the
+//! agent registry (`deploy/agents`); `secret_store` keeps the values that
+//! never enter an event; `keywords` finds the subject words of a request;
+//! `repetition` is the near-duplicate guardrail every agent output passes;
+//! `model_usage` is the model-token tally behind the daily budget.
+//!
+//! Invariants: a user command is built only here, so the gateway and the
+//! CLI cannot build it differently; no type here prints a secret value or
+//! key.
 
-pub mod audit;
-pub mod causality;
-pub mod chain;
-pub mod clock;
 pub mod commands;
-pub mod config;
 pub mod delegation;
-pub mod key_file;
 pub mod keywords;
-pub mod lease;
-pub mod ledger;
-pub mod local_server;
-pub mod log;
 pub mod memory;
-pub mod metrics;
 pub mod model_usage;
-pub mod nats;
-pub mod projection;
-pub mod publish;
-pub mod reaction;
 pub mod registry;
-pub mod runtime;
+pub mod repetition;
 pub mod secret_store;
-pub mod shutdown;
-pub mod snapshot;
-pub mod store;
-pub mod streams;
-pub mod telemetry;
-pub mod text;
-
-mod error;
-
-pub use clock::Clock;
-pub use error::Error;
-pub use publish::{Appended, NewEvent, Publisher};
-pub use reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};
-pub use runtime::Runtime;
-pub use shutdown::Shutdown;
-pub use store::{Projection, Store};

@@ -33,8 +33,8 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use serde::Serialize;
 use zopu_schema::{CorrelationId, Envelope, Event, OrgId, ProjectId, keys, pb};
 
-use crate::publish::{NewEvent, Publisher};
-use crate::store::Store;
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::store::Store;
 
 /// The table's name (for `Projection::tables`).
 pub const TABLE: &str = "zopu_memory";
@@ -179,7 +179,7 @@ pub enum MemoryError {
     #[error("{0}")]
     Command(#[from] crate::commands::Invalid),
     #[error(transparent)]
-    Runtime(#[from] crate::Error),
+    Runtime(#[from] zopu_runtime::Error),
 }
 
 /// Checks a key: `[a-z0-9][a-z0-9._-]*`, at most [`KEY_MAX_CHARS`].
@@ -193,7 +193,7 @@ pub fn check_key(key: &str) -> Result<(), MemoryError> {
     if valid {
         Ok(())
     } else {
-        Err(MemoryError::Key(crate::text::clip_chars(key, 80)))
+        Err(MemoryError::Key(zopu_runtime::text::clip_chars(key, 80)))
     }
 }
 
@@ -493,7 +493,7 @@ impl Memory {
         &self,
         f: impl FnOnce(&Connection, &Namespace, i64) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, MemoryError> {
-        let stream_end = crate::publish::last_sequence(self.publisher.bus()).await?;
+        let stream_end = zopu_runtime::publish::last_sequence(self.publisher.bus()).await?;
         self.store
             .wait_for(stream_end.max(self.written.load(Ordering::Acquire)))
             .await;
@@ -652,7 +652,7 @@ impl MemoryProvider for Memory {
 #[derive(Debug, Default)]
 pub struct MemoryProjection;
 
-impl crate::store::Projection for MemoryProjection {
+impl zopu_runtime::store::Projection for MemoryProjection {
     fn name(&self) -> &'static str {
         "memory"
     }

@@ -193,6 +193,12 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// The registry of the deployment's `agents_dir`, its prompt packages
+    /// cached under `data_dir/knowledge`.
+    pub fn configured(core: &zopu_runtime::config::CoreConfig) -> Result<Self, RegistryError> {
+        Self::load(core.agents_dir.as_deref(), Some(&core.data_dir))
+    }
+
     /// Loads the registry of `agents_dir` (the built-in one when `None`),
     /// compiling into `cache_dir/knowledge` the packages whose knowledge
     /// changed since the last load that used this cache (every package

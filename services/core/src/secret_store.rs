@@ -32,7 +32,7 @@ use sha2::Sha256;
 use zopu_schema::{OrgId, ProjectId, subjects};
 use zopu_secrets::{Credential, Secret};
 
-use crate::nats::Bus;
+use zopu_runtime::nats::Bus;
 
 /// The environment variable holding the deployment's secret.
 pub const SECRETS_KEY_VARIABLE: &str = "ZOPU_SECRETS_KEY";
@@ -144,7 +144,7 @@ pub fn check_name(name: &str) -> Result<(), SecretStoreError> {
         || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
     {
         return Err(SecretStoreError::Name {
-            name: crate::text::clip_chars(name, 64),
+            name: zopu_runtime::text::clip_chars(name, 64),
         });
     }
     Ok(())
@@ -159,7 +159,7 @@ pub fn environment_entry(org: &OrgId, project: &ProjectId, name: &str) -> String
 /// clone looks it up (`zopu_schema::repository::parse_repository_host`).
 pub fn check_repository_host(host: &str) -> Result<String, SecretStoreError> {
     zopu_schema::repository::parse_repository_host(host).map_err(|problem| SecretStoreError::Host {
-        host: crate::text::clip_chars(host, 64),
+        host: zopu_runtime::text::clip_chars(host, 64),
         problem: problem.to_string(),
     })
 }
@@ -266,7 +266,7 @@ impl SecretKey {
         match Self::from_env() {
             Err(SecretStoreError::KeyMissing) => {
                 let path = data_dir.join(DEV_SECRETS_KEY_FILE);
-                let text = crate::key_file::read_or_generate(&path).map_err(|source| {
+                let text = zopu_runtime::key_file::read_or_generate(&path).map_err(|source| {
                     SecretStoreError::KeyFile {
                         path: path.clone(),
                         source,
@@ -494,22 +494,22 @@ impl SecretStore {
     }
 }
 
-/// The service's secret store when its configuration has a key
-/// (`CoreConfig::secrets_key`); otherwise `None`, with a warning saying what
-/// the service does `without` one.
+/// The service's secret store when it was given the deployment's key
+/// (its configuration's `secrets_key`); otherwise `None`, with a warning
+/// saying what the service does `without` one.
 pub async fn open_configured(
     bus: &Bus,
-    core: &crate::config::CoreConfig,
+    key: Option<&SecretKey>,
     without: &str,
-) -> Result<Option<SecretStore>, crate::Error> {
-    let Some(key) = &core.secrets_key else {
+) -> Result<Option<SecretStore>, zopu_runtime::Error> {
+    let Some(key) = key else {
         tracing::warn!(variable = SECRETS_KEY_VARIABLE, "no secrets key: {without}");
         return Ok(None);
     };
     SecretStore::open(bus, key.clone())
         .await
         .map(Some)
-        .map_err(|error| crate::Error::jetstream("open the secret store", error))
+        .map_err(|error| zopu_runtime::Error::jetstream("open the secret store", error))
 }
 
 impl SecretStore {
@@ -616,6 +616,11 @@ fn bucket_error(
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_key_variable_is_not_read_as_a_setting() {
+        assert!(zopu_runtime::config::NON_SETTING_VARIABLES.contains(&SECRETS_KEY_VARIABLE));
+    }
+
     fn key(secret: &str) -> SecretKey {
         SecretKey::new(secret.as_bytes(), "test").unwrap()
     }
@@ -718,8 +723,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let value = SecretValue::new("v").unwrap();
         let path = dir.path().join(DEV_SECRETS_KEY_FILE);
-        let first = crate::key_file::read_or_generate(&path).unwrap();
-        let again = crate::key_file::read_or_generate(&path).unwrap();
+        let first = zopu_runtime::key_file::read_or_generate(&path).unwrap();
+        let again = zopu_runtime::key_file::read_or_generate(&path).unwrap();
         assert_eq!(first, again);
         let (a, b) = (
             SecretKey::new(first.as_bytes(), "a").unwrap(),

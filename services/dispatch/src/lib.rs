@@ -40,9 +40,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rusqlite::{OptionalExtension, Transaction, params};
-use zopu_core::config::{ConfigError, CoreConfig};
 use zopu_core::registry::{NotRunnable, Registry, RegistryError};
-use zopu_core::{
+use zopu_runtime::config::{ConfigError, CoreConfig};
+use zopu_runtime::{
     HandlerError, NewEvent, Projection, Reaction, ReactionConfig, ReactionContext, Shutdown, Store,
 };
 use zopu_schema::{AgentId, DispatchId, Envelope, Event, keys, pb, subjects};
@@ -73,7 +73,7 @@ pub struct Config {
     /// Deliveries of one source event before it is dead-lettered.
     pub max_deliver: i64,
     /// Upper bound of handling one source event.
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub handler_timeout: Duration,
 }
 
@@ -124,7 +124,7 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
-    Core(#[from] zopu_core::Error),
+    Core(#[from] zopu_runtime::Error),
     #[error(transparent)]
     Registry(#[from] RegistryError),
 }
@@ -132,9 +132,9 @@ pub enum Error {
 /// Runs the dispatch service until `shutdown`.
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
-    let registry = Arc::new(core.registry()?);
+    let registry = Arc::new(zopu_core::registry::Registry::configured(&core)?);
     let runtime =
-        zopu_core::Runtime::start_with(SERVICE, &core, shutdown.clone(), Bindings).await?;
+        zopu_runtime::Runtime::start_with(SERVICE, &core, shutdown.clone(), Bindings).await?;
     runtime.spawn_reaction(config.reaction(), Dispatcher { registry });
     shutdown.cancelled().await;
     Ok(())
@@ -218,7 +218,7 @@ impl Projection for Bindings {
     }
 }
 
-fn binding(store: &Store, event: &Envelope) -> Result<Option<Binding>, zopu_core::Error> {
+fn binding(store: &Store, event: &Envelope) -> Result<Option<Binding>, zopu_runtime::Error> {
     store.read(|conn| {
         conn.prepare_cached("SELECT agent_id, global_timeline_id FROM dispatch_bindings WHERE org = ?1 AND project = ?2")?.query_row(params![event.org_id.as_str(), event.project_id.to_string()],
             |row| Ok(Binding { agent_id: row.get(0)?, global_timeline_id: row.get(1)? }),
@@ -231,7 +231,7 @@ fn binding(store: &Store, event: &Envelope) -> Result<Option<Binding>, zopu_core
 fn recorded_definitions(
     store: &Store,
     event: &Envelope,
-) -> Result<std::collections::BTreeMap<String, String>, zopu_core::Error> {
+) -> Result<std::collections::BTreeMap<String, String>, zopu_runtime::Error> {
     store.read(|conn| {
         let mut statement = conn.prepare_cached(
             "SELECT agent_key, definition_hash FROM dispatch_definitions WHERE org = ?1 AND project = ?2",
@@ -426,7 +426,7 @@ impl Reaction for Dispatcher {
             agent_id: agent.to_string(),
             reason: Some(pb::FailureReason {
                 code: "dispatch.gave_up".into(),
-                message: zopu_core::text::clip_bytes(reason, 500).to_owned(),
+                message: zopu_runtime::text::clip_bytes(reason, 500).to_owned(),
                 retryable: true,
             }),
             attempts: 0,

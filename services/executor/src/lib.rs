@@ -48,9 +48,9 @@ pub mod tracker;
 
 use std::time::Duration;
 
-use zopu_core::config::{ConfigError, CoreConfig};
-use zopu_core::{HandlerError, NewEvent, Reaction, ReactionConfig, ReactionContext, Shutdown};
 use zopu_llm::{ApiKey, KeySource};
+use zopu_runtime::config::{ConfigError, CoreConfig};
+use zopu_runtime::{HandlerError, NewEvent, Reaction, ReactionConfig, ReactionContext, Shutdown};
 use zopu_schema::approval::{self, PUBLISH_ISSUE, PublishIssue};
 use zopu_schema::{Envelope, Event, keys, pb, subjects};
 
@@ -75,14 +75,14 @@ pub struct Config {
     /// Tracker requests per approval before it fails (transient failures only).
     pub max_attempts: u32,
     /// Wait before the second attempt; doubles per attempt.
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub retry_backoff: Duration,
     /// Granted approvals in flight across projects.
     pub max_ack_pending: i64,
     /// Deliveries of one grant before it is dead-lettered.
     pub max_deliver: i64,
     /// Upper bound of executing one approval (every attempt included).
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub handler_timeout: Duration,
 }
 
@@ -98,7 +98,7 @@ pub struct TrackerConfig {
     /// A file holding the token instead (a mounted secret); wins over `token_env`.
     pub token_file: String,
     /// Limit on one tracker request.
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub request_timeout: Duration,
     /// Listing pages (100 issues each, newest first) searched for an
     /// earlier attempt's issue before creating one.
@@ -260,7 +260,7 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
-    Core(#[from] zopu_core::Error),
+    Core(#[from] zopu_runtime::Error),
     #[error("{0}")]
     Tracker(String),
 }
@@ -281,7 +281,7 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     let tracker = Tracker::new(&config.tracker.base_url, config.tracker.request_timeout)
         .map_err(Error::Tracker)?;
     let runtime =
-        zopu_core::Runtime::start_with(SERVICE, &core, shutdown.clone(), ExecutorState).await?;
+        zopu_runtime::Runtime::start_with(SERVICE, &core, shutdown.clone(), ExecutorState).await?;
     tracing::info!(dry_run = config.dry_run, tracker = %config.tracker.base_url, "executor running");
     runtime.spawn_reaction(
         config.reaction(),
@@ -342,7 +342,7 @@ fn failure(
         action: action.to_owned(),
         reason: Some(pb::FailureReason {
             code: code.to_owned(),
-            message: zopu_secrets::redact(&zopu_core::text::clip_chars(&message, 500)),
+            message: zopu_secrets::redact(&zopu_runtime::text::clip_chars(&message, 500)),
             retryable,
         }),
         attempts,
@@ -579,7 +579,7 @@ impl Reaction for Executor {
         let granted = event.decode::<pb::ApprovalGranted>()?;
         let key = keys::approval_execution(&event.project_id, &granted.approval_id);
         // The request precedes its grant; the kill switch may have flipped since.
-        ctx.caught_up_to_end(zopu_core::reaction::CATCH_UP_MAX)
+        ctx.caught_up_to_end(zopu_runtime::reaction::CATCH_UP_MAX)
             .await?;
         if ctx.store.key_sequence(&key)?.is_some() {
             tracing::debug!(approval_id = %granted.approval_id, "already executed");

@@ -4,7 +4,7 @@
 //! project's kill switch.
 
 use rusqlite::{OptionalExtension, Transaction, params};
-use zopu_core::Projection;
+use zopu_runtime::Projection;
 use zopu_schema::approval::{self, Status};
 use zopu_schema::{Envelope, pb};
 

@@ -193,7 +193,7 @@ pub fn is_transient(status: u16, rate_limited: bool) -> bool {
 /// A tracker's message as it may be logged and stored: clipped, the token
 /// removed wherever it was echoed, anything secret-looking redacted.
 fn scrub(message: &str, token: &ApiKey) -> String {
-    let clipped = zopu_core::text::clip_chars(message, 300);
+    let clipped = zopu_runtime::text::clip_chars(message, 300);
     let without_token = if token.expose().is_empty() {
         clipped
     } else {

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::{Shutdown, config::CoreConfig};
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::{Shutdown, config::CoreConfig};
 use zopu_schema::{ProjectId, pb};
 
 const EVENTS: usize = 10_000;

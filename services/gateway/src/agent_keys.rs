@@ -25,7 +25,7 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
-use zopu_core::Clock;
+use zopu_runtime::Clock;
 use zopu_schema::agent_registry::AGENT_API_CAPABILITIES;
 use zopu_schema::{OrgId, ProjectId};
 

@@ -128,7 +128,7 @@ impl NotifyingProjection {
     }
 }
 
-impl zopu_core::Projection for NotifyingProjection {
+impl zopu_runtime::Projection for NotifyingProjection {
     fn name(&self) -> &'static str {
         self.inner.name()
     }

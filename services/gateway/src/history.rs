@@ -10,8 +10,8 @@
 
 use serde::Serialize;
 use zopu_core::memory::Entry;
-use zopu_core::nats::Bus;
-use zopu_core::{Error, Store, projection};
+use zopu_runtime::nats::Bus;
+use zopu_runtime::{Error, Store, projection};
 use zopu_schema::{OrgId, ProjectId, subjects};
 
 use crate::read_model::GatewayProjection;
@@ -100,7 +100,7 @@ pub async fn state_at(
         Some(org) => subjects::project_events(org, &project),
         None => subjects::project_events_any_org(&project),
     };
-    let mut events = zopu_core::log::events(bus, filter).await?;
+    let mut events = zopu_runtime::log::events(bus, filter).await?;
     let (Some((first_sequence, first)), Some((last_sequence, _))) = (events.first(), events.last())
     else {
         return Err(HistoryError::NoEvents(project));

@@ -30,8 +30,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use zopu_core::config::{ConfigError, CoreConfig, duration};
-use zopu_core::{Runtime, Shutdown};
+use zopu_runtime::config::{ConfigError, CoreConfig, duration};
+use zopu_runtime::{Runtime, Shutdown};
 
 pub mod agent_keys;
 pub mod api;
@@ -56,6 +56,11 @@ pub use tokens::TokenStore;
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// The deployment's secret-store key (from `ZOPU_SECRETS_KEY`, given by
+    /// `zopu run` and `zopu dev`); `None`: environment values and repository credentials cannot be stored.
+    /// Not a setting: a secret never comes from a file or a config value.
+    #[serde(skip)]
+    pub secrets_key: Option<zopu_core::secret_store::SecretKey>,
     /// Address the HTTP server listens on.
     pub listen: SocketAddr,
     /// Largest accepted request body; larger bodies get 413.
@@ -102,6 +107,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
+            secrets_key: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             body_max_bytes: 64 * 1024,
             sse_keepalive: Duration::from_secs(15),
@@ -210,7 +216,7 @@ impl Config {
             ));
         }
         if self.link_key_env.starts_with("ZOPU_")
-            && !zopu_core::config::NON_SETTING_VARIABLES.contains(&self.link_key_env.as_str())
+            && !zopu_runtime::config::NON_SETTING_VARIABLES.contains(&self.link_key_env.as_str())
         {
             return Err(ConfigError::setting(
                 "gateway.link_key_env",
@@ -246,7 +252,7 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
-    Core(#[from] zopu_core::Error),
+    Core(#[from] zopu_runtime::Error),
     #[error(transparent)]
     Tokens(#[from] tokens::TokenError),
     #[error(transparent)]
@@ -365,10 +371,10 @@ pub async fn start(
         .jetstream
         .get_object_store(zopu_schema::subjects::ARTIFACTS_BUCKET)
         .await
-        .map_err(|error| zopu_core::Error::jetstream("open the artifact bucket", error))?;
+        .map_err(|error| zopu_runtime::Error::jetstream("open the artifact bucket", error))?;
     let secrets = zopu_core::secret_store::open_configured(
         &runtime.bus,
-        core,
+        config.secrets_key.as_ref(),
         "environment values and repository credentials cannot be stored (their routes answer 503)",
     )
     .await?;

@@ -90,11 +90,12 @@ impl LinkKey {
     }
 
     fn dev_file(path: &Path) -> Result<Self, LinkKeyError> {
-        let text =
-            zopu_core::key_file::read_or_generate(path).map_err(|source| LinkKeyError::File {
+        let text = zopu_runtime::key_file::read_or_generate(path).map_err(|source| {
+            LinkKeyError::File {
                 path: path.to_owned(),
                 source,
-            })?;
+            }
+        })?;
         Self::new(text.into_bytes(), &path.display().to_string())
     }
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use tokio::sync::watch;
-use zopu_core::Shutdown;
+use zopu_runtime::Shutdown;
 
 use crate::tokens::TokenStore;
 

@@ -26,7 +26,7 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
-use zopu_core::Clock;
+use zopu_runtime::Clock;
 use zopu_schema::{OrgId, ProjectId};
 
 use crate::tokens::TokenError;
@@ -155,7 +155,7 @@ impl std::fmt::Debug for TicketStore {
 }
 
 impl TicketStore {
-    /// Opens the bucket (`zopu_core::streams::ensure` creates it).
+    /// Opens the bucket (`zopu_runtime::streams::ensure` creates it).
     pub async fn open(jetstream: &jetstream::Context) -> Result<Self, TokenError> {
         let bucket = jetstream
             .get_key_value(zopu_schema::subjects::GATEWAY_TICKETS_BUCKET)

@@ -34,7 +34,7 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
-use zopu_core::Clock;
+use zopu_runtime::Clock;
 use zopu_schema::OrgId;
 
 /// Every token starts with this prefix (easy to spot in a leaked config).
@@ -450,7 +450,7 @@ pub fn parse_ttl(text: &str) -> Result<Duration, TokenError> {
             .and_then(|days| days.checked_mul(24 * 3600))
             .map(Duration::from_secs)
             .ok_or_else(|| TokenError::BadTtl(format!("{text:?} is not a number of days")))?,
-        None => zopu_core::config::duration::parse(text)
+        None => zopu_runtime::config::duration::parse(text)
             .map_err(|_| TokenError::BadTtl(format!("{text:?} is not like 90d, 12h or 30m")))?,
     };
     check_ttl(ttl)?;

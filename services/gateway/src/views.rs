@@ -130,8 +130,8 @@ pub struct RefusedEventView {
     pub reason: String,
 }
 
-impl From<zopu_core::ledger::Refusal> for RefusedEventView {
-    fn from(refusal: zopu_core::ledger::Refusal) -> Self {
+impl From<zopu_runtime::ledger::Refusal> for RefusedEventView {
+    fn from(refusal: zopu_runtime::ledger::Refusal) -> Self {
         Self {
             sequence: refusal.sequence,
             event_type: refusal.event_type,
@@ -525,7 +525,7 @@ pub mod queries {
         };
         let mut view = ProjectView::from(row);
         view.refused_events =
-            zopu_core::ledger::refusals_of(conn, org, project, super::REFUSED_EVENTS_SHOWN)?
+            zopu_runtime::ledger::refusals_of(conn, org, project, super::REFUSED_EVENTS_SHOWN)?
                 .into_iter()
                 .map(super::RefusedEventView::from)
                 .collect();

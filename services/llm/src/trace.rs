@@ -11,7 +11,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use crate::chat::{ChatReply, ChatRequest, FinishReason};
 use crate::{Error, Provider};
 
-/// The target `zopu_core::telemetry` exports spans of (the two are checked
+/// The target `zopu_runtime::telemetry` exports spans of (the two are checked
 /// equal there).
 pub const TRACE_TARGET: &str = "zopu::trace";
 

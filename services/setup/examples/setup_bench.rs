@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
-use zopu_core::config::CoreConfig;
-use zopu_core::{Publisher, Shutdown};
+use zopu_runtime::config::CoreConfig;
+use zopu_runtime::{Publisher, Shutdown};
 use zopu_sandbox::git::Git;
 use zopu_schema::{Event, OrgId, ProjectId, pb, subjects};
 use zopu_setup::client::{SetupRequest, request_setup};
@@ -66,8 +66,8 @@ async fn main() -> Result<()> {
     };
 
     let bus =
-        zopu_core::nats::connect(&core.nats_url, "setup-bench", Duration::from_secs(10)).await?;
-    zopu_core::streams::apply(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
+        zopu_runtime::nats::connect(&core.nats_url, "setup-bench", Duration::from_secs(10)).await?;
+    zopu_runtime::streams::apply(&bus, &zopu_runtime::streams::StreamSettings::from(&core)).await?;
     let shutdown = Shutdown::new();
     let service = tokio::spawn(zopu_setup::run(
         core.clone(),

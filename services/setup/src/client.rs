@@ -7,9 +7,9 @@
 use std::time::Duration;
 
 use zopu_core::commands::{self, Invalid, ProjectSetup, Requester};
-use zopu_core::log::{Reader, Start};
-use zopu_core::nats::Bus;
-use zopu_core::{NewEvent, Publisher};
+use zopu_runtime::log::{Reader, Start};
+use zopu_runtime::nats::Bus;
+use zopu_runtime::{NewEvent, Publisher};
 use zopu_schema::repository::{BranchProblem, LocationProblem};
 use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, pb, subjects};
 
@@ -91,7 +91,7 @@ pub enum RequestError {
     )]
     RevisionTaken { revision: u32, event_id: EventId },
     #[error(transparent)]
-    Append(#[from] zopu_core::Error),
+    Append(#[from] zopu_runtime::Error),
 }
 
 /// The command this request is: `project.setup.requested`, built by
@@ -143,7 +143,7 @@ pub async fn request_setup(
     if !appended.duplicate {
         return Ok(appended.event_id);
     }
-    let stored = zopu_core::publish::get_event(publisher.bus(), appended.sequence).await?;
+    let stored = zopu_runtime::publish::get_event(publisher.bus(), appended.sequence).await?;
     if stored.correlation_id == correlation {
         Ok(stored.id)
     } else {
@@ -162,8 +162,8 @@ pub async fn project_setup_events(
     bus: &Bus,
     org: &OrgId,
     project: &ProjectId,
-) -> Result<Vec<Envelope>, zopu_core::Error> {
-    let events = zopu_core::log::events(bus, subjects::project_events(org, project)).await?;
+) -> Result<Vec<Envelope>, zopu_runtime::Error> {
+    let events = zopu_runtime::log::events(bus, subjects::project_events(org, project)).await?;
     Ok(events
         .into_iter()
         .map(|(_, envelope)| envelope)
@@ -177,7 +177,7 @@ pub async fn read_setup_status(
     bus: &Bus,
     org: &OrgId,
     project: &ProjectId,
-) -> Result<Option<SetupStatus>, zopu_core::Error> {
+) -> Result<Option<SetupStatus>, zopu_runtime::Error> {
     Ok(status_from_events(
         &project_setup_events(bus, org, project).await?,
     ))
@@ -190,14 +190,14 @@ pub async fn read_setup_status(
 pub async fn org_projects(
     bus: &Bus,
     org: &OrgId,
-) -> Result<Vec<(ProjectId, SetupStatus)>, zopu_core::Error> {
+) -> Result<Vec<(ProjectId, SetupStatus)>, zopu_runtime::Error> {
     let filters = SETUP_EVENT_TYPES
         .iter()
         .map(|event_type| subjects::org_events_of_type(org, event_type))
         .collect();
     let mut projects: Vec<(ProjectId, Vec<Envelope>)> = Vec::new();
     let mut index = std::collections::HashMap::new();
-    for logged in zopu_core::log::history_of(bus, filters).await? {
+    for logged in zopu_runtime::log::history_of(bus, filters).await? {
         let Ok(envelope) = logged.event else {
             continue;
         };
@@ -238,7 +238,7 @@ impl StatusWatch {
         bus: &Bus,
         org: &OrgId,
         project: &ProjectId,
-    ) -> Result<Self, zopu_core::Error> {
+    ) -> Result<Self, zopu_runtime::Error> {
         Ok(Self {
             reader: Reader::open(
                 bus,
@@ -256,14 +256,14 @@ impl StatusWatch {
     pub async fn next(
         &mut self,
         timeout: Duration,
-    ) -> Result<Option<SetupStatus>, zopu_core::Error> {
+    ) -> Result<Option<SetupStatus>, zopu_runtime::Error> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let next = tokio::time::timeout_at(deadline, self.reader.next()).await;
             let logged = match next {
                 Err(_) => return Ok(None),
                 Ok(None) => {
-                    return Err(zopu_core::Error::jetstream(
+                    return Err(zopu_runtime::Error::jetstream(
                         "ordered consumer",
                         "message stream ended",
                     ));

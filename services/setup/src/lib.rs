@@ -30,9 +30,9 @@ pub mod state;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use zopu_core::config::{ConfigError, CoreConfig};
 use zopu_core::secret_store::SecretStore;
-use zopu_core::{ReactionConfig, Runtime, Shutdown};
+use zopu_runtime::config::{ConfigError, CoreConfig};
+use zopu_runtime::{ReactionConfig, Runtime, Shutdown};
 use zopu_sandbox::clone_settings::CloneSettings;
 use zopu_sandbox::git::{Git, GitOptions};
 use zopu_sandbox::workspace::LocalWorkspaces;
@@ -50,6 +50,11 @@ pub const SERVICE: &str = "setup";
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// The deployment's secret-store key (from `ZOPU_SECRETS_KEY`, given by
+    /// `zopu run` and `zopu dev`); `None`: https repositories are cloned anonymously.
+    /// Not a setting: a secret never comes from a file or a config value.
+    #[serde(skip)]
+    pub secrets_key: Option<zopu_core::secret_store::SecretKey>,
     /// Directory under which `workspaces/<project>` live; a relative path
     /// is under `data_dir`; empty means `data_dir` itself.
     pub workspace_root: PathBuf,
@@ -75,10 +80,10 @@ pub struct Config {
     /// setup started); the next create fails with `request.project_limit`.
     pub org_projects_max: u32,
     /// Wall-clock limit of one clone.
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub clone_timeout: Duration,
     /// Wall-clock limit of every other git command.
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub git_command_timeout: Duration,
     /// How the setup requests are consumed and retried.
     pub reaction: ReactionSettings,
@@ -87,6 +92,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
+            secrets_key: None,
             workspace_root: PathBuf::new(),
             allow_local_repositories: false,
             local_repository_roots: Vec::new(),
@@ -108,16 +114,16 @@ impl Default for Config {
 pub struct ReactionSettings {
     /// Waits between in-place retries of a transient failure (network,
     /// timeout); when they run out the revision fails as retryable.
-    #[serde(with = "zopu_core::config::durations")]
+    #[serde(with = "zopu_runtime::config::durations")]
     pub retry_delays: Vec<Duration>,
     /// Deliveries (crashes included) before a request is given up.
     pub max_deliver: i64,
     /// Setups in flight across projects (one at a time per project).
     pub max_ack_pending: i64,
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub ack_wait: Duration,
     /// Upper bound of one attempt of a whole setup (clone included).
-    #[serde(with = "zopu_core::config::duration")]
+    #[serde(with = "zopu_runtime::config::duration")]
     pub handler_timeout: Duration,
 }
 
@@ -262,7 +268,7 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
-    Runtime(#[from] zopu_core::Error),
+    Runtime(#[from] zopu_runtime::Error),
 }
 
 /// The reaction `run` uses, for callers that embed setup differently. No
@@ -291,7 +297,7 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     // Credentials never come from the URL: only from the secret store.
     let credentials = zopu_core::secret_store::open_configured(
         &runtime.bus,
-        &core,
+        config.secrets_key.as_ref(),
         "no stored repository credential can be used; https repositories are cloned anonymously",
     )
     .await?;

@@ -4,7 +4,7 @@
 //! rows are a function of the events alone (no clock, no I/O).
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
-use zopu_core::Projection;
+use zopu_runtime::Projection;
 use zopu_schema::{Envelope, OrgId, ProjectId, pb};
 
 use crate::state::{
@@ -171,10 +171,10 @@ impl Projection for SetupProjection {
 /// The projects of `org` whose setup started, other than `project`, and
 /// whether `project`'s own setup started (in any revision).
 pub fn started_projects(
-    store: &zopu_core::Store,
+    store: &zopu_runtime::Store,
     org: &OrgId,
     project: &ProjectId,
-) -> Result<(u64, bool), zopu_core::Error> {
+) -> Result<(u64, bool), zopu_runtime::Error> {
     let project = project.to_string();
     store.read(|conn| {
         let others: i64 = conn
@@ -370,19 +370,19 @@ fn save(
 
 /// The status of a project's latest setup revision, from the projection.
 pub fn read_status(
-    store: &zopu_core::Store,
+    store: &zopu_runtime::Store,
     org: &OrgId,
     project: &ProjectId,
-) -> Result<Option<SetupStatus>, zopu_core::Error> {
+) -> Result<Option<SetupStatus>, zopu_runtime::Error> {
     read_state(store, org, project).map(|state| state.map(|state| state.status()))
 }
 
 /// The folded state of a project's latest setup revision.
 pub fn read_state(
-    store: &zopu_core::Store,
+    store: &zopu_runtime::Store,
     org: &OrgId,
     project: &ProjectId,
-) -> Result<Option<RevisionState>, zopu_core::Error> {
+) -> Result<Option<RevisionState>, zopu_runtime::Error> {
     let project = project.to_string();
     store.read(|conn| {
         let latest: Option<u32> = conn
@@ -401,10 +401,10 @@ pub fn read_state(
 
 /// The project's conversation agent binding, once registered.
 pub fn agent_binding(
-    store: &zopu_core::Store,
+    store: &zopu_runtime::Store,
     org: &OrgId,
     project: &ProjectId,
-) -> Result<Option<AgentBinding>, zopu_core::Error> {
+) -> Result<Option<AgentBinding>, zopu_runtime::Error> {
     store.read(|conn| binding_of(conn, org.as_str(), &project.to_string()))
 }
 
@@ -415,8 +415,8 @@ mod tests {
     use crate::state::tests::{chain, envelope};
     use crate::state::{Failure, SetupPhase, status_from_events, step};
 
-    fn project(events: &[Envelope], path: &std::path::Path) -> zopu_core::Store {
-        let store = zopu_core::Store::open(path).unwrap();
+    fn project(events: &[Envelope], path: &std::path::Path) -> zopu_runtime::Store {
+        let store = zopu_runtime::Store::open(path).unwrap();
         store
             .write(|tx| {
                 let mut projection = SetupProjection;
@@ -474,7 +474,7 @@ mod tests {
         // Replaying the same events (twice over) gives the same rows.
         let doubled: Vec<Envelope> = events.iter().chain(&events).cloned().collect();
         let third = project(&doubled, &dir.path().join("c.sqlite"));
-        let digest = |store: &zopu_core::Store| {
+        let digest = |store: &zopu_runtime::Store| {
             let conn_tables = [
                 "setup_revisions",
                 "setup_project_runtimes",

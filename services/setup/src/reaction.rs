@@ -14,9 +14,9 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use zopu_core::publish::AppendAtError;
 use zopu_core::secret_store::SecretStore;
-use zopu_core::{HandlerError, NewEvent, Reaction, ReactionContext};
+use zopu_runtime::publish::AppendAtError;
+use zopu_runtime::{HandlerError, NewEvent, Reaction, ReactionContext};
 use zopu_sandbox::env_scan::{self, EnvManifest, EnvStatus};
 use zopu_sandbox::git::{CloneSource, Git};
 use zopu_sandbox::workspace::WorkspaceProvider;
@@ -100,7 +100,7 @@ impl<W: WorkspaceProvider + 'static> SetupReaction<W> {
         org: &OrgId,
         project: &ProjectId,
     ) -> Result<Option<Failure>, HandlerError> {
-        ctx.caught_up_to_end(zopu_core::reaction::CATCH_UP_MAX)
+        ctx.caught_up_to_end(zopu_runtime::reaction::CATCH_UP_MAX)
             .await?;
         let (others, started) = crate::projection::started_projects(&ctx.store, org, project)?;
         if started || others < u64::from(self.org_projects_max) {

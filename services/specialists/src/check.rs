@@ -9,7 +9,7 @@
 //! values' names, never a value; the output in the result is the sandbox's
 //! redacted tail. A check asks no model.
 
-use zopu_core::text::clip_chars;
+use zopu_runtime::text::clip_chars;
 use zopu_sandbox::tools::{RunCheckInput, RunCheckOutput};
 use zopu_schema::flow_result::{CheckStatus, CommandStatus, OnboardingResult};
 use zopu_schema::pb::FlowPhase;

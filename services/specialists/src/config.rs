@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use zopu_core::config::{ConfigError, duration};
+use zopu_runtime::config::{ConfigError, duration};
 use zopu_sandbox::clone_settings::CloneSettings;
 use zopu_sandbox::git::GitOptions;
 use zopu_sandbox::policy::SandboxLimits;
@@ -14,6 +14,11 @@ use zopu_sandbox::policy::SandboxLimits;
 #[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// The deployment's secret-store key (from `ZOPU_SECRETS_KEY`, given by
+    /// `zopu run` and `zopu dev`); `None`: https repositories are fetched anonymously.
+    /// Not a setting: a secret never comes from a file or a config value.
+    #[serde(skip)]
+    pub secrets_key: Option<zopu_core::secret_store::SecretKey>,
     pub flow: FlowLimits,
     pub provider: ProviderConfig,
     /// Limits of the read-only repository tools.
@@ -62,6 +67,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
+            secrets_key: None,
             flow: FlowLimits::default(),
             provider: ProviderConfig::default(),
             sandbox: SandboxLimits::default(),

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 use zopu_core::keywords::code_forms;
-use zopu_core::text::clip_chars;
+use zopu_runtime::text::clip_chars;
 
 use regex::Regex;
 use zopu_sandbox::tools::{FindCodeInput, ListFilesInput, ReadFileInput, SearchInput};

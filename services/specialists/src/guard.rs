@@ -4,7 +4,7 @@
 //! path policy hold whatever the text says.
 
 use std::sync::LazyLock;
-use zopu_core::text::clip_chars;
+use zopu_runtime::text::clip_chars;
 
 use regex::Regex;
 

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
 use regex::Regex;
-use zopu_core::text::clip_chars;
+use zopu_runtime::text::clip_chars;
 
 use zopu_schema::pb::FlowPhase;
 

@@ -49,8 +49,8 @@ pub mod workspace;
 use std::sync::Arc;
 
 pub use config::Config;
-use zopu_core::config::{ConfigError, CoreConfig};
-use zopu_core::{ReactionConfig, Runtime, Shutdown};
+use zopu_runtime::config::{ConfigError, CoreConfig};
+use zopu_runtime::{ReactionConfig, Runtime, Shutdown};
 use zopu_schema::{Event, pb, subjects};
 
 /// Why the service could not run.
@@ -61,7 +61,7 @@ pub enum Error {
     #[error("model provider: {0}")]
     Provider(#[from] zopu_llm::Error),
     #[error(transparent)]
-    Runtime(#[from] zopu_core::Error),
+    Runtime(#[from] zopu_runtime::Error),
     #[error(transparent)]
     Registry(#[from] zopu_core::registry::RegistryError),
 }
@@ -113,7 +113,7 @@ pub fn reaction_config(config: &Config) -> ReactionConfig {
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
     let provider = provider(&config)?;
-    let registry = Arc::new(core.registry()?);
+    let registry = Arc::new(zopu_core::registry::Registry::configured(&core)?);
     let runtime = Runtime::start_with(SERVICE, &core, shutdown.clone(), state::State).await?;
     let reaction = reaction_config(&config);
     // Which kernel layers confine programs the tools run, reported once at start.
@@ -129,7 +129,7 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     // As in setup: credentials come from the secret store, never a URL.
     let credentials = zopu_core::secret_store::open_configured(
         &runtime.bus,
-        &core,
+        config.secrets_key.as_ref(),
         "no stored repository credential can be used; https repositories are fetched anonymously",
     )
     .await?;

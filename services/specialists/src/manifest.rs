@@ -3,7 +3,7 @@
 //! manifest is checked with `zopu_schema::manifest::validate` before it is
 //! handed over.
 
-use zopu_core::text::clip_chars;
+use zopu_runtime::text::clip_chars;
 use zopu_schema::manifest as limits;
 use zopu_schema::pb::{
     self, ArtifactCard, ArtifactKind, ArtifactManifest, ArtifactSection, CardAction, CardFact,

@@ -8,8 +8,8 @@
 //! then the run fails visibly. Evidence is grounded before it is accepted.
 
 use serde_json::json;
-use zopu_core::text::clip_chars;
 use zopu_llm::{ChatMessage, ChatRequest, Structured, ToolCall, ToolSpec};
+use zopu_runtime::text::clip_chars;
 use zopu_sandbox::tools::{
     DescribeInput, FindCodeInput, ListFilesInput, ReadFileInput, SearchInput,
 };

@@ -10,7 +10,7 @@ mod summary;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use zopu_core::text::clip_chars;
+use zopu_runtime::text::clip_chars;
 
 use zopu_sandbox::tools::{
     DescribeOutput, EntryKind, ListFilesInput, ListedEntry, ReadFileInput, ReadFileOutput,

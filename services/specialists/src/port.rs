@@ -128,8 +128,8 @@ impl FlowError {
     }
 }
 
-impl From<zopu_core::Error> for FlowError {
-    fn from(error: zopu_core::Error) -> Self {
+impl From<zopu_runtime::Error> for FlowError {
+    fn from(error: zopu_runtime::Error) -> Self {
         Self::Runtime(error.to_string())
     }
 }

@@ -9,7 +9,7 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use zopu_core::text::clip_chars;
+use zopu_runtime::text::clip_chars;
 use zopu_schema::flow_result::FlowResult;
 pub use zopu_schema::flow_result::{
     CheckResult, CheckStatus, CommandHint, CommandStatus, EvidenceItem, ExplorationResult, Finding,

@@ -7,7 +7,7 @@
 //! it from the stream.
 
 use rusqlite::{OptionalExtension, Transaction, params};
-use zopu_core::{Projection, Store};
+use zopu_runtime::{Projection, Store};
 use zopu_schema::{Envelope, Event, pb};
 
 /// The projection.
@@ -204,7 +204,7 @@ pub fn recorded_repository(
     store: &Store,
     project_id: &str,
     commit: &str,
-) -> Result<Option<RecordedRepository>, zopu_core::Error> {
+) -> Result<Option<RecordedRepository>, zopu_runtime::Error> {
     store.read(|conn| {
         conn.prepare_cached(
             "SELECT setup_revision, repository_url, branch, connection_id, repository_commit FROM specialist_repositories
@@ -226,7 +226,10 @@ pub fn recorded_repository(
 
 /// The project's name as its latest setup request that named it chose
 /// (`--name`, else the repository's name); `None` before any did.
-pub fn project_name(store: &Store, project_id: &str) -> Result<Option<String>, zopu_core::Error> {
+pub fn project_name(
+    store: &Store,
+    project_id: &str,
+) -> Result<Option<String>, zopu_runtime::Error> {
     store.read(|conn| {
         conn.prepare_cached(
             "SELECT project_name FROM specialist_repositories
@@ -247,7 +250,7 @@ pub struct CurrentDocument {
 }
 
 /// Why the agent is disabled, when it is.
-pub fn disabled(store: &Store, agent_id: &str) -> Result<Option<String>, zopu_core::Error> {
+pub fn disabled(store: &Store, agent_id: &str) -> Result<Option<String>, zopu_runtime::Error> {
     store.read(|conn| {
         conn.prepare_cached(
             "SELECT reason FROM specialist_agents WHERE agent_id = ?1 AND disabled = 1",
@@ -268,7 +271,7 @@ pub struct CancelRequest {
 pub fn cancel_requested(
     store: &Store,
     flow_run_id: &str,
-) -> Result<Option<CancelRequest>, zopu_core::Error> {
+) -> Result<Option<CancelRequest>, zopu_runtime::Error> {
     store.read(|conn| {
         conn.prepare_cached(
             "SELECT reason, requested_by FROM specialist_cancels WHERE flow_run_id = ?1",
@@ -283,7 +286,10 @@ pub fn cancel_requested(
     })
 }
 
-pub fn environment_names(store: &Store, project_id: &str) -> Result<Vec<String>, zopu_core::Error> {
+pub fn environment_names(
+    store: &Store,
+    project_id: &str,
+) -> Result<Vec<String>, zopu_runtime::Error> {
     let json = store.read(|conn| {
         conn.prepare_cached("SELECT names_json FROM specialist_env WHERE project_id = ?1")?
             .query_row([project_id], |row| row.get::<_, String>(0))
@@ -298,7 +304,7 @@ pub fn current_document(
     store: &Store,
     project_id: &str,
     kind: &str,
-) -> Result<Option<CurrentDocument>, zopu_core::Error> {
+) -> Result<Option<CurrentDocument>, zopu_runtime::Error> {
     store.read(|conn| {
         conn.prepare_cached("SELECT document_id, revision, body FROM specialist_context WHERE project_id = ?1 AND kind = ?2")?.query_row(params![project_id, kind],
             |row| Ok(CurrentDocument { document_id: row.get(0)?, revision: row.get(1)?, body: row.get(2)? }),
@@ -312,7 +318,7 @@ pub fn latest_result(
     store: &Store,
     project_id: &str,
     flow_type: pb::FlowType,
-) -> Result<Option<(String, String)>, zopu_core::Error> {
+) -> Result<Option<(String, String)>, zopu_runtime::Error> {
     store.read(|conn| {
         conn.prepare_cached("SELECT flow_run_id, result_json FROM specialist_results WHERE project_id = ?1 AND flow_type = ?2 ORDER BY sequence DESC LIMIT 1")?.query_row(params![project_id, flow_type as i32],
             |row| Ok((row.get(0)?, row.get(1)?)),
@@ -325,7 +331,7 @@ pub fn latest_result(
 pub fn artifact_revision(
     store: &Store,
     artifact_id: &str,
-) -> Result<Option<(u32, String)>, zopu_core::Error> {
+) -> Result<Option<(u32, String)>, zopu_runtime::Error> {
     store.read(|conn| {
         conn.prepare_cached(
             "SELECT revision, flow_run_id FROM specialist_artifacts WHERE artifact_id = ?1",

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use zopu_core::log::{Reader, Start};
-use zopu_core::nats::Bus;
+use zopu_runtime::log::{Reader, Start};
+use zopu_runtime::nats::Bus;
 use zopu_schema::{OrgId, pb, subjects};
 
 /// How a message ended: `None` answered, `Some(code)` a visible failure.

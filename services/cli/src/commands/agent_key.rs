@@ -175,7 +175,7 @@ pub async fn run(ctx: &crate::Context, args: KeyArgs) -> Result<ExitCode> {
         KeyCommand::Rotate { id, overlap } => {
             let overlap = match overlap.as_deref() {
                 None => OVERLAP_DEFAULT,
-                Some(text) => zopu_core::config::duration::parse(text)
+                Some(text) => zopu_runtime::config::duration::parse(text)
                     .map_err(|_| anyhow::anyhow!("--overlap {text:?}: use 1h, 30m or 0s"))?,
             };
             let (issued, old) = store(ctx).await?.rotate(&id, overlap).await?;

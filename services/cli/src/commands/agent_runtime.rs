@@ -142,7 +142,7 @@ impl Runtime {
                 file.key_env
             );
         }
-        let interval = zopu_core::config::duration::parse(&file.interval)
+        let interval = zopu_runtime::config::duration::parse(&file.interval)
             .ok()
             .filter(|d| (Duration::from_secs(1)..=Duration::from_secs(3600)).contains(d))
             .ok_or_else(|| {
@@ -227,7 +227,7 @@ impl Runtime {
     async fn draft(&self, candidate: &Value) -> Result<String> {
         let text = candidate["text"].as_str().unwrap_or_default();
         let quoted =
-            json!({"user_message": zopu_core::text::clip_chars(text, CANDIDATE_TEXT_MAX_CHARS)});
+            json!({"user_message": zopu_runtime::text::clip_chars(text, CANDIDATE_TEXT_MAX_CHARS)});
         let mut request = ChatRequest::new(vec![
             ChatMessage::system(
                 "You answer a user's message on a software project's timeline in one to three short sentences. \
@@ -241,7 +241,7 @@ impl Runtime {
         if draft.is_empty() {
             bail!("the model answered with no text");
         }
-        Ok(zopu_core::text::clip_chars(&draft, REPLY_MAX_CHARS))
+        Ok(zopu_runtime::text::clip_chars(&draft, REPLY_MAX_CHARS))
     }
 
     /// Posts one reply; `Ok(None)` when the platform rejected it (reported).

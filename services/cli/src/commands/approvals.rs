@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use zopu_core::commands::{Decision, Requester};
-use zopu_core::log::{Reader, Start};
-use zopu_core::publish::Publisher;
+use zopu_runtime::log::{Reader, Start};
+use zopu_runtime::publish::Publisher;
 use zopu_schema::approval::{self, Status};
 use zopu_schema::envelope::parse_time;
 use zopu_schema::{Envelope, Event, EventId, OrgId, ProjectId, pb, subjects};
@@ -150,7 +150,7 @@ pub async fn run(ctx: &crate::Context, args: ApprovalsArgs) -> Result<ExitCode> 
 
 async fn decide_one(
     ctx: &crate::Context,
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     args: DecideArgs,
     decision: Decision,
 ) -> Result<ExitCode> {
@@ -209,11 +209,11 @@ async fn decide_one(
 /// Every approval of the project, by id, folded from its approval events
 /// (the first decision of a pending approval counts).
 async fn read(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     org: &OrgId,
     project: &ProjectId,
 ) -> Result<BTreeMap<String, Approval>> {
-    let last = zopu_core::publish::last_sequence(bus).await?;
+    let last = zopu_runtime::publish::last_sequence(bus).await?;
     let filters = APPROVAL_TYPES
         .iter()
         .map(|event_type| subjects::event(org, project, event_type))

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use zopu_core::ReactionConfig;
+use zopu_runtime::ReactionConfig;
 use zopu_schema::asyncapi::{self, Consumer};
 use zopu_schema::{agent_registry, flow_result, ownership};
 

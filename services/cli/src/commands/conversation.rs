@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use zopu_conversation::Reply;
-use zopu_core::log::{Reader, Start};
-use zopu_core::publish::Publisher;
+use zopu_runtime::log::{Reader, Start};
+use zopu_runtime::publish::Publisher;
 use zopu_schema::{CorrelationId, EventId, OrgId, ProjectId, subjects};
 
 /// `zopu send PROJECT "message"`
@@ -98,7 +98,7 @@ pub(super) fn print_line(ctx: &crate::Context, kind: &str, text: &str, extra: se
 
 /// An ordered reader of one project's events from `start` (inclusive).
 async fn project_events(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     org: &OrgId,
     project: &ProjectId,
     start: u64,
@@ -247,7 +247,7 @@ async fn kill_switch(ctx: &crate::Context, switch: SwitchArgs, disable: bool) ->
 
 pub async fn run_timeline(ctx: &crate::Context, args: TimelineArgs) -> Result<ExitCode> {
     let bus = ctx.connect().await?;
-    let last = zopu_core::publish::last_sequence(&bus).await?;
+    let last = zopu_runtime::publish::last_sequence(&bus).await?;
     let mut events = project_events(&bus, &args.org, &args.project, 1).await?;
     loop {
         let next = if args.follow {

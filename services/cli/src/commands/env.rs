@@ -11,8 +11,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, Result, bail};
 use zopu_core::commands::Requester;
-use zopu_core::publish::Publisher;
 use zopu_core::secret_store::{self, SecretStore, SecretValue};
+use zopu_runtime::publish::Publisher;
 use zopu_schema::{Envelope, Event, EventId, OrgId, ProjectId, pb, subjects};
 
 use super::conversation::print_line;
@@ -163,7 +163,7 @@ pub(crate) fn read_secret(what: &str) -> Result<String> {
 }
 
 /// The secret store with the key in `ZOPU_SECRETS_KEY`.
-pub(crate) async fn open_store(bus: &zopu_core::nats::Bus) -> Result<SecretStore> {
+pub(crate) async fn open_store(bus: &zopu_runtime::nats::Bus) -> Result<SecretStore> {
     let Some(key) = super::services::secrets_key_from_env()? else {
         bail!(
             "{} is not set: it must hold the deployment's secrets key (the gateway's)",
@@ -174,7 +174,7 @@ pub(crate) async fn open_store(bus: &zopu_core::nats::Bus) -> Result<SecretStore
 }
 
 /// Only the names the repository's `.env.example` lists take a value.
-async fn known_name(bus: &zopu_core::nats::Bus, args: &NameArgs) -> Result<()> {
+async fn known_name(bus: &zopu_runtime::nats::Bus, args: &NameArgs) -> Result<()> {
     secret_store::check_name(&args.name)?;
     let environment = read(bus, &args.org, &args.project).await?;
     if !environment.names.contains(&args.name) {
@@ -188,7 +188,11 @@ async fn known_name(bus: &zopu_core::nats::Bus, args: &NameArgs) -> Result<()> {
     Ok(())
 }
 
-async fn read(bus: &zopu_core::nats::Bus, org: &OrgId, project: &ProjectId) -> Result<Environment> {
+async fn read(
+    bus: &zopu_runtime::nats::Bus,
+    org: &OrgId,
+    project: &ProjectId,
+) -> Result<Environment> {
     let filters = [
         pb::ProjectReady::TYPE,
         pb::ProjectEnvironmentValueSet::TYPE,
@@ -197,7 +201,7 @@ async fn read(bus: &zopu_core::nats::Bus, org: &OrgId, project: &ProjectId) -> R
     .iter()
     .map(|event_type| subjects::event(org, project, event_type))
     .collect();
-    let history = zopu_core::log::history_of(bus, filters)
+    let history = zopu_runtime::log::history_of(bus, filters)
         .await
         .context("reading the project's environment events")?;
     let mut environment = Environment::default();

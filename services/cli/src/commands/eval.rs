@@ -14,11 +14,11 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
-use zopu_core::Shutdown;
-use zopu_core::local_server::{LocalServer, SyncPolicy};
-use zopu_core::log::{Reader, Start};
-use zopu_core::nats::Bus;
-use zopu_core::publish::Publisher;
+use zopu_runtime::Shutdown;
+use zopu_runtime::local_server::{LocalServer, SyncPolicy};
+use zopu_runtime::log::{Reader, Start};
+use zopu_runtime::nats::Bus;
+use zopu_runtime::publish::Publisher;
 use zopu_schema::flow_result::{ExplorationResult, OnboardingResult};
 use zopu_schema::pb::{self, FlowType};
 use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, subjects};
@@ -268,8 +268,8 @@ pub async fn run(context: &Context, args: EvalArgs) -> anyhow::Result<ExitCode> 
     config.validate()?;
     let core = config.core();
     let bus =
-        zopu_core::nats::connect(&core.nats_url, "zopu-eval", Duration::from_secs(10)).await?;
-    zopu_core::streams::apply(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
+        zopu_runtime::nats::connect(&core.nats_url, "zopu-eval", Duration::from_secs(10)).await?;
+    zopu_runtime::streams::apply(&bus, &zopu_runtime::streams::StreamSettings::from(&core)).await?;
     let shutdown = Shutdown::new();
     shutdown.cancel_on_signals();
     for service in EVAL_SERVICES {

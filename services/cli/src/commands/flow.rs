@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use zopu_core::commands::Requester;
-use zopu_core::publish::Publisher;
 use zopu_gateway::read_model::runs;
+use zopu_runtime::publish::Publisher;
 use zopu_schema::{EventId, FlowRunId, OrgId, ProjectId};
 
 use super::conversation::print_line;

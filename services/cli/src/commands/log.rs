@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use zopu_core::log::{Logged, Reader, Start};
+use zopu_runtime::log::{Logged, Reader, Start};
 use zopu_schema::{Envelope, OrgId, ProjectId, subjects};
 
 use crate::Context;
@@ -154,7 +154,7 @@ pub async fn run_replay(context: &Context, args: ReplayArgs) -> anyhow::Result<E
     let bus = context.connect().await?;
     let filter =
         scope_filter(Some(args.project), args.org.as_ref()).unwrap_or_else(subjects::all_events);
-    let history = zopu_core::log::history(&bus, filter).await?;
+    let history = zopu_runtime::log::history(&bus, filter).await?;
     if history.is_empty() {
         anyhow::bail!(
             "project {} has no events (check the id, and --org if given)",
@@ -185,7 +185,7 @@ pub async fn run_audit(context: &Context, command: AuditCommand) -> anyhow::Resu
         }
     };
     let bus = context.connect().await?;
-    let report = zopu_core::audit::verify(&bus, scope_filter(project, org.as_ref())).await?;
+    let report = zopu_runtime::audit::verify(&bus, scope_filter(project, org.as_ref())).await?;
     if context.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -202,7 +202,7 @@ pub async fn run_audit(context: &Context, command: AuditCommand) -> anyhow::Resu
         );
         for finding in &report.findings {
             match finding {
-                zopu_core::audit::Finding::Gap {
+                zopu_runtime::audit::Finding::Gap {
                     project,
                     sequence,
                     expected,
@@ -212,7 +212,7 @@ pub async fn run_audit(context: &Context, command: AuditCommand) -> anyhow::Resu
                         "  gap       #{sequence} {project}: expected version {expected}, found {found}"
                     )
                 }
-                zopu_core::audit::Finding::Fork {
+                zopu_runtime::audit::Finding::Fork {
                     project,
                     sequence,
                     version,
@@ -222,7 +222,7 @@ pub async fn run_audit(context: &Context, command: AuditCommand) -> anyhow::Resu
                         "  fork      #{sequence} {project}: version {version} already used at #{first_sequence}"
                     )
                 }
-                zopu_core::audit::Finding::Tampered {
+                zopu_runtime::audit::Finding::Tampered {
                     project,
                     sequence,
                     version,
@@ -230,7 +230,7 @@ pub async fn run_audit(context: &Context, command: AuditCommand) -> anyhow::Resu
                 } => println!(
                     "  tampered  #{sequence} {project}: version {version} does not chain to #{previous_sequence}"
                 ),
-                zopu_core::audit::Finding::Undecodable {
+                zopu_runtime::audit::Finding::Undecodable {
                     sequence,
                     subject,
                     reason,

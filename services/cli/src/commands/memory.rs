@@ -9,11 +9,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use zopu_core::Shutdown;
 use zopu_core::commands::Requester;
 use zopu_core::memory::{Entry, Memory, MemoryProjection, MemoryProvider, Tier, Write};
-use zopu_core::publish::Publisher;
-use zopu_core::store::Store;
+use zopu_runtime::Shutdown;
+use zopu_runtime::publish::Publisher;
+use zopu_runtime::store::Store;
 use zopu_schema::{AgentId, EventId, OrgId, ProjectId};
 
 use super::conversation::print_line;
@@ -97,9 +97,9 @@ async fn open(ctx: &crate::Context, org: &OrgId, project: ProjectId) -> Result<F
     let dir = tempfile::tempdir().context("a temporary directory for the memory projection")?;
     let store = Store::open(&dir.path().join("memory.sqlite"))?;
     store.prepare(&MemoryProjection)?;
-    let last = zopu_core::publish::last_sequence(&bus).await?;
+    let last = zopu_runtime::publish::last_sequence(&bus).await?;
     let shutdown = Shutdown::new();
-    tokio::spawn(zopu_core::projection::run(
+    tokio::spawn(zopu_runtime::projection::run(
         bus.clone(),
         store.clone(),
         MemoryProjection,

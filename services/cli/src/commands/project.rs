@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use zopu_core::Publisher;
+use zopu_runtime::Publisher;
 use zopu_schema::{CorrelationId, EventId, OrgId, ProjectId};
 use zopu_setup::client::{
     DEFAULT_BRANCH, SetupRequest, StatusWatch, read_setup_status, request_setup,

@@ -43,7 +43,7 @@ pub struct RunsArgs {
 /// the gateway's run-log projection into a throwaway SQLite file (kept while
 /// the returned directory lives).
 pub async fn fold_run_log(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     org: &OrgId,
     project: Option<&ProjectId>,
 ) -> Result<(tempfile::TempDir, rusqlite::Connection)> {
@@ -54,7 +54,7 @@ pub async fn fold_run_log(
             None => subjects::org_events_of_type(org, event_type),
         })
         .collect();
-    let history = zopu_core::log::history_of(bus, filters)
+    let history = zopu_runtime::log::history_of(bus, filters)
         .await
         .context("reading the run events")?;
     let dir = tempfile::tempdir().context("a temporary directory for the run log")?;

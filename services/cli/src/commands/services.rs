@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
-use zopu_core::Shutdown;
-use zopu_core::config::CoreConfig;
-use zopu_core::local_server::{LocalServer, SyncPolicy};
 use zopu_core::secret_store::SecretKey;
+use zopu_runtime::Shutdown;
+use zopu_runtime::config::CoreConfig;
+use zopu_runtime::local_server::{LocalServer, SyncPolicy};
 use zopu_schema::{OrgId, ProjectId};
 
 use crate::{Context, ZopuConfig};
@@ -98,7 +98,7 @@ pub fn dev_log_file(data_dir: &Path) -> PathBuf {
 /// (`--data-dir`, `ZOPU_DATA_DIR`), so that one run's state is all in one
 /// place and two runs with their own data directories share nothing.
 pub fn dev_state_dir(data_dir: &Path) -> PathBuf {
-    let default = Path::new(zopu_core::config::DEFAULT_DATA_DIR);
+    let default = Path::new(zopu_runtime::config::DEFAULT_DATA_DIR);
     let is_default = data_dir == default
         || std::path::absolute(default).is_ok_and(|default| default == data_dir);
     match default.parent() {
@@ -117,29 +117,40 @@ pub(crate) async fn run_service(
     secrets_key: Option<SecretKey>,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    let core = CoreConfig {
-        secrets_key,
-        ..config.core()
-    };
+    let core = config.core();
     match service {
-        Service::Setup => zopu_setup::run(core, config.setup.clone(), shutdown).await?,
+        Service::Setup => {
+            let setup = zopu_setup::Config {
+                secrets_key,
+                ..config.setup.clone()
+            };
+            zopu_setup::run(core, setup, shutdown).await?
+        }
         Service::Dispatch => zopu_dispatch::run(core, config.dispatch.clone(), shutdown).await?,
         Service::Conversation => {
             zopu_conversation::run(core, config.conversation.clone(), shutdown).await?
         }
         Service::Specialists => {
-            zopu_specialists::run(core, config.specialists.clone(), shutdown).await?
+            let specialists = zopu_specialists::Config {
+                secrets_key,
+                ..config.specialists.clone()
+            };
+            zopu_specialists::run(core, specialists, shutdown).await?
         }
         Service::Artifacts => {
             zopu_artifacts::service::run(core, config.artifacts.clone(), shutdown).await?
         }
         Service::Executor => zopu_executor::run(core, config.executor.clone(), shutdown).await?,
-        Service::Gateway => match link_key {
-            Some(link_key) => {
-                zopu_gateway::run_with(core, config.gateway.clone(), link_key, shutdown).await?
+        Service::Gateway => {
+            let gateway = zopu_gateway::Config {
+                secrets_key,
+                ..config.gateway.clone()
+            };
+            match link_key {
+                Some(link_key) => zopu_gateway::run_with(core, gateway, link_key, shutdown).await?,
+                None => zopu_gateway::run(core, gateway, shutdown).await?,
             }
-            None => zopu_gateway::run(core, config.gateway.clone(), shutdown).await?,
-        },
+        }
     }
     Ok(())
 }
@@ -151,7 +162,7 @@ const DEV_METRICS_LISTEN: SocketAddr =
 /// Starts the process's `/metrics` listener on `address` as a tracked task;
 /// returns where it listens.
 async fn spawn_metrics(address: SocketAddr, shutdown: &Shutdown) -> anyhow::Result<SocketAddr> {
-    let server = zopu_core::metrics::Server::bind(address).await?;
+    let server = zopu_runtime::metrics::Server::bind(address).await?;
     let bound = server.local_addr()?;
     let stop = shutdown.clone();
     shutdown.spawn(async move {
@@ -250,13 +261,13 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
 
     // The administrator's step first: services only check the streams.
     let core: CoreConfig = config.core();
-    let bus = zopu_core::nats::connect(
+    let bus = zopu_runtime::nats::connect(
         &core.nats_url,
         "zopu-dev",
         std::time::Duration::from_secs(10),
     )
     .await?;
-    zopu_core::streams::apply(&bus, &zopu_core::streams::StreamSettings::from(&core)).await?;
+    zopu_runtime::streams::apply(&bus, &zopu_runtime::streams::StreamSettings::from(&core)).await?;
     progress(&format!(
         "  streams       {} and its buckets applied",
         zopu_schema::subjects::EVENTS_STREAM
@@ -357,7 +368,7 @@ fn port_free(port: u16) -> bool {
 
 /// Creates the demo project once; later runs reuse it.
 async fn ensure_demo_project(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     org: &OrgId,
     repo: Option<&Path>,
     state: &Path,
@@ -370,7 +381,7 @@ async fn ensure_demo_project(
     }
     let repo = demo_repository(repo)?;
     let branch = git_branch(&repo)?;
-    let publisher = zopu_core::Publisher::new(bus.clone(), "gateway", None);
+    let publisher = zopu_runtime::Publisher::new(bus.clone(), "gateway", None);
     let project = ProjectId::new();
     let request_id = zopu_schema::EventId::new().to_string();
     let mut request = zopu_setup::client::SetupRequest::new(

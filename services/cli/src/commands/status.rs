@@ -37,13 +37,13 @@ pub const STUCK_EXIT: u8 = 3;
 )]
 pub struct StatusArgs {
     /// A durable consumer with messages waiting and no delivery or ack for this long is stuck
-    #[arg(long, default_value = "60s", value_parser = zopu_core::config::duration::parse)]
+    #[arg(long, default_value = "60s", value_parser = zopu_runtime::config::duration::parse)]
     stuck_after: Duration,
     /// A dispatch created or accepted and neither completed nor failed for this long is stuck
-    #[arg(long, default_value = "10m", value_parser = zopu_core::config::duration::parse)]
+    #[arg(long, default_value = "10m", value_parser = zopu_runtime::config::duration::parse)]
     dispatch_stuck_after: Duration,
     /// A flow requested or started and not ended (completed, failed, cancelled) for this long is stuck
-    #[arg(long, default_value = "30m", value_parser = zopu_core::config::duration::parse)]
+    #[arg(long, default_value = "30m", value_parser = zopu_runtime::config::duration::parse)]
     flow_stuck_after: Duration,
     /// How many of the stream's latest sequences to search for unfinished dispatches and flows (1 to 10,000,000)
     #[arg(long, default_value_t = 100_000)]
@@ -351,7 +351,10 @@ pub async fn run(context: &Context, args: StatusArgs) -> anyhow::Result<ExitCode
     })
 }
 
-async fn read_snapshot(bus: &zopu_core::nats::Bus, scan_events: u64) -> anyhow::Result<Snapshot> {
+async fn read_snapshot(
+    bus: &zopu_runtime::nats::Bus,
+    scan_events: u64,
+) -> anyhow::Result<Snapshot> {
     let mut stream = bus
         .jetstream
         .get_stream(subjects::EVENTS_STREAM)
@@ -415,7 +418,7 @@ async fn read_snapshot(bus: &zopu_core::nats::Bus, scan_events: u64) -> anyhow::
         .chain([&pb::DeadLetterRecorded::TYPE])
         .map(|event_type| subjects::events_of_type(event_type))
         .collect();
-    let history = zopu_core::log::history_after(bus, filters, scanned_after)
+    let history = zopu_runtime::log::history_after(bus, filters, scanned_after)
         .await
         .context("reading dispatch and flow events")?;
     let events: Vec<(u64, Envelope)> = history
@@ -448,7 +451,7 @@ fn bucket_missing(error: &async_nats::jetstream::context::KeyValueError) -> bool
 }
 
 /// Instances whose heartbeat in `zopu-leases` has not expired.
-async fn live_instances(bus: &zopu_core::nats::Bus) -> anyhow::Result<Vec<InstanceState>> {
+async fn live_instances(bus: &zopu_runtime::nats::Bus) -> anyhow::Result<Vec<InstanceState>> {
     let store = match bus.jetstream.get_key_value(subjects::LEASES_BUCKET).await {
         Ok(store) => store,
         // No reaction ever ran here: no heartbeats.

@@ -7,7 +7,7 @@ use clap::Subcommand;
 use crate::Context;
 
 fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
-    zopu_core::config::duration::parse(text)
+    zopu_runtime::config::duration::parse(text)
 }
 
 #[derive(Debug, Subcommand)]
@@ -33,9 +33,9 @@ pub async fn run(context: &Context, command: StreamsCommand) -> anyhow::Result<E
     match command {
         StreamsCommand::Apply { wait } => {
             let mut refusals = 0u32;
-            zopu_core::streams::apply_within(
+            zopu_runtime::streams::apply_within(
                 &bus,
-                &zopu_core::streams::StreamSettings::from(&core),
+                &zopu_runtime::streams::StreamSettings::from(&core),
                 wait,
                 |error| {
                     // One line every 5 s of retrying, so a stuck cluster is visible.

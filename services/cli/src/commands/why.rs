@@ -2,12 +2,12 @@
 //! action or trigger that started it) and what it led to (its consequences
 //! as a tree), then its correlation's whole tree as a waterfall, each step
 //! with its service, time and the time since its cause
-//! ([`zopu_core::causality`]).
+//! ([`zopu_runtime::causality`]).
 
 use std::process::ExitCode;
 
 use clap::Args;
-use zopu_core::causality::{self, Step, Why};
+use zopu_runtime::causality::{self, Step, Why};
 use zopu_schema::{EventId, OrgId, ProjectId, subjects};
 
 use crate::Context;
@@ -37,7 +37,7 @@ pub async fn run(context: &Context, args: WhyArgs) -> anyhow::Result<ExitCode> {
             subjects::all_events()
         }
     };
-    let mut history = zopu_core::log::events(&bus, filter).await?;
+    let mut history = zopu_runtime::log::events(&bus, filter).await?;
     // Only the event's own project matters once it is found.
     if args.project.is_none()
         && let Some((_, found)) = history.iter().find(|(_, event)| event.id == args.event)

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 use utoipa::ToSchema;
-use zopu_core::NewEvent;
+use zopu_runtime::NewEvent;
 use zopu_schema::{OrgId, ProjectId, subjects};
 
 use crate::AppState;
@@ -38,7 +38,7 @@ pub(super) async fn append(
     if appended.duplicate {
         // A root event's id depends on when it was requested: report the stored one.
         if let Ok(stored) =
-            zopu_core::publish::get_event(&state.runtime.bus, appended.sequence).await
+            zopu_runtime::publish::get_event(&state.runtime.bus, appended.sequence).await
         {
             event_id = stored.id;
         }
@@ -62,7 +62,7 @@ pub(super) async fn append_first(
     event: NewEvent,
     request: &RequestId,
 ) -> Result<Accepted, ApiError> {
-    use zopu_core::publish::AppendAtError;
+    use zopu_runtime::publish::AppendAtError;
     let (org, project, event_type) = (
         event.context.org_id.clone(),
         event.context.project_id,
@@ -114,7 +114,7 @@ pub(super) async fn append_first(
 async fn stored_event(state: &AppState, sequence: u64) -> Result<zopu_schema::Envelope, ApiError> {
     tokio::time::timeout(
         state.config.request_timeout,
-        zopu_core::publish::get_event(&state.runtime.bus, sequence),
+        zopu_runtime::publish::get_event(&state.runtime.bus, sequence),
     )
     .await
     .map_err(|_| ApiError::unavailable("event log", "read timed out"))?

@@ -228,7 +228,7 @@ async fn decide(
     let accepted = append(&state, event, &request).await?;
     if accepted.duplicate {
         // The decision key was taken: by this request (a retry), or by another.
-        let stored = zopu_core::publish::get_event(&state.runtime.bus, accepted.sequence)
+        let stored = zopu_runtime::publish::get_event(&state.runtime.bus, accepted.sequence)
             .await
             .map_err(|error| ApiError::unavailable("event log", error))?;
         if stored.correlation_id != request.0 || stored.event_type != event_type {

@@ -2,7 +2,7 @@
 //! - why an event happened: `GET /v1/projects/{id}/events/{event_id}/why`,
 //!   the causation chain of one of the project's events back to the user
 //!   action or external trigger that started it, its consequences, and its
-//!   correlation's whole tree for a waterfall ([`zopu_core::causality`], as
+//!   correlation's whole tree for a waterfall ([`zopu_runtime::causality`], as
 //!   `zopu why` prints it; each step carries only ids, types, services and
 //!   times, no content);
 //! - the project as it was: `GET /v1/projects/{id}/history?at=SEQ|TIME`
@@ -13,7 +13,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use serde::Deserialize;
 use utoipa::IntoParams;
-use zopu_core::causality::{self, Why};
+use zopu_runtime::causality::{self, Why};
 use zopu_schema::{EventId, subjects};
 
 use super::{owned_project, query_error};
@@ -45,7 +45,7 @@ pub async fn why(
     })?;
     let (project, _) = owned_project(&state, &caller.0.org, &id).await?;
     let _reading = state.quotas.read_history()?;
-    let history = zopu_core::log::events(
+    let history = zopu_runtime::log::events(
         &state.runtime.bus,
         subjects::project_events(&caller.0.org, &project),
     )

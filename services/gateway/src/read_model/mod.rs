@@ -14,7 +14,7 @@
 //! query filters on it, so a caller scoped to one organization never reads
 //! another's rows. A timeline item's id is the stream sequence of the event
 //! it shows, so "items after N" is gapless and duplicate-free. Any change to
-//! a table bumps [`SCHEMA_VERSION`]: core's store then drops every table in
+//! a table bumps [`SCHEMA_VERSION`]: the runtime's store then drops every table in
 //! [`GatewayProjection`]'s list and replays the stream into the new ones.
 
 use std::collections::HashMap;
@@ -194,7 +194,7 @@ fn read_lists(
 #[derive(Debug, Default)]
 pub struct GatewayProjection;
 
-impl zopu_core::Projection for GatewayProjection {
+impl zopu_runtime::Projection for GatewayProjection {
     fn name(&self) -> &'static str {
         "gateway"
     }
@@ -241,7 +241,7 @@ pub(crate) mod tests {
     use super::*;
     use bytes::Bytes;
     use rusqlite::Connection;
-    use zopu_core::Projection;
+    use zopu_runtime::Projection;
     use zopu_schema::{CorrelationId, Event, EventId, ProjectId};
 
     /// An event of `org` and `project` at project version `version`.
@@ -349,7 +349,7 @@ pub(crate) mod tests {
                 )
                 .unwrap();
         }
-        let store = zopu_core::Store::open(&path).unwrap();
+        let store = zopu_runtime::Store::open(&path).unwrap();
         let checkpoint = store.prepare(&GatewayProjection).unwrap();
         assert_eq!(checkpoint, 0, "the old version's checkpoint was kept");
         let (items, has_kind): (i64, bool) = store

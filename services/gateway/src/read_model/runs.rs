@@ -216,7 +216,7 @@ fn end(
     output: Option<&str>,
     error: Option<&pb::FailureReason>,
 ) -> rusqlite::Result<()> {
-    let output = output.map(|text| zopu_core::text::clip_chars(text, OUTPUT_CHARS_MAX));
+    let output = output.map(|text| zopu_runtime::text::clip_chars(text, OUTPUT_CHARS_MAX));
     tx.prepare_cached(
         "UPDATE gw_runs SET status = ?1, output = COALESCE(?2, output), error_code = ?3, error_message = ?4, completed_at = ?5
          WHERE org = ?6 AND project_id = ?7 AND run_id = ?8 AND status = ?9",

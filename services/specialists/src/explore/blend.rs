@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 use zopu_core::keywords::code_forms;
-use zopu_core::text::clip_chars;
+use zopu_runtime::text::clip_chars;
 
 use zopu_sandbox::tools::{FoundFile, ReadFileInput, SearchInput};
 

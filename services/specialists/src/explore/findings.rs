@@ -2,7 +2,7 @@
 //! (each with its verified evidence window) and the system map of the
 //! leading files and how they connect.
 
-use zopu_core::text::clip_chars;
+use zopu_runtime::text::clip_chars;
 
 use super::{Gathered, RankedFile, definitions};
 use crate::results::{EvidenceItem, Finding, MapEdge, MapNode, SystemMap};

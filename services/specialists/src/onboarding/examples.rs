@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
 use regex::Regex;
-use zopu_core::text::clip_chars;
+use zopu_runtime::text::clip_chars;
 use zopu_sandbox::tools::SearchInput;
 
 use super::{EXAMPLE_PROGRAM_DIRS, in_examples};

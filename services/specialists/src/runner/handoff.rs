@@ -3,7 +3,7 @@
 //! artifact manifest (redacted, checked, with its build revision) in
 //! `artifact.build.requested`, and the result in `flow.completed`.
 
-use zopu_core::text::clip_chars;
+use zopu_runtime::text::clip_chars;
 use zopu_sandbox::tools::WriteGeneratedFileInput;
 use zopu_schema::flow_result::FlowResult;
 use zopu_schema::pb::{self, FlowPhase, FlowType};
@@ -325,7 +325,7 @@ impl Run<'_> {
             revision,
             manifest: Some(manifest),
         };
-        let event = zopu_core::NewEvent::caused_by(&self.cause, &requested, key)
+        let event = zopu_runtime::NewEvent::caused_by(&self.cause, &requested, key)
             .with_flow_run(self.ids.flow_run_id);
         self.ctx.publisher.append(event).await?;
         Ok(build_id.to_string())

@@ -4,9 +4,9 @@
 //! `agent.llm.failed`) instead of calling the model again; a new one is
 //! recorded once the model answered.
 
-use zopu_core::text::clip_chars;
-use zopu_core::{NewEvent, metrics};
 use zopu_llm::{ChatReply, ChatRequest};
+use zopu_runtime::text::clip_chars;
+use zopu_runtime::{NewEvent, metrics};
 use zopu_schema::pb::{self, FlowPhase, flow_progress::Signal};
 use zopu_schema::{Envelope, Event};
 
@@ -123,7 +123,7 @@ impl Run<'_> {
         &self,
         payload: &E,
         step: &str,
-    ) -> Result<zopu_core::Appended, FlowError> {
+    ) -> Result<zopu_runtime::Appended, FlowError> {
         Ok(self
             .ctx
             .publisher

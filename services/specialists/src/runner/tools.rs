@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tracing::Instrument as _;
-use zopu_core::text::clip_chars;
+use zopu_runtime::text::clip_chars;
 use zopu_sandbox::tools::{Sandbox, ToolCallRecord, ToolOutcome};
 use zopu_schema::Envelope;
 use zopu_schema::pb;
@@ -171,7 +171,7 @@ impl Run<'_> {
         request: ToolRequest,
     ) -> Result<(ToolResult, pb::ToolCall), FlowError> {
         let span = tracing::info_span!(
-            target: zopu_core::telemetry::TRACE_TARGET,
+            target: zopu_runtime::telemetry::TRACE_TARGET,
             "tool",
             otel.name = format!("execute_tool {}", request.name()),
             gen_ai.operation.name = "execute_tool",

@@ -31,13 +31,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Args;
 use tokio::sync::oneshot;
-use zopu_core::config::CoreConfig;
-use zopu_core::local_server::{LocalCluster, LocalServer, SyncPolicy};
-use zopu_core::log::{Reader, Start};
-use zopu_core::nats::Bus;
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::telemetry::otlp_sink::{OtlpSink, Retention};
-use zopu_core::{Shutdown, streams};
+use zopu_runtime::config::CoreConfig;
+use zopu_runtime::local_server::{LocalCluster, LocalServer, SyncPolicy};
+use zopu_runtime::log::{Reader, Start};
+use zopu_runtime::nats::Bus;
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::telemetry::otlp_sink::{OtlpSink, Retention};
+use zopu_runtime::{Shutdown, streams};
 use zopu_schema::{AgentId, Event, OrgId, ProjectId, keys, pb, subjects};
 
 use crate::Context;
@@ -191,7 +191,7 @@ pub async fn run(context: &Context, args: AckArgs) -> anyhow::Result<ExitCode> {
 /// `--otlp-sink`: the same run with tracing off, then on.
 async fn tracing_overhead(context: &Context, args: &AckArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
-        !zopu_core::telemetry::export_requested(),
+        !zopu_runtime::telemetry::export_requested(),
         "--otlp-sink compares against a run without export: unset OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
     );
     // Both runs in a child process of their own, alike but for the exporter.
@@ -305,7 +305,7 @@ async fn measure(args: &AckArgs) -> anyhow::Result<Figures> {
         ..CoreConfig::default()
     };
     let bus =
-        zopu_core::nats::connect(&core.nats_url, "zopu-bench", Duration::from_secs(10)).await?;
+        zopu_runtime::nats::connect(&core.nats_url, "zopu-bench", Duration::from_secs(10)).await?;
     streams::apply(&bus, &streams::StreamSettings::from(&core)).await?;
     let shutdown = Shutdown::new();
     let dispatch = tokio::spawn(zopu_dispatch::run(
@@ -333,7 +333,7 @@ async fn measure(args: &AckArgs) -> anyhow::Result<Figures> {
     // Warm-up: one turn per project (consumers started, stores caught up).
     load.closed_loop(1, true).await?;
 
-    let measured_from = zopu_core::publish::last_sequence(&bus).await? + 1;
+    let measured_from = zopu_runtime::publish::last_sequence(&bus).await? + 1;
     let started = Instant::now();
     let measured = match args.rate {
         None => {
@@ -343,7 +343,7 @@ async fn measure(args: &AckArgs) -> anyhow::Result<Figures> {
         Some(rate) => load.open_loop(args.messages, rate).await?,
     };
     let elapsed = started.elapsed();
-    let measured_to = zopu_core::publish::last_sequence(&bus).await?;
+    let measured_to = zopu_runtime::publish::last_sequence(&bus).await?;
     shutdown.cancel();
     watcher.abort();
     let _ = dispatch.await;
@@ -477,7 +477,7 @@ pub(super) async fn register_agent(
 /// One log reader sees messages, acknowledgements and turn ends as
 /// stored, with the server's timestamps.
 async fn watch(bus: &Bus, pending: Pending) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let last = zopu_core::publish::last_sequence(bus).await?;
+    let last = zopu_runtime::publish::last_sequence(bus).await?;
     let filters = [
         pb::TimelineMessageSent::TYPE,
         pb::AgentAcknowledged::TYPE,

@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use clap::Args;
 use futures::StreamExt;
-use zopu_core::config::{CoreConfig, ScaleConfig};
-use zopu_core::local_server::{LocalServer, SyncPolicy};
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};
-use zopu_core::{Runtime, Shutdown, streams};
+use zopu_runtime::config::{CoreConfig, ScaleConfig};
+use zopu_runtime::local_server::{LocalServer, SyncPolicy};
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::reaction::{HandlerError, Reaction, ReactionConfig, ReactionContext};
+use zopu_runtime::{Runtime, Shutdown, streams};
 use zopu_schema::{Envelope, Event, OrgId, ProjectId, pb, subjects};
 
 use super::idle::{cpu_time, cpu_time_of};
@@ -137,7 +137,7 @@ async fn measure(args: &DeliveriesArgs, partitions: u32) -> anyhow::Result<Figur
         ..CoreConfig::default()
     };
     let bus =
-        zopu_core::nats::connect(&core.nats_url, "zopu-bench", Duration::from_secs(10)).await?;
+        zopu_runtime::nats::connect(&core.nats_url, "zopu-bench", Duration::from_secs(10)).await?;
     streams::apply(&bus, &streams::StreamSettings::from(&core)).await?;
     populate(&bus, args).await?;
 
@@ -211,7 +211,7 @@ async fn measure(args: &DeliveriesArgs, partitions: u32) -> anyhow::Result<Figur
 }
 
 /// The workload: `args.events` user messages, round-robin over the projects.
-async fn populate(bus: &zopu_core::nats::Bus, args: &DeliveriesArgs) -> anyhow::Result<()> {
+async fn populate(bus: &zopu_runtime::nats::Bus, args: &DeliveriesArgs) -> anyhow::Result<()> {
     let org: OrgId = "bench".parse()?;
     let projects: Vec<ProjectId> = (0..args.projects).map(|_| ProjectId::new()).collect();
     let publisher = Publisher::new(bus.clone(), "gateway", None);
@@ -243,7 +243,7 @@ async fn populate(bus: &zopu_core::nats::Bus, args: &DeliveriesArgs) -> anyhow::
 }
 
 /// Deliveries made to the reaction's partition consumers, redeliveries included.
-async fn delivered(bus: &zopu_core::nats::Bus, partitions: u32) -> anyhow::Result<u64> {
+async fn delivered(bus: &zopu_runtime::nats::Bus, partitions: u32) -> anyhow::Result<u64> {
     let stream = bus.jetstream.get_stream(subjects::WORK_STREAM).await?;
     let durable = subjects::durable(SERVICE, SETTLE);
     let mut total = 0;

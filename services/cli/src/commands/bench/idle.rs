@@ -12,7 +12,7 @@
 //!   process has used (almost) no CPU for two seconds, and prints its
 //!   VmRSS: all services together, their projections rebuilt from scratch.
 //! - Projection rebuild: the same events replayed into a fresh key-index
-//!   store ([`zopu_core::projection::catch_up`], which replays a long
+//!   store ([`zopu_runtime::projection::catch_up`], which replays a long
 //!   history over several connections at once),
 //!   vs a raw ordered replay of as many header-less messages on the same
 //!   server (the foundation bench's baseline). Its ceiling is measured in
@@ -33,11 +33,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use zopu_core::local_server::{LocalServer, SyncPolicy};
-use zopu_core::nats::Bus;
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::store::{KeyIndex, Store};
-use zopu_core::{Shutdown, streams};
+use zopu_runtime::local_server::{LocalServer, SyncPolicy};
+use zopu_runtime::nats::Bus;
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::store::{KeyIndex, Store};
+use zopu_runtime::{Shutdown, streams};
 use zopu_schema::{AgentId, EventId, OrgId, ProjectId, keys, pb, subjects};
 
 use super::scale::ScaleArgs;
@@ -143,7 +143,7 @@ pub(super) async fn measure(args: &ScaleArgs) -> anyhow::Result<(RebuildFigures,
     let dir = tempfile::tempdir()?;
     let server = LocalServer::start(&dir.path().join("nats"), None, SyncPolicy::ServerDefault)?;
     let bus =
-        zopu_core::nats::connect(&server.url(), "zopu-bench", Duration::from_secs(10)).await?;
+        zopu_runtime::nats::connect(&server.url(), "zopu-bench", Duration::from_secs(10)).await?;
     streams::apply(
         &bus,
         &streams::StreamSettings {
@@ -255,7 +255,7 @@ async fn prime(nats_url: &str, data_dir: &std::path::Path) -> anyhow::Result<()>
             }
         });
     }
-    let bus = zopu_core::nats::connect(nats_url, "zopu-bench", Duration::from_secs(10)).await?;
+    let bus = zopu_runtime::nats::connect(nats_url, "zopu-bench", Duration::from_secs(10)).await?;
     let deadline = Instant::now() + Duration::from_secs(120);
     while durables(&bus).await? < REACTION_DURABLES {
         anyhow::ensure!(!shutdown.is_cancelled(), "a service stopped while priming");
@@ -294,7 +294,7 @@ pub(super) async fn populate(bus: &Bus, projects: usize) -> anyhow::Result<u64> 
     while let Some(written) = writes.next().await {
         written?;
     }
-    Ok(zopu_core::publish::last_sequence(bus).await?)
+    Ok(zopu_runtime::publish::last_sequence(bus).await?)
 }
 
 async fn idle_project(gateway: &Publisher, setup: &Publisher, org: &OrgId) -> anyhow::Result<()> {
@@ -523,32 +523,32 @@ async fn rebuild_round(
     let raw_replay = super::ordered_replay(raw_stream, events).await?;
     let raw_events = super::ordered_replay(events_stream, events).await?;
     let raw_events_parallel =
-        raw_parallel_replay(bus, events as u64, zopu_core::projection::REPLAY_READERS).await?;
+        raw_parallel_replay(bus, events as u64, zopu_runtime::projection::REPLAY_READERS).await?;
     let per_event = |cpu: Duration| cpu.as_secs_f64() * 1e6 / events as f64;
     let rate = |wall: Duration| events as f64 / wall.as_secs_f64();
     let raw = timed(server_process, async {
-        Ok(zopu_core::projection::replay_raw(bus, events as u64).await?)
+        Ok(zopu_runtime::projection::replay_raw(bus, events as u64).await?)
     })
     .await?;
     passed_on_all("the raw chunked replay", raw.outcome, events)?;
     let read = timed(server_process, async {
-        Ok(zopu_core::projection::replay_without_applying(bus, events as u64).await?)
+        Ok(zopu_runtime::projection::replay_without_applying(bus, events as u64).await?)
     })
     .await?;
     passed_on_all("the read-only replay", read.outcome, events)?;
-    let in_memory = zopu_core::projection::read_into_memory(bus, events as u64).await?;
+    let in_memory = zopu_runtime::projection::read_into_memory(bus, events as u64).await?;
     passed_on_all("the replay into memory", in_memory.len(), events)?;
     let written_store = Store::open(&store.with_extension("write-only.sqlite"))?;
     let written = timed(server_process, async {
         Ok(
-            zopu_core::projection::apply_in_memory(&written_store, KeyIndex::all(), in_memory)
+            zopu_runtime::projection::apply_in_memory(&written_store, KeyIndex::all(), in_memory)
                 .await?,
         )
     })
     .await?;
     let store = Store::open(store)?;
     let rebuilt = timed(server_process, async {
-        Ok(zopu_core::projection::catch_up(bus, &store, KeyIndex::all()).await?)
+        Ok(zopu_runtime::projection::catch_up(bus, &store, KeyIndex::all()).await?)
     })
     .await?;
     Ok(RebuildRound {
@@ -609,7 +609,7 @@ impl RebuildFigures {
             of_ceiling: median(|round| round.rebuild / round.ceiling()),
             of_ceiling_min: of_ceiling.iter().copied().fold(f64::INFINITY, f64::min),
             of_ceiling_max: of_ceiling.iter().copied().fold(0.0, f64::max),
-            readers: zopu_core::projection::REPLAY_READERS,
+            readers: zopu_runtime::projection::REPLAY_READERS,
             cpu: CpuFigures {
                 raw_chunked_client_us: median(|round| round.cpu.raw_chunked_client_us),
                 raw_chunked_server_us: median(|round| round.cpu.raw_chunked_server_us),
@@ -636,7 +636,7 @@ async fn raw_parallel_replay(bus: &Bus, events: u64, readers: u64) -> anyhow::Re
         let url = bus.url.clone();
         let (after, end) = (index * span, ((index + 1) * span).min(events));
         async move {
-            let own = zopu_core::nats::connect(
+            let own = zopu_runtime::nats::connect(
                 &url,
                 &format!("zopu-bench-raw-{index}"),
                 Duration::from_secs(10),

@@ -25,9 +25,9 @@ use bytes::Bytes;
 use clap::Args;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use zopu_core::local_server::{LocalServer, SyncPolicy};
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::store::{KeyIndex, Store};
+use zopu_runtime::local_server::{LocalServer, SyncPolicy};
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::store::{KeyIndex, Store};
 use zopu_schema::{OrgId, ProjectId, pb};
 
 use crate::Context;
@@ -155,10 +155,10 @@ async fn measure(
     label: &'static str,
 ) -> anyhow::Result<Figures> {
     let bus =
-        zopu_core::nats::connect(&server.url(), "zopu-bench", Duration::from_secs(10)).await?;
-    zopu_core::streams::apply(
+        zopu_runtime::nats::connect(&server.url(), "zopu-bench", Duration::from_secs(10)).await?;
+    zopu_runtime::streams::apply(
         &bus,
-        &zopu_core::streams::StreamSettings {
+        &zopu_runtime::streams::StreamSettings {
             replicas: 1,
             duplicate_window: Duration::from_secs(120),
             ..Default::default()
@@ -242,7 +242,7 @@ async fn measure(
                 );
                 publisher.append(event).await?;
             }
-            Ok::<_, zopu_core::Error>(())
+            Ok::<_, zopu_runtime::Error>(())
         });
     }
     while let Some(result) = writers.next().await {
@@ -263,7 +263,7 @@ async fn measure(
     // Projection rebuild from the stream into a fresh SQLite file.
     let store = Store::open(&dir.join(format!("rebuild-{label}.sqlite")))?;
     let started = Instant::now();
-    zopu_core::projection::catch_up(&bus, &store, KeyIndex::all()).await?;
+    zopu_runtime::projection::catch_up(&bus, &store, KeyIndex::all()).await?;
     let rebuild = appended as f64 / started.elapsed().as_secs_f64();
 
     Ok(Figures {
@@ -315,7 +315,7 @@ struct Shape {
 /// with `headers` and a message id, round robin over `shape.lanes`
 /// `bench.raw.<lane>N` subjects; returns messages/s.
 async fn pipelined(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     args: Shape,
     headers: &[(&'static str, String)],
     body: &Bytes,
@@ -381,7 +381,7 @@ fn sample_headers(body: &Bytes) -> anyhow::Result<Vec<(&'static str, String)>> {
 /// under `project.>` is at `expected`. Stored on `project.t<kind>` (in the
 /// `BENCH_RAW` stream); returns its sequence.
 async fn raw_append(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     sample_headers: &[(&'static str, String)],
     body: &Bytes,
     message_id: &str,
@@ -412,7 +412,7 @@ async fn raw_append(
 
 /// A stream like the raw baselines': file storage, `bench.raw.>`.
 async fn raw_stream(
-    bus: &zopu_core::nats::Bus,
+    bus: &zopu_runtime::nats::Bus,
     replicas: usize,
 ) -> anyhow::Result<jetstream::stream::Stream> {
     Ok(bus

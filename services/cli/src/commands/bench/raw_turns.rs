@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::{Mutex, Semaphore, mpsc};
-use zopu_core::nats::Bus;
+use zopu_runtime::nats::Bus;
 use zopu_schema::pb;
 
 /// What one turn appends, and how it is run.

@@ -37,11 +37,11 @@ use std::time::Duration;
 
 use clap::Args;
 use time::OffsetDateTime;
-use zopu_core::config::{CoreConfig, ScaleConfig};
-use zopu_core::local_server::{LocalServer, SyncPolicy};
-use zopu_core::nats::Bus;
-use zopu_core::publish::Publisher;
-use zopu_core::{Shutdown, streams};
+use zopu_runtime::config::{CoreConfig, ScaleConfig};
+use zopu_runtime::local_server::{LocalServer, SyncPolicy};
+use zopu_runtime::nats::Bus;
+use zopu_runtime::publish::Publisher;
+use zopu_runtime::{Shutdown, streams};
 use zopu_schema::{OrgId, ProjectId, pb, subjects};
 
 use super::ack::percentile;
@@ -222,8 +222,11 @@ struct AppendTotals {
 impl AppendTotals {
     fn of(exposition: &str, service: &str) -> Self {
         let series = |name: &str| {
-            zopu_core::metrics::sample(exposition, &format!("zopu_{name}{{service=\"{service}\"}}"))
-                .unwrap_or(0.0)
+            zopu_runtime::metrics::sample(
+                exposition,
+                &format!("zopu_{name}{{service=\"{service}\"}}"),
+            )
+            .unwrap_or(0.0)
         };
         Self {
             seconds: series("append_duration_seconds_sum"),
@@ -248,7 +251,7 @@ impl AppendTotals {
 
 /// Both services' totals now: `(conversation, dispatch)`.
 fn append_totals() -> (AppendTotals, AppendTotals) {
-    let exposition = zopu_core::metrics::encode();
+    let exposition = zopu_runtime::metrics::encode();
     (
         AppendTotals::of(&exposition, "conversation"),
         AppendTotals::of(&exposition, "dispatch"),
@@ -395,7 +398,7 @@ async fn scale_out(args: &ScaleArgs) -> anyhow::Result<(ThroughputFigures, Failo
         ..CoreConfig::default()
     };
     let bus =
-        zopu_core::nats::connect(&core.nats_url, "zopu-bench", Duration::from_secs(10)).await?;
+        zopu_runtime::nats::connect(&core.nats_url, "zopu-bench", Duration::from_secs(10)).await?;
     streams::apply(&bus, &streams::StreamSettings::from(&core)).await?;
     let model = FakeModel::start(Duration::from_millis(args.model_latency_ms)).await?;
     let dispatch_stop = Shutdown::new();

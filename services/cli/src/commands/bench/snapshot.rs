@@ -1,6 +1,6 @@
 //! `zopu bench snapshot`: how long a new instance of each service takes
 //! from start to caught up with the log, replaying the whole stream vs
-//! starting from a snapshot ([`zopu_core::snapshot`]), on one freshly
+//! starting from a snapshot ([`zopu_runtime::snapshot`]), on one freshly
 //! started nats-server with `--projects` idle projects' history (four
 //! events each, as `zopu bench scale` writes them).
 //!
@@ -8,7 +8,7 @@
 //! start → every projection at the stream's last sequence), a snapshot of
 //! it stored, then a second new instance started with snapshots on (timed
 //! the same way: connect, download and check of the snapshot, open, the
-//! tail). The runtime's [`zopu_core::Runtime::start_with`] with each
+//! tail). The runtime's [`zopu_runtime::Runtime::start_with`] with each
 //! service's own projection, no reactions. The baseline measured in the
 //! same run: a raw ordered replay of the same events (nothing decoded or
 //! written), the least a replay from the stream's start can take.
@@ -17,11 +17,11 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use zopu_core::config::{CoreConfig, SnapshotConfig};
-use zopu_core::local_server::{LocalServer, SyncPolicy};
-use zopu_core::snapshot::{self, Restore};
-use zopu_core::store::Projection;
-use zopu_core::{Runtime, Shutdown};
+use zopu_runtime::config::{CoreConfig, SnapshotConfig};
+use zopu_runtime::local_server::{LocalServer, SyncPolicy};
+use zopu_runtime::snapshot::{self, Restore};
+use zopu_runtime::store::Projection;
+use zopu_runtime::{Runtime, Shutdown};
 
 use crate::Context;
 
@@ -97,8 +97,8 @@ pub async fn run(context: &Context, args: SnapshotArgs) -> anyhow::Result<ExitCo
     let dir = tempfile::tempdir()?;
     let server = LocalServer::start(&dir.path().join("nats"), None, SyncPolicy::ServerDefault)?;
     let bus =
-        zopu_core::nats::connect(&server.url(), "zopu-bench", Duration::from_secs(10)).await?;
-    zopu_core::streams::apply(&bus, &zopu_core::streams::StreamSettings::default()).await?;
+        zopu_runtime::nats::connect(&server.url(), "zopu-bench", Duration::from_secs(10)).await?;
+    zopu_runtime::streams::apply(&bus, &zopu_runtime::streams::StreamSettings::default()).await?;
     eprintln!("writing {} projects' history ...", args.projects);
     let last = super::idle::populate(&bus, args.projects).await?;
     let events_stream = bus
@@ -183,7 +183,7 @@ async fn measure(
     drop(runtime);
     shutdown.cancel();
     shutdown.wait(Duration::from_secs(30)).await;
-    let store = zopu_core::Store::open(&path)?;
+    let store = zopu_runtime::Store::open(&path)?;
     let versions = snapshot::of_service(make().as_ref());
     snapshot::take(&bus, &store, service, &versions, "bench")
         .await?

@@ -178,8 +178,8 @@ pub async fn run(context: &Context, scope: Scope, out: PathBuf) -> anyhow::Resul
         anyhow::bail!("{} exists and is not an empty directory", out.display());
     }
     let bus = context.connect().await?;
-    let last = zopu_core::publish::last_sequence(&bus).await?;
-    let history = zopu_core::log::history(&bus, scope.filter()).await?;
+    let last = zopu_runtime::publish::last_sequence(&bus).await?;
+    let history = zopu_runtime::log::history(&bus, scope.filter()).await?;
     let mut lines = Vec::new();
     let mut heads: std::collections::BTreeMap<(String, String), Head> = Default::default();
     let mut not_exported = Vec::new();

@@ -8,9 +8,9 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use bytes::Bytes;
-use zopu_core::NewEvent;
 use zopu_core::delegation::{Delegation, DelegationKeys, delegate};
 use zopu_core::registry::RegisteredAgent;
+use zopu_runtime::NewEvent;
 use zopu_schema::agent_registry::RoutedFlow;
 use zopu_schema::{
     ArtifactId, BuildId, Envelope, Event, FlowRunId, ProjectId, ThreadId, WorkId, pb,
@@ -277,7 +277,7 @@ impl Act {
                 let text = field("text", &action.text, REPLY_MAX_CHARS)?;
                 let title = match &action.title {
                     Some(_) => field("title", &action.title, WORK_TITLE_MAX_CHARS)?,
-                    None => zopu_core::text::clip_chars(&text, 80),
+                    None => zopu_runtime::text::clip_chars(&text, 80),
                 };
                 Ok(Act::RequestFlow { flow, text, title })
             }
@@ -414,14 +414,14 @@ pub(super) async fn checked_action(
     }
     if let Act::Reply { text, .. } = &act
         && let Some((earlier, score)) =
-            zopu_core::text::near_duplicate(text, &facts.recent, NEAR_DUPLICATE_THRESHOLD)
+            zopu_core::repetition::near_duplicate(text, &facts.recent, NEAR_DUPLICATE_THRESHOLD)
     {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "near_duplicate",
             format!(
                 "the reply {} of this agent; nothing was posted. Reply with what the user has not been told yet (an answer to this message, a new finding), or leave the message unanswered",
-                zopu_core::text::describe_repetition(earlier, score, 80)
+                zopu_core::repetition::describe_repetition(earlier, score, 80)
             ),
         ));
     }
@@ -443,7 +443,7 @@ pub(super) async fn checked_action(
         quotas::Action::Message,
         std::time::Instant::now(),
     )?;
-    let source = zopu_core::publish::get_event(&state.runtime.bus, candidate.sequence)
+    let source = zopu_runtime::publish::get_event(&state.runtime.bus, candidate.sequence)
         .await
         .map_err(|error| ApiError::unavailable("event log", error))?;
     let cause = source.context();
@@ -670,7 +670,7 @@ pub(super) fn proposed_manifest(
         flow_run_id: ids.flow_run.to_string(),
         source_event_ids: vec![ids.source.to_string()],
         card: Some(pb::ArtifactCard {
-            label: zopu_core::text::clip_chars(&format!("Proposed by {}", ids.agent), 60),
+            label: zopu_runtime::text::clip_chars(&format!("Proposed by {}", ids.agent), 60),
             facts: vec![fact("Proposed by", &external_agent_id(ids.agent))],
             actions: Vec::new(),
         }),

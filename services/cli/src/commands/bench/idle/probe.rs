@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use zopu_core::Shutdown;
-use zopu_core::nats::Bus;
+use zopu_runtime::Shutdown;
+use zopu_runtime::nats::Bus;
 use zopu_schema::subjects;
 
 use super::{IDLE_CPU, IDLE_WINDOW, IdleFigures, REACTION_DURABLES};
@@ -83,8 +83,8 @@ pub(crate) async fn probe(context: &Context) -> anyhow::Result<ExitCode> {
             }
         });
     }
-    let bus =
-        zopu_core::nats::connect(&config.nats_url, "zopu-bench", Duration::from_secs(10)).await?;
+    let bus = zopu_runtime::nats::connect(&config.nats_url, "zopu-bench", Duration::from_secs(10))
+        .await?;
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut quiet = 0;
     let mut cpu = cpu_time()?;

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use zopu_core::config::CoreConfig;
-use zopu_core::nats::Bus;
-use zopu_core::publish::{NewEvent, Publisher};
-use zopu_core::{HandlerError, Reaction, ReactionContext, Shutdown};
+use zopu_runtime::config::CoreConfig;
+use zopu_runtime::nats::Bus;
+use zopu_runtime::publish::{NewEvent, Publisher};
+use zopu_runtime::{HandlerError, Reaction, ReactionContext, Shutdown};
 use zopu_schema::{Envelope, OrgId, ProjectId, pb, subjects};
 
 use super::LONG;
@@ -192,7 +192,7 @@ pub(super) async fn conversation(
         return Ok(zopu_conversation::run(core, config, shutdown).await?);
     };
     config.validate()?;
-    let runtime = zopu_core::Runtime::start_with(
+    let runtime = zopu_runtime::Runtime::start_with(
         zopu_conversation::SERVICE,
         &core,
         shutdown.clone(),
@@ -200,7 +200,7 @@ pub(super) async fn conversation(
     )
     .await?;
     let capped = Capped {
-        inner: config.agent(Arc::new(core.registry()?))?,
+        inner: config.agent(Arc::new(zopu_core::registry::Registry::configured(&core)?))?,
         permits: Arc::new(tokio::sync::Semaphore::new(cap)),
     };
     runtime.spawn_reaction(config.reaction(), capped);

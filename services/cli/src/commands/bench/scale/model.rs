@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use time::OffsetDateTime;
-use zopu_core::log::{Reader, Start};
-use zopu_core::nats::Bus;
+use zopu_runtime::log::{Reader, Start};
+use zopu_runtime::nats::Bus;
 use zopu_schema::{Event, pb, subjects};
 
 use super::LONG;

@@ -20,7 +20,8 @@ pub const NON_SETTING_VARIABLES: &[&str] = &[
     "ZOPU_GATEWAY_LINK_KEY",
     // The reference external runtime's agent key (`zopu agent run-external`'s `key_env`).
     "ZOPU_AGENT_KEY",
-    crate::secret_store::SECRETS_KEY_VARIABLE,
+    // The deployment's secret (`zopu_core::secret_store::SECRETS_KEY_VARIABLE`).
+    "ZOPU_SECRETS_KEY",
     "ZOPU_NATS_SERVER",
     // The default of the CLI's `--org` flag (read by clap, not a setting).
     "ZOPU_ORG",
@@ -323,11 +324,6 @@ pub struct CoreConfig {
     /// Not a setting: never read from a file or the environment.
     #[serde(skip)]
     pub clock: crate::clock::Clock,
-    /// The secret store's key (from `ZOPU_SECRETS_KEY`, set by `zopu run` and
-    /// `zopu dev`); `None`: environment values cannot be stored or read.
-    /// Not a setting: a secret never comes from a file or a config value.
-    #[serde(skip)]
-    pub secrets_key: Option<crate::secret_store::SecretKey>,
 }
 
 /// How several instances of one service share its reaction consumers
@@ -473,18 +469,11 @@ impl Default for CoreConfig {
             snapshots: SnapshotConfig::default(),
             agents_dir: None,
             clock: crate::clock::Clock::system(),
-            secrets_key: None,
         }
     }
 }
 
 impl CoreConfig {
-    /// The agent registry of `agents_dir`, its prompt packages cached under
-    /// `data_dir/knowledge`.
-    pub fn registry(&self) -> Result<crate::registry::Registry, crate::registry::RegistryError> {
-        crate::registry::Registry::load(self.agents_dir.as_deref(), Some(&self.data_dir))
-    }
-
     pub fn validate(&self) -> Result<(), ConfigError> {
         if let Err(reason) = crate::nats::server_list(&self.nats_url) {
             return Err(ConfigError::setting("nats_url", reason));
