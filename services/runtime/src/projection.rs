@@ -25,8 +25,7 @@ mod parallel;
 
 use parallel::{CHUNKS_QUEUED, PARALLEL_REPLAY_MIN, join_up_to_batch, read_parallel};
 pub use parallel::{
-    InMemory, REPLAY_READERS, apply_in_memory, read_into_memory, replay_raw,
-    replay_without_applying,
+    DECODED, InMemory, REPLAY_READERS, Reading, apply_in_memory, read_into_memory, replay_chunks,
 };
 
 use crate::ledger::Judgment;

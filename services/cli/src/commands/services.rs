@@ -37,7 +37,7 @@ impl Service {
         Service::Gateway,
     ];
 
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Service::Setup => "setup",
             Service::Dispatch => "dispatch",
@@ -60,7 +60,7 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    pub(crate) fn service(&self) -> Service {
+    pub fn service(&self) -> Service {
         self.service
     }
 }
@@ -110,7 +110,7 @@ pub fn dev_state_dir(data_dir: &Path) -> PathBuf {
 /// Runs one service. The gateway takes `link_key` when given (`zopu dev`),
 /// otherwise it reads its key from the environment and refuses to start
 /// without it; `secrets_key` opens the secret store of environment values.
-pub(crate) async fn run_service(
+pub async fn run_service(
     service: Service,
     config: &ZopuConfig,
     link_key: Option<zopu_gateway::LinkKey>,

@@ -1,9 +1,10 @@
 //! The parallel replay reader: a long catch-up reads `(from, to]` over
 //! [`REPLAY_READERS`] connections at once, a chunk of [`REPLAY_CHUNK`]
 //! sequences per pull request, and hands the chunks to the projection
-//! loop's writer in stream order. Also the measuring hooks `zopu bench`
-//! times a rebuild against: replaying without applying, raw replay, and the
-//! write half alone ([`read_into_memory`], [`apply_in_memory`]).
+//! loop's writer in stream order. The same reading is public
+//! ([`replay_chunks`], [`read_into_memory`]), and so is the write half alone
+//! ([`apply_in_memory`]): a project's history rebuilt in memory, or a
+//! rebuild's reading and writing timed apart.
 
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ pub const REPLAY_READERS: u64 = 4;
 /// length. Each chunk costs a consumer's creation and deletion, is one pull
 /// request (the server sends the whole chunk at once), and passes to the
 /// applier whole (one channel operation per chunk, not per event). At 2,000
-/// the idle probe of `zopu bench scale` (every service catching up at once)
+/// the idle probe of `zopu-bench scale` (every service catching up at once)
 /// peaked near 340 MB; at 1,000 near 210 MB, with the same rebuild rate.
 const REPLAY_CHUNK: u64 = 1_000;
 /// Chunks waiting for the applier in a parallel replay (events one at a
@@ -55,10 +56,10 @@ pub(super) async fn read_parallel(
 
 /// How a parallel replay reads each message (every reader's messages come
 /// through async-nats, the process's one NATS client).
-type Reading<T> = fn(&async_nats::Message) -> T;
+pub type Reading<T> = fn(&async_nats::Message) -> T;
 
 /// Every message decoded (or why not): what a rebuild reads.
-const DECODED: Reading<Result<Envelope, String>> =
+pub const DECODED: Reading<Result<Envelope, String>> =
     |message| publish::decode_message(message).map_err(|error| error.to_string());
 
 /// [`read_parallel`] with what each message becomes given by `read`.
@@ -130,38 +131,11 @@ async fn read_parallel_with<T: Send + 'static>(
     forwarded
 }
 
-/// The read half of a rebuild alone: the stream's first `to` events read
-/// and decoded over [`REPLAY_READERS`] connections in stream order, then
-/// dropped. Returns how many arrived (`zopu bench scale` compares it with
-/// a whole rebuild to tell reading from writing).
-pub async fn replay_without_applying(bus: &Bus, to: u64) -> Result<u64, Error> {
-    count_replayed(bus, to, DECODED).await
-}
-
-/// The same parallel replay as [`replay_without_applying`] with nothing
-/// decoded: each message's sequence read and the message dropped. This is
-/// the rebuild's own ceiling (its connections, chunks and pull requests, no
-/// work of its own); `zopu bench scale` measures it next to the rebuild.
-/// Returns how many arrived.
-pub async fn replay_raw(bus: &Bus, to: u64) -> Result<u64, Error> {
-    count_replayed(bus, to, |_| ()).await
-}
-
-/// Replays the stream's first `to` events in parallel, each message passed
-/// through `read` and dropped; returns how many arrived.
-async fn count_replayed<T: Send + 'static>(
-    bus: &Bus,
-    to: u64,
-    reading: Reading<T>,
-) -> Result<u64, Error> {
-    let mut count = 0u64;
-    replay_chunks(bus, to, reading, |chunk| count += chunk.len() as u64).await?;
-    Ok(count)
-}
-
-/// Replays the stream's first `to` events in parallel, each message passed
-/// through `read`, handing each chunk in stream order to `take`.
-async fn replay_chunks<T: Send + 'static>(
+/// Replays the stream's first `to` events over [`REPLAY_READERS`]
+/// connections, each message passed through `reading` ([`DECODED`], or a
+/// reader of its own), handing each chunk in stream order to `take`: a
+/// rebuild's reading with nothing applied.
+pub async fn replay_chunks<T: Send + 'static>(
     bus: &Bus,
     to: u64,
     reading: Reading<T>,
@@ -215,8 +189,7 @@ pub async fn read_into_memory(bus: &Bus, to: u64) -> Result<InMemory, Error> {
 /// The write half of a rebuild alone: `events` applied by `projection` to
 /// `store` in the batches a parallel replay gives its writer (chunks joined
 /// up to about [`MAX_BATCH`] events), with nothing read meanwhile.
-/// `zopu bench scale` times it next to the rebuild to tell writing from
-/// reading. Returns the last sequence applied.
+/// Returns the last sequence applied.
 pub async fn apply_in_memory<P: Projection>(
     store: &Store,
     projection: P,

@@ -71,7 +71,7 @@ const PHRASE_WEIGHT: f64 = 1.5;
 /// Times the summed rarity of the query words on a file's best line, when
 /// that line holds at least `PROXIMITY_MIN_WORDS` distinct ones; only the
 /// `PROXIMITY_CANDIDATES` leading files are read again for it.
-/// (`zopu eval`, dev half: weight 1 and three words gave top-1 0.80 against
+/// (`zopu-bench eval`, dev half: weight 1 and three words gave top-1 0.80 against
 /// 0.76 without; 0.5 gave 0.78, 2 gave 0.78, two words 0.76, four 0.78,
 /// a three-line window 0.74.)
 const PROXIMITY_WEIGHT: f64 = 1.0;

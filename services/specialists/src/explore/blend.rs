@@ -21,7 +21,7 @@ pub(super) const INDEX_FILES: usize = 50;
 pub(super) const INDEX_QUERY_CHARS: usize = 1_000;
 /// How much of a file's final score is the code index's ranking (the rest
 /// is the keyword search's); each is scaled to its best file first.
-/// (`zopu eval`, dev half: 0.7 gave top-1 0.69 and recall@3 0.74, against
+/// (`zopu-bench eval`, dev half: 0.7 gave top-1 0.69 and recall@3 0.74, against
 /// 0.72 and 0.67 for the search alone and 0.65 and 0.73 for the index alone.)
 pub(super) const INDEX_SHARE: f64 = 0.7;
 
@@ -157,13 +157,13 @@ pub(super) fn blend(ranked: &mut Vec<RankedFile>, indexed: &[FoundFile], asks: A
 
 /// What a file of full weight for the question (source, or what it asks
 /// for) gains when it holds a phrase the question quotes: the keyword
-/// search's share again. (`zopu eval`: commander's "Did you mean ...?"
+/// search's share again. (`zopu-bench eval`: commander's "Did you mean ...?"
 /// question found `suggestSimilar.js`, dev recall@3 0.82 → 0.83; nothing
 /// else moved.)
 pub(super) const QUOTED_PHRASE_SHARE: f64 = 1.0 - INDEX_SHARE;
 
 /// What a file linked by name to the leading file gains, as a share of the
-/// leading file's score. (`zopu eval`, dev half, recall@3: 0.81 without,
+/// leading file's score. (`zopu-bench eval`, dev half, recall@3: 0.81 without,
 /// 0.82 at 0.05 and 0.1, 0.81 at 0.15, 0.79 at 0.25; the holdout half went
 /// 0.72 → 0.77 at 0.1.)
 pub(super) const LINK_WEIGHT: f64 = 0.1;
@@ -262,7 +262,7 @@ pub(super) async fn follow_links<P: Port>(
 
 /// What a file the leading file imports, or that imports it, gains as a
 /// share of the leading file's score, among the [`LINK_CANDIDATES`] after
-/// it. (`zopu eval`, recall@3: dev 0.843 → 0.849 and holdout 0.796 →
+/// it. (`zopu-bench eval`, recall@3: dev 0.843 → 0.849 and holdout 0.796 →
 /// 0.802 at 0.1; 0.05 gained nothing; 0.15 and 0.2 lost more than they
 /// gained; without the name links of [`follow_links`] the holdout half fell
 /// to 0.765, so both stay.)

@@ -1,8 +1,8 @@
-//! `zopu bench deliveries` runs end to end on a tiny load and reports, for
+//! `zopu-bench deliveries` runs end to end on a tiny load and reports, for
 //! each partition count, one delivery per event per reaction (what the
 //! partitioned work stream promises), and positive CPU and rate figures
 //! (their size is not checked here: that is what the benchmark is for).
-//! Cargo builds the `zopu` binary under test for this file.
+//! Cargo builds the `zopu-bench` binary under test for this file.
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
@@ -11,19 +11,19 @@ use serde_json::Value;
 async fn the_deliveries_benchmark_reports_one_delivery_per_event_at_every_partition_count()
 -> Result<()> {
     let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu"))
-        .args(["--json", "bench", "deliveries"])
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu-bench"))
+        .args(["--json", "deliveries"])
         .args(["--events", "240", "--projects", "24", "--partitions", "1,8"])
         .current_dir(&workspace)
         .env_remove("ZOPU_CONFIG")
         .kill_on_drop(true)
         .output()
         .await
-        .context("running zopu bench deliveries")?;
+        .context("running zopu-bench deliveries")?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     ensure!(
         output.status.success(),
-        "zopu bench deliveries failed: {}\n{stdout}",
+        "zopu-bench deliveries failed: {}\n{stdout}",
         String::from_utf8_lossy(&output.stderr)
     );
     let reports: Vec<Value> = stdout

@@ -1,6 +1,6 @@
-//! `zopu bench ack` runs end to end (a tiny load: this checks that the
+//! `zopu-bench ack` runs end to end (a tiny load: this checks that the
 //! benchmark works and reports sane figures, never how fast anything is).
-//! Cargo builds the `zopu` binary under test for this file.
+//! Cargo builds the `zopu-bench` binary under test for this file.
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
@@ -23,16 +23,8 @@ async fn the_acknowledgement_benchmark_runs_on_a_three_node_cluster() -> Result<
 /// checks what every run must report; returns the figures.
 async fn run_bench(extra: &[&str]) -> Result<Value> {
     let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu"))
-        .args([
-            "--json",
-            "bench",
-            "ack",
-            "--messages",
-            "20",
-            "--projects",
-            "5",
-        ])
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu-bench"))
+        .args(["--json", "ack", "--messages", "20", "--projects", "5"])
         .args(["--rate", "40"])
         .args(extra)
         .current_dir(&workspace)
@@ -40,11 +32,11 @@ async fn run_bench(extra: &[&str]) -> Result<Value> {
         .kill_on_drop(true)
         .output()
         .await
-        .context("running zopu bench ack")?;
+        .context("running zopu-bench ack")?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     ensure!(
         output.status.success(),
-        "zopu bench ack failed: {}\n{stdout}",
+        "zopu-bench ack failed: {}\n{stdout}",
         String::from_utf8_lossy(&output.stderr)
     );
     let figures: Value = serde_json::from_str(stdout.trim())

@@ -1,6 +1,6 @@
-//! `zopu bench scale` runs end to end (a tiny load: this checks that the
+//! `zopu-bench scale` runs end to end (a tiny load: this checks that the
 //! benchmark works and reports every figure, never how fast anything is).
-//! Cargo builds the `zopu` binary under test for this file.
+//! Cargo builds the `zopu-bench` binary under test for this file.
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
@@ -8,8 +8,8 @@ use serde_json::Value;
 #[tokio::test]
 async fn the_scale_benchmark_reports_throughput_failover_rebuild_and_idle_memory() -> Result<()> {
     let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu"))
-        .args(["--json", "bench", "scale"])
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu-bench"))
+        .args(["--json", "scale"])
         .args(["--projects", "6", "--messages", "2", "--partitions", "3"])
         .args(["--model-latency-ms", "20", "--turns-per-instance", "2"])
         .args([
@@ -25,11 +25,11 @@ async fn the_scale_benchmark_reports_throughput_failover_rebuild_and_idle_memory
         .kill_on_drop(true)
         .output()
         .await
-        .context("running zopu bench scale")?;
+        .context("running zopu-bench scale")?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     ensure!(
         output.status.success(),
-        "zopu bench scale failed: {}\n{stdout}",
+        "zopu-bench scale failed: {}\n{stdout}",
         String::from_utf8_lossy(&output.stderr)
     );
     let report: Value = serde_json::from_str(stdout.trim())

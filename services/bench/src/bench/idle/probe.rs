@@ -12,8 +12,8 @@ use zopu_runtime::nats::Bus;
 use zopu_schema::subjects;
 
 use super::{IDLE_CPU, IDLE_WINDOW, IdleFigures, REACTION_DURABLES};
-use crate::Context;
-use crate::commands::services::{self, Service};
+use zopu_cli::Context;
+use zopu_cli::commands::services::{self, Service};
 
 /// Runs this binary as the idle probe against the server; returns what it printed.
 pub(super) async fn spawn_probe(
@@ -25,7 +25,7 @@ pub(super) async fn spawn_probe(
         .arg(nats_url)
         .arg("--data-dir")
         .arg(data_dir)
-        .args(["--json", "bench", "scale", "--idle-probe"])
+        .args(["--json", "scale", "--idle-probe"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
         .kill_on_drop(true)
@@ -47,11 +47,11 @@ pub(super) async fn spawn_probe(
 pub(super) fn probe_config(
     nats_url: &str,
     data_dir: &std::path::Path,
-) -> anyhow::Result<crate::ZopuConfig> {
-    let mut config = crate::ZopuConfig {
+) -> anyhow::Result<zopu_cli::ZopuConfig> {
+    let mut config = zopu_cli::ZopuConfig {
         nats_url: nats_url.to_owned(),
         data_dir: data_dir.to_owned(),
-        ..crate::ZopuConfig::default()
+        ..zopu_cli::ZopuConfig::default()
     };
     config.gateway.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     let config = config.resolved();

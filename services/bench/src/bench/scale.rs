@@ -1,4 +1,4 @@
-//! `zopu bench scale`: the scale-out figures of issue 13, each measured in
+//! `zopu-bench scale`: the scale-out figures of issue 13, each measured in
 //! one run on nats-servers the command starts itself.
 //!
 //! 1. Turns per second with 1 vs 3 conversation instances while the model
@@ -45,7 +45,7 @@ use zopu_runtime::{Shutdown, streams};
 use zopu_schema::{OrgId, ProjectId, pb, subjects};
 
 use super::ack::percentile;
-use crate::Context;
+use zopu_cli::Context;
 
 mod instances;
 mod model;
@@ -55,7 +55,7 @@ use model::{FAKE_MODEL, FakeModel, TurnTimes, Watcher};
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Example:\n  zopu bench scale\n  zopu --json bench scale --projects 24 --kills 5"
+    after_help = "Example:\n  zopu-bench scale\n  zopu --json bench scale --projects 24 --kills 5"
 )]
 pub struct ScaleArgs {
     /// Projects the turns are spread over (rounded down to a multiple of --partitions; at least 2 per partition)
@@ -100,7 +100,7 @@ pub struct ScaleArgs {
     idle_probe: bool,
 }
 
-/// The two halves of `zopu bench scale`, each on servers of its own.
+/// The two halves of `zopu-bench scale`, each on servers of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Part {
     /// Turns/s with 1 vs 3 conversation instances, then failover.

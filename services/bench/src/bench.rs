@@ -1,12 +1,12 @@
-//! `zopu bench`: the runtime's append and projection paths measured against
+//! `zopu-bench`: the runtime's append and projection paths measured against
 //! raw JetStream on the same, freshly started nats-server, in one run —
 //! once with the server's default sync interval, once with
 //! `sync_interval: always`. Prints events/s and ratios; asserts nothing.
-//! `zopu bench ack` ([`ack`]) measures the conversation agent's
-//! acknowledgement latency the same way, `zopu bench scale` ([`scale`],
+//! `zopu-bench ack` ([`ack`]) measures the conversation agent's
+//! acknowledgement latency the same way, `zopu-bench scale` ([`scale`],
 //! [`idle`]) the runtime scaled out: turns/s over 1 vs 3 conversation
 //! instances, failover, rebuild and the memory of idle projects;
-//! `zopu bench snapshot` ([`snapshot`]) a new instance's start from a
+//! `zopu-bench snapshot` ([`snapshot`]) a new instance's start from a
 //! projection snapshot vs from the stream's start.
 
 mod ack;
@@ -30,13 +30,12 @@ use zopu_runtime::publish::{NewEvent, Publisher};
 use zopu_runtime::store::{KeyIndex, Store};
 use zopu_schema::{OrgId, ProjectId, pb};
 
-use crate::Context;
+use zopu_cli::Context;
 
+/// The foundation benchmark's load (`zopu-bench foundation`, or
+/// `zopu-bench` alone with these defaults).
 #[derive(Debug, Args)]
-#[command(args_conflicts_with_subcommands = true)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    kind: Option<BenchKind>,
+pub struct FoundationArgs {
     /// Events per measurement
     #[arg(long, default_value_t = 20_000)]
     events: usize,
@@ -48,9 +47,22 @@ pub struct BenchArgs {
     in_flight: usize,
 }
 
-/// Benchmarks other than the foundation one.
+impl Default for FoundationArgs {
+    fn default() -> Self {
+        Self {
+            events: 20_000,
+            projects: 200,
+            in_flight: 256,
+        }
+    }
+}
+
+/// What `zopu-bench` measures; the foundation benchmark when none is named.
 #[derive(Debug, clap::Subcommand)]
-enum BenchKind {
+pub enum BenchKind {
+    /// The append path and projection rebuild vs raw JetStream, with the
+    /// server's default sync and with `sync_interval: always` (the default)
+    Foundation(FoundationArgs),
     /// Message stored → the agent's acknowledgement stored (offline provider,
     /// dispatch and conversation in-process), vs raw JetStream appends at the
     /// same write rate
@@ -67,6 +79,9 @@ enum BenchKind {
     /// whole stream vs starting from a projection snapshot, with a raw
     /// ordered replay of the same events as the baseline
     Snapshot(snapshot::SnapshotArgs),
+    /// Score onboarding and exploration on the evaluation set in tests/eval
+    /// (starts its own nats-server and services)
+    Eval(crate::eval::EvalArgs),
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -84,16 +99,18 @@ struct Figures {
     rebuild_ratio: f64,
 }
 
-pub async fn run_bench(context: &Context, args: BenchArgs) -> anyhow::Result<ExitCode> {
-    match args.kind {
+pub async fn run_bench(context: &Context, kind: Option<BenchKind>) -> anyhow::Result<ExitCode> {
+    let args = match kind {
         Some(BenchKind::Ack(ack)) => return ack::run(context, ack).await,
         Some(BenchKind::Scale(scale)) => return scale::run(context, scale).await,
         Some(BenchKind::Deliveries(deliveries)) => {
             return deliveries::run(context, deliveries).await;
         }
         Some(BenchKind::Snapshot(snapshot)) => return snapshot::run(context, snapshot).await,
-        None => {}
-    }
+        Some(BenchKind::Eval(eval)) => return crate::eval::run(context, eval).await,
+        Some(BenchKind::Foundation(args)) => args,
+        None => FoundationArgs::default(),
+    };
     let mut all = Vec::new();
     for (sync, label) in [
         (SyncPolicy::ServerDefault, "default"),
@@ -150,7 +167,7 @@ pub async fn run_bench(context: &Context, args: BenchArgs) -> anyhow::Result<Exi
 
 async fn measure(
     server: &LocalServer,
-    args: &BenchArgs,
+    args: &FoundationArgs,
     dir: &std::path::Path,
     label: &'static str,
 ) -> anyhow::Result<Figures> {

@@ -111,7 +111,7 @@ pub(super) fn unpack(set: &Path, case: &Case, repos: &Path) -> anyhow::Result<()
     git(&["add", "-A"])?;
     git(&[
         "-c",
-        "user.name=zopu eval",
+        "user.name=zopu-bench eval",
         "-c",
         "user.email=eval@zopu.invalid",
         "-c",

@@ -1,4 +1,4 @@
-//! `zopu bench ack`: the conversation agent's acknowledgement latency.
+//! `zopu-bench ack`: the conversation agent's acknowledgement latency.
 //!
 //! Starts its own nats-server (`sync_interval: always` unless told
 //! otherwise), runs the dispatch and conversation services in-process with
@@ -40,7 +40,7 @@ use zopu_runtime::telemetry::otlp_sink::{OtlpSink, Retention};
 use zopu_runtime::{Shutdown, streams};
 use zopu_schema::{AgentId, Event, OrgId, ProjectId, keys, pb, subjects};
 
-use crate::Context;
+use zopu_cli::Context;
 
 #[derive(Debug, Args)]
 pub struct AckArgs {
@@ -61,7 +61,7 @@ pub struct AckArgs {
     #[arg(long)]
     cluster: bool,
     /// Measure twice: with tracing off (this process), then with the OTLP
-    /// exporter on (a child `zopu bench ack`, exporting every span to a
+    /// exporter on (a child `zopu-bench ack`, exporting every span to a
     /// loopback OTLP/HTTP receiver here that decodes and discards them),
     /// and print both and their ratio
     #[arg(long)]
@@ -232,7 +232,7 @@ async fn tracing_overhead(context: &Context, args: &AckArgs) -> anyhow::Result<E
 async fn measure_in_child(args: &AckArgs, endpoint: Option<&str>) -> anyhow::Result<Figures> {
     let mut child = tokio::process::Command::new(std::env::current_exe()?);
     child
-        .args(["--json", "bench", "ack", "--messages"])
+        .args(["--json", "ack", "--messages"])
         .arg(args.messages.to_string())
         .arg("--projects")
         .arg(args.projects.to_string())

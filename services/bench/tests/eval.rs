@@ -1,4 +1,4 @@
-//! `zopu eval` end to end (issue 19 item 1): the command unpacks a case of
+//! `zopu-bench eval` end to end (issue 19 item 1): the command unpacks a case of
 //! the shipped evaluation set into a local git repository, runs setup,
 //! onboarding and one exploration per question through its own
 //! nats-server and services, and reports scores that come from the
@@ -8,25 +8,25 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
-use zopu_tests::{workspace_root, zopu_binary};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zopu_eval_scores_a_case_through_setup_onboarding_and_exploration() -> Result<()> {
-    let root = workspace_root();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let data = tempfile::tempdir()?;
-    let mut command = tokio::process::Command::new(zopu_binary(&root)?);
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_zopu-bench"));
     command
         .current_dir(&root)
+        .env_remove("ZOPU_CONFIG")
         .args(["--json", "eval", "--case", "zoxide", "--timeout", "120"])
         .env("ZOPU_DATA_DIR", data.path())
         .kill_on_drop(true);
     let output = tokio::time::timeout(Duration::from_secs(300), command.output())
         .await
-        .context("zopu eval did not finish")??;
+        .context("zopu-bench eval did not finish")??;
     let stdout = String::from_utf8_lossy(&output.stdout);
     ensure!(
         output.status.success(),
-        "zopu eval failed: {stdout}\n{}",
+        "zopu-bench eval failed: {stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
     let lines: Vec<Value> = stdout

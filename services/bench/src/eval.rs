@@ -1,4 +1,4 @@
-//! `zopu eval`: how well onboarding and exploration answer, measured on the
+//! `zopu-bench eval`: how well onboarding and exploration answer, measured on the
 //! hand-written evaluation set in `tests/eval` (issue 19). Every case runs
 //! through the product's real path: a managed nats-server, the services in
 //! this process, setup cloning the case's repository (its archive unpacked
@@ -24,8 +24,8 @@ use zopu_schema::pb::{self, FlowType};
 use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, subjects};
 use zopu_specialists::explore::{FileRole, role_of};
 
-use super::services::{Service, run_service};
-use crate::Context;
+use zopu_cli::Context;
+use zopu_cli::commands::services::{Service, run_service};
 
 mod cases;
 
@@ -103,7 +103,7 @@ struct Question {
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  zopu eval\n  zopu eval --half dev --details\n  zopu eval --case zoxide --case chi --json"
+    after_help = "Examples:\n  zopu-bench eval\n  zopu-bench eval --half dev --details\n  zopu-bench eval --case zoxide --case chi --json"
 )]
 pub struct EvalArgs {
     /// The evaluation set: a directory with cases/*.toml and repos/*.tar.gz
@@ -253,7 +253,10 @@ pub async fn run(context: &Context, args: EvalArgs) -> anyhow::Result<ExitCode> 
         unpack(&args.set, case, &repos)
             .with_context(|| format!("case {}: unpacking {}", case.name, case.archive.display()))?;
     }
-    progress(context, &format!("zopu eval: {} case(s)", cases.len()));
+    progress(
+        context,
+        &format!("zopu-bench eval: {} case(s)", cases.len()),
+    );
 
     let mut server =
         LocalServer::start(&work.path().join("nats"), None, SyncPolicy::ServerDefault)?;

@@ -1,4 +1,4 @@
-//! `zopu bench deliveries`: what the server delivers, and what the whole
+//! `zopu-bench deliveries`: what the server delivers, and what the whole
 //! data plane spends, for one reaction as the partition count grows.
 //!
 //! For each partition count a fresh nats-server gets the same workload: user
@@ -27,7 +27,7 @@ use zopu_runtime::{Runtime, Shutdown, streams};
 use zopu_schema::{Envelope, Event, OrgId, ProjectId, pb, subjects};
 
 use super::idle::{cpu_time, cpu_time_of};
-use crate::Context;
+use zopu_cli::Context;
 
 #[derive(Debug, Args)]
 pub struct DeliveriesArgs {

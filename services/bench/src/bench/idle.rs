@@ -1,4 +1,4 @@
-//! Parts 3 and 4 of `zopu bench scale`, on one server (the server's
+//! Parts 3 and 4 of `zopu-bench scale`, on one server (the server's
 //! default sync: neither figure depends on it):
 //!
 //! - Idle projects: `--idle-projects` projects' setup history appended
@@ -41,7 +41,7 @@ use zopu_runtime::{Shutdown, streams};
 use zopu_schema::{AgentId, EventId, OrgId, ProjectId, keys, pb, subjects};
 
 use super::scale::ScaleArgs;
-use crate::commands::services::{self, Service};
+use zopu_cli::commands::services::{self, Service};
 
 mod probe;
 
@@ -527,12 +527,12 @@ async fn rebuild_round(
     let per_event = |cpu: Duration| cpu.as_secs_f64() * 1e6 / events as f64;
     let rate = |wall: Duration| events as f64 / wall.as_secs_f64();
     let raw = timed(server_process, async {
-        Ok(zopu_runtime::projection::replay_raw(bus, events as u64).await?)
+        replay_counting(bus, events as u64, |_| ()).await
     })
     .await?;
     passed_on_all("the raw chunked replay", raw.outcome, events)?;
     let read = timed(server_process, async {
-        Ok(zopu_runtime::projection::replay_without_applying(bus, events as u64).await?)
+        replay_counting(bus, events as u64, zopu_runtime::projection::DECODED).await
     })
     .await?;
     passed_on_all("the read-only replay", read.outcome, events)?;
@@ -666,4 +666,21 @@ async fn raw_parallel_replay(bus: &Bus, events: u64, readers: u64) -> anyhow::Re
     });
     futures::future::try_join_all(ranges).await?;
     Ok(events as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The runtime's parallel replay of the stream's first `to` events, each
+/// message passed through `reading` and dropped: the rebuild's reading
+/// alone (decoded), or its own ceiling (`|_| ()`: its connections, chunks
+/// and pull requests, nothing decoded). Returns how many arrived.
+async fn replay_counting<T: Send + 'static>(
+    bus: &Bus,
+    to: u64,
+    reading: zopu_runtime::projection::Reading<T>,
+) -> anyhow::Result<u64> {
+    let mut count = 0u64;
+    zopu_runtime::projection::replay_chunks(bus, to, reading, |chunk| {
+        count += chunk.len() as u64;
+    })
+    .await?;
+    Ok(count)
 }

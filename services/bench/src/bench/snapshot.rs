@@ -1,8 +1,8 @@
-//! `zopu bench snapshot`: how long a new instance of each service takes
+//! `zopu-bench snapshot`: how long a new instance of each service takes
 //! from start to caught up with the log, replaying the whole stream vs
 //! starting from a snapshot ([`zopu_runtime::snapshot`]), on one freshly
 //! started nats-server with `--projects` idle projects' history (four
-//! events each, as `zopu bench scale` writes them).
+//! events each, as `zopu-bench scale` writes them).
 //!
 //! Per service: a store built from the stream with snapshots off (timed:
 //! start → every projection at the stream's last sequence), a snapshot of
@@ -23,7 +23,7 @@ use zopu_runtime::snapshot::{self, Restore};
 use zopu_runtime::store::Projection;
 use zopu_runtime::{Runtime, Shutdown};
 
-use crate::Context;
+use zopu_cli::Context;
 
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {

@@ -1,4 +1,4 @@
-//! The same-run ceiling of `zopu bench scale`'s 1-vs-3 comparison: the
+//! The same-run ceiling of `zopu-bench scale`'s 1-vs-3 comparison: the
 //! turns' appends on raw JetStream, with no runtime at all.
 //!
 //! The same server, the same projects (`bench.raw.<run>.<n>`, each given to
