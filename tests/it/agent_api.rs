@@ -765,19 +765,11 @@ async fn poll_until(
     what: &str,
     done: impl Fn(&serde_json::Value) -> bool,
 ) -> Result<serde_json::Value> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
+    zopu_tests::eventually(what, Duration::from_secs(120), || async {
         let (status, body) = gateway.get_as(path, Some(key)).await?;
-        if status == StatusCode::OK && done(&body) {
-            return Ok(body);
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "{what} never showed: {status} {body}"
-        );
-        // Polling the read model between checks: the loop ends on the state.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Ok((status == StatusCode::OK && done(&body)).then_some(body))
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

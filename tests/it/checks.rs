@@ -336,17 +336,13 @@ fn processes_running(argv: &[&str]) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// Waits (up to `timeout`) until `condition` holds, looking every 50 ms.
+/// Waits (up to `timeout`) until `condition` holds.
 async fn until(timeout: Duration, what: &str, mut condition: impl FnMut() -> bool) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !condition() {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "{what} within {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
+    zopu_tests::eventually(what, timeout, || {
+        let holds = condition();
+        async move { Ok(holds.then_some(())) }
+    })
+    .await
 }
 
 /// Issue 18 item 3 with a real program: a check whose test command runs

@@ -1402,12 +1402,16 @@ async fn publish_on_an_issue_draft_requests_one_approval_which_expires_undecided
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let (org, project) = (org("acme"), ProjectId::new());
     setup_project_with(&bus, &org, project, false).await?;
-    // An issue flow the agent requested and its published draft, and an
-    // exploration's report (whose card has no publish).
+    // An issue flow the agent requested and its published draft, an
+    // exploration's report (whose card has no publish), and a second draft.
     let agent = Publisher::new(bus.clone(), "conversation", None);
     let artifacts = Publisher::new(bus.clone(), "artifacts", None);
     let mut drafts = Vec::new();
-    for flow_type in [pb::FlowType::Issue, pb::FlowType::Explore] {
+    for flow_type in [
+        pb::FlowType::Issue,
+        pb::FlowType::Explore,
+        pb::FlowType::Issue,
+    ] {
         let flow_run = zopu_schema::FlowRunId::new();
         let requested = pb::FlowRequested {
             flow_type: flow_type as i32,
@@ -1530,13 +1534,36 @@ async fn publish_on_an_issue_draft_requests_one_approval_which_expires_undecided
         expired.idempotency_key,
         keys::approval_decision(&project, &requested.approval_id)
     );
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Sweeps go on after the expiry: a later approval (the second draft's)
+    // expires through them, and the first still expired once.
+    let later = click(&bus, &org, project, &drafts[2], "publish").await?;
+    let end = turn_end(&bus, &org, project, later).await?;
     assert_eq!(
-        events_of::<pb::ApprovalExpired>(&bus, &org, project, None)
-            .await?
-            .len(),
-        1
+        end.decode::<pb::DispatchCompleted>()?.outcome,
+        "approval_requested"
     );
+    let later_approval = format!("approval:{}:issue.publish", drafts[2]);
+    wait_for(
+        &bus,
+        &subjects::event(&org, &project, pb::ApprovalExpired::TYPE),
+        LONG,
+        |event| {
+            event
+                .decode::<pb::ApprovalExpired>()
+                .is_ok_and(|expired| expired.approval_id == later_approval)
+        },
+    )
+    .await?;
+    let first_expiries = events_of::<pb::ApprovalExpired>(&bus, &org, project, None)
+        .await?
+        .iter()
+        .filter(|event| {
+            event
+                .decode::<pb::ApprovalExpired>()
+                .is_ok_and(|expired| expired.approval_id == requested.approval_id)
+        })
+        .count();
+    assert_eq!(first_expiries, 1);
     conversation.stop().await?;
     dispatch.stop().await?;
     Ok(())

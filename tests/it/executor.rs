@@ -237,16 +237,15 @@ async fn an_executor_killed_after_the_trackers_answer_creates_exactly_one_issue(
     decide(&bus, &org, project, &approval_id, &Decision::Approve).await?;
 
     // The tracker created the issue and answered a stopped executor; kill it.
-    let deadline = tokio::time::Instant::now() + LONG;
-    while tracker.issues().is_empty() {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the executor never created the issue:\n{}",
-            fleet.log_tail("executor-1", 40)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    zopu_tests::eventually(
+        "the executor created the issue and was stopped",
+        LONG,
+        || async {
+            Ok((!tracker.issues().is_empty() && tracker.stopped().contains(&pid)).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| fleet.log_tail("executor-1", 40))?;
     fleet.kill("executor", 1);
     let key = keys::approval_execution(&project, &approval_id);
     let stored = history(&bus, &subjects::project_events(&org, &project)).await?;

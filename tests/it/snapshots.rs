@@ -164,18 +164,16 @@ async fn history_with_a_snapshot<N: Nats>(
     // stores a snapshot of it.
     during(server).await?;
     append(&publisher, &projects, 300, 150).await?;
-    let mut stored = None;
-    for _ in 0..600 {
-        // A server that does not answer yet (a node just killed) is asked again.
-        stored = snapshot::stored_sequence(&bus, SERVICE, &versions(1))
-            .await
-            .unwrap_or(None);
-        if stored.is_some_and(|sequence| sequence > before_fault) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let stored = stored.context("no snapshot was stored")?;
+    let stored = zopu_tests::eventually(
+        "a snapshot past the fault is stored",
+        Duration::from_secs(60),
+        || async {
+            // A server that does not answer yet (a node just killed) is asked again.
+            let stored = snapshot::stored_sequence(&bus, SERVICE, &versions(1)).await?;
+            Ok(stored.filter(|sequence| *sequence > before_fault))
+        },
+    )
+    .await?;
     assert!(
         stored > before_fault,
         "the snapshot covers {stored}, nothing after the fault at {before_fault}; the store is at {}",

@@ -1150,19 +1150,16 @@ async fn a_cancelled_flow_aborts_its_model_call_and_ends_once() -> Result<()> {
     let gateway = crate::registry::Gateway::start(&server, &dir.path().join("gateway")).await?;
     gateway.caught_up(&bus).await?;
     // The Cancel control appears once the run log shows the flow running.
-    let deadline = tokio::time::Instant::now() + LONG;
-    loop {
-        let (status, run) = gateway.get(&format!("/v1/runs/{flow}")).await?;
-        if status == reqwest::StatusCode::OK && run["status"] == "running" {
-            break;
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the gateway's run log never showed flow {flow} running: {status} {run}"
-        );
-        // Polling the read model between checks, not a margin: the loop ends on the state.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    zopu_tests::eventually(
+        &format!("the gateway's run log shows flow {flow} running"),
+        LONG,
+        || async {
+            let (status, run) = gateway.get(&format!("/v1/runs/{flow}")).await?;
+            ensure!(status == reqwest::StatusCode::OK, "{status} {run}");
+            Ok((run["status"] == "running").then_some(()))
+        },
+    )
+    .await?;
     let cancel = format!("/v1/projects/{}/flows/{flow}/cancel", project.id);
     let (status, accepted) = gateway
         .post(&cancel, serde_json::json!({"reason": "Wrong question."}))
@@ -1275,18 +1272,12 @@ async fn a_cancelled_flow_aborts_its_model_call_and_ends_once() -> Result<()> {
 async fn until_the_projection_disables(data_dir: &Path, agent: &AgentId) -> Result<String> {
     let store = zopu_runtime::Store::open_for_service(data_dir, zopu_specialists::SERVICE)?;
     let agent = agent.to_string();
-    let deadline = tokio::time::Instant::now() + LONG;
-    loop {
-        if let Some(reason) = zopu_specialists::state::disabled(&store, &agent)? {
-            return Ok(reason);
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the specialists projection did not apply agent.disabled for {agent} within {LONG:?}"
-        );
-        // Polling the file between checks, not a margin: the loop ends on the state.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    zopu_tests::eventually(
+        &format!("the specialists projection applies agent.disabled for {agent}"),
+        LONG,
+        || async { Ok(zopu_specialists::state::disabled(&store, &agent)?) },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -427,6 +427,38 @@ pub async fn history(bus: &Bus, filter: &str) -> Result<Vec<(u64, Envelope)>> {
     Ok(zopu_runtime::log::events(bus, filter.to_owned()).await?)
 }
 
+/// How often [`eventually`] looks again.
+const EVENTUALLY_POLL: Duration = Duration::from_millis(20);
+
+/// Waits (up to `timeout`) until `check` gives `Some`, and returns it: THE
+/// way a test waits for a state nothing announces (a process stopped, a
+/// file written, a row projected, a consumer settled). The error names
+/// `what` never happened and `check`'s last error, if any.
+pub async fn eventually<T, Checked>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Checked,
+) -> Result<T>
+where
+    Checked: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let last = match check().await {
+            Ok(Some(found)) => return Ok(found),
+            Ok(None) => None,
+            Err(error) => Some(format!("{error:#}")),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            match last {
+                Some(error) => bail!("{what}: not within {timeout:?} (last check: {error})"),
+                None => bail!("{what}: not within {timeout:?}"),
+            }
+        }
+        tokio::time::sleep(EVENTUALLY_POLL).await;
+    }
+}
+
 /// Waits (up to `timeout`) for the first event on `filter` that matches.
 pub async fn wait_for(
     bus: &Bus,

@@ -41,6 +41,8 @@ struct Inner {
     requests: Vec<TrackerRequest>,
     failing_creates: u32,
     stop_after_create: Option<u32>,
+    /// Processes stopped after a create (once the kernel reported them stopped).
+    stopped: Vec<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -79,6 +81,11 @@ impl FakeTracker {
 
     pub fn issues(&self) -> Vec<TrackerIssue> {
         self.lock().issues.clone()
+    }
+
+    /// The processes stopped after a create so far (each once it stopped).
+    pub fn stopped(&self) -> Vec<u32> {
+        self.lock().stopped.clone()
     }
 
     pub fn requests(&self) -> Vec<TrackerRequest> {
@@ -223,6 +230,12 @@ async fn create(
     };
     if let Some(pid) = stop {
         stop_process(pid);
+        shared
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .stopped
+            .push(pid);
     }
     (StatusCode::CREATED, Json(answer)).into_response()
 }

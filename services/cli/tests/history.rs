@@ -55,7 +55,10 @@ async fn the_state_as_it_was_at_a_sequence_or_a_time() -> Result<()> {
     let bus = zopu_runtime::nats::connect(&url, "history-test", Duration::from_secs(10)).await?;
     zopu_runtime::streams::apply(&bus, &zopu_runtime::streams::StreamSettings::default()).await?;
     let org: OrgId = "acme".parse()?;
-    let gateway = Publisher::new(bus.clone(), "gateway", None);
+    // Event times come from a clock the test moves: the two messages are
+    // 20 ms apart whatever the machine's speed.
+    let clock = zopu_runtime::clock::ManualClock::starting_at(time::OffsetDateTime::now_utc());
+    let gateway = Publisher::new(bus.clone(), "gateway", None).with_clock(clock.clock());
 
     let created = gateway
         .append(commands::create_project(
@@ -73,7 +76,7 @@ async fn the_state_as_it_was_at_a_sequence_or_a_time() -> Result<()> {
             None,
         )?)
         .await?;
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    clock.advance(Duration::from_millis(20));
     gateway
         .append(commands::send_message(
             &requester(&org, "req-second")?,
