@@ -17,6 +17,12 @@
 //! script runs out the server answers `400` with a body saying so, which fails the call loudly
 //! (400 is not retried). Dropping the server releases hanging handlers and stops accepting.
 //!
+//! A server started with [`FakeOpenAiServer::answering`] has no script: it answers every
+//! request with what its responder computes from the request's JSON body (a benchmark's model
+//! with a set latency, the chaos run's seeded failing model), and counts requests without
+//! keeping their bodies, so a long run does not grow with its calls. Every test, benchmark and
+//! chaos run that needs a model uses this one server.
+//!
 //! `GET …/models` and `GET /props` (how a client reads the context window) are answered
 //! outside the script and not recorded: a listing of [`FAKE_MODEL`], with `meta.n_ctx` when the
 //! server was given one ([`FakeOpenAiServer::with_context`]). A server started with
@@ -40,6 +46,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+/// What an [`FakeOpenAiServer::answering`] server answers each request's JSON body with.
+pub type Responder = Arc<dyn Fn(&Value) -> Scripted + Send + Sync>;
 
 /// Body of the `400` sent when the script is exhausted.
 pub const SCRIPT_EXHAUSTED: &str = "fake OpenAI server: script exhausted";
@@ -172,8 +181,9 @@ impl RecordedRequest {
     }
 }
 
-#[derive(Debug)]
 struct Shared {
+    /// Answers every request when set (no script, no recorded bodies).
+    responder: Option<Responder>,
     /// `meta.n_ctx` of the model listing, if any.
     context_tokens: Option<u32>,
     /// Answer every request carrying `response_format` with a 400 naming it.
@@ -185,6 +195,16 @@ struct Shared {
     /// The number of requests whose client went away before the answer was
     /// ready (hyper drops the handler when the connection closes).
     abandoned: watch::Sender<usize>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("responder", &self.responder.is_some())
+            .field("script", &self.script.len())
+            .field("requests", &self.requests.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Counts a request as abandoned unless its answer was produced.
@@ -220,10 +240,27 @@ pub struct FakeOpenAiServer {
 impl FakeOpenAiServer {
     /// Binds `127.0.0.1:0` and starts serving `script`. Needs a Tokio runtime.
     pub async fn start(script: impl IntoIterator<Item = Scripted>) -> std::io::Result<Self> {
+        Self::serve(script.into_iter().collect(), None).await
+    }
+
+    /// Binds `127.0.0.1:0` and answers every request with `responder`'s
+    /// answer to its JSON body (`Value::Null` when it is not JSON). Requests
+    /// are counted ([`FakeOpenAiServer::request_count`]) but not kept.
+    pub async fn answering(
+        responder: impl Fn(&Value) -> Scripted + Send + Sync + 'static,
+    ) -> std::io::Result<Self> {
+        Self::serve(VecDeque::new(), Some(Arc::new(responder))).await
+    }
+
+    async fn serve(
+        script: VecDeque<Scripted>,
+        responder: Option<Responder>,
+    ) -> std::io::Result<Self> {
         let shared = Arc::new(Mutex::new(Shared {
+            responder,
             context_tokens: None,
             refuses_structured: false,
-            script: script.into_iter().collect(),
+            script,
             requests: Vec::new(),
             arrived: watch::channel(0).0,
             abandoned: watch::channel(0).0,
@@ -281,7 +318,7 @@ impl FakeOpenAiServer {
 
     /// How many requests arrived (including ones still hanging or delayed).
     pub fn request_count(&self) -> usize {
-        lock(&self.shared).requests.len()
+        *lock(&self.shared).arrived.borrow()
     }
 
     /// Resolves once `count` requests arrived (including ones still hanging or held); wrap it in
@@ -352,18 +389,21 @@ async fn handle(
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let next = {
         let mut shared = lock(&state.shared);
-        shared.requests.push(RecordedRequest {
-            method: method.to_string(),
-            path: uri.path().to_owned(),
-            authorization: headers
-                .get(header::AUTHORIZATION)
-                .and_then(|value| value.to_str().ok())
-                .map(str::to_owned),
-            body: String::from_utf8_lossy(&body).into_owned(),
-        });
-        let arrived = shared.requests.len();
-        shared.arrived.send_replace(arrived);
-        if shared.refuses_structured && request.get("response_format").is_some() {
+        if shared.responder.is_none() {
+            shared.requests.push(RecordedRequest {
+                method: method.to_string(),
+                path: uri.path().to_owned(),
+                authorization: headers
+                    .get(header::AUTHORIZATION)
+                    .and_then(|value| value.to_str().ok())
+                    .map(str::to_owned),
+                body: String::from_utf8_lossy(&body).into_owned(),
+            });
+        }
+        shared.arrived.send_modify(|arrived| *arrived += 1);
+        if let Some(responder) = &shared.responder {
+            Some(responder(&request))
+        } else if shared.refuses_structured && request.get("response_format").is_some() {
             Some(Scripted::Status(
                 400,
                 Vec::new(),

@@ -1,5 +1,5 @@
-//! A failing and slow fake model: an OpenAI-compatible chat-completions
-//! server on loopback (real HTTP, axum) that answers every call with a
+//! A failing and slow fake model: the workspace's fake OpenAI-compatible
+//! server (`zopu_llm::test_support`, real HTTP on loopback) answering every call with a
 //! valid `explore` tool call for the user's message — or, as the seed
 //! decides per (message, attempt), with a 500 or only after a delay. A
 //! share of messages ("poisoned") gets a 500 on every attempt, so the turn
@@ -7,18 +7,13 @@
 //! request alone, never on arrival order.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
 
 /// What the fake model should do, in percent.
 #[derive(Debug, Clone, Copy)]
@@ -46,52 +41,29 @@ struct Shared {
     counts: Counts,
 }
 
-#[derive(Clone)]
-struct AppState {
-    faults: Faults,
-    shared: Arc<Mutex<Shared>>,
-}
-
 /// The server; stops when dropped.
 #[derive(Debug)]
 pub struct FakeModel {
-    address: SocketAddr,
+    server: FakeOpenAiServer,
     shared: Arc<Mutex<Shared>>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl FakeModel {
     pub async fn start(faults: Faults) -> Result<Self> {
         let shared = Arc::new(Mutex::new(Shared::default()));
-        let app = Router::new().fallback(handle).with_state(AppState {
-            faults,
-            shared: Arc::clone(&shared),
-        });
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
-        let address = listener.local_addr()?;
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(Self {
-            address,
-            shared,
-            task,
-        })
+        let answering = Arc::clone(&shared);
+        let server =
+            FakeOpenAiServer::answering(move |body| answer(&faults, &answering, body)).await?;
+        Ok(Self { server, shared })
     }
 
     /// `http://127.0.0.1:<port>/v1`.
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.address)
+        self.server.base_url()
     }
 
     pub fn counts(&self) -> Counts {
         lock(&self.shared).counts
-    }
-}
-
-impl Drop for FakeModel {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
@@ -141,35 +113,27 @@ fn user_message(body: &Value) -> String {
         .to_owned()
 }
 
-async fn handle(State(state): State<AppState>, body: Bytes) -> Response {
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let message = user_message(&body);
-    let faults = state.faults;
+/// The answer to one decision request, as the seed decides it for this
+/// (message, attempt).
+fn answer(faults: &Faults, shared: &Mutex<Shared>, body: &Value) -> Scripted {
+    let message = user_message(body);
     let attempt = {
-        let mut shared = lock(&state.shared);
+        let mut shared = lock(shared);
         shared.counts.calls += 1;
         let attempt = shared.attempts.entry(message.clone()).or_default();
         *attempt += 1;
         *attempt
     };
     let attempt_text = attempt.to_string();
-    if is_poisoned(&faults, &message) {
-        lock(&state.shared).counts.poisoned += 1;
-        return (StatusCode::INTERNAL_SERVER_ERROR, "chaos: poisoned message").into_response();
+    if is_poisoned(faults, &message) {
+        lock(shared).counts.poisoned += 1;
+        return Scripted::Status(500, Vec::new(), "chaos: poisoned message".into());
     }
     let dice = roll(faults.seed, &["call", &message, &attempt_text]);
     let percent = dice % 100;
     if percent < faults.error_percent {
-        lock(&state.shared).counts.errors += 1;
-        return (StatusCode::INTERNAL_SERVER_ERROR, "chaos: model error").into_response();
-    }
-    if percent < faults.error_percent + faults.slow_percent {
-        lock(&state.shared).counts.slow += 1;
-        let max = u64::try_from(faults.slow_max.as_millis())
-            .unwrap_or(1)
-            .max(1);
-        // The fake model being slow, not a wait for an outcome.
-        tokio::time::sleep(Duration::from_millis((dice >> 8) % max)).await;
+        lock(shared).counts.errors += 1;
+        return Scripted::Status(500, Vec::new(), "chaos: model error".into());
     }
     let words: Vec<&str> = message.split_whitespace().take(12).collect();
     let subject = words.join(" ");
@@ -178,13 +142,16 @@ async fn handle(State(state): State<AppState>, body: Bytes) -> Response {
         "title": format!("Explore {}", words.iter().take(8).copied().collect::<Vec<_>>().join(" ")),
         "request": format!("Find out in the repository: {subject}"),
     });
-    let reply =
-        zopu_llm::test_support::tool_call_completion("call_1", "explore", &arguments.to_string());
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        reply.to_string(),
-    )
-        .into_response()
+    let reply = Scripted::tool_call("call_1", "explore", &arguments.to_string());
+    if percent < faults.error_percent + faults.slow_percent {
+        lock(shared).counts.slow += 1;
+        let max = u64::try_from(faults.slow_max.as_millis())
+            .unwrap_or(1)
+            .max(1);
+        // The fake model being slow, not a wait for an outcome.
+        return Scripted::Delay(Duration::from_millis((dice >> 8) % max), Box::new(reply));
+    }
+    reply
 }
 
 #[cfg(test)]

@@ -3,10 +3,11 @@
 //! turn from its message to its `dispatch.completed`.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
 use std::time::Duration;
+use zopu_llm::test_support::{FakeOpenAiServer, Scripted};
 
 use serde_json::json;
 use time::OffsetDateTime;
@@ -16,78 +17,38 @@ use zopu_schema::{Event, pb, subjects};
 
 use super::LONG;
 
-/// `model` of the fake's completions.
-pub(super) const FAKE_MODEL: &str = "bench-model";
+pub(super) use zopu_llm::test_support::FAKE_MODEL;
 
-/// An OpenAI-compatible chat-completions server on loopback that answers
+/// The workspace's fake OpenAI-compatible server on loopback, answering
 /// every call, after `latency`, with an `explore` tool call whose texts are
 /// new each time (so the agent's near-duplicate guardrail never fires).
-pub(super) struct FakeModel {
-    pub(super) address: SocketAddr,
-    pub(super) task: tokio::task::JoinHandle<()>,
-}
-
-pub(super) struct FakeModelState {
-    pub(super) latency: Duration,
-    pub(super) calls: AtomicU64,
-}
+pub(super) struct FakeModel(FakeOpenAiServer);
 
 impl FakeModel {
     pub(super) async fn start(latency: Duration) -> anyhow::Result<Self> {
-        let state = Arc::new(FakeModelState {
-            latency,
-            calls: AtomicU64::new(0),
-        });
-        let app = axum::Router::new().fallback(Self::answer).with_state(state);
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
-        let address = listener.local_addr()?;
-        let task = tokio::spawn(async move {
-            if let Err(error) = axum::serve(listener, app).await {
-                tracing::warn!(%error, "fake model server stopped");
-            }
-        });
-        Ok(Self { address, task })
+        let calls = AtomicU64::new(0);
+        let server = FakeOpenAiServer::answering(move |_request| {
+            let n = calls.fetch_add(1, Ordering::Relaxed);
+            let arguments = json!({
+                "acknowledgement": format!("Tracing q{n} through w{n} for you."),
+                "title": format!("Explore area {n}"),
+                "request": format!("Trace how part {n} handles retries."),
+            });
+            Scripted::Delay(
+                latency,
+                Box::new(Scripted::tool_call(
+                    &format!("call_{n}"),
+                    "explore",
+                    &arguments.to_string(),
+                )),
+            )
+        })
+        .await?;
+        Ok(Self(server))
     }
 
     pub(super) fn base_url(&self) -> String {
-        format!("http://{}/v1", self.address)
-    }
-
-    pub(super) async fn answer(
-        axum::extract::State(state): axum::extract::State<Arc<FakeModelState>>,
-    ) -> axum::Json<serde_json::Value> {
-        tokio::time::sleep(state.latency).await;
-        let n = state.calls.fetch_add(1, Ordering::Relaxed);
-        let arguments = json!({
-            "acknowledgement": format!("Tracing q{n} through w{n} for you."),
-            "title": format!("Explore area {n}"),
-            "request": format!("Trace how part {n} handles retries."),
-        });
-        axum::Json(json!({
-            "id": format!("chatcmpl-{n}"),
-            "object": "chat.completion",
-            "model": FAKE_MODEL,
-            "choices": [{
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": null,
-                    "tool_calls": [{
-                        "id": format!("call_{n}"),
-                        "type": "function",
-                        "function": {"name": "explore", "arguments": arguments.to_string()},
-                    }],
-                },
-                "finish_reason": "tool_calls",
-            }],
-            "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
-        }))
-    }
-}
-
-impl Drop for FakeModel {
-    fn drop(&mut self) {
-        self.task.abort();
+        self.0.base_url()
     }
 }
 
