@@ -222,8 +222,7 @@ async fn a_turn_moves_the_counters_a_scrape_shows() -> Result<()> {
         let (core, config) = (
             core.clone(),
             zopu_setup::Config {
-                allow_local_repositories: true,
-                local_repository_roots: vec![std::env::temp_dir()],
+                repositories: zopu_tests::local_repositories(),
                 clone_timeout: Duration::from_secs(60),
                 ..zopu_setup::Config::default()
             },
@@ -245,8 +244,7 @@ async fn a_turn_moves_the_counters_a_scrape_shows() -> Result<()> {
     let specialists = {
         let core = core.clone();
         let config = zopu_specialists::config::Config {
-            allow_local_repositories: true,
-            local_repository_roots: vec![std::env::temp_dir()],
+            repositories: zopu_tests::local_repositories(),
             clone_timeout: Duration::from_secs(60),
             ..zopu_specialists::config::Config::default()
         };

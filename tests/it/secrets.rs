@@ -446,9 +446,7 @@ async fn a_secret_corpus_never_survives_from_repository_to_artifact() -> Result<
         let (core, config) = (
             core.clone(),
             zopu_setup::Config {
-                allow_local_repositories: true,
-                // The corpus repository lives in a temporary directory.
-                local_repository_roots: vec![std::env::temp_dir()],
+                repositories: zopu_tests::local_repositories(),
                 clone_timeout: Duration::from_secs(60),
                 ..zopu_setup::Config::default()
             },
@@ -481,8 +479,7 @@ async fn a_secret_corpus_never_survives_from_repository_to_artifact() -> Result<
     let specialists = {
         let core = core.clone();
         let mut config = zopu_specialists::config::Config {
-            allow_local_repositories: true,
-            local_repository_roots: vec![std::env::temp_dir()],
+            repositories: zopu_tests::local_repositories(),
             clone_timeout: Duration::from_secs(60),
             ..zopu_specialists::config::Config::default()
         };

@@ -131,9 +131,7 @@ fn source_repository(parent: &Path) -> PathBuf {
 
 fn config() -> zopu_setup::Config {
     let mut config = zopu_setup::Config {
-        allow_local_repositories: true,
-        // Every fixture repository lives in a temporary directory.
-        local_repository_roots: vec![std::env::temp_dir()],
+        repositories: zopu_tests::local_repositories(),
         clone_timeout: Duration::from_secs(60),
         ..zopu_setup::Config::default()
     };
@@ -911,7 +909,7 @@ async fn internal_repository_hosts_fail_like_unreachable_ones_without_a_connecti
     // The operator allowlists the host: setup connects, the host is not a
     // git server, and the user sees exactly the same failure.
     let mut allowed = config();
-    allowed.allowed_repository_hosts = vec![format!("127.0.0.1:{}", listener.port)];
+    allowed.repositories.allowed_repository_hosts = vec![format!("127.0.0.1:{}", listener.port)];
     let service = fixture.service_with(allowed);
     let project = ProjectId::new();
     let location = format!("https://127.0.0.1:{}/o/r.git", listener.port);
@@ -971,7 +969,7 @@ async fn local_paths_outside_the_roots_or_inside_the_workspaces_are_refused() ->
     let allowed_root = fixture.dir.path().join("allowed");
     std::fs::create_dir_all(&allowed_root)?;
     let mut narrow = config();
-    narrow.local_repository_roots = vec![allowed_root];
+    narrow.repositories.local_repository_roots = vec![allowed_root];
     let service = fixture.service_with(narrow);
     let outside = ProjectId::new();
     fixture

@@ -1623,9 +1623,7 @@ fn commit_files(repository: &Path, files: Files, message: &str) -> Result<String
 /// Specialists settings of an instance that may materialize local repositories.
 fn instance_config() -> Config {
     Config {
-        allow_local_repositories: true,
-        // The fixtures' repositories live in temporary directories.
-        local_repository_roots: vec![std::env::temp_dir()],
+        repositories: zopu_tests::local_repositories(),
         clone_timeout: Duration::from_secs(60),
         ..Config::default()
     }
@@ -1641,8 +1639,7 @@ async fn set_up(
 ) -> Result<pb::ProjectReady> {
     let shutdown = Shutdown::new();
     let config = zopu_setup::Config {
-        allow_local_repositories: true,
-        local_repository_roots: vec![std::env::temp_dir()],
+        repositories: zopu_tests::local_repositories(),
         clone_timeout: Duration::from_secs(60),
         ..zopu_setup::Config::default()
     };

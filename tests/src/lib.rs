@@ -427,6 +427,17 @@ pub async fn history(bus: &Bus, filter: &str) -> Result<Vec<(u64, Envelope)>> {
     Ok(zopu_runtime::log::events(bus, filter.to_owned()).await?)
 }
 
+/// The `[sandbox]` settings of a test's setup and specialists: local
+/// repositories allowed from the temporary directory, where every fixture
+/// repository lives.
+pub fn local_repositories() -> zopu_sandbox::clone_settings::CloneSettings {
+    zopu_sandbox::clone_settings::CloneSettings {
+        allow_local_repositories: true,
+        local_repository_roots: vec![std::env::temp_dir()],
+        ..Default::default()
+    }
+}
+
 /// How often [`eventually`] looks again.
 const EVENTUALLY_POLL: Duration = Duration::from_millis(20);
 

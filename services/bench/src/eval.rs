@@ -265,8 +265,6 @@ pub async fn run(context: &Context, args: EvalArgs) -> anyhow::Result<ExitCode> 
     config.data_dir = work.path().join("data");
     config.sandbox.allow_local_repositories = true;
     config.sandbox.local_repository_roots = vec![repos.clone()];
-    config.setup.local_repository_roots = Vec::new();
-    config.specialists.local_repository_roots = Vec::new();
     let config = config.resolved();
     config.validate()?;
     let core = config.core();

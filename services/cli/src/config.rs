@@ -32,7 +32,11 @@ pub struct ZopuConfig {
     /// values, cancellations): a user id; unset: `$USER`
     /// (`ZOPU_OPERATOR`, or `--as`).
     pub operator: Option<String>,
-    pub sandbox: SandboxSection,
+    /// Where repositories may come from and how large a clone may be
+    /// (`[sandbox]`, the one section of these settings): setup and
+    /// specialists clone by them, the gateway accepts local paths by
+    /// `allow_local_repositories`.
+    pub sandbox: zopu_sandbox::clone_settings::CloneSettings,
     pub setup: zopu_setup::Config,
     pub dispatch: zopu_dispatch::Config,
     pub conversation: zopu_conversation::Config,
@@ -40,27 +44,6 @@ pub struct ZopuConfig {
     pub artifacts: zopu_artifacts::service::Config,
     pub executor: zopu_executor::Config,
     pub gateway: zopu_gateway::Config,
-}
-
-/// Settings of the workspace runtime that several services share.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SandboxSection {
-    /// Accept local repository paths (not only https URLs). `zopu dev` turns it on.
-    pub allow_local_repositories: bool,
-    /// Absolute directories local repositories must be inside (setup and
-    /// specialists); required with `allow_local_repositories`.
-    pub local_repository_roots: Vec<PathBuf>,
-    /// Internal hosts clones may connect to (setup and specialists).
-    pub allowed_repository_hosts: Vec<String>,
-    /// Clone byte cap for setup and specialists (unset: each section's own).
-    pub clone_bytes_max: Option<u64>,
-    /// Clone file cap for setup and specialists (unset: each section's own).
-    pub clone_files_max: Option<u64>,
-    /// An absolute path to a PEM bundle of the certificate authorities https
-    /// repositories are verified against instead of the system's (setup and
-    /// specialists; a private git server with its own CA).
-    pub repository_ca_file: Option<PathBuf>,
 }
 
 /// The operator as a user id, or the error naming the setting.
@@ -92,7 +75,7 @@ impl Default for ZopuConfig {
             agents_dir: core.agents_dir,
             metrics_listen: None,
             operator: None,
-            sandbox: SandboxSection::default(),
+            sandbox: Default::default(),
             setup: Default::default(),
             dispatch: Default::default(),
             conversation: Default::default(),
@@ -119,7 +102,7 @@ impl ZopuConfig {
         }
     }
 
-    /// Applies the shared `[sandbox]` settings to the sections that use them.
+    /// Hands the `[sandbox]` settings to the services that use them.
     pub fn resolved(mut self) -> Self {
         // Services hand paths to child processes (git) that run elsewhere.
         if let Ok(absolute) = std::path::absolute(&self.data_dir) {
@@ -130,32 +113,9 @@ impl ZopuConfig {
         {
             self.agents_dir = Some(absolute);
         }
-        if self.sandbox.allow_local_repositories {
-            self.setup.allow_local_repositories = true;
-            self.specialists.allow_local_repositories = true;
-            self.gateway.allow_local_repositories = true;
-        }
-        let sandbox = &self.sandbox;
-        if !sandbox.local_repository_roots.is_empty() {
-            self.setup.local_repository_roots = sandbox.local_repository_roots.clone();
-            self.specialists.local_repository_roots = sandbox.local_repository_roots.clone();
-        }
-        if !sandbox.allowed_repository_hosts.is_empty() {
-            self.setup.allowed_repository_hosts = sandbox.allowed_repository_hosts.clone();
-            self.specialists.allowed_repository_hosts = sandbox.allowed_repository_hosts.clone();
-        }
-        if let Some(bytes) = sandbox.clone_bytes_max {
-            self.setup.clone_bytes_max = bytes;
-            self.specialists.clone_bytes_max = bytes;
-        }
-        if let Some(bundle) = &sandbox.repository_ca_file {
-            self.setup.repository_ca_file = Some(bundle.clone());
-            self.specialists.repository_ca_file = Some(bundle.clone());
-        }
-        if let Some(files) = sandbox.clone_files_max {
-            self.setup.clone_files_max = files;
-            self.specialists.clone_files_max = files;
-        }
+        self.setup.repositories = self.sandbox.clone();
+        self.specialists.repositories = self.sandbox.clone();
+        self.gateway.allow_local_repositories = self.sandbox.allow_local_repositories;
         self
     }
 
@@ -163,16 +123,6 @@ impl ZopuConfig {
         self.core().validate()?;
         if let Some(operator) = &self.operator {
             check_operator(operator)?;
-        }
-        if self.sandbox.allow_local_repositories
-            && self.setup.local_repository_roots.is_empty()
-            && self.specialists.local_repository_roots.is_empty()
-        {
-            return Err(ConfigError::setting(
-                "sandbox.local_repository_roots",
-                "name at least one directory local repositories may be cloned from \
-                 when sandbox.allow_local_repositories is on",
-            ));
         }
         self.setup.validate()?;
         self.dispatch.validate()?;

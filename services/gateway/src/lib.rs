@@ -88,7 +88,10 @@ pub struct Config {
     pub history_reads_max: usize,
     /// Origins allowed by CORS; empty (the default) turns CORS off.
     pub cors_allowed_origins: Vec<String>,
-    /// Accept absolute local repository paths in `POST /v1/projects` (dev only).
+    /// Accept absolute local repository paths in `POST /v1/projects` (dev
+    /// only): `sandbox.allow_local_repositories`, given by the CLI; never
+    /// read from this section.
+    #[serde(skip)]
     pub allow_local_repositories: bool,
     /// Largest artifact or summary blob served.
     pub artifact_max_bytes: u64,

@@ -1,6 +1,6 @@
-//! The clone settings every cloning service exposes in its config section
-//! (`setup`, `specialists`, and the shared `sandbox` section that sets
-//! both): where repositories may come from and how large a clone may be.
+//! The clone settings of the deployment's `[sandbox]` section, the one
+//! place they are set, used by every cloning service (setup, specialists):
+//! where repositories may come from and how large a clone may be.
 //!
 //! One validation for all of them ([`CloneSettings::apply`]), so a bad
 //! allowlist entry, a relative root or a cap out of range fails at start
@@ -31,8 +31,11 @@ pub struct SettingProblem {
     pub reason: String,
 }
 
-/// A service's clone settings, as configured.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The deployment's clone settings: the `[sandbox]` section, the one place
+/// they are set; the CLI hands them to setup and specialists (and
+/// `allow_local_repositories` to the gateway).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct CloneSettings {
     /// Accept absolute local repository paths (dev and tests).
     pub allow_local_repositories: bool,

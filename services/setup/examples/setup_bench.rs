@@ -60,8 +60,11 @@ async fn main() -> Result<()> {
         ..CoreConfig::default()
     };
     let config = zopu_setup::Config {
-        allow_local_repositories: true,
-        local_repository_roots: vec![repository.clone().into()],
+        repositories: zopu_sandbox::clone_settings::CloneSettings {
+            allow_local_repositories: true,
+            local_repository_roots: vec![repository.clone().into()],
+            ..Default::default()
+        },
         ..zopu_setup::Config::default()
     };
 

@@ -58,24 +58,11 @@ pub struct Config {
     /// Directory under which `workspaces/<project>` live; a relative path
     /// is under `data_dir`; empty means `data_dir` itself.
     pub workspace_root: PathBuf,
-    /// Accept absolute local repository paths (`sandbox.allow_local_repositories`; dev and tests only).
-    pub allow_local_repositories: bool,
-    /// Absolute directories local repositories must be inside
-    /// (`sandbox.local_repository_roots`); required when local repositories
-    /// are allowed. The data directory and the workspaces are always refused.
-    pub local_repository_roots: Vec<PathBuf>,
-    /// Hosts on internal addresses (loopback, private, link-local, ...) a
-    /// clone may connect to: `host`, `host:port`, `10.0.0.5`, `[fd00::5]:443`
-    /// (`sandbox.allowed_repository_hosts`). Public hosts need no entry.
-    pub allowed_repository_hosts: Vec<String>,
-    /// Most bytes a clone may fetch, and most bytes of its files (1 GiB).
-    pub clone_bytes_max: u64,
-    /// Most files in a clone (100,000).
-    pub clone_files_max: u64,
-    /// An absolute path to a PEM bundle of the certificate authorities
-    /// https repositories are verified against instead of the system's (a
-    /// private git server with its own CA; `sandbox.repository_ca_file`).
-    pub repository_ca_file: Option<PathBuf>,
+    /// Where repositories may come from and how large a clone may be: the
+    /// `[sandbox]` section's settings, given by the CLI (`zopu run`, `zopu
+    /// dev`); never read from this section.
+    #[serde(skip)]
+    pub repositories: CloneSettings,
     /// Most projects one organization may have (a project counts once its
     /// setup started); the next create fails with `request.project_limit`.
     pub org_projects_max: u32,
@@ -94,12 +81,7 @@ impl Default for Config {
         Self {
             secrets_key: None,
             workspace_root: PathBuf::new(),
-            allow_local_repositories: false,
-            local_repository_roots: Vec::new(),
-            allowed_repository_hosts: Vec::new(),
-            clone_bytes_max: zopu_sandbox::git::CLONE_BYTES_MAX_DEFAULT,
-            clone_files_max: zopu_sandbox::git::CLONE_FILES_MAX_DEFAULT,
-            repository_ca_file: None,
+            repositories: CloneSettings::default(),
             org_projects_max: ORG_PROJECTS_MAX_DEFAULT,
             clone_timeout: Duration::from_secs(300),
             git_command_timeout: Duration::from_secs(30),
@@ -163,10 +145,10 @@ impl Config {
                 "must be between 1s and 1h",
             ));
         }
-        self.clone_settings()
+        self.repositories
             .apply(GitOptions::default())
             .map_err(|problem| {
-                ConfigError::setting(format!("setup.{}", problem.key), problem.reason)
+                ConfigError::setting(format!("sandbox.{}", problem.key), problem.reason)
             })?;
         if !(1..=ORG_PROJECTS_LIMIT).contains(&self.org_projects_max) {
             return Err(ConfigError::setting(
@@ -222,18 +204,6 @@ impl Config {
         }
     }
 
-    /// The clone settings of this section.
-    pub fn clone_settings(&self) -> CloneSettings {
-        CloneSettings {
-            allow_local_repositories: self.allow_local_repositories,
-            local_repository_roots: self.local_repository_roots.clone(),
-            allowed_repository_hosts: self.allowed_repository_hosts.clone(),
-            clone_bytes_max: self.clone_bytes_max,
-            clone_files_max: self.clone_files_max,
-            repository_ca_file: self.repository_ca_file.clone(),
-        }
-    }
-
     /// How git runs. Settings `validate` refuses give the closed defaults
     /// (no local repositories, no allowlist) instead.
     pub fn git_options(&self) -> GitOptions {
@@ -242,7 +212,7 @@ impl Config {
             command_timeout: self.git_command_timeout,
             ..GitOptions::default()
         };
-        self.clone_settings().apply(base.clone()).unwrap_or(base)
+        self.repositories.apply(base.clone()).unwrap_or(base)
     }
 
     /// The consumer of `project.setup.requested`.
@@ -302,7 +272,7 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     )
     .await?;
     let root = config.workspace_root(&core);
-    tracing::info!(service = SERVICE, workspace_root = %root.display(), allow_local_repositories = config.allow_local_repositories, "setup service started");
+    tracing::info!(service = SERVICE, workspace_root = %root.display(), allow_local_repositories = config.repositories.allow_local_repositories, "setup service started");
     runtime.spawn_reaction(
         config.reaction_config(),
         local_reaction(
@@ -353,10 +323,11 @@ mod tests {
     #[test]
     fn settings_load_from_toml_and_workspaces_default_to_the_data_dir() {
         let config: Config = toml::from_str(
-            "allow_local_repositories = true\nclone_timeout = \"2m\"\n[reaction]\nretry_delays = [\"100ms\", \"1s\"]\n",
+            "clone_timeout = \"2m\"\n[reaction]\nretry_delays = [\"100ms\", \"1s\"]\n",
         )
         .unwrap();
-        assert!(config.allow_local_repositories);
+        // The repository settings are `[sandbox]`'s, never this section's.
+        assert!(toml::from_str::<Config>("allow_local_repositories = true").is_err());
         assert_eq!(config.clone_timeout, Duration::from_secs(120));
         assert_eq!(
             config.reaction_config().retry_delays,

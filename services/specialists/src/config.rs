@@ -29,24 +29,11 @@ pub struct Config {
     /// or stale workspace is materialized from the repository and commit
     /// recorded on the stream.
     pub workspaces_root: Option<PathBuf>,
-    /// Accept local repository paths when materializing a workspace
-    /// (`sandbox.allow_local_repositories`; dev and tests only).
-    pub allow_local_repositories: bool,
-    /// Absolute directories local repositories must be inside
-    /// (`sandbox.local_repository_roots`); required when local repositories
-    /// are allowed.
-    pub local_repository_roots: Vec<PathBuf>,
-    /// Hosts on internal addresses a fetch may connect to
-    /// (`sandbox.allowed_repository_hosts`).
-    pub allowed_repository_hosts: Vec<String>,
-    /// Most bytes a fetch may bring, and most bytes of the tree's files.
-    pub clone_bytes_max: u64,
-    /// Most files in the tree.
-    pub clone_files_max: u64,
-    /// An absolute path to a PEM bundle of the certificate authorities
-    /// https repositories are verified against instead of the system's
-    /// (`sandbox.repository_ca_file`).
-    pub repository_ca_file: Option<PathBuf>,
+    /// Where repositories may come from and how large a clone may be: the
+    /// `[sandbox]` section's settings, given by the CLI (`zopu run`, `zopu
+    /// dev`); never read from this section.
+    #[serde(skip)]
+    pub repositories: CloneSettings,
     /// Wall-clock limit of one fetch or clone when materializing a workspace.
     #[serde(with = "duration")]
     pub clone_timeout: Duration,
@@ -72,12 +59,7 @@ impl Default for Config {
             provider: ProviderConfig::default(),
             sandbox: SandboxLimits::default(),
             workspaces_root: None,
-            allow_local_repositories: false,
-            local_repository_roots: Vec::new(),
-            allowed_repository_hosts: Vec::new(),
-            clone_bytes_max: zopu_sandbox::git::CLONE_BYTES_MAX_DEFAULT,
-            clone_files_max: zopu_sandbox::git::CLONE_FILES_MAX_DEFAULT,
-            repository_ca_file: None,
+            repositories: CloneSettings::default(),
             clone_timeout: Duration::from_secs(300),
             git_command_timeout: Duration::from_secs(30),
             max_deliver: 5,
@@ -182,10 +164,10 @@ impl Default for ProviderConfig {
 impl Config {
     /// Checks every setting; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.clone_settings()
+        self.repositories
             .apply(GitOptions::default())
             .map_err(|problem| {
-                ConfigError::setting(format!("specialists.{}", problem.key), problem.reason)
+                ConfigError::setting(format!("sandbox.{}", problem.key), problem.reason)
             })?;
         let flow = &self.flow;
         let within = |key: &str, value: Duration, min: Duration, max: Duration| {
@@ -303,18 +285,6 @@ impl Config {
         }
     }
 
-    /// The clone settings of this section.
-    pub fn clone_settings(&self) -> CloneSettings {
-        CloneSettings {
-            allow_local_repositories: self.allow_local_repositories,
-            local_repository_roots: self.local_repository_roots.clone(),
-            allowed_repository_hosts: self.allowed_repository_hosts.clone(),
-            clone_bytes_max: self.clone_bytes_max,
-            clone_files_max: self.clone_files_max,
-            repository_ca_file: self.repository_ca_file.clone(),
-        }
-    }
-
     /// How git runs when a workspace is materialized. Settings `validate`
     /// refuses give the closed defaults (no local repositories, no
     /// allowlist) instead.
@@ -324,7 +294,7 @@ impl Config {
             command_timeout: self.git_command_timeout,
             ..GitOptions::default()
         };
-        self.clone_settings().apply(base.clone()).unwrap_or(base)
+        self.repositories.apply(base.clone()).unwrap_or(base)
     }
 
     /// Longest a flow waits for its workspace: a fetch or clone and a
@@ -369,10 +339,15 @@ mod tests {
         assert_eq!(config.workspaces_root(data), Path::new("/data/ws"));
         config.workspaces_root = Some("/srv/ws".into());
         assert_eq!(config.workspaces_root(data), Path::new("/srv/ws"));
-        let config: Config = toml::from_str(
-            "allow_local_repositories = true\nlocal_repository_roots = [\"/repos\"]\nclone_timeout = \"2m\"\ngit_command_timeout = \"5s\"\n",
-        )
-        .unwrap();
+        let mut config: Config =
+            toml::from_str("clone_timeout = \"2m\"\ngit_command_timeout = \"5s\"\n").unwrap();
+        // The repository settings are `[sandbox]`'s, never this section's.
+        assert!(toml::from_str::<Config>("allow_local_repositories = true").is_err());
+        config.repositories = CloneSettings {
+            allow_local_repositories: true,
+            local_repository_roots: vec!["/repos".into()],
+            ..CloneSettings::default()
+        };
         let options = config.git_options();
         assert!(options.allow_local_repositories);
         assert_eq!(options.clone_timeout, Duration::from_secs(120));

@@ -135,7 +135,7 @@ pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result
     .await?;
     tracing::info!(
         workspaces_root = %config.workspaces_root(&core.data_dir).display(),
-        allow_local_repositories = config.allow_local_repositories,
+        allow_local_repositories = config.repositories.allow_local_repositories,
         "specialists workspaces"
     );
     runtime.spawn_reaction(

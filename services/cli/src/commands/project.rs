@@ -133,7 +133,7 @@ fn repository_location(input: &str) -> String {
 }
 
 fn allow_local_repositories(ctx: &Context) -> bool {
-    ctx.config.setup.allow_local_repositories
+    ctx.config.sandbox.allow_local_repositories
 }
 
 pub async fn run_create(ctx: &Context, args: CreateArgs) -> anyhow::Result<ExitCode> {

@@ -232,9 +232,7 @@ pub async fn dev(context: &Context, args: DevArgs) -> anyhow::Result<ExitCode> {
     let mut config = context.config.clone();
     config.nats_url = server.url();
     config.sandbox.allow_local_repositories = true;
-    if config.sandbox.local_repository_roots.is_empty()
-        && config.setup.local_repository_roots.is_empty()
-    {
+    if config.sandbox.local_repository_roots.is_empty() {
         // Unless configured, dev clones local repositories only from the
         // demo repository (by default the git checkout it runs in, else
         // the current directory).
