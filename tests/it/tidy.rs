@@ -21,11 +21,14 @@ fn layer(crate_name: &str) -> Option<u8> {
         "zopu-schema" | "zopu-secrets" => 0,
         "zopu-runtime" => 1,
         "zopu-core" | "zopu-sandbox" | "zopu-llm" => 2,
+        // The offline answerer: on the domain kernel, the sandbox's tools
+        // and the model types; below the services that use it.
+        "zopu-answerer" => 3,
         "zopu-setup" | "zopu-dispatch" | "zopu-conversation" | "zopu-specialists"
-        | "zopu-artifacts" | "zopu-gateway" | "zopu-executor" => 3,
-        "zopu-cli" => 4,
+        | "zopu-artifacts" | "zopu-gateway" | "zopu-executor" => 4,
+        "zopu-cli" => 5,
         // The benchmarks and the evaluation harness: above the product.
-        "zopu-bench" => 5,
+        "zopu-bench" => 6,
         _ => return None,
     })
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
+use zopu_answerer::explore::{FileRole, role_of};
 use zopu_runtime::Shutdown;
 use zopu_runtime::local_server::{LocalServer, SyncPolicy};
 use zopu_runtime::log::{Reader, Start};
@@ -22,7 +23,6 @@ use zopu_runtime::publish::Publisher;
 use zopu_schema::flow_result::{ExplorationResult, OnboardingResult};
 use zopu_schema::pb::{self, FlowType};
 use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, subjects};
-use zopu_specialists::explore::{FileRole, role_of};
 
 use zopu_cli::Context;
 use zopu_cli::commands::services::{Service, run_service};

@@ -5,10 +5,10 @@
 
 use std::time::Instant;
 
+use zopu_answerer::port::DirectPort;
 use zopu_sandbox::policy::{SandboxLimits, WorkspaceRoot};
 use zopu_sandbox::tools::Sandbox;
 use zopu_specialists::onboarding::{OnboardingInput, onboard};
-use zopu_specialists::port::DirectPort;
 
 fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

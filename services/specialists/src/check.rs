@@ -14,8 +14,8 @@ use zopu_sandbox::tools::{RunCheckInput, RunCheckOutput};
 use zopu_schema::flow_result::{CheckStatus, CommandStatus, OnboardingResult};
 use zopu_schema::pb::FlowPhase;
 
-use crate::port::{FlowError, Port, ToolRequest};
-use crate::results::{CheckResult, Provenance, ResultVersion};
+use zopu_answerer::port::{FlowError, Port, ToolRequest};
+use zopu_answerer::results::{CheckResult, Provenance, ResultVersion};
 
 /// What a check starts from.
 #[derive(Debug, Clone, Default)]

@@ -12,10 +12,12 @@ use zopu_runtime::text::clip_chars;
 
 use zopu_schema::pb::FlowPhase;
 
-use crate::explore::{self, Gathered};
-use crate::grounding;
-use crate::port::{FlowError, Port};
-use crate::results::{EvidenceItem, ExplorationResult, IssueResult, Provenance, ResultVersion};
+use zopu_answerer::explore::{self, Gathered};
+use zopu_answerer::grounding;
+use zopu_answerer::port::{FlowError, Port};
+use zopu_answerer::results::{
+    EvidenceItem, ExplorationResult, IssueResult, Provenance, ResultVersion,
+};
 
 /// Files cited by an offline issue.
 const TOP_FILES: usize = 4;

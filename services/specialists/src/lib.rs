@@ -8,6 +8,11 @@
 //! (phases, tool calls, heartbeats, halts), `flow.completed` / `flow.failed`
 //! / `flow.cancelled`, `context.published` (summary.md) and
 //! `artifact.build.requested` (a manifest for the artifact pipeline).
+//! Exploration with no model, the port every flow calls its tools and model
+//! through, evidence grounding and the result types are the offline
+//! answerer's (`zopu-answerer`); this crate runs the flows, records and
+//! replays their steps, and owns onboarding, issues, checks and the model
+//! loop.
 //!
 //! Invariants:
 //! - One source event starts at most one run per flow type and handler
@@ -32,15 +37,11 @@
 
 pub mod check;
 pub mod config;
-pub mod explore;
-pub mod grounding;
 pub mod guard;
 pub mod issue;
 pub mod manifest;
 pub mod model;
 pub mod onboarding;
-pub mod port;
-pub mod results;
 pub mod runner;
 pub mod stack;
 pub mod state;

@@ -10,7 +10,7 @@ use zopu_schema::pb::{
     DiagramEdge, DiagramNode,
 };
 
-use crate::results::{
+use zopu_answerer::results::{
     CheckResult, CommandStatus, EvidenceItem, ExplorationResult, IssueResult, OnboardingResult,
     SystemMap,
 };

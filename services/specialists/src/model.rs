@@ -15,10 +15,12 @@ use zopu_sandbox::tools::{
 };
 use zopu_schema::pb::FlowPhase;
 
-use crate::grounding;
 use crate::guard::{self, MODEL_TOOLS};
-use crate::port::{FlowError, Port, ToolRequest};
-use crate::results::{self, ExplorationResult, Finding, IssueResult, OnboardingAnswer, Provenance};
+use zopu_answerer::grounding;
+use zopu_answerer::port::{FlowError, Port, ToolRequest};
+use zopu_answerer::results::{
+    self, ExplorationResult, Finding, IssueResult, OnboardingAnswer, Provenance,
+};
 
 /// Characters of one tool result given back to the model.
 const TOOL_RESULT_CHARS_MAX: usize = 24_000;
@@ -384,11 +386,11 @@ async fn ranked_search<P: Port>(
     if question.is_empty() || question.chars().count() > RANKED_QUESTION_CHARS_MAX {
         return Ok(json!({"error": format!("`question` must be 1 to {RANKED_QUESTION_CHARS_MAX} characters")}).to_string());
     }
-    let keywords = crate::explore::keywords(question);
+    let keywords = zopu_answerer::explore::keywords(question);
     if keywords.is_empty() {
         return Ok(json!({"error": "the question names nothing to search for; name a function, type, file or topic"}).to_string());
     }
-    let gathered = crate::explore::gather(
+    let gathered = zopu_answerer::explore::gather(
         port,
         &format!("{step}:ranked"),
         question,
@@ -664,21 +666,7 @@ pub async fn ground_exploration<P: Port>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::port::DirectPort;
-    use zopu_sandbox::policy::{SandboxLimits, WorkspaceRoot};
-    use zopu_sandbox::tools::Sandbox;
-
-    fn port_with(files: &[(&str, &str)]) -> (tempfile::TempDir, DirectPort) {
-        let dir = tempfile::tempdir().unwrap();
-        for (path, content) in files {
-            let full = dir.path().join("repo").join(path);
-            std::fs::create_dir_all(full.parent().unwrap()).unwrap();
-            std::fs::write(full, content).unwrap();
-        }
-        let root = WorkspaceRoot::open(dir.path()).unwrap();
-        let sandbox = Sandbox::new(root, SandboxLimits::default()).unwrap();
-        (dir, DirectPort::new(sandbox))
-    }
+    use zopu_answerer::port::{DirectPort, direct as port_with};
 
     fn call(name: &str, arguments: serde_json::Value) -> ToolCall {
         ToolCall {

@@ -18,13 +18,14 @@ use zopu_sandbox::tools::{
 };
 use zopu_schema::pb::FlowPhase;
 
-use crate::port::{self, FlowError, Port};
-use crate::results::{
+use crate::guard;
+use crate::stack;
+use zopu_answerer::grounding;
+use zopu_answerer::port::{self, FlowError, Port};
+use zopu_answerer::results::{
     CommandHint, CommandStatus, EvidenceItem, OnboardingAnswer, OnboardingResult, Provenance,
     StackItem,
 };
-use crate::stack;
-use crate::{grounding, guard};
 
 use entry_points::{entry_candidates, read_entry_points};
 use examples::find_example_types;
@@ -965,7 +966,7 @@ mod tests {
         );
     }
 
-    use crate::port::direct;
+    use zopu_answerer::port::direct;
 
     #[tokio::test]
     async fn onboarding_a_rust_repository_names_stack_entry_points_and_commands() {

@@ -44,8 +44,8 @@ use zopu_schema::pb::{self, FlowPhase, FlowType};
 use zopu_schema::{Envelope, EventId, FlowRunId, keys};
 
 use crate::config::Config;
-use crate::port::FlowError;
 use crate::workspace::{Prepared, Workspaces};
+use zopu_answerer::port::FlowError;
 
 pub use handoff::test_command;
 use lifecycle::{Ending, Start};

@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 use zopu_sandbox::repo_paths::{join, parent};
 
-use crate::results::{CommandHint, CommandStatus, StackItem};
+use zopu_answerer::results::{CommandHint, CommandStatus, StackItem};
 
 mod go;
 mod jvm;

@@ -9,8 +9,8 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 use super::{ENTRY_POINTS_MAX, entry_marker, in_examples, read_lines};
-use crate::port::{self, FlowError, Port};
-use crate::results::EvidenceItem;
+use zopu_answerer::port::{self, FlowError, Port};
+use zopu_answerer::results::EvidenceItem;
 
 /// Conventional entry points of ecosystems without a manifest entry.
 pub(super) const CONVENTIONAL_ENTRY_POINTS: &[&str] = &[

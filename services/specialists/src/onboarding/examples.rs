@@ -9,8 +9,8 @@ use zopu_runtime::text::clip_chars;
 use zopu_sandbox::tools::SearchInput;
 
 use super::{EXAMPLE_PROGRAM_DIRS, in_examples};
-use crate::port::{self, FlowError, Port};
-use crate::results::EvidenceItem;
+use zopu_answerer::port::{self, FlowError, Port};
+use zopu_answerer::results::EvidenceItem;
 
 /// Types a README's example starts from, at most this many.
 pub(super) const EXAMPLE_TYPES_MAX: usize = 3;
@@ -121,7 +121,7 @@ pub(super) fn is_file_of_type(path: &str, type_name: &str) -> bool {
                 extension,
                 "java" | "kt" | "scala" | "cs" | "swift" | "groovy"
             )
-    }) && crate::explore::role_of(path) == crate::explore::FileRole::Source
+    }) && zopu_answerer::explore::role_of(path) == zopu_answerer::explore::FileRole::Source
         && !in_examples(path)
 }
 

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::results::{CommandHint, CommandStatus, OnboardingResult};
+use zopu_answerer::results::{CommandHint, CommandStatus, OnboardingResult};
 
 fn status_text(command: &CommandHint) -> String {
     match command.status {
@@ -176,7 +176,7 @@ fn write_commands(md: &mut String, result: &OnboardingResult) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::{Provenance, StackItem};
+    use zopu_answerer::results::{Provenance, StackItem};
 
     #[test]
     fn an_empty_result_says_what_was_not_found() {

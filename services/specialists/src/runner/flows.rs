@@ -16,10 +16,11 @@ use zopu_schema::pb::{self, FlowPhase, FlowType, flow_progress::Signal};
 use super::handoff::Outcome;
 use super::{OFFLINE_PROVIDER, Run, SUMMARY_KIND, test_command};
 use crate::config::ProviderKind;
-use crate::port::{FlowError, Port};
-use crate::results::{self, CheckResult, ExplorationResult, IssueResult, OnboardingResult};
 use crate::workspace::Prepared;
-use crate::{check, explore, issue, model, onboarding, state};
+use crate::{check, issue, model, onboarding, state};
+use zopu_answerer::explore;
+use zopu_answerer::port::{FlowError, Port};
+use zopu_answerer::results::{self, CheckResult, ExplorationResult, IssueResult, OnboardingResult};
 
 /// A model run's result, or the reason the offline one is kept. A model
 /// that misbehaves (invalid output after the repair, a failed call, the
@@ -449,7 +450,7 @@ impl Run<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::OnboardingAnswer;
+    use zopu_answerer::results::OnboardingAnswer;
 
     #[test]
     fn a_model_result_is_used_and_a_misbehaving_model_falls_back() {

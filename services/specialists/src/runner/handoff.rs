@@ -11,9 +11,9 @@ use zopu_schema::{ArtifactId, BuildId, Envelope, EventId, FlowRunId, keys};
 
 use super::{Run, RunIds, SUMMARY_KIND, unix_ms_of};
 use crate::manifest::{self, ManifestIds};
-use crate::port::{self, FlowError, Port};
-use crate::results::{self, CheckResult, ExplorationResult, IssueResult, OnboardingResult};
 use crate::state::{self, CurrentDocument};
+use zopu_answerer::port::{self, FlowError, Port};
+use zopu_answerer::results::{self, CheckResult, ExplorationResult, IssueResult, OnboardingResult};
 
 trait LossyEventId {
     fn from_str_lossy(text: &str) -> EventId;

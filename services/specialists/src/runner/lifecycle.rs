@@ -16,8 +16,8 @@ use zopu_schema::pb::{self, FlowPhase, FlowType, flow_progress::Signal};
 
 use super::{Run, RunIds, Shared};
 use crate::config::FlowLimits;
-use crate::port::FlowError;
 use crate::state;
+use zopu_answerer::port::FlowError;
 
 pub(super) fn phase_name(phase: FlowPhase) -> &'static str {
     match phase {
@@ -277,7 +277,7 @@ impl Run<'_> {
         finished.map_err(super::runtime)
     }
 
-    /// Enters a phase (the [`crate::port::Port::phase`] of the run).
+    /// Enters a phase (the [`zopu_answerer::port::Port::phase`] of the run).
     pub(super) async fn enter_phase(
         &mut self,
         phase: FlowPhase,

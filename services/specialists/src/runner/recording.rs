@@ -11,7 +11,7 @@ use zopu_schema::pb::{self, FlowPhase, flow_progress::Signal};
 use zopu_schema::{Envelope, Event};
 
 use super::Run;
-use crate::port::{FlowError, Port, ToolRequest, ToolResult};
+use zopu_answerer::port::{FlowError, Port, ToolRequest, ToolResult};
 
 /// A model call found in the record.
 #[derive(Debug, Clone, PartialEq)]

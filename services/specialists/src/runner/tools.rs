@@ -17,7 +17,7 @@ use zopu_schema::Envelope;
 use zopu_schema::pb;
 
 use super::Run;
-use crate::port::{self, FlowError, ToolFailure, ToolRequest, ToolResult};
+use zopu_answerer::port::{self, FlowError, ToolFailure, ToolRequest, ToolResult};
 
 /// What a check's tool call may take beyond the check's own limit (copying
 /// the tree, killing the program, reading its output).

@@ -4,7 +4,7 @@
 use zopu_sandbox::repo_paths::join;
 
 use super::{GO_FRAMEWORKS, ManifestFacts, hint, in_dir, named_in};
-use crate::results::{CommandStatus, StackItem};
+use zopu_answerer::results::{CommandStatus, StackItem};
 
 /// What a Go module is called: the last element of its path, without a
 /// major-version suffix (`github.com/go-chi/chi/v5` is `chi`).

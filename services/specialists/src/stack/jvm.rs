@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 use super::{GRADLE_PLUGINS, JVM_FRAMEWORKS, ManifestFacts, hint, in_dir, named_in};
-use crate::results::{CommandStatus, StackItem};
+use zopu_answerer::results::{CommandStatus, StackItem};
 
 /// The blocks of a `pom.xml` whose tags are not the project's own.
 pub(super) static OTHER_POM_BLOCKS: LazyLock<Vec<Regex>> = LazyLock::new(|| {

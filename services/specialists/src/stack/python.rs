@@ -7,7 +7,7 @@ use regex::Regex;
 use zopu_sandbox::repo_paths::join;
 
 use super::{ManifestFacts, PYTHON_FRAMEWORKS, declared, frameworks_in, hint, in_dir};
-use crate::results::{CommandStatus, StackItem};
+use zopu_answerer::results::{CommandStatus, StackItem};
 
 pub(super) fn python_module_path(
     dir: &str,

@@ -341,8 +341,11 @@ impl Port for DirectPort {
 
 /// A [`DirectPort`] over a temporary workspace whose repository holds
 /// `files` (path, content); the directory lives as long as the guard.
-#[cfg(test)]
-pub(crate) fn direct(files: &[(&str, &str)]) -> (tempfile::TempDir, DirectPort) {
+/// For tests (feature `test-support`): panics when the files cannot be
+/// written.
+#[cfg(any(test, feature = "test-support"))]
+#[allow(clippy::unwrap_used)]
+pub fn direct(files: &[(&str, &str)]) -> (tempfile::TempDir, DirectPort) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("repo")).unwrap();
     for (path, content) in files {
