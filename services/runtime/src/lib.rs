@@ -20,7 +20,8 @@
 //! `snapshot` keeps and restores a service's store at a stream sequence;
 //! `causality` explains an event from its project's history (causes,
 //! consequences, its correlation); `local_server` starts a nats-server of
-//! its own (development, tests, benchmarks); `key_file` keeps a generated key.
+//! its own (development, tests, benchmarks); `key_file` keeps a generated key;
+//! `invariant` checks the invariants below where they must hold.
 //!
 //! Invariants: no other crate reads a JetStream consumer directly; every
 //! append goes through [`publish::Publisher`], so every event carries
@@ -35,6 +36,7 @@ pub mod causality;
 pub mod chain;
 pub mod clock;
 pub mod config;
+pub mod invariant;
 pub mod key_file;
 pub mod lease;
 pub mod ledger;

@@ -12,7 +12,7 @@ use async_nats::jetstream::AckKind;
 use tokio_util::sync::CancellationToken;
 
 use super::{Message, Reaction, Runner, hand_back};
-use crate::metrics;
+use crate::invariant;
 
 /// One project's queue: messages of the project are handled one at a time,
 /// in stream order. `copies` holds the newest delivery of each stream
@@ -60,14 +60,13 @@ impl<R: Reaction> Runner<R> {
         // message of another one means the server and this code disagree
         // on the partition function, the one thing instances must share.
         let owner = work.as_ref().map(|work| (work.partitions, work.partition));
-        if owner.is_some_and(|owner| owner != (self.partitions, partition)) {
-            metrics::invariant_violated("reaction.partition_ownership");
-            debug_assert!(
-                false,
-                "{} delivered to partition {partition} of {}",
+        let owned = owner.is_none_or(|owner| owner == (self.partitions, partition));
+        if !invariant::holds(invariant::PARTITION_OWNERSHIP, owned, || {
+            format!(
+                "{} delivered to partition {partition} of {}; handed back",
                 message.subject, self.partitions
-            );
-            tracing::error!(subject = %message.subject, partition, partitions = self.partitions, "a message of another partition was delivered; handing it back");
+            )
+        }) {
             hand_back(&message).await;
             return;
         }
