@@ -10,7 +10,6 @@
 mod bench;
 mod eval;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -29,18 +28,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     long_about = None
 )]
 struct Cli {
-    /// NATS server URL the configuration names (the benchmarks start their own servers) [env: ZOPU_NATS_URL]
-    #[arg(long, global = true, value_name = "URL")]
-    nats: Option<String>,
-    /// Directory for projections, workspaces and local state [env: ZOPU_DATA_DIR]
-    #[arg(long, global = true, value_name = "DIR")]
-    data_dir: Option<PathBuf>,
-    /// TOML configuration file (the providers `eval` uses, say) [env: ZOPU_CONFIG]
-    #[arg(long, global = true, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Print results as JSON lines
-    #[arg(long, global = true)]
-    json: bool,
+    #[command(flatten)]
+    global: zopu_cli::GlobalArgs,
     #[command(subcommand)]
     command: Option<bench::BenchKind>,
 }
@@ -50,14 +39,9 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let config = zopu_cli::load_config(
-        cli.config.clone(),
-        cli.nats.as_deref(),
-        cli.data_dir.as_deref(),
-        None,
-    )?;
+    let config = cli.global.load_config(None)?;
     let _tracing = zopu_runtime::telemetry::init_with_default(
-        cli.json,
+        cli.global.json,
         "warn,async_nats=error",
         &zopu_runtime::telemetry::Identity {
             service_name: "zopu-bench",
@@ -66,7 +50,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     );
     let context = zopu_cli::Context {
         config,
-        json: cli.json,
+        json: cli.global.json,
     };
     bench::run_bench(&context, cli.command).await
 }

@@ -83,28 +83,43 @@ fn operator_from(
     })
 }
 
-/// The settings every command loads first: the configuration file
-/// (`config_file`, else `ZOPU_CONFIG`), `ZOPU_*` variables, then the
-/// command line's global flags, resolved and validated.
-pub fn load_config(
-    config_file: Option<PathBuf>,
-    nats: Option<&str>,
-    data_dir: Option<&std::path::Path>,
-    operator: Option<&str>,
-) -> anyhow::Result<ZopuConfig> {
-    let mut sources = zopu_runtime::config::Sources::from_process(config_file);
-    if let Some(url) = nats {
-        sources = sources.set("nats_url", format!("{url:?}"));
+/// The options every command of `zopu` and `zopu-bench` takes, before or
+/// after its name.
+#[derive(Debug, clap::Args)]
+pub struct GlobalArgs {
+    /// NATS server URL, or a cluster's as a comma-separated list (nats://a:4222,nats://b:4222) [env: ZOPU_NATS_URL] [default: nats://127.0.0.1:4222]
+    #[arg(long, global = true, value_name = "URL")]
+    pub nats: Option<String>,
+    /// Directory for projections, workspaces and local state [env: ZOPU_DATA_DIR]
+    #[arg(long, global = true, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// TOML configuration file [env: ZOPU_CONFIG]
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print results as JSON lines
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+impl GlobalArgs {
+    /// The settings every command loads first: the configuration file
+    /// (`--config`, else `ZOPU_CONFIG`), `ZOPU_*` variables, then these
+    /// flags and `operator` (`--as`), resolved and validated.
+    pub fn load_config(&self, operator: Option<&str>) -> anyhow::Result<ZopuConfig> {
+        let mut sources = zopu_runtime::config::Sources::from_process(self.config.clone());
+        if let Some(url) = &self.nats {
+            sources = sources.set("nats_url", format!("{url:?}"));
+        }
+        if let Some(dir) = &self.data_dir {
+            sources = sources.set("data_dir", format!("{:?}", dir.display().to_string()));
+        }
+        if let Some(operator) = operator {
+            sources = sources.set("operator", format!("{operator:?}"));
+        }
+        let config: ZopuConfig = zopu_runtime::config::load::<ZopuConfig>(&sources)?.resolved();
+        config.validate()?;
+        Ok(config)
     }
-    if let Some(dir) = data_dir {
-        sources = sources.set("data_dir", format!("{:?}", dir.display().to_string()));
-    }
-    if let Some(operator) = operator {
-        sources = sources.set("operator", format!("{operator:?}"));
-    }
-    let config: ZopuConfig = zopu_runtime::config::load::<ZopuConfig>(&sources)?.resolved();
-    config.validate()?;
-    Ok(config)
 }
 
 /// Runs a command's future on the multi-threaded runtime every binary of

@@ -5,7 +5,6 @@
 //! artifacts, tokens). Benchmarks and the evaluation harness are another
 //! binary, `zopu-bench` (services/bench).
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -22,18 +21,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(name = "zopu", version, about = "Event-sourced runtime for LLM project agents", long_about = None)]
 struct Cli {
-    /// NATS server URL, or a cluster's as a comma-separated list (nats://a:4222,nats://b:4222) [env: ZOPU_NATS_URL] [default: nats://127.0.0.1:4222]
-    #[arg(long, global = true, value_name = "URL")]
-    nats: Option<String>,
-    /// Directory for projections, workspaces and local state [env: ZOPU_DATA_DIR]
-    #[arg(long, global = true, value_name = "DIR")]
-    data_dir: Option<PathBuf>,
-    /// TOML configuration file [env: ZOPU_CONFIG]
-    #[arg(long, global = true, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Print results as JSON lines
-    #[arg(long, global = true)]
-    json: bool,
+    #[command(flatten)]
+    global: zopu_cli::GlobalArgs,
     /// Who you are, recorded as the author of what you decide or send (approvals, messages, the kill switch) [env: ZOPU_OPERATOR] [default: the account running zopu]
     #[arg(long = "as", global = true, value_name = "USER")]
     operator: Option<String>,
@@ -121,12 +110,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let config = zopu_cli::load_config(
-        cli.config.clone(),
-        cli.nats.as_deref(),
-        cli.data_dir.as_deref(),
-        cli.operator.as_deref(),
-    )?;
+    let config = cli.global.load_config(cli.operator.as_deref())?;
     // Services log their progress; one-shot commands only warnings.
     let long_running = matches!(cli.command, Command::Dev(_) | Command::Run(_));
     // Each `zopu run` reports its service's name in its spans; `zopu dev`
@@ -162,7 +146,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         zopu_runtime::telemetry::init_to_file(file, "info,async_nats=warn", &identity)
     } else {
         zopu_runtime::telemetry::init_with_default(
-            cli.json,
+            cli.global.json,
             if long_running {
                 "info,async_nats=warn"
             } else {
@@ -173,7 +157,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     let context = Context {
         config,
-        json: cli.json,
+        json: cli.global.json,
     };
     match cli.command {
         Command::Dev(args) => commands::services::dev(&context, args).await,

@@ -35,7 +35,7 @@ use crate::clock::Clock;
 use crate::nats::Bus;
 use crate::store::Store;
 use crate::telemetry::{TRACE_TARGET, propagation};
-use crate::{Error, invariant, metrics};
+use crate::{Error, metrics};
 
 mod decode;
 mod failure;
@@ -645,44 +645,11 @@ impl Publisher {
         envelope: &Envelope,
         head: Option<Head>,
     ) -> Result<async_nats::jetstream::publish::PublishAck, PublishFailure> {
-        let expected_sequence = head.map_or(0, |head| head.sequence);
-        // The chain's own rule (the one every store and the audit apply):
-        // a head of version 0 is a project with no valid event yet.
-        let link = head
-            .filter(|head| head.version > 0)
-            .map(|head| crate::chain::Link {
-                version: head.version,
-                hash: head.hash,
-                sequence: head.sequence,
-            });
-        let extends = crate::chain::check(link.as_ref(), envelope);
-        if !invariant::holds(invariant::CHAIN_EXTENSION, extends.is_ok(), || {
-            format!(
-                "{} of {}/{} built on {head:?}: {}",
-                envelope.event_type,
-                envelope.org_id,
-                envelope.project_id,
-                extends
-                    .err()
-                    .map(|error| error.to_string())
-                    .unwrap_or_default()
-            )
-        }) {
+        let Some(expected_sequence) = heads::expectation(envelope, head) else {
             return Err(PublishFailure::Fatal(
-                "the event does not extend its project's chain (a bug: counted in zopu_invariant_violations_total)".to_owned(),
+                "the event does not extend its project's chain from the head it expects (a bug: counted in zopu_invariant_violations_total)".to_owned(),
             ));
-        }
-        let expects = envelope.project_version <= 1 || expected_sequence > 0;
-        if !invariant::holds(invariant::EXPECTED_SEQUENCE, expects, || {
-            format!(
-                "version {} of {}/{} would be appended expecting no earlier message",
-                envelope.project_version, envelope.org_id, envelope.project_id
-            )
-        }) {
-            return Err(PublishFailure::Fatal(
-                "the append would not expect its project's head (a bug: counted in zopu_invariant_violations_total)".to_owned(),
-            ));
-        }
+        };
         let (mut headers, body) = event_message(envelope);
         expect_project_head(&mut headers, envelope, expected_sequence);
         let subject = envelope.subject();

@@ -11,8 +11,8 @@ use zopu_schema::{Envelope, EventHash, OrgId, ProjectId};
 use super::decode::decode_parts;
 use super::failure::{Failure, backoff, classify_api};
 use super::{Head, ProjectKey, ProjectLane, Publisher};
-use crate::Error;
 use crate::nats::Bus;
+use crate::{Error, invariant};
 
 impl Publisher {
     /// Reads the last stored event of a project (from the stream leader) and
@@ -527,4 +527,44 @@ pub(super) async fn walk_from(
         .at(last_sequence),
         passed_over,
     })
+}
+/// The stream sequence an append of `envelope`, built on `head`, expects
+/// its project's last message at; `None` (a bug, counted and, in a debug
+/// build, stopped at) when the envelope does not extend the chain from that
+/// head by the chain's own rule (the one every store and the audit apply;
+/// a head of version 0 is a project with no valid event yet), or when a
+/// later event would expect no earlier message.
+pub(super) fn expectation(envelope: &Envelope, head: Option<Head>) -> Option<u64> {
+    let expected_sequence = head.map_or(0, |head| head.sequence);
+    let link = head
+        .filter(|head| head.version > 0)
+        .map(|head| crate::chain::Link {
+            version: head.version,
+            hash: head.hash,
+            sequence: head.sequence,
+        });
+    let extends = crate::chain::check(link.as_ref(), envelope);
+    let extends = invariant::holds(invariant::CHAIN_EXTENSION, extends.is_ok(), || {
+        format!(
+            "{} of {}/{} built on {head:?}: {}",
+            envelope.event_type,
+            envelope.org_id,
+            envelope.project_id,
+            extends
+                .err()
+                .map(|error| error.to_string())
+                .unwrap_or_default()
+        )
+    });
+    let expects = invariant::holds(
+        invariant::EXPECTED_SEQUENCE,
+        envelope.project_version <= 1 || expected_sequence > 0,
+        || {
+            format!(
+                "version {} of {}/{} would be appended expecting no earlier message",
+                envelope.project_version, envelope.org_id, envelope.project_id
+            )
+        },
+    );
+    (extends && expects).then_some(expected_sequence)
 }

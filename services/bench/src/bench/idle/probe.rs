@@ -54,6 +54,11 @@ pub(super) fn probe_config(
         ..zopu_cli::ZopuConfig::default()
     };
     config.gateway.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    // The priming run and the probe are one instance restarted: a partition
+    // the priming run still held when it stopped is the probe's at once,
+    // instead of after the lease's time to live (which the probe would
+    // otherwise measure as catching up).
+    config.scale.instance_id = "bench-idle".to_owned();
     let config = config.resolved();
     config.validate()?;
     Ok(config)
