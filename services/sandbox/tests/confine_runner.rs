@@ -70,10 +70,14 @@ fn hanging_command_is_killed_with_its_group() {
 #[test]
 fn an_abort_kills_the_running_program_and_refuses_the_next() {
     let dir = tempfile::tempdir().expect("tmp");
-    for c in confinements() {
+    for (round, c) in confinements().into_iter().enumerate() {
+        // A duration no other test uses, so this round's program is told
+        // apart from every other process.
+        let program = format!("sleep {}", 41 + round);
+        let script = format!("{program} & {program}");
         let mut cmd = command(
             bash(),
-            &["-c", "sleep 30 & sleep 30"],
+            &["-c", &script],
             dir.path(),
             Duration::from_secs(60),
         );
@@ -81,7 +85,7 @@ fn an_abort_kills_the_running_program_and_refuses_the_next() {
         let runner = c.clone();
         let running = std::thread::spawn(move || runner.run(&cmd));
         // Abort once the program is under way (well before its 60 s timeout).
-        std::thread::sleep(Duration::from_millis(500));
+        wait_until_running(&program);
         let aborted_at = std::time::Instant::now();
         c.abort();
         let out = running.join().expect("joins").expect("runs");
@@ -351,5 +355,36 @@ fn seccomp_keeps_tools_working() {
             String::from_utf8_lossy(&out.stdout).starts_with("git version"),
             "{out:?}"
         );
+    }
+}
+
+/// Waits (up to 30 s) until a process of this test's runs `command_line`
+/// (its arguments joined by spaces): the confined program is under way.
+/// The processes are read from `/proc`, where a confined child shows too.
+fn wait_until_running(command_line: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let running = std::fs::read_dir("/proc")
+            .expect("/proc")
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_name().to_string_lossy().parse::<u32>().is_ok())
+            .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+            .any(|cmdline| {
+                let words: Vec<String> = cmdline
+                    .split(|byte| *byte == 0)
+                    .filter(|word| !word.is_empty())
+                    .map(|word| String::from_utf8_lossy(word).into_owned())
+                    .collect();
+                words.join(" ").ends_with(command_line) && words.len() == 2
+            });
+        if running {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "`{command_line}` never ran"
+        );
+        // Polling /proc: nothing announces a process's start.
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
