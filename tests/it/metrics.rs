@@ -516,6 +516,7 @@ fn the_dashboard_is_a_valid_grafana_model_querying_exported_metrics() -> Result<
         );
     }
 
+    zopu_core::metrics::declare();
     let exported = zopu_runtime::metrics::exported_sample_names();
     let expressions = panel_expressions(&dashboard);
     ensure!(!expressions.is_empty(), "the panels query something");

@@ -15,8 +15,8 @@ use std::time::Duration;
 use async_nats::jetstream::object_store::ObjectStore;
 use time::OffsetDateTime;
 use tracing::Instrument as _;
+use zopu_core::metrics;
 use zopu_runtime::config::{ConfigError, CoreConfig};
-use zopu_runtime::metrics;
 use zopu_runtime::{
     HandlerError, NewEvent, Reaction, ReactionConfig, ReactionContext, Runtime, Shutdown,
 };

@@ -11,7 +11,9 @@
 //! agent registry (`deploy/agents`); `secret_store` keeps the values that
 //! never enter an event; `keywords` finds the subject words of a request;
 //! `repetition` is the near-duplicate guardrail every agent output passes;
-//! `model_usage` is the model-token tally behind the daily budget.
+//! `model_usage` is the model-token tally behind the daily budget;
+//! `metrics` holds the domain's metric families (model calls, flows,
+//! artifacts, live-timeline streams), registered beside the runtime's.
 //!
 //! Invariants: a user command is built only here, so the gateway and the
 //! CLI cannot build it differently; no type here prints a secret value or
@@ -21,6 +23,7 @@ pub mod commands;
 pub mod delegation;
 pub mod keywords;
 pub mod memory;
+pub mod metrics;
 pub mod model_usage;
 pub mod registry;
 pub mod repetition;

@@ -334,7 +334,7 @@ async fn next_event(mut cursor: Cursor) -> Option<(Result<Event, Infallible>, Cu
 /// Counts open streams against the cap, and in the `zopu_sse_clients` gauge.
 struct ClientGuard {
     open: Arc<AtomicUsize>,
-    _counted: zopu_runtime::metrics::SseClient,
+    _counted: zopu_core::metrics::SseClient,
 }
 
 impl ClientGuard {
@@ -353,7 +353,7 @@ impl ClientGuard {
                 Ok(_) => {
                     return Some(Self {
                         open: counter.clone(),
-                        _counted: zopu_runtime::metrics::SseClient::connected(),
+                        _counted: zopu_core::metrics::SseClient::connected(),
                     });
                 }
                 Err(actual) => current = actual,

@@ -18,6 +18,10 @@ pub const CHAIN_EXTENSION: &str = "publish.chain_extension";
 /// subjects, and only a project's first event expects none (`publish`).
 pub const EXPECTED_SEQUENCE: &str = "publish.expected_sequence";
 
+/// Every metric family has a name of its own in the process's registry
+/// (`metrics::register`).
+pub const METRIC_NAME_UNIQUE: &str = "metrics.name_unique";
+
 /// Whether `invariant` held (`held`). A violation panics in a debug build;
 /// in a release build it is counted and logged with `detail`, and the
 /// caller must not go on as if it held.

@@ -13,7 +13,9 @@
 //! cancellation token and task tracker; `clock` is the injected wall clock and
 //! fresh-id source; `runtime` bundles them for a service;
 //! `text` holds the length limits applied to text put into events;
-//! `metrics` is the process's Prometheus registry and its `/metrics` listener;
+//! `metrics` is the process's Prometheus registry (the runtime's own
+//! families; the domain's enter through `metrics::register`) and its
+//! `/metrics` listener;
 //! `chain` is the one rule for a project's version/hash chain, and `ledger`
 //! the chain each store verified before its projections apply an event;
 //! `audit` verifies a stream's chains; `log` reads a project's history;

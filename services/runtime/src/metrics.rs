@@ -3,8 +3,13 @@
 //! recording functions the services call, and the `/metrics` listener
 //! (`metrics_listen`, services/cli/README.md "Configuration").
 //!
-//! Invariants: every metric is named `zopu_<what>_<unit>` and registered
-//! here, nowhere else; labels take only values from bounded sets (service
+//! The runtime's own families (consumers, handlers, dead letters, chain
+//! refusals, invariants, appends) are defined here; the domain kernel and
+//! the services add theirs through [`register`] (`zopu_core::metrics`).
+//!
+//! Invariants: every metric is named `zopu_<what>_<unit>` and enters the
+//! process's one registry through this module, under a name no other
+//! family has; labels take only values from bounded sets (service
 //! and durable names, catalogue event types, provider, flow and artifact
 //! kinds, fixed outcome words) — never an organization, project, user text
 //! or id; the JetStream consumer gauges are read from the server when
@@ -24,8 +29,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry, Unit};
 
-use crate::Error;
 use crate::shutdown::Shutdown;
+use crate::{Error, invariant};
 
 /// Every metric's name starts with `zopu_`.
 const PREFIX: &str = "zopu";
@@ -76,41 +81,6 @@ struct ServiceLabels {
     service: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ModelCallLabels {
-    provider: String,
-    outcome: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ModelTokenLabels {
-    provider: String,
-    direction: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ProviderLabels {
-    provider: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FlowLabels {
-    flow_type: &'static str,
-    outcome: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ArtifactBuildLabels {
-    kind: &'static str,
-    outcome: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ArtifactValidationLabels {
-    kind: &'static str,
-    stage: &'static str,
-}
-
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// 1 ms to 33 s.
@@ -123,16 +93,6 @@ fn append_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 14))
 }
 
-/// 10 ms to 82 s.
-fn model_call_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(0.01, 2.0, 14))
-}
-
-/// 100 ms to 14 min.
-fn flow_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(0.1, 2.0, 14))
-}
-
 /// A JetStream consumer whose state the scrape reads.
 struct WatchedConsumer {
     stream: async_nats::jetstream::stream::Stream,
@@ -141,9 +101,9 @@ struct WatchedConsumer {
 
 /// Every metric of the process.
 struct Metrics {
-    registry: Registry,
-    /// Every sample name the registry can expose (see [`exported_sample_names`]).
-    samples: BTreeSet<String>,
+    /// The process's registry: the runtime's families, and those the
+    /// domain and the services add through [`register`].
+    declared: Mutex<Declared>,
     consumer_pending: Family<DurableLabels, Gauge>,
     consumer_ack_pending: Family<DurableLabels, Gauge>,
     consumer_redelivered: Family<DurableLabels, Gauge>,
@@ -154,13 +114,6 @@ struct Metrics {
     appends: Family<AppendLabels, Counter>,
     append_conflict_retries: Family<ServiceLabels, Counter>,
     append_duration: HistogramFamily<ServiceLabels>,
-    model_calls: Family<ModelCallLabels, Counter>,
-    model_tokens: Family<ModelTokenLabels, Counter>,
-    model_call_duration: HistogramFamily<ProviderLabels>,
-    flow_duration: HistogramFamily<FlowLabels>,
-    artifact_builds: Family<ArtifactBuildLabels, Counter>,
-    artifact_validation_failures: Family<ArtifactValidationLabels, Counter>,
-    sse_clients: Gauge,
     watched: Mutex<HashMap<u64, WatchedConsumer>>,
 }
 
@@ -187,24 +140,62 @@ impl Default for Declared {
 }
 
 impl Declared {
+    /// Registers `metric` as `zopu_<name>[_<unit>]`, or names the sample
+    /// already taken (two families under one name would expose it twice).
     fn register<M: Metric + TypedMetric>(
         &mut self,
         name: &str,
         help: &str,
         unit: Option<Unit>,
         metric: M,
-    ) {
+    ) -> Result<(), String> {
         let full = match &unit {
             Some(unit) => format!("{PREFIX}_{name}_{}", unit.as_str()),
             None => format!("{PREFIX}_{name}"),
         };
-        for suffix in sample_suffixes(M::TYPE) {
-            self.samples.insert(format!("{full}{suffix}"));
+        let samples: Vec<String> = sample_suffixes(M::TYPE)
+            .iter()
+            .map(|suffix| format!("{full}{suffix}"))
+            .collect();
+        if let Some(taken) = samples.iter().find(|sample| self.samples.contains(*sample)) {
+            return Err(taken.clone());
         }
+        self.samples.extend(samples);
         match unit {
             Some(unit) => self.registry.register_with_unit(name, help, unit, metric),
             None => self.registry.register(name, help, metric),
         }
+        Ok(())
+    }
+
+    /// Registers one of the runtime's own families (unique names, checked
+    /// by this module's tests).
+    fn own<M: Metric + TypedMetric>(
+        &mut self,
+        name: &str,
+        help: &str,
+        unit: Option<Unit>,
+        metric: M,
+    ) {
+        let registered = self.register(name, help, unit, metric);
+        debug_assert!(registered.is_ok(), "{registered:?}");
+    }
+}
+
+/// Adds `metric` to the process's registry as `zopu_<name>[_<unit>]`: how
+/// the domain kernel and the services declare their own families (model
+/// calls, flows, artifacts, ...) beside the runtime's. `metric` is a handle
+/// (`Family`, `Counter`, ...: clones share their values); keep a clone to
+/// record into. Register each family once (a `LazyLock` of its module) and
+/// have the process declare it at start-up, so a scrape shows it before its
+/// first sample. A name already taken is refused
+/// ([`invariant::METRIC_NAME_UNIQUE`]): the first family keeps it.
+pub fn register<M: Metric + TypedMetric>(name: &str, help: &str, unit: Option<Unit>, metric: M) {
+    let registered = METRICS.declared().register(name, help, unit, metric);
+    if let Err(taken) = registered {
+        invariant::holds(invariant::METRIC_NAME_UNIQUE, false, || {
+            format!("{taken} is registered twice")
+        });
     }
 }
 
@@ -226,21 +217,21 @@ impl Metrics {
     fn new() -> Self {
         let mut declared = Declared::default();
         let consumer_pending = Family::<DurableLabels, Gauge>::default();
-        declared.register(
+        declared.own(
             "consumer_pending_messages",
             "Messages of the stream matching a durable consumer's filter and not yet delivered to it, read from JetStream at scrape time",
             None,
             consumer_pending.clone(),
         );
         let consumer_ack_pending = Family::<DurableLabels, Gauge>::default();
-        declared.register(
+        declared.own(
             "consumer_ack_pending_messages",
             "Messages delivered to a durable consumer and not yet acknowledged, read from JetStream at scrape time",
             None,
             consumer_ack_pending.clone(),
         );
         let consumer_redelivered = Family::<DurableLabels, Gauge>::default();
-        declared.register(
+        declared.own(
             "consumer_redelivered_messages",
             "Messages of a durable consumer delivered more than once and still unacknowledged, read from JetStream at scrape time",
             None,
@@ -248,42 +239,42 @@ impl Metrics {
         );
         let handler_duration =
             HistogramFamily::<HandlerLabels>::new_with_constructor(handler_buckets);
-        declared.register(
+        declared.own(
             "handler_duration",
             "One run of a reaction's handler on one message, by consumer, event type and outcome (ok, transient, permanent, fatal, interrupted)",
             Some(Unit::Seconds),
             handler_duration.clone(),
         );
         let dead_letters = Family::<DeadLetterLabels, Counter>::default();
-        declared.register(
+        declared.own(
             "dead_letters",
             "Messages a reaction gave up on and recorded as runtime.deadletter.recorded, by reason (decode, invalid, handler, chain)",
             None,
             dead_letters.clone(),
         );
         let chain_refusals = Family::<ServiceLabels, Counter>::default();
-        declared.register(
+        declared.own(
             "chain_refusals",
             "Events a service's projections refused because they do not extend their project's version/hash chain (a forgery stored without the expected sequence), counted once per service's store",
             None,
             chain_refusals.clone(),
         );
         let invariant_violations = Family::<InvariantLabels, Counter>::default();
-        declared.register(
+        declared.own(
             "invariant_violations",
             "Checks of a runtime invariant that failed in a release build (debug builds assert), by invariant (e.g. reaction.partition_ownership)",
             None,
             invariant_violations.clone(),
         );
         let appends = Family::<AppendLabels, Counter>::default();
-        declared.register(
+        declared.own(
             "appends",
             "Appends through the publisher, by event type and outcome (stored, duplicate, failed)",
             None,
             appends.clone(),
         );
         let append_conflict_retries = Family::<ServiceLabels, Counter>::default();
-        declared.register(
+        declared.own(
             "append_conflict_retries",
             "Appends refused by the per-project optimistic-concurrency check and retried on the re-read head",
             None,
@@ -291,65 +282,14 @@ impl Metrics {
         );
         let append_duration =
             HistogramFamily::<ServiceLabels>::new_with_constructor(append_buckets);
-        declared.register(
+        declared.own(
             "append_duration",
             "One append through the publisher, from the call to JetStream's acknowledgement, retries included",
             Some(Unit::Seconds),
             append_duration.clone(),
         );
-        let model_calls = Family::<ModelCallLabels, Counter>::default();
-        declared.register(
-            "model_calls",
-            "Model calls (the offline provider's decisions included), by provider and outcome (ok, error)",
-            None,
-            model_calls.clone(),
-        );
-        let model_tokens = Family::<ModelTokenLabels, Counter>::default();
-        declared.register(
-            "model_tokens",
-            "Model tokens as the provider reported them, by provider and direction (input: prompt, output: completion)",
-            None,
-            model_tokens.clone(),
-        );
-        let model_call_duration =
-            HistogramFamily::<ProviderLabels>::new_with_constructor(model_call_buckets);
-        declared.register(
-            "model_call_duration",
-            "One model call, its retries included, by provider",
-            Some(Unit::Seconds),
-            model_call_duration.clone(),
-        );
-        let flow_duration = HistogramFamily::<FlowLabels>::new_with_constructor(flow_buckets);
-        declared.register(
-            "flow_duration",
-            "A specialist flow run from flow.started to its terminal event, by flow type and outcome (completed, failed, cancelled)",
-            Some(Unit::Seconds),
-            flow_duration.clone(),
-        );
-        let artifact_builds = Family::<ArtifactBuildLabels, Counter>::default();
-        declared.register(
-            "artifact_builds",
-            "Artifact builds, by artifact kind and outcome (published, failed)",
-            None,
-            artifact_builds.clone(),
-        );
-        let artifact_validation_failures = Family::<ArtifactValidationLabels, Counter>::default();
-        declared.register(
-            "artifact_validation_failures",
-            "Rendered artifact pages that failed validation, by kind and stage (first_render: repaired once; after_repair: the build failed)",
-            None,
-            artifact_validation_failures.clone(),
-        );
-        let sse_clients = Gauge::default();
-        declared.register(
-            "sse_clients",
-            "Live-timeline (SSE) streams open on this gateway",
-            None,
-            sse_clients.clone(),
-        );
         Self {
-            registry: declared.registry,
-            samples: declared.samples,
+            declared: Mutex::new(declared),
             consumer_pending,
             consumer_ack_pending,
             consumer_redelivered,
@@ -360,15 +300,14 @@ impl Metrics {
             appends,
             append_conflict_retries,
             append_duration,
-            model_calls,
-            model_tokens,
-            model_call_duration,
-            flow_duration,
-            artifact_builds,
-            artifact_validation_failures,
-            sse_clients,
             watched: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn declared(&self) -> std::sync::MutexGuard<'_, Declared> {
+        self.declared
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn watched(&self) -> std::sync::MutexGuard<'_, HashMap<u64, WatchedConsumer>> {
@@ -503,86 +442,6 @@ pub fn append_conflict_retried(service: &str) {
         .inc();
 }
 
-/// What a model call cost, as the provider reported it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ModelTokens {
-    pub input: u64,
-    pub output: u64,
-}
-
-/// One model call of `provider` (`offline`, `openai`): `Ok` with its
-/// tokens, or `Err(())` when it failed.
-pub fn model_call(provider: &str, result: Result<ModelTokens, ()>, elapsed: Duration) {
-    let outcome = if result.is_ok() { "ok" } else { "error" };
-    METRICS
-        .model_calls
-        .get_or_create(&ModelCallLabels {
-            provider: provider.to_owned(),
-            outcome,
-        })
-        .inc();
-    METRICS
-        .model_call_duration
-        .get_or_create(&ProviderLabels {
-            provider: provider.to_owned(),
-        })
-        .observe(elapsed.as_secs_f64());
-    if let Ok(tokens) = result {
-        for (direction, count) in [("input", tokens.input), ("output", tokens.output)] {
-            METRICS
-                .model_tokens
-                .get_or_create(&ModelTokenLabels {
-                    provider: provider.to_owned(),
-                    direction,
-                })
-                .inc_by(count);
-        }
-    }
-}
-
-/// A flow run of `flow_type` ended with `outcome` (`completed`, `failed`,
-/// `cancelled`) after `elapsed` since its `flow.started`.
-pub fn flow_finished(flow_type: &'static str, outcome: &'static str, elapsed: Duration) {
-    METRICS
-        .flow_duration
-        .get_or_create(&FlowLabels { flow_type, outcome })
-        .observe(elapsed.as_secs_f64());
-}
-
-/// An artifact build of `kind` ended with `outcome` (`published`, `failed`).
-pub fn artifact_build(kind: &'static str, outcome: &'static str) {
-    METRICS
-        .artifact_builds
-        .get_or_create(&ArtifactBuildLabels { kind, outcome })
-        .inc();
-}
-
-/// A rendered page of `kind` failed validation at `stage` (`first_render`,
-/// `after_repair`).
-pub fn artifact_validation_failed(kind: &'static str, stage: &'static str) {
-    METRICS
-        .artifact_validation_failures
-        .get_or_create(&ArtifactValidationLabels { kind, stage })
-        .inc();
-}
-
-/// One open live-timeline stream; the gauge counts it until dropped.
-#[derive(Debug)]
-pub struct SseClient(());
-
-impl SseClient {
-    pub fn connected() -> Self {
-        METRICS.sse_clients.inc();
-        Self(())
-    }
-}
-
-impl Drop for SseClient {
-    fn drop(&mut self) {
-        METRICS.sse_clients.dec();
-    }
-}
-
 /// Durable consumers whose pending, ack-pending and redelivered counts the
 /// scrape reads, for as long as this value lives (a reaction holds it while
 /// it runs).
@@ -686,7 +545,7 @@ pub async fn render() -> String {
 pub fn encode() -> String {
     let mut text = String::new();
     // Writing into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut text, &METRICS.registry);
+    let _ = prometheus_client::encoding::text::encode(&mut text, &METRICS.declared().registry);
     text
 }
 
@@ -694,7 +553,7 @@ pub fn encode() -> String {
 /// `zopu_handler_duration_seconds_bucket`, ...), whether or not a sample
 /// was recorded yet: what a dashboard may query.
 pub fn exported_sample_names() -> BTreeSet<String> {
-    METRICS.samples.clone()
+    METRICS.declared().samples.clone()
 }
 
 /// Sample names declared by the `# TYPE` lines of an exposition.
@@ -797,77 +656,52 @@ mod tests {
             "zopu_appends_total",
             "zopu_append_conflict_retries_total",
             "zopu_append_duration_seconds_sum",
-            "zopu_model_calls_total",
-            "zopu_model_tokens_total",
-            "zopu_model_call_duration_seconds_bucket",
-            "zopu_flow_duration_seconds_count",
-            "zopu_artifact_builds_total",
-            "zopu_artifact_validation_failures_total",
-            "zopu_sse_clients",
         ] {
             assert!(names.contains(name), "{name} missing from {names:?}");
         }
     }
 
     #[test]
-    fn recorded_values_appear_with_their_labels() {
-        model_call(
-            "unit-test-provider",
-            Ok(ModelTokens {
-                input: 120,
-                output: 30,
-            }),
-            Duration::from_millis(40),
-        );
-        model_call("unit-test-provider", Err(()), Duration::from_millis(5));
+    fn recorded_values_appear_with_their_labels_and_declared_names() {
+        dead_letter("unit-test", "unit-test-consumer", "decode");
+        dead_letter("unit-test", "unit-test-consumer", "decode");
         let text = encode();
         assert_eq!(
             sample(
                 &text,
-                r#"zopu_model_calls_total{provider="unit-test-provider",outcome="ok"}"#
-            ),
-            Some(1.0)
-        );
-        assert_eq!(
-            sample(
-                &text,
-                r#"zopu_model_calls_total{provider="unit-test-provider",outcome="error"}"#
-            ),
-            Some(1.0)
-        );
-        assert_eq!(
-            sample(
-                &text,
-                r#"zopu_model_tokens_total{provider="unit-test-provider",direction="input"}"#
-            ),
-            Some(120.0)
-        );
-        assert_eq!(
-            sample(
-                &text,
-                r#"zopu_model_call_duration_seconds_count{provider="unit-test-provider"}"#
+                r#"zopu_dead_letters_total{service="unit-test",consumer="unit-test-consumer",reason="decode"}"#
             ),
             Some(2.0)
         );
         assert!(text.ends_with("# EOF\n"));
+        assert!(sample_names(&text).is_subset(&exported_sample_names()));
     }
 
     #[test]
-    fn an_sse_client_counts_while_it_is_open() {
-        let value = || sample(&encode(), "zopu_sse_clients ").unwrap();
-        let before = value();
-        let client = SseClient::connected();
-        assert_eq!(value(), before + 1.0);
-        drop(client);
-        assert_eq!(value(), before);
-    }
-
-    #[test]
-    fn the_declared_names_are_what_the_exposition_shows_once_recorded() {
-        flow_finished("unit_test_flow", "completed", Duration::from_secs(3));
-        let exposed = sample_names(&encode());
-        assert!(exposed.contains("zopu_flow_duration_seconds_bucket"));
-        assert!(exposed.is_subset(&exported_sample_names()), "{exposed:?}");
+    fn a_family_from_outside_is_exposed_and_its_name_is_its_own() {
+        let outside = Counter::<u64>::default();
+        register(
+            "unit_test_outside",
+            "A family registered from outside",
+            None,
+            outside.clone(),
+        );
+        outside.inc_by(3);
+        assert_eq!(
+            sample(&encode(), "zopu_unit_test_outside_total "),
+            Some(3.0)
+        );
+        assert!(exported_sample_names().contains("zopu_unit_test_outside_total"));
+        let mut declared = METRICS.declared();
+        let again = declared.register(
+            "unit_test_outside",
+            "again",
+            None,
+            Counter::<u64>::default(),
+        );
+        assert_eq!(again, Err("zopu_unit_test_outside_total".to_owned()));
+        let runtime_name = declared.register("appends", "again", None, Counter::<u64>::default());
+        assert_eq!(runtime_name, Err("zopu_appends_total".to_owned()));
     }
 
     #[test]

@@ -34,10 +34,11 @@ use std::time::Duration;
 use zopu_runtime::text::clip_chars;
 
 use tokio::time::Instant;
+use zopu_core::metrics;
 use zopu_core::registry::{NotRunnable, RegisteredAgent, Registry};
 use zopu_core::secret_store::SecretStore;
 use zopu_llm::Provider;
-use zopu_runtime::{HandlerError, NewEvent, Reaction, ReactionContext, metrics};
+use zopu_runtime::{HandlerError, NewEvent, Reaction, ReactionContext};
 use zopu_sandbox::tools::Sandbox;
 use zopu_schema::envelope::EventContext;
 use zopu_schema::pb::{self, FlowPhase, FlowType};

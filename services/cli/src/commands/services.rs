@@ -162,6 +162,8 @@ const DEV_METRICS_LISTEN: SocketAddr =
 /// Starts the process's `/metrics` listener on `address` as a tracked task;
 /// returns where it listens.
 async fn spawn_metrics(address: SocketAddr, shutdown: &Shutdown) -> anyhow::Result<SocketAddr> {
+    // The domain's families are on the first scrape, before their first sample.
+    zopu_core::metrics::declare();
     let server = zopu_runtime::metrics::Server::bind(address).await?;
     let bound = server.local_addr()?;
     let stop = shutdown.clone();

@@ -6,10 +6,11 @@
 
 use std::time::Instant;
 
+use zopu_core::metrics;
 use zopu_core::registry::RegisteredAgent;
 use zopu_llm::{ChatReply, ChatRequest, Provider};
 use zopu_runtime::text::clip_chars;
-use zopu_runtime::{Appended, HandlerError, NewEvent, ReactionContext, metrics};
+use zopu_runtime::{Appended, HandlerError, NewEvent, ReactionContext};
 use zopu_schema::envelope::EventContext;
 use zopu_schema::{DispatchId, Envelope, Event, keys as schema_keys, pb};
 

@@ -4,9 +4,10 @@
 //! `agent.llm.failed`) instead of calling the model again; a new one is
 //! recorded once the model answered.
 
+use zopu_core::metrics;
 use zopu_llm::{ChatReply, ChatRequest};
+use zopu_runtime::NewEvent;
 use zopu_runtime::text::clip_chars;
-use zopu_runtime::{NewEvent, metrics};
 use zopu_schema::pb::{self, FlowPhase, flow_progress::Signal};
 use zopu_schema::{Envelope, Event};
 
