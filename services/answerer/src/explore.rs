@@ -1,7 +1,10 @@
 //! Exploration (main spec section 30) with the offline provider: frame the
 //! question as keywords, search, rank files by match density and path
 //! relevance, read the top hits, verify the evidence, and say honestly what
-//! is heuristic and what is unknown. [`gather`] is shared with the issue flow.
+//! is heuristic and what is unknown. [`gather`] builds a question's
+//! workspace index through the port and is shared with the issue flow;
+//! [`explore`] wraps the pure drafting of [`crate::draft`] with the port's
+//! calls.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
@@ -12,9 +15,10 @@ use regex::Regex;
 use zopu_sandbox::tools::{FindCodeInput, ListFilesInput, ReadFileInput, SearchInput};
 use zopu_schema::pb::FlowPhase;
 
+use crate::draft::{self, TOP_FILES};
 use crate::grounding;
 use crate::port::{self, FlowError, Port};
-use crate::results::{ExplorationResult, Provenance, ResultVersion};
+use crate::results::ExplorationResult;
 
 mod blend;
 mod findings;
@@ -31,8 +35,6 @@ const MATCHES_PER_KEYWORD: usize = 300;
 /// Matches kept per file and keyword: a keyword that many files mention
 /// still reaches them all before the cap.
 const MATCHES_PER_FILE: usize = 12;
-/// Files read and reported.
-const TOP_FILES: usize = 5;
 /// Lines read around the first match.
 const WINDOW_LINES: u64 = 60;
 
@@ -571,7 +573,15 @@ pub struct ExploreInput {
     pub repository_commit: String,
 }
 
-/// Offline exploration through `port`.
+/// Search rounds at most: the question's keywords, then once with
+/// broader terms if they matched nothing ([`draft::broader_terms`]).
+const ROUNDS_MAX: u32 = 2;
+
+/// Offline exploration through `port`: the port's calls around the pure
+/// interface of [`crate::draft`]. The question's keywords are searched
+/// ([`gather`], steps `explore:{round}:…`), once more with broader terms if
+/// nothing matched, the answer is drafted ([`draft::draft`]), its evidence
+/// checked (steps `verify:…`) and the draft finished ([`draft::finish`]).
 pub async fn explore<P: Port>(
     port: &mut P,
     input: &ExploreInput,
@@ -579,142 +589,31 @@ pub async fn explore<P: Port>(
     port.phase(FlowPhase::Plan, 1, "Framing the question")
         .await?;
     let mut terms = keywords(&input.question);
-    let mut iteration = 1;
-    let mut gathered;
-    loop {
-        port.phase(FlowPhase::Act, iteration, "Searching the repository")
+    let mut round = 1;
+    let gathered = loop {
+        port.phase(FlowPhase::Act, round, "Searching the repository")
             .await?;
-        gathered = gather(
+        let gathered = gather(
             port,
-            &format!("explore:{iteration}"),
+            &format!("explore:{round}"),
             &input.question,
             &terms,
             TOP_FILES,
         )
         .await?;
-        port.phase(FlowPhase::Reflect, iteration, "Checking the matches")
+        port.phase(FlowPhase::Reflect, round, "Checking the matches")
             .await?;
-        if !gathered.ranked.is_empty() || iteration >= 2 {
-            break;
-        }
-        // Nothing matched: one broader round with shorter stems.
-        let broader: Vec<String> = terms
-            .iter()
-            .flat_map(|t| {
-                t.split(['_', '-', '.', '/'])
-                    .map(str::to_owned)
-                    .collect::<Vec<_>>()
-            })
-            .filter(|t| t.len() >= 4)
-            .map(|t| t.chars().take(5).collect::<String>())
-            .collect();
-        if broader.is_empty() || broader == terms {
-            break;
-        }
-        terms = broader;
-        iteration += 1;
-    }
-    let mut found = findings(&gathered, TOP_FILES);
-    // Verify every evidence item against the workspace.
-    let mut all = Vec::new();
-    for (index, finding) in found.iter_mut().enumerate() {
-        for mut item in std::mem::take(&mut finding.evidence) {
-            item.note = format!("{index}\u{0}{}", item.note);
-            all.push(item);
-        }
-    }
-    let grounded = grounding::verify(port, "verify", all).await?;
-    for mut item in grounded.kept {
-        let (index, note) = item
-            .note
-            .split_once('\u{0}')
-            .map(|(i, n)| (i.parse::<usize>().unwrap_or(0), n.to_owned()))
-            .unwrap_or((0, item.note.clone()));
-        item.note = note;
-        if let Some(finding) = found.get_mut(index) {
-            finding.evidence.push(item);
-        }
-    }
-    for finding in &mut found {
-        finding.assumption = !finding.evidence.iter().any(|e| e.verified);
-    }
-    let mut risks = vec!["Heuristic result: files were located by keyword search and ranking, not by running or fully reading the code; confirm before acting on it.".to_owned()];
-    for keyword in &gathered.capped {
-        risks.push(format!(
-            "The search for `{keyword}` hit its match cap; less obvious places may be missing."
-        ));
-    }
-    for (path, (first, content)) in &gathered.windows {
-        for (offset, line) in content.lines().enumerate() {
-            if (line.contains("TODO") || line.contains("FIXME") || line.contains("HACK"))
-                && risks.len() < 6
-            {
-                risks.push(format!(
-                    "`{path}` line {} has an open note near the matches: {}",
-                    first + offset as u64,
-                    clip_chars(line.trim(), 160)
-                ));
+        match draft::broader_terms(&gathered) {
+            Some(broader) if round < ROUNDS_MAX => {
+                terms = broader;
+                round += 1;
             }
+            _ => break gathered,
         }
-    }
-    let mut unknowns: Vec<String> = gathered
-        .unmatched
-        .iter()
-        .map(|k| format!("Nothing in the repository mentions `{k}`."))
-        .collect();
-    unknowns.push("Runtime behaviour was not observed: no code was run.".to_owned());
-    let mut next_actions: Vec<String> = found
-        .iter()
-        .filter_map(|f| f.evidence.iter().find(|e| e.verified))
-        .take(3)
-        .map(|e| format!("Read `{}` around line {}.", e.path, e.start_line))
-        .collect();
-    next_actions.push("Ask for an issue to turn a finding into a scoped change.".to_owned());
-    let strongest: Vec<String> = gathered
-        .ranked
-        .iter()
-        .take(3)
-        .map(|f| format!("`{}`", f.path))
-        .collect();
-    let summary = if gathered.ranked.is_empty() {
-        format!(
-            "No file in the repository matches {}; the question may use different words than the code.",
-            terms
-                .iter()
-                .map(|k| format!("`{k}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    } else {
-        format!(
-            "Searched for {}: {} file(s) match; the strongest are {}. {}",
-            terms
-                .iter()
-                .map(|k| format!("`{k}`"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            gathered.ranked.len(),
-            strongest.join(", "),
-            found.first().map(|f| f.claim.clone()).unwrap_or_default()
-        )
     };
-    Ok(ExplorationResult {
-        version: ResultVersion::CURRENT,
-        question: input.question.clone(),
-        summary,
-        system_map: system_map(&input.question, &gathered, TOP_FILES),
-        findings: found,
-        risks,
-        unknowns,
-        next_actions,
-        keywords: terms,
-        provenance: Provenance {
-            provider: input.provider.clone(),
-            heuristic: true,
-            repository_commit: input.repository_commit.clone(),
-            ..Default::default()
-        },
-    })
+    let drafted = draft::draft(&input.question, &gathered);
+    let grounded = grounding::verify_tagged(port, "verify", drafted.evidence()).await?;
+    Ok(draft::finish(drafted, grounded.kept, input))
 }
 
 #[cfg(test)]
@@ -748,6 +647,99 @@ mod tests {
             super::index_query("How are routes matched?"),
             "How are routes matched?"
         );
+    }
+
+    /// A direct port that notes each phase and tool step.
+    struct Steps {
+        port: crate::port::DirectPort,
+        steps: Vec<String>,
+    }
+
+    impl Port for Steps {
+        async fn phase(
+            &mut self,
+            phase: FlowPhase,
+            iteration: u32,
+            note: &str,
+        ) -> Result<(), FlowError> {
+            self.steps.push(format!("{phase:?} {iteration}"));
+            self.port.phase(phase, iteration, note).await
+        }
+
+        async fn tool(
+            &mut self,
+            step: &str,
+            request: port::ToolRequest,
+        ) -> Result<port::ToolResult, FlowError> {
+            self.steps.push(step.to_owned());
+            self.port.tool(step, request).await
+        }
+
+        async fn llm(
+            &mut self,
+            step: &str,
+            request: zopu_llm::ChatRequest,
+        ) -> Result<zopu_llm::ChatReply, FlowError> {
+            self.port.llm(step, request).await
+        }
+
+        async fn guardrail(
+            &mut self,
+            step: &str,
+            rule: &str,
+            detail: &str,
+            action: &str,
+        ) -> Result<(), FlowError> {
+            self.port.guardrail(step, rule, detail, action).await
+        }
+
+        fn guardrails(&self) -> u32 {
+            self.port.guardrails()
+        }
+    }
+
+    #[tokio::test]
+    async fn exploration_takes_its_recorded_steps_in_order() {
+        // Runs are recorded and replayed by step: these names and their
+        // order are an event contract.
+        let (_dir, port) = crate::port::direct(&[
+            ("src/lib.rs", "fn main() {}\n"),
+            ("src/quuxf.rs", "// quuxf stuff\nfn quuxf() {}\n"),
+        ]);
+        let mut port = Steps {
+            port,
+            steps: Vec::new(),
+        };
+        let input = ExploreInput {
+            question: "How does the `quuxfrobnicator_zeta` work with blorptastic_wibble?".into(),
+            ..Default::default()
+        };
+        let result = explore(&mut port, &input).await.unwrap();
+        assert_eq!(
+            port.steps,
+            [
+                "Plan 1",
+                "Act 1",
+                "explore:1:search:0",
+                "explore:1:search:1",
+                "explore:1:list",
+                "explore:1:index",
+                "Reflect 1",
+                // Nothing matched: a second round with broader terms.
+                "Act 2",
+                "explore:2:search:0",
+                "explore:2:search:1",
+                "explore:2:search:2",
+                "explore:2:search:3",
+                "explore:2:list",
+                "explore:2:index",
+                "explore:2:read:0",
+                "Reflect 2",
+                "verify:0",
+            ]
+        );
+        assert_eq!(result.keywords, ["quuxf", "zeta", "blorp", "wibbl"]);
+        assert!(!result.findings[0].assumption, "{:?}", result.findings);
     }
 
     #[tokio::test]

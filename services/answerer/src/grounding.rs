@@ -20,12 +20,13 @@ const RANGE_LINES_MAX: u32 = 2_000;
 /// Most distinct files checked in one call.
 const FILES_MAX: usize = 40;
 
-/// What grounding did to a list of evidence.
+/// What grounding did to a list of evidence: `T` is an evidence item, or
+/// (with [`verify_tagged`]) an item beside the tag its caller gave it.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Grounded {
-    pub kept: Vec<EvidenceItem>,
+pub struct Grounded<T = EvidenceItem> {
+    pub kept: Vec<T>,
     /// Items dropped because their path does not exist or cannot be read.
-    pub dropped: Vec<EvidenceItem>,
+    pub dropped: Vec<T>,
 }
 
 fn normalize(text: &str) -> String {
@@ -44,24 +45,51 @@ pub async fn verify<P: Port>(
     step: &str,
     items: Vec<EvidenceItem>,
 ) -> Result<Grounded, FlowError> {
-    let mut by_path: BTreeMap<String, Vec<EvidenceItem>> = BTreeMap::new();
-    let mut grounded = Grounded::default();
-    for mut item in items {
+    let tagged = items.into_iter().map(|item| ((), item)).collect();
+    let grounded = verify_tagged(port, step, tagged).await?;
+    let untag = |items: Vec<((), EvidenceItem)>| items.into_iter().map(|(_, item)| item).collect();
+    Ok(Grounded {
+        kept: untag(grounded.kept),
+        dropped: untag(grounded.dropped),
+    })
+}
+
+/// [`verify`] for items that each carry a tag (the finding an item backs,
+/// say), handed back beside the checked item. The tags never reach the
+/// port: the reads, their step names and inputs are those of [`verify`]
+/// for the same items.
+pub async fn verify_tagged<P: Port, T>(
+    port: &mut P,
+    step: &str,
+    items: Vec<(T, EvidenceItem)>,
+) -> Result<Grounded<(T, EvidenceItem)>, FlowError> {
+    let mut by_path: BTreeMap<String, Vec<(T, EvidenceItem)>> = BTreeMap::new();
+    let mut grounded = Grounded {
+        kept: Vec::new(),
+        dropped: Vec::new(),
+    };
+    for (tag, mut item) in items {
         item.verified = false;
         item.path = item.path.trim().trim_start_matches("./").to_owned();
         if item.path.is_empty() {
             // A note without a location: kept as an unverified assumption.
-            grounded.kept.push(item);
+            grounded.kept.push((tag, item));
             continue;
         }
-        by_path.entry(item.path.clone()).or_default().push(item);
+        by_path
+            .entry(item.path.clone())
+            .or_default()
+            .push((tag, item));
     }
     for (index, (path, items)) in by_path.into_iter().enumerate() {
         if index >= FILES_MAX {
             grounded.kept.extend(items);
             continue;
         }
-        let ranged = items.iter().filter(|item| item.start_line > 0);
+        let ranged = items
+            .iter()
+            .map(|(_, item)| item)
+            .filter(|item| item.start_line > 0);
         let low = ranged
             .clone()
             .map(|item| item.start_line)
@@ -87,7 +115,7 @@ pub async fn verify<P: Port>(
             Ok(output) => {
                 let lines: Vec<&str> = output.content.lines().collect();
                 let last_line = output.start_line + lines.len() as u64;
-                for mut item in items {
+                for (tag, mut item) in items {
                     let range_exists = item.start_line == 0
                         || u64::from(item.start_line) < last_line.max(output.start_line + 1);
                     let window = if item.start_line == 0 {
@@ -115,7 +143,7 @@ pub async fn verify<P: Port>(
                         item.note =
                             format!("{} (the cited lines do not exist; unverified)", item.note);
                     }
-                    grounded.kept.push(item);
+                    grounded.kept.push((tag, item));
                 }
             }
         }
@@ -184,5 +212,44 @@ mod tests {
             grounded.kept[2].start_line, 0,
             "a range past the end is not kept"
         );
+    }
+
+    #[tokio::test]
+    async fn tags_come_back_beside_their_items_after_the_same_reads() {
+        let files = [(
+            "src/lib.rs",
+            "// top\npub fn login(user: &str) -> bool {\n    true\n}\n",
+        )];
+        let items = vec![
+            item("src/lib.rs", 2, "fn logout()"),
+            item("src/missing.rs", 1, "anything"),
+            item("", 0, ""),
+            item("src/lib.rs", 2, "pub fn login(user: &str)"),
+        ];
+        let (_dir, mut port) = port_with(&files);
+        let untagged = verify(&mut port, "verify", items.clone()).await.unwrap();
+        let (_dir, mut tagged_port) = port_with(&files);
+        let tagged = verify_tagged(
+            &mut tagged_port,
+            "verify",
+            items.into_iter().enumerate().collect(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(tagged_port.tool_calls, port.tool_calls);
+        // The item without a path first, then by path, each with its tag.
+        let kept: Vec<(usize, bool)> = tagged
+            .kept
+            .iter()
+            .map(|(tag, item)| (*tag, item.verified))
+            .collect();
+        assert_eq!(kept, [(2, false), (0, false), (3, true)]);
+        let dropped: Vec<usize> = tagged.dropped.iter().map(|(tag, _)| *tag).collect();
+        assert_eq!(dropped, [1]);
+        let items = |tagged: Vec<(usize, EvidenceItem)>| -> Vec<EvidenceItem> {
+            tagged.into_iter().map(|(_, item)| item).collect()
+        };
+        assert_eq!(items(tagged.kept), untagged.kept);
+        assert_eq!(items(tagged.dropped), untagged.dropped);
     }
 }

@@ -5,6 +5,14 @@
 //! (`grounding`) and drafts the exploration result (`results`), saying
 //! honestly what is heuristic and what is unknown.
 //!
+//! The decisions are one small, pure, synchronous interface, [`draft`]: a
+//! question and its workspace index ([`explore::Gathered`]: keywords,
+//! ranked files, read windows) in, ranked evidence and an answer draft out
+//! ([`draft::draft`]), then the draft and its checked evidence in, the
+//! result out ([`draft::finish`]). [`explore::explore`] only wraps it with
+//! port calls: search and read to build the index, grounding between the
+//! two halves.
+//!
 //! Its one interface to the outside is [`port::Port`]: the workspace's
 //! read-only tools (list, search, find code, read) and, for the flows that
 //! use one, the model. The specialists service implements it with recorded
@@ -18,6 +26,7 @@
 //! exist is dropped, and an item whose range or snippet does not check out
 //! stays only as an assumption (`verified: false`).
 
+pub mod draft;
 pub mod explore;
 pub mod grounding;
 pub mod port;

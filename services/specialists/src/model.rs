@@ -620,32 +620,28 @@ pub async fn ground_exploration<P: Port>(
 ) -> Result<(), FlowError> {
     let mut all = Vec::new();
     for (index, finding) in result.findings.iter_mut().enumerate() {
-        for mut item in std::mem::take(&mut finding.evidence) {
-            item.note = format!("{index}\u{0}{}", item.note);
-            all.push(item);
-        }
+        all.extend(
+            std::mem::take(&mut finding.evidence)
+                .into_iter()
+                .map(|item| (index, item)),
+        );
     }
-    let grounded = grounding::verify(port, "verify", all).await?;
-    let split = |note: &str| {
-        note.split_once('\u{0}')
-            .map(|(i, n)| (i.parse::<usize>().unwrap_or(0), n.to_owned()))
-            .unwrap_or((0, note.to_owned()))
-    };
-    for mut item in grounded.kept {
-        let (index, note) = split(&item.note);
-        item.note = note;
+    let grounded = grounding::verify_tagged(port, "verify", all).await?;
+    for (index, item) in grounded.kept {
         if let Some(finding) = result.findings.get_mut(index) {
             finding.evidence.push(item);
         }
     }
-    for item in grounded.dropped {
-        let (index, note) = split(&item.note);
+    for (index, item) in grounded.dropped {
         let claim = result
             .findings
             .get(index)
             .map(|f| f.claim.clone())
             .unwrap_or_default();
-        result.unknowns.push(format!("Unverified: {claim} — {note} (cited `{}`, which does not exist at the inspected commit)", item.path));
+        result.unknowns.push(format!(
+            "Unverified: {claim} — {} (cited `{}`, which does not exist at the inspected commit)",
+            item.note, item.path
+        ));
     }
     let mut kept: Vec<Finding> = Vec::new();
     for mut finding in std::mem::take(&mut result.findings) {
