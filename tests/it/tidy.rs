@@ -214,21 +214,44 @@ fn rust_files(directory: &Path, files: &mut Vec<PathBuf>) {
     }
 }
 
-/// `file:line: literal` for every subject or reserved name spelled in the
-/// production sources of the crates other than schema (comments and
-/// `#[cfg(test)]` modules are not production code).
-fn subject_spellings_outside_schema() -> Vec<String> {
-    let services = workspace_root().join("services");
+/// One line of production code: the file (relative to the workspace), its
+/// line number and text.
+struct ProductionLine {
+    file: String,
+    number: usize,
+    text: String,
+}
+
+impl ProductionLine {
+    fn at(&self, what: &str) -> String {
+        format!("{}:{}: {what}", self.file, self.number)
+    }
+}
+
+/// The production lines of the crates under `services/` that `crates`
+/// accepts (by directory name): comments, `#[cfg(test)]` modules and
+/// `tests.rs` files are not production code.
+fn production_lines(crates: impl Fn(&str) -> bool) -> Vec<ProductionLine> {
+    let root = workspace_root();
     let mut files = Vec::new();
-    for entry in std::fs::read_dir(&services).expect("services/").flatten() {
-        if entry.file_name() != "schema" {
+    for entry in std::fs::read_dir(root.join("services"))
+        .expect("services/")
+        .flatten()
+    {
+        if crates(&entry.file_name().to_string_lossy()) {
             rust_files(&entry.path().join("src"), &mut files);
         }
     }
-    assert!(files.len() > 50, "found only {} source files", files.len());
-    let mut found = Vec::new();
+    files.retain(|file| !file.ends_with("tests.rs"));
+    files.sort();
+    let mut lines = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).expect("readable source");
+        let relative = file
+            .strip_prefix(&root)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
         let mut in_test_module = false;
         for (number, line) in text.lines().enumerate() {
             // A file's test modules are `#[cfg(test)]` at the top level and
@@ -238,32 +261,111 @@ fn subject_spellings_outside_schema() -> Vec<String> {
             } else if in_test_module && line == "}" {
                 in_test_module = false;
             }
-            let code = line.trim_start();
-            if in_test_module || code.starts_with("//") {
+            if in_test_module || line.trim_start().starts_with("//") {
                 continue;
             }
-            let literals = string_literals(line);
-            if code.contains("durable_name") && !literals.is_empty() {
-                let relative = file.strip_prefix(workspace_root()).unwrap_or(&file);
-                found.push(format!(
-                    "{}:{}: a durable name spelled by hand",
-                    relative.display(),
-                    number + 1
-                ));
-            }
-            for literal in literals {
-                if spells_a_subject_or_name(literal) {
-                    let relative = file.strip_prefix(workspace_root()).unwrap_or(&file);
-                    found.push(format!(
-                        "{}:{}: \"{literal}\"",
-                        relative.display(),
-                        number + 1
-                    ));
-                }
+            lines.push(ProductionLine {
+                file: relative.clone(),
+                number: number + 1,
+                text: line.to_owned(),
+            });
+        }
+    }
+    lines
+}
+
+/// `file:line: literal` for every subject or reserved name spelled in the
+/// production sources of the crates other than schema.
+fn subject_spellings_outside_schema() -> Vec<String> {
+    let lines = production_lines(|name| name != "schema");
+    assert!(
+        lines.len() > 10_000,
+        "found only {} source lines",
+        lines.len()
+    );
+    let mut found = Vec::new();
+    for line in &lines {
+        let literals = string_literals(&line.text);
+        if line.text.contains("durable_name") && !literals.is_empty() {
+            found.push(line.at("a durable name spelled by hand"));
+        }
+        for literal in literals {
+            if spells_a_subject_or_name(literal) {
+                found.push(line.at(&format!("\"{literal}\"")));
             }
         }
     }
     found
+}
+
+/// The crates whose behaviour becomes events: the runtime, the domain
+/// kernel, the offline answerer and the services. Operator tools (cli,
+/// bench) and the libraries below them read the machine's clock freely.
+fn writes_events(crate_dir: &str) -> bool {
+    matches!(
+        crate_dir,
+        "runtime"
+            | "core"
+            | "answerer"
+            | "setup"
+            | "dispatch"
+            | "conversation"
+            | "specialists"
+            | "artifacts"
+            | "gateway"
+            | "executor"
+    )
+}
+
+/// The file that is the clock: the one place a service's time and fresh
+/// ids come from.
+const THE_CLOCK: &str = "services/runtime/src/clock.rs";
+
+/// Fresh ids that are no part of any behaviour, with why.
+const FRESH_IDS_OUTSIDE_BEHAVIOUR: &[(&str, &str)] = &[(
+    "services/runtime/src/projection/parallel.rs",
+    "the name of a parallel replay's short-lived server-side consumers: unique across processes, never recorded",
+)];
+
+/// What reads the machine's clock or makes a fresh id without the injected
+/// clock, as written in Rust.
+fn reads_the_clock_itself(code: &str) -> Option<&'static str> {
+    const READS: [&str; 6] = [
+        "now_utc()",
+        "SystemTime::now",
+        "Utc::now",
+        "Uuid::new_v4",
+        "Uuid::now_v7",
+        "Local::now",
+    ];
+    if let Some(read) = READS.iter().find(|read| code.contains(*read)) {
+        return Some(read);
+    }
+    // `EventId::new()`, `WorkId::default()`, ...: schema's ids read the
+    // machine's clock for a fresh UUIDv7.
+    code.match_indices("Id::")
+        .any(|(at, _)| {
+            let before = code[..at].chars().next_back();
+            let after = &code[at + 4..];
+            before.is_some_and(|c| c.is_ascii_alphanumeric())
+                && (after.starts_with("new()") || after.starts_with("default()"))
+        })
+        .then_some("a fresh schema id")
+}
+
+/// `file:line: what` for every read of the machine's clock or fresh id in
+/// the production code of the crates that write events, outside the clock.
+fn clock_reads_outside_the_clock() -> Vec<String> {
+    production_lines(writes_events)
+        .iter()
+        .filter(|line| line.file != THE_CLOCK)
+        .filter(|line| {
+            !FRESH_IDS_OUTSIDE_BEHAVIOUR
+                .iter()
+                .any(|(file, _why)| line.file == *file && line.text.contains("Uuid::new_v4"))
+        })
+        .filter_map(|line| reads_the_clock_itself(&line.text).map(|read| line.at(read)))
+        .collect()
 }
 
 #[test]
@@ -291,4 +393,36 @@ fn the_subject_scan_finds_what_it_looks_for() {
     assert!(!spells_a_subject_or_name("zopu.v1.ProjectReady"));
     assert!(!spells_a_subject_or_name("zopu-bench"));
     assert!(!spells_a_subject_or_name("project.ready"));
+}
+
+#[test]
+fn services_read_time_and_make_ids_only_through_the_injected_clock() {
+    let found = clock_reads_outside_the_clock();
+    assert!(
+        found.is_empty(),
+        "read the time and make fresh ids through runtime::clock::Clock (CoreConfig::clock):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_clock_scan_finds_what_it_looks_for() {
+    assert_eq!(
+        reads_the_clock_itself("let at = OffsetDateTime::now_utc();"),
+        Some("now_utc()")
+    );
+    assert_eq!(
+        reads_the_clock_itself("let id = EventId::new();"),
+        Some("a fresh schema id")
+    );
+    assert_eq!(
+        reads_the_clock_itself("work: WorkId::default(),"),
+        Some("a fresh schema id")
+    );
+    assert_eq!(reads_the_clock_itself("let at = clock.now();"), None);
+    assert_eq!(
+        reads_the_clock_itself("let id = EventId::derived(ms, &key);"),
+        None
+    );
+    assert_eq!(reads_the_clock_itself("let map = BTreeMap::new();"), None);
 }

@@ -5,7 +5,7 @@
 
 use zopu_core::commands::{self, Requester};
 use zopu_runtime::{Appended, Publisher};
-use zopu_schema::{CorrelationId, Envelope, EventId, OrgId, ProjectId, pb};
+use zopu_schema::{CorrelationId, Envelope, OrgId, ProjectId, pb};
 
 use crate::Error;
 
@@ -37,7 +37,7 @@ pub async fn disable_agent(
     reason: &str,
     actor: pb::Actor,
 ) -> Result<Appended, Error> {
-    let requester = requester(org, &EventId::new().to_string(), actor)?;
+    let requester = requester(org, &publisher.clock().fresh_uuid().to_string(), actor)?;
     let disabled = commands::disable_agent(&requester, *project, reason).map_err(invalid)?;
     Ok(publisher.append(disabled).await?)
 }
@@ -49,7 +49,7 @@ pub async fn enable_agent(
     project: &ProjectId,
     actor: pb::Actor,
 ) -> Result<Appended, Error> {
-    let requester = requester(org, &EventId::new().to_string(), actor)?;
+    let requester = requester(org, &publisher.clock().fresh_uuid().to_string(), actor)?;
     let enabled = commands::enable_agent(&requester, *project).map_err(invalid)?;
     Ok(publisher.append(enabled).await?)
 }

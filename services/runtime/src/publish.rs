@@ -52,6 +52,12 @@ const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequenc
 const EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT: &str = "Nats-Expected-Last-Subject-Sequence-Subject";
 
 /// An event to append, with its causal context.
+/// A root event's `cause_unix_ms` before the publisher stamps it.
+const UNSTAMPED: u64 = 0;
+
+/// The key of a root event's placeholder cause (see [`NewEvent::root`]).
+const ROOT_PLACEHOLDER_KEY: &str = "root-event-placeholder";
+
 #[derive(Debug, Clone)]
 pub struct NewEvent {
     pub event_type: &'static str,
@@ -90,7 +96,9 @@ impl NewEvent {
         idempotency_key: impl Into<String>,
         correlation: Option<CorrelationId>,
     ) -> Self {
-        let placeholder = EventId::new();
+        // Stands for "no cause" until the publisher stamps the event: its
+        // own id becomes the causation (and, unless given, the correlation).
+        let placeholder = EventId::derived(UNSTAMPED, ROOT_PLACEHOLDER_KEY);
         Self {
             event_type: E::TYPE,
             schema: E::SCHEMA,
@@ -105,7 +113,7 @@ impl NewEvent {
                 flow_run_id: None,
                 dispatch_id: None,
                 traceparent: None,
-                cause_unix_ms: zopu_schema::envelope::unix_ms(OffsetDateTime::now_utc()),
+                cause_unix_ms: UNSTAMPED,
             },
             idempotency_key: idempotency_key.into(),
             root: true,
@@ -134,6 +142,16 @@ impl NewEvent {
 
     pub fn with_traceparent(mut self, traceparent: Option<String>) -> Self {
         self.context.traceparent = traceparent;
+        self
+    }
+
+    /// This event with a root's time (its `cause_unix_ms`, what its id is
+    /// derived from) read from `clock` when nothing stamped it yet: the
+    /// publisher stamps every root event it appends with its service's clock.
+    pub fn stamped(mut self, clock: &Clock) -> Self {
+        if self.root && self.context.cause_unix_ms == UNSTAMPED {
+            self.context.cause_unix_ms = u64::try_from(clock.unix_ms()).unwrap_or_default();
+        }
         self
     }
 
@@ -357,6 +375,7 @@ impl Publisher {
     }
 
     async fn append_untraced(&self, event: NewEvent) -> Result<Appended, Error> {
+        let event = event.stamped(&self.clock);
         let event_id = event.event_id();
         if let Some(duplicate) = self.known_duplicate(&event.idempotency_key).await? {
             return Ok(duplicate);
@@ -444,6 +463,7 @@ impl Publisher {
         event: NewEvent,
         expected_version: u64,
     ) -> Result<Appended, AppendAtError> {
+        let event = event.stamped(&self.clock);
         let event_id = event.event_id();
         if let Some(duplicate) = self.known_duplicate(&event.idempotency_key).await? {
             return Ok(duplicate);
@@ -775,5 +795,34 @@ impl Publisher {
             Some(sequence) => get_event(&self.bus, sequence).await.map(Some),
             None => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use zopu_schema::{OrgId, ProjectId, pb};
+
+    use super::NewEvent;
+    use crate::clock::ManualClock;
+
+    #[test]
+    fn a_root_event_takes_its_time_and_id_from_the_publishers_clock() {
+        let start = time::OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let manual = ManualClock::starting_at(start);
+        let (org, project) = ("acme".parse::<OrgId>().unwrap(), ProjectId::derived(1, "p"));
+        let command = pb::TimelineMessageSent::default();
+        let root = || NewEvent::root(org.clone(), project, &command, "key", None);
+        let first = root().stamped(&manual.clock());
+        assert_eq!(first.context.cause_unix_ms, 1_800_000_000_000);
+        // The same command at the same time is the same event.
+        assert_eq!(first.event_id(), root().stamped(&manual.clock()).event_id());
+        // Stamping again keeps the first stamp.
+        manual.advance(std::time::Duration::from_secs(5));
+        let again = first.clone().stamped(&manual.clock());
+        assert_eq!(again.context.cause_unix_ms, first.context.cause_unix_ms);
+        // An event with a cause keeps its cause's time.
+        let caused = NewEvent::caused_by(&first.context, &command, "next").stamped(&manual.clock());
+        assert_eq!(caused.context.cause_unix_ms, first.context.cause_unix_ms);
     }
 }

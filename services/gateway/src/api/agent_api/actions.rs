@@ -473,7 +473,9 @@ pub(super) async fn checked_action(
                 kind: "external".into(),
                 agent_id: author,
             };
-            vec![NewEvent::caused_by(&cause, &created, key.clone()).with_work(WorkId::new())]
+            // Derived like every other id here: a retried action names the same work.
+            let work = WorkId::derived(id_ms, &key);
+            vec![NewEvent::caused_by(&cause, &created, key.clone()).with_work(work)]
         }
         Act::RequestFlow { flow, text, title } => {
             let keys = flow_request_keys(&agent, &candidate.event_id, flow);
