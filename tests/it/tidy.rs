@@ -395,6 +395,91 @@ fn the_subject_scan_finds_what_it_looks_for() {
     assert!(!spells_a_subject_or_name("project.ready"));
 }
 
+/// The events a user command is (`core::commands` builds each): a
+/// construction of one anywhere else would be a second key scheme.
+const USER_COMMANDS: [&str; 10] = [
+    "ProjectSetupRequested",
+    "TimelineMessageSent",
+    "TimelineActionSent",
+    "AgentDisabled",
+    "AgentEnabled",
+    "ApprovalGranted",
+    "ApprovalDenied",
+    "FlowCancelRequested",
+    "ProjectEnvironmentValueSet",
+    "ProjectEnvironmentValueDeleted",
+];
+
+/// The builder of every user command.
+const THE_COMMAND_BUILDER: &str = "services/core/src/commands.rs";
+
+/// `file:line: type` for every user command built in production code
+/// outside `core::commands` (the benchmarks, which play users, aside).
+fn user_commands_built_outside_the_builder() -> Vec<String> {
+    production_lines(|name| name != "bench" && name != "schema")
+        .iter()
+        .filter(|line| line.file != THE_COMMAND_BUILDER)
+        .flat_map(|line| {
+            USER_COMMANDS
+                .iter()
+                .filter(|command| builds(&line.text, command))
+                .map(|command| line.at(command))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Whether a line of Rust builds a `pb::<message>` value with a struct
+/// literal (a type named in a signature or a pattern is no construction).
+fn builds(code: &str, message: &str) -> bool {
+    let literal = format!("pb::{message} {{");
+    code.match_indices(&literal).any(|(at, _)| {
+        let before = code[..at].trim_end();
+        !before.ends_with("->")
+    })
+}
+
+#[test]
+fn only_the_command_builder_builds_user_commands() {
+    let found = user_commands_built_outside_the_builder();
+    assert!(
+        found.is_empty(),
+        "user commands are built by core::commands, for the gateway and the CLI alike:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_command_scan_finds_what_it_looks_for() {
+    assert!(builds(
+        "let sent = pb::TimelineMessageSent {",
+        "TimelineMessageSent"
+    ));
+    assert!(builds(
+        "publisher.append(root(&pb::AgentDisabled { reason }))",
+        "AgentDisabled"
+    ));
+    assert!(!builds(
+        "fn requested() -> pb::ProjectSetupRequested {",
+        "ProjectSetupRequested"
+    ));
+    assert!(!builds("event.is::<pb::AgentDisabled>()", "AgentDisabled"));
+    // The scan sees the builder's own constructions.
+    let in_builder = production_lines(|name| name == "core")
+        .iter()
+        .filter(|line| line.file == THE_COMMAND_BUILDER)
+        .filter(|line| {
+            USER_COMMANDS
+                .iter()
+                .any(|command| builds(&line.text, command))
+        })
+        .count();
+    assert!(
+        in_builder >= 8,
+        "found {in_builder} constructions in the builder"
+    );
+}
+
 #[test]
 fn services_read_time_and_make_ids_only_through_the_injected_clock() {
     let found = clock_reads_outside_the_clock();

@@ -18,6 +18,9 @@ pub const CHAIN_EXTENSION: &str = "publish.chain_extension";
 /// subjects, and only a project's first event expects none (`publish`).
 pub const EXPECTED_SEQUENCE: &str = "publish.expected_sequence";
 
+/// An appended event carries a well-formed `traceparent`: its append
+/// span's, or its cause's when nothing is traced there (`publish`).
+pub const TRACE_CONTEXT: &str = "publish.trace_context";
 /// Every metric family has a name of its own in the process's registry
 /// (`metrics::register`).
 pub const METRIC_NAME_UNIQUE: &str = "metrics.name_unique";

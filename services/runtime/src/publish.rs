@@ -35,7 +35,7 @@ use crate::clock::Clock;
 use crate::nats::Bus;
 use crate::store::Store;
 use crate::telemetry::{TRACE_TARGET, propagation};
-use crate::{Error, metrics};
+use crate::{Error, invariant, metrics};
 
 mod decode;
 mod failure;
@@ -172,8 +172,18 @@ fn in_current_trace(mut event: NewEvent, append: &tracing::Span) -> NewEvent {
             .then(|| propagation::traceparent_of(append))
             .flatten()
     });
+    let inherited = event.context.traceparent.is_some();
     if let Some(traceparent) = traceparent {
         event.context.traceparent = Some(traceparent);
+    }
+    // What every reader's decode accepts, and the trace goes on: a span's or
+    // the cause's context is carried, a malformed one never written.
+    let carried = event.context.traceparent.as_deref();
+    let held = carried.map_or(!inherited, zopu_schema::envelope::is_traceparent);
+    if !invariant::holds(invariant::TRACE_CONTEXT, held, || {
+        format!("an append would carry the trace context {carried:?}")
+    }) {
+        event.context.traceparent = None;
     }
     event
 }

@@ -38,7 +38,7 @@ use zopu_core::metrics;
 use zopu_core::registry::{NotRunnable, RegisteredAgent, Registry};
 use zopu_core::secret_store::SecretStore;
 use zopu_llm::Provider;
-use zopu_runtime::{HandlerError, NewEvent, Reaction, ReactionContext};
+use zopu_runtime::{HandlerError, NewEvent, Reaction, ReactionContext, invariant};
 use zopu_sandbox::tools::Sandbox;
 use zopu_schema::envelope::EventContext;
 use zopu_schema::pb::{self, FlowPhase, FlowType};
@@ -109,6 +109,11 @@ impl RunIds {
         keys::flow_step(&self.flow_run_id, step)
     }
 }
+
+/// A flow request (`flow.requested`) is keyed by its requester, never with
+/// the run key: the specialists' `flow.started` alone carries that
+/// (`schema::keys::requested_flow_run`), so every run records its start.
+pub const FLOW_REQUEST_KEYED_BY_REQUESTER: &str = "specialists.flow_request_keyed_by_requester";
 
 /// What every run shares.
 #[derive(Debug)]
@@ -201,6 +206,23 @@ impl Shared {
         ctx: &ReactionContext,
     ) -> Result<(), HandlerError> {
         let ids = RunIds::of(event, request);
+        // The run's start is deduplicated by its key: a request keyed with
+        // it would take the place of the run's `flow.started`.
+        if !invariant::holds(
+            FLOW_REQUEST_KEYED_BY_REQUESTER,
+            event.idempotency_key != ids.run_key,
+            || {
+                format!(
+                    "the flow request {} is keyed with its run's key {}",
+                    event.id, ids.run_key
+                )
+            },
+        ) {
+            return Err(HandlerError::Permanent(format!(
+                "the flow request is keyed with its run's key ({}); a request is keyed by its requester",
+                ids.run_key
+            )));
+        }
         // The projection must have seen everything up to now (kill switch, context, earlier runs).
         ctx.caught_up_to_end(CATCH_UP_MAX).await?;
         if ctx
