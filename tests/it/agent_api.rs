@@ -53,11 +53,10 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
     })?;
     let clock = ManualClock::starting_at(time::OffsetDateTime::now_utc());
     let core = zopu_runtime::config::CoreConfig {
-        agents_dir: Some(agents.clone()),
         clock: clock.clock(),
         ..zopu_tests::core_config(&server, &dir.path().join("gateway"))
     };
-    let gateway = Gateway::start_with(core).await?;
+    let gateway = Gateway::start_on(core, &agents).await?;
     let acme = org("acme");
     let (project, other) = (ProjectId::new(), ProjectId::new());
     for id in [project, other] {
@@ -374,11 +373,13 @@ async fn an_external_agent_reads_its_config_and_candidates_with_a_scoped_rotatab
     );
     // The run of rejections is the bucket's: another gateway instance backs
     // the key off as well.
-    let other_instance = Gateway::start_with(zopu_runtime::config::CoreConfig {
-        agents_dir: Some(agents.clone()),
-        clock: clock.clock(),
-        ..zopu_tests::core_config(&server, &dir.path().join("gateway-2"))
-    })
+    let other_instance = Gateway::start_on(
+        zopu_runtime::config::CoreConfig {
+            clock: clock.clock(),
+            ..zopu_tests::core_config(&server, &dir.path().join("gateway-2"))
+        },
+        &agents,
+    )
     .await?;
     let (status, refused, retry_after) = other_instance
         .post_as(
@@ -596,11 +597,8 @@ async fn the_reference_runtime_dry_runs_smokes_and_posts_once_per_candidate() ->
     let agents = agents_dir(dir.path(), |file| {
         file.agents.push(external("partner-bot", true))
     })?;
-    let core = zopu_runtime::config::CoreConfig {
-        agents_dir: Some(agents),
-        ..zopu_tests::core_config(&server, &dir.path().join("gateway"))
-    };
-    let gateway = Gateway::start_with(core).await?;
+    let core = zopu_tests::core_config(&server, &dir.path().join("gateway"));
+    let gateway = Gateway::start_on(core, &agents).await?;
     let acme = org("acme");
     let project = ProjectId::new();
     request_setup(&bus, &acme, project).await?;
@@ -835,11 +833,8 @@ async fn an_external_agent_requests_a_flow_answers_its_ending_and_proposes_an_ar
     ] {
         fleet.start(service, 1)?;
     }
-    let core = zopu_runtime::config::CoreConfig {
-        agents_dir: Some(agents.clone()),
-        ..zopu_tests::core_config(&server, &dir.path().join("gateway"))
-    };
-    let gateway = Gateway::start_with(core).await?;
+    let core = zopu_tests::core_config(&server, &dir.path().join("gateway"));
+    let gateway = Gateway::start_on(core, &agents).await?;
     let repo = zopu_tests::fixtures::demo_repository(dir.path())?;
     let created = fleet
         .command()

@@ -42,11 +42,13 @@ pub(crate) struct Running {
 
 impl Running {
     pub(crate) fn dispatch(core: &CoreConfig) -> Self {
+        Self::dispatch_with(core, zopu_dispatch::Config::default())
+    }
+
+    pub(crate) fn dispatch_with(core: &CoreConfig, config: zopu_dispatch::Config) -> Self {
         let shutdown = Shutdown::new();
         let (core, stop) = (core.clone(), shutdown.clone());
-        let handle = tokio::spawn(async move {
-            Ok(zopu_dispatch::run(core, zopu_dispatch::Config::default(), stop).await?)
-        });
+        let handle = tokio::spawn(async move { Ok(zopu_dispatch::run(core, config, stop).await?) });
         Self { shutdown, handle }
     }
 
@@ -58,12 +60,11 @@ impl Running {
         Self { shutdown, handle }
     }
 
-    pub(crate) fn specialists(core: &CoreConfig) -> Self {
+    pub(crate) fn specialists_with(core: &CoreConfig, config: zopu_specialists::Config) -> Self {
         let shutdown = Shutdown::new();
         let (core, stop) = (core.clone(), shutdown.clone());
-        let handle = tokio::spawn(async move {
-            Ok(zopu_specialists::run(core, zopu_specialists::Config::default(), stop).await?)
-        });
+        let handle =
+            tokio::spawn(async move { Ok(zopu_specialists::run(core, config, stop).await?) });
         Self { shutdown, handle }
     }
 

@@ -470,10 +470,7 @@ async fn a_model_sees_the_stated_preference_and_mesh_rules_limit_delegation_and_
             }
         }
     })?;
-    let core = zopu_runtime::config::CoreConfig {
-        agents_dir: Some(agents),
-        ..zopu_tests::core_config(&server, &dir.path().join("services"))
-    };
+    let core = zopu_tests::core_config(&server, &dir.path().join("services"));
     let remember = json!({"key": "preference.language", "preference": "Answer in German", "acknowledgement": "Gern, ab jetzt antworte ich auf Deutsch."});
     let respond = json!({"message": "Das Projekt ist ein Shop."});
     let issue = json!({"acknowledgement": "Ich schreibe das Issue.", "title": "CSV export", "request": "Scope the CSV export."});
@@ -485,8 +482,17 @@ async fn a_model_sees_the_stated_preference_and_mesh_rules_limit_delegation_and_
         Scripted::tool_call("call_4", "explore", &explore.to_string()),
     ])
     .await?;
-    let config = crate::conversation::openai(&llm);
-    let dispatch = Running::dispatch(&core);
+    let config = zopu_conversation::Config {
+        agents_dir: Some(agents.clone()),
+        ..crate::conversation::openai(&llm)
+    };
+    let dispatch = Running::dispatch_with(
+        &core,
+        zopu_dispatch::Config {
+            agents_dir: Some(agents),
+            ..Default::default()
+        },
+    );
     let conversation = Running::conversation(&core, config);
     setup_project(&bus, &org, project).await?;
 

@@ -77,11 +77,31 @@ fn cached(data_dir: &Path, agent: &str) -> Result<Vec<(PathBuf, std::time::Syste
 struct Services(Vec<Running>);
 
 impl Services {
-    fn start(core: &CoreConfig) -> Self {
+    /// Dispatch, conversation and specialists on the registry of `agents`.
+    fn start(core: &CoreConfig, agents: &Path) -> Self {
+        let agents_dir = Some(agents.to_path_buf());
         Self(vec![
-            Running::dispatch(core),
-            Running::conversation(core, zopu_conversation::Config::default()),
-            Running::specialists(core),
+            Running::dispatch_with(
+                core,
+                zopu_dispatch::Config {
+                    agents_dir: agents_dir.clone(),
+                    ..Default::default()
+                },
+            ),
+            Running::conversation(
+                core,
+                zopu_conversation::Config {
+                    agents_dir: agents_dir.clone(),
+                    ..Default::default()
+                },
+            ),
+            Running::specialists_with(
+                core,
+                zopu_specialists::Config {
+                    agents_dir,
+                    ..Default::default()
+                },
+            ),
         ])
     }
 
@@ -110,13 +130,10 @@ async fn only_registered_agents_run_and_a_changed_knowledge_file_is_recorded_and
         }
     })?;
     let data_dir = dir.path().join("data");
-    let core = CoreConfig {
-        agents_dir: Some(agents.clone()),
-        ..zopu_tests::core_config(&server, &data_dir)
-    };
+    let core = zopu_tests::core_config(&server, &data_dir);
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let (org, project) = (org("acme"), ProjectId::new());
-    let services = Services::start(&core);
+    let services = Services::start(&core, &agents);
     setup_project(&bus, &org, project).await?;
     let filter = subjects::project_events(&org, &project);
 
@@ -231,7 +248,7 @@ async fn only_registered_agents_run_and_a_changed_knowledge_file_is_recorded_and
     let mut text = std::fs::read_to_string(&knowledge)?;
     text.push_str("- Answer in the language the user writes in.\n");
     std::fs::write(&knowledge, text)?;
-    let services = Services::start(&core);
+    let services = Services::start(&core, &agents);
     let second = send(&bus, &org, project, "What does this project do?").await?;
     turn_end(&bus, &org, project, second.request).await?;
     let definitions = all_of::<pb::AgentDefinitionChanged>(&bus, &org, project).await?;
@@ -284,14 +301,11 @@ async fn a_conversation_agent_the_registry_disables_takes_no_dispatch_and_the_ti
             }
         }
     })?;
-    let core = CoreConfig {
-        agents_dir: Some(agents),
-        ..zopu_tests::core_config(&server, &dir.path().join("data"))
-    };
+    let core = zopu_tests::core_config(&server, &dir.path().join("data"));
     let bus = bus(&server, Duration::from_secs(120)).await?;
     let (org, project) = (org("acme"), ProjectId::new());
     request_setup(&bus, &org, project).await?;
-    let services = Services::start(&core);
+    let services = Services::start(&core, &agents);
     setup_project(&bus, &org, project).await?;
     let message = send(&bus, &org, project, "Hello?").await?;
     let filter = subjects::project_events(&org, &project);
@@ -370,6 +384,15 @@ impl Gateway {
     /// [`Gateway::start`] with this core configuration (a secrets key, say).
     pub(crate) async fn start_with(core: CoreConfig) -> Result<Self> {
         Self::start_configured(core, zopu_gateway::Config::default()).await
+    }
+
+    /// [`Gateway::start_with`] on the agent registry of `agents`.
+    pub(crate) async fn start_on(core: CoreConfig, agents: &Path) -> Result<Self> {
+        let config = zopu_gateway::Config {
+            agents_dir: Some(agents.to_path_buf()),
+            ..Default::default()
+        };
+        Self::start_configured(core, config).await
     }
 
     /// [`Gateway::start_with`] with this gateway configuration.

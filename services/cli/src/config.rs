@@ -72,7 +72,7 @@ impl Default for ZopuConfig {
             shutdown_grace: core.shutdown_grace,
             scale: core.scale,
             snapshots: core.snapshots,
-            agents_dir: core.agents_dir,
+            agents_dir: None,
             metrics_listen: None,
             operator: None,
             sandbox: Default::default(),
@@ -97,7 +97,6 @@ impl ZopuConfig {
             shutdown_grace: self.shutdown_grace,
             scale: self.scale.clone(),
             snapshots: self.snapshots.clone(),
-            agents_dir: self.agents_dir.clone(),
             clock: zopu_runtime::Clock::system(),
         }
     }
@@ -116,6 +115,12 @@ impl ZopuConfig {
         self.setup.repositories = self.sandbox.clone();
         self.specialists.repositories = self.sandbox.clone();
         self.gateway.allow_local_repositories = self.sandbox.allow_local_repositories;
+        // The agent registry: one key, read by every service that runs or
+        // checks an agent.
+        self.dispatch.agents_dir = self.agents_dir.clone();
+        self.conversation.agents_dir = self.agents_dir.clone();
+        self.specialists.agents_dir = self.agents_dir.clone();
+        self.gateway.agents_dir = self.agents_dir.clone();
         self
     }
 

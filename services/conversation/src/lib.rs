@@ -192,6 +192,11 @@ pub struct Config {
     /// Test-only crash injection; never read from configuration.
     #[serde(skip)]
     pub fail_point: Option<FailPoint>,
+    /// The agents directory (the top-level `agents_dir`, given by the
+    /// CLI; never read from this section); `None`: the registry built into
+    /// the binary.
+    #[serde(skip)]
+    pub agents_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -214,6 +219,7 @@ impl Default for Config {
             approval_sweep_interval: Duration::from_secs(15),
             tracker_host: "github.com".into(),
             fail_point: None,
+            agents_dir: None,
         }
     }
 }
@@ -371,7 +377,10 @@ pub enum Error {
 /// Runs the conversation service until `shutdown`.
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
-    let agent = config.agent(Arc::new(zopu_core::registry::Registry::configured(&core)?))?;
+    let agent = config.agent(Arc::new(zopu_core::registry::Registry::configured(
+        config.agents_dir.as_deref(),
+        &core,
+    )?))?;
     let runtime =
         zopu_runtime::Runtime::start_with(SERVICE, &core, shutdown.clone(), ConversationState)
             .await?;

@@ -17,7 +17,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Unit;
-use zopu_runtime::metrics::register;
+use zopu_runtime::metrics::{HistogramFamily, register};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelCallLabels {
@@ -53,8 +53,6 @@ struct ArtifactValidationLabels {
     kind: &'static str,
     stage: &'static str,
 }
-
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// 10 ms to 82 s.
 fn model_call_buckets() -> Histogram {

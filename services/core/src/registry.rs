@@ -193,10 +193,13 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// The registry of the deployment's `agents_dir`, its prompt packages
-    /// cached under `data_dir/knowledge`.
-    pub fn configured(core: &zopu_runtime::config::CoreConfig) -> Result<Self, RegistryError> {
-        Self::load(core.agents_dir.as_deref(), Some(&core.data_dir))
+    /// The registry of the deployment's `agents_dir` (the built-in one when
+    /// `None`), its prompt packages cached under `data_dir/knowledge`.
+    pub fn configured(
+        agents_dir: Option<&Path>,
+        core: &zopu_runtime::config::CoreConfig,
+    ) -> Result<Self, RegistryError> {
+        Self::load(agents_dir, Some(&core.data_dir))
     }
 
     /// Loads the registry of `agents_dir` (the built-in one when `None`),

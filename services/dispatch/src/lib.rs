@@ -75,11 +75,17 @@ pub struct Config {
     /// Upper bound of handling one source event.
     #[serde(with = "zopu_runtime::config::duration")]
     pub handler_timeout: Duration,
+    /// The agents directory (the top-level `agents_dir`, given by the
+    /// CLI; never read from this section); `None`: the registry built into
+    /// the binary.
+    #[serde(skip)]
+    pub agents_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
+            agents_dir: None,
             max_ack_pending: 1024,
             max_deliver: 10,
             handler_timeout: Duration::from_secs(30),
@@ -132,7 +138,10 @@ pub enum Error {
 /// Runs the dispatch service until `shutdown`.
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
-    let registry = Arc::new(zopu_core::registry::Registry::configured(&core)?);
+    let registry = Arc::new(zopu_core::registry::Registry::configured(
+        config.agents_dir.as_deref(),
+        &core,
+    )?);
     let runtime =
         zopu_runtime::Runtime::start_with(SERVICE, &core, shutdown.clone(), Bindings).await?;
     runtime.spawn_reaction(config.reaction(), Dispatcher { registry });

@@ -105,11 +105,17 @@ pub struct Config {
     /// Limit on waiting for NATS (appends, object reads) within one request.
     #[serde(with = "duration")]
     pub request_timeout: Duration,
+    /// The agents directory (the top-level `agents_dir`, given by the
+    /// CLI; never read from this section); `None`: the registry built into
+    /// the binary.
+    #[serde(skip)]
+    pub agents_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
+            agents_dir: None,
             secrets_key: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             body_max_bytes: 64 * 1024,
@@ -391,7 +397,7 @@ pub async fn start(
         config,
     );
     state.secrets = secrets;
-    let registry = zopu_core::registry::Registry::load(core.agents_dir.as_deref(), None)?;
+    let registry = zopu_core::registry::Registry::load(state.config.agents_dir.as_deref(), None)?;
     let keys = agent_keys::AgentKeyStore::open(&state.runtime.bus.jetstream)
         .await?
         .with_clock(state.runtime.clock.clone());

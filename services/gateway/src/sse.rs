@@ -374,6 +374,7 @@ mod tests {
     use super::*;
 
     fn open_streams_gauge() -> f64 {
+        zopu_core::metrics::declare();
         zopu_runtime::metrics::encode()
             .lines()
             .find_map(|line| line.strip_prefix("zopu_sse_clients "))

@@ -315,10 +315,6 @@ pub struct CoreConfig {
     pub scale: ScaleConfig,
     /// Projection snapshots (`[snapshots]`, [`crate::snapshot`]).
     pub snapshots: SnapshotConfig,
-    /// The agents directory (`registry.toml` and its knowledge files,
-    /// services/cli/README.md "Agents"); unset (the default): the registry built into the
-    /// binary, `deploy/agents` (`ZOPU_AGENTS_DIR`).
-    pub agents_dir: Option<PathBuf>,
     /// The wall clock and fresh-id source of the services started with this
     /// config (the machine's; tests inject a [`crate::clock::ManualClock`]).
     /// Not a setting: never read from a file or the environment.
@@ -467,7 +463,6 @@ impl Default for CoreConfig {
             shutdown_grace: std::time::Duration::from_secs(10),
             scale: ScaleConfig::default(),
             snapshots: SnapshotConfig::default(),
-            agents_dir: None,
             clock: crate::clock::Clock::system(),
         }
     }

@@ -81,7 +81,9 @@ struct ServiceLabels {
     service: String,
 }
 
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+/// A family of histograms that share one bucket layout (its constructor):
+/// how every histogram family of the process is declared.
+pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// 1 ms to 33 s.
 fn handler_buckets() -> Histogram {

@@ -49,11 +49,17 @@ pub struct Config {
     /// budget. Set it like `conversation.daily_model_tokens_per_org`.
     /// 0: no budget.
     pub daily_model_tokens_per_org: u64,
+    /// The agents directory (the top-level `agents_dir`, given by the
+    /// CLI; never read from this section); `None`: the registry built into
+    /// the binary.
+    #[serde(skip)]
+    pub agents_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
+            agents_dir: None,
             secrets_key: None,
             flow: FlowLimits::default(),
             provider: ProviderConfig::default(),

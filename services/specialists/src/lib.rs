@@ -114,7 +114,10 @@ pub fn reaction_config(config: &Config) -> ReactionConfig {
 pub async fn run(core: CoreConfig, config: Config, shutdown: Shutdown) -> Result<(), Error> {
     config.validate()?;
     let provider = provider(&config)?;
-    let registry = Arc::new(zopu_core::registry::Registry::configured(&core)?);
+    let registry = Arc::new(zopu_core::registry::Registry::configured(
+        config.agents_dir.as_deref(),
+        &core,
+    )?);
     let runtime = Runtime::start_with(SERVICE, &core, shutdown.clone(), state::State).await?;
     let reaction = reaction_config(&config);
     // Which kernel layers confine programs the tools run, reported once at start.

@@ -200,7 +200,9 @@ pub(super) async fn conversation(
     )
     .await?;
     let capped = Capped {
-        inner: config.agent(Arc::new(zopu_core::registry::Registry::configured(&core)?))?,
+        inner: config.agent(Arc::new(zopu_core::registry::Registry::configured(
+            None, &core,
+        )?))?,
         permits: Arc::new(tokio::sync::Semaphore::new(cap)),
     };
     runtime.spawn_reaction(config.reaction(), capped);
