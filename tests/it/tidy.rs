@@ -480,6 +480,39 @@ fn the_command_scan_finds_what_it_looks_for() {
     );
 }
 
+/// The one production file that writes to a JetStream stream.
+const THE_PUBLISHER: &str = "services/runtime/src/publish.rs";
+
+/// What writes a message to a stream through async-nats' JetStream context.
+const STREAM_WRITES: [&str; 3] = [
+    ".publish_with_headers(",
+    "jetstream.publish(",
+    ".send_publish(",
+];
+
+#[test]
+fn only_the_publisher_writes_to_a_stream() {
+    let lines = production_lines(|name| name != "bench" && name != "schema");
+    let writers: Vec<&ProductionLine> = lines
+        .iter()
+        .filter(|line| STREAM_WRITES.iter().any(|write| line.text.contains(write)))
+        .collect();
+    assert!(
+        writers.iter().any(|line| line.file == THE_PUBLISHER),
+        "the scan sees the publisher's own write"
+    );
+    let elsewhere: Vec<String> = writers
+        .iter()
+        .filter(|line| line.file != THE_PUBLISHER)
+        .map(|line| line.at("a write to a stream"))
+        .collect();
+    assert!(
+        elsewhere.is_empty(),
+        "every append goes through runtime::publish::Publisher:\n{}",
+        elsewhere.join("\n")
+    );
+}
+
 #[test]
 fn services_read_time_and_make_ids_only_through_the_injected_clock() {
     let found = clock_reads_outside_the_clock();
