@@ -377,7 +377,7 @@ async fn rebase_durables(bus: &Bus) -> anyhow::Result<()> {
         }
     }
     for name in ephemeral {
-        events.delete_consumer(&name).await?;
+        delete_if_present(&events, &name).await?;
     }
     // The work stream copies what it takes of the log first (it copies only
     // the types some reaction consumes, so its end is not the log's).
@@ -404,7 +404,7 @@ async fn rebase_durables(bus: &Bus) -> anyhow::Result<()> {
     }
     for info in infos {
         if info.config.durable_name.is_none() {
-            stream.delete_consumer(&info.name).await?;
+            delete_if_present(&stream, &info.name).await?;
             continue;
         }
         let mut config = info.config;
@@ -416,6 +416,26 @@ async fn rebase_durables(bus: &Bus) -> anyhow::Result<()> {
         stream.create_consumer(config).await?;
     }
     Ok(())
+}
+
+/// Deletes the consumer `name` of `stream`; one the server removed already
+/// (an ephemeral consumer past its inactivity threshold between the listing
+/// and the delete, as a long populate leaves them) is as good as deleted.
+async fn delete_if_present(
+    stream: &async_nats::jetstream::stream::Stream,
+    name: &str,
+) -> anyhow::Result<()> {
+    match stream.delete_consumer(name).await {
+        Ok(_) => Ok(()),
+        Err(error) => match error.kind() {
+            async_nats::jetstream::stream::ConsumerErrorKind::JetStream(error)
+                if error.error_code() == async_nats::jetstream::ErrorCode::CONSUMER_NOT_FOUND =>
+            {
+                Ok(())
+            }
+            _ => Err(error.into()),
+        },
+    }
 }
 
 /// Part 3: rebuild of `events` events into a fresh store vs a raw ordered
