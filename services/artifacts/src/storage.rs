@@ -50,8 +50,7 @@ pub enum Stored {
 
 /// Opens the artifact bucket (created by `zopu streams apply`: `zopu_runtime::streams::apply`).
 pub async fn bucket(bus: &zopu_runtime::nats::Bus) -> Result<ObjectStore, Error> {
-    bus.jetstream
-        .get_object_store(zopu_schema::subjects::ARTIFACTS_BUCKET)
+    zopu_runtime::nats::object_store(&bus.jetstream, zopu_schema::subjects::ARTIFACTS_BUCKET)
         .await
         .map_err(|error| Error::ObjectStore {
             operation: "open bucket",

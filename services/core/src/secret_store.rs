@@ -387,9 +387,7 @@ impl std::fmt::Debug for SecretStore {
 impl SecretStore {
     /// Opens the bucket (`zopu streams apply` creates it).
     pub async fn open(bus: &Bus, key: SecretKey) -> Result<Self, SecretStoreError> {
-        let bucket = bus
-            .jetstream
-            .get_key_value(subjects::SECRETS_BUCKET)
+        let bucket = zopu_runtime::nats::key_value(&bus.jetstream, subjects::SECRETS_BUCKET)
             .await
             .map_err(|error| SecretStoreError::Bucket {
                 entry: subjects::SECRETS_BUCKET.to_owned(),

@@ -375,12 +375,12 @@ pub async fn start(
     let tickets = tickets::TicketStore::open(&runtime.bus.jetstream)
         .await?
         .with_clock(runtime.clock.clone());
-    let artifacts = runtime
-        .bus
-        .jetstream
-        .get_object_store(zopu_schema::subjects::ARTIFACTS_BUCKET)
-        .await
-        .map_err(|error| zopu_runtime::Error::jetstream("open the artifact bucket", error))?;
+    let artifacts = zopu_runtime::nats::object_store(
+        &runtime.bus.jetstream,
+        zopu_schema::subjects::ARTIFACTS_BUCKET,
+    )
+    .await
+    .map_err(|error| zopu_runtime::Error::jetstream("open the artifact bucket", error))?;
     let secrets = zopu_core::secret_store::open_configured(
         &runtime.bus,
         config.secrets_key.as_ref(),

@@ -157,10 +157,10 @@ impl std::fmt::Debug for TicketStore {
 impl TicketStore {
     /// Opens the bucket (`zopu_runtime::streams::ensure` creates it).
     pub async fn open(jetstream: &jetstream::Context) -> Result<Self, TokenError> {
-        let bucket = jetstream
-            .get_key_value(zopu_schema::subjects::GATEWAY_TICKETS_BUCKET)
-            .await
-            .map_err(|error| store_error("open the bucket", error))?;
+        let bucket =
+            zopu_runtime::nats::key_value(jetstream, zopu_schema::subjects::GATEWAY_TICKETS_BUCKET)
+                .await
+                .map_err(|error| store_error("open the bucket", error))?;
         Ok(Self {
             bucket,
             clock: Clock::system(),

@@ -510,10 +510,10 @@ impl std::fmt::Debug for TokenStore {
 impl TokenStore {
     /// Opens the bucket (`zopu streams apply` creates it).
     pub async fn open(jetstream: &jetstream::Context) -> Result<Self, TokenError> {
-        let bucket = jetstream
-            .get_key_value(zopu_schema::subjects::GATEWAY_TOKENS_BUCKET)
-            .await
-            .map_err(|error| TokenError::store("open the bucket", error))?;
+        let bucket =
+            zopu_runtime::nats::key_value(jetstream, zopu_schema::subjects::GATEWAY_TOKENS_BUCKET)
+                .await
+                .map_err(|error| TokenError::store("open the bucket", error))?;
         Ok(Self {
             bucket,
             clock: Clock::system(),

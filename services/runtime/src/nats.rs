@@ -614,6 +614,72 @@ pub async fn connect_with_security(
     })
 }
 
+/// How long a starting service tries a JetStream request again while the
+/// cluster does not answer (a node restarting, a leader election).
+pub const STARTING_RETRY: Duration = Duration::from_secs(60);
+
+/// `operation`'s value, tried again after each failure `transient` names,
+/// waiting longer each time (up to 2 s), until [`STARTING_RETRY`] has
+/// passed: what a service opens while it starts (its streams' check, its
+/// buckets) must not stop it because a node is restarting. Any other
+/// failure, or the last one, is returned as it is.
+pub async fn while_unanswered<T, E, F, Fut>(
+    what: &str,
+    transient: impl Fn(&E) -> bool,
+    mut operation: F,
+) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + STARTING_RETRY;
+    let mut failures = 0u64;
+    loop {
+        match operation().await {
+            Err(error) if transient(&error) && tokio::time::Instant::now() < deadline => {
+                failures += 1;
+                tracing::warn!(%error, failures, "cannot {what} yet; trying again");
+                tokio::time::sleep(Duration::from_millis(250 * failures.min(8))).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Opens the key-value bucket `bucket` ([`while_unanswered`]: a bucket
+/// `zopu streams apply` made is opened even while a node restarts).
+pub async fn key_value(
+    jetstream: &jetstream::Context,
+    bucket: &str,
+) -> Result<jetstream::kv::Store, jetstream::context::KeyValueError> {
+    let what = format!("open the {bucket} bucket");
+    while_unanswered(
+        &what,
+        |error: &jetstream::context::KeyValueError| {
+            error.kind() != jetstream::context::KeyValueErrorKind::InvalidStoreName
+        },
+        || jetstream.get_key_value(bucket),
+    )
+    .await
+}
+
+/// Opens the object store `bucket` ([`while_unanswered`]).
+pub async fn object_store(
+    jetstream: &jetstream::Context,
+    bucket: &str,
+) -> Result<jetstream::object_store::ObjectStore, jetstream::context::ObjectStoreError> {
+    let what = format!("open the {bucket} object store");
+    while_unanswered(
+        &what,
+        |error: &jetstream::context::ObjectStoreError| {
+            error.kind() != jetstream::context::ObjectStoreErrorKind::InvalidBucketName
+        },
+        || jetstream.get_object_store(bucket),
+    )
+    .await
+}
+
 /// The pause before reconnect attempt `attempts` (1-based): none for the
 /// first, then doubling from 2ms up to [`RECONNECT_DELAY_MAX`].
 fn reconnect_delay(attempts: usize) -> Duration {
@@ -652,6 +718,40 @@ fn check_server(url: &str, info: &async_nats::ServerInfo) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::{PASSWORD_VARIABLE, Security, USER_VARIABLE};
+
+    #[tokio::test]
+    async fn a_starting_request_is_tried_again_while_unanswered_and_a_refusal_returns_at_once() {
+        let mut calls = 0;
+        let answered = super::while_unanswered(
+            "answer",
+            |error: &String| error.contains("timed out"),
+            || {
+                calls += 1;
+                let attempt = calls;
+                async move {
+                    if attempt < 3 {
+                        Err("request timed out".to_owned())
+                    } else {
+                        Ok(attempt)
+                    }
+                }
+            },
+        )
+        .await;
+        assert_eq!(answered, Ok(3), "two timeouts are tried again");
+        let mut calls = 0;
+        let refused: Result<(), String> = super::while_unanswered(
+            "answer",
+            |error: &String| error.contains("timed out"),
+            || {
+                calls += 1;
+                async { Err("stream not found".to_owned()) }
+            },
+        )
+        .await;
+        assert_eq!(refused, Err("stream not found".to_owned()));
+        assert_eq!(calls, 1, "a refusal is not tried again");
+    }
 
     fn env_of(
         pairs: &'static [(&'static str, &'static str)],

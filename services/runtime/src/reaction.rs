@@ -418,14 +418,35 @@ pub async fn run<R: Reaction>(
         clock,
         snapshot: _,
     } = runtime;
-    let stream = bus
-        .jetstream
-        .get_stream(zopu_schema::subjects::WORK_STREAM)
-        .await
-        .map_err(|e| Error::jetstream("get work stream", e))?;
+    // Both read again while the cluster does not answer (a node
+    // restarting, a leader election), as every later step of the loop.
+    let stream = retried(
+        &shutdown,
+        "get the work stream",
+        |_| false,
+        || async {
+            bus.jetstream
+                .get_stream(zopu_schema::subjects::WORK_STREAM)
+                .await
+                .map_err(|e| Error::jetstream("get work stream", e))
+        },
+    )
+    .await?;
+    let Some(stream) = stream else {
+        return Ok(());
+    };
     // Before handling anything, the store must know every key already on
     // the stream, so effects stored before a crash are recognised.
-    let last = publish::last_sequence(&bus).await?;
+    let last = retried(
+        &shutdown,
+        "read the log's last sequence",
+        |_| false,
+        || publish::last_sequence(&bus),
+    )
+    .await?;
+    let Some(last) = last else {
+        return Ok(());
+    };
     tokio::select! {
         () = store.wait_for(last) => {}
         () = shutdown.cancelled() => return Ok(()),

@@ -14,26 +14,18 @@ use crate::snapshot::{self, Restore};
 use crate::store::{KeyIndex, Projection, Store};
 use crate::{Error, projection, streams};
 
-/// How long a starting service retries reading the streams while the
-/// cluster does not answer (a node restarting, a leader election).
-const STREAMS_RETRY: Duration = Duration::from_secs(60);
-
 /// Checks that `streams/` is on the server as defined ([`streams::check`]),
 /// retrying JetStream errors (timeouts, no leader yet) for up to
-/// [`STREAMS_RETRY`]; a missing stream, drift and bad definitions fail at
-/// once. A service never creates or changes a stream.
+/// [`nats::STARTING_RETRY`]; a missing stream, drift and bad definitions
+/// fail at once. A service never creates or changes a stream.
 async fn check_streams(bus: &Bus, config: &CoreConfig) -> Result<(), Error> {
     let settings = streams::StreamSettings::from(config);
-    let deadline = tokio::time::Instant::now() + STREAMS_RETRY;
-    loop {
-        match streams::check(bus, &settings).await {
-            Err(error @ Error::JetStream { .. }) if tokio::time::Instant::now() < deadline => {
-                tracing::warn!(%error, "cannot read the streams yet; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            result => return result,
-        }
-    }
+    nats::while_unanswered(
+        "read the streams",
+        |error| matches!(error, Error::JetStream { .. }),
+        || streams::check(bus, &settings),
+    )
+    .await
 }
 
 /// One service's runtime.

@@ -122,15 +122,27 @@ pub(super) async fn work_partitioning<R: Reaction>(
                 .collect::<Result<Vec<_>, _>>()
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut leases = Leases::open(
-        &shared.bus,
-        &config.durable,
-        &shared.instance,
-        partitions,
-        shared.lease_ttl,
-        shared.clock.clone(),
+    // Opened again while the cluster does not answer (a node restarting):
+    // a timed-out open once stopped a service mid-run.
+    let opened = retried(
+        &shared.shutdown,
+        "open the leases bucket",
+        |_| false,
+        || {
+            Leases::open(
+                &shared.bus,
+                &config.durable,
+                &shared.instance,
+                partitions,
+                shared.lease_ttl,
+                shared.clock.clone(),
+            )
+        },
     )
     .await?;
+    let Some(mut leases) = opened else {
+        return Ok(false);
+    };
     tracing::info!(service = %shared.service, durable = %config.durable, instance = %shared.instance, partitions, "reaction consuming");
     // Every partition's consumer, worked here or not: an operator sees a
     // backlog even where no live instance holds the partition.
