@@ -135,6 +135,8 @@ while read -r file name; do
   service=$(basename "$(dirname "$(dirname "$file")")")
   grep -q "\"\$KV.zopu-leases.\*.$service-$name.\*\"" nats/accounts.conf \
     || fail "accounts.conf: $service may not write its lease keys \$KV.zopu-leases.*.$service-$name.*"
+  [ "$(grep -c "\"zopu.alive.$service-$name.\*\"" nats/accounts.conf)" -ge 2 ] \
+    || fail "accounts.conf: $service may not publish and subscribe to its alive subject zopu.alive.$service-$name.*"
 done < <(grep -o 'subjects::durable(SERVICE, "[a-z]*")' -r "$root/services" --include=*.rs \
   | sed 's/:subjects::durable(SERVICE, "\([a-z]*\)")/ \1/' | sort -u)
 ./scripts/accounts-durables.sh --check || fail "accounts.conf: the denials of other services' durables are stale"

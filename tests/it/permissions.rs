@@ -636,6 +636,10 @@ async fn the_flow_runs_with_every_service_as_its_own_identity() -> Result<()> {
         !violations.to_lowercase().contains("permissions violation"),
         "a service was refused an operation it needs:\n{violations}"
     );
+    ensure!(
+        !violations.contains("cannot reach its own alive subject"),
+        "a service cannot answer on its alive subject, so a killed peer's partitions would wait for its heartbeat to expire:\n{violations}"
+    );
     let audited = run(cli(&fleet, &secured, "reader", &["audit", "verify"])).await?;
     ensure!(
         audited.status.success(),

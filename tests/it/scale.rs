@@ -431,6 +431,73 @@ fn three_instances_share_the_partitions_and_survive_a_kill() -> Result<()> {
     Ok(())
 }
 
+/// A holder killed -9 loses its partitions as soon as its heartbeat is
+/// overdue and its alive subject finds no responder, before its heartbeat
+/// expires: each claim the survivor takes is stamped while the victim's
+/// last heartbeat still had time to run.
+#[test]
+fn a_killed_holders_partitions_move_before_its_heartbeat_expires() -> Result<()> {
+    let server = NatsServer::start()?;
+    let driver = tokio::runtime::Runtime::new()?;
+    let bus = driver.block_on(bus(&server, Duration::from_secs(120)))?;
+    let dirs = [tempfile::tempdir()?, tempfile::tempdir()?];
+    let reaction = Acknowledge {
+        journal: Arc::new(Journal::default()),
+        step: Duration::from_millis(5),
+        slow_for: Duration::from_millis(5),
+    };
+    let partitions = 4;
+    // A long TTL (heartbeats every 3 s): a takeover only by expiry would
+    // come 12 s after the victim's last heartbeat.
+    let ttl = Duration::from_secs(12);
+    driver.block_on(zopu_tests::partition_work(&server, partitions))?;
+    let names = ["victim", "survivor"];
+    let mut instances = names
+        .iter()
+        .zip(&dirs)
+        .map(|(name, dir)| {
+            let mut config = scaled_config(&server, dir.path(), name, partitions);
+            config.scale.lease_ttl = ttl;
+            Instance::start(
+                config,
+                reaction.clone(),
+                reaction_config(Duration::from_secs(30), 5),
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    driver.block_on(wait_for_shares(&bus, &names, 2))?;
+    instances[0].kill();
+    driver.block_on(wait_for_shares(&bus, &["survivor"], partitions as usize))?;
+    driver.block_on(async {
+        let kv = bus.jetstream.get_key_value(subjects::LEASES_BUCKET).await?;
+        let durable = subjects::durable(SERVICE, "acks");
+        let beat = kv
+            .entry(subjects::lease_instance_key(&durable, "victim"))
+            .await?
+            .context("the victim's heartbeat is gone")?;
+        let expires = <pb::InstanceHeartbeat as prost::Message>::decode(beat.value)?.expires_unix_ms;
+        for partition in 0..partitions {
+            let claim = kv
+                .entry(subjects::lease_claim_key(&durable, partition))
+                .await?
+                .context("a partition was never claimed")?;
+            let claim = <pb::PartitionClaim as prost::Message>::decode(claim.value)?;
+            ensure!(claim.instance == "survivor", "partition {partition} is {}'s", claim.instance);
+            ensure!(
+                claim.claimed_unix_ms < expires,
+                "partition {partition} was claimed {} ms after the victim's heartbeat expired, not before",
+                claim.claimed_unix_ms - expires
+            );
+        }
+        anyhow::Ok(())
+    })?;
+    ensure!(
+        instances[1].stop(),
+        "the survivor did not stop within its grace"
+    );
+    Ok(())
+}
+
 /// A rebuild far behind the stream's end reads several ranges over several
 /// connections at once; the file it writes equals the one a projection
 /// that followed the stream live wrote.

@@ -596,20 +596,32 @@ impl Chaos {
     /// The instances with no live connection through their own proxies;
     /// an error if any service connection bypassed its proxies.
     fn instances_without_a_proxied_connection(&mut self) -> Result<Vec<String>> {
-        let owner: BTreeMap<u16, &Instance> = self
+        // Keyed by node and local port: two connections to two nodes may
+        // share a local port (the kernel picks one per destination), so a
+        // port alone once named the wrong instance.
+        let owner: BTreeMap<(usize, u16), &Instance> = self
             .proxies
             .iter()
             .flat_map(|(instance, own)| {
-                own.iter()
-                    .flat_map(proxy::Proxy::live_upstream_ports)
-                    .map(move |port| (port, instance))
+                own.iter().enumerate().flat_map(move |(node, proxy)| {
+                    proxy
+                        .live_upstream_ports()
+                        .into_iter()
+                        .map(move |port| ((node, port), instance))
+                })
             })
             .collect();
-        let ever_proxied: BTreeSet<u16> = self
+        let ever_proxied: BTreeSet<(usize, u16)> = self
             .proxies
             .values()
-            .flatten()
-            .flat_map(proxy::Proxy::upstream_ports)
+            .flat_map(|own| {
+                own.iter().enumerate().flat_map(|(node, proxy)| {
+                    proxy
+                        .upstream_ports()
+                        .into_iter()
+                        .map(move |port| (node, port))
+                })
+            })
             .collect();
         let services: BTreeSet<String> = TOPOLOGY
             .iter()
@@ -628,9 +640,9 @@ impl Chaos {
                     .as_u64()
                     .and_then(|port| u16::try_from(port).ok())
                     .unwrap_or(0);
-                if let Some(instance) = owner.get(&port) {
+                if let Some(instance) = owner.get(&(node, port)) {
                     connected.insert(instance.to_string());
-                } else if services.contains(name) && !ever_proxied.contains(&port) {
+                } else if services.contains(name) && !ever_proxied.contains(&(node, port)) {
                     bypassed.push(format!("{name} from port {port} on node {node}"));
                 }
             }

@@ -17,6 +17,11 @@
 //! only when its handlers have finished, so the next owner never runs a
 //! project's turn beside ours.
 //!
+//! A holder killed or cut off is noticed sooner than its heartbeat expires:
+//! when its heartbeat is late, the others ask whether its connection still
+//! lives ([`alive`]), and one the server no longer knows is treated as
+//! gone at once, so its partitions move within about one heartbeat period.
+//!
 //! An instance that could not renew its heartbeat for most of a TTL stops
 //! working every partition (the others may already have taken them over).
 //! Ownership is an optimisation of who does the work, not the safety fence:
@@ -39,6 +44,8 @@ use crate::Error;
 use crate::clock::Clock;
 use crate::nats::Bus;
 
+pub mod alive;
+
 /// What the bucket says about one reaction consumer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct View {
@@ -46,13 +53,18 @@ pub struct View {
     pub heartbeats: BTreeMap<String, i64>,
     /// Partition → (claiming instance, empty when released; entry revision).
     pub claims: BTreeMap<u32, (String, u64)>,
+    /// Instances a probe found without a connection → the heartbeat expiry
+    /// seen then: gone, whatever that expiry says, until a later heartbeat.
+    pub departed: BTreeMap<String, i64>,
 }
 
 impl View {
     fn live(&self, now_ms: i64) -> BTreeSet<&str> {
         self.heartbeats
             .iter()
-            .filter(|(_, expires)| **expires > now_ms)
+            .filter(|(instance, expires)| {
+                **expires > now_ms && !self.departed.contains_key(instance.as_str())
+            })
             .map(|(instance, _)| instance.as_str())
             .collect()
     }
@@ -157,6 +169,9 @@ pub struct Leases {
     /// Heartbeat expiries and claim times are wall-clock milliseconds
     /// (compared across machines).
     clock: Clock,
+    client: async_nats::Client,
+    /// Our answers on the alive subject, while we work here.
+    answering: alive::Answering,
 }
 
 impl std::fmt::Debug for Leases {
@@ -195,6 +210,7 @@ impl Leases {
             .get_key_value(subjects::LEASES_BUCKET)
             .await
             .map_err(|e| Error::jetstream("open the leases bucket", e))?;
+        let answering = alive::answer(&bus.client, consumer, instance, probe_timeout(ttl)).await?;
         Ok(Self {
             kv,
             consumer: consumer.to_owned(),
@@ -206,6 +222,8 @@ impl Leases {
             last_beat: None,
             watch: None,
             clock,
+            client: bus.client.clone(),
+            answering,
         })
     }
 
@@ -259,6 +277,14 @@ impl Leases {
                 if deleted {
                     self.view.heartbeats.remove(&instance);
                 } else if let Ok(beat) = pb::InstanceHeartbeat::decode(entry.value.clone()) {
+                    if self
+                        .view
+                        .departed
+                        .get(&instance)
+                        .is_some_and(|seen| beat.expires_unix_ms > *seen)
+                    {
+                        self.view.departed.remove(&instance);
+                    }
                     self.view.heartbeats.insert(instance, beat.expires_unix_ms);
                 }
             }
@@ -314,6 +340,7 @@ impl Leases {
         for partition in drained {
             self.release(*partition).await;
         }
+        self.probe_late_holders(now_ms).await;
         let plan = plan(
             &self.view,
             &self.instance,
@@ -339,6 +366,25 @@ impl Leases {
         changes
     }
 
+    /// Asks every other holder whose heartbeat is late whether its
+    /// connection lives; one the server no longer knows is marked departed.
+    async fn probe_late_holders(&mut self, now_ms: i64) {
+        if !self.answering.probes_work {
+            return;
+        }
+        let late = late_holders(&self.view, &self.instance, self.ttl, now_ms);
+        for holder in late {
+            let subject = subjects::lease_alive_subject(&self.consumer, &holder);
+            if alive::probe(&self.client, &subject, probe_timeout(self.ttl)).await
+                == alive::Probe::Gone
+            {
+                let expires = self.view.heartbeats.get(&holder).copied().unwrap_or(0);
+                tracing::info!(instance = %holder, consumer = %self.consumer, "a holder whose heartbeat is late has no connection; taking its partitions over");
+                self.view.departed.insert(holder, expires);
+            }
+        }
+    }
+
     async fn claim(&mut self, partition: u32, now_ms: i64) -> Option<u64> {
         // Taking over from another instance: its heartbeat as the bucket
         // has it now, not as our watch last saw it (a watch can lag).
@@ -347,7 +393,8 @@ impl Leases {
             .claims
             .get(&partition)
             .map(|(owner, _)| owner.clone())
-            .filter(|owner| !owner.is_empty() && *owner != self.instance);
+            .filter(|owner| !owner.is_empty() && *owner != self.instance)
+            .filter(|owner| !self.view.departed.contains_key(owner));
         if let Some(owner) = owner {
             let key = subjects::lease_instance_key(&self.consumer, &owner);
             match bounded(self.ttl, self.kv.entry(key)).await {
@@ -431,6 +478,33 @@ impl Leases {
     }
 }
 
+/// How long a probe waits for an answer: a live instance answers in
+/// milliseconds, and the round must not stall on one that does not.
+fn probe_timeout(ttl: Duration) -> Duration {
+    ttl / 8
+}
+
+/// The other instances holding a claim whose heartbeat, still unexpired, is
+/// older than one heartbeat period and a quarter (a beat is stored every
+/// `ttl / 4`): a live holder's next beat is overdue, so it is asked.
+pub fn late_holders(view: &View, instance: &str, ttl: Duration, now_ms: i64) -> BTreeSet<String> {
+    let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+    let overdue_ms = ttl_ms / 4 + ttl_ms / 16;
+    view.claims
+        .values()
+        .map(|(owner, _)| owner)
+        .filter(|owner| !owner.is_empty() && *owner != instance)
+        .filter(|owner| !view.departed.contains_key(owner.as_str()))
+        .filter(|owner| {
+            view.heartbeats.get(owner.as_str()).is_some_and(|expires| {
+                let stored = expires.saturating_sub(ttl_ms);
+                *expires > now_ms && now_ms.saturating_sub(stored) > overdue_ms
+            })
+        })
+        .cloned()
+        .collect()
+}
+
 /// A bucket operation bounded by half a TTL: a bucket without a leader
 /// must not keep an instance waiting (and working) past its lease.
 async fn bounded<T, E: std::fmt::Display>(
@@ -463,11 +537,61 @@ mod tests {
                 .iter()
                 .map(|(p, owner, rev)| (*p, ((*owner).to_owned(), *rev)))
                 .collect(),
+            departed: BTreeMap::new(),
         }
     }
 
     fn working(held: &[(u32, u64)]) -> BTreeMap<u32, u64> {
         held.iter().copied().collect()
+    }
+
+    #[test]
+    fn only_a_holder_whose_beat_is_overdue_is_probed() {
+        let ttl = Duration::from_secs(3);
+        // Stored 0.5 s ago (expires in 2.5 s), 1.2 s ago, and expired.
+        let bucket = view(
+            &[
+                ("fresh", NOW + 2500),
+                ("late", NOW + 1800),
+                ("dead", NOW - 1),
+            ],
+            &[
+                (0, "fresh", 1),
+                (1, "late", 2),
+                (2, "dead", 3),
+                (3, "me", 4),
+                (4, "", 5),
+            ],
+        );
+        let late = late_holders(&bucket, "me", ttl, NOW);
+        assert_eq!(
+            late.into_iter().collect::<Vec<_>>(),
+            vec!["late".to_owned()]
+        );
+        let mut asked = bucket.clone();
+        asked.departed.insert("late".into(), NOW + 1800);
+        assert!(
+            late_holders(&asked, "me", ttl, NOW).is_empty(),
+            "asked once"
+        );
+    }
+
+    #[test]
+    fn a_departed_holders_partitions_are_free_before_its_heartbeat_expires() {
+        let mut bucket = view(
+            &[("a", NOW + 1800), ("b", NOW + 3000)],
+            &[(0, "a", 10), (1, "a", 11), (2, "b", 12), (3, "b", 13)],
+        );
+        let held = working(&[(2, 12), (3, 13)]);
+        assert!(plan(&bucket, "b", 4, &held, NOW).claim.is_empty());
+        bucket.departed.insert("a".into(), NOW + 1800);
+        let mut claimed = plan(&bucket, "b", 4, &held, NOW).claim;
+        claimed.sort_unstable();
+        assert_eq!(
+            claimed,
+            vec![0, 1],
+            "a lone survivor's fair share is every partition"
+        );
     }
 
     #[test]

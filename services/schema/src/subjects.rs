@@ -311,6 +311,13 @@ pub fn lease_claim_key(consumer: &str, partition: u32) -> String {
     format!("claim.{consumer}.{partition}")
 }
 
+/// `zopu.alive.<consumer>.<instance>`: core NATS, never stored. An instance
+/// working `consumer`'s partitions answers requests here while its
+/// connection lives; "no responders" tells the others it is gone.
+pub fn lease_alive_subject(consumer: &str, instance: &str) -> String {
+    format!("zopu.alive.{consumer}.{instance}")
+}
+
 /// Every lease key of one reaction consumer (a key filter with wildcards).
 pub fn lease_keys_of(consumer: &str) -> String {
     format!("*.{consumer}.*")
