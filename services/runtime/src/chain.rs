@@ -129,6 +129,11 @@ impl Heads {
         self.0.len()
     }
 
+    /// Keeps only the heads of the projects `keep` names.
+    pub fn retain(&mut self, mut keep: impl FnMut(&ProjectKey) -> bool) {
+        self.0.retain(|key, _| keep(key));
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

@@ -7,11 +7,14 @@
 //! records it in `zopu_undecodable` with the reason, like an event it cannot
 //! read, and the ledger keeps it in `zopu_chain_refused` (sequence, org,
 //! project, type, reason), which the gateway shows on the project's page.
-//! The heads live in memory and in `zopu_chain_heads`, written in the
-//! batch's transaction with the ledger's checkpoint (a `zopu_projection`
-//! row named [`LEDGER`]); like a projection's checkpoint, the file's may
-//! trail memory by batches that changed nothing else, and a restart judges
-//! those again, with the same verdicts.
+//! The heads live in `zopu_chain_heads`, written in the batch's
+//! transaction with the ledger's checkpoint (a `zopu_projection` row named
+//! [`LEDGER`]); like a projection's checkpoint, the file's may trail memory
+//! by batches that changed nothing else, and a restart judges those again,
+//! with the same verdicts. Memory holds the heads not on file yet and, up
+//! to [`HEADS_IN_MEMORY`], heads read back from the file for the batches
+//! that needed them ([`Ledger::recall`]): a store's memory does not grow
+//! with the number of projects in the deployment.
 //!
 //! Readers ask the ledger, not the stream: a reaction waits for its store
 //! to have judged the message's sequence and acts on nothing refused
@@ -41,6 +44,11 @@ pub const LEDGER: &str = "zopu_chain";
 /// Bump when the ledger's tables or verdicts change: it is judged again
 /// from the start (the projections are not rebuilt).
 pub(crate) const LEDGER_VERSION: u32 = 1;
+
+/// Heads kept in memory beyond those not on file yet: past it, the ones on
+/// file are let go after a batch (read back when a project's next event
+/// comes). 16,384 heads are about 2 MB.
+pub const HEADS_IN_MEMORY: usize = 16_384;
 
 /// Events judged, or project heads moved, without a write of the ledger
 /// before it writes anyway (bounds what a restart judges again).
@@ -141,34 +149,6 @@ impl Ledger {
                 0
             }
         };
-        let mut heads = Heads::default();
-        let mut statement =
-            conn.prepare("SELECT org, project, version, hash, sequence FROM zopu_chain_heads")?;
-        let mut rows = statement.query([])?;
-        while let Some(row) = rows.next()? {
-            let (org, project): (String, String) = (row.get(0)?, row.get(1)?);
-            let hash: Vec<u8> = row.get(3)?;
-            let (Ok(org), Ok(project), Ok(hash)) = (
-                org.parse::<OrgId>(),
-                project.parse::<ProjectId>(),
-                <[u8; 32]>::try_from(hash.as_slice()),
-            ) else {
-                // Written by this module from valid ids: a damaged file.
-                return Err(rusqlite::Error::InvalidColumnType(
-                    0,
-                    "zopu_chain_heads".into(),
-                    rusqlite::types::Type::Text,
-                ));
-            };
-            heads.set(
-                (org, project),
-                Link {
-                    version: u64::try_from(row.get::<_, i64>(2)?).unwrap_or(0),
-                    hash: EventHash(hash),
-                    sequence: u64::try_from(row.get::<_, i64>(4)?).unwrap_or(0),
-                },
-            );
-        }
         let refused = conn
             .prepare("SELECT sequence, reason FROM zopu_chain_refused")?
             .query_map([], |row| {
@@ -179,7 +159,7 @@ impl Ledger {
             })?
             .collect::<rusqlite::Result<BTreeMap<_, _>>>()?;
         Ok(Self {
-            heads,
+            heads: Heads::default(),
             checkpoint,
             written: checkpoint,
             refused,
@@ -192,9 +172,39 @@ impl Ledger {
         self.checkpoint
     }
 
-    /// The project's chain head as of [`Ledger::checkpoint`].
+    /// The project's chain head as of [`Ledger::checkpoint`], if memory
+    /// holds it (else it is on file, or the project has none:
+    /// [`Store::verified_head`] asks both).
     pub fn head(&self, org: &OrgId, project: &ProjectId) -> Option<Link> {
         self.heads.get(org, project).copied()
+    }
+
+    /// Reads back from the file the heads of the batch's projects that
+    /// memory does not hold, so [`Ledger::judge`] sees every head. Called
+    /// with the ledger held, under [`Store::judging`]: nothing lets a head
+    /// go between the read and its return to memory, a head on file is
+    /// never older than one memory let go, and never newer than the
+    /// verdicts memory holds.
+    pub(crate) fn recall(
+        &mut self,
+        conn: &Connection,
+        batch: &[(u64, Result<Envelope, String>)],
+    ) -> rusqlite::Result<()> {
+        let mut asked = HashSet::new();
+        for (sequence, event) in batch {
+            let Ok(event) = event else { continue };
+            if *sequence <= self.checkpoint
+                || self.heads.get(&event.org_id, &event.project_id).is_some()
+                || !asked.insert((event.org_id.clone(), event.project_id))
+            {
+                continue;
+            }
+            if let Some(link) = head_on_file(conn, &event.org_id, &event.project_id)? {
+                self.heads
+                    .set((event.org_id.clone(), event.project_id), link);
+            }
+        }
+        Ok(())
     }
 
     /// Why the event at `sequence` was refused, if it was (judged ones only).
@@ -346,6 +356,10 @@ impl Ledger {
         if written {
             self.written = self.checkpoint;
         }
+        if self.heads.len() > self.unwritten.len() + HEADS_IN_MEMORY {
+            let unwritten = &self.unwritten;
+            self.heads.retain(|key| unwritten.contains(key));
+        }
         moved
     }
 
@@ -398,7 +412,16 @@ impl Store {
     /// own sequence; what the ledger judged after it is not vouched for
     /// here (the publisher verifies the messages after it again).
     pub fn verified_head(&self, org: &OrgId, project: &ProjectId) -> Option<Link> {
-        self.ledger().head(org, project)
+        if let Some(head) = self.ledger().head(org, project) {
+            return Some(head);
+        }
+        // Let go of, or never needed since the start: on file. A batch
+        // moving it meanwhile leaves an older head, still a verified one.
+        self.read(|conn| head_on_file(conn, org, project))
+            .unwrap_or_else(|error| {
+                tracing::warn!(%error, %org, %project, "chain head not readable from the store; the publisher verifies from the project's start");
+                None
+            })
     }
 
     /// The events of a project refused for breaking its chain, newest
@@ -411,6 +434,42 @@ impl Store {
     ) -> Result<Vec<Refusal>, Error> {
         self.read(|conn| refusals_of(conn, org, project, limit))
     }
+}
+
+/// The project's head as `zopu_chain_heads` has it.
+fn head_on_file(
+    conn: &Connection,
+    org: &OrgId,
+    project: &ProjectId,
+) -> rusqlite::Result<Option<Link>> {
+    let row = conn
+        .prepare_cached(
+            "SELECT version, hash, sequence FROM zopu_chain_heads WHERE org = ?1 AND project = ?2",
+        )?
+        .query_row(params![org.as_str(), project.to_string()], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, Vec<u8>>(1)?,
+                row.get::<_, i64>(2)?,
+            ))
+        })
+        .optional()?;
+    let Some((version, hash, sequence)) = row else {
+        return Ok(None);
+    };
+    let Ok(hash) = <[u8; 32]>::try_from(hash.as_slice()) else {
+        // Written by this module from a SHA-256: a damaged file.
+        return Err(rusqlite::Error::InvalidColumnType(
+            1,
+            "zopu_chain_heads.hash".into(),
+            rusqlite::types::Type::Blob,
+        ));
+    };
+    Ok(Some(Link {
+        version: u64::try_from(version).unwrap_or(0),
+        hash: EventHash(hash),
+        sequence: u64::try_from(sequence).unwrap_or(0),
+    }))
 }
 
 /// The events of a project refused for breaking its chain, newest first, at
@@ -436,4 +495,87 @@ pub fn refusals_of(
         })
     })?
     .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn event(
+        org: &OrgId,
+        project: ProjectId,
+        version: u64,
+        previous: Option<EventHash>,
+    ) -> Envelope {
+        let message = zopu_schema::pb::TimelineMessageSent::default();
+        Envelope {
+            project_version: version,
+            previous_hash: previous,
+            ..zopu_schema::test_support::envelope(&message, org, project)
+        }
+    }
+
+    /// Judges, writes and commits one batch as the projection loop does.
+    fn apply(store: &Store, batch: &[(u64, Result<Envelope, String>)]) -> Judgment {
+        let _judging = store.judging();
+        let mut ledger = store.ledger();
+        store.read(|conn| ledger.recall(conn, batch)).unwrap();
+        let judgment = ledger.judge(batch);
+        drop(ledger);
+        store
+            .write(|tx| store.ledger().write(tx, &judgment))
+            .unwrap();
+        let verdicts = Judgment {
+            refused: judgment.refused.clone(),
+            last: judgment.last,
+            ..Judgment::default()
+        };
+        store.ledger().commit(judgment, true, "test");
+        verdicts
+    }
+
+    #[test]
+    fn heads_let_go_of_are_read_back_and_still_judge_the_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("ledger.sqlite")).unwrap();
+        let org: OrgId = "acme".parse().unwrap();
+        let projects: Vec<ProjectId> = (0..HEADS_IN_MEMORY + 100)
+            .map(|_| ProjectId::new())
+            .collect();
+        let firsts: Vec<Envelope> = projects.iter().map(|p| event(&org, *p, 1, None)).collect();
+        let batch: Vec<(u64, Result<Envelope, String>)> = firsts
+            .iter()
+            .enumerate()
+            .map(|(at, event)| (at as u64 + 1, Ok(event.clone())))
+            .collect();
+        assert!(apply(&store, &batch).refused.is_empty());
+        assert!(
+            store.ledger().heads.len() <= HEADS_IN_MEMORY,
+            "memory let go of the heads on file"
+        );
+        let (first, second) = (projects[0], projects[1]);
+        assert!(store.ledger().head(&org, &first).is_none(), "let go of");
+        assert_eq!(
+            store.verified_head(&org, &first).map(|link| link.version),
+            Some(1),
+            "read back from the file"
+        );
+        let next = batch.len() as u64 + 1;
+        let genuine = event(&org, first, 2, Some(firsts[0].hash()));
+        let forged = event(&org, second, 2, Some(firsts[0].hash()));
+        let verdicts = apply(&store, &[(next, Ok(genuine)), (next + 1, Ok(forged))]);
+        assert_eq!(verdicts.refusal(next), None, "extends the head read back");
+        assert!(
+            verdicts
+                .refusal(next + 1)
+                .is_some_and(|reason| reason.contains("does not extend")),
+            "a forged link is refused against the head read back: {:?}",
+            verdicts.refusal(next + 1)
+        );
+        assert_eq!(
+            store.verified_head(&org, &first).map(|link| link.version),
+            Some(2)
+        );
+    }
 }

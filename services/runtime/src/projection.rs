@@ -645,8 +645,10 @@ impl Set {
             let mut tracked = shared
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let judging = store_for_batch.judging();
             let (judgment, must_write) = {
-                let ledger = store_for_batch.ledger();
+                let mut ledger = store_for_batch.ledger();
+                store_for_batch.read(|conn| ledger.recall(conn, &decoded))?;
                 let judgment = ledger.judge(&decoded);
                 let must_write = ledger.must_write(&judgment);
                 (judgment, must_write)
@@ -682,6 +684,7 @@ impl Set {
                 let moved = ledger.commit(judgment, wrote_ledger, &store_for_batch.label());
                 (moved, ledger.checkpoint())
             };
+            drop(judging);
             // At the live end (small batches), the publisher learns the
             // verified heads; a rebuild's would mostly be superseded.
             if let Some(publisher) = &track_heads

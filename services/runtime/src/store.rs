@@ -89,6 +89,8 @@ pub struct Store {
     checkpoints: Arc<watch::Sender<u64>>,
     /// The chain this file verified ([`crate::ledger`]).
     ledger: Arc<Mutex<Ledger>>,
+    /// Held from a batch's judgment to its commit ([`Store::judging`]).
+    judging: Arc<Mutex<()>>,
 }
 
 impl Store {
@@ -154,6 +156,7 @@ impl Store {
             progress: Arc::new(Mutex::new(progress)),
             checkpoints: Arc::new(checkpoints),
             ledger: Arc::new(Mutex::new(ledger)),
+            judging: Arc::new(Mutex::new(())),
         };
         store.publish_low_water();
         Ok(store)
@@ -223,6 +226,18 @@ impl Store {
     /// publisher share it).
     pub(crate) fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
         self.ledger
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Held by a projection loop from judging a batch to committing its
+    /// verdicts, so two loops of one file take turns: the heads a batch
+    /// reads back from the file are never ahead of the ledger in memory
+    /// (another loop's transaction committed, its verdicts not yet). The
+    /// file's writes are one at a time anyway; the ledger itself stays free
+    /// for readers meanwhile.
+    pub(crate) fn judging(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.judging
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
