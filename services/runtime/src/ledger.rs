@@ -179,29 +179,41 @@ impl Ledger {
         self.heads.get(org, project).copied()
     }
 
-    /// Reads back from the file the heads of the batch's projects that
-    /// memory does not hold, so [`Ledger::judge`] sees every head. Called
-    /// with the ledger held, under [`Store::judging`]: nothing lets a head
-    /// go between the read and its return to memory, a head on file is
-    /// never older than one memory let go, and never newer than the
-    /// verdicts memory holds.
+    /// The batch's projects whose head memory does not hold (and events
+    /// past the checkpoint): what [`Ledger::recall`] reads back. Empty for
+    /// a batch of the projects in use, so the file is not asked.
+    pub(crate) fn not_in_memory(
+        &self,
+        batch: &[(u64, Result<Envelope, String>)],
+    ) -> Vec<ProjectKey> {
+        let mut asked = HashSet::new();
+        batch
+            .iter()
+            .filter_map(|(sequence, event)| {
+                let event = event.as_ref().ok()?;
+                (*sequence > self.checkpoint
+                    && self.heads.get(&event.org_id, &event.project_id).is_none())
+                .then(|| (event.org_id.clone(), event.project_id))
+            })
+            .filter(|key| asked.insert(key.clone()))
+            .collect()
+    }
+
+    /// Reads back from the file the heads of `projects` ([`Ledger::not_in_memory`])
+    /// so [`Ledger::judge`] sees every head. Called with the ledger held,
+    /// under [`Store::judging`]: nothing lets a head go between the read
+    /// and its return to memory, a head on file is never older than one
+    /// memory let go, and never newer than the verdicts memory holds.
     pub(crate) fn recall(
         &mut self,
         conn: &Connection,
-        batch: &[(u64, Result<Envelope, String>)],
+        projects: &[ProjectKey],
     ) -> rusqlite::Result<()> {
-        let mut asked = HashSet::new();
-        for (sequence, event) in batch {
-            let Ok(event) = event else { continue };
-            if *sequence <= self.checkpoint
-                || self.heads.get(&event.org_id, &event.project_id).is_some()
-                || !asked.insert((event.org_id.clone(), event.project_id))
+        for (org, project) in projects {
+            if self.heads.get(org, project).is_none()
+                && let Some(link) = head_on_file(conn, org, project)?
             {
-                continue;
-            }
-            if let Some(link) = head_on_file(conn, &event.org_id, &event.project_id)? {
-                self.heads
-                    .set((event.org_id.clone(), event.project_id), link);
+                self.heads.set((org.clone(), *project), link);
             }
         }
         Ok(())
@@ -520,7 +532,8 @@ mod tests {
     fn apply(store: &Store, batch: &[(u64, Result<Envelope, String>)]) -> Judgment {
         let _judging = store.judging();
         let mut ledger = store.ledger();
-        store.read(|conn| ledger.recall(conn, batch)).unwrap();
+        let missing = ledger.not_in_memory(batch);
+        store.read(|conn| ledger.recall(conn, &missing)).unwrap();
         let judgment = ledger.judge(batch);
         drop(ledger);
         store

@@ -648,7 +648,10 @@ impl Set {
             let judging = store_for_batch.judging();
             let (judgment, must_write) = {
                 let mut ledger = store_for_batch.ledger();
-                store_for_batch.read(|conn| ledger.recall(conn, &decoded))?;
+                let missing = ledger.not_in_memory(&decoded);
+                if !missing.is_empty() {
+                    store_for_batch.read(|conn| ledger.recall(conn, &missing))?;
+                }
                 let judgment = ledger.judge(&decoded);
                 let must_write = ledger.must_write(&judgment);
                 (judgment, must_write)
