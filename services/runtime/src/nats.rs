@@ -618,6 +618,12 @@ pub async fn connect_with_security(
 /// cluster does not answer (a node restarting, a leader election).
 pub const STARTING_RETRY: Duration = Duration::from_secs(60);
 
+/// The pause after `failures` failed tries of a request the cluster did
+/// not answer: 250 ms more each time, up to 2 s.
+pub fn unanswered_pause(failures: u64) -> Duration {
+    Duration::from_millis(250 * failures.min(8))
+}
+
 /// `operation`'s value, tried again after each failure `transient` names,
 /// waiting longer each time (up to 2 s), until [`STARTING_RETRY`] has
 /// passed: what a service opens while it starts (its streams' check, its
@@ -640,7 +646,7 @@ where
             Err(error) if transient(&error) && tokio::time::Instant::now() < deadline => {
                 failures += 1;
                 tracing::warn!(%error, failures, "cannot {what} yet; trying again");
-                tokio::time::sleep(Duration::from_millis(250 * failures.min(8))).await;
+                tokio::time::sleep(unanswered_pause(failures)).await;
             }
             result => return result,
         }

@@ -66,7 +66,7 @@ where
                 failures += 1;
                 tracing::warn!(%error, failures, "cannot {what}; trying again");
                 tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(250 * failures.min(8))) => {}
+                    () = tokio::time::sleep(crate::nats::unanswered_pause(failures)) => {}
                     () = shutdown.cancelled() => return Ok(None),
                 }
             }
