@@ -5,7 +5,7 @@ TOOLS := $(CURDIR)/tools
 export PATH := $(TOOLS)/bin:$(PATH)
 CARGO ?= cargo
 
-.PHONY: help setup nats-server llama-server build test test-deps eval run chaos-seeds bench bench-ack bench-scale bench-deliveries bench-snapshot check-layers lint clean-state
+.PHONY: help setup nats-server llama-server build test test-deps eval run chaos-seeds bench bench-ack bench-scale bench-deliveries bench-snapshot bench-soak check-layers lint clean-state
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -55,6 +55,9 @@ bench-deliveries: nats-server ## data plane: deliveries per event per reaction a
 
 bench-snapshot: nats-server ## start -> caught up for a new instance of each service with 100,000 events in the log: replaying the stream vs from a projection snapshot, with raw ordered replay of the same events
 	$(CARGO) run --release -p zopu-bench -- snapshot --projects 25000
+
+bench-soak: nats-server ## 30 minutes of 300 messages/s over 1,000 projects, 500 live streams, tokens revoked and issued, one service restarted a minute: latency, memory and descriptors per minute, and the invariants
+	$(CARGO) run --release -p zopu-bench -- soak
 
 check-layers: ## fail on a dependency against the layering (schema, secrets <- runtime <- core, sandbox, llm <- services <- cli <- bench, from cargo metadata) or a subject spelled outside schema: the tidy tests, no nats-server needed
 	$(CARGO) test -p zopu-tests --test it -- tidy::

@@ -15,6 +15,7 @@ mod idle;
 mod raw_turns;
 mod scale;
 mod snapshot;
+mod soak;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -79,6 +80,11 @@ pub enum BenchKind {
     /// whole stream vs starting from a projection snapshot, with a raw
     /// ordered replay of the same events as the baseline
     Snapshot(snapshot::SnapshotArgs),
+    /// The whole runtime under steady load for minutes, each service in a
+    /// process of its own, restarted in turn, tokens revoked and issued,
+    /// live streams open: per minute latency, memory and descriptors, and
+    /// the invariants (nothing lost, nothing doubled, audit clean)
+    Soak(soak::SoakArgs),
     /// Score onboarding and exploration on the evaluation set in tests/eval
     /// (starts its own nats-server and services)
     Eval(crate::eval::EvalArgs),
@@ -107,6 +113,7 @@ pub async fn run_bench(context: &Context, kind: Option<BenchKind>) -> anyhow::Re
             return deliveries::run(context, deliveries).await;
         }
         Some(BenchKind::Snapshot(snapshot)) => return snapshot::run(context, snapshot).await,
+        Some(BenchKind::Soak(soak)) => return soak::run(context, soak).await,
         Some(BenchKind::Eval(eval)) => return crate::eval::run(context, eval).await,
         Some(BenchKind::Foundation(args)) => args,
         None => FoundationArgs::default(),

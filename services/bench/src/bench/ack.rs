@@ -107,7 +107,7 @@ impl Servers {
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum Sync {
+pub(super) enum Sync {
     /// `sync_interval: always` (durable; what the targets are set for)
     Always,
     /// The server's default (fsync every 2 minutes)
@@ -122,7 +122,7 @@ const ACK_PATH: [&str; 3] = [
 ];
 
 /// What the bench's messages ask about (each an exploration request).
-const TOPICS: [&str; 10] = [
+pub(super) const TOPICS: [&str; 10] = [
     "cart", "login", "search", "billing", "invoices", "emails", "uploads", "reports", "sessions",
     "webhooks",
 ];
@@ -693,7 +693,7 @@ async fn hops(bus: &Bus, from: u64, to: u64) -> anyhow::Result<Vec<(String, Stri
 /// one after the other (as a project's are); returns each append's latency
 /// in ms, from the moment it was offered (time queued behind the lane's
 /// previous append included).
-async fn raw_appends(
+pub(super) async fn raw_appends(
     bus: &Bus,
     replicas: usize,
     projects: usize,

@@ -1,0 +1,861 @@
+//! `zopu-bench soak`: the whole runtime under steady load for a long time,
+//! each service in a process of its own, to show that nothing drifts.
+//!
+//! Starts its own nats-server, registers `--projects` projects as setup
+//! leaves them, runs every service but setup as a child process (this
+//! binary, `soak --service NAME`), and then, for `--minutes`:
+//!
+//! - sends `--rate` messages/s (open loop, round robin over the projects,
+//!   as `zopu send` does), every `--explore-every`th an exploration request
+//!   (a specialist's flow and its artifact), the others questions the agent
+//!   answers itself;
+//! - holds `--streams` live-timeline streams open through the gateway over
+//!   HTTP, at most the gateway's per-token limit on one token;
+//! - every `--rotate-every` seconds revokes the oldest token (its streams
+//!   must end within 1 s) and issues a new one that opens as many streams;
+//! - every `--restart-every` seconds restarts one service (SIGTERM, then
+//!   start again), round robin.
+//!
+//! Every `--report-every` seconds (a "minute") it samples each process's
+//! resident memory and open file descriptors (the nats-server's too). At
+//! the end it waits for the turns in flight, then prints per minute the
+//! acknowledgement latency of the messages sent in it (message stored →
+//! the agent's first reply stored, `agent.acknowledged` or the answer
+//! itself, by the server's timestamps), the turns
+//! ended, memory, descriptors and CPU, and the invariants: every message
+//! stored once, replied to (acknowledged at most once) and every dispatch
+//! ended once (nothing lost, nothing doubled),
+//! every revoked token's streams ended within 1 s, no service died on its
+//! own, and `zopu audit verify` clean over the whole stream. Flatness
+//! compares the last third of the run with its second third (the issue's
+//! windows, minutes 5–15 vs the last 10, once the run has 25 minutes).
+
+mod fleet;
+mod viewers;
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use zopu_runtime::config::CoreConfig;
+use zopu_runtime::local_server::{LocalServer, SyncPolicy};
+use zopu_runtime::log::{Reader, Start};
+use zopu_runtime::nats::Bus;
+use zopu_runtime::publish::Publisher;
+use zopu_runtime::{Shutdown, streams};
+use zopu_schema::{Event, EventId, OrgId, ProjectId, pb, subjects};
+
+use zopu_cli::Context;
+use zopu_cli::commands::services::Service;
+
+use super::ack::percentile;
+use fleet::{Fleet, Usage};
+use viewers::{REVOCATION_BUDGET, Viewers};
+
+#[derive(Debug, Args)]
+pub struct SoakArgs {
+    /// Length of the load in minutes (fractions allowed)
+    #[arg(long, default_value_t = 30.0)]
+    minutes: f64,
+    /// Offered messages/s (open loop, round robin over the projects)
+    #[arg(long, default_value_t = 300.0)]
+    rate: f64,
+    /// Every Nth message asks for an exploration (a specialist's flow, an
+    /// artifact); the others are status questions and thanks the agent
+    /// answers itself. 1: every message explores
+    #[arg(long, default_value_t = 10)]
+    explore_every: usize,
+    /// Projects the messages are spread over
+    #[arg(long, default_value_t = 1000)]
+    projects: usize,
+    /// Live-timeline streams held open through the gateway
+    #[arg(long, default_value_t = 500)]
+    streams: usize,
+    /// Seconds between two service restarts (round robin over the services)
+    #[arg(long, default_value_t = 60)]
+    restart_every: u64,
+    /// Seconds between two token rotations (the oldest token revoked, a new
+    /// one issued that opens as many streams)
+    #[arg(long, default_value_t = 5)]
+    rotate_every: u64,
+    /// Seconds per reported "minute" (memory, descriptors and latency rows)
+    #[arg(long, default_value_t = 60)]
+    report_every: u64,
+    /// The server's sync policy
+    #[arg(long, value_enum, default_value_t = super::ack::Sync::Default)]
+    sync: super::ack::Sync,
+    /// Internal: run this one service in this process (the soak's children)
+    #[arg(long, hide = true)]
+    service: Option<Service>,
+    /// Internal: the port the gateway child listens on
+    #[arg(long, hide = true, default_value_t = 0)]
+    gateway_port: u16,
+}
+
+/// How long the end waits for the turns still in flight.
+const DRAIN: Duration = Duration::from_secs(180);
+
+/// Messages the agent answers itself (no flow).
+const ANSWERED: [&str; 4] = [
+    "what's the status?",
+    "thanks for the help",
+    "any update on the exploration?",
+    "are you there?",
+];
+
+/// Seconds of raw appends in the baseline.
+const RAW_SECONDS: f64 = 10.0;
+
+/// The gateway's default limit of streams per token.
+const STREAMS_PER_TOKEN: usize = 10;
+
+/// One reported minute.
+#[derive(Debug, serde::Serialize)]
+struct Minute {
+    minute: usize,
+    sent: usize,
+    /// Turns whose message was sent in this minute and that ended.
+    ended: usize,
+    ack_p50_ms: Option<f64>,
+    ack_p99_ms: Option<f64>,
+    /// Sampled at the minute's end, before that moment's restart.
+    usage: Vec<Usage>,
+    total_rss_mb: f64,
+    streams_open: u64,
+    /// Services restarted during the minute.
+    restarted: Vec<String>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Invariants {
+    messages_sent: usize,
+    messages_stored: usize,
+    messages_stored_twice: usize,
+    /// Messages the agent replied to (acknowledged, or answered at once).
+    replied: usize,
+    acknowledged_twice: usize,
+    turns_ended: usize,
+    turns_ended_twice: usize,
+    turns_not_ended: usize,
+    revocations: usize,
+    revocation_close_max_ms: f64,
+    streams_left_open: usize,
+    services_died: Vec<(String, usize)>,
+    audit_clean: bool,
+    audit_findings: usize,
+    events_audited: u64,
+    holds: bool,
+}
+
+/// Raw JetStream appends in the contract's shape (headers, the per-project
+/// expectation, sequential per project) at the soak's write rate.
+#[derive(Debug, serde::Serialize)]
+struct Baseline {
+    /// Events the soak stored per second.
+    write_rate_per_s: f64,
+    raw_append_p50_ms: f64,
+    raw_append_p99_ms: f64,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Flatness {
+    /// The minutes compared (1-based, inclusive).
+    early: (usize, usize),
+    late: (usize, usize),
+    ack_p99_early_ms: f64,
+    ack_p99_late_ms: f64,
+    rss_early_mb: f64,
+    rss_late_mb: f64,
+    /// Both late figures within 10% of (or below) the early ones.
+    flat: bool,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    rate: f64,
+    explore_every: usize,
+    projects: usize,
+    streams: usize,
+    minutes: Vec<Minute>,
+    stream_items_received: u64,
+    streams_opened: u64,
+    invariants: Invariants,
+    flatness: Option<Flatness>,
+    baseline: Baseline,
+    logs: String,
+}
+
+/// What the log watcher has seen of one turn (by its correlation id).
+#[derive(Default)]
+struct Turn {
+    /// The minute its message was sent in (the sender fills it in).
+    minute: Option<usize>,
+    stored: usize,
+    sent_at: Option<time::OffsetDateTime>,
+    acknowledged: usize,
+    /// Stored time of the agent's first reply: its acknowledgement, the
+    /// answer itself for a message it answers without a flow, its question,
+    /// or its guardrail's note (a reply it would have repeated is dropped
+    /// and the drop recorded).
+    replied_at: Option<time::OffsetDateTime>,
+    /// Its dispatches (the conversation's, a flow's), each with the
+    /// terminal events (completed or failed) stored for it.
+    dispatches: HashMap<String, usize>,
+}
+
+impl Turn {
+    /// Every dispatch it created has ended.
+    fn ended(&self) -> bool {
+        !self.dispatches.is_empty() && self.dispatches.values().all(|ends| *ends > 0)
+    }
+
+    /// A dispatch of it ended more than once.
+    fn ended_twice(&self) -> bool {
+        self.dispatches.values().any(|ends| *ends > 1)
+    }
+}
+
+type Turns = Arc<Mutex<HashMap<String, Turn>>>;
+
+pub async fn run(context: &Context, args: SoakArgs) -> anyhow::Result<ExitCode> {
+    if let Some(service) = args.service {
+        return fleet::run_one(context, service, args.gateway_port).await;
+    }
+    check(&args)?;
+    let report = soak(&args).await?;
+    if context.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print(&report);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check(args: &SoakArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.minutes.is_finite() && args.minutes > 0.0,
+        "--minutes must be a positive number"
+    );
+    anyhow::ensure!(
+        args.rate.is_finite() && args.rate > 0.0,
+        "--rate must be a positive number of messages/s"
+    );
+    anyhow::ensure!(args.projects > 0, "--projects must be at least 1");
+    anyhow::ensure!(args.explore_every > 0, "--explore-every must be at least 1");
+    anyhow::ensure!(
+        args.restart_every > 0 && args.rotate_every > 0 && args.report_every > 0,
+        "--restart-every, --rotate-every and --report-every must be at least 1 second"
+    );
+    Ok(())
+}
+
+async fn soak(args: &SoakArgs) -> anyhow::Result<Report> {
+    let dir = tempfile::tempdir()?;
+    let policy = match args.sync {
+        super::ack::Sync::Always => SyncPolicy::Always,
+        super::ack::Sync::Default => SyncPolicy::ServerDefault,
+    };
+    let server = LocalServer::start(&dir.path().join("nats"), None, policy)?;
+    let core = CoreConfig {
+        nats_url: server.url(),
+        data_dir: dir.path().join("data"),
+        ..CoreConfig::default()
+    };
+    let bus =
+        zopu_runtime::nats::connect(&core.nats_url, "zopu-bench", Duration::from_secs(10)).await?;
+    streams::apply(&bus, &streams::StreamSettings::from(&core)).await?;
+    let org: OrgId = "soak".parse()?;
+    let projects = register(&bus, &org, args.projects).await?;
+    let turns: Turns = Arc::default();
+    let watcher = watch(&bus, turns.clone()).await?;
+
+    let gateway_port = zopu_runtime::local_server::free_ports(1)?[0];
+    // Kept outside the temporary directory so they outlive a failed run.
+    let logs = std::env::temp_dir().join(format!("zopu-soak-{}", std::process::id()));
+    let mut fleet = Fleet::start(&core.nats_url, &core.data_dir, gateway_port, &logs)?;
+    let base = format!("http://127.0.0.1:{gateway_port}");
+    wait_for_gateway(&base).await?;
+    let tokens = zopu_gateway::tokens::TokenStore::open(&bus.jetstream).await?;
+    let mut viewers = Viewers::open(
+        tokens,
+        base,
+        org.clone(),
+        &projects,
+        args.streams,
+        STREAMS_PER_TOKEN,
+    )
+    .await?;
+
+    let sender = Publisher::new(bus.clone(), "gateway", None);
+    let shutdown = Shutdown::new();
+    let load = tokio::spawn(
+        Load {
+            sender,
+            org: org.clone(),
+            projects: projects.clone(),
+            rate: args.rate,
+            minute: Duration::from_secs(args.report_every),
+            length: Duration::from_secs_f64(args.minutes * 60.0),
+            explore_every: args.explore_every,
+        }
+        .send(turns.clone()),
+    );
+
+    let first = zopu_runtime::publish::last_sequence(&bus).await? + 1;
+    let started = Instant::now();
+    let length = Duration::from_secs_f64(args.minutes * 60.0);
+    let minute = Duration::from_secs(args.report_every);
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut next_restart = Duration::from_secs(args.restart_every);
+    let mut next_rotation = Duration::from_secs(args.rotate_every);
+    let mut next_sample = minute;
+    let mut restarted: Vec<String> = Vec::new();
+    let mut restarts = fleet::SOAKED.iter().cycle();
+    while started.elapsed() < length {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = started.elapsed();
+        for died in fleet.revive()? {
+            tracing::warn!(
+                service = died.name(),
+                "a service exited on its own; started again"
+            );
+        }
+        if now >= next_sample {
+            samples.push(sample(
+                &mut fleet,
+                &server,
+                &viewers,
+                &mut restarted,
+                samples.len(),
+            ));
+            next_sample += minute;
+        }
+        if now >= next_rotation {
+            viewers.rotate().await?;
+            next_rotation += Duration::from_secs(args.rotate_every);
+        }
+        if now >= next_restart {
+            let service = *restarts.next().unwrap_or(&Service::Conversation);
+            fleet.restart(service).await?;
+            restarted.push(service.name().to_owned());
+            next_restart += Duration::from_secs(args.restart_every);
+        }
+    }
+    // The last period's sample, if the loop ended just before it was due.
+    let periods = (length.as_secs_f64() / minute.as_secs_f64()).ceil() as usize;
+    while samples.len() < periods {
+        samples.push(sample(
+            &mut fleet,
+            &server,
+            &viewers,
+            &mut restarted,
+            samples.len(),
+        ));
+    }
+    let sent = load.await??;
+    drain(&turns, sent).await;
+    viewers.close();
+    fleet.revive()?;
+    let deaths = fleet.deaths();
+    fleet.stop().await;
+    shutdown.cancel();
+    watcher.abort();
+
+    let audit = zopu_runtime::audit::verify(&bus, None).await?;
+    // The baseline: raw appends in the contract's shape at the soak's own
+    // write rate, for `RAW_SECONDS`, on the same server.
+    let written = zopu_runtime::publish::last_sequence(&bus).await? + 1 - first;
+    let write_rate = written as f64 / length.as_secs_f64();
+    let mut raw = super::ack::raw_appends(
+        &bus,
+        1,
+        args.projects.min(100),
+        ((write_rate * RAW_SECONDS) as usize).max(100),
+        write_rate,
+    )
+    .await?;
+    raw.sort_by(f64::total_cmp);
+    let baseline = Baseline {
+        write_rate_per_s: write_rate,
+        raw_append_p50_ms: percentile(&raw, 0.50),
+        raw_append_p99_ms: percentile(&raw, 0.99),
+    };
+    let gathered = Gathered {
+        sent,
+        samples,
+        deaths,
+        audit,
+        baseline,
+        logs,
+    };
+    let report = report(args, &turns, &viewers, gathered);
+    // The clients go before the server they are connected to.
+    drop(viewers);
+    drop(bus);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(server);
+    Ok(report)
+}
+
+/// One period's sample: each process's usage, the streams open, and the
+/// services restarted since the previous sample.
+type Sample = (Vec<Usage>, u64, Vec<String>);
+
+fn sample(
+    fleet: &mut Fleet,
+    server: &LocalServer,
+    viewers: &Viewers,
+    restarted: &mut Vec<String>,
+    taken: usize,
+) -> Sample {
+    let others: Vec<(&str, u32)> = server
+        .pid()
+        .map(|pid| ("nats-server", pid))
+        .into_iter()
+        .collect();
+    let usage = fleet.usage(&others);
+    let open = viewers.seen.open.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "minute {}: {:.0} MB resident in all, {open} streams open{}",
+        taken + 1,
+        usage.iter().map(|u| u.rss_mb).sum::<f64>(),
+        if restarted.is_empty() {
+            String::new()
+        } else {
+            format!(", restarted: {}", restarted.join(", "))
+        }
+    );
+    (usage, open, std::mem::take(restarted))
+}
+
+/// Registers one conversation agent per project with the project's setup
+/// request, as setup leaves a project (the gateway then knows it).
+async fn register(bus: &Bus, org: &OrgId, projects: usize) -> anyhow::Result<Vec<ProjectId>> {
+    use futures::StreamExt;
+    let gateway = Publisher::new(bus.clone(), "gateway", None);
+    let setup = Publisher::new(bus.clone(), "setup", None);
+    let ids: Vec<ProjectId> = (0..projects).map(|_| ProjectId::new()).collect();
+    let mut writes = futures::stream::iter(&ids)
+        .map(|project| {
+            let (gateway, setup) = (&gateway, &setup);
+            async move {
+                let mut request = zopu_setup::client::SetupRequest::new(
+                    org.clone(),
+                    *project,
+                    "https://github.com/acme/shop.git",
+                    "main",
+                    1,
+                    &EventId::new().to_string(),
+                );
+                request.project_name = "shop".into();
+                zopu_setup::client::request_setup(gateway, &request).await?;
+                super::ack::register_agent(setup, org, project).await
+            }
+        })
+        .buffer_unordered(32);
+    while let Some(written) = writes.next().await {
+        written?;
+    }
+    drop(writes);
+    Ok(ids)
+}
+
+/// One log reader sees messages, acknowledgements and turn ends as stored.
+async fn watch(bus: &Bus, turns: Turns) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let last = zopu_runtime::publish::last_sequence(bus).await?;
+    let filters = [
+        pb::TimelineMessageSent::TYPE,
+        pb::AgentAcknowledged::TYPE,
+        pb::AgentMessage::TYPE,
+        pb::AgentBlocked::TYPE,
+        pb::AgentGuardrailTriggered::TYPE,
+        pb::DispatchCreated::TYPE,
+        pb::DispatchCompleted::TYPE,
+        pb::DispatchFailed::TYPE,
+    ]
+    .iter()
+    .map(|event_type| subjects::events_of_type(event_type))
+    .collect();
+    let mut stored = Reader::open_filters(bus, filters, Start::After(last)).await?;
+    Ok(tokio::spawn(async move {
+        while let Some(logged) = stored.next().await {
+            let Ok(logged) = logged else { continue };
+            let Ok(event) = logged.event else { continue };
+            let mut turns = turns
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let turn = turns
+                .entry(event.correlation_id.as_str().to_owned())
+                .or_default();
+            if event.is::<pb::TimelineMessageSent>() {
+                turn.stored += 1;
+                turn.sent_at.get_or_insert(logged.stored_at);
+            } else if event.is::<pb::AgentAcknowledged>() {
+                turn.acknowledged += 1;
+                turn.replied_at.get_or_insert(logged.stored_at);
+            } else if event.is::<pb::AgentMessage>()
+                || event.is::<pb::AgentBlocked>()
+                || event.is::<pb::AgentGuardrailTriggered>()
+            {
+                turn.replied_at.get_or_insert(logged.stored_at);
+            } else if let Some(dispatch) = event.dispatch_id {
+                let ends = turn.dispatches.entry(dispatch.to_string()).or_default();
+                if !event.is::<pb::DispatchCreated>() {
+                    *ends += 1;
+                }
+            }
+        }
+    }))
+}
+
+/// The users' messages.
+struct Load {
+    sender: Publisher,
+    org: OrgId,
+    projects: Vec<ProjectId>,
+    /// Messages per second.
+    rate: f64,
+    /// A reported period: each turn is filed under the one it was sent in.
+    minute: Duration,
+    length: Duration,
+    explore_every: usize,
+}
+
+impl Load {
+    /// Sends `rate` messages/s for `length`, round robin over the
+    /// projects; returns how many were sent.
+    async fn send(self, turns: Turns) -> anyhow::Result<usize> {
+        let Load {
+            sender,
+            org,
+            projects,
+            rate,
+            minute,
+            length,
+            explore_every,
+        } = self;
+        let start = tokio::time::Instant::now();
+        let mut in_flight = tokio::task::JoinSet::new();
+        let mut i = 0usize;
+        loop {
+            let due = Duration::from_secs_f64(i as f64 / rate);
+            if due >= length {
+                break;
+            }
+            tokio::time::sleep_until(start + due).await;
+            let request = EventId::new().to_string();
+            turns
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .entry(request.clone())
+                .or_default()
+                .minute = Some((due.as_secs_f64() / minute.as_secs_f64()) as usize);
+            let (sender, org, project) =
+                (sender.clone(), org.clone(), projects[i % projects.len()]);
+            let text = if i.is_multiple_of(explore_every) {
+                format!(
+                    "How does the {} module handle retries?",
+                    super::ack::TOPICS[(i / projects.len()) % super::ack::TOPICS.len()]
+                )
+            } else {
+                ANSWERED[i % ANSWERED.len()].to_owned()
+            };
+            in_flight.spawn(async move {
+                let actor = pb::Actor {
+                    kind: pb::actor::Kind::User as i32,
+                    id: "soak".into(),
+                };
+                zopu_conversation::send_message(&sender, &org, &project, &text, actor, &request)
+                    .await
+                    .map(|_| ())
+            });
+            while let Some(done) = in_flight.try_join_next() {
+                done??;
+            }
+            i += 1;
+        }
+        while let Some(done) = in_flight.join_next().await {
+            done??;
+        }
+        Ok(i)
+    }
+}
+
+/// Waits until every sent turn ended, or [`DRAIN`].
+async fn drain(turns: &Turns, sent: usize) {
+    let deadline = Instant::now() + DRAIN;
+    while Instant::now() < deadline {
+        let ended = turns
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .values()
+            .filter(|turn| turn.minute.is_some() && turn.ended())
+            .count();
+        if ended >= sent {
+            // Duplicates, if any, arrive with their originals.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn wait_for_gateway(base: &str) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(response) = client.get(format!("{base}/healthz")).send().await
+            && response.status().is_success()
+        {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the gateway did not answer /healthz within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What the run gathered besides the turns and the viewers.
+struct Gathered {
+    sent: usize,
+    samples: Vec<Sample>,
+    deaths: Vec<(String, usize)>,
+    audit: zopu_runtime::audit::Report,
+    baseline: Baseline,
+    logs: std::path::PathBuf,
+}
+
+fn report(args: &SoakArgs, turns: &Turns, viewers: &Viewers, gathered: Gathered) -> Report {
+    let Gathered {
+        sent,
+        samples,
+        deaths,
+        audit,
+        baseline,
+        logs,
+    } = gathered;
+    let turns = turns
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let ours: Vec<&Turn> = turns
+        .values()
+        .filter(|turn| turn.minute.is_some())
+        .collect();
+    let mut latencies: Vec<Vec<f64>> = vec![Vec::new(); samples.len().max(1) + 1];
+    let mut ended_in: Vec<usize> = vec![0; latencies.len()];
+    let mut sent_in: Vec<usize> = vec![0; latencies.len()];
+    for turn in &ours {
+        let minute = turn.minute.unwrap_or(0).min(latencies.len() - 1);
+        sent_in[minute] += 1;
+        ended_in[minute] += usize::from(turn.ended());
+        if let (Some(sent), Some(replied)) = (turn.sent_at, turn.replied_at) {
+            latencies[minute].push((replied - sent).as_seconds_f64() * 1000.0);
+        }
+    }
+    let minutes: Vec<Minute> = samples
+        .into_iter()
+        .enumerate()
+        .map(|(index, (usage, streams_open, restarted))| {
+            let mut of_minute = std::mem::take(&mut latencies[index]);
+            of_minute.sort_by(f64::total_cmp);
+            let at = |p| (!of_minute.is_empty()).then(|| percentile(&of_minute, p));
+            Minute {
+                minute: index + 1,
+                sent: sent_in[index],
+                ended: ended_in[index],
+                ack_p50_ms: at(0.50),
+                ack_p99_ms: at(0.99),
+                total_rss_mb: usage.iter().map(|u| u.rss_mb).sum(),
+                usage,
+                streams_open,
+                restarted,
+            }
+        })
+        .collect();
+    let revocation_close_max_ms = viewers
+        .revocation_closes
+        .iter()
+        .map(|took| took.as_secs_f64() * 1000.0)
+        .fold(0.0, f64::max);
+    let mut invariants = Invariants {
+        messages_sent: sent,
+        messages_stored: ours.iter().filter(|turn| turn.stored > 0).count(),
+        messages_stored_twice: ours.iter().filter(|turn| turn.stored > 1).count(),
+        replied: ours.iter().filter(|turn| turn.replied_at.is_some()).count(),
+        acknowledged_twice: ours.iter().filter(|turn| turn.acknowledged > 1).count(),
+        turns_ended: ours.iter().filter(|turn| turn.ended()).count(),
+        turns_ended_twice: ours.iter().filter(|turn| turn.ended_twice()).count(),
+        turns_not_ended: ours.iter().filter(|turn| !turn.ended()).count(),
+        revocations: viewers.revocation_closes.len(),
+        revocation_close_max_ms,
+        streams_left_open: viewers.left_open,
+        services_died: deaths,
+        audit_clean: audit.is_clean(),
+        audit_findings: audit.findings.len(),
+        events_audited: audit.events,
+        holds: false,
+    };
+    invariants.holds = invariants.messages_stored == sent
+        && invariants.messages_stored_twice == 0
+        && invariants.replied == sent
+        && invariants.acknowledged_twice == 0
+        && invariants.turns_ended == sent
+        && invariants.turns_ended_twice == 0
+        && invariants.streams_left_open == 0
+        && invariants.services_died.is_empty()
+        && invariants.audit_clean;
+    let flatness = flatness(&minutes);
+    Report {
+        rate: args.rate,
+        explore_every: args.explore_every,
+        projects: args.projects,
+        streams: args.streams,
+        minutes,
+        stream_items_received: viewers
+            .seen
+            .items
+            .load(std::sync::atomic::Ordering::Relaxed),
+        streams_opened: viewers
+            .seen
+            .opened
+            .load(std::sync::atomic::Ordering::Relaxed),
+        invariants,
+        flatness,
+        baseline,
+        logs: logs.display().to_string(),
+    }
+}
+
+/// The late window against the early one: minutes 5–15 vs the last 10 once
+/// there are 25, otherwise the second third vs the last third.
+fn flatness(minutes: &[Minute]) -> Option<Flatness> {
+    let n = minutes.len();
+    if n < 3 {
+        return None;
+    }
+    let (early, late) = if n >= 25 {
+        ((5, 15), (n - 9, n))
+    } else {
+        ((n / 3 + 1, 2 * n / 3), (2 * n / 3 + 1, n))
+    };
+    let mean = |(from, to): (usize, usize), figure: &dyn Fn(&Minute) -> Option<f64>| {
+        let values: Vec<f64> = minutes[from - 1..to].iter().filter_map(figure).collect();
+        values.iter().sum::<f64>() / values.len().max(1) as f64
+    };
+    let p99 = |minute: &Minute| minute.ack_p99_ms;
+    let rss = |minute: &Minute| Some(minute.total_rss_mb);
+    let (ack_p99_early_ms, ack_p99_late_ms) = (mean(early, &p99), mean(late, &p99));
+    let (rss_early_mb, rss_late_mb) = (mean(early, &rss), mean(late, &rss));
+    Some(Flatness {
+        early,
+        late,
+        flat: ack_p99_late_ms <= ack_p99_early_ms * 1.1 && rss_late_mb <= rss_early_mb * 1.1,
+        ack_p99_early_ms,
+        ack_p99_late_ms,
+        rss_early_mb,
+        rss_late_mb,
+    })
+}
+
+fn print(report: &Report) {
+    println!(
+        "soak: {:.0} messages/s offered across {} projects (every {} an exploration), {} live streams, one service restarted every period",
+        report.rate, report.projects, report.explore_every, report.streams
+    );
+    let services: Vec<String> = report
+        .minutes
+        .first()
+        .map(|minute| minute.usage.iter().map(|u| u.service.clone()).collect())
+        .unwrap_or_default();
+    println!(
+        "  min   sent  ended  1st reply p50 ms  p99 ms  streams  RSS MB (all) | {} (RSS MB / fds / CPU % of a core)  restarted",
+        services.join(" | ")
+    );
+    let ms = |value: Option<f64>| value.map_or("-".to_owned(), |v| format!("{v:.1}"));
+    for minute in &report.minutes {
+        let per_service: Vec<String> = minute
+            .usage
+            .iter()
+            .map(|u| format!("{:.0}/{}/{:.0}%", u.rss_mb, u.open_fds, u.cpu_percent))
+            .collect();
+        println!(
+            "  {:>3} {:>6} {:>6} {:>17} {:>7} {:>8} {:>13.0} | {}  {}",
+            minute.minute,
+            minute.sent,
+            minute.ended,
+            ms(minute.ack_p50_ms),
+            ms(minute.ack_p99_ms),
+            minute.streams_open,
+            minute.total_rss_mb,
+            per_service.join(" | "),
+            minute.restarted.join(", ")
+        );
+    }
+    let i = &report.invariants;
+    println!(
+        "  invariants ({}): {} sent, {} stored ({} twice), {} replied to ({} acknowledged twice), {} ended ({} a dispatch twice, {} not)",
+        if i.holds { "hold" } else { "BROKEN" },
+        i.messages_sent,
+        i.messages_stored,
+        i.messages_stored_twice,
+        i.replied,
+        i.acknowledged_twice,
+        i.turns_ended,
+        i.turns_ended_twice,
+        i.turns_not_ended
+    );
+    println!(
+        "    {} revocations, slowest end of a revoked token's streams {:.0} ms (budget {} ms), {} left open; services died on their own: {:?}",
+        i.revocations,
+        i.revocation_close_max_ms,
+        REVOCATION_BUDGET.as_millis(),
+        i.streams_left_open,
+        i.services_died
+    );
+    println!(
+        "    audit verify over {} events: {} ({} findings); {} timeline items over {} stream openings",
+        i.events_audited,
+        if i.audit_clean { "clean" } else { "NOT clean" },
+        i.audit_findings,
+        report.stream_items_received,
+        report.streams_opened
+    );
+    if let Some(flat) = &report.flatness {
+        println!(
+            "  flatness (minutes {}-{} vs {}-{}): ack p99 {:.1} -> {:.1} ms, resident memory {:.0} -> {:.0} MB: {} (target: late within 10%)",
+            flat.early.0,
+            flat.early.1,
+            flat.late.0,
+            flat.late.1,
+            flat.ack_p99_early_ms,
+            flat.ack_p99_late_ms,
+            flat.rss_early_mb,
+            flat.rss_late_mb,
+            if flat.flat { "flat" } else { "NOT flat" }
+        );
+    }
+    let b = &report.baseline;
+    let p99s: Vec<f64> = report.minutes.iter().filter_map(|m| m.ack_p99_ms).collect();
+    let median_p99 = {
+        let mut sorted = p99s.clone();
+        sorted.sort_by(f64::total_cmp);
+        (!sorted.is_empty()).then(|| percentile(&sorted, 0.5))
+    };
+    println!(
+        "  raw JetStream append at the soak's write rate ({:.0} events/s; contract headers + project expectation, no client work): p50 {:.2} ms, p99 {:.2} ms{}",
+        b.write_rate_per_s,
+        b.raw_append_p50_ms,
+        b.raw_append_p99_ms,
+        median_p99
+            .map(|p99| format!(
+                "; the median minute's acknowledgement p99 = {:.1}x one raw append's",
+                p99 / b.raw_append_p99_ms
+            ))
+            .unwrap_or_default()
+    );
+    println!("  service logs: {}", report.logs);
+}
