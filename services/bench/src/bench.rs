@@ -434,6 +434,40 @@ async fn raw_append(
     Ok(ack.sequence)
 }
 
+/// Calls `seen` with each event of `types` stored from now on (its stored
+/// time, by the server's clock, and the event), in order, from a task of
+/// its own that ends with the reader (a reader that cannot resume is
+/// logged as an error).
+async fn follow_types(
+    bus: &zopu_runtime::nats::Bus,
+    types: &[&str],
+    mut seen: impl FnMut(time::OffsetDateTime, zopu_schema::Envelope) + Send + 'static,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    use zopu_runtime::log::{Reader, Start};
+    let last = zopu_runtime::publish::last_sequence(bus).await?;
+    let filters = types
+        .iter()
+        .map(|event_type| zopu_schema::subjects::events_of_type(event_type))
+        .collect();
+    let mut stored = Reader::open_filters(bus, filters, Start::After(last)).await?;
+    Ok(tokio::spawn(async move {
+        while let Some(logged) = stored.next().await {
+            match logged {
+                Ok(logged) => {
+                    if let Ok(event) = logged.event {
+                        seen(logged.stored_at, event);
+                    }
+                }
+                Err(error) => {
+                    // What it missed shows as turns that never ended.
+                    tracing::error!(%error, "the benchmark's log reader stopped");
+                    return;
+                }
+            }
+        }
+    }))
+}
+
 /// A stream like the raw baselines': file storage, `bench.raw.>`.
 async fn raw_stream(
     bus: &zopu_runtime::nats::Bus,

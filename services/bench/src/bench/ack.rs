@@ -477,40 +477,31 @@ pub(super) async fn register_agent(
 /// One log reader sees messages, acknowledgements and turn ends as
 /// stored, with the server's timestamps.
 async fn watch(bus: &Bus, pending: Pending) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let last = zopu_runtime::publish::last_sequence(bus).await?;
-    let filters = [
+    let types = [
         pb::TimelineMessageSent::TYPE,
         pb::AgentAcknowledged::TYPE,
         pb::DispatchCompleted::TYPE,
         pb::DispatchFailed::TYPE,
-    ]
-    .iter()
-    .map(|event_type| subjects::events_of_type(event_type))
-    .collect();
-    let mut stored = Reader::open_filters(bus, filters, Start::After(last)).await?;
-    Ok(tokio::spawn(async move {
-        while let Some(Ok(logged)) = stored.next().await {
-            let Ok(event) = logged.event else {
-                continue;
-            };
-            let mut pending = pending
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let turn = pending
-                .entry(event.correlation_id.as_str().to_owned())
-                .or_default();
-            if event.is::<pb::TimelineMessageSent>() {
-                turn.sent = Some(logged.stored_at);
-            } else if event.is::<pb::AgentAcknowledged>() {
-                turn.acknowledged = Some(logged.stored_at);
-            } else {
-                turn.ended = true;
-                if let Some(waiter) = turn.waiter.take() {
-                    let _ = waiter.send(turn.latency());
-                }
+    ];
+    super::follow_types(bus, &types, move |stored_at, event| {
+        let mut pending = pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let turn = pending
+            .entry(event.correlation_id.as_str().to_owned())
+            .or_default();
+        if event.is::<pb::TimelineMessageSent>() {
+            turn.sent = Some(stored_at);
+        } else if event.is::<pb::AgentAcknowledged>() {
+            turn.acknowledged = Some(stored_at);
+        } else {
+            turn.ended = true;
+            if let Some(waiter) = turn.waiter.take() {
+                let _ = waiter.send(turn.latency());
             }
         }
-    }))
+    })
+    .await
 }
 
 /// Sends the users' messages.

@@ -41,11 +41,10 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use zopu_runtime::config::CoreConfig;
 use zopu_runtime::local_server::{LocalServer, SyncPolicy};
-use zopu_runtime::log::{Reader, Start};
 use zopu_runtime::nats::Bus;
 use zopu_runtime::publish::Publisher;
 use zopu_runtime::{Shutdown, streams};
-use zopu_schema::{Event, EventId, OrgId, ProjectId, pb, subjects};
+use zopu_schema::{Event, EventId, OrgId, ProjectId, pb};
 
 use zopu_cli::Context;
 use zopu_cli::commands::services::Service;
@@ -104,6 +103,9 @@ const ANSWERED: [&str; 4] = [
     "any update on the exploration?",
     "are you there?",
 ];
+
+/// The server's name in the usage rows.
+const NATS_SERVER: &str = "nats-server";
 
 /// Seconds of raw appends in the baseline.
 const RAW_SECONDS: f64 = 10.0;
@@ -166,9 +168,13 @@ struct Flatness {
     late: (usize, usize),
     ack_p99_early_ms: f64,
     ack_p99_late_ms: f64,
+    /// The services' resident memory together (the nats-server's apart:
+    /// its block cache follows the stream, not the services).
     rss_early_mb: f64,
     rss_late_mb: f64,
-    /// Both late figures within 10% of (or below) the early ones.
+    nats_rss_early_mb: f64,
+    nats_rss_late_mb: f64,
+    /// The late p99 and services' memory within 10% of (or below) the early ones.
     flat: bool,
 }
 
@@ -412,7 +418,7 @@ fn sample(
 ) -> Sample {
     let others: Vec<(&str, u32)> = server
         .pid()
-        .map(|pid| ("nats-server", pid))
+        .map(|pid| (NATS_SERVER, pid))
         .into_iter()
         .collect();
     let usage = fleet.usage(&others);
@@ -464,8 +470,7 @@ async fn register(bus: &Bus, org: &OrgId, projects: usize) -> anyhow::Result<Vec
 
 /// One log reader sees messages, acknowledgements and turn ends as stored.
 async fn watch(bus: &Bus, turns: Turns) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let last = zopu_runtime::publish::last_sequence(bus).await?;
-    let filters = [
+    let types = [
         pb::TimelineMessageSent::TYPE,
         pb::AgentAcknowledged::TYPE,
         pb::AgentMessage::TYPE,
@@ -474,40 +479,33 @@ async fn watch(bus: &Bus, turns: Turns) -> anyhow::Result<tokio::task::JoinHandl
         pb::DispatchCreated::TYPE,
         pb::DispatchCompleted::TYPE,
         pb::DispatchFailed::TYPE,
-    ]
-    .iter()
-    .map(|event_type| subjects::events_of_type(event_type))
-    .collect();
-    let mut stored = Reader::open_filters(bus, filters, Start::After(last)).await?;
-    Ok(tokio::spawn(async move {
-        while let Some(logged) = stored.next().await {
-            let Ok(logged) = logged else { continue };
-            let Ok(event) = logged.event else { continue };
-            let mut turns = turns
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let turn = turns
-                .entry(event.correlation_id.as_str().to_owned())
-                .or_default();
-            if event.is::<pb::TimelineMessageSent>() {
-                turn.stored += 1;
-                turn.sent_at.get_or_insert(logged.stored_at);
-            } else if event.is::<pb::AgentAcknowledged>() {
-                turn.acknowledged += 1;
-                turn.replied_at.get_or_insert(logged.stored_at);
-            } else if event.is::<pb::AgentMessage>()
-                || event.is::<pb::AgentBlocked>()
-                || event.is::<pb::AgentGuardrailTriggered>()
-            {
-                turn.replied_at.get_or_insert(logged.stored_at);
-            } else if let Some(dispatch) = event.dispatch_id {
-                let ends = turn.dispatches.entry(dispatch.to_string()).or_default();
-                if !event.is::<pb::DispatchCreated>() {
-                    *ends += 1;
-                }
+    ];
+    super::follow_types(bus, &types, move |stored_at, event| {
+        let mut turns = turns
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let turn = turns
+            .entry(event.correlation_id.as_str().to_owned())
+            .or_default();
+        if event.is::<pb::TimelineMessageSent>() {
+            turn.stored += 1;
+            turn.sent_at.get_or_insert(stored_at);
+        } else if event.is::<pb::AgentAcknowledged>() {
+            turn.acknowledged += 1;
+            turn.replied_at.get_or_insert(stored_at);
+        } else if event.is::<pb::AgentMessage>()
+            || event.is::<pb::AgentBlocked>()
+            || event.is::<pb::AgentGuardrailTriggered>()
+        {
+            turn.replied_at.get_or_insert(stored_at);
+        } else if let Some(dispatch) = event.dispatch_id {
+            let ends = turn.dispatches.entry(dispatch.to_string()).or_default();
+            if !event.is::<pb::DispatchCreated>() {
+                *ends += 1;
             }
         }
-    }))
+    })
+    .await
 }
 
 /// The users' messages.
@@ -747,9 +745,22 @@ fn flatness(minutes: &[Minute]) -> Option<Flatness> {
         values.iter().sum::<f64>() / values.len().max(1) as f64
     };
     let p99 = |minute: &Minute| minute.ack_p99_ms;
-    let rss = |minute: &Minute| Some(minute.total_rss_mb);
+    let rss_of = |nats: bool| {
+        move |minute: &Minute| {
+            Some(
+                minute
+                    .usage
+                    .iter()
+                    .filter(|usage| (usage.service == NATS_SERVER) == nats)
+                    .map(|usage| usage.rss_mb)
+                    .sum(),
+            )
+        }
+    };
+    let (services, nats) = (rss_of(false), rss_of(true));
     let (ack_p99_early_ms, ack_p99_late_ms) = (mean(early, &p99), mean(late, &p99));
-    let (rss_early_mb, rss_late_mb) = (mean(early, &rss), mean(late, &rss));
+    let (rss_early_mb, rss_late_mb) = (mean(early, &services), mean(late, &services));
+    let (nats_rss_early_mb, nats_rss_late_mb) = (mean(early, &nats), mean(late, &nats));
     Some(Flatness {
         early,
         late,
@@ -758,6 +769,8 @@ fn flatness(minutes: &[Minute]) -> Option<Flatness> {
         ack_p99_late_ms,
         rss_early_mb,
         rss_late_mb,
+        nats_rss_early_mb,
+        nats_rss_late_mb,
     })
 }
 
@@ -826,7 +839,7 @@ fn print(report: &Report) {
     );
     if let Some(flat) = &report.flatness {
         println!(
-            "  flatness (minutes {}-{} vs {}-{}): ack p99 {:.1} -> {:.1} ms, resident memory {:.0} -> {:.0} MB: {} (target: late within 10%)",
+            "  flatness (minutes {}-{} vs {}-{}): first-reply p99 {:.1} -> {:.1} ms, the services' resident memory {:.0} -> {:.0} MB: {} (target: late within 10%); the nats-server's {:.0} -> {:.0} MB",
             flat.early.0,
             flat.early.1,
             flat.late.0,
@@ -835,7 +848,9 @@ fn print(report: &Report) {
             flat.ack_p99_late_ms,
             flat.rss_early_mb,
             flat.rss_late_mb,
-            if flat.flat { "flat" } else { "NOT flat" }
+            if flat.flat { "flat" } else { "NOT flat" },
+            flat.nats_rss_early_mb,
+            flat.nats_rss_late_mb
         );
     }
     let b = &report.baseline;
