@@ -322,7 +322,7 @@ impl Shared {
 
 fn runtime(error: FlowError) -> HandlerError {
     match error {
-        FlowError::Interrupted => HandlerError::Fatal("interrupted by shutdown".to_owned()),
+        FlowError::Interrupted => HandlerError::Interrupted,
         other => HandlerError::Transient(other.to_string()),
     }
 }

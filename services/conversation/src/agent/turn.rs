@@ -474,7 +474,8 @@ impl Turn<'_> {
         let outcome = tokio::select! {
             outcome = zopu_llm::complete_traced(provider, request.clone()) => outcome,
             () = self.ctx.shutdown.cancelled() => {
-                return Err(HandlerError::Fatal("shutting down during a model call".into()));
+                // Handed back, as after a crash: the next instance runs the turn.
+                return Err(HandlerError::Interrupted);
             }
         };
         // The offline rules' decision is this turn's model call, too.
